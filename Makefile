@@ -1,0 +1,73 @@
+# Safedelivr's interface for people and CI: `make run`, `make test`, and the pieces they use.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+UV_VERSION := 0.13.8
+STATE := $(or $(SAFEDELIVR_STATE_DIR),$(CURDIR)/.state)
+UV := $(STATE)/uv/bin/uv
+VENV := $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+export PYTHON := $(PY)
+
+.PHONY: help install run test test-unit test-integration lint fmt typecheck all services-up \
+        services-down services-status migrate topology bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+
+$(UV):
+	@mkdir -p $(STATE)
+	$(PYTHON_BOOT) -m venv $(STATE)/uv
+	$(STATE)/uv/bin/pip install -q uv==$(UV_VERSION)
+
+PYTHON_BOOT ?= python3
+
+$(VENV)/.synced: pyproject.toml uv.lock | $(UV)
+	$(UV) sync --frozen --python $(PYTHON_BOOT)
+	@touch $@
+
+install: $(VENV)/.synced ## create .venv with the locked dependencies
+
+run: install services-up ## start everything, migrate, declare topology and run every service
+	$(PY) -m services.cli dev
+
+test: install services-up ## the whole suite against real RabbitMQ and Cassandra
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: install ## pure-logic tests only (no services)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+lint: install ## ruff format check and lint
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+fmt: install ## format and autofix
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+typecheck: install ## mypy strict on shared/ and services/
+	$(VENV)/bin/mypy
+
+all: lint typecheck test ## everything CI checks
+
+services-up: install ## install (when missing) and start RabbitMQ and Cassandra
+	deploy/local/services.sh up
+
+services-down: ## stop the RabbitMQ and Cassandra that services-up started
+	deploy/local/services.sh down
+
+services-status:
+	deploy/local/services.sh status
+
+migrate: install ## apply CQL migrations
+	$(PY) -m services.cli migrate
+
+topology: install ## declare exchanges, queues and bindings
+	$(PY) -m services.cli topology
+
+bench: install services-up ## the benchmark; JSON results in bench/results/
+	$(PY) -m bench.run $(BENCH_ARGS)
+
+clean: ## remove the virtualenv (keeps service data in .state)
+	rm -rf $(VENV)

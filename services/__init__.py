@@ -1,0 +1,1 @@
+"""Safedelivr's deployable services; each one imports `shared`, never another service."""

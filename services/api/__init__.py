@@ -1,0 +1,1 @@
+"""The HTTP API: batch submission, queries, keys, suppressions, stats and the dashboard."""

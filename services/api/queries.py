@@ -1,0 +1,213 @@
+"""Read models of the batch API: paging cursors, the batch view and the per-recipient log page."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+
+from services.api.responses import ApiError
+from shared.attempts import AttemptStore
+from shared.batchstore import BatchHeader, BatchStore, month_of, timeuuid_datetime
+
+#: How far back (in months) the batch list looks for older batches.
+LIST_HORIZON_MONTHS = 36
+
+
+def page_limit(request: Request, *, default: int = 20, maximum: int = 500) -> int:
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return default
+    if not raw.isdigit() or not 1 <= int(raw) <= maximum:
+        raise ApiError(
+            422,
+            "invalid_fields",
+            "bad limit",
+            fields={"limit": f"must be a whole number from 1 to {maximum}"},
+        )
+    return int(raw)
+
+
+def path_uuid(request: Request, name: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(request.path_params[name])
+    except ValueError:
+        raise ApiError(404, "not_found", f"no such {name.removesuffix('_id')}") from None
+
+
+def encode_cursor(data: dict[str, Any]) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(data)).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> dict[str, Any] | None:
+    if not cursor:
+        return None
+    try:
+        data = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if not isinstance(data, dict):
+            raise ValueError("cursor is not an object")
+    except ValueError:
+        raise ApiError(400, "bad_cursor", "the cursor is malformed") from None
+    return data
+
+
+def _previous_month(month: str) -> str:
+    year, mon = int(month[:4]), int(month[5:7])
+    return f"{year - 1}-12" if mon == 1 else f"{year}-{mon - 1:02d}"
+
+
+async def list_for_user(
+    store: BatchStore, user_id: uuid.UUID, limit: int, cursor: str | None
+) -> dict[str, Any]:
+    """Newest first, across monthly buckets, resuming after ``cursor``."""
+    after = decode_cursor(cursor)
+    try:
+        last = uuid.UUID(after["after"]) if after else None
+    except (KeyError, ValueError, TypeError):
+        raise ApiError(400, "bad_cursor", "the cursor is malformed") from None
+    month = month_of(last) if last else datetime.now(UTC).strftime("%Y-%m")
+    items: list[dict[str, Any]] = []
+    for _ in range(LIST_HORIZON_MONTHS):
+        query = (
+            "SELECT batch_id, subject, recipient_count FROM batches_by_user "
+            "WHERE user_id = ? AND month = ?"
+        )
+        params: list[Any] = [user_id, month]
+        if last is not None and month == month_of(last):
+            query += " AND batch_id < ?"
+            params.append(last)
+        rows = await store.db.rows(query + " LIMIT ?", (*params, limit - len(items) + 1))
+        for r in rows:
+            items.append(r)
+        if len(items) > limit:
+            break
+        month = _previous_month(month)
+    more = len(items) > limit
+    items = items[:limit]
+    headers = [await store.header(r["batch_id"]) for r in items]
+    data = [
+        {
+            "batch_id": str(r["batch_id"]),
+            "subject": r["subject"],
+            "recipients": r["recipient_count"],
+            "created_at": timeuuid_datetime(r["batch_id"]).isoformat(),
+            "status": h.status if h else "incomplete",
+        }
+        for r, h in zip(items, headers, strict=True)
+    ]
+    next_cursor = encode_cursor({"after": data[-1]["batch_id"]}) if more and data else None
+    return {"data": data, "next_cursor": next_cursor}
+
+
+def batch_status(header: BatchHeader, states: Counter[str]) -> str:
+    if states.get("queued", 0) == 0 and header.recipient_count:
+        return "failed" if states.get("failed", 0) == header.recipient_count else "completed"
+    return header.status
+
+
+def batch_view(
+    header: BatchHeader, states: Counter[str], events: Counter[str], reasons: Counter[str]
+) -> dict[str, Any]:
+    m = header.message
+    return {
+        "batch_id": str(header.batch_id),
+        "status": batch_status(header, states),
+        "created_at": header.created_at.isoformat(),
+        "subject": m.subject,
+        "from": m.sender.model_dump(),
+        "bulk": m.bulk,
+        "recipients": header.recipient_count,
+        "chunks": header.chunk_count,
+        "counts": {s: states.get(s, 0) for s in ("queued", "success", "failed")},
+        "events": dict(events),
+        "failure_reasons": dict(reasons.most_common(5)),
+    }
+
+
+async def logs_page(
+    store: BatchStore,
+    attempts: AttemptStore,
+    batch_id: uuid.UUID,
+    limit: int,
+    cursor: str | None,
+    state: str | None,
+) -> dict[str, Any]:
+    after = decode_cursor(cursor)
+    try:
+        position = (int(after["chunk"]), uuid.UUID(after["log_id"])) if after else None
+    except (KeyError, ValueError, TypeError):
+        raise ApiError(400, "bad_cursor", "the cursor is malformed") from None
+    query = (
+        "SELECT chunk, log_id, email, name, state, event, providers, message_ids, "
+        "reason_detail, last_update FROM batches WHERE batch_id = ?"
+    )
+    params: tuple[Any, ...] = (batch_id,)
+    if position is not None:
+        query += " AND (chunk, log_id) > (?, ?)"
+        params += position
+    out: list[dict[str, Any]] = []
+    paging: bytes | None = None
+    last: dict[str, Any] | None = None
+    exhausted = False
+    while len(out) <= limit:
+        page = await store.db.execute(
+            query, params, page_size=max(limit * 2, 100), paging_state=paging
+        )
+        for row in page.rows:
+            if row["log_id"] is None:
+                continue  # the static-only row of a batch
+            if state is None or row["state"] == state:
+                out.append(row)
+                if len(out) > limit:
+                    break
+            last = row
+        if page.paging_state is None:
+            exhausted = True
+            break
+        paging = page.paging_state
+    more = len(out) > limit or not exhausted
+    out = out[:limit]
+    history = {}
+    for chunk in sorted({r["chunk"] for r in out}):
+        history[chunk] = await attempts.attempts(batch_id, chunk)
+    data = [_log_view(r, history.get(r["chunk"], [])) for r in out]
+    anchor = out[-1] if len(out) == limit and more else (last if more else None)
+    next_cursor = (
+        encode_cursor({"chunk": anchor["chunk"], "log_id": str(anchor["log_id"])})
+        if anchor is not None
+        else None
+    )
+    return {"data": data, "next_cursor": next_cursor}
+
+
+def _log_view(row: dict[str, Any], history: list[Any]) -> dict[str, Any]:
+    providers = row["providers"] or {}
+    return {
+        "log_id": str(row["log_id"]),
+        "email": row["email"],
+        "name": row["name"],
+        "state": row["state"],
+        "event": row["event"],
+        "providers": dict(providers),
+        "status": {p: v == "sent" for p, v in providers.items() if p != "safedelivr"},
+        "message_ids": dict(row["message_ids"] or {}),
+        "reason": row["reason_detail"],
+        "updated_at": row["last_update"].replace(tzinfo=UTC).isoformat()
+        if row["last_update"]
+        else None,
+        "attempts": [
+            {
+                "attempt": a.attempt,
+                "provider": a.provider,
+                "state": a.state,
+                "at": a.started_at.isoformat(),
+                "error": (a.error or "").partition("|")[2] or None,
+            }
+            for a in history
+        ],
+    }

@@ -1,0 +1,157 @@
+"""The ``safedelivr`` command line: run a service, migrate, declare topology, manage keys.
+
+Each subcommand loads and validates the settings first, so a bad variable stops the process
+with a message naming it before anything connects. Service modules are imported lazily so
+that ``safedelivr migrate`` does not pay for (or depend on) the web stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable, Sequence
+
+from shared.config import Settings, load_settings
+from shared.errors import ConfigError, DependencyUnavailable
+from shared.logs import configure_logging
+
+
+def _serve(app: object, host: str, port: int, settings: Settings) -> None:
+    import uvicorn
+
+    uvicorn.run(
+        app,  # type: ignore[arg-type]
+        host=host,
+        port=port,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+    )
+
+
+def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
+    from services.api.app import create_app
+
+    _serve(create_app(settings), settings.api.host, args.port or settings.api.port, settings)
+    return 0
+
+
+def cmd_webhooks(settings: Settings, args: argparse.Namespace) -> int:
+    from services.webhooks.app import create_app
+
+    _serve(
+        create_app(settings), settings.webhooks.host, args.port or settings.webhooks.port, settings
+    )
+    return 0
+
+
+def cmd_sandbox(settings: Settings, args: argparse.Namespace) -> int:
+    from services.sandbox.app import create_app
+
+    _serve(
+        create_app(settings.sandbox),
+        settings.sandbox.host,
+        args.port or settings.sandbox.port,
+        settings,
+    )
+    return 0
+
+
+def cmd_consumers(settings: Settings, args: argparse.Namespace) -> int:
+    from services.consumers.main import run
+
+    return run(settings, health_port=args.port)
+
+
+def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
+    from shared.migrations import migrate
+
+    applied = asyncio.run(migrate(settings.cassandra))
+    ks = settings.cassandra.keyspace
+    print(f"keyspace {ks}: applied {applied}" if applied else f"keyspace {ks}: up to date")
+    return 0
+
+
+def cmd_topology(settings: Settings, args: argparse.Namespace) -> int:
+    from shared.broker import Broker
+    from shared.resources import topology_for
+
+    async def declare() -> None:
+        broker = Broker(
+            settings.amqp.url.get_secret_value(), topology_for(settings), name="safedelivr-topology"
+        )
+        await broker.connect()
+        try:
+            await broker.declare()
+        finally:
+            await broker.close()
+
+    asyncio.run(declare())
+    t = topology_for(settings)
+    print(f"exchange {t.exchange}: {len(t.queues())} queues declared")
+    return 0
+
+
+def cmd_keys_create(settings: Settings, args: argparse.Namespace) -> int:
+    from shared.accounts import create_key_for_login
+
+    key = asyncio.run(create_key_for_login(settings, args.user, name=args.name))
+    print(key)
+    return 0
+
+
+def cmd_dev(settings: Settings, args: argparse.Namespace) -> int:
+    from services.devrun import run
+
+    return run(settings)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="safedelivr", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, func, help_ in [
+        ("api", cmd_api, "run the HTTP API and dashboard"),
+        ("webhooks", cmd_webhooks, "run the provider webhook receiver"),
+        ("consumers", cmd_consumers, "run the RabbitMQ consumers"),
+        ("sandbox", cmd_sandbox, "run the local SendGrid/Mailgun/GitHub stand-ins"),
+    ]:
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("--port", type=int, default=None, help="override the configured port")
+        p.set_defaults(func=func)
+    sub.add_parser("migrate", help="apply CQL migrations").set_defaults(func=cmd_migrate)
+    sub.add_parser("topology", help="declare exchanges and queues").set_defaults(func=cmd_topology)
+    sub.add_parser("dev", help="run every service locally (make run)").set_defaults(func=cmd_dev)
+    keys = sub.add_parser("keys", help="manage API keys").add_subparsers(
+        dest="keys_command", required=True
+    )
+    create = keys.add_parser("create", help="create an API key (shown once)")
+    create.add_argument("--user", required=True, help="the user's login; created if missing")
+    create.add_argument("--name", default="cli", help="a label for the key")
+    create.set_defaults(func=cmd_keys_create)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        print(f"safedelivr: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, service=args.command)
+    func: Callable[[Settings, argparse.Namespace], int] = args.func
+    try:
+        return func(settings, args)
+    except DependencyUnavailable as exc:
+        print(f"safedelivr {args.command}: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""RabbitMQ consumers: the batch splitter, provider senders and log retries."""

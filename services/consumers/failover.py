@@ -1,0 +1,79 @@
+"""What to do after a provider attempt fails: the failover policy as a pure function.
+
+Attempt ``n`` (0-based; it travels as ``.retry.<n>``) goes to ``chain[n % len(chain)]``, so
+failover walks the chain in its configured order and then cycles. Each time the walk wraps
+around to the start of the chain, the next attempt waits in a delay queue (backoff tiers, the
+last one repeating), never in a ``sleep``. A provider's ``Retry-After`` lengthens the wait when
+that same provider is next. Errors that no provider can fix end the chunk at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shared.errors import PermanentProviderError, ProviderError
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Publish the chunk as attempt ``attempt`` to ``provider``, after ``delay`` seconds."""
+
+    provider: str
+    attempt: int
+    delay: float
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """Stop: the chunk's recipients end ``failed`` with ``reason``."""
+
+    reason: str
+
+
+Decision = Retry | GiveUp
+
+
+def provider_for(chain: Sequence[str], attempt: int) -> str:
+    return chain[attempt % len(chain)]
+
+
+def decide(
+    *,
+    chain: Sequence[str],
+    attempt: int,
+    error: ProviderError,
+    max_attempts: int,
+    backoff: Sequence[int],
+    permanent_from: frozenset[str] = frozenset(),
+) -> Decision:
+    """Decide the follow-up of failed attempt ``attempt``.
+
+    Args:
+        chain: provider codes in failover order.
+        attempt: the attempt that just failed (0-based).
+        error: why it failed.
+        max_attempts: attempts allowed in total.
+        backoff: delay tiers (seconds) applied each time the chain wraps around.
+        permanent_from: providers that already refused this chunk as invalid.
+    """
+    refused = permanent_from | (
+        {error.provider} if isinstance(error, PermanentProviderError) else set()
+    )
+    if refused >= set(chain):
+        return GiveUp(f"rejected by every provider: {error.message}")
+    delay = 0.0
+    nxt = attempt + 1
+    while nxt < max_attempts:
+        if nxt % len(chain) == 0:
+            delay += backoff[min(nxt // len(chain) - 1, len(backoff) - 1)]
+        provider = provider_for(chain, nxt)
+        if provider not in refused:
+            if provider == error.provider and error.retry_after:
+                delay = max(delay, error.retry_after)
+            return Retry(provider, nxt, delay)
+        nxt += 1
+    return GiveUp(
+        f"all {max_attempts} attempts failed across {', '.join(chain)}; last: "
+        f"{error.provider} {error.message}"
+    )

@@ -1,0 +1,59 @@
+"""The ``batch.#`` consumer: turns an accepted batch into one dispatch job per chunk.
+
+Chunks were fixed at acceptance (no larger than the smallest provider limit in the chain), so
+splitting is publishing ``<first provider>.<batch_uuid>`` once per chunk with confirms, then
+marking the batch ``dispatched``. A redelivery republishes; the sender's attempt claims make
+those duplicates harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import aio_pika.abc
+
+from services.consumers.settle import Poison
+from shared.batchstore import BatchStore
+from shared.broker import Broker
+from shared.models import BatchJob, ChunkJob
+from shared.topology import dispatch_key, parse_routing_key
+
+#: Confirmed publishes in flight while fanning out one batch.
+PUBLISH_WINDOW = 64
+
+
+@dataclass
+class Splitter:
+    broker: Broker
+    batches: BatchStore
+    first_provider: str
+
+    async def process(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        key = parse_routing_key(message.routing_key or "")
+        if key.kind != "batch":
+            raise Poison(f"not a batch key: {message.routing_key}")
+        job = BatchJob.decode(message.body)
+        if job.batch_id != key.id:
+            raise Poison("routing key and body disagree")
+        await self.split(job)
+
+    async def split(self, job: BatchJob) -> None:
+        header = await self.batches.header(job.batch_id)
+        if header is None:
+            raise Poison(f"batch {job.batch_id} does not exist")
+        if header.status != "accepted":
+            return  # already fanned out; this is a redelivery or a relay duplicate
+        window = asyncio.Semaphore(PUBLISH_WINDOW)
+        key = dispatch_key(self.first_provider, job.batch_id, 0)
+
+        async def publish(chunk: int) -> None:
+            async with window:
+                await self.broker.publish(
+                    key,
+                    ChunkJob(batch_id=job.batch_id, chunk=chunk).encode(),
+                    message_id=f"{job.batch_id}:{chunk}:0",
+                )
+
+        await asyncio.gather(*(publish(i) for i in range(header.chunk_count)))
+        await self.batches.set_status(job.batch_id, "dispatched")

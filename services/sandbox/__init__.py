@@ -1,0 +1,1 @@
+"""Local stand-ins for SendGrid, Mailgun and GitHub that speak their real wire formats."""

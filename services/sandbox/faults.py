@@ -1,0 +1,160 @@
+"""Injected provider faults: what the next send calls to a provider answer instead of mail.
+
+A fault names a provider, a status, a latency and how many calls it lasts (``None`` until
+cleared). A fault without a status only delays the call, which is then handled normally: the
+way to make a client time out on a request the provider did accept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, TypeGuard
+
+import orjson
+
+#: Providers whose send endpoints take faults.
+PROVIDERS = ("sendgrid", "mailgun")
+#: Longest latency a fault may add (ms), so a typo cannot hang a test for hours.
+MAX_LATENCY_MS = 600_000
+
+_SENDGRID_MESSAGES = {
+    400: "Bad Request",
+    401: "authorization required",
+    403: "access forbidden",
+    404: "not found",
+    413: "content too large",
+    429: "too many requests",
+    500: "An internal server error occurred.",
+    502: "bad gateway",
+    503: "service unavailable",
+    504: "gateway timeout",
+}
+_MAILGUN_MESSAGES = {
+    400: "Bad request",
+    402: "Payment required",
+    404: "Not found",
+    413: "Request entity too large",
+    429: "Too many requests",
+    500: "Internal server error",
+    502: "Bad gateway",
+    503: "Service unavailable",
+    504: "Gateway timeout",
+}
+
+
+@dataclass(slots=True)
+class Fault:
+    """One injected fault; ``count`` is how many calls it still applies to."""
+
+    provider: str
+    status: int | None
+    latency_ms: int = 0
+    count: int | None = None
+    body: Any = None
+    """Answer body: a string is sent as text, anything else as JSON; None for the default."""
+    retry_after: int = 1
+    """Seconds announced by 429 answers (``X-RateLimit-Reset`` / ``Retry-After``)."""
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class FaultAnswer:
+    """The HTTP answer a fault produces."""
+
+    status: int
+    body: bytes
+    media_type: str
+    headers: dict[str, str]
+
+
+def parse_fault(payload: object) -> Fault | str:
+    """The fault described by a ``POST /_control/faults`` body, or why it is invalid."""
+    if not isinstance(payload, dict):
+        return "the body must be a JSON object"
+    provider = payload.get("provider")
+    if provider not in PROVIDERS:
+        return f"provider must be one of {list(PROVIDERS)}"
+    status = payload.get("status")
+    if status is not None and not (_is_int(status) and 200 <= status <= 599):
+        return "status must be an HTTP status between 200 and 599, or null for latency only"
+    latency = payload.get("latency_ms", 0)
+    if not (_is_int(latency) and 0 <= latency <= MAX_LATENCY_MS):
+        return f"latency_ms must be an integer between 0 and {MAX_LATENCY_MS}"
+    count = payload.get("count")
+    if count is not None and not (_is_int(count) and count >= 1):
+        return "count must be a positive integer, or null for until cleared"
+    retry_after = payload.get("retry_after", 1)
+    if not (_is_int(retry_after) and retry_after >= 0):
+        return "retry_after must be a non-negative integer"
+    if status is None and latency == 0:
+        return "a fault needs a status, a latency, or both"
+    return Fault(str(provider), status, latency, count, payload.get("body"), retry_after)
+
+
+def fault_answer(fault: Fault, *, now: float) -> FaultAnswer:
+    """What the provider answers under ``fault`` (which must have a status)."""
+    status = fault.status if fault.status is not None else 500
+    headers = _rate_limit_headers(fault, status, now)
+    if isinstance(fault.body, str):
+        return FaultAnswer(status, fault.body.encode(), "text/plain", headers)
+    if fault.body is not None:
+        return FaultAnswer(status, orjson.dumps(fault.body), "application/json", headers)
+    if fault.provider == "sendgrid":
+        message = _SENDGRID_MESSAGES.get(status, "error")
+        body = orjson.dumps({"errors": [{"field": None, "message": message, "help": None}]})
+        return FaultAnswer(status, body, "application/json", headers)
+    if status == 401:
+        return FaultAnswer(status, b"Forbidden", "text/plain", headers)
+    message = _MAILGUN_MESSAGES.get(status, "Error")
+    return FaultAnswer(status, orjson.dumps({"message": message}), "application/json", headers)
+
+
+class FaultBook:
+    """The active fault of each provider."""
+
+    def __init__(self) -> None:
+        self._faults: dict[str, Fault] = {}
+
+    def set(self, fault: Fault) -> None:
+        """Make ``fault`` the provider's active fault, replacing any earlier one."""
+        self._faults[fault.provider] = fault
+
+    def take(self, provider: str) -> Fault | None:
+        """The fault that applies to this call, counting the call against it."""
+        fault = self._faults.get(provider)
+        if fault is None:
+            return None
+        if fault.count is not None:
+            fault.count -= 1
+            if fault.count <= 0:
+                del self._faults[provider]
+        return fault
+
+    def clear(self, provider: str | None = None) -> int:
+        """Remove the faults of ``provider`` (every provider when None); return how many."""
+        if provider is None:
+            cleared = len(self._faults)
+            self._faults.clear()
+            return cleared
+        return 1 if self._faults.pop(provider, None) is not None else 0
+
+    def active(self) -> list[Fault]:
+        return list(self._faults.values())
+
+
+def _rate_limit_headers(fault: Fault, status: int, now: float) -> dict[str, str]:
+    if status != 429:
+        return {}
+    if fault.provider == "sendgrid":
+        return {
+            "X-RateLimit-Limit": "600",
+            "X-RateLimit-Remaining": "0",
+            "X-RateLimit-Reset": str(int(now) + fault.retry_after),
+        }
+    return {"Retry-After": str(fault.retry_after)}
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,45 @@
+"""The sandbox's state, held on ``app.state.sandbox``: keys, faults, ledger, webhooks, OAuth."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import cast
+
+from cryptography.hazmat.primitives.asymmetric import ec
+from starlette.requests import Request
+
+from services.sandbox import signing
+from services.sandbox.faults import FaultBook
+from services.sandbox.ledger import SendLedger
+from services.sandbox.oauth import OAuthStore
+from services.sandbox.tuning import Tuning
+from services.sandbox.webhooks import WebhookDispatcher
+from shared.config import SandboxSettings
+
+
+@dataclass(slots=True)
+class SandboxState:
+    """Everything one sandbox app remembers; bounded by :class:`Tuning`."""
+
+    settings: SandboxSettings
+    tuning: Tuning
+    sendgrid_key: ec.EllipticCurvePrivateKey
+    dispatcher: WebhookDispatcher
+    faults: FaultBook = field(default_factory=FaultBook)
+    ledger: SendLedger = field(init=False)
+    oauth: OAuthStore = field(default_factory=OAuthStore)
+    mailgun_serial: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def __post_init__(self) -> None:
+        self.ledger = SendLedger(self.tuning)
+
+    @property
+    def sendgrid_public_key(self) -> str:
+        """The base64 DER key that verifies this sandbox's SendGrid events."""
+        return signing.public_key_base64(self.sendgrid_key)
+
+
+def state_of(request: Request) -> SandboxState:
+    """The sandbox state of the app serving ``request``."""
+    return cast(SandboxState, request.app.state.sandbox)

@@ -1,0 +1,1 @@
+"""Provider webhook receivers: verify, normalise and record recipient events."""

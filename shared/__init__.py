@@ -1,0 +1,1 @@
+"""Safedelivr's shared core: configuration, domain model, broker topology, storage and providers."""

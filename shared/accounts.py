@@ -1,0 +1,117 @@
+"""Users and API keys in Cassandra: creation without races, lookup, listing, revocation."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from shared import apikeys
+from shared.config import Settings
+from shared.db import Database
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyRecord:
+    key_id: str
+    user_id: uuid.UUID
+    name: str
+    created_at: datetime
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+async def ensure_user(db: Database, login: str) -> uuid.UUID:
+    """The user with this login, created once even when two callers race (LWT)."""
+    existing = await db.one("SELECT user_id FROM users_by_login WHERE login = ?", (login,))
+    if existing:
+        return existing["user_id"]  # type: ignore[no-any-return]
+    candidate = uuid.uuid4()
+    row = await db.one(
+        "INSERT INTO users_by_login (login, user_id) VALUES (?, ?) IF NOT EXISTS",
+        (login, candidate),
+    )
+    user_id: uuid.UUID = candidate if row and row["[applied]"] else row["user_id"]  # type: ignore[index]
+    await db.execute(
+        "INSERT INTO users (user_id, login, created_at) VALUES (?, ?, ?)",
+        (user_id, login, datetime.now(UTC)),
+        idempotent=True,
+    )
+    return user_id
+
+
+async def create_key(db: Database, user_id: uuid.UUID, name: str) -> str:
+    """Store a new key's hash and return the plaintext key (shown once)."""
+    key = apikeys.generate()
+    now = datetime.now(UTC)
+    await db.execute(
+        "INSERT INTO api_keys (key_id, user_id, secret_hash, name, created_at) "
+        "VALUES (?, ?, ?, ?, ?)",
+        (key.key_id, user_id, key.secret_hash, name, now),
+    )
+    await db.execute(
+        "INSERT INTO api_keys_by_user (user_id, key_id, name, created_at) VALUES (?, ?, ?, ?)",
+        (user_id, key.key_id, name, now),
+    )
+    return key.plaintext
+
+
+async def authenticate(db: Database, presented: str) -> ApiKeyRecord | None:
+    """The key record when ``presented`` is a live key; None otherwise (one answer for all)."""
+    parsed = apikeys.parse(presented)
+    # Hash something even for malformed keys so both paths cost about the same.
+    key_id, secret = parsed if parsed else ("", presented)
+    row = await db.one("SELECT * FROM api_keys WHERE key_id = ?", (key_id,)) if parsed else None
+    stored = row["secret_hash"] if row else b"\0" * 32
+    if not apikeys.verify(secret, stored) or row is None or row["revoked_at"] is not None:
+        return None
+    return _record(row)
+
+
+async def list_keys(db: Database, user_id: uuid.UUID) -> list[ApiKeyRecord]:
+    ids = await db.rows("SELECT key_id FROM api_keys_by_user WHERE user_id = ?", (user_id,))
+    out = []
+    for r in ids:
+        row = await db.one("SELECT * FROM api_keys WHERE key_id = ?", (r["key_id"],))
+        if row:
+            out.append(_record(row))
+    return out
+
+
+async def revoke_key(db: Database, user_id: uuid.UUID, key_id: str) -> bool:
+    row = await db.one("SELECT user_id FROM api_keys WHERE key_id = ?", (key_id,))
+    if row is None or row["user_id"] != user_id:
+        return False
+    await db.execute(
+        "UPDATE api_keys SET revoked_at = ? WHERE key_id = ?", (datetime.now(UTC), key_id)
+    )
+    return True
+
+
+async def touch_key(db: Database, key_id: str) -> None:
+    await db.execute(
+        "UPDATE api_keys SET last_used_at = ? WHERE key_id = ?",
+        (datetime.now(UTC), key_id),
+        idempotent=True,
+    )
+
+
+def _record(row: dict[str, object]) -> ApiKeyRecord:
+    return ApiKeyRecord(
+        key_id=str(row["key_id"]),
+        user_id=row["user_id"],  # type: ignore[arg-type]
+        name=str(row["name"] or ""),
+        created_at=row["created_at"],  # type: ignore[arg-type]
+        revoked_at=row["revoked_at"],  # type: ignore[arg-type]
+        last_used_at=row["last_used_at"],  # type: ignore[arg-type]
+    )
+
+
+async def create_key_for_login(settings: Settings, login: str, *, name: str) -> str:
+    """``safedelivr keys create --user LOGIN``: make the user if needed and a new key."""
+    db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
+    try:
+        user_id = await ensure_user(db, login)
+        return await create_key(db, user_id, name)
+    finally:
+        await db.close()

@@ -1,0 +1,48 @@
+"""API key format, generation, hashing and constant-time verification (pure).
+
+A key reads ``sd_live_<key_id>_<secret>``: the prefix makes leaked keys easy to scan for,
+``key_id`` (12 base32 characters) is the lookup handle, and the 256-bit ``secret`` is stored
+only as its SHA-256 (a fast hash is right for high-entropy secrets; there is nothing to brute
+force). Verification compares digests with :func:`hmac.compare_digest`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+
+#: Every key starts with this.
+PREFIX = "sd_live_"
+_KEY = re.compile(r"^sd_live_([a-z2-7]{12})_([A-Za-z0-9_-]{43})$")
+
+
+@dataclass(frozen=True, slots=True)
+class NewKey:
+    key_id: str
+    secret_hash: bytes
+    plaintext: str
+    """Shown to the user once, never stored."""
+
+
+def generate() -> NewKey:
+    key_id = base64.b32encode(secrets.token_bytes(10)).decode().lower().rstrip("=")[:12]
+    secret = secrets.token_urlsafe(32)
+    return NewKey(key_id, hash_secret(secret), f"{PREFIX}{key_id}_{secret}")
+
+
+def hash_secret(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+def parse(key: str) -> tuple[str, str] | None:
+    """Split a presented key into (key_id, secret); None when it is not a well-formed key."""
+    match = _KEY.match(key)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def verify(secret: str, stored_hash: bytes) -> bool:
+    return hmac.compare_digest(hash_secret(secret), stored_hash)

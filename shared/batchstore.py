@@ -1,0 +1,200 @@
+"""Batches in Cassandra: durable acceptance, the outbox of unpublished batches, reads by chunk.
+
+Layout (``deploy/cql/0001_core.cql``): one ``batches`` partition per batch holds the header in
+static columns and one row per recipient clustered by ``(chunk, log_id)``, so accepting a
+batch and updating one chunk's recipients are each a single-partition mutation.
+"""
+
+from __future__ import annotations
+
+import uuid
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import orjson
+from cassandra.query import BatchStatement, BatchType
+
+from shared.db import Database, Row
+from shared.models import Message, Recipient
+
+#: Shards of the pending-batch outbox; the relay scans each.
+OUTBOX_SHARDS = 16
+
+
+def outbox_shard(batch_id: uuid.UUID) -> int:
+    return zlib.crc32(batch_id.bytes) % OUTBOX_SHARDS
+
+
+def month_of(batch_id: uuid.UUID) -> str:
+    """The ``batches_by_user`` bucket (UTC ``YYYY-MM``) of a time-based batch id."""
+    return timeuuid_datetime(batch_id).strftime("%Y-%m")
+
+
+def timeuuid_datetime(value: uuid.UUID) -> datetime:
+    # RFC 4122 time: 100 ns intervals since 1582-10-15.
+    return datetime.fromtimestamp((value.time - 0x01B21DD213814000) / 1e7, UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    batch_id: uuid.UUID
+    user_id: uuid.UUID
+    created_at: datetime
+    message: Message
+    recipient_count: int
+    chunk_size: int
+    chunk_count: int
+    status: str
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class NewBatch:
+    batch_id: uuid.UUID
+    user_id: uuid.UUID
+    message: Message
+    recipients: Sequence[Recipient]
+    chunk_size: int
+
+    @property
+    def chunk_count(self) -> int:
+        return -(-len(self.recipients) // self.chunk_size)
+
+
+_INSERT_RECIPIENT = (
+    "INSERT INTO batches (batch_id, chunk, log_id, email, name, substitutions, state, event, "
+    "last_update) VALUES (?, ?, ?, ?, ?, ?, 'queued', 'queued', ?)"
+)
+_INSERT_HEADER = (
+    "INSERT INTO batches (batch_id, user_id, created_at, subject, message, recipient_count, "
+    "chunk_size, chunk_count, status, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'accepted', ?)"
+)
+_INSERT_EMAIL = "INSERT INTO batch_emails (batch_id, email, chunk, log_id) VALUES (?, ?, ?, ?)"
+
+
+class BatchStore:
+    """Every batch query; one method per operation."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def accept(self, batch: NewBatch) -> None:
+        """Store a batch durably before it is published.
+
+        Order matters: the outbox row and the user's index row go first (a small logged
+        batch), then the address index, then the batch partition with its header as one
+        single-partition mutation. The header is what makes a batch exist: a failure before
+        it leaves an outbox row without a header, which the relay discards after the grace
+        period instead of publishing.
+        """
+        now = datetime.now(UTC)
+        db = self.db
+        index = BatchStatement(batch_type=BatchType.LOGGED)
+        index.add(
+            await db.prepare(
+                "INSERT INTO pending_batches (shard, batch_id, user_id, created_at) "
+                "VALUES (?, ?, ?, ?)"
+            ),
+            (outbox_shard(batch.batch_id), batch.batch_id, batch.user_id, now),
+        )
+        index.add(
+            await db.prepare(
+                "INSERT INTO batches_by_user (user_id, month, batch_id, subject, "
+                "recipient_count) VALUES (?, ?, ?, ?, ?)"
+            ),
+            (
+                batch.user_id,
+                month_of(batch.batch_id),
+                batch.batch_id,
+                batch.message.subject,
+                len(batch.recipients),
+            ),
+        )
+        await db.execute(index)
+
+        rows = BatchStatement(batch_type=BatchType.UNLOGGED)
+        insert = await db.prepare(_INSERT_RECIPIENT)
+        emails = BatchStatement(batch_type=BatchType.UNLOGGED)
+        insert_email = await db.prepare(_INSERT_EMAIL)
+        for i, r in enumerate(batch.recipients):
+            chunk = i // batch.chunk_size
+            subs = orjson.dumps(r.substitutions).decode() if r.substitutions else None
+            rows.add(insert, (batch.batch_id, chunk, r.log_id, r.email, r.name, subs, now))
+            emails.add(insert_email, (batch.batch_id, r.email.lower(), chunk, r.log_id))
+        # The header goes last in the same mutation: a batch is visible only when complete.
+        rows.add(
+            await db.prepare(_INSERT_HEADER),
+            (
+                batch.batch_id,
+                batch.user_id,
+                now,
+                batch.message.subject,
+                batch.message.encode(),
+                len(batch.recipients),
+                batch.chunk_size,
+                batch.chunk_count,
+                now,
+            ),
+        )
+        await db.execute(emails)
+        await db.execute(rows)
+
+    async def mark_published(self, batch_id: uuid.UUID) -> None:
+        await self.db.execute(
+            "DELETE FROM pending_batches WHERE shard = ? AND batch_id = ?",
+            (outbox_shard(batch_id), batch_id),
+            idempotent=True,
+        )
+
+    async def pending(self, shard: int) -> list[Row]:
+        return await self.db.rows(
+            "SELECT batch_id, user_id, created_at FROM pending_batches WHERE shard = ?",
+            (shard,),
+        )
+
+    async def header(self, batch_id: uuid.UUID) -> BatchHeader | None:
+        row = await self.db.one(
+            "SELECT batch_id, user_id, created_at, message, recipient_count, chunk_size, "
+            "chunk_count, status, reason FROM batches WHERE batch_id = ? LIMIT 1",
+            (batch_id,),
+        )
+        if row is None or row["message"] is None:
+            return None
+        return BatchHeader(
+            batch_id=row["batch_id"],
+            user_id=row["user_id"],
+            created_at=row["created_at"].replace(tzinfo=UTC),
+            message=Message.decode(row["message"]),
+            recipient_count=row["recipient_count"],
+            chunk_size=row["chunk_size"],
+            chunk_count=row["chunk_count"],
+            status=row["status"],
+            reason=row["reason"],
+        )
+
+    async def set_status(self, batch_id: uuid.UUID, status: str, reason: str | None = None) -> None:
+        await self.db.execute(
+            "UPDATE batches SET status = ?, reason = ?, updated_at = ? WHERE batch_id = ?",
+            (status, reason, datetime.now(UTC), batch_id),
+            idempotent=True,
+        )
+
+    async def chunk_rows(self, batch_id: uuid.UUID, chunk: int) -> list[Row]:
+        return await self.db.all_pages(
+            "SELECT log_id, email, name, substitutions, state, event, providers "
+            "FROM batches WHERE batch_id = ? AND chunk = ?",
+            (batch_id, chunk),
+        )
+
+    async def discard(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> None:
+        """Remove the traces of a batch whose acceptance failed part-way."""
+        await self.db.execute(
+            "DELETE FROM batches_by_user WHERE user_id = ? AND month = ? AND batch_id = ?",
+            (user_id, month_of(batch_id), batch_id),
+            idempotent=True,
+        )
+        await self.db.execute("DELETE FROM batches WHERE batch_id = ?", (batch_id,))
+        await self.db.execute("DELETE FROM batch_emails WHERE batch_id = ?", (batch_id,))
+        await self.mark_published(batch_id)

@@ -1,0 +1,263 @@
+"""Configuration: one pydantic-settings class per concern, read from ``SAFEDELIVR_*`` variables.
+
+Nothing here is instantiated at import time. Entry points call :func:`load_settings` once at
+start-up; it validates every section and turns a validation failure into a
+:class:`ConfigError` whose message names the offending environment variable. Tests build
+sections directly with keyword arguments instead of touching ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.errors import ConfigError
+
+#: Every variable we read starts with this.
+ENV_PREFIX = "SAFEDELIVR_"
+
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
+_PROVIDER_CODES = ("sg", "mg")
+
+
+def _config(section: str) -> SettingsConfigDict:
+    return SettingsConfigDict(
+        env_prefix=f"{ENV_PREFIX}{section}_" if section else ENV_PREFIX,
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+    )
+
+
+class CassandraSettings(BaseSettings):
+    """Where the Cassandra cluster is and how our keyspace is replicated."""
+
+    model_config = _config("CASSANDRA")
+
+    hosts: str = "127.0.0.1"
+    """Comma-separated contact points."""
+    port: int = Field(9042, ge=1, le=65535)
+    keyspace: str = "safedelivr"
+    replication: str = "{'class': 'SimpleStrategy', 'replication_factor': 1}"
+    """CQL replication map for ``CREATE KEYSPACE``; use NetworkTopologyStrategy on clusters."""
+    local_dc: str | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    request_timeout: float = Field(10.0, gt=0)
+    connect_timeout: float = Field(10.0, gt=0)
+
+    @field_validator("keyspace")
+    @classmethod
+    def _keyspace_is_identifier(cls, value: str) -> str:
+        if not _IDENTIFIER.match(value):
+            raise ValueError("must be a lowercase CQL identifier (letters, digits, underscore)")
+        return value
+
+    @field_validator("replication")
+    @classmethod
+    def _replication_is_map(cls, value: str) -> str:
+        stripped = value.strip()
+        if not (stripped.startswith("{") and stripped.endswith("}") and "class" in stripped):
+            raise ValueError("must be a CQL map such as {'class': 'SimpleStrategy', ...}")
+        if ";" in stripped:
+            raise ValueError("must not contain ';'")
+        return stripped
+
+    @property
+    def contact_points(self) -> list[str]:
+        return [h.strip() for h in self.hosts.split(",") if h.strip()]
+
+
+class AmqpSettings(BaseSettings):
+    """The RabbitMQ connection and the names and limits of our topology."""
+
+    model_config = _config("AMQP")
+
+    url: SecretStr = SecretStr("amqp://guest:guest@127.0.0.1:5672/")
+    exchange: str = "safedelivr"
+    """The topic exchange; queue names are derived from it (see shared.topology)."""
+    prefetch: int = Field(64, ge=1, le=10_000)
+    delivery_limit: int = Field(10, ge=1)
+    """Deliveries of one message before it is dead-lettered as poison."""
+    publish_timeout: float = Field(10.0, gt=0)
+
+    @field_validator("exchange")
+    @classmethod
+    def _exchange_name(cls, value: str) -> str:
+        if not re.match(r"^[A-Za-z0-9_.:-]{1,200}$", value):
+            raise ValueError("may hold only letters, digits and _.:-")
+        return value
+
+
+class ApiSettings(BaseSettings):
+    """The HTTP API service."""
+
+    model_config = _config("API")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    public_url: str = "http://127.0.0.1:8080"
+    max_recipients: int = Field(10_000, ge=1)
+    """Recipients accepted in one batch request (after de-duplication)."""
+    max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024)
+    """Request bodies above this are refused with 413 while they stream in."""
+    outbox_relay_interval: float = Field(5.0, gt=0)
+    outbox_grace: float = Field(30.0, ge=0)
+    """Seconds a pending batch may stay unpublished before the relay publishes it."""
+
+
+class WebhookSettings(BaseSettings):
+    """The provider webhook receiver."""
+
+    model_config = _config("WEBHOOKS")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8081, ge=1, le=65535)
+    sendgrid_public_key: str | None = None
+    """Base64 DER (SubjectPublicKeyInfo) ECDSA P-256 key from SendGrid's Signed Event Webhook."""
+    sendgrid_basic_user: str | None = None
+    sendgrid_basic_password: SecretStr | None = None
+    mailgun_signing_key: SecretStr | None = None
+    timestamp_tolerance: int = Field(300, ge=1)
+    deferred_deadline: int = Field(4 * 3600, ge=1)
+    """Seconds a recipient may stay deferred before we try another provider."""
+
+
+class ProviderSettings(BaseSettings):
+    """The provider chain and each provider's credentials and endpoints."""
+
+    model_config = _config("PROVIDERS")
+
+    chain: str = "sg,mg"
+    """Failover order by provider code: ``sg`` SendGrid, ``mg`` Mailgun."""
+    max_attempts: int = Field(6, ge=1)
+    """Provider attempts per chunk before its recipients end ``failed``."""
+    backoff: str = "5,30,120,600"
+    """Delay tiers in seconds used when the chain is exhausted and cycles again."""
+    timeout: float = Field(30.0, gt=0)
+    ambiguous_timeout: int = Field(600, ge=1)
+    """Seconds to wait for a provider webhook to settle an attempt whose outcome is unknown."""
+    resend_ambiguous: bool = False
+    """After that wait, resend (risking a duplicate) instead of failing the recipients."""
+    sendgrid_api_key: SecretStr = SecretStr("sandbox-sendgrid-key")
+    sendgrid_base_url: str = "http://127.0.0.1:8090/sendgrid"
+    mailgun_api_key: SecretStr = SecretStr("sandbox-mailgun-key")
+    mailgun_domain: str = "sandbox.safedelivr.local"
+    mailgun_base_url: str = "http://127.0.0.1:8090/mailgun"
+
+    @field_validator("chain")
+    @classmethod
+    def _chain_codes(cls, value: str) -> str:
+        codes = [c.strip() for c in value.split(",") if c.strip()]
+        if not codes:
+            raise ValueError("needs at least one provider code")
+        unknown = [c for c in codes if c not in _PROVIDER_CODES]
+        if unknown:
+            raise ValueError(f"unknown provider code(s) {unknown}; known: {list(_PROVIDER_CODES)}")
+        if len(set(codes)) != len(codes):
+            raise ValueError("lists a provider twice")
+        return ",".join(codes)
+
+    @field_validator("backoff")
+    @classmethod
+    def _backoff_tiers(cls, value: str) -> str:
+        try:
+            tiers = [int(v) for v in value.split(",") if v.strip()]
+        except ValueError as exc:
+            raise ValueError("must be comma-separated whole seconds") from exc
+        if not tiers or any(t <= 0 for t in tiers):
+            raise ValueError("needs at least one positive delay")
+        return ",".join(str(t) for t in tiers)
+
+    @property
+    def chain_codes(self) -> tuple[str, ...]:
+        return tuple(self.chain.split(","))
+
+    @property
+    def backoff_tiers(self) -> tuple[int, ...]:
+        return tuple(int(v) for v in self.backoff.split(","))
+
+
+class ConsumerSettings(BaseSettings):
+    """The consumer process."""
+
+    model_config = _config("CONSUMERS")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8082, ge=1, le=65535)
+    """Where the consumer process serves /healthz, /readyz and /metrics."""
+    prefetch: int = Field(8, ge=1, le=1000)
+    """Chunks (of up to 1,000 recipients) in flight per provider queue."""
+
+
+class SandboxSettings(BaseSettings):
+    """The local SendGrid/Mailgun/GitHub stand-ins."""
+
+    model_config = _config("SANDBOX")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8090, ge=1, le=65535)
+    webhook_url: str = "http://127.0.0.1:8081"
+    """Base URL of the webhook service the sandbox posts signed events to."""
+    sendgrid_private_key: SecretStr | None = None
+    """PEM ECDSA P-256 private key used to sign SendGrid-style events."""
+    mailgun_signing_key: SecretStr = SecretStr("sandbox-mailgun-signing-key")
+    webhook_delay: float = Field(0.2, ge=0)
+
+
+class Settings(BaseSettings):
+    """Every section, validated together at start-up."""
+
+    model_config = _config("")
+
+    log_level: str = "INFO"
+    cassandra: CassandraSettings = Field(default_factory=CassandraSettings)
+    amqp: AmqpSettings = Field(default_factory=AmqpSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
+    providers: ProviderSettings = Field(default_factory=ProviderSettings)
+    consumers: ConsumerSettings = Field(default_factory=ConsumerSettings)
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+
+
+_SECTIONS: dict[str, type[BaseSettings]] = {
+    "CASSANDRA": CassandraSettings,
+    "AMQP": AmqpSettings,
+    "API": ApiSettings,
+    "WEBHOOKS": WebhookSettings,
+    "PROVIDERS": ProviderSettings,
+    "CONSUMERS": ConsumerSettings,
+    "SANDBOX": SandboxSettings,
+}
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read and validate every section; raise ConfigError naming the bad variable."""
+    sections: dict[str, Any] = {}
+    problems: list[str] = []
+    for name, cls in _SECTIONS.items():
+        try:
+            sections[name.lower()] = cls()
+        except ValidationError as exc:
+            problems.extend(describe_errors(exc, f"{ENV_PREFIX}{name}_"))
+    if problems:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+    sections.update(overrides)
+    try:
+        return Settings(**sections)
+    except ValidationError as exc:
+        raise ConfigError(
+            "invalid configuration:\n  " + "\n  ".join(describe_errors(exc, ENV_PREFIX))
+        ) from exc
+
+
+def describe_errors(exc: ValidationError, prefix: str) -> list[str]:
+    """Turn pydantic errors into ``VARIABLE: message`` lines."""
+    lines = []
+    for error in exc.errors():
+        field = "_".join(str(part) for part in error["loc"]).upper()
+        lines.append(f"{prefix}{field}: {error['msg']}")
+    return lines

@@ -1,0 +1,189 @@
+"""Cassandra adapter: cluster session, prepared statements, and driver futures bridged to asyncio.
+
+The driver runs its own I/O thread (libev when available); :meth:`Database.execute` hands the
+driver's ``ResponseFuture`` callbacks back to the event loop with ``call_soon_threadsafe`` so
+no coroutine ever blocks. Driver exceptions become :class:`~shared.errors.DependencyUnavailable`
+here, at the boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cassandra import ConsistencyLevel, DriverException
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.query import PreparedStatement, SimpleStatement, Statement, dict_factory
+
+from shared.config import CassandraSettings
+from shared.errors import DependencyUnavailable
+
+log = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+Params = Sequence[Any] | Mapping[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of rows and the opaque driver state to fetch the next (None when done)."""
+
+    rows: list[Row]
+    paging_state: bytes | None
+
+
+def _connection_class() -> Any:
+    try:
+        from cassandra.io.libevreactor import LibevConnection
+    except ImportError:  # pragma: no cover - wheels ship libev on Linux
+        from cassandra.io.asyncioreactor import AsyncioConnection
+
+        return AsyncioConnection
+    return LibevConnection
+
+
+class Database:
+    """A connected session bound to one keyspace (or none, for migrations)."""
+
+    def __init__(self, cluster: Cluster, session: Session, keyspace: str | None) -> None:
+        self.cluster = cluster
+        self.session = session
+        self.keyspace = keyspace
+        self._prepared: dict[str, PreparedStatement] = {}
+
+    @classmethod
+    async def connect(cls, settings: CassandraSettings, *, keyspace: str | None = None) -> Database:
+        """Open a session; ``keyspace`` defaults to none so migrations can create it."""
+        profile = ExecutionProfile(
+            load_balancing_policy=TokenAwarePolicy(
+                DCAwareRoundRobinPolicy(local_dc=settings.local_dc)
+            ),
+            consistency_level=ConsistencyLevel.LOCAL_QUORUM,
+            serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
+            request_timeout=settings.request_timeout,
+            row_factory=dict_factory,
+        )
+        auth = None
+        if settings.username and settings.password:
+            auth = PlainTextAuthProvider(settings.username, settings.password.get_secret_value())
+        cluster = Cluster(
+            settings.contact_points,
+            port=settings.port,
+            execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+            connection_class=_connection_class(),
+            connect_timeout=settings.connect_timeout,
+            auth_provider=auth,
+            protocol_version=5,
+        )
+        try:
+            session = await asyncio.to_thread(cluster.connect, keyspace)
+        except (DriverException, OSError) as exc:
+            await asyncio.to_thread(cluster.shutdown)
+            raise DependencyUnavailable("cassandra", _describe(exc)) from exc
+        return cls(cluster, session, keyspace)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.cluster.shutdown)
+
+    async def prepare(self, cql: str) -> PreparedStatement:
+        stmt = self._prepared.get(cql)
+        if stmt is None:
+            try:
+                stmt = await asyncio.to_thread(self.session.prepare, cql)
+            except (DriverException, OSError) as exc:
+                raise DependencyUnavailable("cassandra", _describe(exc)) from exc
+            self._prepared[cql] = stmt
+        return stmt
+
+    async def execute(
+        self,
+        query: str | Statement,
+        params: Params = None,
+        *,
+        page_size: int | None = None,
+        paging_state: bytes | None = None,
+        prepare: bool = True,
+        idempotent: bool = False,
+        timeout: float | None = None,
+    ) -> Page:
+        """Run one statement and return one page of rows.
+
+        Plain strings are prepared once and cached. Mark ``idempotent=True`` only for
+        statements that are safe to run twice (the driver then retries them).
+        """
+        if isinstance(query, str):
+            stmt: Statement = (
+                (await self.prepare(query)).bind(params or ())
+                if prepare
+                else SimpleStatement(query)
+            )
+            stmt.is_idempotent = idempotent
+        else:
+            stmt = query
+        if page_size is not None:
+            stmt.fetch_size = page_size
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[Page] = loop.create_future()
+        extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        try:
+            future = self.session.execute_async(
+                stmt,
+                None if isinstance(query, str) and prepare else params,
+                paging_state=paging_state,
+                **extra,
+            )
+        except (DriverException, OSError) as exc:
+            raise DependencyUnavailable("cassandra", _describe(exc)) from exc
+
+        def on_ok(rows: list[Row] | None) -> None:
+            # DDL and plain writes answer None; the driver swallows exceptions raised here,
+            # so nothing in this callback may fail.
+            page = Page(list(rows or ()), future.paging_state if future.has_more_pages else None)
+            loop.call_soon_threadsafe(_settle, result, page, None)
+
+        def on_err(exc: BaseException) -> None:
+            loop.call_soon_threadsafe(_settle, result, None, exc)
+
+        future.add_callbacks(on_ok, on_err)
+        try:
+            return await result
+        except (DriverException, OSError) as exc:
+            raise DependencyUnavailable("cassandra", _describe(exc)) from exc
+
+    async def rows(self, query: str | Statement, params: Params = None, **kw: Any) -> list[Row]:
+        return (await self.execute(query, params, **kw)).rows
+
+    async def one(self, query: str | Statement, params: Params = None, **kw: Any) -> Row | None:
+        rows = (await self.execute(query, params, **kw)).rows
+        return rows[0] if rows else None
+
+    async def all_pages(
+        self, query: str, params: Params = None, *, page_size: int = 1000
+    ) -> list[Row]:
+        out: list[Row] = []
+        state: bytes | None = None
+        while True:
+            page = await self.execute(query, params, page_size=page_size, paging_state=state)
+            out.extend(page.rows)
+            if page.paging_state is None:
+                return out
+            state = page.paging_state
+
+
+def _settle(fut: asyncio.Future[Page], page: Page | None, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        assert page is not None  # noqa: S101 - on_ok always passes a page
+        fut.set_result(page)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

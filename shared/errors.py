@@ -1,0 +1,86 @@
+"""Every error Safedelivr raises on purpose, as one tree.
+
+* SafedelivrError
+  + ConfigError                 bad or missing configuration, found at start-up
+  + DependencyUnavailable       Cassandra or RabbitMQ cannot be reached right now (HTTP 503)
+  + PublishError                the broker did not confirm, or returned, a publish
+  + ProviderError               a provider call failed; ``retry_after`` says when to try again
+    x TransientProviderError    5xx, 429, timeouts, connection errors: another provider may work
+    x ProviderMisconfigured     401/403, unknown domain: our side is wrong, try the next provider
+    x PermanentProviderError    the request itself is bad (400, 413): no provider will accept it
+
+Adapters translate library exceptions (aiormq, cassandra, httpx, sendgrid) into these at the
+boundary with ``raise X(...) from exc``; service code never sees a library exception.
+"""
+
+from __future__ import annotations
+
+
+class SafedelivrError(Exception):
+    """Base class for the errors we raise deliberately."""
+
+
+class ConfigError(SafedelivrError):
+    """Configuration is missing or invalid; the message names the variable."""
+
+
+class DependencyUnavailable(SafedelivrError):
+    """A data service (Cassandra, RabbitMQ) is down or timing out."""
+
+    def __init__(self, service: str, detail: str) -> None:
+        super().__init__(f"{service} unavailable: {detail}")
+        self.service = service
+        self.detail = detail
+
+
+class PublishError(DependencyUnavailable):
+    """A publish was not confirmed (nack, timeout, connection lost) or was returned unroutable."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("rabbitmq", detail)
+
+
+class ProviderError(SafedelivrError):
+    """A provider call failed.
+
+    Args:
+        provider: the provider code (``sg``, ``mg``).
+        message: a human-readable reason, shown to users when recipients end ``failed``.
+        status: the HTTP status, when there was a response.
+        retry_after: seconds the provider asked us to wait, if it said.
+        outcome_unknown: the request went out but no answer came back (a read timeout): the
+            provider may have accepted it, so resending risks a duplicate.
+    """
+
+    #: Whether another provider (or a later attempt) might succeed.
+    retryable = True
+
+    def __init__(
+        self,
+        provider: str,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+        outcome_unknown: bool = False,
+    ) -> None:
+        super().__init__(f"{provider}: {message}")
+        self.outcome_unknown = outcome_unknown
+        self.provider = provider
+        self.message = message
+        self.status = status
+        self.retry_after = retry_after
+
+
+class TransientProviderError(ProviderError):
+    """The provider is unhealthy or throttling us; the same request may succeed later."""
+
+
+class ProviderMisconfigured(ProviderError):
+    """Our credentials or account settings for this provider are wrong."""
+
+
+class PermanentProviderError(ProviderError):
+    """The request is invalid for every provider; retrying cannot help."""
+
+    retryable = False

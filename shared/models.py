@@ -1,0 +1,126 @@
+"""The domain model shared by every service: messages, recipients, chunks and their codecs.
+
+Frozen pydantic models; ``encode``/``decode`` pairs use orjson and are the only way these
+objects cross the broker or land in a Cassandra blob.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Summary states of a recipient (as in the original): an outcome ends ``queued``.
+State = Literal["queued", "success", "failed"]
+
+#: Detailed, provider-neutral events of a recipient.
+Event = Literal[
+    "queued",
+    "sent",
+    "deferred",
+    "delivered",
+    "bounced",
+    "dropped",
+    "complained",
+    "unsubscribed",
+    "failed",
+    "opened",
+    "clicked",
+]
+
+#: Events that settle a recipient's summary state.
+OUTCOME_STATE: dict[str, State] = {
+    "delivered": "success",
+    "bounced": "failed",
+    "dropped": "failed",
+    "complained": "failed",
+    "unsubscribed": "failed",
+    "failed": "failed",
+}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class Address(_Frozen):
+    email: str
+    name: str | None = None
+
+
+class Recipient(_Frozen):
+    """One recipient of a batch, with its log row id."""
+
+    log_id: uuid.UUID
+    email: str
+    name: str | None = None
+    substitutions: dict[str, str] = Field(default_factory=dict)
+
+
+class Message(_Frozen):
+    """What is sent: everything of a batch except its recipients."""
+
+    sender: Address = Field(alias="from")
+    subject: str
+    html: str | None = None
+    text: str | None = None
+    reply_to: Address | None = None
+    cc: tuple[Address, ...] = ()
+    bcc: tuple[Address, ...] = ()
+    headers: dict[str, str] = Field(default_factory=dict)
+    categories: tuple[str, ...] = ()
+    metadata: dict[str, str] = Field(default_factory=dict)
+    bulk: bool = False
+    """One personalised message per recipient instead of one shared message."""
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.model_dump(mode="json", by_alias=True))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Message:
+        return cls.model_validate(orjson.loads(raw))
+
+
+class Chunk(_Frozen):
+    """A slice of a batch small enough for one provider request."""
+
+    batch_id: uuid.UUID
+    index: int
+    message: Message
+    recipients: tuple[Recipient, ...]
+
+
+class ChunkJob(_Frozen):
+    """The body of a ``<ns>.<batch_uuid>[.retry.<n>]`` message: which chunk to send.
+
+    Recipients are not carried: the consumer reads them (and their current state) from the
+    batch partition, so a redelivered or duplicated job never acts on stale data.
+    """
+
+    batch_id: uuid.UUID
+    chunk: int
+    attempt: int = 0
+    errors: tuple[str, ...] = ()
+    """Reasons of the earlier failed attempts, newest last (shown when recipients fail)."""
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.model_dump(mode="json"))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ChunkJob:
+        return cls.model_validate(orjson.loads(raw))
+
+
+class BatchJob(_Frozen):
+    """The body of a ``batch.<batch_uuid>`` message."""
+
+    batch_id: uuid.UUID
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.model_dump(mode="json"))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> BatchJob:
+        return cls.model_validate(orjson.loads(raw))

@@ -1,0 +1,1 @@
+"""Email provider adapters behind one interface."""

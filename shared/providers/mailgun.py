@@ -1,0 +1,201 @@
+"""Mailgun: the form fields of ``POST {base_url}/v3/{domain}/messages`` and the adapter that
+posts them with an ``httpx.AsyncClient`` and basic auth ``api:<key>``.
+
+Form (:func:`build_form`, pure, an ordered list because ``to``, ``cc``, ``h:*`` and ``o:tag``
+repeat):
+
+* ``from``, ``to``, ``cc``, ``bcc``, ``h:Reply-To`` as ``Name <email>``, quoted by
+  :func:`email.utils.formataddr`; ``subject``, ``text``, ``html``; ``h:<Name>`` per custom
+  header; ``o:tag`` for the first 3 categories (Mailgun's limit); ``v:batch_id`` and
+  ``v:chunk`` on every message (webhooks return them as ``user-variables``).
+* ``bulk`` -- Mailgun batch sending: ``recipient-variables`` maps each address to its
+  ``log_id`` and substitutions, which makes Mailgun send each ``to`` its own message, and
+  ``v:log_id=%recipient.log_id%`` puts the log id on each. Substitution keys in subject, text
+  and html are rewritten to ``%recipient.sN%`` so the result matches SendGrid's literal
+  substitutions (a recipient without a key keeps the key's text, as on SendGrid).
+* shared -- no ``recipient-variables``: one message whose To lists every recipient of the
+  chunk, the intended shared semantics (Mailgun's docs warn about exactly this effect).
+  Substitutions common to all recipients are applied to the text here; cc/bcc go on chunk 0
+  only (see ``shared.providers.envelope``). Metadata is not sent.
+
+The response's ``id`` (``<...@domain>``) is returned without its angle brackets, matching
+``message.headers.message-id`` in Mailgun's events.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+import urllib.parse
+from collections.abc import Mapping
+
+import httpx
+import orjson
+
+from shared.config import ProviderSettings
+from shared.errors import ProviderError, ProviderMisconfigured, TransientProviderError
+from shared.models import Chunk
+from shared.providers import envelope, responses
+from shared.providers.base import Receipt
+
+#: Our code for Mailgun in routing keys and errors.
+CODE = "mg"
+#: Recipients Mailgun accepts in one batch-sending request.
+MAX_RECIPIENTS = 1000
+#: Tags Mailgun accepts per message; extra categories are dropped.
+MAX_TAGS = 3
+
+Form = list[tuple[str, str]]
+
+
+def build_form(chunk: Chunk) -> Form:
+    """The form fields for ``chunk``; raises PermanentProviderError if unsendable."""
+    envelope.check_chunk(CODE, chunk, MAX_RECIPIENTS)
+    message = chunk.message
+    if message.bulk:
+        keys = _variable_names(chunk)
+        texts = {k: f"%recipient.{name}%" for k, name in keys.items()}
+    else:
+        keys = {}
+        texts = envelope.shared_substitutions(chunk.recipients)
+    cc, bcc = envelope.copies(chunk)
+    form: Form = [("from", format_address(message.sender.email, message.sender.name))]
+    form += [("to", format_address(r.email, r.name)) for r in chunk.recipients]
+    form += [("cc", format_address(a.email, a.name)) for a in cc]
+    form += [("bcc", format_address(a.email, a.name)) for a in bcc]
+    form.append(("subject", envelope.replace_keys(message.subject, texts)))
+    if message.text:
+        form.append(("text", envelope.replace_keys(message.text, texts)))
+    if message.html:
+        form.append(("html", envelope.replace_keys(message.html, texts)))
+    if message.reply_to:
+        form.append(("h:Reply-To", format_address(message.reply_to.email, message.reply_to.name)))
+    form += [(f"h:{name}", value) for name, value in message.headers.items()]
+    form += [("o:tag", tag) for tag in message.categories[:MAX_TAGS]]
+    form += [("v:batch_id", str(chunk.batch_id)), ("v:chunk", str(chunk.index))]
+    if message.bulk:
+        form.append(("v:log_id", "%recipient.log_id%"))
+        form.append(("recipient-variables", _recipient_variables(chunk, keys)))
+    return form
+
+
+def format_address(address: str, name: str | None = None) -> str:
+    """``Name <email>`` with the name quoted (or RFC 2047-encoded) as needed; bare if unnamed."""
+    if not name:
+        return address
+    try:
+        return email.utils.formataddr((name, address))
+    except UnicodeEncodeError:
+        # formataddr insists on an ASCII address; keep its quoting of the name for SMTPUTF8 ones.
+        quoted = email.utils.formataddr((name, "x@x")).removesuffix(" <x@x>")
+        return f"{quoted} <{address}>"
+
+
+def parse_message_id(body: bytes) -> str | None:
+    """The ``id`` of a 200 response, without angle brackets; None if absent or unreadable."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    value = data.get("id") if isinstance(data, dict) else None
+    if not isinstance(value, str):
+        return None
+    return value.strip().strip("<>") or None
+
+
+def _variable_names(chunk: Chunk) -> dict[str, str]:
+    # Our keys may hold characters Mailgun variable names cannot ("-first-", "{{name}}").
+    keys: dict[str, str] = {}
+    for recipient in chunk.recipients:
+        for key in recipient.substitutions:
+            if key and key not in keys:
+                keys[key] = f"s{len(keys)}"
+    return keys
+
+
+def _recipient_variables(chunk: Chunk, keys: Mapping[str, str]) -> str:
+    variables = {
+        r.email: {
+            "log_id": str(r.log_id),
+            # A key this recipient lacks keeps its own text, as SendGrid leaves it unreplaced.
+            **{name: r.substitutions.get(key, key) for key, name in keys.items()},
+        }
+        for r in chunk.recipients
+    }
+    return orjson.dumps(variables).decode()
+
+
+class MailgunProvider:
+    """Sends chunks through Mailgun's messages API."""
+
+    code: str = CODE
+    name: str = "Mailgun"
+    max_recipients: int = MAX_RECIPIENTS
+
+    def __init__(
+        self,
+        *,
+        api_key: str,
+        domain: str,
+        base_url: str,
+        timeout: float,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        """Args:
+        client: an HTTP client to use instead of our own; the caller keeps ownership and
+            closes it (``aclose`` leaves it open). Auth and timeout are set per request.
+        """
+        self._url = f"{base_url.rstrip('/')}/v3/{urllib.parse.quote(domain, safe='')}/messages"
+        self._auth = httpx.BasicAuth("api", api_key)
+        self._seconds = timeout
+        self._timeout = httpx.Timeout(timeout)
+        self._owns_client = client is None
+        self._client = client or httpx.AsyncClient(timeout=self._timeout, follow_redirects=False)
+
+    @classmethod
+    def from_settings(cls, settings: ProviderSettings) -> MailgunProvider:
+        return cls(
+            api_key=settings.mailgun_api_key.get_secret_value(),
+            domain=settings.mailgun_domain,
+            base_url=settings.mailgun_base_url,
+            timeout=settings.timeout,
+        )
+
+    async def send(self, chunk: Chunk) -> Receipt:
+        body = urllib.parse.urlencode(build_form(chunk)).encode()
+        try:
+            response = await self._client.post(
+                self._url,
+                content=body,
+                headers={"Content-Type": "application/x-www-form-urlencoded"},
+                auth=self._auth,
+                timeout=self._timeout,
+            )
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            raise _translate(exc, self._seconds) from exc
+        headers = responses.lower_headers(response.headers.items())
+        error = responses.classify(
+            CODE, response.status_code, response.content, headers, now=time.time()
+        )
+        if error:
+            raise error
+        return Receipt(CODE, response.status_code, parse_message_id(response.content))
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+
+def _translate(exc: Exception, timeout: float) -> ProviderError:
+    if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
+        return ProviderMisconfigured(CODE, f"cannot use the Mailgun base URL: {exc}")
+    if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):
+        # The request (or part of it) went out; Mailgun may have queued it.
+        return TransientProviderError(
+            CODE,
+            f"no response within {timeout:g}s (the provider may have accepted the chunk)",
+            outcome_unknown=True,
+        )
+    if isinstance(exc, httpx.TimeoutException | httpx.ConnectError):
+        return TransientProviderError(CODE, f"could not reach Mailgun: {exc!r}")
+    return TransientProviderError(CODE, f"connection failed: {exc!r}")

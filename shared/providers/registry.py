@@ -1,0 +1,46 @@
+"""The configured provider chain: which adapters exist, built in failover order, and closed.
+
+Adding a provider is one adapter module plus one line in :data:`FACTORIES` (and its code in
+``shared.config``'s list of known codes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+from shared.config import ProviderSettings
+from shared.errors import ConfigError
+from shared.providers.base import Provider
+from shared.providers.mailgun import MailgunProvider
+from shared.providers.sendgrid import SendGridProvider
+
+#: How to build each provider from the settings, by code.
+FACTORIES: Mapping[str, Callable[[ProviderSettings], Provider]] = {
+    SendGridProvider.code: SendGridProvider.from_settings,
+    MailgunProvider.code: MailgunProvider.from_settings,
+}
+
+
+def build_providers(settings: ProviderSettings) -> dict[str, Provider]:
+    """One provider per code in ``settings.chain_codes``, keyed by code, in that order."""
+    providers: dict[str, Provider] = {}
+    for code in settings.chain_codes:
+        factory = FACTORIES.get(code)
+        if factory is None:
+            raise ConfigError(
+                f"SAFEDELIVR_PROVIDERS_CHAIN: unknown provider code {code!r}; "
+                f"known: {sorted(FACTORIES)}"
+            )
+        providers[code] = factory(settings)
+    return providers
+
+
+async def close_all(providers: Mapping[str, Provider]) -> None:
+    """Close every provider, even if some fail; then raise the first failure, if any."""
+    results = await asyncio.gather(
+        *(provider.aclose() for provider in providers.values()), return_exceptions=True
+    )
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result

@@ -1,0 +1,86 @@
+"""Opening and closing a service's connections: Cassandra session and RabbitMQ broker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from shared.broker import Broker
+from shared.config import Settings
+from shared.db import Database
+from shared.errors import DependencyUnavailable
+from shared.health import Check
+from shared.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+def topology_for(settings: Settings) -> Topology:
+    return Topology(
+        exchange=settings.amqp.exchange,
+        delay_tiers=settings.providers.backoff_tiers,
+        delivery_limit=settings.amqp.delivery_limit,
+    )
+
+
+@dataclass(slots=True)
+class Resources:
+    db: Database
+    broker: Broker
+
+
+async def connect_with_retry(settings: Settings, *, name: str, wait: float = 60.0) -> Resources:
+    """Connect to both services, retrying for up to ``wait`` seconds (they may be starting)."""
+    deadline = asyncio.get_running_loop().time() + wait
+    while True:
+        try:
+            db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
+            break
+        except DependencyUnavailable as exc:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            log.warning("waiting for Cassandra: %s", exc.detail)
+            await asyncio.sleep(2)
+    broker = Broker(
+        settings.amqp.url.get_secret_value(),
+        topology_for(settings),
+        publish_timeout=settings.amqp.publish_timeout,
+        name=name,
+    )
+    while True:
+        try:
+            await broker.connect()
+            return Resources(db, broker)
+        except DependencyUnavailable as exc:
+            if asyncio.get_running_loop().time() > deadline:
+                await db.close()
+                raise
+            log.warning("waiting for RabbitMQ: %s", exc.detail)
+            await asyncio.sleep(2)
+
+
+@asynccontextmanager
+async def open_resources(settings: Settings, *, name: str) -> AsyncIterator[Resources]:
+    res = await connect_with_retry(settings, name=name)
+    try:
+        yield res
+    finally:
+        await res.broker.close()
+        await res.db.close()
+
+
+def readiness_checks(res: Resources) -> dict[str, Check]:
+    """The checks /readyz runs: a CQL round trip and a live AMQP connection."""
+
+    async def cassandra() -> None:
+        await res.db.one("SELECT release_version FROM system.local")
+
+    async def rabbitmq() -> None:
+        if not res.broker.connected:
+            raise DependencyUnavailable("rabbitmq", "connection closed")
+        await res.broker.queue_depth(res.broker.topology.batches_queue)
+
+    return {"cassandra": cassandra, "rabbitmq": rabbitmq}

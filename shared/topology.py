@@ -1,0 +1,188 @@
+"""The broker topology as data: exchange and queue names, bindings, arguments and routing keys.
+
+Pure: nothing here talks to RabbitMQ (``shared.broker`` declares what :class:`Topology`
+describes). Routing keys are the contract of ``design.md``:
+
+* ``batch.<batch_uuid>``                                  a newly accepted batch
+* ``<ns>.<batch_uuid>`` / ``<ns>.<batch_uuid>.retry.<n>``  a chunk dispatched to provider ``ns``
+* ``log.<ns>.<log_uuid>`` / ``log.<ns>.<log_uuid>.retry.<n>``  one recipient re-sent via ``ns``
+
+Every name is derived from the exchange name, so a test can declare a private copy of the
+whole topology under a random exchange name.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+#: Provider short codes that may appear as the first word of a dispatch key.
+PROVIDER_CODES = ("sg", "mg")
+
+#: Header that routes a message to a delay queue on the delay (headers) exchange.
+DELAY_HEADER = "x-safedelivr-delay"
+
+Kind = Literal["batch", "dispatch", "log"]
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingKey:
+    """A parsed routing key; ``attempt`` counts the attempts made before this one."""
+
+    kind: Kind
+    id: uuid.UUID
+    provider: str | None = None
+    attempt: int = 0
+
+    def __str__(self) -> str:
+        if self.kind == "batch":
+            return batch_key(self.id)
+        assert self.provider is not None  # noqa: S101 - constructor invariant
+        if self.kind == "dispatch":
+            return dispatch_key(self.provider, self.id, self.attempt)
+        return log_key(self.provider, self.id, self.attempt)
+
+
+def batch_key(batch_id: uuid.UUID) -> str:
+    return f"batch.{batch_id}"
+
+
+def dispatch_key(provider: str, batch_id: uuid.UUID, attempt: int = 0) -> str:
+    _check_provider(provider)
+    return f"{provider}.{batch_id}" + (f".retry.{attempt}" if attempt else "")
+
+
+def log_key(provider: str, log_id: uuid.UUID, attempt: int = 0) -> str:
+    _check_provider(provider)
+    return f"log.{provider}.{log_id}" + (f".retry.{attempt}" if attempt else "")
+
+
+def parse_routing_key(key: str) -> RoutingKey:
+    """Parse any of our routing keys; raise ValueError for anything else."""
+    parts = key.split(".")
+    if parts[0] == "batch" and len(parts) == 2:
+        return RoutingKey("batch", _uuid(parts[1], key))
+    if parts[0] == "log":
+        provider, rest = (parts[1], parts[2:]) if len(parts) >= 3 else ("", [])
+        kind: Kind = "log"
+    else:
+        provider, rest, kind = parts[0], parts[1:], "dispatch"
+    if provider not in PROVIDER_CODES or len(rest) not in (1, 3):
+        raise ValueError(f"not a Safedelivr routing key: {key!r}")
+    attempt = 0
+    if len(rest) == 3:
+        if rest[1] != "retry" or not rest[2].isdigit() or int(rest[2]) < 1:
+            raise ValueError(f"bad retry suffix in routing key: {key!r}")
+        attempt = int(rest[2])
+    return RoutingKey(kind, _uuid(rest[0], key), provider, attempt)
+
+
+def _uuid(text: str, key: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise ValueError(f"bad uuid in routing key: {key!r}") from None
+
+
+def _check_provider(provider: str) -> None:
+    if provider not in PROVIDER_CODES:
+        raise ValueError(f"unknown provider code {provider!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    """One queue: its arguments and the (exchange, binding key or headers) pairs that feed it."""
+
+    name: str
+    arguments: dict[str, Any]
+    bindings: tuple[tuple[str, str], ...] = ()
+    header_binding: tuple[str, dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Names and arguments of every exchange and queue, derived from the main exchange."""
+
+    exchange: str = "safedelivr"
+    providers: tuple[str, ...] = PROVIDER_CODES
+    delay_tiers: tuple[int, ...] = (5, 30, 120, 600)
+    delivery_limit: int = 10
+    extra_delay_tiers: tuple[int, ...] = field(default=())
+
+    @property
+    def dead_letter_exchange(self) -> str:
+        return f"{self.exchange}.dlx"
+
+    @property
+    def delay_exchange(self) -> str:
+        return f"{self.exchange}.delay"
+
+    @property
+    def dead_letter_queue(self) -> str:
+        return f"{self.exchange}.dead"
+
+    @property
+    def batches_queue(self) -> str:
+        return f"{self.exchange}.batches"
+
+    def provider_queue(self, provider: str) -> str:
+        return f"{self.exchange}.{provider}"
+
+    def log_queue(self, provider: str) -> str:
+        return f"{self.exchange}.log.{provider}"
+
+    def delay_queue(self, seconds: int) -> str:
+        return f"{self.exchange}.delay.{seconds}s"
+
+    @property
+    def all_delay_tiers(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.delay_tiers) | set(self.extra_delay_tiers)))
+
+    def delay_tier_for(self, seconds: float) -> int:
+        """The smallest declared tier that waits at least ``seconds`` (else the largest)."""
+        tiers = self.all_delay_tiers
+        return next((t for t in tiers if t >= seconds), tiers[-1])
+
+    def work_queues(self) -> list[QueueSpec]:
+        """Queues that consumers read; poison messages dead-letter to the dead queue."""
+        args = {
+            "x-queue-type": "quorum",
+            "x-delivery-limit": self.delivery_limit,
+            "x-dead-letter-exchange": self.dead_letter_exchange,
+            # At-least-once dead-lettering needs reject-publish overflow (RabbitMQ docs, DLX).
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
+        }
+        specs = [QueueSpec(self.batches_queue, args, ((self.exchange, "batch.#"),))]
+        for p in self.providers:
+            specs.append(QueueSpec(self.provider_queue(p), args, ((self.exchange, f"{p}.#"),)))
+            specs.append(QueueSpec(self.log_queue(p), args, ((self.exchange, f"log.{p}.#"),)))
+        return specs
+
+    def delay_queues(self) -> list[QueueSpec]:
+        """One queue per delay tier; expiry dead-letters back to the main exchange."""
+        return [
+            QueueSpec(
+                self.delay_queue(t),
+                {
+                    "x-queue-type": "quorum",
+                    "x-message-ttl": t * 1000,
+                    "x-dead-letter-exchange": self.exchange,
+                    "x-dead-letter-strategy": "at-least-once",
+                    "x-overflow": "reject-publish",
+                },
+                header_binding=(self.delay_exchange, {"x-match": "all", DELAY_HEADER: str(t)}),
+            )
+            for t in self.all_delay_tiers
+        ]
+
+    def dead_queue(self) -> QueueSpec:
+        return QueueSpec(
+            self.dead_letter_queue,
+            {"x-queue-type": "quorum"},
+            ((self.dead_letter_exchange, ""),),
+        )
+
+    def queues(self) -> list[QueueSpec]:
+        return [*self.work_queues(), *self.delay_queues(), self.dead_queue()]

@@ -1,0 +1,625 @@
+"""Validation of the ``POST /v1/batches`` body: the decoded JSON in, a :class:`BatchRequest`
+or an :class:`InvalidRequest` carrying every field error out.
+
+This module owns the request's rules: which fields exist and their forms, the limits (subject,
+headers, categories, metadata, substitutions, the recipient cap), header-injection refusal in
+every value bound for a header (via :mod:`shared.addresses`), the split of ``to`` into
+accepted, rejected (a bad address is reported in the 202, it does not fail the batch) and
+suppressed recipients, and :func:`body_hash` for Idempotency-Key comparisons.
+
+Rules worth knowing:
+
+* ``null`` for an optional field means the field is absent.
+* A ``to`` entry holding a line break or NUL is an attack, not a typo: 422, never "rejected".
+* Every address must have an ASCII local part (the providers do not do SMTPUTF8);
+  internationalised domains are accepted and converted to their ASCII (punycode) form.
+* ``cc``/``bcc`` are not recipients: a bad address there is a 422 (``cc[0]``), and so is an
+  address listed twice across ``to``, ``cc`` and ``bcc`` (providers refuse that).
+* A substitution value may hold line breaks (bodies are multi-line) unless its key appears in
+  the subject or a custom header value, where it would be substituted into a header.
+* The cap counts distinct valid ``to`` addresses before suppression; parsing stops as soon as
+  it is exceeded, and a list with more than ``2 * max_recipients + 100`` entries is refused
+  without parsing it.
+
+Pure: no I/O; the suppression lookup is the caller's callback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import orjson
+
+from shared.addresses import (
+    AddressError,
+    display_name,
+    normalize_email,
+    parse_address,
+    split_address_list,
+    text_problem,
+)
+from shared.errors import SafedelivrError
+from shared.models import Address, Message
+
+InvalidRequestCode = Literal["invalid_fields", "no_recipients", "too_many_recipients"]
+INVALID_FIELDS: Final = "invalid_fields"
+NO_RECIPIENTS: Final = "no_recipients"
+TOO_MANY_RECIPIENTS: Final = "too_many_recipients"
+
+MAX_SUBJECT_LENGTH = 998
+MAX_HEADERS = 50
+MAX_HEADER_NAME_LENGTH = 128
+MAX_HEADER_VALUE_LENGTH = 998
+MAX_CATEGORIES = 10
+MAX_CATEGORY_LENGTH = 255
+MAX_METADATA_BYTES = 10_000
+MAX_COPY_ADDRESSES = 100
+"""Most addresses in each of ``cc`` and ``bcc``."""
+MAX_REJECTED_LENGTH = 320
+"""A rejected entry is echoed back cut to this many characters."""
+MAX_SUBSTITUTIONS = 100
+MAX_SUBSTITUTION_KEY_LENGTH = 128
+MAX_SUBSTITUTIONS_BYTES = 10_000
+"""Per recipient, JSON-encoded (SendGrid's limit per personalization)."""
+
+#: Headers a client may not set: we set them, or providers refuse them.
+RESERVED_HEADERS: Final = frozenset(
+    [
+        "to",
+        "from",
+        "subject",
+        "reply-to",
+        "cc",
+        "bcc",
+        "content-type",
+        "content-transfer-encoding",
+        "dkim-signature",
+        "received",
+        "message-id",
+        "mime-version",
+        "x-sg-id",
+        "x-sg-eid",
+    ]
+)
+
+#: The top-level fields of a batch request.
+FIELDS: Final = frozenset(
+    [
+        "from",
+        "to",
+        "subject",
+        "html",
+        "text",
+        "reply_to",
+        "cc",
+        "bcc",
+        "headers",
+        "bulk",
+        "categories",
+        "metadata",
+    ]
+)
+
+_HEADER_NAME_RE = re.compile(r"[!-9;-~]+")  # RFC 5322 ftext: printable ASCII but ':'
+_METADATA_KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_PATH_KEY_RE = re.compile(r"[!-~ ]{1,100}")
+_BODY_FORBIDDEN_RE = re.compile("[\x00\ud800-\udfff]")
+_RECIPIENT_KEYS = frozenset({"email", "name", "substitutions"})
+_ADDRESS_KEYS = frozenset({"email", "name"})
+_ADDRESS_FORMS = "must be an address string or an object {email, name}"
+_RECIPIENT_FORMS = "must be an address string or an object {email, name, substitutions}"
+
+Errors = dict[str, str]
+Suppressed = Callable[[str], str | None]
+
+
+class InvalidRequest(SafedelivrError):
+    """The batch request cannot be accepted (HTTP 422).
+
+    Attributes:
+        code: ``invalid_fields``, ``no_recipients`` or ``too_many_recipients``.
+        message: a one-line summary for the error body.
+        fields: per-field messages, keyed like ``subject``, ``to[3]``, ``headers.X-Foo``.
+    """
+
+    status = 422
+
+    def __init__(
+        self,
+        fields: Mapping[str, str],
+        *,
+        code: InvalidRequestCode = INVALID_FIELDS,
+        message: str | None = None,
+    ) -> None:
+        self.fields = dict(fields)
+        self.code: InvalidRequestCode = code
+        self.message = message or f"the request has {len(self.fields)} invalid field(s)"
+        super().__init__(self.message)
+
+
+@dataclass(frozen=True, slots=True)
+class RecipientInput:
+    """A valid, distinct ``to`` address with its personalisation."""
+
+    email: str
+    name: str | None = None
+    substitutions: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A ``to`` entry that is not a valid address, as given, and why."""
+
+    email: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRequest:
+    """An accepted batch request."""
+
+    message: Message
+    recipients: tuple[RecipientInput, ...]
+    rejected: tuple[Rejected, ...] = ()
+    suppressed: tuple[str, ...] = ()
+
+    @property
+    def accepted(self) -> int:
+        return len(self.recipients)
+
+
+def body_hash(raw_bytes: bytes) -> bytes:
+    """SHA-256 of the canonical JSON (keys sorted) of a request body.
+
+    Two bodies that differ only in key order or whitespace hash the same.
+
+    Raises:
+        ValueError: the body is not valid JSON (``orjson.JSONDecodeError``).
+    """
+    canonical = orjson.dumps(orjson.loads(raw_bytes), option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).digest()
+
+
+def parse_batch_request(
+    raw: object,
+    *,
+    max_recipients: int,
+    suppressed: Suppressed | None = None,
+) -> BatchRequest:
+    """Validate a decoded ``POST /v1/batches`` body.
+
+    ``suppressed`` is called once per distinct valid recipient with its normalised address and
+    returns a reason when the address is on the user's suppression list (compare
+    case-insensitively there), else None.
+
+    Raises:
+        InvalidRequest: with every field error collected (``invalid_fields``), or
+            ``too_many_recipients``, or ``no_recipients`` when rejection and suppression
+            leave nobody to send to.
+    """
+    if not isinstance(raw, dict):
+        raise InvalidRequest({"body": "must be a JSON object"})
+    errors: Errors = {_path_key(key): "unknown field" for key in raw if key not in FIELDS}
+    sender = _address_field(raw.get("from"), "from", errors, required=True)
+    reply_to = _address_field(raw.get("reply_to"), "reply_to", errors)
+    subject = _subject(raw.get("subject"), errors)
+    html, text = _content(raw.get("html"), raw.get("text"), errors)
+    headers = _headers(raw.get("headers"), errors)
+    header_text = (subject, *headers.values())
+    scan = _RecipientScan(max_recipients, header_text, errors)
+    scan.scan(raw.get("to"))
+    cc = _copies(raw.get("cc"), "cc", errors, scan.seen)
+    bcc = _copies(raw.get("bcc"), "bcc", errors, {**scan.seen, **dict(cc)})
+    categories = _categories(raw.get("categories"), errors)
+    metadata = _metadata(raw.get("metadata"), errors)
+    bulk = _bulk(raw.get("bulk"), errors)
+    if bulk and (cc or bcc):
+        # Each personalised copy would carry the cc/bcc too: up to 1,000 copies per chunk.
+        errors["bulk"] = "cc and bcc cannot be combined with bulk (one copy per recipient)"
+    cap = f"at most {max_recipients} distinct recipients per batch"
+    if errors or sender is None:
+        if scan.too_many:
+            errors.setdefault("to", cap)
+        raise InvalidRequest(errors)
+    if scan.too_many:
+        raise InvalidRequest(
+            {"to": cap}, code=TOO_MANY_RECIPIENTS, message=f"too many recipients: {cap}"
+        )
+    message = Message(
+        sender=sender,
+        subject=subject,
+        html=html,
+        text=text,
+        reply_to=reply_to,
+        cc=tuple(cc.values()),
+        bcc=tuple(bcc.values()),
+        headers=headers,
+        categories=categories,
+        metadata=metadata,
+        bulk=bulk,
+    )
+    return scan.finish(message, suppressed)
+
+
+def _path_key(key: object) -> str:
+    """A user-supplied key as it may appear in an error path: printable, bounded."""
+    text = str(key)
+    if _PATH_KEY_RE.fullmatch(text):
+        return text
+    return json.dumps(text[:100])  # quoted, control characters and surrogates escaped
+
+
+def _text(value: object, path: str, errors: Errors, *, max_length: int) -> str | None:
+    """A header-bound string: type, length and injection checked; None after an error."""
+    if not isinstance(value, str):
+        errors[path] = "must be a string"
+        return None
+    if len(value) > max_length:
+        errors[path] = f"must be at most {max_length} characters"
+        return None
+    problem = text_problem(value)
+    if problem is not None:
+        errors[path] = problem.message
+        return None
+    return value
+
+
+def _subject(value: object, errors: Errors) -> str:
+    if value is None:
+        errors["subject"] = "is required"
+        return ""
+    subject = _text(value, "subject", errors, max_length=MAX_SUBJECT_LENGTH)
+    if subject is not None and not subject.strip():
+        errors["subject"] = "must not be empty"
+    return subject or ""
+
+
+def _content(html: object, text: object, errors: Errors) -> tuple[str | None, str | None]:
+    bodies = {"html": _body(html, "html", errors), "text": _body(text, "text", errors)}
+    if not any(b and b.strip() for b in bodies.values()) and not {"html", "text"} & errors.keys():
+        errors["html"] = errors["text"] = "at least one of html and text must be non-empty"
+    return bodies["html"] or None, bodies["text"] or None
+
+
+def _body(value: object, path: str, errors: Errors) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        errors[path] = "must be a string"
+        return None
+    if _BODY_FORBIDDEN_RE.search(value):
+        errors[path] = "must not contain NUL or lone surrogates"
+        return None
+    return value
+
+
+def _bulk(value: object, errors: Errors) -> bool:
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    errors["bulk"] = "must be true or false"
+    return False
+
+
+def _address(value: object, path: str, errors: Errors) -> Address | None:
+    """One address in either form; any problem is a field error."""
+    if isinstance(value, str):
+        try:
+            return parse_address(value, ascii_only=True)
+        except AddressError as exc:
+            errors[path] = exc.reason
+            return None
+    if isinstance(value, dict):
+        return _address_object(value, path, errors)
+    errors[path] = _ADDRESS_FORMS
+    return None
+
+
+def _address_field(
+    value: object, path: str, errors: Errors, *, required: bool = False
+) -> Address | None:
+    if value is None:
+        if required:
+            errors[path] = "is required"
+        return None
+    return _address(value, path, errors)
+
+
+def _address_object(value: dict[Any, Any], path: str, errors: Errors) -> Address | None:
+    _unknown_keys(value, _ADDRESS_KEYS, path, errors)
+    name = _name(value.get("name"), f"{path}.name", errors)
+    email = value.get("email")
+    if not isinstance(email, str):
+        errors[f"{path}.email"] = "is required" if email is None else "must be a string"
+        return None
+    try:
+        email = normalize_email(email.strip(" \t"), ascii_only=True)
+    except AddressError as exc:
+        errors[f"{path}.email"] = exc.reason
+        return None
+    return Address(email=email, name=name)
+
+
+def _unknown_keys(
+    value: Mapping[Any, Any], known: frozenset[str], path: str, errors: Errors
+) -> None:
+    for key in value:
+        if key not in known:
+            errors[f"{path}.{_path_key(key)}"] = "unknown field"
+
+
+def _name(value: object, path: str, errors: Errors) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        errors[path] = "must be a string"
+        return None
+    try:
+        return display_name(value)
+    except AddressError as exc:
+        errors[path] = exc.reason
+        return None
+
+
+def _address_items(value: object, path: str, errors: Errors) -> list[object] | None:
+    """The items of an address list given as a list or a comma-separated string."""
+    if isinstance(value, str):
+        return list(split_address_list(value))
+    if isinstance(value, list):
+        return value
+    errors[path] = "must be a list of addresses or a comma-separated string"
+    return None
+
+
+def _copies(
+    value: object, path: str, errors: Errors, taken: Mapping[str, object]
+) -> dict[str, Address]:
+    """``cc`` or ``bcc``: every item must be valid and not listed anywhere before."""
+    found: dict[str, Address] = {}
+    items = [] if value is None else _address_items(value, path, errors)
+    if items is None:
+        return found
+    if len(items) > MAX_COPY_ADDRESSES:
+        errors[path] = f"must list at most {MAX_COPY_ADDRESSES} addresses"
+        return found
+    for index, item in enumerate(items):
+        item_path = f"{path}[{index}]"
+        address = _address(item, item_path, errors)
+        if address is None:
+            continue
+        key = address.email.lower()
+        if key in taken or key in found:
+            errors[item_path] = "is listed more than once across to, cc and bcc"
+        else:
+            found[key] = address
+    return found
+
+
+def _headers(value: object, errors: Errors) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    if value is None:
+        return headers
+    if not isinstance(value, dict):
+        errors["headers"] = "must be an object of header names to string values"
+        return headers
+    if len(value) > MAX_HEADERS:
+        errors["headers"] = f"must hold at most {MAX_HEADERS} headers"
+        return headers
+    seen: set[str] = set()
+    for name, header_value in value.items():
+        path = f"headers.{_path_key(name)}"
+        problem = _header_name_problem(name, seen)
+        if problem is not None:
+            errors[path] = problem
+            continue
+        seen.add(str(name).lower())
+        checked = _text(header_value, path, errors, max_length=MAX_HEADER_VALUE_LENGTH)
+        if checked is not None:
+            headers[name] = checked
+    return headers
+
+
+def _header_name_problem(name: object, seen: set[str]) -> str | None:
+    if (
+        not isinstance(name, str)
+        or len(name) > MAX_HEADER_NAME_LENGTH
+        or not _HEADER_NAME_RE.fullmatch(name)
+    ):
+        return (
+            f"is not a header field name (1 to {MAX_HEADER_NAME_LENGTH} printable ASCII "
+            "characters, no space or colon)"
+        )
+    if name.lower() in RESERVED_HEADERS:
+        return "is reserved: set it through the request's own field, or not at all"
+    if name.lower() in seen:
+        return "is given twice (header names are case-insensitive)"
+    return None
+
+
+def _categories(value: object, errors: Errors) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        errors["categories"] = "must be a list of strings"
+        return ()
+    if len(value) > MAX_CATEGORIES:
+        errors["categories"] = f"must hold at most {MAX_CATEGORIES} categories"
+        return ()
+    found: list[str] = []
+    for index, item in enumerate(value):
+        path = f"categories[{index}]"
+        category = _text(item, path, errors, max_length=MAX_CATEGORY_LENGTH)
+        if category is None:
+            continue
+        if not category.strip():
+            errors[path] = "must not be empty"
+        elif category in found:
+            errors[path] = "is listed twice"
+        else:
+            found.append(category)
+    return tuple(found)
+
+
+def _metadata(value: object, errors: Errors) -> dict[str, str]:
+    metadata: dict[str, str] = {}
+    if value is None:
+        return metadata
+    if not isinstance(value, dict):
+        errors["metadata"] = "must be an object of string keys to string values"
+        return metadata
+    for key, item in value.items():
+        path = f"metadata.{_path_key(key)}"
+        if not isinstance(key, str) or not _METADATA_KEY_RE.fullmatch(key):
+            errors[path] = "key must be 1 to 64 of A-Z, a-z, 0-9, '_' and '-'"
+            continue
+        checked = _text(item, path, errors, max_length=MAX_METADATA_BYTES)
+        if checked is not None:
+            metadata[key] = checked
+    if len(orjson.dumps(metadata)) > MAX_METADATA_BYTES:
+        errors["metadata"] = f"must be at most {MAX_METADATA_BYTES} bytes as JSON"
+    return metadata
+
+
+class _RecipientScan:
+    """Parses ``to`` into distinct recipients, rejected entries and field errors."""
+
+    def __init__(self, cap: int, header_text: Iterable[str], errors: Errors) -> None:
+        self.cap = cap
+        self.header_text = tuple(header_text)
+        self.errors = errors
+        self.seen: dict[str, str] = {}  # lowercased address -> its path
+        self.recipients: list[tuple[str, RecipientInput]] = []
+        self.rejected: dict[str, tuple[str, Rejected]] = {}  # lowercased raw -> path, entry
+        self.too_many = False
+        self._key_in_headers: dict[str, bool] = {}
+
+    def scan(self, value: object) -> None:
+        if value is None:
+            self.errors["to"] = "is required"
+            return
+        items = _address_items(value, "to", self.errors)
+        if items is None:
+            return
+        if len(items) > 2 * self.cap + 100:
+            self.too_many = True
+            return
+        for index, item in enumerate(items):
+            recipient = self._entry(item, f"to[{index}]")
+            if recipient is not None and self._add(f"to[{index}]", recipient):
+                self.too_many = True
+                return
+
+    def _add(self, path: str, recipient: RecipientInput) -> bool:
+        """Keep a first occurrence; True when that goes over the cap."""
+        key = recipient.email.lower()
+        if key not in self.seen:
+            self.seen[key] = path
+            self.recipients.append((path, recipient))
+        return len(self.recipients) > self.cap
+
+    def _entry(self, item: object, path: str) -> RecipientInput | None:
+        if isinstance(item, str):
+            try:
+                address = parse_address(item, ascii_only=True)
+            except AddressError as exc:
+                self._reject(item, path, exc)
+                return None
+            return RecipientInput(email=address.email, name=address.name)
+        if isinstance(item, dict):
+            return self._object(item, path)
+        self.errors[path] = _RECIPIENT_FORMS
+        return None
+
+    def _reject(self, raw: str, path: str, exc: AddressError) -> None:
+        if exc.injection:
+            self.errors[path] = exc.reason
+        else:
+            rejected = Rejected(email=raw[:MAX_REJECTED_LENGTH], reason=exc.reason)
+            self.rejected.setdefault(raw.lower(), (path, rejected))
+
+    def _object(self, item: dict[Any, Any], path: str) -> RecipientInput | None:
+        failures = len(self.errors)
+        _unknown_keys(item, _RECIPIENT_KEYS, path, self.errors)
+        name = _name(item.get("name"), f"{path}.name", self.errors)
+        substitutions = self._substitutions(item.get("substitutions"), f"{path}.substitutions")
+        email = item.get("email")
+        if not isinstance(email, str):
+            self.errors[f"{path}.email"] = "is required" if email is None else "must be a string"
+            return None
+        try:
+            email = normalize_email(email.strip(" \t"), ascii_only=True)
+        except AddressError as exc:
+            self._reject(email, f"{path}.email", exc)
+            return None
+        if len(self.errors) > failures:
+            return None
+        return RecipientInput(email=email, name=name, substitutions=substitutions)
+
+    def _substitutions(self, value: object, path: str) -> dict[str, str]:
+        found: dict[str, str] = {}
+        if value is None:
+            return found
+        if not isinstance(value, dict):
+            self.errors[path] = "must be an object of string keys to string values"
+            return found
+        if len(value) > MAX_SUBSTITUTIONS:
+            self.errors[path] = f"must hold at most {MAX_SUBSTITUTIONS} keys"
+            return found
+        for key, text in value.items():
+            problem = self._substitution_problem(key, text)
+            if problem is not None:
+                self.errors[f"{path}.{_path_key(key)}"] = problem
+            else:
+                found[key] = text
+        if len(orjson.dumps(found)) > MAX_SUBSTITUTIONS_BYTES:
+            self.errors[path] = f"must be at most {MAX_SUBSTITUTIONS_BYTES} bytes as JSON"
+        return found
+
+    def _substitution_problem(self, key: str, text: object) -> str | None:
+        if not key or len(key) > MAX_SUBSTITUTION_KEY_LENGTH:
+            return f"key must be 1 to {MAX_SUBSTITUTION_KEY_LENGTH} characters"
+        if not isinstance(text, str):
+            return "must be a string"
+        problem = text_problem(key)
+        if problem is not None:
+            return f"key {problem.message}"
+        if key not in self._key_in_headers:
+            self._key_in_headers[key] = any(key in t for t in self.header_text)
+        if self._key_in_headers[key]:
+            problem = text_problem(text)
+            return None if problem is None else f"{problem.message} (the key is used in a header)"
+        if _BODY_FORBIDDEN_RE.search(text):
+            return "must not contain NUL or lone surrogates"
+        return None
+
+    def finish(self, message: Message, suppressed: Suppressed | None) -> BatchRequest:
+        """Apply suppression and build the request; raise ``no_recipients`` if none is left."""
+        kept: list[RecipientInput] = []
+        dropped: dict[str, str] = {}  # path -> "is suppressed: reason"
+        addresses: list[str] = []
+        for path, recipient in self.recipients:
+            reason = None if suppressed is None else suppressed(recipient.email)
+            if reason is None:
+                kept.append(recipient)
+            else:
+                dropped[path] = f"is suppressed: {reason}"
+                addresses.append(recipient.email)
+        rejected = tuple(entry for _, entry in self.rejected.values())
+        if not kept:
+            summary = (
+                f"no deliverable recipient: {len(rejected)} rejected, {len(dropped)} suppressed"
+            )
+            detail = {path: f"is rejected: {e.reason}" for path, e in self.rejected.values()}
+            raise InvalidRequest(
+                {"to": summary, **detail, **dropped}, code=NO_RECIPIENTS, message=summary
+            )
+        return BatchRequest(
+            message=message,
+            recipients=tuple(kept),
+            rejected=rejected,
+            suppressed=tuple(addresses),
+        )

@@ -1,0 +1,1 @@
+"""Tests: unit (pure logic), integration (real RabbitMQ and Cassandra), end to end."""

@@ -1,0 +1,133 @@
+"""Shared fixtures: real services through deploy/, an isolated keyspace per run, unique topology
+names per test, and cleanup registered where each resource is created.
+
+Integration tests skip when RabbitMQ/Cassandra can't be started locally, but fail when
+``CI=true``: CI must never pass by skipping the tests that matter.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.broker import Broker
+from shared.config import (
+    AmqpSettings,
+    ApiSettings,
+    CassandraSettings,
+    ConsumerSettings,
+    ProviderSettings,
+    SandboxSettings,
+    Settings,
+    WebhookSettings,
+)
+from shared.db import Database
+from shared.migrations import migrate
+from shared.topology import Topology
+
+ROOT = Path(__file__).resolve().parents[1]
+CI = os.environ.get("CI", "").lower() == "true"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def services_up() -> None:
+    """Start RabbitMQ and Cassandra with the project's own scripts (idempotent)."""
+    proc = subprocess.run(
+        [str(ROOT / "deploy/local/services.sh"), "up"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    if proc.returncode != 0:
+        message = f"services did not start:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        if CI:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def keyspace(services_up: None) -> Iterator[str]:
+    name = unique("t")
+    yield name
+    subprocess.run(  # dropping is best effort: a leftover test keyspace harms nothing
+        [
+            str(ROOT / ".venv/bin/python"),
+            "-c",
+            "import sys; from cassandra.cluster import Cluster; "
+            "c = Cluster(['127.0.0.1'], port=int(sys.argv[2])); s = c.connect(); "
+            "s.execute(f'DROP KEYSPACE IF EXISTS {sys.argv[1]}', timeout=60); c.shutdown()",
+            name,
+            os.environ.get("SAFEDELIVR_CASSANDRA_PORT", "9042"),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def cassandra_settings(keyspace: str) -> CassandraSettings:
+    return CassandraSettings(keyspace=keyspace)
+
+
+@pytest.fixture(scope="session")
+async def migrated(cassandra_settings: CassandraSettings) -> CassandraSettings:
+    await migrate(cassandra_settings)
+    return cassandra_settings
+
+
+@pytest.fixture(scope="session")
+async def db(migrated: CassandraSettings) -> AsyncIterator[Database]:
+    database = await Database.connect(migrated, keyspace=migrated.keyspace)
+    yield database
+    await database.close()
+
+
+@pytest.fixture
+def exchange_name() -> str:
+    return unique("t").replace("_", "-")
+
+
+@pytest.fixture
+def settings(migrated: CassandraSettings, exchange_name: str) -> Settings:
+    """Settings for one test: the run's keyspace, a private topology, fast retries."""
+    return Settings(
+        cassandra=migrated,
+        amqp=AmqpSettings(exchange=exchange_name, delivery_limit=5),
+        api=ApiSettings(outbox_grace=1.0, outbox_relay_interval=0.5),
+        webhooks=WebhookSettings(),
+        providers=ProviderSettings(backoff="1,2", max_attempts=4, ambiguous_timeout=2, timeout=5.0),
+        consumers=ConsumerSettings(),
+        sandbox=SandboxSettings(),
+    )
+
+
+@pytest.fixture
+async def broker(services_up: None, exchange_name: str) -> AsyncIterator[Broker]:
+    """A connected broker with a private copy of the topology, deleted afterwards."""
+    b = Broker(
+        AmqpSettings().url.get_secret_value(),
+        Topology(exchange=exchange_name, delay_tiers=(1, 2), delivery_limit=3),
+        name=exchange_name,
+    )
+    await b.connect()
+    await b.declare()
+    yield b
+    await b.delete()
+    await b.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/integration" in str(item.path).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.integration)

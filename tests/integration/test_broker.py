@@ -1,0 +1,90 @@
+"""The broker adapter and topology against the real RabbitMQ."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import aio_pika
+import pytest
+
+from shared.broker import Broker
+from shared.errors import PublishError
+from shared.topology import dispatch_key
+
+
+async def _next(
+    broker: Broker, queue: str, timeout: float = 10.0
+) -> aio_pika.abc.AbstractIncomingMessage:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        message = await broker.get(queue)
+        if message is not None:
+            return message
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"nothing arrived on {queue}")
+
+
+async def test_declare_is_idempotent(broker: Broker) -> None:
+    """Declaring the same topology again succeeds and changes nothing."""
+    await broker.declare()
+
+    assert await broker.queue_depth(broker.topology.batches_queue) == 0
+
+
+async def test_unroutable_publish_raises(broker: Broker) -> None:
+    """A key no queue is bound to is an error, never a silent drop (mandatory + returns)."""
+    with pytest.raises(PublishError, match="unroutable"):
+        await broker.publish("nothing.bound.here", b"{}")
+
+
+async def test_published_messages_are_persistent_and_routed(broker: Broker) -> None:
+    """A dispatch key lands in its provider queue as a persistent message."""
+    key = dispatch_key("mg", uuid.uuid4(), 1)
+    await broker.publish(key, b'{"x":1}')
+
+    message = await _next(broker, broker.topology.provider_queue("mg"))
+    assert message.routing_key == key
+    assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+    await message.ack()
+
+
+async def test_log_keys_are_routable(broker: Broker) -> None:
+    """log.<ns>.<uuid>.retry.<n> reaches that provider's log-retry queue."""
+    key = f"log.sg.{uuid.uuid4()}.retry.2"
+    await broker.publish(key, b"{}")
+
+    message = await _next(broker, broker.topology.log_queue("sg"))
+    assert message.routing_key == key
+    await message.ack()
+
+
+async def test_delayed_message_returns_with_its_key_after_the_tier(broker: Broker) -> None:
+    """A delayed publish waits in its tier queue, then reaches the work queue under its key."""
+    key = dispatch_key("sg", uuid.uuid4(), 2)
+    started = asyncio.get_running_loop().time()
+    await broker.publish(key, b"{}", delay=1)
+
+    assert await broker.get(broker.topology.provider_queue("sg")) is None
+    message = await _next(broker, broker.topology.provider_queue("sg"))
+    assert asyncio.get_running_loop().time() - started >= 0.9
+    assert message.routing_key == key
+    assert message.headers.get("x-death")
+    await message.ack()
+
+
+async def test_poison_message_is_dead_lettered_after_the_delivery_limit(broker: Broker) -> None:
+    """A message requeued past the delivery limit ends in the dead-letter queue, not a loop."""
+    key = dispatch_key("sg", uuid.uuid4())
+    await broker.publish(key, b"poison")
+    queue = broker.topology.provider_queue("sg")
+    for _ in range(broker.topology.delivery_limit + 1):
+        message = await broker.get(queue)
+        if message is None:
+            break
+        await message.nack(requeue=True)
+
+    dead = await _next(broker, broker.topology.dead_letter_queue)
+    assert dead.routing_key == key
+    assert dead.body == b"poison"
+    await dead.ack()

@@ -1,0 +1,1 @@
+"""Unit tests of pure logic; no services needed."""

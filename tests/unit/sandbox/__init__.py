@@ -1,0 +1,1 @@
+"""Tests of the SendGrid, Mailgun and GitHub stand-ins."""

@@ -1,0 +1,66 @@
+"""Configuration validation at start-up (pure: monkeypatched environment only)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.config import CassandraSettings, ProviderSettings, load_settings
+from shared.errors import ConfigError
+
+
+def test_defaults_load() -> None:
+    """With no variables set the local defaults validate."""
+    settings = load_settings()
+
+    assert settings.api.port == 8080
+    assert settings.providers.chain_codes == ("sg", "mg")
+
+
+def test_bad_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad value stops start-up with a message naming the exact variable."""
+    monkeypatch.setenv("SAFEDELIVR_CASSANDRA_PORT", "not-a-port")
+
+    with pytest.raises(ConfigError, match="SAFEDELIVR_CASSANDRA_PORT"):
+        load_settings()
+
+
+def test_every_bad_variable_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """All problems are listed at once, not one per restart."""
+    monkeypatch.setenv("SAFEDELIVR_API_PORT", "0")
+    monkeypatch.setenv("SAFEDELIVR_PROVIDERS_CHAIN", "sg,ses")
+
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+
+    assert "SAFEDELIVR_API_PORT" in str(info.value)
+    assert "SAFEDELIVR_PROVIDERS_CHAIN" in str(info.value)
+
+
+@pytest.mark.parametrize("keyspace", ["Bad-Name", "x;drop", "1abc", ""])
+def test_keyspace_must_be_an_identifier(keyspace: str) -> None:
+    """The keyspace is interpolated into CQL, so only plain identifiers pass."""
+    with pytest.raises(ValueError, match="keyspace"):
+        CassandraSettings(keyspace=keyspace)
+
+
+def test_replication_must_be_a_map() -> None:
+    """Replication is a CQL map and may not smuggle a second statement."""
+    with pytest.raises(ValueError):
+        CassandraSettings(replication="{'class': 'SimpleStrategy'}; DROP KEYSPACE x")
+
+
+def test_chain_rejects_duplicates_and_parses_backoff() -> None:
+    """A provider may appear once; backoff tiers are whole positive seconds."""
+    with pytest.raises(ValueError):
+        ProviderSettings(chain="sg,sg")
+    with pytest.raises(ValueError):
+        ProviderSettings(backoff="5,-1")
+    assert ProviderSettings(backoff="1, 2").backoff_tiers == (1, 2)
+
+
+def test_secrets_are_not_printed() -> None:
+    """Secrets never appear in the settings' repr (which ends up in logs)."""
+    text = repr(load_settings())
+
+    assert "guest:guest" not in text
+    assert "sandbox-sendgrid-key" not in text

@@ -1,0 +1,89 @@
+"""The failover policy (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.consumers.failover import GiveUp, Retry, decide, provider_for
+from shared.errors import PermanentProviderError, ProviderMisconfigured, TransientProviderError
+
+CHAIN = ("sg", "mg")
+
+
+def _decide(attempt: int, error: Exception, **kw: object) -> object:
+    args: dict[str, object] = {
+        "chain": CHAIN,
+        "attempt": attempt,
+        "error": error,
+        "max_attempts": 6,
+        "backoff": (5, 30),
+    }
+    args.update(kw)
+    return decide(**args)  # type: ignore[arg-type]
+
+
+def test_first_failure_moves_to_the_next_provider_at_once() -> None:
+    """SendGrid failing sends the chunk to Mailgun as attempt 1, with no delay."""
+    assert _decide(0, TransientProviderError("sg", "500")) == Retry("mg", 1, 0.0)
+
+
+def test_wrapping_around_the_chain_waits_the_backoff_tier() -> None:
+    """After every provider failed once, the next cycle starts after the first backoff tier."""
+    assert _decide(1, TransientProviderError("mg", "503")) == Retry("sg", 2, 5)
+    assert _decide(3, TransientProviderError("mg", "503")) == Retry("sg", 4, 30)
+
+
+def test_last_backoff_tier_repeats() -> None:
+    """Beyond the listed tiers the longest one is used again."""
+    assert _decide(5, TransientProviderError("mg", "x"), max_attempts=10) == Retry("sg", 6, 30)
+
+
+def test_attempt_limit_gives_up_with_a_reason() -> None:
+    """When attempts run out the chunk fails, naming the chain and the last error."""
+    result = _decide(5, TransientProviderError("mg", "503 unavailable"))
+
+    assert isinstance(result, GiveUp)
+    assert "all 6 attempts failed" in result.reason
+    assert "503 unavailable" in result.reason
+
+
+def test_single_provider_retries_itself_with_backoff() -> None:
+    """With one provider configured, every retry cycles back to it after a delay."""
+    assert _decide(0, TransientProviderError("sg", "x"), chain=("sg",)) == Retry("sg", 1, 5)
+
+
+def test_retry_after_lengthens_the_wait_for_the_same_provider() -> None:
+    """A 429's Retry-After is honoured when the same provider is next."""
+    err = TransientProviderError("sg", "429", retry_after=60)
+    assert _decide(0, err, chain=("sg",)) == Retry("sg", 1, 60)
+
+
+def test_retry_after_does_not_delay_a_different_provider() -> None:
+    """Another provider is tried at once even if the failing one asked us to wait."""
+    assert _decide(0, TransientProviderError("sg", "429", retry_after=60)) == Retry("mg", 1, 0.0)
+
+
+def test_misconfigured_provider_fails_over() -> None:
+    """Bad credentials on one provider are a reason to use the next one."""
+    assert _decide(0, ProviderMisconfigured("sg", "401")) == Retry("mg", 1, 0.0)
+
+
+def test_permanent_rejection_skips_the_refusing_provider() -> None:
+    """A provider that refused the payload as invalid is not tried again."""
+    result = _decide(0, PermanentProviderError("sg", "bad"), chain=("sg", "mg"))
+    assert result == Retry("mg", 1, 0.0)
+    again = _decide(1, TransientProviderError("mg", "x"), permanent_from=frozenset({"sg"}))
+    assert again == Retry("mg", 3, 5)
+
+
+def test_rejected_by_every_provider_gives_up_at_once() -> None:
+    """When every provider refused the payload, nothing more is tried."""
+    result = _decide(1, PermanentProviderError("mg", "bad"), permanent_from=frozenset({"sg"}))
+    assert isinstance(result, GiveUp)
+    assert "rejected by every provider" in result.reason
+
+
+@pytest.mark.parametrize(("attempt", "code"), [(0, "sg"), (1, "mg"), (2, "sg"), (5, "mg")])
+def test_provider_for_walks_the_chain(attempt: int, code: str) -> None:
+    """Attempt n goes to chain[n mod len(chain)]."""
+    assert provider_for(CHAIN, attempt) == code

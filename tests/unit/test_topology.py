@@ -1,0 +1,115 @@
+"""Routing keys and queue declarations (pure)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from shared.topology import (
+    DELAY_HEADER,
+    Topology,
+    batch_key,
+    dispatch_key,
+    log_key,
+    parse_routing_key,
+)
+
+ID = uuid.UUID("0b3c1a9e-8d1f-11ef-9a3b-0242ac120002")
+
+
+@pytest.mark.parametrize(
+    ("key", "kind", "provider", "attempt"),
+    [
+        (f"batch.{ID}", "batch", None, 0),
+        (f"sg.{ID}", "dispatch", "sg", 0),
+        (f"mg.{ID}.retry.1", "dispatch", "mg", 1),
+        (f"log.sg.{ID}", "log", "sg", 0),
+        (f"log.mg.{ID}.retry.12", "log", "mg", 12),
+    ],
+)
+def test_parse_round_trips(key: str, kind: str, provider: str | None, attempt: int) -> None:
+    """Every key parses into its parts and prints back to itself."""
+    parsed = parse_routing_key(key)
+
+    assert (parsed.kind, parsed.id, parsed.provider, parsed.attempt) == (
+        kind,
+        ID,
+        provider,
+        attempt,
+    )
+    assert str(parsed) == key
+
+
+def test_retry_count_is_read_from_the_last_segment() -> None:
+    """The Go original read the retry count from the wrong segment; ours reads the number."""
+    assert parse_routing_key(dispatch_key("mg", ID, 3)).attempt == 3
+    assert parse_routing_key(log_key("sg", ID, 2)).attempt == 2
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "batch.not-a-uuid",
+        f"xx.{ID}",
+        f"sg.{ID}.retry",
+        f"sg.{ID}.retry.0",
+        f"sg.{ID}.again.1",
+        f"log.{ID}",
+        f"log.zz.{ID}",
+        f"sg{ID}.retry.1",
+        "",
+    ],
+)
+def test_bad_keys_are_refused(key: str) -> None:
+    """Anything that is not one of our key shapes raises ValueError."""
+    with pytest.raises(ValueError):
+        parse_routing_key(key)
+
+
+def test_batch_key_shape() -> None:
+    """New batches are published as batch.<uuid>."""
+    assert batch_key(ID) == f"batch.{ID}"
+
+
+def test_unknown_provider_cannot_build_a_key() -> None:
+    """Keys are only built for known provider codes."""
+    with pytest.raises(ValueError):
+        dispatch_key("ses", ID)
+
+
+def test_log_keys_are_bound_for_every_provider() -> None:
+    """The original's log.* keys were unroutable; every provider has a log queue binding."""
+    t = Topology(exchange="x")
+    bindings = {key for spec in t.work_queues() for _, key in spec.bindings}
+
+    assert {"batch.#", "sg.#", "mg.#", "log.sg.#", "log.mg.#"} <= bindings
+
+
+def test_work_queues_are_quorum_with_dead_lettering() -> None:
+    """Work queues are quorum queues with a delivery limit and an at-least-once DLX."""
+    t = Topology(exchange="x", delivery_limit=7)
+    for spec in t.work_queues():
+        assert spec.arguments["x-queue-type"] == "quorum"
+        assert spec.arguments["x-delivery-limit"] == 7
+        assert spec.arguments["x-dead-letter-exchange"] == "x.dlx"
+        assert spec.arguments["x-dead-letter-strategy"] == "at-least-once"
+
+
+def test_delay_queues_dead_letter_back_to_the_main_exchange() -> None:
+    """Each delay tier is a TTL queue that expires into the main exchange, routed by header."""
+    t = Topology(exchange="x", delay_tiers=(5, 30))
+    specs = {s.name: s for s in t.delay_queues()}
+
+    assert specs["x.delay.30s"].arguments["x-message-ttl"] == 30_000
+    assert specs["x.delay.30s"].arguments["x-dead-letter-exchange"] == "x"
+    assert specs["x.delay.30s"].header_binding == (
+        "x.delay",
+        {"x-match": "all", DELAY_HEADER: "30"},
+    )
+
+
+@pytest.mark.parametrize(("wanted", "tier"), [(0.1, 5), (5, 5), (6, 30), (999, 30)])
+def test_delay_tier_rounds_up_to_a_declared_tier(wanted: float, tier: int) -> None:
+    """A wait maps to the smallest tier at least as long, else the longest tier."""
+    assert Topology(delay_tiers=(5, 30)).delay_tier_for(wanted) == tier
