@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from cassandra.query import BatchStatement, BatchType
+from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 
 from shared.db import Database
 
@@ -79,7 +79,14 @@ class AttemptStore:
         await self.db.execute(
             "UPDATE chunk_attempts SET state = ?, finished_at = ?, status_code = ?, "
             "message_id = ?, error = ? WHERE batch_id = ? AND chunk = ? AND attempt = ?",
-            (state, datetime.now(UTC), status_code, message_id, error, batch_id, chunk, attempt),
+            (
+                state,
+                datetime.now(UTC),
+                *(UNSET_VALUE if v is None else v for v in (status_code, message_id, error)),
+                batch_id,
+                chunk,
+                attempt,
+            ),
             idempotent=True,
         )
 

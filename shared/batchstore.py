@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import orjson
-from cassandra.query import BatchStatement, BatchType
+from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 
 from shared.db import Database, Row
 from shared.models import Message, Recipient
@@ -120,8 +120,10 @@ class BatchStore:
         insert_email = await db.prepare(_INSERT_EMAIL)
         for i, r in enumerate(batch.recipients):
             chunk = i // batch.chunk_size
-            subs = orjson.dumps(r.substitutions).decode() if r.substitutions else None
-            rows.add(insert, (batch.batch_id, chunk, r.log_id, r.email, r.name, subs, now))
+            # Unset, not null: a bound null writes a tombstone per recipient.
+            subs = orjson.dumps(r.substitutions).decode() if r.substitutions else UNSET_VALUE
+            name = r.name if r.name is not None else UNSET_VALUE
+            rows.add(insert, (batch.batch_id, chunk, r.log_id, r.email, name, subs, now))
             emails.add(insert_email, (batch.batch_id, r.email.lower(), chunk, r.log_id))
         # The header goes last in the same mutation: a batch is visible only when complete.
         rows.add(

@@ -30,6 +30,8 @@ Handler = Callable[[aio_pika.abc.AbstractIncomingMessage], Awaitable[None]]
 _AMQP_ERRORS: tuple[type[BaseException], ...] = (
     aio_pika.exceptions.AMQPError,
     aiormq.exceptions.AMQPError,
+    # Raised (as a RuntimeError) when a channel is used while its connection is down.
+    aiormq.exceptions.ChannelInvalidStateError,
     ConnectionError,
     OSError,
     asyncio.TimeoutError,

@@ -143,7 +143,7 @@ class Database:
         def on_ok(rows: list[Row] | None) -> None:
             # DDL and plain writes answer None; the driver swallows exceptions raised here,
             # so nothing in this callback may fail.
-            page = Page(list(rows or ()), future.paging_state if future.has_more_pages else None)
+            page = Page(list(rows or ()), future._paging_state if future.has_more_pages else None)
             loop.call_soon_threadsafe(_settle, result, page, None)
 
         def on_err(exc: BaseException) -> None:

@@ -1,0 +1,254 @@
+"""Batch to provider, end to end: real API, consumers, RabbitMQ, Cassandra and sandbox providers."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from services.api.app import create_app as create_api
+from services.consumers.dispatch import Dispatcher
+from services.consumers.main import create_app as create_consumers
+from services.consumers.splitter import Splitter
+from services.sandbox.app import create_app as create_sandbox
+from shared import accounts
+from shared.attempts import AttemptStore
+from shared.batchstore import BatchStore
+from shared.broker import Broker
+from shared.config import ProviderSettings, SandboxSettings, Settings
+from shared.db import Database
+from shared.models import BatchJob
+from shared.providers.registry import build_providers, close_all
+from shared.resources import topology_for
+from tests.conftest import unique
+from tests.integration.harness import client_for, eventually, running, served
+
+
+@dataclass
+class Pipeline:
+    api: httpx.AsyncClient
+    sandbox: httpx.AsyncClient
+    key: str
+    settings: Settings
+    db: Database
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    async def submit(self, to: list[str], **extra: Any) -> str:
+        body = {
+            "from": "Shop <shop@example.com>",
+            "to": to,
+            "subject": "Hi",
+            "text": "Hello",
+            **extra,
+        }
+        resp = await self.api.post("/v1/batches", json=body, headers=self.auth)
+        assert resp.status_code == 202, resp.text
+        return str(resp.json()["batch_id"])
+
+    async def logs(self, batch_id: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            params = {"limit": "500", **({"cursor": cursor} if cursor else {})}
+            resp = await self.api.get(
+                f"/v1/batches/{batch_id}/logs", params=params, headers=self.auth
+            )
+            assert resp.status_code == 200, resp.text
+            out.extend(resp.json()["data"])
+            cursor = resp.json()["next_cursor"]
+            if not cursor:
+                return out
+
+    async def settled(self, batch_id: str, count: int, done: Any, timeout: float = 60) -> Any:
+        async def check() -> list[dict[str, Any]] | None:
+            logs = await self.logs(batch_id)
+            return logs if len(logs) == count and all(done(r) for r in logs) else None
+
+        return await eventually(check, timeout=timeout)
+
+    async def fault(self, provider: str, status: int, count: int | None = None) -> None:
+        resp = await self.sandbox.post(
+            "/_control/faults", json={"provider": provider, "status": status, "count": count}
+        )
+        assert resp.status_code == 201, resp.text
+
+    async def sends(self) -> dict[str, Any]:
+        resp = await self.sandbox.get("/_control/sends")
+        return dict(resp.json())
+
+
+def _settings(base: Settings, sandbox_url: str) -> Settings:
+    providers = ProviderSettings(
+        **{
+            **base.providers.model_dump(),
+            "sendgrid_base_url": f"{sandbox_url}/sendgrid",
+            "mailgun_base_url": f"{sandbox_url}/mailgun",
+        }
+    )
+    return base.model_copy(update={"providers": providers})
+
+
+@pytest.fixture
+async def sandbox_url() -> AsyncIterator[str]:
+    # Webhooks go nowhere in this file: the webhook service is tested elsewhere.
+    app = create_sandbox(SandboxSettings(webhook_url="http://127.0.0.1:9", webhook_delay=60))
+    async with served(app) as url:
+        yield url
+
+
+@pytest.fixture
+async def parts(
+    settings: Settings, sandbox_url: str, db: Database
+) -> AsyncIterator[tuple[Settings, httpx.AsyncClient, httpx.AsyncClient, str]]:
+    """The API (running) and the sandbox; consumers are started by each test."""
+    s = _settings(settings, sandbox_url)
+    api = create_api(s)
+    user_id = await accounts.ensure_user(db, unique("pipe"))
+    key = await accounts.create_key(db, user_id, "pipeline")
+    async with (
+        running(api),
+        client_for(api) as client,
+        httpx.AsyncClient(base_url=sandbox_url) as sandbox,
+    ):
+        await api.state.resources.broker.declare()
+        yield s, client, sandbox, key
+        await api.state.resources.broker.delete()
+
+
+@pytest.fixture
+async def pipe(
+    parts: tuple[Settings, httpx.AsyncClient, httpx.AsyncClient, str], db: Database
+) -> AsyncIterator[Pipeline]:
+    s, client, sandbox, key = parts
+    async with running(create_consumers(s)):
+        yield Pipeline(client, sandbox, key, s, db)
+
+
+def _emails(n: int) -> list[str]:
+    tag = uuid.uuid4().hex[:8]
+    return [f"r{i}.{tag}@example.com" for i in range(n)]
+
+
+async def test_every_recipient_is_sent_via_sendgrid(pipe: Pipeline) -> None:
+    """With healthy providers, every recipient ends `sent` through SendGrid only."""
+    to = _emails(5)
+    batch_id = await pipe.submit(to)
+
+    logs = await pipe.settled(batch_id, 5, lambda r: r["event"] == "sent")
+
+    assert {r["email"] for r in logs} == set(to)
+    assert all(r["providers"] == {"sg": "sent"} and r["state"] == "queued" for r in logs)
+    sends = await pipe.sends()
+    assert all(sends["sendgrid"]["by_recipient"][e] == 1 for e in to)
+
+
+async def test_sendgrid_500_fails_over_to_mailgun_as_retry_1(pipe: Pipeline) -> None:
+    """A SendGrid 500 republishes the chunk as mg.<uuid>.retry.1; the log shows both."""
+    await pipe.fault("sendgrid", 500)
+    batch_id = await pipe.submit(_emails(3))
+
+    logs = await pipe.settled(batch_id, 3, lambda r: r["event"] == "sent")
+
+    for r in logs:
+        assert r["providers"]["mg"] == "sent"
+        assert r["providers"]["sg"].startswith("failed")
+        assert r["status"] == {"sg": False, "mg": True}
+        assert [(a["attempt"], a["provider"]) for a in r["attempts"]] == [(0, "sg"), (1, "mg")]
+
+
+async def test_every_provider_down_ends_failed_with_a_reason(pipe: Pipeline) -> None:
+    """When every attempt fails the recipients end `failed` with the reason in the API."""
+    await pipe.fault("sendgrid", 503)
+    await pipe.fault("mailgun", 503)
+    batch_id = await pipe.submit(_emails(2))
+
+    logs = await pipe.settled(batch_id, 2, lambda r: r["state"] == "failed", timeout=90)
+
+    max_attempts = pipe.settings.providers.max_attempts
+    for r in logs:
+        assert r["event"] == "failed"
+        assert f"all {max_attempts} attempts failed" in r["reason"]
+        assert len(r["attempts"]) == max_attempts
+    batch = (await pipe.api.get(f"/v1/batches/{batch_id}", headers=pipe.auth)).json()
+    assert batch["status"] == "failed"
+    assert batch["counts"]["failed"] == 2
+
+
+async def test_2500_recipients_go_out_in_three_chunks(pipe: Pipeline) -> None:
+    """A batch is split into chunks no larger than the providers accept (1,000)."""
+    batch_id = await pipe.submit(_emails(2500))
+
+    await pipe.settled(batch_id, 2500, lambda r: r["event"] == "sent", timeout=120)
+
+    batch = (await pipe.api.get(f"/v1/batches/{batch_id}", headers=pipe.auth)).json()
+    assert batch["chunks"] == 3
+    assert (await pipe.sends())["sendgrid"]["requests"] == 3
+
+
+async def test_redelivery_after_the_provider_accepted_does_not_send_again(
+    parts: tuple[Settings, httpx.AsyncClient, httpx.AsyncClient, str], db: Database
+) -> None:
+    """A sender that dies after the provider accepted but before the ack never sends twice."""
+    s, client, sandbox, key = parts
+    pipe = Pipeline(client, sandbox, key, s, db)
+    to = _emails(4)
+    batch_id = uuid.UUID(await pipe.submit(to))
+
+    # Play the dying consumer by hand: fan out, take the job, send it, then vanish unacked.
+    broker = Broker(s.amqp.url.get_secret_value(), topology_for(s), name="doomed")
+    await broker.connect()
+    providers = build_providers(s.providers)
+    batches = BatchStore(db)
+    await Splitter(broker, batches, "sg").split(BatchJob(batch_id=batch_id))
+    queue = broker.topology.provider_queue("sg")
+    message = await eventually(lambda: broker.get(queue))
+    await Dispatcher(broker, batches, AttemptStore(db), providers, s.providers).process(message)
+    await broker.close()  # no ack: RabbitMQ redelivers the job
+    await close_all(providers)
+
+    async with running(create_consumers(s)):
+        await eventually(lambda: _queue_empty(s, queue))
+    sends = await pipe.sends()
+    assert all(sends["sendgrid"]["by_recipient"][e] == 1 for e in to)
+    assert sends["sendgrid"]["requests"] == 1
+    attempts = await AttemptStore(db).attempts(batch_id, 0)
+    assert [(a.attempt, a.state) for a in attempts] == [(0, "sent")]
+
+
+async def _queue_empty(s: Settings, queue: str) -> bool:
+    broker = Broker(s.amqp.url.get_secret_value(), topology_for(s), name="probe")
+    await broker.connect()
+    try:
+        return await broker.queue_depth(queue) == 0
+    finally:
+        await broker.close()
+
+
+def _rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=120)
+
+
+async def test_broker_restart_mid_batch_loses_nothing(pipe: Pipeline) -> None:
+    """Batches accepted before and during a broker restart are all delivered afterwards."""
+    before = _emails(300)
+    first = await pipe.submit(before)
+    await asyncio.to_thread(_rabbitmqctl, "stop_app")
+    try:
+        during = _emails(50)
+        second = await pipe.submit(during)  # 202 through the outbox while the broker is down
+    finally:
+        await asyncio.to_thread(_rabbitmqctl, "start_app")
+
+    await pipe.settled(first, 300, lambda r: r["event"] == "sent", timeout=120)
+    await pipe.settled(second, 50, lambda r: r["event"] == "sent", timeout=120)
+    sends = await pipe.sends()
+    assert all(sends["sendgrid"]["by_recipient"].get(e) == 1 for e in before + during)
