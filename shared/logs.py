@@ -21,3 +21,10 @@ def configure_logging(level: str = "INFO", *, service: str = "safedelivr") -> No
     # The Cassandra driver and aio-pika are chatty at INFO about reconnects we already report.
     for noisy in ("cassandra", "aio_pika", "aiormq"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    logging.getLogger("cassandra.protocol").addFilter(_drop_use_keyspace_warning)
+
+
+def _drop_use_keyspace_warning(record: logging.LogRecord) -> bool:
+    # Cassandra 5 warns on every prepare from a session bound to a keyspace. Binding the
+    # session is deliberate (the keyspace is configuration, not part of each statement).
+    return "`USE <keyspace>` with prepared statements" not in record.getMessage()

@@ -8,7 +8,6 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -24,6 +23,7 @@ from shared.config import Settings
 from shared.errors import DependencyUnavailable
 from shared.health import health_routes
 from shared.idempotency import IdempotencyStore
+from shared.metrics import ApiMetrics, new_registry
 from shared.outbox import relay_forever
 from shared.resources import open_resources, readiness_checks
 
@@ -59,7 +59,7 @@ async def _crash(request: Request, exc: Exception) -> Response:
 
 
 def create_app(settings: Settings) -> Starlette:
-    registry = CollectorRegistry()
+    registry = new_registry()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -106,4 +106,5 @@ def create_app(settings: Settings) -> Starlette:
         },
     )
     app.state.settings = settings
+    app.state.metrics = ApiMetrics.create(registry)
     return app

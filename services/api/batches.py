@@ -26,6 +26,7 @@ from shared.batchstore import BatchStore, NewBatch
 from shared.config import Settings
 from shared.errors import DependencyUnavailable, PublishError
 from shared.idempotency import Claimed, IdempotencyStore
+from shared.metrics import ApiMetrics
 from shared.models import BatchJob, Recipient
 from shared.providers.limits import chunk_size
 from shared.topology import batch_key
@@ -95,6 +96,8 @@ async def _accept(
     state = request.app.state
     settings: Settings = state.settings
     store: BatchStore = state.batches
+    metrics: ApiMetrics = state.metrics
+    started = time.perf_counter()
     now = time.time()
     recipients = [
         Recipient(
@@ -123,8 +126,12 @@ async def _accept(
     except PublishError as exc:
         # The batch is durable and its outbox row stays: the relay publishes it later.
         log.warning("batch %s stored but not yet published (%s); the relay will", batch_id, exc)
+        metrics.deferred_publishes.inc()
     else:
         state.background.spawn(store.mark_published(batch_id))
+    metrics.batches.inc()
+    metrics.recipients.inc(len(recipients))
+    metrics.accept_seconds.observe(time.perf_counter() - started)
     return {
         "batch_id": str(batch_id),
         "accepted": len(recipients),

@@ -31,6 +31,7 @@ from shared.errors import (
     ProviderMisconfigured,
     TransientProviderError,
 )
+from shared.metrics import DispatchMetrics
 from shared.models import Chunk, ChunkJob, Recipient
 from shared.providers.base import Provider
 from shared.topology import dispatch_key, parse_routing_key
@@ -66,6 +67,7 @@ class Dispatcher:
     attempts: AttemptStore
     providers: Mapping[str, Provider]
     settings: ProviderSettings
+    metrics: DispatchMetrics | None = None
 
     async def process(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
         key = parse_routing_key(message.routing_key or "")
@@ -131,6 +133,8 @@ class Dispatcher:
                 # The provider may have accepted it: leave the attempt ``sending`` and wait
                 # for evidence (a webhook) instead of handing it to the next provider.
                 log.warning("chunk %s/%d via %s: %s", job.batch_id, job.chunk, code, error)
+                if self.metrics:
+                    self.metrics.ambiguous.labels(code).inc()
                 await self._recheck(job, code)
                 return
             await self._failed(job, code, error, log_ids, started, history)

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import uvicorn
-from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 
 from services.consumers.dispatch import Dispatcher
@@ -18,6 +17,7 @@ from shared.attempts import AttemptStore
 from shared.batchstore import BatchStore
 from shared.config import Settings
 from shared.health import health_routes
+from shared.metrics import DispatchMetrics, new_registry
 from shared.providers.registry import build_providers, close_all
 from shared.resources import Resources, open_resources, readiness_checks
 
@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 DRAIN_TIMEOUT = 30.0
 
 
-async def start_consumers(settings: Settings, res: Resources, inflight: InFlight) -> Dispatcher:
+async def start_consumers(
+    settings: Settings, res: Resources, inflight: InFlight, metrics: DispatchMetrics | None = None
+) -> Dispatcher:
     """Declare the topology and start the splitter and one sender per provider in the chain."""
     await res.broker.declare()
     providers = build_providers(settings.providers)
@@ -50,14 +52,15 @@ async def start_consumers(settings: Settings, res: Resources, inflight: InFlight
 
 
 def create_app(settings: Settings) -> Starlette:
-    registry = CollectorRegistry()
+    registry = new_registry()
+    metrics = DispatchMetrics.create(registry)
     inflight = InFlight()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_resources(settings, name="safedelivr-consumers") as res:
             app.state.resources = res
-            dispatcher = await start_consumers(settings, res, inflight)
+            dispatcher = await start_consumers(settings, res, inflight, metrics)
             log.info("consuming %s", ", ".join(settings.providers.chain_codes))
             try:
                 yield

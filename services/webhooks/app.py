@@ -5,16 +5,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 
 from shared.config import Settings
 from shared.health import health_routes
+from shared.metrics import new_registry
 from shared.resources import open_resources, readiness_checks
 
 
 def create_app(settings: Settings) -> Starlette:
-    registry = CollectorRegistry()
+    registry = new_registry()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

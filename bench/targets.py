@@ -1,0 +1,79 @@
+"""Pure evaluation of the benchmark's goals: ratios to the raw limits, latency and memory.
+
+Every target becomes ``{"value", "target", "pass", "rule"}``; a figure the run did not produce
+(a phase was skipped or failed) gives ``value: None`` and ``pass: None`` rather than a pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: Python services held to the per-process memory goal (the sandbox is a test double).
+PYTHON_SERVICES: tuple[str, ...] = ("api", "consumers")
+
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    """One goal: the figure it reads, the bound, and which side of the bound passes."""
+
+    figure: str
+    bound: float
+    at_least: bool
+    rule: str
+
+    def judge(self, value: float | None) -> dict[str, object]:
+        passed = None if value is None else (value >= self.bound if self.at_least else value <= self.bound)
+        return {"value": value, "target": self.bound, "pass": passed, "rule": self.rule}
+
+
+#: The goals of the brief, keyed by the name used in the JSON.
+GOALS: dict[str, Goal] = {
+    "acceptance_vs_l_accept": Goal(
+        "acceptance_ratio", 0.6, True, "API max batches/s (N=100) >= 0.6 x L_accept batches/s"
+    ),
+    "e2e_vs_l_e2e": Goal(
+        "e2e_ratio", 0.6, True, "end-to-end recipients/s (N=100) >= 0.6 x L_e2e recipients/s"
+    ),
+    "p99_ms_at_50pct": Goal(
+        "p99_ms_at_50pct", 20.0, False, "open-loop p99 acceptance latency <= 20 ms at 50% of max"
+    ),
+    "p99_ms_at_80pct": Goal(
+        "p99_ms_at_80pct", 50.0, False, "open-loop p99 acceptance latency <= 50 ms at 80% of max"
+    ),
+    **{
+        f"rss_mb_{name}": Goal(
+            f"rss_mb_{name}", 100.0, False, f"{name} peak RSS (VmHWM) <= 100 MB"
+        )
+        for name in PYTHON_SERVICES
+    },
+}
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``, or None when either is missing or the denominator is 0."""
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def reference(first: float | None, last: float | None) -> float | None:
+    """The limit a ratio refers to: the mean of the first and last measurements if both exist."""
+    if first is None:
+        return last
+    if last is None:
+        return first
+    return (first + last) / 2
+
+
+def evaluate(figures: Mapping[str, float | None]) -> dict[str, dict[str, object]]:
+    """Judge every goal against ``figures`` (missing figures are not judged)."""
+    return {name: goal.judge(figures.get(goal.figure)) for name, goal in GOALS.items()}
+
+
+def all_passed(results: Mapping[str, Mapping[str, object]]) -> bool | None:
+    """True when every judged goal passed, False if one failed, None if none was judged."""
+    verdicts = [r["pass"] for r in results.values() if r["pass"] is not None]
+    if not verdicts:
+        return None
+    return all(verdicts)

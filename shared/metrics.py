@@ -1,0 +1,81 @@
+"""Prometheus metrics, one registry per application (never the global default registry)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.process_collector import ProcessCollector
+
+
+def new_registry() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)  # RSS, CPU seconds, open fds of this process
+    return registry
+
+
+@dataclass(frozen=True)
+class ApiMetrics:
+    batches: Counter
+    recipients: Counter
+    deferred_publishes: Counter
+    accept_seconds: Histogram
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> ApiMetrics:
+        return cls(
+            Counter("safedelivr_batches_accepted", "Batches accepted (202)", registry=registry),
+            Counter("safedelivr_recipients_accepted", "Recipients accepted", registry=registry),
+            Counter(
+                "safedelivr_publish_deferred",
+                "Accepted batches left to the outbox relay",
+                registry=registry,
+            ),
+            Histogram(
+                "safedelivr_accept_seconds",
+                "Time to store and publish a batch",
+                buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+                registry=registry,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class DispatchMetrics:
+    chunks_sent: Counter
+    recipients_sent: Counter
+    attempts_failed: Counter
+    recipients_failed: Counter
+    ambiguous: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> DispatchMetrics:
+        return cls(
+            Counter(
+                "safedelivr_chunks_sent",
+                "Chunks a provider accepted",
+                ["provider"],
+                registry=registry,
+            ),
+            Counter(
+                "safedelivr_recipients_sent",
+                "Recipients a provider accepted",
+                ["provider"],
+                registry=registry,
+            ),
+            Counter(
+                "safedelivr_attempts_failed",
+                "Failed provider attempts",
+                ["provider", "kind"],
+                registry=registry,
+            ),
+            Counter(
+                "safedelivr_recipients_failed", "Recipients that ended failed", registry=registry
+            ),
+            Counter(
+                "safedelivr_attempts_ambiguous",
+                "Attempts whose outcome was unknown",
+                ["provider"],
+                registry=registry,
+            ),
+        )
