@@ -88,6 +88,18 @@ async def revoke_key(db: Database, user_id: uuid.UUID, key_id: str) -> bool:
     return True
 
 
+def key_view(r: ApiKeyRecord) -> dict[str, object]:
+    """What users may see of a key: never the secret or its hash."""
+    return {
+        "key_id": r.key_id,
+        "prefix": f"sd_live_{r.key_id}_",
+        "name": r.name,
+        "created_at": r.created_at.isoformat(),
+        "last_used_at": r.last_used_at.isoformat() if r.last_used_at else None,
+        "revoked": r.revoked_at is not None,
+    }
+
+
 async def touch_key(db: Database, key_id: str) -> None:
     await db.execute(
         "UPDATE api_keys SET last_used_at = ? WHERE key_id = ?",

@@ -30,8 +30,13 @@ class Attempt:
     message_id: str | None
 
 
-def micros(when: datetime) -> int:
-    return int(when.timestamp() * 1_000_000)
+def micros(when: datetime, rank: int = 0) -> int:
+    """A write timestamp on the same scale webhook events use: whole seconds plus a rank.
+
+    Providers stamp events in whole seconds; writing ours at second resolution too lets a
+    ``delivered`` from the same second (higher rank) win over our ``sent``.
+    """
+    return int(when.timestamp()) * 1_000_000 + rank
 
 
 class AttemptStore:
@@ -103,6 +108,7 @@ class AttemptStore:
         state: str | None = None,
         message_id: str | None = None,
         reason: str | None = None,
+        rank: int = 0,
     ) -> None:
         """Write one chunk's recipient rows as a single-partition batch at timestamp ``at``."""
         sets = ["providers[?] = ?", "last_update = ?"]
@@ -124,7 +130,7 @@ class AttemptStore:
             "WHERE batch_id = ? AND chunk = ? AND log_id = ?"
         )
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        ts = micros(at)
+        ts = micros(at, rank)
         for log_id in log_ids:
             batch.add(stmt, (ts, *values, batch_id, chunk, log_id))
         await self.db.execute(batch)

@@ -18,6 +18,7 @@ from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 
 from shared.db import Database, Row
 from shared.models import Message, Recipient
+from shared.stats import StatsStore
 
 #: Shards of the pending-batch outbox; the relay scans each.
 OUTBOX_SHARDS = 16
@@ -65,7 +66,7 @@ class NewBatch:
 
 _INSERT_RECIPIENT = (
     "INSERT INTO batches (batch_id, chunk, log_id, email, name, substitutions, state, event, "
-    "last_update) VALUES (?, ?, ?, ?, ?, ?, 'queued', 'queued', ?)"
+    "last_update) VALUES (?, ?, ?, ?, ?, ?, 'queued', 'queued', ?) USING TIMESTAMP ?"
 )
 _INSERT_HEADER = (
     "INSERT INTO batches (batch_id, user_id, created_at, subject, message, recipient_count, "
@@ -116,6 +117,9 @@ class BatchStore:
 
         rows = BatchStatement(batch_type=BatchType.UNLOGGED)
         insert = await db.prepare(_INSERT_RECIPIENT)
+        # Provider events are written at whole-second timestamps; starting just below this
+        # second keeps any event of the same second ahead of ``queued``.
+        queued_at = int(now.timestamp()) * 1_000_000 - 1
         emails = BatchStatement(batch_type=BatchType.UNLOGGED)
         insert_email = await db.prepare(_INSERT_EMAIL)
         for i, r in enumerate(batch.recipients):
@@ -123,7 +127,7 @@ class BatchStore:
             # Unset, not null: a bound null writes a tombstone per recipient.
             subs = orjson.dumps(r.substitutions).decode() if r.substitutions else UNSET_VALUE
             name = r.name if r.name is not None else UNSET_VALUE
-            rows.add(insert, (batch.batch_id, chunk, r.log_id, r.email, name, subs, now))
+            rows.add(insert, (batch.batch_id, chunk, r.log_id, r.email, name, subs, now, queued_at))
             emails.add(insert_email, (batch.batch_id, r.email.lower(), chunk, r.log_id))
         # The header goes last in the same mutation: a batch is visible only when complete.
         rows.add(
@@ -141,6 +145,10 @@ class BatchStore:
             ),
         )
         await db.execute(emails)
+        # Before the header: a batch that exists always has its queued marks.
+        await StatsStore(db).mark(
+            batch.user_id, now, "queued", (str(r.log_id) for r in batch.recipients)
+        )
         await db.execute(rows)
 
     async def mark_published(self, batch_id: uuid.UUID) -> None:

@@ -14,9 +14,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cassandra import ConsistencyLevel, DriverException
+from cassandra import ConsistencyLevel, OperationTimedOut, RequestExecutionException
 from cassandra.auth import PlainTextAuthProvider
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
+from cassandra.cluster import (
+    EXEC_PROFILE_DEFAULT,
+    Cluster,
+    ExecutionProfile,
+    NoHostAvailable,
+    Session,
+)
+from cassandra.connection import ConnectionException
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import PreparedStatement, SimpleStatement, Statement, dict_factory
 
@@ -26,6 +33,16 @@ from shared.errors import DependencyUnavailable
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
+
+#: Driver errors that mean "Cassandra is unreachable or overloaded right now" (a 503), as
+#: opposed to errors in our statements (invalid queries are bugs and stay loud).
+_OUTAGE: tuple[type[BaseException], ...] = (
+    NoHostAvailable,
+    ConnectionException,
+    OperationTimedOut,
+    RequestExecutionException,
+    OSError,
+)
 Params = Sequence[Any] | Mapping[str, Any] | None
 
 
@@ -82,7 +99,7 @@ class Database:
         )
         try:
             session = await asyncio.to_thread(cluster.connect, keyspace)
-        except (DriverException, OSError) as exc:
+        except _OUTAGE as exc:
             await asyncio.to_thread(cluster.shutdown)
             raise DependencyUnavailable("cassandra", _describe(exc)) from exc
         return cls(cluster, session, keyspace)
@@ -95,7 +112,7 @@ class Database:
         if stmt is None:
             try:
                 stmt = await asyncio.to_thread(self.session.prepare, cql)
-            except (DriverException, OSError) as exc:
+            except _OUTAGE as exc:
                 raise DependencyUnavailable("cassandra", _describe(exc)) from exc
             self._prepared[cql] = stmt
         return stmt
@@ -137,7 +154,7 @@ class Database:
                 paging_state=paging_state,
                 **extra,
             )
-        except (DriverException, OSError) as exc:
+        except _OUTAGE as exc:
             raise DependencyUnavailable("cassandra", _describe(exc)) from exc
 
         def on_ok(rows: list[Row] | None) -> None:
@@ -152,7 +169,7 @@ class Database:
         future.add_callbacks(on_ok, on_err)
         try:
             return await result
-        except (DriverException, OSError) as exc:
+        except _OUTAGE as exc:
             raise DependencyUnavailable("cassandra", _describe(exc)) from exc
 
     async def rows(self, query: str | Statement, params: Params = None, **kw: Any) -> list[Row]:

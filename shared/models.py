@@ -124,3 +124,27 @@ class BatchJob(_Frozen):
     @classmethod
     def decode(cls, raw: bytes) -> BatchJob:
         return cls.model_validate(orjson.loads(raw))
+
+
+class LogJob(_Frozen):
+    """The body of a ``log.<ns>.<log_uuid>[.retry.<n>]`` message: re-send ONE recipient."""
+
+    batch_id: uuid.UUID
+    chunk: int
+    log_id: uuid.UUID
+    attempt: int = 1
+    reason: str = ""
+    """Why the recipient is being re-sent (the provider-side failure)."""
+    failed_provider: str = ""
+    """The provider whose failure caused this re-send."""
+    check_deferred: bool = False
+    """A deadline check: re-send only if the recipient is still deferred."""
+    give_up: bool = False
+    """No provider is left: end the recipient ``failed`` with ``reason``."""
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.model_dump(mode="json"))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> LogJob:
+        return cls.model_validate(orjson.loads(raw))

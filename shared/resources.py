@@ -23,6 +23,8 @@ def topology_for(settings: Settings) -> Topology:
         exchange=settings.amqp.exchange,
         delay_tiers=settings.providers.backoff_tiers,
         delivery_limit=settings.amqp.delivery_limit,
+        # Deferral deadlines wait in a delay queue of their own length.
+        extra_delay_tiers=(settings.webhooks.deferred_deadline,),
     )
 
 

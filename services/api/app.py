@@ -9,53 +9,23 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
-from services.api import batches
-from services.api.responses import ApiError, error_response
+from services.api import account, batches
 from shared.attempts import AttemptStore
 from shared.background import Background
 from shared.batchstore import BatchStore
 from shared.config import Settings
-from shared.errors import DependencyUnavailable
 from shared.health import health_routes
+from shared.http import error_handlers
 from shared.idempotency import IdempotencyStore
 from shared.metrics import ApiMetrics, new_registry
 from shared.outbox import relay_forever
 from shared.resources import open_resources, readiness_checks
+from shared.stats import StatsStore
+from shared.suppressions import SuppressionStore
 
 log = logging.getLogger(__name__)
-
-
-async def _api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)  # noqa: S101 - registered for ApiError only
-    return error_response(exc)
-
-
-async def _unavailable(request: Request, exc: Exception) -> Response:
-    log.warning("%s %s: %s", request.method, request.url.path, exc)
-    return error_response(
-        ApiError(
-            503,
-            "unavailable",
-            "a dependency is unavailable; retry shortly",
-            headers={"Retry-After": "5"},
-        )
-    )
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)  # noqa: S101 - registered for HTTPException only
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return error_response(ApiError(exc.status_code, code, str(exc.detail)))
-
-
-async def _crash(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(ApiError(500, "internal_error", "internal error; it has been logged"))
 
 
 def create_app(settings: Settings) -> Starlette:
@@ -69,6 +39,8 @@ def create_app(settings: Settings) -> Starlette:
             state.batches = BatchStore(res.db)
             state.attempts = AttemptStore(res.db)
             state.idempotency = IdempotencyStore(res.db)
+            state.suppressions = SuppressionStore(res.db)
+            state.stats = StatsStore(res.db)
             state.background = Background()
             relay = asyncio.create_task(
                 relay_forever(
@@ -91,6 +63,13 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/batches", batches.list_batches, methods=["GET"]),
         Route("/v1/batches/{batch_id}", batches.get_batch, methods=["GET"]),
         Route("/v1/batches/{batch_id}/logs", batches.batch_logs, methods=["GET"]),
+        Route("/v1/suppressions", account.list_suppressions, methods=["GET"]),
+        Route("/v1/suppressions", account.add_suppression, methods=["POST"]),
+        Route("/v1/suppressions/{email}", account.delete_suppression, methods=["DELETE"]),
+        Route("/v1/stats", account.get_stats, methods=["GET"]),
+        Route("/v1/keys", account.list_keys, methods=["GET"]),
+        Route("/v1/keys", account.create_key, methods=["POST"]),
+        Route("/v1/keys/{key_id}", account.revoke_key, methods=["DELETE"]),
         *health_routes(
             "api", registry, lambda request: readiness_checks(request.app.state.resources)
         ),
@@ -98,12 +77,7 @@ def create_app(settings: Settings) -> Starlette:
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={
-            ApiError: _api_error,
-            DependencyUnavailable: _unavailable,
-            HTTPException: _http_error,
-            Exception: _crash,
-        },
+        exception_handlers=error_handlers(),
     )
     app.state.settings = settings
     app.state.metrics = ApiMetrics.create(registry)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from services.api.responses import ApiError
 from shared import accounts
 from shared.accounts import ApiKeyRecord
 from shared.db import Database
+from shared.http import ApiError
 
 _UNAUTHORIZED = ApiError(
     401,

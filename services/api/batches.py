@@ -6,6 +6,7 @@ broker confirmed ``batch.<uuid>`` or the outbox row guarantees the relay will pu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -19,16 +20,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from services.api.auth import require_key
-from services.api.body import read_json
-from services.api.responses import JSON, ApiError
 from shared import validation
 from shared.batchstore import BatchStore, NewBatch
 from shared.config import Settings
 from shared.errors import DependencyUnavailable, PublishError
+from shared.http import JSON, ApiError, read_json
 from shared.idempotency import Claimed, IdempotencyStore
 from shared.metrics import ApiMetrics
 from shared.models import BatchJob, Recipient
 from shared.providers.limits import chunk_size
+from shared.suppressions import SuppressionStore
 from shared.topology import batch_key
 
 from . import queries
@@ -50,6 +51,7 @@ async def submit(request: Request) -> Response:
         parsed = validation.parse_batch_request(body, max_recipients=settings.api.max_recipients)
     except validation.InvalidRequest as exc:
         raise ApiError(422, exc.code, str(exc), fields=exc.fields) from exc
+    parsed = await _drop_suppressed(state.suppressions, key.user_id, parsed)
 
     batch_id = uuid_from_time(time.time())
     keys: IdempotencyStore = state.idempotency
@@ -67,6 +69,31 @@ async def submit(request: Request) -> Response:
     if idem is not None:
         await keys.complete(key.user_id, idem, encoded)
     return Response(encoded, status_code=202, media_type="application/json")
+
+
+async def _drop_suppressed(
+    store: SuppressionStore, user_id: uuid.UUID, parsed: validation.BatchRequest
+) -> validation.BatchRequest:
+    """Remove addresses on the user's suppression list; none left is a 422."""
+    listed = await store.suppressed(user_id, (r.email for r in parsed.recipients))
+    if not listed:
+        return parsed
+    keep = tuple(r for r in parsed.recipients if r.email.lower() not in listed)
+    suppressed = (
+        *parsed.suppressed,
+        *(r.email for r in parsed.recipients if r.email.lower() in listed),
+    )
+    if not keep:
+        raise ApiError(
+            422,
+            "no_recipients",
+            "every recipient is suppressed or rejected",
+            fields={
+                "to": f"no deliverable recipient: {len(suppressed)} suppressed, "
+                f"{len(parsed.rejected)} rejected"
+            },
+        )
+    return dataclasses.replace(parsed, recipients=keep, suppressed=suppressed)
 
 
 def _replay(same_body: bool, response: bytes | None) -> Response:

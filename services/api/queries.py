@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
-from services.api.responses import ApiError
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchHeader, BatchStore, month_of, timeuuid_datetime
+from shared.http import ApiError
 
 #: How far back (in months) the batch list looks for older batches.
 LIST_HORIZON_MONTHS = 36

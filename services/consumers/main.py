@@ -11,6 +11,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from services.consumers.dispatch import Dispatcher
+from services.consumers.logretry import LogRetrier
 from services.consumers.settle import InFlight, settling
 from services.consumers.splitter import Splitter
 from shared.attempts import AttemptStore
@@ -42,11 +43,15 @@ async def start_consumers(
     await res.broker.consume(
         topology.batches_queue, settling(splitter.process, inflight), prefetch=16
     )
+    retrier = LogRetrier(res.broker, batches, providers, settings.providers)
     for code in settings.providers.chain_codes:
         await res.broker.consume(
             topology.provider_queue(code),
             settling(dispatcher.process, inflight),
             prefetch=settings.consumers.prefetch,
+        )
+        await res.broker.consume(
+            topology.log_queue(code), settling(retrier.process, inflight), prefetch=32
         )
     return dispatcher
 

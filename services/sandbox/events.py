@@ -1,7 +1,8 @@
 """What happens to each accepted recipient, and the provider webhook events that report it.
 
 The outcome is chosen by the recipient's local part (``bounce…@`` hard bounce, ``defer…@``
-deferred, ``complaint…@``, ``drop…@``, ``unsub…@``, ``open…@``; anything else is delivered).
+deferred, ``complaint…@``, ``drop…@``, ``sgdrop…@`` dropped by SendGrid only, ``unsub…@``,
+``open…@``; anything else is delivered).
 Events are built only when their webhook delay has passed, from the accepted request itself,
 in the exact shapes of SendGrid's Event Webhook and Mailgun's ``event-data``.
 """
@@ -33,6 +34,9 @@ class Outcome(StrEnum):
     """Delivered, then the recipient unsubscribed."""
     OPEN = "open"
     """Delivered, then opened."""
+    SENDGRID_DROP = "sgdrop"
+    """SendGrid drops it for a reason of its own (provider-side: its spam checker), while
+    Mailgun delivers it normally: the case where failing over to another provider helps."""
 
 
 _PREFIXES = (
@@ -42,9 +46,10 @@ _PREFIXES = (
     ("drop", Outcome.DROP),
     ("unsub", Outcome.UNSUBSCRIBE),
     ("open", Outcome.OPEN),
+    ("sgdrop", Outcome.SENDGRID_DROP),
 )
 
-#: SendGrid ``event`` values posted for each outcome, in order.
+#: SendGrid steps posted for each outcome, in order (keys of ``_SENDGRID_STEP``).
 SENDGRID_STEPS: dict[Outcome, tuple[str, ...]] = {
     Outcome.DELIVERED: ("processed", "delivered"),
     Outcome.BOUNCE: ("processed", "bounce"),
@@ -53,6 +58,7 @@ SENDGRID_STEPS: dict[Outcome, tuple[str, ...]] = {
     Outcome.DROP: ("processed", "dropped"),
     Outcome.UNSUBSCRIBE: ("processed", "delivered", "unsubscribe"),
     Outcome.OPEN: ("processed", "delivered", "open"),
+    Outcome.SENDGRID_DROP: ("processed", "dropped-spam"),
 }
 
 #: Mailgun steps posted for each outcome, in order (keys of ``_MAILGUN_STEP``).
@@ -64,6 +70,7 @@ MAILGUN_STEPS: dict[Outcome, tuple[str, ...]] = {
     Outcome.DROP: ("accepted", "drop"),
     Outcome.UNSUBSCRIBE: ("accepted", "delivered", "unsubscribed"),
     Outcome.OPEN: ("accepted", "delivered", "opened"),
+    Outcome.SENDGRID_DROP: ("accepted", "delivered"),
 }
 
 _MTA_IP = "198.51.100.7"
@@ -72,10 +79,11 @@ _USER_AGENT = "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHT
 _SG_FILTER = "filter0001.16648"
 _TO_HEADER_ADDRESSES = 10
 
-_SENDGRID_EXTRA: dict[str, dict[str, Any]] = {
-    "processed": {},
-    "delivered": {"response": "250 2.0.0 OK", "ip": _MTA_IP, "tls": 1},
+_SENDGRID_STEP: dict[str, dict[str, Any]] = {
+    "processed": {"event": "processed"},
+    "delivered": {"event": "delivered", "response": "250 2.0.0 OK", "ip": _MTA_IP, "tls": 1},
     "bounce": {
+        "event": "bounce",
         "reason": "550 5.1.1 The email account that you tried to reach does not exist.",
         "status": "5.1.1",
         "type": "bounce",
@@ -84,15 +92,21 @@ _SENDGRID_EXTRA: dict[str, dict[str, Any]] = {
         "tls": 1,
     },
     "deferred": {
+        "event": "deferred",
         "response": "451 4.7.1 Please try again later",
         "attempt": "1",
         "ip": _MTA_IP,
         "tls": 1,
     },
-    "dropped": {"reason": "Bounced Address", "status": "5.0.0"},
-    "spamreport": {},
-    "unsubscribe": {},
-    "open": {"useragent": _USER_AGENT, "ip": _READER_IP, "sg_machine_open": False},
+    "dropped": {"event": "dropped", "reason": "Bounced Address", "status": "5.0.0"},
+    "dropped-spam": {
+        "event": "dropped",
+        "reason": "Spam Content (if Spam Checker app is enabled)",
+        "status": "5.0.0",
+    },
+    "spamreport": {"event": "spamreport"},
+    "unsubscribe": {"event": "unsubscribe"},
+    "open": {"event": "open", "useragent": _USER_AGENT, "ip": _READER_IP, "sg_machine_open": False},
 }
 
 _ENGAGEMENT: dict[str, Any] = {
@@ -209,15 +223,14 @@ def sendgrid_events(
         args = {**top_args, **(personalization.get("custom_args") or {})}
         sg_message_id = sendgrid_message_id(message_id, index, accepted_at)
         for email in _personalization_recipients(personalization):
-            for event in SENDGRID_STEPS[outcome_for(email)]:
+            for step in SENDGRID_STEPS[outcome_for(email)]:
                 events.append(
                     {
                         **args,
                         **common,
-                        **_SENDGRID_EXTRA[event],
+                        **_SENDGRID_STEP[step],
                         "email": email,
                         "timestamp": now,
-                        "event": event,
                         "sg_event_id": _event_id(),
                         "sg_message_id": sg_message_id,
                     }

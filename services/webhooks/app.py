@@ -6,25 +6,44 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.routing import Route
 
+from services.webhooks import receivers
+from services.webhooks.ingest import Ingest, IngestMetrics
 from shared.config import Settings
+from shared.errors import ConfigError
 from shared.health import health_routes
+from shared.http import error_handlers
 from shared.metrics import new_registry
+from shared.providers import sendgrid_events
 from shared.resources import open_resources, readiness_checks
 
 
 def create_app(settings: Settings) -> Starlette:
     registry = new_registry()
+    metrics = IngestMetrics.create(registry)
+    sendgrid_key = None
+    if settings.webhooks.sendgrid_public_key:
+        try:
+            sendgrid_key = sendgrid_events.load_public_key(settings.webhooks.sendgrid_public_key)
+        except ValueError as exc:
+            raise ConfigError(f"SAFEDELIVR_WEBHOOKS_SENDGRID_PUBLIC_KEY: {exc}") from exc
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_resources(settings, name="safedelivr-webhooks") as res:
             app.state.resources = res
+            app.state.ingest = Ingest(res.db, res.broker, settings, metrics)
             yield
 
-    routes = health_routes(
-        "webhooks", registry, lambda request: readiness_checks(request.app.state.resources)
-    )
-    app = Starlette(routes=routes, lifespan=lifespan)
+    routes = [
+        Route("/webhooks/sendgrid", receivers.sendgrid, methods=["POST"]),
+        Route("/webhooks/mailgun", receivers.mailgun, methods=["POST"]),
+        *health_routes(
+            "webhooks", registry, lambda request: readiness_checks(request.app.state.resources)
+        ),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=error_handlers())
     app.state.settings = settings
+    app.state.sendgrid_key = sendgrid_key
     return app

@@ -18,6 +18,8 @@ from services.sandbox.mailgun import expand, parse_message
         ("drop-me@x.com", Outcome.DROP),
         ("unsubscribe@x.com", Outcome.UNSUBSCRIBE),
         ("open7@x.com", Outcome.OPEN),
+        ("sgdrop-3@x.com", Outcome.SENDGRID_DROP),
+        ("SgDrop@x.com", Outcome.SENDGRID_DROP),
         ("alice@bounce.com", Outcome.DELIVERED),
         ("alice@x.com", Outcome.DELIVERED),
     ],
@@ -43,6 +45,26 @@ def test_sendgrid_reserved_keys_win_over_custom_args() -> None:
     ]
     assert events[0]["log_id"] == "l-1"
     assert events[0]["category"] == ["a", "b"]
+
+
+def test_sendgrid_drops_sgdrop_for_a_reason_of_its_own() -> None:
+    """``sgdrop@``: SendGrid posts processed then dropped with its spam-checker reason."""
+    payload = {"personalizations": [{"to": [{"email": "sgdrop@x.com"}]}]}
+
+    events = sendgrid_events(payload, "MSGID", 1, 2)
+
+    assert [e["event"] for e in events] == ["processed", "dropped"]
+    assert events[1]["reason"] == "Spam Content (if Spam Checker app is enabled)"
+
+
+def test_mailgun_delivers_sgdrop_normally() -> None:
+    """``sgdrop@``: Mailgun accepts and delivers it like any other address."""
+    message = parse_message([("from", "s@x.com"), ("to", "sgdrop@x.com"), ("text", "x")])
+    assert not isinstance(message, str)
+
+    events = mailgun_events(message, "<id@mg.x.com>", "sgdrop@x.com", 1.0)
+
+    assert [e["event"] for e in events] == ["accepted", "delivered"]
 
 
 def test_sendgrid_message_ids_differ_per_personalization() -> None:

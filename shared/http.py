@@ -1,0 +1,122 @@
+"""HTTP plumbing shared by our Starlette services: the JSON error envelope
+``{"error": {"code", "message", "fields"?}}`` and request bodies read under a size cap that is
+enforced while they stream in (413 before buffering, not after)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from shared.errors import DependencyUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class JSON(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+class ApiError(Exception):
+    """Raised by handlers; rendered as the error envelope with ``status``."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        fields: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.fields = fields
+        self.headers = headers
+
+
+def error_response(error: ApiError) -> JSON:
+    body: dict[str, Any] = {"code": error.code, "message": error.message}
+    if error.fields:
+        body["fields"] = error.fields
+    return JSON({"error": body}, status_code=error.status, headers=error.headers)
+
+
+async def read_capped(request: Request, limit: int) -> bytes:
+    """The raw body, or 413 as soon as it (or its declared length) passes ``limit``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, limit: int) -> tuple[bytes, Any]:
+    ctype = request.headers.get("content-type", "")
+    if ctype and "json" not in ctype.split(";")[0]:
+        raise ApiError(415, "unsupported_media_type", "send the body as application/json")
+    raw = await read_capped(request, limit)
+    try:
+        return raw, orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from exc
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, "body_too_large", f"the request body exceeds {limit} bytes")
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)  # noqa: S101 - registered for ApiError only
+    return error_response(exc)
+
+
+async def _unavailable(request: Request, exc: Exception) -> Response:
+    log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return error_response(
+        ApiError(
+            503,
+            "unavailable",
+            "a dependency is unavailable; retry shortly",
+            headers={"Retry-After": "5"},
+        )
+    )
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)  # noqa: S101 - registered for HTTPException only
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(ApiError(exc.status_code, code, str(exc.detail)))
+
+
+async def _crash(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(ApiError(500, "internal_error", "internal error; it has been logged"))
+
+
+def error_handlers() -> dict[
+    type[Exception] | int, Callable[[Request, Exception], Awaitable[Response]]
+]:
+    """Map our errors to the envelope: ApiError as is, outages to 503, anything else to 500."""
+    return {
+        ApiError: _api_error,
+        DependencyUnavailable: _unavailable,
+        HTTPException: _http_error,
+        Exception: _crash,
+    }

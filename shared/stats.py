@@ -1,0 +1,118 @@
+"""Per-user daily stats as an exact ledger: marks per (metric, recipient), counted on read.
+
+A mark is a row ``(user, UTC day, metric, log_id)``; writing it again changes nothing, so an
+event delivered ten times (or concurrently) counts once and a recipient counts once per
+metric however often it failed over. Counting a day is a ``GROUP BY`` over one partition;
+closed days are rolled up into ``daily_stats`` the first time they are read.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import UTC, date, datetime, timedelta
+
+from cassandra.query import BatchStatement, BatchType
+
+from shared.db import Database
+
+#: Metrics, in the order the API lists them.
+METRICS = ("queued", "success", "failed", "bounced", "complained", "opened", "clicked")
+#: A day is closed (and rolled up) once this much of the next day has passed.
+CLOSE_AFTER = timedelta(hours=6)
+#: Longest range one stats request may ask for.
+MAX_RANGE_DAYS = 366
+
+
+def day_of(when: datetime) -> date:
+    return when.astimezone(UTC).date()
+
+
+def days(start: date, end: date) -> list[date]:
+    return [start + timedelta(days=i) for i in range((end - start).days + 1)]
+
+
+def zero_filled(
+    start: date, end: date, counts: Mapping[date, Mapping[str, int]]
+) -> list[dict[str, object]]:
+    """One row per day in [start, end], with every metric present (zeros for quiet days)."""
+    return [
+        {"date": d.isoformat(), **{m: int(counts.get(d, {}).get(m, 0)) for m in METRICS}}
+        for d in days(start, end)
+    ]
+
+
+def is_closed(day: date, now: datetime) -> bool:
+    return now >= datetime.combine(day + timedelta(days=1), datetime.min.time(), UTC) + CLOSE_AFTER
+
+
+class StatsStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def mark(
+        self, user_id: uuid.UUID, when: datetime, metric: str, keys: Iterable[str]
+    ) -> None:
+        """Record ``metric`` for each key (a recipient's log id) on ``when``'s UTC day."""
+        day = day_of(when)
+        stmt = await self.db.prepare(
+            "INSERT INTO stat_marks (user_id, day, metric, key) VALUES (?, ?, ?, ?)"
+        )
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        for key in keys:
+            batch.add(stmt, (user_id, day, metric, key))
+        if len(batch):
+            await self.db.execute(batch)
+        await self.db.execute(
+            "INSERT INTO active_users (day, user_id) VALUES (?, ?)",
+            (day, user_id),
+            idempotent=True,
+        )
+
+    async def count_day(self, user_id: uuid.UUID, day: date) -> dict[str, int]:
+        rows = await self.db.rows(
+            "SELECT metric, COUNT(*) AS n FROM stat_marks WHERE user_id = ? AND day = ? "
+            "GROUP BY metric",
+            (user_id, day),
+            timeout=60,
+        )
+        return {r["metric"]: int(r["n"]) for r in rows}
+
+    async def range(self, user_id: uuid.UUID, start: date, end: date) -> dict[date, dict[str, int]]:
+        """Counts for every day of the range: rollups for closed days, live counts otherwise."""
+        now = datetime.now(UTC)
+        rollups = {
+            r["day"].date() if hasattr(r["day"], "date") else r["day"]: dict(r["counts"] or {})
+            for r in await self.db.rows(
+                "SELECT day, counts FROM daily_stats WHERE user_id = ? AND day >= ? AND day <= ?",
+                (user_id, start, end),
+            )
+        }
+        out: dict[date, dict[str, int]] = {}
+        for d in days(start, end):
+            if d in rollups:
+                out[d] = rollups[d]
+                continue
+            counts = await self.count_day(user_id, d)
+            if is_closed(d, now):
+                await self.store_rollup(user_id, d, counts)
+            out[d] = counts
+        return out
+
+    async def store_rollup(self, user_id: uuid.UUID, day: date, counts: Mapping[str, int]) -> None:
+        await self.db.execute(
+            "INSERT INTO daily_stats (user_id, day, counts, computed_at) VALUES (?, ?, ?, ?)",
+            (user_id, day, dict(counts), datetime.now(UTC)),
+            idempotent=True,
+        )
+
+    async def active_users(self, day: date) -> list[uuid.UUID]:
+        rows = await self.db.all_pages("SELECT user_id FROM active_users WHERE day = ?", (day,))
+        return [r["user_id"] for r in rows]
+
+    async def keys(self, user_id: uuid.UUID, day: date, metric: str) -> set[str]:
+        rows = await self.db.all_pages(
+            "SELECT key FROM stat_marks WHERE user_id = ? AND day = ? AND metric = ?",
+            (user_id, day, metric),
+        )
+        return {r["key"] for r in rows}
