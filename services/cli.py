@@ -104,6 +104,43 @@ def cmd_keys_create(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stats_reconcile(settings: Settings, args: argparse.Namespace) -> int:
+    import datetime as dt
+
+    from shared.db import Database
+    from shared.reconcile import reconcile_day
+
+    try:
+        day = dt.date.fromisoformat(args.day)
+    except ValueError:
+        print(
+            f"safedelivr stats reconcile: --day must be YYYY-MM-DD, not {args.day!r}",
+            file=sys.stderr,
+        )
+        return 2
+
+    async def go() -> int:
+        db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
+        try:
+            drifts = await reconcile_day(db, day, fix=args.fix)
+        finally:
+            await db.close()
+        for d in drifts:
+            print(
+                f"drift user={d.user_id} {d.metric}: stored {d.stored}, logs say "
+                f"{d.expected} ({len(d.missing)} missing, {len(d.extra)} extra)"
+            )
+        verb = "repaired" if args.fix else "found"
+        print(
+            f"{day}: {len(drifts)} drifting counter(s) {verb}"
+            if drifts
+            else f"{day}: stats agree with the logs"
+        )
+        return 1 if drifts and not args.fix else 0
+
+    return asyncio.run(go())
+
+
 def cmd_dev(settings: Settings, args: argparse.Namespace) -> int:
     from services.devrun import run
 
@@ -132,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--user", required=True, help="the user's login; created if missing")
     create.add_argument("--name", default="cli", help="a label for the key")
     create.set_defaults(func=cmd_keys_create)
+    stats = sub.add_parser("stats", help="daily stats tools").add_subparsers(
+        dest="stats_command", required=True
+    )
+    reconcile = stats.add_parser("reconcile", help="recompute a day from the logs")
+    reconcile.add_argument("--day", required=True, help="UTC day, YYYY-MM-DD")
+    reconcile.add_argument("--fix", action="store_true", help="rewrite drifting marks")
+    reconcile.set_defaults(func=cmd_stats_reconcile)
     return parser
 
 

@@ -301,3 +301,46 @@ async def test_cassandra_down_answers_503(hooks: Hooks) -> None:
         return resp.status_code == 200
 
     await eventually(recovered, timeout=90, interval=2)
+
+
+async def test_reconcile_reports_and_repairs_drift(hooks: Hooks) -> None:
+    """Stats recomputed from the logs expose a lost mark, and --fix restores it."""
+    from shared.reconcile import reconcile_day
+
+    email = _first(hooks, 2)
+    await hooks.sendgrid([hooks.sg_event(email, "delivered")])
+    today = datetime.now(UTC).date()
+    assert [d for d in await reconcile_day(hooks.db, today) if d.user_id == hooks.user_id] == []
+    await hooks.db.execute(
+        "DELETE FROM stat_marks WHERE user_id = ? AND day = ? AND metric = 'success' AND key = ?",
+        (hooks.user_id, today, str(hooks.logs[email])),
+    )
+
+    drift = [
+        d for d in await reconcile_day(hooks.db, today, fix=True) if d.user_id == hooks.user_id
+    ]
+
+    assert [(d.metric, d.expected, d.stored) for d in drift] == [("success", 1, 0)]
+    assert (await hooks.stats()).get("success") == 1
+    assert [d for d in await reconcile_day(hooks.db, today) if d.user_id == hooks.user_id] == []
+
+
+async def test_first_deferral_schedules_a_deadline_check(hooks: Hooks, settings: Settings) -> None:
+    """A deferred recipient gets a delayed check that re-sends it if still deferred then."""
+    from shared.broker import Broker
+    from shared.models import LogJob
+    from shared.resources import topology_for
+
+    email = _first(hooks, 3)
+    await hooks.sendgrid([hooks.sg_event(email, "deferred", response="451 try later")])
+    s = settings.model_copy(update={"webhooks": WebhookSettings(deferred_deadline=2)})
+    broker = Broker(s.amqp.url.get_secret_value(), topology_for(s), name="probe")
+    await broker.connect()
+    try:
+        message = await eventually(lambda: broker.get(broker.topology.log_queue("sg")), timeout=15)
+        job = LogJob.decode(message.body)
+        await message.ack()
+    finally:
+        await broker.close()
+    assert job.check_deferred and job.log_id == hooks.logs[email]
+    assert (await hooks.row(email))["event"] == "deferred"
