@@ -141,6 +141,24 @@ def cmd_stats_reconcile(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(go())
 
 
+def cmd_dead(settings: Settings, args: argparse.Namespace) -> int:
+    from shared.deadletters import drain_dead_letters
+
+    async def go() -> int:
+        shown = await drain_dead_letters(
+            settings, replay=args.dead_command == "replay", limit=args.limit
+        )
+        for line in shown:
+            print(line)
+        print(
+            f"{len(shown)} dead-lettered message(s) "
+            + ("replayed" if args.dead_command == "replay" else "listed (left in place)")
+        )
+        return 0
+
+    return asyncio.run(go())
+
+
 def cmd_dev(settings: Settings, args: argparse.Namespace) -> int:
     from services.devrun import run
 
@@ -169,6 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--user", required=True, help="the user's login; created if missing")
     create.add_argument("--name", default="cli", help="a label for the key")
     create.set_defaults(func=cmd_keys_create)
+    dead = sub.add_parser("dead", help="inspect or replay dead-lettered messages")
+    dead_sub = dead.add_subparsers(dest="dead_command", required=True)
+    for name, help_ in (
+        ("list", "show dead-lettered messages"),
+        ("replay", "republish them under their original routing keys"),
+    ):
+        p = dead_sub.add_parser(name, help=help_)
+        p.add_argument("--limit", type=int, default=100)
+        p.set_defaults(func=cmd_dead)
     stats = sub.add_parser("stats", help="daily stats tools").add_subparsers(
         dest="stats_command", required=True
     )

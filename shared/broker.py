@@ -179,10 +179,12 @@ class Broker:
     async def queue_depth(self, queue_name: str) -> int:
         channel = self._require_channel()
         try:
-            queue = await channel.declare_queue(queue_name, passive=True)
+            # A raw passive declare: aio-pika's declare_queue may answer from its cache.
+            raw = await channel.get_underlay_channel()
+            result = await raw.queue_declare(queue=queue_name, passive=True)
         except _AMQP_ERRORS as exc:
             raise DependencyUnavailable("rabbitmq", _describe(exc)) from exc
-        return int(queue.declaration_result.message_count or 0)
+        return int(result.message_count or 0)
 
     async def get(self, queue_name: str) -> aio_pika.abc.AbstractIncomingMessage | None:
         """Fetch one message without a consumer (operator tools: dead-letter listing)."""
