@@ -22,10 +22,13 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from shared.accounts import create_key_for_login
+from shared.accounts import create_key, upsert_github_user
 from shared.config import Settings
+from shared.db import Database
 from shared.migrations import migrate
 
+#: GitHub id of the sandbox's default user (services/sandbox/oauth.py).
+DEMO_GITHUB_ID = 1_000_001
 #: Seconds to wait for one service's /healthz.
 START_TIMEOUT = 60.0
 
@@ -74,7 +77,21 @@ def _setup(settings: Settings) -> str:
         from services.cli import cmd_topology  # the same code path as `safedelivr topology`
 
         await asyncio.to_thread(cmd_topology, settings, None)  # type: ignore[arg-type]
-        return await create_key_for_login(settings, "demo", name="make run")
+        # The demo key belongs to the sandbox GitHub's default user, so logging in to the
+        # dashboard (through the fake GitHub) shows what the printed curl sends.
+        db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
+        try:
+            user_id = await upsert_github_user(
+                db,
+                github_id=DEMO_GITHUB_ID,
+                login="sandbox-user",
+                name="Sandbox User",
+                email="sandbox-user@example.com",
+                avatar_url=None,
+            )
+            return await create_key(db, user_id, "make run")
+        finally:
+            await db.close()
 
     return asyncio.run(go())
 

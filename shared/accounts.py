@@ -1,4 +1,10 @@
-"""Users and API keys in Cassandra: creation without races, lookup, listing, revocation."""
+"""Users and API keys in Cassandra: creation without races, lookup, listing, revocation.
+
+Dashboard users are keyed by their GitHub account id (never by e-mail or login, which can
+change hands): ``users_by_github`` is claimed once with ``INSERT ... IF NOT EXISTS`` and the
+profile in ``users`` is refreshed at every login. ``users_by_login`` serves the CLI's
+``keys create --user LOGIN`` for accounts made without GitHub.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,15 @@ from datetime import UTC, datetime
 from shared import apikeys
 from shared.config import Settings
 from shared.db import Database
+
+
+@dataclass(frozen=True, slots=True)
+class UserProfile:
+    user_id: uuid.UUID
+    login: str
+    name: str | None
+    email: str | None
+    avatar_url: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +53,57 @@ async def ensure_user(db: Database, login: str) -> uuid.UUID:
         idempotent=True,
     )
     return user_id
+
+
+async def upsert_github_user(
+    db: Database,
+    *,
+    github_id: int,
+    login: str,
+    name: str | None,
+    email: str | None,
+    avatar_url: str | None,
+) -> uuid.UUID:
+    """The user for this GitHub account, created once even when logins race; profile refreshed."""
+    now = datetime.now(UTC)
+    existing = await db.one("SELECT user_id FROM users_by_github WHERE github_id = ?", (github_id,))
+    if existing:
+        user_id: uuid.UUID = existing["user_id"]
+    else:
+        candidate = uuid.uuid4()
+        row = await db.one(
+            "INSERT INTO users_by_github (github_id, user_id, created_at) VALUES (?, ?, ?) "
+            "IF NOT EXISTS",
+            (github_id, candidate, now),
+        )
+        won = bool(row and row["[applied]"])
+        user_id = candidate if won else row["user_id"]  # type: ignore[index]
+        if won:
+            await db.execute(
+                "UPDATE users SET created_at = ? WHERE user_id = ?", (now, user_id), idempotent=True
+            )
+    await db.execute(
+        "UPDATE users SET login = ?, github_id = ?, name = ?, email = ?, avatar_url = ? "
+        "WHERE user_id = ?",
+        (login, github_id, name, email, avatar_url, user_id),
+        idempotent=True,
+    )
+    return user_id
+
+
+async def get_user(db: Database, user_id: uuid.UUID) -> UserProfile | None:
+    row = await db.one(
+        "SELECT user_id, login, name, email, avatar_url FROM users WHERE user_id = ?", (user_id,)
+    )
+    if row is None or row["login"] is None:
+        return None
+    return UserProfile(
+        user_id=row["user_id"],
+        login=str(row["login"]),
+        name=row["name"],
+        email=row["email"],
+        avatar_url=row["avatar_url"],
+    )
 
 
 async def create_key(db: Database, user_id: uuid.UUID, name: str) -> str:

@@ -107,6 +107,16 @@ class ApiSettings(BaseSettings):
     outbox_relay_interval: float = Field(5.0, gt=0)
     outbox_grace: float = Field(30.0, ge=0)
     """Seconds a pending batch may stay unpublished before the relay publishes it."""
+    rate_limit_per_second: float = Field(50.0, gt=0)
+    """Sustained requests per second allowed per API key (see shared.ratelimit)."""
+    rate_burst: int = Field(100, ge=1)
+    """Requests one key may make at once; with the rate it sets the window (burst / rate s)."""
+    daily_recipient_quota: int = Field(100_000, ge=1)
+    """Recipients one user may have accepted per UTC day, across all of their keys."""
+    session_idle_ttl: int = Field(7 * 86_400, ge=1)
+    """Seconds a dashboard session survives without use (sliding; refreshed while in use)."""
+    session_max_age: int = Field(30 * 86_400, ge=1)
+    """Seconds after login when a session ends however much it is used."""
 
 
 class WebhookSettings(BaseSettings):
@@ -208,6 +218,41 @@ class SandboxSettings(BaseSettings):
     webhook_delay: float = Field(0.2, ge=0)
 
 
+class GitHubSettings(BaseSettings):
+    """The GitHub OAuth app used for dashboard login (defaults: the local sandbox)."""
+
+    model_config = _config("GITHUB")
+
+    client_id: str = "safedelivr-sandbox"
+    client_secret: SecretStr = SecretStr("sandbox-github-secret")
+    oauth_base_url: str = "http://127.0.0.1:8090/github"
+    """Base of ``/login/oauth/authorize`` and ``/login/oauth/access_token``: https://github.com."""
+    api_base_url: str = "http://127.0.0.1:8090/github/api"
+    """Base of ``/user`` and ``/user/emails``: https://api.github.com in production."""
+    redirect_uri: str = "http://127.0.0.1:8080/auth/github/callback"
+    """Sent verbatim; must equal the OAuth app's registered callback URL exactly."""
+    timeout: float = Field(10.0, gt=0)
+
+    @field_validator("oauth_base_url", "api_base_url", "redirect_uri")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/?#\s]+(/[^?#\s]*)?$", value):
+            raise ValueError("must be an http(s) URL without query or fragment")
+        return value
+
+    @property
+    def authorize_url(self) -> str:
+        return self.oauth_base_url.rstrip("/") + "/login/oauth/authorize"
+
+    @property
+    def token_url(self) -> str:
+        return self.oauth_base_url.rstrip("/") + "/login/oauth/access_token"
+
+    @property
+    def api_url(self) -> str:
+        return self.api_base_url.rstrip("/")
+
+
 class Settings(BaseSettings):
     """Every section, validated together at start-up."""
 
@@ -221,6 +266,7 @@ class Settings(BaseSettings):
     providers: ProviderSettings = Field(default_factory=ProviderSettings)
     consumers: ConsumerSettings = Field(default_factory=ConsumerSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    github: GitHubSettings = Field(default_factory=GitHubSettings)
 
 
 _SECTIONS: dict[str, type[BaseSettings]] = {
@@ -231,6 +277,7 @@ _SECTIONS: dict[str, type[BaseSettings]] = {
     "PROVIDERS": ProviderSettings,
     "CONSUMERS": ConsumerSettings,
     "SANDBOX": SandboxSettings,
+    "GITHUB": GitHubSettings,
 }
 
 

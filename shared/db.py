@@ -24,7 +24,11 @@ from cassandra.cluster import (
     Session,
 )
 from cassandra.connection import ConnectionException
-from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.policies import (
+    DCAwareRoundRobinPolicy,
+    ExponentialReconnectionPolicy,
+    TokenAwarePolicy,
+)
 from cassandra.query import PreparedStatement, SimpleStatement, Statement, dict_factory
 
 from shared.config import CassandraSettings
@@ -96,6 +100,9 @@ class Database:
             connect_timeout=settings.connect_timeout,
             auth_provider=auth,
             protocol_version=5,
+            # Retry a lost node every 0.5-10 s (the default backs off to 10 minutes, which
+            # keeps a service answering 503 long after Cassandra is back).
+            reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0),
         )
         try:
             session = await asyncio.to_thread(cluster.connect, keyspace)

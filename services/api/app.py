@@ -8,10 +8,13 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import httpx
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from services.api import account, batches
+from services.api import account, batches, oauth
+from services.api.sessions import LoginRequired, login_required_response
+from shared import ratelimit
 from shared.attempts import AttemptStore
 from shared.background import Background
 from shared.batchstore import BatchStore
@@ -42,6 +45,9 @@ def create_app(settings: Settings) -> Starlette:
             state.suppressions = SuppressionStore(res.db)
             state.stats = StatsStore(res.db)
             state.background = Background()
+            state.github_http = httpx.AsyncClient(
+                timeout=httpx.Timeout(settings.github.timeout), follow_redirects=False
+            )
             relay = asyncio.create_task(
                 relay_forever(
                     state.batches,
@@ -50,9 +56,12 @@ def create_app(settings: Settings) -> Starlette:
                     grace=settings.api.outbox_grace,
                 )
             )
+            purge = asyncio.create_task(ratelimit.purge_forever(res.db))
             try:
                 yield
             finally:
+                await state.github_http.aclose()
+                purge.cancel()
                 relay.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await relay
@@ -70,6 +79,9 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/keys", account.list_keys, methods=["GET"]),
         Route("/v1/keys", account.create_key, methods=["POST"]),
         Route("/v1/keys/{key_id}", account.revoke_key, methods=["DELETE"]),
+        Route("/auth/github/login", oauth.login, methods=["GET"]),
+        Route("/auth/github/callback", oauth.callback, methods=["GET"]),
+        Route("/auth/logout", oauth.logout, methods=["POST"]),
         *health_routes(
             "api", registry, lambda request: readiness_checks(request.app.state.resources)
         ),
@@ -77,7 +89,7 @@ def create_app(settings: Settings) -> Starlette:
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers=error_handlers(),
+        exception_handlers={**error_handlers(), LoginRequired: login_required_response},
     )
     app.state.settings = settings
     app.state.metrics = ApiMetrics.create(registry)

@@ -1,13 +1,24 @@
-"""API-key authentication for ``/v1``: one 401 body for every way a key can be wrong."""
+"""API-key authentication for ``/v1``: one 401 body for every way a key can be wrong, then the
+key's request rate limit (429 with ``Retry-After``) and a cheap ``last_used_at`` update.
+
+Revocation takes effect at once: every request reads the key's row (there is no cache of
+valid keys). ``last_used_at`` is written at most once a minute per key per process, in the
+background, so the hot path gains no write for it.
+"""
 
 from __future__ import annotations
+
+import time
 
 from starlette.requests import Request
 
 from shared import accounts
 from shared.accounts import ApiKeyRecord
+from shared.background import Background
+from shared.config import Settings
 from shared.db import Database
 from shared.http import ApiError
+from shared.ratelimit import RateLimiter, RatePolicy, RecipientQuota
 
 _UNAUTHORIZED = ApiError(
     401,
@@ -15,10 +26,16 @@ _UNAUTHORIZED = ApiError(
     "missing or invalid API key",
     headers={"WWW-Authenticate": 'Bearer realm="safedelivr"'},
 )
+#: Seconds between two ``last_used_at`` writes for one key from one process.
+TOUCH_INTERVAL = 60.0
+_TOUCH_MEMO_LIMIT = 100_000
 
 
 async def require_key(request: Request) -> ApiKeyRecord:
-    """The caller's key record, or 401 (same body for unknown, revoked or wrong secret)."""
+    """The caller's key record, or 401 (same body for unknown, revoked or wrong secret).
+
+    Within its rate limit only; otherwise 429 ``rate_limited`` with ``Retry-After``.
+    """
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -27,4 +44,53 @@ async def require_key(request: Request) -> ApiKeyRecord:
     record = await accounts.authenticate(db, token.strip())
     if record is None:
         raise _UNAUTHORIZED
+    verdict = await rate_limiter(request).hit(record.key_id)
+    if not verdict.allowed:
+        raise ApiError(
+            429,
+            "rate_limited",
+            "too many requests for this API key; retry after the Retry-After seconds",
+            headers={"Retry-After": str(verdict.retry_after)},
+        )
+    _touch(request, db, record.key_id)
     return record
+
+
+def rate_limiter(request: Request) -> RateLimiter:
+    """This process's limiter (made on first use from the app's settings)."""
+    state = request.app.state
+    limiter: RateLimiter | None = getattr(state, "rate_limiter", None)
+    if limiter is None:
+        settings: Settings = state.settings
+        policy = RatePolicy(settings.api.rate_limit_per_second, settings.api.rate_burst)
+        limiter = RateLimiter(state.resources.db, policy)
+        state.rate_limiter = limiter
+    return limiter
+
+
+def recipient_quota(request: Request) -> RecipientQuota:
+    """The daily recipient quota store for this process."""
+    state = request.app.state
+    quota: RecipientQuota | None = getattr(state, "recipient_quota", None)
+    if quota is None:
+        settings: Settings = state.settings
+        quota = RecipientQuota(state.resources.db, settings.api.daily_recipient_quota)
+        state.recipient_quota = quota
+    return quota
+
+
+def _touch(request: Request, db: Database, key_id: str) -> None:
+    state = request.app.state
+    touched: dict[str, float] | None = getattr(state, "key_touched", None)
+    if touched is None:
+        touched = state.key_touched = {}
+    now = time.monotonic()
+    last = touched.get(key_id)
+    if last is not None and now - last < TOUCH_INTERVAL:
+        return
+    if len(touched) >= _TOUCH_MEMO_LIMIT:
+        touched.clear()
+    touched[key_id] = now
+    background: Background | None = getattr(state, "background", None)
+    if background is not None:
+        background.spawn(accounts.touch_key(db, key_id))

@@ -19,7 +19,7 @@ from cassandra.util import uuid_from_time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from services.api.auth import require_key
+from services.api.auth import recipient_quota, require_key
 from shared import validation
 from shared.batchstore import BatchStore, NewBatch
 from shared.config import Settings
@@ -60,7 +60,7 @@ async def submit(request: Request) -> Response:
         if not isinstance(claim, Claimed):
             return _replay(claim.same_body, claim.response)
     try:
-        response = await _accept(request, key.user_id, batch_id, parsed)
+        response = await _accept_within_quota(request, key.user_id, batch_id, parsed)
     except BaseException:
         if idem is not None:
             await _release_quietly(keys, key.user_id, idem)
@@ -69,6 +69,30 @@ async def submit(request: Request) -> Response:
     if idem is not None:
         await keys.complete(key.user_id, idem, encoded)
     return Response(encoded, status_code=202, media_type="application/json")
+
+
+async def _accept_within_quota(
+    request: Request, user_id: uuid.UUID, batch_id: uuid.UUID, parsed: validation.BatchRequest
+) -> dict[str, Any]:
+    """Charge the recipients to today's quota (429 when over), accept, refund on failure."""
+    quota = recipient_quota(request)
+    count = len(parsed.recipients)
+    verdict, day = await quota.consume(user_id, count)
+    if not verdict.allowed:
+        raise ApiError(
+            429,
+            "quota_exceeded",
+            f"this batch would pass the daily quota of {quota.daily_limit} recipients",
+            headers={"Retry-After": str(verdict.retry_after)},
+        )
+    try:
+        return await _accept(request, user_id, batch_id, parsed)
+    except BaseException:
+        try:
+            await quota.refund(user_id, count, day)
+        except DependencyUnavailable:
+            log.warning("could not refund %d recipients of quota to user %s", count, user_id)
+        raise
 
 
 async def _drop_suppressed(

@@ -302,6 +302,15 @@ async def test_cassandra_down_answers_503(hooks: Hooks) -> None:
 
     await eventually(recovered, timeout=90, interval=2)
 
+    async def shared_session_back() -> bool:  # the other tests' session must recover too
+        try:
+            await hooks.db.one("SELECT release_version FROM system.local")
+        except Exception:  # noqa: BLE001 - any failure means "not yet"
+            return False
+        return True
+
+    await eventually(shared_session_back, timeout=90, interval=1)
+
 
 async def test_reconcile_reports_and_repairs_drift(hooks: Hooks) -> None:
     """Stats recomputed from the logs expose a lost mark, and --fix restores it."""

@@ -1,0 +1,179 @@
+"""``/auth/github/login``, ``/auth/github/callback`` and ``/auth/logout``.
+
+Login CSRF and code injection are stopped twice over (RFC 9700): a one-time ``state`` bound to
+this browser, and PKCE S256. ``/auth/github/login`` stores ``(state, code_verifier, next)``
+server-side under a random browser key kept in the short-lived HttpOnly ``sd_login`` cookie;
+the callback finds that row only with the same cookie *and* the same state, claims it with a
+conditional delete (a second use of the state finds nothing: 400) and redeems the code with
+the verifier. Any failure answers 400 and starts no session. On success the user (keyed by
+GitHub id) is created or refreshed, the browser's previous session id is discarded for a new
+one (no fixation) and the browser goes to ``next``, which may only be a local path.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from datetime import UTC, datetime
+from urllib.parse import parse_qsl
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from services.api.sessions import (
+    clear_session_cookie,
+    cookie_secure,
+    current_user,
+    session_store,
+    set_session_cookie,
+    verify_csrf,
+)
+from shared import accounts, github
+from shared.config import Settings
+from shared.db import Database
+from shared.http import ApiError, error_response, read_capped
+from shared.sessions import LOGIN_COOKIE, SESSION_COOKIE, new_token, safe_next
+
+#: Seconds a login may take between our redirect and GitHub's callback (GitHub: 10 min codes).
+LOGIN_TTL = 600
+#: Our tokens are 43 URL-safe characters; anything else is not worth a query.
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{20,128}$")
+_FORM_LIMIT = 16 * 1024
+
+
+async def login(request: Request) -> Response:
+    """Start a GitHub login: remember state + PKCE verifier for this browser, then redirect."""
+    settings: Settings = request.app.state.settings
+    db: Database = request.app.state.resources.db
+    browser_key = request.cookies.get(LOGIN_COOKIE, "")
+    if not _TOKEN.match(browser_key):
+        browser_key = new_token()
+    state, verifier = new_token(), github.new_verifier()
+    await db.execute(
+        "INSERT INTO oauth_logins (browser_key, state, code_verifier, next_path, created_at) "
+        "VALUES (?, ?, ?, ?, ?) USING TTL ?",
+        (
+            browser_key,
+            state,
+            verifier,
+            safe_next(request.query_params.get("next")),
+            datetime.now(UTC),
+            LOGIN_TTL,
+        ),
+        idempotent=True,
+    )
+    target = github.authorize_url(
+        settings.github, state=state, challenge=github.code_challenge(verifier)
+    )
+    response = RedirectResponse(target, status_code=302)
+    response.headers["Cache-Control"] = "no-store"
+    response.set_cookie(
+        LOGIN_COOKIE,
+        browser_key,
+        max_age=LOGIN_TTL,
+        path="/auth/github",
+        secure=cookie_secure(settings),
+        httponly=True,
+        samesite="lax",
+    )
+    return response
+
+
+async def callback(request: Request) -> Response:
+    """Finish a login: check and spend the state, redeem the code, start a fresh session."""
+    settings: Settings = request.app.state.settings
+    db: Database = request.app.state.resources.db
+    query = request.query_params
+    pending = await _claim_login(db, request.cookies.get(LOGIN_COOKIE), query.get("state"))
+    if pending is None:
+        return _failed(request, "login_state", "this login link is invalid or was already used")
+    verifier, next_path = pending
+    if "error" in query:
+        return _failed(request, "login_denied", "GitHub did not authorise the login")
+    code = query.get("code", "")
+    if not code or len(code) > 512:
+        return _failed(request, "login_failed", "GitHub sent no authorisation code")
+    client = github.GitHubClient(request.app.state.github_http, settings.github)
+    try:
+        token = await client.exchange_code(code, verifier)
+        profile = await client.profile(token)
+    except github.LoginFailed as exc:
+        return _failed(request, "login_failed", str(exc))
+    # The token has done its job; it is not stored anywhere.
+    user_id = await accounts.upsert_github_user(
+        db,
+        github_id=profile.github_id,
+        login=profile.login,
+        name=profile.name,
+        email=profile.email,
+        avatar_url=profile.avatar_url,
+    )
+    session_id, _ = await session_store(request).create(
+        user_id, replaces=request.cookies.get(SESSION_COOKIE)
+    )
+    response = RedirectResponse(safe_next(next_path), status_code=302)
+    response.headers["Cache-Control"] = "no-store"
+    set_session_cookie(response, settings, session_id)
+    response.delete_cookie(LOGIN_COOKIE, path="/auth/github")
+    return response
+
+
+async def logout(request: Request) -> Response:
+    """End the session server-side (CSRF-checked) and clear the cookie; then go to ``/``."""
+    settings: Settings = request.app.state.settings
+    user = await current_user(request)
+    if user is not None:
+        await verify_csrf(request, user, await _form_token(request))
+        await session_store(request).delete(user.session_id)
+    response = RedirectResponse("/", status_code=303)
+    clear_session_cookie(response, settings)
+    return response
+
+
+async def _claim_login(
+    db: Database, browser_key: str | None, state: str | None
+) -> tuple[str, str] | None:
+    """``(code_verifier, next)`` of this browser's login with ``state``, spent by this call."""
+    if not browser_key or not state or not _TOKEN.match(browser_key) or not _TOKEN.match(state):
+        return None
+    row = await db.one(
+        "SELECT code_verifier, next_path FROM oauth_logins WHERE browser_key = ? AND state = ?",
+        (browser_key, state),
+    )
+    if row is None:
+        return None
+    spent = await db.one(
+        "DELETE FROM oauth_logins WHERE browser_key = ? AND state = ? IF EXISTS",
+        (browser_key, state),
+    )
+    if not spent or not spent["[applied]"]:
+        return None  # a concurrent callback with the same state won
+    return str(row["code_verifier"]), str(row["next_path"] or "/")
+
+
+async def _form_token(request: Request) -> str | None:
+    """The ``csrf_token`` field of a url-encoded form body, if that is what was posted."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/x-www-form-urlencoded":
+        return None
+    raw = await read_capped(request, _FORM_LIMIT)
+    for name, value in parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True):
+        if name == "csrf_token":
+            return value
+    return None
+
+
+def _failed(request: Request, code: str, message: str) -> Response:
+    """400 without a session: the error envelope for JSON callers, a small page for browsers."""
+    accept = request.headers.get("accept", "")
+    if "application/json" in accept and "text/html" not in accept:
+        return error_response(ApiError(400, code, message))
+    page = (
+        "<!doctype html><html lang=en><meta charset=utf-8><title>Login failed</title>"
+        "<body><h1>Login failed</h1>"
+        f"<p>{html.escape(message)}</p>"
+        '<p><a href="/auth/github/login">Try again</a></p></body></html>'
+    )
+    response = HTMLResponse(page, status_code=400)
+    response.headers["Cache-Control"] = "no-store"
+    return response

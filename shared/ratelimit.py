@@ -1,0 +1,241 @@
+"""Per-key request rate limits and per-user daily recipient quotas, shared by all API processes.
+
+Why fixed windows on Cassandra counters (and not a token bucket)
+----------------------------------------------------------------
+A true token bucket shared between processes needs read-modify-write under a lock, which in
+Cassandra means a lightweight transaction (four Paxos round trips, contended by every request
+of a busy key) on the acceptance hot path. Counters give the same guarantee for one counter
+update plus one read:
+
+* **Requests.** A key may make ``burst`` requests per window of ``burst / rate`` seconds
+  (windows aligned to the epoch), so the average is ``rate`` per second and no more than
+  ``burst`` arrive within one window (at most twice that across a window edge, the usual
+  fixed-window slack). Each request *increments first, then reads* the window's counter and
+  is refused when the value exceeds ``burst``. Counter increments are atomic, so when ``n``
+  requests race, the one whose increment lands ``k``-th reads at least ``k``: at most
+  ``burst`` requests per window are ever admitted, however many processes serve the key.
+  The race can only err the safe way: when more than ``burst`` requests arrive at the same
+  instant, some that would have fitted may read a count already past the limit and be
+  refused too. Refused requests stay counted, which only makes the limit stricter for a key
+  that keeps hammering within the same window (``Retry-After`` says when it ends). A process
+  that has seen a key over its limit refuses the key's further requests in that window
+  without asking Cassandra.
+* **Recipients.** ``recipients`` per (user, UTC day) is incremented by a batch's accepted
+  recipients, then read; above the quota the batch is refused and its increment taken back
+  (so refused batches cost nothing). Take-backs never let the total pass the quota: an
+  admitted batch read a value that already included every admitted batch before it. The
+  quota is per user, so minting more keys does not buy more mail.
+
+Counter tables cannot carry a TTL, so both are partitioned by UTC day: :func:`purge_before`
+drops whole past-day partitions (the clean-up to schedule daily; a partition holds at
+most one row per window). Counter updates are not idempotent, so they are never retried by the
+driver: a timeout surfaces as 503 and may over-count, never under-count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+
+from shared.db import Database
+from shared.errors import DependencyUnavailable
+
+log = logging.getLogger(__name__)
+
+#: Shortest window we use; a burst below rate/10 is rounded up to it.
+MIN_WINDOW_MS = 100
+#: Keys remembered as over their limit in this process before the memo is pruned.
+_MEMO_LIMIT = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class RatePolicy:
+    """``burst`` requests per window of ``burst / per_second`` seconds."""
+
+    per_second: float
+    burst: int
+
+    @property
+    def window_ms(self) -> int:
+        return max(MIN_WINDOW_MS, round(self.burst * 1000 / self.per_second))
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Whether a request may proceed; if not, the whole seconds to wait (``Retry-After``)."""
+
+    allowed: bool
+    retry_after: int = 0
+
+
+def window_index(now_ms: int, window_ms: int) -> int:
+    """The epoch-aligned window that ``now_ms`` (milliseconds since the epoch) falls in."""
+    return now_ms // window_ms
+
+
+def window_day(index: int, window_ms: int) -> date:
+    """The UTC day a window starts on: its counter's partition."""
+    return datetime.fromtimestamp(index * window_ms / 1000, UTC).date()
+
+
+def window_retry_after(now_ms: int, window_ms: int) -> int:
+    """Whole seconds until the current window ends (at least 1, as ``Retry-After`` wants)."""
+    end = (window_index(now_ms, window_ms) + 1) * window_ms
+    return max(1, math.ceil((end - now_ms) / 1000))
+
+
+def seconds_until_midnight(now: datetime) -> int:
+    """Whole seconds until the next UTC day (when a daily quota starts afresh), at least 1."""
+    now = now.astimezone(UTC)
+    midnight = datetime.combine(now.date() + timedelta(days=1), datetime.min.time(), UTC)
+    return max(1, math.ceil((midnight - now).total_seconds()))
+
+
+def over_limit(count_after_increment: int, limit: int) -> bool:
+    """Increment-then-check: a request is refused when the counter it saw exceeds the limit."""
+    return count_after_increment > limit
+
+
+class RateLimiter:
+    """Per-key request counters in ``rate_windows``; one per process, shared by its requests."""
+
+    def __init__(self, db: Database, policy: RatePolicy) -> None:
+        self._db = db
+        self.policy = policy
+        self._over: dict[str, int] = {}
+        """key_id -> the window in which this process saw the key over its limit."""
+
+    async def hit(self, key_id: str, *, now_ms: int | None = None) -> Verdict:
+        """Count one request of ``key_id``; refused with a Retry-After once over the limit."""
+        now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        window_ms = self.policy.window_ms
+        index = window_index(now_ms, window_ms)
+        if self._over.get(key_id) == index:
+            return Verdict(False, window_retry_after(now_ms, window_ms))
+        params = (key_id, window_day(index, window_ms), index)
+        await self._db.execute(
+            "UPDATE rate_windows SET hits = hits + 1 "
+            "WHERE key_id = ? AND day = ? AND window_index = ?",
+            params,
+        )
+        row = await self._db.one(
+            "SELECT hits FROM rate_windows WHERE key_id = ? AND day = ? AND window_index = ?",
+            params,
+            idempotent=True,
+        )
+        hits = int(row["hits"]) if row and row["hits"] is not None else 0
+        if not over_limit(hits, self.policy.burst):
+            return Verdict(True)
+        self._remember_over(key_id, index)
+        return Verdict(False, window_retry_after(now_ms, window_ms))
+
+    def _remember_over(self, key_id: str, index: int) -> None:
+        if len(self._over) >= _MEMO_LIMIT:
+            self._over = {k: v for k, v in self._over.items() if v == index}
+            if len(self._over) >= _MEMO_LIMIT:
+                self._over.clear()
+        self._over[key_id] = index
+
+
+class RecipientQuota:
+    """Recipients accepted per user per UTC day in ``recipient_quota``."""
+
+    def __init__(self, db: Database, daily_limit: int) -> None:
+        self._db = db
+        self.daily_limit = daily_limit
+
+    async def consume(
+        self, user_id: uuid.UUID, recipients: int, *, now: datetime | None = None
+    ) -> tuple[Verdict, date]:
+        """Reserve ``recipients`` of today's quota; refused (and nothing reserved) if over.
+
+        Returns the verdict and the day charged, for :meth:`refund` if the batch then fails.
+        """
+        now = datetime.now(UTC) if now is None else now
+        day = now.astimezone(UTC).date()
+        wait = seconds_until_midnight(now)
+        if recipients > self.daily_limit:
+            return Verdict(False, wait), day
+        await self._add(user_id, day, recipients)
+        row = await self._db.one(
+            "SELECT recipients FROM recipient_quota WHERE user_id = ? AND day = ?",
+            (user_id, day),
+            idempotent=True,
+        )
+        used = int(row["recipients"]) if row and row["recipients"] is not None else 0
+        if not over_limit(used, self.daily_limit):
+            return Verdict(True), day
+        await self._add(user_id, day, -recipients)
+        return Verdict(False, wait), day
+
+    async def refund(self, user_id: uuid.UUID, recipients: int, day: date) -> None:
+        """Give back a reservation whose batch was not accepted after all."""
+        await self._add(user_id, day, -recipients)
+
+    async def used(self, user_id: uuid.UUID, day: date) -> int:
+        row = await self._db.one(
+            "SELECT recipients FROM recipient_quota WHERE user_id = ? AND day = ?", (user_id, day)
+        )
+        return int(row["recipients"]) if row and row["recipients"] is not None else 0
+
+    async def _add(self, user_id: uuid.UUID, day: date, delta: int) -> None:
+        await self._db.execute(
+            "UPDATE recipient_quota SET recipients = recipients + ? WHERE user_id = ? AND day = ?",
+            (delta, user_id, day),
+        )
+
+
+#: (partition listing, partition delete, owner column) of each day-partitioned counter table.
+_DAILY_TABLES = (
+    (
+        "SELECT DISTINCT key_id, day FROM rate_windows",
+        "DELETE FROM rate_windows WHERE key_id = ? AND day = ?",
+        "key_id",
+    ),
+    (
+        "SELECT DISTINCT user_id, day FROM recipient_quota",
+        "DELETE FROM recipient_quota WHERE user_id = ? AND day = ?",
+        "user_id",
+    ),
+)
+
+
+async def purge_before(db: Database, cutoff: date) -> int:
+    """Delete rate and quota partitions of days before ``cutoff``; return how many went."""
+    removed = 0
+    for listing, delete, owner in _DAILY_TABLES:
+        for p in await db.all_pages(listing):
+            if p["day"] is not None and _as_date(p["day"]) < cutoff:
+                await db.execute(delete, (p[owner], p["day"]), idempotent=True)
+                removed += 1
+    return removed
+
+
+def _as_date(value: object) -> date:
+    """The driver returns ``date`` columns as ``cassandra.util.Date``."""
+    if isinstance(value, date):
+        return value
+    return date.fromisoformat(str(value))
+
+
+#: Seconds between purges of old rate/quota partitions by each API process.
+PURGE_INTERVAL = 6 * 3600
+
+
+async def purge_forever(db: Database, *, keep_days: int = 2) -> None:
+    """Counter rows cannot expire by TTL, so each API process deletes old days periodically."""
+    while True:
+        try:
+            cutoff = datetime.now(UTC).date() - timedelta(days=keep_days)
+            removed = await purge_before(db, cutoff)
+            if removed:
+                log.info("purged %d rate/quota partition(s) before %s", removed, cutoff)
+        except DependencyUnavailable as exc:
+            log.warning("rate-limit purge: %s", exc)
+        await asyncio.sleep(PURGE_INTERVAL * random.uniform(0.8, 1.2))
