@@ -13,6 +13,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from services.api import account, batches, oauth
+from services.api.dashboard import create_templates, dashboard_routes
 from services.api.sessions import LoginRequired, login_required_response
 from shared import ratelimit
 from shared.attempts import AttemptStore
@@ -85,6 +86,7 @@ def create_app(settings: Settings) -> Starlette:
         *health_routes(
             "api", registry, lambda request: readiness_checks(request.app.state.resources)
         ),
+        *dashboard_routes(),  # last: its / and /static shadow nothing above
     ]
     app = Starlette(
         routes=routes,
@@ -92,5 +94,6 @@ def create_app(settings: Settings) -> Starlette:
         exception_handlers={**error_handlers(), LoginRequired: login_required_response},
     )
     app.state.settings = settings
+    app.state.templates = create_templates()
     app.state.metrics = ApiMetrics.create(registry)
     return app

@@ -11,7 +11,6 @@ import logging
 import re
 import time
 import uuid
-from collections import Counter
 from typing import Any
 
 import orjson
@@ -41,34 +40,45 @@ _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 async def submit(request: Request) -> Response:
     key = await require_key(request)
-    state = request.app.state
-    settings: Settings = state.settings
+    settings: Settings = request.app.state.settings
     raw, body = await read_json(request, settings.api.max_body_bytes)
     idem = request.headers.get("idempotency-key")
     if idem is not None and not _IDEMPOTENCY_KEY.match(idem):
         raise ApiError(400, "bad_idempotency_key", "Idempotency-Key must be 1-255 visible ASCII")
+    response = await accept_batch(request, key.user_id, body, raw, idem)
+    return Response(orjson.dumps(response), status_code=202, media_type="application/json")
+
+
+async def accept_batch(
+    request: Request, user_id: uuid.UUID, body: object, raw: bytes, idem: str | None
+) -> dict[str, Any]:
+    """Everything after authentication, shared by ``POST /v1/batches`` and the dashboard:
+    validation, suppressions, the Idempotency-Key (a repeat returns the first response),
+    the daily quota and durable acceptance. Raises ApiError 409/422/429."""
+    state = request.app.state
+    settings: Settings = state.settings
     try:
         parsed = validation.parse_batch_request(body, max_recipients=settings.api.max_recipients)
     except validation.InvalidRequest as exc:
         raise ApiError(422, exc.code, str(exc), fields=exc.fields) from exc
-    parsed = await _drop_suppressed(state.suppressions, key.user_id, parsed)
+    parsed = await _drop_suppressed(state.suppressions, user_id, parsed)
 
     batch_id = uuid_from_time(time.time())
     keys: IdempotencyStore = state.idempotency
     if idem is not None:
-        claim = await keys.claim(key.user_id, idem, validation.body_hash(raw), batch_id)
+        claim = await keys.claim(user_id, idem, validation.body_hash(raw), batch_id)
         if not isinstance(claim, Claimed):
-            return _replay(claim.same_body, claim.response)
+            first: dict[str, Any] = orjson.loads(_replay(claim.same_body, claim.response))
+            return first
     try:
-        response = await _accept_within_quota(request, key.user_id, batch_id, parsed)
+        response = await _accept_within_quota(request, user_id, batch_id, parsed)
     except BaseException:
         if idem is not None:
-            await _release_quietly(keys, key.user_id, idem)
+            await _release_quietly(keys, user_id, idem)
         raise
-    encoded = orjson.dumps(response)
     if idem is not None:
-        await keys.complete(key.user_id, idem, encoded)
-    return Response(encoded, status_code=202, media_type="application/json")
+        await keys.complete(user_id, idem, orjson.dumps(response))
+    return response
 
 
 async def _accept_within_quota(
@@ -120,7 +130,7 @@ async def _drop_suppressed(
     return dataclasses.replace(parsed, recipients=keep, suppressed=suppressed)
 
 
-def _replay(same_body: bool, response: bytes | None) -> Response:
+def _replay(same_body: bool, response: bytes | None) -> bytes:
     if not same_body:
         raise ApiError(
             409, "idempotency_conflict", "this Idempotency-Key was used with a different body"
@@ -131,7 +141,7 @@ def _replay(same_body: bool, response: bytes | None) -> Response:
             "idempotency_in_progress",
             "a request with this Idempotency-Key is still being processed; retry",
         )
-    return Response(response, status_code=202, media_type="application/json")
+    return response
 
 
 async def _release_quietly(keys: IdempotencyStore, user_id: uuid.UUID, idem: str) -> None:
@@ -207,16 +217,7 @@ async def get_batch(request: Request) -> Response:
     header = await store.header(batch_id)
     if header is None or header.user_id != key.user_id:
         raise ApiError(404, "not_found", "no such batch")
-    rows = await store.db.all_pages(
-        "SELECT state, event, reason_detail FROM batches WHERE batch_id = ?",
-        (batch_id,),
-        page_size=5000,
-    )
-    states = Counter(r["state"] for r in rows if r["state"])
-    events = Counter(r["event"] for r in rows if r["event"])
-    reasons = Counter(
-        r["reason_detail"] for r in rows if r["state"] == "failed" and r["reason_detail"]
-    )
+    states, events, reasons = await queries.batch_counts(store, batch_id)
     return JSON(queries.batch_view(header, states, events, reasons))
 
 

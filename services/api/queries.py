@@ -13,6 +13,7 @@ from starlette.requests import Request
 
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchHeader, BatchStore, month_of, timeuuid_datetime
+from shared.db import Database
 from shared.http import ApiError
 
 #: How far back (in months) the batch list looks for older batches.
@@ -104,6 +105,54 @@ async def list_for_user(
     return {"data": data, "next_cursor": next_cursor}
 
 
+async def batch_counts(
+    store: BatchStore, batch_id: uuid.UUID
+) -> tuple[Counter[str], Counter[str], Counter[str]]:
+    """Recipients per state, per latest event, and the reasons of the failed ones."""
+    rows = await store.db.all_pages(
+        "SELECT state, event, reason_detail FROM batches WHERE batch_id = ?",
+        (batch_id,),
+        page_size=5000,
+    )
+    states = Counter(r["state"] for r in rows if r["state"])
+    events = Counter(r["event"] for r in rows if r["event"])
+    reasons = Counter(
+        r["reason_detail"] for r in rows if r["state"] == "failed" and r["reason_detail"]
+    )
+    return states, events, reasons
+
+
+async def recipient_history(
+    db: Database, batch_id: uuid.UUID, log_ids: list[uuid.UUID]
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
+    """Provider events and single-recipient re-sends of the given recipients, by log id."""
+    events: dict[str, list[dict[str, Any]]] = {}
+    resends: dict[str, list[dict[str, Any]]] = {}
+    if not log_ids:
+        return events, resends
+    for row in await db.all_pages(
+        "SELECT log_id, at, provider, kind, detail FROM log_events "
+        "WHERE batch_id = ? AND log_id IN ?",
+        (batch_id, log_ids),
+    ):
+        events.setdefault(str(row["log_id"]), []).append(row)
+    for row in await db.all_pages(
+        "SELECT log_id, attempt, provider, state, started_at, error FROM log_attempts "
+        "WHERE batch_id = ? AND log_id IN ?",
+        (batch_id, log_ids),
+    ):
+        resends.setdefault(str(row["log_id"]), []).append(
+            {
+                "attempt": row["attempt"],
+                "provider": row["provider"],
+                "state": row["state"],
+                "at": row["started_at"],
+                "error": row["error"] or None,
+            }
+        )
+    return events, resends
+
+
 def batch_status(header: BatchHeader, states: Counter[str]) -> str:
     if states.get("queued", 0) == 0 and header.recipient_count:
         return "failed" if states.get("failed", 0) == header.recipient_count else "completed"
@@ -175,7 +224,16 @@ async def logs_page(
     history = {}
     for chunk in sorted({r["chunk"] for r in out}):
         history[chunk] = await attempts.attempts(batch_id, chunk)
-    data = [_log_view(r, history.get(r["chunk"], [])) for r in out]
+    events, resends = await recipient_history(store.db, batch_id, [r["log_id"] for r in out])
+    data = [
+        _log_view(
+            r,
+            history.get(r["chunk"], []),
+            events.get(str(r["log_id"]), []),
+            resends.get(str(r["log_id"]), []),
+        )
+        for r in out
+    ]
     anchor = out[-1] if len(out) == limit and more else (last if more else None)
     next_cursor = (
         encode_cursor({"chunk": anchor["chunk"], "log_id": str(anchor["log_id"])})
@@ -185,7 +243,12 @@ async def logs_page(
     return {"data": data, "next_cursor": next_cursor}
 
 
-def _log_view(row: dict[str, Any], history: list[Any]) -> dict[str, Any]:
+def _log_view(
+    row: dict[str, Any],
+    history: list[Any],
+    events: list[dict[str, Any]],
+    resends: list[dict[str, Any]],
+) -> dict[str, Any]:
     providers = row["providers"] or {}
     return {
         "log_id": str(row["log_id"]),
@@ -209,5 +272,18 @@ def _log_view(row: dict[str, Any], history: list[Any]) -> dict[str, Any]:
                 "error": (a.error or "").partition("|")[2] or None,
             }
             for a in history
+        ],
+        "resends": [
+            {**r, "at": r["at"].replace(tzinfo=UTC).isoformat() if r["at"] else None}
+            for r in resends
+        ],
+        "timeline": [
+            {
+                "at": e["at"].replace(tzinfo=UTC).isoformat(),
+                "provider": e["provider"],
+                "event": e["kind"],
+                "detail": e["detail"] or None,
+            }
+            for e in sorted(events, key=lambda e: e["at"])
         ],
     }

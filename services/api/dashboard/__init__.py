@@ -1,0 +1,11 @@
+"""The dashboard: server-rendered pages of the API service (no separate front-end build).
+
+``dashboard_routes()`` gives the pages and the ``/static`` mount to add to the API app;
+``create_templates()`` the Jinja2 environment they render with (also made on first use).
+"""
+
+from __future__ import annotations
+
+from services.api.dashboard.pages import create_templates, dashboard_routes
+
+__all__ = ["create_templates", "dashboard_routes"]

@@ -1,0 +1,575 @@
+"""Dashboard page handlers: server-rendered HTML over the same stores and read models as ``/v1``.
+
+Every handler is wrapped by :func:`page`, which turns the ways a page can fail into HTML
+rather than the API's JSON envelope: not logged in → 302 to ``/login``; an
+:class:`~shared.http.ApiError` → an error page with its status; a dependency down → a 503
+page with ``Retry-After``; anything else → a logged 500 page without a stack trace. It also
+sets the security headers (CSP without inline script or style, no framing, no caching).
+
+State changes are POSTed forms carrying the session's CSRF token (checked by
+:func:`services.api.sessions.verify_csrf`) and answered with a 303 redirect (or, for a form
+with errors, the form again with status 422 and the errors beside their fields).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+import orjson
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from services.api import batches as batch_api
+from services.api import queries
+from services.api.dashboard import views
+from services.api.sessions import (
+    LoginRequired,
+    SessionUser,
+    current_user,
+    login_required_response,
+    require_user,
+    verify_csrf,
+)
+from shared import accounts
+from shared.addresses import AddressError, normalize_email
+from shared.batchstore import BatchHeader, BatchStore
+from shared.config import Settings
+from shared.db import Database
+from shared.errors import DependencyUnavailable
+from shared.http import ApiError, read_capped
+from shared.sessions import safe_next
+from shared.stats import StatsStore, zero_filled
+from shared.suppressions import SuppressionStore
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+TEMPLATES = HERE / "templates"
+STATIC = HERE / "static"
+
+#: Body cap of the small forms (keys, suppressions, logout); the send form uses the API's.
+SMALL_FORM = 16 * 1024
+#: Days on the overview chart.
+OVERVIEW_DAYS = 7
+#: Rows per page.
+BATCHES_PER_PAGE = 20
+LOGS_PER_PAGE = 50
+SUPPRESSIONS_PER_PAGE = 50
+#: Recipient summary states a batch page can filter on.
+STATES = ("queued", "success", "failed")
+
+_IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9-]{1,100}$")
+_CSP = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; "
+    "object-src 'none'"
+)
+_HEADERS = {
+    "Content-Security-Policy": _CSP,
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+_NAV = (
+    ("/", "Overview", "overview"),
+    ("/batches", "Batches", "batches"),
+    ("/send", "Send", "send"),
+    ("/keys", "API keys", "keys"),
+    ("/suppressions", "Suppressions", "suppressions"),
+)
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+# --------------------------------------------------------------------------- templates
+
+
+def _asset_versions() -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:10]
+        for p in STATIC.iterdir()
+        if p.is_file()
+    }
+
+
+def create_templates() -> Jinja2Templates:
+    """The dashboard's Jinja2 environment: autoescaped, strict about undefined names."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    versions = _asset_versions()
+    env.globals["asset"] = lambda name: f"/static/{name}?v={versions.get(name, '0')}"
+    env.globals["nav"] = _NAV
+    env.globals["initials"] = views.initials
+    env.filters["number"] = lambda n: f"{int(n):,}"
+    return Jinja2Templates(env=env)
+
+
+def _templates(request: Request) -> Jinja2Templates:
+    state = request.app.state
+    templates: Jinja2Templates | None = getattr(state, "templates", None)
+    if templates is None:
+        templates = state.templates = create_templates()
+    return templates
+
+
+def render(
+    request: Request,
+    name: str,
+    context: Mapping[str, Any] | None = None,
+    *,
+    status: int = 200,
+    headers: Mapping[str, str] | None = None,
+) -> Response:
+    base: dict[str, Any] = {
+        "user": getattr(request.state, "user", None),
+        "active": None,
+        "notice": None,
+        "title": "",
+    }
+    base.update(context or {})
+    return _templates(request).TemplateResponse(
+        request, name, base, status_code=status, headers=dict(headers or {})
+    )
+
+
+# --------------------------------------------------------------------------- errors
+
+
+_ERROR_TITLES = {
+    400: "Bad request",
+    403: "Not allowed",
+    404: "Not found",
+    409: "Conflict",
+    413: "Too large",
+    415: "Unsupported form",
+    422: "Invalid request",
+    429: "Slow down",
+    500: "Something went wrong",
+    503: "Temporarily unavailable",
+}
+
+
+def error_page(
+    request: Request, status: int, message: str, *, headers: Mapping[str, str] | None = None
+) -> Response:
+    return render(
+        request,
+        "error.html",
+        {"title": _ERROR_TITLES.get(status, "Error"), "status": status, "message": message},
+        status=status,
+        headers=headers,
+    )
+
+
+def page(handler: Handler) -> Handler:
+    """Wrap a page handler: HTML error pages, login redirects and security headers."""
+
+    @functools.wraps(handler)
+    async def wrapped(request: Request) -> Response:
+        try:
+            response = await handler(request)
+        except LoginRequired as exc:
+            response = await login_required_response(request, exc)
+        except ApiError as exc:
+            response = error_page(request, exc.status, exc.message, headers=exc.headers)
+        except DependencyUnavailable as exc:
+            log.warning("%s %s: %s", request.method, request.url.path, exc)
+            response = error_page(
+                request,
+                503,
+                "A service Safedelivr depends on is not answering right now, so this request "
+                "could not be completed. Please try again in a few seconds.",
+                headers={"Retry-After": "5"},
+            )
+        except Exception:
+            log.exception("dashboard page %s %s failed", request.method, request.url.path)
+            response = error_page(request, 500, "The error has been logged.")
+        for name, value in _HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    return wrapped
+
+
+async def _user(request: Request) -> SessionUser:
+    user = await require_user(request)
+    request.state.user = user
+    return user
+
+
+def _state(request: Request) -> Any:
+    return request.app.state
+
+
+def _db(request: Request) -> Database:
+    db: Database = request.app.state.resources.db
+    return db
+
+
+def see_other(path: str, **params: str | int) -> RedirectResponse:
+    query = urlencode({k: str(v) for k, v in params.items()})
+    return RedirectResponse(f"{path}?{query}" if query else path, status_code=303)
+
+
+async def read_form(request: Request, limit: int = SMALL_FORM) -> dict[str, str]:
+    """An urlencoded form body, read under ``limit`` (413 beyond it, while it streams in)."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/x-www-form-urlencoded":
+        raise ApiError(415, "unsupported_media_type", "submit the form from the dashboard page")
+    raw = await read_capped(request, limit)
+    try:
+        return views.parse_form(raw)
+    except ValueError:
+        raise ApiError(400, "bad_form", "the form could not be read") from None
+
+
+async def _checked_form(
+    request: Request, user: SessionUser, limit: int = SMALL_FORM
+) -> dict[str, str]:
+    form = await read_form(request, limit)
+    await verify_csrf(request, user, form.get("csrf_token"))
+    return form
+
+
+# --------------------------------------------------------------------------- login, overview
+
+
+@page
+async def login(request: Request) -> Response:
+    """The login page; a logged-in visitor goes straight on to ``next``."""
+    next_path = request.query_params.get("next")
+    user = await current_user(request)
+    if user is not None:
+        return RedirectResponse(safe_next(next_path), status_code=302)
+    error = request.query_params.get("error")
+    return render(
+        request,
+        "login.html",
+        {
+            "title": "Log in",
+            "login_href": views.login_url(next_path),
+            "error": error[:200] if error else None,
+        },
+    )
+
+
+@page
+async def overview(request: Request) -> Response:
+    """Greeting, the last seven days of delivery per day, rates and the latest batches."""
+    user = await _user(request)
+    state = _state(request)
+    stats: StatsStore = state.stats
+    end = datetime.now(UTC).date()
+    start = end - timedelta(days=OVERVIEW_DAYS - 1)
+    counts = await stats.range(user.user_id, start, end)
+    recent = await queries.list_for_user(state.batches, user.user_id, 5, None)
+    return render(
+        request,
+        "overview.html",
+        {
+            "title": "Overview",
+            "active": "overview",
+            "o": views.overview(zero_filled(start, end, counts)),
+            "recent": views.batch_rows(recent["data"]),
+        },
+    )
+
+
+# --------------------------------------------------------------------------- batches
+
+
+@page
+async def batch_list(request: Request) -> Response:
+    """The user's batches, newest first, one page per cursor."""
+    user = await _user(request)
+    limit = queries.page_limit(request, default=BATCHES_PER_PAGE, maximum=100)
+    cursor = request.query_params.get("cursor")
+    result = await queries.list_for_user(_state(request).batches, user.user_id, limit, cursor)
+    return render(
+        request,
+        "batches.html",
+        {
+            "title": "Batches",
+            "active": "batches",
+            "rows": views.batch_rows(result["data"]),
+            "next_cursor": result["next_cursor"],
+            "paged": bool(cursor),
+        },
+    )
+
+
+async def _owned_header(request: Request, user: SessionUser) -> BatchHeader:
+    batch_id = queries.path_uuid(request, "batch_id")
+    store: BatchStore = _state(request).batches
+    header = await store.header(batch_id)
+    if header is None or header.user_id != user.user_id:
+        raise ApiError(404, "not_found", "There is no such batch in your account.")
+    return header
+
+
+@page
+async def batch_detail(request: Request) -> Response:
+    """One batch: status, counts per state, and its recipients with their timelines."""
+    user = await _user(request)
+    header = await _owned_header(request, user)
+    state = _state(request)
+    store: BatchStore = state.batches
+    states, events, reasons = await queries.batch_counts(store, header.batch_id)
+    detail = views.batch_detail(queries.batch_view(header, states, events, reasons), header.reason)
+    state_filter = request.query_params.get("state") or None
+    if state_filter is not None and state_filter not in STATES:
+        raise ApiError(404, "not_found", "There is no such recipient state.")
+    cursor = request.query_params.get("cursor")
+    logs = await queries.logs_page(
+        store, state.attempts, header.batch_id, LOGS_PER_PAGE, cursor, state_filter
+    )
+    log_ids = [uuid.UUID(item["log_id"]) for item in logs["data"]]
+    history, resends = await queries.recipient_history(store.db, header.batch_id, log_ids)
+    return render(
+        request,
+        "batch.html",
+        {
+            "title": f"Batch {detail.subject}",
+            "active": "batches",
+            "b": detail,
+            "logs": views.log_rows(logs["data"], header.created_at, history, resends),
+            "next_cursor": logs["next_cursor"],
+            "paged": bool(cursor),
+            "state_filter": state_filter,
+            "states": STATES,
+            "notice": views.accepted_notice(request.query_params),
+        },
+    )
+
+
+# --------------------------------------------------------------------------- send
+
+
+def _send_form(
+    request: Request,
+    values: Mapping[str, str],
+    *,
+    errors: Mapping[str, list[str]] | None = None,
+    status: int = 200,
+    headers: Mapping[str, str] | None = None,
+) -> Response:
+    return render(
+        request,
+        "send.html",
+        {
+            "title": "Send",
+            "active": "send",
+            "values": {k: values.get(k, "") for k in ("from", "to", "subject", "text", "html")},
+            "bulk": values.get("bulk") in ("on", "true", "1"),
+            "idempotency_key": values.get("idempotency_key") or uuid.uuid4().hex,
+            "errors": dict(errors or {}),
+        },
+        status=status,
+        headers=headers,
+    )
+
+
+async def accept_body(
+    request: Request, user_id: uuid.UUID, body: dict[str, Any], idem: str | None
+) -> dict[str, Any]:
+    """Accept a batch body exactly as ``POST /v1/batches`` does after authentication."""
+    return await batch_api.accept_batch(request, user_id, body, orjson.dumps(body), idem)
+
+
+@page
+async def send(request: Request) -> Response:
+    """The compose form; POST accepts the batch and redirects to its page."""
+    user = await _user(request)
+    if request.method != "POST":
+        return _send_form(request, {})
+    settings: Settings = request.app.state.settings
+    form = await _checked_form(request, user, settings.api.max_body_bytes)
+    body = views.compose_body(form)
+    raw_key = form.get("idempotency_key") or ""
+    idem = f"dashboard-{raw_key}" if _IDEMPOTENCY_KEY.match(raw_key) else None
+    try:
+        result = await accept_body(request, user.user_id, body, idem)
+    except ApiError as exc:
+        if exc.status not in (409, 422, 429):
+            raise
+        errors = views.send_errors(exc.code, exc.message, exc.fields, body["to"])
+        if exc.code == "idempotency_conflict":  # the form changed since: a new batch
+            form = {**form, "idempotency_key": ""}
+        return _send_form(request, form, errors=errors, status=exc.status, headers=exc.headers)
+    except DependencyUnavailable as exc:
+        # Keep what the user typed (and the same idempotency key: a retry cannot duplicate).
+        log.warning("send form: %s", exc)
+        errors = views.send_errors("unavailable", str(exc), None, body["to"])
+        return _send_form(request, form, errors=errors, status=503, headers={"Retry-After": "5"})
+    return see_other(
+        f"/batches/{result['batch_id']}",
+        sent=1,
+        accepted=result["accepted"],
+        rejected=len(result["rejected"]),
+        suppressed=len(result["suppressed"]),
+    )
+
+
+# --------------------------------------------------------------------------- keys
+
+
+async def _keys_page(
+    request: Request, user: SessionUser, *, status: int = 200, **extra: Any
+) -> Response:
+    records = await accounts.list_keys(_db(request), user.user_id)
+    rows = views.key_rows(accounts.key_view(r) for r in records)
+    revoked = extra.pop("revoked", None)
+    context: dict[str, Any] = {
+        "title": "API keys",
+        "active": "keys",
+        "keys": rows,
+        "errors": {},
+        "name": "",
+        "notice": views.revoked_notice(rows, revoked),
+    }
+    context.update(extra)
+    return render(request, "keys.html", context, status=status)
+
+
+@page
+async def keys(request: Request) -> Response:
+    """List keys; POST creates one and shows it once."""
+    user = await _user(request)
+    if request.method != "POST":
+        return await _keys_page(request, user, revoked=request.query_params.get("revoked"))
+    form = await _checked_form(request, user)
+    name = (form.get("name") or "").strip() or "dashboard"
+    if len(name) > 100:
+        return await _keys_page(
+            request,
+            user,
+            name=name,
+            errors={"name": ["Name must be at most 100 characters"]},
+            status=422,
+        )
+    plaintext = await accounts.create_key(_db(request), user.user_id, name)
+    return render(
+        request,
+        "key_created.html",
+        {
+            "title": "New API key",
+            "active": "keys",
+            "key": plaintext,
+            "name": name,
+            "api_url": request.app.state.settings.api.public_url.rstrip("/"),
+        },
+        status=201,
+    )
+
+
+@page
+async def revoke_key(request: Request) -> Response:
+    user = await _user(request)
+    await _checked_form(request, user)
+    key_id = request.path_params["key_id"]
+    if not await accounts.revoke_key(_db(request), user.user_id, key_id):
+        raise ApiError(404, "not_found", "There is no such key in your account.")
+    return see_other("/keys", revoked=key_id)
+
+
+# --------------------------------------------------------------------------- suppressions
+
+
+async def _suppressions_page(
+    request: Request, user: SessionUser, *, status: int = 200, **extra: Any
+) -> Response:
+    cursor = queries.decode_cursor(request.query_params.get("cursor"))
+    after = str(cursor.get("after")) if cursor else None
+    store: SuppressionStore = _state(request).suppressions
+    rows = await store.page(user.user_id, SUPPRESSIONS_PER_PAGE + 1, after)
+    shown = views.suppression_rows(rows[:SUPPRESSIONS_PER_PAGE])
+    more = len(rows) > SUPPRESSIONS_PER_PAGE
+    context: dict[str, Any] = {
+        "title": "Suppressions",
+        "active": "suppressions",
+        "rows": shown,
+        "next_cursor": queries.encode_cursor({"after": shown[-1].email}) if more else None,
+        "paged": after is not None,
+        "errors": {},
+        "values": {"email": "", "reason": ""},
+    }
+    context.update(extra)
+    return render(request, "suppressions.html", context, status=status)
+
+
+@page
+async def suppressions(request: Request) -> Response:
+    """The suppression list; POST adds an address (as ``POST /v1/suppressions`` does)."""
+    user = await _user(request)
+    if request.method != "POST":
+        notice = views.suppression_notice(request.query_params)
+        return await _suppressions_page(request, user, notice=notice)
+    form = await _checked_form(request, user)
+    values = {"email": form.get("email", "").strip(), "reason": form.get("reason", "").strip()}
+    reason = values["reason"] or "manual"
+    errors: dict[str, list[str]] = {}
+    email = ""
+    try:
+        email = normalize_email(values["email"])
+    except AddressError as exc:
+        errors["email"] = [f"Email {exc.reason}" if values["email"] else "Email is required"]
+    if len(reason) > 200:
+        errors["reason"] = ["Reason must be at most 200 characters"]
+    if errors:
+        return await _suppressions_page(request, user, status=422, errors=errors, values=values)
+    await _state(request).suppressions.add(user.user_id, email, reason=reason, source="dashboard")
+    return see_other("/suppressions", added=email.lower())
+
+
+@page
+async def remove_suppression(request: Request) -> Response:
+    user = await _user(request)
+    form = await _checked_form(request, user)
+    email = form.get("email", "").strip()
+    store: SuppressionStore = _state(request).suppressions
+    if email and await store.remove(user.user_id, email):
+        return see_other("/suppressions", removed=email.lower())
+    return see_other("/suppressions", absent=email.lower())
+
+
+# --------------------------------------------------------------------------- routes
+
+
+def dashboard_routes() -> list[BaseRoute]:
+    """The dashboard's pages and its static files (mounted at ``/static``)."""
+    return [
+        Route("/login", login, methods=["GET"], name="dashboard_login"),
+        Route("/", overview, methods=["GET"], name="dashboard_overview"),
+        Route("/batches", batch_list, methods=["GET"], name="dashboard_batches"),
+        Route("/batches/{batch_id}", batch_detail, methods=["GET"], name="dashboard_batch"),
+        Route("/send", send, methods=["GET", "POST"], name="dashboard_send"),
+        Route("/keys", keys, methods=["GET", "POST"], name="dashboard_keys"),
+        Route("/keys/{key_id}/revoke", revoke_key, methods=["POST"], name="dashboard_revoke"),
+        Route("/suppressions", suppressions, methods=["GET", "POST"], name="dashboard_supp"),
+        Route(
+            "/suppressions/remove",
+            remove_suppression,
+            methods=["POST"],
+            name="dashboard_supp_remove",
+        ),
+        Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
+    ]

@@ -1,0 +1,631 @@
+"""Pure view-model builders for the dashboard: read-model dicts in, template-ready values out.
+
+Nothing here does I/O. The handlers in :mod:`services.api.dashboard.pages` fetch with the same
+read models as the ``/v1`` API (:mod:`services.api.queries`, the stores) and hand the results
+to these functions; the templates only lay them out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from markupsafe import Markup
+
+from services.api.dashboard.charts import Series, stacked_bars
+from shared.addresses import AddressError, normalize_email, split_address_list
+from shared.sessions import safe_next
+from shared.webhook_events import KIND_RANK
+
+#: Provider codes as people know them.
+PROVIDER_NAMES: Mapping[str, str] = {"sg": "SendGrid", "mg": "Mailgun", "safedelivr": "Safedelivr"}
+
+#: The overview chart's series, bottom to top (Okabe-Ito colours: safe for colour blindness,
+#: each at least 3:1 against the white background).
+CHART_SERIES: tuple[Series, ...] = (
+    Series("success", "Delivered", "#007a5a"),
+    Series("failed", "Failed", "#c2410c"),
+    Series("awaiting", "Awaiting outcome", "#5f6b7a"),
+)
+
+_GOOD = frozenset({"success", "delivered", "completed", "sent", "opened", "clicked"})
+_BAD = frozenset(
+    {"failed", "bounced", "dropped", "complained", "unsubscribed", "revoked", "incomplete"}
+)
+_WAIT = frozenset({"deferred", "sending"})
+_FORM_FIELDS = frozenset({"from", "to", "subject", "text", "html", "bulk"})
+_INDEXED = re.compile(r"^(?P<field>[a-z_]+)\[(?P<index>\d+)\]")
+#: Same-second order of provider events (``sent`` before ``delivered`` before ``bounced``...).
+_KIND_ORDER: dict[str, int] = {str(kind): rank for kind, rank in KIND_RANK.items()}
+#: Most fields read from one submitted form (ours have at most eight).
+MAX_FORM_FIELDS = 32
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def tone(value: str | None) -> str:
+    """The badge style of a state, event or status: ``ok``, ``bad``, ``warn`` or ``pending``."""
+    if value in _GOOD:
+        return "ok"
+    if value in _BAD:
+        return "bad"
+    if value in _WAIT:
+        return "warn"
+    return "pending"
+
+
+def provider_name(code: str) -> str:
+    return PROVIDER_NAMES.get(code, code)
+
+
+def parse_time(value: datetime | str | None) -> datetime | None:
+    """An aware UTC datetime from a datetime (naive means UTC) or an ISO string."""
+    if value is None:
+        return None
+    when = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+def fmt_time(value: datetime | str | None) -> str:
+    """``2026-11-01 14:03:07 UTC``, or an em dash for no time."""
+    when = parse_time(value)
+    return when.strftime("%Y-%m-%d %H:%M:%S UTC") if when else "—"
+
+
+def iso(value: datetime | str | None) -> str:
+    """The machine-readable form for ``<time datetime=...>``."""
+    when = parse_time(value)
+    return when.isoformat() if when else ""
+
+
+def percent(numerator: int, denominator: int) -> str | None:
+    """``2.5%`` (one decimal), or None when there is nothing to divide by."""
+    if denominator <= 0:
+        return None
+    return f"{numerator / denominator * 100:.1f}%"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
+
+
+def login_url(next_path: str | None) -> str:
+    """The "Log in with GitHub" target, carrying a safe post-login destination."""
+    return "/auth/github/login?" + urlencode({"next": safe_next(next_path)})
+
+
+def initials(name: str | None, login: str) -> str:
+    """Up to two letters for the avatar badge (no third-party image requests)."""
+    words = [w for w in re.split(r"[\s._-]+", name or login) if w]
+    letters = "".join(w[0] for w in words[:2]).upper()
+    return letters or "?"
+
+
+# --------------------------------------------------------------------------- overview
+
+
+@dataclass(frozen=True, slots=True)
+class DayRow:
+    day: date
+    queued: int
+    success: int
+    failed: int
+    awaiting: int
+    bounced: int
+    complained: int
+    opened: int
+    clicked: int
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    days: list[DayRow]
+    totals: dict[str, int]
+    bounce_rate: str | None
+    complaint_rate: str | None
+    chart: Markup
+    start: date
+    end: date
+
+    @property
+    def empty(self) -> bool:
+        return self.totals["queued"] == 0 and self.totals["success"] == 0
+
+
+def day_rows(rows: Iterable[Mapping[str, Any]]) -> list[DayRow]:
+    """Rows of ``shared.stats.zero_filled`` as typed days; ``awaiting`` = accepted minus outcomes.
+
+    Outcomes are counted on the day they happen, so a day's outcomes can exceed what it
+    accepted (mail accepted just before midnight); ``awaiting`` never goes below zero.
+    """
+    out = []
+    for r in rows:
+        n = {k: int(r.get(k, 0)) for k in ("queued", "success", "failed")}
+        out.append(
+            DayRow(
+                day=date.fromisoformat(str(r["date"])),
+                queued=n["queued"],
+                success=n["success"],
+                failed=n["failed"],
+                awaiting=max(n["queued"] - n["success"] - n["failed"], 0),
+                bounced=int(r.get("bounced", 0)),
+                complained=int(r.get("complained", 0)),
+                opened=int(r.get("opened", 0)),
+                clicked=int(r.get("clicked", 0)),
+            )
+        )
+    return out
+
+
+def overview(rows: Sequence[Mapping[str, Any]]) -> Overview:
+    """The overview page: the stacked chart, its table, totals and the period's rates.
+
+    Bounce rate is bounced ÷ accepted; complaint rate is complained ÷ delivered (the usual
+    definitions: a complaint needs a delivered message).
+    """
+    days = day_rows(rows)
+    if not days:
+        raise ValueError("the overview needs at least one day")
+    keys = ("queued", "success", "failed", "awaiting", "bounced", "complained", "opened", "clicked")
+    totals = {k: sum(int(getattr(d, k)) for d in days) for k in keys}
+    start, end = days[0].day, days[-1].day
+    period = f"{start.strftime('%d %b')} to {end.strftime('%d %b %Y')} (UTC days)"
+    summary = (
+        f"{plural(totals['success'], 'recipient')} delivered, {totals['failed']:,} failed and "
+        f"{totals['awaiting']:,} awaiting an outcome"
+    )
+    chart = stacked_bars(
+        [d.day for d in days],
+        [{"success": d.success, "failed": d.failed, "awaiting": d.awaiting} for d in days],
+        CHART_SERIES,
+        title=f"Recipients per day, {period}",
+        desc=f"Stacked bars per day: delivered, failed, awaiting outcome. In total {summary}. "
+        "The same numbers are in the table below the chart.",
+        id_prefix="stats-chart",
+    )
+    return Overview(
+        days=days,
+        totals=totals,
+        bounce_rate=percent(totals["bounced"], totals["queued"]),
+        complaint_rate=percent(totals["complained"], totals["success"]),
+        chart=chart,
+        start=start,
+        end=end,
+    )
+
+
+# --------------------------------------------------------------------------- batches
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRow:
+    batch_id: str
+    subject: str
+    recipients: int
+    created: str
+    created_iso: str
+    status: str
+    tone: str
+
+
+def batch_rows(items: Iterable[Mapping[str, Any]]) -> list[BatchRow]:
+    """Items of ``queries.list_for_user`` for the batch table."""
+    return [
+        BatchRow(
+            batch_id=str(i["batch_id"]),
+            subject=str(i.get("subject") or "(no subject)"),
+            recipients=int(i.get("recipients") or 0),
+            created=fmt_time(i.get("created_at")),
+            created_iso=iso(i.get("created_at")),
+            status=str(i.get("status") or "unknown"),
+            tone=tone(i.get("status")),
+        )
+        for i in items
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    at: datetime
+    what: str
+    provider: str | None
+    detail: str | None
+    tone: str
+    rank: int = 0
+    """Order among entries of the same second: acceptance, attempts, then events by kind."""
+
+    @property
+    def when(self) -> str:
+        return fmt_time(self.at)
+
+    @property
+    def when_iso(self) -> str:
+        return self.at.isoformat()
+
+
+@dataclass(frozen=True, slots=True)
+class LogRow:
+    log_id: str
+    email: str
+    name: str | None
+    state: str
+    event: str
+    providers: list[tuple[str, str, str | None]]
+    """``(provider name, result, detail)``: the detail is in the timeline too."""
+    reason: str | None
+    updated: str
+    updated_iso: str
+    timeline: list[TimelineEntry] = field(default_factory=list)
+
+    @property
+    def state_tone(self) -> str:
+        return tone(self.state)
+
+    @property
+    def event_tone(self) -> str:
+        return tone(self.event)
+
+
+def _attempt_entries(attempts: Iterable[Mapping[str, Any]], *, resend: bool) -> list[TimelineEntry]:
+    out = []
+    for a in attempts:
+        at = parse_time(a.get("at"))
+        if at is None:
+            continue
+        # Chunk attempts count from 0, single-recipient re-sends from 1.
+        number = int(a.get("attempt", 0)) + (0 if resend else 1)
+        state = str(a.get("state") or "")
+        out.append(
+            TimelineEntry(
+                at=at,
+                what=f"{'Re-send' if resend else 'Attempt'} {number}: {state}",
+                provider=provider_name(str(a.get("provider") or "")) or None,
+                detail=a.get("error") or None,
+                tone=tone(state),
+                rank=2 if resend else 1,
+            )
+        )
+    return out
+
+
+def _event_detail(detail: object, message_ids: set[str]) -> str | None:
+    if not detail:
+        return None
+    text = str(detail)
+    return f"message id {text}" if text in message_ids else text
+
+
+def timeline(
+    accepted_at: datetime,
+    attempts: Iterable[Mapping[str, Any]],
+    events: Iterable[Mapping[str, Any]],
+    resends: Iterable[Mapping[str, Any]] = (),
+    message_ids: Iterable[str] = (),
+) -> list[TimelineEntry]:
+    """One recipient's history, oldest first: acceptance, its chunk's provider attempts, the
+    provider events (``log_events``) and any single-recipient re-sends (``log_attempts``).
+
+    ``attempts`` are the ``attempts`` of a ``queries.logs_page`` item; ``events`` and
+    ``resends`` are rows with ``at``, ``kind``/``state``, ``provider`` and ``detail``/``error``.
+    An event whose detail is just the provider's message id (``message_ids``) says so.
+    """
+    ids = set(message_ids)
+    entries = [TimelineEntry(accepted_at, "Accepted: queued", None, None, "pending")]
+    entries += _attempt_entries(attempts, resend=False)
+    entries += _attempt_entries(resends, resend=True)
+    for e in events:
+        at = parse_time(e.get("at"))
+        if at is None:
+            continue
+        kind = str(e.get("kind") or "unknown")
+        entries.append(
+            TimelineEntry(
+                at=at,
+                what=kind.capitalize(),
+                provider=provider_name(str(e.get("provider") or "")) or None,
+                detail=_event_detail(e.get("detail"), ids),
+                tone=tone(kind),
+                rank=10 + _KIND_ORDER.get(kind, 0),
+            )
+        )
+    # Providers stamp events in whole seconds, our own records to the millisecond: within a
+    # second, order by what must have come first (accepted, attempted, then the events).
+    return sorted(entries, key=lambda t: (t.at.replace(microsecond=0), t.rank, t.at))
+
+
+def provider_result(value: str) -> tuple[str, str | None]:
+    """A ``providers`` map value such as ``dropped: Spam Content`` as (result, detail)."""
+    result, sep, detail = value.partition(":")
+    return (result.strip(), detail.strip() or None) if sep else (value, None)
+
+
+def log_rows(
+    items: Iterable[Mapping[str, Any]],
+    accepted_at: datetime,
+    events: Mapping[str, Sequence[Mapping[str, Any]]],
+    resends: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> list[LogRow]:
+    """Items of ``queries.logs_page`` with each recipient's timeline (events keyed by log id)."""
+    rows = []
+    for i in items:
+        log_id = str(i["log_id"])
+        providers = [
+            (provider_name(code), *provider_result(str(result)))
+            for code, result in sorted(dict(i.get("providers") or {}).items())
+        ]
+        rows.append(
+            LogRow(
+                log_id=log_id,
+                email=str(i["email"]),
+                name=i.get("name"),
+                state=str(i.get("state") or "queued"),
+                event=str(i.get("event") or "queued"),
+                providers=providers,
+                reason=i.get("reason"),
+                updated=fmt_time(i.get("updated_at")),
+                updated_iso=iso(i.get("updated_at")),
+                timeline=timeline(
+                    accepted_at,
+                    i.get("attempts") or (),
+                    events.get(log_id, ()),
+                    resends.get(log_id, ()),
+                    dict(i.get("message_ids") or {}).values(),
+                ),
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDetail:
+    batch_id: str
+    subject: str
+    sender: str
+    status: str
+    tone: str
+    reason: str | None
+    created: str
+    created_iso: str
+    bulk: bool
+    recipients: int
+    chunks: int
+    counts: dict[str, int]
+    events: list[tuple[str, int]]
+    failure_reasons: list[tuple[str, int]]
+
+    @property
+    def in_flight(self) -> bool:
+        return self.counts.get("queued", 0) > 0 and self.status != "failed"
+
+
+def batch_detail(view: Mapping[str, Any], reason: str | None = None) -> BatchDetail:
+    """``queries.batch_view`` output (plus the header's failure reason) for the batch page."""
+    sender = view.get("from") or {}
+    name, email = sender.get("name"), sender.get("email", "")
+    return BatchDetail(
+        batch_id=str(view["batch_id"]),
+        subject=str(view.get("subject") or "(no subject)"),
+        sender=f"{name} <{email}>" if name else str(email),
+        status=str(view["status"]),
+        tone=tone(str(view["status"])),
+        reason=reason,
+        created=fmt_time(view.get("created_at")),
+        created_iso=iso(view.get("created_at")),
+        bulk=bool(view.get("bulk")),
+        recipients=int(view.get("recipients") or 0),
+        chunks=int(view.get("chunks") or 0),
+        counts={k: int(v) for k, v in dict(view.get("counts") or {}).items()},
+        events=sorted(dict(view.get("events") or {}).items(), key=lambda kv: (-kv[1], kv[0])),
+        failure_reasons=list(dict(view.get("failure_reasons") or {}).items()),
+    )
+
+
+# --------------------------------------------------------------------------- forms
+
+
+def parse_form(raw: bytes) -> dict[str, str]:
+    """An ``application/x-www-form-urlencoded`` body; the last value of a repeated name wins.
+
+    Raises:
+        ValueError: not UTF-8, or more than :data:`MAX_FORM_FIELDS` fields.
+    """
+    text = raw.decode("utf-8")
+    pairs = parse_qsl(
+        text, keep_blank_values=True, strict_parsing=False, max_num_fields=MAX_FORM_FIELDS
+    )
+    return dict(pairs)
+
+
+def recipient_entries(text: str) -> list[str]:
+    """The ``to`` box: addresses separated by commas and/or line breaks, blanks dropped."""
+    entries: list[str] = []
+    for line in text.splitlines():
+        entries.extend(split_address_list(line))
+    return entries
+
+
+def _body_text(value: str | None) -> str | None:
+    """Browsers send textarea line breaks as CRLF; mail bodies use LF here."""
+    if value is None or not value.strip():
+        return None
+    return value.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def compose_body(form: Mapping[str, str]) -> dict[str, Any]:
+    """The compose form as the JSON body ``POST /v1/batches`` takes (validated there)."""
+    sender = (form.get("from") or "").strip()
+    return {
+        "from": sender or None,
+        "to": recipient_entries(form.get("to") or ""),
+        "subject": (form.get("subject") or "").strip() or None,
+        "text": _body_text(form.get("text")),
+        "html": _body_text(form.get("html")),
+        "bulk": form.get("bulk") in ("on", "true", "1"),
+    }
+
+
+_LABELS = {"from": "From", "to": "To", "subject": "Subject", "text": "Text", "html": "HTML"}
+
+
+def _sentence(label: str, message: str) -> str:
+    if message.startswith(("is ", "must ", "are ")):
+        return f"{label} {message}"
+    return message[:1].upper() + message[1:]
+
+
+def form_errors(fields: Mapping[str, str], entries: Sequence[str] = ()) -> dict[str, list[str]]:
+    """Validation field paths (``to[3]``, ``from.email``, ``subject``) as messages per form
+    field; paths that belong to no form field are collected under ``form``.
+
+    ``entries`` are the submitted recipients, so ``to[3]`` can name the address it is about.
+    """
+    out: dict[str, list[str]] = {}
+    for path, message in fields.items():
+        indexed = _INDEXED.match(path)
+        name = indexed["field"] if indexed else re.split(r"[.\[]", path, maxsplit=1)[0]
+        if name not in _FORM_FIELDS:
+            name = "form"
+        if indexed and name == "to":
+            index = int(indexed["index"])
+            what = entries[index] if index < len(entries) else f"entry {index + 1}"
+            text = f"{what}: {message}"
+        else:
+            text = _sentence(_LABELS.get(name, name.capitalize()), message)
+        out.setdefault(name, []).append(text)
+    return out
+
+
+#: Form-level explanations of send failures that concern no single field, by error code.
+_SEND_FAILURES = {
+    "idempotency_conflict": "This form was already submitted with different content. "
+    "Submit it again to send it as a new batch.",
+    "idempotency_in_progress": "This form was already submitted and is still being "
+    "processed: check Batches before sending it again.",
+    "unavailable": "Safedelivr could not reach its database or message broker, so the "
+    "batch was not accepted. Your message is kept below: try again in a few seconds.",
+}
+
+
+def send_errors(
+    code: str, message: str, fields: Mapping[str, str] | None, entries: Sequence[str] = ()
+) -> dict[str, list[str]]:
+    """What the send form shows for a refused batch: field errors beside their fields, or
+    one form-level explanation (idempotency replays, quota, an outage)."""
+    if fields:
+        return form_errors(fields, entries)
+    text = _SEND_FAILURES.get(code) or (message[:1].upper() + message[1:])
+    return {"form": [text]}
+
+
+def accepted_notice(params: Mapping[str, str]) -> str | None:
+    """The one-line result shown on a batch page right after the send form redirected there."""
+    if params.get("sent") != "1":
+        return None
+    counts = {
+        k: int(v)
+        for k in ("accepted", "rejected", "suppressed")
+        if (v := params.get(k, "0")).isdigit()
+    }
+    parts = [f"Batch accepted: {plural(counts.get('accepted', 0), 'recipient')} queued"]
+    if counts.get("suppressed"):
+        parts.append(f"{counts['suppressed']:,} skipped (on your suppression list)")
+    if counts.get("rejected"):
+        parts.append(f"{counts['rejected']:,} rejected (not a valid address)")
+    return "; ".join(parts) + "."
+
+
+# --------------------------------------------------------------------------- keys, suppressions
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRow:
+    key_id: str
+    prefix: str
+    name: str
+    created: str
+    created_iso: str
+    last_used: str
+    last_used_iso: str
+    revoked: bool
+
+
+def key_rows(views: Iterable[Mapping[str, Any]]) -> list[KeyRow]:
+    """``accounts.key_view`` dicts, live keys first, newest first within each group."""
+    ordered = sorted(views, key=lambda v: str(v.get("created_at") or ""), reverse=True)
+    ordered.sort(key=lambda v: bool(v.get("revoked")))
+    return [
+        KeyRow(
+            key_id=str(v["key_id"]),
+            prefix=str(v["prefix"]),
+            name=str(v.get("name") or ""),
+            created=fmt_time(v.get("created_at")),
+            created_iso=iso(v.get("created_at")),
+            last_used=fmt_time(v.get("last_used_at")) if v.get("last_used_at") else "never",
+            last_used_iso=iso(v.get("last_used_at")),
+            revoked=bool(v.get("revoked")),
+        )
+        for v in ordered
+    ]
+
+
+def suppression_source(source: str) -> str:
+    """Who put an address on the list: a provider's webhook, the API or the dashboard."""
+    if source in ("api", "dashboard"):
+        return {"api": "API", "dashboard": "Dashboard"}[source]
+    if source in PROVIDER_NAMES:
+        return f"{PROVIDER_NAMES[source]} event"
+    return source or "—"
+
+
+def revoked_notice(rows: Sequence[KeyRow], key_id: str | None) -> str | None:
+    """The confirmation after a revoke, only for a key of this user that is revoked."""
+    row = next((r for r in rows if key_id and r.key_id == key_id and r.revoked), None)
+    if row is None:
+        return None
+    return f"Key “{row.name}” ({row.prefix}…) revoked: requests with it now get 401."
+
+
+def suppression_notice(params: Mapping[str, str]) -> str | None:
+    """The confirmation after adding or removing an address (only for a valid address)."""
+    messages = {
+        "added": "{} is suppressed: future batches will skip it.",
+        "removed": "{} was removed from the list: future batches will send to it again.",
+        "absent": "{} was not on the list.",
+    }
+    for key, message in messages.items():
+        value = params.get(key)
+        if value is None:
+            continue
+        try:
+            return message.format(normalize_email(value))
+        except AddressError:
+            return None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SuppressionRow:
+    email: str
+    reason: str
+    source: str
+    added: str
+    added_iso: str
+
+
+def suppression_rows(rows: Iterable[Mapping[str, Any]]) -> list[SuppressionRow]:
+    """Rows of ``SuppressionStore.page``."""
+    return [
+        SuppressionRow(
+            email=str(r["email"]),
+            reason=str(r.get("reason") or ""),
+            source=suppression_source(str(r.get("source") or "")),
+            added=fmt_time(r.get("created_at")),
+            added_iso=iso(r.get("created_at")),
+        )
+        for r in rows
+    ]

@@ -1,0 +1,206 @@
+"""Browser-test fixtures: the whole stack on real ports, and Debian's Chromium driven by Playwright.
+
+One stack serves every browser test of the session: webhooks, the sandbox (SendGrid, Mailgun
+and GitHub stand-ins), the API with the dashboard, and the consumers, all real and in process,
+against the run's Cassandra keyspace and a private RabbitMQ topology. The browser reaches them
+over loopback, so a login is the real redirect dance: ``/auth/github/login`` → the sandbox's
+authorize page → ``/auth/github/callback`` → the dashboard.
+
+Chromium comes from ``deploy/local/chromium.sh`` (Debian's package; Playwright never downloads
+a browser). When it cannot be installed the tests skip locally and fail under ``CI=true``.
+Each test gets a fresh browser profile (``--user-data-dir``) and a 1366x768 window.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from playwright.async_api import BrowserContext, Page, async_playwright, expect
+from pydantic import SecretStr
+from starlette.applications import Starlette
+
+from services.api.app import create_app as create_api
+from services.api.dashboard import dashboard_routes
+from services.consumers.main import create_app as create_consumers
+from services.sandbox import signing
+from services.sandbox.app import create_app as create_sandbox
+from services.webhooks.app import create_app as create_webhooks
+from shared.config import (
+    AmqpSettings,
+    ApiSettings,
+    CassandraSettings,
+    ConsumerSettings,
+    GitHubSettings,
+    ProviderSettings,
+    SandboxSettings,
+    Settings,
+    WebhookSettings,
+)
+from tests.conftest import CI, ROOT, unique
+from tests.integration.harness import running, served
+
+#: Debian's Chromium (deploy/local/chromium.sh installs it; the same variable overrides both).
+CHROMIUM = Path(os.environ.get("SAFEDELIVR_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+VIEWPORT = {"width": 1366, "height": 768}
+SCREENSHOTS = ROOT / "tests/artifacts/screenshots"
+MG_KEY = "browser-mailgun-signing-key"
+GITHUB_SECRET = "browser-github-secret"
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Base URLs of the served services."""
+
+    api: str
+    sandbox: str
+    webhooks: str
+    settings: Settings
+    """What the API runs with (for a second API instance in a test)."""
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Path:
+    """Debian's Chromium, installed by the project's script when missing."""
+    proc = subprocess.run(
+        [str(ROOT / "deploy/local/chromium.sh"), "up"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if proc.returncode != 0 or not CHROMIUM.exists():
+        message = f"Chromium is not available:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        if CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return CHROMIUM
+
+
+def api_with_dashboard(settings: Settings) -> Starlette:
+    """The API app with the dashboard's routes (added here until the app wires them itself)."""
+    api = create_api(settings)
+    if not any(getattr(r, "path", None) == "/login" for r in api.routes):
+        api.router.routes.extend(dashboard_routes())
+    return api
+
+
+@pytest.fixture(scope="session")
+async def stack(migrated: CassandraSettings) -> AsyncIterator[Stack]:
+    """Every service on its own loopback port, wired as ``make run`` wires them."""
+    private_pem, public_b64 = signing.generate_key_pair()
+    exchange = unique("b").replace("_", "-")
+    base = Settings(
+        cassandra=migrated,
+        amqp=AmqpSettings(exchange=exchange, delivery_limit=5),
+        api=ApiSettings(outbox_grace=1.0, outbox_relay_interval=0.5),
+        webhooks=WebhookSettings(
+            sendgrid_public_key=public_b64, mailgun_signing_key=SecretStr(MG_KEY)
+        ),
+        providers=ProviderSettings(backoff="1,2", max_attempts=4, ambiguous_timeout=2, timeout=5.0),
+        consumers=ConsumerSettings(),
+        sandbox=SandboxSettings(),
+    )
+    async with served(create_webhooks(base)) as hooks_url:
+        sandbox = create_sandbox(
+            SandboxSettings(
+                webhook_url=hooks_url,
+                webhook_delay=0.1,
+                sendgrid_private_key=SecretStr(private_pem),
+                mailgun_signing_key=SecretStr(MG_KEY),
+            )
+        )
+        async with served(sandbox) as sandbox_url:
+            settings = base.model_copy(
+                update={
+                    "providers": base.providers.model_copy(
+                        update={
+                            "sendgrid_base_url": f"{sandbox_url}/sendgrid",
+                            "mailgun_base_url": f"{sandbox_url}/mailgun",
+                        }
+                    ),
+                    "github": GitHubSettings(
+                        client_id="safedelivr-browser-tests",
+                        client_secret=SecretStr(GITHUB_SECRET),
+                        oauth_base_url=f"{sandbox_url}/github",
+                        api_base_url=f"{sandbox_url}/github/api",
+                    ),
+                }
+            )
+            api = api_with_dashboard(settings)
+            async with served(api) as api_url:
+                # The API's own address is known only now: the OAuth callback and the public
+                # URL (used for cookie flags and origin checks) are read per request.
+                api.state.settings = settings.model_copy(
+                    update={
+                        "api": settings.api.model_copy(update={"public_url": api_url}),
+                        "github": settings.github.model_copy(
+                            update={"redirect_uri": f"{api_url}/auth/github/callback"}
+                        ),
+                    }
+                )
+                broker = api.state.resources.broker
+                await broker.declare()
+                try:
+                    async with running(create_consumers(settings)):
+                        yield Stack(api_url, sandbox_url, hooks_url, api.state.settings)
+                finally:
+                    await broker.delete()
+
+
+@pytest.fixture
+async def context(chromium: Path) -> AsyncIterator[BrowserContext]:
+    """A fresh Chromium profile per test."""
+    with tempfile.TemporaryDirectory(prefix="sd-chromium-") as profile:
+        async with async_playwright() as pw:
+            ctx = await pw.chromium.launch_persistent_context(
+                profile,
+                executable_path=str(chromium),
+                headless=True,
+                args=CHROMIUM_ARGS,
+                viewport=VIEWPORT,  # type: ignore[arg-type]
+                locale="en-GB",
+                timezone_id="UTC",
+            )
+            ctx.set_default_timeout(15_000)
+            try:
+                yield ctx
+            finally:
+                await ctx.close()
+
+
+@pytest.fixture
+async def page(context: BrowserContext) -> Page:
+    return context.pages[0] if context.pages else await context.new_page()
+
+
+async def log_in(page: Page, stack: Stack, path: str = "/") -> None:
+    """Open ``path`` logged out and go through the GitHub login to land back on it."""
+    await page.goto(stack.api + path)
+    await expect(page).to_have_url(re.compile(r"/login(\?|$)"))
+    await page.get_by_role("link", name="Log in with GitHub").click()
+    await expect(page.get_by_role("button", name="Log out")).to_be_visible()
+
+
+async def screenshot(page: Page, name: str) -> Path:
+    """Save a full-page PNG of the current page under tests/artifacts/screenshots/."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    await page.screenshot(path=str(path), full_page=True)
+    return path
