@@ -20,7 +20,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from services.webhooks.transitions import effects, write_timestamp
+from services.webhooks.transitions import effects, stage_timestamp, write_timestamp
 from shared.attempts import AttemptStore
 from shared.broker import Broker
 from shared.config import Settings
@@ -197,21 +197,31 @@ class Ingest:
     async def _update_row(
         self, t: Target, ev: ProviderEvent, event: str, state: str | None
     ) -> None:
-        sets = ["event = ?", "last_update = ?", "providers[?] = ?"]
-        values: list[object] = [event, ev.occurred_at, ev.provider, _provider_result(ev)]
+        # The provider's own columns merge by the event's stage; the recipient-wide columns
+        # (event, state) by ``write_timestamp``, which lets a re-send's events win.
+        await self._set(
+            t,
+            stage_timestamp(ev),
+            ("providers[?] = ?", ev.provider, _provider_result(ev)),
+            *((("message_ids[?] = ?", ev.provider, ev.message_id),) if ev.message_id else ()),
+        )
+        columns: list[tuple[object, ...]] = [
+            ("event = ?", event),
+            ("last_update = ?", ev.occurred_at),
+        ]
         if state is not None:
-            sets.append("state = ?")
-            values.append(state)
-        if ev.message_id:
-            sets.append("message_ids[?] = ?")
-            values.extend([ev.provider, ev.message_id])
+            columns.append(("state = ?", state))
         if state == "failed" and ev.reason:
-            sets.append("reason_detail = ?")
-            values.append(ev.reason[:1000])
+            columns.append(("reason_detail = ?", ev.reason[:1000]))
+        await self._set(t, write_timestamp(ev), *columns)
+
+    async def _set(self, t: Target, stamp: int, *columns: tuple[object, ...]) -> None:
+        sets = ", ".join(str(c[0]) for c in columns)
+        values = [v for c in columns for v in c[1:]]
         await self.db.execute(
-            f"UPDATE batches USING TIMESTAMP ? SET {', '.join(sets)} "  # noqa: S608 - fixed columns
+            f"UPDATE batches USING TIMESTAMP ? SET {sets} "  # noqa: S608 - fixed columns
             "WHERE batch_id = ? AND chunk = ? AND log_id = ?",
-            (write_timestamp(ev), *values, t.batch_id, t.chunk, t.log_id),
+            (stamp, *values, t.batch_id, t.chunk, t.log_id),
             idempotent=True,
         )
 

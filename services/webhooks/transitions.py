@@ -61,6 +61,13 @@ def write_timestamp(ev: ProviderEvent) -> int:
 
     Providers stamp events in whole seconds, so ``processed`` and ``delivered`` often share
     one; adding the kind's rank makes the later stage win the last-write-wins merge even
-    when events arrive out of order.
+    when events arrive out of order. A provider-side failure ranks lowest: it starts a
+    re-send through another provider, whose events of the same second must win.
     """
+    rank = 0 if ev.provider_side else KIND_RANK[ev.kind]
+    return int(ev.occurred_at.timestamp()) * 1_000_000 + rank
+
+
+def stage_timestamp(ev: ProviderEvent) -> int:
+    """Like :func:`write_timestamp` but always by stage: for the provider's own map entries."""
     return int(ev.occurred_at.timestamp()) * 1_000_000 + KIND_RANK[ev.kind]

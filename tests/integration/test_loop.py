@@ -107,7 +107,7 @@ async def test_batch_goes_from_queued_to_outcomes_with_stats(
 
     assert (logs["ann"]["state"], logs["ann"]["event"]) == ("success", "delivered")
     assert (logs["bounce"]["state"], logs["bounce"]["event"]) == ("failed", "bounced")
-    assert logs["sgdrop"]["state"] == "success"
+    assert (logs["sgdrop"]["state"], logs["sgdrop"]["event"]) == ("success", "delivered")
     assert logs["sgdrop"]["providers"]["sg"].startswith("dropped")
     assert logs["sgdrop"]["providers"]["mg"] == "delivered"
     assert logs["complaint"]["state"] == "success"

@@ -149,3 +149,11 @@ def test_expected_marks_follow_the_logs() -> None:
     assert marks["queued"] == {str(a), str(b)}
     assert marks["success"] == {str(a)}
     assert marks["failed"] == marks["bounced"] == {str(b)}
+
+
+def test_provider_side_drop_loses_to_the_resends_delivery_in_the_same_second() -> None:
+    """A re-sent recipient delivered within the drop's second shows delivered, not dropped."""
+    dropped = ev("dropped", provider_side=True)
+    delivered = ev("delivered", provider="mg")
+
+    assert write_timestamp(delivered) > write_timestamp(dropped)
