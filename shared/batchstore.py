@@ -7,6 +7,7 @@ batch and updating one chunk's recipients are each a single-partition mutation.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 import zlib
 from collections.abc import Sequence
@@ -80,6 +81,7 @@ class BatchStore:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.stats = StatsStore(db)
 
     async def accept(self, batch: NewBatch) -> None:
         """Store a batch durably before it is published.
@@ -113,8 +115,6 @@ class BatchStore:
                 len(batch.recipients),
             ),
         )
-        await db.execute(index)
-
         rows = BatchStatement(batch_type=BatchType.UNLOGGED)
         insert = await db.prepare(_INSERT_RECIPIENT)
         # Provider events are written at whole-second timestamps; starting just below this
@@ -144,10 +144,14 @@ class BatchStore:
                 now,
             ),
         )
-        await db.execute(emails)
-        # Before the header: a batch that exists always has its queued marks.
-        await StatsStore(db).mark(
-            batch.user_id, now, "queued", (str(r.log_id) for r in batch.recipients)
+        # Everything but the header, concurrently (a failure in any stops before the header);
+        # the queued marks too, so a batch that exists always has them.
+        await asyncio.gather(
+            db.execute(index),
+            db.execute(emails),
+            self.stats.mark(
+                batch.user_id, now, "queued", [str(r.log_id) for r in batch.recipients]
+            ),
         )
         await db.execute(rows)
 

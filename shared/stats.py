@@ -46,9 +46,14 @@ def is_closed(day: date, now: datetime) -> bool:
     return now >= datetime.combine(day + timedelta(days=1), datetime.min.time(), UTC) + CLOSE_AFTER
 
 
+#: (user, day) pairs remembered as already recorded in ``active_users``.
+ACTIVE_MEMO = 100_000
+
+
 class StatsStore:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._active: set[tuple[uuid.UUID, date]] = set()
 
     async def mark(
         self, user_id: uuid.UUID, when: datetime, metric: str, keys: Iterable[str]
