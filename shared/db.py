@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +104,9 @@ class Database:
             # Retry a lost node every 0.5-10 s (the default backs off to 10 minutes, which
             # keeps a service answering 503 long after Cassandra is back).
             reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0),
+            # The driver leaves Nagle's algorithm on: a multi-kB batch then waits ~40 ms for
+            # the server's delayed ACK. Measured by `make bench` (bench/experiments).
+            sockopts=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
         )
         try:
             session = await asyncio.to_thread(cluster.connect, keyspace)
