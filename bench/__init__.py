@@ -3,5 +3,13 @@
 ``make bench`` (``python -m bench.run``) migrates a private keyspace, declares a private
 exchange, runs the registered phases (raw limits first, the pipeline as a ratio of them, the
 raw acceptance limit again at the end) and writes ``bench/results/<UTC timestamp>.json``.
-See :mod:`bench.run` for the options and :mod:`bench.phases` for the phase registry.
+
+Modules: :mod:`bench.run` (entry point), :mod:`bench.phases` (the phase registry and the
+phases), :mod:`bench.stack` and :mod:`bench.services` (keyspace, topology, service
+processes), :mod:`bench.raw`, :mod:`bench.loadgen` and :mod:`bench.feeder` (child processes
+that make the load), :mod:`bench.child` (their line protocol), :mod:`bench.workload` (the
+request body and batches), :mod:`bench.sampler`, :mod:`bench.procfs` and :mod:`bench.gclog`
+(CPU, memory and GC pauses), :mod:`bench.stats`, :mod:`bench.schedule` and
+:mod:`bench.targets` (pure figures), :mod:`bench.report` (JSON and table),
+:mod:`bench.cleanup` (leftovers of interrupted runs), :mod:`bench.experiments` (what-ifs).
 """

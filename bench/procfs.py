@@ -46,7 +46,7 @@ def parse_stat(text: str) -> CpuTimes:
 
 
 def parse_status(text: str) -> Memory:
-    """``VmRSS`` and ``VmHWM`` from ``/proc/<pid>/status`` (0 for kernel threads, which lack them)."""
+    """``VmRSS`` and ``VmHWM`` from ``/proc/<pid>/status`` (0 when absent: kernel threads)."""
     values = {"VmRSS": 0, "VmHWM": 0}
     for line in text.splitlines():
         key, _, rest = line.partition(":")
@@ -102,7 +102,9 @@ def find_pids(*, comm: str | None = None, cmdline_contains: str | None = None) -
             if comm is not None and (entry / "comm").read_text().strip() != comm:
                 continue
             if cmdline_contains is not None:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                cmdline = (
+                    (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                )
                 if cmdline_contains not in cmdline:
                     continue
         except OSError:

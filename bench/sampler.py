@@ -143,6 +143,9 @@ class ProcessSampler:
             out[label] = entry
         return out
 
+    def labels(self) -> list[str]:
+        return [label for label in self._series if label != SYSTEM]
+
     def peak_hwm_mb(self, label: str) -> float | None:
         """The highest ``VmHWM`` seen for ``label`` over the whole run, in MB."""
         s = self._series.get(label)

@@ -23,7 +23,11 @@ class Goal:
     rule: str
 
     def judge(self, value: float | None) -> dict[str, object]:
-        passed = None if value is None else (value >= self.bound if self.at_least else value <= self.bound)
+        passed = (
+            None
+            if value is None
+            else (value >= self.bound if self.at_least else value <= self.bound)
+        )
         return {"value": value, "target": self.bound, "pass": passed, "rule": self.rule}
 
 
@@ -42,9 +46,7 @@ GOALS: dict[str, Goal] = {
         "p99_ms_at_80pct", 50.0, False, "open-loop p99 acceptance latency <= 50 ms at 80% of max"
     ),
     **{
-        f"rss_mb_{name}": Goal(
-            f"rss_mb_{name}", 100.0, False, f"{name} peak RSS (VmHWM) <= 100 MB"
-        )
+        f"rss_mb_{name}": Goal(f"rss_mb_{name}", 100.0, False, f"{name} peak RSS (VmHWM) <= 100 MB")
         for name in PYTHON_SERVICES
     },
 }

@@ -185,6 +185,17 @@ def parse_address(text: str, *, ascii_only: bool = False) -> Address:
     return Address(email=normalize_email(angle, ascii_only=ascii_only), name=name)
 
 
+# Plain ASCII dot-atom addresses with an alphabetic TLD: by far the most common case, and
+# email-validator's answer for them is fixed (local part as given, domain lower-cased). It
+# costs ~33 µs an address, most of a 100-recipient request's CPU, so those skip it.
+_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+# \Z, not $: $ also matches before a trailing newline, which is header injection.
+_PLAIN = re.compile(rf"({_ATOM}(?:\.{_ATOM})*)@((?:{_LABEL}\.)+([A-Za-z]{{2,63}}))\Z")
+#: Special-use TLDs email-validator refuses; the fast path must refuse them too (by deferring).
+_SPECIAL_TLDS = frozenset({"arpa", "invalid", "local", "localhost", "onion", "test"})
+
+
 def normalize_email(text: str, *, ascii_only: bool = False) -> str:
     """Validate a bare address and return its normalised form.
 
@@ -196,6 +207,9 @@ def normalize_email(text: str, *, ascii_only: bool = False) -> str:
     """
     if len(text) > MAX_ADDRESS_LENGTH:
         raise AddressError(f"is longer than {MAX_ADDRESS_LENGTH} characters")
+    plain = _PLAIN.match(text)
+    if plain and len(plain.group(1)) <= 64 and plain.group(3).lower() not in _SPECIAL_TLDS:
+        return f"{plain.group(1)}@{plain.group(2).lower()}"
     _check_text(text)
     try:
         result = validate_email(text, check_deliverability=False)

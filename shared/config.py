@@ -104,6 +104,8 @@ class ApiSettings(BaseSettings):
     """Recipients accepted in one batch request (after de-duplication)."""
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024)
     """Request bodies above this are refused with 413 while they stream in."""
+    max_concurrency: int = Field(256, ge=1)
+    """HTTP requests in progress per API process before new ones get 503 + Retry-After."""
     outbox_relay_interval: float = Field(5.0, gt=0)
     outbox_grace: float = Field(30.0, ge=0)
     """Seconds a pending batch may stay unpublished before the relay publishes it."""
@@ -199,7 +201,7 @@ class ConsumerSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8082, ge=1, le=65535)
     """Where the consumer process serves /healthz, /readyz and /metrics."""
-    prefetch: int = Field(8, ge=1, le=1000)
+    prefetch: int = Field(4, ge=1, le=1000)
     """Chunks (of up to 1,000 recipients) in flight per provider queue."""
 
 

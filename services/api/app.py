@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 import httpx
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from services.api import account, batches, oauth
@@ -21,7 +22,7 @@ from shared.background import Background
 from shared.batchstore import BatchStore
 from shared.config import Settings
 from shared.health import health_routes
-from shared.http import error_handlers
+from shared.http import AdmissionLimit, error_handlers
 from shared.idempotency import IdempotencyStore
 from shared.metrics import ApiMetrics, new_registry
 from shared.outbox import relay_forever
@@ -89,6 +90,7 @@ def create_app(settings: Settings) -> Starlette:
         *dashboard_routes(),  # last: its / and /static shadow nothing above
     ]
     app = Starlette(
+        middleware=[Middleware(AdmissionLimit, limit=settings.api.max_concurrency)],
         routes=routes,
         lifespan=lifespan,
         exception_handlers={**error_handlers(), LoginRequired: login_required_response},

@@ -298,3 +298,40 @@ def test_text_problem_refuses_deep_nesting() -> None:
     problem = text_problem(_wrap(_wrap(_wrap(_wrap("hi")))))
     assert problem is not None
     assert "too deeply" in problem.message
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "ann@example.com",
+        "Ann.Lee+tag@Mail.Example.ORG",
+        "o'brien@x.org",
+        "a!#$%&'*+/=?^_`{|}~-@sub-domain.example.co",
+        "x@a-b.c-d.museum",
+    ],
+)
+def test_fast_path_agrees_with_email_validator(address: str) -> None:
+    """Plain ASCII addresses skip email-validator but normalise exactly as it would."""
+    from email_validator import validate_email
+
+    expected = validate_email(address, check_deliverability=False)
+
+    assert normalize_email(address) == (expected.ascii_email or expected.normalized)
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "a@b.test",
+        "a@b.local",
+        "a..b@example.com",
+        "a@-x.com",
+        "a@localhost",
+        "ann@example.com\n",
+        "ann@example.com\r\nBcc: x@evil.com",
+    ],
+)
+def test_fast_path_still_refuses_what_email_validator_refuses(address: str) -> None:
+    """Special-use domains and malformed shapes fall through to the full check and fail."""
+    with pytest.raises(AddressError):
+        normalize_email(address)

@@ -1,0 +1,67 @@
+"""Feeds the end-to-end phases, run as a child process.
+
+Seeds ``batches`` accepted batches through :class:`BatchStore` exactly as the API stores them
+(untimed; their outbox rows removed as after a confirmed publish), reports ``ready`` with the
+batch ids, waits for ``go`` on stdin, then publishes ``batch.<uuid>`` for every batch with
+confirms and a window of 64, as fast as it can, and reports when the first and last publish
+happened. The consumers do the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from bench import child
+from bench.raw import seed
+from bench.workload import BatchFactory
+from shared.batchstore import BatchStore
+from shared.broker import Broker
+from shared.config import load_settings
+from shared.db import Database
+from shared.models import BatchJob
+from shared.resources import topology_for
+from shared.topology import batch_key
+
+#: Confirmed publishes in flight.
+WINDOW = 64
+
+
+async def main(spec: dict[str, Any]) -> dict[str, Any]:
+    settings = load_settings()
+    db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
+    broker = Broker(
+        settings.amqp.url.get_secret_value(), topology_for(settings), name="bench-feeder"
+    )
+    await broker.connect()
+    factory = BatchFactory(int(spec["recipients"]), settings.providers.chain_codes)
+    corpus = await seed(BatchStore(db), factory, uuid.UUID(spec["user_id"]), int(spec["batches"]))
+    ids = [batch_id for batch_id, _, _ in corpus]
+    child.emit(
+        "ready",
+        batch_ids=[str(b) for b in ids],
+        recipients=len(ids) * factory.size,
+        chunks=len(ids) * -(-factory.size // factory.chunk_size),
+    )
+    await child.wait_for_go()
+    window = asyncio.Semaphore(WINDOW)
+
+    async def publish(batch_id: uuid.UUID) -> None:
+        async with window:
+            await broker.publish(
+                batch_key(batch_id), BatchJob(batch_id=batch_id).encode(), message_id=str(batch_id)
+            )
+
+    t_first = time.time()
+    await asyncio.gather(*(publish(b) for b in ids))
+    t_last = time.time()
+    child.progress(f"published {len(ids):,} batch messages in {t_last - t_first:.2f}s")
+    await broker.close()
+    await db.close()
+    return {"first_publish": t_first, "last_publish": t_last, "published": len(ids)}
+
+
+if __name__ == "__main__":
+    child.run(main)

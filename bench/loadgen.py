@@ -1,0 +1,203 @@
+"""HTTP load generator for ``POST /v1/batches``, run as a child process (aiohttp on uvloop).
+
+``{"mode": "closed", "concurrency": C, ...}`` -- C connections, each sending its next request
+as soon as the previous one is answered: the maximum throughput.
+
+``{"mode": "open", "rate": R, ...}`` -- requests are due at fixed times ``R`` per second
+(:class:`bench.schedule.RateSchedule`) and each is sent when due, on its own connection if
+needed, however slow the earlier ones are. Latency is measured from the *scheduled* time, so
+a stalled server is charged for every request it delayed (no coordinated omission); the gap
+between scheduled and actual send (``lag``) shows whether this generator kept up.
+
+Both count only requests started after ``warmup`` seconds, for ``duration`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import Counter
+from typing import Any
+
+import aiohttp
+
+from bench import child
+from bench.schedule import RateSchedule
+from bench.stats import latency_summary
+from bench.workload import encoded_bodies
+
+#: Seconds between progress lines.
+REPORT_EVERY = 2.0
+#: Connections the open-loop generator may hold; beyond that, requests wait (and it shows).
+OPEN_LOOP_CONNECTIONS = 1024
+
+
+class Recorder:
+    """Latencies and statuses of the requests that started inside the measured window."""
+
+    def __init__(self, window_start: float, window_end: float) -> None:
+        self.window_start = window_start
+        self.window_end = window_end
+        self.latencies_ms: list[float] = []
+        self.by_second: dict[int, list[float]] = {}
+        self.lags_ms: list[float] = []
+        self.statuses: Counter[str] = Counter()
+        self.completed = 0
+        self.outstanding = 0
+        self.max_outstanding = 0
+
+    def counts(self, started: float) -> bool:
+        return self.window_start <= started < self.window_end
+
+    def record(self, started: float, latency: float, status: str, lag: float = 0.0) -> None:
+        self.completed += 1
+        if self.counts(started):
+            self.statuses[status] += 1
+            if status == "202":
+                self.latencies_ms.append(latency * 1000)
+                second = int(started - self.window_start)
+                self.by_second.setdefault(second, []).append(latency * 1000)
+            self.lags_ms.append(lag * 1000)
+
+    def result(self, duration: float) -> dict[str, Any]:
+        ok = self.statuses.get("202", 0)
+        return {
+            "window_start": self.window_start,
+            "window_end": self.window_end,
+            "ok": ok,
+            "statuses": dict(self.statuses),
+            "errors": sum(v for k, v in self.statuses.items() if k != "202"),
+            "ok_per_s": ok / duration,
+            "latency_ms": latency_summary(self.latencies_ms),
+            "lag_ms": latency_summary(self.lags_ms),
+            "max_outstanding": self.max_outstanding,
+            "timeline": self.timeline(),
+        }
+
+    def timeline(self) -> list[dict[str, float | int]]:
+        """Per second of the window: requests, median and worst latency (ms); where the
+        tail comes from (periodic stalls show up as regularly spaced spikes)."""
+        out = []
+        for second in sorted(self.by_second):
+            values = sorted(self.by_second[second])
+            out.append(
+                {
+                    "t": round(self.window_start + second, 3),
+                    "n": len(values),
+                    "p50": round(values[len(values) // 2], 1),
+                    "max": round(values[-1], 1),
+                }
+            )
+        return out
+
+
+async def _post(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]
+) -> str:
+    try:
+        async with session.post(url, data=body, headers=headers) as resp:
+            await resp.read()
+            return str(resp.status)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return type(exc).__name__
+
+
+async def _progress(rec: Recorder, label: str) -> None:
+    last, last_t = 0, time.time()
+    while True:
+        await asyncio.sleep(REPORT_EVERY)
+        now = time.time()
+        rate = (rec.completed - last) / (now - last_t)
+        recent = rec.latencies_ms[-2000:]
+        p99 = sorted(recent)[int(len(recent) * 0.99)] if recent else float("nan")
+        phase = "warm-up" if now < rec.window_start else "measuring"
+        child.progress(
+            f"{label} {phase}: {rate:,.0f} req/s, p99 {p99:.1f} ms, in flight {rec.outstanding}"
+        )
+        last, last_t = rec.completed, now
+
+
+async def closed(
+    spec: dict[str, Any], session: aiohttp.ClientSession, bodies: list[bytes]
+) -> Recorder:
+    url, headers = spec["url"], _headers()
+    start = time.time()
+    rec = Recorder(start + spec["warmup"], start + spec["warmup"] + spec["duration"])
+    counter = iter(range(10**12))
+
+    async def worker() -> None:
+        while time.time() < rec.window_end:
+            body = bodies[next(counter) % len(bodies)]
+            t0 = time.time()
+            rec.outstanding += 1
+            status = await _post(session, url, body, headers)
+            rec.outstanding -= 1
+            rec.record(t0, time.time() - t0, status)
+
+    rec.max_outstanding = int(spec["concurrency"])
+    reporter = asyncio.create_task(_progress(rec, f"closed c={spec['concurrency']}"))
+    await asyncio.gather(*(worker() for _ in range(int(spec["concurrency"]))))
+    reporter.cancel()
+    return rec
+
+
+async def open_loop(
+    spec: dict[str, Any], session: aiohttp.ClientSession, bodies: list[bytes]
+) -> Recorder:
+    url, headers = spec["url"], _headers()
+    schedule = RateSchedule(float(spec["rate"]), time.time() + 0.05)
+    warmup, duration = float(spec["warmup"]), float(spec["duration"])
+    rec = Recorder(schedule.start + warmup, schedule.start + warmup + duration)
+    total = schedule.count(warmup + duration)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(index: int) -> None:
+        due = schedule.at(index)
+        lag = time.time() - due
+        rec.outstanding += 1
+        rec.max_outstanding = max(rec.max_outstanding, rec.outstanding)
+        status = await _post(session, url, bodies[index % len(bodies)], headers)
+        rec.outstanding -= 1
+        rec.record(due, time.time() - due, status, lag)
+
+    reporter = asyncio.create_task(_progress(rec, f"open {spec['rate']:.0f}/s"))
+    sent = 0
+    while sent < total:
+        due = min(schedule.due_by(time.time()), total)
+        while sent < due:
+            task = asyncio.create_task(one(sent))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            sent += 1
+        await asyncio.sleep(max(0.0, schedule.at(sent) - time.time()))
+    if tasks:
+        await asyncio.wait(tasks, timeout=60)
+    reporter.cancel()
+    return rec
+
+
+def _headers() -> dict[str, str]:
+    return {
+        "Authorization": f"Bearer {os.environ['BENCH_API_KEY']}",
+        "Content-Type": "application/json",
+    }
+
+
+async def main(spec: dict[str, Any]) -> dict[str, Any]:
+    bodies = encoded_bodies(int(spec["recipients"]))
+    limit = int(spec["concurrency"]) if spec["mode"] == "closed" else OPEN_LOOP_CONNECTIONS
+    connector = aiohttp.TCPConnector(limit=limit, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        runner = closed if spec["mode"] == "closed" else open_loop
+        rec = await runner(spec, session, bodies)
+    result = rec.result(float(spec["duration"]))
+    result.update(mode=spec["mode"], recipients_per_request=int(spec["recipients"]))
+    result["concurrency"] = spec.get("concurrency")
+    result["rate"] = spec.get("rate")
+    return result
+
+
+if __name__ == "__main__":
+    child.run(main)

@@ -1,0 +1,303 @@
+"""The run's figures, goals and summary table, and the JSON written to ``bench/results/``."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench import procfs, targets
+from bench.sampler import SYSTEM, ProcessSampler
+from bench.targets import PYTHON_SERVICES
+
+#: Processes shown in the CPU columns of the table, in this order (others are in the JSON).
+CPU_COLUMNS = ("client", "api", "consumers", "sandbox", "rabbitmq", "cassandra")
+#: Labels of child processes that drive a phase: the "client" column.
+CLIENT_PREFIXES = ("raw-", "loadgen", "feeder")
+
+Results = Mapping[str, Mapping[str, Any]]
+
+
+def _get(results: Results, *path: str) -> Any:
+    node: Any = results
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def figures(results: Results, sampler: ProcessSampler) -> dict[str, float | None]:
+    """The headline numbers the goals are judged on."""
+    l_accept = targets.reference(
+        _get(results, "l_accept", "batches_per_s"), _get(results, "l_accept_end", "batches_per_s")
+    )
+    out: dict[str, float | None] = {
+        "l_accept_batches_per_s": l_accept,
+        "api_max_batches_per_s": _get(results, "api_max", "batches_per_s"),
+        "l_e2e_recipients_per_s": _get(results, "l_e2e", "recipients_per_s"),
+        "e2e_recipients_per_s": _get(results, "e2e", "recipients_per_s"),
+        "l_e2e_1000_recipients_per_s": _get(results, "l_e2e_1000", "recipients_per_s"),
+        "e2e_1000_recipients_per_s": _get(results, "e2e_1000", "recipients_per_s"),
+        "p99_ms_at_50pct": _get(results, "api_open", "steps", "50%", "latency_ms", "p99"),
+        "p99_ms_at_80pct": _get(results, "api_open", "steps", "80%", "latency_ms", "p99"),
+    }
+    out["acceptance_ratio"] = targets.ratio(out["api_max_batches_per_s"], l_accept)
+    out["e2e_ratio"] = targets.ratio(out["e2e_recipients_per_s"], out["l_e2e_recipients_per_s"])
+    out["e2e_1000_ratio"] = targets.ratio(
+        out["e2e_1000_recipients_per_s"], out["l_e2e_1000_recipients_per_s"]
+    )
+    for name in PYTHON_SERVICES:
+        out[f"rss_mb_{name}"] = sampler.peak_hwm_mb(name)
+    return out
+
+
+def build(
+    *,
+    run_id: str,
+    config: Mapping[str, Any],
+    stack_info: Mapping[str, Any],
+    results: Results,
+    sampler: ProcessSampler,
+    started: float,
+    finished: float,
+) -> dict[str, Any]:
+    figs = figures(results, sampler)
+    judged = targets.evaluate(figs)
+    stability = _get(results, "l_accept_end", "stability")
+    return {
+        "run_id": run_id,
+        "started_at": started,
+        "seconds": round(finished - started, 1),
+        "machine": {
+            "cpus": procfs.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "config": dict(config),
+        "stack": dict(stack_info),
+        "stable": None if stability is None else stability["stable"],
+        "figures": figs,
+        "targets": judged,
+        "all_targets_pass": targets.all_passed(judged),
+        "peak_hwm_mb": {label: sampler.peak_hwm_mb(label) for label in sampler.labels()},
+        "phases": dict(results),
+    }
+
+
+def write(report: Mapping[str, Any], directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{report['run_id']}.json"
+    path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    return path
+
+
+def cpu_cells(usage: Mapping[str, Mapping[str, Any]] | None) -> list[str]:
+    """CPU-µs per recipient per column, then untracked ("other") and the whole machine."""
+    if not usage:
+        return ["-"] * (len(CPU_COLUMNS) + 3)
+    cells = []
+    for column in CPU_COLUMNS:
+        value = sum(
+            float(v.get("cpu_us_per_recipient", 0.0))
+            for label, v in usage.items()
+            if label == column or (column == "client" and label.startswith(CLIENT_PREFIXES))
+        )
+        cells.append(f"{value:,.0f}" if value else "-")
+    system = usage.get(SYSTEM, {})
+    machine = system.get("cpu_us_per_recipient")
+    untracked = float(system.get("untracked_cpu_s", 0.0))
+    per = (float(machine) / float(system["cpu_s"])) if machine and system.get("cpu_s") else 0.0
+    cells.append(f"{untracked * per:,.0f}" if machine else "-")
+    cells.append(f"{machine:,.0f}" if machine is not None else "-")
+    cells.append(f"{system.get('cpu_pct_of_machine', 0):.0f}%" if system else "-")
+    return cells
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _row(name: str, result: Mapping[str, Any], **cols: Any) -> list[str]:
+    width = 6 + len(CPU_COLUMNS) + 3
+    if "error" in result:
+        first_line = str(result["error"]).splitlines()[0][:70]
+        return [name, f"FAILED: {first_line}", *[""] * (width - 1)]
+    return [
+        name,
+        _fmt(cols.get("batches"), ",.1f"),
+        _fmt(cols.get("recipients"), ",.0f"),
+        _fmt(cols.get("ratio"), ".2f"),
+        _fmt(cols.get("p50"), ".1f"),
+        _fmt(cols.get("p99"), ".1f"),
+        _fmt(cols.get("p999"), ".1f"),
+        *cpu_cells(result.get("usage")),
+    ]
+
+
+def _latency_row(name: str, r: Mapping[str, Any], ratio: float | None = None) -> list[str]:
+    lat = r["latency_ms"]
+    return _row(
+        name,
+        r,
+        batches=r["ok_per_s"],
+        recipients=r["recipients_per_s"],
+        ratio=ratio,
+        p50=lat["p50"],
+        p99=lat["p99"],
+        p999=lat["p999"],
+    )
+
+
+def rows(report: Mapping[str, Any]) -> list[list[str]]:
+    """The table's rows, header first."""
+    p: Mapping[str, Any] = report["phases"]
+    f: Mapping[str, Any] = report["figures"]
+    out = [
+        [
+            "phase",
+            "batches/s",
+            "recipients/s",
+            "ratio",
+            "p50 ms",
+            "p99 ms",
+            "p99.9 ms",
+            *(f"{c} µs/r" for c in CPU_COLUMNS),
+            "other µs/r",
+            "machine µs/r",
+            "busy",
+        ]
+    ]
+    for key, name in (("l_accept", "L_accept (A)"), ("l_accept_end", "L_accept (C)")):
+        r = p.get(key)
+        if r is None:
+            continue
+        out.append(
+            _row(
+                name,
+                r,
+                batches=_get(p, key, "batches_per_s"),
+                recipients=_get(p, key, "recipients_per_s"),
+            )
+        )
+    api = p.get("api_max")
+    if api is not None and "levels" in api:
+        for level in api["levels"]:
+            ratio = targets.ratio(level["ok_per_s"], f["l_accept_batches_per_s"])
+            out.append(_latency_row(f"API closed c={level['concurrency']}", level, ratio))
+    elif api is not None:
+        out.append(_row("API closed", api))
+    open_phase = p.get("api_open")
+    if open_phase is not None and "steps" in open_phase:
+        for step, r in open_phase["steps"].items():
+            out.append(_latency_row(f"API open {step} ({r['rate']:,.0f}/s)", r))
+    elif open_phase is not None:
+        out.append(_row("API open", open_phase))
+    for key, name, ratio_key in (
+        ("l_e2e", "L_e2e N=100", None),
+        ("l_e2e_wide", "L_e2e N=100 prefetch 64", None),
+        ("e2e", "e2e N=100", "e2e_ratio"),
+        ("l_e2e_1000", "L_e2e N=1000", None),
+        ("e2e_1000", "e2e N=1000", "e2e_1000_ratio"),
+    ):
+        if key not in p:
+            continue
+        out.append(
+            _row(
+                name,
+                p[key],
+                recipients=_get(p, key, "recipients_per_s"),
+                ratio=f.get(ratio_key) if ratio_key else None,
+            )
+        )
+    return out
+
+
+def _align(table_rows: list[list[str]]) -> list[str]:
+    widths = [
+        max(len(row[i]) for row in table_rows if len(row) > i) for i in range(len(table_rows[0]))
+    ]
+    lines = []
+    for row in table_rows:
+        cells = [row[0].ljust(widths[0])]
+        cells += [cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=False)]
+        lines.append("  ".join(cells).rstrip())
+    lines.insert(1, "-" * max(len(line) for line in lines))
+    return lines
+
+
+def _drift(phases: Mapping[str, Any]) -> str:
+    """How each process's CPU per recipient moved between L_accept A and C."""
+    first = _get(phases, "l_accept", "usage")
+    last = _get(phases, "l_accept_end", "usage")
+    if not first or not last:
+        return ""
+    parts = []
+    for label in ("raw-accept", "cassandra", "rabbitmq", SYSTEM):
+        a = _get(first, label, "cpu_us_per_recipient")
+        c = _get(last, "raw-accept-end" if label == "raw-accept" else label, "cpu_us_per_recipient")
+        if a is not None and c is not None:
+            name = {"raw-accept": "client", SYSTEM: "machine"}.get(label, label)
+            parts.append(f"{name} {a:,.0f} -> {c:,.0f}")
+    return ", ".join(parts)
+
+
+def table(report: Mapping[str, Any]) -> str:
+    """The summary printed at the end of a run."""
+    out = [
+        "",
+        "Summary: µs/r = CPU-µs per recipient by process; other = CPU of processes outside "
+        "the run; busy = share of all CPUs in use",
+        *_align(rows(report)),
+        "",
+    ]
+    best = report["phases"].get("api_max")
+    if best and "batches_per_s" in best:
+        out.append(
+            f"API maximum: {best['batches_per_s']:,.1f} batches/s at c={best['best_concurrency']}"
+        )
+    steps = _get(report["phases"], "api_open", "steps") or {}
+    for step, r in steps.items():
+        gc = r.get("cassandra_gc")
+        if gc:
+            out.append(
+                f"Cassandra GC during API open {step}: {gc['pauses']} pauses, "
+                f"{gc['total_ms']:,.0f} ms stopped, longest {gc['max_ms']:,.0f} ms "
+                f"(see the per-second timeline in the JSON)"
+            )
+    out.append("Targets:")
+    for name, t in report["targets"].items():
+        verdict = {True: "PASS", False: "FAIL", None: "n/a "}[t["pass"]]
+        value = "-" if t["value"] is None else f"{t['value']:,.3g}"
+        out.append(f"  {verdict}  {name:<24} {value:>9} (target {t['target']:g}): {t['rule']}")
+    stable = report.get("stable")
+    verdict = (
+        "not measured"
+        if stable is None
+        else "stable"
+        if stable
+        else "UNSTABLE (A and C differ by more than 10%); ratios use their mean"
+    )
+    out.append(f"Run stability (L_accept A vs C): {verdict}")
+    drift = _drift(report["phases"])
+    if drift:
+        out.append(f"  L_accept CPU-µs per recipient, A -> C: {drift}")
+    incomplete = [
+        name
+        for name, r in report["phases"].items()
+        if isinstance(r, Mapping) and (r.get("complete") is False or r.get("stalled"))
+    ]
+    if incomplete:
+        out.append(
+            "Incomplete phases (figure from the part done; stalled or timed out): "
+            + ", ".join(incomplete)
+        )
+    noisy = [
+        name for name, r in report["phases"].items() if isinstance(r, Mapping) and r.get("noisy")
+    ]
+    if noisy:
+        out.append(f"Noisy phases (>15% of the CPUs used outside the run): {', '.join(noisy)}")
+    return "\n".join(out)
