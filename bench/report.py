@@ -50,6 +50,15 @@ def figures(results: Results, sampler: ProcessSampler) -> dict[str, float | None
     out["e2e_1000_ratio"] = targets.ratio(
         out["e2e_1000_recipients_per_s"], out["l_e2e_1000_recipients_per_s"]
     )
+    out["l_webhook_events_per_s"] = _get(results, "l_webhook", "events_per_s")
+    out["webhooks_batched_events_per_s"] = _get(results, "webhooks_batched", "events_per_s")
+    out["webhooks_single_events_per_s"] = _get(results, "webhooks_single", "events_per_s")
+    out["webhooks_batched_ratio"] = targets.ratio(
+        out["webhooks_batched_events_per_s"], out["l_webhook_events_per_s"]
+    )
+    out["webhooks_single_ratio"] = targets.ratio(
+        out["webhooks_single_events_per_s"], out["l_webhook_events_per_s"]
+    )
     for name in PYTHON_SERVICES:
         out[f"rss_mb_{name}"] = sampler.peak_hwm_mb(name)
     return out
@@ -180,7 +189,7 @@ def rows(report: Mapping[str, Any]) -> list[list[str]]:
                 name,
                 r,
                 batches=_get(p, key, "batches_per_s"),
-                recipients=_get(p, key, "recipients_per_s"),
+                recipients=_get(p, key, "recipients_per_s") or _get(p, key, "events_per_s"),
             )
         )
     api = p.get("api_max")
@@ -202,6 +211,9 @@ def rows(report: Mapping[str, Any]) -> list[list[str]]:
         ("e2e", "e2e N=100", "e2e_ratio"),
         ("l_e2e_1000", "L_e2e N=1000", None),
         ("e2e_1000", "e2e N=1000", "e2e_1000_ratio"),
+        ("l_webhook", "L_webhook (events)", None),
+        ("webhooks_batched", "webhooks batched (events)", "webhooks_batched_ratio"),
+        ("webhooks_single", "webhooks single (events)", "webhooks_single_ratio"),
     ):
         if key not in p:
             continue
@@ -209,7 +221,7 @@ def rows(report: Mapping[str, Any]) -> list[list[str]]:
             _row(
                 name,
                 p[key],
-                recipients=_get(p, key, "recipients_per_s"),
+                recipients=_get(p, key, "recipients_per_s") or _get(p, key, "events_per_s"),
                 ratio=f.get(ratio_key) if ratio_key else None,
             )
         )

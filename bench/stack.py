@@ -24,6 +24,7 @@ import aiohttp
 from bench import procfs
 from bench.sampler import ProcessSampler
 from bench.services import SERVICES, ServiceProcesses, free_port
+from services.sandbox import signing
 from shared import accounts
 from shared.broker import Broker
 from shared.config import Settings, load_settings
@@ -103,6 +104,9 @@ class Stack:
         self._http: aiohttp.ClientSession | None = None
         self._keyspace_created = False
         self._topology_declared = False
+        # Signing keys for this run: the webhook service verifies, bench.hooks signs.
+        self.sendgrid_private_key, self.sendgrid_public_key = signing.generate_key_pair()
+        self.mailgun_signing_key = secrets.token_hex(16)
 
     # -- names and environment -------------------------------------------------------------
 
@@ -137,6 +141,8 @@ class Stack:
             "SAFEDELIVR_CONSUMERS_PORT": str(self.ports["consumers"]),
             "SAFEDELIVR_SANDBOX_PORT": str(self.ports["sandbox"]),
             "SAFEDELIVR_LOG_LEVEL": "WARNING",
+            "SAFEDELIVR_WEBHOOKS_SENDGRID_PUBLIC_KEY": self.sendgrid_public_key,
+            "SAFEDELIVR_WEBHOOKS_MAILGUN_SIGNING_KEY": self.mailgun_signing_key,
             **CAPACITY_LIMITS,
             **self._python_path(),
         }

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 #: Python services held to the per-process memory goal (the sandbox is a test double).
-PYTHON_SERVICES: tuple[str, ...] = ("api", "consumers")
+PYTHON_SERVICES: tuple[str, ...] = ("api", "consumers", "webhooks")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,18 @@ GOALS: dict[str, Goal] = {
     ),
     "e2e_vs_l_e2e": Goal(
         "e2e_ratio", 0.6, True, "end-to-end recipients/s (N=100) >= 0.6 x L_e2e recipients/s"
+    ),
+    "webhooks_batched_vs_raw": Goal(
+        "webhooks_batched_ratio",
+        0.5,
+        True,
+        "SendGrid-style batched webhook events/s >= 0.5 x raw webhook write loop",
+    ),
+    "webhooks_single_vs_raw": Goal(
+        "webhooks_single_ratio",
+        0.3,
+        True,
+        "Mailgun-style single-event webhook events/s >= 0.3 x raw webhook write loop",
     ),
     "p99_ms_at_50pct": Goal(
         "p99_ms_at_50pct", 20.0, False, "open-loop p99 acceptance latency <= 20 ms at 50% of max"

@@ -25,7 +25,12 @@ from bench.sampler import SYSTEM, ProcessSampler
 from bench.stack import Stack
 
 #: Modules whose import registers phases, in no particular order.
-MODULES = ("bench.phases.baseline", "bench.phases.api", "bench.phases.dispatch")
+MODULES = (
+    "bench.phases.baseline",
+    "bench.phases.api",
+    "bench.phases.dispatch",
+    "bench.phases.webhooks",
+)
 GROUPS = ("A", "B", "C")
 
 Result = dict[str, Any]

@@ -85,6 +85,7 @@ class Ingest:
     settings: Settings
     metrics: IngestMetrics
     _owners: OrderedDict[uuid.UUID, uuid.UUID | None] = field(default_factory=OrderedDict)
+    _settled: OrderedDict[tuple[uuid.UUID, int, str], None] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         self.stats = StatsStore(self.db)
@@ -93,18 +94,15 @@ class Ingest:
 
     async def apply_all(self, events: Iterable[ProviderEvent]) -> dict[str, int]:
         window = asyncio.Semaphore(CONCURRENCY)
-        settled: set[tuple[uuid.UUID, int, str]] = set()
 
         async def one(ev: ProviderEvent) -> str:
             async with window:
-                return await self.apply(ev, settled)
+                return await self.apply(ev)
 
         results = await asyncio.gather(*(one(ev) for ev in events))
         return {"applied": results.count("applied"), "orphans": results.count("orphan")}
 
-    async def apply(
-        self, ev: ProviderEvent, settled: set[tuple[uuid.UUID, int, str]] | None = None
-    ) -> str:
+    async def apply(self, ev: ProviderEvent) -> str:
         target = await self._locate(ev)
         if target is None:
             await self._orphan(ev)
@@ -133,7 +131,7 @@ class Ingest:
                 at=ev.occurred_at,
             )
         if eff.attempt_accepted:
-            await self._settle_attempt(target, ev, settled if settled is not None else set())
+            await self._settle_attempt(target, ev)
         if eff.resend:
             await self._resend(target, ev)
         elif ev.kind == "deferred" and deferred_since == ev.occurred_at:
@@ -225,14 +223,15 @@ class Ingest:
             idempotent=True,
         )
 
-    async def _settle_attempt(
-        self, t: Target, ev: ProviderEvent, settled: set[tuple[uuid.UUID, int, str]]
-    ) -> None:
-        """A provider event proves the chunk was accepted: settle an attempt left ``sending``."""
+    async def _settle_attempt(self, t: Target, ev: ProviderEvent) -> None:
+        """A provider event proves the chunk was accepted: settle an attempt left ``sending``.
+
+        Each (chunk, provider) is checked once per process (remembered, bounded): after the
+        first event of a chunk nothing of it can be left ``sending`` by that provider.
+        """
         key = (t.batch_id, t.chunk, ev.provider)
-        if key in settled:
+        if key in self._settled:
             return
-        settled.add(key)
         for a in await self.attempts.attempts(t.batch_id, t.chunk):
             if a.provider == ev.provider and a.state == "sending":
                 await self.attempts.finish(
@@ -244,6 +243,9 @@ class Ingest:
                     message_id=ev.message_id,
                     error="settled by a provider event",
                 )
+        self._settled[key] = None
+        if len(self._settled) > OWNER_CACHE:
+            self._settled.popitem(last=False)
 
     async def _resend(self, t: Target, ev: ProviderEvent) -> None:
         row = await self.db.one(

@@ -1,0 +1,195 @@
+"""Child process for webhook ingest: the raw Cassandra loop and the signed-POST load.
+
+``raw``: per event, the rows one ``delivered`` event writes (timeline row, the provider's map
+entries, the event/state columns, the stats mark), as prepared statements with a window of
+requests in flight: no HTTP, no signature, no parsing, no state machine.
+``sendgrid`` / ``mailgun``: signed posts to the running webhook service, SendGrid-style
+batches of ``per_post`` events or Mailgun-style single events, ``concurrency`` in flight.
+Each mode first seeds one batch of recipients (untimed) for the events to correlate with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+import uuid
+from datetime import UTC, date, datetime
+from typing import Any
+
+import aiohttp
+import orjson
+from cassandra.util import uuid_from_time
+
+from bench.child import emit, progress, run, wait_for_go
+from services.sandbox import signing
+from shared.batchstore import BatchStore, NewBatch
+from shared.config import load_settings
+from shared.db import Database
+from shared.models import Address, Message, Recipient
+
+
+async def _seed(db: Database, user_id: uuid.UUID, count: int) -> tuple[uuid.UUID, list[Any]]:
+    batch_id = uuid_from_time(time.time())
+    recipients = [
+        Recipient(log_id=uuid_from_time(time.time()), email=f"r{i}.{batch_id.hex[:6]}@example.com")
+        for i in range(count)
+    ]
+    message = Message(sender=Address(email="bench@example.com"), subject="hooks", text="x")
+    store = BatchStore(db)
+    for i in range(0, count, 1000):
+        part = recipients[i : i + 1000]
+        await store.accept(
+            NewBatch(
+                batch_id if i == 0 else uuid_from_time(time.time()), user_id, message, part, 1000
+            )
+        )
+    return batch_id, recipients[:1000]
+
+
+async def raw(db: Database, user_id: uuid.UUID, spec: dict[str, Any]) -> dict[str, Any]:
+    batch_id, targets = await _seed(db, user_id, 1000)
+    stmts = [
+        await db.prepare(
+            "INSERT INTO log_events (batch_id, log_id, at, event_id, provider, kind, raw_event, "
+            "detail) VALUES (?, ?, ?, ?, 'sg', 'delivered', 'delivered', '')"
+        ),
+        await db.prepare(
+            "UPDATE batches USING TIMESTAMP ? SET providers['sg'] = 'delivered', "
+            "message_ids['sg'] = ? WHERE batch_id = ? AND chunk = 0 AND log_id = ?"
+        ),
+        await db.prepare(
+            "UPDATE batches USING TIMESTAMP ? SET event = 'delivered', last_update = ?, "
+            "state = 'success' WHERE batch_id = ? AND chunk = 0 AND log_id = ?"
+        ),
+        await db.prepare(
+            "INSERT INTO stat_marks (user_id, day, metric, key) VALUES (?, ?, 'success', ?)"
+        ),
+    ]
+    today: date = datetime.now(UTC).date()
+    counter = iter(range(10**9))
+
+    async def one() -> None:
+        n = next(counter)
+        target = targets[n % len(targets)]
+        now = datetime.now(UTC)
+        stamp = int(now.timestamp()) * 1_000_000 + 3
+        await db.execute(stmts[0].bind((batch_id, target.log_id, now, f"raw-{n}")))
+        await db.execute(stmts[1].bind((stamp, "mid", batch_id, target.log_id)))
+        await db.execute(stmts[2].bind((stamp, now, batch_id, target.log_id)))
+        await db.execute(stmts[3].bind((user_id, today, f"{target.log_id}-{n}")))
+
+    return await _timed(spec, one, per_call=1, window=int(spec["window"]))
+
+
+def _sendgrid_body(batch_id: uuid.UUID, targets: list[Any], per_post: int, n: int) -> bytes:
+    now = int(time.time())
+    return orjson.dumps(
+        [
+            {
+                "email": t.email,
+                "event": "delivered",
+                "timestamp": now,
+                "sg_event_id": f"{n}-{i}-{secrets.token_hex(4)}",
+                "sg_message_id": "bench.filter0001",
+                "batch_id": str(batch_id),
+                "chunk": "0",
+                "log_id": str(t.log_id),
+            }
+            for i, t in enumerate(targets[(n * per_post) % len(targets) :][:per_post])
+        ]
+    )
+
+
+async def post(db: Database, user_id: uuid.UUID, spec: dict[str, Any]) -> dict[str, Any]:
+    batch_id, targets = await _seed(db, user_id, 1000)
+    mode, url, per_post = spec["mode"], spec["url"], int(spec.get("per_post", 1))
+    key = signing.load_private_key(spec["sendgrid_private_key"])
+    counter = iter(range(10**9))
+    async with aiohttp.ClientSession() as http:
+
+        async def one() -> None:
+            n = next(counter)
+            if mode == "sendgrid":
+                body = _sendgrid_body(batch_id, targets, per_post, n)
+                ts = str(int(time.time()))
+                headers = {
+                    "X-Twilio-Email-Event-Webhook-Signature": signing.sign_sendgrid(key, ts, body),
+                    "X-Twilio-Email-Event-Webhook-Timestamp": ts,
+                    "Content-Type": "application/json",
+                }
+            else:
+                t = targets[n % len(targets)]
+                body = orjson.dumps(
+                    {
+                        "signature": signing.mailgun_signature(
+                            spec["mailgun_key"], int(time.time())
+                        ),
+                        "event-data": {
+                            "event": "delivered",
+                            "id": f"b{n}",
+                            "timestamp": time.time(),
+                            "recipient": t.email,
+                            "message": {"headers": {"message-id": "bench@mg"}},
+                            "user-variables": {
+                                "batch_id": str(batch_id),
+                                "chunk": "0",
+                                "log_id": str(t.log_id),
+                            },
+                        },
+                    }
+                )
+                headers = {"Content-Type": "application/json"}
+            async with http.post(f"{url}/webhooks/{mode}", data=body, headers=headers) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"webhook answered {resp.status}: {await resp.text()}")
+
+        per_call = per_post if mode == "sendgrid" else 1
+        return await _timed(spec, one, per_call=per_call, window=int(spec["concurrency"]))
+
+
+async def _timed(spec: dict[str, Any], one: Any, *, per_call: int, window: int) -> dict[str, Any]:
+    emit("ready")
+    await wait_for_go()
+    warmup, duration = float(spec["warmup"]), float(spec["duration"])
+    start = time.time()
+    w_start, w_end = start + warmup, start + warmup + duration
+    done: list[float] = []
+
+    async def worker() -> None:
+        while time.time() < w_end:
+            await one()
+            done.append(time.time())
+
+    async def report() -> None:
+        while time.time() < w_end:
+            await asyncio.sleep(2.5)
+            recent = sum(1 for t in done if t > time.time() - 2.5) * per_call / 2.5
+            progress(f"{recent:,.0f} events/s")
+
+    reporter = asyncio.create_task(report())
+    await asyncio.gather(*(worker() for _ in range(window)))
+    reporter.cancel()
+    counted = sum(1 for t in done if w_start <= t <= w_end) * per_call
+    return {
+        "events": counted,
+        "events_per_s": counted / duration,
+        "window_start": w_start,
+        "window_end": w_end,
+    }
+
+
+async def main(spec: dict[str, Any]) -> dict[str, Any]:
+    settings = load_settings()
+    db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
+    try:
+        user_id = uuid.UUID(spec["user_id"])
+        if spec["mode"] == "raw":
+            return await raw(db, user_id, spec)
+        return await post(db, user_id, spec)
+    finally:
+        await db.close()
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,86 @@
+"""Webhook ingest: the raw Cassandra write loop of the same rows (L_wh), then signed
+SendGrid-style batched posts (100 events each) and Mailgun-style single posts to the real
+webhook service, as events/s with the per-process CPU of each."""
+
+from __future__ import annotations
+
+from bench.phases import Context, Result, phase
+
+#: Events per SendGrid-style post (SendGrid batches up to 768 kB; ≥ 100 per the brief).
+EVENTS_PER_POST = 100
+
+
+async def _hooks(ctx: Context, label: str, spec: dict[str, object]) -> Result:
+    cfg = ctx.config
+    runner = ctx.child(
+        label,
+        "bench.hooks",
+        {
+            "user_id": str(ctx.stack.user_id),
+            "warmup": cfg.accept_warmup,
+            "duration": cfg.accept_duration,
+            **spec,
+        },
+    )
+    await runner.start()
+    await runner.next_message("ready", timeout=300)
+    await runner.go()
+    result = await runner.finish(timeout=cfg.accept_warmup + cfg.accept_duration + 120)
+    result["usage"] = ctx.usage(
+        result["window_start"], result["window_end"], result["events"], unit="event"
+    )
+    ctx.printer(f"{label}: {result['events_per_s']:,.0f} events/s")
+    return result
+
+
+@phase(
+    "l_webhook",
+    group="A",
+    order=40,
+    needs=(),
+    description="raw webhook rows: timeline, provider map, state, stats mark per event",
+)
+async def l_webhook(ctx: Context) -> Result:
+    return await _hooks(ctx, "L_webhook", {"mode": "raw", "window": 64})
+
+
+@phase(
+    "webhooks_batched",
+    group="B",
+    order=60,
+    needs={"webhooks"},
+    description="signed SendGrid-style posts of 100 events to the webhook service",
+)
+async def webhooks_batched(ctx: Context) -> Result:
+    return await _hooks(
+        ctx,
+        "webhooks batched",
+        {
+            "mode": "sendgrid",
+            "url": ctx.stack.url("webhooks"),
+            "per_post": EVENTS_PER_POST,
+            "concurrency": 4,
+            "sendgrid_private_key": ctx.stack.sendgrid_private_key,
+        },
+    )
+
+
+@phase(
+    "webhooks_single",
+    group="B",
+    order=61,
+    needs={"webhooks"},
+    description="signed Mailgun-style single-event posts to the webhook service",
+)
+async def webhooks_single(ctx: Context) -> Result:
+    return await _hooks(
+        ctx,
+        "webhooks single",
+        {
+            "mode": "mailgun",
+            "url": ctx.stack.url("webhooks"),
+            "concurrency": 32,
+            "sendgrid_private_key": ctx.stack.sendgrid_private_key,
+            "mailgun_key": ctx.stack.mailgun_signing_key,
+        },
+    )
