@@ -75,6 +75,17 @@ MAX_TEXT = 1000
 _MAX_DIGITS = 15
 
 
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """How a parser classifies one provider event before building the ProviderEvent."""
+
+    kind: Kind
+    raw_event: str
+    reason: str | None = None
+    provider_side: bool = False
+    suppress: bool = False
+
+
 class MalformedPayload(SafedelivrError, ValueError):
     """A webhook body is not in the provider's format at all (HTTP 400)."""
 

@@ -47,9 +47,9 @@ from typing import Any
 import orjson
 
 from shared.webhook_events import (
-    Kind,
     MalformedPayload,
     ProviderEvent,
+    Verdict,
     content_id,
     event_key,
     parse_chunk,
@@ -80,22 +80,13 @@ class MailgunEnvelope:
     body_hash: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class _Verdict:
-    kind: Kind
-    raw_event: str
-    reason: str | None = None
-    provider_side: bool = False
-    suppress: bool = False
-
-
-_SIMPLE: dict[str, _Verdict] = {
-    "accepted": _Verdict("sent", "accepted"),
-    "delivered": _Verdict("delivered", "delivered"),
-    "opened": _Verdict("opened", "opened"),
-    "clicked": _Verdict("clicked", "clicked"),
-    "complained": _Verdict("complained", "complained", suppress=True),
-    "unsubscribed": _Verdict("unsubscribed", "unsubscribed", suppress=True),
+_SIMPLE: dict[str, Verdict] = {
+    "accepted": Verdict("sent", "accepted"),
+    "delivered": Verdict("delivered", "delivered"),
+    "opened": Verdict("opened", "opened"),
+    "clicked": Verdict("clicked", "clicked"),
+    "complained": Verdict("complained", "complained", suppress=True),
+    "unsubscribed": Verdict("unsubscribed", "unsubscribed", suppress=True),
 }
 
 
@@ -181,7 +172,7 @@ def parse_event(
     )
 
 
-def _classify(data: Mapping[str, Any]) -> _Verdict:
+def _classify(data: Mapping[str, Any]) -> Verdict:
     event = text(data.get("event"), limit=100) or ""
     if event in _SIMPLE:
         return _SIMPLE[event]
@@ -190,26 +181,26 @@ def _classify(data: Mapping[str, Any]) -> _Verdict:
     if event == "rejected":
         reject = _mapping(data.get("reject"))
         reason = text(reject.get("description")) or text(reject.get("reason"))
-        return _Verdict("dropped", event, reason, provider_side=True)
-    return _Verdict("unknown", event)
+        return Verdict("dropped", event, reason, provider_side=True)
+    return Verdict("unknown", event)
 
 
-def _failed(data: Mapping[str, Any]) -> _Verdict:
+def _failed(data: Mapping[str, Any]) -> Verdict:
     severity = text(data.get("severity"), limit=100)
     reason = text(data.get("reason"), limit=100)
     raw = "/".join(part for part in ("failed", severity, reason) if part)
     status = _mapping(data.get("delivery-status"))
     why = _status_text(status) or reason
     if severity == "temporary":
-        return _Verdict("deferred", raw, why)
+        return Verdict("deferred", raw, why)
     if reason in _SUPPRESSED:
-        return _Verdict("dropped", raw, why, suppress=True)
+        return Verdict("dropped", raw, why, suppress=True)
     delayed = _mapping(data.get("flags")).get("is-delayed-bounce") is True
     code = status.get("code")
     hard = isinstance(code, int) and 500 <= code < 600 and reason != _GAVE_UP
     if delayed or reason in (None, "bounce") or hard:
-        return _Verdict("bounced", raw, why, suppress=True)
-    return _Verdict("dropped", raw, why, provider_side=True)
+        return Verdict("bounced", raw, why, suppress=True)
+    return Verdict("dropped", raw, why, provider_side=True)
 
 
 def _status_text(status: Mapping[str, Any]) -> str | None:

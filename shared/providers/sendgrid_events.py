@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,10 +47,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from shared.webhook_events import (
-    Kind,
     MalformedPayload,
     ParseResult,
     ProviderEvent,
+    Verdict,
     content_id,
     parse_chunk,
     parse_email,
@@ -76,23 +75,14 @@ _INVALID_DROPS = ("invalid", "invalid address")
 _PROVIDER_BOUNCES = ("blocked", "expired")
 
 
-@dataclass(frozen=True, slots=True)
-class _Verdict:
-    kind: Kind
-    raw_event: str
-    reason: str | None = None
-    provider_side: bool = False
-    suppress: bool = False
-
-
-_SIMPLE: dict[str, _Verdict] = {
-    "processed": _Verdict("sent", "processed"),
-    "delivered": _Verdict("delivered", "delivered"),
-    "open": _Verdict("opened", "open"),
-    "click": _Verdict("clicked", "click"),
-    "spamreport": _Verdict("complained", "spamreport", suppress=True),
-    "unsubscribe": _Verdict("unsubscribed", "unsubscribe", suppress=True),
-    "group_unsubscribe": _Verdict("unsubscribed", "group_unsubscribe", suppress=True),
+_SIMPLE: dict[str, Verdict] = {
+    "processed": Verdict("sent", "processed"),
+    "delivered": Verdict("delivered", "delivered"),
+    "open": Verdict("opened", "open"),
+    "click": Verdict("clicked", "click"),
+    "spamreport": Verdict("complained", "spamreport", suppress=True),
+    "unsubscribe": Verdict("unsubscribed", "unsubscribe", suppress=True),
+    "group_unsubscribe": Verdict("unsubscribed", "group_unsubscribe", suppress=True),
 }
 
 
@@ -187,34 +177,34 @@ def parse_event(item: Mapping[str, Any], *, received_at: datetime) -> ProviderEv
     )
 
 
-def _classify(item: Mapping[str, Any]) -> _Verdict:
+def _classify(item: Mapping[str, Any]) -> Verdict:
     event = text(item.get("event"), limit=100) or ""
     if event in _SIMPLE:
         return _SIMPLE[event]
     if event == "deferred":
-        return _Verdict("deferred", event, reason=text(item.get("response")))
+        return Verdict("deferred", event, reason=text(item.get("response")))
     if event == "bounce":
         return _bounce(item)
     if event == "dropped":
         return _dropped(item)
-    return _Verdict("unknown", event)
+    return Verdict("unknown", event)
 
 
-def _bounce(item: Mapping[str, Any]) -> _Verdict:
+def _bounce(item: Mapping[str, Any]) -> Verdict:
     kind = text(item.get("type"), limit=100)
     raw = f"bounce/{kind}" if kind else "bounce"
     reason = text(item.get("reason")) or text(item.get("status"))
     if kind in _PROVIDER_BOUNCES:
-        return _Verdict("dropped", raw, reason, provider_side=True)
-    return _Verdict("bounced", raw, reason, suppress=True)
+        return Verdict("dropped", raw, reason, provider_side=True)
+    return Verdict("bounced", raw, reason, suppress=True)
 
 
-def _dropped(item: Mapping[str, Any]) -> _Verdict:
+def _dropped(item: Mapping[str, Any]) -> Verdict:
     reason = text(item.get("reason"))
     normalised = (reason or "").lower()
     if normalised.startswith(_RECIPIENT_DROPS) or normalised in _INVALID_DROPS:
-        return _Verdict("dropped", "dropped", reason, suppress=True)
-    return _Verdict("dropped", "dropped", reason, provider_side=True)
+        return Verdict("dropped", "dropped", reason, suppress=True)
+    return Verdict("dropped", "dropped", reason, provider_side=True)
 
 
 def _message_id(value: object) -> str | None:
