@@ -30,6 +30,10 @@ class Attempt:
     message_id: str | None
 
 
+#: Rank of our own give-up write: it outranks any provider event stamped in the same second.
+GIVE_UP_RANK = 50
+
+
 def micros(when: datetime, rank: int = 0) -> int:
     """A write timestamp on the same scale webhook events use: whole seconds plus a rank.
 

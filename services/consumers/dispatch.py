@@ -43,8 +43,6 @@ _ERROR_KINDS: dict[str, type[ProviderError]] = {
     "misconfigured": ProviderMisconfigured,
     "permanent": PermanentProviderError,
 }
-#: Giving up outranks any provider event stamped in the same second.
-GIVE_UP_RANK = 50
 #: Seconds between checks of an attempt whose outcome is unknown.
 RECHECK_DELAY = 30
 

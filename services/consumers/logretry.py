@@ -18,7 +18,7 @@ import aio_pika.abc
 import orjson
 
 from services.consumers.settle import Poison
-from shared.attempts import micros
+from shared.attempts import GIVE_UP_RANK, micros
 from shared.batchstore import BatchStore
 from shared.broker import Broker
 from shared.config import ProviderSettings
@@ -30,9 +30,6 @@ from shared.stats import StatsStore
 from shared.topology import log_key, parse_routing_key
 
 log = logging.getLogger(__name__)
-
-#: Giving up outranks provider events stamped in the same second.
-GIVE_UP_RANK = 50
 
 
 @dataclass
