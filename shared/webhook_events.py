@@ -86,6 +86,37 @@ class Verdict:
     suppress: bool = False
 
 
+def build_event(
+    verdict: Verdict,
+    *,
+    provider: str,
+    event_id: str,
+    email: str,
+    occurred_at: datetime,
+    ids: Mapping[str, Any],
+    message_id: str | None,
+    url: object = None,
+) -> ProviderEvent:
+    """The normalised event of a classified provider event; ``ids`` holds our correlation
+    ids as the provider echoed them (``batch_id``, ``chunk``, ``log_id``)."""
+    return ProviderEvent(
+        provider=provider,
+        event_id=event_id,
+        kind=verdict.kind,
+        raw_event=verdict.raw_event,
+        email=email,
+        occurred_at=occurred_at,
+        batch_id=parse_uuid(ids.get("batch_id")),
+        chunk=parse_chunk(ids.get("chunk")),
+        log_id=parse_uuid(ids.get("log_id")),
+        message_id=message_id,
+        reason=verdict.reason,
+        provider_side=verdict.provider_side,
+        suppress=verdict.suppress,
+        url=text(url) if verdict.kind == "clicked" else None,
+    )
+
+
 class MalformedPayload(SafedelivrError, ValueError):
     """A webhook body is not in the provider's format at all (HTTP 400)."""
 

@@ -50,12 +50,11 @@ from shared.webhook_events import (
     MalformedPayload,
     ProviderEvent,
     Verdict,
+    build_event,
     content_id,
     event_key,
-    parse_chunk,
     parse_email,
     parse_time,
-    parse_uuid,
     text,
 )
 from shared.webhook_events import timestamp_fresh as timestamp_fresh
@@ -153,22 +152,15 @@ def parse_event(
     stamp = event_data.get("timestamp")
     event_id = text(event_data.get("id"), limit=200)
     key = event_key(stamp)
-    variables = _mapping(event_data.get("user-variables"))
-    return ProviderEvent(
+    return build_event(
+        verdict,
         provider=CODE,
         event_id=f"{event_id}:{key}" if event_id and key else content_id(event_data),
-        kind=verdict.kind,
-        raw_event=verdict.raw_event,
         email=email,
         occurred_at=parse_time(stamp) or received_at or datetime.now(UTC),
-        batch_id=parse_uuid(variables.get("batch_id")),
-        chunk=parse_chunk(variables.get("chunk")),
-        log_id=parse_uuid(variables.get("log_id")),
+        ids=_mapping(event_data.get("user-variables")),
         message_id=_message_id(event_data),
-        reason=verdict.reason,
-        provider_side=verdict.provider_side,
-        suppress=verdict.suppress,
-        url=text(event_data.get("url")) if verdict.kind == "clicked" else None,
+        url=event_data.get("url"),
     )
 
 

@@ -51,11 +51,10 @@ from shared.webhook_events import (
     ParseResult,
     ProviderEvent,
     Verdict,
+    build_event,
     content_id,
-    parse_chunk,
     parse_email,
     parse_time,
-    parse_uuid,
     text,
 )
 from shared.webhook_events import timestamp_fresh as timestamp_fresh
@@ -159,21 +158,15 @@ def parse_event(item: Mapping[str, Any], *, received_at: datetime) -> ProviderEv
     if email is None:
         return None
     verdict = _classify(item)
-    return ProviderEvent(
+    return build_event(
+        verdict,
         provider=CODE,
         event_id=text(item.get("sg_event_id")) or content_id(item),
-        kind=verdict.kind,
-        raw_event=verdict.raw_event,
         email=email,
         occurred_at=parse_time(item.get("timestamp")) or received_at,
-        batch_id=parse_uuid(item.get("batch_id")),
-        chunk=parse_chunk(item.get("chunk")),
-        log_id=parse_uuid(item.get("log_id")),
+        ids=item,
         message_id=_message_id(item.get("sg_message_id")),
-        reason=verdict.reason,
-        provider_side=verdict.provider_side,
-        suppress=verdict.suppress,
-        url=text(item.get("url")) if verdict.kind == "clicked" else None,
+        url=item.get("url"),
     )
 
 

@@ -7,37 +7,26 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from services.webhooks.transitions import effects, write_timestamp
+from services.webhooks.transitions import Effects, effects, write_timestamp
 from shared.reconcile import expected_marks
 from shared.resend import next_provider
 from shared.stats import is_closed, zero_filled
-from shared.webhook_events import ProviderEvent
+from shared.webhook_events import Kind, ProviderEvent
+from tests.unit.webhooks.fixtures import provider_event
 
 T0 = datetime(2026, 11, 20, 12, 0, 0, tzinfo=UTC)
 
 
 def ev(
-    kind: str,
+    kind: Kind,
     *,
     at: datetime = T0,
     provider_side: bool = False,
     suppress: bool = False,
     provider: str = "sg",
 ) -> ProviderEvent:
-    return ProviderEvent(
-        provider=provider,
-        event_id="e",
-        kind=kind,  # type: ignore[arg-type]
-        raw_event=kind,
-        email="a@example.com",
-        occurred_at=at,
-        batch_id=None,
-        chunk=None,
-        log_id=None,
-        message_id=None,
-        reason=None,
-        provider_side=provider_side,
-        suppress=suppress,
+    return provider_event(
+        kind, provider=provider, at=at, provider_side=provider_side, suppress=suppress
     )
 
 
@@ -92,7 +81,7 @@ def test_deferral_past_the_deadline_resends() -> None:
 
 def test_unknown_events_only_reach_the_timeline() -> None:
     """Unknown kinds are recorded without touching state or stats."""
-    assert effects(ev("unknown")) == effects(ev("unknown")).__class__(None, None)
+    assert effects(ev("unknown")) == Effects(None, None)
 
 
 def test_same_second_later_stage_wins() -> None:

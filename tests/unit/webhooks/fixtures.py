@@ -10,6 +10,7 @@ The docs samples from the brief are kept verbatim beside them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -20,6 +21,7 @@ from services.sandbox.mailgun import parse_message
 from shared.models import Chunk
 from shared.providers.mailgun import build_form
 from shared.providers.sendgrid import build_payload
+from shared.webhook_events import Kind, ProviderEvent
 from tests.unit.providers.fakes import chunk, recipient
 
 #: The sandbox's signing key pair for SendGrid, and another one that must not verify.
@@ -33,6 +35,32 @@ X_MESSAGE_ID = "W2Xb3yQ1Sx2ZLcS9r1NuEw"
 MAILGUN_ID = "<20240301120000.7.2A6098970A380E12@mg.example.org>"
 ACCEPTED_AT = 1_709_294_400
 NOW = 1_709_294_460
+
+
+def provider_event(
+    kind: Kind,
+    *,
+    provider: str = "sg",
+    at: datetime = datetime(2026, 11, 20, 12, 0, 0, tzinfo=UTC),
+    provider_side: bool = False,
+    suppress: bool = False,
+) -> ProviderEvent:
+    """A normalised event with no correlation ids, for state-machine and ranking tests."""
+    return ProviderEvent(
+        provider=provider,
+        event_id="e-1",
+        kind=kind,
+        raw_event=kind,
+        email="a@x.com",
+        occurred_at=at,
+        batch_id=None,
+        chunk=None,
+        log_id=None,
+        message_id=None,
+        reason=None,
+        provider_side=provider_side,
+        suppress=suppress,
+    )
 
 
 def bulk_chunk(*addresses: str, index: int = 2) -> Chunk:

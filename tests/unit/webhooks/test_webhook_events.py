@@ -25,27 +25,14 @@ from shared.webhook_events import (
     text,
     timestamp_fresh,
 )
+from tests.unit.webhooks.fixtures import provider_event
 
 WHEN = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
 OURS = uuid.UUID("6f1c2a40-0000-4000-8000-000000000001")
 
 
 def event(kind: Kind, *, provider_side: bool = False) -> ProviderEvent:
-    return ProviderEvent(
-        provider="sg",
-        event_id="e-1",
-        kind=kind,
-        raw_event=kind,
-        email="a@x.com",
-        occurred_at=WHEN,
-        batch_id=None,
-        chunk=None,
-        log_id=None,
-        message_id=None,
-        reason=None,
-        provider_side=provider_side,
-        suppress=False,
-    )
+    return provider_event(kind, at=WHEN, provider_side=provider_side)
 
 
 def test_every_kind_has_a_rank() -> None:
