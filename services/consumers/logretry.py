@@ -18,7 +18,7 @@ import aio_pika.abc
 import orjson
 
 from services.consumers.settle import Poison
-from shared.attempts import GIVE_UP_RANK, micros
+from shared.attempts import GIVE_UP_RANK, AttemptStore
 from shared.batchstore import BatchStore
 from shared.broker import Broker
 from shared.config import ProviderSettings
@@ -42,6 +42,9 @@ class LogRetrier:
     @property
     def db(self) -> Any:
         return self.batches.db
+
+    def __post_init__(self) -> None:
+        self.attempts = AttemptStore(self.batches.db)
 
     async def process(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
         key = parse_routing_key(message.routing_key or "")
@@ -148,31 +151,16 @@ class LogRetrier:
         )
 
     async def _write(
-        self,
-        job: LogJob,
-        code: str,
-        result: str,
-        at: datetime,
-        *,
-        event: str | None = None,
-        message_id: str | None = None,
-        state: str | None = None,
-        reason: str | None = None,
-        rank: int = 0,
+        self, job: LogJob, code: str, result: str, at: datetime, **columns: Any
     ) -> None:
-        sets, values = ["providers[?] = ?", "last_update = ?"], [code, result, at]
-        for column, value in (("event", event), ("state", state), ("reason_detail", reason)):
-            if value is not None:
-                sets.append(f"{column} = ?")
-                values.append(value)
-        if message_id:
-            sets.append("message_ids[?] = ?")
-            values.extend([code, message_id])
-        await self.db.execute(
-            f"UPDATE batches USING TIMESTAMP ? SET {', '.join(sets)} "  # noqa: S608 - fixed columns
-            "WHERE batch_id = ? AND chunk = ? AND log_id = ?",
-            (micros(at, rank), *values, job.batch_id, job.chunk, job.log_id),
-            idempotent=True,
+        await self.attempts.update_recipients(
+            job.batch_id,
+            job.chunk,
+            [job.log_id],
+            provider=code,
+            provider_result=result,
+            at=at,
+            **columns,
         )
 
     async def _give_up(self, job: LogJob, reason: str) -> None:
