@@ -77,21 +77,9 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_topology(settings: Settings, args: argparse.Namespace) -> int:
-    from shared.broker import Broker
-    from shared.resources import topology_for
+    from shared.resources import declare_topology
 
-    async def declare() -> None:
-        broker = Broker(
-            settings.amqp.url.get_secret_value(), topology_for(settings), name="safedelivr-topology"
-        )
-        await broker.connect()
-        try:
-            await broker.declare()
-        finally:
-            await broker.close()
-
-    asyncio.run(declare())
-    t = topology_for(settings)
+    t = asyncio.run(declare_topology(settings))
     print(f"exchange {t.exchange}: {len(t.queues())} queues declared")
     return 0
 

@@ -26,6 +26,7 @@ from shared.accounts import create_key, upsert_github_user
 from shared.config import Settings
 from shared.db import Database
 from shared.migrations import migrate
+from shared.resources import declare_topology
 
 #: GitHub id of the sandbox's default user (services/sandbox/oauth.py).
 DEMO_GITHUB_ID = 1_000_001
@@ -74,9 +75,7 @@ def _wait_healthy(service: Service) -> None:
 def _setup(settings: Settings) -> str:
     async def go() -> str:
         await migrate(settings.cassandra)
-        from services.cli import cmd_topology  # the same code path as `safedelivr topology`
-
-        await asyncio.to_thread(cmd_topology, settings, None)  # type: ignore[arg-type]
+        await declare_topology(settings)
         # The demo key belongs to the sandbox GitHub's default user, so logging in to the
         # dashboard (through the fake GitHub) shows what the printed curl sends.
         db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)

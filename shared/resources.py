@@ -28,6 +28,19 @@ def topology_for(settings: Settings) -> Topology:
     )
 
 
+async def declare_topology(settings: Settings) -> Topology:
+    """``safedelivr topology``: declare every exchange, queue and binding (idempotent)."""
+    broker = Broker(
+        settings.amqp.url.get_secret_value(), topology_for(settings), name="safedelivr-topology"
+    )
+    await broker.connect()
+    try:
+        await broker.declare()
+    finally:
+        await broker.close()
+    return broker.topology
+
+
 @dataclass(slots=True)
 class Resources:
     db: Database

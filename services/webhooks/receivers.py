@@ -16,7 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from shared.config import Settings
-from shared.http import JSON, ApiError
+from shared.db import Database
+from shared.http import JSON, ApiError, read_capped
 from shared.providers import mailgun_events, sendgrid_events
 from shared.webhook_events import MalformedPayload, timestamp_fresh
 
@@ -29,12 +30,6 @@ SG_TIMESTAMP = "x-twilio-email-event-webhook-timestamp"
 
 def _unauthorized(why: str) -> ApiError:
     return ApiError(401, "bad_signature", why)
-
-
-async def _raw(request: Request) -> bytes:
-    from shared.http import read_capped
-
-    return await read_capped(request, MAX_BODY)
 
 
 def _check_basic(request: Request, settings: Settings) -> None:
@@ -51,7 +46,7 @@ def _check_basic(request: Request, settings: Settings) -> None:
 async def sendgrid(request: Request) -> Response:
     state = request.app.state
     settings: Settings = state.settings
-    raw = await _raw(request)
+    raw = await read_capped(request, MAX_BODY)
     _check_basic(request, settings)
     key = state.sendgrid_key
     if key is None and not settings.webhooks.sendgrid_basic_user:
@@ -74,7 +69,7 @@ async def sendgrid(request: Request) -> Response:
 async def mailgun(request: Request) -> Response:
     state = request.app.state
     settings: Settings = state.settings
-    raw = await _raw(request)
+    raw = await read_capped(request, MAX_BODY)
     signing_key = settings.webhooks.mailgun_signing_key
     if signing_key is None:
         raise ApiError(503, "not_configured", "Mailgun webhook signing key is not configured")
@@ -97,11 +92,8 @@ async def mailgun(request: Request) -> Response:
     return JSON({"received": 1, **counts})
 
 
-async def _token_once(db: object, token: str, body_hash: bytes) -> bool:
+async def _token_once(db: Database, token: str, body_hash: bytes) -> bool:
     """Accept each Mailgun token once; the same token with the same body is a harmless replay."""
-    from shared.db import Database
-
-    assert isinstance(db, Database)  # noqa: S101 - app state invariant
     row = await db.one(
         "INSERT INTO webhook_tokens (mg_token, body_hash) VALUES (?, ?) IF NOT EXISTS",
         (token, body_hash),
