@@ -79,7 +79,6 @@ class AmqpSettings(BaseSettings):
     url: SecretStr = SecretStr("amqp://guest:guest@127.0.0.1:5672/")
     exchange: str = "safedelivr"
     """The topic exchange; queue names are derived from it (see shared.topology)."""
-    prefetch: int = Field(64, ge=1, le=10_000)
     delivery_limit: int = Field(10, ge=1)
     """Deliveries of one message before it is dead-lettered as poison."""
     publish_timeout: float = Field(10.0, gt=0)

@@ -21,7 +21,7 @@ import orjson
 
 from services.consumers import failover
 from services.consumers.settle import Poison
-from shared.attempts import Attempt, AttemptStore
+from shared.attempts import GIVE_UP_RANK, Attempt, AttemptStore
 from shared.batchstore import BatchStore
 from shared.broker import Broker
 from shared.config import ProviderSettings
@@ -34,6 +34,7 @@ from shared.errors import (
 from shared.metrics import DispatchMetrics
 from shared.models import Chunk, ChunkJob, Recipient
 from shared.providers.base import Provider
+from shared.stats import StatsStore
 from shared.topology import dispatch_key, parse_routing_key
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,9 @@ class Dispatcher:
             event="sent",
             message_id=receipt.message_id,
         )
+        if self.metrics:
+            self.metrics.chunks_sent.labels(code).inc()
+            self.metrics.recipients_sent.labels(code).inc(len(log_ids))
 
     async def _failed(
         self,
@@ -175,6 +179,8 @@ class Dispatcher:
             code,
             error,
         )
+        if self.metrics:
+            self.metrics.attempts_failed.labels(code, error_kind(error)).inc()
         await self.attempts.finish(
             job.batch_id,
             job.chunk,
@@ -244,7 +250,16 @@ class Dispatcher:
             event="failed",
             state="failed",
             reason=reason[:1000],
+            rank=GIVE_UP_RANK,
         )
+        # Failed by us, not by a webhook: the stats mark is ours to write.
+        header = await self.batches.header(job.batch_id)
+        if header is not None:
+            await StatsStore(self.batches.db).mark(
+                header.user_id, datetime.now(UTC), "failed", [str(i) for i in log_ids]
+            )
+        if self.metrics:
+            self.metrics.recipients_failed.inc(len(log_ids))
 
     async def _recheck(self, job: ChunkJob, provider: str) -> None:
         wait = min(RECHECK_DELAY, self.settings.ambiguous_timeout)

@@ -36,7 +36,7 @@ async def start_consumers(
     providers = build_providers(settings.providers)
     batches = BatchStore(res.db)
     dispatcher = Dispatcher(
-        res.broker, batches, AttemptStore(res.db), providers, settings.providers
+        res.broker, batches, AttemptStore(res.db), providers, settings.providers, metrics
     )
     splitter = Splitter(res.broker, batches, settings.providers.chain_codes[0])
     topology = res.broker.topology

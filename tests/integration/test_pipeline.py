@@ -37,6 +37,11 @@ class Pipeline:
     key: str
     settings: Settings
     db: Database
+    consumers: Any = None
+
+    async def consumer_metrics(self) -> str:
+        async with client_for(self.consumers) as client:
+            return (await client.get("/metrics")).text
 
     @property
     def auth(self) -> dict[str, str]:
@@ -129,8 +134,9 @@ async def pipe(
     parts: tuple[Settings, httpx.AsyncClient, httpx.AsyncClient, str], db: Database
 ) -> AsyncIterator[Pipeline]:
     s, client, sandbox, key = parts
-    async with running(create_consumers(s)):
-        yield Pipeline(client, sandbox, key, s, db)
+    consumers = create_consumers(s)
+    async with running(consumers):
+        yield Pipeline(client, sandbox, key, s, db, consumers)
 
 
 def _emails(n: int) -> list[str]:
@@ -149,6 +155,8 @@ async def test_every_recipient_is_sent_via_sendgrid(pipe: Pipeline) -> None:
     assert all(r["providers"] == {"sg": "sent"} and r["state"] == "queued" for r in logs)
     sends = await pipe.sends()
     assert all(sends["sendgrid"]["by_recipient"][e] == 1 for e in to)
+    metrics = await pipe.consumer_metrics()
+    assert 'safedelivr_recipients_sent_total{provider="sg"} 5.0' in metrics
 
 
 async def test_sendgrid_500_fails_over_to_mailgun_as_retry_1(pipe: Pipeline) -> None:
@@ -181,6 +189,9 @@ async def test_every_provider_down_ends_failed_with_a_reason(pipe: Pipeline) -> 
     batch = (await pipe.api.get(f"/v1/batches/{batch_id}", headers=pipe.auth)).json()
     assert batch["status"] == "failed"
     assert batch["counts"]["failed"] == 2
+    stats = (await pipe.api.get("/v1/stats", headers=pipe.auth)).json()["data"][-1]
+    assert (stats["queued"], stats["failed"]) == (2, 2)
+    assert "safedelivr_recipients_failed_total 2.0" in await pipe.consumer_metrics()
 
 
 async def test_2500_recipients_go_out_in_three_chunks(pipe: Pipeline) -> None:
