@@ -188,6 +188,13 @@ class BatchStore:
             reason=row["reason"],
         )
 
+    async def status(self, batch_id: uuid.UUID) -> str | None:
+        """The header's status alone (None when the batch does not exist)."""
+        row = await self.db.one(
+            "SELECT status FROM batches WHERE batch_id = ? LIMIT 1", (batch_id,)
+        )
+        return row["status"] if row else None
+
     async def set_status(self, batch_id: uuid.UUID, status: str, reason: str | None = None) -> None:
         await self.db.execute(
             "UPDATE batches SET status = ?, reason = ?, updated_at = ? WHERE batch_id = ?",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import uuid
 from collections import Counter
@@ -90,16 +91,16 @@ async def list_for_user(
         month = _previous_month(month)
     more = len(items) > limit
     items = items[:limit]
-    headers = [await store.header(r["batch_id"]) for r in items]
+    statuses = await asyncio.gather(*(store.status(r["batch_id"]) for r in items))
     data = [
         {
             "batch_id": str(r["batch_id"]),
             "subject": r["subject"],
             "recipients": r["recipient_count"],
             "created_at": timeuuid_datetime(r["batch_id"]).isoformat(),
-            "status": h.status if h else "incomplete",
+            "status": status or "incomplete",
         }
-        for r, h in zip(items, headers, strict=True)
+        for r, status in zip(items, statuses, strict=True)
     ]
     next_cursor = encode_cursor({"after": data[-1]["batch_id"]}) if more and data else None
     return {"data": data, "next_cursor": next_cursor}

@@ -178,3 +178,25 @@ async def test_revoked_key_stops_working(api: httpx.AsyncClient, db: Database) -
 
     resp = await api.post("/v1/batches", json=GOOD, headers=auth(key))
     assert resp.status_code == 401
+
+
+async def test_batches_list_newest_first_with_cursor_paging(
+    api: httpx.AsyncClient, key: str
+) -> None:
+    """The list pages newest first through a cursor and shows each batch's status."""
+    ids = [
+        (await api.post("/v1/batches", json=GOOD, headers=auth(key))).json()["batch_id"]
+        for _ in range(3)
+    ]
+
+    first = (await api.get("/v1/batches", params={"limit": "2"}, headers=auth(key))).json()
+    rest = (
+        await api.get(
+            "/v1/batches", params={"limit": "2", "cursor": first["next_cursor"]}, headers=auth(key)
+        )
+    ).json()
+
+    listed = [b["batch_id"] for b in first["data"] + rest["data"]]
+    assert listed == ids[::-1]
+    assert rest["next_cursor"] is None
+    assert all(b["status"] in ("accepted", "dispatched") for b in first["data"])
