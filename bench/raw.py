@@ -1,8 +1,8 @@
 """Raw baselines, run as a child process: the least work acceptance and dispatch must do.
 
 ``python -m bench.raw '{"mode": "accept", ...}'`` -- **L_accept**: a bare loop (no HTTP, no
-validation) that, per batch, writes the rows one acceptance writes
-(:meth:`BatchStore.accept` with the data the API would build, then ``mark_published``) and
+validation) that, per batch, writes the rows one acceptance writes (the outbox row,
+:meth:`BatchStore.accept` with the data the API would build, the outbox row's removal) and
 makes one confirmed publish of ``batch.<uuid>``, with ``window`` batches in flight.
 
 ``python -m bench.raw '{"mode": "e2e", ...}'`` -- **L_e2e**: seeds a corpus of batches
@@ -33,6 +33,7 @@ from shared.broker import Broker
 from shared.config import Settings, load_settings
 from shared.db import Database
 from shared.models import BatchJob, ChunkJob
+from shared.outbox import Outbox
 from shared.providers.sendgrid import SendGridProvider
 from shared.resources import topology_for
 from shared.topology import batch_key, dispatch_key
@@ -62,6 +63,7 @@ async def accept(spec: dict[str, Any]) -> dict[str, Any]:
     settings = load_settings()
     db, broker = await _connect(settings, "bench-raw-accept")
     store = BatchStore(db)
+    outbox = Outbox(db, settings.amqp.exchange)
     factory = BatchFactory(int(spec["recipients"]), settings.providers.chain_codes)
     user_id = uuid.UUID(spec["user_id"])
     warmup, duration = float(spec["warmup"]), float(spec["duration"])
@@ -73,13 +75,14 @@ async def accept(spec: dict[str, Any]) -> dict[str, Any]:
     async def worker() -> None:
         while time.time() < w_end:
             batch = factory.new(next(seq), user_id)
+            await outbox.add(batch.batch_id, user_id, datetime.now(UTC))
             await store.accept(batch)
             await broker.publish(
                 batch_key(batch.batch_id),
                 BatchJob(batch_id=batch.batch_id).encode(),
                 message_id=str(batch.batch_id),
             )
-            await store.mark_published(batch.batch_id)
+            await outbox.done(batch.batch_id)
             done.append(time.time())
 
     reporter = asyncio.create_task(_report(done, w_start, "batches/s", factory.size))
@@ -122,8 +125,8 @@ async def seed(
 ) -> list[tuple[uuid.UUID, float, int]]:
     """Accept ``count`` batches (untimed) with a few in flight; ``(id, time, seq)`` each.
 
-    The outbox row is removed at once (``mark_published``): the batch is then exactly what an
-    accepted and published batch leaves in Cassandra. In-flight batches are bounded by size:
+    No outbox row is written: the batch is then exactly what an accepted and published batch
+    leaves in Cassandra. In-flight batches are bounded by size:
     64 batches of 1,000 recipients fill the driver's socket buffer, and the libev reactor
     then fails requests at once (``ConnectionBusy``) instead of waiting.
     """
@@ -139,7 +142,6 @@ async def seed(
             else:
                 batch, batch_time = factory.new(seq, user_id), time.time()
             await store.accept(batch)
-            await store.mark_published(batch.batch_id)
             corpus.append((batch.batch_id, batch_time, seq))
             if len(corpus) % 2000 == 0:
                 child.progress(f"seeding: {len(corpus):,}/{count:,} batches")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,13 +19,6 @@ from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 from shared.db import Database, Row
 from shared.models import Message, Recipient
 from shared.stats import StatsStore
-
-#: Shards of the pending-batch outbox; the relay scans each.
-OUTBOX_SHARDS = 16
-
-
-def outbox_shard(batch_id: uuid.UUID) -> int:
-    return zlib.crc32(batch_id.bytes) % OUTBOX_SHARDS
 
 
 def month_of(batch_id: uuid.UUID) -> str:
@@ -86,34 +78,26 @@ class BatchStore:
     async def accept(self, batch: NewBatch) -> None:
         """Store a batch durably before it is published.
 
-        Order matters: the outbox row and the user's index row go first (a small logged
-        batch), then the address index, then the batch partition with its header as one
-        single-partition mutation. The header is what makes a batch exist: a failure before
-        it leaves an outbox row without a header, which the relay discards after the grace
-        period instead of publishing.
+        The user's index row, the address index and the queued marks go first, then the
+        batch partition with its header as one single-partition mutation: the header is what
+        makes a batch exist, so a reader never sees half a batch. The caller writes the
+        outbox row before calling this (see ``shared.outbox``).
         """
         now = datetime.now(UTC)
         db = self.db
-        index = BatchStatement(batch_type=BatchType.LOGGED)
-        index.add(
-            await db.prepare(
-                "INSERT INTO pending_batches (shard, batch_id, user_id, created_at) "
-                "VALUES (?, ?, ?, ?)"
-            ),
-            (outbox_shard(batch.batch_id), batch.batch_id, batch.user_id, now),
-        )
-        index.add(
+        index = (
             await db.prepare(
                 "INSERT INTO batches_by_user (user_id, month, batch_id, subject, "
                 "recipient_count) VALUES (?, ?, ?, ?, ?)"
-            ),
+            )
+        ).bind(
             (
                 batch.user_id,
                 month_of(batch.batch_id),
                 batch.batch_id,
                 batch.message.subject,
                 len(batch.recipients),
-            ),
+            )
         )
         rows = BatchStatement(batch_type=BatchType.UNLOGGED)
         insert = await db.prepare(_INSERT_RECIPIENT)
@@ -155,19 +139,6 @@ class BatchStore:
         )
         await db.execute(rows)
 
-    async def mark_published(self, batch_id: uuid.UUID) -> None:
-        await self.db.execute(
-            "DELETE FROM pending_batches WHERE shard = ? AND batch_id = ?",
-            (outbox_shard(batch_id), batch_id),
-            idempotent=True,
-        )
-
-    async def pending(self, shard: int) -> list[Row]:
-        return await self.db.rows(
-            "SELECT batch_id, user_id, created_at FROM pending_batches WHERE shard = ?",
-            (shard,),
-        )
-
     async def header(self, batch_id: uuid.UUID) -> BatchHeader | None:
         row = await self.db.one(
             "SELECT batch_id, user_id, created_at, message, recipient_count, chunk_size, "
@@ -208,14 +179,3 @@ class BatchStore:
             "FROM batches WHERE batch_id = ? AND chunk = ?",
             (batch_id, chunk),
         )
-
-    async def discard(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> None:
-        """Remove the traces of a batch whose acceptance failed part-way."""
-        await self.db.execute(
-            "DELETE FROM batches_by_user WHERE user_id = ? AND month = ? AND batch_id = ?",
-            (user_id, month_of(batch_id), batch_id),
-            idempotent=True,
-        )
-        await self.db.execute("DELETE FROM batches WHERE batch_id = ?", (batch_id,))
-        await self.db.execute("DELETE FROM batch_emails WHERE batch_id = ?", (batch_id,))
-        await self.mark_published(batch_id)

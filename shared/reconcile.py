@@ -124,12 +124,22 @@ async def user_expected(db: Database, user_id: uuid.UUID, day: date) -> Marks:
     return total
 
 
-async def reconcile_day(db: Database, day: date, *, fix: bool = False) -> list[Drift]:
+async def reconcile_day(
+    db: Database,
+    day: date,
+    *,
+    fix: bool = False,
+    users: Iterable[uuid.UUID] | None = None,
+) -> list[Drift]:
+    """Compare (and with ``fix`` repair) ``day`` for ``users``, or for every user if None."""
     stats = StatsStore(db)
-    users = set(await stats.active_users(day))
-    users |= {r["user_id"] for r in await db.all_pages("SELECT user_id FROM users")}
+    if users is None:
+        scope = set(await stats.active_users(day))
+        scope |= {r["user_id"] for r in await db.all_pages("SELECT user_id FROM users")}
+    else:
+        scope = set(users)
     drifts: list[Drift] = []
-    for user_id in sorted(users, key=str):
+    for user_id in sorted(scope, key=str):
         expected = await user_expected(db, user_id, day)
         stored = {m: await stats.keys(user_id, day, m) for m in METRICS}
         found = compare(user_id, expected, stored)

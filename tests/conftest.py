@@ -7,6 +7,8 @@ Integration tests skip when RabbitMQ/Cassandra can't be started locally, but fai
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import subprocess
 import uuid
@@ -55,11 +57,9 @@ def services_up() -> None:
         pytest.skip(message)
 
 
-@pytest.fixture(scope="session")
-def keyspace(services_up: None) -> Iterator[str]:
-    name = unique("t")
-    yield name
-    subprocess.run(  # dropping is best effort: a leftover test keyspace harms nothing
+def drop_keyspace(name: str) -> None:
+    """Drop a test keyspace (best effort: a leftover test keyspace harms nothing)."""
+    subprocess.run(
         [
             str(ROOT / ".venv/bin/python"),
             "-c",
@@ -73,6 +73,28 @@ def keyspace(services_up: None) -> Iterator[str]:
         timeout=120,
         check=False,
     )
+
+
+@pytest.fixture(scope="session")
+def keyspace(services_up: None) -> Iterator[str]:
+    name = unique("t")
+    yield name
+    drop_keyspace(name)
+
+
+@contextlib.asynccontextmanager
+async def private_keyspace(prefix: str) -> AsyncIterator[CassandraSettings]:
+    """A migrated keyspace of its own, for a stack that outlives single tests (dropped after).
+
+    Background work of such a stack (its outbox relay, its consumers) then never sees rows
+    another test wrote, and tests never see its rows.
+    """
+    settings = CassandraSettings(keyspace=unique(prefix))
+    await migrate(settings)
+    try:
+        yield settings
+    finally:
+        await asyncio.to_thread(drop_keyspace, settings.keyspace)
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,9 @@ async def _l_accept(ctx: Context, label: str) -> Result:
     group="A",
     order=10,
     needs={"sandbox"},
-    description="raw acceptance: BatchStore.accept + confirmed publish + mark_published, no HTTP",
+    description=(
+        "raw acceptance: outbox row + BatchStore.accept + confirmed publish + outbox done, no HTTP"
+    ),
 )
 async def l_accept(ctx: Context) -> Result:
     return await _l_accept(ctx, "raw-accept")

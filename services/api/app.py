@@ -25,7 +25,7 @@ from shared.health import health_routes
 from shared.http import AdmissionLimit, error_handlers
 from shared.idempotency import IdempotencyStore
 from shared.metrics import ApiMetrics, new_registry
-from shared.outbox import relay_forever
+from shared.outbox import Outbox, relay_forever
 from shared.resources import open_resources, readiness_checks
 from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
@@ -42,6 +42,7 @@ def create_app(settings: Settings) -> Starlette:
             state = app.state
             state.resources = res
             state.batches = BatchStore(res.db)
+            state.outbox = Outbox(res.db, settings.amqp.exchange)
             state.attempts = AttemptStore(res.db)
             state.idempotency = IdempotencyStore(res.db)
             state.suppressions = SuppressionStore(res.db)
@@ -52,6 +53,7 @@ def create_app(settings: Settings) -> Starlette:
             )
             relay = asyncio.create_task(
                 relay_forever(
+                    state.outbox,
                     state.batches,
                     res.broker,
                     interval=settings.api.outbox_relay_interval,

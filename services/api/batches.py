@@ -11,6 +11,7 @@ import logging
 import re
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -27,6 +28,7 @@ from shared.http import JSON, ApiError, read_json
 from shared.idempotency import Claimed, IdempotencyStore
 from shared.metrics import ApiMetrics
 from shared.models import BatchJob, Recipient
+from shared.outbox import Outbox
 from shared.providers.limits import chunk_size
 from shared.suppressions import SuppressionStore
 from shared.topology import batch_key
@@ -179,6 +181,8 @@ async def _accept(
             copies=len(parsed.message.cc) + len(parsed.message.bcc),
         ),
     )
+    outbox: Outbox = state.outbox
+    await outbox.add(batch_id, user_id, datetime.now(UTC))
     await store.accept(batch)
     try:
         await state.resources.broker.publish(
@@ -189,7 +193,7 @@ async def _accept(
         log.warning("batch %s stored but not yet published (%s); the relay will", batch_id, exc)
         metrics.deferred_publishes.inc()
     else:
-        state.background.spawn(store.mark_published(batch_id))
+        state.background.spawn(outbox.done(batch_id))
     metrics.batches.inc()
     metrics.recipients.inc(len(recipients))
     metrics.accept_seconds.observe(time.perf_counter() - started)

@@ -2,9 +2,11 @@
 
 One stack serves every browser test of the session: webhooks, the sandbox (SendGrid, Mailgun
 and GitHub stand-ins), the API with the dashboard, and the consumers, all real and in process,
-against the run's Cassandra keyspace and a private RabbitMQ topology. The browser reaches them
-over loopback, so a login is the real redirect dance: ``/auth/github/login`` → the sandbox's
-authorize page → ``/auth/github/callback`` → the dashboard.
+against a Cassandra keyspace and a RabbitMQ topology of its own: the stack runs in the
+background while other tests run, so it must neither see their rows nor touch their queues.
+The browser reaches them over loopback, so a login is the real redirect dance:
+``/auth/github/login`` → the sandbox's authorize page → ``/auth/github/callback`` → the
+dashboard.
 
 Chromium comes from ``deploy/local/chromium.sh`` (Debian's package; Playwright never downloads
 a browser). When it cannot be installed the tests skip locally and fail under ``CI=true``.
@@ -43,7 +45,7 @@ from shared.config import (
     Settings,
     WebhookSettings,
 )
-from tests.conftest import CI, ROOT, unique
+from tests.conftest import CI, ROOT, private_keyspace, unique
 from tests.integration.harness import running, served
 
 #: Debian's Chromium (deploy/local/chromium.sh installs it; the same variable overrides both).
@@ -102,8 +104,14 @@ def api_with_dashboard(settings: Settings) -> Starlette:
 
 
 @pytest.fixture(scope="session")
-async def stack(migrated: CassandraSettings) -> AsyncIterator[Stack]:
+async def stack(services_up: None) -> AsyncIterator[Stack]:
     """Every service on its own loopback port, wired as ``make run`` wires them."""
+    async with private_keyspace("b") as cassandra:
+        async for stack in _stack(cassandra):
+            yield stack
+
+
+async def _stack(migrated: CassandraSettings) -> AsyncIterator[Stack]:
     private_pem, public_b64 = signing.generate_key_pair()
     exchange = unique("b").replace("_", "-")
     base = Settings(

@@ -324,19 +324,18 @@ async def test_reconcile_reports_and_repairs_drift(hooks: Hooks) -> None:
     email = _first(hooks, 2)
     await hooks.sendgrid([hooks.sg_event(email, "delivered")])
     today = datetime.now(UTC).date()
-    assert [d for d in await reconcile_day(hooks.db, today) if d.user_id == hooks.user_id] == []
+    mine = [hooks.user_id]
+    assert await reconcile_day(hooks.db, today, users=mine) == []
     await hooks.db.execute(
         "DELETE FROM stat_marks WHERE user_id = ? AND day = ? AND metric = 'success' AND key = ?",
         (hooks.user_id, today, str(hooks.logs[email])),
     )
 
-    drift = [
-        d for d in await reconcile_day(hooks.db, today, fix=True) if d.user_id == hooks.user_id
-    ]
+    drift = await reconcile_day(hooks.db, today, fix=True, users=mine)
 
     assert [(d.metric, d.expected, d.stored) for d in drift] == [("success", 1, 0)]
     assert (await hooks.stats()).get("success") == 1
-    assert [d for d in await reconcile_day(hooks.db, today) if d.user_id == hooks.user_id] == []
+    assert await reconcile_day(hooks.db, today, users=mine) == []
 
 
 async def test_first_deferral_schedules_a_deadline_check(hooks: Hooks, settings: Settings) -> None:
