@@ -1,140 +1,220 @@
-"""Provider attempts of each chunk, and the recipient-row updates they cause.
+"""Provider attempts: one record per provider call, in lines, changed only by lightweight
+transactions.
 
-An attempt row is claimed with a lightweight transaction *before* the provider is called, so
-a redelivered or duplicated job can tell "already accepted" (``sent``), "outcome unknown"
-(``sending``: the process died mid-call) and "failed" apart and never sends blindly twice.
-Recipient updates are single-partition batches written with an explicit timestamp so that a
-later webhook event (written with its own, later, timestamp) always wins.
+A *line* is the sequence of attempts to get something accepted by a provider: a chunk of a
+batch (``c<chunk>``), or one recipient re-sent after a provider-side failure
+(``r<log_id>``). Attempt ``n`` of a line is the ``.retry.<n>`` of its routing key.
+
+States (see ``services.consumers.protocol`` for who moves them)::
+
+    planned ──▶ calling                     (a hand-off made it; a consumer takes it)
+    claimed ──▶ calling                     (a consumer claimed it; it or another calls)
+    calling ──▶ accepted | rejected | ambiguous
+    ambiguous ─▶ resolved                   (by evidence: webhooks, the provider's query API)
+
+``rejected`` and ``resolved`` carry the decision taken with them (``retry`` with the next
+provider, attempt and delay; ``give_up``; ``done``), written in the same conditional update,
+so a crash after it only means the decision is carried out again, identically. Every write is
+an LWT (never mixed with plain writes on these rows); one whose outcome is unknown (a
+timeout) is resolved by reading at SERIAL consistency.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
-from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
+from shared.db import Database, Row
 
-from shared.db import Database
+#: States in which an attempt's provider call is over and its outcome known or resolved.
+SETTLED = frozenset({"accepted", "rejected", "resolved"})
+
+_COLUMNS = (
+    "attempt, chunk, provider, state, owner, cause, reason, created_at, calling_at, "
+    "finished_at, status_code, message_id, error, checks, resolution, decision, verdict, "
+    "next_provider, next_attempt, next_delay"
+)
+
+
+def chunk_line(chunk: int) -> str:
+    """The line of a chunk's own attempts."""
+    return f"c{chunk}"
+
+
+def recipient_line(log_id: uuid.UUID) -> str:
+    """The line of one recipient's re-sends."""
+    return f"r{log_id}"
+
+
+def tag(line: str, attempt: int) -> str:
+    """How a recipient names an attempt that concerned it: ``c.<n>`` or ``r.<n>``.
+
+    A recipient belongs to one chunk and has one re-send line, so the kind of line and the
+    attempt number identify the attempt; the tag travels to the provider (SendGrid
+    ``custom_args``, Mailgun ``v:`` variables) and comes back in its events.
+    """
+    return f"{line[0]}.{attempt}"
 
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
+    line: str
     attempt: int
+    chunk: int
     provider: str
     state: str
-    """``sending`` (claimed, outcome unknown), ``sent`` or ``failed``."""
-    started_at: datetime
-    error: str | None
+    owner: uuid.UUID | None
+    cause: str | None
+    """Hand-offs: the attempt (tag) whose provider-side failure this attempt replaces."""
+    reason: str | None
+    """Why this attempt exists: the failure of the previous one, or the hand-off's reason."""
+    created_at: datetime
+    calling_at: datetime | None
+    finished_at: datetime | None
+    status_code: int | None
     message_id: str | None
+    error: str | None
+    """``<kind>|<message>`` of a failed call (kind: transient, misconfigured, permanent)."""
+    checks: int
+    """Sequence number of the check (lease or resolution) this attempt waits for."""
+    resolution: str | None
+    decision: str | None
+    """``retry``, ``give_up`` or ``done``, written with ``rejected`` or ``resolved``."""
+    verdict: str | None
+    """The decision in words (shown to users when recipients end ``failed``)."""
+    next_provider: str | None
+    next_attempt: int | None
+    next_delay: int | None
+
+    @property
+    def tag(self) -> str:
+        return tag(self.line, self.attempt)
+
+    @property
+    def settled(self) -> bool:
+        return self.state in SETTLED
 
 
-#: Rank of our own give-up write: it outranks any provider event stamped in the same second.
-GIVE_UP_RANK = 50
+def _utc(value: datetime | None) -> datetime | None:
+    return value.replace(tzinfo=UTC) if value is not None else None
 
 
-def micros(when: datetime, rank: int = 0) -> int:
-    """A write timestamp on the same scale webhook events use: whole seconds plus a rank.
-
-    Providers stamp events in whole seconds; writing ours at second resolution too lets a
-    ``delivered`` from the same second (higher rank) win over our ``sent``.
-    """
-    return int(when.timestamp()) * 1_000_000 + rank
+def _attempt(line: str, r: Row) -> Attempt:
+    return Attempt(
+        line=line,
+        attempt=r["attempt"],
+        chunk=r["chunk"] if r["chunk"] is not None else -1,
+        provider=r["provider"],
+        state=r["state"],
+        owner=r["owner"],
+        cause=r["cause"],
+        reason=r["reason"],
+        created_at=_utc(r["created_at"]) or datetime.now(UTC),
+        calling_at=_utc(r["calling_at"]),
+        finished_at=_utc(r["finished_at"]),
+        status_code=r["status_code"],
+        message_id=r["message_id"],
+        error=r["error"],
+        checks=r["checks"] or 0,
+        resolution=r["resolution"],
+        decision=r["decision"],
+        verdict=r["verdict"],
+        next_provider=r["next_provider"],
+        next_attempt=r["next_attempt"],
+        next_delay=r["next_delay"],
+    )
 
 
 class AttemptStore:
+    """Reads and conditional writes of ``send_attempts``; the only writer of that table."""
+
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    async def attempts(self, batch_id: uuid.UUID, chunk: int) -> list[Attempt]:
+    async def line(self, batch_id: uuid.UUID, line: str, *, serial: bool = False) -> list[Attempt]:
+        """Every attempt of a line, oldest first; ``serial`` completes LWTs in progress."""
         rows = await self.db.rows(
-            "SELECT attempt, provider, state, started_at, error, message_id FROM chunk_attempts "
-            "WHERE batch_id = ? AND chunk = ?",
-            (batch_id, chunk),
+            f"SELECT {_COLUMNS} FROM send_attempts WHERE batch_id = ? AND line = ?",  # noqa: S608
+            (batch_id, line),
+            serial=serial,
         )
-        return [
-            Attempt(
-                r["attempt"],
-                r["provider"],
-                r["state"],
-                r["started_at"].replace(tzinfo=UTC),
-                r["error"],
-                r["message_id"],
-            )
-            for r in rows
-        ]
+        return [_attempt(line, r) for r in rows]
 
-    async def claim(self, batch_id: uuid.UUID, chunk: int, attempt: int, provider: str) -> bool:
-        """Record attempt ``attempt`` as ``sending``; False when it was already recorded."""
+    async def lines(self, batch_id: uuid.UUID) -> dict[str, list[Attempt]]:
+        """Every line of a batch (for views and checks)."""
+        rows = await self.db.all_pages(
+            f"SELECT line, {_COLUMNS} FROM send_attempts WHERE batch_id = ?",  # noqa: S608
+            (batch_id,),
+        )
+        out: dict[str, list[Attempt]] = {}
+        for r in rows:
+            out.setdefault(r["line"], []).append(_attempt(r["line"], r))
+        return out
+
+    async def create(
+        self,
+        batch_id: uuid.UUID,
+        line: str,
+        attempt: int,
+        *,
+        chunk: int,
+        provider: str,
+        state: str,
+        owner: uuid.UUID | None = None,
+        cause: str | None = None,
+        reason: str | None = None,
+    ) -> bool:
+        """Insert attempt ``attempt`` in ``state`` (``claimed`` or ``planned``) unless it exists.
+
+        Returns whether this call created it. Raises DependencyUnavailable when the outcome
+        is unknown; the caller re-reads the line at SERIAL consistency.
+        """
         row = await self.db.one(
-            "INSERT INTO chunk_attempts (batch_id, chunk, attempt, provider, state, attempt_id, "
-            "started_at) VALUES (?, ?, ?, ?, 'sending', ?, ?) IF NOT EXISTS",
-            (batch_id, chunk, attempt, provider, uuid.uuid4(), datetime.now(UTC)),
+            "INSERT INTO send_attempts (batch_id, line, attempt, chunk, provider, state, owner, "
+            "cause, reason, created_at, checks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) "
+            "IF NOT EXISTS",
+            (
+                batch_id,
+                line,
+                attempt,
+                chunk,
+                provider,
+                state,
+                owner,
+                cause,
+                reason,
+                datetime.now(UTC),
+            ),
         )
         return bool(row and row["[applied]"])
 
-    async def finish(
+    async def transition(
         self,
         batch_id: uuid.UUID,
-        chunk: int,
+        line: str,
         attempt: int,
         *,
-        state: str,
-        status_code: int | None,
-        message_id: str | None = None,
-        error: str | None = None,
-    ) -> None:
-        await self.db.execute(
-            "UPDATE chunk_attempts SET state = ?, finished_at = ?, status_code = ?, "
-            "message_id = ?, error = ? WHERE batch_id = ? AND chunk = ? AND attempt = ?",
-            (
-                state,
-                datetime.now(UTC),
-                *(UNSET_VALUE if v is None else v for v in (status_code, message_id, error)),
-                batch_id,
-                chunk,
-                attempt,
-            ),
-            idempotent=True,
-        )
+        expect: Mapping[str, Any],
+        values: Mapping[str, Any],
+    ) -> bool:
+        """``UPDATE ... SET values IF expect`` on one attempt; whether it applied.
 
-    async def update_recipients(
-        self,
-        batch_id: uuid.UUID,
-        chunk: int,
-        log_ids: Iterable[uuid.UUID],
-        *,
-        provider: str,
-        provider_result: str,
-        at: datetime,
-        event: str | None = None,
-        state: str | None = None,
-        message_id: str | None = None,
-        reason: str | None = None,
-        rank: int = 0,
-    ) -> None:
-        """Write one chunk's recipient rows as a single-partition batch at timestamp ``at``."""
-        sets = ["providers[?] = ?", "last_update = ?"]
-        values: list[object] = [provider, provider_result, at]
-        if event is not None:
-            sets.append("event = ?")
-            values.append(event)
-        if state is not None:
-            sets.append("state = ?")
-            values.append(state)
-        if message_id is not None:
-            sets.append("message_ids[?] = ?")
-            values.extend([provider, message_id])
-        if reason is not None:
-            sets.append("reason_detail = ?")
-            values.append(reason)
-        stmt = await self.db.prepare(
-            f"UPDATE batches USING TIMESTAMP ? SET {', '.join(sets)} "  # noqa: S608 - fixed columns
-            "WHERE batch_id = ? AND chunk = ? AND log_id = ?"
+        Raises DependencyUnavailable when the outcome is unknown; the caller re-reads the
+        line at SERIAL consistency and acts on what it finds.
+        """
+        sets = ", ".join(f"{column} = ?" for column in values)
+        conditions = " AND ".join(f"{column} = ?" for column in expect)
+        row = await self.db.one(
+            f"UPDATE send_attempts SET {sets} "  # noqa: S608 - column names are ours
+            f"WHERE batch_id = ? AND line = ? AND attempt = ? IF {conditions}",
+            (*values.values(), batch_id, line, attempt, *expect.values()),
         )
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        ts = micros(at, rank)
-        for log_id in log_ids:
-            batch.add(stmt, (ts, *values, batch_id, chunk, log_id))
-        await self.db.execute(batch)
+        return bool(row and row["[applied]"])
+
+
+def find(line: Sequence[Attempt], attempt: int) -> Attempt | None:
+    """Attempt ``attempt`` of a line, if recorded."""
+    return next((a for a in line if a.attempt == attempt), None)

@@ -20,7 +20,7 @@ import aio_pika.exceptions
 import aiormq.exceptions
 
 from shared.errors import DependencyUnavailable, PublishError
-from shared.topology import DELAY_HEADER, Topology
+from shared.topology import DELAY_HEADER, LEGACY_DELAY_HEADER, Topology
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,9 @@ class Broker:
                 if spec.header_binding is not None:
                     exchange, headers = spec.header_binding
                     await queue.bind(by_name[exchange], arguments=headers)
+                    # Bindings of earlier releases matched every delayed message.
+                    legacy = {"x-match": "all", LEGACY_DELAY_HEADER: headers[DELAY_HEADER]}
+                    await queue.unbind(by_name[exchange], arguments=legacy)
         except _AMQP_ERRORS as exc:
             raise DependencyUnavailable("rabbitmq", _describe(exc)) from exc
 

@@ -108,6 +108,9 @@ class ApiSettings(BaseSettings):
     outbox_relay_interval: float = Field(5.0, gt=0)
     outbox_grace: float = Field(30.0, ge=0)
     """Seconds a pending batch may stay unpublished before the relay publishes it."""
+    idempotency_lease: float = Field(30.0, gt=0)
+    """Seconds a request holds its Idempotency-Key; a retry after that takes the key over and
+    finishes the same batch (the holder died or stalled)."""
     rate_limit_per_second: float = Field(50.0, gt=0)
     """Sustained requests per second allowed per API key (see shared.ratelimit)."""
     rate_burst: int = Field(100, ge=1)
@@ -149,10 +152,19 @@ class ProviderSettings(BaseSettings):
     backoff: str = "5,30,120,600"
     """Delay tiers in seconds used when the chain is exhausted and cycles again."""
     timeout: float = Field(30.0, gt=0)
-    ambiguous_timeout: int = Field(600, ge=1)
-    """Seconds to wait for a provider webhook to settle an attempt whose outcome is unknown."""
-    resend_ambiguous: bool = False
-    """After that wait, resend (risking a duplicate) instead of failing the recipients."""
+    """Seconds a provider request may wait for the connection, for sending and for the answer.
+    A call is presumed dead (its outcome unknown) after twice this plus 5 seconds."""
+    resolve_interval: int = Field(30, ge=1)
+    """Seconds between looks for evidence of a call whose outcome is unknown (the process
+    died during it, or the answer never came)."""
+    query_after: int = Field(300, ge=1)
+    """Seconds after such a call before the provider's query API (SendGrid Email Activity,
+    Mailgun Events) is asked which recipients it accepted; its answer is trusted from then
+    on, so this must exceed the provider's indexing delay."""
+    webhook_window: int = Field(3600, ge=1)
+    """Seconds to wait for any webhook about such a call when the provider has no usable
+    query API; after that the recipients without evidence are sent through the next
+    provider (a duplicate is then possible, a loss is not)."""
     sendgrid_api_key: SecretStr = SecretStr("sandbox-sendgrid-key")
     sendgrid_base_url: str = "http://127.0.0.1:8090/sendgrid"
     mailgun_api_key: SecretStr = SecretStr("sandbox-mailgun-key")
@@ -188,6 +200,11 @@ class ProviderSettings(BaseSettings):
         return tuple(self.chain.split(","))
 
     @property
+    def call_lease(self) -> float:
+        """Seconds after which a call still marked in progress is presumed dead."""
+        return 2 * self.timeout + 5
+
+    @property
     def backoff_tiers(self) -> tuple[int, ...]:
         return tuple(int(v) for v in self.backoff.split(","))
 
@@ -217,6 +234,12 @@ class SandboxSettings(BaseSettings):
     """PEM ECDSA P-256 private key used to sign SendGrid-style events."""
     mailgun_signing_key: SecretStr = SecretStr("sandbox-mailgun-signing-key")
     webhook_delay: float = Field(0.2, ge=0)
+    query_delay: float = Field(2.0, ge=0)
+    """Seconds before accepted mail shows in the query APIs (SendGrid Email Activity,
+    Mailgun Events), as the real ones lag."""
+    sendgrid_email_activity: bool = True
+    """Whether the SendGrid account has the Email Activity History add-on (without it the
+    query API answers 400 ``authorization required``)."""
 
 
 class GitHubSettings(BaseSettings):

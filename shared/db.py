@@ -138,11 +138,15 @@ class Database:
         prepare: bool = True,
         idempotent: bool = False,
         timeout: float | None = None,
+        serial: bool = False,
     ) -> Page:
         """Run one statement and return one page of rows.
 
         Plain strings are prepared once and cached. Mark ``idempotent=True`` only for
-        statements that are safe to run twice (the driver then retries them).
+        statements that are safe to run twice (the driver then retries them). ``serial=True``
+        reads at (LOCAL_)SERIAL consistency, as our LWTs are: a Paxos read that sees (and
+        completes) any lightweight transaction in progress, which is how an LWT whose outcome
+        is unknown is resolved.
         """
         if isinstance(query, str):
             stmt: Statement = (
@@ -155,6 +159,8 @@ class Database:
             stmt = query
         if page_size is not None:
             stmt.fetch_size = page_size
+        if serial:
+            stmt.consistency_level = ConsistencyLevel.LOCAL_SERIAL
         loop = asyncio.get_running_loop()
         result: asyncio.Future[Page] = loop.create_future()
         extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}

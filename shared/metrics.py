@@ -47,6 +47,8 @@ class DispatchMetrics:
     attempts_failed: Counter
     recipients_failed: Counter
     ambiguous: Counter
+    resolutions: Counter
+    lookups: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> DispatchMetrics:
@@ -76,6 +78,18 @@ class DispatchMetrics:
                 "safedelivr_attempts_ambiguous",
                 "Attempts whose outcome was unknown",
                 ["provider"],
+                registry=registry,
+            ),
+            Counter(
+                "safedelivr_attempts_resolved",
+                "Ambiguous attempts resolved by evidence, by resolution",
+                ["provider", "resolution"],
+                registry=registry,
+            ),
+            Counter(
+                "safedelivr_provider_lookups",
+                "Questions to a provider's query API about ambiguous attempts, by result",
+                ["provider", "result"],
                 registry=registry,
             ),
         )

@@ -90,6 +90,8 @@ class Chunk(_Frozen):
     index: int
     message: Message
     recipients: tuple[Recipient, ...]
+    attempt: str = ""
+    """The attempt's tag (``c.<n>``, ``r.<n>``): sent to the provider, echoed in its events."""
 
 
 class ChunkJob(_Frozen):
@@ -102,8 +104,8 @@ class ChunkJob(_Frozen):
     batch_id: uuid.UUID
     chunk: int
     attempt: int = 0
-    errors: tuple[str, ...] = ()
-    """Reasons of the earlier failed attempts, newest last (shown when recipients fail)."""
+    check: int | None = None
+    """A delayed check of the attempt (its lease or its evidence), by sequence number."""
 
     def encode(self) -> bytes:
         return orjson.dumps(self.model_dump(mode="json"))
@@ -127,20 +129,22 @@ class BatchJob(_Frozen):
 
 
 class LogJob(_Frozen):
-    """The body of a ``log.<ns>.<log_uuid>[.retry.<n>]`` message: re-send ONE recipient."""
+    """The body of a ``log.<ns>.<log_uuid>[.retry.<n>]`` message: re-send ONE recipient.
+
+    Attempt ``n`` of the recipient's re-send line was planned by a hand-off (a provider-side
+    failure reported by a webhook) or decided after attempt ``n-1`` failed. With ``deferral``
+    it is instead a deadline check: hand the recipient over if the attempt so tagged is still
+    deferred.
+    """
 
     batch_id: uuid.UUID
     chunk: int
     log_id: uuid.UUID
-    attempt: int = 1
-    reason: str = ""
-    """Why the recipient is being re-sent (the provider-side failure)."""
-    failed_provider: str = ""
-    """The provider whose failure caused this re-send."""
-    check_deferred: bool = False
-    """A deadline check: re-send only if the recipient is still deferred."""
-    give_up: bool = False
-    """No provider is left: end the recipient ``failed`` with ``reason``."""
+    attempt: int = 0
+    check: int | None = None
+    """A delayed check of the attempt (its lease or its evidence), by sequence number."""
+    deferral: str | None = None
+    """The tag of an attempt whose deferral deadline this job checks."""
 
     def encode(self) -> bytes:
         return orjson.dumps(self.model_dump(mode="json"))

@@ -1,12 +1,13 @@
 """The outbox: batches stored but not yet confirmed by the broker, and the relay that publishes
 them.
 
-Acceptance writes an outbox row before the batch itself and removes it once the broker
-confirms ``batch.<uuid>``. Every interval the relay takes the rows of its own namespace (the
-exchange it publishes to) older than the grace period: if the batch is stored it publishes it
-(a duplicate of a publish that did succeed is harmless downstream) and removes the row; if the
-batch is not (yet) stored it leaves the row alone, because the write may still land; rows
-expire after a week.
+Acceptance (``shared.acceptance``) writes an outbox row before the batch itself and removes
+it once the broker confirms ``batch.<uuid>``. Every interval the relay takes the rows of its
+own namespace (the exchange it publishes to) older than the grace period and finishes each
+acceptance: if the batch is stored it rewrites its indexes and publishes it (a duplicate of a
+publish that did succeed is harmless downstream) and removes the row; a cancelled batch's row
+is removed; a batch not (yet) stored is left alone, because its write may still land, until
+:data:`ABANDON_AFTER`.
 """
 
 from __future__ import annotations
@@ -15,19 +16,24 @@ import asyncio
 import logging
 import uuid
 import zlib
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from shared.batchstore import BatchStore
-from shared.broker import Broker
 from shared.db import Database, Row
 from shared.errors import DependencyUnavailable
-from shared.models import BatchJob
-from shared.topology import batch_key
 
 log = logging.getLogger(__name__)
 
 #: Shards of one namespace's outbox; the relay scans each.
 SHARDS = 16
+#: An outbox row whose batch is still not stored this long after acceptance belongs to a
+#: request that failed (its client got an error, and a retry with the same Idempotency-Key
+#: finishes it through the API): the relay stops looking at it.
+ABANDON_AFTER = timedelta(hours=1)
+
+#: Finishes one batch's acceptance; returns None when the batch is not stored.
+Finish = Callable[[uuid.UUID], Awaitable[Any]]
 
 
 def shard_of(batch_id: uuid.UUID) -> int:
@@ -63,35 +69,30 @@ class Outbox:
         )
 
 
-async def relay_once(outbox: Outbox, store: BatchStore, broker: Broker, *, grace: float) -> int:
-    """One pass over every shard; returns how many batches it published."""
-    cutoff = datetime.now(UTC) - timedelta(seconds=grace)
-    published = 0
+async def relay_once(outbox: Outbox, finish: Finish, *, grace: float) -> int:
+    """One pass over every shard; returns how many acceptances it finished."""
+    now = datetime.now(UTC)
+    cutoff = now - timedelta(seconds=grace)
+    finished = 0
     for shard in range(SHARDS):
         for row in await outbox.rows(shard):
-            if row["created_at"].replace(tzinfo=UTC) > cutoff:
+            created = row["created_at"].replace(tzinfo=UTC)
+            if created > cutoff:
                 continue
             batch_id = row["batch_id"]
-            if await store.status(batch_id) is None:
-                continue  # not stored (yet): the write may still land, or it failed for good
-            await broker.publish(
-                batch_key(batch_id),
-                BatchJob(batch_id=batch_id).encode(),
-                message_id=str(batch_id),
-            )
-            await outbox.done(batch_id)
-            published += 1
-    return published
+            if await finish(batch_id) is not None:
+                finished += 1
+            elif now - created > ABANDON_AFTER:
+                await outbox.done(batch_id)
+    return finished
 
 
-async def relay_forever(
-    outbox: Outbox, store: BatchStore, broker: Broker, *, interval: float, grace: float
-) -> None:
+async def relay_forever(outbox: Outbox, finish: Finish, *, interval: float, grace: float) -> None:
     while True:
         try:
-            count = await relay_once(outbox, store, broker, grace=grace)
+            count = await relay_once(outbox, finish, grace=grace)
             if count:
-                log.info("outbox relay published %d batch(es)", count)
+                log.info("outbox relay finished %d acceptance(s)", count)
         except DependencyUnavailable as exc:
             log.warning("outbox relay: %s", exc)
         await asyncio.sleep(interval)

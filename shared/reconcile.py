@@ -1,9 +1,13 @@
 """``safedelivr stats reconcile --day D``: recompute a day's stats marks from the logs.
 
-The logs (recipient rows and their event timelines) are the source of truth; the stats
-ledger is derived from them. Reconciling a day rebuilds the marks every user should have on
-that day, compares them with the stored marks, reports the drift per user and metric, and
-with ``fix`` writes the missing marks, deletes the extra ones and refreshes the rollup.
+The logs (recipient rows, merged by ``shared.precedence``, and their counted timeline events)
+are the source of truth; the stats ledger is derived from them. A day's marks belong to the
+recipients of the batches accepted that day, so reconciling a day reads those batches,
+rebuilds the marks every user should have, compares them with the stored marks, reports the
+drift per user and metric, and with ``fix`` repairs the marks from the logs (never the
+reverse): outcome marks are mirrored again from each recipient's state with that state's own
+write timestamp, plus one microsecond (so later provider evidence still wins), missing marks
+of the other metrics are added and extra ones removed.
 """
 
 from __future__ import annotations
@@ -15,14 +19,21 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from shared.batchstore import timeuuid_datetime
-from shared.db import Database
-from shared.stats import METRICS, StatsStore, day_of, is_closed
+from cassandra.util import max_uuid_from_time, min_uuid_from_time
 
-#: Outcomes of a batch are looked for this many days after it was accepted.
-LOOKBACK_DAYS = 7
+from shared import precedence
+from shared.db import Database
+from shared.stats import METRICS, OUTCOMES, StatsStore, is_closed
 
 Marks = dict[str, set[str]]
+
+#: Timeline kinds that earn a mark of the same name.
+_EVENT_METRICS = {
+    "bounced": "bounced",
+    "complained": "complained",
+    "opened": "opened",
+    "clicked": "clicked",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,35 +47,19 @@ class Drift:
 
 
 def expected_marks(
-    day: date,
-    batch_day: date,
-    rows: Iterable[Mapping[str, Any]],
-    events: Mapping[uuid.UUID, list[Mapping[str, Any]]],
+    rows: Iterable[Mapping[str, Any]], events: Mapping[uuid.UUID, list[Mapping[str, Any]]]
 ) -> Marks:
-    """The marks one batch's recipients earn on ``day`` (pure)."""
+    """The marks one batch's recipients earn on the batch's day (pure)."""
     marks: Marks = defaultdict(set)
     for row in rows:
         key = str(row["log_id"])
-        if batch_day == day:
-            marks["queued"].add(key)
-        first: dict[str, date] = {}
-        for ev in sorted(events.get(row["log_id"], []), key=lambda e: e["at"]):
-            first.setdefault(ev["kind"], day_of(ev["at"].replace(tzinfo=UTC)))
-        if row["state"] == "success" and first.get("delivered") == day:
-            marks["success"].add(key)
-        if (
-            row["state"] == "failed"
-            and row["last_update"] is not None
-            and day_of(row["last_update"].replace(tzinfo=UTC)) == day
-        ):
-            marks["failed"].add(key)
-        for kind, metric in (
-            ("bounced", "bounced"),
-            ("complained", "complained"),
-            ("opened", "opened"),
-            ("clicked", "clicked"),
-        ):
-            if first.get(kind) == day:
+        marks["queued"].add(key)
+        state = precedence.visible(row).state
+        if state in OUTCOMES:
+            marks[state].add(key)
+        for ev in events.get(row["log_id"], []):
+            metric = _EVENT_METRICS.get(ev["kind"])
+            if metric and ev.get("counted") is not False:
                 marks[metric].add(key)
     return marks
 
@@ -87,41 +82,40 @@ def compare(user_id: uuid.UUID, expected: Marks, stored: Marks) -> list[Drift]:
     return out
 
 
-async def _user_batches(db: Database, user_id: uuid.UUID, day: date) -> list[uuid.UUID]:
-    months = {(day - timedelta(days=i)).strftime("%Y-%m") for i in range(LOOKBACK_DAYS + 1)}
-    found = []
-    for month in sorted(months):
-        rows = await db.all_pages(
-            "SELECT batch_id FROM batches_by_user WHERE user_id = ? AND month = ?",
-            (user_id, month),
+async def _day_batches(db: Database, user_id: uuid.UUID, day: date) -> list[uuid.UUID]:
+    start = datetime.combine(day, datetime.min.time(), UTC)
+    end = start + timedelta(days=1)
+    rows = await db.all_pages(
+        "SELECT batch_id FROM batches_by_user WHERE user_id = ? AND month = ? "
+        "AND batch_id >= ? AND batch_id <= ?",
+        (
+            user_id,
+            day.strftime("%Y-%m"),
+            min_uuid_from_time(start.timestamp()),
+            max_uuid_from_time(end.timestamp() - 1e-6),
+        ),
+    )
+    return [r["batch_id"] for r in rows]
+
+
+async def _batch(
+    db: Database, batch_id: uuid.UUID
+) -> tuple[list[dict[str, Any]], dict[uuid.UUID, list[Mapping[str, Any]]]]:
+    rows = [
+        r
+        for r in await db.all_pages(
+            "SELECT log_id, state, event, reason_detail, gave_up_reason, "
+            "WRITETIME(state) AS stamp FROM batches WHERE batch_id = ?",
+            (batch_id,),
         )
-        for r in rows:
-            created = timeuuid_datetime(r["batch_id"]).date()
-            if day - timedelta(days=LOOKBACK_DAYS) <= created <= day:
-                found.append(r["batch_id"])
-    return found
-
-
-async def user_expected(db: Database, user_id: uuid.UUID, day: date) -> Marks:
-    total: Marks = defaultdict(set)
-    for batch_id in await _user_batches(db, user_id, day):
-        rows = [
-            r
-            for r in await db.all_pages(
-                "SELECT log_id, state, last_update FROM batches WHERE batch_id = ?", (batch_id,)
-            )
-            if r["log_id"] is not None
-        ]
-        events: dict[uuid.UUID, list[Mapping[str, Any]]] = defaultdict(list)
-        for ev in await db.all_pages(
-            "SELECT log_id, at, kind FROM log_events WHERE batch_id = ?", (batch_id,)
-        ):
-            events[ev["log_id"]].append(ev)
-        for metric, keys in expected_marks(
-            day, timeuuid_datetime(batch_id).date(), rows, events
-        ).items():
-            total[metric] |= keys
-    return total
+        if r["log_id"] is not None
+    ]
+    events: dict[uuid.UUID, list[Mapping[str, Any]]] = defaultdict(list)
+    for ev in await db.all_pages(
+        "SELECT log_id, kind, counted FROM log_events WHERE batch_id = ?", (batch_id,)
+    ):
+        events[ev["log_id"]].append(ev)
+    return rows, events
 
 
 async def reconcile_day(
@@ -140,21 +134,45 @@ async def reconcile_day(
         scope = set(users)
     drifts: list[Drift] = []
     for user_id in sorted(scope, key=str):
-        expected = await user_expected(db, user_id, day)
+        expected: Marks = defaultdict(set)
+        batches = []
+        for batch_id in await _day_batches(db, user_id, day):
+            rows, events = await _batch(db, batch_id)
+            batches.append((batch_id, rows))
+            for metric, keys in expected_marks(rows, events).items():
+                expected[metric] |= keys
         stored = {m: await stats.keys(user_id, day, m) for m in METRICS}
         found = compare(user_id, expected, stored)
         drifts.extend(found)
         if fix and found:
-            await _repair(db, stats, user_id, day, found)
+            await _repair(db, stats, user_id, day, found, batches)
     return drifts
 
 
 async def _repair(
-    db: Database, stats: StatsStore, user_id: uuid.UUID, day: date, drifts: list[Drift]
+    db: Database,
+    stats: StatsStore,
+    user_id: uuid.UUID,
+    day: date,
+    drifts: list[Drift],
+    batches: list[tuple[uuid.UUID, list[dict[str, Any]]]],
 ) -> None:
-    when = datetime.combine(day, datetime.min.time(), UTC)
+    for batch_id, rows in batches:
+        for row in rows:
+            seen = precedence.visible(row)
+            if seen.state not in OUTCOMES:
+                continue
+            stamp = row["stamp"] if row["state"] in OUTCOMES else precedence.give_up_stamp(batch_id)
+            # One microsecond above the state's own write: it beats a lost (deleted) mark
+            # of that write, and still loses to any later outcome (a later second, or a
+            # higher-ranked kind in the same second, which is the same metric).
+            await stats.outcome(user_id, batch_id, [row["log_id"]], seen.state, stamp + 1)
+    batch_of = {str(r["log_id"]): b for b, rows in batches for r in rows}
     for d in drifts:
-        await stats.mark(user_id, when, d.metric, d.missing)
+        if d.metric in OUTCOMES:
+            continue
+        for key in d.missing:
+            await stats.mark(user_id, batch_of[key], d.metric, [uuid.UUID(key)])
         for key in d.extra:
             await db.execute(
                 "DELETE FROM stat_marks WHERE user_id = ? AND day = ? AND metric = ? AND key = ?",

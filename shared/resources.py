@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,8 +24,13 @@ def topology_for(settings: Settings) -> Topology:
         exchange=settings.amqp.exchange,
         delay_tiers=settings.providers.backoff_tiers,
         delivery_limit=settings.amqp.delivery_limit,
-        # Deferral deadlines wait in a delay queue of their own length.
-        extra_delay_tiers=(settings.webhooks.deferred_deadline,),
+        # Deferral deadlines and the checks of calls whose outcome is unknown wait in delay
+        # queues of their own length.
+        extra_delay_tiers=(
+            settings.webhooks.deferred_deadline,
+            settings.providers.resolve_interval,
+            math.ceil(settings.providers.call_lease),
+        ),
     )
 
 

@@ -2,8 +2,14 @@
 
 A mark is a row ``(user, UTC day, metric, log_id)``; writing it again changes nothing, so an
 event delivered ten times (or concurrently) counts once and a recipient counts once per
-metric however often it failed over. Counting a day is a ``GROUP BY`` over one partition;
-closed days are rolled up into ``daily_stats`` the first time they are read.
+metric however often it failed over. The day is the day the recipient's batch was accepted
+(cohort stats: of the recipients queued on a day, how many succeeded, failed, bounced...),
+so a recipient's marks have one home however late its outcome arrives. The outcome marks
+(``success``, ``failed``) mirror the recipient's state: each outcome write sets its mark and
+deletes the other one with the same write timestamp as the state (``shared.recipients``), so
+a late ``delivered`` after a give-up moves the recipient from ``failed`` to ``success``.
+Counting a day is a ``GROUP BY`` over one partition; closed days are rolled up into
+``daily_stats`` the first time they are read.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from datetime import UTC, date, datetime, timedelta
 
 from cassandra.query import BatchStatement, BatchType
 
+from shared import precedence
 from shared.db import Database
 
 #: Metrics, in the order the API lists them.
@@ -24,8 +31,17 @@ CLOSE_AFTER = timedelta(hours=6)
 MAX_RANGE_DAYS = 366
 
 
+#: The two outcome metrics, each the other's opposite.
+OUTCOMES = {"success": "failed", "failed": "success"}
+
+
 def day_of(when: datetime) -> date:
     return when.astimezone(UTC).date()
+
+
+def batch_day(batch_id: uuid.UUID) -> date:
+    """The UTC day a batch was accepted: where its recipients' marks live."""
+    return precedence.accepted_at(batch_id).date()
 
 
 def days(start: date, end: date) -> list[date]:
@@ -53,26 +69,66 @@ ACTIVE_MEMO = 100_000
 class StatsStore:
     def __init__(self, db: Database) -> None:
         self.db = db
-        self._active: set[tuple[uuid.UUID, date]] = set()
+        self._active_memo: set[tuple[uuid.UUID, date]] = set()
 
     async def mark(
-        self, user_id: uuid.UUID, when: datetime, metric: str, keys: Iterable[str]
+        self, user_id: uuid.UUID, batch_id: uuid.UUID, metric: str, keys: Iterable[uuid.UUID]
     ) -> None:
-        """Record ``metric`` for each key (a recipient's log id) on ``when``'s UTC day."""
-        day = day_of(when)
+        """Record ``metric`` for each recipient (log id) of a batch, on the batch's day."""
+        day = batch_day(batch_id)
         stmt = await self.db.prepare(
             "INSERT INTO stat_marks (user_id, day, metric, key) VALUES (?, ?, ?, ?)"
         )
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        batch.is_idempotent = True
         for key in keys:
-            batch.add(stmt, (user_id, day, metric, key))
+            batch.add(stmt, (user_id, day, metric, str(key)))
         if len(batch):
             await self.db.execute(batch)
+        await self._active(user_id, day)
+
+    async def outcome(
+        self,
+        user_id: uuid.UUID,
+        batch_id: uuid.UUID,
+        log_ids: Iterable[uuid.UUID],
+        metric: str,
+        stamp: int,
+    ) -> None:
+        """Mirror recipients' outcome (``success`` or ``failed``) written at ``stamp``.
+
+        Sets the outcome's mark and deletes the opposite one at the same timestamp, so the
+        latest outcome by the precedence rule is the only one counted.
+        """
+        day = batch_day(batch_id)
+        add = await self.db.prepare(
+            "INSERT INTO stat_marks (user_id, day, metric, key) VALUES (?, ?, ?, ?) "
+            "USING TIMESTAMP ?"
+        )
+        remove = await self.db.prepare(
+            "DELETE FROM stat_marks USING TIMESTAMP ? "
+            "WHERE user_id = ? AND day = ? AND metric = ? AND key = ?"
+        )
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        batch.is_idempotent = True
+        for log_id in log_ids:
+            batch.add(add, (user_id, day, metric, str(log_id), stamp))
+            batch.add(remove, (stamp, user_id, day, OUTCOMES[metric], str(log_id)))
+        if len(batch):
+            await self.db.execute(batch)
+        await self._active(user_id, day)
+
+    async def _active(self, user_id: uuid.UUID, day: date) -> None:
+        if (user_id, day) in self._active_memo:
+            return
         await self.db.execute(
             "INSERT INTO active_users (day, user_id) VALUES (?, ?)",
             (day, user_id),
             idempotent=True,
         )
+        if len(self._active_memo) >= ACTIVE_MEMO:
+            self._active_memo.clear()
+        self._active_memo.add((user_id, day))
 
     async def count_day(self, user_id: uuid.UUID, day: date) -> dict[str, int]:
         rows = await self.db.rows(

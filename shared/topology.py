@@ -7,6 +7,9 @@ describes). Routing keys are the contract of ``design.md``:
 * ``<ns>.<batch_uuid>`` / ``<ns>.<batch_uuid>.retry.<n>``  a chunk dispatched to provider ``ns``
 * ``log.<ns>.<log_uuid>`` / ``log.<ns>.<log_uuid>.retry.<n>``  one recipient re-sent via ``ns``
 
+and one of our own: ``hook.<ns>``, a verified webhook delivery from ``ns`` queued for when
+Cassandra is back (``services.webhooks.intake``).
+
 Every name is derived from the exchange name, so a test can declare a private copy of the
 whole topology under a random exchange name.
 """
@@ -20,8 +23,12 @@ from typing import Any, Literal
 #: Provider short codes that may appear as the first word of a dispatch key.
 PROVIDER_CODES = ("sg", "mg")
 
-#: Header that routes a message to a delay queue on the delay (headers) exchange.
-DELAY_HEADER = "x-safedelivr-delay"
+#: Header that routes a message to a delay queue on the delay (headers) exchange. It must not
+#: start with ``x-``: a headers exchange ignores such headers when matching, so every binding
+#: would match and a delayed message would land in every delay queue.
+DELAY_HEADER = "safedelivr-delay"
+#: The header name of earlier releases (matched every delay queue); its bindings are removed.
+LEGACY_DELAY_HEADER = "x-safedelivr-delay"
 
 Kind = Literal["batch", "dispatch", "log"]
 
@@ -126,6 +133,10 @@ class Topology:
     def batches_queue(self) -> str:
         return f"{self.exchange}.batches"
 
+    @property
+    def webhooks_queue(self) -> str:
+        return f"{self.exchange}.webhooks"
+
     def provider_queue(self, provider: str) -> str:
         return f"{self.exchange}.{provider}"
 
@@ -154,7 +165,10 @@ class Topology:
             "x-dead-letter-strategy": "at-least-once",
             "x-overflow": "reject-publish",
         }
-        specs = [QueueSpec(self.batches_queue, args, ((self.exchange, "batch.#"),))]
+        specs = [
+            QueueSpec(self.batches_queue, args, ((self.exchange, "batch.#"),)),
+            QueueSpec(self.webhooks_queue, args, ((self.exchange, "hook.#"),)),
+        ]
         for p in self.providers:
             specs.append(QueueSpec(self.provider_queue(p), args, ((self.exchange, f"{p}.#"),)))
             specs.append(QueueSpec(self.log_queue(p), args, ((self.exchange, f"log.{p}.#"),)))

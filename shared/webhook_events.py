@@ -5,15 +5,16 @@ Owns:
 
 * :class:`ProviderEvent` -- one thing a provider said happened to one recipient, in our terms
   (``kind``), with the provider's own name kept in ``raw_event``, our correlation ids
-  (``batch_id``, ``chunk``, ``log_id``), whether a failure is the provider's own
-  (``provider_side``: try another provider) or the recipient's (``suppress``: final, and the
-  address joins the user's suppression list);
+  (``batch_id``, ``chunk``, ``log_id``, the ``attempt`` tag), whether a failure is the
+  provider's own (``provider_side``: try another provider) or the recipient's (``suppress``:
+  final, and the address joins the user's suppression list);
 * :data:`KIND_RANK` -- the order that breaks timestamp ties between events of one recipient,
   and :func:`is_outcome`, the kinds that settle a recipient's summary state;
 * :class:`ParseResult` and :class:`MalformedPayload`, what parsers return and raise;
-* lenient field readers (:func:`parse_uuid`, :func:`parse_chunk`, :func:`parse_time`,
-  :func:`parse_email`, :func:`text`): a garbage value becomes ``None``, never an exception,
-  because one odd field must not make a provider retry a whole signed delivery for a day;
+* lenient field readers (:func:`parse_uuid`, :func:`parse_chunk`, :func:`parse_tag`,
+  :func:`parse_time`, :func:`parse_email`, :func:`text`): a garbage value becomes ``None``,
+  never an exception, because one odd field must not make a provider retry a whole signed
+  delivery for a day;
 * :func:`timestamp_fresh`, the replay window check for signed timestamps.
 
 Nothing here does I/O; provider specifics live in ``shared.providers.*_events``.
@@ -109,6 +110,7 @@ def build_event(
         batch_id=parse_uuid(ids.get("batch_id")),
         chunk=parse_chunk(ids.get("chunk")),
         log_id=parse_uuid(ids.get("log_id")),
+        attempt=parse_tag(ids.get("attempt")),
         message_id=message_id,
         reason=verdict.reason,
         provider_side=verdict.provider_side,
@@ -144,6 +146,8 @@ class ProviderEvent:
     batch_id: uuid.UUID | None
     chunk: int | None
     log_id: uuid.UUID | None
+    attempt: str | None
+    """The tag of our attempt the event reports on (``c.<n>``, ``r.<n>``), as echoed."""
     message_id: str | None
     """The provider's message id as its send API returned it (X-Message-Id, Mailgun ``id``)."""
     reason: str | None
@@ -204,6 +208,16 @@ def parse_uuid(value: object) -> uuid.UUID | None:
         return uuid.UUID(value.strip())
     except ValueError:
         return None
+
+
+def parse_tag(value: object) -> str | None:
+    """An attempt tag (``c.<n>`` or ``r.<n>``) as we send it; None for anything else."""
+    if not isinstance(value, str) or len(value) > 12:
+        return None
+    kind, dot, number = value.partition(".")
+    if kind in ("c", "r") and dot and number.isascii() and number.isdigit():
+        return f"{kind}.{int(number)}"
+    return None
 
 
 def parse_chunk(value: object) -> int | None:

@@ -128,7 +128,14 @@ def settings(migrated: CassandraSettings, exchange_name: str) -> Settings:
         amqp=AmqpSettings(exchange=exchange_name, delivery_limit=5),
         api=ApiSettings(outbox_grace=1.0, outbox_relay_interval=0.5),
         webhooks=WebhookSettings(),
-        providers=ProviderSettings(backoff="1,2", max_attempts=4, ambiguous_timeout=2, timeout=5.0),
+        providers=ProviderSettings(
+            backoff="1,2",
+            max_attempts=4,
+            timeout=5.0,
+            resolve_interval=1,
+            query_after=3,
+            webhook_window=10,
+        ),
         consumers=ConsumerSettings(),
         sandbox=SandboxSettings(),
     )

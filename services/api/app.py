@@ -17,6 +17,7 @@ from services.api import account, batches, oauth
 from services.api.dashboard import create_templates, dashboard_routes
 from services.api.sessions import LoginRequired, login_required_response
 from shared import ratelimit
+from shared.acceptance import Acceptance
 from shared.attempts import AttemptStore
 from shared.background import Background
 from shared.batchstore import BatchStore
@@ -43,8 +44,9 @@ def create_app(settings: Settings) -> Starlette:
             state.resources = res
             state.batches = BatchStore(res.db)
             state.outbox = Outbox(res.db, settings.amqp.exchange)
+            state.acceptance = Acceptance(state.batches, state.outbox, res.broker)
             state.attempts = AttemptStore(res.db)
-            state.idempotency = IdempotencyStore(res.db)
+            state.idempotency = IdempotencyStore(res.db, lease=settings.api.idempotency_lease)
             state.suppressions = SuppressionStore(res.db)
             state.stats = StatsStore(res.db)
             state.background = Background()
@@ -54,8 +56,7 @@ def create_app(settings: Settings) -> Starlette:
             relay = asyncio.create_task(
                 relay_forever(
                     state.outbox,
-                    state.batches,
-                    res.broker,
+                    state.acceptance.finish,
                     interval=settings.api.outbox_relay_interval,
                     grace=settings.api.outbox_grace,
                 )

@@ -12,10 +12,11 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
-from shared.attempts import AttemptStore
+from shared.attempts import AttemptStore, chunk_line, recipient_line
 from shared.batchstore import BatchHeader, BatchStore, month_of, timeuuid_datetime
 from shared.db import Database
 from shared.http import ApiError
+from shared.precedence import visible
 
 #: How far back (in months) the batch list looks for older batches.
 LIST_HORIZON_MONTHS = 36
@@ -111,15 +112,15 @@ async def batch_counts(
 ) -> tuple[Counter[str], Counter[str], Counter[str]]:
     """Recipients per state, per latest event, and the reasons of the failed ones."""
     rows = await store.db.all_pages(
-        "SELECT state, event, reason_detail FROM batches WHERE batch_id = ?",
+        "SELECT log_id, state, event, reason_detail, gave_up_reason FROM batches "
+        "WHERE batch_id = ?",
         (batch_id,),
         page_size=5000,
     )
-    states = Counter(r["state"] for r in rows if r["state"])
-    events = Counter(r["event"] for r in rows if r["event"])
-    reasons = Counter(
-        r["reason_detail"] for r in rows if r["state"] == "failed" and r["reason_detail"]
-    )
+    seen = [visible(r) for r in rows if r["log_id"] is not None]
+    states = Counter(v.state for v in seen)
+    events = Counter(v.event for v in seen)
+    reasons = Counter(v.reason for v in seen if v.state == "failed" and v.reason)
     return states, events, reasons
 
 
@@ -138,20 +139,25 @@ async def recipient_history(
     ):
         events.setdefault(str(row["log_id"]), []).append(row)
     for row in await db.all_pages(
-        "SELECT log_id, attempt, provider, state, started_at, error FROM log_attempts "
-        "WHERE batch_id = ? AND log_id IN ?",
-        (batch_id, log_ids),
+        "SELECT line, attempt, provider, state, created_at, error, verdict FROM send_attempts "
+        "WHERE batch_id = ? AND line IN ?",
+        (batch_id, [recipient_line(i) for i in log_ids]),
     ):
-        resends.setdefault(str(row["log_id"]), []).append(
+        resends.setdefault(row["line"][1:], []).append(
             {
                 "attempt": row["attempt"],
                 "provider": row["provider"],
                 "state": row["state"],
-                "at": row["started_at"],
-                "error": row["error"] or None,
+                "at": row["created_at"],
+                "error": _error_text(row["error"]) or None,
             }
         )
     return events, resends
+
+
+def _error_text(error: str | None) -> str:
+    """The message of an attempt's ``<kind>|<message>`` error."""
+    return (error or "").partition("|")[2]
 
 
 def batch_status(header: BatchHeader, states: Counter[str]) -> str:
@@ -194,7 +200,7 @@ async def logs_page(
         raise ApiError(400, "bad_cursor", "the cursor is malformed") from None
     query = (
         "SELECT chunk, log_id, email, name, state, event, providers, message_ids, "
-        "reason_detail, last_update FROM batches WHERE batch_id = ?"
+        "reason_detail, last_update, gave_up_reason, gave_up_at FROM batches WHERE batch_id = ?"
     )
     params: tuple[Any, ...] = (batch_id,)
     if position is not None:
@@ -211,7 +217,7 @@ async def logs_page(
         for row in page.rows:
             if row["log_id"] is None:
                 continue  # the static-only row of a batch
-            if state is None or row["state"] == state:
+            if state is None or visible(row).state == state:
                 out.append(row)
                 if len(out) > limit:
                     break
@@ -224,7 +230,7 @@ async def logs_page(
     out = out[:limit]
     history = {}
     for chunk in sorted({r["chunk"] for r in out}):
-        history[chunk] = await attempts.attempts(batch_id, chunk)
+        history[chunk] = await attempts.line(batch_id, chunk_line(chunk))
     events, resends = await recipient_history(store.db, batch_id, [r["log_id"] for r in out])
     data = [
         _log_view(
@@ -244,6 +250,18 @@ async def logs_page(
     return {"data": data, "next_cursor": next_cursor}
 
 
+#: Providers-map values that mean the provider took the recipient.
+_ACCEPTED = frozenset({"sent", "deferred", "delivered", "opened", "clicked", "complained"})
+
+
+def _updated_at(row: dict[str, Any], state: str) -> str | None:
+    """When the recipient last changed: its give-up when that is what it shows."""
+    when = row.get("last_update")
+    if state == "failed" and row.get("gave_up_reason") and row.get("state") != "failed":
+        when = row.get("gave_up_at") or when
+    return when.replace(tzinfo=UTC).isoformat() if when else None
+
+
 def _log_view(
     row: dict[str, Any],
     history: list[Any],
@@ -251,26 +269,25 @@ def _log_view(
     resends: list[dict[str, Any]],
 ) -> dict[str, Any]:
     providers = row["providers"] or {}
+    seen = visible(row)
     return {
         "log_id": str(row["log_id"]),
         "email": row["email"],
         "name": row["name"],
-        "state": row["state"],
-        "event": row["event"],
+        "state": seen.state,
+        "event": seen.event,
         "providers": dict(providers),
-        "status": {p: v == "sent" for p, v in providers.items() if p != "safedelivr"},
+        "status": {p: v in _ACCEPTED for p, v in providers.items() if p != "safedelivr"},
         "message_ids": dict(row["message_ids"] or {}),
-        "reason": row["reason_detail"],
-        "updated_at": row["last_update"].replace(tzinfo=UTC).isoformat()
-        if row["last_update"]
-        else None,
+        "reason": seen.reason,
+        "updated_at": _updated_at(row, seen.state),
         "attempts": [
             {
                 "attempt": a.attempt,
                 "provider": a.provider,
                 "state": a.state,
-                "at": a.started_at.isoformat(),
-                "error": (a.error or "").partition("|")[2] or None,
+                "at": (a.calling_at or a.created_at).isoformat(),
+                "error": _error_text(a.error) or None,
             }
             for a in history
         ],

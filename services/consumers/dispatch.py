@@ -1,64 +1,90 @@
-"""The provider sender: turns one ``<ns>.<batch_uuid>[.retry.<n>]`` job into one provider call.
+"""The provider senders: one delivery of a dispatch job, driven by the attempt protocol.
 
-Per delivery: read the chunk's attempts; if any provider already accepted it, stop. Claim this
-attempt (LWT) before calling the provider, so a redelivery after a crash finds ``sending`` and
-waits for evidence instead of resending. After the call, record the outcome and either mark
-the recipients ``sent`` or hand the chunk to the next provider through ``shared.topology``
-routing keys, as ``failover.decide`` says. The delivery is acked by ``settle`` only after all
-of that is durable.
+Consumes ``<ns>.<batch_uuid>[.retry.<n>]`` (a chunk's attempt ``n`` via provider ``ns``) and
+``log.<ns>.<log_uuid>[.retry.<n>]`` (one recipient's re-send attempt, or a deferral deadline
+check). Each step comes from :func:`services.consumers.protocol.next_step` and is one
+conditional write; when a write does not apply (someone else moved the attempt) the line is
+read again at SERIAL consistency and the protocol asked again. A delivery is acked only when
+everything its steps decided is durable: the outcome and decision on the attempt, the
+recipients' rows, and the follow-up job confirmed by the broker.
+
+``hooks`` is awaited at every point where a process can die on the send path (tests inject
+crashes and interleavings there; in production it does nothing).
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import aio_pika.abc
-import orjson
 
-from services.consumers import failover
-from services.consumers.settle import Poison
-from shared.attempts import GIVE_UP_RANK, Attempt, AttemptStore
+from services.consumers import protocol
+from services.consumers.calls import Caller
+from services.consumers.followup import FollowUps
+from services.consumers.resolution import Resolver
+from shared.attempts import AttemptStore, chunk_line, recipient_line
 from shared.batchstore import BatchStore
 from shared.broker import Broker
 from shared.config import ProviderSettings
-from shared.errors import (
-    PermanentProviderError,
-    ProviderError,
-    ProviderMisconfigured,
-    TransientProviderError,
-)
+from shared.errors import DependencyUnavailable
+from shared.handoff import HandOff
 from shared.metrics import DispatchMetrics
-from shared.models import Chunk, ChunkJob, Recipient
+from shared.models import ChunkJob, LogJob
+from shared.precedence import visible
 from shared.providers.base import Provider
-from shared.stats import StatsStore
-from shared.topology import dispatch_key, parse_routing_key
+from shared.recipients import RecipientStore
+from shared.settle import Delivery, Poison
+from shared.topology import parse_routing_key
 
 log = logging.getLogger(__name__)
 
-_ERROR_KINDS: dict[str, type[ProviderError]] = {
-    "transient": TransientProviderError,
-    "misconfigured": ProviderMisconfigured,
-    "permanent": PermanentProviderError,
-}
-#: Seconds between checks of an attempt whose outcome is unknown.
-RECHECK_DELAY = 30
+#: Steps one delivery may take before it gives up and requeues (a livelock guard: every
+#: step either settles the delivery or loses a race that someone else won).
+MAX_STEPS = 12
+
+#: ``await hooks(point, job)`` at every point where a process could die on the send path.
+Hooks = Callable[[str, protocol.Job], Awaitable[None]]
 
 
-def error_kind(error: ProviderError) -> str:
-    return next((k for k, cls in _ERROR_KINDS.items() if isinstance(error, cls)), "transient")
+async def no_hooks(point: str, job: protocol.Job) -> None:
+    """Production hooks: nothing."""
 
 
-def encode_error(error: ProviderError) -> str:
-    return f"{error_kind(error)}|{error.message}"
-
-
-def decode_error(provider: str, text: str | None, status: int | None = None) -> ProviderError:
-    kind, _, message = (text or "transient|unknown error").partition("|")
-    return _ERROR_KINDS.get(kind, TransientProviderError)(provider, message, status=status)
+def decode(message: aio_pika.abc.AbstractIncomingMessage) -> tuple[protocol.Job, str | None]:
+    """The job of a dispatch or re-send delivery, and its deferral tag if it is a check."""
+    key = parse_routing_key(message.routing_key or "")
+    if key.provider is None:
+        raise Poison(f"not a dispatch key: {message.routing_key}")
+    if key.kind == "dispatch":
+        chunk_job = ChunkJob.decode(message.body)
+        if chunk_job.batch_id != key.id or chunk_job.attempt != key.attempt:
+            raise Poison("routing key and body disagree")
+        job = protocol.Job(
+            batch_id=chunk_job.batch_id,
+            line=chunk_line(chunk_job.chunk),
+            chunk=chunk_job.chunk,
+            log_id=None,
+            attempt=chunk_job.attempt,
+            provider=key.provider,
+            check=chunk_job.check,
+        )
+        return job, None
+    log_job = LogJob.decode(message.body)
+    if log_job.log_id != key.id or (log_job.deferral is None and log_job.attempt != key.attempt):
+        raise Poison("routing key and body disagree")
+    job = protocol.Job(
+        batch_id=log_job.batch_id,
+        line=recipient_line(log_job.log_id),
+        chunk=log_job.chunk,
+        log_id=log_job.log_id,
+        attempt=log_job.attempt,
+        provider=key.provider,
+        check=log_job.check,
+    )
+    return job, log_job.deferral
 
 
 @dataclass
@@ -68,235 +94,155 @@ class Dispatcher:
     attempts: AttemptStore
     providers: Mapping[str, Provider]
     settings: ProviderSettings
-    metrics: DispatchMetrics | None = None
+    metrics: DispatchMetrics
+    recipients: RecipientStore
+    hooks: Hooks = no_hooks
+    deferred_deadline: int = 4 * 3600
+    now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
-    async def process(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        key = parse_routing_key(message.routing_key or "")
-        if key.kind != "dispatch" or key.provider is None:
-            raise Poison(f"not a dispatch key: {message.routing_key}")
-        job = ChunkJob.decode(message.body)
-        if job.batch_id != key.id or job.attempt != key.attempt:
-            raise Poison("routing key and body disagree")
-        await self.dispatch(job, key.provider)
+    def __post_init__(self) -> None:
+        self.handoff = HandOff(
+            self.attempts,
+            self.recipients,
+            self.broker,
+            self.settings.chain_codes,
+            self.settings.max_attempts,
+        )
+        self.follow = FollowUps(self)
+        self.caller = Caller(self)
+        self.resolver = Resolver(self)
 
-    async def dispatch(self, job: ChunkJob, provider_code: str) -> None:
-        history = await self.attempts.attempts(job.batch_id, job.chunk)
-        if any(a.state == "sent" for a in history):
-            return  # a provider already accepted this chunk; a duplicate job ends here
-        mine = next((a for a in history if a.attempt == job.attempt), None)
-        if mine is None:
-            if await self.attempts.claim(job.batch_id, job.chunk, job.attempt, provider_code):
-                await self._send(job, provider_code, history)
+    @property
+    def lease(self) -> timedelta:
+        return timedelta(seconds=self.settings.call_lease)
+
+    async def process(
+        self, message: aio_pika.abc.AbstractIncomingMessage, delivery: Delivery
+    ) -> None:
+        job, deferral = decode(message)
+        if deferral is not None:
+            await self.deferral_check(job, deferral)
+            return
+        await self.handle(job, delivery)
+
+    async def handle(self, job: protocol.Job, delivery: Delivery) -> None:
+        """Take protocol steps until this delivery may be acked."""
+        # After a failure (this delivery's retry) or a lost race, read at SERIAL: an LWT of
+        # ours whose outcome was unknown, or someone else's in progress, is then settled.
+        serial = delivery.retries > 0
+        for _ in range(MAX_STEPS):
+            line = await self.attempts.line(job.batch_id, job.line, serial=serial)
+            await self.hooks("read", job)
+            step = protocol.next_step(
+                job,
+                line,
+                me=delivery.owner,
+                called=bool(delivery.scratch.get("called")),
+                now=self.now(),
+                lease=self.lease,
+            )
+            if isinstance(step, protocol.Stray):
+                log.info("%s attempt %d: %s", job.line, job.attempt, step.why)
                 return
-            history = await self.attempts.attempts(job.batch_id, job.chunk)
-            mine = next(a for a in history if a.attempt == job.attempt)
-        await self._resume(job, mine, history)
+            if isinstance(step, protocol.Done):
+                return
+            if await self._take(step, job, delivery):
+                return
+            serial = True
+        raise DependencyUnavailable("cassandra", f"{job.line}/{job.attempt}: no progress")
 
-    async def _send(self, job: ChunkJob, code: str, history: list[Attempt]) -> None:
-        header = await self.batches.header(job.batch_id)
-        if header is None:
-            raise Poison(f"batch {job.batch_id} does not exist")
-        rows = await self.batches.chunk_rows(job.batch_id, job.chunk)
-        pending = [r for r in rows if r["state"] == "queued"]
-        if not pending:
-            await self.attempts.finish(
+    async def _take(self, step: protocol.Step, job: protocol.Job, delivery: Delivery) -> bool:
+        """Carry out one step; True when the delivery is finished."""
+        if isinstance(step, protocol.Claim):
+            await self.attempts.create(
                 job.batch_id,
-                job.chunk,
+                job.line,
                 job.attempt,
-                state="sent",
-                status_code=None,
-                error="nothing left to send",
-            )
-            return
-        chunk = Chunk(
-            batch_id=job.batch_id,
-            index=job.chunk,
-            message=header.message,
-            recipients=tuple(
-                Recipient(
-                    log_id=r["log_id"],
-                    email=r["email"],
-                    name=r["name"],
-                    substitutions=orjson.loads(r["substitutions"]) if r["substitutions"] else {},
-                )
-                for r in pending
-            ),
-        )
-        log_ids = [r["log_id"] for r in pending]
-        started = datetime.now(UTC)
-        provider = self.providers.get(code)
-        try:
-            if provider is None:
-                raise ProviderMisconfigured(code, "provider is not configured in the chain")
-            receipt = await provider.send(chunk)
-        except ProviderError as error:
-            if error.outcome_unknown:
-                # The provider may have accepted it: leave the attempt ``sending`` and wait
-                # for evidence (a webhook) instead of handing it to the next provider.
-                log.warning("chunk %s/%d via %s: %s", job.batch_id, job.chunk, code, error)
-                if self.metrics:
-                    self.metrics.ambiguous.labels(code).inc()
-                await self._recheck(job, code)
-                return
-            await self._failed(job, code, error, log_ids, started, history)
-            return
-        await self.attempts.finish(
-            job.batch_id,
-            job.chunk,
-            job.attempt,
-            state="sent",
-            status_code=receipt.status,
-            message_id=receipt.message_id,
-        )
-        await self.attempts.update_recipients(
-            job.batch_id,
-            job.chunk,
-            log_ids,
-            provider=code,
-            provider_result="sent",
-            at=started,
-            event="sent",
-            message_id=receipt.message_id,
-        )
-        if self.metrics:
-            self.metrics.chunks_sent.labels(code).inc()
-            self.metrics.recipients_sent.labels(code).inc(len(log_ids))
-
-    async def _failed(
-        self,
-        job: ChunkJob,
-        code: str,
-        error: ProviderError,
-        log_ids: list[uuid.UUID],
-        at: datetime,
-        history: list[Attempt],
-    ) -> None:
-        log.info(
-            "chunk %s/%d attempt %d via %s failed: %s",
-            job.batch_id,
-            job.chunk,
-            job.attempt,
-            code,
-            error,
-        )
-        if self.metrics:
-            self.metrics.attempts_failed.labels(code, error_kind(error)).inc()
-        await self.attempts.finish(
-            job.batch_id,
-            job.chunk,
-            job.attempt,
-            state="failed",
-            status_code=error.status,
-            error=encode_error(error),
-        )
-        await self.attempts.update_recipients(
-            job.batch_id,
-            job.chunk,
-            log_ids,
-            provider=code,
-            provider_result=f"failed: {error.message}"[:300],
-            at=at,
-        )
-        await self._follow_up(job, error, log_ids, history)
-
-    async def _follow_up(
-        self,
-        job: ChunkJob,
-        error: ProviderError,
-        log_ids: list[uuid.UUID] | None,
-        history: list[Attempt],
-    ) -> None:
-        refused = frozenset(
-            a.provider
-            for a in history
-            if a.state == "failed" and (a.error or "").startswith("permanent|")
-        )
-        decision = failover.decide(
-            chain=self.settings.chain_codes,
-            attempt=job.attempt,
-            error=error,
-            max_attempts=self.settings.max_attempts,
-            backoff=self.settings.backoff_tiers,
-            permanent_from=refused,
-        )
-        if isinstance(decision, failover.Retry):
-            nxt = ChunkJob(
-                batch_id=job.batch_id,
                 chunk=job.chunk,
-                attempt=decision.attempt,
-                errors=(*job.errors, f"{error.provider}: {error.message}"[:300]),
+                provider=job.provider,
+                state="claimed",
+                owner=delivery.owner,
             )
-            delay = self.broker.topology.delay_tier_for(decision.delay) if decision.delay else None
-            await self.broker.publish(
-                dispatch_key(decision.provider, job.batch_id, decision.attempt),
-                nxt.encode(),
-                delay=delay,
-                message_id=f"{job.batch_id}:{job.chunk}:{decision.attempt}",
+            await self.hooks("claimed", job)
+            return False  # read back: ours, or someone else's claim
+        if isinstance(step, protocol.StartCall):
+            started = await self.attempts.transition(
+                job.batch_id,
+                job.line,
+                job.attempt,
+                expect={"state": step.state, "owner": step.owner},
+                values={"state": "calling", "owner": delivery.owner, "calling_at": self.now()},
             )
-            return
-        await self._give_up(job, decision.reason, log_ids)
+            if not started:
+                return False
+            await self.hooks("calling", job)
+            return await self.caller.call(job, delivery)
+        if isinstance(step, protocol.Call):
+            return await self.caller.call(job, delivery)
+        if isinstance(step, protocol.Record):
+            return await self.caller.record(job, delivery)
+        if isinstance(step, protocol.Expire):
+            return await self._expire(job, step)
+        if isinstance(step, protocol.WaitLease):
+            return await self._wait_lease(job, step)
+        if isinstance(step, protocol.Resolve):
+            return await self.resolver.resolve(job)
+        if isinstance(step, protocol.EnsureCheck):
+            await self.follow.check(job, step.checks, self.settings.resolve_interval)
+            return True
+        assert isinstance(step, protocol.FollowUp)  # noqa: S101 - the union is exhausted
+        await self.follow.carry_out(job, step.attempt)
+        return True
 
-    async def _give_up(self, job: ChunkJob, reason: str, log_ids: list[uuid.UUID] | None) -> None:
-        if log_ids is None:
-            rows = await self.batches.chunk_rows(job.batch_id, job.chunk)
-            log_ids = [r["log_id"] for r in rows if r["state"] == "queued"]
-        await self.attempts.update_recipients(
+    async def _expire(self, job: protocol.Job, step: protocol.Expire) -> bool:
+        """The call's outcome is unknown: mark it ambiguous and start looking for evidence."""
+        checks = step.checks + 1
+        expired = await self.attempts.transition(
             job.batch_id,
-            job.chunk,
-            log_ids,
-            provider="safedelivr",
-            provider_result="gave up",
-            at=datetime.now(UTC),
-            event="failed",
-            state="failed",
-            reason=reason[:1000],
-            rank=GIVE_UP_RANK,
-        )
-        # Failed by us, not by a webhook: the stats mark is ours to write.
-        header = await self.batches.header(job.batch_id)
-        if header is not None:
-            await StatsStore(self.batches.db).mark(
-                header.user_id, datetime.now(UTC), "failed", [str(i) for i in log_ids]
-            )
-        if self.metrics:
-            self.metrics.recipients_failed.inc(len(log_ids))
-
-    async def _recheck(self, job: ChunkJob, provider: str) -> None:
-        wait = min(RECHECK_DELAY, self.settings.ambiguous_timeout)
-        await self.broker.publish(
-            dispatch_key(provider, job.batch_id, job.attempt),
-            job.encode(),
-            delay=self.broker.topology.delay_tier_for(wait),
-            message_id=f"{job.batch_id}:{job.chunk}:{job.attempt}:recheck",
-        )
-
-    async def _resume(self, job: ChunkJob, mine: Attempt, history: list[Attempt]) -> None:
-        """A redelivery or duplicate found this attempt already recorded."""
-        if mine.state == "failed":
-            # We crashed after recording the failure; repeat the (idempotent) follow-up.
-            await self._follow_up(job, decode_error(mine.provider, mine.error), None, history)
-            return
-        # ``sending``: the provider may or may not have accepted the chunk. Wait for a
-        # webhook to settle it rather than risking a double send.
-        age = datetime.now(UTC) - mine.started_at
-        if age < timedelta(seconds=self.settings.ambiguous_timeout):
-            await self._recheck(job, mine.provider)
-            return
-        await self.attempts.finish(
-            job.batch_id,
-            job.chunk,
+            job.line,
             job.attempt,
-            state="failed",
-            status_code=None,
-            error="transient|outcome unknown: the sender stopped during the provider call",
+            expect={"state": "calling", "owner": step.owner},
+            values={"state": "ambiguous", "checks": checks, "finished_at": self.now()},
         )
-        if self.settings.resend_ambiguous:
-            error = TransientProviderError(mine.provider, "outcome unknown; resending")
-            await self._follow_up(job, error, None, history)
+        if not expired:
+            return False
+        self.metrics.ambiguous.labels(job.provider).inc()
+        await self.hooks("expired", job)
+        await self.follow.check(job, checks, self.settings.resolve_interval)
+        return True
+
+    async def _wait_lease(self, job: protocol.Job, step: protocol.WaitLease) -> bool:
+        """Someone else is calling: check again when its lease ends (one chain of checks)."""
+        checks = step.checks + 1
+        taken = await self.attempts.transition(
+            job.batch_id,
+            job.line,
+            job.attempt,
+            expect={"state": "calling", "checks": step.checks},
+            values={"checks": checks},
+        )
+        if not taken:
+            return False
+        wait = max(1.0, (step.at - self.now()).total_seconds())
+        await self.follow.check(job, checks, wait)
+        return True
+
+    async def deferral_check(self, job: protocol.Job, cause: str) -> None:
+        """A deferral's deadline passed: hand the recipient over if it is still deferred."""
+        assert job.log_id is not None  # noqa: S101 - deferral checks are re-send jobs
+        row = await self.recipients.one(job.batch_id, job.chunk, job.log_id)
+        if row is None:
+            raise Poison(f"no recipient {job.log_id} in batch {job.batch_id}")
+        still = visible(row).state == "queued" and row.get("event") == "deferred"
+        if not still or cause in (row.get("superseded") or ()):
             return
-        await self._give_up(
-            job,
-            f"{mine.provider} may or may not have accepted this message (the sender stopped "
-            "during the call and no provider event arrived); not resent to avoid a duplicate",
-            None,
+        header = await self.follow.header(job.batch_id)
+        await self.handoff(
+            batch_id=job.batch_id,
+            user_id=header.user_id,
+            chunk=job.chunk,
+            log_id=job.log_id,
+            cause=cause,
+            failed=job.provider,
+            why=f"deferred too long (over {self.deferred_deadline}s)",
         )

@@ -46,6 +46,7 @@ def decide(
     max_attempts: int,
     backoff: Sequence[int],
     permanent_from: frozenset[str] = frozenset(),
+    excluded: frozenset[str] = frozenset(),
 ) -> Decision:
     """Decide the follow-up of failed attempt ``attempt``.
 
@@ -56,12 +57,17 @@ def decide(
         max_attempts: attempts allowed in total.
         backoff: delay tiers (seconds) applied each time the chain wraps around.
         permanent_from: providers that already refused this chunk as invalid.
+        excluded: providers not to use for this line (those that dropped or deferred the
+            recipient a re-send line is for).
     """
     refused = permanent_from | (
         {error.provider} if isinstance(error, PermanentProviderError) else set()
     )
     if refused >= set(chain):
         return GiveUp(f"rejected by every provider: {error.message}")
+    refused |= excluded
+    if refused >= set(chain):
+        return GiveUp(f"no other provider is left to try; last: {error.provider} {error.message}")
     delay = 0.0
     nxt = attempt + 1
     while nxt < max_attempts:

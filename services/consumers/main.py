@@ -3,24 +3,27 @@ serves /healthz, /readyz and /metrics, and drains in-flight deliveries on SIGTER
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import uvicorn
 from starlette.applications import Starlette
 
-from services.consumers.dispatch import Dispatcher
-from services.consumers.logretry import LogRetrier
-from services.consumers.settle import InFlight, settling
+from services.consumers.dispatch import Dispatcher, Hooks, no_hooks
 from services.consumers.splitter import Splitter
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchStore
 from shared.config import Settings
+from shared.errors import ProviderError
 from shared.health import health_routes
 from shared.metrics import DispatchMetrics, new_registry
+from shared.providers.base import Provider
 from shared.providers.registry import build_providers, close_all
+from shared.recipients import RecipientStore
 from shared.resources import Resources, open_resources, readiness_checks
+from shared.settle import InFlight, settling
 
 log = logging.getLogger(__name__)
 
@@ -28,35 +31,80 @@ log = logging.getLogger(__name__)
 DRAIN_TIMEOUT = 30.0
 
 
+def build_dispatcher(
+    settings: Settings,
+    res: Resources,
+    metrics: DispatchMetrics | None = None,
+    *,
+    hooks: Hooks = no_hooks,
+) -> Dispatcher:
+    """The provider senders' dispatcher, with its own provider adapters (close them)."""
+    return Dispatcher(
+        broker=res.broker,
+        batches=BatchStore(res.db),
+        attempts=AttemptStore(res.db),
+        providers=build_providers(settings.providers),
+        settings=settings.providers,
+        metrics=metrics or DispatchMetrics.create(new_registry()),
+        recipients=RecipientStore(res.db),
+        hooks=hooks,
+        deferred_deadline=settings.webhooks.deferred_deadline,
+    )
+
+
 async def start_consumers(
-    settings: Settings, res: Resources, inflight: InFlight, metrics: DispatchMetrics | None = None
+    settings: Settings,
+    res: Resources,
+    inflight: InFlight,
+    metrics: DispatchMetrics | None = None,
+    *,
+    hooks: Hooks = no_hooks,
 ) -> Dispatcher:
     """Declare the topology and start the splitter and one sender per provider in the chain."""
     await res.broker.declare()
-    providers = build_providers(settings.providers)
-    batches = BatchStore(res.db)
-    dispatcher = Dispatcher(
-        res.broker, batches, AttemptStore(res.db), providers, settings.providers, metrics
-    )
-    splitter = Splitter(res.broker, batches, settings.providers.chain_codes[0])
+    dispatcher = build_dispatcher(settings, res, metrics, hooks=hooks)
+    providers = dispatcher.providers
+    splitter = Splitter(res.broker, dispatcher.batches, settings.providers.chain_codes[0])
     topology = res.broker.topology
     await res.broker.consume(
         topology.batches_queue, settling(splitter.process, inflight), prefetch=16
     )
-    retrier = LogRetrier(res.broker, batches, providers, settings.providers)
+    _background.add(asyncio.create_task(_probe_query_apis(providers, settings)))
+    handler = settling(dispatcher.process, inflight)
     for code in settings.providers.chain_codes:
         await res.broker.consume(
-            topology.provider_queue(code),
-            settling(dispatcher.process, inflight),
-            prefetch=settings.consumers.prefetch,
+            topology.provider_queue(code), handler, prefetch=settings.consumers.prefetch
         )
-        await res.broker.consume(
-            topology.log_queue(code), settling(retrier.process, inflight), prefetch=32
-        )
+        await res.broker.consume(topology.log_queue(code), handler, prefetch=32)
     return dispatcher
 
 
-def create_app(settings: Settings) -> Starlette:
+#: Start-up tasks kept referenced until they finish.
+_background: set[asyncio.Task[None]] = set()
+
+
+async def _probe_query_apis(providers: Mapping[str, Provider], settings: Settings) -> None:
+    """Say at start-up which providers' query APIs cannot settle ambiguous sends."""
+    window = settings.providers.webhook_window
+    for code, provider in providers.items():
+        try:
+            available = await provider.lookup_available()
+        except ProviderError as exc:
+            log.warning("could not check %s's query API: %s", provider.name, exc)
+            continue
+        if not available:
+            log.warning(
+                "%s (%s) has no query API on this account (SendGrid: the Email Activity "
+                "History add-on): a send whose outcome is unknown is resolved by webhooks "
+                "alone, so recipients without any event are sent through the next provider "
+                "only after SAFEDELIVR_PROVIDERS_WEBHOOK_WINDOW (%ds)",
+                provider.name,
+                code,
+                window,
+            )
+
+
+def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
     registry = new_registry()
     metrics = DispatchMetrics.create(registry)
     inflight = InFlight()
@@ -65,7 +113,7 @@ def create_app(settings: Settings) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_resources(settings, name="safedelivr-consumers") as res:
             app.state.resources = res
-            dispatcher = await start_consumers(settings, res, inflight, metrics)
+            dispatcher = await start_consumers(settings, res, inflight, metrics, hooks=hooks)
             log.info("consuming %s", ", ".join(settings.providers.chain_codes))
             try:
                 yield

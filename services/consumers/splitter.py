@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import aio_pika.abc
 
-from services.consumers.settle import Poison
 from shared.batchstore import BatchStore
 from shared.broker import Broker
 from shared.models import BatchJob, ChunkJob
+from shared.settle import Delivery, Poison
 from shared.topology import dispatch_key, parse_routing_key
 
 #: Confirmed publishes in flight while fanning out one batch.
@@ -29,7 +29,9 @@ class Splitter:
     batches: BatchStore
     first_provider: str
 
-    async def process(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+    async def process(
+        self, message: aio_pika.abc.AbstractIncomingMessage, delivery: Delivery
+    ) -> None:
         key = parse_routing_key(message.routing_key or "")
         if key.kind != "batch":
             raise Poison(f"not a batch key: {message.routing_key}")
@@ -43,7 +45,7 @@ class Splitter:
         if header is None:
             raise Poison(f"batch {job.batch_id} does not exist")
         if header.status != "accepted":
-            return  # already fanned out; this is a redelivery or a relay duplicate
+            return  # fanned out already (a redelivery or a relay duplicate), or cancelled
         window = asyncio.Semaphore(PUBLISH_WINDOW)
         key = dispatch_key(self.first_provider, job.batch_id, 0)
 

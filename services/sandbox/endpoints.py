@@ -15,10 +15,11 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import Receive, Scope, Send
 
-from services.sandbox import mailgun, mailsend, sendgrid
-from services.sandbox.faults import fault_answer
-from services.sandbox.state import SandboxState, state_of
+from services.sandbox import mailgun, mailsend, query, sendgrid
+from services.sandbox.faults import Fault, fault_answer
+from services.sandbox.state import state_of
 from services.sandbox.webhooks import MailgunJob, SendGridJob
 from services.sandbox.wire import json_response, parse_form, read_body
 
@@ -27,19 +28,25 @@ def sendgrid_routes() -> list[BaseRoute]:
     """Routes mounted at ``/sendgrid`` (SendGrid's API root)."""
     return [
         Route("/v3/mail/send", mail_send, methods=["POST"]),
+        Route("/v3/messages", query.email_activity, methods=["GET"]),
         Route("/v3/user/webhooks/event/settings/signed", signed_webhook_settings),
     ]
 
 
 def mailgun_routes() -> list[BaseRoute]:
     """Routes mounted at ``/mailgun`` (Mailgun's API root)."""
-    return [Route("/v3/{domain}/messages", messages, methods=["POST"])]
+    return [
+        Route("/v3/{domain}/messages", messages, methods=["POST"]),
+        Route("/v3/{domain}/events", query.events, methods=["GET"]),
+        Route("/v3/{domain}/events/{token}", query.events, methods=["GET"]),
+    ]
 
 
 async def mail_send(request: Request) -> Response:
     """``POST /v3/mail/send``: 202 with ``X-Message-Id``, or SendGrid's error answer."""
     state = state_of(request)
-    faulted = await _apply_fault(state, "sendgrid")
+    fault = state.faults.take("sendgrid")
+    faulted = await _before(fault)
     if faulted is not None:
         return faulted
     problem = sendgrid.auth_problem(request.headers.get("authorization"))
@@ -61,8 +68,11 @@ async def mail_send(request: Request) -> Response:
     state.ledger.record(
         "sendgrid", addresses, message_id=message_id, size=len(raw), request=payload
     )
-    state.dispatcher.submit(SendGridJob(message_id, payload, int(now), len(addresses)))
-    return Response(status_code=202, headers={"X-Message-Id": message_id})
+    state.index.add(query.sendgrid_entries(payload, message_id, now))
+    if fault is None or fault.webhooks:
+        state.dispatcher.submit(SendGridJob(message_id, payload, int(now), len(addresses)))
+    answer = Response(status_code=202, headers={"X-Message-Id": message_id})
+    return await _after(fault, answer)
 
 
 async def signed_webhook_settings(request: Request) -> Response:
@@ -77,7 +87,8 @@ async def signed_webhook_settings(request: Request) -> Response:
 async def messages(request: Request) -> Response:
     """``POST /v3/{domain}/messages``: 200 with the queued id, or Mailgun's error answer."""
     state = state_of(request)
-    faulted = await _apply_fault(state, "mailgun")
+    fault = state.faults.take("mailgun")
+    faulted = await _before(fault)
     if faulted is not None:
         return faulted
     if not mailgun.is_authorized(request.headers.get("authorization")):
@@ -102,21 +113,60 @@ async def messages(request: Request) -> Response:
         size=len(raw),
         request={"domain": domain, "fields": form.fields, "files": form.files},
     )
-    state.dispatcher.submit(MailgunJob(message_id, message))
-    return json_response({"id": message_id, "message": "Queued. Thank you."})
+    state.index.add(query.mailgun_entries(message, message_id, time.time()))
+    if fault is None or fault.webhooks:
+        state.dispatcher.submit(MailgunJob(message_id, message))
+    answer = json_response({"id": message_id, "message": "Queued. Thank you."})
+    return await _after(fault, answer)
 
 
-async def _apply_fault(state: SandboxState, provider: str) -> Response | None:
-    """The injected answer for this call, after its latency; None to handle it normally."""
-    fault = state.faults.take(provider)
-    if fault is None:
+async def _before(fault: Fault | None) -> Response | None:
+    """What a fault answers instead of handling the call; None to handle it."""
+    if fault is None or fault.accept:
         return None
     if fault.latency_ms:
         await asyncio.sleep(fault.latency_ms / 1000)
+    if fault.reset:
+        return broken_connection()
     if fault.status is None:
         return None
+    return _fault_response(fault)
+
+
+async def _after(fault: Fault | None, answer: Response) -> Response:
+    """The answer to a call the provider accepted, as a fault with ``accept`` bends it."""
+    if fault is None or not fault.accept:
+        return answer
+    if fault.latency_ms:
+        await asyncio.sleep(fault.latency_ms / 1000)
+    if fault.reset:
+        return broken_connection()
+    return answer if fault.status is None else _fault_response(fault)
+
+
+def _fault_response(fault: Fault) -> Response:
     answer = fault_answer(fault, now=time.time())
     return Response(answer.body, answer.status, answer.headers, media_type=answer.media_type)
+
+
+class BrokenConnection(Exception):
+    """Raised after a response has started, so the server drops the connection."""
+
+
+class _BrokenResponse(Response):
+    """Starts an answer and breaks the connection before its body: the client gets no usable
+    answer although it sent the whole request (uvicorn closes a connection whose response
+    raised after it started)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"64")]}
+        )
+        raise BrokenConnection("injected fault: connection broken after the request")
+
+
+def broken_connection() -> Response:
+    return _BrokenResponse()
 
 
 def _sendgrid_error(status: int, message: str) -> Response:

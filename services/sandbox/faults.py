@@ -1,8 +1,14 @@
 """Injected provider faults: what the next send calls to a provider answer instead of mail.
 
 A fault names a provider, a status, a latency and how many calls it lasts (``None`` until
-cleared). A fault without a status only delays the call, which is then handled normally: the
-way to make a client time out on a request the provider did accept.
+cleared). A fault without a status only delays the call, which is then handled normally.
+
+With ``accept`` the provider first accepts the request as usual (it is recorded, indexed for
+the query APIs and, unless ``webhooks`` is false, reported by webhooks) and only then
+misbehaves: it waits ``latency_ms`` before answering (a client with a shorter timeout never
+hears that its request was accepted), answers ``status`` instead of success, or with
+``reset`` breaks the connection after the answer's headers. ``reset`` without ``accept``
+breaks the connection having accepted nothing.
 """
 
 from __future__ import annotations
@@ -54,6 +60,12 @@ class Fault:
     """Answer body: a string is sent as text, anything else as JSON; None for the default."""
     retry_after: int = 1
     """Seconds announced by 429 answers (``X-RateLimit-Reset`` / ``Retry-After``)."""
+    accept: bool = False
+    """Accept the request first, then misbehave."""
+    reset: bool = False
+    """Break the connection instead of answering."""
+    webhooks: bool = True
+    """Whether mail accepted under this fault is reported by webhooks."""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,9 +100,16 @@ def parse_fault(payload: object) -> Fault | str:
     retry_after = payload.get("retry_after", 1)
     if not (_is_int(retry_after) and retry_after >= 0):
         return "retry_after must be a non-negative integer"
-    if status is None and latency == 0:
-        return "a fault needs a status, a latency, or both"
-    return Fault(str(provider), status, latency, count, payload.get("body"), retry_after)
+    flags = {name: payload.get(name, default) for name, default in _FLAGS.items()}
+    if not all(isinstance(v, bool) for v in flags.values()):
+        return f"{', '.join(_FLAGS)} must be true or false"
+    if status is None and latency == 0 and not flags["reset"] and flags["webhooks"]:
+        return "a fault needs a status, a latency, a reset or webhooks off"
+    return Fault(str(provider), status, latency, count, payload.get("body"), retry_after, **flags)
+
+
+#: Boolean fault options and their defaults.
+_FLAGS = {"accept": False, "reset": False, "webhooks": True}
 
 
 def fault_answer(fault: Fault, *, now: float) -> FaultAnswer:

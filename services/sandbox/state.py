@@ -10,6 +10,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from starlette.requests import Request
 
 from services.sandbox import signing
+from services.sandbox.activity import MessageIndex
 from services.sandbox.faults import FaultBook
 from services.sandbox.ledger import SendLedger
 from services.sandbox.oauth import OAuthStore
@@ -28,11 +29,15 @@ class SandboxState:
     dispatcher: WebhookDispatcher
     faults: FaultBook = field(default_factory=FaultBook)
     ledger: SendLedger = field(init=False)
+    index: MessageIndex = field(init=False)
     oauth: OAuthStore = field(default_factory=OAuthStore)
     mailgun_serial: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
         self.ledger = SendLedger(self.tuning)
+        self.index = MessageIndex(
+            delay=self.settings.query_delay, capacity=self.tuning.max_indexed_recipients
+        )
 
     @property
     def sendgrid_public_key(self) -> str:

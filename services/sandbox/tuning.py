@@ -22,8 +22,10 @@ class Tuning:
     mailgun_workers: int = 8
     """Concurrent Mailgun webhook POSTs (Mailgun posts one event per request). More is slower:
     httpx's pool costs grow with its connections (measured: 8 → 1,600 events/s, 32 → 400)."""
-    retry_delays: tuple[float, ...] = (0.5, 2.0, 5.0)
-    """Waits before each retry of a failed webhook POST; its length is the number of retries."""
+    retry_delays: tuple[float, ...] = (0.5, 1, 2, 5, 10, 20, 30, 60, 60, 60, 120, 300, 600)
+    """Waits before each retry of a failed webhook POST; its length is the number of retries.
+    The real providers retry for hours (SendGrid 24 h, Mailgun 8 h); this keeps trying for
+    about 20 minutes, enough to outlast a restart of the webhook service or a broker."""
     post_timeout: float = 10.0
     """Seconds one webhook POST may take."""
     max_pending_events: int = 500_000
@@ -32,6 +34,8 @@ class Tuning:
     max_scheduled_recipients: int = 500_000
     """Recipients of accepted requests still waiting for their webhook delay, beyond which
     new requests get no events (and are counted)."""
+    max_indexed_recipients: int = 1_000_000
+    """Accepted recipients the query APIs remember per provider (the oldest are forgotten)."""
     max_tracked_recipients: int = 200_000
     """Distinct addresses whose accept counts are kept per provider; later ones are counted
     only in the totals."""

@@ -10,6 +10,7 @@ from starlette.routing import Route
 
 from services.webhooks import receivers
 from services.webhooks.ingest import Ingest, IngestMetrics
+from services.webhooks.intake import Intake, IntakeMetrics
 from shared.config import Settings
 from shared.errors import ConfigError
 from shared.health import health_routes
@@ -17,11 +18,17 @@ from shared.http import error_handlers
 from shared.metrics import new_registry
 from shared.providers import sendgrid_events
 from shared.resources import open_resources, readiness_checks
+from shared.settle import InFlight, settling
+
+#: Seconds to let queued deliveries being applied finish at shutdown.
+DRAIN_TIMEOUT = 10.0
 
 
 def create_app(settings: Settings) -> Starlette:
     registry = new_registry()
     metrics = IngestMetrics.create(registry)
+    intake_metrics = IntakeMetrics.create(registry)
+    inflight = InFlight()
     sendgrid_key = None
     if settings.webhooks.sendgrid_public_key:
         try:
@@ -33,8 +40,19 @@ def create_app(settings: Settings) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_resources(settings, name="safedelivr-webhooks") as res:
             app.state.resources = res
-            app.state.ingest = Ingest(res.db, res.broker, settings, metrics)
-            yield
+            ingest = Ingest(res.db, res.broker, settings, metrics)
+            app.state.intake = intake = Intake(res.db, res.broker, ingest, intake_metrics)
+            await res.broker.declare()
+            await res.broker.consume(
+                res.broker.topology.webhooks_queue,
+                settling(intake.process, inflight, hold=None),
+                prefetch=8,
+            )
+            try:
+                yield
+            finally:
+                await res.broker.stop_consuming()
+                await inflight.wait_idle(DRAIN_TIMEOUT)
 
     routes = [
         Route("/webhooks/sendgrid", receivers.sendgrid, methods=["POST"]),

@@ -1,10 +1,16 @@
-"""Applying normalised provider events to Cassandra (and re-sends to RabbitMQ).
+"""Applying normalised provider events to Cassandra (and hand-offs to RabbitMQ).
 
-Every write here is idempotent: the timeline row is keyed by the provider's event id, the log
-row is updated with a timestamp derived from the event (so replays and out-of-order arrivals
-merge to the same result), stats are ledger marks, suppressions are upserts, and re-sends are
-claimed by attempt number in the log-retry consumer. Replaying a whole request is therefore
-harmless, which is what makes answering 503 (and letting the provider retry) safe.
+Every write here is idempotent: the timeline row is keyed by the provider's event id, the
+recipient's row is written through ``shared.recipients`` with timestamps from the event (so
+replays and out-of-order arrivals merge to the same result), stats are ledger marks,
+suppressions are upserts, and hand-offs are planned once per failed attempt
+(``shared.handoff``). Replaying a whole delivery is therefore harmless, which is what lets
+the intake retry it until it is applied.
+
+The attempt tag an event carries (``c.<n>``, ``r.<n>``) is evidence that the provider accepted
+that attempt, which is what resolves an ambiguous call (``services.consumers.resolution``).
+A failure reported on an attempt already handed over to another provider is kept in the
+timeline but decides nothing (``transitions.superseded``).
 """
 
 from __future__ import annotations
@@ -15,18 +21,18 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from services.webhooks.transitions import effects, stage_timestamp, write_timestamp
+from services.webhooks import transitions
 from shared.attempts import AttemptStore
 from shared.broker import Broker
 from shared.config import Settings
 from shared.db import Database
+from shared.handoff import HandOff
 from shared.models import LogJob
-from shared.resend import next_provider
+from shared.precedence import visible
+from shared.recipients import RecipientStore
 from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
 from shared.topology import log_key
@@ -34,7 +40,7 @@ from shared.webhook_events import ProviderEvent
 
 log = logging.getLogger(__name__)
 
-#: Events of one request applied concurrently.
+#: Events of one delivery applied concurrently.
 CONCURRENCY = 32
 #: Batch owners remembered (a batch's owner never changes).
 OWNER_CACHE = 50_000
@@ -71,7 +77,7 @@ class IngestMetrics:
             ),
             Counter(
                 "safedelivr_webhook_resends",
-                "Recipients re-sent after provider failures",
+                "Recipients handed over to another provider after provider-side failures",
                 ["provider"],
                 registry=registry,
             ),
@@ -85,12 +91,18 @@ class Ingest:
     settings: Settings
     metrics: IngestMetrics
     _owners: OrderedDict[uuid.UUID, uuid.UUID | None] = field(default_factory=OrderedDict)
-    _settled: OrderedDict[tuple[uuid.UUID, int, str], None] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         self.stats = StatsStore(self.db)
+        self.recipients = RecipientStore(self.db, self.stats)
         self.suppressions = SuppressionStore(self.db)
-        self.attempts = AttemptStore(self.db)
+        self.handoff = HandOff(
+            AttemptStore(self.db),
+            self.recipients,
+            self.broker,
+            self.settings.providers.chain_codes,
+            self.settings.providers.max_attempts,
+        )
 
     async def apply_all(self, events: Iterable[ProviderEvent]) -> dict[str, int]:
         window = asyncio.Semaphore(CONCURRENCY)
@@ -108,19 +120,33 @@ class Ingest:
             await self._orphan(ev)
             return "orphan"
         self.metrics.events.labels(ev.provider, ev.kind).inc()
-        history = await self._history(target) if _needs_history(ev) else []
-        deferred_since = min(
-            (r["at"].replace(tzinfo=UTC) for r in history if r["kind"] == "deferred"),
-            default=ev.occurred_at,
+        eff = transitions.effects(ev)
+        if eff.needs_row:
+            row = await self.recipients.one(target.batch_id, target.chunk, target.log_id)
+            if ev.attempt is not None and row and ev.attempt in (row.get("superseded") or ()):
+                eff = transitions.superseded(eff)
+            elif row is None or visible(row).state != "queued":
+                # Final already: a late provider-side failure or deferral changes nothing.
+                eff = transitions.Effects(eff.event, eff.state, eff.metrics, eff.suppress)
+        await self._timeline(target, ev, counted=eff.counted)
+        await self.recipients.reported(
+            target.batch_id,
+            target.user_id,
+            target.chunk,
+            target.log_id,
+            provider=ev.provider,
+            provider_result=_provider_result(ev),
+            message_id=ev.message_id,
+            stage_rank=transitions.stage_rank(ev),
+            rank=transitions.rank(ev),
+            when=ev.occurred_at,
+            event=eff.event,
+            state=eff.state,
+            reason=ev.reason,
+            evidence=ev.attempt if ev.kind != "unknown" else None,
         )
-        eff = effects(
-            ev, deferred_since=deferred_since, deadline=self.settings.webhooks.deferred_deadline
-        )
-        await self._timeline(target, ev)
-        if eff.event is not None:
-            await self._update_row(target, ev, eff.event, eff.state)
         for metric in eff.metrics:
-            await self.stats.mark(target.user_id, ev.occurred_at, metric, [str(target.log_id)])
+            await self.stats.mark(target.user_id, target.batch_id, metric, [target.log_id])
         if eff.suppress:
             await self.suppressions.add(
                 target.user_id,
@@ -130,12 +156,10 @@ class Ingest:
                 event_id=ev.event_id,
                 at=ev.occurred_at,
             )
-        if eff.attempt_accepted:
-            await self._settle_attempt(target, ev)
-        if eff.resend:
-            await self._resend(target, ev)
-        elif ev.kind == "deferred" and deferred_since == ev.occurred_at:
-            await self._schedule_deferred_check(target, ev)
+        if eff.hand_off:
+            await self._hand_off(target, ev)
+        elif eff.deadline:
+            await self._schedule_deadline(target, ev)
         return "applied"
 
     async def _locate(self, ev: ProviderEvent) -> Target | None:
@@ -168,17 +192,11 @@ class Ingest:
                 self._owners.popitem(last=False)
         return owner
 
-    async def _history(self, t: Target) -> list[dict[str, Any]]:
-        return await self.db.rows(
-            "SELECT at, kind, provider FROM log_events WHERE batch_id = ? AND log_id = ?",
-            (t.batch_id, t.log_id),
-        )
-
-    async def _timeline(self, t: Target, ev: ProviderEvent) -> None:
+    async def _timeline(self, t: Target, ev: ProviderEvent, *, counted: bool) -> None:
         detail = ev.reason or ev.url or ev.message_id or ""
         await self.db.execute(
             "INSERT INTO log_events (batch_id, log_id, at, event_id, provider, kind, raw_event, "
-            "detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "detail, attempt, counted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 t.batch_id,
                 t.log_id,
@@ -188,114 +206,39 @@ class Ingest:
                 ev.kind,
                 ev.raw_event,
                 detail[:1000],
+                ev.attempt,
+                counted,
             ),
             idempotent=True,
         )
 
-    async def _update_row(
-        self, t: Target, ev: ProviderEvent, event: str, state: str | None
-    ) -> None:
-        # The provider's own columns merge by the event's stage; the recipient-wide columns
-        # (event, state) by ``write_timestamp``, which lets a re-send's events win.
-        await self._set(
-            t,
-            stage_timestamp(ev),
-            ("providers[?] = ?", ev.provider, _provider_result(ev)),
-            *((("message_ids[?] = ?", ev.provider, ev.message_id),) if ev.message_id else ()),
-        )
-        columns: list[tuple[object, ...]] = [
-            ("event = ?", event),
-            ("last_update = ?", ev.occurred_at),
-        ]
-        if state is not None:
-            columns.append(("state = ?", state))
-        if state == "failed" and ev.reason:
-            columns.append(("reason_detail = ?", ev.reason[:1000]))
-        await self._set(t, write_timestamp(ev), *columns)
-
-    async def _set(self, t: Target, stamp: int, *columns: tuple[object, ...]) -> None:
-        sets = ", ".join(str(c[0]) for c in columns)
-        values = [v for c in columns for v in c[1:]]
-        await self.db.execute(
-            f"UPDATE batches USING TIMESTAMP ? SET {sets} "  # noqa: S608 - fixed columns
-            "WHERE batch_id = ? AND chunk = ? AND log_id = ?",
-            (stamp, *values, t.batch_id, t.chunk, t.log_id),
-            idempotent=True,
+    async def _hand_off(self, t: Target, ev: ProviderEvent) -> None:
+        self.metrics.resends.labels(ev.provider).inc()
+        await self.handoff(
+            batch_id=t.batch_id,
+            user_id=t.user_id,
+            chunk=t.chunk,
+            log_id=t.log_id,
+            cause=ev.attempt or f"{ev.provider}?",
+            failed=ev.provider,
+            why=_provider_result(ev),
         )
 
-    async def _settle_attempt(self, t: Target, ev: ProviderEvent) -> None:
-        """A provider event proves the chunk was accepted: settle an attempt left ``sending``.
-
-        Each (chunk, provider) is checked once per process (remembered, bounded): after the
-        first event of a chunk nothing of it can be left ``sending`` by that provider.
-        """
-        key = (t.batch_id, t.chunk, ev.provider)
-        if key in self._settled:
-            return
-        for a in await self.attempts.attempts(t.batch_id, t.chunk):
-            if a.provider == ev.provider and a.state == "sending":
-                await self.attempts.finish(
-                    t.batch_id,
-                    t.chunk,
-                    a.attempt,
-                    state="sent",
-                    status_code=None,
-                    message_id=ev.message_id,
-                    error="settled by a provider event",
-                )
-        self._settled[key] = None
-        if len(self._settled) > OWNER_CACHE:
-            self._settled.popitem(last=False)
-
-    async def _resend(self, t: Target, ev: ProviderEvent) -> None:
-        row = await self.db.one(
-            "SELECT providers, state FROM batches WHERE batch_id = ? AND chunk = ? AND log_id = ?",
-            (t.batch_id, t.chunk, t.log_id),
-        )
-        if row is None or row["state"] != "queued":
-            return
-        tried = dict(row["providers"] or {})
-        tried[ev.provider] = f"dropped: {ev.reason or ev.raw_event}"
-        attempt = 1 + len(
-            await self.db.rows(
-                "SELECT attempt FROM log_attempts WHERE batch_id = ? AND log_id = ?",
-                (t.batch_id, t.log_id),
-            )
-        )
-        target = next_provider(self.settings.providers.chain_codes, tried, ev.provider)
-        reason = f"{ev.provider} {ev.raw_event}: {ev.reason or 'provider-side failure'}"
+    async def _schedule_deadline(self, t: Target, ev: ProviderEvent) -> None:
+        """Check the recipient again when the deferral deadline has passed (every deferral
+        schedules one; the first to find it still deferred hands it over, once)."""
         job = LogJob(
             batch_id=t.batch_id,
             chunk=t.chunk,
             log_id=t.log_id,
-            attempt=attempt,
-            reason=reason[:500],
-            failed_provider=ev.provider,
+            deferral=ev.attempt or f"{ev.provider}?",
         )
-        if target is None:
-            job = job.model_copy(update={"give_up": True})
-            target = ev.provider
-        self.metrics.resends.labels(target).inc()
-        await self.broker.publish(
-            log_key(target, t.log_id, attempt), job.encode(), message_id=f"{t.log_id}:{attempt}"
-        )
-
-    async def _schedule_deferred_check(self, t: Target, ev: ProviderEvent) -> None:
         deadline = self.settings.webhooks.deferred_deadline
-        job = LogJob(
-            batch_id=t.batch_id,
-            chunk=t.chunk,
-            log_id=t.log_id,
-            attempt=0,
-            reason=f"{ev.provider} deferred for over {deadline}s: {ev.reason or ''}",
-            failed_provider=ev.provider,
-            check_deferred=True,
-        )
         await self.broker.publish(
             log_key(ev.provider, t.log_id),
             job.encode(),
             delay=self.broker.topology.delay_tier_for(deadline),
-            message_id=f"{t.log_id}:deferred-check",
+            message_id=f"{t.log_id}:deferral:{ev.event_id}",
         )
 
     async def _orphan(self, ev: ProviderEvent) -> None:
@@ -312,11 +255,9 @@ class Ingest:
         )
 
 
-def _needs_history(ev: ProviderEvent) -> bool:
-    return ev.kind == "deferred"
-
-
 def _provider_result(ev: ProviderEvent) -> str:
     if ev.kind in ("dropped", "bounced") and ev.reason:
         return f"{ev.kind}: {ev.reason}"[:300]
+    if ev.kind == "deferred":
+        return "deferred"
     return ev.kind

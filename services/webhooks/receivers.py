@@ -1,9 +1,10 @@
 """``POST /webhooks/sendgrid`` and ``POST /webhooks/mailgun``: verify over the raw bytes, then
-parse, then apply; answer only once every event is durable.
+hand the delivery to the intake (``intake``), which answers only once it is durable: applied
+to Cassandra, or queued in RabbitMQ for when Cassandra is back.
 
 Status codes: 401 bad or stale signature (nothing stored), 400 malformed body, 413 too large,
-200 applied (orphans included, so the provider stops retrying), 503 when Cassandra or
-RabbitMQ is down so the provider retries later.
+200 applied or queued (orphans included, so the provider stops retrying), 503 only when
+neither Cassandra nor RabbitMQ takes the delivery, so the provider retries later.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from shared.config import Settings
-from shared.db import Database
 from shared.http import JSON, ApiError, read_capped
 from shared.providers import mailgun_events, sendgrid_events
 from shared.webhook_events import MalformedPayload, timestamp_fresh
@@ -58,12 +58,7 @@ async def sendgrid(request: Request) -> Response:
             raise _unauthorized("missing or stale signature timestamp")
         if not sendgrid_events.verify_signature_with_key(key, signature, stamp, raw):
             raise _unauthorized("signature does not match")
-    try:
-        parsed = sendgrid_events.parse_events(raw)
-    except MalformedPayload as exc:
-        raise ApiError(400, "malformed_body", str(exc)) from exc
-    counts = await state.ingest.apply_all(parsed.events)
-    return JSON({"received": len(parsed.events) + parsed.skipped, **counts})
+    return JSON(await state.intake.receive("sg", raw))
 
 
 async def mailgun(request: Request) -> Response:
@@ -83,21 +78,4 @@ async def mailgun(request: Request) -> Response:
         signing_key.get_secret_value(), envelope.timestamp, envelope.token, envelope.signature
     ):
         raise _unauthorized("signature does not match")
-    if not await _token_once(state.resources.db, envelope.token, envelope.body_hash):
-        raise _unauthorized("this token was already used with another body")
-    event = mailgun_events.parse_event(envelope.event_data)
-    if event is None:
-        return JSON({"received": 1, "applied": 0, "orphans": 0, "ignored": 1})
-    counts = await state.ingest.apply_all([event])
-    return JSON({"received": 1, **counts})
-
-
-async def _token_once(db: Database, token: str, body_hash: bytes) -> bool:
-    """Accept each Mailgun token once; the same token with the same body is a harmless replay."""
-    row = await db.one(
-        "INSERT INTO webhook_tokens (mg_token, body_hash) VALUES (?, ?) IF NOT EXISTS",
-        (token, body_hash),
-    )
-    if row is None or row["[applied]"]:
-        return True
-    return hmac.compare_digest(row["body_hash"] or b"", body_hash)
+    return JSON(await state.intake.receive("mg", raw))

@@ -3,14 +3,15 @@
 Outcome events settle the summary state (``delivered`` → success; bounce, recipient-side drop
 → failed). Engagement (``opened``, ``clicked``) and after-delivery events (``complained``,
 ``unsubscribed``) are recorded and counted but never change the outcome. Provider-side
-failures (a drop that is the provider's fault, a deferral past the deadline) re-send the one
-recipient through another provider; recipient-side ones are final and suppress the address.
+failures (a drop that is the provider's fault; a deferral, once its deadline passes) hand the
+one recipient over to another provider; recipient-side ones are final and suppress the
+address. A failure reported on an attempt that was already handed over (superseded) is
+recorded in the timeline only: the attempt that replaced it decides the recipient's fate.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from dataclasses import dataclass, replace
 
 from shared.models import State
 from shared.webhook_events import KIND_RANK, ProviderEvent
@@ -21,32 +22,40 @@ class Effects:
     event: str | None
     """The value to write into the log row's ``event`` column (None: timeline only)."""
     state: State | None
+    """The outcome it settles (mirrored by the stats' success/failed marks)."""
     metrics: tuple[str, ...] = ()
+    """Other stats marks it earns: bounced, complained, opened, clicked."""
     suppress: bool = False
-    resend: bool = False
-    attempt_accepted: bool = False
-    """Evidence that the provider accepted the chunk (settles an ambiguous attempt)."""
+    hand_off: bool = False
+    """A provider-side failure: hand the recipient over to another provider."""
+    deadline: bool = False
+    """A deferral: check again once the deferral deadline has passed."""
+
+    @property
+    def counted(self) -> bool:
+        """Whether the event counts at all (in state or stats)."""
+        return self.state is not None or bool(self.metrics)
+
+    @property
+    def needs_row(self) -> bool:
+        """Whether applying it depends on the recipient's row (was its attempt handed over?)."""
+        return self.state == "failed" or self.hand_off or self.deadline
 
 
-def effects(
-    ev: ProviderEvent, *, deferred_since: datetime | None = None, deadline: int = 4 * 3600
-) -> Effects:
+def effects(ev: ProviderEvent) -> Effects:
     kind = ev.kind
     if kind == "sent":
-        return Effects("sent", None, attempt_accepted=True)
+        return Effects("sent", None)
     if kind == "delivered":
-        return Effects("delivered", "success", ("success",), attempt_accepted=True)
+        return Effects("delivered", "success")
     if kind == "deferred":
-        overdue = deferred_since is not None and ev.occurred_at - deferred_since > timedelta(
-            seconds=deadline
-        )
-        return Effects("deferred", None, resend=overdue, attempt_accepted=True)
+        return Effects("deferred", None, deadline=True)
     if kind == "bounced":
-        return Effects("bounced", "failed", ("failed", "bounced"), suppress=True)
+        return Effects("bounced", "failed", ("bounced",), suppress=True)
     if kind == "dropped":
         if ev.provider_side:
-            return Effects("dropped", None, resend=True)
-        return Effects("dropped", "failed", ("failed",), suppress=ev.suppress)
+            return Effects("dropped", None, hand_off=True)
+        return Effects("dropped", "failed", suppress=ev.suppress)
     if kind == "complained":
         return Effects("complained", None, ("complained",), suppress=True)
     if kind == "unsubscribed":
@@ -56,18 +65,28 @@ def effects(
     return Effects(None, None)
 
 
-def write_timestamp(ev: ProviderEvent) -> int:
-    """Microseconds for ``USING TIMESTAMP``: event time, ties broken by how final the kind is.
+def superseded(eff: Effects) -> Effects:
+    """The effects of an event on an attempt that was handed over: a failure, a hand-off or a
+    deferral of that attempt no longer concerns the recipient (a delivery, a complaint or an
+    open still do: they happened)."""
+    if eff.state == "failed":
+        return Effects(None, None)
+    if eff.hand_off or eff.deadline:
+        return replace(eff, event=None, hand_off=False, deadline=False)
+    return eff
+
+
+def rank(ev: ProviderEvent) -> int:
+    """The rank that orders the recipient-wide columns of events of the same second.
 
     Providers stamp events in whole seconds, so ``processed`` and ``delivered`` often share
-    one; adding the kind's rank makes the later stage win the last-write-wins merge even
-    when events arrive out of order. A provider-side failure ranks lowest: it starts a
-    re-send through another provider, whose events of the same second must win.
+    one; the kind's rank makes the later stage win the last-write-wins merge even when events
+    arrive out of order. A provider-side failure ranks lowest: it hands the recipient over to
+    another provider, whose events of the same second must win.
     """
-    rank = 0 if ev.provider_side else KIND_RANK[ev.kind]
-    return int(ev.occurred_at.timestamp()) * 1_000_000 + rank
+    return 0 if ev.provider_side else KIND_RANK[ev.kind]
 
 
-def stage_timestamp(ev: ProviderEvent) -> int:
-    """Like :func:`write_timestamp` but always by stage: for the provider's own map entries."""
-    return int(ev.occurred_at.timestamp()) * 1_000_000 + KIND_RANK[ev.kind]
+def stage_rank(ev: ProviderEvent) -> int:
+    """Like :func:`rank` but always by stage: for the provider's own map entries."""
+    return KIND_RANK[ev.kind]

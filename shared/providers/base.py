@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 from shared.models import Chunk
@@ -15,6 +17,20 @@ class Receipt:
     provider: str
     status: int
     message_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LookupQuery:
+    """Which recipients of one attempt did the provider accept? (its query API)"""
+
+    batch_id: uuid.UUID
+    chunk: int
+    tag: str
+    """The attempt's tag, sent with the request (``c.<n>``, ``r.<n>``)."""
+    since: datetime
+    """When the call started: nothing of it can be older."""
+    emails: frozenset[str]
+    """The addresses (lower-case) of the attempt's recipients still without evidence."""
 
 
 class Provider(Protocol):
@@ -33,5 +49,15 @@ class Provider(Protocol):
     max_recipients: int
 
     async def send(self, chunk: Chunk) -> Receipt: ...
+
+    async def lookup(self, query: LookupQuery) -> frozenset[str] | None:
+        """The addresses of ``query.emails`` the provider has a message for, from this
+        attempt (its query API); None when the account has no usable query API. Raises a
+        ``TransientProviderError`` when the query fails."""
+        ...
+
+    async def lookup_available(self) -> bool:
+        """Whether the account can use the query API (checked at start-up)."""
+        ...
 
     async def aclose(self) -> None: ...

@@ -6,8 +6,9 @@ repeat):
 
 * ``from``, ``to``, ``cc``, ``bcc``, ``h:Reply-To`` as ``Name <email>``, quoted by
   :func:`email.utils.formataddr`; ``subject``, ``text``, ``html``; ``h:<Name>`` per custom
-  header; ``o:tag`` for the first 3 categories (Mailgun's limit); ``v:batch_id`` and
-  ``v:chunk`` on every message (webhooks return them as ``user-variables``).
+  header; ``o:tag`` for the first 3 categories (Mailgun's limit); ``v:batch_id``,
+  ``v:chunk`` and ``v:attempt`` (the attempt's tag) on every message (webhooks and the
+  Events API return them as ``user-variables``).
 * ``bulk`` -- Mailgun batch sending: ``recipient-variables`` maps each address to its
   ``log_id`` and substitutions, which makes Mailgun send each ``to`` its own message, and
   ``v:log_id=%recipient.log_id%`` puts the log id on each. Substitution keys in subject, text
@@ -28,6 +29,7 @@ import email.utils
 import time
 import urllib.parse
 from collections.abc import Mapping
+from typing import Any
 
 import httpx
 import orjson
@@ -36,7 +38,7 @@ from shared.config import ProviderSettings
 from shared.errors import ProviderError, ProviderMisconfigured, TransientProviderError
 from shared.models import Chunk
 from shared.providers import envelope, responses
-from shared.providers.base import Receipt
+from shared.providers.base import LookupQuery, Receipt
 
 #: Our code for Mailgun in routing keys and errors.
 CODE = "mg"
@@ -44,6 +46,12 @@ CODE = "mg"
 MAX_RECIPIENTS = 1000
 #: Tags Mailgun accepts per message; extra categories are dropped.
 MAX_TAGS = 3
+#: Events per page of the Events API (its maximum).
+EVENTS_PAGE = 300
+#: Pages one lookup may read before it gives up (and tries again later).
+MAX_EVENT_PAGES = 100
+#: Seconds added around a call's window when looking for its ``accepted`` events.
+LOOKUP_MARGIN = 5.0
 
 Form = list[tuple[str, str]]
 
@@ -73,6 +81,8 @@ def build_form(chunk: Chunk) -> Form:
     form += [(f"h:{name}", value) for name, value in message.headers.items()]
     form += [("o:tag", tag) for tag in message.categories[:MAX_TAGS]]
     form += [("v:batch_id", str(chunk.batch_id)), ("v:chunk", str(chunk.index))]
+    if chunk.attempt:
+        form.append(("v:attempt", chunk.attempt))
     if message.bulk:
         form.append(("v:log_id", "%recipient.log_id%"))
         form.append(("recipient-variables", _recipient_variables(chunk, keys)))
@@ -145,7 +155,9 @@ class MailgunProvider:
         client: an HTTP client to use instead of our own; the caller keeps ownership and
             closes it (``aclose`` leaves it open). Auth and timeout are set per request.
         """
-        self._url = f"{base_url.rstrip('/')}/v3/{urllib.parse.quote(domain, safe='')}/messages"
+        root = f"{base_url.rstrip('/')}/v3/{urllib.parse.quote(domain, safe='')}"
+        self._url = f"{root}/messages"
+        self._events_url = f"{root}/events"
         self._auth = httpx.BasicAuth("api", api_key)
         self._seconds = timeout
         self._timeout = httpx.Timeout(timeout)
@@ -181,21 +193,111 @@ class MailgunProvider:
             raise error
         return Receipt(CODE, response.status_code, parse_message_id(response.content))
 
+    async def lookup(self, query: LookupQuery) -> frozenset[str] | None:
+        """Recipients of the attempt among Mailgun's ``accepted`` events.
+
+        Mailgun cannot filter events by user variables, so this reads the ``accepted`` events
+        of the call's time window (it accepts during the call) page by page, following
+        ``paging.next`` until a page comes back empty, and matches our variables itself.
+        """
+        since = query.since.timestamp()
+        params = {
+            "event": "accepted",
+            "begin": f"{since - LOOKUP_MARGIN:.3f}",
+            "end": f"{since + 2 * self._seconds + LOOKUP_MARGIN:.3f}",
+            "ascending": "yes",
+            "limit": str(EVENTS_PAGE),
+        }
+        url: str | None = self._events_url
+        found: set[str] = set()
+        for _ in range(MAX_EVENT_PAGES):
+            assert url is not None  # noqa: S101 - set below before looping again
+            page = await self._events_page(url, params)
+            items = page.get("items")
+            if not isinstance(items, list) or not items:
+                return frozenset(found & query.emails)
+            found.update(_matching(items, query))
+            url, params = _next_page(page, self._events_url), {}
+            if url is None:
+                return frozenset(found & query.emails)
+        raise TransientProviderError(CODE, f"more than {MAX_EVENT_PAGES} pages of events")
+
+    async def lookup_available(self) -> bool:
+        return True  # every Mailgun account has the Events API
+
+    async def _events_page(self, url: str, params: dict[str, str]) -> dict[str, Any]:
+        try:
+            response = await self._client.get(
+                url, params=params, auth=self._auth, timeout=self._timeout
+            )
+        except httpx.HTTPError as exc:
+            raise TransientProviderError(CODE, f"Events query failed: {exc!r}") from exc
+        error = responses.classify(
+            CODE,
+            response.status_code,
+            response.content,
+            responses.lower_headers(response.headers.items()),
+            now=time.time(),
+        )
+        if error:
+            raise TransientProviderError(CODE, f"Events query failed: {error.message}")
+        try:
+            data = orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            raise TransientProviderError(CODE, "Events answered no JSON") from exc
+        if not isinstance(data, dict):
+            raise TransientProviderError(CODE, "Events answer is not an object")
+        return data
+
     async def aclose(self) -> None:
         if self._owns_client:
             await self._client.aclose()
 
 
+def _matching(items: list[Any], query: LookupQuery) -> set[str]:
+    """Recipients of ``accepted`` events carrying this attempt's variables."""
+    want = {"batch_id": str(query.batch_id), "chunk": str(query.chunk), "attempt": query.tag}
+    out = set()
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        variables = item.get("user-variables")
+        if not isinstance(variables, dict):
+            continue
+        if all(str(variables.get(k)) == v for k, v in want.items()):
+            out.add(str(item.get("recipient", "")).lower())
+    return out
+
+
+def _next_page(page: dict[str, Any], events_url: str) -> str | None:
+    """The ``paging.next`` URL, if it is one of this domain's event pages."""
+    paging = page.get("paging")
+    nxt = paging.get("next") if isinstance(paging, dict) else None
+    if not isinstance(nxt, str):
+        return None
+    # Follow only the provider's own pages: never send our credentials elsewhere.
+    return nxt if nxt.startswith(events_url + "/") else None
+
+
 def _translate(exc: Exception, timeout: float) -> ProviderError:
+    """Our error for an httpx exception: clean when Mailgun cannot have received the whole
+    request (no connection, or the request was not fully written), otherwise unknown."""
     if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
         return ProviderMisconfigured(CODE, f"cannot use the Mailgun base URL: {exc}")
-    if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):
-        # The request (or part of it) went out; Mailgun may have queued it.
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        return TransientProviderError(CODE, f"could not reach Mailgun: {exc!r}")
+    if isinstance(exc, httpx.WriteError | httpx.WriteTimeout):
+        # A request not fully written cannot be accepted.
+        return TransientProviderError(CODE, f"could not send the request: {exc!r}")
+    if isinstance(exc, httpx.ReadTimeout):
         return TransientProviderError(
             CODE,
             f"no response within {timeout:g}s (the provider may have accepted the chunk)",
             outcome_unknown=True,
         )
-    if isinstance(exc, httpx.TimeoutException | httpx.ConnectError):
-        return TransientProviderError(CODE, f"could not reach Mailgun: {exc!r}")
-    return TransientProviderError(CODE, f"connection failed: {exc!r}")
+    return TransientProviderError(
+        CODE,
+        f"connection lost after the request was sent ({exc!r}); the provider may have "
+        "accepted the chunk",
+        outcome_unknown=True,
+    )

@@ -4,11 +4,13 @@ adapter that posts it to ``{base_url}/v3/mail/send``.
 Payload (:func:`build_payload`, pure):
 
 * ``bulk`` -- one personalization per recipient: ``to`` is that recipient (with their name),
-  ``substitutions`` are theirs, ``custom_args`` are ``batch_id``, ``chunk`` and ``log_id``.
+  ``substitutions`` are theirs, ``custom_args`` are ``batch_id``, ``chunk``, ``attempt`` (the
+  attempt's tag, so events and the Email Activity API name the attempt) and ``log_id``.
 * shared -- ONE personalization whose ``to`` holds every recipient of the chunk, so they all
-  see one message, as the original did; ``custom_args`` are ``batch_id`` and ``chunk``
-  (webhooks find the log by batch and address) and ``substitutions`` are only those the
-  recipients share. cc/bcc ride on it for chunk 0 only (rules in ``shared.providers.envelope``).
+  see one message, as the original did; ``custom_args`` are ``batch_id``, ``chunk`` and
+  ``attempt`` (webhooks find the log by batch and address) and ``substitutions`` are only
+  those the recipients share. cc/bcc ride on it for chunk 0 only (rules in
+  ``shared.providers.envelope``).
 * ``content`` is text/plain first, then text/html, as SendGrid requires; custom ``headers``,
   ``reply_to`` and the first 10 ``categories`` (SendGrid's limit) are top-level. Metadata is
   not sent (see envelope).
@@ -30,6 +32,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import orjson
 import python_http_client.exceptions
 import sendgrid
 from sendgrid.helpers.mail import (
@@ -58,7 +61,7 @@ from shared.errors import (
 )
 from shared.models import Chunk, Recipient
 from shared.providers import envelope, responses
-from shared.providers.base import Receipt
+from shared.providers.base import LookupQuery, Receipt
 
 #: Our code for SendGrid in routing keys and errors.
 CODE = "sg"
@@ -68,6 +71,8 @@ MAX_RECIPIENTS = 1000
 MAX_CATEGORIES = 10
 #: Concurrent requests per adapter; more chunks wait for a free thread.
 DEFAULT_WORKERS = 8
+#: Most messages one Email Activity answer may list (an attempt has at most 1,000 recipients).
+ACTIVITY_LIMIT = 1000
 
 
 def build_payload(chunk: Chunk) -> dict[str, Any]:
@@ -100,6 +105,8 @@ def build_payload(chunk: Chunk) -> dict[str, Any]:
 
 def _personalizations(chunk: Chunk) -> list[Any]:
     ids = {"batch_id": str(chunk.batch_id), "chunk": str(chunk.index)}
+    if chunk.attempt:
+        ids["attempt"] = chunk.attempt
     if chunk.message.bulk:
         return [
             _personalization([r], r.substitutions, {**ids, "log_id": str(r.log_id)})
@@ -159,24 +166,33 @@ def _email(kind: Any, address: str, name: str | None) -> Any:
 
 
 def _translate(exc: Exception, timeout: float) -> ProviderError:
-    """Our error for an exception raised by the sendgrid library or urllib."""
+    """Our error for an exception raised by the sendgrid library or urllib.
+
+    What matters is whether SendGrid can have received the whole request: urllib wraps every
+    error while connecting or writing the request in ``URLError`` (nothing was accepted: a
+    clean failure); anything raised later, while reading the answer (a timeout, a reset, a
+    truncated response), means SendGrid may have accepted it (the outcome is unknown).
+    """
     if isinstance(exc, python_http_client.exceptions.HTTPError):
         headers = responses.lower_headers(exc.headers.items() if exc.headers else ())
         body = exc.body if isinstance(exc.body, bytes) else b""
         error = responses.classify(CODE, exc.status_code, body, headers, now=time.time())
         return error or TransientProviderError(CODE, f"HTTP {exc.status_code}")
+    if isinstance(exc, urllib.error.URLError):
+        return TransientProviderError(CODE, f"could not reach SendGrid: {exc.reason}")
     if isinstance(exc, TimeoutError):
-        # The request went out; SendGrid may have accepted it before we stopped waiting.
         return TransientProviderError(
             CODE,
             f"no response within {timeout:g}s (the provider may have accepted the chunk)",
             outcome_unknown=True,
         )
-    if isinstance(exc, urllib.error.URLError):
-        # urllib raises URLError only while connecting or sending: nothing was accepted.
-        return TransientProviderError(CODE, f"could not reach SendGrid: {exc.reason}")
     if isinstance(exc, OSError | http.client.HTTPException):
-        return TransientProviderError(CODE, f"connection failed: {exc!r}")
+        return TransientProviderError(
+            CODE,
+            f"connection lost after the request was sent ({exc!r}); the provider may have "
+            "accepted the chunk",
+            outcome_unknown=True,
+        )
     # urllib raises ValueError for a URL it cannot use: the base URL setting is wrong.
     return ProviderMisconfigured(CODE, f"cannot use the SendGrid base URL: {exc}")
 
@@ -219,6 +235,51 @@ class SendGridProvider:
     async def aclose(self) -> None:
         # Waits for requests in flight (each bounded by the timeout) without blocking the loop.
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+
+    async def lookup(self, query: LookupQuery) -> frozenset[str] | None:
+        """Recipients of the attempt in the Email Activity Feed; None without the add-on."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._lookup_blocking, query)
+
+    async def lookup_available(self) -> bool:
+        """Whether the account can use the Email Activity API (its add-on is bought)."""
+        loop = asyncio.get_running_loop()
+        found = await loop.run_in_executor(self._executor, self._activity, "", 1)
+        return found is not None
+
+    def _lookup_blocking(self, query: LookupQuery) -> frozenset[str] | None:
+        clauses = [
+            f"(unique_args['batch_id']=\"{query.batch_id}\")",
+            f"(unique_args['chunk']=\"{query.chunk}\")",
+            f"(unique_args['attempt']=\"{query.tag}\")",
+        ]
+        messages = self._activity(" AND ".join(clauses), ACTIVITY_LIMIT)
+        if messages is None:
+            return None
+        found = {str(m.get("to_email", "")).lower() for m in messages if isinstance(m, dict)}
+        return frozenset(found & query.emails)
+
+    def _activity(self, query: str, limit: int) -> list[Any] | None:
+        """``GET /v3/messages``; None when the account has no Email Activity add-on."""
+        try:
+            response = self._client.client.messages.get(
+                query_params={"query": query, "limit": limit} if query else {"limit": limit}
+            )
+        except python_http_client.exceptions.HTTPError as exc:
+            body = exc.body if isinstance(exc.body, bytes) else b""
+            if exc.status_code == 400 and b"authorization required" in body:
+                return None
+            raise _translate(exc, self._timeout) from exc
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise TransientProviderError(CODE, f"Email Activity query failed: {exc!r}") from exc
+        try:
+            data = orjson.loads(response.body or b"{}")
+        except orjson.JSONDecodeError as exc:
+            raise TransientProviderError(CODE, "Email Activity answered no JSON") from exc
+        messages = data.get("messages") if isinstance(data, dict) else None
+        if not isinstance(messages, list):
+            raise TransientProviderError(CODE, "Email Activity answer has no messages list")
+        return messages
 
     def _send_blocking(self, chunk: Chunk) -> Receipt:
         payload = build_payload(chunk)

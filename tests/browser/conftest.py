@@ -121,7 +121,14 @@ async def _stack(migrated: CassandraSettings) -> AsyncIterator[Stack]:
         webhooks=WebhookSettings(
             sendgrid_public_key=public_b64, mailgun_signing_key=SecretStr(MG_KEY)
         ),
-        providers=ProviderSettings(backoff="1,2", max_attempts=4, ambiguous_timeout=2, timeout=5.0),
+        providers=ProviderSettings(
+            backoff="1,2",
+            max_attempts=4,
+            timeout=5.0,
+            resolve_interval=1,
+            query_after=3,
+            webhook_window=10,
+        ),
         consumers=ConsumerSettings(),
         sandbox=SandboxSettings(),
     )

@@ -76,6 +76,21 @@ async def test_delayed_message_returns_with_its_key_after_the_tier(broker: Broke
     await message.ack()
 
 
+async def test_a_delayed_message_waits_in_its_own_tier_only(broker: Broker) -> None:
+    """A message delayed by the longer tier waits that long and comes back once, not also
+    through every shorter tier (a headers exchange ignores ``x-`` headers when matching)."""
+    key = dispatch_key("sg", uuid.uuid4(), 1)
+    started = asyncio.get_running_loop().time()
+    await broker.publish(key, b"{}", delay=2)
+
+    message = await _next(broker, broker.topology.provider_queue("sg"))
+    assert asyncio.get_running_loop().time() - started >= 1.9
+    await message.ack()
+    assert await broker.queue_depth(broker.topology.delay_queue(1)) == 0
+    await asyncio.sleep(1.5)
+    assert await broker.get(broker.topology.provider_queue("sg")) is None
+
+
 async def test_poison_message_is_dead_lettered_after_the_delivery_limit(broker: Broker) -> None:
     """A message requeued past the delivery limit ends in the dead-letter queue, not a loop."""
     key = dispatch_key("sg", uuid.uuid4())

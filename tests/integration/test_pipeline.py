@@ -13,19 +13,20 @@ import httpx
 import pytest
 
 from services.api.app import create_app as create_api
-from services.consumers.dispatch import Dispatcher
+from services.consumers.main import build_dispatcher
 from services.consumers.main import create_app as create_consumers
 from services.consumers.splitter import Splitter
 from services.sandbox.app import create_app as create_sandbox
 from shared import accounts
-from shared.attempts import AttemptStore
+from shared.attempts import AttemptStore, chunk_line
 from shared.batchstore import BatchStore
 from shared.broker import Broker
 from shared.config import ProviderSettings, SandboxSettings, Settings
 from shared.db import Database
 from shared.models import BatchJob
-from shared.providers.registry import build_providers, close_all
-from shared.resources import topology_for
+from shared.providers.registry import close_all
+from shared.resources import Resources, topology_for
+from shared.settle import Delivery
 from tests.conftest import unique
 from tests.integration.harness import client_for, eventually, running, served
 
@@ -217,22 +218,21 @@ async def test_redelivery_after_the_provider_accepted_does_not_send_again(
     # Play the dying consumer by hand: fan out, take the job, send it, then vanish unacked.
     broker = Broker(s.amqp.url.get_secret_value(), topology_for(s), name="doomed")
     await broker.connect()
-    providers = build_providers(s.providers)
-    batches = BatchStore(db)
-    await Splitter(broker, batches, "sg").split(BatchJob(batch_id=batch_id))
+    dispatcher = build_dispatcher(s, Resources(db, broker))
+    await Splitter(broker, BatchStore(db), "sg").split(BatchJob(batch_id=batch_id))
     queue = broker.topology.provider_queue("sg")
     message = await eventually(lambda: broker.get(queue))
-    await Dispatcher(broker, batches, AttemptStore(db), providers, s.providers).process(message)
+    await dispatcher.process(message, Delivery())
     await broker.close()  # no ack: RabbitMQ redelivers the job
-    await close_all(providers)
+    await close_all(dispatcher.providers)
 
     async with running(create_consumers(s)):
         await eventually(lambda: _queue_empty(s, queue))
     sends = await pipe.sends()
     assert all(sends["sendgrid"]["by_recipient"][e] == 1 for e in to)
     assert sends["sendgrid"]["requests"] == 1
-    attempts = await AttemptStore(db).attempts(batch_id, 0)
-    assert [(a.attempt, a.state) for a in attempts] == [(0, "sent")]
+    attempts = await AttemptStore(db).line(batch_id, chunk_line(0))
+    assert [(a.attempt, a.state) for a in attempts] == [(0, "accepted")]
 
 
 async def _queue_empty(s: Settings, queue: str) -> bool:

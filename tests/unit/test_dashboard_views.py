@@ -224,16 +224,16 @@ def test_timeline_orders_entries_of_one_second_causally() -> None:
 
 
 def test_timeline_numbers_attempts_and_resends_from_one() -> None:
-    """Chunk attempts count from 0 and re-sends from 1; both show as 1 to people."""
+    """Attempts and re-sends count from 0; both show as 1 to people."""
     entries = views.timeline(
         T0,
-        [{"attempt": 0, "provider": "sg", "state": "failed", "at": T0 + timedelta(seconds=1)}],
+        [{"attempt": 0, "provider": "sg", "state": "rejected", "at": T0 + timedelta(seconds=1)}],
         [],
-        [{"attempt": 1, "provider": "mg", "state": "sent", "at": T0 + timedelta(seconds=2)}],
+        [{"attempt": 0, "provider": "mg", "state": "accepted", "at": T0 + timedelta(seconds=2)}],
     )
     assert [(e.what, e.provider) for e in entries[1:]] == [
-        ("Attempt 1: failed", "SendGrid"),
-        ("Re-send 1: sent", "Mailgun"),
+        ("Attempt 1: rejected", "SendGrid"),
+        ("Re-send 1: accepted", "Mailgun"),
     ]
 
 

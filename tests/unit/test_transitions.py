@@ -7,9 +7,10 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from services.webhooks.transitions import Effects, effects, write_timestamp
+from services.webhooks.transitions import Effects, effects, rank, superseded
+from shared import precedence
+from shared.handoff import next_provider
 from shared.reconcile import expected_marks
-from shared.resend import next_provider
 from shared.stats import is_closed, zero_filled
 from shared.webhook_events import Kind, ProviderEvent
 from tests.unit.webhooks.fixtures import provider_event
@@ -30,33 +31,28 @@ def ev(
     )
 
 
-def test_delivered_settles_success_and_counts_it() -> None:
-    """Delivery is an outcome: success, counted once per recipient."""
+def test_delivered_settles_success() -> None:
+    """Delivery is an outcome: success (its stats mark mirrors the state)."""
     e = effects(ev("delivered"))
-    assert (e.event, e.state, e.metrics) == ("delivered", "success", ("success",))
+    assert (e.event, e.state, e.metrics) == ("delivered", "success", ())
 
 
 def test_hard_bounce_is_final_and_suppresses() -> None:
-    """A bounce fails the recipient, counts failed and bounced, and never re-sends."""
+    """A bounce fails the recipient, counts bounced, and is never handed over."""
     e = effects(ev("bounced"))
-    assert (e.state, e.metrics, e.suppress, e.resend) == (
-        "failed",
-        ("failed", "bounced"),
-        True,
-        False,
-    )
+    assert (e.state, e.metrics, e.suppress, e.hand_off) == ("failed", ("bounced",), True, False)
 
 
-def test_provider_side_drop_resends_without_an_outcome() -> None:
-    """The provider's own drop leaves the recipient queued and re-sends it elsewhere."""
+def test_provider_side_drop_hands_over_without_an_outcome() -> None:
+    """The provider's own drop leaves the recipient queued and hands it to another."""
     e = effects(ev("dropped", provider_side=True))
-    assert (e.state, e.metrics, e.resend) == (None, (), True)
+    assert (e.state, e.metrics, e.hand_off) == (None, (), True)
 
 
 def test_recipient_side_drop_is_final() -> None:
     """A drop because the address is on the provider's bounce list is a final failure."""
     e = effects(ev("dropped", suppress=True))
-    assert (e.state, e.resend, e.suppress) == ("failed", False, True)
+    assert (e.state, e.hand_off, e.suppress) == ("failed", False, True)
 
 
 def test_engagement_never_changes_the_outcome() -> None:
@@ -72,11 +68,29 @@ def test_complaint_counts_and_suppresses_but_keeps_delivery() -> None:
     assert (e.event, e.state, e.metrics, e.suppress) == ("complained", None, ("complained",), True)
 
 
-def test_deferral_past_the_deadline_resends() -> None:
-    """A recipient deferred for longer than the deadline is handed to another provider."""
-    late = ev("deferred", at=T0 + timedelta(hours=5))
-    assert effects(late, deferred_since=T0, deadline=4 * 3600).resend
-    assert not effects(ev("deferred"), deferred_since=T0, deadline=4 * 3600).resend
+def test_deferral_schedules_a_deadline_check_without_an_outcome() -> None:
+    """A deferral changes the event only, and asks for a check after the deadline."""
+    e = effects(ev("deferred"))
+    assert (e.event, e.state, e.deadline, e.hand_off) == ("deferred", None, True, False)
+
+
+def test_failure_of_a_superseded_attempt_decides_nothing() -> None:
+    """A bounce of an attempt already handed over is kept in the timeline only."""
+    e = superseded(effects(ev("bounced")))
+    assert (e.event, e.state, e.metrics, e.suppress, e.counted) == (None, None, (), False, False)
+
+
+def test_delivery_by_a_superseded_attempt_still_counts() -> None:
+    """A late delivery by the provider we moved away from happened: it is a success."""
+    assert superseded(effects(ev("delivered"))) == effects(ev("delivered"))
+
+
+def test_deferral_or_drop_of_a_superseded_attempt_starts_nothing() -> None:
+    """No deadline check and no second hand-off come from an attempt already handed over."""
+    deferred = superseded(effects(ev("deferred")))
+    dropped = superseded(effects(ev("dropped", provider_side=True)))
+    assert (deferred.deadline, deferred.event) == (False, None)
+    assert (dropped.hand_off, dropped.event) == (False, None)
 
 
 def test_unknown_events_only_reach_the_timeline() -> None:
@@ -84,29 +98,33 @@ def test_unknown_events_only_reach_the_timeline() -> None:
     assert effects(ev("unknown")) == Effects(None, None)
 
 
+BATCH = uuid.UUID(int=(0x1F0C6E0 << 96) | (1 << 76) | 1)  # a version-1 UUID
+
+
+def stamp(e: ProviderEvent) -> int:
+    return precedence.provider_stamp(BATCH, e.occurred_at, rank(e))
+
+
 def test_same_second_later_stage_wins() -> None:
     """Within one second, delivered outranks processed, whatever the arrival order."""
-    assert write_timestamp(ev("delivered")) > write_timestamp(ev("sent"))
-    assert write_timestamp(ev("sent", at=T0 + timedelta(seconds=1))) > write_timestamp(
-        ev("delivered")
-    )
+    assert stamp(ev("delivered")) > stamp(ev("sent"))
+    assert stamp(ev("sent", at=T0 + timedelta(seconds=1))) > stamp(ev("delivered"))
 
 
 @pytest.mark.parametrize(
-    ("tried", "failed", "expected"),
+    ("excluded", "failed", "expected"),
     [
-        ({}, "sg", "mg"),
-        ({"mg": "failed: 500"}, "sg", None),
-        ({}, "mg", "sg"),
-        ({"sg": "dropped: spam"}, "mg", None),
-        ({"sg": "sent"}, "mg", "sg"),
+        (frozenset(), "sg", "mg"),
+        (frozenset({"mg"}), "sg", None),
+        (frozenset(), "mg", "sg"),
+        (frozenset({"sg"}), "mg", None),
     ],
 )
 def test_next_provider_skips_those_that_failed(
-    tried: dict[str, str], failed: str, expected: str | None
+    excluded: frozenset[str], failed: str, expected: str | None
 ) -> None:
-    """A re-send goes to the next provider that has not already failed this recipient."""
-    assert next_provider(("sg", "mg"), tried, failed) == expected
+    """A hand-off goes to the next provider that has not failed this recipient on its side."""
+    assert next_provider(("sg", "mg"), excluded, failed) == expected
 
 
 def test_stats_are_zero_filled_per_day() -> None:
@@ -125,19 +143,23 @@ def test_a_day_closes_hours_after_midnight() -> None:
 
 def test_expected_marks_follow_the_logs() -> None:
     """Reconcile derives queued, success, failed and bounced marks from rows and events."""
-    a, b = uuid.uuid4(), uuid.uuid4()
-    day = T0.date()
+    a, b, c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     rows = [
-        {"log_id": a, "state": "success", "last_update": T0},
-        {"log_id": b, "state": "failed", "last_update": T0},
+        {"log_id": a, "state": "success"},
+        {"log_id": b, "state": "failed"},
+        {"log_id": c, "state": "queued", "gave_up_reason": "every provider failed"},
     ]
-    events = {a: [{"kind": "delivered", "at": T0}], b: [{"kind": "bounced", "at": T0}]}
+    events = {
+        a: [{"kind": "delivered"}, {"kind": "bounced", "counted": False}],
+        b: [{"kind": "bounced", "counted": True}],
+    }
 
-    marks = expected_marks(day, day, rows, events)
+    marks = expected_marks(rows, events)
 
-    assert marks["queued"] == {str(a), str(b)}
+    assert marks["queued"] == {str(a), str(b), str(c)}
     assert marks["success"] == {str(a)}
-    assert marks["failed"] == marks["bounced"] == {str(b)}
+    assert marks["failed"] == {str(b), str(c)}
+    assert marks["bounced"] == {str(b)}
 
 
 def test_provider_side_drop_loses_to_the_resends_delivery_in_the_same_second() -> None:
@@ -145,4 +167,4 @@ def test_provider_side_drop_loses_to_the_resends_delivery_in_the_same_second() -
     dropped = ev("dropped", provider_side=True)
     delivered = ev("delivered", provider="mg")
 
-    assert write_timestamp(delivered) > write_timestamp(dropped)
+    assert stamp(delivered) > stamp(dropped)

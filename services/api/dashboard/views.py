@@ -32,11 +32,21 @@ CHART_SERIES: tuple[Series, ...] = (
     Series("awaiting", "Awaiting outcome", "#5f6b7a"),
 )
 
-_GOOD = frozenset({"success", "delivered", "completed", "sent", "opened", "clicked"})
+_GOOD = frozenset({"success", "delivered", "completed", "sent", "opened", "clicked", "resolved"})
 _BAD = frozenset(
-    {"failed", "bounced", "dropped", "complained", "unsubscribed", "revoked", "incomplete"}
+    {
+        "failed",
+        "bounced",
+        "dropped",
+        "complained",
+        "unsubscribed",
+        "revoked",
+        "incomplete",
+        "rejected",
+        "cancelled",
+    }
 )
-_WAIT = frozenset({"deferred", "sending"})
+_WAIT = frozenset({"deferred", "sending", "claimed", "calling", "ambiguous", "planned"})
 _FORM_FIELDS = frozenset({"from", "to", "subject", "text", "html", "bulk"})
 _INDEXED = re.compile(r"^(?P<field>[a-z_]+)\[(?P<index>\d+)\]")
 #: Same-second order of provider events (``sent`` before ``delivered`` before ``bounced``...).
@@ -277,8 +287,7 @@ def _attempt_entries(attempts: Iterable[Mapping[str, Any]], *, resend: bool) -> 
         at = parse_time(a.get("at"))
         if at is None:
             continue
-        # Chunk attempts count from 0, single-recipient re-sends from 1.
-        number = int(a.get("attempt", 0)) + (0 if resend else 1)
+        number = int(a.get("attempt", 0)) + 1  # attempts count from 0, people from 1
         state = str(a.get("state") or "")
         out.append(
             TimelineEntry(
@@ -308,7 +317,7 @@ def timeline(
     message_ids: Iterable[str] = (),
 ) -> list[TimelineEntry]:
     """One recipient's history, oldest first: acceptance, its chunk's provider attempts, the
-    provider events (``log_events``) and any single-recipient re-sends (``log_attempts``).
+    provider events (``log_events``) and any single-recipient re-sends (``send_attempts``).
 
     ``attempts`` are the ``attempts`` of a ``queries.logs_page`` item; ``events`` and
     ``resends`` are rows with ``at``, ``kind``/``state``, ``provider`` and ``detail``/``error``.

@@ -56,6 +56,7 @@ def provider_event(
         batch_id=None,
         chunk=None,
         log_id=None,
+        attempt=None,
         message_id=None,
         reason=None,
         provider_side=provider_side,

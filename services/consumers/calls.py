@@ -1,0 +1,272 @@
+"""One provider call of an attempt this delivery holds as ``calling``, and recording its answer.
+
+The answer is one of three: accepted, rejected (the provider cannot have taken the request:
+refused, or never fully received it) or unknown (it may have: the process died, the
+connection broke after the request was written, the answer never came). It is recorded with
+one conditional write that also stores the decision that follows (``failover.decide``), and
+that write is retried in place while Cassandra is unreachable: the answer exists only in this
+process until it is stored. If someone else marked the call ``ambiguous`` meanwhile (this
+process outlived its lease), the answer is still the truth and settles the attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from services.consumers import failover, protocol
+from shared.attempts import Attempt, find, tag
+from shared.db import Row
+from shared.errors import (
+    DependencyUnavailable,
+    PermanentProviderError,
+    ProviderError,
+    ProviderMisconfigured,
+    TransientProviderError,
+)
+from shared.models import Chunk, Recipient
+from shared.providers.base import Receipt
+from shared.settle import MAX_OUTAGE_BACKOFF, MAX_OUTAGE_HOLD, Delivery
+
+if TYPE_CHECKING:
+    from services.consumers.dispatch import Dispatcher
+
+log = logging.getLogger(__name__)
+
+_ERROR_KINDS: dict[str, type[ProviderError]] = {
+    "transient": TransientProviderError,
+    "misconfigured": ProviderMisconfigured,
+    "permanent": PermanentProviderError,
+}
+
+
+def encode_error(error: ProviderError) -> str:
+    kind = next((k for k, cls in _ERROR_KINDS.items() if isinstance(error, cls)), "transient")
+    return f"{kind}|{error.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What the provider said: ``receipt`` when accepted, else ``error``."""
+
+    receipt: Receipt | None = None
+    error: ProviderError | None = None
+    recipients: int = 0
+    """How many recipients the call was for."""
+
+    @property
+    def unknown(self) -> bool:
+        return self.error is not None and self.error.outcome_unknown
+
+
+class Caller:
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.d = dispatcher
+
+    async def call(self, job: protocol.Job, delivery: Delivery) -> bool:
+        """Call the provider for the attempt this delivery holds, then record the answer."""
+        d = self.d
+        header = await d.follow.header(job.batch_id)
+        rows = await d.follow.rows(job)
+        to_send = protocol.pending(rows, own_line=job.own_line, tag=tag(job.line, job.attempt))
+        delivery.scratch["called"] = True
+        if not to_send:
+            answer = Answer(receipt=Receipt(job.provider, 0, None))  # nothing left to send
+        else:
+            chunk = Chunk(
+                batch_id=job.batch_id,
+                index=job.chunk,
+                message=header.message,
+                recipients=tuple(_recipient(r) for r in to_send),
+                attempt=tag(job.line, job.attempt),
+            )
+            await d.hooks("before_call", job)
+            answer = replace(await self._send(job, chunk), recipients=len(to_send))
+        delivery.scratch["answer"] = answer
+        await d.hooks("answered", job)
+        return await self.record(job, delivery)
+
+    async def _send(self, job: protocol.Job, chunk: Chunk) -> Answer:
+        provider = self.d.providers.get(job.provider)
+        if provider is None:
+            error = ProviderMisconfigured(job.provider, "provider is not configured in the chain")
+            return Answer(error=error)
+        task = asyncio.ensure_future(provider.send(chunk))
+        await self.d.hooks("during_call", job)  # a process dying here leaves it in flight
+        try:
+            return Answer(receipt=await task)
+        except ProviderError as error:
+            log.info(
+                "%s/%s attempt %d via %s: %s",
+                job.batch_id,
+                job.line,
+                job.attempt,
+                job.provider,
+                error,
+            )
+            return Answer(error=error)
+
+    async def record(self, job: protocol.Job, delivery: Delivery) -> bool:
+        """Store this delivery's answer (retrying through outages); True when finished."""
+        answer: Answer | None = delivery.scratch.get("answer")
+        line = await self.d.attempts.line(job.batch_id, job.line, serial=True)
+        current = find(line, job.attempt)
+        if current is None:
+            return False
+        if answer is None:
+            # Called, but the answer is gone (cannot happen within one delivery): unknown.
+            answer = Answer(
+                error=TransientProviderError(job.provider, "answer lost", outcome_unknown=True)
+            )
+        values = await self._values(job, line, current, answer)
+        stored = await self._durably(
+            lambda: self.d.attempts.transition(
+                job.batch_id,
+                job.line,
+                job.attempt,
+                expect={"state": "calling", "owner": delivery.owner},
+                values=values,
+            )
+        )
+        if stored:
+            await self.d.hooks("recorded", job)
+            return await self._settled(job, replace(current, **values), answer)
+        return await self._late(job, delivery, answer)
+
+    async def _values(
+        self, job: protocol.Job, line: list[Attempt], current: Attempt, answer: Answer
+    ) -> dict[str, Any]:
+        now = self.d.now()
+        if answer.receipt is not None:
+            return {
+                "state": "accepted",
+                "finished_at": now,
+                "status_code": answer.receipt.status or None,
+                "message_id": answer.receipt.message_id,
+                "decision": "done",
+            }
+        assert answer.error is not None  # noqa: S101 - an answer has one or the other
+        if answer.unknown:
+            return {
+                "state": "ambiguous",
+                "checks": current.checks + 1,
+                "finished_at": now,
+                "error": encode_error(answer.error),
+            }
+        return {
+            "state": "rejected",
+            "finished_at": now,
+            "status_code": answer.error.status,
+            "error": encode_error(answer.error),
+            **await self.decision(job, line, answer.error),
+        }
+
+    async def decision(
+        self, job: protocol.Job, line: list[Attempt], error: ProviderError
+    ) -> dict[str, Any]:
+        """The decision after attempt ``job.attempt`` failed with ``error``, as columns."""
+        settings = self.d.settings
+        refused = frozenset(a.provider for a in line if (a.error or "").startswith("permanent|"))
+        rows = await self.d.follow.rows(job)
+        verdict = failover.decide(
+            chain=settings.chain_codes,
+            attempt=job.attempt,
+            error=error,
+            max_attempts=settings.max_attempts,
+            backoff=settings.backoff_tiers,
+            permanent_from=refused,
+            excluded=self.d.follow.excluded(job, rows),
+        )
+        if isinstance(verdict, failover.Retry):
+            return {
+                "decision": "retry",
+                "verdict": f"{error.provider} {error.message}"[:1000],
+                "next_provider": verdict.provider,
+                "next_attempt": verdict.attempt,
+                "next_delay": round(verdict.delay),
+            }
+        return {"decision": "give_up", "verdict": verdict.reason[:1000]}
+
+    async def _settled(self, job: protocol.Job, attempt: Attempt, answer: Answer) -> bool:
+        d = self.d
+        if attempt.state == "ambiguous":
+            d.metrics.ambiguous.labels(job.provider).inc()
+            await d.follow.check(job, attempt.checks, d.settings.resolve_interval)
+            return True
+        if answer.receipt is not None and answer.receipt.status:
+            d.metrics.chunks_sent.labels(job.provider).inc()
+            d.metrics.recipients_sent.labels(job.provider).inc(answer.recipients)
+        elif answer.error is not None:
+            kind = encode_error(answer.error).partition("|")[0]
+            d.metrics.attempts_failed.labels(job.provider, kind).inc()
+        await d.follow.carry_out(job, attempt)
+        return True
+
+    async def _late(self, job: protocol.Job, delivery: Delivery, answer: Answer) -> bool:
+        """Our record did not apply: someone presumed us dead and marked the call ambiguous.
+        The answer we hold is still the truth; use it to resolve the attempt."""
+        line = await self.d.attempts.line(job.batch_id, job.line, serial=True)
+        current = find(line, job.attempt)
+        if current is None or current.state != "ambiguous" or answer.unknown:
+            return False  # settled by someone else, or we know no more than they do
+        if answer.receipt is not None:
+            rows = await self.d.follow.pending(job, job.attempt)
+            await self.d.recipients.accepted(
+                job.batch_id,
+                job.chunk,
+                [r["log_id"] for r in rows],
+                provider=job.provider,
+                tag=current.tag,
+                when=current.calling_at or current.created_at,
+                message_id=answer.receipt.message_id,
+            )
+            values: dict[str, Any] = {
+                "state": "resolved",
+                "resolution": "accepted",
+                "decision": "done",
+                "message_id": answer.receipt.message_id,
+            }
+        else:
+            assert answer.error is not None  # noqa: S101
+            values = {
+                "state": "resolved",
+                "resolution": "not_accepted",
+                "error": encode_error(answer.error),
+                **await self.decision(job, line, answer.error),
+            }
+        resolved = await self._durably(
+            lambda: self.d.attempts.transition(
+                job.batch_id, job.line, job.attempt, expect={"state": "ambiguous"}, values=values
+            )
+        )
+        if resolved:
+            await self.d.follow.carry_out(job, replace(current, **values))
+        return resolved
+
+    async def _durably(self, write: Any) -> bool:
+        """Run a conditional write until Cassandra answers (the answer we hold is nowhere
+        else); give up after the outage hold, leaving the attempt to be resolved as unknown."""
+        delay, held = 0.2, 0.0
+        while True:
+            try:
+                return bool(await write())
+            except DependencyUnavailable:
+                if held >= MAX_OUTAGE_HOLD:
+                    raise
+                await asyncio.sleep(delay)
+                held += delay
+                delay = min(delay * 2, MAX_OUTAGE_BACKOFF)
+
+
+def _recipient(row: Row) -> Recipient:
+    subs = row.get("substitutions")
+    return Recipient(
+        log_id=row["log_id"],
+        email=row["email"],
+        name=row.get("name"),
+        substitutions=orjson.loads(subs) if subs else {},
+    )

@@ -1,0 +1,157 @@
+"""Carrying out a settled attempt's outcome and decision, and queueing delayed checks.
+
+Everything here is idempotent, because it runs again whenever the process that first ran it
+died before its delivery was acked: recipients' rows carry fixed timestamps, a published
+follow-up job is absorbed by the next attempt's claim, a give-up is the same write again.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from services.consumers import protocol
+from shared.attempts import Attempt, tag
+from shared.batchstore import BatchHeader
+from shared.db import Row
+from shared.handoff import excluded_providers
+from shared.models import ChunkJob, LogJob
+from shared.settle import Poison
+from shared.topology import dispatch_key, log_key
+
+if TYPE_CHECKING:
+    from services.consumers.dispatch import Dispatcher
+
+log = logging.getLogger(__name__)
+
+#: Batch headers remembered per process (a header never changes once written, except its
+#: status, which nothing here reads).
+HEADER_CACHE = 1024
+
+
+class FollowUps:
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.d = dispatcher
+        self._headers: OrderedDict[uuid.UUID, BatchHeader] = OrderedDict()
+
+    async def header(self, batch_id: uuid.UUID) -> BatchHeader:
+        cached = self._headers.get(batch_id)
+        if cached is not None:
+            self._headers.move_to_end(batch_id)
+            return cached
+        header = await self.d.batches.header(batch_id)
+        if header is None:
+            raise Poison(f"batch {batch_id} does not exist")
+        self._headers[batch_id] = header
+        if len(self._headers) > HEADER_CACHE:
+            self._headers.popitem(last=False)
+        return header
+
+    async def rows(self, job: protocol.Job) -> list[Row]:
+        """The recipient rows a job's line is about: its chunk's, or its one recipient's."""
+        if job.log_id is None:
+            return await self.d.recipients.chunk_rows(job.batch_id, job.chunk)
+        row = await self.d.recipients.one(job.batch_id, job.chunk, job.log_id)
+        if row is None:
+            raise Poison(f"no recipient {job.log_id} in batch {job.batch_id}")
+        return [row]
+
+    async def pending(self, job: protocol.Job, attempt: int) -> list[Row]:
+        rows = await self.rows(job)
+        return protocol.pending(rows, own_line=job.own_line, tag=tag(job.line, attempt))
+
+    def excluded(self, job: protocol.Job, rows: list[Row]) -> frozenset[str]:
+        """Providers a re-send line must not use: those that failed its recipient on their
+        side. A chunk's line may use any."""
+        return excluded_providers(rows[0]) if job.own_line and rows else frozenset()
+
+    async def carry_out(self, job: protocol.Job, attempt: Attempt) -> None:
+        """The effects of a settled attempt: recipients' rows, then the follow-up job."""
+        rows = await self.pending(job, attempt.attempt)
+        log_ids = [r["log_id"] for r in rows]
+        if attempt.state == "accepted":
+            await self.d.recipients.accepted(
+                job.batch_id,
+                job.chunk,
+                log_ids,
+                provider=attempt.provider,
+                tag=attempt.tag,
+                when=attempt.calling_at or attempt.created_at,
+                message_id=attempt.message_id,
+            )
+            await self.d.hooks("effects", job)
+            return
+        if attempt.decision == "done":
+            return  # resolved as accepted: the evidence wrote the rows
+        if rows:
+            await self.d.recipients.call_failed(
+                job.batch_id,
+                job.chunk,
+                log_ids,
+                provider=attempt.provider,
+                result=_result(attempt),
+                when=attempt.finished_at or attempt.created_at,
+            )
+        await self.d.hooks("effects", job)
+        if attempt.decision == "retry":
+            await self._publish_next(job, attempt)
+        elif attempt.decision == "give_up":
+            header = await self.header(job.batch_id)
+            await self.d.recipients.give_up(
+                job.batch_id,
+                header.user_id,
+                job.chunk,
+                log_ids,
+                reason=attempt.verdict or "every provider failed",
+                when=attempt.finished_at or attempt.created_at,
+            )
+            self.d.metrics.recipients_failed.inc(len(log_ids))
+        await self.d.hooks("followed", job)
+
+    async def _publish_next(self, job: protocol.Job, attempt: Attempt) -> None:
+        provider, number = attempt.next_provider, attempt.next_attempt
+        assert provider is not None and number is not None  # noqa: S101 - a retry names both
+        delay = attempt.next_delay or 0
+        tier = self.d.broker.topology.delay_tier_for(delay) if delay else None
+        if job.log_id is None:
+            key = dispatch_key(provider, job.batch_id, number)
+            body = ChunkJob(batch_id=job.batch_id, chunk=job.chunk, attempt=number).encode()
+            message_id = f"{job.batch_id}:{job.chunk}:{number}"
+        else:
+            key = log_key(provider, job.log_id, number)
+            body = LogJob(
+                batch_id=job.batch_id, chunk=job.chunk, log_id=job.log_id, attempt=number
+            ).encode()
+            message_id = f"{job.log_id}:{number}"
+        await self.d.broker.publish(key, body, delay=tier, message_id=message_id)
+
+    async def check(self, job: protocol.Job, checks: int, delay: float) -> None:
+        """Queue check number ``checks`` of the job's attempt, ``delay`` seconds from now."""
+        tier = self.d.broker.topology.delay_tier_for(delay)
+        if job.log_id is None:
+            key = dispatch_key(job.provider, job.batch_id, job.attempt)
+            body = ChunkJob(
+                batch_id=job.batch_id, chunk=job.chunk, attempt=job.attempt, check=checks
+            ).encode()
+        else:
+            key = log_key(job.provider, job.log_id, job.attempt)
+            body = LogJob(
+                batch_id=job.batch_id,
+                chunk=job.chunk,
+                log_id=job.log_id,
+                attempt=job.attempt,
+                check=checks,
+            ).encode()
+        await self.d.broker.publish(
+            key, body, delay=tier, message_id=f"{job.line}:{job.attempt}:check:{checks}"
+        )
+
+
+def _result(attempt: Attempt) -> str:
+    """The providers-map entry of an attempt that did not get the recipients accepted."""
+    if attempt.state == "resolved":
+        return f"unknown: {attempt.verdict}"
+    message = (attempt.error or "").partition("|")[2] or attempt.verdict or "failed"
+    return f"failed: {message}"

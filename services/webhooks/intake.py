@@ -1,0 +1,151 @@
+"""Durable intake of verified webhook deliveries: applied now, or queued, before any 2xx.
+
+A verified delivery is applied to Cassandra directly when Cassandra answers within
+:data:`DIRECT_BUDGET` seconds (the usual case, and the provider then learns about orphans in
+the answer). When it does not, the raw body is published with a confirm to the quorum queue
+``<exchange>.webhooks`` (``hook.<ns>``) and answered 200: a consumer in this service applies it
+once Cassandra is back, however long that takes. Only when both fail does the provider get a
+503 (and retry). Mailgun never retries ``delivered`` webhooks, so this is what keeps a
+Cassandra outage from losing deliveries.
+
+Applying is idempotent (``ingest``), so a delivery that was partly applied directly and then
+queued is simply applied again. Mailgun tokens are accepted once, for one body: checked
+directly when Cassandra answers (a reused token with another body is a 401), and again by the
+consumer for queued deliveries (where a forgery is dropped and counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import aio_pika.abc
+from prometheus_client import CollectorRegistry, Counter
+
+from services.webhooks.ingest import Ingest
+from shared.broker import Broker
+from shared.db import Database
+from shared.errors import DependencyUnavailable
+from shared.http import ApiError
+from shared.providers import mailgun_events, sendgrid_events
+from shared.settle import Delivery
+from shared.webhook_events import MalformedPayload
+
+log = logging.getLogger(__name__)
+
+#: Seconds a delivery may take to apply directly before it is queued instead.
+DIRECT_BUDGET = 2.0
+#: Header carrying when the delivery was received (unix seconds).
+RECEIVED_AT = "x-safedelivr-received-at"
+
+
+class TokenReused(Exception):
+    """A Mailgun token already accepted with another body: a forgery."""
+
+
+def intake_key(provider: str) -> str:
+    """The routing key of a queued delivery from ``provider`` (``sg``, ``mg``)."""
+    return f"hook.{provider}"
+
+
+@dataclass(frozen=True)
+class IntakeMetrics:
+    queued: Counter
+    forged: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> IntakeMetrics:
+        return cls(
+            Counter(
+                "safedelivr_webhook_deliveries_queued",
+                "Verified deliveries queued because Cassandra did not answer in time",
+                ["provider"],
+                registry=registry,
+            ),
+            Counter(
+                "safedelivr_webhook_forgeries",
+                "Mailgun deliveries dropped: their token was already used with another body",
+                registry=registry,
+            ),
+        )
+
+
+@dataclass
+class Intake:
+    db: Database
+    broker: Broker
+    ingest: Ingest
+    metrics: IntakeMetrics
+    budget: float = DIRECT_BUDGET
+
+    async def receive(self, provider: str, raw: bytes) -> dict[str, object]:
+        """Make one verified, well-formed delivery durable; the answer's JSON body.
+
+        Raises ApiError 400 for a malformed body, 401 for a reused Mailgun token, and
+        DependencyUnavailable (503) when neither Cassandra nor RabbitMQ takes it.
+        """
+        received_at = time.time()
+        try:
+            return await asyncio.wait_for(self._apply(provider, raw, received_at), self.budget)
+        except TokenReused as exc:
+            raise ApiError(401, "bad_signature", str(exc)) from exc
+        except MalformedPayload as exc:
+            raise ApiError(400, "malformed_body", str(exc)) from exc
+        except (DependencyUnavailable, TimeoutError) as exc:
+            log.warning("queueing a %s delivery: %s", provider, exc or "Cassandra too slow")
+        try:
+            await self.broker.publish(
+                intake_key(provider), raw, headers={RECEIVED_AT: str(received_at)}
+            )
+        except DependencyUnavailable as exc:
+            raise DependencyUnavailable("cassandra and rabbitmq", exc.detail) from exc
+        self.metrics.queued.labels(provider).inc()
+        return {"received": 1, "queued": True}
+
+    async def process(
+        self, message: aio_pika.abc.AbstractIncomingMessage, delivery: Delivery
+    ) -> None:
+        """Apply one queued delivery (the consumer of ``<exchange>.webhooks``)."""
+        key = message.routing_key or ""
+        provider = key.removeprefix("hook.")
+        if provider not in ("sg", "mg"):
+            raise MalformedPayload(f"not a webhook intake key: {key}")
+        headers = message.headers or {}
+        try:
+            received_at = float(str(headers.get(RECEIVED_AT, "")))
+        except ValueError:
+            received_at = time.time()
+        try:
+            await self._apply(provider, message.body, received_at)
+        except TokenReused:
+            self.metrics.forged.inc()
+            log.warning("dropped a queued Mailgun delivery whose token was used with another body")
+
+    async def _apply(self, provider: str, raw: bytes, received_at: float) -> dict[str, object]:
+        if provider == "sg":
+            parsed = sendgrid_events.parse_events(
+                raw, received_at=datetime.fromtimestamp(received_at, UTC)
+            )
+            counts = await self.ingest.apply_all(parsed.events)
+            return {"received": len(parsed.events) + parsed.skipped, **counts}
+        envelope = mailgun_events.parse_envelope(raw)
+        if not await self._token_once(envelope.token, envelope.body_hash):
+            raise TokenReused("this token was already used with another body")
+        event = mailgun_events.parse_event(envelope.event_data)
+        if event is None:
+            return {"received": 1, "applied": 0, "orphans": 0, "ignored": 1}
+        return {"received": 1, **await self.ingest.apply_all([event])}
+
+    async def _token_once(self, token: str, body_hash: bytes) -> bool:
+        """Accept each Mailgun token once; the same token with the same body is a replay."""
+        row = await self.db.one(
+            "INSERT INTO webhook_tokens (mg_token, body_hash) VALUES (?, ?) IF NOT EXISTS",
+            (token, body_hash),
+        )
+        if row is None or row["[applied]"]:
+            return True
+        return hmac.compare_digest(row["body_hash"] or b"", body_hash)

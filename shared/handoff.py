@@ -1,0 +1,135 @@
+"""Handing one recipient over to another provider after a provider-side failure.
+
+A webhook reports that a provider dropped a recipient for reasons of its own, or a deferral
+outlived its deadline: the attempt that provider accepted (its *cause* tag, ``c.<n>`` or
+``r.<n>``) is superseded by a new attempt of the recipient's own re-send line, planned with a
+lightweight transaction that records the cause. Replays of the same report find the planned
+attempt by its cause and only repeat the idempotent rest (marking the cause superseded,
+publishing the job), so a recipient is handed over once per failure however often the
+provider repeats itself. When no provider is left, the recipient ends ``failed`` instead.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from shared.attempts import Attempt, AttemptStore, recipient_line
+from shared.broker import Broker
+from shared.db import Row
+from shared.models import LogJob
+from shared.precedence import visible
+from shared.recipients import RecipientStore
+from shared.topology import log_key
+
+#: Providers-map values that mean "this provider failed this recipient on its side".
+PROVIDER_SIDE = ("dropped", "deferred too long")
+#: Tries at planning the next attempt when concurrent hand-offs race for the same number.
+_PLAN_TRIES = 3
+
+
+def excluded_providers(row: Row) -> frozenset[str]:
+    """Providers that already failed this recipient on their side (never handed it back)."""
+    providers = row.get("providers") or {}
+    return frozenset(p for p, v in providers.items() if str(v).startswith(PROVIDER_SIDE))
+
+
+def next_provider(chain: Sequence[str], excluded: frozenset[str], failed: str) -> str | None:
+    """The first provider of the chain after ``failed`` that is not excluded."""
+    start = chain.index(failed) + 1 if failed in chain else 0
+    for code in (*chain[start:], *chain[:start]):
+        if code != failed and code not in excluded:
+            return code
+    return None
+
+
+@dataclass
+class HandOff:
+    attempts: AttemptStore
+    recipients: RecipientStore
+    broker: Broker
+    chain: tuple[str, ...]
+    max_attempts: int
+
+    async def __call__(
+        self,
+        *,
+        batch_id: uuid.UUID,
+        user_id: uuid.UUID,
+        chunk: int,
+        log_id: uuid.UUID,
+        cause: str,
+        failed: str,
+        why: str,
+    ) -> None:
+        """Hand the recipient over (idempotent: at most one new attempt per ``cause``)."""
+        line_key = recipient_line(log_id)
+        planned: Attempt | None = None
+        serial = False
+        for _ in range(_PLAN_TRIES):
+            line = await self.attempts.line(batch_id, line_key, serial=serial)
+            planned = next((a for a in line if a.cause == cause), None)
+            if planned is not None:
+                break
+            row = await self.recipients.one(batch_id, chunk, log_id)
+            if row is None or visible(row).state != "queued":
+                return  # final meanwhile: nothing to hand over
+            if cause in (row.get("superseded") or ()):
+                return  # handed over already, to nobody: it was given up
+            number = 1 + max((a.attempt for a in line), default=-1)
+            target = next_provider(self.chain, excluded_providers(row) | {failed}, failed)
+            if target is None or number >= self.max_attempts:
+                await self._give_up(batch_id, user_id, chunk, log_id, cause, failed, why)
+                return
+            await self.attempts.create(
+                batch_id,
+                line_key,
+                number,
+                chunk=chunk,
+                provider=target,
+                state="planned",
+                cause=cause,
+                reason=why[:500],
+            )
+            serial = True  # read back what is there now: ours, or a racer's
+        if planned is None:
+            return  # lost every race: the winners published their own attempts
+        await self.recipients.supersede(
+            batch_id,
+            chunk,
+            log_id,
+            tag=cause,
+            provider=failed,
+            result=why,
+            when=planned.created_at,
+        )
+        await self.broker.publish(
+            log_key(planned.provider, log_id, planned.attempt),
+            LogJob(batch_id=batch_id, chunk=chunk, log_id=log_id, attempt=planned.attempt).encode(),
+            message_id=f"{log_id}:{planned.attempt}",
+        )
+
+    async def _give_up(
+        self,
+        batch_id: uuid.UUID,
+        user_id: uuid.UUID,
+        chunk: int,
+        log_id: uuid.UUID,
+        cause: str,
+        failed: str,
+        why: str,
+    ) -> None:
+        now = datetime.now(UTC)
+        await self.recipients.supersede(
+            batch_id, chunk, log_id, tag=cause, provider=failed, result=why, when=now
+        )
+        await self.recipients.give_up(
+            batch_id,
+            user_id,
+            chunk,
+            [log_id],
+            reason=f"{why}; no other provider is left to try",
+            when=now,
+        )
