@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 
 from shared.config import Settings, load_settings
@@ -92,25 +94,31 @@ def cmd_keys_create(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_stats_reconcile(settings: Settings, args: argparse.Namespace) -> int:
-    import datetime as dt
+def _day(value: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected YYYY-MM-DD, not {value!r}") from None
 
+
+def _user(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a user id (UUID), not {value!r}") from None
+
+
+def cmd_stats_reconcile(settings: Settings, args: argparse.Namespace) -> int:
     from shared.db import Database
     from shared.reconcile import reconcile_day
 
-    try:
-        day = dt.date.fromisoformat(args.day)
-    except ValueError:
-        print(
-            f"safedelivr stats reconcile: --day must be YYYY-MM-DD, not {args.day!r}",
-            file=sys.stderr,
-        )
-        return 2
+    day: dt.date = args.day
+    users = [args.user] if args.user else None
 
     async def go() -> int:
         db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
         try:
-            drifts = await reconcile_day(db, day, fix=args.fix)
+            drifts = await reconcile_day(db, day, fix=args.fix, users=users)
         finally:
             await db.close()
         for d in drifts:
@@ -125,6 +133,38 @@ def cmd_stats_reconcile(settings: Settings, args: argparse.Namespace) -> int:
             else f"{day}: stats agree with the logs"
         )
         return 1 if drifts and not args.fix else 0
+
+    return asyncio.run(go())
+
+
+def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
+    from shared.check import KINDS, check_day
+    from shared.db import Database
+
+    # Longer than every window a recipient may rightly wait in: the resolution of an
+    # ambiguous call by webhooks (or the query API), plus the last retry's delay.
+    p = settings.providers
+    default_settle = p.webhook_window + p.query_after + max(p.backoff_tiers, default=0) + 600
+    settle = dt.timedelta(seconds=args.settle_after or default_settle)
+
+    async def go() -> int:
+        db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
+        try:
+            found = await check_day(
+                db,
+                args.day,
+                now=dt.datetime.now(dt.UTC),
+                settle_after=settle,
+                users=[args.user] if args.user else None,
+            )
+        finally:
+            await db.close()
+        for v in found[: args.limit]:
+            print(v.line())
+        counts = {k: sum(v.kind == k for v in found) for k in KINDS}
+        summary = ", ".join(f"{k} {n}" for k, n in counts.items())
+        print(f"{args.day}: {len(found)} violation(s): {summary}")
+        return 1 if found else 0
 
     return asyncio.run(go())
 
@@ -188,9 +228,27 @@ def build_parser() -> argparse.ArgumentParser:
         dest="stats_command", required=True
     )
     reconcile = stats.add_parser("reconcile", help="recompute a day from the logs")
-    reconcile.add_argument("--day", required=True, help="UTC day, YYYY-MM-DD")
+    reconcile.add_argument("--day", required=True, type=_day, help="UTC day, YYYY-MM-DD")
+    reconcile.add_argument("--user", type=_user, help="only this user (id); default everyone")
     reconcile.add_argument("--fix", action="store_true", help="rewrite drifting marks")
     reconcile.set_defaults(func=cmd_stats_reconcile)
+    check = sub.add_parser(
+        "check",
+        help="find violations of the delivery invariants in a day's stored data",
+        description="Reports recipients never finished, sent twice or delivered yet shown "
+        "failed, and stats that disagree with the logs. Exit status 1 when any is found.",
+    )
+    check.add_argument("--day", required=True, type=_day, help="UTC day, YYYY-MM-DD")
+    check.add_argument("--user", type=_user, help="only this user (id); default everyone")
+    check.add_argument(
+        "--settle-after",
+        type=int,
+        default=None,
+        help="seconds after acceptance a recipient must be final (default: the windows of "
+        "the providers settings, plus ten minutes)",
+    )
+    check.add_argument("--limit", type=int, default=1000, help="most violations printed")
+    check.set_defaults(func=cmd_check)
     return parser
 
 

@@ -12,6 +12,10 @@ from typing import Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+#: Our custom arg (SendGrid) / user variable (Mailgun) carrying an attempt's tag. Not
+#: ``attempt``: SendGrid's own ``deferred`` events have an ``attempt`` field, which wins.
+ATTEMPT_ARG = "sd_attempt"
+
 #: Summary states of a recipient (as in the original): an outcome ends ``queued``.
 State = Literal["queued", "success", "failed"]
 

@@ -82,7 +82,7 @@ def compare(user_id: uuid.UUID, expected: Marks, stored: Marks) -> list[Drift]:
     return out
 
 
-async def _day_batches(db: Database, user_id: uuid.UUID, day: date) -> list[uuid.UUID]:
+async def day_batches(db: Database, user_id: uuid.UUID, day: date) -> list[uuid.UUID]:
     start = datetime.combine(day, datetime.min.time(), UTC)
     end = start + timedelta(days=1)
     rows = await db.all_pages(
@@ -136,7 +136,7 @@ async def reconcile_day(
     for user_id in sorted(scope, key=str):
         expected: Marks = defaultdict(set)
         batches = []
-        for batch_id in await _day_batches(db, user_id, day):
+        for batch_id in await day_batches(db, user_id, day):
             rows, events = await _batch(db, batch_id)
             batches.append((batch_id, rows))
             for metric, keys in expected_marks(rows, events).items():

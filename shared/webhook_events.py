@@ -33,7 +33,7 @@ from typing import Any, Literal, get_args
 import orjson
 
 from shared.errors import SafedelivrError
-from shared.models import OUTCOME_STATE, State
+from shared.models import ATTEMPT_ARG, OUTCOME_STATE, State
 
 #: What happened to a recipient, in our terms; ``unknown`` for events we do not interpret.
 Kind = Literal[
@@ -110,7 +110,7 @@ def build_event(
         batch_id=parse_uuid(ids.get("batch_id")),
         chunk=parse_chunk(ids.get("chunk")),
         log_id=parse_uuid(ids.get("log_id")),
-        attempt=parse_tag(ids.get("attempt")),
+        attempt=parse_tag(ids.get(ATTEMPT_ARG)),
         message_id=message_id,
         reason=verdict.reason,
         provider_side=verdict.provider_side,

@@ -164,7 +164,7 @@ async def _accept_once(
             headers={"Retry-After": str(verdict.retry_after)},
         )
     state = request.app.state
-    batch = _new_batch(request, user_id, batch_id, parsed)
+    batch = build_batch(state.settings, user_id, batch_id, parsed)
     try:
         await state.acceptance.store(batch)
     except DependencyUnavailable:
@@ -184,10 +184,10 @@ async def _accept_once(
     return response
 
 
-def _new_batch(
-    request: Request, user_id: uuid.UUID, batch_id: uuid.UUID, parsed: validation.BatchRequest
+def build_batch(
+    settings: Settings, user_id: uuid.UUID, batch_id: uuid.UUID, parsed: validation.BatchRequest
 ) -> NewBatch:
-    settings: Settings = request.app.state.settings
+    """The batch a validated request stores under ``batch_id``, and the 202 it answers."""
     recipients = [
         Recipient(
             log_id=log_id_for(batch_id, r.email),

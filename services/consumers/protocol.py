@@ -176,10 +176,10 @@ def next_step(
 def _unclaimed(job: Job, line: Sequence[Attempt], later: bool) -> Step:
     if job.check is not None or later:
         return Stray(f"attempt {job.attempt} was never claimed")
-    if job.own_line:
-        return Stray("re-sends start as planned attempts")
     if job.attempt == 0:
-        return Claim()
+        # A chunk's first attempt is claimed by whoever gets its job; a re-send line starts
+        # with an attempt a hand-off planned.
+        return Stray("re-sends start as planned attempts") if job.own_line else Claim()
     previous = find(line, job.attempt - 1)
     if (
         previous is None

@@ -2,7 +2,7 @@
 
 The outcome is chosen by the recipient's local part (``bounce…@`` hard bounce, ``defer…@``
 deferred, ``complaint…@``, ``drop…@``, ``sgdrop…@`` dropped by SendGrid only, ``unsub…@``,
-``open…@``; anything else is delivered).
+``open…@``, ``sgdefer…@`` deferred by SendGrid only; anything else is delivered).
 Events are built only when their webhook delay has passed, from the accepted request itself,
 in the exact shapes of SendGrid's Event Webhook and Mailgun's ``event-data``.
 """
@@ -37,6 +37,9 @@ class Outcome(StrEnum):
     SENDGRID_DROP = "sgdrop"
     """SendGrid drops it for a reason of its own (provider-side: its spam checker), while
     Mailgun delivers it normally: the case where failing over to another provider helps."""
+    SENDGRID_DEFER = "sgdefer"
+    """SendGrid's attempts are deferred (and nothing follows), while Mailgun delivers it: the
+    case where handing a long deferral over to another provider helps."""
 
 
 _PREFIXES = (
@@ -47,6 +50,7 @@ _PREFIXES = (
     ("unsub", Outcome.UNSUBSCRIBE),
     ("open", Outcome.OPEN),
     ("sgdrop", Outcome.SENDGRID_DROP),
+    ("sgdefer", Outcome.SENDGRID_DEFER),
 )
 
 #: SendGrid steps posted for each outcome, in order (keys of ``_SENDGRID_STEP``).
@@ -59,6 +63,7 @@ SENDGRID_STEPS: dict[Outcome, tuple[str, ...]] = {
     Outcome.UNSUBSCRIBE: ("processed", "delivered", "unsubscribe"),
     Outcome.OPEN: ("processed", "delivered", "open"),
     Outcome.SENDGRID_DROP: ("processed", "dropped-spam"),
+    Outcome.SENDGRID_DEFER: ("processed", "deferred"),
 }
 
 #: Mailgun steps posted for each outcome, in order (keys of ``_MAILGUN_STEP``).
@@ -71,6 +76,7 @@ MAILGUN_STEPS: dict[Outcome, tuple[str, ...]] = {
     Outcome.UNSUBSCRIBE: ("accepted", "delivered", "unsubscribed"),
     Outcome.OPEN: ("accepted", "delivered", "opened"),
     Outcome.SENDGRID_DROP: ("accepted", "delivered"),
+    Outcome.SENDGRID_DEFER: ("accepted", "delivered"),
 }
 
 _MTA_IP = "198.51.100.7"

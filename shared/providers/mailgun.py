@@ -7,7 +7,7 @@ repeat):
 * ``from``, ``to``, ``cc``, ``bcc``, ``h:Reply-To`` as ``Name <email>``, quoted by
   :func:`email.utils.formataddr`; ``subject``, ``text``, ``html``; ``h:<Name>`` per custom
   header; ``o:tag`` for the first 3 categories (Mailgun's limit); ``v:batch_id``,
-  ``v:chunk`` and ``v:attempt`` (the attempt's tag) on every message (webhooks and the
+  ``v:chunk`` and ``v:sd_attempt`` (the attempt's tag) on every message (webhooks and the
   Events API return them as ``user-variables``).
 * ``bulk`` -- Mailgun batch sending: ``recipient-variables`` maps each address to its
   ``log_id`` and substitutions, which makes Mailgun send each ``to`` its own message, and
@@ -36,7 +36,7 @@ import orjson
 
 from shared.config import ProviderSettings
 from shared.errors import ProviderError, ProviderMisconfigured, TransientProviderError
-from shared.models import Chunk
+from shared.models import ATTEMPT_ARG, Chunk
 from shared.providers import envelope, responses
 from shared.providers.base import LookupQuery, Receipt
 
@@ -82,7 +82,7 @@ def build_form(chunk: Chunk) -> Form:
     form += [("o:tag", tag) for tag in message.categories[:MAX_TAGS]]
     form += [("v:batch_id", str(chunk.batch_id)), ("v:chunk", str(chunk.index))]
     if chunk.attempt:
-        form.append(("v:attempt", chunk.attempt))
+        form.append((f"v:{ATTEMPT_ARG}", chunk.attempt))
     if message.bulk:
         form.append(("v:log_id", "%recipient.log_id%"))
         form.append(("recipient-variables", _recipient_variables(chunk, keys)))
@@ -256,7 +256,7 @@ class MailgunProvider:
 
 def _matching(items: list[Any], query: LookupQuery) -> set[str]:
     """Recipients of ``accepted`` events carrying this attempt's variables."""
-    want = {"batch_id": str(query.batch_id), "chunk": str(query.chunk), "attempt": query.tag}
+    want = {"batch_id": str(query.batch_id), "chunk": str(query.chunk), ATTEMPT_ARG: query.tag}
     out = set()
     for item in items:
         if not isinstance(item, dict):

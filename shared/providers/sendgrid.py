@@ -4,11 +4,11 @@ adapter that posts it to ``{base_url}/v3/mail/send``.
 Payload (:func:`build_payload`, pure):
 
 * ``bulk`` -- one personalization per recipient: ``to`` is that recipient (with their name),
-  ``substitutions`` are theirs, ``custom_args`` are ``batch_id``, ``chunk``, ``attempt`` (the
+  ``substitutions`` are theirs, ``custom_args`` are ``batch_id``, ``chunk``, ``sd_attempt`` (the
   attempt's tag, so events and the Email Activity API name the attempt) and ``log_id``.
 * shared -- ONE personalization whose ``to`` holds every recipient of the chunk, so they all
   see one message, as the original did; ``custom_args`` are ``batch_id``, ``chunk`` and
-  ``attempt`` (webhooks find the log by batch and address) and ``substitutions`` are only
+  ``sd_attempt`` (webhooks find the log by batch and address) and ``substitutions`` are only
   those the recipients share. cc/bcc ride on it for chunk 0 only (rules in
   ``shared.providers.envelope``).
 * ``content`` is text/plain first, then text/html, as SendGrid requires; custom ``headers``,
@@ -59,7 +59,7 @@ from shared.errors import (
     ProviderMisconfigured,
     TransientProviderError,
 )
-from shared.models import Chunk, Recipient
+from shared.models import ATTEMPT_ARG, Chunk, Recipient
 from shared.providers import envelope, responses
 from shared.providers.base import LookupQuery, Receipt
 
@@ -106,7 +106,7 @@ def build_payload(chunk: Chunk) -> dict[str, Any]:
 def _personalizations(chunk: Chunk) -> list[Any]:
     ids = {"batch_id": str(chunk.batch_id), "chunk": str(chunk.index)}
     if chunk.attempt:
-        ids["attempt"] = chunk.attempt
+        ids[ATTEMPT_ARG] = chunk.attempt
     if chunk.message.bulk:
         return [
             _personalization([r], r.substitutions, {**ids, "log_id": str(r.log_id)})
@@ -251,7 +251,7 @@ class SendGridProvider:
         clauses = [
             f"(unique_args['batch_id']=\"{query.batch_id}\")",
             f"(unique_args['chunk']=\"{query.chunk}\")",
-            f"(unique_args['attempt']=\"{query.tag}\")",
+            f"(unique_args['{ATTEMPT_ARG}']=\"{query.tag}\")",
         ]
         messages = self._activity(" AND ".join(clauses), ACTIVITY_LIMIT)
         if messages is None:

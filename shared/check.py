@@ -1,0 +1,153 @@
+"""``safedelivr check``: every violation of the delivery invariants found in stored data.
+
+The promise is that nothing accepted is lost, nothing is sent twice and the stats agree with
+the logs. Each of these leaves a trace an operator can look for:
+
+* ``not_final``: a recipient still ``queued`` long after its batch was accepted (longer than
+  every window the consumers wait for evidence), with what its attempts last said;
+* ``sent_twice``: a recipient that providers accepted through two attempts of which neither
+  was handed over (``superseded``) to the other: its evidence names both;
+* ``delivered_but_failed``: a provider reported it ``delivered`` yet readers see ``failed``;
+* ``stats``: a day's stats marks that differ from what the logs earn (see ``reconcile``).
+
+The judgement over one batch's rows is pure (:func:`batch_violations`); :func:`check_day`
+reads a day's batches and adds the stats drift of the same users.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from typing import Any
+
+from shared import precedence
+from shared.attempts import AttemptStore
+from shared.db import Database
+from shared.recipients import STATE_COLUMNS
+from shared.reconcile import day_batches, reconcile_day
+from shared.stats import StatsStore
+
+#: Violation kinds, in the order they are reported.
+KINDS = ("not_final", "sent_twice", "delivered_but_failed", "stats")
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    kind: str
+    user_id: uuid.UUID
+    batch_id: uuid.UUID | None
+    subject: str
+    """The recipient's address, or the stats metric."""
+    detail: str
+
+    def line(self) -> str:
+        where = f"batch={self.batch_id} " if self.batch_id else ""
+        return f"{self.kind} user={self.user_id} {where}{self.subject}: {self.detail}"
+
+
+def batch_violations(
+    user_id: uuid.UUID,
+    batch_id: uuid.UUID,
+    rows: Iterable[Mapping[str, Any]],
+    delivered: set[uuid.UUID],
+    last_attempts: Mapping[str, str],
+    *,
+    now: datetime,
+    settle_after: timedelta,
+) -> list[Violation]:
+    """The recipient-level violations of one batch (pure).
+
+    ``delivered`` holds the recipients with a ``delivered`` event in their timeline;
+    ``last_attempts`` maps a line (``c<chunk>``, ``r<log_id>``) to a description of its
+    newest attempt, shown with a recipient that is not final.
+    """
+    out: list[Violation] = []
+    settled = now - precedence.accepted_at(batch_id) >= settle_after
+    for row in rows:
+        seen = precedence.visible(row)
+        email = str(row.get("email"))
+        sent_by = set(row.get("evidence") or ()) - set(row.get("superseded") or ())
+        if len(sent_by) > 1:
+            out.append(
+                Violation(
+                    "sent_twice",
+                    user_id,
+                    batch_id,
+                    email,
+                    f"accepted through attempts {', '.join(sorted(sent_by))}",
+                )
+            )
+        if seen.state == "failed" and row["log_id"] in delivered:
+            out.append(
+                Violation(
+                    "delivered_but_failed",
+                    user_id,
+                    batch_id,
+                    email,
+                    f"a provider reported it delivered; shown failed ({seen.reason})",
+                )
+            )
+        if seen.state == "queued" and settled:
+            chunk_line = last_attempts.get(f"c{row.get('chunk')}", "no attempt")
+            own = last_attempts.get(f"r{row['log_id']}")
+            detail = f"queued since {precedence.accepted_at(batch_id):%Y-%m-%d %H:%M:%S}Z; "
+            detail += f"chunk: {chunk_line}" + (f"; re-send: {own}" if own else "")
+            out.append(Violation("not_final", user_id, batch_id, email, detail))
+    return out
+
+
+async def _batch(
+    db: Database, attempts: AttemptStore, user_id: uuid.UUID, batch_id: uuid.UUID, **judge: Any
+) -> list[Violation]:
+    rows = [
+        r
+        for r in await db.all_pages(
+            f"SELECT {STATE_COLUMNS} FROM batches WHERE batch_id = ?",  # noqa: S608
+            (batch_id,),
+        )
+        if r["log_id"] is not None
+    ]
+    delivered = {
+        ev["log_id"]
+        for ev in await db.all_pages(
+            "SELECT log_id, kind FROM log_events WHERE batch_id = ?", (batch_id,)
+        )
+        if ev["kind"] == "delivered"
+    }
+    last = {
+        line: f"attempt {a[-1].attempt} via {a[-1].provider} {a[-1].state}"
+        for line, a in (await attempts.lines(batch_id)).items()
+        if a
+    }
+    return batch_violations(user_id, batch_id, rows, delivered, last, **judge)
+
+
+async def check_day(
+    db: Database,
+    day: date,
+    *,
+    now: datetime,
+    settle_after: timedelta,
+    users: Sequence[uuid.UUID] | None = None,
+) -> list[Violation]:
+    """Every violation among the batches accepted on ``day`` (for ``users``, or everyone)."""
+    scope = list(users) if users is not None else await StatsStore(db).active_users(day)
+    attempts = AttemptStore(db)
+    out: list[Violation] = []
+    for user_id in sorted(scope, key=str):
+        for batch_id in await day_batches(db, user_id, day):
+            out += await _batch(db, attempts, user_id, batch_id, now=now, settle_after=settle_after)
+    for drift in await reconcile_day(db, day, users=scope):
+        out.append(
+            Violation(
+                "stats",
+                drift.user_id,
+                None,
+                drift.metric,
+                f"stored {drift.stored}, the logs earn {drift.expected} "
+                f"({len(drift.missing)} missing, {len(drift.extra)} extra)",
+            )
+        )
+    return sorted(out, key=lambda v: KINDS.index(v.kind))

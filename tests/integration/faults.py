@@ -1,0 +1,62 @@
+"""Cassandra faults injected at our driver boundary, for the unknown-outcome cases.
+
+:class:`FaultyDatabase` shares a real session (every statement really runs against
+Cassandra) but, for statements matching a rule, raises what a timeout raises: after running
+the statement (the write applied, the client never heard: an LWT "timed out but applied") or
+instead of running it (a write that never happened). This is how a coordinator timeout looks
+to us, and no test can produce one on demand otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shared.db import Database, Page, Params
+from shared.errors import DependencyUnavailable
+
+
+@dataclass
+class Rule:
+    contains: str
+    """Fires for statements whose CQL contains this text."""
+    applied: bool
+    """Whether the statement runs before the failure (outcome: applied, reported failed)."""
+    times: int = 1
+    fired: int = 0
+
+
+class FaultyDatabase(Database):
+    """A :class:`Database` on the same session whose matching statements time out."""
+
+    def __init__(self, real: Database, *rules: Rule) -> None:
+        super().__init__(real.cluster, real.session, real.keyspace)
+        self._prepared = real._prepared
+        self.rules = list(rules)
+
+    async def execute(self, query: Any, params: Params = None, **kw: Any) -> Page:
+        rule = self._rule(query)
+        if rule is None:
+            return await super().execute(query, params, **kw)
+        rule.fired += 1
+        if rule.applied:
+            await super().execute(query, params, **kw)
+        raise DependencyUnavailable("cassandra", "WriteTimeout (injected)")
+
+    def _rule(self, query: Any) -> Rule | None:
+        if not isinstance(query, str):
+            return None
+        for rule in self.rules:
+            if rule.contains in query and rule.fired < rule.times:
+                return rule
+        return None
+
+
+def after(contains: str, times: int = 1) -> Rule:
+    """The matching statement applies, then the client hears a timeout."""
+    return Rule(contains, applied=True, times=times)
+
+
+def before(contains: str, times: int = 1) -> Rule:
+    """The matching statement times out without applying."""
+    return Rule(contains, applied=False, times=times)

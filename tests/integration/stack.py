@@ -1,0 +1,314 @@
+"""A whole stack for one test: webhooks and sandbox served on loopback, the API in process,
+consumers started (and killed) by the test, all on the test's private broker namespace.
+
+Fault tests use :class:`Stack` to submit batches, inject provider faults, run a consumer
+delivery that "dies" at a chosen point (``Crash`` raised from the send path's hooks, then
+the connection dropped without an ack), and read back what every recipient ended as and how
+often each provider accepted it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+from pydantic import SecretStr
+from starlette.applications import Starlette
+
+from services.api.app import create_app as create_api
+from services.consumers import protocol
+from services.consumers.dispatch import Hooks, no_hooks
+from services.consumers.main import build_dispatcher
+from services.consumers.main import create_app as create_consumers
+from services.consumers.splitter import Splitter
+from services.sandbox import signing
+from services.sandbox.app import create_app as create_sandbox
+from services.webhooks.app import create_app as create_webhooks
+from shared import accounts
+from shared.batchstore import BatchStore
+from shared.broker import Broker
+from shared.config import ProviderSettings, SandboxSettings, Settings, WebhookSettings
+from shared.db import Database
+from shared.models import BatchJob, ChunkJob
+from shared.providers.registry import close_all
+from shared.resources import Resources, topology_for
+from shared.settle import Delivery
+from shared.topology import dispatch_key
+from tests.conftest import unique
+from tests.integration.harness import client_for, eventually, running, served
+
+MG_KEY = "stack-mailgun-signing-key"
+
+
+class Crash(BaseException):
+    """The process dies here: nothing after it runs, and its delivery is never acked."""
+
+
+def crash_at(point: str, *, times: int = 1) -> Hooks:
+    """Hooks that crash the first ``times`` deliveries reaching ``point``."""
+    left = [times]
+
+    async def hooks(reached: str, job: protocol.Job) -> None:
+        if reached == point and left[0] > 0:
+            left[0] -= 1
+            raise Crash(point)
+
+    return hooks
+
+
+def fast_settings(base: Settings, **providers: Any) -> Settings:
+    """Short timeouts and windows so faults resolve in seconds."""
+    values = {
+        **base.providers.model_dump(),
+        "timeout": 2.0,
+        "resolve_interval": 1,
+        "query_after": 3,
+        "webhook_window": 8,
+        "backoff": "1,2",
+        "max_attempts": 4,
+        **providers,
+    }
+    return base.model_copy(
+        update={
+            "providers": ProviderSettings(**values),
+            "api": base.api.model_copy(update={"idempotency_lease": 3.0}),
+        }
+    )
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    db: Database
+    api: httpx.AsyncClient
+    api_app: Starlette
+    sandbox: httpx.AsyncClient
+    key: str
+    user_id: uuid.UUID
+    hooks_url: str
+    sendgrid_key: Any
+    """The private key the sandbox signs SendGrid events with."""
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    async def submit(self, to: list[str], *, key: str | None = None, **extra: Any) -> str:
+        resp = await self.post(to, key=key, **extra)
+        assert resp.status_code == 202, resp.text
+        return str(resp.json()["batch_id"])
+
+    async def post(self, to: list[str], *, key: str | None = None, **extra: Any) -> httpx.Response:
+        body = {"from": "Shop <shop@example.com>", "to": to, "subject": "Hi", "text": "Hello"}
+        headers = {**self.auth, **({"Idempotency-Key": key} if key else {})}
+        return await self.api.post("/v1/batches", json={**body, **extra}, headers=headers)
+
+    async def logs(self, batch_id: str) -> dict[str, dict[str, Any]]:
+        resp = await self.api.get(
+            f"/v1/batches/{batch_id}/logs", params={"limit": "500"}, headers=self.auth
+        )
+        assert resp.status_code == 200, resp.text
+        return {r["email"]: r for r in resp.json()["data"]}
+
+    async def final(self, batch_id: str, count: int, timeout: float = 90) -> dict[str, Any]:
+        """The logs once every recipient has an outcome."""
+
+        async def check() -> dict[str, dict[str, Any]] | None:
+            logs = await self.logs(batch_id)
+            done = len(logs) == count and all(r["state"] != "queued" for r in logs.values())
+            return logs if done else None
+
+        result: dict[str, Any] = await eventually(check, timeout=timeout, interval=0.5)
+        return result
+
+    async def stats(self, day: str) -> dict[str, int]:
+        resp = await self.api.get("/v1/stats", params={"from": day, "to": day}, headers=self.auth)
+        data: dict[str, int] = resp.json()["data"][0]
+        return data
+
+    async def fault(self, provider: str, **fault: Any) -> None:
+        resp = await self.sandbox.post("/_control/faults", json={"provider": provider, **fault})
+        assert resp.status_code == 201, resp.text
+
+    async def accepted(self, email: str) -> dict[str, int]:
+        """How many times each provider accepted mail for ``email``."""
+        resp = await self.sandbox.get("/_control/sends", params={"email": email, "recent": "0"})
+        data = resp.json()
+        return {p: data[p]["by_recipient"].get(email.lower(), 0) for p in data}
+
+    @contextlib.asynccontextmanager
+    async def consuming(self, hooks: Hooks = no_hooks) -> AsyncIterator[Starlette]:
+        """Consumers running for the block (a real process would be the same)."""
+        app = create_consumers(self.settings, hooks=hooks)
+        async with running(app):
+            yield app
+
+    async def doomed(self, queue: str, hooks: Hooks, *, timeout: float = 20) -> str:
+        """One consumer delivery of the next job on ``queue`` that dies where ``hooks`` crash;
+        its connection is then dropped without an ack, so RabbitMQ redelivers the job.
+        Returns the point it died at (or ``survived``)."""
+        broker = Broker(
+            self.settings.amqp.url.get_secret_value(), topology_for(self.settings), name="doomed"
+        )
+        await broker.connect()
+        dispatcher = build_dispatcher(self.settings, Resources(self.db, broker), hooks=hooks)
+        try:
+            message = await eventually(lambda: broker.get(queue), timeout=timeout)
+            try:
+                await dispatcher.process(message, Delivery())
+            except Crash as crash:
+                return str(crash)
+            await message.ack()
+            return "survived"
+        finally:
+            await broker.close()
+            await close_all(dispatcher.providers)
+
+    async def sendgrid_event(
+        self, batch_id: str, email: str, event: str, *, attempt: str = "c.0", **extra: Any
+    ) -> httpx.Response:
+        """Post one signed SendGrid event about a recipient, as SendGrid would."""
+        body = orjson.dumps(
+            [
+                {
+                    "email": email,
+                    "event": event,
+                    "timestamp": int(time.time()),
+                    "sg_event_id": uuid.uuid4().hex,
+                    "sg_message_id": "late.filter0001",
+                    "batch_id": batch_id,
+                    "chunk": "0",
+                    "sd_attempt": attempt,
+                    **extra,
+                }
+            ]
+        )
+        stamp = str(int(time.time()))
+        async with httpx.AsyncClient() as client:
+            return await client.post(
+                f"{self.hooks_url}/webhooks/sendgrid",
+                content=body,
+                headers={
+                    signing.SENDGRID_SIGNATURE_HEADER: signing.sign_sendgrid(
+                        self.sendgrid_key, stamp, body
+                    ),
+                    signing.SENDGRID_TIMESTAMP_HEADER: stamp,
+                    "Content-Type": "application/json",
+                },
+            )
+
+    async def split(self, batch_id: str) -> None:
+        """Fan a batch out into its chunk jobs (what the splitter consumer does)."""
+        broker = Broker(
+            self.settings.amqp.url.get_secret_value(), topology_for(self.settings), name="split"
+        )
+        await broker.connect()
+        try:
+            await Splitter(
+                broker, BatchStore(self.db), self.settings.providers.chain_codes[0]
+            ).split(BatchJob(batch_id=uuid.UUID(batch_id)))
+        finally:
+            await broker.close()
+
+    async def duplicate_job(self, batch_id: str, chunk: int = 0) -> None:
+        """Publish a second copy of a chunk's first job (a relay or a redelivery makes them)."""
+        broker = Broker(
+            self.settings.amqp.url.get_secret_value(), topology_for(self.settings), name="dup"
+        )
+        await broker.connect()
+        try:
+            await broker.publish(
+                dispatch_key(self.settings.providers.chain_codes[0], uuid.UUID(batch_id), 0),
+                ChunkJob(batch_id=uuid.UUID(batch_id), chunk=chunk).encode(),
+            )
+        finally:
+            await broker.close()
+
+    def queue(self, provider: str = "sg") -> str:
+        return topology_for(self.settings).provider_queue(provider)
+
+    def log_queue(self, provider: str) -> str:
+        return topology_for(self.settings).log_queue(provider)
+
+
+@contextlib.asynccontextmanager
+async def full_stack(
+    base: Settings,
+    db: Database,
+    *,
+    sandbox: dict[str, Any] | None = None,
+    webhooks: dict[str, Any] | None = None,
+) -> AsyncIterator[Stack]:
+    """Webhooks + sandbox (on loopback) + API (in process); consumers are up to the test."""
+    private_pem, public_b64 = signing.generate_key_pair()
+    s = base.model_copy(
+        update={
+            "webhooks": WebhookSettings(
+                sendgrid_public_key=public_b64,
+                mailgun_signing_key=SecretStr(MG_KEY),
+                **(webhooks or {}),
+            )
+        }
+    )
+    async with served(create_webhooks(s)) as hooks_url:
+        sandbox_app = create_sandbox(
+            SandboxSettings(
+                webhook_url=hooks_url,
+                webhook_delay=0.1,
+                query_delay=0.5,
+                sendgrid_private_key=SecretStr(private_pem),
+                mailgun_signing_key=SecretStr(MG_KEY),
+                **(sandbox or {}),
+            )
+        )
+        async with served(sandbox_app) as sandbox_url:
+            providers = s.providers.model_copy(
+                update={
+                    "sendgrid_base_url": f"{sandbox_url}/sendgrid",
+                    "mailgun_base_url": f"{sandbox_url}/mailgun",
+                }
+            )
+            s = s.model_copy(update={"providers": providers})
+            api = create_api(s)
+            user_id = await accounts.ensure_user(db, unique("stack"))
+            key = await accounts.create_key(db, user_id, "stack")
+            async with (
+                running(api),
+                client_for(api) as client,
+                httpx.AsyncClient(base_url=sandbox_url) as control,
+            ):
+                await api.state.resources.broker.declare()
+                try:
+                    yield Stack(
+                        s,
+                        db,
+                        client,
+                        api,
+                        control,
+                        key,
+                        user_id,
+                        hooks_url,
+                        signing.load_private_key(private_pem),
+                    )
+                finally:
+                    await api.state.resources.broker.delete()
+
+
+def emails(n: int, prefix: str = "r") -> list[str]:
+    tag = uuid.uuid4().hex[:8]
+    return [f"{prefix}{i}.{tag}@example.com" for i in range(n)]
+
+
+async def until(check: Callable[[], Awaitable[Any]], timeout: float = 30) -> Any:
+    return await eventually(check, timeout=timeout, interval=0.3)
+
+
+async def quiet(seconds: float) -> None:
+    await asyncio.sleep(seconds)
