@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 export PYTHON := $(PY)
 
 .PHONY: help install run test test-unit test-integration lint fmt typecheck all services-up \
-        services-down services-status migrate topology bench clean
+        services-down services-status migrate topology bench chaos clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -68,6 +68,9 @@ topology: install ## declare exchanges, queues and bindings
 
 bench: install services-up ## the benchmark; JSON results in bench/results/
 	$(PY) -m bench.run $(BENCH_ARGS)
+
+chaos: install services-up ## fault tests, a soak under faults, the invariants (last line JSON)
+	$(PY) -m chaos.run $(CHAOS_ARGS)
 
 clean: ## remove the virtualenv (keeps service data in .state)
 	rm -rf $(VENV)

@@ -38,6 +38,8 @@ SERVICES: dict[str, ServiceSpec] = {
     "api": ServiceSpec("api", "/readyz"),
     "consumers": ServiceSpec("consumers", "/readyz"),
     "webhooks": ServiceSpec("webhooks", "/readyz"),
+    # A second consumer process (``make chaos`` runs two, so one job can reach both).
+    "consumers-b": ServiceSpec("consumers", "/readyz"),
 }
 
 
@@ -133,6 +135,17 @@ class ServiceProcesses:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 await proc.wait()
+
+    async def kill(self, name: str) -> dict[str, str]:
+        """SIGKILL ``name`` (no drain: a crash) and return the extra environment it ran with,
+        to start it again alike."""
+        service = self.running.pop(name)
+        assert service.proc is not None  # noqa: S101
+        self._sampler.untrack(name)
+        with contextlib.suppress(ProcessLookupError):
+            service.proc.kill()
+        await service.proc.wait()
+        return service.env
 
     async def stop_all(self) -> list[str]:
         """Stop every service; return what could not be stopped."""

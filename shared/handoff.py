@@ -96,6 +96,14 @@ class HandOff:
             serial = True  # read back what is there now: ours, or a racer's
         if planned is None:
             return  # lost every race: the winners published their own attempts
+        # Publish before marking the cause superseded: a replay of the report skips
+        # superseded causes, so the mark must mean "the job is out" (a crash in between
+        # only publishes the job again, which its consumers tell apart).
+        await self.broker.publish(
+            log_key(planned.provider, log_id, planned.attempt),
+            LogJob(batch_id=batch_id, chunk=chunk, log_id=log_id, attempt=planned.attempt).encode(),
+            message_id=f"{log_id}:{planned.attempt}",
+        )
         await self.recipients.supersede(
             batch_id,
             chunk,
@@ -104,11 +112,6 @@ class HandOff:
             provider=failed,
             result=why,
             when=planned.created_at,
-        )
-        await self.broker.publish(
-            log_key(planned.provider, log_id, planned.attempt),
-            LogJob(batch_id=batch_id, chunk=chunk, log_id=log_id, attempt=planned.attempt).encode(),
-            message_id=f"{log_id}:{planned.attempt}",
         )
 
     async def _give_up(
@@ -122,9 +125,7 @@ class HandOff:
         why: str,
     ) -> None:
         now = datetime.now(UTC)
-        await self.recipients.supersede(
-            batch_id, chunk, log_id, tag=cause, provider=failed, result=why, when=now
-        )
+        # Give up first, for the same reason as above: "superseded" must mean "done".
         await self.recipients.give_up(
             batch_id,
             user_id,
@@ -132,4 +133,7 @@ class HandOff:
             [log_id],
             reason=f"{why}; no other provider is left to try",
             when=now,
+        )
+        await self.recipients.supersede(
+            batch_id, chunk, log_id, tag=cause, provider=failed, result=why, when=now
         )

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cassandra.query import BatchStatement
+
 from shared.db import Database, Page, Params
 from shared.errors import DependencyUnavailable
 
@@ -44,12 +46,20 @@ class FaultyDatabase(Database):
         raise DependencyUnavailable("cassandra", "WriteTimeout (injected)")
 
     def _rule(self, query: Any) -> Rule | None:
-        if not isinstance(query, str):
-            return None
+        text = self._text(query)
         for rule in self.rules:
-            if rule.contains in query and rule.fired < rule.times:
+            if rule.contains in text and rule.fired < rule.times:
                 return rule
         return None
+
+    def _text(self, query: Any) -> str:
+        """The CQL of a statement, or of every statement in a batch of prepared ones."""
+        if isinstance(query, str):
+            return query
+        if isinstance(query, BatchStatement):
+            by_id = {p.query_id: cql for cql, p in self._prepared.items()}
+            return "\n".join(by_id.get(q, "") for _, q, _ in query._statements_and_parameters)
+        return ""
 
 
 def after(contains: str, times: int = 1) -> Rule:

@@ -12,13 +12,19 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
+import orjson
 import pytest
+from prometheus_client import CollectorRegistry
 
+from services.webhooks.ingest import Ingest, IngestMetrics
 from shared.attempts import AttemptStore, recipient_line
 from shared.config import Settings
 from shared.db import Database
+from shared.errors import DependencyUnavailable
+from shared.providers import sendgrid_events
+from tests.integration.faults import FaultyDatabase, after
 from tests.integration.harness import eventually
-from tests.integration.stack import Stack, crash_at, fast_settings, full_stack
+from tests.integration.stack import Stack, crash_at, fast_settings, full_stack, until
 
 
 @pytest.fixture
@@ -91,6 +97,56 @@ async def test_replayed_drops_hand_a_recipient_over_once(stack: Stack) -> None:
     line = await AttemptStore(stack.db).line(uuid.UUID(batch_id), recipient_line(_log(logs, email)))
     assert len(line) == 1
     assert await stack.accepted(email) == {"sendgrid": 1, "mailgun": 1}
+
+
+async def test_a_hand_off_that_died_half_way_is_finished_by_the_reports_retry(
+    stack: Stack,
+) -> None:
+    """The intake plans the re-send of a SendGrid drop and dies before it is done (its last
+    write times out); SendGrid retries the report, and the hand-off is finished: Mailgun
+    sends the recipient once and it ends delivered, instead of staying queued."""
+    email = _address("r")
+    await stack.fault("sendgrid", webhooks=False, count=1)  # only our own reports below
+    async with stack.consuming():
+        batch_id = await stack.submit([email])
+        await until(lambda: _accepted_by(stack, email, "sendgrid"))
+        drop = _sendgrid_drop(batch_id, email)
+        dying = _ingest(stack, FaultyDatabase(stack.db, after("superseded = superseded +")))
+        with pytest.raises(DependencyUnavailable):
+            await dying.apply_all(sendgrid_events.parse_events(drop).events)
+
+        await _ingest(stack, stack.db).apply_all(sendgrid_events.parse_events(drop).events)
+
+        logs = await stack.final(batch_id, 1)
+    assert logs[email]["state"] == "success"
+    assert await stack.accepted(email) == {"sendgrid": 1, "mailgun": 1}
+
+
+async def _accepted_by(stack: Stack, email: str, provider: str) -> bool:
+    return (await stack.accepted(email))[provider] == 1
+
+
+def _sendgrid_drop(batch_id: str, email: str) -> bytes:
+    event = {
+        "email": email,
+        "event": "dropped",
+        "reason": "Spam Content (if Spam Checker app is enabled)",
+        "timestamp": int(datetime.now(UTC).timestamp()),
+        "sg_event_id": uuid.uuid4().hex,
+        "batch_id": batch_id,
+        "chunk": "0",
+        "sd_attempt": "c.0",
+    }
+    return orjson.dumps([event])
+
+
+def _ingest(stack: Stack, db: Database) -> Ingest:
+    return Ingest(
+        db,
+        stack.api_app.state.resources.broker,
+        stack.settings,
+        IngestMetrics.create(CollectorRegistry()),
+    )
 
 
 def _log(logs: dict[str, dict[str, object]], email: str) -> uuid.UUID:

@@ -1,0 +1,1 @@
+"""``make chaos``: Safedelivr's own fault suite (see :mod:`chaos.run`)."""

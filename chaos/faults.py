@@ -1,0 +1,154 @@
+"""The soak's faults: a schedule of crashes, outages and provider misbehaviour, run while the
+clients submit.
+
+Each step names when it starts (seconds after the load starts) and what it does; steps run
+one after another (a late step waits for the one before it), so two outages never overlap
+by accident. The sandbox is the only process never killed: it stands for SendGrid and
+Mailgun, and its record of what they accepted is the soak's ground truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from bench import procfs
+from bench.stack import Stack
+
+Printer = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    at: float
+    what: str
+    run: Callable[[Stack], Awaitable[None]]
+
+
+def crash(service: str, down: float) -> Callable[[Stack], Awaitable[None]]:
+    """kill -9 ``service``, leave it dead for ``down`` seconds, start it again."""
+
+    async def go(stack: Stack) -> None:
+        env = await stack.processes.kill(service)
+        await asyncio.sleep(down)
+        await stack.processes.start(service, env)
+
+    return go
+
+
+def provider(**fault: Any) -> Callable[[Stack], Awaitable[None]]:
+    """Make ``fault`` (a ``POST /_control/faults`` body) the provider's active fault."""
+
+    async def go(stack: Stack) -> None:
+        async with httpx.AsyncClient(base_url=stack.url("sandbox")) as client:
+            resp = await client.post("/_control/faults", json=fault)
+            resp.raise_for_status()
+
+    return go
+
+
+async def clear_provider_faults(stack: Stack) -> None:
+    async with httpx.AsyncClient(base_url=stack.url("sandbox")) as client:
+        (await client.delete("/_control/faults")).raise_for_status()
+
+
+def rabbitmq_restart(down: float) -> Callable[[Stack], Awaitable[None]]:
+    """``rabbitmqctl stop_app``, ``down`` seconds, ``start_app``: every connection drops."""
+
+    async def go(stack: Stack) -> None:
+        await asyncio.to_thread(_rabbitmqctl, "stop_app")
+        try:
+            await asyncio.sleep(down)
+        finally:
+            await asyncio.to_thread(_rabbitmqctl, "start_app")
+
+    return go
+
+
+def _rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=120)
+
+
+def cassandra_pause(seconds: float) -> Callable[[Stack], Awaitable[None]]:
+    """Freeze Cassandra (SIGSTOP) for ``seconds``: connections stay open, requests time out,
+    as in a long GC pause or a stalled disk."""
+
+    async def go(stack: Stack) -> None:
+        pid = procfs.cassandra_pid(stack.state_dir)
+        if pid is None:
+            raise RuntimeError("no Cassandra process found to pause")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    return go
+
+
+def schedule(timeout: float) -> list[Step]:
+    """The default schedule over about 60 seconds of load. ``timeout`` is the providers'
+    request timeout: an accepted call that answers later is ambiguous."""
+    late = int((timeout + 5) * 1000)
+    return [
+        Step(
+            4,
+            "SendGrid answers 500 forty times",
+            provider(provider="sendgrid", status=500, count=40),
+        ),
+        Step(8, "kill -9 consumers", crash("consumers", 2)),
+        Step(14, "kill -9 api", crash("api", 1)),
+        Step(
+            18,
+            "SendGrid accepts, then answers after the timeout (x4)",
+            provider(provider="sendgrid", status=200, accept=True, latency_ms=late, count=4),
+        ),
+        Step(22, "RabbitMQ stop_app for 5 s", rabbitmq_restart(5)),
+        Step(32, "kill -9 webhooks", crash("webhooks", 3)),
+        Step(38, "Cassandra frozen for 3 s", cassandra_pause(3)),
+        Step(
+            43,
+            "Mailgun accepts, then resets the connection (x3)",
+            provider(provider="mailgun", status=200, accept=True, reset=True, count=3),
+        ),
+        Step(
+            44,
+            "SendGrid resets the connection before accepting (x3)",
+            provider(provider="sendgrid", status=500, reset=True, count=3),
+        ),
+        Step(48, "kill -9 consumers-b", crash("consumers-b", 2)),
+        Step(
+            51,
+            "SendGrid accepts, then resets the connection (x3)",
+            provider(provider="sendgrid", status=200, accept=True, reset=True, count=3),
+        ),
+        Step(55, "kill -9 api", crash("api", 1)),
+        Step(57, "kill -9 consumers", crash("consumers", 1)),
+    ]
+
+
+async def run_schedule(stack: Stack, steps: list[Step], printer: Printer) -> list[str]:
+    """Run ``steps`` from now; return the failures (a step that failed is reported, and the
+    soak goes on: the invariants must hold whatever happened)."""
+    t0 = time.monotonic()
+    failures = []
+    for step in steps:
+        await asyncio.sleep(max(0.0, step.at - (time.monotonic() - t0)))
+        printer(f"fault: {step.what}")
+        try:
+            await step.run(stack)
+        except Exception as exc:  # noqa: BLE001 - reported with the verdict
+            failures.append(f"{step.what}: {type(exc).__name__}: {exc}")
+            printer(f"fault step failed: {type(exc).__name__}: {exc}")
+    with contextlib.suppress(Exception):
+        await clear_provider_faults(stack)
+    return failures
