@@ -39,11 +39,11 @@ async def _seed(db: Database, user_id: uuid.UUID, count: int) -> tuple[uuid.UUID
     store = BatchStore(db)
     for i in range(0, count, 1000):
         part = recipients[i : i + 1000]
-        await store.accept(
-            NewBatch(
-                batch_id if i == 0 else uuid_from_time(time.time()), user_id, message, part, 1000
-            )
+        batch = NewBatch(
+            batch_id if i == 0 else uuid_from_time(time.time()), user_id, message, part, 1000
         )
+        await store.write(batch)
+        await store.index(batch)
     return batch_id, recipients[:1000]
 
 

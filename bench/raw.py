@@ -27,7 +27,7 @@ import aio_pika.abc
 
 from bench import child
 from bench.workload import BatchFactory
-from shared.attempts import AttemptStore
+from shared.attempts import AttemptStore, chunk_line, tag
 from shared.batchstore import BatchStore
 from shared.broker import Broker
 from shared.config import Settings, load_settings
@@ -35,6 +35,7 @@ from shared.db import Database
 from shared.models import BatchJob, ChunkJob
 from shared.outbox import Outbox
 from shared.providers.sendgrid import SendGridProvider
+from shared.recipients import RecipientStore
 from shared.resources import topology_for
 from shared.topology import batch_key, dispatch_key
 
@@ -76,7 +77,8 @@ async def accept(spec: dict[str, Any]) -> dict[str, Any]:
         while time.time() < w_end:
             batch = factory.new(next(seq), user_id)
             await outbox.add(batch.batch_id, user_id, datetime.now(UTC))
-            await store.accept(batch)
+            await store.write(batch)
+            await store.index(batch)
             await broker.publish(
                 batch_key(batch.batch_id),
                 BatchJob(batch_id=batch.batch_id).encode(),
@@ -141,7 +143,8 @@ async def seed(
                 batch, batch_time = factory.new_replayable(seq, user_id)
             else:
                 batch, batch_time = factory.new(seq, user_id), time.time()
-            await store.accept(batch)
+            await store.write(batch)
+            await store.index(batch)
             corpus.append((batch.batch_id, batch_time, seq))
             if len(corpus) % 2000 == 0:
                 child.progress(f"seeding: {len(corpus):,}/{count:,} batches")
@@ -155,7 +158,7 @@ async def e2e(spec: dict[str, Any]) -> dict[str, Any]:
     """L_e2e: consume chunk jobs, send, record, ack; timed from first publish to last ack."""
     settings = load_settings()
     db, broker = await _connect(settings, "bench-raw-e2e")
-    store, attempts = BatchStore(db), AttemptStore(db)
+    store, attempts, states = BatchStore(db), AttemptStore(db), RecipientStore(db)
     factory = BatchFactory(int(spec["recipients"]), settings.providers.chain_codes)
     provider = SendGridProvider.from_settings(settings.providers)
     corpus = await seed(
@@ -174,26 +177,48 @@ async def e2e(spec: dict[str, Any]) -> dict[str, Any]:
         job = ChunkJob.decode(message.body)
         batch_time, seq = by_id[job.batch_id]
         chunk = factory.chunk(seq, job.batch_id, batch_time, job.chunk)
-        if not await attempts.claim(job.batch_id, job.chunk, job.attempt, provider.code):
+        # The protocol's minimum: claim, calling, call, accepted (three LWTs), recipients.
+        line, owner = chunk_line(job.chunk), uuid.uuid4()
+        claimed = await attempts.create(
+            job.batch_id,
+            line,
+            job.attempt,
+            chunk=job.chunk,
+            provider=provider.code,
+            state="claimed",
+            owner=owner,
+        )
+        if not claimed:
             raise RuntimeError(f"attempt of {job.batch_id}/{job.chunk} already claimed")
         started = datetime.now(UTC)
-        receipt = await provider.send(chunk)
-        await attempts.finish(
+        await attempts.transition(
             job.batch_id,
-            job.chunk,
+            line,
             job.attempt,
-            state="sent",
-            status_code=receipt.status,
-            message_id=receipt.message_id,
+            expect={"state": "claimed", "owner": owner},
+            values={"state": "calling", "calling_at": started},
         )
-        await attempts.update_recipients(
+        receipt = await provider.send(chunk)
+        await attempts.transition(
+            job.batch_id,
+            line,
+            job.attempt,
+            expect={"state": "calling", "owner": owner},
+            values={
+                "state": "accepted",
+                "status_code": receipt.status,
+                "message_id": receipt.message_id,
+                "finished_at": datetime.now(UTC),
+                "decision": "done",
+            },
+        )
+        await states.accepted(
             job.batch_id,
             job.chunk,
             [r.log_id for r in chunk.recipients],
             provider=provider.code,
-            provider_result="sent",
-            at=started,
-            event="sent",
+            tag=tag(line, job.attempt),
+            when=started,
             message_id=receipt.message_id,
         )
         await message.ack()

@@ -137,18 +137,21 @@ async def _watch(
 async def _sent_attempts(
     ctx: Context, ids: set[uuid.UUID], chunks: int, wait: float = 10.0
 ) -> dict[tuple[uuid.UUID, int], float]:
-    """``finished_at`` (epoch seconds) of every ``sent`` attempt of the corpus's chunks."""
+    """``finished_at`` (epoch seconds) of every accepted attempt of the corpus's chunks."""
     db = ctx.stack.db
     assert db is not None  # noqa: S101
     deadline = time.monotonic() + wait
     while True:
         rows = await db.all_pages(
-            "SELECT batch_id, chunk, state, finished_at FROM chunk_attempts", page_size=5000
+            "SELECT batch_id, line, chunk, state, finished_at FROM send_attempts", page_size=5000
         )
         found = {
             (r["batch_id"], r["chunk"]): r["finished_at"].replace(tzinfo=UTC).timestamp()
             for r in rows
-            if r["batch_id"] in ids and r["state"] == "sent" and r["finished_at"] is not None
+            if r["batch_id"] in ids
+            and r["line"].startswith("c")
+            and r["state"] == "accepted"
+            and r["finished_at"] is not None
         }
         if len(found) >= chunks or time.monotonic() > deadline:
             return found

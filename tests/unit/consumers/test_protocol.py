@@ -1,0 +1,167 @@
+"""The attempt protocol's decisions (pure): who claims, calls, waits, expires and resolves."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from services.consumers import protocol
+from services.consumers.protocol import Job, ResolveSettings
+from shared.attempts import Attempt
+
+NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+LEASE = timedelta(seconds=65)
+ME, OTHER = uuid.uuid4(), uuid.uuid4()
+BATCH = uuid.uuid1()
+WINDOWS = ResolveSettings(interval=30, query_after=300, webhook_window=3600)
+
+
+def job(
+    attempt: int = 0, *, provider: str = "sg", check: int | None = None, own: bool = False
+) -> Job:
+    log_id = uuid.uuid1() if own else None
+    line = f"r{log_id}" if own else "c0"
+    return Job(BATCH, line, 0, log_id, attempt, provider, check)
+
+
+def attempt(n: int = 0, state: str = "claimed", **kw: object) -> Attempt:
+    base = Attempt(
+        line="c0",
+        attempt=n,
+        chunk=0,
+        provider="sg",
+        state=state,
+        owner=ME,
+        cause=None,
+        reason=None,
+        created_at=NOW - timedelta(seconds=5),
+        calling_at=None,
+        finished_at=None,
+        status_code=None,
+        message_id=None,
+        error=None,
+        checks=0,
+        resolution=None,
+        decision=None,
+        verdict=None,
+        next_provider=None,
+        next_attempt=None,
+        next_delay=None,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def step(j: Job, line: list[Attempt], *, called: bool = False, now: datetime = NOW) -> object:
+    return protocol.next_step(j, line, me=ME, called=called, now=now, lease=LEASE)
+
+
+def test_the_first_delivery_of_a_chunk_claims_its_first_attempt() -> None:
+    assert step(job(), []) == protocol.Claim()
+
+
+def test_a_resend_line_never_starts_without_a_planned_attempt() -> None:
+    assert isinstance(step(job(own=True), []), protocol.Stray)
+
+
+def test_a_retry_is_claimed_only_when_the_previous_attempt_decided_it() -> None:
+    decided = attempt(0, "rejected", decision="retry", next_attempt=1, next_provider="mg")
+    assert step(job(1, provider="mg"), [decided]) == protocol.Claim()
+    assert isinstance(step(job(1, provider="sg"), [decided]), protocol.Stray)
+    assert isinstance(
+        step(job(1, provider="mg"), [replace(decided, decision="give_up")]), protocol.Stray
+    )
+
+
+@pytest.mark.parametrize("state", ["planned", "claimed"])
+def test_a_planned_or_claimed_attempt_moves_to_calling(state: str) -> None:
+    assert step(job(), [attempt(0, state, owner=OTHER)]) == protocol.StartCall(state, OTHER)
+
+
+def test_our_own_call_is_made_once_then_only_recorded() -> None:
+    calling = attempt(0, "calling", calling_at=NOW)
+    assert step(job(), [calling], called=False) == protocol.Call()
+    assert step(job(), [calling], called=True) == protocol.Record()
+
+
+def test_another_callers_call_is_waited_for_until_its_lease_ends() -> None:
+    calling = attempt(0, "calling", owner=OTHER, calling_at=NOW - timedelta(seconds=10))
+    assert step(job(), [calling]) == protocol.WaitLease(0, calling.calling_at + LEASE)  # type: ignore[operator]
+
+
+def test_a_call_that_outlived_its_lease_becomes_ambiguous_not_failed() -> None:
+    calling = attempt(0, "calling", owner=OTHER, calling_at=NOW - LEASE - timedelta(seconds=1))
+    assert step(job(), [calling]) == protocol.Expire(OTHER, 0)
+
+
+def test_only_the_current_check_continues_a_chain_of_checks() -> None:
+    calling = attempt(0, "calling", owner=OTHER, calling_at=NOW, checks=2)
+    assert step(job(check=1), [calling]) == protocol.Done()
+    assert step(job(), [calling]) == protocol.Done()  # a duplicate: a check is queued
+    ambiguous = attempt(0, "ambiguous", owner=OTHER, checks=3)
+    assert step(job(check=3), [ambiguous]) == protocol.Resolve()
+    assert step(job(check=2), [ambiguous]) == protocol.Done()
+    assert step(job(), [ambiguous]) == protocol.EnsureCheck(3)
+
+
+def test_a_settled_attempt_is_followed_up_and_a_later_one_means_done() -> None:
+    settled = attempt(0, "rejected", decision="retry", next_attempt=1, next_provider="mg")
+    assert step(job(), [settled]) == protocol.FollowUp(settled)
+    assert step(job(), [settled, attempt(1, "claimed", provider="mg")]) == protocol.Done()
+
+
+def test_a_job_for_another_provider_than_the_attempts_is_stray() -> None:
+    assert isinstance(step(job(provider="mg"), [attempt(0, "claimed")]), protocol.Stray)
+
+
+def row(email: str, **kw: object) -> dict[str, object]:
+    return {"email": email, "state": "queued", "event": "queued", "evidence": None, **kw}
+
+
+def test_pending_skips_final_recipients_and_those_a_chunk_attempt_got_accepted() -> None:
+    rows = [
+        row("a"),
+        row("b", state="success", event="delivered"),
+        row("c", evidence={"c.0"}, event="sent"),
+        row("d", gave_up_reason="every provider failed"),
+    ]
+    assert [r["email"] for r in protocol.pending(rows, own_line=False, tag="c.1")] == ["a"]
+
+
+def test_pending_of_a_resend_is_its_recipient_unless_that_attempt_was_accepted() -> None:
+    resent = row("a", evidence={"c.0"}, event="sent")
+    assert protocol.pending([resent], own_line=True, tag="r.0") == [resent]
+    assert protocol.pending([row("a", evidence={"r.0"})], own_line=True, tag="r.0") == []
+
+
+def test_resolve_waits_for_the_query_api_before_trusting_it() -> None:
+    pending = frozenset({"a", "b"})
+    early = protocol.resolve(pending, age=10, lookup=frozenset({"a"}), settings=WINDOWS)
+    assert isinstance(early, protocol.Wait)
+    late = protocol.resolve(pending, age=301, lookup=frozenset({"a"}), settings=WINDOWS)
+    assert late == protocol.Conclude(frozenset({"a"}), frozenset({"b"}))
+
+
+def test_without_a_query_api_only_the_webhook_window_ends_the_wait() -> None:
+    pending = frozenset({"a"})
+    assert isinstance(
+        protocol.resolve(pending, age=3599, lookup="unsupported", settings=WINDOWS), protocol.Wait
+    )
+    assert protocol.resolve(pending, age=3600, lookup="unsupported", settings=WINDOWS) == (
+        protocol.Conclude(frozenset(), pending)
+    )
+
+
+def test_resolve_never_waits_longer_than_its_interval_nor_less_than_a_second() -> None:
+    waited = protocol.resolve(frozenset({"a"}), age=299.5, lookup=None, settings=WINDOWS)
+    assert waited == protocol.Wait(1.0)
+    waited = protocol.resolve(frozenset({"a"}), age=0, lookup=None, settings=WINDOWS)
+    assert waited == protocol.Wait(30)
+
+
+def test_nothing_pending_concludes_at_once() -> None:
+    assert protocol.resolve(frozenset(), age=0, lookup=None, settings=WINDOWS) == (
+        protocol.Conclude(frozenset(), frozenset())
+    )

@@ -1,0 +1,74 @@
+"""``safedelivr check``'s judgement of one batch's stored rows (pure)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from cassandra.util import uuid_from_time
+
+from shared.check import batch_violations
+
+ACCEPTED = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+BATCH = uuid_from_time(ACCEPTED)
+USER = uuid.uuid4()
+
+
+def row(email: str, **kw: object) -> dict[str, object]:
+    base = {"log_id": uuid.uuid1(), "chunk": 0, "email": email, "state": "queued"}
+    return {**base, "event": "queued", **kw}
+
+
+def judge(
+    rows: list[dict[str, object]],
+    *,
+    delivered: frozenset[uuid.UUID] = frozenset(),
+    age: float = 7200,
+) -> list[str]:
+    found = batch_violations(
+        USER,
+        BATCH,
+        rows,
+        set(delivered),
+        {"c0": "attempt 0 via sg accepted"},
+        now=ACCEPTED + timedelta(seconds=age),
+        settle_after=timedelta(hours=1),
+    )
+    return [f"{v.kind} {v.subject}" for v in found]
+
+
+def test_a_settled_batch_with_outcomes_for_everyone_has_no_violation() -> None:
+    rows = [row("a", state="success", evidence={"c.0"}), row("b", gave_up_reason="all failed")]
+    assert judge(rows) == []
+
+
+def test_a_recipient_queued_past_every_window_is_reported_with_its_attempts() -> None:
+    found = batch_violations(
+        USER,
+        BATCH,
+        [row("a")],
+        set(),
+        {"c0": "attempt 2 via mg ambiguous"},
+        now=ACCEPTED + timedelta(hours=2),
+        settle_after=timedelta(hours=1),
+    )
+    assert [v.kind for v in found] == ["not_final"]
+    assert "attempt 2 via mg ambiguous" in found[0].detail
+
+
+def test_a_recipient_still_within_its_windows_is_not_reported() -> None:
+    assert judge([row("a")], age=60) == []
+
+
+def test_two_accepted_attempts_neither_handed_over_are_a_double_send() -> None:
+    assert judge([row("a", state="success", evidence={"c.0", "c.1"})]) == ["sent_twice a"]
+
+
+def test_an_attempt_handed_over_to_another_provider_is_not_a_double_send() -> None:
+    handed = row("a", state="success", evidence={"c.0", "r.0"}, superseded={"c.0"})
+    assert judge([handed]) == []
+
+
+def test_a_delivery_shown_as_failed_is_reported() -> None:
+    failed = row("a", gave_up_reason="every provider failed")
+    assert judge([failed], delivered=frozenset({failed["log_id"]})) == ["delivered_but_failed a"]  # type: ignore[arg-type]
