@@ -142,9 +142,11 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     from shared.db import Database
 
     # Longer than every window a recipient may rightly wait in: the resolution of an
-    # ambiguous call by webhooks (or the query API), plus the last retry's delay.
+    # ambiguous call by webhooks (or the query API), or a deferral until it is handed over;
+    # plus the last retry's delay and ten minutes.
     p = settings.providers
-    default_settle = p.webhook_window + p.query_after + max(p.backoff_tiers, default=0) + 600
+    windows = max(p.webhook_window + p.query_after, settings.webhooks.deferred_deadline)
+    default_settle = windows + max(p.backoff_tiers, default=0) + 600
     settle = dt.timedelta(seconds=args.settle_after or default_settle)
 
     async def go() -> int:
@@ -244,8 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--settle-after",
         type=int,
         default=None,
-        help="seconds after acceptance a recipient must be final (default: the windows of "
-        "the providers settings, plus ten minutes)",
+        help="seconds after acceptance a recipient must be final (default: the longest window of "
+        "the providers and webhooks settings, plus ten minutes)",
     )
     check.add_argument("--limit", type=int, default=1000, help="most violations printed")
     check.set_defaults(func=cmd_check)
