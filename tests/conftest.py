@@ -121,8 +121,26 @@ def exchange_name() -> str:
 
 
 @pytest.fixture
-def settings(migrated: CassandraSettings, exchange_name: str) -> Settings:
-    """Settings for one test: the run's keyspace, a private topology, fast retries."""
+async def settings(migrated: CassandraSettings, exchange_name: str) -> AsyncIterator[Settings]:
+    """Settings for one test: the run's keyspace, a private topology, fast retries. Whatever
+    the test declared of its topology is deleted afterwards, so runs leave no queues."""
+    s = _test_settings(migrated, exchange_name)
+    yield s
+    await _delete_topology(s)
+
+
+async def _delete_topology(s: Settings) -> None:
+    from shared.resources import topology_for
+
+    broker = Broker(s.amqp.url.get_secret_value(), topology_for(s), name="cleanup")
+    with contextlib.suppress(Exception):  # nothing declared, or the broker is away: no leftovers
+        await asyncio.wait_for(broker.connect(), 10)
+        await asyncio.wait_for(broker.delete(), 30)
+    with contextlib.suppress(Exception):
+        await broker.close()
+
+
+def _test_settings(migrated: CassandraSettings, exchange_name: str) -> Settings:
     return Settings(
         cassandra=migrated,
         amqp=AmqpSettings(exchange=exchange_name, delivery_limit=5),
