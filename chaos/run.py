@@ -50,7 +50,7 @@ from chaos import clients, faults, verdict
 from shared.attempts import AttemptStore
 from shared.check import Violation, check_day
 from shared.db import Database
-from shared.recipients import STATE_COLUMNS
+from shared.recipients import RecipientStore
 from shared.reconcile import day_batches
 from shared.stats import StatsStore, batch_day
 
@@ -158,6 +158,11 @@ async def soak(args: argparse.Namespace, printer: Printer) -> dict[str, Any]:
         await _all_running(stack, printer)
         await faults.clear_provider_faults(stack)
         known = {b for s in subs for b in s.batch_ids}
+        answers: dict[str, int] = {}
+        for s in subs:
+            for answer, n in s.answers.items():
+                answers[answer] = answers.get(answer, 0) + n
+        printer(f"answers the clients got: {dict(sorted(answers.items()))}")
         printer(f"{len(known)} batches accepted; waiting for every recipient to be final")
         await _quiesce(stack, known, args.quiesce, printer)
         result = await _verdict(stack, subs, printer)
@@ -192,14 +197,7 @@ async def _all_running(stack: Stack, printer: Printer) -> None:
 
 
 async def _rows(db: Database, batch_id: uuid.UUID) -> list[verdict.Recipient]:
-    rows = [
-        r
-        for r in await db.all_pages(
-            f"SELECT {STATE_COLUMNS} FROM batches WHERE batch_id = ?",  # noqa: S608
-            (batch_id,),
-        )
-        if r["log_id"] is not None
-    ]
+    rows = await RecipientStore(db).batch_rows(batch_id)
     events: dict[uuid.UUID, list[Any]] = {}
     for ev in await db.all_pages(
         "SELECT log_id, kind, at FROM log_events WHERE batch_id = ?", (batch_id,)

@@ -25,7 +25,7 @@ from typing import Any
 from shared import precedence
 from shared.attempts import AttemptStore
 from shared.db import Database
-from shared.recipients import STATE_COLUMNS
+from shared.recipients import RecipientStore
 from shared.reconcile import day_batches, reconcile_day
 from shared.stats import StatsStore
 
@@ -101,14 +101,7 @@ def batch_violations(
 async def _batch(
     db: Database, attempts: AttemptStore, user_id: uuid.UUID, batch_id: uuid.UUID, **judge: Any
 ) -> list[Violation]:
-    rows = [
-        r
-        for r in await db.all_pages(
-            f"SELECT {STATE_COLUMNS} FROM batches WHERE batch_id = ?",  # noqa: S608
-            (batch_id,),
-        )
-        if r["log_id"] is not None
-    ]
+    rows = await RecipientStore(db).batch_rows(batch_id)
     delivered = {
         ev["log_id"]
         for ev in await db.all_pages(
@@ -116,6 +109,10 @@ async def _batch(
         )
         if ev["kind"] == "delivered"
     }
+    found = batch_violations(user_id, batch_id, rows, delivered, {}, **judge)
+    if not any(v.kind == "not_final" for v in found):
+        return found
+    # Only a stuck recipient needs its attempts, to say where it is stuck.
     last = {
         line: f"attempt {a[-1].attempt} via {a[-1].provider} {a[-1].state}"
         for line, a in (await attempts.lines(batch_id)).items()

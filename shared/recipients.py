@@ -49,6 +49,14 @@ class RecipientStore:
         self.db = db
         self.stats = stats or StatsStore(db)
 
+    async def batch_rows(self, batch_id: uuid.UUID) -> list[Row]:
+        """Every recipient row of a batch (the header's row, without a recipient, left out)."""
+        rows = await self.db.all_pages(
+            f"SELECT {STATE_COLUMNS} FROM batches WHERE batch_id = ?",  # noqa: S608
+            (batch_id,),
+        )
+        return [r for r in rows if r["log_id"] is not None]
+
     async def chunk_rows(self, batch_id: uuid.UUID, chunk: int) -> list[Row]:
         return await self.db.all_pages(
             f"SELECT {STATE_COLUMNS} FROM batches WHERE batch_id = ? AND chunk = ?",  # noqa: S608

@@ -124,7 +124,7 @@ def exchange_name() -> str:
 async def settings(migrated: CassandraSettings, exchange_name: str) -> AsyncIterator[Settings]:
     """Settings for one test: the run's keyspace, a private topology, fast retries. Whatever
     the test declared of its topology is deleted afterwards, so runs leave no queues."""
-    s = _test_settings(migrated, exchange_name)
+    s = stack_settings(migrated, exchange_name)
     yield s
     await _delete_topology(s)
 
@@ -140,7 +140,8 @@ async def _delete_topology(s: Settings) -> None:
         await broker.close()
 
 
-def _test_settings(migrated: CassandraSettings, exchange_name: str) -> Settings:
+def stack_settings(migrated: CassandraSettings, exchange_name: str) -> Settings:
+    """The settings every test stack starts from: fast retries and short windows."""
     return Settings(
         cassandra=migrated,
         amqp=AmqpSettings(exchange=exchange_name, delivery_limit=5),

@@ -35,17 +35,13 @@ from services.sandbox import signing
 from services.sandbox.app import create_app as create_sandbox
 from services.webhooks.app import create_app as create_webhooks
 from shared.config import (
-    AmqpSettings,
-    ApiSettings,
     CassandraSettings,
-    ConsumerSettings,
     GitHubSettings,
-    ProviderSettings,
     SandboxSettings,
     Settings,
     WebhookSettings,
 )
-from tests.conftest import CI, ROOT, private_keyspace, unique
+from tests.conftest import CI, ROOT, private_keyspace, stack_settings, unique
 from tests.integration.harness import running, served
 
 #: Debian's Chromium (deploy/local/chromium.sh installs it; the same variable overrides both).
@@ -114,23 +110,12 @@ async def stack(services_up: None) -> AsyncIterator[Stack]:
 async def _stack(migrated: CassandraSettings) -> AsyncIterator[Stack]:
     private_pem, public_b64 = signing.generate_key_pair()
     exchange = unique("b").replace("_", "-")
-    base = Settings(
-        cassandra=migrated,
-        amqp=AmqpSettings(exchange=exchange, delivery_limit=5),
-        api=ApiSettings(outbox_grace=1.0, outbox_relay_interval=0.5),
-        webhooks=WebhookSettings(
-            sendgrid_public_key=public_b64, mailgun_signing_key=SecretStr(MG_KEY)
-        ),
-        providers=ProviderSettings(
-            backoff="1,2",
-            max_attempts=4,
-            timeout=5.0,
-            resolve_interval=1,
-            query_after=3,
-            webhook_window=10,
-        ),
-        consumers=ConsumerSettings(),
-        sandbox=SandboxSettings(),
+    base = stack_settings(migrated, exchange).model_copy(
+        update={
+            "webhooks": WebhookSettings(
+                sendgrid_public_key=public_b64, mailgun_signing_key=SecretStr(MG_KEY)
+            )
+        }
     )
     async with served(create_webhooks(base)) as hooks_url:
         sandbox = create_sandbox(
