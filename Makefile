@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 export PYTHON := $(PY)
 
 .PHONY: help install run test test-unit test-integration lint fmt typecheck all services-up \
-        services-down services-status migrate topology bench chaos clean
+        services-down services-status migrate topology bench chaos cov mutate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -37,6 +37,18 @@ test: install services-up ## the whole suite against real RabbitMQ and Cassandra
 
 test-unit: install ## pure-logic tests only (no services)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+COV_PACKAGES := --cov=services --cov=shared --cov-report=
+COV_UNIT := $(STATE)/coverage-unit
+COV_ALL := $(STATE)/coverage-all
+
+cov: install services-up ## coverage per package: the unit suite alone (bar: 70 % for consumers and webhooks), then the whole suite
+	COVERAGE_FILE=$(COV_UNIT) $(PY) -m pytest tests/unit -q $(COV_PACKAGES) $(PYTEST_ARGS)
+	COVERAGE_FILE=$(COV_ALL) $(PY) -m pytest -q $(COV_PACKAGES) $(PYTEST_ARGS)
+	@echo "== unit tests alone =="
+	@$(PY) -m tests.coverage_by_package $(COV_UNIT) 70 services/consumers services/webhooks
+	@echo "== the whole suite =="
+	@$(PY) -m tests.coverage_by_package $(COV_ALL)
 
 lint: install ## ruff format check and lint
 	$(VENV)/bin/ruff format --check .

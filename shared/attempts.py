@@ -32,7 +32,7 @@ from shared.db import Database, Row
 #: States in which an attempt's provider call is over and its outcome known or resolved.
 SETTLED = frozenset({"accepted", "rejected", "resolved"})
 
-_COLUMNS = (
+COLUMNS = (
     "attempt, chunk, provider, state, owner, cause, reason, created_at, calling_at, "
     "finished_at, status_code, message_id, error, checks, resolution, decision, verdict, "
     "next_provider, next_attempt, next_delay"
@@ -102,7 +102,8 @@ def _utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC) if value is not None else None
 
 
-def _attempt(line: str, r: Row) -> Attempt:
+def from_row(line: str, r: Row) -> Attempt:
+    """An attempt from its ``send_attempts`` row."""
     return Attempt(
         line=line,
         attempt=r["attempt"],
@@ -137,21 +138,21 @@ class AttemptStore:
     async def line(self, batch_id: uuid.UUID, line: str, *, serial: bool = False) -> list[Attempt]:
         """Every attempt of a line, oldest first; ``serial`` completes LWTs in progress."""
         rows = await self.db.rows(
-            f"SELECT {_COLUMNS} FROM send_attempts WHERE batch_id = ? AND line = ?",  # noqa: S608
+            f"SELECT {COLUMNS} FROM send_attempts WHERE batch_id = ? AND line = ?",  # noqa: S608
             (batch_id, line),
             serial=serial,
         )
-        return [_attempt(line, r) for r in rows]
+        return [from_row(line, r) for r in rows]
 
     async def lines(self, batch_id: uuid.UUID) -> dict[str, list[Attempt]]:
         """Every line of a batch (for views and checks)."""
         rows = await self.db.all_pages(
-            f"SELECT line, {_COLUMNS} FROM send_attempts WHERE batch_id = ?",  # noqa: S608
+            f"SELECT line, {COLUMNS} FROM send_attempts WHERE batch_id = ?",  # noqa: S608
             (batch_id,),
         )
         out: dict[str, list[Attempt]] = {}
         for r in rows:
-            out.setdefault(r["line"], []).append(_attempt(r["line"], r))
+            out.setdefault(r["line"], []).append(from_row(r["line"], r))
         return out
 
     async def create(

@@ -228,6 +228,21 @@ class BatchStore:
             response=row["accept_response"],
         )
 
+    async def owner(self, batch_id: uuid.UUID) -> uuid.UUID | None:
+        """The user a batch belongs to (None when it does not exist)."""
+        row = await self.db.one(
+            "SELECT user_id FROM batches WHERE batch_id = ? LIMIT 1", (batch_id,)
+        )
+        return row["user_id"] if row else None
+
+    async def locate(self, batch_id: uuid.UUID, email: str) -> tuple[int, uuid.UUID] | None:
+        """The chunk and log id of a batch's recipient, by address (case-insensitive)."""
+        row = await self.db.one(
+            "SELECT chunk, log_id FROM batch_emails WHERE batch_id = ? AND email = ?",
+            (batch_id, email.lower()),
+        )
+        return (row["chunk"], row["log_id"]) if row else None
+
     async def status(self, batch_id: uuid.UUID) -> str | None:
         """The header's status alone (None when the batch does not exist)."""
         row = await self.db.one(

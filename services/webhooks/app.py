@@ -19,6 +19,7 @@ from shared.metrics import new_registry
 from shared.providers import sendgrid_events
 from shared.resources import open_resources, readiness_checks
 from shared.settle import InFlight, settling
+from shared.webhook_tokens import WebhookTokens
 
 #: Seconds to let queued deliveries being applied finish at shutdown.
 DRAIN_TIMEOUT = 10.0
@@ -40,8 +41,9 @@ def create_app(settings: Settings) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_resources(settings, name="safedelivr-webhooks") as res:
             app.state.resources = res
-            ingest = Ingest(res.db, res.broker, settings, metrics)
-            app.state.intake = intake = Intake(res.db, res.broker, ingest, intake_metrics)
+            ingest = Ingest.over(res.db, res.broker, settings, metrics)
+            tokens = WebhookTokens(res.db)
+            app.state.intake = intake = Intake(tokens, res.broker, ingest, intake_metrics)
             await res.broker.declare()
             await res.broker.consume(
                 res.broker.topology.webhooks_queue,

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from services.webhooks import transitions
 from shared.attempts import AttemptStore
+from shared.batchstore import BatchStore
 from shared.broker import Broker
 from shared.config import Settings
 from shared.db import Database
@@ -35,6 +36,7 @@ from shared.precedence import visible
 from shared.recipients import RecipientStore
 from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
+from shared.timeline import Timeline
 from shared.topology import log_key
 from shared.webhook_events import ProviderEvent
 
@@ -86,22 +88,43 @@ class IngestMetrics:
 
 @dataclass
 class Ingest:
-    db: Database
+    """Applies events through the stores that own each table (in tests, their fakes)."""
+
+    batches: BatchStore
+    recipients: RecipientStore
+    stats: StatsStore
+    suppressions: SuppressionStore
+    timeline: Timeline
+    handoff: HandOff
     broker: Broker
     settings: Settings
     metrics: IngestMetrics
     _owners: OrderedDict[uuid.UUID, uuid.UUID | None] = field(default_factory=OrderedDict)
 
-    def __post_init__(self) -> None:
-        self.stats = StatsStore(self.db)
-        self.recipients = RecipientStore(self.db, self.stats)
-        self.suppressions = SuppressionStore(self.db)
-        self.handoff = HandOff(
-            AttemptStore(self.db),
-            self.recipients,
-            self.broker,
-            self.settings.providers.chain_codes,
-            self.settings.providers.max_attempts,
+    @classmethod
+    def over(
+        cls, db: Database, broker: Broker, settings: Settings, metrics: IngestMetrics
+    ) -> Ingest:
+        """The production ingest: every store on ``db``."""
+        stats = StatsStore(db)
+        recipients = RecipientStore(db, stats)
+        handoff = HandOff(
+            AttemptStore(db),
+            recipients,
+            broker,
+            settings.providers.chain_codes,
+            settings.providers.max_attempts,
+        )
+        return cls(
+            batches=BatchStore(db),
+            recipients=recipients,
+            stats=stats,
+            suppressions=SuppressionStore(db),
+            timeline=Timeline(db),
+            handoff=handoff,
+            broker=broker,
+            settings=settings,
+            metrics=metrics,
         )
 
     async def apply_all(self, events: Iterable[ProviderEvent]) -> dict[str, int]:
@@ -128,7 +151,7 @@ class Ingest:
             elif row is None or visible(row).state != "queued":
                 # Final already: a late provider-side failure or deferral changes nothing.
                 eff = transitions.Effects(eff.event, eff.state, eff.metrics, eff.suppress)
-        await self._timeline(target, ev, counted=eff.counted)
+        await self.timeline.record(target.batch_id, target.log_id, ev, counted=eff.counted)
         await self.recipients.reported(
             target.batch_id,
             target.user_id,
@@ -170,47 +193,21 @@ class Ingest:
             return None
         if ev.log_id is not None and ev.chunk is not None:
             return Target(ev.batch_id, ev.chunk, ev.log_id, owner)
-        row = await self.db.one(
-            "SELECT chunk, log_id FROM batch_emails WHERE batch_id = ? AND email = ?",
-            (ev.batch_id, ev.email.lower()),
-        )
-        if row is None:
+        found = await self.batches.locate(ev.batch_id, ev.email)
+        if found is None:
             return None
-        return Target(ev.batch_id, row["chunk"], row["log_id"], owner)
+        return Target(ev.batch_id, found[0], found[1], owner)
 
     async def _owner(self, batch_id: uuid.UUID) -> uuid.UUID | None:
         if batch_id in self._owners:
             self._owners.move_to_end(batch_id)
             return self._owners[batch_id]
-        row = await self.db.one(
-            "SELECT user_id FROM batches WHERE batch_id = ? LIMIT 1", (batch_id,)
-        )
-        owner = row["user_id"] if row else None
+        owner = await self.batches.owner(batch_id)
         if owner is not None:  # unknown batches are not cached: they may appear later
             self._owners[batch_id] = owner
             if len(self._owners) > OWNER_CACHE:
                 self._owners.popitem(last=False)
         return owner
-
-    async def _timeline(self, t: Target, ev: ProviderEvent, *, counted: bool) -> None:
-        detail = ev.reason or ev.url or ev.message_id or ""
-        await self.db.execute(
-            "INSERT INTO log_events (batch_id, log_id, at, event_id, provider, kind, raw_event, "
-            "detail, attempt, counted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                t.batch_id,
-                t.log_id,
-                ev.occurred_at,
-                ev.event_id,
-                ev.provider,
-                ev.kind,
-                ev.raw_event,
-                detail[:1000],
-                ev.attempt,
-                counted,
-            ),
-            idempotent=True,
-        )
 
     async def _hand_off(self, t: Target, ev: ProviderEvent) -> None:
         self.metrics.resends.labels(ev.provider).inc()
@@ -243,16 +240,7 @@ class Ingest:
 
     async def _orphan(self, ev: ProviderEvent) -> None:
         self.metrics.orphans.labels(ev.provider).inc()
-        await self.db.execute(
-            "INSERT INTO orphan_events (provider, day, event_id, body) VALUES (?, ?, ?, ?)",
-            (
-                ev.provider,
-                ev.occurred_at.date(),
-                ev.event_id,
-                f"{ev.raw_event} {ev.email} batch={ev.batch_id} log={ev.log_id}",
-            ),
-            idempotent=True,
-        )
+        await self.timeline.orphan(ev)
 
 
 def _provider_result(ev: ProviderEvent) -> str:

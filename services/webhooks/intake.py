@@ -17,7 +17,6 @@ consumer for queued deliveries (where a forgery is dropped and counted).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from dataclasses import dataclass
@@ -28,12 +27,12 @@ from prometheus_client import CollectorRegistry, Counter
 
 from services.webhooks.ingest import Ingest
 from shared.broker import Broker
-from shared.db import Database
 from shared.errors import DependencyUnavailable
 from shared.http import ApiError
 from shared.providers import mailgun_events, sendgrid_events
 from shared.settle import Delivery
 from shared.webhook_events import MalformedPayload
+from shared.webhook_tokens import WebhookTokens
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ class IntakeMetrics:
 
 @dataclass
 class Intake:
-    db: Database
+    tokens: WebhookTokens
     broker: Broker
     ingest: Ingest
     metrics: IntakeMetrics
@@ -133,19 +132,9 @@ class Intake:
             counts = await self.ingest.apply_all(parsed.events)
             return {"received": len(parsed.events) + parsed.skipped, **counts}
         envelope = mailgun_events.parse_envelope(raw)
-        if not await self._token_once(envelope.token, envelope.body_hash):
+        if not await self.tokens.accept_once(envelope.token, envelope.body_hash):
             raise TokenReused("this token was already used with another body")
         event = mailgun_events.parse_event(envelope.event_data)
         if event is None:
             return {"received": 1, "applied": 0, "orphans": 0, "ignored": 1}
         return {"received": 1, **await self.ingest.apply_all([event])}
-
-    async def _token_once(self, token: str, body_hash: bytes) -> bool:
-        """Accept each Mailgun token once; the same token with the same body is a replay."""
-        row = await self.db.one(
-            "INSERT INTO webhook_tokens (mg_token, body_hash) VALUES (?, ?) IF NOT EXISTS",
-            (token, body_hash),
-        )
-        if row is None or row["[applied]"]:
-            return True
-        return hmac.compare_digest(row["body_hash"] or b"", body_hash)

@@ -141,7 +141,7 @@ def _sendgrid_drop(batch_id: str, email: str) -> bytes:
 
 
 def _ingest(stack: Stack, db: Database) -> Ingest:
-    return Ingest(
+    return Ingest.over(
         db,
         stack.api_app.state.resources.broker,
         stack.settings,

@@ -1,0 +1,125 @@
+"""An in-memory twin of :class:`shared.broker.Broker` (dramatiq's stub broker, for our
+topology): publishes are routed by the same topology data the real broker declares, a
+message published with a delay waits in its tier's queue until :meth:`FakeBroker.expire`,
+and an unroutable key raises ``PublishError`` as a mandatory publish does. ``fail`` makes the
+next publish raise (the broker is down, or the confirm never came).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.errors import PublishError
+from shared.topology import DELAY_HEADER, Topology
+
+
+def topic_matches(pattern: str, key: str) -> bool:
+    """AMQP topic matching: ``*`` is exactly one word, ``#`` zero or more."""
+
+    def match(p: list[str], k: list[str]) -> bool:
+        if not p:
+            return not k
+        if p[0] == "#":
+            return any(match(p[1:], k[i:]) for i in range(len(k) + 1))
+        return bool(k) and p[0] in ("*", k[0]) and match(p[1:], k[1:])
+
+    return match(pattern.split("."), key.split("."))
+
+
+@dataclass
+class FakeMessage:
+    """A published message, and how its delivery was settled (``ack``, ``nack``, ``reject``)."""
+
+    routing_key: str
+    body: bytes
+    headers: dict[str, Any] = field(default_factory=dict)
+    message_id: str | None = None
+    delay: int | None = None
+    settled: str | None = None
+
+    async def ack(self) -> None:
+        self.settled = "ack"
+
+    async def nack(self, requeue: bool = True) -> None:
+        self.settled = "nack"
+
+    async def reject(self, requeue: bool = False) -> None:
+        self.settled = "reject"
+
+
+class FakeBroker:
+    def __init__(self, topology: Topology | None = None) -> None:
+        self.topology = topology or Topology(exchange="fake", delay_tiers=(1, 5, 30))
+        self.queues: dict[str, deque[FakeMessage]] = defaultdict(deque)
+        self.published: list[FakeMessage] = []
+        self._failures: list[Exception] = []
+        self.declared = False
+        self.consumers: dict[str, tuple[Any, int]] = {}
+        self._routes = [
+            (key, spec.name) for spec in self.topology.work_queues() for _, key in spec.bindings
+        ]
+
+    async def declare(self) -> None:
+        """The topology is data here: nothing to declare."""
+        self.declared = True
+
+    async def consume(self, queue_name: str, handler: Any, *, prefetch: int) -> None:
+        """Remember who consumes what (tests deliver with ``World.deliver``)."""
+        self.consumers[queue_name] = (handler, prefetch)
+
+    def fail(self, error: Exception | None = None) -> None:
+        """Make the next publish raise (default: not confirmed)."""
+        self._failures.append(error or PublishError("not confirmed"))
+
+    async def publish(
+        self,
+        routing_key: str,
+        body: bytes,
+        *,
+        delay: int | None = None,
+        headers: Mapping[str, Any] | None = None,
+        message_id: str | None = None,
+    ) -> None:
+        if self._failures:
+            raise self._failures.pop(0)
+        message = FakeMessage(routing_key, body, dict(headers or {}), message_id, delay)
+        if delay is not None:
+            if delay not in self.topology.all_delay_tiers:
+                raise PublishError(f"unroutable: {routing_key} (no delay tier {delay})")
+            message.headers[DELAY_HEADER] = str(delay)
+            self.published.append(message)
+            self.queues[self.topology.delay_queue(delay)].append(message)
+            return
+        self._route(message)
+        self.published.append(message)
+
+    def _route(self, message: FakeMessage) -> None:
+        key = message.routing_key
+        targets = [name for pattern, name in self._routes if topic_matches(pattern, key)]
+        if not targets:
+            raise PublishError(f"unroutable: {message.routing_key}")
+        for name in targets:
+            self.queues[name].append(message)
+
+    async def get(self, queue_name: str) -> FakeMessage | None:
+        """Take the oldest message of a queue (None when it is empty)."""
+        queue = self.queues.get(queue_name)
+        return queue.popleft() if queue else None
+
+    async def queue_depth(self, queue_name: str) -> int:
+        return len(self.queues.get(queue_name, ()))
+
+    def expire(self) -> None:
+        """Every delayed message's time is up: it goes back to the main exchange."""
+        for tier in self.topology.all_delay_tiers:
+            waiting = self.queues.pop(self.topology.delay_queue(tier), deque())
+            for message in waiting:
+                self._route(message)
+
+    def take(self) -> list[FakeMessage]:
+        """Everything published so far (and forget it)."""
+        out, self.published = self.published, []
+        return out

@@ -1,0 +1,266 @@
+"""The services' shells over in-memory twins: a world in which batches are accepted, jobs
+flow through the fake broker to the real splitter and dispatcher (settled by the real
+``shared.settle.run``), providers answer from a script, webhook events are applied by the real
+ingest, and time is a clock the test moves.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+
+from prometheus_client import CollectorRegistry
+
+from services.consumers import protocol
+from services.consumers.dispatch import Dispatcher
+from services.consumers.splitter import Splitter
+from services.webhooks.ingest import Ingest, IngestMetrics
+from services.webhooks.intake import Intake, IntakeMetrics
+from shared.batchstore import NewBatch, log_id_for
+from shared.config import ProviderSettings, Settings, WebhookSettings
+from shared.errors import ProviderError
+from shared.metrics import DispatchMetrics
+from shared.models import Address, BatchJob, Chunk, Message, Recipient
+from shared.precedence import visible
+from shared.providers.base import LookupQuery, Receipt
+from shared.settle import run
+from shared.topology import batch_key
+from tests.fakes.broker import FakeBroker, FakeMessage
+from tests.fakes.stores import (
+    FakeAttempts,
+    FakeBatches,
+    FakeCassandra,
+    FakeRecipients,
+    FakeStats,
+    FakeSuppressions,
+    FakeTimeline,
+    FakeWebhookTokens,
+)
+
+Answer = Receipt | ProviderError | Callable[[Chunk], Awaitable[Receipt]]
+
+
+@dataclass
+class ScriptedProvider:
+    """A provider answering from a script (then accepting), remembering every request."""
+
+    code: str
+    name: str
+    max_recipients: int = 1000
+    answers: list[Answer] = field(default_factory=list)
+    sent: list[Chunk] = field(default_factory=list)
+    found: frozenset[str] | ProviderError | None = frozenset()
+    """What its query API answers (None: the account has none)."""
+    lookups: list[LookupQuery] = field(default_factory=list)
+    available: bool | ProviderError = True
+
+    async def send(self, chunk: Chunk) -> Receipt:
+        self.sent.append(chunk)
+        answer = self.answers.pop(0) if self.answers else None
+        if answer is None:
+            return Receipt(self.code, 202, f"{self.code}-{len(self.sent)}")
+        if isinstance(answer, ProviderError):
+            raise answer
+        if isinstance(answer, Receipt):
+            return answer
+        return await answer(chunk)
+
+    async def lookup(self, query: LookupQuery) -> frozenset[str] | None:
+        self.lookups.append(query)
+        if isinstance(self.found, ProviderError):
+            raise self.found
+        return None if self.found is None else self.found & query.emails
+
+    async def lookup_available(self) -> bool:
+        if isinstance(self.available, ProviderError):
+            raise self.available
+        return self.available
+
+    async def aclose(self) -> None:
+        return None
+
+    def emails(self) -> list[str]:
+        """Every address it was asked to send to, in order."""
+        return [r.email for c in self.sent for r in c.recipients]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+Hook = Callable[[str, protocol.Job], Awaitable[None]]
+
+
+class World:
+    def __init__(
+        self, *, webhooks: WebhookSettings | None = None, **provider_settings: object
+    ) -> None:
+        values: dict[str, object] = {
+            "chain": "sg,mg",
+            "max_attempts": 4,
+            "backoff": "5,30",
+            "timeout": 5.0,
+            "resolve_interval": 1,
+            "query_after": 60,
+            "webhook_window": 600,
+        }
+        values.update(provider_settings)
+        self.settings = ProviderSettings(**values)  # type: ignore[arg-type]
+        self.db = FakeCassandra()
+        self.stats = FakeStats(self.db)
+        self.batches = FakeBatches(self.db, self.stats)
+        self.recipients = FakeRecipients(self.db, self.stats)
+        self.attempts = FakeAttempts(self.db)
+        self.suppressions = FakeSuppressions(self.db)
+        self.timeline = FakeTimeline(self.db)
+        self.tokens = FakeWebhookTokens(self.db)
+        self.broker = FakeBroker()
+        self.clock = Clock()
+        self.providers = {
+            "sg": ScriptedProvider("sg", "SendGrid"),
+            "mg": ScriptedProvider("mg", "Mailgun"),
+        }
+        self.metrics = DispatchMetrics.create(CollectorRegistry())
+        self.hooks: dict[str, Hook] = {}
+        self.dispatcher = Dispatcher(
+            broker=self.broker,  # type: ignore[arg-type]
+            batches=self.batches,  # type: ignore[arg-type]
+            attempts=self.attempts,  # type: ignore[arg-type]
+            providers={c: p for c, p in self.providers.items() if c in self.settings.chain_codes},
+            settings=self.settings,
+            metrics=self.metrics,
+            recipients=self.recipients,  # type: ignore[arg-type]
+            hooks=self._hook,
+            deferred_deadline=3600,
+            now=self.clock,
+        )
+        self.splitter = Splitter(
+            self.broker,  # type: ignore[arg-type]
+            self.batches,  # type: ignore[arg-type]
+            self.settings.chain_codes[0],
+        )
+        self.dead: list[FakeMessage] = []
+        self.app_settings = Settings(
+            providers=self.settings,
+            webhooks=webhooks or WebhookSettings(deferred_deadline=3600),
+        )
+        self.ingest = Ingest(
+            batches=self.batches,  # type: ignore[arg-type]
+            recipients=self.recipients,  # type: ignore[arg-type]
+            stats=self.stats,  # type: ignore[arg-type]
+            suppressions=self.suppressions,  # type: ignore[arg-type]
+            timeline=self.timeline,  # type: ignore[arg-type]
+            handoff=self.dispatcher.handoff,
+            broker=self.broker,  # type: ignore[arg-type]
+            settings=self.app_settings,
+            metrics=IngestMetrics.create(CollectorRegistry()),
+        )
+        self.intake = Intake(
+            self.tokens,  # type: ignore[arg-type]
+            self.broker,  # type: ignore[arg-type]
+            self.ingest,
+            IntakeMetrics.create(CollectorRegistry()),
+        )
+
+    async def _hook(self, point: str, job: protocol.Job) -> None:
+        hook = self.hooks.get(point)
+        if hook is not None:
+            await hook(point, job)
+
+    async def accept(self, *emails: str, chunk_size: int = 10) -> NewBatch:
+        """Store a batch as the API does and publish its ``batch.<uuid>`` job."""
+        batch_id = uuid.uuid1()
+        batch = NewBatch(
+            batch_id=batch_id,
+            user_id=uuid.uuid4(),
+            message=Message(sender=Address(email="news@example.com"), subject="Hi", text="Hello"),
+            recipients=[
+                Recipient(log_id=log_id_for(batch_id, e), email=e, name=None, substitutions={})
+                for e in emails
+            ],
+            chunk_size=chunk_size,
+        )
+        await self.batches.write(batch)
+        await self.batches.index(batch)
+        await self.broker.publish(batch_key(batch_id), BatchJob(batch_id=batch_id).encode())
+        return batch
+
+    def _work_queues(self) -> list[str]:
+        t = self.broker.topology
+        names = [t.batches_queue, t.webhooks_queue]
+        for code in self.settings.chain_codes:
+            names += [t.provider_queue(code), t.log_queue(code)]
+        return names
+
+    async def deliver(self, message: FakeMessage) -> str:
+        """One delivery through the real settlement rules; how it was settled."""
+        key = message.routing_key
+        if key.startswith("hook."):
+            await run(self.intake.process, message, hold=None)  # type: ignore[arg-type]
+        else:
+            process = self.splitter.process if key.startswith("batch.") else None
+            await run(process or self.dispatcher.process, message)  # type: ignore[arg-type]
+        settled = message.settled or "none"
+        if settled == "reject":
+            self.dead.append(message)
+        elif settled == "nack":
+            self.broker.queues[self._queue_of(message)].append(replace(message, settled=None))
+        return settled
+
+    def _queue_of(self, message: FakeMessage) -> str:
+        t = self.broker.topology
+        key = message.routing_key
+        if key.startswith("batch."):
+            return t.batches_queue
+        if key.startswith("hook."):
+            return t.webhooks_queue
+        if key.startswith("log."):
+            return t.log_queue(key.split(".")[1])
+        return t.provider_queue(key.split(".")[0])
+
+    async def step(self) -> bool:
+        """Deliver the oldest ready message of any work queue; False when none is ready."""
+        for name in self._work_queues():
+            message = await self.broker.get(name)
+            if message is not None:
+                await self.deliver(message)
+                return True
+        return False
+
+    async def settle(self, *, rounds: int = 1000) -> None:
+        """Run until nothing is left: deliver what is ready; then let the delayed messages'
+        time pass (the clock moves by the longest delay among them) and go on."""
+        for _ in range(rounds):
+            while await self.step():
+                pass
+            delays = [
+                m.delay or 0
+                for tier in self.broker.topology.all_delay_tiers
+                for m in self.broker.queues.get(self.broker.topology.delay_queue(tier), ())
+            ]
+            if not delays:
+                return
+            self.clock.advance(max(delays))
+            self.broker.expire()
+        raise AssertionError("the world did not settle")
+
+    async def states(self, batch: NewBatch) -> dict[str, str]:
+        """Each recipient's visible state, by address."""
+        rows = await self.recipients.batch_rows(batch.batch_id)
+        return {r["email"]: visible(r).state for r in rows}
+
+    async def rows(self, batch: NewBatch) -> dict[str, dict[str, object]]:
+        return {r["email"]: r for r in await self.recipients.batch_rows(batch.batch_id)}
+
+    def counter(self, name: str, **labels: str) -> float:
+        counter = getattr(self.metrics, name)
+        return float((counter.labels(**labels) if labels else counter)._value.get())

@@ -1,0 +1,52 @@
+"""The consumer process's wiring: which queues it consumes, and what it says at start-up
+about providers whose query API cannot settle an unknown outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from services.consumers.main import _probe_query_apis, start_consumers
+from shared.config import ProviderSettings, Settings
+from shared.errors import TransientProviderError
+from shared.resources import Resources
+from shared.settle import InFlight
+from tests.fakes.broker import FakeBroker
+from tests.fakes.world import ScriptedProvider
+
+
+async def test_the_consumers_read_the_batches_queue_and_both_queues_of_each_provider() -> None:
+    broker = FakeBroker()
+    settings = Settings(providers=ProviderSettings(chain="mg,sg"))
+    res = Resources(db=None, broker=broker)  # type: ignore[arg-type]  # nothing is read yet
+    dispatcher = await start_consumers(settings, res, InFlight())
+    t = broker.topology
+    assert broker.declared
+    assert set(broker.consumers) == {
+        t.batches_queue,
+        t.provider_queue("mg"),
+        t.log_queue("mg"),
+        t.provider_queue("sg"),
+        t.log_queue("sg"),
+    }
+    assert list(dispatcher.providers) == ["mg", "sg"]
+    await asyncio.sleep(0)  # let the start-up probe run
+    for provider in dispatcher.providers.values():
+        await provider.aclose()
+
+
+async def test_start_up_names_each_provider_without_a_query_api(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    providers = {
+        "sg": ScriptedProvider("sg", "SendGrid", available=False),
+        "mg": ScriptedProvider("mg", "Mailgun", available=TransientProviderError("mg", "503")),
+    }
+    with caplog.at_level(logging.WARNING):
+        await _probe_query_apis(providers, Settings())  # type: ignore[arg-type]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("SendGrid (sg) has no query API" in m for m in messages)
+    assert any("could not check Mailgun's query API" in m for m in messages)
+    assert not any("Mailgun (mg) has no query API" in m for m in messages)

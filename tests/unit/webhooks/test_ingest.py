@@ -1,0 +1,205 @@
+"""The webhook ingest shell over the in-memory twins: what each provider event does to its
+recipient, the timeline, the stats, the suppression list and the broker."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from shared.batchstore import NewBatch
+from shared.models import LogJob
+from shared.precedence import accepted_at
+from shared.stats import batch_day
+from shared.topology import log_key
+from shared.webhook_events import ProviderEvent
+from tests.fakes.world import World
+
+A, B = "a@example.org", "b@example.org"
+
+
+def event(batch: NewBatch, kind: str, *, email: str = A, **fields: object) -> ProviderEvent:
+    """An event of ``kind`` for ``email`` of ``batch``, tagged with its chunk's first attempt."""
+    recipient = next(r for r in batch.recipients if r.email == email)
+    values: dict[str, object] = {
+        "provider": "sg",
+        "event_id": uuid.uuid4().hex,
+        "kind": kind,
+        "raw_event": kind,
+        "email": email,
+        "occurred_at": accepted_at(batch.batch_id) + timedelta(seconds=10),
+        "batch_id": batch.batch_id,
+        "chunk": 0,
+        "log_id": recipient.log_id,
+        "attempt": "c.0",
+        "message_id": "sg-1",
+        "reason": None,
+        "provider_side": False,
+        "suppress": False,
+    }
+    values.update(fields)
+    return ProviderEvent(**values)  # type: ignore[arg-type]
+
+
+async def sent(w: World, *emails: str) -> NewBatch:
+    batch = await w.accept(*emails)
+    await w.settle()
+    return batch
+
+
+async def test_a_delivery_makes_the_recipient_a_success_and_counts_it_once() -> None:
+    w = World()
+    batch = await sent(w, A, B)
+    ev = event(batch, "delivered")
+    assert await w.ingest.apply(ev) == "applied"
+    assert await w.ingest.apply(ev) == "applied"  # the provider retried the webhook
+    assert await w.states(batch) == {A: "success", B: "queued"}
+    log_id = batch.recipients[0].log_id
+    assert w.db.events == {
+        (batch.batch_id, log_id, ev.event_id): {
+            "kind": "delivered",
+            "provider": "sg",
+            "attempt": "c.0",
+            "counted": True,
+        }
+    }
+    day = batch_day(batch.batch_id)
+    assert await w.stats.keys(batch.user_id, day, "success") == {str(log_id)}
+
+
+async def test_a_hard_bounce_fails_the_recipient_and_suppresses_the_address() -> None:
+    w = World()
+    batch = await sent(w, A)
+    await w.ingest.apply(event(batch, "bounced", reason="550 no such user", suppress=True))
+    row = (await w.rows(batch))[A]
+    assert (await w.states(batch), row["reason_detail"]) == ({A: "failed"}, "550 no such user")
+    assert await w.suppressions.suppressed(batch.user_id, [A]) == {A: "bounced"}
+    day = batch_day(batch.batch_id)
+    assert await w.stats.keys(batch.user_id, day, "bounced") == {str(batch.recipients[0].log_id)}
+    assert dict(row["providers"]) == {"sg": "bounced: 550 no such user"}  # type: ignore[call-overload]
+
+
+async def test_an_event_for_an_unknown_batch_is_kept_as_an_orphan() -> None:
+    w = World()
+    batch = await sent(w, A)
+    stray = event(batch, "delivered", batch_id=uuid.uuid1())
+    assert await w.ingest.apply(stray) == "orphan"
+    assert (stray.provider, stray.event_id) in w.db.orphans
+    assert await w.states(batch) == {A: "queued"}
+
+
+async def test_an_event_without_ids_is_matched_by_address_case_insensitively() -> None:
+    w = World()
+    batch = await sent(w, A, B)
+    ev = event(batch, "delivered", email=B, chunk=None, log_id=None)
+    assert await w.ingest.apply(replace(ev, email="B@Example.ORG")) == "applied"
+    assert await w.states(batch) == {A: "queued", B: "success"}
+    unknown = replace(event(batch, "delivered", chunk=None, log_id=None), email="x@example.org")
+    assert await w.ingest.apply(unknown) == "orphan"
+
+
+async def test_a_provider_side_drop_hands_the_recipient_to_the_next_provider_once() -> None:
+    w = World()
+    batch = await sent(w, A)
+    drop = event(batch, "dropped", provider_side=True, reason="provider blocklist")
+    await w.ingest.apply(drop)
+    await w.ingest.apply(drop)  # the webhook again
+    await w.settle()
+    assert w.providers["mg"].emails() == [A]
+    row = (await w.rows(batch))[A]
+    assert row["superseded"] == frozenset({"c.0"})
+    assert await w.states(batch) == {A: "queued"}
+    assert w.ingest.metrics.resends.labels("sg")._value.get() == 1  # the replay is superseded
+
+
+async def test_a_failure_of_a_handed_over_attempt_decides_nothing() -> None:
+    w = World()
+    batch = await sent(w, A)
+    await w.ingest.apply(event(batch, "dropped", provider_side=True))
+    await w.settle()
+    late = event(batch, "bounced", reason="550", suppress=True)
+    await w.ingest.apply(late)
+    assert await w.states(batch) == {A: "queued"}
+    log_id = batch.recipients[0].log_id
+    assert w.db.events[(batch.batch_id, log_id, late.event_id)]["counted"] is False
+    delivered = event(batch, "delivered", provider="mg", attempt="r.0")
+    await w.ingest.apply(delivered)
+    assert await w.states(batch) == {A: "success"}
+
+
+async def test_a_deferral_schedules_a_deadline_check_after_the_configured_deadline() -> None:
+    w = World()
+    batch = await sent(w, A)
+    w.broker.take()
+    ev = event(batch, "deferred", reason="421 try later")
+    await w.ingest.apply(ev)
+    (check,) = w.broker.take()
+    log_id = batch.recipients[0].log_id
+    assert check.routing_key == log_key("sg", log_id)
+    assert check.delay == w.broker.topology.delay_tier_for(3600)
+    assert check.message_id == f"{log_id}:deferral:{ev.event_id}"
+    assert LogJob.decode(check.body).deferral == "c.0"
+    assert (await w.rows(batch))[A]["event"] == "deferred"
+
+
+async def test_a_late_deferral_of_a_final_recipient_changes_nothing() -> None:
+    w = World()
+    batch = await sent(w, A)
+    await w.ingest.apply(event(batch, "delivered"))
+    w.broker.take()
+    await w.ingest.apply(event(batch, "deferred"))
+    assert w.broker.take() == []
+    assert await w.states(batch) == {A: "success"}
+
+
+async def test_a_deferral_still_standing_at_its_deadline_resends_elsewhere() -> None:
+    w = World()
+    batch = await sent(w, A)
+    await w.ingest.apply(event(batch, "deferred"))
+    await w.settle()
+    assert w.providers["mg"].emails() == [A]
+
+
+@pytest.mark.parametrize("kind", ["opened", "clicked", "complained"])
+async def test_engagement_and_complaints_count_without_changing_the_outcome(kind: str) -> None:
+    w = World()
+    batch = await sent(w, A)
+    await w.ingest.apply(event(batch, "delivered"))
+    await w.ingest.apply(event(batch, kind, url="https://example.org/x"))
+    assert await w.states(batch) == {A: "success"}
+    day = batch_day(batch.batch_id)
+    assert await w.stats.keys(batch.user_id, day, kind) == {str(batch.recipients[0].log_id)}
+
+
+async def test_the_batch_owner_is_read_once_and_unknown_batches_are_not_remembered() -> None:
+    w = World()
+    batch = await sent(w, A, B)
+    await w.ingest.apply_all([event(batch, "delivered"), event(batch, "delivered", email=B)])
+    assert w.db.calls.count("batches.owner") == 1
+    later = uuid.uuid1()
+    ev = event(batch, "delivered", batch_id=later)
+    assert await w.ingest.apply(ev) == "orphan"
+    assert await w.ingest.apply(ev) == "orphan"
+    assert w.db.calls.count("batches.owner") == 3
+
+
+async def test_apply_all_counts_what_it_applied_and_what_matched_nothing() -> None:
+    w = World()
+    batch = await sent(w, A)
+    counts = await w.ingest.apply_all(
+        [event(batch, "delivered"), event(batch, "delivered", batch_id=None)]
+    )
+    assert counts == {"applied": 1, "orphans": 1}
+
+
+async def test_the_owner_cache_forgets_the_oldest_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.webhooks import ingest
+
+    monkeypatch.setattr(ingest, "OWNER_CACHE", 1)
+    w = World()
+    first, second = await sent(w, A), await sent(w, B)
+    for batch, email in ((first, A), (second, B), (first, A)):
+        await w.ingest.apply(event(batch, "delivered", email=email))
+    assert w.db.calls.count("batches.owner") == 3

@@ -1,0 +1,325 @@
+"""The webhook intake and receivers over the in-memory twins: a verified delivery is applied,
+or queued when Cassandra does not answer, before any 2xx; forgeries, replays and malformed or
+unsigned bodies get their status code and change nothing."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import orjson
+import pytest
+from pydantic import SecretStr
+
+from services.sandbox import signing
+from services.webhooks import receivers
+from services.webhooks.app import create_app
+from services.webhooks.intake import RECEIVED_AT, intake_key
+from shared.batchstore import NewBatch
+from shared.config import WebhookSettings
+from shared.errors import ConfigError, DependencyUnavailable, PublishError
+from shared.http import ApiError
+from tests.fakes.broker import FakeMessage
+from tests.fakes.world import World
+
+A, B = "a@example.org", "b@example.org"
+SG_KEY = signing.generate_private_key()
+MG_KEY = "unit-mailgun-signing-key"
+
+
+def sendgrid_body(batch: NewBatch, kind: str = "delivered", email: str = A) -> bytes:
+    """A SendGrid Event Webhook body about ``email`` of ``batch`` (our custom args echoed)."""
+    recipient = next(r for r in batch.recipients if r.email == email)
+    return orjson.dumps(
+        [
+            {
+                "email": email,
+                "timestamp": int(time.time()),
+                "event": kind,
+                "sg_event_id": uuid.uuid4().hex,
+                "batch_id": str(batch.batch_id),
+                "log_id": str(recipient.log_id),
+                "chunk": "0",
+                "sd_attempt": "c.0",
+            }
+        ]
+    )
+
+
+def mailgun_body(
+    batch: NewBatch, email: str = A, *, signature: dict[str, str] | None = None
+) -> bytes:
+    recipient = next(r for r in batch.recipients if r.email == email)
+    event_data = {
+        "event": "delivered",
+        "id": uuid.uuid4().hex,
+        "timestamp": time.time(),
+        "recipient": email,
+        "user-variables": {
+            "batch_id": str(batch.batch_id),
+            "log_id": str(recipient.log_id),
+            "chunk": "0",
+            "sd_attempt": "c.0",
+        },
+    }
+    sig = signature or signing.mailgun_signature(MG_KEY, int(time.time()))
+    return orjson.dumps({"signature": sig, "event-data": event_data})
+
+
+async def sent(w: World, *emails: str) -> NewBatch:
+    batch = await w.accept(*emails)
+    await w.settle()
+    return batch
+
+
+async def test_a_delivery_is_applied_directly_when_cassandra_answers() -> None:
+    w = World()
+    batch = await sent(w, A)
+    answer = await w.intake.receive("sg", sendgrid_body(batch))
+    assert answer == {"received": 1, "applied": 1, "orphans": 0}
+    assert await w.states(batch) == {A: "success"}
+    assert await w.broker.queue_depth(w.broker.topology.webhooks_queue) == 0
+
+
+async def test_a_delivery_is_queued_when_cassandra_fails_and_applied_once_it_is_back() -> None:
+    w = World()
+    batch = await sent(w, A)
+    w.db.fail("batches.owner", DependencyUnavailable("cassandra", "no host available"))
+    answer = await w.intake.receive("sg", sendgrid_body(batch))
+    assert answer == {"received": 1, "queued": True}
+    assert await w.states(batch) == {A: "queued"}
+    (queued,) = w.broker.queues[w.broker.topology.webhooks_queue]
+    assert queued.routing_key == intake_key("sg")
+    assert float(queued.headers[RECEIVED_AT]) <= time.time()
+    await w.settle()
+    assert await w.states(batch) == {A: "success"}
+    assert w.intake.metrics.queued.labels("sg")._value.get() == 1
+
+
+async def test_a_delivery_too_slow_to_apply_directly_is_queued() -> None:
+    w = World()
+    batch = await sent(w, A)
+    w.intake.budget = 0
+    assert (await w.intake.receive("sg", sendgrid_body(batch)))["queued"] is True
+    await w.settle()
+    assert await w.states(batch) == {A: "success"}
+
+
+async def test_when_neither_cassandra_nor_rabbitmq_takes_it_the_provider_must_retry() -> None:
+    w = World()
+    batch = await sent(w, A)
+    w.db.fail("batches.owner", DependencyUnavailable("cassandra", "down"))
+    w.broker.fail(PublishError("connection refused"))
+    with pytest.raises(DependencyUnavailable, match="cassandra and rabbitmq"):
+        await w.intake.receive("sg", sendgrid_body(batch))
+    assert await w.states(batch) == {A: "queued"}
+
+
+@pytest.mark.parametrize("provider", ["sg", "mg"])
+async def test_a_malformed_body_is_a_400(provider: str) -> None:
+    w = World()
+    with pytest.raises(ApiError) as raised:
+        await w.intake.receive(provider, b"{not json")
+    assert (raised.value.status, raised.value.code) == (400, "malformed_body")
+
+
+async def test_a_mailgun_token_is_accepted_again_only_with_the_same_body() -> None:
+    w = World()
+    batch = await sent(w, A, B)
+    signature = signing.mailgun_signature(MG_KEY, int(time.time()))
+    body = mailgun_body(batch, A, signature=signature)
+    assert (await w.intake.receive("mg", body))["applied"] == 1
+    assert (await w.intake.receive("mg", body))["applied"] == 1  # a replay: harmless
+    with pytest.raises(ApiError) as raised:
+        await w.intake.receive("mg", mailgun_body(batch, B, signature=signature))
+    assert raised.value.status == 401
+    assert await w.states(batch) == {A: "success", B: "queued"}
+
+
+async def test_a_queued_forgery_is_dropped_and_counted() -> None:
+    w = World()
+    batch = await sent(w, A, B)
+    signature = signing.mailgun_signature(MG_KEY, int(time.time()))
+    await w.intake.receive("mg", mailgun_body(batch, A, signature=signature))
+    forged = FakeMessage(intake_key("mg"), mailgun_body(batch, B, signature=signature))
+    assert await w.deliver(forged) == "ack"
+    assert w.intake.metrics.forged._value.get() == 1
+    assert await w.states(batch) == {A: "success", B: "queued"}
+
+
+async def test_a_mailgun_event_naming_no_recipient_is_ignored() -> None:
+    w = World()
+    body = orjson.dumps(
+        {
+            "signature": signing.mailgun_signature(MG_KEY, int(time.time())),
+            "event-data": {"event": "delivered", "id": "x", "timestamp": time.time()},
+        }
+    )
+    assert await w.intake.receive("mg", body) == {
+        "received": 1,
+        "applied": 0,
+        "orphans": 0,
+        "ignored": 1,
+    }
+
+
+async def test_a_queued_delivery_under_an_unknown_key_is_dead_lettered() -> None:
+    w = World()
+    assert await w.deliver(FakeMessage("hook.zz", b"[]")) == "reject"
+
+
+async def test_a_queued_delivery_without_its_receipt_time_is_still_applied() -> None:
+    w = World()
+    batch = await sent(w, A)
+    message = FakeMessage(intake_key("sg"), sendgrid_body(batch), {RECEIVED_AT: "garbage"})
+    assert await w.deliver(message) == "ack"
+    assert await w.states(batch) == {A: "success"}
+
+
+# --- the receivers: signatures over the raw bytes, then the intake ---------------------
+
+
+def webhook_settings(**overrides: object) -> WebhookSettings:
+    values: dict[str, object] = {
+        "sendgrid_public_key": signing.public_key_base64(SG_KEY),
+        "mailgun_signing_key": SecretStr(MG_KEY),
+        "deferred_deadline": 3600,
+    }
+    values.update(overrides)
+    return WebhookSettings(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def world() -> World:
+    return World(webhooks=webhook_settings())
+
+
+async def client_for(w: World) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(w.app_settings)
+    app.state.intake = w.intake  # what the lifespan builds over Cassandra and RabbitMQ
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://webhooks") as client:
+        yield client
+
+
+@pytest.fixture
+async def client(world: World) -> AsyncIterator[httpx.AsyncClient]:
+    async for c in client_for(world):
+        yield c
+
+
+def sg_headers(body: bytes, *, stamp: int | None = None, key: object = SG_KEY) -> dict[str, str]:
+    timestamp = str(stamp if stamp is not None else int(time.time()))
+    return {
+        receivers.SG_TIMESTAMP: timestamp,
+        receivers.SG_SIGNATURE: signing.sign_sendgrid(key, timestamp, body),  # type: ignore[arg-type]
+    }
+
+
+async def test_a_signed_sendgrid_delivery_is_applied(
+    world: World, client: httpx.AsyncClient
+) -> None:
+    batch = await sent(world, A)
+    body = sendgrid_body(batch)
+    response = await client.post("/webhooks/sendgrid", content=body, headers=sg_headers(body))
+    assert (response.status_code, response.json()["applied"]) == (200, 1)
+    assert await world.states(batch) == {A: "success"}
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        lambda body: sg_headers(body, key=signing.generate_private_key()),
+        lambda body: sg_headers(body, stamp=int(time.time()) - 3600),
+        lambda body: sg_headers(body + b" "),
+        lambda body: {},
+    ],
+    ids=["other-key", "stale", "other-body", "unsigned"],
+)
+async def test_an_unverified_sendgrid_delivery_is_a_401_and_changes_nothing(
+    world: World, client: httpx.AsyncClient, headers: object
+) -> None:
+    batch = await sent(world, A)
+    body = sendgrid_body(batch)
+    response = await client.post("/webhooks/sendgrid", content=body, headers=headers(body))  # type: ignore[operator]
+    assert (response.status_code, response.json()["error"]["code"]) == (401, "bad_signature")
+    assert await world.states(batch) == {A: "queued"}
+
+
+async def test_sendgrid_without_any_verification_configured_is_a_503() -> None:
+    w = World(webhooks=webhook_settings(sendgrid_public_key=None))
+    async for client in client_for(w):
+        response = await client.post("/webhooks/sendgrid", content=b"[]")
+        assert response.status_code == 503
+
+
+async def test_sendgrid_basic_auth_is_checked_when_configured() -> None:
+    w = World(
+        webhooks=webhook_settings(
+            sendgrid_basic_user="hooks", sendgrid_basic_password=SecretStr("s3cret")
+        )
+    )
+    batch = await sent(w, A)
+    body = sendgrid_body(batch)
+    async for client in client_for(w):
+        wrong = await client.post(
+            "/webhooks/sendgrid",
+            content=body,
+            headers=sg_headers(body),
+            auth=("hooks", "guess"),
+        )
+        right = await client.post(
+            "/webhooks/sendgrid", content=body, headers=sg_headers(body), auth=("hooks", "s3cret")
+        )
+        assert (wrong.status_code, right.status_code) == (401, 200)
+
+
+async def test_a_webhook_body_over_the_limit_is_a_413(
+    world: World, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(receivers, "MAX_BODY", 100)
+    body = b"[" + b" " * 200 + b"]"
+    response = await client.post("/webhooks/sendgrid", content=body, headers=sg_headers(body))
+    assert response.status_code == 413
+
+
+async def test_a_signed_mailgun_delivery_is_applied(
+    world: World, client: httpx.AsyncClient
+) -> None:
+    batch = await sent(world, A)
+    response = await client.post("/webhooks/mailgun", content=mailgun_body(batch))
+    assert (response.status_code, response.json()["applied"]) == (200, 1)
+    assert await world.states(batch) == {A: "success"}
+
+
+@pytest.mark.parametrize(
+    ("signature", "status"),
+    [
+        (lambda: signing.mailgun_signature("another-key", int(time.time())), 401),
+        (lambda: signing.mailgun_signature(MG_KEY, int(time.time()) - 3600), 401),
+        (lambda: {"timestamp": "1", "token": "t"}, 400),
+    ],
+    ids=["other-key", "stale", "incomplete"],
+)
+async def test_an_unverified_mailgun_delivery_is_refused_and_changes_nothing(
+    world: World, client: httpx.AsyncClient, signature: object, status: int
+) -> None:
+    batch = await sent(world, A)
+    body = mailgun_body(batch, signature=signature())  # type: ignore[operator]
+    response = await client.post("/webhooks/mailgun", content=body)
+    assert response.status_code == status
+    assert await world.states(batch) == {A: "queued"}
+
+
+async def test_mailgun_without_a_signing_key_is_a_503() -> None:
+    w = World(webhooks=webhook_settings(mailgun_signing_key=None))
+    async for client in client_for(w):
+        assert (await client.post("/webhooks/mailgun", content=b"{}")).status_code == 503
+
+
+def test_an_unreadable_sendgrid_public_key_stops_the_service_at_start() -> None:
+    w = World(webhooks=webhook_settings(sendgrid_public_key="not a key"))
+    with pytest.raises(ConfigError, match="SENDGRID_PUBLIC_KEY"):
+        create_app(w.app_settings)
