@@ -10,7 +10,8 @@ dashboard.
 
 Chromium comes from ``deploy/local/chromium.sh`` (Debian's package; Playwright never downloads
 a browser). When it cannot be installed the tests skip locally and fail under ``CI=true``.
-Each test gets a fresh browser profile (``--user-data-dir``) and a 1366x768 window.
+Each test gets a fresh browser profile (``--user-data-dir``), a GitHub user of its own (the
+sandbox approves any login name GitHub is asked for) and a 1366x768 window.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
-from playwright.async_api import BrowserContext, Page, async_playwright, expect
+from playwright.async_api import BrowserContext, Page, Route, async_playwright, expect
 from pydantic import SecretStr
 from starlette.applications import Starlette
 
@@ -165,8 +168,15 @@ async def _stack(migrated: CassandraSettings) -> AsyncIterator[Stack]:
 
 
 @pytest.fixture
-async def context(chromium: Path) -> AsyncIterator[BrowserContext]:
-    """A fresh Chromium profile per test."""
+def github_login() -> str:
+    """This test's own GitHub user (the sandbox makes one up for any valid login), so no two
+    tests share a dashboard user: neither batches, keys, suppressions nor sessions."""
+    return f"user-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def context(chromium: Path, stack: Stack, github_login: str) -> AsyncIterator[BrowserContext]:
+    """A fresh Chromium profile per test, whose GitHub logins approve as ``github_login``."""
     with tempfile.TemporaryDirectory(prefix="sd-chromium-") as profile:
         async with async_playwright() as pw:
             ctx = await pw.chromium.launch_persistent_context(
@@ -179,10 +189,26 @@ async def context(chromium: Path) -> AsyncIterator[BrowserContext]:
                 timezone_id="UTC",
             )
             ctx.set_default_timeout(15_000)
+            start = re.compile(re.escape(f"{stack.api}/auth/github/login") + r"(\?|$)")
+            await ctx.route(start, _as_user(github_login))
             try:
                 yield ctx
             finally:
                 await ctx.close()
+
+
+def _as_user(login: str) -> Callable[[Route], Awaitable[None]]:
+    """Add GitHub's ``login`` hint to the API's redirect to GitHub's authorize page (the
+    sandbox approves as that user). Playwright does not route redirects, so the start of the
+    login is fetched and its answer fulfilled with the hint added."""
+
+    async def handle(route: Route) -> None:
+        response = await route.fetch(max_redirects=0)
+        location = response.headers["location"]
+        hinted = f"{location}&{urlencode({'login': login})}"
+        await route.fulfill(response=response, headers={**response.headers, "location": hinted})
+
+    return handle
 
 
 @pytest.fixture

@@ -27,7 +27,9 @@ async def _accept_dialog(dialog: Dialog) -> None:
     await dialog.accept()
 
 
-async def test_github_login_lands_on_the_overview(page: Page, stack: Stack) -> None:
+async def test_github_login_lands_on_the_overview(
+    page: Page, stack: Stack, github_login: str
+) -> None:
     """A logged-out visitor is sent to /login and comes back greeted after GitHub's approval."""
     await page.goto(stack.api + "/")
     await expect(page).to_have_url(re.compile(r"/login$"))
@@ -37,7 +39,7 @@ async def test_github_login_lands_on_the_overview(page: Page, stack: Stack) -> N
     await page.get_by_role("link", name="Log in with GitHub").click()
 
     await expect(page).to_have_url(stack.api + "/")
-    await expect(page.get_by_role("heading", level=1)).to_have_text("Hello, Sandbox User")
+    await expect(page.get_by_role("heading", level=1)).to_have_text(f"Hello, {github_login}")
     await expect(page.get_by_role("img", name=re.compile("Recipients per day"))).to_be_visible()
     await screenshot(page, "overview")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -11,6 +12,7 @@ from services.api.app import create_app
 from shared import accounts
 from shared.config import Settings
 from shared.db import Database
+from shared.ratelimit import RecipientQuota
 from tests.conftest import unique
 from tests.integration.harness import client_for, running
 
@@ -24,10 +26,15 @@ GOOD = {
 
 @pytest.fixture
 async def api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """The API app with its private topology, which the test deletes again."""
     app = create_app(settings)
     async with running(app), client_for(app) as client:
-        await app.state.resources.broker.declare()
-        yield client
+        broker = app.state.resources.broker
+        await broker.declare()
+        try:
+            yield client
+        finally:
+            await broker.delete()
 
 
 @pytest.fixture
@@ -109,14 +116,28 @@ async def test_invalid_input_gets_its_status_and_stores_nothing(
 
 
 async def test_too_many_recipients_is_422(
-    api: httpx.AsyncClient, key: str, settings: Settings
+    api: httpx.AsyncClient, key: str, settings: Settings, db: Database
 ) -> None:
-    """More recipients than the cap is refused before anything is stored."""
+    """More recipients than the cap is refused before anything is stored: no batch, no
+    recipient charged to the daily quota, no claim on its Idempotency-Key."""
     to = [f"r{i}@example.com" for i in range(settings.api.max_recipients + 1)]
-    resp = await api.post("/v1/batches", json={**GOOD, "to": to}, headers=auth(key))
+    idem = unique("order")
+    resp = await api.post(
+        "/v1/batches", json={**GOOD, "to": to}, headers={**auth(key), "Idempotency-Key": idem}
+    )
 
     assert resp.status_code == 422
     assert resp.json()["error"]["code"] == "too_many_recipients"
+    record = await accounts.authenticate(db, key)
+    assert record is not None
+    assert await _batch_count(db, key) == 0
+    quota = RecipientQuota(db, settings.api.daily_recipient_quota)
+    assert await quota.used(record.user_id, datetime.now(UTC).date()) == 0
+    claim = await db.one(
+        "SELECT batch_id FROM idempotency_keys WHERE user_id = ? AND key = ?",
+        (record.user_id, idem),
+    )
+    assert claim is None
 
 
 async def test_oversized_body_is_413(api: httpx.AsyncClient, key: str, settings: Settings) -> None:

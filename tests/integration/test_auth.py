@@ -12,6 +12,7 @@ import hashlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import timedelta
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
@@ -32,7 +33,7 @@ from shared.config import (
     Settings,
 )
 from shared.db import Database
-from shared.sessions import LOGIN_COOKIE, SESSION_COOKIE, SessionStore, new_token
+from shared.sessions import LOGIN_COOKIE, SESSION_COOKIE, SessionStore, new_token, session_hash
 from tests.conftest import unique
 from tests.integration.harness import running, served
 
@@ -389,35 +390,67 @@ async def test_github_token_is_not_kept(browser: Browser, db: Database) -> None:
     assert not any("gho_" in str(v) for v in row.values())
 
 
+async def age_session(db: Database, session_id: str, seconds: float) -> None:
+    """Let ``seconds`` pass for one session at once: its stored times move that far back.
+
+    SessionStore reads the wall clock, so this is the test's clock; the row's Cassandra TTL
+    is made long, so only ``expires_at`` (checked on every read) decides whether it lives.
+    """
+    key = session_hash(session_id)
+    row = await db.one("SELECT * FROM sessions WHERE session_hash = ?", (key,))
+    assert row is not None, "no such session"
+    shift = timedelta(seconds=seconds)
+    await db.execute(
+        "UPDATE sessions USING TTL 3600 SET user_id = ?, csrf_token = ?, created_at = ?, "
+        "refreshed_at = ?, expires_at = ? WHERE session_hash = ? IF EXISTS",
+        (
+            row["user_id"],
+            row["csrf_token"],
+            row["created_at"] - shift,
+            row["refreshed_at"] - shift,
+            row["expires_at"] - shift,
+            key,
+        ),
+    )
+
+
 async def test_expired_session_is_no_session(app: Starlette, db: Database) -> None:
-    """A session past its idle time no longer identifies anyone."""
+    """A session past its idle time no longer identifies anyone (even while its row exists)."""
     user_id = await accounts.ensure_user(db, unique("exp"))
-    session_id, _ = await SessionStore(db, idle_ttl=1).create(user_id)
+    session_id, _ = await SessionStore(db, idle_ttl=60).create(user_id)
+    await age_session(db, session_id, 58)
     assert await user_of(app, session_id) is not None
 
-    await asyncio.sleep(1.3)
+    await age_session(db, session_id, 3)
 
     assert await user_of(app, session_id) is None
 
 
 async def test_used_session_slides_past_its_first_expiry(db: Database) -> None:
-    """Reading a session refreshes its idle expiry."""
-    store = SessionStore(db, idle_ttl=2)
-    session_id, _ = await store.create(await accounts.ensure_user(db, unique("slide")))
-    await asyncio.sleep(1.2)
-    assert await store.get(session_id) is not None
+    """Reading a session refreshes its idle expiry; an unread one expires."""
+    store = SessionStore(db, idle_ttl=100)  # a read refreshes after 25 s
+    user_id = await accounts.ensure_user(db, unique("slide"))
+    (used, _), (unused, _) = await store.create(user_id), await store.create(user_id)
+    for session_id in (used, unused):
+        await age_session(db, session_id, 60)
+    assert await store.get(used) is not None
 
-    await asyncio.sleep(1.2)
+    for session_id in (used, unused):
+        await age_session(db, session_id, 60)  # 120 s since both were created
 
-    assert await store.get(session_id) is not None
+    assert await store.get(used) is not None
+    assert await store.get(unused) is None
 
 
 async def test_session_does_not_outlive_its_max_age(db: Database) -> None:
     """However much it is used, a session ends at its absolute lifetime."""
-    store = SessionStore(db, idle_ttl=60, max_age=1)
+    store = SessionStore(db, idle_ttl=100, max_age=130)
     session_id, _ = await store.create(await accounts.ensure_user(db, unique("max")))
+    for _ in range(2):  # used every 50 s: the idle time alone would keep it forever
+        await age_session(db, session_id, 50)
+        assert await store.get(session_id) is not None
 
-    await asyncio.sleep(1.3)
+    await age_session(db, session_id, 40)  # 140 s old, used 40 s ago
 
     assert await store.get(session_id) is None
 

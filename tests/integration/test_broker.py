@@ -13,7 +13,7 @@ from shared.config import Settings
 from shared.deadletters import drain_dead_letters
 from shared.errors import PublishError
 from shared.resources import topology_for
-from shared.topology import dispatch_key
+from shared.topology import batch_key, dispatch_key, log_key
 
 
 async def _next(
@@ -28,11 +28,35 @@ async def _next(
     raise AssertionError(f"nothing arrived on {queue}")
 
 
+async def _depths(broker: Broker) -> dict[str, int]:
+    return {spec.name: await broker.queue_depth(spec.name) for spec in broker.topology.queues()}
+
+
 async def test_declare_is_idempotent(broker: Broker) -> None:
-    """Declaring the same topology again succeeds and changes nothing."""
+    """Declaring the same topology again succeeds and changes nothing: a queued message stays
+    queued, and every key still reaches exactly its own queue, once."""
+    t = broker.topology
+    await broker.publish(dispatch_key("sg", uuid.uuid4()), b"queued before")
+    await _next_depth(broker, t.provider_queue("sg"), 1)
+
     await broker.declare()
 
-    assert await broker.queue_depth(broker.topology.batches_queue) == 0
+    routed = {
+        t.batches_queue: batch_key(uuid.uuid4()),
+        t.webhooks_queue: "hook.mg",
+        t.provider_queue("mg"): dispatch_key("mg", uuid.uuid4(), 2),
+        t.log_queue("sg"): log_key("sg", uuid.uuid4()),
+        t.log_queue("mg"): log_key("mg", uuid.uuid4(), 1),
+    }
+    for key in routed.values():
+        await broker.publish(key, b"{}")
+    expected = dict.fromkeys((spec.name for spec in t.queues()), 0)
+    expected |= dict.fromkeys([*routed, t.provider_queue("sg")], 1)
+    for _ in range(50):
+        if await _depths(broker) == expected:
+            break
+        await asyncio.sleep(0.1)
+    assert await _depths(broker) == expected
 
 
 async def test_unroutable_publish_raises(broker: Broker) -> None:

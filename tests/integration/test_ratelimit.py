@@ -131,17 +131,27 @@ async def test_rate_limit_holds_across_two_api_processes(
 async def test_concurrent_requests_never_pass_the_limit(
     two_apis: list[httpx.AsyncClient], db: Database
 ) -> None:
-    """Twenty simultaneous requests through two apps admit at most the burst."""
-    key = await new_key(db)
+    """Twenty simultaneous requests through two apps admit at most the burst, while exactly
+    the burst, sent simultaneously, is admitted in full.
+
+    (Of more than the burst at once, how many are admitted is a race the design lets err the
+    safe way, see ``shared.ratelimit``: only the upper bound is exact there.)
+    """
+    crowded, fitting = await new_key(db), await new_key(db)
     await fresh_window()
 
-    responses = await asyncio.gather(
-        *(two_apis[i % 2].get("/v1/keys", headers=bearer(key)) for i in range(20))
-    )
+    async def at_once(key: str, count: int) -> list[int]:
+        responses = await asyncio.gather(
+            *(two_apis[i % 2].get("/v1/keys", headers=bearer(key)) for i in range(count))
+        )
+        return [r.status_code for r in responses]
 
-    admitted = sum(r.status_code == 200 for r in responses)
-    assert admitted <= POLICY.burst
-    assert {r.status_code for r in responses} <= {200, 429}
+    crowd = await at_once(crowded, 20)
+    burst = await at_once(fitting, POLICY.burst)
+
+    assert sum(code == 200 for code in crowd) <= POLICY.burst
+    assert set(crowd) <= {200, 429}
+    assert burst == [200] * POLICY.burst
 
 
 @pytest.fixture
@@ -200,6 +210,11 @@ async def test_concurrent_batches_never_pass_the_quota(
     assert accepted <= 10
     assert used == accepted
     assert {r.status_code for r in responses} <= {202, 429}
+    # Refunded for real: the remainder (at least 1, as 3 does not divide 10) is still there.
+    # When the race refused all 8, that is the whole quota.
+    rest = await quota_apis[0].post("/v1/batches", json=batch(10 - accepted), headers=bearer(key))
+    over = await quota_apis[1].post("/v1/batches", json=batch(1), headers=bearer(key))
+    assert (rest.status_code, over.status_code) == (202, 429)
 
 
 async def test_purge_drops_past_days_only(db: Database) -> None:

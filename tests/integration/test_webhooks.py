@@ -396,5 +396,10 @@ async def test_deferral_schedules_a_deadline_check_after_the_deadline(hooks: Hoo
     await message.ack()
 
     assert waited >= deadline
+    # It waited in the deadline's own delay queue (not a shorter or longer tier), once.
+    deaths = message.headers.get("x-death") or []
+    assert [(d["queue"], d["reason"], d["count"]) for d in deaths] == [
+        (broker.topology.delay_queue(deadline), "expired", 1)
+    ]
     assert job.deferral is not None and job.log_id == hooks.logs[email]
     assert (await hooks.row(email))["event"] == "deferred"

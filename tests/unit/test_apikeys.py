@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 from shared import apikeys
+from tests.conftest import ROOT
 
 
 def test_generated_key_parses_and_verifies() -> None:
@@ -47,7 +47,7 @@ def test_malformed_keys_do_not_parse() -> None:
 def test_digests_are_never_compared_with_equals() -> None:
     """No `==`/`!=` next to a hash or digest in the auth code: compare_digest only."""
     for path in ["shared/apikeys.py", "shared/accounts.py", "services/api/auth.py"]:
-        tree = ast.parse(Path(path).read_text())
+        tree = ast.parse((ROOT / path).read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Compare) and any(
                 isinstance(op, ast.Eq | ast.NotEq) for op in node.ops

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from pydantic import ValidationError
 
 from shared.config import CassandraSettings, ProviderSettings, load_settings
 from shared.errors import ConfigError
@@ -39,21 +42,28 @@ def test_every_bad_variable_is_reported(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.parametrize("keyspace", ["Bad-Name", "x;drop", "1abc", ""])
 def test_keyspace_must_be_an_identifier(keyspace: str) -> None:
     """The keyspace is interpolated into CQL, so only plain identifiers pass."""
-    with pytest.raises(ValueError, match="keyspace"):
+    with pytest.raises(ValidationError, match=r"keyspace\n.*must be a lowercase CQL identifier"):
         CassandraSettings(keyspace=keyspace)
 
 
-def test_replication_must_be_a_map() -> None:
+@pytest.mark.parametrize(
+    ("replication", "problem"),
+    [
+        ("{'class': 'SimpleStrategy'}; DROP KEYSPACE x", "must be a CQL map"),
+        ("{'class': 'SimpleStrategy'}; DROP KEYSPACE x; {'class': 'x'}", "must not contain ';'"),
+    ],
+)
+def test_replication_must_be_a_map(replication: str, problem: str) -> None:
     """Replication is a CQL map and may not smuggle a second statement."""
-    with pytest.raises(ValueError):
-        CassandraSettings(replication="{'class': 'SimpleStrategy'}; DROP KEYSPACE x")
+    with pytest.raises(ValidationError, match=rf"(?s)replication\n.*{re.escape(problem)}"):
+        CassandraSettings(replication=replication)
 
 
 def test_chain_rejects_duplicates_and_parses_backoff() -> None:
     """A provider may appear once; backoff tiers are whole positive seconds."""
-    with pytest.raises(ValueError):
+    with pytest.raises(ValidationError, match=r"chain\n.*lists a provider twice"):
         ProviderSettings(chain="sg,sg")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValidationError, match=r"backoff\n.*needs at least one positive delay"):
         ProviderSettings(backoff="5,-1")
     assert ProviderSettings(backoff="1, 2").backoff_tiers == (1, 2)
 

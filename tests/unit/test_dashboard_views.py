@@ -300,7 +300,7 @@ def test_parse_form_refuses_too_many_fields() -> None:
 
 def test_parse_form_refuses_bytes_that_are_not_utf8() -> None:
     """A body that is not UTF-8 is refused."""
-    with pytest.raises(ValueError):
+    with pytest.raises(UnicodeDecodeError, match="can't decode byte 0xff"):
         views.parse_form(b"a=\xff")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
@@ -55,6 +56,7 @@ def test_retry_count_is_read_from_the_last_segment() -> None:
         f"sg.{ID}.retry",
         f"sg.{ID}.retry.0",
         f"sg.{ID}.again.1",
+        f"sg.{ID}.retry.x",
         f"log.{ID}",
         f"log.zz.{ID}",
         f"sg{ID}.retry.1",
@@ -62,8 +64,8 @@ def test_retry_count_is_read_from_the_last_segment() -> None:
     ],
 )
 def test_bad_keys_are_refused(key: str) -> None:
-    """Anything that is not one of our key shapes raises ValueError."""
-    with pytest.raises(ValueError):
+    """Anything that is not one of our key shapes raises ValueError naming the key."""
+    with pytest.raises(ValueError, match=re.escape(f"routing key: {key!r}")):
         parse_routing_key(key)
 
 
@@ -74,7 +76,7 @@ def test_batch_key_shape() -> None:
 
 def test_unknown_provider_cannot_build_a_key() -> None:
     """Keys are only built for known provider codes."""
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown provider code 'ses'"):
         dispatch_key("ses", ID)
 
 

@@ -16,8 +16,11 @@ AUDIT = Address(email="audit@example.com")
 
 
 def test_valid_chunk_passes() -> None:
-    """A plain chunk raises nothing."""
-    envelope.check_chunk("sg", chunk(), 1000)
+    """A plain chunk raises nothing, even when its recipients are exactly the limit."""
+    plain = chunk()
+
+    assert envelope.check_chunk("sg", plain, 1000) is None
+    assert envelope.check_chunk("mg", plain, len(plain.recipients)) is None
 
 
 def test_empty_chunk_is_refused() -> None:
@@ -53,8 +56,10 @@ def test_recipient_limit_counts_cc_and_bcc() -> None:
 def test_recipient_limit_ignores_cc_on_later_chunks() -> None:
     """Chunks after the first carry no cc/bcc, so only their recipients count."""
     people = [recipient(f"u{i}@example.org") for i in range(2)]
+    later = chunk(people, index=1, cc=[BOSS])
 
-    envelope.check_chunk("sg", chunk(people, index=1, cc=[BOSS]), 2)
+    assert envelope.copies(later) == ((), ())
+    assert envelope.check_chunk("sg", later, 2) is None
 
 
 @pytest.mark.parametrize("name", ["To", "from", "BCC", "Reply-To", "Content-Type", "X-SG-ID"])

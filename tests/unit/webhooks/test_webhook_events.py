@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -112,7 +113,7 @@ def test_opens_are_engagement_not_outcomes() -> None:
 
 def test_events_are_frozen() -> None:
     """ProviderEvent is immutable."""
-    with pytest.raises(AttributeError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'kind'"):
         event("sent").kind = "delivered"  # type: ignore[misc]
 
 
