@@ -50,6 +50,13 @@ cov: install services-up ## coverage per package: the unit suite alone (bar: 70 
 	@echo "== the whole suite =="
 	@$(PY) -m tests.coverage_by_package $(COV_ALL)
 
+mutate: install ## mutation testing of the decision modules (not in CI; slow)
+	rm -rf mutants
+	$(VENV)/bin/mutmut run --max-children 2
+	$(VENV)/bin/mutmut results
+	@$(VENV)/bin/mutmut export-cicd-stats >/dev/null
+	@$(PY) -m tests.mutation_score mutants/mutmut-cicd-stats.json 10
+
 lint: install ## ruff format check and lint
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .

@@ -33,7 +33,6 @@ from shared.errors import DependencyUnavailable
 from shared.handoff import HandOff
 from shared.metrics import DispatchMetrics
 from shared.models import ChunkJob, LogJob
-from shared.precedence import visible
 from shared.providers.base import Provider
 from shared.recipients import RecipientStore
 from shared.settle import Delivery, Poison
@@ -233,8 +232,7 @@ class Dispatcher:
         row = await self.recipients.one(job.batch_id, job.chunk, job.log_id)
         if row is None:
             raise Poison(f"no recipient {job.log_id} in batch {job.batch_id}")
-        still = visible(row).state == "queued" and row.get("event") == "deferred"
-        if not still or cause in (row.get("superseded") or ()):
+        if not protocol.deferral_expired(row, cause):
             return
         header = await self.follow.header(job.batch_id)
         await self.handoff(

@@ -208,6 +208,17 @@ def _calling(
     return WaitLease(current.checks, ends)
 
 
+def deferral_expired(row: Row, cause: str) -> bool:
+    """Whether a recipient whose deferral deadline passed must be handed over: still queued,
+    its latest event still the deferral, and the deferred attempt (``cause``) not handed over
+    already (by an earlier check, or by a provider-side failure)."""
+    return (
+        visible(row).state == "queued"
+        and row.get("event") == "deferred"
+        and cause not in (row.get("superseded") or ())
+    )
+
+
 def pending(rows: Sequence[Row], *, own_line: bool, tag: str) -> list[Row]:
     """The recipients an attempt (``tag``) is for and that no provider has accepted yet.
 

@@ -32,7 +32,6 @@ from shared.config import Settings
 from shared.db import Database
 from shared.handoff import HandOff
 from shared.models import LogJob
-from shared.precedence import visible
 from shared.recipients import RecipientStore
 from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
@@ -146,11 +145,7 @@ class Ingest:
         eff = transitions.effects(ev)
         if eff.needs_row:
             row = await self.recipients.one(target.batch_id, target.chunk, target.log_id)
-            if ev.attempt is not None and row and ev.attempt in (row.get("superseded") or ()):
-                eff = transitions.superseded(eff)
-            elif row is None or visible(row).state != "queued":
-                # Final already: a late provider-side failure or deferral changes nothing.
-                eff = transitions.Effects(eff.event, eff.state, eff.metrics, eff.suppress)
+            eff = transitions.given_row(eff, ev, row)
         await self.timeline.record(target.batch_id, target.log_id, ev, counted=eff.counted)
         await self.recipients.reported(
             target.batch_id,

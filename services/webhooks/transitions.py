@@ -11,9 +11,12 @@ recorded in the timeline only: the attempt that replaced it decides the recipien
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from shared.models import State
+from shared.precedence import visible
 from shared.webhook_events import KIND_RANK, ProviderEvent
 
 
@@ -73,6 +76,20 @@ def superseded(eff: Effects) -> Effects:
         return Effects(None, None)
     if eff.hand_off or eff.deadline:
         return replace(eff, event=None, hand_off=False, deadline=False)
+    return eff
+
+
+def given_row(eff: Effects, ev: ProviderEvent, row: Mapping[str, Any] | None) -> Effects:
+    """The effects of ``ev`` on the recipient as its row stands (``eff.needs_row``).
+
+    A failure, hand-off or deferral of an attempt that was handed over decides nothing
+    (``superseded``); one that arrives after the recipient is final (or for a row that does not
+    exist) changes only the timeline, the provider's own entry and the stats it earns.
+    """
+    if ev.attempt is not None and row and ev.attempt in (row.get("superseded") or ()):
+        return superseded(eff)
+    if row is None or visible(row).state != "queued":
+        return Effects(eff.event, eff.state, eff.metrics, eff.suppress)
     return eff
 
 

@@ -87,3 +87,15 @@ def test_rejected_by_every_provider_gives_up_at_once() -> None:
 def test_provider_for_walks_the_chain(attempt: int, code: str) -> None:
     """Attempt n goes to chain[n mod len(chain)]."""
     assert provider_for(CHAIN, attempt) == code
+
+
+def test_attempt_limit_reason_names_the_chain_in_order_and_the_last_error() -> None:
+    """The give-up reason users see lists the providers tried, then the last failure."""
+    result = _decide(5, TransientProviderError("mg", "503 unavailable"))
+    assert result == GiveUp("all 6 attempts failed across sg, mg; last: mg 503 unavailable")
+
+
+def test_no_provider_left_after_exclusions_gives_up_at_once() -> None:
+    """A re-send line whose only other provider is excluded stops instead of cycling."""
+    result = _decide(0, TransientProviderError("sg", "500"), excluded=frozenset({"sg", "mg"}))
+    assert result == GiveUp("no other provider is left to try; last: sg 500")

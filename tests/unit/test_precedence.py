@@ -67,3 +67,25 @@ def test_a_recipient_nobody_decided_is_queued_with_its_latest_event() -> None:
 def test_ids_from_other_clocks_are_ordered_by_their_own_time() -> None:
     other = uuid.uuid1()
     assert precedence.queued_stamp(other) < precedence.give_up_stamp(other)
+
+
+def test_queued_and_give_up_are_stamped_just_below_the_whole_acceptance_second() -> None:
+    """Write timestamps are integer microseconds; the acceptance second is truncated."""
+    second = int(ACCEPTED.timestamp())
+    assert precedence.queued_stamp(BATCH) == second * 1_000_000 - 1000
+    assert precedence.give_up_stamp(BATCH) == second * 1_000_000 - 500
+
+
+def test_provider_evidence_from_behind_our_clock_is_stamped_at_the_acceptance_second() -> None:
+    behind = precedence.provider_stamp(BATCH, ACCEPTED - timedelta(minutes=5), 3)
+    assert behind == int(ACCEPTED.timestamp()) * 1_000_000 + 3
+
+
+def test_readers_see_the_reason_of_a_provider_outcome() -> None:
+    row = {"state": "failed", "event": "bounced", "reason_detail": "550 no such user"}
+    assert precedence.visible(row) == precedence.Visible("failed", "bounced", "550 no such user")
+
+
+def test_a_queued_recipient_shows_its_latest_event() -> None:
+    row = {"state": "queued", "event": "deferred"}
+    assert precedence.visible(row) == precedence.Visible("queued", "deferred", None)

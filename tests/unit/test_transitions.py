@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from services.webhooks.transitions import Effects, effects, rank, superseded
+from services.webhooks.transitions import Effects, effects, given_row, rank, superseded
 from shared import precedence
 from shared.handoff import next_provider
 from shared.reconcile import expected_marks
@@ -168,3 +169,69 @@ def test_provider_side_drop_loses_to_the_resends_delivery_in_the_same_second() -
     delivered = ev("delivered", provider="mg")
 
     assert stamp(delivered) > stamp(dropped)
+
+
+def test_sent_records_the_event_without_an_outcome() -> None:
+    """The provider accepting the message is timeline and event column only."""
+    assert effects(ev("sent")) == Effects("sent", None)
+
+
+def test_failures_write_their_own_kind_into_the_event_column() -> None:
+    """Bounces and drops, recipient- or provider-side, show as what they were."""
+    assert effects(ev("bounced")).event == "bounced"
+    assert effects(ev("dropped", suppress=True)).event == "dropped"
+    assert effects(ev("dropped", provider_side=True)).event == "dropped"
+
+
+def test_unsubscribe_suppresses_without_touching_event_state_or_stats() -> None:
+    """An unsubscribe only suppresses the address: the mail's outcome stands."""
+    assert effects(ev("unsubscribed")) == Effects(None, None, suppress=True)
+
+
+def test_provider_side_drop_loses_even_to_the_resends_first_stage_in_the_same_second() -> None:
+    """The re-send's lowest-ranked stage (sent) still outranks the drop it replaces."""
+    dropped = ev("dropped", provider_side=True)
+    sent = ev("sent", provider="mg")
+
+    assert stamp(sent) > stamp(dropped)
+
+
+def _row(**fields: object) -> dict[str, object]:
+    return {"state": "queued", "event": "sent", "superseded": None, **fields}
+
+
+def _tagged(kind: Kind, attempt: str | None = "c.0", **kw: bool) -> ProviderEvent:
+    return replace(ev(kind, **kw), attempt=attempt)
+
+
+def test_a_failure_of_a_queued_recipient_keeps_all_its_effects() -> None:
+    drop = _tagged("dropped", provider_side=True)
+    assert given_row(effects(drop), drop, _row(superseded={"c.1"})) == effects(drop)
+
+
+def test_a_failure_of_a_handed_over_attempt_decides_nothing() -> None:
+    bounce = _tagged("bounced", suppress=True)
+    assert given_row(effects(bounce), bounce, _row(superseded={"c.0"})) == Effects(None, None)
+    defer = _tagged("deferred")
+    assert given_row(effects(defer), defer, _row(superseded={"c.0"})) == Effects(None, None)
+
+
+def test_an_untagged_failure_is_judged_by_the_recipients_state_alone() -> None:
+    drop = _tagged("dropped", attempt=None, provider_side=True)
+    assert given_row(effects(drop), drop, _row(superseded={"c.0"})).hand_off
+
+
+@pytest.mark.parametrize(
+    "row",
+    [None, _row(state="success", event="delivered"), _row(gave_up_reason="all failed")],
+    ids=["no-row", "final", "given-up"],
+)
+def test_a_late_failure_or_deferral_only_records_itself(row: dict[str, object] | None) -> None:
+    for event in (_tagged("dropped", provider_side=True), _tagged("deferred")):
+        eff = given_row(effects(event), event, row)
+        assert (eff.hand_off, eff.deadline) == (False, False)
+        assert (eff.event, eff.state) == (effects(event).event, None)
+    bounce = _tagged("bounced", suppress=True)
+    assert given_row(effects(bounce), bounce, row) == Effects(
+        "bounced", "failed", ("bounced",), suppress=True
+    )

@@ -165,3 +165,88 @@ def test_nothing_pending_concludes_at_once() -> None:
     assert protocol.resolve(frozenset(), age=0, lookup=None, settings=WINDOWS) == (
         protocol.Conclude(frozenset(), frozenset())
     )
+
+
+def test_an_unclaimed_attempt_behind_a_later_one_is_stray() -> None:
+    """A redelivered first job after the line moved on must not claim its attempt again."""
+    later = attempt(1, "claimed", provider="mg")
+    assert step(job(), [later]) == protocol.Stray("attempt 0 was never claimed")
+
+
+def test_a_check_of_an_attempt_that_was_never_claimed_is_stray() -> None:
+    """Checks only follow claimed attempts: a check of a missing one claims nothing."""
+    assert step(job(check=1), []) == protocol.Stray("attempt 0 was never claimed")
+
+
+@pytest.mark.parametrize(
+    ("j", "line", "why"),
+    [
+        (job(provider="mg"), [attempt(0, "claimed")], "attempt 0 belongs to sg"),
+        (job(own=True), [], "re-sends start as planned attempts"),
+        (job(2, provider="mg"), [], "no decision leads to attempt 2 via mg"),
+    ],
+)
+def test_a_stray_job_says_why_it_is_dropped(j: Job, line: list[Attempt], why: str) -> None:
+    """The reason (logged when the job is acked) names the attempt and what rules it out."""
+    assert step(j, line) == protocol.Stray(why)
+
+
+def test_a_redelivery_of_a_call_whose_first_check_is_queued_is_done() -> None:
+    """One queued check (checks = 1) is enough: a redelivery does not start another."""
+    calling = attempt(0, "calling", owner=OTHER, calling_at=NOW - LEASE, checks=1)
+    assert step(job(), [calling]) == protocol.Done()
+
+
+def test_a_lease_expires_at_exactly_its_end() -> None:
+    """The lease is a deadline: at ``calling_at + lease`` the call is presumed dead."""
+    calling = attempt(0, "calling", owner=OTHER, calling_at=NOW - LEASE)
+    assert step(job(), [calling]) == protocol.Expire(OTHER, 0)
+
+
+def test_a_final_recipient_does_not_hide_the_pending_ones_after_it() -> None:
+    rows = [row("a", state="failed", event="bounced"), row("b")]
+    assert [r["email"] for r in protocol.pending(rows, own_line=False, tag="c.1")] == ["b"]
+
+
+def test_the_query_api_is_due_exactly_at_query_after() -> None:
+    assert protocol.query_due(300, WINDOWS)
+    assert not protocol.query_due(299.9, WINDOWS)
+
+
+def test_a_failing_query_api_ends_the_wait_at_the_webhook_window() -> None:
+    """A query API that keeps failing is treated like none: no webhook by then means no."""
+    pending = frozenset({"a"})
+    assert protocol.resolve(pending, age=3600, lookup="error", settings=WINDOWS) == (
+        protocol.Conclude(frozenset(), pending)
+    )
+
+
+def test_without_a_query_api_the_last_wait_ends_with_the_webhook_window() -> None:
+    """Close to the webhook window the next look is when it closes, not an interval later."""
+    waited = protocol.resolve(frozenset({"a"}), age=3590, lookup="unsupported", settings=WINDOWS)
+    assert waited == protocol.Wait(10)
+
+
+@pytest.mark.parametrize("age", [300, 400])
+def test_once_its_window_has_closed_the_next_look_is_an_interval_later(age: float) -> None:
+    """A query due but not asked yet (no lookup) is looked at again after the usual interval."""
+    waited = protocol.resolve(frozenset({"a"}), age=age, lookup=None, settings=WINDOWS)
+    assert waited == protocol.Wait(30)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expired"),
+    [
+        ({"event": "deferred"}, True),
+        ({"event": "deferred", "superseded": {"c.1"}}, True),
+        ({"event": "deferred", "superseded": {"c.0"}}, False),
+        ({"event": "sent"}, False),
+        ({"event": "deferred", "state": "success"}, False),
+        ({"event": "deferred", "gave_up_reason": "every provider failed"}, False),
+    ],
+    ids=["deferred", "other-attempt-handed-over", "handed-over", "moved-on", "final", "gave-up"],
+)
+def test_a_deferral_expires_only_while_the_recipient_is_still_deferred_on_that_attempt(
+    fields: dict[str, object], expired: bool
+) -> None:
+    assert protocol.deferral_expired(row("a", **fields), "c.0") is expired
