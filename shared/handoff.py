@@ -114,6 +114,33 @@ class HandOff:
             when=planned.created_at,
         )
 
+    async def finish(
+        self,
+        *,
+        batch_id: uuid.UUID,
+        chunk: int,
+        log_id: uuid.UUID,
+        cause: str,
+        failed: str,
+        why: str,
+    ) -> None:
+        """Complete a hand-off of ``cause`` that stopped after its job was out (a publish
+        whose confirm was lost) once the recipient is final: mark the cause handed over, and
+        publish nothing. Does nothing when ``cause`` was never handed over."""
+        line = await self.attempts.line(batch_id, recipient_line(log_id))
+        planned = next((a for a in line if a.cause == cause), None)
+        if planned is None:
+            return
+        await self.recipients.supersede(
+            batch_id,
+            chunk,
+            log_id,
+            tag=cause,
+            provider=failed,
+            result=why,
+            when=planned.created_at,
+        )
+
     async def _give_up(
         self,
         batch_id: uuid.UUID,

@@ -232,15 +232,26 @@ class Dispatcher:
         row = await self.recipients.one(job.batch_id, job.chunk, job.log_id)
         if row is None:
             raise Poison(f"no recipient {job.log_id} in batch {job.batch_id}")
-        if not protocol.deferral_expired(row, cause):
-            return
-        header = await self.follow.header(job.batch_id)
-        await self.handoff(
-            batch_id=job.batch_id,
-            user_id=header.user_id,
-            chunk=job.chunk,
-            log_id=job.log_id,
-            cause=cause,
-            failed=job.provider,
-            why=f"deferred too long (over {self.deferred_deadline}s)",
-        )
+        why = f"deferred too long (over {self.deferred_deadline}s)"
+        if protocol.deferral_expired(row, cause):
+            header = await self.follow.header(job.batch_id)
+            await self.handoff(
+                batch_id=job.batch_id,
+                user_id=header.user_id,
+                chunk=job.chunk,
+                log_id=job.log_id,
+                cause=cause,
+                failed=job.provider,
+                why=why,
+            )
+        elif cause not in (row.get("superseded") or ()):
+            # A hand-off of this check (an earlier delivery) may have stopped after its job was
+            # out and before it marked the cause; the recipient moved on since: mark it now.
+            await self.handoff.finish(
+                batch_id=job.batch_id,
+                chunk=job.chunk,
+                log_id=job.log_id,
+                cause=cause,
+                failed=job.provider,
+                why=why,
+            )

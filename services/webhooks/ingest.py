@@ -178,6 +178,15 @@ class Ingest:
             await self._hand_off(target, ev)
         elif eff.deadline:
             await self._schedule_deadline(target, ev)
+        elif eff.finish_hand_off:
+            await self.handoff.finish(
+                batch_id=target.batch_id,
+                chunk=target.chunk,
+                log_id=target.log_id,
+                cause=_cause(ev),
+                failed=ev.provider,
+                why=_provider_result(ev),
+            )
         return "applied"
 
     async def _locate(self, ev: ProviderEvent) -> Target | None:
@@ -211,7 +220,7 @@ class Ingest:
             user_id=t.user_id,
             chunk=t.chunk,
             log_id=t.log_id,
-            cause=ev.attempt or f"{ev.provider}?",
+            cause=_cause(ev),
             failed=ev.provider,
             why=_provider_result(ev),
         )
@@ -223,7 +232,7 @@ class Ingest:
             batch_id=t.batch_id,
             chunk=t.chunk,
             log_id=t.log_id,
-            deferral=ev.attempt or f"{ev.provider}?",
+            deferral=_cause(ev),
         )
         deadline = self.settings.webhooks.deferred_deadline
         await self.broker.publish(
@@ -236,6 +245,12 @@ class Ingest:
     async def _orphan(self, ev: ProviderEvent) -> None:
         self.metrics.orphans.labels(ev.provider).inc()
         await self.timeline.orphan(ev)
+
+
+def _cause(ev: ProviderEvent) -> str:
+    """The attempt an event reports on, as hand-offs and deadline checks name it (events
+    without our tag name their provider)."""
+    return ev.attempt or f"{ev.provider}?"
 
 
 def _provider_result(ev: ProviderEvent) -> str:

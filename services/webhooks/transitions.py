@@ -33,6 +33,9 @@ class Effects:
     """A provider-side failure: hand the recipient over to another provider."""
     deadline: bool = False
     """A deferral: check again once the deferral deadline has passed."""
+    finish_hand_off: bool = False
+    """A provider-side failure of a recipient already final: hand nothing over, but if this
+    failure was handed over before (its hand-off stopped before marking it), mark it now."""
 
     @property
     def counted(self) -> bool:
@@ -84,12 +87,17 @@ def given_row(eff: Effects, ev: ProviderEvent, row: Mapping[str, Any] | None) ->
 
     A failure, hand-off or deferral of an attempt that was handed over decides nothing
     (``superseded``); one that arrives after the recipient is final (or for a row that does not
-    exist) changes only the timeline, the provider's own entry and the stats it earns.
+    exist) changes only the timeline, the provider's own entry and the stats it earns — and a
+    provider-side failure then completes the marks of a hand-off it started earlier.
     """
     if ev.attempt is not None and row and ev.attempt in (row.get("superseded") or ()):
         return superseded(eff)
-    if row is None or visible(row).state != "queued":
+    if row is None:
         return Effects(eff.event, eff.state, eff.metrics, eff.suppress)
+    if visible(row).state != "queued":
+        return Effects(
+            eff.event, eff.state, eff.metrics, eff.suppress, finish_hand_off=eff.hand_off
+        )
     return eff
 
 

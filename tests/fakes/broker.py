@@ -55,7 +55,7 @@ class FakeBroker:
         self.topology = topology or Topology(exchange="fake", delay_tiers=(1, 5, 30))
         self.queues: dict[str, deque[FakeMessage]] = defaultdict(deque)
         self.published: list[FakeMessage] = []
-        self._failures: list[Exception] = []
+        self._failures: list[tuple[Exception, bool]] = []
         self.declared = False
         self.consumers: dict[str, tuple[Any, int]] = {}
         self._routes = [
@@ -70,9 +70,10 @@ class FakeBroker:
         """Remember who consumes what (tests deliver with ``World.deliver``)."""
         self.consumers[queue_name] = (handler, prefetch)
 
-    def fail(self, error: Exception | None = None) -> None:
-        """Make the next publish raise (default: not confirmed)."""
-        self._failures.append(error or PublishError("not confirmed"))
+    def fail(self, error: Exception | None = None, *, delivered: bool = False) -> None:
+        """Make the next publish raise (default: not confirmed); with ``delivered`` the message
+        is routed all the same (the broker took it, the confirm was lost)."""
+        self._failures.append((error or PublishError("not confirmed"), delivered))
 
     async def publish(
         self,
@@ -83,12 +84,19 @@ class FakeBroker:
         headers: Mapping[str, Any] | None = None,
         message_id: str | None = None,
     ) -> None:
-        if self._failures:
-            raise self._failures.pop(0)
+        failure = self._failures.pop(0) if self._failures else None
+        if failure is not None and not failure[1]:
+            raise failure[0]
         message = FakeMessage(routing_key, body, dict(headers or {}), message_id, delay)
+        self._take(message)
+        if failure is not None:
+            raise failure[0]
+
+    def _take(self, message: FakeMessage) -> None:
+        delay = message.delay
         if delay is not None:
             if delay not in self.topology.all_delay_tiers:
-                raise PublishError(f"unroutable: {routing_key} (no delay tier {delay})")
+                raise PublishError(f"unroutable: {message.routing_key} (no delay tier {delay})")
             message.headers[DELAY_HEADER] = str(delay)
             self.published.append(message)
             self.queues[self.topology.delay_queue(delay)].append(message)

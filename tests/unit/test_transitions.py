@@ -235,3 +235,13 @@ def test_a_late_failure_or_deferral_only_records_itself(row: dict[str, object] |
     assert given_row(effects(bounce), bounce, row) == Effects(
         "bounced", "failed", ("bounced",), suppress=True
     )
+
+
+def test_a_provider_side_failure_of_a_final_recipient_only_completes_its_hand_off() -> None:
+    drop = _tagged("dropped", provider_side=True)
+    final = given_row(effects(drop), drop, _row(state="success", event="delivered"))
+    assert (final.hand_off, final.finish_hand_off) == (False, True)
+    assert not given_row(effects(drop), drop, _row()).finish_hand_off  # queued: a full hand-off
+    assert not given_row(effects(drop), drop, None).finish_hand_off
+    bounce = _tagged("bounced", suppress=True)
+    assert not given_row(effects(bounce), bounce, _row(state="success")).finish_hand_off

@@ -5,6 +5,7 @@ providers answer and wherever a delivery stops."""
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import orjson
 import pytest
@@ -16,6 +17,7 @@ from shared.errors import (
     DependencyUnavailable,
     PermanentProviderError,
     ProviderMisconfigured,
+    PublishError,
     TransientProviderError,
 )
 from shared.models import ChunkJob, LogJob
@@ -533,3 +535,31 @@ async def test_an_accepted_receipt_without_status_counts_no_send() -> None:
     w.providers["sg"].answers.append(Receipt("sg", 0, None))
     await w.settle()
     assert w.counter("chunks_sent", provider="sg") == 0
+
+
+async def test_a_deadline_hand_off_whose_confirm_was_lost_is_marked_by_the_checks_redelivery() -> (
+    None
+):
+    w = World()
+    batch = await w.accept(A)
+    await w.settle()
+    a = batch.recipients[0]
+    await _deferred(w, batch.batch_id, a.log_id, batch.user_id)
+    check = LogJob(batch_id=batch.batch_id, chunk=0, log_id=a.log_id, deferral="c.0").encode()
+    w.broker.fail(PublishError("not confirmed"), delivered=True)
+    job, cause = decode(FakeMessage(log_key("sg", a.log_id), check))  # type: ignore[arg-type]
+    assert cause is not None
+    with pytest.raises(PublishError):  # and the process dies before it retries
+        await w.dispatcher.deferral_check(job, cause)
+    await w.settle()  # the re-send job was out: Mailgun sends it
+    assert w.providers["mg"].emails() == [A]
+    assert (await w.rows(batch))[A]["superseded"] is None
+    await w.recipients.reported(
+        batch.batch_id, batch.user_id, 0, a.log_id, provider="mg", provider_result="delivered",
+        message_id=None, stage_rank=3, rank=3, when=w.clock.now + timedelta(seconds=5),
+        event="delivered", state="success", reason=None, evidence="r.0",
+    )  # fmt: skip  # Mailgun delivered it before the check came back
+    await w.deliver(FakeMessage(log_key("sg", a.log_id), check))  # the check, redelivered
+    await w.settle()
+    assert (await w.rows(batch))[A]["superseded"] == frozenset({"c.0"})
+    assert w.providers["mg"].emails() == [A]

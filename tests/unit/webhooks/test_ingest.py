@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from shared.batchstore import NewBatch
+from shared.errors import PublishError
 from shared.models import LogJob
 from shared.precedence import accepted_at
 from shared.stats import batch_day
@@ -203,3 +204,25 @@ async def test_the_owner_cache_forgets_the_oldest_batches(monkeypatch: pytest.Mo
     for batch, email in ((first, A), (second, B), (first, A)):
         await w.ingest.apply(event(batch, "delivered", email=email))
     assert w.db.calls.count("batches.owner") == 3
+
+
+async def test_a_hand_off_whose_publish_was_unconfirmed_is_marked_when_its_event_returns() -> None:
+    """The broker took the re-send job but its confirm was lost, so the delivery failed and
+    the provider retries it; meanwhile the other provider delivered. The retried event finds
+    the recipient final: it still marks the first attempt handed over, or the recipient would
+    look sent twice, and the first provider's later failures would count against it."""
+    w = World()
+    batch = await sent(w, A)
+    drop = event(batch, "dropped", provider_side=True, reason="provider blocklist")
+    w.broker.fail(PublishError("not confirmed"), delivered=True)
+    with pytest.raises(PublishError):
+        await w.ingest.apply(drop)
+    await w.settle()
+    assert w.providers["mg"].emails() == [A]
+    await w.ingest.apply(event(batch, "delivered", provider="mg", attempt="r.0"))
+    assert (await w.rows(batch))[A]["superseded"] is None
+    w.broker.take()
+    await w.ingest.apply(drop)  # the provider's retry
+    row = (await w.rows(batch))[A]
+    assert (row["superseded"], await w.states(batch)) == (frozenset({"c.0"}), {A: "success"})
+    assert w.broker.take() == []  # nothing re-sent: the recipient is final
