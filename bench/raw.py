@@ -1,9 +1,10 @@
 """Raw baselines, run as a child process: the least work acceptance and dispatch must do.
 
-``python -m bench.raw '{"mode": "accept", ...}'`` -- **L_accept**: a bare loop (no HTTP, no
-validation) that, per batch, writes the rows one acceptance writes (the outbox row,
-:meth:`BatchStore.accept` with the data the API would build, the outbox row's removal) and
-makes one confirmed publish of ``batch.<uuid>``, with ``window`` batches in flight.
+``python -m bench.raw '{"mode": "accept", ...}'`` -- **L_accept**, the physical minimum of an
+acceptance: a bare loop (no HTTP, no validation, no outbox, no indexes) that, per batch, makes
+one single-partition mutation of the batch with its recipients (:meth:`BatchStore.write`, the
+data the API would build) and one confirmed publish of ``batch.<uuid>``, with ``window``
+batches in flight. Everything the API does beyond this is overhead the ratio shows.
 
 ``python -m bench.raw '{"mode": "e2e", ...}'`` -- **L_e2e**: seeds a corpus of batches
 (untimed), publishes one ``sg.<uuid>`` chunk job per chunk and consumes them with ``prefetch``:
@@ -33,7 +34,6 @@ from shared.broker import Broker
 from shared.config import Settings, load_settings
 from shared.db import Database
 from shared.models import BatchJob, ChunkJob
-from shared.outbox import Outbox
 from shared.providers.sendgrid import SendGridProvider
 from shared.recipients import RecipientStore
 from shared.resources import topology_for
@@ -64,7 +64,6 @@ async def accept(spec: dict[str, Any]) -> dict[str, Any]:
     settings = load_settings()
     db, broker = await _connect(settings, "bench-raw-accept")
     store = BatchStore(db)
-    outbox = Outbox(db, settings.amqp.exchange)
     factory = BatchFactory(int(spec["recipients"]), settings.providers.chain_codes)
     user_id = uuid.UUID(spec["user_id"])
     warmup, duration = float(spec["warmup"]), float(spec["duration"])
@@ -76,15 +75,12 @@ async def accept(spec: dict[str, Any]) -> dict[str, Any]:
     async def worker() -> None:
         while time.time() < w_end:
             batch = factory.new(next(seq), user_id)
-            await outbox.add(batch.batch_id, user_id, datetime.now(UTC))
             await store.write(batch)
-            await store.index(batch)
             await broker.publish(
                 batch_key(batch.batch_id),
                 BatchJob(batch_id=batch.batch_id).encode(),
                 message_id=str(batch.batch_id),
             )
-            await outbox.done(batch.batch_id)
             done.append(time.time())
 
     reporter = asyncio.create_task(_report(done, w_start, "batches/s", factory.size))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import platform
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,45 @@ def _get(results: Results, *path: str) -> Any:
             return None
         node = node[key]
     return node
+
+
+#: The processes whose CPU is the work of each path (the load generators and the sandbox,
+#: which stands in for the providers, are not).
+ACCEPT_PROCESSES = ("api", "cassandra", "rabbitmq")
+E2E_PROCESSES = ("consumers", "cassandra", "rabbitmq")
+WEBHOOK_PROCESSES = ("webhooks", "cassandra", "rabbitmq")
+
+#: The headline figures ``bench/results/latest.json`` carries (issue: data model v2).
+LATEST_KEYS = (
+    "accept_cpu_us_per_rcpt",
+    "api_max_rcpt_per_s",
+    "p99_ms_at_50",
+    "p99_ms_at_80",
+    "rss_mb",
+    "e2e_cpu_us_per_rcpt",
+    "webhook_cpu_us_per_event",
+    "stats_read_ms_10m",
+)
+
+
+def work_per_unit(
+    usage: Mapping[str, Mapping[str, Any]] | None, processes: Sequence[str], unit: str
+) -> float | None:
+    """CPU-µs per ``unit`` (recipient, event) of ``processes`` together, from a phase's usage;
+    None when the phase did not run or one of the processes was not sampled."""
+    if not usage:
+        return None
+    values = [usage.get(name, {}).get(f"cpu_us_per_{unit}") for name in processes]
+    if any(v is None for v in values):
+        return None
+    return float(sum(v for v in values if v is not None))
+
+
+def best_level(results: Results) -> Mapping[str, Any] | None:
+    """The closed-loop level of ``api_max`` that reached the maximum."""
+    levels = _get(results, "api_max", "levels") or []
+    best = _get(results, "api_max", "best_concurrency")
+    return next((lv for lv in levels if lv.get("concurrency") == best), None)
 
 
 def figures(results: Results, sampler: ProcessSampler) -> dict[str, float | None]:
@@ -61,7 +100,40 @@ def figures(results: Results, sampler: ProcessSampler) -> dict[str, float | None
     )
     for name in PYTHON_SERVICES:
         out[f"rss_mb_{name}"] = sampler.peak_hwm_mb(name)
+    level = best_level(results)
+    out["accept_cpu_us_per_rcpt"] = work_per_unit(
+        level.get("usage") if level else None, ACCEPT_PROCESSES, "recipient"
+    )
+    out["api_max_rcpt_per_s"] = _get(results, "api_max", "recipients_per_s")
+    out["e2e_cpu_us_per_rcpt"] = work_per_unit(
+        _get(results, "e2e", "usage"), E2E_PROCESSES, "recipient"
+    )
+    out["webhook_cpu_us_per_event"] = work_per_unit(
+        _get(results, "webhooks_batched", "usage"), WEBHOOK_PROCESSES, "event"
+    )
+    out["webhook_single_cpu_us_per_event"] = work_per_unit(
+        _get(results, "webhooks_single", "usage"), WEBHOOK_PROCESSES, "event"
+    )
+    out["stats_read_ms_10m"] = _get(results, "stats_read", "ms_10m")
     return out
+
+
+def latest(report: Mapping[str, Any]) -> dict[str, Any]:
+    """``bench/results/latest.json``: the headline figures at the top level, then the rest."""
+    figs = report["figures"]
+    return {
+        "accept_cpu_us_per_rcpt": figs.get("accept_cpu_us_per_rcpt"),
+        "api_max_rcpt_per_s": figs.get("api_max_rcpt_per_s"),
+        "p99_ms_at_50": figs.get("p99_ms_at_50pct"),
+        "p99_ms_at_80": figs.get("p99_ms_at_80pct"),
+        "rss_mb": {name: figs.get(f"rss_mb_{name}") for name in PYTHON_SERVICES},
+        "e2e_cpu_us_per_rcpt": figs.get("e2e_cpu_us_per_rcpt"),
+        "webhook_cpu_us_per_event": figs.get("webhook_cpu_us_per_event"),
+        "stats_read_ms_10m": figs.get("stats_read_ms_10m"),
+        "run_id": report["run_id"],
+        "stable": report.get("stable"),
+        "targets": report.get("targets"),
+    }
 
 
 def build(
@@ -98,9 +170,12 @@ def build(
 
 
 def write(report: Mapping[str, Any], directory: Path) -> Path:
+    """The full report as ``<run_id>.json``, and its headline as ``latest.json``."""
     directory.mkdir(parents=True, exist_ok=True)
+    options = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
     path = directory / f"{report['run_id']}.json"
-    path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    path.write_bytes(orjson.dumps(report, option=options))
+    (directory / "latest.json").write_bytes(orjson.dumps(latest(report), option=options))
     return path
 
 

@@ -1,4 +1,5 @@
-"""Pure evaluation of the benchmark's goals: ratios to the raw limits, latency and memory.
+"""Pure evaluation of the benchmark's goals: ratios to the raw limits, absolute work per
+recipient and per event, latency and memory.
 
 Every target becomes ``{"value", "target", "pass", "rule"}``; a figure the run did not produce
 (a phase was skipped or failed) gives ``value: None`` and ``pass: None`` rather than a pass.
@@ -61,6 +62,31 @@ GOALS: dict[str, Goal] = {
         f"rss_mb_{name}": Goal(f"rss_mb_{name}", 100.0, False, f"{name} peak RSS (VmHWM) <= 100 MB")
         for name in PYTHON_SERVICES
     },
+    # Absolute work, not ratios: a ratio to a baseline as heavy as the design proves nothing.
+    "accept_cpu_us_per_rcpt": Goal(
+        "accept_cpu_us_per_rcpt",
+        30.0,
+        False,
+        "acceptance CPU-µs per recipient at the API's max (API + Cassandra + RabbitMQ) <= 30",
+    ),
+    "api_max_rcpt_per_s": Goal(
+        "api_max_rcpt_per_s", 30_000.0, True, "API max recipients/s (N=100) >= 30,000"
+    ),
+    "e2e_cpu_us_per_rcpt": Goal(
+        "e2e_cpu_us_per_rcpt",
+        50.0,
+        False,
+        "end-to-end CPU-µs per recipient (consumers + Cassandra + RabbitMQ, N=100) <= 50",
+    ),
+    "webhook_cpu_us_per_event": Goal(
+        "webhook_cpu_us_per_event",
+        150.0,
+        False,
+        "webhook ingest CPU-µs per event (webhooks + Cassandra + RabbitMQ, batched) <= 150",
+    ),
+    "stats_read_ms_10m": Goal(
+        "stats_read_ms_10m", 50.0, False, "a day's stats of a 10M-recipient user read in <= 50 ms"
+    ),
 }
 
 

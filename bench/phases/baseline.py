@@ -38,7 +38,8 @@ async def _l_accept(ctx: Context, label: str) -> Result:
     order=10,
     needs={"sandbox"},
     description=(
-        "raw acceptance: outbox row + BatchStore.accept + confirmed publish + outbox done, no HTTP"
+        "raw acceptance, the physical minimum: one single-partition mutation of the batch with "
+        "its recipients + one confirmed publish, no HTTP"
     ),
 )
 async def l_accept(ctx: Context) -> Result:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from cassandra.util import uuid_from_time
 
-from bench import gclog, procfs, stats, targets
+from bench import gclog, procfs, report, stats, targets
 from bench.cleanup import stale
 from bench.experiments import NAMES, sitecustomize
 from bench.phases import Phase, plan
@@ -326,3 +326,63 @@ def test_gc_log_lines_without_a_pause_are_ignored() -> None:
         "[2026-11-20T23:28:32.976+0000][3312.956s][info] GC(3351) Concurrent Mark Cycle 196.685ms"
     )
     assert gclog.parse_line(line) is None
+
+
+def _usage(unit: str, **per_process: float) -> dict[str, dict[str, float]]:
+    return {name: {f"cpu_us_per_{unit}": value} for name, value in per_process.items()}
+
+
+def test_work_per_recipient_adds_up_the_processes_of_the_path_only() -> None:
+    usage = _usage("recipient", api=90.0, cassandra=100.0, rabbitmq=8.0, sandbox=50.0, bench=3.0)
+    assert report.work_per_unit(usage, report.ACCEPT_PROCESSES, "recipient") == 198.0
+
+
+def test_work_per_unit_is_unknown_when_a_process_was_not_sampled() -> None:
+    usage = _usage("event", webhooks=600.0, cassandra=400.0)
+    assert report.work_per_unit(usage, report.WEBHOOK_PROCESSES, "event") is None
+    assert report.work_per_unit(None, report.WEBHOOK_PROCESSES, "event") is None
+
+
+def test_acceptance_work_is_read_at_the_level_that_reached_the_maximum() -> None:
+    levels = [
+        {"concurrency": 16, "usage": _usage("recipient", api=1.0, cassandra=1.0, rabbitmq=1.0)},
+        {"concurrency": 32, "usage": _usage("recipient", api=2.0, cassandra=2.0, rabbitmq=2.0)},
+    ]
+    results = {"api_max": {"levels": levels, "best_concurrency": 32, "recipients_per_s": 9.0}}
+    assert report.best_level(results) == levels[1]
+
+
+def test_latest_json_carries_the_headline_figures_at_the_top_level() -> None:
+    figures = {
+        "accept_cpu_us_per_rcpt": 199.0,
+        "api_max_rcpt_per_s": 8950.0,
+        "p99_ms_at_50pct": 290.0,
+        "p99_ms_at_80pct": 1630.0,
+        "rss_mb_api": 107.0,
+        "rss_mb_consumers": 111.0,
+        "rss_mb_webhooks": 84.0,
+        "e2e_cpu_us_per_rcpt": 319.0,
+        "webhook_cpu_us_per_event": 1100.0,
+        "stats_read_ms_10m": None,
+    }
+    latest = report.latest({"run_id": "r", "figures": figures, "targets": {}})
+    assert set(report.LATEST_KEYS) <= set(latest)
+    assert latest["rss_mb"] == {"api": 107.0, "consumers": 111.0, "webhooks": 84.0}
+    assert (latest["p99_ms_at_50"], latest["stats_read_ms_10m"]) == (290.0, None)
+
+
+@pytest.mark.parametrize(
+    ("goal", "value", "passed"),
+    [
+        ("accept_cpu_us_per_rcpt", 30.0, True),
+        ("accept_cpu_us_per_rcpt", 30.1, False),
+        ("api_max_rcpt_per_s", 30_000.0, True),
+        ("api_max_rcpt_per_s", 29_999.0, False),
+        ("e2e_cpu_us_per_rcpt", 51.0, False),
+        ("webhook_cpu_us_per_event", 150.0, True),
+        ("stats_read_ms_10m", 50.1, False),
+    ],
+)
+def test_absolute_work_goals_hold_at_their_bound(goal: str, value: float, passed: bool) -> None:
+    figure = targets.GOALS[goal].figure
+    assert targets.evaluate({figure: value})[goal]["pass"] is passed
