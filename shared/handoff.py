@@ -99,11 +99,7 @@ class HandOff:
         # Publish before marking the cause superseded: a replay of the report skips
         # superseded causes, so the mark must mean "the job is out" (a crash in between
         # only publishes the job again, which its consumers tell apart).
-        await self.broker.publish(
-            log_key(planned.provider, log_id, planned.attempt),
-            LogJob(batch_id=batch_id, chunk=chunk, log_id=log_id, attempt=planned.attempt).encode(),
-            message_id=f"{log_id}:{planned.attempt}",
-        )
+        await self._publish(batch_id, chunk, log_id, planned)
         await self.recipients.supersede(
             batch_id,
             chunk,
@@ -124,13 +120,21 @@ class HandOff:
         failed: str,
         why: str,
     ) -> None:
-        """Complete a hand-off of ``cause`` that stopped after its job was out (a publish
-        whose confirm was lost) once the recipient is final: mark the cause handed over, and
-        publish nothing. Does nothing when ``cause`` was never handed over."""
+        """Complete a hand-off of ``cause`` that stopped before marking the cause handed over
+        (its publish failed, or its confirm was lost after the broker took the job), now that
+        the failure's event or deadline check came back and found the recipient moved on.
+
+        Does nothing when ``cause`` was never handed over: then nothing is to be completed
+        (the recipient's own fate decides). Publishes the planned job again while the
+        recipient is still queued (its consumers tell a duplicate apart), then marks.
+        """
         line = await self.attempts.line(batch_id, recipient_line(log_id))
         planned = next((a for a in line if a.cause == cause), None)
         if planned is None:
             return
+        row = await self.recipients.one(batch_id, chunk, log_id)
+        if row is not None and visible(row).state == "queued":
+            await self._publish(batch_id, chunk, log_id, planned)
         await self.recipients.supersede(
             batch_id,
             chunk,
@@ -139,6 +143,15 @@ class HandOff:
             provider=failed,
             result=why,
             when=planned.created_at,
+        )
+
+    async def _publish(
+        self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID, planned: Attempt
+    ) -> None:
+        await self.broker.publish(
+            log_key(planned.provider, log_id, planned.attempt),
+            LogJob(batch_id=batch_id, chunk=chunk, log_id=log_id, attempt=planned.attempt).encode(),
+            message_id=f"{log_id}:{planned.attempt}",
         )
 
     async def _give_up(

@@ -69,7 +69,9 @@ async def start_consumers(
     await res.broker.consume(
         topology.batches_queue, settling(splitter.process, inflight), prefetch=16
     )
-    _background.add(asyncio.create_task(_probe_query_apis(providers, settings)))
+    probe = asyncio.create_task(_probe_query_apis(providers, settings))
+    _background.add(probe)
+    probe.add_done_callback(_background.discard)
     handler = settling(dispatcher.process, inflight)
     for code in settings.providers.chain_codes:
         await res.broker.consume(

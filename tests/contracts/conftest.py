@@ -47,23 +47,23 @@ class Stores:
     tokens: Any
     db: Database | FakeCassandra
 
-    async def events(self, batch_id: uuid.UUID, log_id: uuid.UUID) -> dict[str, bool]:
-        """A recipient's timeline as ``{event_id: counted}``."""
+    async def events(self, batch_id: uuid.UUID, log_id: uuid.UUID) -> list[tuple[str, bool]]:
+        """A recipient's timeline rows as ``(event_id, counted)``, in time order."""
         if isinstance(self.db, FakeCassandra):
-            return {
-                e: row["counted"]
-                for (b, log, e), row in self.db.events.items()
+            return [
+                (e, row["counted"])
+                for (b, log, _, e), row in sorted(self.db.events.items(), key=lambda i: i[0][2])
                 if (b, log) == (batch_id, log_id)
-            }
+            ]
         rows = await self.db.rows(
             "SELECT event_id, counted FROM log_events WHERE batch_id = ? AND log_id = ?",
             (batch_id, log_id),
         )
-        return {r["event_id"]: r["counted"] for r in rows}
+        return [(r["event_id"], r["counted"]) for r in rows]
 
     async def orphaned(self, provider: str, day: date, event_id: str) -> bool:
         if isinstance(self.db, FakeCassandra):
-            return (provider, event_id) in self.db.orphans
+            return (provider, day, event_id) in self.db.orphans
         row = await self.db.one(
             "SELECT event_id FROM orphan_events WHERE provider = ? AND day = ? AND event_id = ?",
             (provider, day, event_id),

@@ -4,6 +4,7 @@ asserted identically of the in-memory twin and of the real store on Cassandra.""
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,8 +17,8 @@ from shared.webhook_events import ProviderEvent
 from tests.contracts.conftest import Stores
 
 
-def _batch(*emails: str, chunk_size: int = 2) -> NewBatch:
-    batch_id = uuid.uuid1()
+def _batch(*emails: str, chunk_size: int = 2, batch_id: uuid.UUID | None = None) -> NewBatch:
+    batch_id = batch_id or uuid.uuid1()
     return NewBatch(
         batch_id=batch_id,
         user_id=uuid.uuid4(),
@@ -93,14 +94,45 @@ async def test_set_status_changes_the_headers_status(stores: Stores) -> None:
     assert header is not None and header.status == "dispatched"
 
 
+def _sign_bit_pair() -> tuple[uuid.UUID, str, str]:
+    """A batch id and two addresses whose log ids differ first in the sign bit of a byte of
+    their clock sequence, so that Cassandra's order (signed bytes) and Python's (unsigned)
+    disagree."""
+    for n in range(10_000):
+        batch_id = uuid.uuid1()
+        a, b = f"s{n}a@example.org", f"s{n}b@example.org"
+        x, y = log_id_for(batch_id, a).bytes[8:], log_id_for(batch_id, b).bytes[8:]
+        first = next((i for i in range(8) if x[i] != y[i]), None)
+        if first is not None and (x[first] ^ y[first]) & 0x80:
+            return batch_id, a, b
+    raise AssertionError("no such pair")
+
+
+async def test_recipients_of_a_chunk_come_in_cassandras_timeuuid_order(stores: Stores) -> None:
+    batch_id, a, b = _sign_bit_pair()
+    batch = _batch(a, b, batch_id=batch_id)
+    await stores.batches.write(batch)
+    rows = await stores.recipients.chunk_rows(batch_id, 0)
+    # Same time: ordered by the clock sequence and node as *signed* bytes.
+    signed = sorted(
+        batch.recipients,
+        key=lambda r: [int.from_bytes([x], signed=True) for x in r.log_id.bytes[8:]],
+    )
+    assert [r["email"] for r in rows] == [r.email for r in signed]
+    python_order = sorted(batch.recipients, key=lambda r: r.log_id)
+    assert [r.email for r in signed] != [r.email for r in python_order]
+
+
 async def test_recipients_start_queued_in_their_chunks(stores: Stores) -> None:
     batch = await _stored(stores, "a@example.org", "b@example.org", "c@example.org")
     first = await stores.recipients.chunk_rows(batch.batch_id, 0)
     assert sorted(r["email"] for r in first) == ["a@example.org", "b@example.org"]
     assert {visible(r).state for r in first} == {"queued"}
-    assert [r["email"] for r in await stores.recipients.batch_rows(batch.batch_id)] == [
-        r.email for r in sorted(batch.recipients[:2], key=lambda r: r.log_id)
-    ] + ["c@example.org"]
+    assert sorted(r["email"] for r in await stores.recipients.batch_rows(batch.batch_id))[:2] == [
+        "a@example.org",
+        "b@example.org",
+    ]
+    assert (await stores.recipients.batch_rows(batch.batch_id))[-1]["email"] == "c@example.org"
     assert await stores.recipients.one(batch.batch_id, 1, uuid.uuid1()) is None
 
 
@@ -316,7 +348,22 @@ async def test_a_replayed_event_is_one_timeline_entry(stores: Stores) -> None:
     ev = _event(batch)
     await stores.timeline.record(batch.batch_id, batch.recipients[0].log_id, ev, counted=True)
     await stores.timeline.record(batch.batch_id, batch.recipients[0].log_id, ev, counted=False)
-    assert await stores.events(batch.batch_id, batch.recipients[0].log_id) == {ev.event_id: False}
+    assert await stores.events(batch.batch_id, batch.recipients[0].log_id) == [(ev.event_id, False)]
+
+
+async def test_the_same_event_at_another_time_is_another_timeline_entry(stores: Stores) -> None:
+    """An event without its own timestamp takes the time it was received: a provider's
+    retry of it is then a second entry."""
+    batch = _batch("a@example.org")
+    log_id = batch.recipients[0].log_id
+    first = _event(batch)
+    again = replace(first, occurred_at=first.occurred_at + timedelta(seconds=30))
+    await stores.timeline.record(batch.batch_id, log_id, first, counted=True)
+    await stores.timeline.record(batch.batch_id, log_id, again, counted=False)
+    assert await stores.events(batch.batch_id, log_id) == [
+        (first.event_id, True),
+        (first.event_id, False),
+    ]
 
 
 async def test_an_orphan_event_is_kept(stores: Stores) -> None:
@@ -332,3 +379,25 @@ async def test_a_webhook_token_goes_with_one_body(stores: Stores) -> None:
     assert await stores.tokens.accept_once(token, b"body-1")
     assert await stores.tokens.accept_once(token, b"body-1")  # a replay
     assert not await stores.tokens.accept_once(token, b"body-2")  # a forgery
+
+
+async def test_of_two_writes_at_the_same_moment_the_larger_value_wins(stores: Stores) -> None:
+    """Cassandra breaks a write-timestamp tie by the larger serialized value (whatever the
+    order the writes arrived in); stamps are whole seconds, so ties happen."""
+    batch = await _stored(stores, "a@example.org")
+    log_id = batch.recipients[0].log_id
+    for result in ("failed: X's", "failed: A"):
+        await stores.recipients.call_failed(
+            batch.batch_id, 0, [log_id], provider="sg", result=result, when=_at(batch, 1)
+        )
+    for seconds in (2.3, 2.0):  # the same second, so the same stamp; last_update differs
+        await stores.recipients.accepted(
+            batch.batch_id, 0, [log_id], provider="mg", tag="c.1", when=_at(batch, seconds),
+            message_id=None,
+        )  # fmt: skip
+    row = await stores.recipients.one(batch.batch_id, 0, log_id)
+    assert row is not None
+    assert dict(row["providers"])["sg"] == "failed: X's"
+    assert row["last_update"].replace(tzinfo=None) == _at(batch, 2.3).replace(
+        tzinfo=None, microsecond=_at(batch, 2.3).microsecond // 1000 * 1000
+    )

@@ -7,9 +7,11 @@ next publish raise (the broker is down, or the confirm never came).
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shared.errors import PublishError
@@ -39,6 +41,10 @@ class FakeMessage:
     message_id: str | None = None
     delay: int | None = None
     settled: str | None = None
+    due: datetime | None = None
+    """When a delayed message's time is up (by the broker's clock)."""
+    deliveries: int = 0
+    """How many times it was delivered before (RabbitMQ's x-delivery-count)."""
 
     async def ack(self) -> None:
         self.settled = "ack"
@@ -51,8 +57,13 @@ class FakeMessage:
 
 
 class FakeBroker:
-    def __init__(self, topology: Topology | None = None) -> None:
+    def __init__(
+        self,
+        topology: Topology | None = None,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self.topology = topology or Topology(exchange="fake", delay_tiers=(1, 5, 30))
+        self.now = now
         self.queues: dict[str, deque[FakeMessage]] = defaultdict(deque)
         self.published: list[FakeMessage] = []
         self._failures: list[tuple[Exception, bool]] = []
@@ -98,6 +109,7 @@ class FakeBroker:
             if delay not in self.topology.all_delay_tiers:
                 raise PublishError(f"unroutable: {message.routing_key} (no delay tier {delay})")
             message.headers[DELAY_HEADER] = str(delay)
+            message.due = self.now() + timedelta(seconds=delay)
             self.published.append(message)
             self.queues[self.topology.delay_queue(delay)].append(message)
             return
@@ -120,12 +132,29 @@ class FakeBroker:
     async def queue_depth(self, queue_name: str) -> int:
         return len(self.queues.get(queue_name, ()))
 
-    def expire(self) -> None:
-        """Every delayed message's time is up: it goes back to the main exchange."""
+    def _delayed(self) -> list[FakeMessage]:
+        return [
+            m
+            for tier in self.topology.all_delay_tiers
+            for m in self.queues.get(self.topology.delay_queue(tier), ())
+        ]
+
+    def next_due(self) -> datetime | None:
+        """When the next delayed message's time is up (None: nothing is delayed)."""
+        return min((m.due for m in self._delayed() if m.due is not None), default=None)
+
+    def expire(self, until: datetime | None = None) -> None:
+        """Delayed messages whose time is up by ``until`` (default: all) go back to the main
+        exchange under their own key; one nobody is bound to is dropped, as RabbitMQ drops
+        an unroutable dead-lettered message."""
         for tier in self.topology.all_delay_tiers:
-            waiting = self.queues.pop(self.topology.delay_queue(tier), deque())
-            for message in waiting:
-                self._route(message)
+            name = self.topology.delay_queue(tier)
+            waiting = self.queues.get(name, deque())
+            due = [m for m in waiting if until is None or (m.due is not None and m.due <= until)]
+            self.queues[name] = deque(m for m in waiting if m not in due)
+            for message in due:
+                with contextlib.suppress(PublishError):
+                    self._route(message)
 
     def take(self) -> list[FakeMessage]:
         """Everything published so far (and forget it)."""

@@ -13,10 +13,10 @@ whose outcome is unknown.
 
 from __future__ import annotations
 
-import time
+import asyncio
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
@@ -32,21 +32,39 @@ from shared.webhook_events import ProviderEvent
 Key = tuple[uuid.UUID, int, uuid.UUID]
 
 
-def _now_us() -> int:
-    return time.time_ns() // 1000
-
-
 def _stored(value: datetime) -> datetime:
-    """A timestamp as Cassandra returns it: naive UTC, millisecond precision."""
-    value = value.astimezone(UTC).replace(tzinfo=None)
+    """A timestamp as Cassandra returns it: naive UTC, millisecond precision (the driver
+    takes a naive datetime as UTC)."""
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC).replace(tzinfo=None)
     return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
+def _serialized(value: Any) -> Any:
+    """What Cassandra compares when two cells tie on timestamp: their serialized bytes, in
+    the order of their values for the types we store."""
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, datetime):
+        return _stored(value)
+    return value
 
 
 def _wins(new: tuple[int, Any], old: tuple[int, Any] | None) -> bool:
     """Cassandra's reconciliation of two cells: later timestamp, then the larger value."""
     if old is None or new[0] != old[0]:
         return old is None or new[0] > old[0]
-    return repr(new[1]) > repr(old[1])
+    return bool(_serialized(new[1]) > _serialized(old[1]))
+
+
+def timeuuid_order(value: uuid.UUID) -> tuple[int, bytes]:
+    """Cassandra's order of ``timeuuid`` clustering values: by time, then the clock sequence
+    and node compared as signed bytes (Python compares UUIDs as unsigned integers)."""
+    return value.time, bytes(b ^ 0x80 for b in value.bytes[8:])
+
+
+def _clustering(key: Key) -> tuple[int, tuple[int, bytes]]:
+    return key[1], timeuuid_order(key[2])
 
 
 @dataclass
@@ -58,6 +76,7 @@ class _Cells:
     sets: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
 
     def put(self, column: str, value: Any, stamp: int) -> None:
+        value = _stored(value) if isinstance(value, datetime) else value
         if _wins((stamp, value), self.plain.get(column)):
             self.plain[column] = (stamp, value)
 
@@ -89,10 +108,42 @@ class _Failure:
     applied: bool
 
 
+#: The operations a fault can be injected into (each store operation that does I/O).
+OPERATIONS = frozenset(
+    {
+        "attempts.create",
+        "attempts.line",
+        "attempts.transition",
+        "batches.header",
+        "batches.index",
+        "batches.locate",
+        "batches.owner",
+        "batches.set_status",
+        "batches.write",
+        "recipients.accepted",
+        "recipients.batch_rows",
+        "recipients.call_failed",
+        "recipients.chunk_rows",
+        "recipients.give_up",
+        "recipients.one",
+        "recipients.reported",
+        "recipients.supersede",
+        "stats.mark",
+        "stats.outcome",
+        "suppressions.add",
+        "timeline.orphan",
+        "timeline.record",
+        "tokens.accept_once",
+    }
+)
+
+
 class FakeCassandra:
     """The tables the twins share (as one keyspace is shared by the real stores)."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.now = now
+        """The clock of server-side times (write timestamps, ``created_at``): the World's."""
         self.headers: dict[uuid.UUID, dict[str, Any]] = {}
         self.recipients: dict[Key, _Cells] = {}
         self.emails: dict[tuple[uuid.UUID, str], tuple[int, uuid.UUID]] = {}
@@ -101,17 +152,22 @@ class FakeCassandra:
             dict
         )
         self.suppressions: dict[tuple[uuid.UUID, str], dict[str, Any]] = {}
-        self.events: dict[tuple[uuid.UUID, uuid.UUID, str], dict[str, Any]] = {}
-        self.orphans: dict[tuple[str, str], str] = {}
+        self.events: dict[tuple[uuid.UUID, uuid.UUID, datetime, str], dict[str, Any]] = {}
+        self.orphans: dict[tuple[str, date, str], str] = {}
         self.tokens: dict[str, bytes] = {}
         self._failures: dict[str, list[_Failure]] = defaultdict(list)
         self.calls: list[str] = []
 
     def fail(self, operation: str, error: BaseException, *, applied: bool = False) -> None:
         """Make the next ``operation`` (e.g. ``"attempts.transition"``) raise ``error``."""
+        if operation not in OPERATIONS:
+            raise ValueError(f"no fault point {operation!r}; known: {sorted(OPERATIONS)}")
         self._failures[operation].append(_Failure(error, applied))
 
-    def _before(self, operation: str) -> _Failure | None:
+    async def _before(self, operation: str) -> _Failure | None:
+        # Every operation yields to the event loop, as a real round trip does, so concurrent
+        # callers interleave here as they would in production.
+        await asyncio.sleep(0)
         self.calls.append(operation)
         queue = self._failures.get(operation)
         if not queue:
@@ -135,7 +191,7 @@ class FakeBatches:
         self.stats = stats or FakeStats(db)
 
     async def write(self, batch: NewBatch) -> None:
-        failure = self.db._before("batches.write")
+        failure = await self.db._before("batches.write")
         queued = precedence.queued_stamp(batch.batch_id)
         created = precedence.accepted_at(batch.batch_id)
         for i, r in enumerate(batch.recipients):
@@ -157,7 +213,7 @@ class FakeBatches:
             batch.batch_id,
             {
                 "user_id": batch.user_id,
-                "created_at": created,
+                "created_at": _stored(created).replace(tzinfo=UTC),
                 "message": batch.message,
                 "recipient_count": len(batch.recipients),
                 "chunk_size": batch.chunk_size,
@@ -170,7 +226,7 @@ class FakeBatches:
         self.db._after(failure)
 
     async def index(self, batch: NewBatch) -> None:
-        failure = self.db._before("batches.index")
+        failure = await self.db._before("batches.index")
         for i, r in enumerate(batch.recipients):
             self.db.emails[(batch.batch_id, r.email.lower())] = (batch.chunk_of(i), r.log_id)
         await self.stats.mark(
@@ -179,19 +235,19 @@ class FakeBatches:
         self.db._after(failure)
 
     async def header(self, batch_id: uuid.UUID) -> BatchHeader | None:
-        self.db._after(self.db._before("batches.header"))
+        self.db._after(await self.db._before("batches.header"))
         h = self.db.headers.get(batch_id)
         if h is None:
             return None
         return BatchHeader(batch_id=batch_id, **h)
 
     async def owner(self, batch_id: uuid.UUID) -> uuid.UUID | None:
-        self.db._after(self.db._before("batches.owner"))
+        self.db._after(await self.db._before("batches.owner"))
         h = self.db.headers.get(batch_id)
         return h["user_id"] if h else None
 
     async def locate(self, batch_id: uuid.UUID, email: str) -> tuple[int, uuid.UUID] | None:
-        self.db._after(self.db._before("batches.locate"))
+        self.db._after(await self.db._before("batches.locate"))
         return self.db.emails.get((batch_id, email.lower()))
 
     async def status(self, batch_id: uuid.UUID) -> str | None:
@@ -199,7 +255,7 @@ class FakeBatches:
         return h["status"] if h else None
 
     async def set_status(self, batch_id: uuid.UUID, status: str, reason: str | None = None) -> None:
-        failure = self.db._before("batches.set_status")
+        failure = await self.db._before("batches.set_status")
         if batch_id in self.db.headers:
             self.db.headers[batch_id].update(status=status, reason=reason)
         self.db._after(failure)
@@ -221,8 +277,8 @@ class FakeStats:
     async def mark(
         self, user_id: uuid.UUID, batch_id: uuid.UUID, metric: str, keys: Iterable[uuid.UUID]
     ) -> None:
-        failure = self.db._before("stats.mark")
-        stamp = _now_us()
+        failure = await self.db._before("stats.mark")
+        stamp = int(self.db.now().timestamp() * 1_000_000)
         for key in keys:
             self._set(user_id, batch_id, metric, str(key), stamp, True)
         self.db._after(failure)
@@ -235,7 +291,7 @@ class FakeStats:
         metric: str,
         stamp: int,
     ) -> None:
-        failure = self.db._before("stats.outcome")
+        failure = await self.db._before("stats.outcome")
         for log_id in log_ids:
             self._set(user_id, batch_id, metric, str(log_id), stamp, True)
             self._set(user_id, batch_id, OUTCOMES[metric], str(log_id), stamp, False)
@@ -291,18 +347,21 @@ class FakeRecipients:
         return self.db.recipients.setdefault((batch_id, chunk, log_id), _Cells())
 
     async def batch_rows(self, batch_id: uuid.UUID) -> list[dict[str, Any]]:
-        self.db._after(self.db._before("recipients.batch_rows"))
-        return [self._row(k) for k in sorted(self.db.recipients) if k[0] == batch_id]
+        self.db._after(await self.db._before("recipients.batch_rows"))
+        keys = sorted((k for k in self.db.recipients if k[0] == batch_id), key=_clustering)
+        return [self._row(k) for k in keys]
 
     async def chunk_rows(self, batch_id: uuid.UUID, chunk: int) -> list[dict[str, Any]]:
-        self.db._after(self.db._before("recipients.chunk_rows"))
-        keys = sorted(k for k in self.db.recipients if k[0] == batch_id and k[1] == chunk)
+        self.db._after(await self.db._before("recipients.chunk_rows"))
+        keys = sorted(
+            (k for k in self.db.recipients if k[0] == batch_id and k[1] == chunk), key=_clustering
+        )
         return [self._row(k) for k in keys]
 
     async def one(
         self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID
     ) -> dict[str, Any] | None:
-        self.db._after(self.db._before("recipients.one"))
+        self.db._after(await self.db._before("recipients.one"))
         key = (batch_id, chunk, log_id)
         return self._row(key) if key in self.db.recipients else None
 
@@ -317,7 +376,7 @@ class FakeRecipients:
         when: datetime,
         message_id: str | None,
     ) -> None:
-        failure = self.db._before("recipients.accepted")
+        failure = await self.db._before("recipients.accepted")
         stamp = precedence.provider_stamp(batch_id, when, 0)
         for log_id in log_ids:
             c = self._cells(batch_id, chunk, log_id)
@@ -339,7 +398,7 @@ class FakeRecipients:
         result: str,
         when: datetime,
     ) -> None:
-        failure = self.db._before("recipients.call_failed")
+        failure = await self.db._before("recipients.call_failed")
         stamp = precedence.provider_stamp(batch_id, when, 0)
         for log_id in log_ids:
             self._cells(batch_id, chunk, log_id).put_entry(
@@ -359,7 +418,7 @@ class FakeRecipients:
     ) -> None:
         if not log_ids:
             return
-        failure = self.db._before("recipients.give_up")
+        failure = await self.db._before("recipients.give_up")
         stamp = precedence.give_up_stamp(batch_id)
         for log_id in log_ids:
             c = self._cells(batch_id, chunk, log_id)
@@ -379,7 +438,7 @@ class FakeRecipients:
         result: str,
         when: datetime,
     ) -> None:
-        failure = self.db._before("recipients.supersede")
+        failure = await self.db._before("recipients.supersede")
         stamp = precedence.provider_stamp(batch_id, when, 0)
         c = self._cells(batch_id, chunk, log_id)
         c.add("superseded", [tag], stamp)
@@ -404,7 +463,7 @@ class FakeRecipients:
         reason: str | None,
         evidence: str | None,
     ) -> None:
-        failure = self.db._before("recipients.reported")
+        failure = await self.db._before("recipients.reported")
         c = self._cells(batch_id, chunk, log_id)
         stage = precedence.provider_stamp(batch_id, when, stage_rank)
         c.put_entry("providers", provider, provider_result[:300], stage)
@@ -435,7 +494,7 @@ class FakeAttempts:
         self.db = db
 
     async def line(self, batch_id: uuid.UUID, line: str, *, serial: bool = False) -> list[Attempt]:
-        self.db._after(self.db._before("attempts.line"))
+        self.db._after(await self.db._before("attempts.line"))
         rows = self.db.attempts.get((batch_id, line), {})
         return [from_row(line, rows[n]) for n in sorted(rows)]
 
@@ -459,7 +518,7 @@ class FakeAttempts:
         cause: str | None = None,
         reason: str | None = None,
     ) -> bool:
-        failure = self.db._before("attempts.create")
+        failure = await self.db._before("attempts.create")
         rows = self.db.attempts[(batch_id, line)]
         applied = attempt not in rows
         if applied:
@@ -472,7 +531,7 @@ class FakeAttempts:
                 owner=owner,
                 cause=cause,
                 reason=reason,
-                created_at=_stored(datetime.now(UTC)),
+                created_at=_stored(self.db.now()),
                 checks=0,
             )
             rows[attempt] = row
@@ -488,7 +547,7 @@ class FakeAttempts:
         expect: Mapping[str, Any],
         values: Mapping[str, Any],
     ) -> bool:
-        failure = self.db._before("attempts.transition")
+        failure = await self.db._before("attempts.transition")
         row = self.db.attempts.get((batch_id, line), {}).get(attempt)
         applied = row is not None and all(row[k] == v for k, v in expect.items())
         if applied:
@@ -514,7 +573,7 @@ class FakeSuppressions:
         event_id: str | None = None,
         at: datetime | None = None,
     ) -> None:
-        failure = self.db._before("suppressions.add")
+        failure = await self.db._before("suppressions.add")
         self.db.suppressions[(user_id, email.lower())] = {
             "reason": reason,
             "source": source,
@@ -536,8 +595,8 @@ class FakeTimeline:
     async def record(
         self, batch_id: uuid.UUID, log_id: uuid.UUID, ev: ProviderEvent, *, counted: bool
     ) -> None:
-        failure = self.db._before("timeline.record")
-        self.db.events[(batch_id, log_id, ev.event_id)] = {
+        failure = await self.db._before("timeline.record")
+        self.db.events[(batch_id, log_id, _stored(ev.occurred_at), ev.event_id)] = {
             "kind": ev.kind,
             "provider": ev.provider,
             "attempt": ev.attempt,
@@ -546,8 +605,8 @@ class FakeTimeline:
         self.db._after(failure)
 
     async def orphan(self, ev: ProviderEvent) -> None:
-        failure = self.db._before("timeline.orphan")
-        self.db.orphans[(ev.provider, ev.event_id)] = ev.raw_event
+        failure = await self.db._before("timeline.orphan")
+        self.db.orphans[(ev.provider, ev.occurred_at.date(), ev.event_id)] = ev.raw_event
         self.db._after(failure)
 
 
@@ -558,7 +617,7 @@ class FakeWebhookTokens:
         self.db = db
 
     async def accept_once(self, token: str, body_hash: bytes) -> bool:
-        failure = self.db._before("tokens.accept_once")
+        failure = await self.db._before("tokens.accept_once")
         first = self.db.tokens.setdefault(token, body_hash)
         self.db._after(failure)
         return first == body_hash

@@ -25,6 +25,7 @@ from shared.metrics import DispatchMetrics
 from shared.models import Address, BatchJob, Chunk, Message, Recipient
 from shared.precedence import visible
 from shared.providers.base import LookupQuery, Receipt
+from shared.resources import topology_for
 from shared.settle import run
 from shared.topology import batch_key
 from tests.fakes.broker import FakeBroker, FakeMessage
@@ -115,7 +116,12 @@ class World:
         }
         values.update(provider_settings)
         self.settings = ProviderSettings(**values)  # type: ignore[arg-type]
-        self.db = FakeCassandra()
+        self.clock = Clock()
+        self.app_settings = Settings(
+            providers=self.settings,
+            webhooks=webhooks or WebhookSettings(deferred_deadline=3600),
+        )
+        self.db = FakeCassandra(now=self.clock)
         self.stats = FakeStats(self.db)
         self.batches = FakeBatches(self.db, self.stats)
         self.recipients = FakeRecipients(self.db, self.stats)
@@ -123,8 +129,7 @@ class World:
         self.suppressions = FakeSuppressions(self.db)
         self.timeline = FakeTimeline(self.db)
         self.tokens = FakeWebhookTokens(self.db)
-        self.broker = FakeBroker()
-        self.clock = Clock()
+        self.broker = FakeBroker(topology_for(self.app_settings), now=self.clock)
         self.providers = {
             "sg": ScriptedProvider("sg", "SendGrid"),
             "mg": ScriptedProvider("mg", "Mailgun"),
@@ -149,10 +154,6 @@ class World:
             self.settings.chain_codes[0],
         )
         self.dead: list[FakeMessage] = []
-        self.app_settings = Settings(
-            providers=self.settings,
-            webhooks=webhooks or WebhookSettings(deferred_deadline=3600),
-        )
         self.ingest = Ingest(
             batches=self.batches,  # type: ignore[arg-type]
             recipients=self.recipients,  # type: ignore[arg-type]
@@ -213,7 +214,11 @@ class World:
         if settled == "reject":
             self.dead.append(message)
         elif settled == "nack":
-            self.broker.queues[self._queue_of(message)].append(replace(message, settled=None))
+            again = replace(message, settled=None, deliveries=message.deliveries + 1)
+            if again.deliveries >= self.broker.topology.delivery_limit:
+                self.dead.append(again)  # the quorum queue's delivery limit: dead-lettered
+            else:
+                self.broker.queues[self._queue_of(message)].append(again)
         return settled
 
     def _queue_of(self, message: FakeMessage) -> str:
@@ -237,20 +242,16 @@ class World:
         return False
 
     async def settle(self, *, rounds: int = 1000) -> None:
-        """Run until nothing is left: deliver what is ready; then let the delayed messages'
-        time pass (the clock moves by the longest delay among them) and go on."""
+        """Run until nothing is left: deliver what is ready; then move the clock to when the
+        next delayed message is due, release what is due by then, and go on."""
         for _ in range(rounds):
             while await self.step():
                 pass
-            delays = [
-                m.delay or 0
-                for tier in self.broker.topology.all_delay_tiers
-                for m in self.broker.queues.get(self.broker.topology.delay_queue(tier), ())
-            ]
-            if not delays:
+            due = self.broker.next_due()
+            if due is None:
                 return
-            self.clock.advance(max(delays))
-            self.broker.expire()
+            self.clock.now = max(self.clock.now, due)
+            self.broker.expire(until=self.clock.now)
         raise AssertionError("the world did not settle")
 
     async def states(self, batch: NewBatch) -> dict[str, str]:

@@ -325,18 +325,29 @@ async def test_a_second_delivery_during_a_live_call_waits_for_the_lease() -> Non
     await w.settle()
     assert w.providers["sg"].emails() == [A]
     checks = [m for m in w.broker.take() if b'"check":1' in m.body]
-    assert checks and checks[0].delay is not None and checks[0].delay >= 1
+    lease = w.broker.topology.delay_tier_for(w.settings.call_lease)
+    assert [m.delay for m in checks] == [lease]  # one check, when the caller's lease ends
     assert (await w.rows(batch))[A]["event"] == "sent"
 
 
 async def test_the_answer_is_stored_through_a_cassandra_outage() -> None:
+    """Cassandra stops answering once the provider has answered: the answer, which exists
+    only in this process, is written again until it is stored; nothing is sent twice."""
     w = World()
     batch = await w.accept(A)
-    w.db.fail("attempts.transition", DependencyUnavailable("cassandra", "timeout"))
-    w.db.fail("attempts.transition", DependencyUnavailable("cassandra", "timeout"))
+
+    async def outage(point: str, job: protocol.Job) -> None:
+        for _ in range(2):
+            w.db.fail("attempts.transition", DependencyUnavailable("cassandra", "timeout"))
+
+    w.hooks["answered"] = outage
     await w.settle()
     assert w.providers["sg"].emails() == [A]
+    assert w.providers["mg"].sent == []
+    (attempt,) = await w.attempts.line(batch.batch_id, chunk_line(0))
+    assert attempt.state == "accepted"
     assert (await w.rows(batch))[A]["event"] == "sent"
+    assert w.db.calls.count("attempts.transition") == 4  # calling, then three tries to record
 
 
 async def test_a_claim_whose_outcome_is_unknown_is_read_back_and_honoured() -> None:
@@ -563,3 +574,30 @@ async def test_a_deadline_hand_off_whose_confirm_was_lost_is_marked_by_the_check
     await w.settle()
     assert (await w.rows(batch))[A]["superseded"] == frozenset({"c.0"})
     assert w.providers["mg"].emails() == [A]
+
+
+async def test_a_deadline_hand_off_that_never_went_out_is_sent_when_its_check_returns() -> None:
+    """The deadline check planned the re-send and died before publishing it; a provider-side
+    drop was then recorded (and its own hand-off cut short). The check's redelivery finds the
+    recipient queued and no longer deferred: it publishes the planned re-send and marks the
+    cause, rather than marking a hand-off that never left."""
+    w = World()
+    batch = await w.accept(A)
+    await w.settle()
+    a = batch.recipients[0]
+    await _deferred(w, batch.batch_id, a.log_id, batch.user_id)
+    check = LogJob(batch_id=batch.batch_id, chunk=0, log_id=a.log_id, deferral="c.0").encode()
+    job, cause = decode(FakeMessage(log_key("sg", a.log_id), check))  # type: ignore[arg-type]
+    assert cause is not None
+    w.broker.fail(PublishError("connection lost"))
+    with pytest.raises(PublishError):
+        await w.dispatcher.deferral_check(job, cause)
+    await w.recipients.reported(
+        batch.batch_id, batch.user_id, 0, a.log_id, provider="sg", provider_result="dropped",
+        message_id=None, stage_rank=5, rank=0, when=w.clock.now + timedelta(seconds=5),
+        event="dropped", state=None, reason="provider blocklist", evidence=None,
+    )  # fmt: skip
+    await w.deliver(FakeMessage(log_key("sg", a.log_id), check))
+    await w.settle()
+    assert w.providers["mg"].emails() == [A]
+    assert (await w.rows(batch))[A]["superseded"] == frozenset({"c.0"})

@@ -7,8 +7,9 @@ import asyncio
 import logging
 
 import pytest
+from pydantic import SecretStr
 
-from services.consumers.main import _probe_query_apis, start_consumers
+from services.consumers.main import _background, _probe_query_apis, start_consumers
 from shared.config import ProviderSettings, Settings
 from shared.errors import TransientProviderError
 from shared.resources import Resources
@@ -19,7 +20,16 @@ from tests.fakes.world import ScriptedProvider
 
 async def test_the_consumers_read_the_batches_queue_and_both_queues_of_each_provider() -> None:
     broker = FakeBroker()
-    settings = Settings(providers=ProviderSettings(chain="mg,sg"))
+    nowhere = "http://127.0.0.1:9"  # the discard port: the start-up probe reaches no provider
+    settings = Settings(
+        providers=ProviderSettings(
+            chain="mg,sg",
+            sendgrid_base_url=nowhere,
+            mailgun_base_url=nowhere,
+            sendgrid_api_key=SecretStr("unit"),
+            mailgun_api_key=SecretStr("unit"),
+        )
+    )
     res = Resources(db=None, broker=broker)  # type: ignore[arg-type]  # nothing is read yet
     dispatcher = await start_consumers(settings, res, InFlight())
     t = broker.topology
@@ -32,7 +42,8 @@ async def test_the_consumers_read_the_batches_queue_and_both_queues_of_each_prov
         t.log_queue("sg"),
     }
     assert list(dispatcher.providers) == ["mg", "sg"]
-    await asyncio.sleep(0)  # let the start-up probe run
+    await asyncio.wait_for(asyncio.gather(*_background), 10)  # the start-up probe finishes
+    assert not _background  # and is let go
     for provider in dispatcher.providers.values():
         await provider.aclose()
 
