@@ -14,6 +14,7 @@ Counting a day is a ``GROUP BY`` over one partition; closed days are rolled up i
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import UTC, date, datetime, timedelta
@@ -62,8 +63,15 @@ def is_closed(day: date, now: datetime) -> bool:
     return now >= datetime.combine(day + timedelta(days=1), datetime.min.time(), UTC) + CLOSE_AFTER
 
 
-#: (user, day) pairs remembered as already recorded in ``active_users``.
+#: (user, day) pairs remembered as already recorded as active.
 ACTIVE_MEMO = 100_000
+#: Partitions a day's active users are spread over (no single hot partition per day).
+ACTIVE_BUCKETS = 16
+
+
+def user_bucket(user_id: uuid.UUID, buckets: int = ACTIVE_BUCKETS) -> int:
+    """The ``active_user_buckets`` partition of a user (stable: from the id alone)."""
+    return user_id.int % buckets
 
 
 class StatsStore:
@@ -122,8 +130,8 @@ class StatsStore:
         if (user_id, day) in self._active_memo:
             return
         await self.db.execute(
-            "INSERT INTO active_users (day, user_id) VALUES (?, ?)",
-            (day, user_id),
+            "INSERT INTO active_user_buckets (day, bucket, user_id) VALUES (?, ?, ?)",
+            (day, user_bucket(user_id), user_id),
             idempotent=True,
         )
         if len(self._active_memo) >= ACTIVE_MEMO:
@@ -168,8 +176,19 @@ class StatsStore:
         )
 
     async def active_users(self, day: date) -> list[uuid.UUID]:
-        rows = await self.db.all_pages("SELECT user_id FROM active_users WHERE day = ?", (day,))
-        return [r["user_id"] for r in rows]
+        """Every user with a stat on ``day``: its buckets read in parallel, and the index of
+        releases before the buckets (days recorded then are still found)."""
+        parts = await asyncio.gather(
+            *(
+                self.db.all_pages(
+                    "SELECT user_id FROM active_user_buckets WHERE day = ? AND bucket = ?",
+                    (day, bucket),
+                )
+                for bucket in range(ACTIVE_BUCKETS)
+            ),
+            self.db.all_pages("SELECT user_id FROM active_users WHERE day = ?", (day,)),
+        )
+        return sorted({r["user_id"] for rows in parts for r in rows}, key=str)
 
     async def keys(self, user_id: uuid.UUID, day: date, metric: str) -> set[str]:
         rows = await self.db.all_pages(

@@ -1,6 +1,7 @@
-"""``safedelivr stats reconcile`` in its whole-keyspace form (no ``--user``), in a keyspace of
-its own: it finds and repairs the drift of every user there. Other tests scope it to their own
-user, since a shared keyspace holds everyone's rows."""
+"""``safedelivr stats reconcile`` in its whole-keyspace form (no ``--user``), and the index of
+a day's active users it starts from, in a keyspace of its own: it finds and repairs the drift
+of every user there. Other tests scope it to their own user, since a shared keyspace holds
+everyone's rows."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from shared.models import Address, Message, Recipient
 from shared.precedence import accepted_at
 from shared.recipients import RecipientStore
 from shared.reconcile import reconcile_day
-from shared.stats import StatsStore, batch_day
+from shared.stats import StatsStore, batch_day, user_bucket
 from tests.conftest import private_keyspace, unique
 
 
@@ -92,3 +93,29 @@ async def test_reconcile_without_a_user_repairs_every_user_of_the_keyspace(
     stats = StatsStore(own_db)
     for user in (first, second):
         assert (await stats.count_day(user, day)).get("success") == 1
+
+
+async def test_a_days_active_users_are_spread_over_buckets_and_all_found(
+    own_db: Database,
+) -> None:
+    stats = StatsStore(own_db)
+    users = [uuid.UUID(int=n * 7919 + 3) for n in range(40)]
+    batch_id = uuid.uuid1()
+    day = batch_day(batch_id)
+    for user in users:
+        await stats.mark(user, batch_id, "queued", [uuid.uuid1()])
+    assert await stats.active_users(day) == sorted(users, key=str)
+    rows = await own_db.all_pages("SELECT bucket, user_id FROM active_user_buckets")
+    assert {r["bucket"] for r in rows} == {user_bucket(u) for u in users}
+    assert len({user_bucket(u) for u in users}) > 1  # not one partition for everyone
+
+
+async def test_a_day_indexed_before_the_buckets_is_still_found(own_db: Database) -> None:
+    legacy, current = uuid.uuid4(), uuid.uuid4()
+    batch_id = uuid.uuid1()
+    day = batch_day(batch_id)
+    await own_db.execute(
+        "INSERT INTO active_users (day, user_id) VALUES (?, ?)", (day, legacy)
+    )  # what releases before the buckets wrote
+    await StatsStore(own_db).mark(current, batch_id, "queued", [uuid.uuid1()])
+    assert set(await StatsStore(own_db).active_users(day)) == {legacy, current}
