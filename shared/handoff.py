@@ -66,13 +66,13 @@ class HandOff:
     ) -> None:
         """Hand the recipient over (idempotent: at most one new attempt per ``cause``)."""
         line_key = recipient_line(log_id)
-        planned: Attempt | None = None
         serial = False
         for _ in range(_PLAN_TRIES):
             line = await self.attempts.line(batch_id, line_key, serial=serial)
             planned = next((a for a in line if a.cause == cause), None)
             if planned is not None:
-                break
+                await self._complete(batch_id, chunk, log_id, planned, failed=failed, why=why)
+                return
             row = await self.recipients.one(batch_id, chunk, log_id)
             if row is None or visible(row).state != "queued":
                 return  # final meanwhile: nothing to hand over
@@ -94,21 +94,7 @@ class HandOff:
                 reason=why[:500],
             )
             serial = True  # read back what is there now: ours, or a racer's
-        if planned is None:
-            return  # lost every race: the winners published their own attempts
-        # Publish before marking the cause superseded: a replay of the report skips
-        # superseded causes, so the mark must mean "the job is out" (a crash in between
-        # only publishes the job again, which its consumers tell apart).
-        await self._publish(batch_id, chunk, log_id, planned)
-        await self.recipients.supersede(
-            batch_id,
-            chunk,
-            log_id,
-            tag=cause,
-            provider=failed,
-            result=why,
-            when=planned.created_at,
-        )
+        # Lost every race: the winners publish their own attempts.
 
     async def finish(
         self,
@@ -123,15 +109,29 @@ class HandOff:
         """Complete a hand-off of ``cause`` that stopped before marking the cause handed over
         (its publish failed, or its confirm was lost after the broker took the job), now that
         the failure's event or deadline check came back and found the recipient moved on.
-
-        Does nothing when ``cause`` was never handed over: then nothing is to be completed
-        (the recipient's own fate decides). Publishes the planned job again while the
-        recipient is still queued (its consumers tell a duplicate apart), then marks.
+        Does nothing when ``cause`` was never handed over: the recipient's own fate decides.
         """
         line = await self.attempts.line(batch_id, recipient_line(log_id))
         planned = next((a for a in line if a.cause == cause), None)
-        if planned is None:
-            return
+        if planned is not None:
+            await self._complete(batch_id, chunk, log_id, planned, failed=failed, why=why)
+
+    async def _complete(
+        self,
+        batch_id: uuid.UUID,
+        chunk: int,
+        log_id: uuid.UUID,
+        planned: Attempt,
+        *,
+        failed: str,
+        why: str,
+    ) -> None:
+        """Send the planned attempt's job while the recipient is still queued, then mark its
+        cause handed over. Publish before marking: a replay of the report skips superseded
+        causes, so the mark must mean "the job is out" (a crash in between only publishes the
+        job again, which its consumers tell apart). A recipient final meanwhile needs no job,
+        only the mark."""
+        assert planned.cause is not None  # noqa: S101 - planned attempts name their cause
         row = await self.recipients.one(batch_id, chunk, log_id)
         if row is not None and visible(row).state == "queued":
             await self._publish(batch_id, chunk, log_id, planned)
@@ -139,7 +139,7 @@ class HandOff:
             batch_id,
             chunk,
             log_id,
-            tag=cause,
+            tag=planned.cause,
             provider=failed,
             result=why,
             when=planned.created_at,

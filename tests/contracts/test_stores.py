@@ -10,25 +10,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from shared.batchstore import NewBatch, log_id_for
-from shared.models import Address, Message, Recipient
 from shared.precedence import accepted_at, visible
 from shared.stats import batch_day
 from shared.webhook_events import ProviderEvent
 from tests.contracts.conftest import Stores
+from tests.fakes.world import new_batch
 
 
 def _batch(*emails: str, chunk_size: int = 2, batch_id: uuid.UUID | None = None) -> NewBatch:
-    batch_id = batch_id or uuid.uuid1()
-    return NewBatch(
-        batch_id=batch_id,
-        user_id=uuid.uuid4(),
-        message=Message(sender=Address(email="news@example.com"), subject="Contract", text="Hello"),
-        recipients=[
-            Recipient(log_id=log_id_for(batch_id, e), email=e, name=None, substitutions={})
-            for e in emails
-        ],
-        chunk_size=chunk_size,
-    )
+    return new_batch(*emails, chunk_size=chunk_size, batch_id=batch_id)
 
 
 async def _stored(stores: Stores, *emails: str, chunk_size: int = 2) -> NewBatch:

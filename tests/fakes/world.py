@@ -87,6 +87,26 @@ class ScriptedProvider:
         return [r.email for c in self.sent for r in c.recipients]
 
 
+def new_batch(
+    *emails: str,
+    chunk_size: int = 10,
+    batch_id: uuid.UUID | None = None,
+    user_id: uuid.UUID | None = None,
+) -> NewBatch:
+    """A batch of one plain message to ``emails``, with the log ids acceptance gives them."""
+    batch_id = batch_id or uuid.uuid1()
+    return NewBatch(
+        batch_id=batch_id,
+        user_id=user_id or uuid.uuid4(),
+        message=Message(sender=Address(email="news@example.com"), subject="Hi", text="Hello"),
+        recipients=[
+            Recipient(log_id=log_id_for(batch_id, e), email=e, name=None, substitutions={})
+            for e in emails
+        ],
+        chunk_size=chunk_size,
+    )
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = datetime.now(UTC)
@@ -179,20 +199,18 @@ class World:
 
     async def accept(self, *emails: str, chunk_size: int = 10) -> NewBatch:
         """Store a batch as the API does and publish its ``batch.<uuid>`` job."""
-        batch_id = uuid.uuid1()
-        batch = NewBatch(
-            batch_id=batch_id,
-            user_id=uuid.uuid4(),
-            message=Message(sender=Address(email="news@example.com"), subject="Hi", text="Hello"),
-            recipients=[
-                Recipient(log_id=log_id_for(batch_id, e), email=e, name=None, substitutions={})
-                for e in emails
-            ],
-            chunk_size=chunk_size,
-        )
+        batch = new_batch(*emails, chunk_size=chunk_size)
         await self.batches.write(batch)
         await self.batches.index(batch)
-        await self.broker.publish(batch_key(batch_id), BatchJob(batch_id=batch_id).encode())
+        await self.broker.publish(
+            batch_key(batch.batch_id), BatchJob(batch_id=batch.batch_id).encode()
+        )
+        return batch
+
+    async def sent(self, *emails: str) -> NewBatch:
+        """A batch accepted and sent through the first provider, with nothing left to do."""
+        batch = await self.accept(*emails)
+        await self.settle()
         return batch
 
     def _work_queues(self) -> list[str]:

@@ -12,14 +12,14 @@ from datetime import timedelta
 import pytest
 
 from shared import accounts
-from shared.batchstore import BatchStore, NewBatch, log_id_for
+from shared.batchstore import BatchStore, NewBatch
 from shared.db import Database
-from shared.models import Address, Message, Recipient
 from shared.precedence import accepted_at
 from shared.recipients import RecipientStore
 from shared.reconcile import reconcile_day
 from shared.stats import StatsStore, batch_day, user_bucket
 from tests.conftest import private_keyspace, unique
+from tests.fakes.world import new_batch
 
 
 @pytest.fixture
@@ -35,17 +35,8 @@ async def own_db(services_up: None) -> AsyncIterator[Database]:
 async def _delivered_batch(db: Database) -> tuple[uuid.UUID, NewBatch]:
     """A user with a one-recipient batch that was delivered (logs and stats agree)."""
     user_id = await accounts.ensure_user(db, unique("rec"))
-    batch_id = uuid.uuid1()
-    email = "a@example.org"
-    batch = NewBatch(
-        batch_id=batch_id,
-        user_id=user_id,
-        message=Message(sender=Address(email="news@example.com"), subject="Hi", text="Hello"),
-        recipients=[
-            Recipient(log_id=log_id_for(batch_id, email), email=email, name=None, substitutions={})
-        ],
-        chunk_size=10,
-    )
+    batch = new_batch("a@example.org", user_id=user_id)
+    batch_id = batch.batch_id
     store = BatchStore(db)
     await store.write(batch)
     await store.index(batch)

@@ -105,8 +105,7 @@ async def test_a_permanent_refusal_by_every_provider_gives_up_without_cycling() 
 async def test_a_provider_missing_from_the_adapters_is_a_misconfiguration_not_a_send() -> None:
     w = World()
     del w.dispatcher.providers["sg"]  # type: ignore[attr-defined]
-    batch = await w.accept(A)
-    await w.settle()
+    batch = await w.sent(A)
     assert w.providers["mg"].emails() == [A]
     (first, _) = await w.attempts.line(batch.batch_id, chunk_line(0))
     assert first.error is not None and first.error.startswith("misconfigured|")
@@ -114,8 +113,7 @@ async def test_a_provider_missing_from_the_adapters_is_a_misconfiguration_not_a_
 
 async def test_a_redelivered_job_after_acceptance_calls_no_provider_again() -> None:
     w = World()
-    batch = await w.accept(A)
-    await w.settle()
+    batch = await w.sent(A)
     job = ChunkJob(batch_id=batch.batch_id, chunk=0).encode()
     for _ in range(3):
         await w.deliver(FakeMessage(dispatch_key("sg", batch.batch_id, 0), job))
@@ -409,8 +407,7 @@ def test_a_log_job_decodes_to_the_recipients_own_line() -> None:
 
 async def test_a_resend_job_sends_one_recipient_through_its_planned_provider() -> None:
     w = World()
-    batch = await w.accept(A, B)
-    await w.settle()
+    batch = await w.sent(A, B)
     b = batch.recipients[1]
     await w.dispatcher.handoff(
         batch_id=batch.batch_id, user_id=batch.user_id, chunk=0, log_id=b.log_id,
@@ -426,8 +423,7 @@ async def test_a_resend_job_sends_one_recipient_through_its_planned_provider() -
 
 async def test_a_resend_refused_everywhere_gives_the_recipient_up() -> None:
     w = World(max_attempts=2)
-    batch = await w.accept(A)
-    await w.settle()
+    batch = await w.sent(A)
     w.providers["mg"].answers += [TransientProviderError("mg", "503", status=503)] * 2
     a = batch.recipients[0]
     await w.dispatcher.handoff(
@@ -450,8 +446,7 @@ async def _deferred(w: World, batch_id: uuid.UUID, log_id: uuid.UUID, user_id: u
 
 async def test_a_recipient_still_deferred_at_its_deadline_is_handed_to_the_next_provider() -> None:
     w = World()
-    batch = await w.accept(A)
-    await w.settle()
+    batch = await w.sent(A)
     a = batch.recipients[0]
     await _deferred(w, batch.batch_id, a.log_id, batch.user_id)
     check = LogJob(batch_id=batch.batch_id, chunk=0, log_id=a.log_id, deferral="c.0").encode()
@@ -465,8 +460,7 @@ async def test_a_recipient_still_deferred_at_its_deadline_is_handed_to_the_next_
 
 async def test_a_recipient_no_longer_deferred_at_its_deadline_stays_put() -> None:
     w = World()
-    batch = await w.accept(A)
-    await w.settle()
+    batch = await w.sent(A)
     a = batch.recipients[0]
     check = LogJob(batch_id=batch.batch_id, chunk=0, log_id=a.log_id, deferral="c.0").encode()
     assert await w.deliver(FakeMessage(log_key("sg", a.log_id), check)) == "ack"
@@ -552,8 +546,7 @@ async def test_a_deadline_hand_off_whose_confirm_was_lost_is_marked_by_the_check
     None
 ):
     w = World()
-    batch = await w.accept(A)
-    await w.settle()
+    batch = await w.sent(A)
     a = batch.recipients[0]
     await _deferred(w, batch.batch_id, a.log_id, batch.user_id)
     check = LogJob(batch_id=batch.batch_id, chunk=0, log_id=a.log_id, deferral="c.0").encode()
@@ -582,8 +575,7 @@ async def test_a_deadline_hand_off_that_never_went_out_is_sent_when_its_check_re
     recipient queued and no longer deferred: it publishes the planned re-send and marks the
     cause, rather than marking a hand-off that never left."""
     w = World()
-    batch = await w.accept(A)
-    await w.settle()
+    batch = await w.sent(A)
     a = batch.recipients[0]
     await _deferred(w, batch.batch_id, a.log_id, batch.user_id)
     check = LogJob(batch_id=batch.batch_id, chunk=0, log_id=a.log_id, deferral="c.0").encode()

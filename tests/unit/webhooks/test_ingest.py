@@ -49,15 +49,9 @@ def timeline(w: World, batch_id: uuid.UUID, log_id: uuid.UUID) -> dict[str, dict
     return {e: row for (b, log, _, e), row in w.db.events.items() if (b, log) == (batch_id, log_id)}
 
 
-async def sent(w: World, *emails: str) -> NewBatch:
-    batch = await w.accept(*emails)
-    await w.settle()
-    return batch
-
-
 async def test_a_delivery_makes_the_recipient_a_success_and_counts_it_once() -> None:
     w = World()
-    batch = await sent(w, A, B)
+    batch = await w.sent(A, B)
     ev = event(batch, "delivered")
     assert await w.ingest.apply(ev) == "applied"
     assert await w.ingest.apply(ev) == "applied"  # the provider retried the webhook
@@ -72,7 +66,7 @@ async def test_a_delivery_makes_the_recipient_a_success_and_counts_it_once() -> 
 
 async def test_a_hard_bounce_fails_the_recipient_and_suppresses_the_address() -> None:
     w = World()
-    batch = await sent(w, A)
+    batch = await w.sent(A)
     await w.ingest.apply(event(batch, "bounced", reason="550 no such user", suppress=True))
     row = (await w.rows(batch))[A]
     assert (await w.states(batch), row["reason_detail"]) == ({A: "failed"}, "550 no such user")
@@ -84,7 +78,7 @@ async def test_a_hard_bounce_fails_the_recipient_and_suppresses_the_address() ->
 
 async def test_an_event_for_an_unknown_batch_is_kept_as_an_orphan() -> None:
     w = World()
-    batch = await sent(w, A)
+    batch = await w.sent(A)
     stray = event(batch, "delivered", batch_id=uuid.uuid1())
     assert await w.ingest.apply(stray) == "orphan"
     assert (stray.provider, stray.occurred_at.date(), stray.event_id) in w.db.orphans
@@ -93,7 +87,7 @@ async def test_an_event_for_an_unknown_batch_is_kept_as_an_orphan() -> None:
 
 async def test_an_event_without_ids_is_matched_by_address_case_insensitively() -> None:
     w = World()
-    batch = await sent(w, A, B)
+    batch = await w.sent(A, B)
     ev = event(batch, "delivered", email=B, chunk=None, log_id=None)
     assert await w.ingest.apply(replace(ev, email="B@Example.ORG")) == "applied"
     assert await w.states(batch) == {A: "queued", B: "success"}
@@ -103,7 +97,7 @@ async def test_an_event_without_ids_is_matched_by_address_case_insensitively() -
 
 async def test_a_provider_side_drop_hands_the_recipient_to_the_next_provider_once() -> None:
     w = World()
-    batch = await sent(w, A)
+    batch = await w.sent(A)
     drop = event(batch, "dropped", provider_side=True, reason="provider blocklist")
     await w.ingest.apply(drop)
     await w.ingest.apply(drop)  # the webhook again
@@ -117,7 +111,7 @@ async def test_a_provider_side_drop_hands_the_recipient_to_the_next_provider_onc
 
 async def test_a_failure_of_a_handed_over_attempt_decides_nothing() -> None:
     w = World()
-    batch = await sent(w, A)
+    batch = await w.sent(A)
     await w.ingest.apply(event(batch, "dropped", provider_side=True))
     await w.settle()
     late = event(batch, "bounced", reason="550", suppress=True)
@@ -132,7 +126,7 @@ async def test_a_failure_of_a_handed_over_attempt_decides_nothing() -> None:
 
 async def test_a_deferral_schedules_a_deadline_check_after_the_configured_deadline() -> None:
     w = World()
-    batch = await sent(w, A)
+    batch = await w.sent(A)
     w.broker.take()
     ev = event(batch, "deferred", reason="421 try later")
     await w.ingest.apply(ev)
@@ -147,7 +141,7 @@ async def test_a_deferral_schedules_a_deadline_check_after_the_configured_deadli
 
 async def test_a_late_deferral_of_a_final_recipient_changes_nothing() -> None:
     w = World()
-    batch = await sent(w, A)
+    batch = await w.sent(A)
     await w.ingest.apply(event(batch, "delivered"))
     w.broker.take()
     await w.ingest.apply(event(batch, "deferred"))
@@ -157,7 +151,7 @@ async def test_a_late_deferral_of_a_final_recipient_changes_nothing() -> None:
 
 async def test_a_deferral_still_standing_at_its_deadline_resends_elsewhere() -> None:
     w = World()
-    batch = await sent(w, A)
+    batch = await w.sent(A)
     await w.ingest.apply(event(batch, "deferred"))
     await w.settle()
     assert w.providers["mg"].emails() == [A]
@@ -166,7 +160,7 @@ async def test_a_deferral_still_standing_at_its_deadline_resends_elsewhere() -> 
 @pytest.mark.parametrize("kind", ["opened", "clicked", "complained"])
 async def test_engagement_and_complaints_count_without_changing_the_outcome(kind: str) -> None:
     w = World()
-    batch = await sent(w, A)
+    batch = await w.sent(A)
     await w.ingest.apply(event(batch, "delivered"))
     await w.ingest.apply(event(batch, kind, url="https://example.org/x"))
     assert await w.states(batch) == {A: "success"}
@@ -176,7 +170,7 @@ async def test_engagement_and_complaints_count_without_changing_the_outcome(kind
 
 async def test_the_batch_owner_is_read_once_and_unknown_batches_are_not_remembered() -> None:
     w = World()
-    batch = await sent(w, A, B)
+    batch = await w.sent(A, B)
     await w.ingest.apply(event(batch, "delivered"))
     await w.ingest.apply(event(batch, "delivered", email=B))
     assert w.db.calls.count("batches.owner") == 1
@@ -189,7 +183,7 @@ async def test_the_batch_owner_is_read_once_and_unknown_batches_are_not_remember
 
 async def test_apply_all_counts_what_it_applied_and_what_matched_nothing() -> None:
     w = World()
-    batch = await sent(w, A)
+    batch = await w.sent(A)
     counts = await w.ingest.apply_all(
         [event(batch, "delivered"), event(batch, "delivered", batch_id=None)]
     )
@@ -201,7 +195,7 @@ async def test_the_owner_cache_forgets_the_oldest_batches(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(ingest, "OWNER_CACHE", 1)
     w = World()
-    first, second = await sent(w, A), await sent(w, B)
+    first, second = await w.sent(A), await w.sent(B)
     for batch, email in ((first, A), (second, B), (first, A)):
         await w.ingest.apply(event(batch, "delivered", email=email))
     assert w.db.calls.count("batches.owner") == 3
@@ -213,7 +207,7 @@ async def test_a_hand_off_whose_publish_was_unconfirmed_is_marked_when_its_event
     the recipient final: it still marks the first attempt handed over, or the recipient would
     look sent twice, and the first provider's later failures would count against it."""
     w = World()
-    batch = await sent(w, A)
+    batch = await w.sent(A)
     drop = event(batch, "dropped", provider_side=True, reason="provider blocklist")
     w.broker.fail(PublishError("not confirmed"), delivered=True)
     with pytest.raises(PublishError):

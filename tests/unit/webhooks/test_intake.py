@@ -68,15 +68,9 @@ def mailgun_body(
     return orjson.dumps({"signature": sig, "event-data": event_data})
 
 
-async def sent(w: World, *emails: str) -> NewBatch:
-    batch = await w.accept(*emails)
-    await w.settle()
-    return batch
-
-
 async def test_a_delivery_is_applied_directly_when_cassandra_answers() -> None:
     w = World()
-    batch = await sent(w, A)
+    batch = await w.sent(A)
     answer = await w.intake.receive("sg", sendgrid_body(batch))
     assert answer == {"received": 1, "applied": 1, "orphans": 0}
     assert await w.states(batch) == {A: "success"}
@@ -85,7 +79,7 @@ async def test_a_delivery_is_applied_directly_when_cassandra_answers() -> None:
 
 async def test_a_delivery_is_queued_when_cassandra_fails_and_applied_once_it_is_back() -> None:
     w = World()
-    batch = await sent(w, A)
+    batch = await w.sent(A)
     w.db.fail("batches.owner", DependencyUnavailable("cassandra", "no host available"))
     before = time.time()
     answer = await w.intake.receive("sg", sendgrid_body(batch))
@@ -102,7 +96,7 @@ async def test_a_delivery_is_queued_when_cassandra_fails_and_applied_once_it_is_
 
 async def test_a_delivery_too_slow_to_apply_directly_is_queued() -> None:
     w = World()
-    batch = await sent(w, A)
+    batch = await w.sent(A)
     w.intake.budget = 0
     assert (await w.intake.receive("sg", sendgrid_body(batch)))["queued"] is True
     await w.settle()
@@ -111,7 +105,7 @@ async def test_a_delivery_too_slow_to_apply_directly_is_queued() -> None:
 
 async def test_when_neither_cassandra_nor_rabbitmq_takes_it_the_provider_must_retry() -> None:
     w = World()
-    batch = await sent(w, A)
+    batch = await w.sent(A)
     w.db.fail("batches.owner", DependencyUnavailable("cassandra", "down"))
     w.broker.fail(PublishError("connection refused"))
     with pytest.raises(DependencyUnavailable, match="cassandra and rabbitmq"):
@@ -129,7 +123,7 @@ async def test_a_malformed_body_is_a_400(provider: str) -> None:
 
 async def test_a_mailgun_token_is_accepted_again_only_with_the_same_body() -> None:
     w = World()
-    batch = await sent(w, A, B)
+    batch = await w.sent(A, B)
     signature = signing.mailgun_signature(MG_KEY, int(time.time()))
     body = mailgun_body(batch, A, signature=signature)
     assert (await w.intake.receive("mg", body))["applied"] == 1
@@ -142,7 +136,7 @@ async def test_a_mailgun_token_is_accepted_again_only_with_the_same_body() -> No
 
 async def test_a_queued_forgery_is_dropped_and_counted() -> None:
     w = World()
-    batch = await sent(w, A, B)
+    batch = await w.sent(A, B)
     signature = signing.mailgun_signature(MG_KEY, int(time.time()))
     await w.intake.receive("mg", mailgun_body(batch, A, signature=signature))
     forged = FakeMessage(intake_key("mg"), mailgun_body(batch, B, signature=signature))
@@ -174,7 +168,7 @@ async def test_a_queued_delivery_under_an_unknown_key_is_dead_lettered() -> None
 
 async def test_a_queued_delivery_without_its_receipt_time_is_still_applied() -> None:
     w = World()
-    batch = await sent(w, A)
+    batch = await w.sent(A)
     message = FakeMessage(intake_key("sg"), sendgrid_body(batch), {RECEIVED_AT: "garbage"})
     assert await w.deliver(message) == "ack"
     assert await w.states(batch) == {A: "success"}
@@ -223,7 +217,7 @@ def sg_headers(body: bytes, *, stamp: int | None = None, key: object = SG_KEY) -
 async def test_a_signed_sendgrid_delivery_is_applied(
     world: World, client: httpx.AsyncClient
 ) -> None:
-    batch = await sent(world, A)
+    batch = await world.sent(A)
     body = sendgrid_body(batch)
     response = await client.post("/webhooks/sendgrid", content=body, headers=sg_headers(body))
     assert (response.status_code, response.json()["applied"]) == (200, 1)
@@ -243,7 +237,7 @@ async def test_a_signed_sendgrid_delivery_is_applied(
 async def test_an_unverified_sendgrid_delivery_is_a_401_and_changes_nothing(
     world: World, client: httpx.AsyncClient, headers: object
 ) -> None:
-    batch = await sent(world, A)
+    batch = await world.sent(A)
     body = sendgrid_body(batch)
     response = await client.post("/webhooks/sendgrid", content=body, headers=headers(body))  # type: ignore[operator]
     assert (response.status_code, response.json()["error"]["code"]) == (401, "bad_signature")
@@ -263,7 +257,7 @@ async def test_sendgrid_basic_auth_is_checked_when_configured() -> None:
             sendgrid_basic_user="hooks", sendgrid_basic_password=SecretStr("s3cret")
         )
     )
-    batch = await sent(w, A)
+    batch = await w.sent(A)
     body = sendgrid_body(batch)
     async for client in client_for(w):
         wrong = await client.post(
@@ -290,7 +284,7 @@ async def test_a_webhook_body_over_the_limit_is_a_413(
 async def test_a_signed_mailgun_delivery_is_applied(
     world: World, client: httpx.AsyncClient
 ) -> None:
-    batch = await sent(world, A)
+    batch = await world.sent(A)
     response = await client.post("/webhooks/mailgun", content=mailgun_body(batch))
     assert (response.status_code, response.json()["applied"]) == (200, 1)
     assert await world.states(batch) == {A: "success"}
@@ -308,7 +302,7 @@ async def test_a_signed_mailgun_delivery_is_applied(
 async def test_an_unverified_mailgun_delivery_is_refused_and_changes_nothing(
     world: World, client: httpx.AsyncClient, signature: object, status: int
 ) -> None:
-    batch = await sent(world, A)
+    batch = await world.sent(A)
     body = mailgun_body(batch, signature=signature())  # type: ignore[operator]
     response = await client.post("/webhooks/mailgun", content=body)
     assert response.status_code == status
