@@ -1,8 +1,9 @@
 """Child process for webhook ingest: the raw Cassandra loop and the signed-POST load.
 
-``raw``: per event, the rows one ``delivered`` event writes (timeline row, the provider's map
-entries, the event/state columns, the stats mark), as prepared statements with a window of
-requests in flight: no HTTP, no signature, no parsing, no state machine.
+``raw``: per event, the rows one ``delivered`` event writes (timeline row, the recipient's
+own row, its outcome row and its bucket's dirty mark) as one logged batch, as the intake
+writes them, with a window of requests in flight: no HTTP, no signature, no parsing, no
+state machine.
 ``sendgrid`` / ``mailgun``: signed posts to the running webhook service, SendGrid-style
 batches of ``per_post`` events or Mailgun-style single events, ``concurrency`` in flight.
 Each mode first seeds one batch of recipients (untimed) for the events to correlate with.
@@ -27,24 +28,28 @@ from shared.batchstore import BatchStore, NewBatch
 from shared.config import load_settings
 from shared.db import Database
 from shared.models import Address, Message, Recipient
+from shared.recipients import log_id_for
+from shared.stats import DEFAULT_BUCKETS, bucket_of
 
 
 async def _seed(db: Database, user_id: uuid.UUID, count: int) -> tuple[uuid.UUID, list[Any]]:
     batch_id = uuid_from_time(time.time())
-    recipients = [
-        Recipient(log_id=uuid_from_time(time.time()), email=f"r{i}.{batch_id.hex[:6]}@example.com")
-        for i in range(count)
-    ]
     message = Message(sender=Address(email="bench@example.com"), subject="hooks", text="x")
     store = BatchStore(db)
+    first: list[Any] = []
     for i in range(0, count, 1000):
-        part = recipients[i : i + 1000]
-        batch = NewBatch(
-            batch_id if i == 0 else uuid_from_time(time.time()), user_id, message, part, 1000
-        )
+        part_id = batch_id if i == 0 else uuid_from_time(time.time())
+        part = [
+            Recipient(log_id=log_id_for(part_id, email), email=email)
+            for email in (
+                f"r{j}.{batch_id.hex[:6]}@example.com" for j in range(i, min(i + 1000, count))
+            )
+        ]
+        batch = NewBatch(part_id, user_id, message, part, 1000)
         await store.write(batch)
         await store.index(batch)
-    return batch_id, recipients[:1000]
+        first = first or part
+    return batch_id, first
 
 
 async def raw(db: Database, user_id: uuid.UUID, spec: dict[str, Any]) -> dict[str, Any]:
@@ -56,14 +61,15 @@ async def raw(db: Database, user_id: uuid.UUID, spec: dict[str, Any]) -> dict[st
         ),
         await db.prepare(
             "UPDATE batches USING TIMESTAMP ? SET providers['sg'] = 'delivered', "
-            "message_ids['sg'] = ? WHERE batch_id = ? AND chunk = 0 AND log_id = ?"
+            "message_ids['sg'] = ?, event = 'delivered', last_update = ?, state = 'success' "
+            "WHERE batch_id = ? AND chunk = 0 AND log_id = ?"
         ),
         await db.prepare(
-            "UPDATE batches USING TIMESTAMP ? SET event = 'delivered', last_update = ?, "
-            "state = 'success' WHERE batch_id = ? AND chunk = 0 AND log_id = ?"
+            "UPDATE stat_rows USING TIMESTAMP ? SET outcome = 'success' "
+            "WHERE user_id = ? AND day = ? AND bucket = ? AND batch_id = ? AND log_id = ?"
         ),
         await db.prepare(
-            "INSERT INTO stat_marks (user_id, day, metric, key) VALUES (?, ?, 'success', ?)"
+            "UPDATE stat_rows SET dirty_at = ? WHERE user_id = ? AND day = ? AND bucket = ?"
         ),
     ]
     today: date = datetime.now(UTC).date()
@@ -74,10 +80,16 @@ async def raw(db: Database, user_id: uuid.UUID, spec: dict[str, Any]) -> dict[st
         target = targets[n % len(targets)]
         now = datetime.now(UTC)
         stamp = int(now.timestamp()) * 1_000_000 + 3
-        await db.execute(stmts[0].bind((batch_id, target.log_id, now, f"raw-{n}")))
-        await db.execute(stmts[1].bind((stamp, "mid", batch_id, target.log_id)))
-        await db.execute(stmts[2].bind((stamp, now, batch_id, target.log_id)))
-        await db.execute(stmts[3].bind((user_id, today, f"{target.log_id}-{n}")))
+        bucket = bucket_of(target.log_id, DEFAULT_BUCKETS)
+        await db.batch(
+            [
+                stmts[0].bind((batch_id, target.log_id, now, f"raw-{n}")),
+                stmts[1].bind((stamp, "mid", now, batch_id, target.log_id)),
+                stmts[2].bind((stamp, user_id, today, bucket, batch_id, target.log_id)),
+                stmts[3].bind((now, user_id, today, bucket)),
+            ],
+            logged=True,
+        )
 
     return await _timed(spec, one, per_call=1, window=int(spec["window"]))
 

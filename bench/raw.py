@@ -35,7 +35,7 @@ from shared.config import Settings, load_settings
 from shared.db import Database
 from shared.models import BatchJob, ChunkJob
 from shared.providers.sendgrid import SendGridProvider
-from shared.recipients import RecipientStore
+from shared.recipients import RecipientStore, Selection
 from shared.resources import topology_for
 from shared.topology import batch_key, dispatch_key
 
@@ -210,8 +210,7 @@ async def e2e(spec: dict[str, Any]) -> dict[str, Any]:
         )
         await states.accepted(
             job.batch_id,
-            job.chunk,
-            [r.log_id for r in chunk.recipients],
+            Selection(job.chunk, tuple(r.log_id for r in chunk.recipients), whole=True),
             provider=provider.code,
             tag=tag(line, job.attempt),
             when=started,

@@ -50,6 +50,7 @@ from chaos import clients, faults, verdict
 from shared.attempts import AttemptStore
 from shared.check import Violation, check_day
 from shared.db import Database
+from shared.precedence import visible
 from shared.recipients import RecipientStore
 from shared.reconcile import day_batches
 from shared.stats import StatsStore, batch_day
@@ -207,17 +208,9 @@ async def _rows(db: Database, batch_id: uuid.UUID) -> list[verdict.Recipient]:
 
 
 async def _queued(db: Database, batch_id: uuid.UUID) -> int:
-    """Recipients of a batch that readers still see ``queued`` (a light read: two columns)."""
-    rows = await db.all_pages(
-        "SELECT log_id, state, gave_up_reason FROM batches WHERE batch_id = ?", (batch_id,)
-    )
-    return sum(
-        1
-        for r in rows
-        if r["log_id"] is not None
-        and r["state"] not in ("success", "failed")
-        and not r["gave_up_reason"]
-    )
+    """Recipients of a batch that readers still see ``queued``."""
+    rows = await RecipientStore(db).batch_rows(batch_id)
+    return sum(1 for r in rows if visible(r).state == "queued")
 
 
 async def _quiesce(stack: Stack, batches: set[str], limit: float, printer: Printer) -> None:
@@ -269,7 +262,7 @@ async def _verdict(
     stats = StatsStore(db)
     totals: dict[str, int] = {}
     for day in days:
-        for metric, n in (await stats.count_day(stack.user_id, day)).items():
+        for metric, n in (await stats.day(stack.user_id, day)).items():
             totals[metric] = totals.get(metric, 0) + n
     found = []
     for day in days:

@@ -70,12 +70,28 @@ def cmd_consumers(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
+    from shared.db import Database
     from shared.migrations import migrate
+    from shared.stats import StatsStore, fix_layout
+    from shared.upgrade import upgrade
 
-    applied = asyncio.run(migrate(settings.cassandra))
-    ks = settings.cassandra.keyspace
-    print(f"keyspace {ks}: applied {applied}" if applied else f"keyspace {ks}: up to date")
-    return 0
+    async def go() -> int:
+        applied = await migrate(settings.cassandra)
+        ks = settings.cassandra.keyspace
+        print(f"keyspace {ks}: applied {applied}" if applied else f"keyspace {ks}: up to date")
+        db = await Database.connect(settings.cassandra, keyspace=ks)
+        try:
+            await fix_layout(db, settings.stats.buckets)
+            report = await upgrade(db, StatsStore(db, settings.stats.buckets))
+        finally:
+            await db.close()
+        print(
+            f"data model v2: {report.upgraded} batch(es) upgraded ({report.recipients} "
+            f"recipients), {report.already} already v2, {report.kept_v1} kept in the v1 layout"
+        )
+        return 0
+
+    return asyncio.run(go())
 
 
 def cmd_topology(settings: Settings, args: argparse.Namespace) -> int:
@@ -118,19 +134,21 @@ def cmd_stats_reconcile(settings: Settings, args: argparse.Namespace) -> int:
     async def go() -> int:
         db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
         try:
-            drifts = await reconcile_day(db, day, fix=args.fix, users=users)
+            drifts = await reconcile_day(
+                db, day, fix=args.fix, users=users, buckets=settings.stats.buckets
+            )
         finally:
             await db.close()
         for d in drifts:
             print(
-                f"drift user={d.user_id} {d.metric}: stored {d.stored}, logs say "
-                f"{d.expected} ({len(d.missing)} missing, {len(d.extra)} extra)"
+                f"drift user={d.user_id} bucket={d.bucket}: rollup {d.stored}, "
+                f"outcome rows {d.counted}"
             )
         verb = "repaired" if args.fix else "found"
         print(
-            f"{day}: {len(drifts)} drifting counter(s) {verb}"
+            f"{day}: {len(drifts)} drifting bucket(s) {verb}"
             if drifts
-            else f"{day}: stats agree with the logs"
+            else f"{day}: every rollup agrees with its outcome rows"
         )
         return 1 if drifts and not args.fix else 0
 
@@ -158,6 +176,7 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
                 now=dt.datetime.now(dt.UTC),
                 settle_after=settle,
                 users=[args.user] if args.user else None,
+                buckets=settings.stats.buckets,
             )
         finally:
             await db.close()
@@ -229,10 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     stats = sub.add_parser("stats", help="daily stats tools").add_subparsers(
         dest="stats_command", required=True
     )
-    reconcile = stats.add_parser("reconcile", help="recompute a day from the logs")
+    reconcile = stats.add_parser("reconcile", help="recount a day's rollups from its outcome rows")
     reconcile.add_argument("--day", required=True, type=_day, help="UTC day, YYYY-MM-DD")
     reconcile.add_argument("--user", type=_user, help="only this user (id); default everyone")
-    reconcile.add_argument("--fix", action="store_true", help="rewrite drifting marks")
+    reconcile.add_argument("--fix", action="store_true", help="store the recounts as rollups")
     reconcile.set_defaults(func=cmd_stats_reconcile)
     check = sub.add_parser(
         "check",

@@ -3,8 +3,10 @@
 The order is what makes a crash at any point safe:
 
 1. an outbox row (``shared.outbox``): from here on the relay will look after the batch;
-2. the batch partition, header and recipients, as one mutation: the batch exists or not;
-3. the indexes (user's list, address index, ``queued`` marks), rewritable from (2);
+2. the batch partition, header and chunks, as one mutation: the batch exists or not
+   (written together with (1): if either fails the request fails and the batch is
+   cancelled, so the relay never publishes a batch whose client was told it failed);
+3. the indexes (the user's list, the batch's ``queued`` stat row), rewritable from (2);
 4. a confirmed publish of ``batch.<uuid>``, then the outbox row's removal.
 
 :meth:`Acceptance.finish` redoes (3) and (4) for a stored batch from what (2) stored. The
@@ -14,6 +16,7 @@ relay calls it for outbox rows left behind; the API calls it when a retried requ
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from dataclasses import dataclass
@@ -38,8 +41,10 @@ class Acceptance:
     async def store(self, batch: NewBatch) -> None:
         """Steps 1-3. Raises DependencyUnavailable if any fails (the batch may or may not be
         stored then: a retry with the same id and body writes the same rows)."""
-        await self.outbox.add(batch.batch_id, batch.user_id, accepted_at(batch.batch_id))
-        await self.batches.write(batch)
+        await asyncio.gather(
+            self.outbox.add(batch.batch_id, batch.user_id, accepted_at(batch.batch_id)),
+            self.batches.write(batch),
+        )
         await self.batches.index(batch)
 
     async def publish(self, batch_id: uuid.UUID) -> bool:

@@ -1,32 +1,33 @@
-"""Batches in Cassandra: the batch partition, its indexes, and reads of both.
+"""Batches in Cassandra: the batch partition, the user's batch list, and reads of both.
 
 Layout (``deploy/cql``): one ``batches`` partition per batch holds the header in static
-columns and one row per recipient clustered by ``(chunk, log_id)``, so storing a batch is one
-single-partition mutation (all of it or none of it) and updating one chunk's recipients is
-another. The indexes (the user's batch list, the address index webhooks use, the ``queued``
-marks) are written after it and can be rewritten from it at any time
-(:meth:`BatchStore.index_stored`), which is what finishing an interrupted acceptance does.
+columns and one row per chunk (at most a provider request's worth of recipients) with the
+chunk's recipient list, so storing a batch is one single-partition mutation whose size grows
+with its recipients but whose row count grows with its chunks (``shared.recipients`` owns the
+chunk rows' state and the recipient rows written when fates diverge). The user's batch list
+and the batch's ``queued`` stat row are written after it and can be rewritten from it at any
+time (:meth:`BatchStore.index_stored`), which is what finishing an interrupted acceptance does.
 
 Every id is deterministic: the batch id is fixed before anything is written (when an
 ``Idempotency-Key`` is claimed, with it) and each recipient's log id derives from the batch id
-and the address, so writing the same batch twice writes the same rows.
+and the address (``shared.recipients.log_id_for``), so writing the same batch twice writes the
+same rows.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import orjson
-from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
+from cassandra.query import UNSET_VALUE
 
 from shared import precedence
 from shared.db import Database
-from shared.models import Message, Recipient
+from shared.models import Message
+from shared.recipients import CHUNK_ROW, Addressee, encode_recipients, log_id_for
 from shared.stats import StatsStore
 
 
@@ -37,24 +38,6 @@ def month_of(batch_id: uuid.UUID) -> str:
 
 def timeuuid_datetime(value: uuid.UUID) -> datetime:
     return precedence.accepted_at(value)
-
-
-def log_id_for(batch_id: uuid.UUID, email: str) -> uuid.UUID:
-    """The log id of ``email`` in a batch: a time-based UUID with the batch's time and a
-    clock sequence and node derived from the address, so it is the same on every write."""
-    digest = hashlib.sha256(batch_id.bytes + email.lower().encode()).digest()
-    clock_seq = int.from_bytes(digest[:2], "big") & 0x3FFF
-    node = int.from_bytes(digest[2:8], "big")
-    return uuid.UUID(
-        fields=(
-            batch_id.time_low,
-            batch_id.time_mid,
-            batch_id.time_hi_version,
-            0x80 | (clock_seq >> 8),
-            clock_seq & 0xFF,
-            node,
-        )
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +60,7 @@ class NewBatch:
     batch_id: uuid.UUID
     user_id: uuid.UUID
     message: Message
-    recipients: Sequence[Recipient]
+    recipients: Sequence[Addressee]
     chunk_size: int
     response: bytes = b""
     """The 202 body, stored with the header so a retried request gets the same answer."""
@@ -89,17 +72,23 @@ class NewBatch:
     def chunk_of(self, index: int) -> int:
         return index // self.chunk_size
 
+    def chunks(self) -> list[Sequence[Addressee]]:
+        size = self.chunk_size
+        return [self.recipients[i : i + size] for i in range(0, len(self.recipients), size)]
 
-_INSERT_RECIPIENT = (
-    "INSERT INTO batches (batch_id, chunk, log_id, email, name, substitutions, state, event, "
-    "last_update) VALUES (?, ?, ?, ?, ?, ?, 'queued', 'queued', ?) USING TIMESTAMP ?"
+    def log_ids(self) -> list[uuid.UUID]:
+        return [log_id_for(self.batch_id, r.email) for r in self.recipients]
+
+
+_INSERT_CHUNK = (
+    "INSERT INTO batches (batch_id, chunk, log_id, recipients) VALUES (?, ?, ?, ?) "
+    "USING TIMESTAMP ?"
 )
 _INSERT_HEADER = (
     "INSERT INTO batches (batch_id, user_id, created_at, subject, message, recipient_count, "
     "chunk_size, chunk_count, status, updated_at, accept_response) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'accepted', ?, ?) USING TIMESTAMP ?"
 )
-_INSERT_EMAIL = "INSERT INTO batch_emails (batch_id, email, chunk, log_id) VALUES (?, ?, ?, ?)"
 _INSERT_LISTED = (
     "INSERT INTO batches_by_user (user_id, month, batch_id, subject, recipient_count) "
     "VALUES (?, ?, ?, ?, ?)"
@@ -115,96 +104,75 @@ def _header_stamp(batch_id: uuid.UUID) -> int:
 class BatchStore:
     """Every batch query; one method per operation."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, stats: StatsStore | None = None) -> None:
         self.db = db
-        self.stats = StatsStore(db)
+        self.stats = stats or StatsStore(db)
 
     async def write(self, batch: NewBatch) -> None:
-        """The batch partition, header and recipients, as one single-partition mutation."""
+        """The batch partition, header and chunks, as one single-partition mutation."""
         db = self.db
-        rows = BatchStatement(batch_type=BatchType.UNLOGGED)
-        rows.is_idempotent = True  # deterministic ids and timestamps
-        insert = await db.prepare(_INSERT_RECIPIENT)
+        insert = await db.prepare(_INSERT_CHUNK)
         created = precedence.accepted_at(batch.batch_id)
         queued = precedence.queued_stamp(batch.batch_id)
-        for i, r in enumerate(batch.recipients):
-            # Unset, not null: a bound null writes a tombstone per recipient.
-            subs = orjson.dumps(r.substitutions).decode() if r.substitutions else UNSET_VALUE
-            name = r.name if r.name is not None else UNSET_VALUE
-            rows.add(
-                insert,
-                (batch.batch_id, batch.chunk_of(i), r.log_id, r.email, name, subs, created, queued),
+        rows = [
+            insert.bind((batch.batch_id, i, CHUNK_ROW, encode_recipients(part), queued))
+            for i, part in enumerate(batch.chunks())
+        ]
+        rows.append(
+            (await db.prepare(_INSERT_HEADER)).bind(
+                (
+                    batch.batch_id,
+                    batch.user_id,
+                    created,
+                    batch.message.subject,
+                    batch.message.encode(),
+                    len(batch.recipients),
+                    batch.chunk_size,
+                    batch.chunk_count,
+                    created,
+                    batch.response or UNSET_VALUE,
+                    _header_stamp(batch.batch_id),
+                )
             )
-        rows.add(
-            await db.prepare(_INSERT_HEADER),
-            (
-                batch.batch_id,
-                batch.user_id,
-                created,
-                batch.message.subject,
-                batch.message.encode(),
-                len(batch.recipients),
-                batch.chunk_size,
-                batch.chunk_count,
-                created,
-                batch.response or UNSET_VALUE,
-                _header_stamp(batch.batch_id),
-            ),
         )
-        await db.execute(rows)
+        await db.batch(rows)
 
     async def index(self, batch: NewBatch) -> None:
-        """The user's batch list, the address index and the ``queued`` marks (idempotent)."""
+        """The user's batch list and the batch's ``queued`` stat row (idempotent)."""
         await self._index(
-            batch.batch_id,
-            batch.user_id,
-            batch.message.subject,
-            [(batch.chunk_of(i), r.log_id, r.email) for i, r in enumerate(batch.recipients)],
+            batch.batch_id, batch.user_id, batch.message.subject, len(batch.recipients)
         )
 
     async def index_stored(self, header: BatchHeader) -> None:
-        """Rewrite the indexes of a stored batch from its partition (finishing an acceptance
+        """Rewrite the indexes of a stored batch from its header (finishing an acceptance
         that stopped after the batch was written)."""
-        rows = await self.db.all_pages(
-            "SELECT chunk, log_id, email FROM batches WHERE batch_id = ?", (header.batch_id,)
-        )
         await self._index(
-            header.batch_id,
-            header.user_id,
-            header.message.subject,
-            [(r["chunk"], r["log_id"], r["email"]) for r in rows if r["log_id"] is not None],
+            header.batch_id, header.user_id, header.message.subject, header.recipient_count
         )
 
     async def _index(
-        self,
-        batch_id: uuid.UUID,
-        user_id: uuid.UUID,
-        subject: str,
-        recipients: Sequence[tuple[int, uuid.UUID, str]],
+        self, batch_id: uuid.UUID, user_id: uuid.UUID, subject: str, recipients: int
     ) -> None:
-        db = self.db
-        emails = BatchStatement(batch_type=BatchType.UNLOGGED)
-        emails.is_idempotent = True
-        insert_email = await db.prepare(_INSERT_EMAIL)
-        for chunk, log_id, email in recipients:
-            emails.add(insert_email, (batch_id, email.lower(), chunk, log_id))
         await asyncio.gather(
-            db.execute(
+            self.db.execute(
                 _INSERT_LISTED,
-                (user_id, month_of(batch_id), batch_id, subject, len(recipients)),
+                (user_id, month_of(batch_id), batch_id, subject, recipients),
                 idempotent=True,
             ),
-            db.execute(emails),
-            self.stats.mark(user_id, batch_id, "queued", [log_id for _, log_id, _ in recipients]),
+            self.stats.accepted(user_id, batch_id, recipients, _header_stamp(batch_id)),
         )
 
-    async def cancel(self, batch_id: uuid.UUID) -> None:
+    async def cancel(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> None:
         """Mark a batch whose storing failed (its client got an error) as never to be sent,
-        even if the failed write lands later: the status is written just after the header."""
-        await self.db.execute(
-            "UPDATE batches USING TIMESTAMP ? SET status = 'cancelled' WHERE batch_id = ?",
-            (_header_stamp(batch_id) + 1, batch_id),
-            idempotent=True,
+        and as counting nothing, even if the failed writes land later: both are written just
+        after the header's own timestamp."""
+        await asyncio.gather(
+            self.db.execute(
+                "UPDATE batches USING TIMESTAMP ? SET status = 'cancelled' WHERE batch_id = ?",
+                (_header_stamp(batch_id) + 1, batch_id),
+                idempotent=True,
+            ),
+            self.stats.cancelled(user_id, batch_id, _header_stamp(batch_id) + 1),
         )
 
     async def header(self, batch_id: uuid.UUID) -> BatchHeader | None:
@@ -234,14 +202,6 @@ class BatchStore:
             "SELECT user_id FROM batches WHERE batch_id = ? LIMIT 1", (batch_id,)
         )
         return row["user_id"] if row else None
-
-    async def locate(self, batch_id: uuid.UUID, email: str) -> tuple[int, uuid.UUID] | None:
-        """The chunk and log id of a batch's recipient, by address (case-insensitive)."""
-        row = await self.db.one(
-            "SELECT chunk, log_id FROM batch_emails WHERE batch_id = ? AND email = ?",
-            (batch_id, email.lower()),
-        )
-        return (row["chunk"], row["log_id"]) if row else None
 
     async def status(self, batch_id: uuid.UUID) -> str | None:
         """The header's status alone (None when the batch does not exist)."""

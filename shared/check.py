@@ -8,7 +8,8 @@ the logs. Each of these leaves a trace an operator can look for:
 * ``sent_twice``: a recipient that providers accepted through two attempts of which neither
   was handed over (``superseded``) to the other: its evidence names both;
 * ``delivered_but_failed``: a provider reported it ``delivered`` yet readers see ``failed``;
-* ``stats``: a day's stats marks that differ from what the logs earn (see ``reconcile``).
+* ``stats``: a recipient whose outcome row disagrees with its state, or a bucket rollup that
+  claims to be current yet disagrees with its outcome rows (see ``reconcile``).
 
 The judgement over one batch's rows is pure (:func:`batch_violations`); :func:`check_day`
 reads a day's batches and adds the stats drift of the same users.
@@ -27,7 +28,7 @@ from shared.attempts import AttemptStore
 from shared.db import Database
 from shared.recipients import RecipientStore
 from shared.reconcile import day_batches, reconcile_day
-from shared.stats import StatsStore
+from shared.stats import DEFAULT_BUCKETS, StatsStore, batch_day
 
 #: Violation kinds, in the order they are reported.
 KINDS = ("not_final", "sent_twice", "delivered_but_failed", "stats")
@@ -45,6 +46,31 @@ class Violation:
     def line(self) -> str:
         where = f"batch={self.batch_id} " if self.batch_id else ""
         return f"{self.kind} user={self.user_id} {where}{self.subject}: {self.detail}"
+
+
+def outcome_violations(
+    user_id: uuid.UUID,
+    batch_id: uuid.UUID,
+    rows: Iterable[Mapping[str, Any]],
+    outcomes: Mapping[uuid.UUID, str | None],
+) -> list[Violation]:
+    """Recipients whose outcome row (``outcomes``, by log id) is not their state (pure)."""
+    out = []
+    for row in rows:
+        state = precedence.visible(row).state
+        want = state if state in ("success", "failed") else None
+        have = outcomes.get(row["log_id"])
+        if have != want:
+            out.append(
+                Violation(
+                    "stats",
+                    user_id,
+                    batch_id,
+                    str(row.get("email")),
+                    f"outcome row says {have or 'nothing'}, the log says {state}",
+                )
+            )
+    return out
 
 
 def batch_violations(
@@ -99,9 +125,23 @@ def batch_violations(
 
 
 async def _batch(
-    db: Database, attempts: AttemptStore, user_id: uuid.UUID, batch_id: uuid.UUID, **judge: Any
+    stats: StatsStore,
+    attempts: AttemptStore,
+    user_id: uuid.UUID,
+    batch_id: uuid.UUID,
+    **judge: Any,
 ) -> list[Violation]:
-    rows = await RecipientStore(db).batch_rows(batch_id)
+    db = stats.db
+    rows = await RecipientStore(db, stats).batch_rows(batch_id)
+    outcomes = {
+        r["log_id"]: r["outcome"]
+        for r in await db.all_pages(
+            "SELECT log_id, outcome FROM stat_rows WHERE user_id = ? AND day = ? "
+            "AND bucket IN ? AND batch_id = ?",
+            (user_id, batch_day(batch_id), list(range(stats.buckets)), batch_id),
+        )
+    }
+    found = outcome_violations(user_id, batch_id, rows, outcomes)
     delivered = {
         ev["log_id"]
         for ev in await db.all_pages(
@@ -109,7 +149,7 @@ async def _batch(
         )
         if ev["kind"] == "delivered"
     }
-    found = batch_violations(user_id, batch_id, rows, delivered, {}, **judge)
+    found += batch_violations(user_id, batch_id, rows, delivered, {}, **judge)
     if not any(v.kind == "not_final" for v in found):
         return found
     # Only a stuck recipient needs its attempts, to say where it is stuck.
@@ -118,7 +158,10 @@ async def _batch(
         for line, a in (await attempts.lines(batch_id)).items()
         if a
     }
-    return batch_violations(user_id, batch_id, rows, delivered, last, **judge)
+    return [
+        *outcome_violations(user_id, batch_id, rows, outcomes),
+        *batch_violations(user_id, batch_id, rows, delivered, last, **judge),
+    ]
 
 
 async def check_day(
@@ -128,23 +171,26 @@ async def check_day(
     now: datetime,
     settle_after: timedelta,
     users: Sequence[uuid.UUID] | None = None,
+    buckets: int = DEFAULT_BUCKETS,
 ) -> list[Violation]:
     """Every violation among the batches accepted on ``day`` (for ``users``, or everyone)."""
-    scope = list(users) if users is not None else await StatsStore(db).active_users(day)
+    stats = StatsStore(db, buckets)
+    scope = list(users) if users is not None else await stats.active_users(day)
     attempts = AttemptStore(db)
     out: list[Violation] = []
     for user_id in sorted(scope, key=str):
         for batch_id in await day_batches(db, user_id, day):
-            out += await _batch(db, attempts, user_id, batch_id, now=now, settle_after=settle_after)
-    for drift in await reconcile_day(db, day, users=scope):
+            out += await _batch(
+                stats, attempts, user_id, batch_id, now=now, settle_after=settle_after
+            )
+    for drift in await reconcile_day(db, day, users=scope, buckets=buckets):
         out.append(
             Violation(
                 "stats",
                 drift.user_id,
                 None,
-                drift.metric,
-                f"stored {drift.stored}, the logs earn {drift.expected} "
-                f"({len(drift.missing)} missing, {len(drift.extra)} extra)",
+                f"bucket {drift.bucket}",
+                f"rollup {drift.stored}, outcome rows {drift.counted}",
             )
         )
     return sorted(out, key=lambda v: KINDS.index(v.kind))

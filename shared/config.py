@@ -221,6 +221,17 @@ class ConsumerSettings(BaseSettings):
     """Chunks (of up to 1,000 recipients) in flight per provider queue."""
 
 
+class StatsSettings(BaseSettings):
+    """How stats are laid out."""
+
+    model_config = _config("STATS")
+
+    buckets: int = Field(64, ge=1, le=4096)
+    """Partitions per user and day that outcome rows are spread over (a recipient's bucket is
+    its log id modulo this). Fixed once a keyspace holds stats: ``safedelivr migrate``
+    records it and the services refuse to start with another value."""
+
+
 class SandboxSettings(BaseSettings):
     """The local SendGrid/Mailgun/GitHub stand-ins."""
 
@@ -289,6 +300,7 @@ class Settings(BaseSettings):
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     providers: ProviderSettings = Field(default_factory=ProviderSettings)
     consumers: ConsumerSettings = Field(default_factory=ConsumerSettings)
+    stats: StatsSettings = Field(default_factory=StatsSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     github: GitHubSettings = Field(default_factory=GitHubSettings)
 

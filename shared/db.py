@@ -30,7 +30,14 @@ from cassandra.policies import (
     ExponentialReconnectionPolicy,
     TokenAwarePolicy,
 )
-from cassandra.query import PreparedStatement, SimpleStatement, Statement, dict_factory
+from cassandra.query import (
+    BatchStatement,
+    BatchType,
+    PreparedStatement,
+    SimpleStatement,
+    Statement,
+    dict_factory,
+)
 
 from shared.config import CassandraSettings
 from shared.errors import DependencyUnavailable
@@ -188,6 +195,20 @@ class Database:
             return await result
         except _OUTAGE as exc:
             raise DependencyUnavailable("cassandra", _describe(exc)) from exc
+
+    async def batch(self, statements: Sequence[Statement], *, logged: bool = False) -> None:
+        """Run bound statements as one batch: unlogged (one partition, or several where
+        atomicity does not matter) or logged (all of them eventually apply, or none).
+
+        Every statement must be safe to repeat (fixed timestamps or idempotent values): the
+        driver retries the batch."""
+        if not statements:
+            return
+        batch = BatchStatement(batch_type=BatchType.LOGGED if logged else BatchType.UNLOGGED)
+        batch.is_idempotent = True
+        for stmt in statements:
+            batch.add(stmt)
+        await self.execute(batch)
 
     async def rows(self, query: str | Statement, params: Params = None, **kw: Any) -> list[Row]:
         return (await self.execute(query, params, **kw)).rows

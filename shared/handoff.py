@@ -21,7 +21,7 @@ from shared.broker import Broker
 from shared.db import Row
 from shared.models import LogJob
 from shared.precedence import visible
-from shared.recipients import RecipientStore
+from shared.recipients import RecipientStore, Selection
 from shared.topology import log_key
 
 #: Providers-map values that mean "this provider failed this recipient on its side".
@@ -169,8 +169,7 @@ class HandOff:
         await self.recipients.give_up(
             batch_id,
             user_id,
-            chunk,
-            [log_id],
+            Selection.one(chunk, log_id),
             reason=f"{why}; no other provider is left to try",
             when=now,
         )

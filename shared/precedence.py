@@ -94,3 +94,64 @@ def visible(row: Mapping[str, Any]) -> Visible:
     if gave_up:
         return Visible("failed", "failed", gave_up)
     return Visible("queued", row.get("event") or "queued", None)
+
+
+#: Recipient cells that hold one value, and those that hold elements (maps, sets).
+SCALAR_CELLS = ("state", "event", "reason_detail", "last_update", "gave_up_reason", "gave_up_at")
+MAP_CELLS = ("providers", "message_ids")
+SET_CELLS = ("evidence", "superseded")
+STATE_CELLS = SCALAR_CELLS + MAP_CELLS + SET_CELLS
+
+
+def stamp_column(cell: str) -> str:
+    """The name under which a read returns a cell's write timestamp(s)."""
+    return f"w_{cell}"
+
+
+def _later(a: tuple[int, Any], b: tuple[int, Any]) -> tuple[int, Any]:
+    """Cassandra's last-write-wins between two cells: the later write timestamp, and on a tie
+    the larger value."""
+    if a[0] != b[0]:
+        return a if a[0] > b[0] else b
+    return a if a[1] >= b[1] else b
+
+
+def _cells(row: Mapping[str, Any], column: str) -> dict[Any, tuple[int, Any]]:
+    """A map or set column's elements with each one's write timestamp."""
+    value = row.get(column)
+    if not value:
+        return {}
+    stamps = row.get(stamp_column(column)) or []
+    if isinstance(value, Mapping):
+        return {k: (t, v) for (k, v), t in zip(value.items(), stamps, strict=False)}
+    return {k: (t, k) for k, t in zip(value, stamps, strict=False)}
+
+
+def merge(shared: Mapping[str, Any], own: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A recipient's state from its chunk's row (``shared``, the state every recipient of the
+    chunk has) and its own row, cell by cell, exactly as Cassandra would have merged the
+    writes of both had they gone to one row: by write timestamp (``w_<cell>``), map and set
+    elements one by one.
+
+    Returns the state cells with their merged write timestamps (``w_state`` is what the stats
+    reconcile compares with).
+    """
+    out: dict[str, Any] = {}
+    for cell in SCALAR_CELLS:
+        w = stamp_column(cell)
+        best: tuple[int, Any] | None = None
+        for row in (shared, own):
+            if row is not None and row.get(cell) is not None:
+                here = (row.get(w) or 0, row[cell])
+                best = here if best is None else _later(best, here)
+        out[cell], out[w] = (best[1], best[0]) if best else (None, None)
+    for cell in MAP_CELLS + SET_CELLS:
+        merged = _cells(shared, cell)
+        for key, here in (_cells(own, cell) if own is not None else {}).items():
+            merged[key] = _later(merged[key], here) if key in merged else here
+        if cell in MAP_CELLS:
+            out[cell] = {k: v for k, (_, v) in sorted(merged.items())} if merged else None
+        else:
+            out[cell] = set(merged) if merged else None
+        out[stamp_column(cell)] = [t for _, (t, _) in sorted(merged.items())] or None
+    return out

@@ -1,33 +1,95 @@
-"""Recipient state: the one module that writes it, with the stats marks that mirror it.
+"""Recipient state: the one module that reads and writes it, with the outcome rows that
+mirror it in the stats.
 
-Every write carries a timestamp from :mod:`shared.precedence`, so writes from the consumers
-(a provider accepted a chunk; a call failed; we gave up; a hand-off to another provider) and
-from the webhook intake (provider events) merge by last-write-wins however they interleave or
-repeat. The outcome marks of :class:`~shared.stats.StatsStore` (``success``/``failed``) are
-written with the same timestamp as the state they mirror, so the stats and the logs agree by
-construction once both writes are in (callers are at-least-once and retry until they are).
+Layout (``deploy/cql/0008``): a batch's partition holds one row per chunk (``log_id`` =
+:data:`CHUNK_ROW`) with the chunk's recipient list and the state all its recipients share,
+and a row per recipient only once its fate diverges. A write that concerns every recipient of
+a chunk (a provider accepted the chunk, a call failed, every provider failed) is one write of
+the chunk's row; anything else is written to the recipients' own rows. Readers merge the two
+cell by cell by write timestamp (:func:`shared.precedence.merge`), which is exactly what one
+row per recipient would have held, so every reader sees one row per recipient either way.
+Batches stored before v2 have recipient rows only, and read as they always did.
+
+Every write carries a timestamp from :mod:`shared.precedence`, so writes from the consumers and
+from the webhook intake merge by last-write-wins however they interleave or repeat. An outcome
+is mirrored in the recipient's stat row (``shared.stats``) at the same timestamp: for one
+recipient in the same logged batch as its state; for a chunk, the stat rows first and the
+chunk's row last, so a retry (the recipients still look queued) writes both again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import uuid
-from collections.abc import Iterable, Sequence
-from datetime import datetime
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
-from cassandra.query import BatchStatement, BatchType
+import orjson
+from cassandra.query import BoundStatement
 
 from shared import precedence
 from shared.db import Database, Row
 from shared.stats import StatsStore
 
-#: Columns every reader of recipient state needs (see :func:`shared.precedence.visible`).
-STATE_COLUMNS = (
-    "chunk, log_id, email, name, substitutions, state, event, providers, message_ids, "
-    "reason_detail, last_update, gave_up_reason, gave_up_at, evidence, superseded"
-)
+#: The ``log_id`` of a chunk's own row: time 0, so it sorts before every recipient's.
+CHUNK_ROW = uuid.UUID("00000000-0000-1000-8000-000000000000")
 
 #: Kinds of line a recipient's evidence tags name: its chunk's (``c``) or its own (``r``).
 CHUNK, OWN = "c", "r"
+
+#: What a read selects: identity, the chunk's list, and every state cell with its stamps.
+SELECT = (
+    "chunk, log_id, recipients, email, name, substitutions, "
+    + ", ".join(precedence.STATE_CELLS)
+    + ", "
+    + ", ".join(f"WRITETIME({c}) AS {precedence.stamp_column(c)}" for c in precedence.STATE_CELLS)
+)
+
+
+class Addressee(Protocol):
+    @property
+    def email(self) -> str: ...
+    @property
+    def name(self) -> str | None: ...
+    @property
+    def substitutions(self) -> Mapping[str, str]: ...
+
+
+def log_id_for(batch_id: uuid.UUID, email: str) -> uuid.UUID:
+    """The log id of ``email`` in a batch: a time-based UUID with the batch's time and a
+    clock sequence and node derived from the address, so it is the same on every read."""
+    low = int.from_bytes(hashlib.sha256(batch_id.bytes + email.lower().encode()).digest()[:8])
+    clock_seq, node = (low >> 48) & 0x3FFF, low & 0xFFFFFFFFFFFF
+    return uuid.UUID(int=(batch_id.int >> 64 << 64) | ((0x8000 | clock_seq) << 48) | node)
+
+
+def timeuuid_order(value: uuid.UUID) -> tuple[int, bytes]:
+    """Cassandra's order of ``timeuuid`` clustering values: by time, then the clock sequence
+    and node compared as signed bytes (Python compares UUIDs as unsigned integers). The logs
+    page lists a chunk's recipients in this order, as one row per recipient was listed."""
+    return value.time, bytes(b ^ 0x80 for b in value.bytes[8:])
+
+
+def encode_recipients(recipients: Iterable[Addressee]) -> bytes:
+    """A chunk's recipient list as stored in its row: ``[email, name?, substitutions?]``."""
+    out: list[list[Any]] = []
+    for r in recipients:
+        if r.substitutions:
+            out.append([r.email, r.name, dict(r.substitutions)])
+        elif r.name is not None:
+            out.append([r.email, r.name])
+        else:
+            out.append([r.email])
+    return orjson.dumps(out)
+
+
+def decode_recipients(raw: bytes) -> list[tuple[str, str | None, dict[str, str]]]:
+    out = []
+    for item in orjson.loads(raw):
+        out.append((item[0], item[1] if len(item) > 1 else None, item[2] if len(item) > 2 else {}))
+    return out
 
 
 def accepted_by_line(row: Row, kind: str) -> bool:
@@ -42,39 +104,184 @@ def accepted_by_line(row: Row, kind: str) -> bool:
     return kind == CHUNK and not evidence and (row.get("event") or "queued") != "queued"
 
 
+def merged_chunk(batch_id: uuid.UUID, chunk: int, rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """Every recipient of one chunk as readers see it, from the chunk's stored rows (pure).
+
+    ``rows`` are the chunk's rows as read (its own row first if it has one). Without a chunk
+    row (a batch stored before v2) the recipient rows are the recipients. Each result holds
+    the state cells, ``chunk``, ``log_id``, ``email``, ``name``, ``substitutions`` and ``own``
+    (whether it has a row of its own).
+    """
+    if not rows or rows[0]["log_id"] != CHUNK_ROW:
+        return [
+            {
+                **r,
+                "own": True,
+                "layout": "rows",
+                "substitutions": substitutions_of(r.get("substitutions")),
+            }
+            for r in rows
+            if r["log_id"] is not None
+        ]
+    shared_row, own = rows[0], {r["log_id"]: r for r in rows[1:]}
+    base = precedence.merge(shared_row, None)
+    out = []
+    for email, name, subs in decode_recipients(shared_row["recipients"] or b"[]"):
+        log_id = log_id_for(batch_id, email)
+        mine = own.get(log_id)
+        cells = base if mine is None else precedence.merge(shared_row, mine)
+        out.append(
+            {
+                **cells,
+                "chunk": chunk,
+                "log_id": log_id,
+                "email": email,
+                "name": name,
+                "substitutions": subs,
+                "own": mine is not None,
+                "layout": "chunk",
+            }
+        )
+    return out
+
+
+def listed(chunk_row: Row) -> int:
+    """How many recipients a chunk's row lists."""
+    return len(orjson.loads(chunk_row["recipients"] or b"[]"))
+
+
+def substitutions_of(raw: Any) -> dict[str, str]:
+    """Substitutions as stored: a v1 row's JSON text, or already a mapping."""
+    if not raw:
+        return {}
+    value = orjson.loads(raw) if isinstance(raw, str | bytes) else raw
+    return dict(value)
+
+
+def by_chunk(rows: Iterable[Row]) -> dict[int, list[Row]]:
+    """Stored rows grouped by chunk, in stored order (the header's static-only row left out)."""
+    out: dict[int, list[Row]] = {}
+    for r in rows:
+        if r["chunk"] is not None:
+            out.setdefault(r["chunk"], []).append(r)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The recipients of one chunk a write is for."""
+
+    chunk: int
+    log_ids: tuple[uuid.UUID, ...]
+    whole: bool = False
+    """Every recipient of a chunk that has a row of its own: written once, to that row."""
+
+    @classmethod
+    def of(cls, chunk: int, everyone: Sequence[Row], chosen: Sequence[Row]) -> Selection:
+        """``chosen`` among the chunk's recipients (``everyone``, as read) (pure)."""
+        whole = (
+            bool(chosen)
+            and len(chosen) == len(everyone)
+            and all(r.get("layout") == "chunk" for r in everyone)
+        )
+        return cls(chunk, tuple(r["log_id"] for r in chosen), whole)
+
+    @classmethod
+    def one(cls, chunk: int, log_id: uuid.UUID) -> Selection:
+        return cls(chunk, (log_id,))
+
+
 class RecipientStore:
-    """Writes (and the reads the writers need) of recipient rows in ``batches``."""
+    """Reads and writes of recipient state in ``batches`` (and its stat rows)."""
 
     def __init__(self, db: Database, stats: StatsStore | None = None) -> None:
         self.db = db
         self.stats = stats or StatsStore(db)
 
-    async def batch_rows(self, batch_id: uuid.UUID) -> list[Row]:
-        """Every recipient row of a batch (the header's row, without a recipient, left out)."""
+    # -- reads --------------------------------------------------------------------------
+
+    async def batch_rows(self, batch_id: uuid.UUID) -> list[dict[str, Any]]:
+        """Every recipient of a batch as readers see it, in stored order."""
         rows = await self.db.all_pages(
-            f"SELECT {STATE_COLUMNS} FROM batches WHERE batch_id = ?",  # noqa: S608
+            f"SELECT {SELECT} FROM batches WHERE batch_id = ?",  # noqa: S608
             (batch_id,),
+            page_size=5000,
         )
-        return [r for r in rows if r["log_id"] is not None]
+        out: list[dict[str, Any]] = []
+        for chunk, stored in by_chunk(rows).items():
+            out += merged_chunk(batch_id, chunk, stored)
+        return out
 
-    async def chunk_rows(self, batch_id: uuid.UUID, chunk: int) -> list[Row]:
+    async def chunk_rows(self, batch_id: uuid.UUID, chunk: int) -> list[dict[str, Any]]:
+        """Every recipient of one chunk as readers see it."""
+        return merged_chunk(batch_id, chunk, await self.stored_chunk(batch_id, chunk))
+
+    async def stored_chunk(self, batch_id: uuid.UUID, chunk: int) -> list[Row]:
+        """A chunk's rows as stored (its own row first), for :func:`merged_chunk`."""
         return await self.db.all_pages(
-            f"SELECT {STATE_COLUMNS} FROM batches WHERE batch_id = ? AND chunk = ?",  # noqa: S608
+            f"SELECT {SELECT} FROM batches WHERE batch_id = ? AND chunk = ?",  # noqa: S608
             (batch_id, chunk),
+            page_size=5000,
         )
 
-    async def one(self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID) -> Row | None:
-        return await self.db.one(
-            f"SELECT {STATE_COLUMNS} FROM batches "  # noqa: S608
-            "WHERE batch_id = ? AND chunk = ? AND log_id = ?",
-            (batch_id, chunk, log_id),
+    async def one(
+        self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID, *, addresses: bool = False
+    ) -> dict[str, Any] | None:
+        """One recipient as readers see it (None if the chunk has no such recipient).
+
+        Without ``addresses`` its address, name and substitutions may be missing: finding
+        them in the chunk's list costs a hash per recipient of the chunk.
+        """
+        if addresses:
+            return next(
+                (r for r in await self.chunk_rows(batch_id, chunk) if r["log_id"] == log_id),
+                None,
+            )
+        rows = await self.db.rows(
+            f"SELECT {SELECT} FROM batches "  # noqa: S608
+            "WHERE batch_id = ? AND chunk = ? AND log_id IN ?",
+            (batch_id, chunk, [CHUNK_ROW, log_id]),
         )
+        stored = {r["log_id"]: r for r in rows}
+        shared_row, mine = stored.get(CHUNK_ROW), stored.get(log_id)
+        if shared_row is None:
+            return None if mine is None else merged_chunk(batch_id, chunk, [mine])[0]
+        # The log id came from our own correlation data (a job, a signed event): trusted to
+        # name a recipient of the chunk without hashing the chunk's list to prove it.
+        return {
+            **precedence.merge(shared_row, mine),
+            "chunk": chunk,
+            "log_id": log_id,
+            "email": None,
+            "name": None,
+            "substitutions": {},
+            "own": mine is not None,
+            "layout": "chunk",
+        }
+
+    async def locate(self, batch_id: uuid.UUID, email: str) -> tuple[int, uuid.UUID] | None:
+        """The chunk and log id of a batch's recipient, by address (case-insensitive)."""
+        wanted = email.lower()
+        rows = await self.db.all_pages(
+            "SELECT chunk, log_id, recipients, email FROM batches WHERE batch_id = ?",
+            (batch_id,),
+            page_size=5000,
+        )
+        for r in rows:
+            if r["log_id"] == CHUNK_ROW:
+                for address, _, _ in decode_recipients(r["recipients"] or b"[]"):
+                    if address.lower() == wanted:
+                        return r["chunk"], log_id_for(batch_id, address)
+            elif r["email"] is not None and r["email"].lower() == wanted:
+                return r["chunk"], r["log_id"]
+        return None
+
+    # -- writes -------------------------------------------------------------------------
 
     async def accepted(
         self,
         batch_id: uuid.UUID,
-        chunk: int,
-        log_ids: Sequence[uuid.UUID],
+        chosen: Selection,
         *,
         provider: str,
         tag: str,
@@ -88,13 +295,12 @@ class RecipientStore:
         if message_id:
             sets += ", message_ids[?] = ?"
             values += [provider, message_id]
-        await self._each(batch_id, chunk, log_ids, stamp, sets, values)
+        await self.db.batch(await self._updates(batch_id, chosen, stamp, sets, values))
 
     async def call_failed(
         self,
         batch_id: uuid.UUID,
-        chunk: int,
-        log_ids: Sequence[uuid.UUID],
+        chosen: Selection,
         *,
         provider: str,
         result: str,
@@ -102,34 +308,45 @@ class RecipientStore:
     ) -> None:
         """A provider refused (or failed) a call for these recipients: the providers map only."""
         stamp = precedence.provider_stamp(batch_id, when, 0)
-        await self._each(
-            batch_id, chunk, log_ids, stamp, "providers[?] = ?", [provider, result[:300]]
+        await self.db.batch(
+            await self._updates(
+                batch_id, chosen, stamp, "providers[?] = ?", [provider, result[:300]]
+            )
         )
 
     async def give_up(
         self,
         batch_id: uuid.UUID,
         user_id: uuid.UUID,
-        chunk: int,
-        log_ids: Sequence[uuid.UUID],
+        chosen: Selection,
         *,
         reason: str,
         when: datetime,
     ) -> None:
         """Every provider and retry failed: these recipients end ``failed`` unless a provider
         says otherwise, now or later (the give-up is outranked by any provider evidence)."""
-        if not log_ids:
+        if not chosen.log_ids:
             return
         stamp = precedence.give_up_stamp(batch_id)
-        await self._each(
-            batch_id,
-            chunk,
-            log_ids,
-            stamp,
-            "gave_up_reason = ?, gave_up_at = ?",
-            [reason[:1000], when],
+        state = await self._updates(
+            batch_id, chosen, stamp, "gave_up_reason = ?, gave_up_at = ?", [reason[:1000], when]
         )
-        await self.stats.outcome(user_id, batch_id, log_ids, "failed", stamp)
+        if len(chosen.log_ids) == 1:
+            outcome = await self.stats.outcome_statements(
+                user_id,
+                batch_id,
+                chosen.log_ids[0],
+                outcome="failed",
+                stamp=stamp,
+                now=datetime.now(UTC),
+            )
+            await self.db.batch([*state, *outcome], logged=True)
+            await self.stats.activity(user_id, batch_id)
+            return
+        # Too many for one logged batch: the outcome rows first, the state last, so until the
+        # state is in the recipients still look queued and a retry writes both again.
+        await self.stats.outcomes(user_id, batch_id, chosen.log_ids, "failed", stamp)
+        await self.db.batch(state)
 
     async def supersede(
         self,
@@ -145,13 +362,14 @@ class RecipientStore:
         """Attempt ``tag`` was handed over to another provider: its later failures no longer
         decide this recipient's fate."""
         stamp = precedence.provider_stamp(batch_id, when, 0)
-        await self._each(
-            batch_id,
-            chunk,
-            [log_id],
-            stamp,
-            "superseded = superseded + ?, providers[?] = ?",
-            [{tag}, provider, result[:300]],
+        await self.db.batch(
+            await self._updates(
+                batch_id,
+                Selection.one(chunk, log_id),
+                stamp,
+                "superseded = superseded + ?, providers[?] = ?",
+                [{tag}, provider, result[:300]],
+            )
         )
 
     async def reported(
@@ -171,13 +389,16 @@ class RecipientStore:
         state: str | None,
         reason: str | None,
         evidence: str | None,
+        metrics: Sequence[str] = (),
     ) -> None:
         """A provider reported on one recipient (a normalised webhook event).
 
         The provider's own map entries merge by the event's stage (``stage_rank``); the
         recipient-wide columns (event, state) by ``rank``, which lets a re-send's events win
-        over the failure that caused it. An outcome (``state``) is mirrored in the stats.
+        over the failure that caused it. An outcome (``state``) and the metrics the event
+        earns go to the recipient's stat row in the same logged batch.
         """
+        one = Selection.one(chunk, log_id)
         stage = precedence.provider_stamp(batch_id, when, stage_rank)
         sets = "providers[?] = ?"
         values: list[object] = [provider, provider_result[:300]]
@@ -187,39 +408,45 @@ class RecipientStore:
         if evidence is not None:
             sets += ", evidence = evidence + ?"
             values.append({evidence})
-        await self._each(batch_id, chunk, [log_id], stage, sets, values)
-        if event is None:
-            return
+        stmts = await self._updates(batch_id, one, stage, sets, values)
         stamp = precedence.provider_stamp(batch_id, when, rank)
-        sets = "event = ?, last_update = ?"
-        values = [event, when]
-        if state is not None:
-            sets += ", state = ?"
-            values.append(state)
-        if state == "failed" and reason:
-            sets += ", reason_detail = ?"
-            values.append(reason[:1000])
-        await self._each(batch_id, chunk, [log_id], stamp, sets, values)
-        if state in ("success", "failed"):
-            await self.stats.outcome(user_id, batch_id, [log_id], state, stamp)
+        if event is not None:
+            sets = "event = ?, last_update = ?"
+            values = [event, when]
+            if state is not None:
+                sets += ", state = ?"
+                values.append(state)
+            if state == "failed" and reason:
+                sets += ", reason_detail = ?"
+                values.append(reason[:1000])
+            stmts += await self._updates(batch_id, one, stamp, sets, values)
+        outcome = state if state in ("success", "failed") else None
+        counted = await self.stats.outcome_statements(
+            user_id,
+            batch_id,
+            log_id,
+            outcome=outcome,
+            stamp=stamp,
+            metrics=metrics,
+            now=datetime.now(UTC),
+        )
+        await self.db.batch([*stmts, *counted], logged=bool(counted))
+        if counted:
+            await self.stats.activity(user_id, batch_id)
 
-    async def _each(
+    async def _updates(
         self,
         batch_id: uuid.UUID,
-        chunk: int,
-        log_ids: Iterable[uuid.UUID],
+        chosen: Selection,
         stamp: int,
         sets: str,
         values: Sequence[object],
-    ) -> None:
-        """One single-partition batch: the same update of each recipient at ``stamp``."""
+    ) -> list[BoundStatement]:
+        """The same update at ``stamp`` of the chunk's row (``whole``) or of each recipient's
+        own row: fixed timestamps, so a retry writes the same cells."""
         stmt = await self.db.prepare(
             f"UPDATE batches USING TIMESTAMP ? SET {sets} "  # noqa: S608 - fixed columns
             "WHERE batch_id = ? AND chunk = ? AND log_id = ?"
         )
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        batch.is_idempotent = True  # fixed timestamps: a retry writes the same cells
-        for log_id in log_ids:
-            batch.add(stmt, (stamp, *values, batch_id, chunk, log_id))
-        if len(batch):
-            await self.db.execute(batch)
+        targets = (CHUNK_ROW,) if chosen.whole else chosen.log_ids
+        return [stmt.bind((stamp, *values, batch_id, chosen.chunk, t)) for t in targets]

@@ -14,6 +14,7 @@ from shared.config import Settings
 from shared.db import Database
 from shared.errors import DependencyUnavailable
 from shared.health import Check
+from shared.stats import fix_layout
 from shared.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ async def connect_with_retry(settings: Settings, *, name: str, wait: float = 60.
 async def open_resources(settings: Settings, *, name: str) -> AsyncIterator[Resources]:
     res = await connect_with_retry(settings, name=name)
     try:
+        await fix_layout(res.db, settings.stats.buckets)
         yield res
     finally:
         await res.broker.close()

@@ -1,39 +1,64 @@
-"""Per-user daily stats as an exact ledger: marks per (metric, recipient), counted on read.
+"""Per-user daily stats, derived from outcome rows by construction.
 
-A mark is a row ``(user, UTC day, metric, log_id)``; writing it again changes nothing, so an
-event delivered ten times (or concurrently) counts once and a recipient counts once per
-metric however often it failed over. The day is the day the recipient's batch was accepted
-(cohort stats: of the recipients queued on a day, how many succeeded, failed, bounced...),
-so a recipient's marks have one home however late its outcome arrives. The outcome marks
-(``success``, ``failed``) mirror the recipient's state: each outcome write sets its mark and
-deletes the other one with the same write timestamp as the state (``shared.recipients``), so
-a late ``delivered`` after a give-up moves the recipient from ``failed`` to ``success``.
-Counting a day is a ``GROUP BY`` over one partition; closed days are rolled up into
-``daily_stats`` the first time they are read.
+The truth is ``stat_rows``: one row per recipient that reached an outcome or earned an
+engagement metric (``outcome`` = success | failed, ``bounced``, ``complained``, ``opened``,
+``clicked``) and one ``queued`` row per accepted batch, in partitions keyed by (user, UTC day
+of the batch, bucket = log id mod B). The recipient's state and its outcome row are written in
+one logged batch with the same write timestamp (``shared.recipients``), so they agree, and a
+replayed event rewrites the same cells, so it counts once. The day is the day the recipient's
+batch was accepted (cohort stats), so a recipient's row has one home however late its outcome.
+
+Reading a day costs O(buckets): each bucket partition carries its own rollup (static
+columns: the counts and when they were scanned) and ``dirty_at``, stamped by every write that
+changes a count. A rollup scanned more than :data:`SETTLE` after the bucket's last change is
+current; any other is recounted from the bucket's rows (only that bucket) and stored again,
+except that a large bucket (a sender busy right now) is recounted at most once a minute.
+A closed day's totals are kept in ``stat_days`` and stand until a late outcome marks the day
+dirty. ``reconcile`` recounts every bucket and repairs rollups from outcome rows, never the
+reverse. The bucket count is fixed per keyspace (``layout``): a recipient's bucket never moves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
-from cassandra.query import BatchStatement, BatchType
+import orjson
+from cassandra.query import BoundStatement
 
 from shared import precedence
-from shared.db import Database
+from shared.db import Database, Row
 
 #: Metrics, in the order the API lists them.
 METRICS = ("queued", "success", "failed", "bounced", "complained", "opened", "clicked")
-#: A day is closed (and rolled up) once this much of the next day has passed.
+#: Metrics an event earns besides its outcome, each a boolean column of its stat row.
+EVENT_METRICS = ("bounced", "complained", "opened", "clicked")
+#: A day is closed (its totals are kept) once this much of the next day has passed.
 CLOSE_AFTER = timedelta(hours=6)
+#: Writers mark a day's totals dirty from this long before it closes (a write that saw the
+#: day open has landed long before a reader can close it).
+CLOSE_MARGIN = timedelta(hours=1)
 #: Longest range one stats request may ask for.
 MAX_RANGE_DAYS = 366
+#: How long after a bucket's last change its rows may still be arriving (a write stamped
+#: earlier that is still in flight). A rollup scanned less than this after the last change is
+#: recounted on the next read.
+SETTLE = timedelta(seconds=30)
+#: Rows above which a changed bucket may be served from a count up to LARGE_STALE old.
+LARGE_BUCKET = 20_000
+LARGE_STALE = timedelta(seconds=60)
+#: Buckets per user-day unless configured otherwise.
+DEFAULT_BUCKETS = 64
 
-
-#: The two outcome metrics, each the other's opposite.
-OUTCOMES = {"success": "failed", "failed": "success"}
+#: (user, day) pairs remembered as already recorded as active.
+ACTIVE_MEMO = 100_000
+#: Partitions a day's active users are spread over (no single hot partition per day).
+ACTIVE_BUCKETS = 16
 
 
 def day_of(when: datetime) -> date:
@@ -41,7 +66,7 @@ def day_of(when: datetime) -> date:
 
 
 def batch_day(batch_id: uuid.UUID) -> date:
-    """The UTC day a batch was accepted: where its recipients' marks live."""
+    """The UTC day a batch was accepted: where its recipients' stat rows live."""
     return precedence.accepted_at(batch_id).date()
 
 
@@ -59,14 +84,17 @@ def zero_filled(
     ]
 
 
+def _day_end(day: date) -> datetime:
+    return datetime.combine(day + timedelta(days=1), datetime.min.time(), UTC)
+
+
 def is_closed(day: date, now: datetime) -> bool:
-    return now >= datetime.combine(day + timedelta(days=1), datetime.min.time(), UTC) + CLOSE_AFTER
+    return now >= _day_end(day) + CLOSE_AFTER
 
 
-#: (user, day) pairs remembered as already recorded as active.
-ACTIVE_MEMO = 100_000
-#: Partitions a day's active users are spread over (no single hot partition per day).
-ACTIVE_BUCKETS = 16
+def closing(day: date, now: datetime) -> bool:
+    """Whether a write on ``day`` must mark the day's kept totals dirty."""
+    return now >= _day_end(day) + CLOSE_AFTER - CLOSE_MARGIN
 
 
 def user_bucket(user_id: uuid.UUID, buckets: int = ACTIVE_BUCKETS) -> int:
@@ -74,109 +102,310 @@ def user_bucket(user_id: uuid.UUID, buckets: int = ACTIVE_BUCKETS) -> int:
     return user_id.int % buckets
 
 
+def bucket_of(key: uuid.UUID, buckets: int) -> int:
+    """The stats bucket of a recipient (its log id) or of a batch's ``queued`` row (its id)."""
+    # The low 48 bits: the address-derived node of a log id, the random node of a batch id.
+    return (key.int & 0xFFFFFFFFFFFF) % buckets
+
+
+def count_rows(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """A bucket's counts from its rows (pure)."""
+    counts: Counter[str] = Counter()
+    for row in rows:
+        if row.get("queued"):
+            counts["queued"] += int(row["queued"])
+        outcome = row.get("outcome")
+        if outcome in ("success", "failed"):
+            counts[outcome] += 1
+        for metric in EVENT_METRICS:
+            if row.get(metric):
+                counts[metric] += 1
+    return {m: counts[m] for m in METRICS if counts[m]}
+
+
+@dataclass(frozen=True, slots=True)
+class Rollup:
+    counts: dict[str, int]
+    scanned_at: datetime
+    rows: int = 0
+    """Rows the count read (how much a recount of the bucket costs)."""
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {"counts": self.counts, "scanned_at": self.scanned_at.isoformat(), "rows": self.rows}
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes | None) -> Rollup | None:
+        if not raw:
+            return None
+        data = orjson.loads(raw)
+        return cls(
+            dict(data["counts"]), datetime.fromisoformat(data["scanned_at"]), data.get("rows", 0)
+        )
+
+
+def current(rollup: Rollup | None, dirty_at: datetime | None) -> bool:
+    """Whether a bucket's (or a day's) rollup still counts every row (pure).
+
+    Nothing ever changed: current (empty). Changed and never scanned: not current. Otherwise
+    current when scanned more than :data:`SETTLE` after the last change.
+    """
+    if dirty_at is None:
+        return True
+    if rollup is None:
+        return False
+    return rollup.scanned_at - SETTLE > _aware(dirty_at)
+
+
+def fresh_enough(rollup: Rollup | None, now: datetime) -> bool:
+    """Whether a large bucket that changed since its count may still be served from it (pure).
+
+    A bucket of a sender busy right now changes all the time; recounting its rows on every
+    read would cost O(recipients). A bucket whose last count read more than
+    :data:`LARGE_BUCKET` rows is therefore served from a count at most :data:`LARGE_STALE`
+    old; smaller buckets are always recounted when they changed.
+    """
+    return (
+        rollup is not None and rollup.rows > LARGE_BUCKET and now - rollup.scanned_at < LARGE_STALE
+    )
+
+
+def add(totals: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    out: Counter[str] = Counter()
+    for counts in totals:
+        out.update(counts)
+    return {m: out[m] for m in METRICS if out[m]}
+
+
+def _aware(when: datetime) -> datetime:
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """A bucket whose stored rollup differs from the count of its outcome rows."""
+
+    user_id: uuid.UUID
+    day: date
+    bucket: int
+    stored: dict[str, int]
+    counted: dict[str, int]
+
+
+_OUTCOME = (
+    "UPDATE stat_rows USING TIMESTAMP ? SET outcome = ? "
+    "WHERE user_id = ? AND day = ? AND bucket = ? AND batch_id = ? AND log_id = ?"
+)
+_QUEUED = (
+    "UPDATE stat_rows USING TIMESTAMP ? SET queued = ? "
+    "WHERE user_id = ? AND day = ? AND bucket = ? AND batch_id = ? AND log_id = ?"
+)
+_DIRTY = "UPDATE stat_rows SET dirty_at = ? WHERE user_id = ? AND day = ? AND bucket = ?"
+_DAY_DIRTY = "UPDATE stat_days SET dirty_at = ? WHERE user_id = ? AND day = ?"
+
+
 class StatsStore:
-    def __init__(self, db: Database) -> None:
+    """The one writer of ``stat_rows``, ``stat_days`` and ``active_user_buckets``."""
+
+    def __init__(self, db: Database, buckets: int = DEFAULT_BUCKETS) -> None:
         self.db = db
+        self.buckets = buckets
         self._active_memo: set[tuple[uuid.UUID, date]] = set()
 
-    async def mark(
-        self, user_id: uuid.UUID, batch_id: uuid.UUID, metric: str, keys: Iterable[uuid.UUID]
-    ) -> None:
-        """Record ``metric`` for each recipient (log id) of a batch, on the batch's day."""
-        day = batch_day(batch_id)
-        stmt = await self.db.prepare(
-            "INSERT INTO stat_marks (user_id, day, metric, key) VALUES (?, ?, ?, ?)"
-        )
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        batch.is_idempotent = True
-        for key in keys:
-            batch.add(stmt, (user_id, day, metric, str(key)))
-        if len(batch):
-            await self.db.execute(batch)
-        await self._active(user_id, day)
+    # -- writes -------------------------------------------------------------------------
 
-    async def outcome(
+    async def outcome_statements(
         self,
         user_id: uuid.UUID,
         batch_id: uuid.UUID,
-        log_ids: Iterable[uuid.UUID],
-        metric: str,
+        log_id: uuid.UUID,
+        *,
+        outcome: str | None,
+        stamp: int,
+        metrics: Sequence[str] = (),
+        now: datetime,
+    ) -> list[BoundStatement]:
+        """The writes of one recipient's stat row (its outcome at ``stamp``, the same write
+        timestamp as its state, and the metrics it earned) and of the dirty marks they make:
+        for a caller to put in the same logged batch as the recipient's state."""
+        day, bucket = batch_day(batch_id), bucket_of(log_id, self.buckets)
+        key = (user_id, day, bucket, batch_id, log_id)
+        out: list[BoundStatement] = []
+        if outcome is not None:
+            out.append((await self.db.prepare(_OUTCOME)).bind((stamp, outcome, *key)))
+        for metric in metrics:
+            if metric not in EVENT_METRICS:
+                raise ValueError(f"not an event metric: {metric}")
+            stmt = await self.db.prepare(
+                f"UPDATE stat_rows SET {metric} = true "  # noqa: S608 - checked column
+                "WHERE user_id = ? AND day = ? AND bucket = ? AND batch_id = ? AND log_id = ?"
+            )
+            out.append(stmt.bind(key))
+        if out:
+            out += await self._dirty(user_id, day, [bucket], now)
+        return out
+
+    async def outcomes(
+        self,
+        user_id: uuid.UUID,
+        batch_id: uuid.UUID,
+        log_ids: Sequence[uuid.UUID],
+        outcome: str,
         stamp: int,
     ) -> None:
-        """Mirror recipients' outcome (``success`` or ``failed``) written at ``stamp``.
-
-        Sets the outcome's mark and deletes the opposite one at the same timestamp, so the
-        latest outcome by the precedence rule is the only one counted.
-        """
+        """Outcome rows of many recipients (a chunk given up): one write per bucket."""
+        now = datetime.now(UTC)
         day = batch_day(batch_id)
-        add = await self.db.prepare(
-            "INSERT INTO stat_marks (user_id, day, metric, key) VALUES (?, ?, ?, ?) "
-            "USING TIMESTAMP ?"
-        )
-        remove = await self.db.prepare(
-            "DELETE FROM stat_marks USING TIMESTAMP ? "
-            "WHERE user_id = ? AND day = ? AND metric = ? AND key = ?"
-        )
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        batch.is_idempotent = True
+        by_bucket: dict[int, list[uuid.UUID]] = {}
         for log_id in log_ids:
-            batch.add(add, (user_id, day, metric, str(log_id), stamp))
-            batch.add(remove, (stamp, user_id, day, OUTCOMES[metric], str(log_id)))
-        if len(batch):
-            await self.db.execute(batch)
+            by_bucket.setdefault(bucket_of(log_id, self.buckets), []).append(log_id)
+        update = await self.db.prepare(_OUTCOME)
+
+        async def one(bucket: int, ids: list[uuid.UUID]) -> None:
+            stmts = [update.bind((stamp, outcome, user_id, day, bucket, batch_id, i)) for i in ids]
+            stmts += await self._dirty(user_id, day, [bucket], now)
+            await self.db.batch(stmts)
+
+        await asyncio.gather(*(one(b, ids) for b, ids in by_bucket.items()))
         await self._active(user_id, day)
+
+    async def accepted(
+        self, user_id: uuid.UUID, batch_id: uuid.UUID, recipients: int, stamp: int
+    ) -> None:
+        """A batch's ``queued`` row (written at ``stamp``, the batch header's own)."""
+        await self._queued(user_id, batch_id, recipients, stamp)
+        await self._active(user_id, batch_day(batch_id))
+
+    async def cancelled(self, user_id: uuid.UUID, batch_id: uuid.UUID, stamp: int) -> None:
+        """A batch cancelled after a failed store counts nothing (written above its
+        ``queued`` row, so it wins whichever lands last)."""
+        await self._queued(user_id, batch_id, 0, stamp)
+
+    async def _queued(
+        self, user_id: uuid.UUID, batch_id: uuid.UUID, recipients: int, stamp: int
+    ) -> None:
+        day, bucket = batch_day(batch_id), bucket_of(batch_id, self.buckets)
+        stmt = (await self.db.prepare(_QUEUED)).bind(
+            (stamp, recipients, user_id, day, bucket, batch_id, batch_id)
+        )
+        await self.db.batch([stmt, *await self._dirty(user_id, day, [bucket], datetime.now(UTC))])
+
+    async def _dirty(
+        self, user_id: uuid.UUID, day: date, buckets: Iterable[int], now: datetime
+    ) -> list[BoundStatement]:
+        stmt = await self.db.prepare(_DIRTY)
+        out = [stmt.bind((now, user_id, day, b)) for b in buckets]
+        if closing(day, now):
+            out.append((await self.db.prepare(_DAY_DIRTY)).bind((now, user_id, day)))
+        return out
+
+    async def activity(self, user_id: uuid.UUID, batch_id: uuid.UUID) -> None:
+        """Record that the user has stats on the batch's day (idempotent, remembered)."""
+        await self._active(user_id, batch_day(batch_id))
 
     async def _active(self, user_id: uuid.UUID, day: date) -> None:
         if (user_id, day) in self._active_memo:
             return
-        await self.db.execute(
-            "INSERT INTO active_user_buckets (day, bucket, user_id) VALUES (?, ?, ?)",
-            (day, user_bucket(user_id), user_id),
-            idempotent=True,
+        await asyncio.gather(
+            self.db.execute(
+                "INSERT INTO active_user_buckets (day, bucket, user_id) VALUES (?, ?, ?)",
+                (day, user_bucket(user_id), user_id),
+                idempotent=True,
+            ),
+            self.db.execute(
+                "INSERT INTO stat_days (user_id, day) VALUES (?, ?)",
+                (user_id, day),
+                idempotent=True,
+            ),
         )
         if len(self._active_memo) >= ACTIVE_MEMO:
             self._active_memo.clear()
         self._active_memo.add((user_id, day))
 
-    async def count_day(self, user_id: uuid.UUID, day: date) -> dict[str, int]:
-        rows = await self.db.rows(
-            "SELECT metric, COUNT(*) AS n FROM stat_marks WHERE user_id = ? AND day = ? "
-            "GROUP BY metric",
-            (user_id, day),
-            timeout=60,
+    # -- reads --------------------------------------------------------------------------
+
+    async def bucket_rows(self, user_id: uuid.UUID, day: date, bucket: int) -> list[Row]:
+        return await self.db.all_pages(
+            "SELECT log_id, queued, outcome, bounced, complained, opened, clicked "
+            "FROM stat_rows WHERE user_id = ? AND day = ? AND bucket = ?",
+            (user_id, day, bucket),
+            page_size=5000,
         )
-        return {r["metric"]: int(r["n"]) for r in rows}
 
-    async def range(self, user_id: uuid.UUID, start: date, end: date) -> dict[date, dict[str, int]]:
-        """Counts for every day of the range: rollups for closed days, live counts otherwise."""
-        now = datetime.now(UTC)
-        rollups = {
-            r["day"].date() if hasattr(r["day"], "date") else r["day"]: dict(r["counts"] or {})
-            for r in await self.db.rows(
-                "SELECT day, counts FROM daily_stats WHERE user_id = ? AND day >= ? AND day <= ?",
-                (user_id, start, end),
-            )
-        }
-        out: dict[date, dict[str, int]] = {}
-        for d in days(start, end):
-            if d in rollups:
-                out[d] = rollups[d]
-                continue
-            counts = await self.count_day(user_id, d)
-            if is_closed(d, now):
-                await self.store_rollup(user_id, d, counts)
-            out[d] = counts
-        return out
+    async def rollup(
+        self, user_id: uuid.UUID, day: date, bucket: int
+    ) -> tuple[Rollup | None, datetime | None]:
+        """A bucket's stored rollup and when it last changed."""
+        row = await self.db.one(
+            "SELECT dirty_at, rollup FROM stat_rows WHERE user_id = ? AND day = ? AND bucket = ? "
+            "LIMIT 1",
+            (user_id, day, bucket),
+        )
+        if row is None:
+            return None, None
+        return Rollup.decode(row["rollup"]), row["dirty_at"]
 
-    async def store_rollup(self, user_id: uuid.UUID, day: date, counts: Mapping[str, int]) -> None:
+    async def recount(self, user_id: uuid.UUID, day: date, bucket: int) -> Rollup:
+        """Count a bucket's rows and store the result as its rollup."""
+        started = datetime.now(UTC)
+        rows = await self.bucket_rows(user_id, day, bucket)
+        fresh = Rollup(count_rows(rows), started, len(rows))
         await self.db.execute(
-            "INSERT INTO daily_stats (user_id, day, counts, computed_at) VALUES (?, ?, ?, ?)",
-            (user_id, day, dict(counts), datetime.now(UTC)),
+            "UPDATE stat_rows SET rollup = ? WHERE user_id = ? AND day = ? AND bucket = ?",
+            (fresh.encode(), user_id, day, bucket),
             idempotent=True,
         )
+        return fresh
+
+    async def bucket(self, user_id: uuid.UUID, day: date, bucket: int) -> dict[str, int]:
+        """A bucket's counts: its rollup, recounted first if a change came after it."""
+        stored, dirty_at = await self.rollup(user_id, day, bucket)
+        if current(stored, dirty_at) or fresh_enough(stored, datetime.now(UTC)):
+            return stored.counts if stored else {}
+        return (await self.recount(user_id, day, bucket)).counts
+
+    async def day(self, user_id: uuid.UUID, day: date) -> dict[str, int]:
+        """A day's counts: every bucket, read in parallel."""
+        parts = await asyncio.gather(*(self.bucket(user_id, day, b) for b in range(self.buckets)))
+        return add(parts)
+
+    async def range(self, user_id: uuid.UUID, start: date, end: date) -> dict[date, dict[str, int]]:
+        """Counts for every day of the range with traffic: a closed day's kept totals while
+        they stand, its buckets otherwise."""
+        rows = await self.db.rows(
+            "SELECT day, dirty_at, totals FROM stat_days WHERE user_id = ? AND day >= ? "
+            "AND day <= ?",
+            (user_id, start, end),
+        )
+
+        async def one(row: Row) -> tuple[date, dict[str, int]]:
+            d = _date(row["day"])
+            kept = Rollup.decode(row["totals"])
+            if (
+                kept is not None
+                and is_closed(d, kept.scanned_at - SETTLE)
+                and current(kept, row["dirty_at"])
+            ):
+                return d, kept.counts
+            started = datetime.now(UTC)
+            counts = await self.day(user_id, d)
+            if is_closed(d, started - SETTLE):
+                await self.db.execute(
+                    "UPDATE stat_days SET totals = ? WHERE user_id = ? AND day = ?",
+                    (Rollup(counts, started).encode(), user_id, d),
+                    idempotent=True,
+                )
+            return d, counts
+
+        return dict(await asyncio.gather(*(one(r) for r in rows)))
+
+    async def user_days(self, user_id: uuid.UUID) -> list[date]:
+        rows = await self.db.all_pages("SELECT day FROM stat_days WHERE user_id = ?", (user_id,))
+        return [_date(r["day"]) for r in rows]
 
     async def active_users(self, day: date) -> list[uuid.UUID]:
-        """Every user with a stat on ``day``: its buckets read in parallel, and the index of
+        """Every user with stats on ``day``: its buckets read in parallel, and the index of
         releases before the buckets (days recorded then are still found)."""
         parts = await asyncio.gather(
             *(
@@ -190,9 +419,54 @@ class StatsStore:
         )
         return sorted({r["user_id"] for rows in parts for r in rows}, key=str)
 
-    async def keys(self, user_id: uuid.UUID, day: date, metric: str) -> set[str]:
-        rows = await self.db.all_pages(
-            "SELECT key FROM stat_marks WHERE user_id = ? AND day = ? AND metric = ?",
-            (user_id, day, metric),
+    # -- reconcile ----------------------------------------------------------------------
+
+    async def reconcile(self, user_id: uuid.UUID, day: date, *, fix: bool) -> list[Drift]:
+        """Recount each bucket of a user-day from its rows, one bucket in memory at a time;
+        with ``fix``, store the recount as the bucket's rollup (and drop the day's kept
+        totals, recomputed on the next read)."""
+        drifts = []
+        for bucket in range(self.buckets):
+            stored, dirty_at = await self.rollup(user_id, day, bucket)
+            if not current(stored, dirty_at):
+                # Changed since its last count: the next read recounts it anyway.
+                if fix:
+                    await self.recount(user_id, day, bucket)
+                continue
+            counted = count_rows(await self.bucket_rows(user_id, day, bucket))
+            have = stored.counts if stored else {}
+            if have != counted:
+                drifts.append(Drift(user_id, day, bucket, have, counted))
+                if fix:
+                    await self.recount(user_id, day, bucket)
+        if fix and drifts:
+            await self.db.execute(
+                "UPDATE stat_days SET totals = null, dirty_at = ? WHERE user_id = ? AND day = ?",
+                (datetime.now(UTC), user_id, day),
+                idempotent=True,
+            )
+        return drifts
+
+
+class LayoutMismatch(RuntimeError):
+    """The configured bucket count is not the one the keyspace's stats were written with."""
+
+
+async def fix_layout(db: Database, buckets: int) -> None:
+    """Record the stats bucket count in the keyspace the first time, and refuse another one
+    after that (a recipient's bucket must never move, or its outcome would count twice)."""
+    row = await db.one(
+        "INSERT INTO layout (name, value) VALUES ('stats_buckets', ?) IF NOT EXISTS", (buckets,)
+    )
+    recorded = buckets if row is None or row.get("[applied]") else row.get("value")
+    if recorded != buckets:
+        raise LayoutMismatch(
+            f"SAFEDELIVR_STATS_BUCKETS is {buckets} but this keyspace's stats were written "
+            f"with {recorded} buckets; set it back to {recorded}"
         )
-        return {r["key"] for r in rows}
+
+
+def _date(value: Any) -> date:
+    """A ``date`` column as read (the driver returns its own ``Date`` type)."""
+    out: date = value.date() if hasattr(value, "date") else value
+    return out

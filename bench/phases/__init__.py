@@ -30,6 +30,7 @@ MODULES = (
     "bench.phases.api",
     "bench.phases.dispatch",
     "bench.phases.webhooks",
+    "bench.phases.statsread",
 )
 GROUPS = ("A", "B", "C")
 

@@ -21,6 +21,7 @@ from datetime import UTC
 
 from bench.phases import Context, Result, phase
 from bench.stats import per_second, spread_window
+from shared.recipients import RecipientStore
 
 #: Seconds between progress lines while draining.
 REPORT_EVERY = 2.5
@@ -165,7 +166,7 @@ async def _check_rows(ctx: Context, ids: set[uuid.UUID]) -> tuple[int, int]:
     sample = random.sample(sorted(ids), min(ROW_SAMPLE, len(ids)))
     checked = sent = 0
     for batch_id in sample:
-        rows = await db.all_pages("SELECT event FROM batches WHERE batch_id = ?", (batch_id,))
+        rows = await RecipientStore(db).batch_rows(batch_id)
         checked += len(rows)
         sent += sum(1 for r in rows if r["event"] == "sent")
     return checked, sent

@@ -42,13 +42,13 @@ def create_app(settings: Settings) -> Starlette:
         async with open_resources(settings, name="safedelivr-api") as res:
             state = app.state
             state.resources = res
-            state.batches = BatchStore(res.db)
+            state.stats = StatsStore(res.db, settings.stats.buckets)
+            state.batches = BatchStore(res.db, state.stats)
             state.outbox = Outbox(res.db, settings.amqp.exchange)
             state.acceptance = Acceptance(state.batches, state.outbox, res.broker)
             state.attempts = AttemptStore(res.db)
             state.idempotency = IdempotencyStore(res.db, lease=settings.api.idempotency_lease)
             state.suppressions = SuppressionStore(res.db)
-            state.stats = StatsStore(res.db)
             state.background = Background()
             state.github_http = httpx.AsyncClient(
                 timeout=httpx.Timeout(settings.github.timeout), follow_redirects=False

@@ -1,6 +1,6 @@
 """``/v1/batches``: submit a batch (durably, then publish), list, inspect, and read its logs.
 
-A 202 means the batch and one ``queued`` row per recipient are in Cassandra and either the
+A 202 means the batch, its chunks and their recipients are in Cassandra and either the
 broker confirmed ``batch.<uuid>`` or the outbox row guarantees the relay will publish it
 (``shared.acceptance``). Once a batch is stored, nothing turns its answer into an error.
 """
@@ -24,13 +24,12 @@ from starlette.responses import Response
 from services.api.auth import recipient_quota, require_key
 from shared import validation
 from shared.acceptance import Acceptance
-from shared.batchstore import BatchStore, NewBatch, log_id_for
+from shared.batchstore import BatchStore, NewBatch
 from shared.config import Settings
 from shared.errors import DependencyUnavailable
 from shared.http import JSON, ApiError, read_json
 from shared.idempotency import Existing, IdempotencyStore
 from shared.metrics import ApiMetrics
-from shared.models import Recipient
 from shared.providers.limits import chunk_size
 from shared.suppressions import SuppressionStore
 
@@ -188,15 +187,7 @@ def build_batch(
     settings: Settings, user_id: uuid.UUID, batch_id: uuid.UUID, parsed: validation.BatchRequest
 ) -> NewBatch:
     """The batch a validated request stores under ``batch_id``, and the 202 it answers."""
-    recipients = [
-        Recipient(
-            log_id=log_id_for(batch_id, r.email),
-            email=r.email,
-            name=r.name,
-            substitutions=dict(r.substitutions),
-        )
-        for r in parsed.recipients
-    ]
+    recipients = parsed.recipients
     response = {
         "batch_id": str(batch_id),
         "accepted": len(recipients),
@@ -228,7 +219,7 @@ async def _after_failed_store(
     state = request.app.state
     try:
         if cancel:
-            await state.batches.cancel(batch_id)
+            await state.batches.cancel(batch_id, user_id)
         await recipient_quota(request).refund(user_id, count, day)
     except DependencyUnavailable:
         log.warning("batch %s: could not cancel it or refund its quota after a failure", batch_id)

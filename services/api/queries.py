@@ -12,11 +12,13 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
+from shared import precedence, recipients
 from shared.attempts import AttemptStore, chunk_line, recipient_line
 from shared.batchstore import BatchHeader, BatchStore, month_of, timeuuid_datetime
 from shared.db import Database
 from shared.http import ApiError
 from shared.precedence import visible
+from shared.recipients import RecipientStore
 
 #: How far back (in months) the batch list looks for older batches.
 LIST_HORIZON_MONTHS = 36
@@ -110,17 +112,29 @@ async def list_for_user(
 async def batch_counts(
     store: BatchStore, batch_id: uuid.UUID
 ) -> tuple[Counter[str], Counter[str], Counter[str]]:
-    """Recipients per state, per latest event, and the reasons of the failed ones."""
+    """Recipients per state, per latest event, and the reasons of the failed ones.
+
+    A chunk none of whose recipients has a row of its own is counted from its row alone."""
     rows = await store.db.all_pages(
-        "SELECT log_id, state, event, reason_detail, gave_up_reason FROM batches "
-        "WHERE batch_id = ?",
+        f"SELECT {recipients.SELECT} FROM batches WHERE batch_id = ?",  # noqa: S608
         (batch_id,),
         page_size=5000,
     )
-    seen = [visible(r) for r in rows if r["log_id"] is not None]
-    states = Counter(v.state for v in seen)
-    events = Counter(v.event for v in seen)
-    reasons = Counter(v.reason for v in seen if v.state == "failed" and v.reason)
+    states: Counter[str] = Counter()
+    events: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    for chunk, stored in recipients.by_chunk(rows).items():
+        if len(stored) == 1 and stored[0]["log_id"] == recipients.CHUNK_ROW:
+            seen = [visible(precedence.merge(stored[0], None))]
+            weight = recipients.listed(stored[0])
+        else:
+            seen = [visible(r) for r in recipients.merged_chunk(batch_id, chunk, stored)]
+            weight = 1
+        for v in seen:
+            states[v.state] += weight
+            events[v.event] += weight
+            if v.state == "failed" and v.reason:
+                reasons[v.reason] += weight
     return states, events, reasons
 
 
@@ -198,35 +212,32 @@ async def logs_page(
         position = (int(after["chunk"]), uuid.UUID(after["log_id"])) if after else None
     except (KeyError, ValueError, TypeError):
         raise ApiError(400, "bad_cursor", "the cursor is malformed") from None
-    query = (
-        "SELECT chunk, log_id, email, name, state, event, providers, message_ids, "
-        "reason_detail, last_update, gave_up_reason, gave_up_at FROM batches WHERE batch_id = ?"
-    )
-    params: tuple[Any, ...] = (batch_id,)
-    if position is not None:
-        query += " AND (chunk, log_id) > (?, ?)"
-        params += position
+    states = RecipientStore(store.db, store.stats)
+    header = await store.header(batch_id)
+    chunks = header.chunk_count if header else 0
     out: list[dict[str, Any]] = []
-    paging: bytes | None = None
     last: dict[str, Any] | None = None
-    exhausted = False
-    while len(out) <= limit:
-        page = await store.db.execute(
-            query, params, page_size=max(limit * 2, 100), paging_state=paging
+    chunk = position[0] if position else 0
+    while chunk < chunks and len(out) <= limit:
+        rows = sorted(
+            await states.chunk_rows(batch_id, chunk),
+            key=lambda r: recipients.timeuuid_order(r["log_id"]),
         )
-        for row in page.rows:
-            if row["log_id"] is None:
-                continue  # the static-only row of a batch
+        for row in rows:
+            if (
+                position is not None
+                and chunk == position[0]
+                and recipients.timeuuid_order(row["log_id"])
+                <= recipients.timeuuid_order(position[1])
+            ):
+                continue
             if state is None or visible(row).state == state:
                 out.append(row)
                 if len(out) > limit:
                     break
             last = row
-        if page.paging_state is None:
-            exhausted = True
-            break
-        paging = page.paging_state
-    more = len(out) > limit or not exhausted
+        chunk += 1
+    more = len(out) > limit or chunk < chunks
     out = out[:limit]
     history = {}
     for chunk in sorted({r["chunk"] for r in out}):

@@ -16,8 +16,6 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from services.consumers import failover, protocol
 from shared.attempts import Attempt, find, tag
 from shared.db import Row
@@ -214,11 +212,9 @@ class Caller:
         if current is None or current.state != "ambiguous" or answer.unknown:
             return False  # settled by someone else, or we know no more than they do
         if answer.receipt is not None:
-            rows = await self.d.follow.pending(job, job.attempt)
             await self.d.recipients.accepted(
                 job.batch_id,
-                job.chunk,
-                [r["log_id"] for r in rows],
+                await self.d.follow.pending(job, job.attempt),
                 provider=job.provider,
                 tag=current.tag,
                 when=current.calling_at or current.created_at,
@@ -263,10 +259,9 @@ class Caller:
 
 
 def _recipient(row: Row) -> Recipient:
-    subs = row.get("substitutions")
     return Recipient(
         log_id=row["log_id"],
         email=row["email"],
         name=row.get("name"),
-        substitutions=orjson.loads(subs) if subs else {},
+        substitutions=row.get("substitutions") or {},
     )

@@ -18,6 +18,7 @@ from shared.batchstore import BatchHeader
 from shared.db import Row
 from shared.handoff import excluded_providers
 from shared.models import ChunkJob, LogJob
+from shared.recipients import Selection
 from shared.settle import Poison
 from shared.topology import dispatch_key, log_key
 
@@ -53,14 +54,28 @@ class FollowUps:
         """The recipient rows a job's line is about: its chunk's, or its one recipient's."""
         if job.log_id is None:
             return await self.d.recipients.chunk_rows(job.batch_id, job.chunk)
-        row = await self.d.recipients.one(job.batch_id, job.chunk, job.log_id)
+        row = await self.d.recipients.one(job.batch_id, job.chunk, job.log_id, addresses=True)
         if row is None:
             raise Poison(f"no recipient {job.log_id} in batch {job.batch_id}")
         return [row]
 
-    async def pending(self, job: protocol.Job, attempt: int) -> list[Row]:
+    async def pending(self, job: protocol.Job, attempt: int) -> Selection:
+        """The recipients attempt ``attempt`` of the job's line is for and no provider has
+        accepted yet, as a write selects them."""
         rows = await self.rows(job)
+        return self.select(job, rows, self.waiting(job, rows, attempt))
+
+    @staticmethod
+    def waiting(job: protocol.Job, rows: list[Row], attempt: int) -> list[Row]:
         return protocol.pending(rows, own_line=job.own_line, tag=tag(job.line, attempt))
+
+    @staticmethod
+    def select(job: protocol.Job, everyone: list[Row], chosen: list[Row]) -> Selection:
+        """``chosen`` of the line's recipients, for a write: a re-send line's one recipient
+        always by its own row, a chunk's by the chunk's row when it is all of them."""
+        if job.own_line:
+            return Selection(job.chunk, tuple(r["log_id"] for r in chosen))
+        return Selection.of(job.chunk, everyone, chosen)
 
     def excluded(self, job: protocol.Job, rows: list[Row]) -> frozenset[str]:
         """Providers a re-send line must not use: those that failed its recipient on their
@@ -69,13 +84,11 @@ class FollowUps:
 
     async def carry_out(self, job: protocol.Job, attempt: Attempt) -> None:
         """The effects of a settled attempt: recipients' rows, then the follow-up job."""
-        rows = await self.pending(job, attempt.attempt)
-        log_ids = [r["log_id"] for r in rows]
+        chosen = await self.pending(job, attempt.attempt)
         if attempt.state == "accepted":
             await self.d.recipients.accepted(
                 job.batch_id,
-                job.chunk,
-                log_ids,
+                chosen,
                 provider=attempt.provider,
                 tag=attempt.tag,
                 when=attempt.calling_at or attempt.created_at,
@@ -85,11 +98,10 @@ class FollowUps:
             return
         if attempt.decision == "done":
             return  # resolved as accepted: the evidence wrote the rows
-        if rows:
+        if chosen.log_ids:
             await self.d.recipients.call_failed(
                 job.batch_id,
-                job.chunk,
-                log_ids,
+                chosen,
                 provider=attempt.provider,
                 result=_result(attempt),
                 when=attempt.finished_at or attempt.created_at,
@@ -102,12 +114,11 @@ class FollowUps:
             await self.d.recipients.give_up(
                 job.batch_id,
                 header.user_id,
-                job.chunk,
-                log_ids,
+                chosen,
                 reason=attempt.verdict or "every provider failed",
                 when=attempt.finished_at or attempt.created_at,
             )
-            self.d.metrics.recipients_failed.inc(len(log_ids))
+            self.d.metrics.recipients_failed.inc(len(chosen.log_ids))
         await self.d.hooks("followed", job)
 
     async def _publish_next(self, job: protocol.Job, attempt: Attempt) -> None:

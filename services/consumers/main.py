@@ -24,6 +24,7 @@ from shared.providers.registry import build_providers, close_all
 from shared.recipients import RecipientStore
 from shared.resources import Resources, open_resources, readiness_checks
 from shared.settle import InFlight, settling
+from shared.stats import StatsStore
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +40,15 @@ def build_dispatcher(
     hooks: Hooks = no_hooks,
 ) -> Dispatcher:
     """The provider senders' dispatcher, with its own provider adapters (close them)."""
+    stats = StatsStore(res.db, settings.stats.buckets)
     return Dispatcher(
         broker=res.broker,
-        batches=BatchStore(res.db),
+        batches=BatchStore(res.db, stats),
         attempts=AttemptStore(res.db),
         providers=build_providers(settings.providers),
         settings=settings.providers,
         metrics=metrics or DispatchMetrics.create(new_registry()),
-        recipients=RecipientStore(res.db),
+        recipients=RecipientStore(res.db, stats),
         hooks=hooks,
         deferred_deadline=settings.webhooks.deferred_deadline,
     )

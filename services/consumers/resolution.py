@@ -43,7 +43,8 @@ class Resolver:
         current = find(line, job.attempt)
         if current is None or current.state != "ambiguous" or current.checks != job.check:
             return False
-        rows = await d.follow.pending(job, job.attempt)
+        everyone = await d.follow.rows(job)
+        rows = d.follow.waiting(job, everyone, job.attempt)
         by_email = {r["email"].lower(): r for r in rows}
         started = current.calling_at or current.created_at
         age = (d.now() - started).total_seconds()
@@ -59,8 +60,7 @@ class Resolver:
         if verdict.accepted:
             await d.recipients.accepted(
                 job.batch_id,
-                job.chunk,
-                [by_email[e]["log_id"] for e in sorted(verdict.accepted)],
+                d.follow.select(job, everyone, [by_email[e] for e in sorted(verdict.accepted)]),
                 provider=current.provider,
                 tag=current.tag,
                 when=started,

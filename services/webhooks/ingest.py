@@ -2,7 +2,7 @@
 
 Every write here is idempotent: the timeline row is keyed by the provider's event id, the
 recipient's row is written through ``shared.recipients`` with timestamps from the event (so
-replays and out-of-order arrivals merge to the same result), stats are ledger marks,
+replays and out-of-order arrivals merge to the same result) together with its stat row,
 suppressions are upserts, and hand-offs are planned once per failed attempt
 (``shared.handoff``). Replaying a whole delivery is therefore harmless, which is what lets
 the intake retry it until it is applied.
@@ -91,7 +91,6 @@ class Ingest:
 
     batches: BatchStore
     recipients: RecipientStore
-    stats: StatsStore
     suppressions: SuppressionStore
     timeline: Timeline
     handoff: HandOff
@@ -105,7 +104,7 @@ class Ingest:
         cls, db: Database, broker: Broker, settings: Settings, metrics: IngestMetrics
     ) -> Ingest:
         """The production ingest: every store on ``db``."""
-        stats = StatsStore(db)
+        stats = StatsStore(db, settings.stats.buckets)
         recipients = RecipientStore(db, stats)
         handoff = HandOff(
             AttemptStore(db),
@@ -115,9 +114,8 @@ class Ingest:
             settings.providers.max_attempts,
         )
         return cls(
-            batches=BatchStore(db),
+            batches=BatchStore(db, stats),
             recipients=recipients,
-            stats=stats,
             suppressions=SuppressionStore(db),
             timeline=Timeline(db),
             handoff=handoff,
@@ -162,9 +160,8 @@ class Ingest:
             state=eff.state,
             reason=ev.reason,
             evidence=ev.attempt if ev.kind != "unknown" else None,
+            metrics=eff.metrics,
         )
-        for metric in eff.metrics:
-            await self.stats.mark(target.user_id, target.batch_id, metric, [target.log_id])
         if eff.suppress:
             await self.suppressions.add(
                 target.user_id,
@@ -197,7 +194,7 @@ class Ingest:
             return None
         if ev.log_id is not None and ev.chunk is not None:
             return Target(ev.batch_id, ev.chunk, ev.log_id, owner)
-        found = await self.batches.locate(ev.batch_id, ev.email)
+        found = await self.recipients.locate(ev.batch_id, ev.email)
         if found is None:
             return None
         return Target(ev.batch_id, found[0], found[1], owner)

@@ -9,13 +9,15 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
+import orjson
 import pytest
 
 from shared.attempts import AttemptStore
-from shared.batchstore import BatchStore
+from shared.batchstore import BatchStore, NewBatch
 from shared.db import Database
-from shared.recipients import RecipientStore
-from shared.stats import StatsStore
+from shared.precedence import accepted_at, queued_stamp
+from shared.recipients import RecipientStore, log_id_for
+from shared.stats import Rollup, StatsStore
 from shared.suppressions import SuppressionStore
 from shared.timeline import Timeline
 from shared.webhook_tokens import WebhookTokens
@@ -61,6 +63,44 @@ class Stores:
         )
         return [(r["event_id"], r["counted"]) for r in rows]
 
+    async def legacy(self, batch: NewBatch) -> None:
+        """Store ``batch``'s recipients as release v1 did (before data model v2): one row per
+        recipient, ``queued`` at acceptance, and no chunk rows."""
+        created, queued = accepted_at(batch.batch_id), queued_stamp(batch.batch_id)
+        for i, r in enumerate(batch.recipients):
+            log_id = log_id_for(batch.batch_id, r.email)
+            subs = orjson.dumps(dict(r.substitutions)).decode() if r.substitutions else None
+            values = {
+                "email": r.email,
+                "name": r.name,
+                "substitutions": subs,
+                "state": "queued",
+                "event": "queued",
+                "last_update": created,
+            }
+            if isinstance(self.db, FakeCassandra):
+                self.db.insert(batch.batch_id, batch.chunk_of(i), log_id, values, queued)
+                continue
+            await self.db.execute(
+                "INSERT INTO batches (batch_id, chunk, log_id, email, name, substitutions, "
+                "state, event, last_update) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?",
+                (batch.batch_id, batch.chunk_of(i), log_id, *values.values(), queued),
+            )
+
+    async def store_rollup(
+        self, user_id: uuid.UUID, day: date, bucket: int, rollup: Rollup
+    ) -> None:
+        """Overwrite a bucket's stored rollup (as a lost or wrong rollup write would)."""
+        if isinstance(self.db, FakeCassandra):
+            self.db.stat_rows[(user_id, day, bucket)].static.put(
+                "rollup", rollup.encode(), self.db.stamp()
+            )
+            return
+        await self.db.execute(
+            "UPDATE stat_rows SET rollup = ? WHERE user_id = ? AND day = ? AND bucket = ?",
+            (rollup.encode(), user_id, day, bucket),
+        )
+
     async def orphaned(self, provider: str, day: date, event_id: str) -> bool:
         if isinstance(self.db, FakeCassandra):
             return (provider, day, event_id) in self.db.orphans
@@ -89,7 +129,7 @@ def stores(request: pytest.FixtureRequest) -> Stores:
     db: Database = request.getfixturevalue("db")
     real_stats = StatsStore(db)
     return Stores(
-        batches=BatchStore(db),
+        batches=BatchStore(db, real_stats),
         recipients=RecipientStore(db, real_stats),
         stats=real_stats,
         attempts=AttemptStore(db),

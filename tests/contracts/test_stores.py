@@ -6,15 +6,21 @@ from __future__ import annotations
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any
 
 import pytest
 
-from shared.batchstore import NewBatch, log_id_for
-from shared.precedence import accepted_at, visible
+from shared.batchstore import NewBatch
+from shared.precedence import STATE_CELLS, accepted_at, provider_stamp, stamp_column, visible
+from shared.recipients import CHUNK_ROW, Selection, log_id_for, merged_chunk
 from shared.stats import batch_day
+from shared.validation import RecipientInput
 from shared.webhook_events import ProviderEvent
 from tests.contracts.conftest import Stores
 from tests.fakes.world import new_batch
+
+A, B, C, D = "a@example.org", "b@example.org", "c@example.org", "d@example.org"
 
 
 def _batch(*emails: str, chunk_size: int = 2, batch_id: uuid.UUID | None = None) -> NewBatch:
@@ -33,17 +39,33 @@ def _at(batch: NewBatch, seconds: float) -> datetime:
     return accepted_at(batch.batch_id) + timedelta(seconds=seconds)
 
 
+def _log(batch: NewBatch, email: str) -> uuid.UUID:
+    return log_id_for(batch.batch_id, email)
+
+
+def _state(row: dict[str, Any]) -> dict[str, Any]:
+    """A recipient's state cells and their write timestamps, as comparable values."""
+    out: dict[str, Any] = {}
+    for cell in STATE_CELLS:
+        value = row[cell]
+        if isinstance(value, datetime):
+            value = value.replace(tzinfo=None)
+        out[cell] = dict(value) if cell in ("providers", "message_ids") and value else value
+        out[stamp_column(cell)] = row[stamp_column(cell)]
+    return out
+
+
 def _event(batch: NewBatch, kind: str = "delivered", **fields: object) -> ProviderEvent:
     values: dict[str, object] = {
         "provider": "sg",
         "event_id": uuid.uuid4().hex,
         "kind": kind,
         "raw_event": kind,
-        "email": "a@example.org",
+        "email": A,
         "occurred_at": _at(batch, 5),
         "batch_id": batch.batch_id,
         "chunk": 0,
-        "log_id": batch.recipients[0].log_id,
+        "log_id": _log(batch, A),
         "attempt": "c.0",
         "message_id": None,
         "reason": None,
@@ -54,34 +76,177 @@ def _event(batch: NewBatch, kind: str = "delivered", **fields: object) -> Provid
     return ProviderEvent(**values)  # type: ignore[arg-type]
 
 
-async def test_a_written_batch_has_a_header_an_owner_and_an_address_index(stores: Stores) -> None:
-    batch = await _stored(stores, "a@example.org", "B@Example.org", "c@example.org")
+async def _reported(
+    stores: Stores, batch: NewBatch, email: str = A, *, chunk: int = 0, **fields: Any
+) -> None:
+    """A provider's ``delivered`` for ``email`` (``fields`` change what it reports)."""
+    values: dict[str, Any] = {
+        "provider": "sg",
+        "provider_result": "delivered",
+        "message_id": None,
+        "stage_rank": 3,
+        "rank": 3,
+        "when": _at(batch, 2),
+        "event": "delivered",
+        "state": "success",
+        "reason": None,
+        "evidence": "c.0",
+    }
+    values.update(fields)
+    await stores.recipients.reported(
+        batch.batch_id, batch.user_id, chunk, _log(batch, email), **values
+    )
+
+
+async def _whole(stores: Stores, batch: NewBatch, chunk: int) -> Selection:
+    """Every recipient of a chunk, as a write selects them."""
+    everyone = await stores.recipients.chunk_rows(batch.batch_id, chunk)
+    return Selection.of(chunk, everyone, everyone)
+
+
+async def _counts(stores: Stores, batch: NewBatch) -> dict[str, int]:
+    counts: dict[str, int] = await stores.stats.day(batch.user_id, batch_day(batch.batch_id))
+    return counts
+
+
+# -- batches -------------------------------------------------------------------------------
+
+
+async def test_a_written_batch_has_a_header_and_an_owner(stores: Stores) -> None:
+    batch = await _stored(stores, A, B, C)
     header = await stores.batches.header(batch.batch_id)
     assert header is not None
-    assert (header.user_id, header.chunk_count, header.status) == (batch.user_id, 2, "accepted")
+    assert (header.user_id, header.recipient_count, header.chunk_size, header.chunk_count) == (
+        batch.user_id,
+        3,
+        2,
+        2,
+    )
+    assert (header.status, header.reason, header.response) == ("accepted", None, None)
+    assert header.message == batch.message
+    assert abs(header.created_at - accepted_at(batch.batch_id)) < timedelta(milliseconds=1)
     assert await stores.batches.owner(batch.batch_id) == batch.user_id
-    assert await stores.batches.locate(batch.batch_id, "b@EXAMPLE.org") == (
-        0,
-        batch.recipients[1].log_id,
-    )
-    assert await stores.batches.locate(batch.batch_id, "c@example.org") == (
-        1,
-        batch.recipients[2].log_id,
-    )
+    assert await stores.batches.status(batch.batch_id) == "accepted"
 
 
 async def test_an_unknown_batch_has_no_header_owner_or_recipient(stores: Stores) -> None:
     unknown = uuid.uuid1()
     assert await stores.batches.header(unknown) is None
     assert await stores.batches.owner(unknown) is None
-    assert await stores.batches.locate(unknown, "a@example.org") is None
+    assert await stores.batches.status(unknown) is None
+    assert await stores.recipients.locate(unknown, A) is None
+    assert await stores.recipients.batch_rows(unknown) == []
+    assert await stores.recipients.chunk_rows(unknown, 0) == []
+    assert await stores.recipients.one(unknown, 0, log_id_for(unknown, A)) is None
 
 
-async def test_set_status_changes_the_headers_status(stores: Stores) -> None:
-    batch = await _stored(stores, "a@example.org")
+async def test_set_status_changes_the_headers_status_and_reason(stores: Stores) -> None:
+    batch = await _stored(stores, A)
+    await stores.batches.set_status(batch.batch_id, "failed", "no provider")
+    header = await stores.batches.header(batch.batch_id)
+    assert header is not None and (header.status, header.reason) == ("failed", "no provider")
     await stores.batches.set_status(batch.batch_id, "dispatched")
     header = await stores.batches.header(batch.batch_id)
-    assert header is not None and header.status == "dispatched"
+    assert header is not None and (header.status, header.reason) == ("dispatched", None)
+
+
+@pytest.mark.parametrize("cancel_first", [True, False])
+async def test_a_cancelled_batch_stays_cancelled_and_counts_nothing(
+    stores: Stores, cancel_first: bool
+) -> None:
+    """A batch whose storing failed is cancelled, however late its failed writes land."""
+    batch = _batch(A, B)
+    if cancel_first:
+        await stores.batches.cancel(batch.batch_id, batch.user_id)
+    await stores.batches.write(batch)
+    await stores.batches.index(batch)
+    if not cancel_first:
+        await stores.batches.cancel(batch.batch_id, batch.user_id)
+    header = await stores.batches.header(batch.batch_id)
+    assert header is not None and header.status == "cancelled"
+    assert await _counts(stores, batch) == {}
+
+
+async def test_acceptance_counts_a_batchs_recipients_queued_once(stores: Stores) -> None:
+    batch = await _stored(stores, A, B, C)
+    await stores.batches.index(batch)  # finishing an acceptance again
+    header = await stores.batches.header(batch.batch_id)
+    assert header is not None
+    await stores.batches.index_stored(header)
+    day = batch_day(batch.batch_id)
+    assert await _counts(stores, batch) == {"queued": 3}
+    assert batch.user_id in await stores.stats.active_users(day)
+    assert day in await stores.stats.user_days(batch.user_id)
+
+
+# -- recipients: reads ---------------------------------------------------------------------
+
+
+async def test_recipients_are_located_by_address_case_insensitively(stores: Stores) -> None:
+    batch = await _stored(stores, A, "B@Example.org", C)
+    assert await stores.recipients.locate(batch.batch_id, "b@EXAMPLE.org") == (0, _log(batch, B))
+    assert await stores.recipients.locate(batch.batch_id, C) == (1, _log(batch, C))
+    assert await stores.recipients.locate(batch.batch_id, D) is None
+
+
+async def test_recipients_start_queued_in_their_chunks_in_the_order_given(stores: Stores) -> None:
+    batch = await _stored(stores, C, A, B)
+    first = await stores.recipients.chunk_rows(batch.batch_id, 0)
+    assert [r["email"] for r in first] == [C, A]
+    assert [r["log_id"] for r in first] == [_log(batch, C), _log(batch, A)]
+    assert {(visible(r).state, visible(r).event) for r in first} == {("queued", "queued")}
+    assert {(r["chunk"], r["own"], r["layout"]) for r in first} == {(0, False, "chunk")}
+    assert [r["email"] for r in await stores.recipients.batch_rows(batch.batch_id)] == [C, A, B]
+    (last,) = await stores.recipients.chunk_rows(batch.batch_id, 1)
+    assert (last["email"], last["chunk"]) == (B, 1)
+
+
+async def test_names_and_substitutions_are_kept_with_their_recipient(stores: Stores) -> None:
+    batch = replace(
+        _batch(),
+        recipients=[
+            RecipientInput(A, "Ann", {"first": "Ann", "code": "x1"}),
+            RecipientInput(B, "Bob"),
+            RecipientInput(C),
+        ],
+        chunk_size=3,
+    )
+    await stores.batches.write(batch)
+    rows = await stores.recipients.chunk_rows(batch.batch_id, 0)
+    assert [(r["email"], r["name"], r["substitutions"]) for r in rows] == [
+        (A, "Ann", {"first": "Ann", "code": "x1"}),
+        (B, "Bob", {}),
+        (C, None, {}),
+    ]
+    found = await stores.recipients.one(batch.batch_id, 0, _log(batch, A), addresses=True)
+    assert found is not None and (found["email"], found["name"]) == (A, "Ann")
+
+
+async def test_one_finds_a_recipient_only_in_a_chunk_that_lists_it(stores: Stores) -> None:
+    batch = await _stored(stores, A, B, C)
+    mine = await stores.recipients.one(batch.batch_id, 0, _log(batch, B), addresses=True)
+    assert mine is not None and (mine["email"], mine["log_id"]) == (B, _log(batch, B))
+    stranger = log_id_for(batch.batch_id, D)
+    assert await stores.recipients.one(batch.batch_id, 0, stranger, addresses=True) is None
+    assert await stores.recipients.one(batch.batch_id, 0, _log(batch, C), addresses=True) is None
+    assert await stores.recipients.one(batch.batch_id, 7, _log(batch, A)) is None  # no chunk 7
+
+
+async def test_one_without_addresses_reads_the_recipients_state(stores: Stores) -> None:
+    batch = await _stored(stores, A, B)
+    await _reported(stores, batch, B)
+    for email in (A, B):
+        fast = await stores.recipients.one(batch.batch_id, 0, _log(batch, email))
+        full = await stores.recipients.one(batch.batch_id, 0, _log(batch, email), addresses=True)
+        assert fast is not None and full is not None
+        assert _state(fast) == _state(full)
+        assert (fast["log_id"], fast["own"], fast["layout"]) == (
+            full["log_id"],
+            full["own"],
+            "chunk",
+        )
+    b = await stores.recipients.one(batch.batch_id, 0, _log(batch, B))
+    assert b is not None and visible(b).state == "success"
 
 
 def _sign_bit_pair() -> tuple[uuid.UUID, str, str]:
@@ -98,140 +263,241 @@ def _sign_bit_pair() -> tuple[uuid.UUID, str, str]:
     raise AssertionError("no such pair")
 
 
-async def test_recipients_of_a_chunk_come_in_cassandras_timeuuid_order(stores: Stores) -> None:
+async def test_a_legacy_batchs_recipients_come_in_cassandras_timeuuid_order(
+    stores: Stores,
+) -> None:
+    """A batch stored before v2 (a row per recipient, no chunk rows) reads from its rows, in
+    their clustering order."""
     batch_id, a, b = _sign_bit_pair()
     batch = _batch(a, b, batch_id=batch_id)
-    await stores.batches.write(batch)
+    await stores.legacy(batch)
     rows = await stores.recipients.chunk_rows(batch_id, 0)
     # Same time: ordered by the clock sequence and node as *signed* bytes.
     signed = sorted(
-        batch.recipients,
-        key=lambda r: [int.from_bytes([x], signed=True) for x in r.log_id.bytes[8:]],
+        (a, b), key=lambda e: [int.from_bytes([x], signed=True) for x in _log(batch, e).bytes[8:]]
     )
-    assert [r["email"] for r in rows] == [r.email for r in signed]
-    python_order = sorted(batch.recipients, key=lambda r: r.log_id)
-    assert [r.email for r in signed] != [r.email for r in python_order]
+    assert [r["email"] for r in rows] == signed
+    assert signed != sorted((a, b), key=lambda e: _log(batch, e))  # Python's order
+    assert {(r["own"], r["layout"], visible(r).state) for r in rows} == {(True, "rows", "queued")}
 
 
-async def test_recipients_start_queued_in_their_chunks(stores: Stores) -> None:
-    batch = await _stored(stores, "a@example.org", "b@example.org", "c@example.org")
-    first = await stores.recipients.chunk_rows(batch.batch_id, 0)
-    assert sorted(r["email"] for r in first) == ["a@example.org", "b@example.org"]
-    assert {visible(r).state for r in first} == {"queued"}
-    assert sorted(r["email"] for r in await stores.recipients.batch_rows(batch.batch_id))[:2] == [
-        "a@example.org",
-        "b@example.org",
+async def test_a_legacy_batch_is_located_read_and_written_through_its_own_rows(
+    stores: Stores,
+) -> None:
+    batch = replace(_batch(), recipients=[RecipientInput(A, "Ann", {"k": "v"}), RecipientInput(B)])
+    await stores.legacy(batch)
+    assert await stores.recipients.locate(batch.batch_id, "A@EXAMPLE.ORG") == (0, _log(batch, A))
+    chosen = await _whole(stores, batch, 0)
+    assert not chosen.whole  # no chunk row to write
+    await stores.recipients.accepted(
+        batch.batch_id, chosen, provider="sg", tag="c.0", when=_at(batch, 1), message_id="m-1"
+    )
+    rows = await stores.recipients.chunk_rows(batch.batch_id, 0)
+    assert [(r["email"], r["name"], r["substitutions"]) for r in rows if r["email"] == A] == [
+        (A, "Ann", {"k": "v"})
     ]
-    assert (await stores.recipients.batch_rows(batch.batch_id))[-1]["email"] == "c@example.org"
-    assert await stores.recipients.one(batch.batch_id, 1, uuid.uuid1()) is None
+    assert {(r["event"], visible(r).state) for r in rows} == {("sent", "queued")}
+    assert [dict(r["providers"]) for r in rows] == [{"sg": "sent"}] * 2
+    one = await stores.recipients.one(batch.batch_id, 0, _log(batch, B))
+    assert one is not None and one["email"] == B and set(one["evidence"]) == {"c.0"}
 
 
-async def test_acceptance_records_evidence_and_the_provider(stores: Stores) -> None:
-    batch = await _stored(stores, "a@example.org")
-    log_id = batch.recipients[0].log_id
+# -- recipients: writes --------------------------------------------------------------------
+
+
+async def test_a_selection_is_whole_only_for_all_of_a_stored_chunk(stores: Stores) -> None:
+    batch = await _stored(stores, A, B)
+    everyone = await stores.recipients.chunk_rows(batch.batch_id, 0)
+    assert Selection.of(0, everyone, everyone).whole
+    assert not Selection.of(0, everyone, everyone[:1]).whole
+    assert not Selection.of(0, everyone, []).whole
+
+
+async def test_a_whole_chunk_write_reads_back_as_writes_to_each_recipient(stores: Stores) -> None:
+    """Chunk 0 is written once, to its chunk row; chunk 1 recipient by recipient: readers see
+    the same recipients, and the stats count each recipient once either way."""
+    batch = await _stored(stores, A, B, C, D)
+    whole = await _whole(stores, batch, 0)
+    each = [Selection.one(1, _log(batch, e)) for e in (C, D)]
+    assert whole.whole and whole.log_ids == (_log(batch, A), _log(batch, B))
+    for _ in range(2):  # a replay writes the same cells
+        for chosen in (whole, *each):
+            await stores.recipients.call_failed(
+                batch.batch_id, chosen, provider="sg", result="failed: 500", when=_at(batch, 1)
+            )
+            await stores.recipients.accepted(
+                batch.batch_id, chosen, provider="mg", tag="c.1", when=_at(batch, 2),
+                message_id="m-1",
+            )  # fmt: skip
+            await stores.recipients.give_up(
+                batch.batch_id, batch.user_id, chosen, reason="all failed", when=_at(batch, 3)
+            )
+    first = await stores.recipients.chunk_rows(batch.batch_id, 0)
+    second = await stores.recipients.chunk_rows(batch.batch_id, 1)
+    assert [_state(r) for r in first] == [_state(r) for r in second]
+    assert ([r["own"] for r in first], [r["own"] for r in second]) == ([False] * 2, [True] * 2)
+    row = first[0]
+    assert visible(row) == visible({"state": None, "gave_up_reason": "all failed"})
+    assert (dict(row["providers"]), set(row["evidence"])) == (
+        {"sg": "failed: 500", "mg": "sent"},
+        {"c.1"},
+    )
+    assert await _counts(stores, batch) == {"queued": 4, "failed": 4}
+
+
+async def test_a_recipient_diverging_from_its_chunk_keeps_what_the_chunk_said(
+    stores: Stores,
+) -> None:
+    batch = await _stored(stores, A, B)
+    await stores.recipients.accepted(
+        batch.batch_id, await _whole(stores, batch, 0), provider="sg", tag="c.0",
+        when=_at(batch, 1), message_id="m-1",
+    )  # fmt: skip
+    await _reported(stores, batch, B, when=_at(batch, 3))
+    a, b = await stores.recipients.chunk_rows(batch.batch_id, 0)
+    assert (a["own"], a["event"], visible(a).state) == (False, "sent", "queued")
+    assert (b["own"], b["event"], visible(b).state) == (True, "delivered", "success")
+    assert dict(a["providers"]) == {"sg": "sent"}
+    assert dict(b["providers"]) == {"sg": "delivered"}  # the later stage wins the entry
+    assert dict(b["message_ids"]) == {"sg": "m-1"}  # what the chunk said, kept
+    assert set(b["evidence"]) == {"c.0"}
+    stored = await stores.recipients.stored_chunk(batch.batch_id, 0)
+    assert [r["log_id"] for r in stored] == [CHUNK_ROW, _log(batch, B)]
+    assert merged_chunk(batch.batch_id, 0, stored) == [a, b]
+
+
+async def test_each_map_entry_and_set_element_keeps_its_own_write_time(stores: Stores) -> None:
+    """What a reader merges: every element of a recipient's maps and sets with the write
+    timestamp of the write that put it there, in element order."""
+    batch = await _stored(stores, A)
+    log_id = _log(batch, A)
+    stamp = partial(provider_stamp, batch.batch_id)
+    await stores.recipients.accepted(
+        batch.batch_id, await _whole(stores, batch, 0), provider="zz", tag="r.9",
+        when=_at(batch, 1), message_id=None,
+    )  # fmt: skip
+    for tag, provider, seconds in (("r.0", "sg", 9), ("c.0", "mg", 4), ("c.1", "ab", 6)):
+        await stores.recipients.accepted(
+            batch.batch_id, Selection.one(0, log_id), provider=provider, tag=tag,
+            when=_at(batch, seconds), message_id=None,
+        )  # fmt: skip
+    chunk_row, own = await stores.recipients.stored_chunk(batch.batch_id, 0)
+    assert (list(chunk_row["evidence"]), chunk_row["w_evidence"]) == (
+        ["r.9"],
+        [stamp(_at(batch, 1), 0)],
+    )
+    assert (list(own["evidence"]), own["w_evidence"]) == (
+        ["c.0", "c.1", "r.0"],
+        [stamp(_at(batch, s), 0) for s in (4, 6, 9)],
+    )
+    assert (list(own["providers"]), own["w_providers"]) == (
+        ["ab", "mg", "sg"],
+        [stamp(_at(batch, s), 0) for s in (6, 4, 9)],
+    )
+    (row,) = await stores.recipients.chunk_rows(batch.batch_id, 0)
+    assert (sorted(row["evidence"]), row["w_evidence"]) == (
+        ["c.0", "c.1", "r.0", "r.9"],
+        [stamp(_at(batch, s), 0) for s in (4, 6, 9, 1)],
+    )
+    assert (row["event"], row["w_event"]) == ("sent", stamp(_at(batch, 9), 0))
+
+
+@pytest.mark.parametrize("whole", [True, False])
+async def test_acceptance_records_evidence_and_the_provider(stores: Stores, whole: bool) -> None:
+    batch = await _stored(stores, A)
+    chosen = await _whole(stores, batch, 0) if whole else Selection.one(0, _log(batch, A))
+    assert chosen.whole is whole
     for _ in range(2):  # a replay writes the same cells
         await stores.recipients.accepted(
-            batch.batch_id,
-            0,
-            [log_id],
-            provider="sg",
-            tag="c.0",
-            when=_at(batch, 1),
-            message_id="m-1",
+            batch.batch_id, chosen, provider="sg", tag="c.0", when=_at(batch, 1), message_id="m-1"
         )
-    row = await stores.recipients.one(batch.batch_id, 0, log_id)
+    row = await stores.recipients.one(batch.batch_id, 0, _log(batch, A))
     assert row is not None
-    assert (row["event"], visible(row).state) == ("sent", "queued")
+    assert (row["event"], visible(row).state, row["own"]) == ("sent", "queued", not whole)
     assert dict(row["providers"]) == {"sg": "sent"}
     assert dict(row["message_ids"]) == {"sg": "m-1"}
     assert set(row["evidence"]) == {"c.0"}
+    assert await _counts(stores, batch) == {"queued": 1}  # no outcome yet
 
 
 async def test_a_failed_call_changes_only_the_providers_map(stores: Stores) -> None:
-    batch = await _stored(stores, "a@example.org")
-    log_id = batch.recipients[0].log_id
+    batch = await _stored(stores, A)
     await stores.recipients.call_failed(
-        batch.batch_id, 0, [log_id], provider="sg", result="failed: 500", when=_at(batch, 1)
+        batch.batch_id,
+        Selection.one(0, _log(batch, A)),
+        provider="sg",
+        result="failed: 500",
+        when=_at(batch, 1),
     )
-    row = await stores.recipients.one(batch.batch_id, 0, log_id)
+    row = await stores.recipients.one(batch.batch_id, 0, _log(batch, A))
     assert row is not None
-    assert (row["event"], visible(row).state) == ("queued", "queued")
+    assert (visible(row).event, visible(row).state) == ("queued", "queued")
     assert dict(row["providers"]) == {"sg": "failed: 500"}
     assert row["evidence"] is None
 
 
 @pytest.mark.parametrize("give_up_first", [True, False])
+@pytest.mark.parametrize("whole", [True, False])
 async def test_provider_evidence_outranks_a_give_up_in_either_order(
-    stores: Stores, give_up_first: bool
+    stores: Stores, give_up_first: bool, whole: bool
 ) -> None:
-    batch = await _stored(stores, "a@example.org")
-    log_id = batch.recipients[0].log_id
+    batch = await _stored(stores, A, B)
+    chosen = await _whole(stores, batch, 0) if whole else Selection.one(0, _log(batch, A))
 
     async def give_up() -> None:
         await stores.recipients.give_up(
-            batch.batch_id, batch.user_id, 0, [log_id], reason="all failed", when=_at(batch, 9)
+            batch.batch_id, batch.user_id, chosen, reason="all failed", when=_at(batch, 9)
         )
 
     async def delivered() -> None:
-        await stores.recipients.reported(
-            batch.batch_id,
-            batch.user_id,
-            0,
-            log_id,
-            provider="mg",
-            provider_result="delivered",
-            message_id=None,
-            stage_rank=3,
-            rank=3,
-            when=_at(batch, 2),
-            event="delivered",
-            state="success",
-            reason=None,
-            evidence="c.1",
-        )
+        await _reported(stores, batch, A, provider="mg", evidence="c.1")
 
     first, second = (give_up, delivered) if give_up_first else (delivered, give_up)
     await first()
     await second()
-    row = await stores.recipients.one(batch.batch_id, 0, log_id)
-    assert row is not None and visible(row).state == "success"
-    day = batch_day(batch.batch_id)
-    assert await stores.stats.keys(batch.user_id, day, "success") == {str(log_id)}
-    assert await stores.stats.keys(batch.user_id, day, "failed") == set()
-
-
-async def test_a_give_up_alone_fails_the_recipient_and_counts_it(stores: Stores) -> None:
-    batch = await _stored(stores, "a@example.org")
-    log_id = batch.recipients[0].log_id
-    await stores.recipients.give_up(
-        batch.batch_id, batch.user_id, 0, [log_id], reason="all failed", when=_at(batch, 9)
+    a, b = await stores.recipients.chunk_rows(batch.batch_id, 0)
+    assert visible(a).state == "success"
+    assert visible(b).state == ("failed" if whole else "queued")
+    assert await _counts(stores, batch) == (
+        {"queued": 2, "success": 1, "failed": 1} if whole else {"queued": 2, "success": 1}
     )
-    row = await stores.recipients.one(batch.batch_id, 0, log_id)
+
+
+async def test_a_give_up_alone_fails_the_recipient_and_counts_it_once(stores: Stores) -> None:
+    batch = await _stored(stores, A)
+    for _ in range(2):  # a replay writes the same rows
+        await stores.recipients.give_up(
+            batch.batch_id,
+            batch.user_id,
+            Selection.one(0, _log(batch, A)),
+            reason="all failed",
+            when=_at(batch, 9),
+        )
+    row = await stores.recipients.one(batch.batch_id, 0, _log(batch, A))
     assert row is not None
     assert (visible(row).state, visible(row).reason) == ("failed", "all failed")
-    day = batch_day(batch.batch_id)
-    assert await stores.stats.keys(batch.user_id, day, "failed") == {str(log_id)}
+    assert await _counts(stores, batch) == {"queued": 1, "failed": 1}
+
+
+async def test_a_give_up_of_nobody_writes_nothing(stores: Stores) -> None:
+    batch = await _stored(stores, A)
+    await stores.recipients.give_up(
+        batch.batch_id, batch.user_id, Selection(0, ()), reason="x", when=_at(batch, 9)
+    )
+    (row,) = await stores.recipients.chunk_rows(batch.batch_id, 0)
+    assert visible(row).state == "queued"
+    assert await _counts(stores, batch) == {"queued": 1}
 
 
 async def test_at_the_same_moment_the_higher_rank_decides(stores: Stores) -> None:
-    batch = await _stored(stores, "a@example.org")
-    log_id = batch.recipients[0].log_id
-    common = {
-        "provider": "sg",
-        "message_id": None,
-        "when": _at(batch, 3),
-        "reason": "mailbox full",
-        "evidence": "c.0",
-    }
-    await stores.recipients.reported(
-        batch.batch_id, batch.user_id, 0, log_id, provider_result="bounced", stage_rank=4,
-        rank=4, event="bounced", state="failed", **common,
+    batch = await _stored(stores, A)
+    common: dict[str, Any] = {"when": _at(batch, 3), "reason": "mailbox full"}
+    await _reported(
+        stores, batch, provider_result="bounced", stage_rank=4, rank=4, event="bounced",
+        state="failed", metrics=("bounced",), **common,
     )  # fmt: skip
-    await stores.recipients.reported(
-        batch.batch_id, batch.user_id, 0, log_id, provider_result="delivered", stage_rank=3,
-        rank=3, event="delivered", state="success", **common,
-    )  # fmt: skip
-    row = await stores.recipients.one(batch.batch_id, 0, log_id)
+    await _reported(stores, batch, stage_rank=3, rank=3, **common)
+    row = await stores.recipients.one(batch.batch_id, 0, _log(batch, A))
     assert row is not None
     assert (row["event"], visible(row).state, row["reason_detail"]) == (
         "bounced",
@@ -239,14 +505,33 @@ async def test_at_the_same_moment_the_higher_rank_decides(stores: Stores) -> Non
         "mailbox full",
     )
     assert dict(row["providers"]) == {"sg": "bounced"}
-    day = batch_day(batch.batch_id)
-    assert await stores.stats.keys(batch.user_id, day, "success") == set()
-    assert await stores.stats.keys(batch.user_id, day, "failed") == {str(log_id)}
+    assert await _counts(stores, batch) == {"queued": 1, "failed": 1, "bounced": 1}
+
+
+async def test_a_replayed_report_and_its_metrics_count_once(stores: Stores) -> None:
+    batch = await _stored(stores, A, B)
+    for _ in range(3):  # the provider retried its webhooks
+        await _reported(stores, batch, A)
+        await _reported(
+            stores, batch, A, provider_result="opened", stage_rank=0, rank=0,
+            event=None, state=None, evidence=None, metrics=("opened", "clicked"),
+        )  # fmt: skip
+    assert await _counts(stores, batch) == {"queued": 2, "success": 1, "opened": 1, "clicked": 1}
+    row = await stores.recipients.one(batch.batch_id, 0, _log(batch, A))
+    assert row is not None and (row["event"], visible(row).state) == ("delivered", "success")
+
+
+async def test_a_report_earns_only_event_metrics(stores: Stores) -> None:
+    batch = await _stored(stores, A)
+    with pytest.raises(ValueError, match="not an event metric"):
+        await _reported(stores, batch, metrics=("success",))
+    (row,) = await stores.recipients.chunk_rows(batch.batch_id, 0)
+    assert visible(row).state == "queued"
 
 
 async def test_supersede_marks_the_attempt_and_keeps_the_recipient_queued(stores: Stores) -> None:
-    batch = await _stored(stores, "a@example.org")
-    log_id = batch.recipients[0].log_id
+    batch = await _stored(stores, A)
+    log_id = _log(batch, A)
     await stores.recipients.supersede(
         batch.batch_id, 0, log_id, tag="c.0", provider="sg", result="dropped", when=_at(batch, 4)
     )
@@ -254,7 +539,35 @@ async def test_supersede_marks_the_attempt_and_keeps_the_recipient_queued(stores
     assert row is not None
     assert set(row["superseded"]) == {"c.0"}
     assert dict(row["providers"]) == {"sg": "dropped"}
-    assert visible(row).state == "queued"
+    assert (visible(row).state, row["own"]) == ("queued", True)
+
+
+async def test_of_two_writes_at_the_same_moment_the_larger_value_wins(stores: Stores) -> None:
+    """Cassandra breaks a write-timestamp tie by the larger serialized value (whatever the
+    order the writes arrived in); stamps are whole seconds, so ties happen. Readers merging a
+    chunk's row with a recipient's own row break it the same way."""
+    batch = await _stored(stores, A)
+    log_id = _log(batch, A)
+    own, whole = Selection.one(0, log_id), await _whole(stores, batch, 0)
+    for result, chosen in (("failed: X's", own), ("failed: A", own), ("failed: B", whole)):
+        await stores.recipients.call_failed(
+            batch.batch_id, chosen, provider="sg", result=result, when=_at(batch, 1)
+        )
+    for seconds, chosen in ((2.3, own), (2.0, own), (2.1, whole)):
+        # The same second, so the same stamp; last_update differs.
+        await stores.recipients.accepted(
+            batch.batch_id, chosen, provider="mg", tag="c.1", when=_at(batch, seconds),
+            message_id=None,
+        )  # fmt: skip
+    row = await stores.recipients.one(batch.batch_id, 0, log_id)
+    assert row is not None
+    assert dict(row["providers"])["sg"] == "failed: X's"
+    assert row["last_update"].replace(tzinfo=None) == _at(batch, 2.3).replace(
+        tzinfo=None, microsecond=_at(batch, 2.3).microsecond // 1000 * 1000
+    )
+
+
+# -- attempts, suppressions, timeline, tokens ------------------------------------------------
 
 
 async def test_an_attempt_is_created_once(stores: Stores) -> None:
@@ -336,16 +649,16 @@ async def test_suppressions_are_found_case_insensitively(stores: Stores) -> None
 async def test_a_replayed_event_is_one_timeline_entry(stores: Stores) -> None:
     batch = _batch("a@example.org")
     ev = _event(batch)
-    await stores.timeline.record(batch.batch_id, batch.recipients[0].log_id, ev, counted=True)
-    await stores.timeline.record(batch.batch_id, batch.recipients[0].log_id, ev, counted=False)
-    assert await stores.events(batch.batch_id, batch.recipients[0].log_id) == [(ev.event_id, False)]
+    await stores.timeline.record(batch.batch_id, _log(batch, A), ev, counted=True)
+    await stores.timeline.record(batch.batch_id, _log(batch, A), ev, counted=False)
+    assert await stores.events(batch.batch_id, _log(batch, A)) == [(ev.event_id, False)]
 
 
 async def test_the_same_event_at_another_time_is_another_timeline_entry(stores: Stores) -> None:
     """An event without its own timestamp takes the time it was received: a provider's
     retry of it is then a second entry."""
     batch = _batch("a@example.org")
-    log_id = batch.recipients[0].log_id
+    log_id = _log(batch, A)
     first = _event(batch)
     again = replace(first, occurred_at=first.occurred_at + timedelta(seconds=30))
     await stores.timeline.record(batch.batch_id, log_id, first, counted=True)
@@ -369,25 +682,3 @@ async def test_a_webhook_token_goes_with_one_body(stores: Stores) -> None:
     assert await stores.tokens.accept_once(token, b"body-1")
     assert await stores.tokens.accept_once(token, b"body-1")  # a replay
     assert not await stores.tokens.accept_once(token, b"body-2")  # a forgery
-
-
-async def test_of_two_writes_at_the_same_moment_the_larger_value_wins(stores: Stores) -> None:
-    """Cassandra breaks a write-timestamp tie by the larger serialized value (whatever the
-    order the writes arrived in); stamps are whole seconds, so ties happen."""
-    batch = await _stored(stores, "a@example.org")
-    log_id = batch.recipients[0].log_id
-    for result in ("failed: X's", "failed: A"):
-        await stores.recipients.call_failed(
-            batch.batch_id, 0, [log_id], provider="sg", result=result, when=_at(batch, 1)
-        )
-    for seconds in (2.3, 2.0):  # the same second, so the same stamp; last_update differs
-        await stores.recipients.accepted(
-            batch.batch_id, 0, [log_id], provider="mg", tag="c.1", when=_at(batch, seconds),
-            message_id=None,
-        )  # fmt: skip
-    row = await stores.recipients.one(batch.batch_id, 0, log_id)
-    assert row is not None
-    assert dict(row["providers"])["sg"] == "failed: X's"
-    assert row["last_update"].replace(tzinfo=None) == _at(batch, 2.3).replace(
-        tzinfo=None, microsecond=_at(batch, 2.3).microsecond // 1000 * 1000
-    )

@@ -1,10 +1,15 @@
 """In-memory twins of the Cassandra stores the consumers and the webhook service use.
 
 They keep Cassandra's semantics where our correctness depends on them: every cell is
-last-write-wins by write timestamp (a tie goes to the larger value, a deletion wins a tie),
-set and map columns merge element by element, ``IF NOT EXISTS`` and ``IF col = ?`` apply
-only when their condition holds. ``tests/contracts`` runs the same suite over each twin and
-the real store, so the twins cannot drift from what they stand in for.
+last-write-wins by write timestamp (a tie goes to a deletion, then to the larger value), set
+and map columns merge element by element, rows cluster in Cassandra's order, ``IF NOT EXISTS``
+and ``IF col = ?`` apply only when their condition holds. What the stores derive from the rows
+they read (a chunk's recipients merged with their own rows, a bucket's counts, whether a
+rollup is current) is computed by the production functions themselves
+(``shared.recipients.merged_chunk``, ``shared.precedence.merge``, ``shared.stats.count_rows``,
+``shared.stats.current`` ...), from rows shaped as the real reads return them.
+``tests/contracts`` runs the same suite over each twin and the real store, so the twins cannot
+drift from what they stand in for.
 
 Faults: ``FakeCassandra.fail(operation, error, applied=...)`` makes the next call of a store
 operation raise ``error`` before (or, with ``applied=True``, after) it takes effect — a write
@@ -19,17 +24,47 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
+from functools import partial
 from typing import Any
 
-import orjson
+from cassandra.util import SortedSet
 
 from shared import precedence
 from shared.attempts import COLUMNS, Attempt, from_row
-from shared.batchstore import BatchHeader, NewBatch
-from shared.stats import OUTCOMES, batch_day
+from shared.batchstore import BatchHeader, NewBatch, _header_stamp, month_of
+from shared.models import Message
+from shared.recipients import (
+    CHUNK_ROW,
+    Selection,
+    by_chunk,
+    decode_recipients,
+    encode_recipients,
+    log_id_for,
+    merged_chunk,
+    timeuuid_order,
+)
+from shared.stats import (
+    DEFAULT_BUCKETS,
+    EVENT_METRICS,
+    SETTLE,
+    Drift,
+    Rollup,
+    add,
+    batch_day,
+    bucket_of,
+    closing,
+    count_rows,
+    current,
+    fresh_enough,
+    is_closed,
+    user_bucket,
+)
 from shared.webhook_events import ProviderEvent
 
-Key = tuple[uuid.UUID, int, uuid.UUID]
+#: A clustering row of ``batches``: (chunk, log_id).
+Clustering = tuple[int, uuid.UUID]
+#: A write a store hands to another to apply with its own (the twin of a bound statement).
+Write = Callable[[], None]
 
 
 def _stored(value: datetime) -> datetime:
@@ -51,29 +86,37 @@ def _serialized(value: Any) -> Any:
 
 
 def _wins(new: tuple[int, Any], old: tuple[int, Any] | None) -> bool:
-    """Cassandra's reconciliation of two cells: later timestamp, then the larger value."""
-    if old is None or new[0] != old[0]:
-        return old is None or new[0] > old[0]
+    """Cassandra's reconciliation of two cells: the later timestamp; on a tie a deletion
+    (``None``), then the larger value."""
+    if old is None:
+        return True
+    if new[0] != old[0]:
+        return new[0] > old[0]
+    if old[1] is None or new[1] is None:
+        return new[1] is None and old[1] is not None
     return bool(_serialized(new[1]) > _serialized(old[1]))
 
 
-def timeuuid_order(value: uuid.UUID) -> tuple[int, bytes]:
-    """Cassandra's order of ``timeuuid`` clustering values: by time, then the clock sequence
-    and node compared as signed bytes (Python compares UUIDs as unsigned integers)."""
-    return value.time, bytes(b ^ 0x80 for b in value.bytes[8:])
-
-
-def _clustering(key: Key) -> tuple[int, tuple[int, bytes]]:
-    return key[1], timeuuid_order(key[2])
+def _order(key: Clustering) -> tuple[int, tuple[int, bytes]]:
+    return key[0], timeuuid_order(key[1])
 
 
 @dataclass
 class _Cells:
-    """One row's cells: plain columns, map entries and set elements, each with its stamp."""
+    """One row's cells: plain columns, map entries and set elements, each with its stamp (a
+    plain cell whose value is None is a deletion), and the row marker an INSERT writes."""
 
     plain: dict[str, tuple[int, Any]] = field(default_factory=dict)
     maps: dict[str, dict[str, tuple[int, Any]]] = field(default_factory=lambda: defaultdict(dict))
     sets: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
+    marker: int | None = None
+
+    def insert(self, values: Mapping[str, Any], stamp: int) -> None:
+        """An INSERT: the row marker and every column given (None columns are left unset)."""
+        self.marker = max(stamp, self.marker or stamp)
+        for column, value in values.items():
+            if value is not None:
+                self.put(column, value, stamp)
 
     def put(self, column: str, value: Any, stamp: int) -> None:
         value = _stored(value) if isinstance(value, datetime) else value
@@ -93,13 +136,43 @@ class _Cells:
         cell = self.plain.get(column)
         return cell[1] if cell else None
 
-    def as_map(self, column: str) -> dict[str, Any] | None:
-        entries = self.maps.get(column)
-        return {k: v for k, (_, v) in sorted(entries.items())} if entries else None
+    def stamp(self, column: str) -> int | None:
+        """``WRITETIME(column)`` of a plain column (None when it holds nothing)."""
+        cell = self.plain.get(column)
+        return cell[0] if cell and cell[1] is not None else None
 
-    def as_set(self, column: str) -> frozenset[str] | None:
-        elements = self.sets.get(column)
-        return frozenset(elements) if elements else None
+    def as_map(self, column: str) -> tuple[dict[str, Any] | None, list[int] | None]:
+        """A map column as read, and ``WRITETIME`` of its entries (in key order)."""
+        entries = sorted(self.maps.get(column, {}).items())
+        if not entries:
+            return None, None
+        return {k: v for k, (_, v) in entries}, [t for _, (t, _) in entries]
+
+    def as_set(self, column: str) -> tuple[SortedSet | None, list[int] | None]:
+        """A set column as read (the driver's sorted set), and ``WRITETIME`` of its elements
+        (in element order)."""
+        elements = sorted(self.sets.get(column, {}).items())
+        if not elements:
+            return None, None
+        return SortedSet(e for e, _ in elements), [t for _, t in elements]
+
+    def live(self) -> bool:
+        """Whether a read finds the row: a row marker or any cell holding a value."""
+        return (
+            self.marker is not None
+            or any(v is not None for _, v in self.plain.values())
+            or any(self.maps.values())
+            or any(self.sets.values())
+        )
+
+
+@dataclass
+class _StatPartition:
+    """One ``stat_rows`` partition (a user's day's bucket): its static cells (``dirty_at``,
+    ``rollup``) and its rows by (batch_id, log_id)."""
+
+    static: _Cells = field(default_factory=_Cells)
+    rows: dict[tuple[uuid.UUID, uuid.UUID], _Cells] = field(default_factory=dict)
 
 
 @dataclass
@@ -114,22 +187,37 @@ OPERATIONS = frozenset(
         "attempts.create",
         "attempts.line",
         "attempts.transition",
+        "batches.cancel",
         "batches.header",
         "batches.index",
-        "batches.locate",
+        "batches.index_stored",
         "batches.owner",
         "batches.set_status",
+        "batches.status",
         "batches.write",
         "recipients.accepted",
         "recipients.batch_rows",
         "recipients.call_failed",
         "recipients.chunk_rows",
         "recipients.give_up",
+        "recipients.locate",
         "recipients.one",
         "recipients.reported",
+        "recipients.stored_chunk",
         "recipients.supersede",
-        "stats.mark",
-        "stats.outcome",
+        "stats.accepted",
+        "stats.active_users",
+        "stats.activity",
+        "stats.bucket",
+        "stats.bucket_rows",
+        "stats.cancelled",
+        "stats.day",
+        "stats.outcomes",
+        "stats.range",
+        "stats.reconcile",
+        "stats.recount",
+        "stats.rollup",
+        "stats.user_days",
         "suppressions.add",
         "timeline.orphan",
         "timeline.record",
@@ -144,13 +232,19 @@ class FakeCassandra:
     def __init__(self, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.now = now
         """The clock of server-side times (write timestamps, ``created_at``): the World's."""
-        self.headers: dict[uuid.UUID, dict[str, Any]] = {}
-        self.recipients: dict[Key, _Cells] = {}
-        self.emails: dict[tuple[uuid.UUID, str], tuple[int, uuid.UUID]] = {}
-        self.attempts: dict[tuple[uuid.UUID, str], dict[int, dict[str, Any]]] = defaultdict(dict)
-        self.marks: dict[tuple[uuid.UUID, date, str], dict[str, tuple[int, bool]]] = defaultdict(
+        self.headers: dict[uuid.UUID, _Cells] = {}
+        """``batches``' static columns, by batch."""
+        self.batches: dict[uuid.UUID, dict[Clustering, _Cells]] = defaultdict(dict)
+        """``batches``' clustering rows (chunk rows and recipients' own rows), by batch."""
+        self.by_user: dict[tuple[uuid.UUID, str], dict[uuid.UUID, dict[str, Any]]] = defaultdict(
             dict
         )
+        self.attempts: dict[tuple[uuid.UUID, str], dict[int, dict[str, Any]]] = defaultdict(dict)
+        self.stat_rows: dict[tuple[uuid.UUID, date, int], _StatPartition] = defaultdict(
+            _StatPartition
+        )
+        self.stat_days: dict[tuple[uuid.UUID, date], _Cells] = defaultdict(_Cells)
+        self.active: dict[tuple[date, int], set[uuid.UUID]] = defaultdict(set)
         self.suppressions: dict[tuple[uuid.UUID, str], dict[str, Any]] = {}
         self.events: dict[tuple[uuid.UUID, uuid.UUID, datetime, str], dict[str, Any]] = {}
         self.orphans: dict[tuple[str, date, str], str] = {}
@@ -164,10 +258,46 @@ class FakeCassandra:
             raise ValueError(f"no fault point {operation!r}; known: {sorted(OPERATIONS)}")
         self._failures[operation].append(_Failure(error, applied))
 
+    def stamp(self) -> int:
+        """The write timestamp of a write without ``USING TIMESTAMP``: now, in µs."""
+        return int(self.now().timestamp() * 1_000_000)
+
+    def row(self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID) -> _Cells:
+        """A ``batches`` row to write (an UPDATE creates it if it is missing, as in Cassandra)."""
+        return self.batches[batch_id].setdefault((chunk, log_id), _Cells())
+
+    def insert(
+        self,
+        batch_id: uuid.UUID,
+        chunk: int,
+        log_id: uuid.UUID,
+        values: Mapping[str, Any],
+        stamp: int,
+    ) -> None:
+        """``INSERT INTO batches ... USING TIMESTAMP stamp`` (as release v1 wrote recipients)."""
+        self.row(batch_id, chunk, log_id).insert(values, stamp)
+
+    def stored(self, batch_id: uuid.UUID, chunk: int | None = None) -> list[dict[str, Any]]:
+        """A batch's (or one chunk's) rows as ``SELECT recipients.SELECT`` returns them, in
+        clustering order."""
+        rows = self.batches.get(batch_id, {})
+        keys = sorted(
+            (k for k, c in rows.items() if (chunk is None or k[0] == chunk) and c.live()),
+            key=_order,
+        )
+        return [_selected(k, rows[k]) for k in keys]
+
+    @staticmethod
+    def apply(writes: Iterable[Write]) -> None:
+        """Apply writes as one batch (the twin of ``Database.batch``)."""
+        for write in writes:
+            write()
+
     async def _before(self, operation: str) -> _Failure | None:
         # Every operation yields to the event loop, as a real round trip does, so concurrent
         # callers interleave here as they would in production.
         await asyncio.sleep(0)
+        assert operation in OPERATIONS, f"{operation} is missing from OPERATIONS"
         self.calls.append(operation)
         queue = self._failures.get(operation)
         if not queue:
@@ -183,8 +313,25 @@ class FakeCassandra:
             raise failure.error
 
 
+def _selected(key: Clustering, cells: _Cells) -> dict[str, Any]:
+    """One ``batches`` row as ``SELECT shared.recipients.SELECT`` returns it: identity, the
+    chunk's list, every state cell and its ``WRITETIME`` (a list for maps and sets)."""
+    row: dict[str, Any] = {
+        "chunk": key[0],
+        "log_id": key[1],
+        **{c: cells.get(c) for c in ("recipients", "email", "name", "substitutions")},
+    }
+    for cell in precedence.SCALAR_CELLS:
+        row[cell], row[precedence.stamp_column(cell)] = cells.get(cell), cells.stamp(cell)
+    for cell in precedence.MAP_CELLS:
+        row[cell], row[precedence.stamp_column(cell)] = cells.as_map(cell)
+    for cell in precedence.SET_CELLS:
+        row[cell], row[precedence.stamp_column(cell)] = cells.as_set(cell)
+    return row
+
+
 class FakeBatches:
-    """Twin of :class:`shared.batchstore.BatchStore` (the operations the services use)."""
+    """Twin of :class:`shared.batchstore.BatchStore`."""
 
     def __init__(self, db: FakeCassandra, stats: FakeStats | None = None) -> None:
         self.db = db
@@ -194,182 +341,405 @@ class FakeBatches:
         failure = await self.db._before("batches.write")
         queued = precedence.queued_stamp(batch.batch_id)
         created = precedence.accepted_at(batch.batch_id)
-        for i, r in enumerate(batch.recipients):
-            cells = self.db.recipients.setdefault(
-                (batch.batch_id, batch.chunk_of(i), r.log_id), _Cells()
+        for i, part in enumerate(batch.chunks()):
+            self.db.insert(
+                batch.batch_id, i, CHUNK_ROW, {"recipients": encode_recipients(part)}, queued
             )
-            subs = orjson.dumps(r.substitutions).decode() if r.substitutions else None
-            for column, value in (
-                ("email", r.email),
-                ("name", r.name),
-                ("substitutions", subs),
-                ("state", "queued"),
-                ("event", "queued"),
-                ("last_update", created),
-            ):
-                if value is not None:
-                    cells.put(column, value, queued)
-        self.db.headers.setdefault(
-            batch.batch_id,
+        self.db.headers.setdefault(batch.batch_id, _Cells()).insert(
             {
                 "user_id": batch.user_id,
-                "created_at": _stored(created).replace(tzinfo=UTC),
-                "message": batch.message,
+                "created_at": created,
+                "subject": batch.message.subject,
+                "message": batch.message.encode(),
                 "recipient_count": len(batch.recipients),
                 "chunk_size": batch.chunk_size,
                 "chunk_count": batch.chunk_count,
                 "status": "accepted",
-                "reason": None,
-                "response": batch.response or None,
+                "updated_at": created,
+                "accept_response": batch.response or None,
             },
+            _header_stamp(batch.batch_id),
         )
         self.db._after(failure)
 
     async def index(self, batch: NewBatch) -> None:
         failure = await self.db._before("batches.index")
-        for i, r in enumerate(batch.recipients):
-            self.db.emails[(batch.batch_id, r.email.lower())] = (batch.chunk_of(i), r.log_id)
-        await self.stats.mark(
-            batch.user_id, batch.batch_id, "queued", [r.log_id for r in batch.recipients]
+        await self._index(
+            batch.batch_id, batch.user_id, batch.message.subject, len(batch.recipients)
         )
+        self.db._after(failure)
+
+    async def index_stored(self, header: BatchHeader) -> None:
+        failure = await self.db._before("batches.index_stored")
+        await self._index(
+            header.batch_id, header.user_id, header.message.subject, header.recipient_count
+        )
+        self.db._after(failure)
+
+    async def _index(
+        self, batch_id: uuid.UUID, user_id: uuid.UUID, subject: str, recipients: int
+    ) -> None:
+        self.db.by_user[(user_id, month_of(batch_id))][batch_id] = {
+            "subject": subject,
+            "recipient_count": recipients,
+        }
+        await self.stats.accepted(user_id, batch_id, recipients, _header_stamp(batch_id))
+
+    async def cancel(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> None:
+        failure = await self.db._before("batches.cancel")
+        cancelled = _header_stamp(batch_id) + 1
+        self.db.headers.setdefault(batch_id, _Cells()).put("status", "cancelled", cancelled)
+        await self.stats.cancelled(user_id, batch_id, cancelled)
         self.db._after(failure)
 
     async def header(self, batch_id: uuid.UUID) -> BatchHeader | None:
         self.db._after(await self.db._before("batches.header"))
         h = self.db.headers.get(batch_id)
-        if h is None:
+        if h is None or h.get("message") is None:
             return None
-        return BatchHeader(batch_id=batch_id, **h)
+        return BatchHeader(
+            batch_id=batch_id,
+            user_id=h.get("user_id"),
+            created_at=h.get("created_at").replace(tzinfo=UTC),
+            message=Message.decode(h.get("message")),
+            recipient_count=h.get("recipient_count"),
+            chunk_size=h.get("chunk_size"),
+            chunk_count=h.get("chunk_count"),
+            status=h.get("status"),
+            reason=h.get("reason"),
+            response=h.get("accept_response"),
+        )
 
     async def owner(self, batch_id: uuid.UUID) -> uuid.UUID | None:
         self.db._after(await self.db._before("batches.owner"))
         h = self.db.headers.get(batch_id)
-        return h["user_id"] if h else None
-
-    async def locate(self, batch_id: uuid.UUID, email: str) -> tuple[int, uuid.UUID] | None:
-        self.db._after(await self.db._before("batches.locate"))
-        return self.db.emails.get((batch_id, email.lower()))
+        return h.get("user_id") if h else None
 
     async def status(self, batch_id: uuid.UUID) -> str | None:
+        self.db._after(await self.db._before("batches.status"))
         h = self.db.headers.get(batch_id)
-        return h["status"] if h else None
+        return h.get("status") if h and h.get("created_at") is not None else None
 
     async def set_status(self, batch_id: uuid.UUID, status: str, reason: str | None = None) -> None:
         failure = await self.db._before("batches.set_status")
-        if batch_id in self.db.headers:
-            self.db.headers[batch_id].update(status=status, reason=reason)
+        h, stamp = self.db.headers.setdefault(batch_id, _Cells()), self.db.stamp()
+        h.put("status", status, stamp)
+        h.put("reason", reason, stamp)
+        h.put("updated_at", self.db.now(), stamp)
         self.db._after(failure)
 
 
 class FakeStats:
-    """Twin of :class:`shared.stats.StatsStore`: marks are cells, deletions win ties."""
+    """Twin of :class:`shared.stats.StatsStore`: ``stat_rows`` partitions of cells, counted
+    and judged by the production functions."""
 
-    def __init__(self, db: FakeCassandra) -> None:
+    def __init__(self, db: FakeCassandra, buckets: int = DEFAULT_BUCKETS) -> None:
         self.db = db
+        self.buckets = buckets
+        self._active_memo: set[tuple[uuid.UUID, date]] = set()
 
-    def _set(self, user_id: uuid.UUID, batch_id: uuid.UUID, metric: str, key: str,
-             stamp: int, alive: bool) -> None:  # fmt: skip
-        cells = self.db.marks[(user_id, batch_day(batch_id), metric)]
-        old = cells.get(key)
-        if old is None or stamp > old[0] or (stamp == old[0] and not alive):
-            cells[key] = (stamp, alive)
+    # -- cells ---------------------------------------------------------------------------
 
-    async def mark(
-        self, user_id: uuid.UUID, batch_id: uuid.UUID, metric: str, keys: Iterable[uuid.UUID]
+    def _put(
+        self,
+        user_id: uuid.UUID,
+        day: date,
+        bucket: int,
+        batch_id: uuid.UUID,
+        log_id: uuid.UUID,
+        column: str,
+        value: Any,
+        stamp: int | None,
     ) -> None:
-        failure = await self.db._before("stats.mark")
-        stamp = int(self.db.now().timestamp() * 1_000_000)
-        for key in keys:
-            self._set(user_id, batch_id, metric, str(key), stamp, True)
-        self.db._after(failure)
+        """A stat row's cell, at ``stamp`` (None: at the time it is applied)."""
+        cells = self.db.stat_rows[(user_id, day, bucket)].rows.setdefault(
+            (batch_id, log_id), _Cells()
+        )
+        cells.put(column, value, self.db.stamp() if stamp is None else stamp)
 
-    async def outcome(
+    def _static(self, user_id: uuid.UUID, day: date, bucket: int, column: str, value: Any) -> None:
+        self.db.stat_rows[(user_id, day, bucket)].static.put(column, value, self.db.stamp())
+
+    def _day_put(self, user_id: uuid.UUID, day: date, column: str, value: Any) -> None:
+        self.db.stat_days[(user_id, day)].put(column, value, self.db.stamp())
+
+    def _dirty(
+        self, user_id: uuid.UUID, day: date, buckets: Iterable[int], now: datetime
+    ) -> list[Write]:
+        out: list[Write] = [
+            partial(self._static, user_id, day, b, "dirty_at", now) for b in buckets
+        ]
+        if closing(day, now):
+            out.append(partial(self._day_put, user_id, day, "dirty_at", now))
+        return out
+
+    # -- writes --------------------------------------------------------------------------
+
+    async def outcome_statements(
         self,
         user_id: uuid.UUID,
         batch_id: uuid.UUID,
-        log_ids: Iterable[uuid.UUID],
-        metric: str,
+        log_id: uuid.UUID,
+        *,
+        outcome: str | None,
+        stamp: int,
+        metrics: Sequence[str] = (),
+        now: datetime,
+    ) -> list[Write]:
+        day, bucket = batch_day(batch_id), bucket_of(log_id, self.buckets)
+        key = (user_id, day, bucket, batch_id, log_id)
+        out: list[Write] = []
+        if outcome is not None:
+            out.append(partial(self._put, *key, "outcome", outcome, stamp))
+        for metric in metrics:
+            if metric not in EVENT_METRICS:
+                raise ValueError(f"not an event metric: {metric}")
+            out.append(partial(self._put, *key, metric, True, None))
+        if out:
+            out += self._dirty(user_id, day, [bucket], now)
+        return out
+
+    async def outcomes(
+        self,
+        user_id: uuid.UUID,
+        batch_id: uuid.UUID,
+        log_ids: Sequence[uuid.UUID],
+        outcome: str,
         stamp: int,
     ) -> None:
-        failure = await self.db._before("stats.outcome")
+        failure = await self.db._before("stats.outcomes")
+        now, day = self.db.now(), batch_day(batch_id)
+        by_bucket: dict[int, list[uuid.UUID]] = {}
         for log_id in log_ids:
-            self._set(user_id, batch_id, metric, str(log_id), stamp, True)
-            self._set(user_id, batch_id, OUTCOMES[metric], str(log_id), stamp, False)
+            by_bucket.setdefault(bucket_of(log_id, self.buckets), []).append(log_id)
+        for bucket, ids in by_bucket.items():
+            writes = [
+                partial(self._put, user_id, day, bucket, batch_id, i, "outcome", outcome, stamp)
+                for i in ids
+            ]
+            self.db.apply([*writes, *self._dirty(user_id, day, [bucket], now)])
+        self._active(user_id, day)
         self.db._after(failure)
 
-    async def keys(self, user_id: uuid.UUID, day: date, metric: str) -> set[str]:
-        cells = self.db.marks.get((user_id, day, metric), {})
-        return {k for k, (_, alive) in cells.items() if alive}
+    async def accepted(
+        self, user_id: uuid.UUID, batch_id: uuid.UUID, recipients: int, stamp: int
+    ) -> None:
+        failure = await self.db._before("stats.accepted")
+        self._queued(user_id, batch_id, recipients, stamp)
+        self._active(user_id, batch_day(batch_id))
+        self.db._after(failure)
 
-    async def count_day(self, user_id: uuid.UUID, day: date) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for (user, d, metric), cells in self.db.marks.items():
-            n = sum(alive for _, alive in cells.values())
-            if user == user_id and d == day and n:
-                out[metric] = n
+    async def cancelled(self, user_id: uuid.UUID, batch_id: uuid.UUID, stamp: int) -> None:
+        failure = await self.db._before("stats.cancelled")
+        self._queued(user_id, batch_id, 0, stamp)
+        self.db._after(failure)
+
+    def _queued(self, user_id: uuid.UUID, batch_id: uuid.UUID, recipients: int, stamp: int) -> None:
+        day, bucket = batch_day(batch_id), bucket_of(batch_id, self.buckets)
+        self._put(user_id, day, bucket, batch_id, batch_id, "queued", recipients, stamp)
+        self.db.apply(self._dirty(user_id, day, [bucket], self.db.now()))
+
+    async def activity(self, user_id: uuid.UUID, batch_id: uuid.UUID) -> None:
+        failure = await self.db._before("stats.activity")
+        self._active(user_id, batch_day(batch_id))
+        self.db._after(failure)
+
+    def _active(self, user_id: uuid.UUID, day: date) -> None:
+        if (user_id, day) in self._active_memo:
+            return
+        self.db.active[(day, user_bucket(user_id))].add(user_id)
+        self.db.stat_days[(user_id, day)].insert({}, self.db.stamp())
+        self._active_memo.add((user_id, day))
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def _rows(self, user_id: uuid.UUID, day: date, bucket: int) -> list[dict[str, Any]]:
+        part = self.db.stat_rows.get((user_id, day, bucket))
+        if part is None:
+            return []
+        keys = sorted(
+            (k for k, c in part.rows.items() if c.live()),
+            key=lambda k: (timeuuid_order(k[0]), timeuuid_order(k[1])),
+        )
+        columns = ("queued", "outcome", *EVENT_METRICS)
+        return [{"log_id": k[1], **{c: part.rows[k].get(c) for c in columns}} for k in keys]
+
+    def _rollup(
+        self, user_id: uuid.UUID, day: date, bucket: int
+    ) -> tuple[Rollup | None, datetime | None]:
+        part = self.db.stat_rows.get((user_id, day, bucket))
+        if part is None or not (part.static.live() or any(c.live() for c in part.rows.values())):
+            return None, None
+        return Rollup.decode(part.static.get("rollup")), part.static.get("dirty_at")
+
+    def _recount(self, user_id: uuid.UUID, day: date, bucket: int) -> Rollup:
+        started = self.db.now()
+        rows = self._rows(user_id, day, bucket)
+        fresh = Rollup(count_rows(rows), started, len(rows))
+        self._static(user_id, day, bucket, "rollup", fresh.encode())
+        return fresh
+
+    def _bucket(self, user_id: uuid.UUID, day: date, bucket: int) -> dict[str, int]:
+        stored, dirty_at = self._rollup(user_id, day, bucket)
+        if current(stored, dirty_at) or fresh_enough(stored, self.db.now()):
+            return stored.counts if stored else {}
+        return self._recount(user_id, day, bucket).counts
+
+    def _day(self, user_id: uuid.UUID, day: date) -> dict[str, int]:
+        return add(self._bucket(user_id, day, b) for b in range(self.buckets))
+
+    async def bucket_rows(self, user_id: uuid.UUID, day: date, bucket: int) -> list[dict[str, Any]]:
+        self.db._after(await self.db._before("stats.bucket_rows"))
+        return self._rows(user_id, day, bucket)
+
+    async def rollup(
+        self, user_id: uuid.UUID, day: date, bucket: int
+    ) -> tuple[Rollup | None, datetime | None]:
+        self.db._after(await self.db._before("stats.rollup"))
+        return self._rollup(user_id, day, bucket)
+
+    async def recount(self, user_id: uuid.UUID, day: date, bucket: int) -> Rollup:
+        failure = await self.db._before("stats.recount")
+        fresh = self._recount(user_id, day, bucket)
+        self.db._after(failure)
+        return fresh
+
+    async def bucket(self, user_id: uuid.UUID, day: date, bucket: int) -> dict[str, int]:
+        failure = await self.db._before("stats.bucket")
+        counts = self._bucket(user_id, day, bucket)
+        self.db._after(failure)
+        return counts
+
+    async def day(self, user_id: uuid.UUID, day: date) -> dict[str, int]:
+        failure = await self.db._before("stats.day")
+        counts = self._day(user_id, day)
+        self.db._after(failure)
+        return counts
+
+    async def range(self, user_id: uuid.UUID, start: date, end: date) -> dict[date, dict[str, int]]:
+        failure = await self.db._before("stats.range")
+        out: dict[date, dict[str, int]] = {}
+        for (user, d), row in sorted(self.db.stat_days.items(), key=lambda i: i[0][1]):
+            if user != user_id or not start <= d <= end or not row.live():
+                continue
+            kept = Rollup.decode(row.get("totals"))
+            if (
+                kept is not None
+                and is_closed(d, kept.scanned_at - SETTLE)
+                and current(kept, row.get("dirty_at"))
+            ):
+                out[d] = kept.counts
+                continue
+            started = self.db.now()
+            out[d] = self._day(user_id, d)
+            if is_closed(d, started - SETTLE):
+                self._day_put(user_id, d, "totals", Rollup(out[d], started).encode())
+        self.db._after(failure)
         return out
+
+    async def user_days(self, user_id: uuid.UUID) -> list[date]:
+        self.db._after(await self.db._before("stats.user_days"))
+        return sorted(d for (u, d), row in self.db.stat_days.items() if u == user_id and row.live())
+
+    async def active_users(self, day: date) -> list[uuid.UUID]:
+        self.db._after(await self.db._before("stats.active_users"))
+        found = {u for (d, _), users in self.db.active.items() if d == day for u in users}
+        return sorted(found, key=str)
+
+    async def reconcile(self, user_id: uuid.UUID, day: date, *, fix: bool) -> list[Drift]:
+        failure = await self.db._before("stats.reconcile")
+        drifts = []
+        for bucket in range(self.buckets):
+            stored, dirty_at = self._rollup(user_id, day, bucket)
+            if not current(stored, dirty_at):
+                if fix:
+                    self._recount(user_id, day, bucket)
+                continue
+            counted = count_rows(self._rows(user_id, day, bucket))
+            have = stored.counts if stored else {}
+            if have != counted:
+                drifts.append(Drift(user_id, day, bucket, have, counted))
+                if fix:
+                    self._recount(user_id, day, bucket)
+        if fix and drifts:
+            self._day_put(user_id, day, "totals", None)
+            self._day_put(user_id, day, "dirty_at", self.db.now())
+        self.db._after(failure)
+        return drifts
 
 
 class FakeRecipients:
-    """Twin of :class:`shared.recipients.RecipientStore`."""
+    """Twin of :class:`shared.recipients.RecipientStore`: chunk rows and own rows as cells,
+    read back through :func:`shared.recipients.merged_chunk`."""
 
     def __init__(self, db: FakeCassandra, stats: FakeStats | None = None) -> None:
         self.db = db
         self.stats = stats or FakeStats(db)
 
-    def _row(self, key: Key) -> dict[str, Any]:
-        c = self.db.recipients[key]
-        return {
-            "chunk": key[1],
-            "log_id": key[2],
-            **{
-                col: c.get(col)
-                for col in (
-                    "email",
-                    "name",
-                    "substitutions",
-                    "state",
-                    "event",
-                    "reason_detail",
-                    "last_update",
-                    "gave_up_reason",
-                    "gave_up_at",
-                )
-            },
-            "providers": c.as_map("providers"),
-            "message_ids": c.as_map("message_ids"),
-            "evidence": c.as_set("evidence"),
-            "superseded": c.as_set("superseded"),
-        }
-
-    def _cells(self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID) -> _Cells:
-        # An UPDATE creates the row if it is missing, as in Cassandra.
-        return self.db.recipients.setdefault((batch_id, chunk, log_id), _Cells())
+    # -- reads ---------------------------------------------------------------------------
 
     async def batch_rows(self, batch_id: uuid.UUID) -> list[dict[str, Any]]:
         self.db._after(await self.db._before("recipients.batch_rows"))
-        keys = sorted((k for k in self.db.recipients if k[0] == batch_id), key=_clustering)
-        return [self._row(k) for k in keys]
+        out: list[dict[str, Any]] = []
+        for chunk, stored in by_chunk(self.db.stored(batch_id)).items():
+            out += merged_chunk(batch_id, chunk, stored)
+        return out
 
     async def chunk_rows(self, batch_id: uuid.UUID, chunk: int) -> list[dict[str, Any]]:
         self.db._after(await self.db._before("recipients.chunk_rows"))
-        keys = sorted(
-            (k for k in self.db.recipients if k[0] == batch_id and k[1] == chunk), key=_clustering
-        )
-        return [self._row(k) for k in keys]
+        return merged_chunk(batch_id, chunk, self.db.stored(batch_id, chunk))
+
+    async def stored_chunk(self, batch_id: uuid.UUID, chunk: int) -> list[dict[str, Any]]:
+        self.db._after(await self.db._before("recipients.stored_chunk"))
+        return self.db.stored(batch_id, chunk)
 
     async def one(
-        self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID
+        self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID, *, addresses: bool = False
     ) -> dict[str, Any] | None:
         self.db._after(await self.db._before("recipients.one"))
-        key = (batch_id, chunk, log_id)
-        return self._row(key) if key in self.db.recipients else None
+        stored = self.db.stored(batch_id, chunk)
+        if addresses:
+            merged = merged_chunk(batch_id, chunk, stored)
+            return next((r for r in merged if r["log_id"] == log_id), None)
+        found = {r["log_id"]: r for r in stored if r["log_id"] in (CHUNK_ROW, log_id)}
+        shared_row, mine = found.get(CHUNK_ROW), found.get(log_id)
+        if shared_row is None:
+            return None if mine is None else merged_chunk(batch_id, chunk, [mine])[0]
+        return {
+            **precedence.merge(shared_row, mine),
+            "chunk": chunk,
+            "log_id": log_id,
+            "email": None,
+            "name": None,
+            "substitutions": {},
+            "own": mine is not None,
+            "layout": "chunk",
+        }
+
+    async def locate(self, batch_id: uuid.UUID, email: str) -> tuple[int, uuid.UUID] | None:
+        self.db._after(await self.db._before("recipients.locate"))
+        wanted = email.lower()
+        for r in self.db.stored(batch_id):
+            if r["log_id"] == CHUNK_ROW:
+                for address, _, _ in decode_recipients(r["recipients"] or b"[]"):
+                    if address.lower() == wanted:
+                        return r["chunk"], log_id_for(batch_id, address)
+            elif r["email"] is not None and r["email"].lower() == wanted:
+                return r["chunk"], r["log_id"]
+        return None
+
+    # -- writes --------------------------------------------------------------------------
+
+    def _targets(self, batch_id: uuid.UUID, chosen: Selection) -> list[_Cells]:
+        """The rows a write of ``chosen`` goes to: the chunk's row (``whole``) or each
+        recipient's own row."""
+        targets = (CHUNK_ROW,) if chosen.whole else chosen.log_ids
+        return [self.db.row(batch_id, chosen.chunk, t) for t in targets]
 
     async def accepted(
         self,
         batch_id: uuid.UUID,
-        chunk: int,
-        log_ids: Sequence[uuid.UUID],
+        chosen: Selection,
         *,
         provider: str,
         tag: str,
@@ -378,8 +748,7 @@ class FakeRecipients:
     ) -> None:
         failure = await self.db._before("recipients.accepted")
         stamp = precedence.provider_stamp(batch_id, when, 0)
-        for log_id in log_ids:
-            c = self._cells(batch_id, chunk, log_id)
+        for c in self._targets(batch_id, chosen):
             c.add("evidence", [tag], stamp)
             c.put("event", "sent", stamp)
             c.put("last_update", when, stamp)
@@ -391,8 +760,7 @@ class FakeRecipients:
     async def call_failed(
         self,
         batch_id: uuid.UUID,
-        chunk: int,
-        log_ids: Sequence[uuid.UUID],
+        chosen: Selection,
         *,
         provider: str,
         result: str,
@@ -400,31 +768,44 @@ class FakeRecipients:
     ) -> None:
         failure = await self.db._before("recipients.call_failed")
         stamp = precedence.provider_stamp(batch_id, when, 0)
-        for log_id in log_ids:
-            self._cells(batch_id, chunk, log_id).put_entry(
-                "providers", provider, result[:300], stamp
-            )
+        for c in self._targets(batch_id, chosen):
+            c.put_entry("providers", provider, result[:300], stamp)
         self.db._after(failure)
 
     async def give_up(
         self,
         batch_id: uuid.UUID,
         user_id: uuid.UUID,
-        chunk: int,
-        log_ids: Sequence[uuid.UUID],
+        chosen: Selection,
         *,
         reason: str,
         when: datetime,
     ) -> None:
-        if not log_ids:
+        if not chosen.log_ids:
             return
         failure = await self.db._before("recipients.give_up")
         stamp = precedence.give_up_stamp(batch_id)
-        for log_id in log_ids:
-            c = self._cells(batch_id, chunk, log_id)
-            c.put("gave_up_reason", reason[:1000], stamp)
-            c.put("gave_up_at", when, stamp)
-        await self.stats.outcome(user_id, batch_id, log_ids, "failed", stamp)
+
+        def state() -> None:
+            for c in self._targets(batch_id, chosen):
+                c.put("gave_up_reason", reason[:1000], stamp)
+                c.put("gave_up_at", when, stamp)
+
+        if len(chosen.log_ids) == 1:
+            outcome = await self.stats.outcome_statements(
+                user_id,
+                batch_id,
+                chosen.log_ids[0],
+                outcome="failed",
+                stamp=stamp,
+                now=self.db.now(),
+            )
+            self.db.apply([state, *outcome])  # one logged batch
+            await self.stats.activity(user_id, batch_id)
+        else:
+            # The outcome rows first, the state last (as the real store does).
+            await self.stats.outcomes(user_id, batch_id, chosen.log_ids, "failed", stamp)
+            state()
         self.db._after(failure)
 
     async def supersede(
@@ -440,7 +821,7 @@ class FakeRecipients:
     ) -> None:
         failure = await self.db._before("recipients.supersede")
         stamp = precedence.provider_stamp(batch_id, when, 0)
-        c = self._cells(batch_id, chunk, log_id)
+        c = self.db.row(batch_id, chunk, log_id)
         c.add("superseded", [tag], stamp)
         c.put_entry("providers", provider, result[:300], stamp)
         self.db._after(failure)
@@ -462,9 +843,21 @@ class FakeRecipients:
         state: str | None,
         reason: str | None,
         evidence: str | None,
+        metrics: Sequence[str] = (),
     ) -> None:
         failure = await self.db._before("recipients.reported")
-        c = self._cells(batch_id, chunk, log_id)
+        stamp = precedence.provider_stamp(batch_id, when, rank)
+        outcome = state if state in ("success", "failed") else None
+        counted = await self.stats.outcome_statements(
+            user_id,
+            batch_id,
+            log_id,
+            outcome=outcome,
+            stamp=stamp,
+            metrics=metrics,
+            now=self.db.now(),
+        )
+        c = self.db.row(batch_id, chunk, log_id)
         stage = precedence.provider_stamp(batch_id, when, stage_rank)
         c.put_entry("providers", provider, provider_result[:300], stage)
         if message_id:
@@ -472,15 +865,15 @@ class FakeRecipients:
         if evidence is not None:
             c.add("evidence", [evidence], stage)
         if event is not None:
-            stamp = precedence.provider_stamp(batch_id, when, rank)
             c.put("event", event, stamp)
             c.put("last_update", when, stamp)
             if state is not None:
                 c.put("state", state, stamp)
             if state == "failed" and reason:
                 c.put("reason_detail", reason[:1000], stamp)
-            if state in ("success", "failed"):
-                await self.stats.outcome(user_id, batch_id, [log_id], state, stamp)
+        self.db.apply(counted)  # in the same logged batch as the state
+        if counted:
+            await self.stats.activity(user_id, batch_id)
         self.db._after(failure)
 
 

@@ -18,15 +18,17 @@ from services.consumers.dispatch import Dispatcher
 from services.consumers.splitter import Splitter
 from services.webhooks.ingest import Ingest, IngestMetrics
 from services.webhooks.intake import Intake, IntakeMetrics
-from shared.batchstore import NewBatch, log_id_for
+from shared.batchstore import NewBatch
 from shared.config import ProviderSettings, Settings, WebhookSettings
 from shared.errors import ProviderError
 from shared.metrics import DispatchMetrics
 from shared.models import Address, BatchJob, Chunk, Message, Recipient
-from shared.precedence import visible
+from shared.precedence import accepted_at, visible
 from shared.providers.base import LookupQuery, Receipt
+from shared.recipients import log_id_for
 from shared.resources import topology_for
 from shared.settle import run
+from shared.stats import batch_day, bucket_of
 from shared.topology import batch_key
 from tests.fakes.broker import FakeBroker, FakeMessage
 from tests.fakes.stores import (
@@ -142,7 +144,7 @@ class World:
             webhooks=webhooks or WebhookSettings(deferred_deadline=3600),
         )
         self.db = FakeCassandra(now=self.clock)
-        self.stats = FakeStats(self.db)
+        self.stats = FakeStats(self.db, self.app_settings.stats.buckets)
         self.batches = FakeBatches(self.db, self.stats)
         self.recipients = FakeRecipients(self.db, self.stats)
         self.attempts = FakeAttempts(self.db)
@@ -177,7 +179,6 @@ class World:
         self.ingest = Ingest(
             batches=self.batches,  # type: ignore[arg-type]
             recipients=self.recipients,  # type: ignore[arg-type]
-            stats=self.stats,  # type: ignore[arg-type]
             suppressions=self.suppressions,  # type: ignore[arg-type]
             timeline=self.timeline,  # type: ignore[arg-type]
             handoff=self.dispatcher.handoff,
@@ -200,6 +201,11 @@ class World:
     async def accept(self, *emails: str, chunk_size: int = 10) -> NewBatch:
         """Store a batch as the API does and publish its ``batch.<uuid>`` job."""
         batch = new_batch(*emails, chunk_size=chunk_size)
+        # The World's clock never runs behind a batch it accepted: writes stamped with it (a
+        # status change) come after the batch's own, as a server's clock does.
+        self.clock.now = max(
+            self.clock.now, accepted_at(batch.batch_id) + timedelta(milliseconds=1)
+        )
         await self.batches.write(batch)
         await self.batches.index(batch)
         await self.broker.publish(
@@ -279,6 +285,18 @@ class World:
 
     async def rows(self, batch: NewBatch) -> dict[str, dict[str, object]]:
         return {r["email"]: r for r in await self.recipients.batch_rows(batch.batch_id)}
+
+    async def counts(self, batch: NewBatch) -> dict[str, int]:
+        """The stats of the batch's user on the batch's day, as a stats read serves them."""
+        return await self.stats.day(batch.user_id, batch_day(batch.batch_id))
+
+    async def stat_row(self, batch: NewBatch, email: str) -> dict[str, object] | None:
+        """A recipient's stat row (its outcome and the metrics it earned), if it has one."""
+        log_id = log_id_for(batch.batch_id, email)
+        rows = await self.stats.bucket_rows(
+            batch.user_id, batch_day(batch.batch_id), bucket_of(log_id, self.stats.buckets)
+        )
+        return next((r for r in rows if r["log_id"] == log_id), None)
 
     def counter(self, name: str, **labels: str) -> float:
         counter = getattr(self.metrics, name)

@@ -1,13 +1,13 @@
 """``safedelivr stats reconcile`` in its whole-keyspace form (no ``--user``), and the index of
-a day's active users it starts from, in a keyspace of its own: it finds and repairs the drift
-of every user there. Other tests scope it to their own user, since a shared keyspace holds
-everyone's rows."""
+a day's active users it starts from, in a keyspace of its own: it finds and repairs every
+user's rollups that disagree with their outcome rows. Other tests scope it to their own
+user, since a shared keyspace holds everyone's rows."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -15,9 +15,9 @@ from shared import accounts
 from shared.batchstore import BatchStore, NewBatch
 from shared.db import Database
 from shared.precedence import accepted_at
-from shared.recipients import RecipientStore
+from shared.recipients import RecipientStore, log_id_for
 from shared.reconcile import reconcile_day
-from shared.stats import StatsStore, batch_day, user_bucket
+from shared.stats import Rollup, StatsStore, batch_day, bucket_of, user_bucket
 from tests.conftest import private_keyspace, unique
 from tests.fakes.world import new_batch
 
@@ -41,7 +41,7 @@ async def _delivered_batch(db: Database) -> tuple[uuid.UUID, NewBatch]:
     await store.write(batch)
     await store.index(batch)
     await RecipientStore(db).reported(
-        batch_id, user_id, 0, batch.recipients[0].log_id, provider="sg",
+        batch_id, user_id, 0, log_id_for(batch_id, "a@example.org"), provider="sg",
         provider_result="delivered", message_id=None, stage_rank=3, rank=3,
         when=accepted_at(batch_id) + timedelta(seconds=5), event="delivered", state="success",
         reason=None, evidence="c.0",
@@ -49,20 +49,20 @@ async def _delivered_batch(db: Database) -> tuple[uuid.UUID, NewBatch]:
     return user_id, batch
 
 
-async def _lose_success_mark(db: Database, batch: NewBatch) -> None:
-    """Delete the recipient's success mark at the timestamp it was written with."""
-    log_id = batch.recipients[0].log_id
-    row = await db.one(
-        "SELECT WRITETIME(state) AS stamp FROM batches WHERE batch_id = ? AND chunk = 0 "
-        "AND log_id = ?",
-        (batch.batch_id, log_id),
-    )
-    assert row is not None
+async def corrupt_rollup(
+    db: Database, user_id: uuid.UUID, batch_id: uuid.UUID, log_id: uuid.UUID
+) -> int:
+    """Store a rollup for the recipient's bucket that claims to be current but counts nothing
+    (as a lost or wrong rollup write would); return the bucket."""
+    stats = StatsStore(db)
+    day, bucket = batch_day(batch_id), bucket_of(log_id, stats.buckets)
+    await stats.day(user_id, day)  # the rollups exist and are right
+    wrong = Rollup({}, datetime.now(UTC) + timedelta(minutes=5))
     await db.execute(
-        "DELETE FROM stat_marks USING TIMESTAMP ? "
-        "WHERE user_id = ? AND day = ? AND metric = 'success' AND key = ?",
-        (row["stamp"], batch.user_id, batch_day(batch.batch_id), str(log_id)),
+        "UPDATE stat_rows SET rollup = ? WHERE user_id = ? AND day = ? AND bucket = ?",
+        (wrong.encode(), user_id, day, bucket),
     )
+    return bucket
 
 
 async def test_reconcile_without_a_user_repairs_every_user_of_the_keyspace(
@@ -71,19 +71,22 @@ async def test_reconcile_without_a_user_repairs_every_user_of_the_keyspace(
     (first, batch1), (second, batch2) = [await _delivered_batch(own_db) for _ in range(2)]
     day = batch_day(batch1.batch_id)
     assert batch_day(batch2.batch_id) == day
+    await StatsStore(own_db).day(first, day)
+    await StatsStore(own_db).day(second, day)
     assert await reconcile_day(own_db, day) == []
-    await _lose_success_mark(own_db, batch1)
-    await _lose_success_mark(own_db, batch2)
+    log1, log2 = (log_id_for(b.batch_id, b.recipients[0].email) for b in (batch1, batch2))
+    bucket1 = await corrupt_rollup(own_db, first, batch1.batch_id, log1)
+    bucket2 = await corrupt_rollup(own_db, second, batch2.batch_id, log2)
 
     drift = await reconcile_day(own_db, day, fix=True)
 
-    assert sorted((d.user_id, d.metric, d.expected, d.stored) for d in drift) == sorted(
-        [(first, "success", 1, 0), (second, "success", 1, 0)]
+    assert sorted((d.user_id, d.bucket, d.stored, d.counted["success"]) for d in drift) == sorted(
+        [(first, bucket1, {}, 1), (second, bucket2, {}, 1)]
     )
     assert await reconcile_day(own_db, day) == []
     stats = StatsStore(own_db)
     for user in (first, second):
-        assert (await stats.count_day(user, day)).get("success") == 1
+        assert (await stats.day(user, day)).get("success") == 1
 
 
 async def test_a_days_active_users_are_spread_over_buckets_and_all_found(
@@ -94,7 +97,7 @@ async def test_a_days_active_users_are_spread_over_buckets_and_all_found(
     batch_id = uuid.uuid1()
     day = batch_day(batch_id)
     for user in users:
-        await stats.mark(user, batch_id, "queued", [uuid.uuid1()])
+        await stats.accepted(user, batch_id, 1, 0)
     assert await stats.active_users(day) == sorted(users, key=str)
     rows = await own_db.all_pages("SELECT bucket, user_id FROM active_user_buckets")
     assert {r["bucket"] for r in rows} == {user_bucket(u) for u in users}
@@ -108,5 +111,5 @@ async def test_a_day_indexed_before_the_buckets_is_still_found(own_db: Database)
     await own_db.execute(
         "INSERT INTO active_users (day, user_id) VALUES (?, ?)", (day, legacy)
     )  # what releases before the buckets wrote
-    await StatsStore(own_db).mark(current, batch_id, "queued", [uuid.uuid1()])
+    await StatsStore(own_db).accepted(current, batch_id, 1, 0)
     assert set(await StatsStore(own_db).active_users(day)) == {legacy, current}

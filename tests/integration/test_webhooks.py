@@ -114,7 +114,7 @@ class Hooks:
         return {**row, "state": seen.state, "event": seen.event}
 
     async def stats(self) -> dict[str, int]:
-        return await StatsStore(self.db).count_day(self.user_id, batch_day(self.batch_id))
+        return await StatsStore(self.db).day(self.user_id, batch_day(self.batch_id))
 
     async def timeline(self, email: str) -> list[dict[str, Any]]:
         return await self.db.rows(
@@ -351,30 +351,23 @@ def _rabbitmqctl(*args: str) -> None:
 
 
 async def test_reconcile_reports_and_repairs_drift(hooks: Hooks) -> None:
-    """Stats recomputed from the logs expose a lost mark, and --fix restores it."""
+    """A bucket rollup that disagrees with its outcome rows is found, and --fix recounts it
+    from them (never the reverse)."""
     from shared.reconcile import reconcile_day
+    from tests.integration.test_reconcile import corrupt_rollup
 
     email = _first(hooks, 2)
     await hooks.sendgrid([hooks.sg_event(email, "delivered")])
     today = batch_day(hooks.batch_id)
     mine = [hooks.user_id]
+    assert (await hooks.stats()).get("success") == 1
     assert await reconcile_day(hooks.db, today, users=mine) == []
-    # A lost mark: deleted at the timestamp it was written with.
-    row = await hooks.db.one(
-        "SELECT WRITETIME(state) AS stamp FROM batches WHERE batch_id = ? AND chunk = 0 "
-        "AND log_id = ?",
-        (hooks.batch_id, hooks.logs[email]),
-    )
-    assert row is not None
-    await hooks.db.execute(
-        "DELETE FROM stat_marks USING TIMESTAMP ? "
-        "WHERE user_id = ? AND day = ? AND metric = 'success' AND key = ?",
-        (row["stamp"], hooks.user_id, today, str(hooks.logs[email])),
-    )
+    bucket = await corrupt_rollup(hooks.db, hooks.user_id, hooks.batch_id, hooks.logs[email])
+    assert (await hooks.stats()).get("success") is None
 
     drift = await reconcile_day(hooks.db, today, fix=True, users=mine)
 
-    assert [(d.metric, d.expected, d.stored) for d in drift] == [("success", 1, 0)]
+    assert [(d.bucket, d.stored, d.counted.get("success")) for d in drift] == [(bucket, {}, 1)]
     assert (await hooks.stats()).get("success") == 1
     assert await reconcile_day(hooks.db, today, users=mine) == []
 

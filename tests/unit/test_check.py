@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from cassandra.util import uuid_from_time
 
-from shared.check import batch_violations
+from shared.check import batch_violations, outcome_violations
 
 ACCEPTED = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 BATCH = uuid_from_time(ACCEPTED)
@@ -72,3 +72,35 @@ def test_an_attempt_handed_over_to_another_provider_is_not_a_double_send() -> No
 def test_a_delivery_shown_as_failed_is_reported() -> None:
     failed = row("a", gave_up_reason="every provider failed")
     assert judge([failed], delivered=frozenset({failed["log_id"]})) == ["delivered_but_failed a"]  # type: ignore[arg-type]
+
+
+def outcomes_judged(
+    rows: list[dict[str, object]], outcomes: dict[uuid.UUID, str | None]
+) -> list[str]:
+    return [f"{v.subject}: {v.detail}" for v in outcome_violations(USER, BATCH, rows, outcomes)]
+
+
+def test_outcome_rows_that_mirror_every_state_are_no_violation() -> None:
+    rows = [
+        row("a", state="success"),
+        row("b", state="failed"),
+        row("c", gave_up_reason="every provider failed"),
+        row("d"),
+    ]
+    outcomes = {
+        r["log_id"]: o for r, o in zip(rows, ("success", "failed", "failed", None), strict=True)
+    }
+    assert outcomes_judged(rows, outcomes) == []  # type: ignore[arg-type]
+    assert outcomes_judged(rows[3:], {}) == []  # a queued recipient needs no outcome row
+
+
+def test_a_missing_or_different_outcome_row_is_a_stats_violation() -> None:
+    delivered, gave_up, queued = row("a", state="success"), row("b", gave_up_reason="x"), row("c")
+    outcomes = {gave_up["log_id"]: "success", queued["log_id"]: "failed"}
+    found = outcome_violations(USER, BATCH, [delivered, gave_up, queued], outcomes)  # type: ignore[arg-type]
+    assert {(v.kind, v.user_id, v.batch_id) for v in found} == {("stats", USER, BATCH)}
+    assert [f"{v.subject}: {v.detail}" for v in found] == [
+        "a: outcome row says nothing, the log says success",
+        "b: outcome row says success, the log says failed",
+        "c: outcome row says failed, the log says queued",
+    ]

@@ -89,3 +89,83 @@ def test_readers_see_the_reason_of_a_provider_outcome() -> None:
 def test_a_queued_recipient_shows_its_latest_event() -> None:
     row = {"state": "queued", "event": "deferred"}
     assert precedence.visible(row) == precedence.Visible("queued", "deferred", None)
+
+
+def _row(**cells: tuple[object, object]) -> dict[str, object]:
+    """A stored row: ``cells`` as ``name=(value, stamp)`` (a list of stamps for a map or set)."""
+    out: dict[str, object] = {}
+    for name, (value, stamp) in cells.items():
+        out[name], out[precedence.stamp_column(name)] = value, stamp
+    return out
+
+
+def test_merge_keeps_the_later_write_of_each_cell() -> None:
+    shared = _row(event=("sent", 20), state=("queued", 10), gave_up_reason=("all failed", 15))
+    own = _row(event=("delivered", 30), state=("success", 30), reason_detail=("x", 5))
+    merged = precedence.merge(shared, own)
+    assert (merged["event"], merged["w_event"]) == ("delivered", 30)
+    assert (merged["state"], merged["w_state"]) == ("success", 30)
+    assert (merged["gave_up_reason"], merged["w_gave_up_reason"]) == ("all failed", 15)
+    assert (merged["reason_detail"], merged["w_reason_detail"]) == ("x", 5)
+    older = _row(event=("deferred", 10))
+    assert (precedence.merge(shared, older)["event"], precedence.merge(older, shared)["event"]) == (
+        "sent",
+        "sent",
+    )
+
+
+def test_merge_breaks_a_tie_of_stamps_by_the_larger_value_either_way() -> None:
+    sent, deferred = _row(event=("sent", 10)), _row(event=("deferred", 10))
+    assert precedence.merge(sent, deferred)["event"] == "sent"
+    assert precedence.merge(deferred, sent)["event"] == "sent"
+
+
+def test_merge_of_a_chunk_row_alone_is_its_cells() -> None:
+    shared = _row(event=("sent", 7), providers=({"sg": "sent"}, [7]), evidence=({"c.0"}, [7]))
+    merged = precedence.merge(shared, None)
+    assert (merged["event"], merged["w_event"]) == ("sent", 7)
+    assert (merged["providers"], merged["w_providers"]) == ({"sg": "sent"}, [7])
+    assert (merged["evidence"], merged["w_evidence"]) == ({"c.0"}, [7])
+    assert (merged["state"], merged["w_state"], merged["superseded"]) == (None, None, None)
+    assert set(merged) == {
+        name for cell in precedence.STATE_CELLS for name in (cell, precedence.stamp_column(cell))
+    }
+
+
+def test_merge_merges_map_entries_one_by_one() -> None:
+    shared = _row(providers=({"mg": "sent", "sg": "failed: 500"}, [20, 10]))
+    own = _row(providers=({"sg": "delivered", "zz": "dropped"}, [30, 5]))
+    merged = precedence.merge(shared, own)
+    assert merged["providers"] == {"mg": "sent", "sg": "delivered", "zz": "dropped"}
+    assert merged["w_providers"] == [20, 30, 5]  # in key order, as Cassandra returns them
+    assert list(merged["providers"]) == ["mg", "sg", "zz"]
+    tie = precedence.merge(_row(providers=({"sg": "b"}, [9])), _row(providers=({"sg": "a"}, [9])))
+    assert tie["providers"] == {"sg": "b"}
+
+
+def test_merge_unites_set_elements_with_their_latest_stamps() -> None:
+    shared = _row(evidence=(["c.0"], [10]), superseded=(None, None))
+    # Sets read back in element order, with their stamps in the same order.
+    own = _row(evidence=(["c.0", "r.0"], [12, 15]), superseded=(["c.0"], [15]))
+    merged = precedence.merge(shared, own)
+    assert (merged["evidence"], merged["w_evidence"]) == ({"c.0", "r.0"}, [12, 15])
+    assert (merged["superseded"], merged["w_superseded"]) == ({"c.0"}, [15])
+    assert precedence.merge(_row(), _row())["evidence"] is None
+
+
+def test_merge_of_both_rows_is_what_one_row_would_hold() -> None:
+    """Splitting a recipient's writes between its chunk's row and its own row changes
+    nothing a reader sees: the merge is what the one row would have held."""
+    writes = [("event", "sent", 10), ("event", "deferred", 12), ("event", "bounced", 12)]
+    writes += [("state", "failed", 12), ("last_update", "t2", 12), ("last_update", "t1", 10)]
+    for split in range(1 << len(writes)):
+        rows: tuple[dict[str, object], dict[str, object]] = ({}, {})
+        one: dict[str, object] = {}
+        for i, (cell, value, stamp) in enumerate(writes):
+            for row in (rows[(split >> i) & 1], one):
+                have = (row.get(precedence.stamp_column(cell)), row.get(cell))
+                if have[0] is None or (stamp, value) > have:
+                    row[cell], row[precedence.stamp_column(cell)] = value, stamp
+        merged = precedence.merge(*rows)
+        for cell in ("event", "state", "last_update"):
+            assert merged[cell] == one[cell], (split, cell)

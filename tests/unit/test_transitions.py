@@ -10,9 +10,9 @@ import pytest
 
 from services.webhooks.transitions import Effects, effects, given_row, rank, superseded
 from shared import precedence
+from shared.check import outcome_violations
 from shared.handoff import next_provider
-from shared.reconcile import expected_marks
-from shared.stats import is_closed, zero_filled
+from shared.stats import count_rows, is_closed, zero_filled
 from shared.webhook_events import Kind, ProviderEvent
 from tests.unit.webhooks.fixtures import provider_event
 
@@ -33,7 +33,7 @@ def ev(
 
 
 def test_delivered_settles_success() -> None:
-    """Delivery is an outcome: success (its stats mark mirrors the state)."""
+    """Delivery is an outcome: success (its outcome row mirrors the state)."""
     e = effects(ev("delivered"))
     assert (e.event, e.state, e.metrics) == ("delivered", "success", ())
 
@@ -142,25 +142,33 @@ def test_a_day_closes_hours_after_midnight() -> None:
     assert is_closed(d, datetime(2026, 1, 2, 7, tzinfo=UTC))
 
 
-def test_expected_marks_follow_the_logs() -> None:
-    """Reconcile derives queued, success, failed and bounced marks from rows and events."""
-    a, b, c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+def test_outcome_rows_follow_the_logs() -> None:
+    """Stats count outcome rows, each the recipient's visible outcome (a provider's, or our
+    give-up), none for a recipient still queued; engagement counts once per recipient."""
+    batch = uuid.uuid1()
+    a, b, c, d = (uuid.uuid1() for _ in range(4))
     rows = [
         {"log_id": a, "state": "success"},
         {"log_id": b, "state": "failed"},
         {"log_id": c, "state": "queued", "gave_up_reason": "every provider failed"},
+        {"log_id": d, "state": "queued"},
     ]
-    events = {
-        a: [{"kind": "delivered"}, {"kind": "bounced", "counted": False}],
-        b: [{"kind": "bounced", "counted": True}],
+    outcomes = {a: "success", b: "failed", c: "failed"}
+    assert outcome_violations(uuid.uuid4(), batch, rows, outcomes) == []
+
+    stat_rows = [
+        {"log_id": batch, "queued": 4},
+        {"log_id": a, "outcome": "success", "opened": True},
+        {"log_id": b, "outcome": "failed", "bounced": True},
+        {"log_id": c, "outcome": "failed"},
+    ]
+    assert count_rows(stat_rows) == {
+        "queued": 4,
+        "success": 1,
+        "failed": 2,
+        "bounced": 1,
+        "opened": 1,
     }
-
-    marks = expected_marks(rows, events)
-
-    assert marks["queued"] == {str(a), str(b), str(c)}
-    assert marks["success"] == {str(a)}
-    assert marks["failed"] == {str(b), str(c)}
-    assert marks["bounced"] == {str(b)}
 
 
 def test_provider_side_drop_loses_to_the_resends_delivery_in_the_same_second() -> None:

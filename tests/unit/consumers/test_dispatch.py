@@ -22,8 +22,8 @@ from shared.errors import (
 )
 from shared.models import ChunkJob, LogJob
 from shared.providers.base import Receipt
+from shared.recipients import Selection, log_id_for
 from shared.settle import Delivery, Poison
-from shared.stats import batch_day
 from shared.topology import batch_key, dispatch_key, log_key
 from tests.fakes.broker import FakeMessage
 from tests.fakes.world import World
@@ -86,10 +86,50 @@ async def test_when_every_attempt_fails_the_recipients_end_failed_with_the_reaso
     rows = await w.rows(batch)
     assert await w.states(batch) == {A: "failed", B: "failed"}
     assert rows[A]["gave_up_reason"]
-    day = batch_day(batch.batch_id)
-    failed = await w.stats.keys(batch.user_id, day, "failed")
-    assert failed == {str(r.log_id) for r in batch.recipients}
+    assert await w.counts(batch) == {"queued": 2, "failed": 2}
+    for email in (A, B):
+        assert (await w.stat_row(batch, email) or {})["outcome"] == "failed"
     assert w.counter("recipients_failed") == 2
+
+
+@pytest.mark.parametrize(
+    ("operation", "applied"),
+    [("stats.outcomes", False), ("stats.outcomes", True), ("recipients.give_up", True)],
+)
+async def test_a_chunk_given_up_through_an_outage_counts_each_recipient_once(
+    operation: str, applied: bool
+) -> None:
+    """The outcome rows of a chunk given up are written before its state: a write lost (or
+    whose outcome is unknown) leaves the recipients queued for the retry, which writes both
+    again, and the stats count each recipient once."""
+    w = World(max_attempts=2)
+    batch = await w.accept(A, B)
+    for code in ("sg", "mg"):
+        w.providers[code].answers.append(TransientProviderError(code, "down", status=503))
+    w.db.fail(operation, DependencyUnavailable("cassandra", "timeout"), applied=applied)
+    await w.settle()
+    # Retried until the state is in (a give-up that was stored finds nobody left to give up).
+    assert w.db.calls.count("recipients.give_up") == (1 if operation == "recipients.give_up" else 2)
+    assert await w.states(batch) == {A: "failed", B: "failed"}
+    assert await w.counts(batch) == {"queued": 2, "failed": 2}
+    assert {r["own"] for r in (await w.rows(batch)).values()} == {False}  # the chunk's row
+
+
+async def test_a_recipient_given_up_by_its_own_line_counts_once_through_an_outage() -> None:
+    w = World(max_attempts=2)
+    batch = await w.sent(A, B)
+    w.providers["mg"].answers += [TransientProviderError("mg", "503", status=503)] * 2
+    w.db.fail("recipients.give_up", DependencyUnavailable("cassandra", "timeout"))
+    await w.dispatcher.handoff(
+        batch_id=batch.batch_id, user_id=batch.user_id, chunk=0,
+        log_id=log_id_for(batch.batch_id, B), cause="c.0", failed="sg", why="dropped",
+    )  # fmt: skip
+    await w.settle()
+    assert w.db.calls.count("recipients.give_up") == 2  # the lost write, then its retry
+    assert await w.states(batch) == {A: "queued", B: "failed"}
+    assert await w.counts(batch) == {"queued": 2, "failed": 1}
+    rows = await w.rows(batch)
+    assert (rows[A]["own"], rows[B]["own"]) == (False, True)
 
 
 async def test_a_permanent_refusal_by_every_provider_gives_up_without_cycling() -> None:
@@ -239,7 +279,7 @@ async def test_a_webhooks_evidence_settles_an_unknown_outcome_before_the_query_a
     while await w.step():
         pass
     await w.recipients.accepted(
-        batch.batch_id, 0, [batch.recipients[0].log_id], provider="sg", tag="c.0",
+        batch.batch_id, Selection.one(0, log_id_for(batch.batch_id, A)), provider="sg", tag="c.0",
         when=w.clock.now, message_id=None,
     )  # fmt: skip  # what ingest writes for an event tagged c.0
     await w.settle()
@@ -408,9 +448,9 @@ def test_a_log_job_decodes_to_the_recipients_own_line() -> None:
 async def test_a_resend_job_sends_one_recipient_through_its_planned_provider() -> None:
     w = World()
     batch = await w.sent(A, B)
-    b = batch.recipients[1]
+    b = log_id_for(batch.batch_id, B)
     await w.dispatcher.handoff(
-        batch_id=batch.batch_id, user_id=batch.user_id, chunk=0, log_id=b.log_id,
+        batch_id=batch.batch_id, user_id=batch.user_id, chunk=0, log_id=b,
         cause="c.0", failed="sg", why="dropped: provider blocklist",
     )  # fmt: skip
     await w.settle()
@@ -425,14 +465,14 @@ async def test_a_resend_refused_everywhere_gives_the_recipient_up() -> None:
     w = World(max_attempts=2)
     batch = await w.sent(A)
     w.providers["mg"].answers += [TransientProviderError("mg", "503", status=503)] * 2
-    a = batch.recipients[0]
+    a = log_id_for(batch.batch_id, A)
     await w.dispatcher.handoff(
-        batch_id=batch.batch_id, user_id=batch.user_id, chunk=0, log_id=a.log_id,
+        batch_id=batch.batch_id, user_id=batch.user_id, chunk=0, log_id=a,
         cause="c.0", failed="sg", why="dropped",
     )  # fmt: skip
     await w.settle()
     assert await w.states(batch) == {A: "failed"}
-    line = await w.attempts.line(batch.batch_id, recipient_line(a.log_id))
+    line = await w.attempts.line(batch.batch_id, recipient_line(a))
     assert [(x.provider, x.decision) for x in line] == [("mg", "retry"), ("mg", "give_up")]
 
 
@@ -447,13 +487,13 @@ async def _deferred(w: World, batch_id: uuid.UUID, log_id: uuid.UUID, user_id: u
 async def test_a_recipient_still_deferred_at_its_deadline_is_handed_to_the_next_provider() -> None:
     w = World()
     batch = await w.sent(A)
-    a = batch.recipients[0]
-    await _deferred(w, batch.batch_id, a.log_id, batch.user_id)
-    check = LogJob(batch_id=batch.batch_id, chunk=0, log_id=a.log_id, deferral="c.0").encode()
-    await w.deliver(FakeMessage(log_key("sg", a.log_id), check))
+    a = log_id_for(batch.batch_id, A)
+    await _deferred(w, batch.batch_id, a, batch.user_id)
+    check = LogJob(batch_id=batch.batch_id, chunk=0, log_id=a, deferral="c.0").encode()
+    await w.deliver(FakeMessage(log_key("sg", a), check))
     await w.settle()
     assert w.providers["mg"].emails() == [A]
-    await w.deliver(FakeMessage(log_key("sg", a.log_id), check))  # the check again
+    await w.deliver(FakeMessage(log_key("sg", a), check))  # the check again
     await w.settle()
     assert w.providers["mg"].emails() == [A]
 
@@ -461,11 +501,11 @@ async def test_a_recipient_still_deferred_at_its_deadline_is_handed_to_the_next_
 async def test_a_recipient_no_longer_deferred_at_its_deadline_stays_put() -> None:
     w = World()
     batch = await w.sent(A)
-    a = batch.recipients[0]
-    check = LogJob(batch_id=batch.batch_id, chunk=0, log_id=a.log_id, deferral="c.0").encode()
-    assert await w.deliver(FakeMessage(log_key("sg", a.log_id), check)) == "ack"
+    a = log_id_for(batch.batch_id, A)
+    check = LogJob(batch_id=batch.batch_id, chunk=0, log_id=a, deferral="c.0").encode()
+    assert await w.deliver(FakeMessage(log_key("sg", a), check)) == "ack"
     assert w.providers["mg"].sent == []
-    missing = LogJob(batch_id=batch.batch_id, chunk=0, log_id=uuid.uuid1(), deferral="c.0")
+    missing = LogJob(batch_id=batch.batch_id, chunk=7, log_id=uuid.uuid1(), deferral="c.0")
     assert await w.deliver(FakeMessage(log_key("sg", missing.log_id), missing.encode())) == "reject"
 
 
@@ -502,7 +542,7 @@ async def test_a_provider_that_accepts_nothing_new_is_not_called() -> None:
     w = World()
     batch = await w.accept(A)
     await w.recipients.accepted(
-        batch.batch_id, 0, [batch.recipients[0].log_id], provider="sg", tag="c.0",
+        batch.batch_id, Selection.one(0, log_id_for(batch.batch_id, A)), provider="sg", tag="c.0",
         when=w.clock.now, message_id=None,
     )  # fmt: skip
     await w.settle()
@@ -547,11 +587,11 @@ async def test_a_deadline_hand_off_whose_confirm_was_lost_is_marked_by_the_check
 ):
     w = World()
     batch = await w.sent(A)
-    a = batch.recipients[0]
-    await _deferred(w, batch.batch_id, a.log_id, batch.user_id)
-    check = LogJob(batch_id=batch.batch_id, chunk=0, log_id=a.log_id, deferral="c.0").encode()
+    a = log_id_for(batch.batch_id, A)
+    await _deferred(w, batch.batch_id, a, batch.user_id)
+    check = LogJob(batch_id=batch.batch_id, chunk=0, log_id=a, deferral="c.0").encode()
     w.broker.fail(PublishError("not confirmed"), delivered=True)
-    job, cause = decode(FakeMessage(log_key("sg", a.log_id), check))  # type: ignore[arg-type]
+    job, cause = decode(FakeMessage(log_key("sg", a), check))  # type: ignore[arg-type]
     assert cause is not None
     with pytest.raises(PublishError):  # and the process dies before it retries
         await w.dispatcher.deferral_check(job, cause)
@@ -559,11 +599,11 @@ async def test_a_deadline_hand_off_whose_confirm_was_lost_is_marked_by_the_check
     assert w.providers["mg"].emails() == [A]
     assert (await w.rows(batch))[A]["superseded"] is None
     await w.recipients.reported(
-        batch.batch_id, batch.user_id, 0, a.log_id, provider="mg", provider_result="delivered",
+        batch.batch_id, batch.user_id, 0, a, provider="mg", provider_result="delivered",
         message_id=None, stage_rank=3, rank=3, when=w.clock.now + timedelta(seconds=5),
         event="delivered", state="success", reason=None, evidence="r.0",
     )  # fmt: skip  # Mailgun delivered it before the check came back
-    await w.deliver(FakeMessage(log_key("sg", a.log_id), check))  # the check, redelivered
+    await w.deliver(FakeMessage(log_key("sg", a), check))  # the check, redelivered
     await w.settle()
     assert (await w.rows(batch))[A]["superseded"] == frozenset({"c.0"})
     assert w.providers["mg"].emails() == [A]
@@ -576,20 +616,20 @@ async def test_a_deadline_hand_off_that_never_went_out_is_sent_when_its_check_re
     cause, rather than marking a hand-off that never left."""
     w = World()
     batch = await w.sent(A)
-    a = batch.recipients[0]
-    await _deferred(w, batch.batch_id, a.log_id, batch.user_id)
-    check = LogJob(batch_id=batch.batch_id, chunk=0, log_id=a.log_id, deferral="c.0").encode()
-    job, cause = decode(FakeMessage(log_key("sg", a.log_id), check))  # type: ignore[arg-type]
+    a = log_id_for(batch.batch_id, A)
+    await _deferred(w, batch.batch_id, a, batch.user_id)
+    check = LogJob(batch_id=batch.batch_id, chunk=0, log_id=a, deferral="c.0").encode()
+    job, cause = decode(FakeMessage(log_key("sg", a), check))  # type: ignore[arg-type]
     assert cause is not None
     w.broker.fail(PublishError("connection lost"))
     with pytest.raises(PublishError):
         await w.dispatcher.deferral_check(job, cause)
     await w.recipients.reported(
-        batch.batch_id, batch.user_id, 0, a.log_id, provider="sg", provider_result="dropped",
+        batch.batch_id, batch.user_id, 0, a, provider="sg", provider_result="dropped",
         message_id=None, stage_rank=5, rank=0, when=w.clock.now + timedelta(seconds=5),
         event="dropped", state=None, reason="provider blocklist", evidence=None,
     )  # fmt: skip
-    await w.deliver(FakeMessage(log_key("sg", a.log_id), check))
+    await w.deliver(FakeMessage(log_key("sg", a), check))
     await w.settle()
     assert w.providers["mg"].emails() == [A]
     assert (await w.rows(batch))[A]["superseded"] == frozenset({"c.0"})

@@ -10,10 +10,10 @@ from datetime import timedelta
 import pytest
 
 from shared.batchstore import NewBatch
-from shared.errors import PublishError
+from shared.errors import DependencyUnavailable, PublishError
 from shared.models import LogJob
 from shared.precedence import accepted_at
-from shared.stats import batch_day
+from shared.recipients import log_id_for
 from shared.topology import log_key
 from shared.webhook_events import ProviderEvent
 from tests.fakes.world import World
@@ -23,7 +23,6 @@ A, B = "a@example.org", "b@example.org"
 
 def event(batch: NewBatch, kind: str, *, email: str = A, **fields: object) -> ProviderEvent:
     """An event of ``kind`` for ``email`` of ``batch``, tagged with its chunk's first attempt."""
-    recipient = next(r for r in batch.recipients if r.email == email)
     values: dict[str, object] = {
         "provider": "sg",
         "event_id": uuid.uuid4().hex,
@@ -33,7 +32,7 @@ def event(batch: NewBatch, kind: str, *, email: str = A, **fields: object) -> Pr
         "occurred_at": accepted_at(batch.batch_id) + timedelta(seconds=10),
         "batch_id": batch.batch_id,
         "chunk": 0,
-        "log_id": recipient.log_id,
+        "log_id": log_id_for(batch.batch_id, email),
         "attempt": "c.0",
         "message_id": "sg-1",
         "reason": None,
@@ -56,12 +55,13 @@ async def test_a_delivery_makes_the_recipient_a_success_and_counts_it_once() -> 
     assert await w.ingest.apply(ev) == "applied"
     assert await w.ingest.apply(ev) == "applied"  # the provider retried the webhook
     assert await w.states(batch) == {A: "success", B: "queued"}
-    log_id = batch.recipients[0].log_id
+    log_id = log_id_for(batch.batch_id, A)
     assert timeline(w, batch.batch_id, log_id) == {
         ev.event_id: {"kind": "delivered", "provider": "sg", "attempt": "c.0", "counted": True}
     }
-    day = batch_day(batch.batch_id)
-    assert await w.stats.keys(batch.user_id, day, "success") == {str(log_id)}
+    assert await w.counts(batch) == {"queued": 2, "success": 1}
+    assert (await w.stat_row(batch, A) or {})["outcome"] == "success"
+    assert await w.stat_row(batch, B) is None
 
 
 async def test_a_hard_bounce_fails_the_recipient_and_suppresses_the_address() -> None:
@@ -71,8 +71,9 @@ async def test_a_hard_bounce_fails_the_recipient_and_suppresses_the_address() ->
     row = (await w.rows(batch))[A]
     assert (await w.states(batch), row["reason_detail"]) == ({A: "failed"}, "550 no such user")
     assert await w.suppressions.suppressed(batch.user_id, [A]) == {A: "bounced"}
-    day = batch_day(batch.batch_id)
-    assert await w.stats.keys(batch.user_id, day, "bounced") == {str(batch.recipients[0].log_id)}
+    assert await w.counts(batch) == {"queued": 1, "failed": 1, "bounced": 1}
+    stat = await w.stat_row(batch, A) or {}
+    assert (stat["outcome"], stat["bounced"]) == ("failed", True)
     assert dict(row["providers"]) == {"sg": "bounced: 550 no such user"}  # type: ignore[call-overload]
 
 
@@ -117,7 +118,7 @@ async def test_a_failure_of_a_handed_over_attempt_decides_nothing() -> None:
     late = event(batch, "bounced", reason="550", suppress=True)
     await w.ingest.apply(late)
     assert await w.states(batch) == {A: "queued"}
-    log_id = batch.recipients[0].log_id
+    log_id = log_id_for(batch.batch_id, A)
     assert timeline(w, batch.batch_id, log_id)[late.event_id]["counted"] is False
     delivered = event(batch, "delivered", provider="mg", attempt="r.0")
     await w.ingest.apply(delivered)
@@ -131,7 +132,7 @@ async def test_a_deferral_schedules_a_deadline_check_after_the_configured_deadli
     ev = event(batch, "deferred", reason="421 try later")
     await w.ingest.apply(ev)
     (check,) = w.broker.take()
-    log_id = batch.recipients[0].log_id
+    log_id = log_id_for(batch.batch_id, A)
     assert check.routing_key == log_key("sg", log_id)
     assert check.delay == 3600  # the deadline's own delay queue
     assert check.message_id == f"{log_id}:deferral:{ev.event_id}"
@@ -162,10 +163,12 @@ async def test_engagement_and_complaints_count_without_changing_the_outcome(kind
     w = World()
     batch = await w.sent(A)
     await w.ingest.apply(event(batch, "delivered"))
-    await w.ingest.apply(event(batch, kind, url="https://example.org/x"))
+    engaged = event(batch, kind, url="https://example.org/x")
+    await w.ingest.apply(engaged)
+    await w.ingest.apply(engaged)  # the provider retried the webhook
     assert await w.states(batch) == {A: "success"}
-    day = batch_day(batch.batch_id)
-    assert await w.stats.keys(batch.user_id, day, kind) == {str(batch.recipients[0].log_id)}
+    assert await w.counts(batch) == {"queued": 1, "success": 1, kind: 1}
+    assert (await w.stat_row(batch, A) or {})[kind] is True
 
 
 async def test_the_batch_owner_is_read_once_and_unknown_batches_are_not_remembered() -> None:
@@ -221,3 +224,21 @@ async def test_a_hand_off_whose_publish_was_unconfirmed_is_marked_when_its_event
     row = (await w.rows(batch))[A]
     assert (row["superseded"], await w.states(batch)) == (frozenset({"c.0"}), {A: "success"})
     assert w.broker.take() == []  # nothing re-sent: the recipient is final
+
+
+async def test_an_event_applied_through_an_outage_counts_once() -> None:
+    """The recipient's state and its stat row are one write: an event whose write was stored
+    but not confirmed is applied again by the retried delivery, and counts once."""
+    w = World()
+    batch = await w.sent(A, B)
+    ev = event(batch, "bounced", email=B, chunk=None, log_id=None, reason="550", suppress=True)
+    w.db.fail("recipients.locate", DependencyUnavailable("cassandra", "timeout"))
+    with pytest.raises(DependencyUnavailable):
+        await w.ingest.apply(ev)
+    assert await w.counts(batch) == {"queued": 2}
+    w.db.fail("recipients.reported", DependencyUnavailable("cassandra", "timeout"), applied=True)
+    with pytest.raises(DependencyUnavailable):
+        await w.ingest.apply(ev)
+    assert await w.ingest.apply(ev) == "applied"
+    assert await w.states(batch) == {A: "queued", B: "failed"}
+    assert await w.counts(batch) == {"queued": 2, "failed": 1, "bounced": 1}

@@ -1,0 +1,145 @@
+"""The stats contract: outcome rows in their buckets, rollups recounted after a change, and
+reconcile, asserted identically of the in-memory twin and of the real store on Cassandra."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from cassandra.util import uuid_from_time
+
+from shared.batchstore import NewBatch
+from shared.precedence import accepted_at
+from shared.recipients import log_id_for
+from shared.stats import Drift, Rollup, batch_day, bucket_of, current
+from tests.contracts.conftest import Stores
+from tests.fakes.world import new_batch
+
+A, B = "a@example.org", "b@example.org"
+
+
+async def _stored(stores: Stores, *emails: str) -> NewBatch:
+    batch = new_batch(*emails, chunk_size=2)
+    await stores.batches.write(batch)
+    await stores.batches.index(batch)
+    return batch
+
+
+async def _report(
+    stores: Stores, batch: NewBatch, email: str, kind: str, state: str, seconds: float, rank: int
+) -> None:
+    await stores.recipients.reported(
+        batch.batch_id,
+        batch.user_id,
+        0,
+        log_id_for(batch.batch_id, email),
+        provider="sg",
+        provider_result=kind,
+        message_id=None,
+        stage_rank=rank,
+        rank=rank,
+        when=accepted_at(batch.batch_id) + timedelta(seconds=seconds),
+        event=kind,
+        state=state,
+        reason=None,
+        evidence="c.0",
+        metrics=("bounced",) if kind == "bounced" else (),
+    )
+
+
+async def _day(stores: Stores, batch: NewBatch) -> dict[str, Any]:
+    counts: dict[str, Any] = await stores.stats.day(batch.user_id, batch_day(batch.batch_id))
+    return counts
+
+
+async def test_a_days_counts_follow_every_change_of_an_outcome(stores: Stores) -> None:
+    batch = await _stored(stores, A, B)
+    assert await _day(stores, batch) == {"queued": 2}
+    await _report(stores, batch, A, "delivered", "success", 2, 3)
+    assert await _day(stores, batch) == {"queued": 2, "success": 1}
+    await _report(stores, batch, B, "bounced", "failed", 2, 4)
+    assert await _day(stores, batch) == {"queued": 2, "success": 1, "failed": 1, "bounced": 1}
+    await _report(stores, batch, A, "bounced", "failed", 5, 4)  # a later bounce of A
+    assert await _day(stores, batch) == {"queued": 2, "failed": 2, "bounced": 2}
+
+
+async def test_outcome_rows_sit_in_their_recipients_bucket(stores: Stores) -> None:
+    batch = await _stored(stores, A, B)
+    await _report(stores, batch, A, "delivered", "success", 2, 3)
+    user, day, buckets = batch.user_id, batch_day(batch.batch_id), stores.stats.buckets
+    log_id = log_id_for(batch.batch_id, A)
+    rows = await stores.stats.bucket_rows(user, day, bucket_of(log_id, buckets))
+    (mine,) = [r for r in rows if r["log_id"] == log_id]
+    assert (mine["outcome"], mine["queued"], mine["bounced"]) == ("success", None, None)
+    rows = await stores.stats.bucket_rows(user, day, bucket_of(batch.batch_id, buckets))
+    (queued,) = [r for r in rows if r["log_id"] == batch.batch_id]
+    assert (queued["queued"], queued["outcome"]) == (2, None)
+    b = log_id_for(batch.batch_id, B)  # no outcome, no row
+    rows = await stores.stats.bucket_rows(user, day, bucket_of(b, buckets))
+    assert all(r["log_id"] != b for r in rows)
+
+
+async def test_a_rollup_is_current_only_when_counted_well_after_the_last_change(
+    stores: Stores,
+) -> None:
+    batch = await _stored(stores, A)
+    await _report(stores, batch, A, "delivered", "success", 2, 3)
+    user, day = batch.user_id, batch_day(batch.batch_id)
+    bucket = bucket_of(log_id_for(batch.batch_id, A), stores.stats.buckets)
+    stored, dirty_at = await stores.stats.rollup(user, day, bucket)
+    assert dirty_at is not None and not current(stored, dirty_at)
+    fresh = await stores.stats.recount(user, day, bucket)
+    assert fresh.counts.get("success") == 1 and fresh.rows >= 1
+    stored, dirty_at = await stores.stats.rollup(user, day, bucket)
+    assert stored == fresh and not current(stored, dirty_at)  # counted too soon after it
+    assert await stores.stats.rollup(uuid.uuid4(), day, bucket) == (None, None)
+
+
+async def test_a_rollup_that_disagrees_with_its_rows_is_found_and_recounted(
+    stores: Stores,
+) -> None:
+    batch = await _stored(stores, A)
+    await _report(stores, batch, A, "delivered", "success", 2, 3)
+    user, day = batch.user_id, batch_day(batch.batch_id)
+    assert (await _day(stores, batch)).get("success") == 1
+    assert await stores.stats.reconcile(user, day, fix=False) == []
+    bucket = bucket_of(log_id_for(batch.batch_id, A), stores.stats.buckets)
+    # A rollup claiming to be current that counts nothing (a lost or wrong rollup write).
+    wrong = Rollup({}, datetime.now(UTC) + timedelta(minutes=5))
+    await stores.store_rollup(user, day, bucket, wrong)
+    assert (await _day(stores, batch)).get("success") is None  # served from the rollup
+
+    (drift,) = await stores.stats.reconcile(user, day, fix=True)
+
+    assert isinstance(drift, Drift)
+    assert (drift.user_id, drift.day, drift.bucket, drift.stored) == (user, day, bucket, {})
+    assert drift.counted.get("success") == 1
+    assert (await _day(stores, batch)).get("success") == 1
+    assert await stores.stats.reconcile(user, day, fix=False) == []
+
+
+async def test_a_range_lists_the_days_with_traffic(stores: Stores) -> None:
+    batch = await _stored(stores, A, B)
+    await _report(stores, batch, B, "bounced", "failed", 2, 4)
+    day = batch_day(batch.batch_id)
+    week = await stores.stats.range(batch.user_id, day - timedelta(days=3), day + timedelta(days=3))
+    assert week == {day: {"queued": 2, "failed": 1, "bounced": 1}}
+    assert await stores.stats.range(uuid.uuid4(), day, day) == {}
+    assert await stores.stats.user_days(batch.user_id) == [day]
+
+
+async def test_a_closed_days_counts_take_a_late_outcome(stores: Stores) -> None:
+    """Cohort stats: a recipient counts on the day its batch was accepted, however late its
+    outcome; a day already closed (and its totals kept) still takes it."""
+    accepted = datetime.now(UTC) - timedelta(days=3)
+    batch = new_batch(A, B, chunk_size=2, batch_id=uuid_from_time(accepted))
+    await stores.batches.write(batch)
+    await stores.batches.index(batch)
+    day = batch_day(batch.batch_id)
+    assert day == accepted.date()
+    assert await stores.stats.range(batch.user_id, day, day) == {day: {"queued": 2}}
+    await _report(stores, batch, A, "delivered", "success", 3 * 86_400 - 60, 3)
+    assert await stores.stats.range(batch.user_id, day, day) == {day: {"queued": 2, "success": 1}}
+    later = day + timedelta(days=1), day + timedelta(days=3)
+    assert await stores.stats.range(batch.user_id, *later) == {}

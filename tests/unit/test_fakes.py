@@ -1,0 +1,100 @@
+"""The in-memory twins offer what the production stores offer, called the same way (their
+behaviour is held to the real stores' by ``tests/contracts``)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from shared.attempts import AttemptStore
+from shared.batchstore import BatchStore
+from shared.errors import DependencyUnavailable
+from shared.recipients import RecipientStore
+from shared.stats import StatsStore
+from shared.suppressions import SuppressionStore
+from shared.timeline import Timeline
+from shared.webhook_tokens import WebhookTokens
+from tests.fakes.stores import (
+    OPERATIONS,
+    FakeAttempts,
+    FakeBatches,
+    FakeCassandra,
+    FakeRecipients,
+    FakeStats,
+    FakeSuppressions,
+    FakeTimeline,
+    FakeWebhookTokens,
+)
+from tests.fakes.world import World, new_batch
+
+#: Twins of every public operation of their store.
+COMPLETE: list[tuple[type, type]] = [
+    (BatchStore, FakeBatches),
+    (RecipientStore, FakeRecipients),
+    (StatsStore, FakeStats),
+]
+#: Twins of the operations the services' shells use.
+PARTIAL: list[tuple[type, type]] = [
+    (AttemptStore, FakeAttempts),
+    (SuppressionStore, FakeSuppressions),
+    (Timeline, FakeTimeline),
+    (WebhookTokens, FakeWebhookTokens),
+]
+
+
+def _public(cls: type) -> set[str]:
+    return {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")}
+
+
+def _calling(method: object) -> list[tuple[str, object, object]]:
+    """How a method is called: each parameter's name, kind and default."""
+    params = list(inspect.signature(method).parameters.values())[1:]  # type: ignore[arg-type]
+    return [(p.name, p.kind, p.default) for p in params]
+
+
+@pytest.mark.parametrize(("real", "fake"), COMPLETE)
+def test_a_twin_offers_every_operation_of_its_store(real: type, fake: type) -> None:
+    assert _public(real) <= _public(fake)
+
+
+@pytest.mark.parametrize(("real", "fake"), COMPLETE + PARTIAL)
+def test_a_twins_operations_are_called_as_its_stores(real: type, fake: type) -> None:
+    for name in _public(fake):
+        assert name in _public(real), f"{fake.__name__}.{name} is no operation of {real.__name__}"
+        mine, theirs = getattr(fake, name), getattr(real, name)
+        assert _calling(mine) == _calling(theirs), name
+        assert inspect.iscoroutinefunction(mine) == inspect.iscoroutinefunction(theirs), name
+
+
+def test_a_fault_can_only_be_injected_where_there_is_one() -> None:
+    with pytest.raises(ValueError, match="no fault point"):
+        FakeCassandra().fail("batches.locate", DependencyUnavailable("cassandra", "down"))
+
+
+@pytest.mark.parametrize("applied", [False, True])
+async def test_a_fault_fails_the_next_call_before_or_after_it_takes_effect(applied: bool) -> None:
+    w = World()
+    batch = new_batch("a@example.org")
+    w.db.fail("batches.write", DependencyUnavailable("cassandra", "timeout"), applied=applied)
+    with pytest.raises(DependencyUnavailable):
+        await w.batches.write(batch)
+    assert (await w.batches.owner(batch.batch_id) is not None) is applied
+    await w.batches.write(batch)  # the next call goes through
+    assert await w.batches.owner(batch.batch_id) == batch.user_id
+    assert w.db.calls.count("batches.write") == 2
+
+
+def test_every_fault_point_names_an_operation_of_a_twin() -> None:
+    twins = {
+        "attempts": FakeAttempts,
+        "batches": FakeBatches,
+        "recipients": FakeRecipients,
+        "stats": FakeStats,
+        "suppressions": FakeSuppressions,
+        "timeline": FakeTimeline,
+        "tokens": FakeWebhookTokens,
+    }
+    for point in OPERATIONS:
+        store, _, name = point.partition(".")
+        assert name in _public(twins[store]), point
