@@ -4,8 +4,8 @@ The order is what makes a crash at any point safe:
 
 1. an outbox row (``shared.outbox``): from here on the relay will look after the batch;
 2. the batch partition, header and chunks, as one mutation: the batch exists or not
-   (written together with (1): if either fails the request fails and the batch is
-   cancelled, so the relay never publishes a batch whose client was told it failed);
+   (sent in one request with (1): if it fails the request fails and the batch is cancelled,
+   so the relay never publishes a batch whose client was told it failed);
 3. the indexes (the user's list, the batch's ``queued`` stat row), rewritable from (2);
 4. a confirmed publish of ``batch.<uuid>``, then the outbox row's removal.
 
@@ -16,7 +16,6 @@ relay calls it for outbox rows left behind; the API calls it when a retried requ
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from dataclasses import dataclass
@@ -41,10 +40,10 @@ class Acceptance:
     async def store(self, batch: NewBatch) -> None:
         """Steps 1-3. Raises DependencyUnavailable if any fails (the batch may or may not be
         stored then: a retry with the same id and body writes the same rows)."""
-        await asyncio.gather(
-            self.outbox.add(batch.batch_id, batch.user_id, accepted_at(batch.batch_id)),
-            self.batches.write(batch),
+        outbox = await self.outbox.statement(
+            batch.batch_id, batch.user_id, accepted_at(batch.batch_id)
         )
+        await self.batches.write(batch, also=[outbox])
         await self.batches.index(batch)
 
     async def publish(self, batch_id: uuid.UUID) -> bool:

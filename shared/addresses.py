@@ -177,6 +177,9 @@ def parse_address(text: str, *, ascii_only: bool = False) -> Address:
     """
     if len(text) > MAX_ADDRESS_TEXT:
         raise AddressError(f"is longer than {MAX_ADDRESS_TEXT} characters")
+    plain = _plain(text)
+    if plain is not None:
+        return Address(email=plain)
     _check_text(text)
     phrase, angle = _split_angle(text.strip(_BLANKS))
     if angle is None:
@@ -196,6 +199,17 @@ _PLAIN = re.compile(rf"({_ATOM}(?:\.{_ATOM})*)@((?:{_LABEL}\.)+([A-Za-z]{{2,63}}
 _SPECIAL_TLDS = frozenset({"arpa", "invalid", "local", "localhost", "onion", "test"})
 
 
+def _plain(text: str) -> str | None:
+    """The normalised form of a plain ASCII dot-atom address given bare (no display name, no
+    blanks, no encoded word), or None when it needs the full parse."""
+    if len(text) > MAX_ADDRESS_LENGTH or "=?" in text:
+        return None
+    plain = _PLAIN.match(text)
+    if plain and len(plain.group(1)) <= 64 and plain.group(3).lower() not in _SPECIAL_TLDS:
+        return f"{plain.group(1)}@{plain.group(2).lower()}"
+    return None
+
+
 def normalize_email(text: str, *, ascii_only: bool = False) -> str:
     """Validate a bare address and return its normalised form.
 
@@ -207,9 +221,9 @@ def normalize_email(text: str, *, ascii_only: bool = False) -> str:
     """
     if len(text) > MAX_ADDRESS_LENGTH:
         raise AddressError(f"is longer than {MAX_ADDRESS_LENGTH} characters")
-    plain = _PLAIN.match(text)
-    if plain and len(plain.group(1)) <= 64 and plain.group(3).lower() not in _SPECIAL_TLDS:
-        return f"{plain.group(1)}@{plain.group(2).lower()}"
+    plain = _plain(text)
+    if plain is not None:
+        return plain
     _check_text(text)
     try:
         result = validate_email(text, check_deliverability=False)

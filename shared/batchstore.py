@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from cassandra.query import UNSET_VALUE
+from cassandra.query import UNSET_VALUE, Statement
 
 from shared import precedence
 from shared.db import Database
@@ -108,8 +108,9 @@ class BatchStore:
         self.db = db
         self.stats = stats or StatsStore(db)
 
-    async def write(self, batch: NewBatch) -> None:
-        """The batch partition, header and chunks, as one single-partition mutation."""
+    async def write(self, batch: NewBatch, *, also: Sequence[Statement] = ()) -> None:
+        """The batch partition, header and chunks, as one single-partition mutation (sent in
+        one request with the writes ``also`` of other partitions, e.g. its outbox row)."""
         db = self.db
         insert = await db.prepare(_INSERT_CHUNK)
         created = precedence.accepted_at(batch.batch_id)
@@ -135,7 +136,7 @@ class BatchStore:
                 )
             )
         )
-        await db.batch(rows)
+        await db.batch([*rows, *also])
 
     async def index(self, batch: NewBatch) -> None:
         """The user's batch list and the batch's ``queued`` stat row (idempotent)."""
@@ -153,14 +154,14 @@ class BatchStore:
     async def _index(
         self, batch_id: uuid.UUID, user_id: uuid.UUID, subject: str, recipients: int
     ) -> None:
-        await asyncio.gather(
-            self.db.execute(
-                _INSERT_LISTED,
-                (user_id, month_of(batch_id), batch_id, subject, recipients),
-                idempotent=True,
-            ),
-            self.stats.accepted(user_id, batch_id, recipients, _header_stamp(batch_id)),
+        listed = (await self.db.prepare(_INSERT_LISTED)).bind(
+            (user_id, month_of(batch_id), batch_id, subject, recipients)
         )
+        queued = await self.stats.accepted_statements(
+            user_id, batch_id, recipients, _header_stamp(batch_id)
+        )
+        await self.db.batch([listed, *queued])
+        await self.stats.activity(user_id, batch_id)
 
     async def cancel(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> None:
         """Mark a batch whose storing failed (its client got an error) as never to be sent,

@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from cassandra.query import BoundStatement
+
 from shared.db import Database, Row
 from shared.errors import DependencyUnavailable
 
@@ -48,12 +50,17 @@ class Outbox:
         self.namespace = namespace
 
     async def add(self, batch_id: uuid.UUID, user_id: uuid.UUID, created_at: datetime) -> None:
-        await self.db.execute(
+        await self.db.batch([await self.statement(batch_id, user_id, created_at)])
+
+    async def statement(
+        self, batch_id: uuid.UUID, user_id: uuid.UUID, created_at: datetime
+    ) -> BoundStatement:
+        """The outbox row's write, for a caller to send with the batch's own."""
+        insert = await self.db.prepare(
             "INSERT INTO outbox (namespace, shard, batch_id, user_id, created_at) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (self.namespace, shard_of(batch_id), batch_id, user_id, created_at),
-            idempotent=True,
+            "VALUES (?, ?, ?, ?, ?)"
         )
+        return insert.bind((self.namespace, shard_of(batch_id), batch_id, user_id, created_at))
 
     async def done(self, batch_id: uuid.UUID) -> None:
         await self.db.execute(

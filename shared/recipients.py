@@ -21,17 +21,21 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import orjson
-from cassandra.query import BoundStatement
+from cassandra.query import BoundStatement, Statement
 
 from shared import precedence
 from shared.db import Database, Row
 from shared.stats import StatsStore
+
+#: Chunks whose log ids a store remembers (for :meth:`RecipientStore.member`).
+MEMBER_CACHE = 64
 
 #: The ``log_id`` of a chunk's own row: time 0, so it sorts before every recipient's.
 CHUNK_ROW = uuid.UUID("00000000-0000-1000-8000-000000000000")
@@ -197,6 +201,7 @@ class RecipientStore:
     def __init__(self, db: Database, stats: StatsStore | None = None) -> None:
         self.db = db
         self.stats = stats or StatsStore(db)
+        self._members: OrderedDict[tuple[uuid.UUID, int], frozenset[int]] = OrderedDict()
 
     # -- reads --------------------------------------------------------------------------
 
@@ -258,6 +263,31 @@ class RecipientStore:
             "own": mine is not None,
             "layout": "chunk",
         }
+
+    async def member(self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID) -> bool:
+        """Whether ``log_id`` names a recipient of the chunk (the log ids of recently asked
+        chunks are remembered: events come chunk after chunk)."""
+        key = (batch_id, chunk)
+        ids = self._members.get(key)
+        if ids is None:
+            rows = await self.db.rows(
+                "SELECT log_id, recipients FROM batches "
+                "WHERE batch_id = ? AND chunk = ? AND log_id IN ?",
+                (batch_id, chunk, [CHUNK_ROW, log_id]),
+            )
+            listed = next((r for r in rows if r["log_id"] == CHUNK_ROW), None)
+            if listed is None:  # stored before v2: one row per recipient
+                return any(r["log_id"] == log_id for r in rows)
+            ids = frozenset(
+                log_id_for(batch_id, email).int
+                for email, _, _ in decode_recipients(listed["recipients"] or b"[]")
+            )
+            self._members[key] = ids
+            if len(self._members) > MEMBER_CACHE:
+                self._members.popitem(last=False)
+        else:
+            self._members.move_to_end(key)
+        return log_id.int in ids
 
     async def locate(self, batch_id: uuid.UUID, email: str) -> tuple[int, uuid.UUID] | None:
         """The chunk and log id of a batch's recipient, by address (case-insensitive)."""
@@ -390,13 +420,15 @@ class RecipientStore:
         reason: str | None,
         evidence: str | None,
         metrics: Sequence[str] = (),
+        also: Sequence[Statement] = (),
     ) -> None:
         """A provider reported on one recipient (a normalised webhook event).
 
         The provider's own map entries merge by the event's stage (``stage_rank``); the
         recipient-wide columns (event, state) by ``rank``, which lets a re-send's events win
         over the failure that caused it. An outcome (``state``) and the metrics the event
-        earns go to the recipient's stat row in the same logged batch.
+        earns go to the recipient's stat row in the same logged batch, with the writes
+        ``also`` of the batch's partition (the event's timeline row).
         """
         one = Selection.one(chunk, log_id)
         stage = precedence.provider_stamp(batch_id, when, stage_rank)
@@ -430,7 +462,7 @@ class RecipientStore:
             metrics=metrics,
             now=datetime.now(UTC),
         )
-        await self.db.batch([*stmts, *counted], logged=bool(counted))
+        await self.db.batch([*also, *stmts, *counted], logged=bool(counted))
         if counted:
             await self.stats.activity(user_id, batch_id)
 

@@ -274,22 +274,29 @@ class StatsStore:
         self, user_id: uuid.UUID, batch_id: uuid.UUID, recipients: int, stamp: int
     ) -> None:
         """A batch's ``queued`` row (written at ``stamp``, the batch header's own)."""
-        await self._queued(user_id, batch_id, recipients, stamp)
+        await self.db.batch(await self.accepted_statements(user_id, batch_id, recipients, stamp))
         await self._active(user_id, batch_day(batch_id))
+
+    async def accepted_statements(
+        self, user_id: uuid.UUID, batch_id: uuid.UUID, recipients: int, stamp: int
+    ) -> list[BoundStatement]:
+        """The writes of :meth:`accepted` but the day's activity, for a caller to send with
+        its own (:meth:`activity` records that)."""
+        return await self._queued(user_id, batch_id, recipients, stamp)
 
     async def cancelled(self, user_id: uuid.UUID, batch_id: uuid.UUID, stamp: int) -> None:
         """A batch cancelled after a failed store counts nothing (written above its
         ``queued`` row, so it wins whichever lands last)."""
-        await self._queued(user_id, batch_id, 0, stamp)
+        await self.db.batch(await self._queued(user_id, batch_id, 0, stamp))
 
     async def _queued(
         self, user_id: uuid.UUID, batch_id: uuid.UUID, recipients: int, stamp: int
-    ) -> None:
+    ) -> list[BoundStatement]:
         day, bucket = batch_day(batch_id), bucket_of(batch_id, self.buckets)
         stmt = (await self.db.prepare(_QUEUED)).bind(
             (stamp, recipients, user_id, day, bucket, batch_id, batch_id)
         )
-        await self.db.batch([stmt, *await self._dirty(user_id, day, [bucket], datetime.now(UTC))])
+        return [stmt, *await self._dirty(user_id, day, [bucket], datetime.now(UTC))]
 
     async def _dirty(
         self, user_id: uuid.UUID, day: date, buckets: Iterable[int], now: datetime

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import uuid
 
+from cassandra.query import BoundStatement
+
 from shared.db import Database
 from shared.webhook_events import ProviderEvent
 
@@ -32,9 +34,18 @@ class Timeline:
     ) -> None:
         """One event on a recipient's timeline (``counted``: it decided the recipient's state
         or stats, rather than arriving for an attempt already handed over)."""
-        await self.db.execute(
+        await self.db.batch([await self.statement(batch_id, log_id, ev, counted=counted)])
+
+    async def statement(
+        self, batch_id: uuid.UUID, log_id: uuid.UUID, ev: ProviderEvent, *, counted: bool
+    ) -> BoundStatement:
+        """:meth:`record`'s write, for a caller to send with the recipient's own (the same
+        partition: one mutation)."""
+        insert = await self.db.prepare(
             "INSERT INTO log_events (batch_id, log_id, at, event_id, provider, kind, raw_event, "
-            "detail, attempt, counted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "detail, attempt, counted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        return insert.bind(
             (
                 batch_id,
                 log_id,
@@ -46,8 +57,7 @@ class Timeline:
                 detail_of(ev),
                 ev.attempt,
                 counted,
-            ),
-            idempotent=True,
+            )
         )
 
     async def orphan(self, ev: ProviderEvent) -> None:

@@ -1,6 +1,7 @@
 """Applying normalised provider events to Cassandra (and hand-offs to RabbitMQ).
 
-Every write here is idempotent: the timeline row is keyed by the provider's event id, the
+Every write here is idempotent: the timeline row is keyed by the provider's event id and
+written in one batch with the recipient's state and stat row, the
 recipient's row is written through ``shared.recipients`` with timestamps from the event (so
 replays and out-of-order arrivals merge to the same result) together with its stat row,
 suppressions are upserts, and hand-offs are planned once per failed attempt
@@ -144,7 +145,9 @@ class Ingest:
         if eff.needs_row:
             row = await self.recipients.one(target.batch_id, target.chunk, target.log_id)
             eff = transitions.given_row(eff, ev, row)
-        await self.timeline.record(target.batch_id, target.log_id, ev, counted=eff.counted)
+        line = await self.timeline.statement(
+            target.batch_id, target.log_id, ev, counted=eff.counted
+        )
         await self.recipients.reported(
             target.batch_id,
             target.user_id,
@@ -161,6 +164,7 @@ class Ingest:
             reason=ev.reason,
             evidence=ev.attempt if ev.kind != "unknown" else None,
             metrics=eff.metrics,
+            also=[line],
         )
         if eff.suppress:
             await self.suppressions.add(
@@ -193,6 +197,10 @@ class Ingest:
         if owner is None:
             return None
         if ev.log_id is not None and ev.chunk is not None:
+            # Our own correlation data, echoed by the provider; still, an id that names no
+            # recipient of the chunk must not write a row (or count in the stats).
+            if not await self.recipients.member(ev.batch_id, ev.chunk, ev.log_id):
+                return None
             return Target(ev.batch_id, ev.chunk, ev.log_id, owner)
         found = await self.recipients.locate(ev.batch_id, ev.email)
         if found is None:

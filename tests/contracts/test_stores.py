@@ -189,6 +189,23 @@ async def test_recipients_are_located_by_address_case_insensitively(stores: Stor
     assert await stores.recipients.locate(batch.batch_id, D) is None
 
 
+async def test_a_log_id_is_a_member_only_of_its_own_chunk(stores: Stores) -> None:
+    batch = await _stored(stores, A, B, C)
+    for _ in range(2):  # the second time from what the store remembers
+        assert await stores.recipients.member(batch.batch_id, 0, _log(batch, B))
+        assert not await stores.recipients.member(batch.batch_id, 0, _log(batch, C))
+        assert not await stores.recipients.member(batch.batch_id, 0, _log(batch, D))
+    assert await stores.recipients.member(batch.batch_id, 1, _log(batch, C))
+    assert not await stores.recipients.member(batch.batch_id, 2, _log(batch, C))
+
+
+async def test_a_legacy_batchs_members_are_its_recipient_rows(stores: Stores) -> None:
+    batch = replace(_batch(), recipients=[RecipientInput(A), RecipientInput(B)])
+    await stores.legacy(batch)
+    assert await stores.recipients.member(batch.batch_id, 0, _log(batch, A))
+    assert not await stores.recipients.member(batch.batch_id, 0, _log(batch, D))
+
+
 async def test_recipients_start_queued_in_their_chunks_in_the_order_given(stores: Stores) -> None:
     batch = await _stored(stores, C, A, B)
     first = await stores.recipients.chunk_rows(batch.batch_id, 0)

@@ -201,6 +201,7 @@ OPERATIONS = frozenset(
         "recipients.chunk_rows",
         "recipients.give_up",
         "recipients.locate",
+        "recipients.member",
         "recipients.one",
         "recipients.reported",
         "recipients.stored_chunk",
@@ -337,7 +338,9 @@ class FakeBatches:
         self.db = db
         self.stats = stats or FakeStats(db)
 
-    async def write(self, batch: NewBatch) -> None:
+    async def write(self, batch: NewBatch, *, also: Sequence[Any] = ()) -> None:
+        if also:
+            raise NotImplementedError("the twin writes no other store's statements")
         failure = await self.db._before("batches.write")
         queued = precedence.queued_stamp(batch.batch_id)
         created = precedence.accepted_at(batch.batch_id)
@@ -529,6 +532,11 @@ class FakeStats:
         self._active(user_id, batch_day(batch_id))
         self.db._after(failure)
 
+    async def accepted_statements(
+        self, user_id: uuid.UUID, batch_id: uuid.UUID, recipients: int, stamp: int
+    ) -> list[Write]:
+        return [partial(self._queued, user_id, batch_id, recipients, stamp)]
+
     async def cancelled(self, user_id: uuid.UUID, batch_id: uuid.UUID, stamp: int) -> None:
         failure = await self.db._before("stats.cancelled")
         self._queued(user_id, batch_id, 0, stamp)
@@ -689,6 +697,11 @@ class FakeRecipients:
         self.db._after(await self.db._before("recipients.chunk_rows"))
         return merged_chunk(batch_id, chunk, self.db.stored(batch_id, chunk))
 
+    async def member(self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID) -> bool:
+        self.db._after(await self.db._before("recipients.member"))
+        rows = merged_chunk(batch_id, chunk, self.db.stored(batch_id, chunk))
+        return any(r["log_id"] == log_id for r in rows)
+
     async def stored_chunk(self, batch_id: uuid.UUID, chunk: int) -> list[dict[str, Any]]:
         self.db._after(await self.db._before("recipients.stored_chunk"))
         return self.db.stored(batch_id, chunk)
@@ -844,6 +857,7 @@ class FakeRecipients:
         reason: str | None,
         evidence: str | None,
         metrics: Sequence[str] = (),
+        also: Sequence[Write] = (),
     ) -> None:
         failure = await self.db._before("recipients.reported")
         stamp = precedence.provider_stamp(batch_id, when, rank)
@@ -871,7 +885,7 @@ class FakeRecipients:
                 c.put("state", state, stamp)
             if state == "failed" and reason:
                 c.put("reason_detail", reason[:1000], stamp)
-        self.db.apply(counted)  # in the same logged batch as the state
+        self.db.apply([*also, *counted])  # in the same logged batch as the state
         if counted:
             await self.stats.activity(user_id, batch_id)
         self.db._after(failure)
@@ -989,13 +1003,23 @@ class FakeTimeline:
         self, batch_id: uuid.UUID, log_id: uuid.UUID, ev: ProviderEvent, *, counted: bool
     ) -> None:
         failure = await self.db._before("timeline.record")
+        self._put(batch_id, log_id, ev, counted)
+        self.db._after(failure)
+
+    async def statement(
+        self, batch_id: uuid.UUID, log_id: uuid.UUID, ev: ProviderEvent, *, counted: bool
+    ) -> Write:
+        return partial(self._put, batch_id, log_id, ev, counted)
+
+    def _put(
+        self, batch_id: uuid.UUID, log_id: uuid.UUID, ev: ProviderEvent, counted: bool
+    ) -> None:
         self.db.events[(batch_id, log_id, _stored(ev.occurred_at), ev.event_id)] = {
             "kind": ev.kind,
             "provider": ev.provider,
             "attempt": ev.attempt,
             "counted": counted,
         }
-        self.db._after(failure)
 
     async def orphan(self, ev: ProviderEvent) -> None:
         failure = await self.db._before("timeline.orphan")

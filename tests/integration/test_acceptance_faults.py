@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import orjson
 import pytest
+from cassandra.query import Statement
 from cassandra.util import uuid_from_time
 
 from services.api.batches import build_batch
@@ -124,13 +125,15 @@ async def test_a_failure_after_the_batch_is_stored_is_still_a_202(stack: Stack) 
 
 
 class _SlowWrite(BatchStore):
-    """The batch partition's write takes ``delay`` seconds (a stalled coordinator)."""
+    """The batch partition's mutation lands ``delay`` seconds after the outbox row sent in the
+    same request (the coordinator applies a batch's partitions independently)."""
 
     def __init__(self, db: Database, delay: float) -> None:
         super().__init__(db)
         self.delay = delay
 
-    async def write(self, batch: NewBatch) -> None:
+    async def write(self, batch: NewBatch, *, also: Sequence[Statement] = ()) -> None:
+        await self.db.batch(also)
         await asyncio.sleep(self.delay)
         await super().write(batch)
 
@@ -138,8 +141,8 @@ class _SlowWrite(BatchStore):
 class _LostAnswer(BatchStore):
     """The batch partition's write applies, but the client hears a timeout."""
 
-    async def write(self, batch: NewBatch) -> None:
-        await super().write(batch)
+    async def write(self, batch: NewBatch, *, also: Sequence[Statement] = ()) -> None:
+        await super().write(batch, also=also)
         raise DependencyUnavailable("cassandra", "WriteTimeout (injected)")
 
 

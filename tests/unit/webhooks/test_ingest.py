@@ -86,6 +86,16 @@ async def test_an_event_for_an_unknown_batch_is_kept_as_an_orphan() -> None:
     assert await w.states(batch) == {A: "queued"}
 
 
+async def test_an_event_naming_no_recipient_of_its_chunk_is_an_orphan_and_counts_nothing() -> None:
+    w = World()
+    batch = await w.sent(A)
+    stray = event(batch, "delivered", email="x@example.org")  # its log id is in no chunk
+    assert await w.ingest.apply(stray) == "orphan"
+    assert await w.ingest.apply(event(batch, "delivered", chunk=1)) == "orphan"  # wrong chunk
+    assert await w.counts(batch) == {"queued": 1}
+    assert await w.states(batch) == {A: "queued"}
+
+
 async def test_an_event_without_ids_is_matched_by_address_case_insensitively() -> None:
     w = World()
     batch = await w.sent(A, B)
