@@ -34,8 +34,8 @@ from shared import precedence
 from shared.db import Database, Row
 from shared.stats import StatsStore
 
-#: Chunks whose log ids a store remembers (for :meth:`RecipientStore.member`).
-MEMBER_CACHE = 64
+#: Chunks whose log ids a store remembers (reads of a chunk, :meth:`RecipientStore.member`).
+MEMBER_CACHE = 32
 
 #: The ``log_id`` of a chunk's own row: time 0, so it sorts before every recipient's.
 CHUNK_ROW = uuid.UUID("00000000-0000-1000-8000-000000000000")
@@ -108,13 +108,19 @@ def accepted_by_line(row: Row, kind: str) -> bool:
     return kind == CHUNK and not evidence and (row.get("event") or "queued") != "queued"
 
 
-def merged_chunk(batch_id: uuid.UUID, chunk: int, rows: Sequence[Row]) -> list[dict[str, Any]]:
+def merged_chunk(
+    batch_id: uuid.UUID,
+    chunk: int,
+    rows: Sequence[Row],
+    log_ids: Sequence[uuid.UUID] | None = None,
+) -> list[dict[str, Any]]:
     """Every recipient of one chunk as readers see it, from the chunk's stored rows (pure).
 
     ``rows`` are the chunk's rows as read (its own row first if it has one). Without a chunk
     row (a batch stored before v2) the recipient rows are the recipients. Each result holds
     the state cells, ``chunk``, ``log_id``, ``email``, ``name``, ``substitutions`` and ``own``
-    (whether it has a row of its own).
+    (whether it has a row of its own). ``log_ids`` are those of the chunk's list, when known
+    (:func:`chunk_log_ids`).
     """
     if not rows or rows[0]["log_id"] != CHUNK_ROW:
         return [
@@ -130,8 +136,9 @@ def merged_chunk(batch_id: uuid.UUID, chunk: int, rows: Sequence[Row]) -> list[d
     shared_row, own = rows[0], {r["log_id"]: r for r in rows[1:]}
     base = precedence.merge(shared_row, None)
     out = []
-    for email, name, subs in decode_recipients(shared_row["recipients"] or b"[]"):
-        log_id = log_id_for(batch_id, email)
+    listed = decode_recipients(shared_row["recipients"] or b"[]")
+    ids = log_ids if log_ids is not None else [log_id_for(batch_id, e) for e, _, _ in listed]
+    for (email, name, subs), log_id in zip(listed, ids, strict=True):
         mine = own.get(log_id)
         cells = base if mine is None else precedence.merge(shared_row, mine)
         out.append(
@@ -147,6 +154,14 @@ def merged_chunk(batch_id: uuid.UUID, chunk: int, rows: Sequence[Row]) -> list[d
             }
         )
     return out
+
+
+def chunk_log_ids(batch_id: uuid.UUID, chunk_row: Row) -> tuple[uuid.UUID, ...]:
+    """The log ids of a chunk row's list, in its order."""
+    return tuple(
+        log_id_for(batch_id, email)
+        for email, _, _ in decode_recipients(chunk_row["recipients"] or b"[]")
+    )
 
 
 def listed(chunk_row: Row) -> int:
@@ -201,7 +216,9 @@ class RecipientStore:
     def __init__(self, db: Database, stats: StatsStore | None = None) -> None:
         self.db = db
         self.stats = stats or StatsStore(db)
-        self._members: OrderedDict[tuple[uuid.UUID, int], frozenset[int]] = OrderedDict()
+        self._members: OrderedDict[
+            tuple[uuid.UUID, int], tuple[tuple[uuid.UUID, ...], frozenset[int]]
+        ] = OrderedDict()
 
     # -- reads --------------------------------------------------------------------------
 
@@ -219,7 +236,27 @@ class RecipientStore:
 
     async def chunk_rows(self, batch_id: uuid.UUID, chunk: int) -> list[dict[str, Any]]:
         """Every recipient of one chunk as readers see it."""
-        return merged_chunk(batch_id, chunk, await self.stored_chunk(batch_id, chunk))
+        rows = await self.stored_chunk(batch_id, chunk)
+        if not rows or rows[0]["log_id"] != CHUNK_ROW:
+            return merged_chunk(batch_id, chunk, rows)
+        return merged_chunk(batch_id, chunk, rows, self._ids(batch_id, chunk, rows[0])[0])
+
+    def _ids(
+        self, batch_id: uuid.UUID, chunk: int, chunk_row: Row
+    ) -> tuple[tuple[uuid.UUID, ...], frozenset[int]]:
+        """A chunk's log ids (remembered: a chunk is read again and again while it is sent
+        and while its events arrive, and its list never changes)."""
+        key = (batch_id, chunk)
+        known = self._members.get(key)
+        if known is None:
+            ids = chunk_log_ids(batch_id, chunk_row)
+            known = (ids, frozenset(i.int for i in ids))
+            self._members[key] = known
+            if len(self._members) > MEMBER_CACHE:
+                self._members.popitem(last=False)
+        else:
+            self._members.move_to_end(key)
+        return known
 
     async def stored_chunk(self, batch_id: uuid.UUID, chunk: int) -> list[Row]:
         """A chunk's rows as stored (its own row first), for :func:`merged_chunk`."""
@@ -267,9 +304,8 @@ class RecipientStore:
     async def member(self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID) -> bool:
         """Whether ``log_id`` names a recipient of the chunk (the log ids of recently asked
         chunks are remembered: events come chunk after chunk)."""
-        key = (batch_id, chunk)
-        ids = self._members.get(key)
-        if ids is None:
+        known = self._members.get((batch_id, chunk))
+        if known is None:
             rows = await self.db.rows(
                 "SELECT log_id, recipients FROM batches "
                 "WHERE batch_id = ? AND chunk = ? AND log_id IN ?",
@@ -278,16 +314,10 @@ class RecipientStore:
             listed = next((r for r in rows if r["log_id"] == CHUNK_ROW), None)
             if listed is None:  # stored before v2: one row per recipient
                 return any(r["log_id"] == log_id for r in rows)
-            ids = frozenset(
-                log_id_for(batch_id, email).int
-                for email, _, _ in decode_recipients(listed["recipients"] or b"[]")
-            )
-            self._members[key] = ids
-            if len(self._members) > MEMBER_CACHE:
-                self._members.popitem(last=False)
+            known = self._ids(batch_id, chunk, listed)
         else:
-            self._members.move_to_end(key)
-        return log_id.int in ids
+            self._members.move_to_end((batch_id, chunk))
+        return log_id.int in known[1]
 
     async def locate(self, batch_id: uuid.UUID, email: str) -> tuple[int, uuid.UUID] | None:
         """The chunk and log id of a batch's recipient, by address (case-insensitive)."""
