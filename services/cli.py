@@ -87,7 +87,8 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
             await db.close()
         print(
             f"data model v2: {report.upgraded} batch(es) upgraded ({report.recipients} "
-            f"recipients), {report.already} already v2, {report.kept_v1} kept in the v1 layout"
+            f"recipients), {report.already} already v2, {report.kept_v1} kept in the v1 layout; "
+            f"{report.outbox_moved} outbox row(s) moved"
         )
         return 0
 

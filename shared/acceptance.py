@@ -7,7 +7,7 @@ The order is what makes a crash at any point safe:
    (sent in one request with (1): if it fails the request fails and the batch is cancelled,
    so the relay never publishes a batch whose client was told it failed);
 3. the indexes (the user's list, the batch's ``queued`` stat row), rewritable from (2);
-4. a confirmed publish of ``batch.<uuid>``, then the outbox row's removal.
+4. a confirmed publish of ``batch.<uuid>``, then the outbox row marked published.
 
 :meth:`Acceptance.finish` redoes (3) and (4) for a stored batch from what (2) stored. The
 relay calls it for outbox rows left behind; the API calls it when a retried request (same
@@ -25,7 +25,6 @@ from shared.broker import Broker
 from shared.errors import PublishError
 from shared.models import BatchJob
 from shared.outbox import Outbox
-from shared.precedence import accepted_at
 from shared.topology import batch_key
 
 log = logging.getLogger(__name__)
@@ -40,9 +39,7 @@ class Acceptance:
     async def store(self, batch: NewBatch) -> None:
         """Steps 1-3. Raises DependencyUnavailable if any fails (the batch may or may not be
         stored then: a retry with the same id and body writes the same rows)."""
-        outbox = await self.outbox.statement(
-            batch.batch_id, batch.user_id, accepted_at(batch.batch_id)
-        )
+        outbox = await self.outbox.statement(batch.batch_id, batch.user_id)
         await self.batches.write(batch, also=[outbox])
         await self.batches.index(batch)
 

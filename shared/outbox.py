@@ -1,13 +1,15 @@
 """The outbox: batches stored but not yet confirmed by the broker, and the relay that publishes
 them.
 
-Acceptance (``shared.acceptance``) writes an outbox row before the batch itself and removes
-it once the broker confirms ``batch.<uuid>``. Every interval the relay takes the rows of its
-own namespace (the exchange it publishes to) older than the grace period and finishes each
-acceptance: if the batch is stored it rewrites its indexes and publishes it (a duplicate of a
-publish that did succeed is harmless downstream) and removes the row; a cancelled batch's row
-is removed; a batch not (yet) stored is left alone, because its write may still land, until
-:data:`ABANDON_AFTER`.
+Acceptance (``shared.acceptance``) writes an outbox row in the same request as the batch and
+marks it ``published`` once the broker confirms ``batch.<uuid>``. Rows live in time buckets,
+``(namespace, minute of acceptance, shard)``, and are never deleted (they expire after a
+week): no tombstones, and no queue kept in a table. Every interval the relay reads its own
+namespace's minutes from the oldest that still held an unpublished row, up to the grace
+period, and finishes each unpublished acceptance: if the batch is stored it rewrites its
+indexes and publishes it (a duplicate of a publish that did succeed is harmless downstream)
+and marks the row; a cancelled batch's row is marked; a batch not (yet) stored is left alone,
+because its write may still land, until :data:`ABANDON_AFTER`.
 """
 
 from __future__ import annotations
@@ -24,15 +26,17 @@ from cassandra.query import BoundStatement
 
 from shared.db import Database, Row
 from shared.errors import DependencyUnavailable
+from shared.precedence import accepted_at
 
 log = logging.getLogger(__name__)
 
-#: Shards of one namespace's outbox; the relay scans each.
-SHARDS = 16
+#: Partitions of one namespace's outbox per minute (spreads one minute's writes).
+SHARDS = 4
 #: An outbox row whose batch is still not stored this long after acceptance belongs to a
 #: request that failed (its client got an error, and a retry with the same Idempotency-Key
 #: finishes it through the API): the relay stops looking at it.
 ABANDON_AFTER = timedelta(hours=1)
+_MINUTE = timedelta(minutes=1)
 
 #: Finishes one batch's acceptance; returns None when the batch is not stored.
 Finish = Callable[[uuid.UUID], Awaitable[Any]]
@@ -42,6 +46,17 @@ def shard_of(batch_id: uuid.UUID) -> int:
     return zlib.crc32(batch_id.bytes) % SHARDS
 
 
+def minute_of(when: datetime) -> datetime:
+    """The outbox bucket of an instant: its UTC minute."""
+    return when.astimezone(UTC).replace(second=0, microsecond=0)
+
+
+def minutes(start: datetime, end: datetime) -> list[datetime]:
+    """Every minute bucket from ``start``'s to ``end``'s, inclusive (pure)."""
+    first, last = minute_of(start), minute_of(end)
+    return [first + i * _MINUTE for i in range(int((last - first) / _MINUTE) + 1)]
+
+
 class Outbox:
     """The outbox rows of one broker namespace (the exchange batches are published to)."""
 
@@ -49,55 +64,78 @@ class Outbox:
         self.db = db
         self.namespace = namespace
 
-    async def add(self, batch_id: uuid.UUID, user_id: uuid.UUID, created_at: datetime) -> None:
-        await self.db.batch([await self.statement(batch_id, user_id, created_at)])
+    def _key(self, batch_id: uuid.UUID) -> tuple[str, datetime, int, uuid.UUID]:
+        return (self.namespace, minute_of(accepted_at(batch_id)), shard_of(batch_id), batch_id)
 
-    async def statement(
-        self, batch_id: uuid.UUID, user_id: uuid.UUID, created_at: datetime
-    ) -> BoundStatement:
+    async def add(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> None:
+        await self.db.batch([await self.statement(batch_id, user_id)])
+
+    async def statement(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> BoundStatement:
         """The outbox row's write, for a caller to send with the batch's own."""
         insert = await self.db.prepare(
-            "INSERT INTO outbox (namespace, shard, batch_id, user_id, created_at) "
+            "INSERT INTO outbox_minutes (namespace, minute, shard, batch_id, user_id) "
             "VALUES (?, ?, ?, ?, ?)"
         )
-        return insert.bind((self.namespace, shard_of(batch_id), batch_id, user_id, created_at))
+        return insert.bind((*self._key(batch_id), user_id))
 
     async def done(self, batch_id: uuid.UUID) -> None:
+        """The batch was published (or will never be): the relay skips its row from now on."""
         await self.db.execute(
-            "DELETE FROM outbox WHERE namespace = ? AND shard = ? AND batch_id = ?",
-            (self.namespace, shard_of(batch_id), batch_id),
+            "UPDATE outbox_minutes SET published = true "
+            "WHERE namespace = ? AND minute = ? AND shard = ? AND batch_id = ?",
+            self._key(batch_id),
             idempotent=True,
         )
 
-    async def rows(self, shard: int) -> list[Row]:
-        return await self.db.rows(
-            "SELECT batch_id, user_id, created_at FROM outbox WHERE namespace = ? AND shard = ?",
-            (self.namespace, shard),
+    async def rows(self, minute: datetime, shard: int) -> list[Row]:
+        return await self.db.all_pages(
+            "SELECT batch_id, published FROM outbox_minutes "
+            "WHERE namespace = ? AND minute = ? AND shard = ?",
+            (self.namespace, minute, shard),
         )
 
 
-async def relay_once(outbox: Outbox, finish: Finish, *, grace: float) -> int:
-    """One pass over every shard; returns how many acceptances it finished."""
-    now = datetime.now(UTC)
-    cutoff = now - timedelta(seconds=grace)
-    finished = 0
-    for shard in range(SHARDS):
-        for row in await outbox.rows(shard):
-            created = row["created_at"].replace(tzinfo=UTC)
-            if created > cutoff:
-                continue
-            batch_id = row["batch_id"]
-            if await finish(batch_id) is not None:
-                finished += 1
-            elif now - created > ABANDON_AFTER:
-                await outbox.done(batch_id)
-    return finished
+class Relay:
+    """Finishes the acceptances the API could not (the broker did not confirm, or the process
+    died): one per process, remembering the oldest minute that still held work."""
+
+    def __init__(self, outbox: Outbox, finish: Finish, *, grace: float) -> None:
+        self.outbox = outbox
+        self.finish = finish
+        self.grace = timedelta(seconds=grace)
+        self.since: datetime | None = None
+
+    async def once(self, now: datetime | None = None) -> int:
+        """One pass; returns how many acceptances it finished."""
+        now = now or datetime.now(UTC)
+        cutoff = now - self.grace
+        # From the oldest minute with work, and never later than a grace period before the
+        # cutoff: a row written just before a pass may land just after it.
+        start = min(self.since or now - ABANDON_AFTER, cutoff - self.grace)
+        oldest: datetime | None = None
+        finished = 0
+        for minute in minutes(start, cutoff):
+            for shard in range(SHARDS):
+                for row in await self.outbox.rows(minute, shard):
+                    if row["published"]:
+                        continue
+                    batch_id = row["batch_id"]
+                    created = accepted_at(batch_id)
+                    if created <= cutoff and await self.finish(batch_id) is not None:
+                        finished += 1
+                        continue
+                    if now - created > ABANDON_AFTER:
+                        await self.outbox.done(batch_id)
+                        continue
+                    oldest = minute if oldest is None else min(oldest, minute)
+        self.since = oldest or minute_of(cutoff)
+        return finished
 
 
-async def relay_forever(outbox: Outbox, finish: Finish, *, interval: float, grace: float) -> None:
+async def relay_forever(relay: Relay, *, interval: float) -> None:
     while True:
         try:
-            count = await relay_once(outbox, finish, grace=grace)
+            count = await relay.once()
             if count:
                 log.info("outbox relay finished %d acceptance(s)", count)
         except DependencyUnavailable as exc:

@@ -9,6 +9,8 @@ A v1 batch partition holds one row per recipient and no chunk rows; its stats ar
 2. then one chunk row per chunk listing its recipients. The recipient rows stay, as the
    recipients' own rows: the merge of an empty chunk row with them is what they said alone.
 
+Rows of the old ``outbox`` table move to the time-bucketed one (:func:`move_outbox`).
+
 The chunk rows go last because they are what marks a batch as upgraded: a run that stops
 part-way leaves the batch to the next run, which writes the same cells again (every write is
 idempotent). Batches whose log ids are not the ones :func:`shared.recipients.log_id_for`
@@ -26,6 +28,7 @@ from typing import Any
 
 from shared import precedence
 from shared.db import Database, Row
+from shared.outbox import Outbox
 from shared.recipients import (
     CHUNK_ROW,
     SELECT,
@@ -47,6 +50,7 @@ class Report:
     kept_v1: int = 0
     recipients: int = 0
     skipped: list[uuid.UUID] = field(default_factory=list)
+    outbox_moved: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +75,24 @@ def _outcome(row: Row) -> tuple[str | None, int]:
     return seen.state, precedence.give_up_stamp(row["batch_id"])
 
 
+async def move_outbox(db: Database) -> int:
+    """Move the rows of the old ``outbox`` table (batches an earlier release stored and had
+    not yet seen confirmed) into the time-bucketed outbox, where the relay finds them."""
+    moved = 0
+    for row in await db.all_pages("SELECT namespace, shard, batch_id, user_id FROM outbox"):
+        await Outbox(db, row["namespace"]).add(row["batch_id"], row["user_id"])
+        await db.execute(
+            "DELETE FROM outbox WHERE namespace = ? AND shard = ? AND batch_id = ?",
+            (row["namespace"], row["shard"], row["batch_id"]),
+            idempotent=True,
+        )
+        moved += 1
+    return moved
+
+
 async def upgrade(db: Database, stats: StatsStore) -> Report:
     """Upgrade every v1 batch of the keyspace (idempotent; safe to run again)."""
-    report = Report()
+    report = Report(outbox_moved=await move_outbox(db))
     marks: dict[tuple[uuid.UUID, date], dict[str, set[str]]] = {}
     for part in await db.all_pages("SELECT DISTINCT batch_id FROM batches", page_size=1000):
         batch_id = part["batch_id"]

@@ -26,7 +26,7 @@ from shared.health import health_routes
 from shared.http import AdmissionLimit, error_handlers
 from shared.idempotency import IdempotencyStore
 from shared.metrics import ApiMetrics, new_registry
-from shared.outbox import Outbox, relay_forever
+from shared.outbox import Outbox, Relay, relay_forever
 from shared.resources import open_resources, readiness_checks
 from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
@@ -55,10 +55,8 @@ def create_app(settings: Settings) -> Starlette:
             )
             relay = asyncio.create_task(
                 relay_forever(
-                    state.outbox,
-                    state.acceptance.finish,
+                    Relay(state.outbox, state.acceptance.finish, grace=settings.api.outbox_grace),
                     interval=settings.api.outbox_relay_interval,
-                    grace=settings.api.outbox_grace,
                 )
             )
             purge = asyncio.create_task(ratelimit.purge_forever(res.db))

@@ -17,6 +17,7 @@ from shared.config import CassandraSettings
 from shared.db import Database
 from shared.migrations import migrate
 from shared.models import Address, Message
+from shared.outbox import Outbox, Relay
 from shared.recipients import CHUNK_ROW, RecipientStore
 from shared.stats import StatsStore, batch_day
 from shared.upgrade import upgrade
@@ -151,3 +152,28 @@ async def test_an_upgraded_recipient_takes_new_outcomes_through_the_v2_writer(
     assert rows["wait@example.com"]["state"] == "success"
     day = batch_day(batch_id)
     assert (await stats.range(user_id, day, day))[day]["success"] == 2
+
+
+async def test_upgrade_moves_the_old_outbox_rows_where_the_relay_finds_them(
+    db: Database,
+) -> None:
+    """A batch an earlier release stored but never saw confirmed is still published."""
+    user_id, batch_id = await _v1_batch(db)
+    await db.execute(
+        "INSERT INTO outbox (namespace, shard, batch_id, user_id, created_at) "
+        "VALUES ('ex', 3, ?, ?, ?)",
+        (batch_id, user_id, datetime.now(UTC)),
+    )
+
+    report = await upgrade(db, StatsStore(db))
+
+    assert report.outbox_moved == 1
+    assert await db.rows("SELECT batch_id FROM outbox") == []
+    relayed: list[uuid.UUID] = []
+
+    async def finish(b: uuid.UUID) -> object:
+        relayed.append(b)
+        return object()
+
+    await Relay(Outbox(db, "ex"), finish, grace=0).once()
+    assert relayed == [batch_id]
