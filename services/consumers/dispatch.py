@@ -147,13 +147,15 @@ class Dispatcher:
                 return
             if await self._take(step, job, delivery):
                 return
-            serial = True
+            # Read again at SERIAL (settling any LWT in progress), unless the step was our
+            # own claim and it applied: then nobody else's write can be in flight on it.
+            serial = not delivery.scratch.pop("claim_applied", False)
         raise DependencyUnavailable("cassandra", f"{job.line}/{job.attempt}: no progress")
 
     async def _take(self, step: protocol.Step, job: protocol.Job, delivery: Delivery) -> bool:
         """Carry out one step; True when the delivery is finished."""
         if isinstance(step, protocol.Claim):
-            await self.attempts.create(
+            delivery.scratch["claim_applied"] = await self.attempts.create(
                 job.batch_id,
                 job.line,
                 job.attempt,
