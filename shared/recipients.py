@@ -156,6 +156,31 @@ def merged_chunk(
     return out
 
 
+def merged_one(
+    batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID, rows: Iterable[Row]
+) -> dict[str, Any] | None:
+    """One recipient as readers see it, from its chunk's row and its own (among ``rows``),
+    without its address (pure). None when neither exists.
+
+    The log id comes from our own correlation data (a job, a signed event, checked with
+    :meth:`RecipientStore.member`): it is not proven against the chunk's list here.
+    """
+    stored = {r["log_id"]: r for r in rows if r["log_id"] in (CHUNK_ROW, log_id)}
+    shared_row, mine = stored.get(CHUNK_ROW), stored.get(log_id)
+    if shared_row is None:
+        return None if mine is None else merged_chunk(batch_id, chunk, [mine])[0]
+    return {
+        **precedence.merge(shared_row, mine),
+        "chunk": chunk,
+        "log_id": log_id,
+        "email": None,
+        "name": None,
+        "substitutions": {},
+        "own": mine is not None,
+        "layout": "chunk",
+    }
+
+
 def chunk_log_ids(batch_id: uuid.UUID, chunk_row: Row) -> tuple[uuid.UUID, ...]:
     """The log ids of a chunk row's list, in its order."""
     return tuple(
@@ -284,22 +309,7 @@ class RecipientStore:
             "WHERE batch_id = ? AND chunk = ? AND log_id IN ?",
             (batch_id, chunk, [CHUNK_ROW, log_id]),
         )
-        stored = {r["log_id"]: r for r in rows}
-        shared_row, mine = stored.get(CHUNK_ROW), stored.get(log_id)
-        if shared_row is None:
-            return None if mine is None else merged_chunk(batch_id, chunk, [mine])[0]
-        # The log id came from our own correlation data (a job, a signed event): trusted to
-        # name a recipient of the chunk without hashing the chunk's list to prove it.
-        return {
-            **precedence.merge(shared_row, mine),
-            "chunk": chunk,
-            "log_id": log_id,
-            "email": None,
-            "name": None,
-            "substitutions": {},
-            "own": mine is not None,
-            "layout": "chunk",
-        }
+        return merged_one(batch_id, chunk, log_id, rows)
 
     async def member(self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID) -> bool:
         """Whether ``log_id`` names a recipient of the chunk (the log ids of recently asked

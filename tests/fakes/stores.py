@@ -41,6 +41,7 @@ from shared.recipients import (
     encode_recipients,
     log_id_for,
     merged_chunk,
+    merged_one,
     timeuuid_order,
 )
 from shared.stats import (
@@ -714,20 +715,7 @@ class FakeRecipients:
         if addresses:
             merged = merged_chunk(batch_id, chunk, stored)
             return next((r for r in merged if r["log_id"] == log_id), None)
-        found = {r["log_id"]: r for r in stored if r["log_id"] in (CHUNK_ROW, log_id)}
-        shared_row, mine = found.get(CHUNK_ROW), found.get(log_id)
-        if shared_row is None:
-            return None if mine is None else merged_chunk(batch_id, chunk, [mine])[0]
-        return {
-            **precedence.merge(shared_row, mine),
-            "chunk": chunk,
-            "log_id": log_id,
-            "email": None,
-            "name": None,
-            "substitutions": {},
-            "own": mine is not None,
-            "layout": "chunk",
-        }
+        return merged_one(batch_id, chunk, log_id, stored)
 
     async def locate(self, batch_id: uuid.UUID, email: str) -> tuple[int, uuid.UUID] | None:
         self.db._after(await self.db._before("recipients.locate"))

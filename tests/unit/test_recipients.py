@@ -18,6 +18,7 @@ from shared.recipients import (
     encode_recipients,
     log_id_for,
     merged_chunk,
+    merged_one,
     timeuuid_order,
 )
 from shared.validation import RecipientInput
@@ -152,6 +153,20 @@ def test_a_recipients_own_row_is_merged_with_its_chunks_row() -> None:
     assert b["providers"] == {"mg": "failed: 500", "sg": "delivered"}
     assert b["evidence"] == {"c.1"}
     assert b["email"] == B and b["layout"] == "chunk"
+
+
+def test_one_recipient_merges_its_own_row_over_its_chunks_without_its_address() -> None:
+    mine = stored(log_id_for(BATCH, B), event=("delivered", 30), state=("success", 30))
+    rows = [chunk_row(RecipientInput(A), RecipientInput(B), event=("sent", 10)), mine]
+    b = merged_one(BATCH, 0, log_id_for(BATCH, B), rows)
+    a = merged_one(BATCH, 0, log_id_for(BATCH, A), rows)
+    assert b is not None and a is not None
+    assert (b["event"], b["own"], b["email"]) == ("delivered", True, None)
+    assert (a["event"], a["own"]) == ("sent", False)
+
+
+def test_one_recipient_of_no_stored_chunk_is_nobody() -> None:
+    assert merged_one(BATCH, 0, log_id_for(BATCH, A), []) is None
 
 
 def test_an_own_row_of_no_listed_recipient_is_nobody() -> None:
