@@ -111,9 +111,7 @@ def stamp_column(cell: str) -> str:
 def _later(a: tuple[int, Any], b: tuple[int, Any]) -> tuple[int, Any]:
     """Cassandra's last-write-wins between two cells: the later write timestamp, and on a tie
     the larger value."""
-    if a[0] != b[0]:
-        return a if a[0] > b[0] else b
-    return a if a[1] >= b[1] else b
+    return max(a, b)
 
 
 def _cells(row: Mapping[str, Any], column: str) -> dict[Any, tuple[int, Any]]:
@@ -123,8 +121,8 @@ def _cells(row: Mapping[str, Any], column: str) -> dict[Any, tuple[int, Any]]:
         return {}
     stamps = row.get(stamp_column(column)) or []
     if isinstance(value, Mapping):
-        return {k: (t, v) for (k, v), t in zip(value.items(), stamps, strict=False)}
-    return {k: (t, k) for k, t in zip(value, stamps, strict=False)}
+        return {k: (t, v) for (k, v), t in zip(value.items(), stamps, strict=True)}
+    return {k: (t, k) for k, t in zip(value, stamps, strict=True)}
 
 
 def merge(shared: Mapping[str, Any], own: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -142,7 +140,7 @@ def merge(shared: Mapping[str, Any], own: Mapping[str, Any] | None) -> dict[str,
         best: tuple[int, Any] | None = None
         for row in (shared, own):
             if row is not None and row.get(cell) is not None:
-                here = (row.get(w) or 0, row[cell])
+                here = (row[w], row[cell])
                 best = here if best is None else _later(best, here)
         out[cell], out[w] = (best[1], best[0]) if best else (None, None)
     for cell in MAP_CELLS + SET_CELLS:

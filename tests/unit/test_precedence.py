@@ -132,6 +132,21 @@ def test_merge_of_a_chunk_row_alone_is_its_cells() -> None:
     }
 
 
+def test_merge_of_absent_maps_and_sets_is_null_as_cassandra_returns_them() -> None:
+    merged = precedence.merge(_row(event=("sent", 7)), _row(state=("success", 9)))
+    assert (merged["providers"], merged["message_ids"], merged["evidence"]) == (None, None, None)
+    assert (merged["w_providers"], merged["w_evidence"]) == (None, None)
+
+
+def test_merge_refuses_a_read_without_its_write_timestamps() -> None:
+    with pytest.raises(KeyError):
+        precedence.merge({"event": "sent"}, None)
+    with pytest.raises(ValueError, match="zip"):
+        precedence.merge(_row(providers=({"mg": "x", "sg": "sent"}, [7])), None)
+    with pytest.raises(ValueError, match="zip"):
+        precedence.merge(_row(evidence=({"c.0", "r.1"}, [7])), None)
+
+
 def test_merge_merges_map_entries_one_by_one() -> None:
     shared = _row(providers=({"mg": "sent", "sg": "failed: 500"}, [20, 10]))
     own = _row(providers=({"sg": "delivered", "zz": "dropped"}, [30, 5]))
