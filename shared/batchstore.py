@@ -27,7 +27,7 @@ from cassandra.query import UNSET_VALUE, Statement
 from shared import precedence
 from shared.db import Database
 from shared.models import Message
-from shared.recipients import CHUNK_ROW, Addressee, encode_recipients, log_id_for
+from shared.recipients import CHUNK_ROW, Addressee, encode_recipients
 from shared.stats import StatsStore
 
 
@@ -75,9 +75,6 @@ class NewBatch:
     def chunks(self) -> list[Sequence[Addressee]]:
         size = self.chunk_size
         return [self.recipients[i : i + size] for i in range(0, len(self.recipients), size)]
-
-    def log_ids(self) -> list[uuid.UUID]:
-        return [log_id_for(self.batch_id, r.email) for r in self.recipients]
 
 
 _INSERT_CHUNK = (

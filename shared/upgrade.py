@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -49,7 +49,6 @@ class Report:
     already: int = 0
     kept_v1: int = 0
     recipients: int = 0
-    skipped: list[uuid.UUID] = field(default_factory=list)
     outbox_moved: int = 0
 
 
@@ -108,12 +107,8 @@ async def upgrade(db: Database, stats: StatsStore) -> Report:
             continue
         if user_id is None or not recipients:
             continue
-        if any(
-            r["email"] is None or log_id_for(batch_id, r["email"]) != r["log_id"]
-            for r in recipients
-        ):
+        if not all(_derived(batch_id, r) for r in recipients):
             report.kept_v1 += 1
-            report.skipped.append(batch_id)
             continue
         day = batch_day(batch_id)
         if (user_id, day) not in marks:
