@@ -22,12 +22,12 @@ from pydantic import SecretStr
 from services.sandbox import signing
 from services.webhooks.app import create_app as create_webhooks
 from shared import accounts
-from shared.batchstore import BatchStore, NewBatch, log_id_for
+from shared.batchstore import BatchStore, NewBatch
 from shared.config import Settings, WebhookSettings
 from shared.db import Database
 from shared.models import Address, Message, Recipient
 from shared.precedence import visible
-from shared.recipients import RecipientStore
+from shared.recipients import RecipientStore, log_id_for
 from shared.stats import StatsStore, batch_day
 from shared.suppressions import SuppressionStore
 from tests.conftest import unique
