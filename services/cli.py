@@ -22,8 +22,10 @@ from shared.logs import configure_logging
 def _serve(app: object, host: str, port: int, settings: Settings) -> None:
     import uvicorn
 
+    from shared.heap import settle_when_started
+
     uvicorn.run(
-        app,  # type: ignore[arg-type]
+        settle_when_started(app),  # type: ignore[arg-type]
         host=host,
         port=port,
         log_level=settings.log_level.lower(),

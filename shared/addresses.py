@@ -109,6 +109,8 @@ def _encoded_runs(text: str) -> list[tuple[str, bytes]]:
     """Decode every encoded-word; adjacent ones (only whitespace between, same charset) are
     joined, as decoders join them, so a sequence split across words is seen whole."""
     runs: list[tuple[str, bytes]] = []
+    if "=?" not in text:  # no encoded word can start: skip the regex (the common case)
+        return runs
     previous_end = 0
     for match in _ENCODED_WORD_RE.finditer(text):
         charset = match.group(1).split("*", 1)[0].strip().lower()

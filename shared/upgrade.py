@@ -9,7 +9,9 @@ A v1 batch partition holds one row per recipient and no chunk rows; its stats ar
 2. then one chunk row per chunk listing its recipients. The recipient rows stay, as the
    recipients' own rows: the merge of an empty chunk row with them is what they said alone.
 
-Rows of the old ``outbox`` table move to the time-bucketed one (:func:`move_outbox`).
+Rows of the old ``outbox`` table move to the time-bucketed one (:func:`move_outbox`), and
+time-bucketed rows written before the relay selected on ``published = false`` get that value
+(:func:`flag_outbox`).
 
 The chunk rows go last because they are what marks a batch as upgraded: a run that stops
 part-way leaves the batch to the next run, which writes the same cells again (every write is
@@ -23,12 +25,12 @@ import logging
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from shared import precedence
 from shared.db import Database, Row
-from shared.outbox import Outbox
+from shared.outbox import ABANDON_AFTER, Outbox
 from shared.recipients import (
     CHUNK_ROW,
     SELECT,
@@ -50,6 +52,7 @@ class Report:
     kept_v1: int = 0
     recipients: int = 0
     outbox_moved: int = 0
+    outbox_flagged: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +92,34 @@ async def move_outbox(db: Database) -> int:
     return moved
 
 
+async def flag_outbox(db: Database, now: datetime | None = None) -> int:
+    """Give ``published = false`` to the time-bucketed outbox rows that have no value (written
+    before the relay selected on it) in the minutes the relay still reads."""
+    since = (now or datetime.now(UTC)) - ABANDON_AFTER - timedelta(minutes=1)
+    flagged = 0
+    for part in await db.all_pages("SELECT DISTINCT namespace, minute, shard FROM outbox_minutes"):
+        if part["minute"].replace(tzinfo=UTC) < since:  # the driver's timestamps are naive UTC
+            continue
+        for row in await db.all_pages(
+            "SELECT batch_id, published FROM outbox_minutes "
+            "WHERE namespace = ? AND minute = ? AND shard = ?",
+            (part["namespace"], part["minute"], part["shard"]),
+        ):
+            if row["published"] is None:
+                # Only where still unset: a concurrent ``done`` must not be undone.
+                await db.execute(
+                    "UPDATE outbox_minutes SET published = false "
+                    "WHERE namespace = ? AND minute = ? AND shard = ? AND batch_id = ? "
+                    "IF published = null",
+                    (part["namespace"], part["minute"], part["shard"], row["batch_id"]),
+                )
+                flagged += 1
+    return flagged
+
+
 async def upgrade(db: Database, stats: StatsStore) -> Report:
     """Upgrade every v1 batch of the keyspace (idempotent; safe to run again)."""
-    report = Report(outbox_moved=await move_outbox(db))
+    report = Report(outbox_moved=await move_outbox(db), outbox_flagged=await flag_outbox(db))
     marks: dict[tuple[uuid.UUID, date], dict[str, set[str]]] = {}
     for part in await db.all_pages("SELECT DISTINCT batch_id FROM batches", page_size=1000):
         batch_id = part["batch_id"]

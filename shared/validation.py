@@ -484,6 +484,13 @@ def _metadata(value: object, errors: Errors) -> dict[str, str]:
     return metadata
 
 
+def _substitution_key_problem(key: str) -> str | None:
+    if not key or len(key) > MAX_SUBSTITUTION_KEY_LENGTH:
+        return f"key must be 1 to {MAX_SUBSTITUTION_KEY_LENGTH} characters"
+    problem = text_problem(key)
+    return None if problem is None else f"key {problem.message}"
+
+
 class _RecipientScan:
     """Parses ``to`` into distinct recipients, rejected entries and field errors."""
 
@@ -496,6 +503,8 @@ class _RecipientScan:
         self.rejected: dict[str, tuple[str, Rejected]] = {}  # lowercased raw -> path, entry
         self.too_many = False
         self._key_in_headers: dict[str, bool] = {}
+        # Recipients tend to share their substitution keys: check each distinct key once.
+        self._key_problems: dict[str, str | None] = {}
 
     def scan(self, value: object) -> None:
         if value is None:
@@ -580,13 +589,13 @@ class _RecipientScan:
         return found
 
     def _substitution_problem(self, key: str, text: object) -> str | None:
-        if not key or len(key) > MAX_SUBSTITUTION_KEY_LENGTH:
-            return f"key must be 1 to {MAX_SUBSTITUTION_KEY_LENGTH} characters"
+        if key not in self._key_problems:
+            self._key_problems[key] = _substitution_key_problem(key)
+        key_problem = self._key_problems[key]
+        if key_problem is not None:
+            return key_problem
         if not isinstance(text, str):
             return "must be a string"
-        problem = text_problem(key)
-        if problem is not None:
-            return f"key {problem.message}"
         if key not in self._key_in_headers:
             self._key_in_headers[key] = any(key in t for t in self.header_text)
         if self._key_in_headers[key]:

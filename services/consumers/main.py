@@ -13,6 +13,7 @@ from starlette.applications import Starlette
 
 from services.consumers.dispatch import Dispatcher, Hooks, no_hooks
 from services.consumers.splitter import Splitter
+from shared import heap
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchStore
 from shared.config import Settings
@@ -137,7 +138,7 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
 
 def run(settings: Settings, *, health_port: int | None = None) -> int:
     uvicorn.run(
-        create_app(settings),
+        heap.settle_when_started(create_app(settings)),
         host=settings.consumers.host,
         port=health_port or settings.consumers.port,
         log_level=settings.log_level.lower(),

@@ -177,3 +177,31 @@ async def test_upgrade_moves_the_old_outbox_rows_where_the_relay_finds_them(
 
     await Relay(Outbox(db, "ex"), finish, grace=0).once()
     assert relayed == [batch_id]
+
+
+async def test_upgrade_flags_time_bucketed_outbox_rows_written_without_a_published_value(
+    db: Database,
+) -> None:
+    """Rows written before the relay selected on ``published = false`` are still relayed;
+    rows already marked published stay so."""
+    unset, marked = uuid_from_time(datetime.now(UTC)), uuid_from_time(datetime.now(UTC))
+    outbox = Outbox(db, unique("ns"))
+    for batch_id, published in ((unset, None), (marked, True)):
+        minute, shard = outbox.bucket(batch_id)
+        await db.execute(
+            "INSERT INTO outbox_minutes (namespace, minute, shard, batch_id, user_id, published) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (outbox.namespace, minute, shard, batch_id, uuid.uuid4(), published),
+        )
+
+    report = await upgrade(db, StatsStore(db))
+
+    assert report.outbox_flagged == 1
+    relayed: list[uuid.UUID] = []
+
+    async def finish(b: uuid.UUID) -> object:
+        relayed.append(b)
+        return object()
+
+    await Relay(outbox, finish, grace=0).once()
+    assert relayed == [unset]

@@ -25,7 +25,7 @@ def test_minutes_cover_both_ends_inclusive() -> None:
 
 
 class _Rows:
-    """The outbox rows by (minute, shard), as ``Outbox.rows`` reads them."""
+    """The outbox rows by (minute, shard), as ``Outbox.unpublished`` reads them."""
 
     def __init__(self) -> None:
         self.stored: dict[tuple[datetime, int], dict[uuid.UUID, bool]] = {}
@@ -37,11 +37,9 @@ class _Rows:
         self.stored.setdefault(key, {})[batch_id] = False
         return batch_id
 
-    async def rows(self, minute: datetime, shard: int) -> list[dict[str, Any]]:
+    async def unpublished(self, minute: datetime, shard: int) -> list[uuid.UUID]:
         self.reads += 1
-        return [
-            {"batch_id": b, "published": p} for b, p in self.stored.get((minute, shard), {}).items()
-        ]
+        return [b for b, published in self.stored.get((minute, shard), {}).items() if not published]
 
     async def done(self, batch_id: uuid.UUID) -> None:
         for rows in self.stored.values():

@@ -1,0 +1,55 @@
+"""A service's heap is settled (start-up objects frozen, thresholds raised) once it is ready."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from shared import heap
+
+
+@pytest.fixture
+def restored_gc() -> Iterator[None]:
+    thresholds = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
+
+
+async def test_the_heap_is_settled_only_after_start_up_completes(restored_gc: None) -> None:
+    seen_during_start_up: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        seen_during_start_up.append(gc.get_freeze_count())
+        await send({"type": "lifespan.startup.complete"})
+
+    messages = iter([{"type": "lifespan.startup"}])
+
+    async def receive() -> Any:
+        return next(messages)
+
+    async def send(message: Any) -> None:
+        pass
+
+    gc.unfreeze()
+    await heap.settle_when_started(app)({"type": "lifespan"}, receive, send)
+
+    assert seen_during_start_up == [0]
+    assert gc.get_freeze_count() > 0
+    assert gc.get_threshold() == heap.THRESHOLDS
+
+
+async def test_requests_pass_through_untouched(restored_gc: None) -> None:
+    calls: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        calls.append(scope["type"])
+
+    await heap.settle_when_started(app)({"type": "http"}, None, None)
+
+    assert calls == ["http"]
+    assert gc.get_threshold() != heap.THRESHOLDS
