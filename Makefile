@@ -10,7 +10,7 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export PYTHON := $(PY)
 
-.PHONY: help install run test test-unit test-integration lint fmt typecheck all services-up \
+.PHONY: help install run test test-unit test-integration env-example lint fmt typecheck all services-up \
         services-down services-status migrate topology bench chaos cov mutate clean
 
 help: ## list the targets
@@ -37,6 +37,12 @@ test: install services-up ## the whole suite against real RabbitMQ and Cassandra
 
 test-unit: install ## pure-logic tests only (no services)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: install services-up ## the tests that need RabbitMQ and Cassandra (contracts, integration, browser)
+	$(PY) -m pytest tests/contracts tests/integration tests/browser $(PYTEST_ARGS)
+
+env-example: install ## rewrite .env.example from the settings model and the deploy scripts
+	$(PY) -c "from shared.envexample import render; print(render(), end='')" > .env.example
 
 COV_PACKAGES := --cov=services --cov=shared --cov-report=
 COV_UNIT := $(STATE)/coverage-unit

@@ -29,6 +29,7 @@ def _config(section: str) -> SettingsConfigDict:
         env_file=".env",
         env_file_encoding="utf-8",
         extra="ignore",
+        use_attribute_docstrings=True,
     )
 
 
@@ -40,14 +41,20 @@ class CassandraSettings(BaseSettings):
     hosts: str = "127.0.0.1"
     """Comma-separated contact points."""
     port: int = Field(9042, ge=1, le=65535)
+    """The native protocol (CQL) port."""
     keyspace: str = "safedelivr"
+    """Created by ``safedelivr migrate`` when missing."""
     replication: str = "{'class': 'SimpleStrategy', 'replication_factor': 1}"
     """CQL replication map for ``CREATE KEYSPACE``; use NetworkTopologyStrategy on clusters."""
     local_dc: str | None = None
+    """The datacenter whose nodes serve requests (LOCAL_* consistency); set on multi-DC clusters."""
     username: str | None = None
+    """PasswordAuthenticator credentials, when the cluster requires them."""
     password: SecretStr | None = None
     request_timeout: float = Field(10.0, gt=0)
+    """Seconds a CQL request may take before it fails (503 on the API)."""
     connect_timeout: float = Field(10.0, gt=0)
+    """Seconds to wait for a connection to a node."""
 
     @field_validator("keyspace")
     @classmethod
@@ -77,11 +84,13 @@ class AmqpSettings(BaseSettings):
     model_config = _config("AMQP")
 
     url: SecretStr = SecretStr("amqp://guest:guest@127.0.0.1:5672/")
+    """amqp:// or amqps:// URL, credentials and vhost included."""
     exchange: str = "safedelivr"
     """The topic exchange; queue names are derived from it (see shared.topology)."""
     delivery_limit: int = Field(10, ge=1)
     """Deliveries of one message before it is dead-lettered as poison."""
     publish_timeout: float = Field(10.0, gt=0)
+    """Seconds to wait for the broker to confirm a publish."""
 
     @field_validator("exchange")
     @classmethod
@@ -97,8 +106,10 @@ class ApiSettings(BaseSettings):
     model_config = _config("API")
 
     host: str = "127.0.0.1"
+    """Address to listen on."""
     port: int = Field(8080, ge=1, le=65535)
     public_url: str = "http://127.0.0.1:8080"
+    """The URL people reach the API and dashboard at (links, OAuth)."""
     max_recipients: int = Field(10_000, ge=1)
     """Recipients accepted in one batch request (after de-duplication)."""
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024)
@@ -106,6 +117,7 @@ class ApiSettings(BaseSettings):
     max_concurrency: int = Field(256, ge=1)
     """HTTP requests in progress per API process before new ones get 503 + Retry-After."""
     outbox_relay_interval: float = Field(5.0, gt=0)
+    """Seconds between two passes of the outbox relay."""
     outbox_grace: float = Field(30.0, ge=0)
     """Seconds a pending batch may stay unpublished before the relay publishes it."""
     idempotency_lease: float = Field(30.0, gt=0)
@@ -129,13 +141,17 @@ class WebhookSettings(BaseSettings):
     model_config = _config("WEBHOOKS")
 
     host: str = "127.0.0.1"
+    """Address to listen on."""
     port: int = Field(8081, ge=1, le=65535)
     sendgrid_public_key: str | None = None
     """Base64 DER (SubjectPublicKeyInfo) ECDSA P-256 key from SendGrid's Signed Event Webhook."""
     sendgrid_basic_user: str | None = None
+    """Basic auth that SendGrid sends with each event post (optional, besides the signature)."""
     sendgrid_basic_password: SecretStr | None = None
     mailgun_signing_key: SecretStr | None = None
+    """Mailgun's HTTP webhook signing key (HMAC-SHA256 of timestamp and token)."""
     timestamp_tolerance: int = Field(300, ge=1)
+    """Seconds a signed webhook's timestamp may be off (replay window)."""
     deferred_deadline: int = Field(4 * 3600, ge=1)
     """Seconds a recipient may stay deferred before we try another provider."""
 
@@ -166,10 +182,15 @@ class ProviderSettings(BaseSettings):
     query API; after that the recipients without evidence are sent through the next
     provider (a duplicate is then possible, a loss is not)."""
     sendgrid_api_key: SecretStr = SecretStr("sandbox-sendgrid-key")
+    """SendGrid API key with the Mail Send (and Email Activity read) permissions."""
     sendgrid_base_url: str = "http://127.0.0.1:8090/sendgrid"
+    """https://api.sendgrid.com in production."""
     mailgun_api_key: SecretStr = SecretStr("sandbox-mailgun-key")
+    """Mailgun private API key."""
     mailgun_domain: str = "sandbox.safedelivr.local"
+    """The Mailgun sending domain."""
     mailgun_base_url: str = "http://127.0.0.1:8090/mailgun"
+    """https://api.mailgun.net (or https://api.eu.mailgun.net) in production."""
 
     @field_validator("chain")
     @classmethod
@@ -215,6 +236,7 @@ class ConsumerSettings(BaseSettings):
     model_config = _config("CONSUMERS")
 
     host: str = "127.0.0.1"
+    """Address to listen on."""
     port: int = Field(8082, ge=1, le=65535)
     """Where the consumer process serves /healthz, /readyz and /metrics."""
     prefetch: int = Field(4, ge=1, le=1000)
@@ -238,13 +260,16 @@ class SandboxSettings(BaseSettings):
     model_config = _config("SANDBOX")
 
     host: str = "127.0.0.1"
+    """Address to listen on."""
     port: int = Field(8090, ge=1, le=65535)
     webhook_url: str = "http://127.0.0.1:8081"
     """Base URL of the webhook service the sandbox posts signed events to."""
     sendgrid_private_key: SecretStr | None = None
     """PEM ECDSA P-256 private key used to sign SendGrid-style events."""
     mailgun_signing_key: SecretStr = SecretStr("sandbox-mailgun-signing-key")
+    """The key the sandbox signs Mailgun-style events with."""
     webhook_delay: float = Field(0.2, ge=0)
+    """Seconds between accepting mail and posting its events."""
     query_delay: float = Field(2.0, ge=0)
     """Seconds before accepted mail shows in the query APIs (SendGrid Email Activity,
     Mailgun Events), as the real ones lag."""
@@ -259,6 +284,7 @@ class GitHubSettings(BaseSettings):
     model_config = _config("GITHUB")
 
     client_id: str = "safedelivr-sandbox"
+    """The GitHub OAuth app's client id."""
     client_secret: SecretStr = SecretStr("sandbox-github-secret")
     oauth_base_url: str = "http://127.0.0.1:8090/github"
     """Base of ``/login/oauth/authorize`` and ``/login/oauth/access_token``: https://github.com."""
@@ -294,6 +320,7 @@ class Settings(BaseSettings):
     model_config = _config("")
 
     log_level: str = "INFO"
+    """DEBUG, INFO, WARNING or ERROR."""
     cassandra: CassandraSettings = Field(default_factory=CassandraSettings)
     amqp: AmqpSettings = Field(default_factory=AmqpSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
@@ -305,13 +332,15 @@ class Settings(BaseSettings):
     github: GitHubSettings = Field(default_factory=GitHubSettings)
 
 
-_SECTIONS: dict[str, type[BaseSettings]] = {
+#: Every section by its variables' infix (``SAFEDELIVR_<SECTION>_<FIELD>``).
+SECTIONS: dict[str, type[BaseSettings]] = {
     "CASSANDRA": CassandraSettings,
     "AMQP": AmqpSettings,
     "API": ApiSettings,
     "WEBHOOKS": WebhookSettings,
     "PROVIDERS": ProviderSettings,
     "CONSUMERS": ConsumerSettings,
+    "STATS": StatsSettings,
     "SANDBOX": SandboxSettings,
     "GITHUB": GitHubSettings,
 }
@@ -321,7 +350,7 @@ def load_settings(**overrides: Any) -> Settings:
     """Read and validate every section; raise ConfigError naming the bad variable."""
     sections: dict[str, Any] = {}
     problems: list[str] = []
-    for name, cls in _SECTIONS.items():
+    for name, cls in SECTIONS.items():
         try:
             sections[name.lower()] = cls()
         except ValidationError as exc:

@@ -1,0 +1,30 @@
+"""The README and the code's own docs name only files that exist."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+_PATH = re.compile(
+    r"(?<![\w./-])((?:shared|services|deploy|tests|bench|chaos)/[\w/-]+"
+    r"\.(?:py|sh|cql|yaml|md|html|options|template))\b"
+)
+
+
+def _tracked() -> list[Path]:
+    out = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    return [ROOT / name for name in out.split() if name.endswith((".py", ".md", ".sh"))]
+
+
+def test_every_file_path_named_in_a_tracked_text_exists() -> None:
+    missing = {
+        f"{source.relative_to(ROOT)} -> {name}"
+        for source in _tracked()
+        for name in _PATH.findall(source.read_text(errors="replace"))
+        if not (ROOT / name).exists()
+    }
+    assert missing == set()
