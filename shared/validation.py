@@ -173,16 +173,12 @@ class BatchRequest:
         return len(self.recipients)
 
 
-def body_hash(raw_bytes: bytes) -> bytes:
-    """SHA-256 of the canonical JSON (keys sorted) of a request body.
+def body_hash(body: object) -> bytes:
+    """SHA-256 of the canonical JSON (keys sorted) of a decoded request body.
 
     Two bodies that differ only in key order or whitespace hash the same.
-
-    Raises:
-        ValueError: the body is not valid JSON (``orjson.JSONDecodeError``).
     """
-    canonical = orjson.dumps(orjson.loads(raw_bytes), option=orjson.OPT_SORT_KEYS)
-    return hashlib.sha256(canonical).digest()
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).digest()
 
 
 def parse_batch_request(

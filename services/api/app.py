@@ -15,6 +15,8 @@ from starlette.routing import Route
 
 from services.api import account, batches, oauth
 from services.api.dashboard import create_templates, dashboard_routes
+from services.api.original import original_routes
+from services.api.sending import Sending
 from services.api.sessions import LoginRequired, login_required_response
 from shared import ratelimit
 from shared.acceptance import Acceptance
@@ -27,6 +29,7 @@ from shared.http import AdmissionLimit, error_handlers
 from shared.idempotency import IdempotencyStore
 from shared.metrics import ApiMetrics, new_registry
 from shared.outbox import Outbox, Relay, relay_forever
+from shared.ratelimit import RecipientQuota
 from shared.resources import open_resources, readiness_checks
 from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
@@ -50,6 +53,16 @@ def create_app(settings: Settings) -> Starlette:
             state.idempotency = IdempotencyStore(res.db, lease=settings.api.idempotency_lease)
             state.suppressions = SuppressionStore(res.db)
             state.background = Background()
+            state.sending = Sending(
+                settings=settings,
+                acceptance=state.acceptance,
+                batches=state.batches,
+                suppressions=state.suppressions,
+                idempotency=state.idempotency,
+                quota=RecipientQuota(res.db, settings.api.daily_recipient_quota),
+                metrics=state.metrics,
+                background=state.background,
+            )
             state.github_http = httpx.AsyncClient(
                 timeout=httpx.Timeout(settings.github.timeout), follow_redirects=False
             )
@@ -82,6 +95,7 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/keys", account.list_keys, methods=["GET"]),
         Route("/v1/keys", account.create_key, methods=["POST"]),
         Route("/v1/keys/{key_id}", account.revoke_key, methods=["DELETE"]),
+        *original_routes(),
         Route("/auth/github/login", oauth.login, methods=["GET"]),
         Route("/auth/github/callback", oauth.callback, methods=["GET"]),
         Route("/auth/logout", oauth.logout, methods=["POST"]),

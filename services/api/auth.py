@@ -18,7 +18,7 @@ from shared.background import Background
 from shared.config import Settings
 from shared.db import Database
 from shared.http import ApiError
-from shared.ratelimit import RateLimiter, RatePolicy, RecipientQuota
+from shared.ratelimit import RateLimiter, RatePolicy
 
 _UNAUTHORIZED = ApiError(
     401,
@@ -36,14 +36,28 @@ async def require_key(request: Request) -> ApiKeyRecord:
 
     Within its rate limit only; otherwise 429 ``rate_limited`` with ``Retry-After``.
     """
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = bearer_token(request)
+    if token is None:
         raise _UNAUTHORIZED
-    db: Database = request.app.state.resources.db
-    record = await accounts.authenticate(db, token.strip())
+    record = await admit_key(request, token)
     if record is None:
         raise _UNAUTHORIZED
+    return record
+
+
+def bearer_token(request: Request) -> str | None:
+    """The token of an ``Authorization: Bearer`` header, if the request has one."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+async def admit_key(request: Request, token: str) -> ApiKeyRecord | None:
+    """The record of a presented key within its rate limit; None when the key is not valid
+    (unknown, revoked, wrong secret). Over the limit: 429 ``rate_limited``."""
+    db: Database = request.app.state.resources.db
+    record = await accounts.authenticate(db, token)
+    if record is None:
+        return None
     verdict = await rate_limiter(request).hit(record.key_id)
     if not verdict.allowed:
         raise ApiError(
@@ -66,17 +80,6 @@ def rate_limiter(request: Request) -> RateLimiter:
         limiter = RateLimiter(state.resources.db, policy)
         state.rate_limiter = limiter
     return limiter
-
-
-def recipient_quota(request: Request) -> RecipientQuota:
-    """The daily recipient quota store for this process."""
-    state = request.app.state
-    quota: RecipientQuota | None = getattr(state, "recipient_quota", None)
-    if quota is None:
-        settings: Settings = state.settings
-        quota = RecipientQuota(state.resources.db, settings.api.daily_recipient_quota)
-        state.recipient_quota = quota
-    return quota
 
 
 def _touch(request: Request, db: Database, key_id: str) -> None:

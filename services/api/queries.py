@@ -39,10 +39,15 @@ def page_limit(request: Request, *, default: int = 20, maximum: int = 500) -> in
 
 
 def path_uuid(request: Request, name: str) -> uuid.UUID:
+    """A batch id from the path: our ids are time UUIDs (Cassandra refuses any other kind in
+    a ``timeuuid`` column), so anything else names nothing."""
     try:
-        return uuid.UUID(request.path_params[name])
+        value = uuid.UUID(request.path_params[name])
     except ValueError:
-        raise ApiError(404, "not_found", f"no such {name.removesuffix('_id')}") from None
+        value = None
+    if value is None or value.version != 1:
+        raise ApiError(404, "not_found", f"no such {name.removesuffix('_id')}")
+    return value
 
 
 def encode_cursor(data: dict[str, Any]) -> str:

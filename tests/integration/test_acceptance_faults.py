@@ -14,7 +14,7 @@ import pytest
 from cassandra.query import Statement
 from cassandra.util import uuid_from_time
 
-from services.api.batches import build_batch
+from services.api.sending import build_batch
 from shared import validation
 from shared.acceptance import Acceptance
 from shared.batchstore import BatchStore, NewBatch
@@ -69,7 +69,9 @@ async def test_api_killed_after_claiming_the_key_the_retry_finishes_the_same_bat
     raw, key = _body(to), uuid.uuid4().hex
     claimed_id = uuid_from_time(time.time())
     keys = IdempotencyStore(stack.db, lease=stack.settings.api.idempotency_lease)
-    await keys.claim(stack.user_id, key, validation.body_hash(raw), claimed_id, uuid.uuid4())
+    await keys.claim(
+        stack.user_id, key, validation.body_hash(orjson.loads(raw)), claimed_id, uuid.uuid4()
+    )
 
     status, body = await _post(stack, raw, key)
     assert status == 409 and body["error"]["code"] == "idempotency_in_progress"  # type: ignore[index]
@@ -91,7 +93,11 @@ async def test_api_killed_after_storing_the_batch_the_retry_returns_it(stack: St
     raw, key = _body(to), uuid.uuid4().hex
     keys = IdempotencyStore(stack.db, lease=60)
     claim = await keys.claim(
-        stack.user_id, key, validation.body_hash(raw), uuid_from_time(time.time()), uuid.uuid4()
+        stack.user_id,
+        key,
+        validation.body_hash(orjson.loads(raw)),
+        uuid_from_time(time.time()),
+        uuid.uuid4(),
     )
     batch_id = claim.batch_id
     # What the dead request had done: its batch stored under the claimed id, nothing else.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
@@ -187,6 +188,17 @@ async def test_another_users_batch_is_404(api: httpx.AsyncClient, key: str, db: 
 
     assert resp.status_code == 404
     assert missing.status_code == 404
+
+
+@pytest.mark.parametrize("path", ["/v1/batches/{id}", "/v1/batches/{id}/logs"])
+async def test_a_uuid_that_is_not_a_time_uuid_names_no_batch(
+    api: httpx.AsyncClient, key: str, path: str
+) -> None:
+    """Batch ids are time UUIDs; any other UUID is a 404, not a database error."""
+    resp = await api.get(path.format(id=uuid.uuid4()), headers=auth(key))
+
+    assert resp.status_code == 404
+    assert resp.json()["error"]["code"] == "not_found"
 
 
 async def test_revoked_key_stops_working(api: httpx.AsyncClient, db: Database) -> None:

@@ -821,24 +821,21 @@ def test_invalid_cc_and_bcc(overrides: dict[str, object], field: str, message: s
 # -- body_hash --------------------------------------------------------------------------------
 
 
-def test_body_hash_ignores_key_order_and_whitespace() -> None:
-    """Bodies equal as JSON hash the same."""
-    first = b'{"to": ["a@x.org"], "from": "b@x.org", "metadata": {"b": "1", "a": "2"}}'
-    second = b'{"from":"b@x.org","metadata":{"a":"2","b":"1"},"to":["a@x.org"]}'
+def test_body_hash_ignores_key_order() -> None:
+    """Bodies equal as JSON hash the same, however their keys were ordered on the wire."""
+    first = orjson.loads(
+        b'{"to": ["a@x.org"], "from": "b@x.org", "metadata": {"b": "1", "a": "2"}}'
+    )
+    second = orjson.loads(b'{"from":"b@x.org","metadata":{"a":"2","b":"1"},"to":["a@x.org"]}')
     assert body_hash(first) == body_hash(second)
 
 
 def test_body_hash_differs_for_different_bodies() -> None:
     """A changed value changes the hash."""
-    assert body_hash(b'{"subject": "a"}') != body_hash(b'{"subject": "b"}')
+    assert body_hash({"subject": "a"}) != body_hash({"subject": "b"})
 
 
 def test_body_hash_is_sha256_of_the_canonical_json() -> None:
-    """The hash is the 32-byte SHA-256 of the sorted-keys orjson encoding."""
-    assert body_hash(b'{"b": 1, "a": [2]}') == hashlib.sha256(b'{"a":[2],"b":1}').digest()
-
-
-def test_body_hash_refuses_invalid_json() -> None:
-    """A body that is not JSON raises ValueError (orjson's, saying what it choked on)."""
-    with pytest.raises(orjson.JSONDecodeError, match="unexpected character"):
-        body_hash(b"{not json")
+    """The hash is the 32-byte SHA-256 of the sorted-keys orjson encoding (as stored by
+    earlier releases, so their keys still match)."""
+    assert body_hash({"b": 1, "a": [2]}) == hashlib.sha256(b'{"a":[2],"b":1}').digest()

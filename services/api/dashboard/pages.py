@@ -25,16 +25,15 @@ from typing import Any
 from urllib.parse import urlencode
 
 import jinja2
-import orjson
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from services.api import batches as batch_api
 from services.api import queries
 from services.api.dashboard import views
+from services.api.sending import Sending
 from services.api.sessions import (
     LoginRequired,
     SessionUser,
@@ -392,7 +391,8 @@ async def accept_body(
     request: Request, user_id: uuid.UUID, body: dict[str, Any], idem: str | None
 ) -> dict[str, Any]:
     """Accept a batch body exactly as ``POST /v1/batches`` does after authentication."""
-    return await batch_api.accept_batch(request, user_id, body, orjson.dumps(body), idem)
+    sending: Sending = request.app.state.sending
+    return await sending.accept(user_id, body, idem)
 
 
 @page

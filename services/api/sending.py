@@ -1,0 +1,257 @@
+"""Accepting a batch: the one use case under ``POST /v1/batches``, the dashboard's send form
+and the original's ``POST /api/batch``.
+
+It works on plain data: a user id, the request body as decoded JSON-shaped values (each
+interface builds that from its own wire format), and an optional Idempotency-Key. It
+answers the 202 body as a dict, or raises :class:`~shared.http.ApiError` (409, 422, 429,
+503) for the interface to render in its own shape.
+
+A 202 means the batch, its chunks and their recipients are in Cassandra and either the
+broker confirmed ``batch.<uuid>`` or the outbox row guarantees the relay will publish it
+(``shared.acceptance``). Once a batch is stored, nothing turns its answer into an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from typing import Any
+
+import orjson
+from cassandra.util import uuid_from_time
+
+from shared import validation
+from shared.acceptance import Acceptance
+from shared.background import Background
+from shared.batchstore import BatchStore, NewBatch
+from shared.config import Settings
+from shared.errors import DependencyUnavailable
+from shared.http import ApiError
+from shared.idempotency import Existing, IdempotencyStore
+from shared.metrics import ApiMetrics
+from shared.providers.limits import chunk_size
+from shared.ratelimit import RecipientQuota
+from shared.suppressions import SuppressionStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Sending:
+    """What accepting a batch needs, built once per process by the app's lifespan."""
+
+    settings: Settings
+    acceptance: Acceptance
+    batches: BatchStore
+    suppressions: SuppressionStore
+    idempotency: IdempotencyStore
+    quota: RecipientQuota
+    metrics: ApiMetrics
+    background: Background
+
+    async def accept(self, user_id: uuid.UUID, body: object, idem: str | None) -> dict[str, Any]:
+        """Validate, drop suppressed recipients, honour the Idempotency-Key (a repeat gets
+        the first answer), charge the daily quota and accept durably. Raises ApiError
+        409/422/429, and 503 when a dependency is down before the batch is stored."""
+        try:
+            parsed = validation.parse_batch_request(
+                body, max_recipients=self.settings.api.max_recipients
+            )
+        except validation.InvalidRequest as exc:
+            raise ApiError(422, exc.code, str(exc), fields=exc.fields) from exc
+        parsed = await self._drop_suppressed(user_id, parsed)
+        if idem is None:
+            return await self._accept_once(user_id, uuid_from_time(time.time()), parsed)
+        owner = uuid.uuid4()
+        claim = await self.idempotency.claim(
+            user_id, idem, validation.body_hash(body), uuid_from_time(time.time()), owner
+        )
+        if isinstance(claim, Existing):
+            return await self._repeat(user_id, idem, claim, owner, parsed)
+        return await self._accept_keyed(user_id, idem, claim.batch_id, owner, parsed)
+
+    async def _repeat(
+        self,
+        user_id: uuid.UUID,
+        idem: str,
+        claim: Existing,
+        owner: uuid.UUID,
+        parsed: validation.BatchRequest,
+    ) -> dict[str, Any]:
+        """A request whose key was claimed before: the stored answer, or finish the batch."""
+        if not claim.same_body:
+            raise ApiError(
+                409, "idempotency_conflict", "this Idempotency-Key was used with a different body"
+            )
+        if claim.response is not None:
+            first: dict[str, Any] = orjson.loads(claim.response)
+            return first
+        # In progress, or its holder failed or died: whatever happened, a stored batch is the
+        # answer (finishing its acceptance if it stopped part-way).
+        header = await self.acceptance.finish(claim.batch_id)
+        if header is not None and header.response is not None:
+            await self._complete_quietly(user_id, idem, header.response)
+            stored: dict[str, Any] = orjson.loads(header.response)
+            return stored
+        now = datetime.now(UTC)
+        if not claim.expired(now) or not await self.idempotency.take_over(
+            user_id, idem, claim, owner
+        ):
+            wait = (claim.lease_until - now).total_seconds() if claim.lease_until else 1.0
+            raise ApiError(
+                409,
+                "idempotency_in_progress",
+                "a request with this Idempotency-Key is still being processed; retry",
+                headers={"Retry-After": str(max(1, math.ceil(wait)))},
+            )
+        return await self._accept_keyed(user_id, idem, claim.batch_id, owner, parsed)
+
+    async def _accept_keyed(
+        self,
+        user_id: uuid.UUID,
+        idem: str,
+        batch_id: uuid.UUID,
+        owner: uuid.UUID,
+        parsed: validation.BatchRequest,
+    ) -> dict[str, Any]:
+        """Accept under a claimed key. The claim is released only when nothing can have been
+        stored (the quota refused the batch); after any other failure it stays, so the
+        client's retry finds the batch if it was stored, or takes the claim over once its
+        lease ends."""
+        try:
+            response = await self._accept_once(user_id, batch_id, parsed, keyed=True)
+        except ApiError as exc:
+            if exc.status == 429:
+                await self._release_quietly(user_id, idem, owner)
+            raise
+        await self._complete_quietly(user_id, idem, orjson.dumps(response))
+        return response
+
+    async def _accept_once(
+        self,
+        user_id: uuid.UUID,
+        batch_id: uuid.UUID,
+        parsed: validation.BatchRequest,
+        *,
+        keyed: bool = False,
+    ) -> dict[str, Any]:
+        """Charge the recipients to today's quota (429 when over), store, publish.
+
+        A failure while storing refunds the quota and answers 503. Without an
+        Idempotency-Key the batch is also cancelled, best effort, in case the failed write
+        lands later: the client was told it was not accepted. With a key the client's retry
+        finishes it instead.
+        """
+        started = time.perf_counter()
+        count = len(parsed.recipients)
+        verdict, day = await self.quota.consume(user_id, count)
+        if not verdict.allowed:
+            raise ApiError(
+                429,
+                "quota_exceeded",
+                f"this batch would pass the daily quota of {self.quota.daily_limit} recipients",
+                headers={"Retry-After": str(verdict.retry_after)},
+            )
+        response = answer(batch_id, parsed)
+        batch = build_batch(self.settings, user_id, batch_id, parsed, response)
+        try:
+            await self.acceptance.store(batch)
+        except DependencyUnavailable:
+            await self._after_failed_store(user_id, batch_id, count, day, cancel=not keyed)
+            raise
+        # Stored: from here on nothing may turn this into an error (the relay publishes if
+        # the broker does not confirm now).
+        if await self.acceptance.publish(batch_id):
+            self.background.spawn(self.acceptance.outbox.done(batch_id))
+        else:
+            self.metrics.deferred_publishes.inc()
+        self.metrics.batches.inc()
+        self.metrics.recipients.inc(count)
+        self.metrics.accept_seconds.observe(time.perf_counter() - started)
+        return response
+
+    async def _after_failed_store(
+        self, user_id: uuid.UUID, batch_id: uuid.UUID, count: int, day: date, *, cancel: bool
+    ) -> None:
+        try:
+            if cancel:
+                await self.batches.cancel(batch_id, user_id)
+            await self.quota.refund(user_id, count, day)
+        except DependencyUnavailable:
+            log.warning(
+                "batch %s: could not cancel it or refund its quota after a failure", batch_id
+            )
+
+    async def _drop_suppressed(
+        self, user_id: uuid.UUID, parsed: validation.BatchRequest
+    ) -> validation.BatchRequest:
+        """Remove addresses on the user's suppression list; none left is a 422."""
+        listed = await self.suppressions.suppressed(user_id, (r.email for r in parsed.recipients))
+        if not listed:
+            return parsed
+        keep = tuple(r for r in parsed.recipients if r.email.lower() not in listed)
+        suppressed = (
+            *parsed.suppressed,
+            *(r.email for r in parsed.recipients if r.email.lower() in listed),
+        )
+        if not keep:
+            raise ApiError(
+                422,
+                "no_recipients",
+                "every recipient is suppressed or rejected",
+                fields={
+                    "to": f"no deliverable recipient: {len(suppressed)} suppressed, "
+                    f"{len(parsed.rejected)} rejected"
+                },
+            )
+        return dataclasses.replace(parsed, recipients=keep, suppressed=suppressed)
+
+    async def _complete_quietly(self, user_id: uuid.UUID, idem: str, response: bytes) -> None:
+        # The batch is stored: a failure here must not turn its 202 into an error. The key
+        # stays in progress, and a retry finds the stored batch and its answer.
+        try:
+            await self.idempotency.complete(user_id, idem, response)
+        except DependencyUnavailable:
+            log.warning("could not record the answer of Idempotency-Key %r", idem)
+
+    async def _release_quietly(self, user_id: uuid.UUID, idem: str, owner: uuid.UUID) -> None:
+        try:
+            await self.idempotency.release(user_id, idem, owner)
+        except DependencyUnavailable:
+            log.warning("could not release Idempotency-Key %r after a refused request", idem)
+
+
+def answer(batch_id: uuid.UUID, parsed: validation.BatchRequest) -> dict[str, Any]:
+    """The 202 body for a validated request stored under ``batch_id`` (pure)."""
+    return {
+        "batch_id": str(batch_id),
+        "accepted": len(parsed.recipients),
+        "suppressed": list(parsed.suppressed),
+        "rejected": [{"email": r.email, "reason": r.reason} for r in parsed.rejected],
+    }
+
+
+def build_batch(
+    settings: Settings,
+    user_id: uuid.UUID,
+    batch_id: uuid.UUID,
+    parsed: validation.BatchRequest,
+    response: dict[str, Any] | None = None,
+) -> NewBatch:
+    """The batch a validated request stores under ``batch_id``, with the 202 it answers."""
+    return NewBatch(
+        batch_id=batch_id,
+        user_id=user_id,
+        message=parsed.message,
+        recipients=parsed.recipients,
+        chunk_size=chunk_size(
+            settings.providers.chain_codes,
+            copies=len(parsed.message.cc) + len(parsed.message.bcc),
+        ),
+        response=orjson.dumps(response or answer(batch_id, parsed)),
+    )
