@@ -212,6 +212,13 @@ def _plain(text: str) -> str | None:
     return None
 
 
+def address_key(address: str) -> str:
+    """The one form under which an address is compared, de-duplicated, suppressed, located
+    and hashed into its log id: its lower case. (The local part is case-sensitive in
+    theory; no mailbox provider treats it so, and the original lowercased too.)"""
+    return address.lower()
+
+
 def normalize_email(text: str, *, ascii_only: bool = False) -> str:
     """Validate a bare address and return its normalised form.
 

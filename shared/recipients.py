@@ -31,6 +31,7 @@ import orjson
 from cassandra.query import BoundStatement, Statement
 
 from shared import precedence
+from shared.addresses import address_key
 from shared.db import Database, Row
 from shared.stats import StatsStore
 
@@ -64,7 +65,7 @@ class Addressee(Protocol):
 def log_id_for(batch_id: uuid.UUID, email: str) -> uuid.UUID:
     """The log id of ``email`` in a batch: a time-based UUID with the batch's time and a
     clock sequence and node derived from the address, so it is the same on every read."""
-    low = int.from_bytes(hashlib.sha256(batch_id.bytes + email.lower().encode()).digest()[:8])
+    low = int.from_bytes(hashlib.sha256(batch_id.bytes + address_key(email).encode()).digest()[:8])
     clock_seq, node = (low >> 48) & 0x3FFF, low & 0xFFFFFFFFFFFF
     return uuid.UUID(int=(batch_id.int >> 64 << 64) | ((0x8000 | clock_seq) << 48) | node)
 
@@ -331,7 +332,7 @@ class RecipientStore:
 
     async def locate(self, batch_id: uuid.UUID, email: str) -> tuple[int, uuid.UUID] | None:
         """The chunk and log id of a batch's recipient, by address (case-insensitive)."""
-        wanted = email.lower()
+        wanted = address_key(email)
         rows = await self.db.all_pages(
             "SELECT chunk, log_id, recipients, email FROM batches WHERE batch_id = ?",
             (batch_id,),
@@ -340,9 +341,9 @@ class RecipientStore:
         for r in rows:
             if r["log_id"] == CHUNK_ROW:
                 for address, _, _ in decode_recipients(r["recipients"] or b"[]"):
-                    if address.lower() == wanted:
+                    if address_key(address) == wanted:
                         return r["chunk"], log_id_for(batch_id, address)
-            elif r["email"] is not None and r["email"].lower() == wanted:
+            elif r["email"] is not None and address_key(r["email"]) == wanted:
                 return r["chunk"], r["log_id"]
         return None
 

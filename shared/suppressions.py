@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from shared.addresses import address_key
 from shared.db import Database
 
 #: Addresses looked up per query when checking a batch's recipients.
@@ -31,27 +32,27 @@ class SuppressionStore:
         await self.db.execute(
             "INSERT INTO suppressions (user_id, email, reason, source, event_id, created_at) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            (user_id, email.lower(), reason, source, event_id or "", at or datetime.now(UTC)),
+            (user_id, address_key(email), reason, source, event_id or "", at or datetime.now(UTC)),
             idempotent=True,
         )
 
     async def remove(self, user_id: uuid.UUID, email: str) -> bool:
         row = await self.db.one(
             "SELECT email FROM suppressions WHERE user_id = ? AND email = ?",
-            (user_id, email.lower()),
+            (user_id, address_key(email)),
         )
         if row is None:
             return False
         await self.db.execute(
             "DELETE FROM suppressions WHERE user_id = ? AND email = ?",
-            (user_id, email.lower()),
+            (user_id, address_key(email)),
             idempotent=True,
         )
         return True
 
     async def suppressed(self, user_id: uuid.UUID, emails: Iterable[str]) -> dict[str, str]:
         """The subset of ``emails`` (compared lower-case) on the list, with their reasons."""
-        wanted = sorted({e.lower() for e in emails})
+        wanted = sorted({address_key(e) for e in emails})
         found: dict[str, str] = {}
         for i in range(0, len(wanted), LOOKUP_CHUNK):
             part = wanted[i : i + LOOKUP_CHUNK]

@@ -37,6 +37,7 @@ import orjson
 
 from shared.addresses import (
     AddressError,
+    address_key,
     display_name,
     normalize_email,
     parse_address,
@@ -387,7 +388,7 @@ def _copies(
         address = _address(item, item_path, errors)
         if address is None:
             continue
-        key = address.email.lower()
+        key = address_key(address.email)
         if key in taken or key in found:
             errors[item_path] = "is listed more than once across to, cc and bcc"
         else:
@@ -520,7 +521,7 @@ class _RecipientScan:
 
     def _add(self, path: str, recipient: RecipientInput) -> bool:
         """Keep a first occurrence; True when that goes over the cap."""
-        key = recipient.email.lower()
+        key = address_key(recipient.email)
         if key not in self.seen:
             self.seen[key] = path
             self.recipients.append((path, recipient))
@@ -544,7 +545,7 @@ class _RecipientScan:
             self.errors[path] = exc.reason
         else:
             rejected = Rejected(email=raw[:MAX_REJECTED_LENGTH], reason=exc.reason)
-            self.rejected.setdefault(raw.lower(), (path, rejected))
+            self.rejected.setdefault(address_key(raw), (path, rejected))
 
     def _object(self, item: dict[Any, Any], path: str) -> RecipientInput | None:
         failures = len(self.errors)

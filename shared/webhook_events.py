@@ -32,6 +32,7 @@ from typing import Any, Literal, get_args
 
 import orjson
 
+from shared.addresses import address_key
 from shared.errors import SafedelivrError
 from shared.models import ATTEMPT_ARG, OUTCOME_STATE, State
 
@@ -197,7 +198,7 @@ def parse_email(value: object) -> str | None:
     address = text(value, limit=320)
     if address is None or "@" not in address:
         return None
-    return address.lower()
+    return address_key(address)
 
 
 def parse_uuid(value: object) -> uuid.UUID | None:

@@ -10,7 +10,7 @@ from starlette.responses import Response
 from services.api.auth import require_key
 from services.api.queries import decode_cursor, encode_cursor, page_limit
 from shared import accounts
-from shared.addresses import AddressError, normalize_email
+from shared.addresses import AddressError, address_key, normalize_email
 from shared.http import JSON, ApiError, read_json
 from shared.stats import MAX_RANGE_DAYS, StatsStore, zero_filled
 from shared.suppressions import SuppressionStore
@@ -55,7 +55,7 @@ async def add_suppression(request: Request) -> Response:
     except AddressError as exc:
         raise ApiError(422, "invalid_fields", "bad address", fields={"email": exc.reason}) from exc
     await request.app.state.suppressions.add(key.user_id, email, reason=reason, source="api")
-    return JSON({"email": email.lower(), "reason": reason}, status_code=201)
+    return JSON({"email": address_key(email), "reason": reason}, status_code=201)
 
 
 async def delete_suppression(request: Request) -> Response:

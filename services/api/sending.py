@@ -27,6 +27,7 @@ from cassandra.util import uuid_from_time
 
 from shared import validation
 from shared.acceptance import Acceptance
+from shared.addresses import address_key
 from shared.background import Background
 from shared.batchstore import BatchStore, NewBatch
 from shared.config import Settings
@@ -194,10 +195,10 @@ class Sending:
         listed = await self.suppressions.suppressed(user_id, (r.email for r in parsed.recipients))
         if not listed:
             return parsed
-        keep = tuple(r for r in parsed.recipients if r.email.lower() not in listed)
+        keep = tuple(r for r in parsed.recipients if address_key(r.email) not in listed)
         suppressed = (
             *parsed.suppressed,
-            *(r.email for r in parsed.recipients if r.email.lower() in listed),
+            *(r.email for r in parsed.recipients if address_key(r.email) in listed),
         )
         if not keep:
             raise ApiError(

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from services.consumers import protocol
+from shared.addresses import address_key
 from shared.attempts import Attempt, find
 from shared.errors import ProviderError, TransientProviderError
 from shared.providers.base import LookupQuery
@@ -45,7 +46,7 @@ class Resolver:
             return False
         everyone = await d.follow.rows(job)
         rows = d.follow.waiting(job, everyone, job.attempt)
-        by_email = {r["email"].lower(): r for r in rows}
+        by_email = {address_key(r["email"]): r for r in rows}
         started = current.calling_at or current.created_at
         age = (d.now() - started).total_seconds()
         lookup: protocol.Lookup = None

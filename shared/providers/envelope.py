@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
+from shared.addresses import address_key
 from shared.errors import PermanentProviderError
 from shared.models import Address, Chunk, Recipient
 
@@ -67,7 +68,7 @@ def copies(chunk: Chunk) -> tuple[tuple[Address, ...], tuple[Address, ...]]:
     message = chunk.message
     if chunk.index != 0 or message.bulk:
         return (), ()
-    seen = {r.email.lower() for r in chunk.recipients}
+    seen = {address_key(r.email) for r in chunk.recipients}
     cc = _unseen(message.cc, seen)
     bcc = _unseen(message.bcc, seen)
     return cc, bcc
@@ -96,7 +97,7 @@ def replace_keys(text: str, replacements: Mapping[str, str]) -> str:
 def _unseen(addresses: Iterable[Address], seen: set[str]) -> tuple[Address, ...]:
     kept = []
     for address in addresses:
-        key = address.email.lower()
+        key = address_key(address.email)
         if key not in seen:
             seen.add(key)
             kept.append(address)

@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 import orjson
 
+from shared.addresses import address_key
 from shared.config import ProviderSettings
 from shared.errors import ProviderError, ProviderMisconfigured, TransientProviderError
 from shared.models import ATTEMPT_ARG, Chunk
@@ -265,7 +266,7 @@ def _matching(items: list[Any], query: LookupQuery) -> set[str]:
         if not isinstance(variables, dict):
             continue
         if all(str(variables.get(k)) == v for k, v in want.items()):
-            out.add(str(item.get("recipient", "")).lower())
+            out.add(address_key(str(item.get("recipient", ""))))
     return out
 
 

@@ -52,6 +52,7 @@ from sendgrid.helpers.mail import (
 )
 from sendgrid.helpers.mail.exceptions import ApiKeyIncludedException
 
+from shared.addresses import address_key
 from shared.config import ProviderSettings
 from shared.errors import (
     PermanentProviderError,
@@ -135,7 +136,7 @@ class _Personalization(Personalization):  # type: ignore[misc]  # sendgrid is un
         seen: set[str] = set()
         unique = []
         for to in self._tos:
-            key = to["email"].lower()
+            key = address_key(to["email"])
             if key not in seen:
                 seen.add(key)
                 unique.append(to)
@@ -256,7 +257,7 @@ class SendGridProvider:
         messages = self._activity(" AND ".join(clauses), ACTIVITY_LIMIT)
         if messages is None:
             return None
-        found = {str(m.get("to_email", "")).lower() for m in messages if isinstance(m, dict)}
+        found = {address_key(str(m.get("to_email", ""))) for m in messages if isinstance(m, dict)}
         return frozenset(found & query.emails)
 
     def _activity(self, query: str, limit: int) -> list[Any] | None:

@@ -43,7 +43,7 @@ from services.api.sessions import (
     verify_csrf,
 )
 from shared import accounts
-from shared.addresses import AddressError, normalize_email
+from shared.addresses import AddressError, address_key, normalize_email
 from shared.batchstore import BatchHeader, BatchStore
 from shared.config import Settings
 from shared.db import Database
@@ -537,7 +537,7 @@ async def suppressions(request: Request) -> Response:
     if errors:
         return await _suppressions_page(request, user, status=422, errors=errors, values=values)
     await _state(request).suppressions.add(user.user_id, email, reason=reason, source="dashboard")
-    return see_other("/suppressions", added=email.lower())
+    return see_other("/suppressions", added=address_key(email))
 
 
 @page
@@ -547,8 +547,8 @@ async def remove_suppression(request: Request) -> Response:
     email = form.get("email", "").strip()
     store: SuppressionStore = _state(request).suppressions
     if email and await store.remove(user.user_id, email):
-        return see_other("/suppressions", removed=email.lower())
-    return see_other("/suppressions", absent=email.lower())
+        return see_other("/suppressions", removed=address_key(email))
+    return see_other("/suppressions", absent=address_key(email))
 
 
 # --------------------------------------------------------------------------- routes
