@@ -10,7 +10,7 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export PYTHON := $(PY)
 
-.PHONY: help install run test test-unit test-integration env-example lint fmt typecheck all services-up \
+.PHONY: help install run test test-unit test-integration env-example openapi lint fmt typecheck all services-up \
         services-down services-status migrate topology bench chaos cov mutate clean
 
 help: ## list the targets
@@ -40,6 +40,9 @@ test-unit: install ## pure-logic tests only (no services)
 
 test-integration: install services-up ## the tests that need RabbitMQ and Cassandra (contracts, integration, browser)
 	$(PY) -m pytest tests/contracts tests/integration tests/browser $(PYTEST_ARGS)
+
+openapi: install ## rewrite the committed services/api/openapi.json from the models and the route table
+	$(PY) -c "import json; from services.api.openapi import document; print(json.dumps(document(), indent=2, sort_keys=True))" > services/api/openapi.json
 
 env-example: install ## rewrite .env.example from the settings model and the deploy scripts
 	$(PY) -c "from shared.envexample import render; print(render(), end='')" > .env.example

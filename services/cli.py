@@ -14,6 +14,7 @@ import sys
 import uuid
 from collections.abc import Callable, Sequence
 
+from services import usercli
 from shared.config import Settings, load_settings
 from shared.errors import ConfigError, DependencyUnavailable
 from shared.logs import configure_logging
@@ -248,9 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = dead_sub.add_parser(name, help=help_)
         p.add_argument("--limit", type=int, default=100)
         p.set_defaults(func=cmd_dead)
-    stats = sub.add_parser("stats", help="daily stats tools").add_subparsers(
-        dest="stats_command", required=True
-    )
+    stats_parser = sub.add_parser("stats", help="your daily stats (and `stats reconcile`)")
+    stats = stats_parser.add_subparsers(dest="stats_command", required=False)
     reconcile = stats.add_parser("reconcile", help="recount a day's rollups from its outcome rows")
     reconcile.add_argument("--day", required=True, type=_day, help="UTC day, YYYY-MM-DD")
     reconcile.add_argument("--user", type=_user, help="only this user (id); default everyone")
@@ -273,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--limit", type=int, default=1000, help="most violations printed")
     check.set_defaults(func=cmd_check)
+    usercli.add_commands(sub, stats_parser)
     return parser
 
 

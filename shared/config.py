@@ -314,6 +314,17 @@ class GitHubSettings(BaseSettings):
         return self.api_base_url.rstrip("/")
 
 
+class ClientSettings(BaseSettings):
+    """The ``safedelivr send|batches|logs|stats`` commands, which call a running API."""
+
+    model_config = _config("CLIENT")
+
+    api_url: str | None = None
+    """The API's base URL (default: SAFEDELIVR_API_PUBLIC_URL)."""
+    api_key: SecretStr | None = None
+    """The API key the commands authenticate with."""
+
+
 class Settings(BaseSettings):
     """Every section, validated together at start-up."""
 
@@ -330,6 +341,7 @@ class Settings(BaseSettings):
     stats: StatsSettings = Field(default_factory=StatsSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     github: GitHubSettings = Field(default_factory=GitHubSettings)
+    client: ClientSettings = Field(default_factory=ClientSettings)
 
 
 #: Every section by its variables' infix (``SAFEDELIVR_<SECTION>_<FIELD>``).
@@ -343,6 +355,7 @@ SECTIONS: dict[str, type[BaseSettings]] = {
     "STATS": StatsSettings,
     "SANDBOX": SandboxSettings,
     "GITHUB": GitHubSettings,
+    "CLIENT": ClientSettings,
 }
 
 

@@ -15,6 +15,7 @@ from starlette.routing import Route
 
 from services.api import account, batches, oauth
 from services.api.dashboard import create_templates, dashboard_routes
+from services.api.openapi import openapi_json
 from services.api.original import original_routes
 from services.api.sending import Sending
 from services.api.sessions import LoginRequired, login_required_response
@@ -84,6 +85,7 @@ def create_app(settings: Settings) -> Starlette:
                 await state.background.drain()
 
     routes = [
+        Route("/v1/openapi.json", openapi_json, methods=["GET"]),
         Route("/v1/batches", batches.submit, methods=["POST"]),
         Route("/v1/batches", batches.list_batches, methods=["GET"]),
         Route("/v1/batches/{batch_id}", batches.get_batch, methods=["GET"]),

@@ -24,7 +24,9 @@ from typing import Any
 
 import orjson
 from cassandra.util import uuid_from_time
+from pydantic import ValidationError
 
+from services.api.schema import BatchIn, field_errors
 from shared import validation
 from shared.acceptance import Acceptance
 from shared.addresses import address_key
@@ -59,12 +61,7 @@ class Sending:
         """Validate, drop suppressed recipients, honour the Idempotency-Key (a repeat gets
         the first answer), charge the daily quota and accept durably. Raises ApiError
         409/422/429, and 503 when a dependency is down before the batch is stored."""
-        try:
-            parsed = validation.parse_batch_request(
-                body, max_recipients=self.settings.api.max_recipients
-            )
-        except validation.InvalidRequest as exc:
-            raise ApiError(422, exc.code, str(exc), fields=exc.fields) from exc
+        parsed = self._validated(body)
         parsed = await self._drop_suppressed(user_id, parsed)
         if idem is None:
             return await self._accept_once(user_id, uuid_from_time(time.time()), parsed)
@@ -75,6 +72,25 @@ class Sending:
         if isinstance(claim, Existing):
             return await self._repeat(user_id, idem, claim, owner, parsed)
         return await self._accept_keyed(user_id, idem, claim.batch_id, owner, parsed)
+
+    def _validated(self, body: object) -> validation.BatchRequest:
+        """The body checked against the schema (``schema.BatchIn``), then by the rules a
+        schema cannot state. Field errors are worded by ``shared.validation`` whenever it
+        finds the problem too (it walks the whole body and names every field)."""
+        shape: dict[str, str] | None = None
+        try:
+            BatchIn.model_validate(body)
+        except ValidationError as exc:
+            shape = field_errors(exc)
+        try:
+            parsed = validation.parse_batch_request(
+                body, max_recipients=self.settings.api.max_recipients
+            )
+        except validation.InvalidRequest as exc:
+            raise ApiError(422, exc.code, str(exc), fields=exc.fields) from exc
+        if shape is not None:
+            raise ApiError(422, "invalid_fields", "the request has invalid fields", fields=shape)
+        return parsed
 
     async def _repeat(
         self,

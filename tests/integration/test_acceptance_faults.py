@@ -5,6 +5,7 @@ failed (a 5xx without a key) is never sent."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -119,7 +120,8 @@ async def test_a_failure_after_the_batch_is_stored_is_still_a_202(stack: Stack) 
     raw, key = _body(to), uuid.uuid4().hex
     api = stack.api_app.state
     faulty = FaultyDatabase(api.resources.db, before("SET response = ?"))
-    api.idempotency = IdempotencyStore(faulty, lease=stack.settings.api.idempotency_lease)
+    keys = IdempotencyStore(faulty, lease=stack.settings.api.idempotency_lease)
+    api.sending = dataclasses.replace(api.sending, idempotency=keys)
 
     status, first = await _post(stack, raw, key)
     again_status, again = await _post(stack, raw, key)

@@ -31,8 +31,9 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from services.api import queries
+from services.api import openapi, queries
 from services.api.dashboard import views
+from services.api.openapi import openapi_doc
 from services.api.sending import Sending
 from services.api.sessions import (
     LoginRequired,
@@ -89,6 +90,7 @@ _NAV = (
     ("/send", "Send", "send"),
     ("/keys", "API keys", "keys"),
     ("/suppressions", "Suppressions", "suppressions"),
+    ("/v1/docs", "API", "docs"),
 )
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -269,6 +271,19 @@ async def login(request: Request) -> Response:
             "error": error[:200] if error else None,
         },
     )
+
+
+@page
+async def api_docs(request: Request) -> Response:
+    """The API reference, rendered here from ``/v1/openapi.json`` (no script, no CDN)."""
+    user = await current_user(request)
+    request.state.user = user
+    context = {
+        "title": "API reference",
+        "active": "docs",
+        **openapi.reference(openapi_doc(request)),
+    }
+    return render(request, "api_docs.html", context)
 
 
 @page
@@ -562,6 +577,7 @@ def dashboard_routes() -> list[BaseRoute]:
         Route("/batches", batch_list, methods=["GET"], name="dashboard_batches"),
         Route("/batches/{batch_id}", batch_detail, methods=["GET"], name="dashboard_batch"),
         Route("/send", send, methods=["GET", "POST"], name="dashboard_send"),
+        Route("/v1/docs", api_docs, methods=["GET"], name="api_docs"),
         Route("/keys", keys, methods=["GET", "POST"], name="dashboard_keys"),
         Route("/keys/{key_id}/revoke", revoke_key, methods=["POST"], name="dashboard_revoke"),
         Route("/suppressions", suppressions, methods=["GET", "POST"], name="dashboard_supp"),

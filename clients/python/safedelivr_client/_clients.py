@@ -1,0 +1,334 @@
+"""``Client`` (sync) and ``AsyncClient``: the same methods over ``httpx``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from types import TracebackType
+from typing import Any, cast
+
+import httpx
+
+from ._core import (
+    Accepted,
+    Address,
+    ApiError,
+    BatchItem,
+    KeyCreated,
+    LogEntry,
+    Page,
+    Recipient,
+    Request,
+    StatsDay,
+    page_params,
+    quoted,
+    send_request,
+    wait_before_retry,
+)
+
+_USER_AGENT = "safedelivr-client/0.1"
+
+
+def _headers(api_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}", "User-Agent": _USER_AGENT}
+
+
+def _result(response: httpx.Response) -> Any:
+    if response.status_code >= 400:
+        raise ApiError.from_response(response)
+    return None if response.status_code == 204 else response.json()
+
+
+class Client:
+    """The Safedelivr API, synchronously. Use as a context manager (or call ``close``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 30.0,
+        max_retries: int = 3,
+        max_wait: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.Client(
+            base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport
+        )
+        self.max_retries = max_retries
+        self.max_wait = max_wait
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, request: Request) -> Any:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self._http.request(
+                    request.method,
+                    request.path,
+                    params=request.params,
+                    json=request.json,
+                    headers=request.headers,
+                )
+            except httpx.TransportError:
+                wait = wait_before_retry(
+                    request, attempt, None, max_retries=self.max_retries, max_wait=self.max_wait
+                )
+                if wait is None:
+                    raise
+            else:
+                wait = wait_before_retry(
+                    request, attempt, response, max_retries=self.max_retries, max_wait=self.max_wait
+                )
+                if wait is None:
+                    return _result(response)
+            time.sleep(wait)
+
+    # -- batches
+
+    def send(
+        self,
+        sender: Address,
+        to: str | Sequence[Recipient],
+        subject: str,
+        *,
+        html: str | None = None,
+        text: str | None = None,
+        idempotency_key: str | None = None,
+        **more: Any,
+    ) -> Accepted:
+        """Submit a batch (``POST /v1/batches``). ``more`` takes the other fields: ``cc``,
+        ``bcc``, ``reply_to``, ``headers``, ``bulk``, ``categories``, ``metadata``."""
+        request = send_request(
+            sender,
+            to,
+            subject,
+            html=html,
+            text=text,
+            idempotency_key=idempotency_key,
+            more=more,
+        )
+        return cast(Accepted, self._call(request))
+
+    def batches(self, *, limit: int | None = None, cursor: str | None = None) -> Page:
+        return cast(Page, self._call(Request("GET", "/v1/batches", page_params(limit, cursor))))
+
+    def iter_batches(self) -> Iterator[BatchItem]:
+        cursor: str | None = None
+        while True:
+            page = self.batches(cursor=cursor)
+            yield from page["data"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
+
+    def batch(self, batch_id: str) -> dict[str, Any]:
+        return cast(dict[str, Any], self._call(Request("GET", f"/v1/batches/{quoted(batch_id)}")))
+
+    def logs(
+        self,
+        batch_id: str,
+        *,
+        state: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page:
+        params = page_params(limit, cursor, state=state)
+        return cast(
+            Page, self._call(Request("GET", f"/v1/batches/{quoted(batch_id)}/logs", params))
+        )
+
+    def iter_logs(self, batch_id: str, *, state: str | None = None) -> Iterator[LogEntry]:
+        cursor: str | None = None
+        while True:
+            page = self.logs(batch_id, state=state, cursor=cursor)
+            yield from page["data"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
+
+    # -- stats, suppressions, keys
+
+    def stats(self, *, start: str | None = None, end: str | None = None) -> list[StatsDay]:
+        params = page_params(None, None, **{"from": start, "to": end})
+        return cast(list[StatsDay], self._call(Request("GET", "/v1/stats", params))["data"])
+
+    def suppressions(self, *, limit: int | None = None, cursor: str | None = None) -> Page:
+        return cast(
+            Page, self._call(Request("GET", "/v1/suppressions", page_params(limit, cursor)))
+        )
+
+    def suppress(self, email: str, reason: str = "manual") -> dict[str, str]:
+        body = {"email": email, "reason": reason}
+        return cast(dict[str, str], self._call(Request("POST", "/v1/suppressions", json=body)))
+
+    def unsuppress(self, email: str) -> None:
+        self._call(Request("DELETE", f"/v1/suppressions/{quoted(email)}"))
+
+    def keys(self) -> list[dict[str, Any]]:
+        return cast(list[dict[str, Any]], self._call(Request("GET", "/v1/keys"))["data"])
+
+    def create_key(self, name: str) -> KeyCreated:
+        request = Request("POST", "/v1/keys", json={"name": name}, safe_to_repeat=False)
+        return cast(KeyCreated, self._call(request))
+
+    def revoke_key(self, key_id: str) -> None:
+        self._call(Request("DELETE", f"/v1/keys/{quoted(key_id)}"))
+
+
+class AsyncClient:
+    """The Safedelivr API for asyncio: the methods of :class:`Client`, awaited."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 30.0,
+        max_retries: int = 3,
+        max_wait: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.AsyncClient(
+            base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport
+        )
+        self.max_retries = max_retries
+        self.max_wait = max_wait
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, request: Request) -> Any:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = await self._http.request(
+                    request.method,
+                    request.path,
+                    params=request.params,
+                    json=request.json,
+                    headers=request.headers,
+                )
+            except httpx.TransportError:
+                wait = wait_before_retry(
+                    request, attempt, None, max_retries=self.max_retries, max_wait=self.max_wait
+                )
+                if wait is None:
+                    raise
+            else:
+                wait = wait_before_retry(
+                    request, attempt, response, max_retries=self.max_retries, max_wait=self.max_wait
+                )
+                if wait is None:
+                    return _result(response)
+            await asyncio.sleep(wait)
+
+    async def send(
+        self,
+        sender: Address,
+        to: str | Sequence[Recipient],
+        subject: str,
+        *,
+        html: str | None = None,
+        text: str | None = None,
+        idempotency_key: str | None = None,
+        **more: Any,
+    ) -> Accepted:
+        request = send_request(
+            sender,
+            to,
+            subject,
+            html=html,
+            text=text,
+            idempotency_key=idempotency_key,
+            more=more,
+        )
+        return cast(Accepted, await self._call(request))
+
+    async def batches(self, *, limit: int | None = None, cursor: str | None = None) -> Page:
+        request = Request("GET", "/v1/batches", page_params(limit, cursor))
+        return cast(Page, await self._call(request))
+
+    async def iter_batches(self) -> AsyncIterator[BatchItem]:
+        cursor: str | None = None
+        while True:
+            page = await self.batches(cursor=cursor)
+            for item in page["data"]:
+                yield item
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
+
+    async def batch(self, batch_id: str) -> dict[str, Any]:
+        request = Request("GET", f"/v1/batches/{quoted(batch_id)}")
+        return cast(dict[str, Any], await self._call(request))
+
+    async def logs(
+        self,
+        batch_id: str,
+        *,
+        state: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page:
+        params = page_params(limit, cursor, state=state)
+        request = Request("GET", f"/v1/batches/{quoted(batch_id)}/logs", params)
+        return cast(Page, await self._call(request))
+
+    async def iter_logs(
+        self, batch_id: str, *, state: str | None = None
+    ) -> AsyncIterator[LogEntry]:
+        cursor: str | None = None
+        while True:
+            page = await self.logs(batch_id, state=state, cursor=cursor)
+            for entry in page["data"]:
+                yield entry
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
+
+    async def stats(self, *, start: str | None = None, end: str | None = None) -> list[StatsDay]:
+        params = page_params(None, None, **{"from": start, "to": end})
+        return cast(list[StatsDay], (await self._call(Request("GET", "/v1/stats", params)))["data"])
+
+    async def suppressions(self, *, limit: int | None = None, cursor: str | None = None) -> Page:
+        request = Request("GET", "/v1/suppressions", page_params(limit, cursor))
+        return cast(Page, await self._call(request))
+
+    async def suppress(self, email: str, reason: str = "manual") -> dict[str, str]:
+        request = Request("POST", "/v1/suppressions", json={"email": email, "reason": reason})
+        return cast(dict[str, str], await self._call(request))
+
+    async def unsuppress(self, email: str) -> None:
+        await self._call(Request("DELETE", f"/v1/suppressions/{quoted(email)}"))
+
+    async def keys(self) -> list[dict[str, Any]]:
+        return cast(list[dict[str, Any]], (await self._call(Request("GET", "/v1/keys")))["data"])
+
+    async def create_key(self, name: str) -> KeyCreated:
+        request = Request("POST", "/v1/keys", json={"name": name}, safe_to_repeat=False)
+        return cast(KeyCreated, await self._call(request))
+
+    async def revoke_key(self, key_id: str) -> None:
+        await self._call(Request("DELETE", f"/v1/keys/{quoted(key_id)}"))

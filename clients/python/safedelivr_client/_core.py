@@ -1,0 +1,204 @@
+"""What the sync and async clients share: the answer types, the error, request building and
+the retry rule (pure; no I/O here)."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypedDict
+
+import httpx
+
+#: The operations of ``/v1/openapi.json`` and the client method for each.
+OPERATIONS: Mapping[str, str] = {
+    "create_batch": "send",
+    "list_batches": "batches",
+    "get_batch": "batch",
+    "list_batch_logs": "logs",
+    "list_suppressions": "suppressions",
+    "create_suppression": "suppress",
+    "delete_suppression": "unsuppress",
+    "get_stats": "stats",
+    "list_keys": "keys",
+    "create_key": "create_key",
+    "revoke_key": "revoke_key",
+}
+
+#: Statuses the API documents as "retry after Retry-After".
+RETRIED = frozenset({429, 503})
+
+Address = str | Mapping[str, str]
+Recipient = str | Mapping[str, Any]
+
+
+class Rejected(TypedDict):
+    email: str
+    reason: str
+
+
+class Accepted(TypedDict):
+    batch_id: str
+    accepted: int
+    suppressed: list[str]
+    rejected: list[Rejected]
+
+
+class BatchItem(TypedDict):
+    batch_id: str
+    subject: str
+    recipients: int
+    created_at: str
+    status: str
+
+
+class Page(TypedDict):
+    data: list[Any]
+    next_cursor: str | None
+
+
+class LogEntry(TypedDict, total=False):
+    log_id: str
+    email: str
+    name: str | None
+    state: Literal["queued", "success", "failed"]
+    event: str
+    providers: dict[str, str]
+    status: dict[str, bool]
+    message_ids: dict[str, str]
+    reason: str | None
+    updated_at: str | None
+    attempts: list[dict[str, Any]]
+    resends: list[dict[str, Any]]
+    timeline: list[dict[str, Any]]
+
+
+class StatsDay(TypedDict):
+    date: str
+    queued: int
+    success: int
+    failed: int
+    bounced: int
+    complained: int
+    opened: int
+    clicked: int
+
+
+class KeyCreated(TypedDict):
+    key: str
+    name: str
+    note: str
+
+
+class ApiError(Exception):
+    """An error answer of the API: ``{"error": {"code", "message", "fields"?}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        fields: Mapping[str, str] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.fields = dict(fields or {})
+        self.retry_after = retry_after
+
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> ApiError:
+        try:
+            error = response.json()["error"]
+            code, message, fields = error["code"], error["message"], error.get("fields")
+        except (ValueError, KeyError, TypeError):
+            code, message, fields = "http_error", response.text[:200], None
+        return cls(response.status_code, code, message, fields, retry_after(response))
+
+
+@dataclass(frozen=True)
+class Request:
+    """One API call, ready for either transport."""
+
+    method: str
+    path: str
+    params: Mapping[str, str] | None = None
+    json: Any = None
+    headers: Mapping[str, str] | None = None
+    safe_to_repeat: bool = True
+    """Whether a connection failure may be retried (reads, and sends with their key)."""
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds form), if any."""
+    value = response.headers.get("retry-after", "")
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def wait_before_retry(
+    request: Request,
+    attempt: int,
+    response: httpx.Response | None,
+    *,
+    max_retries: int,
+    max_wait: float,
+) -> float | None:
+    """Seconds to wait before retry number ``attempt`` (1-based), or None not to retry.
+
+    Retried: an answer the API says to retry after (``429``, ``503``; its ``Retry-After``,
+    else a short backoff), and no answer at all (a connection failure). A request that is
+    not safe to repeat is retried only after a ``429``, which did nothing."""
+    if attempt > max_retries:
+        return None
+    status = None if response is None else response.status_code
+    if status is not None and status not in RETRIED:
+        return None
+    if not request.safe_to_repeat and status != 429:
+        return None
+    told = retry_after(response) if response is not None else None
+    backoff = min(max_wait, 0.5 * 2 ** (attempt - 1))
+    return min(max_wait, told) if told is not None else backoff
+
+
+def send_request(
+    sender: Address,
+    to: str | Sequence[Recipient],
+    subject: str,
+    *,
+    html: str | None,
+    text: str | None,
+    idempotency_key: str | None,
+    more: Mapping[str, Any],
+) -> Request:
+    body: dict[str, Any] = {"from": sender, "to": to if isinstance(to, str) else list(to)}
+    body["subject"] = subject
+    if html is not None:
+        body["html"] = html
+    if text is not None:
+        body["text"] = text
+    body.update(more)
+    key = idempotency_key or uuid.uuid4().hex
+    return Request("POST", "/v1/batches", json=body, headers={"Idempotency-Key": key})
+
+
+def page_params(limit: int | None, cursor: str | None, **more: str | None) -> dict[str, str]:
+    params = {k: v for k, v in more.items() if v is not None}
+    if limit is not None:
+        params["limit"] = str(limit)
+    if cursor is not None:
+        params["cursor"] = cursor
+    return params
+
+
+def quoted(segment: str) -> str:
+    """A path segment (an address, a key id) made safe for the URL."""
+    from urllib.parse import quote
+
+    return quote(segment, safe="@")

@@ -1,0 +1,348 @@
+"""``/v1/openapi.json`` (OpenAPI 3.1) and the ``/v1/docs`` page, built from ``schema``'s models
+and :data:`OPERATIONS`, the table of every ``/v1`` route with its errors.
+
+Nothing here is written by hand twice: the request and answer shapes are the models the
+handlers validate with, and a test fails when the app's routes and this table disagree, or
+when the committed ``services/api/openapi.json`` is not what :func:`document` builds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from services.api import schema
+
+_REF = "#/components/schemas/{model}"
+
+#: Why each error status happens, shared by every operation that can answer it.
+ERRORS: dict[int, str] = {
+    400: "Malformed JSON, a bad cursor or a bad Idempotency-Key.",
+    401: "Missing or invalid API key (one body for every case).",
+    404: "No such resource, or not yours.",
+    409: "The Idempotency-Key was used with another body, or its first request is still "
+    "in progress (retry after `Retry-After`).",
+    413: "The body is over the size cap (refused while it streams in).",
+    415: "The body is not JSON.",
+    422: "Invalid fields: `error.fields` names each one.",
+    429: "Over the key's request rate or the user's daily recipient quota; retry after "
+    "`Retry-After` seconds.",
+    503: "Cassandra or RabbitMQ is unavailable, or the API is overloaded; nothing was "
+    "accepted: retry (with the same Idempotency-Key) after `Retry-After`.",
+}
+_ALWAYS = (401, 429, 503)
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    where: str  # "query" | "path" | "header"
+    description: str
+    type: str = "string"
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Operation:
+    operation_id: str
+    method: str
+    path: str
+    summary: str
+    answer: type[BaseModel] | None
+    status: int = 200
+    body: type[BaseModel] | None = None
+    params: tuple[Param, ...] = ()
+    errors: tuple[int, ...] = ()
+    description: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_CURSOR = Param("cursor", "query", "`next_cursor` of the previous page.")
+_BATCH_ID = Param("batch_id", "path", "The batch's id (a time UUID).", required=True)
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation(
+        "create_batch",
+        "post",
+        "/v1/batches",
+        "Submit a batch: one message, many recipients",
+        schema.Accepted,
+        status=202,
+        body=schema.BatchIn,
+        params=(
+            Param(
+                "Idempotency-Key",
+                "header",
+                "1-255 visible ASCII characters. A retry with the same key and body gets the "
+                "first answer and never a second batch; with another body, 409.",
+            ),
+        ),
+        errors=(400, 409, 413, 415, 422),
+        description="A 202 means the batch is stored and will be sent exactly once per "
+        "recipient: retries of a request that timed out are safe with an Idempotency-Key.",
+    ),
+    Operation(
+        "list_batches",
+        "get",
+        "/v1/batches",
+        "Your batches, newest first",
+        schema.BatchList,
+        params=(Param("limit", "query", "1-500, default 20.", "integer"), _CURSOR),
+        errors=(400,),
+    ),
+    Operation(
+        "get_batch",
+        "get",
+        "/v1/batches/{batch_id}",
+        "A batch with counts per state and event",
+        schema.BatchView,
+        params=(_BATCH_ID,),
+        errors=(404,),
+    ),
+    Operation(
+        "list_batch_logs",
+        "get",
+        "/v1/batches/{batch_id}/logs",
+        "Each recipient's state, provider attempts and timeline",
+        schema.LogsPage,
+        params=(
+            _BATCH_ID,
+            Param("state", "query", "Only `queued`, `success` or `failed` recipients."),
+            Param("limit", "query", "1-500, default 100.", "integer"),
+            _CURSOR,
+        ),
+        errors=(400, 404, 422),
+    ),
+    Operation(
+        "list_suppressions",
+        "get",
+        "/v1/suppressions",
+        "Addresses you never send to",
+        schema.SuppressionList,
+        params=(Param("limit", "query", "1-1000, default 100.", "integer"), _CURSOR),
+        errors=(400,),
+    ),
+    Operation(
+        "create_suppression",
+        "post",
+        "/v1/suppressions",
+        "Suppress an address",
+        schema.Suppression,
+        status=201,
+        body=schema.SuppressionIn,
+        errors=(400, 413, 415, 422),
+    ),
+    Operation(
+        "delete_suppression",
+        "delete",
+        "/v1/suppressions/{email}",
+        "Send to an address again",
+        None,
+        status=204,
+        params=(Param("email", "path", "The suppressed address.", required=True),),
+        errors=(404,),
+    ),
+    Operation(
+        "get_stats",
+        "get",
+        "/v1/stats",
+        "Delivery per day (UTC), zero-filled",
+        schema.StatsPage,
+        params=(
+            Param("from", "query", "First day, YYYY-MM-DD (default: six days before `to`)."),
+            Param("to", "query", "Last day, YYYY-MM-DD (default: today)."),
+        ),
+        errors=(422,),
+    ),
+    Operation(
+        "list_keys", "get", "/v1/keys", "Your API keys (never their secrets)", schema.KeyList
+    ),
+    Operation(
+        "create_key",
+        "post",
+        "/v1/keys",
+        "Make an API key (shown once)",
+        schema.KeyCreated,
+        status=201,
+        body=schema.KeyIn,
+        errors=(400, 413, 415, 422),
+    ),
+    Operation(
+        "revoke_key",
+        "delete",
+        "/v1/keys/{key_id}",
+        "Revoke an API key (at once)",
+        None,
+        status=204,
+        params=(Param("key_id", "path", "The key's id (`key_id` in the list).", required=True),),
+        errors=(404,),
+    ),
+)
+
+
+def document(server_url: str = "/") -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``/v1``."""
+    models = {op.answer for op in OPERATIONS if op.answer} | {
+        op.body for op in OPERATIONS if op.body
+    }
+    models.add(schema.ErrorBody)
+    inputs: list[tuple[type[BaseModel], Literal["validation"]]] = [
+        (m, "validation") for m in sorted(models, key=lambda m: m.__name__)
+    ]
+    _, definitions = models_json_schema(inputs, ref_template=_REF)
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method] = _operation(op)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Safedelivr",
+            "version": "1",
+            "description": "Multi-provider email delivery: submit a batch, follow each "
+            "recipient's fate, keep suppressions, read daily stats. Every error is "
+            '`{"error": {"code", "message", "fields"?}}`.',
+        },
+        "servers": [{"url": server_url}],
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": {
+            "schemas": definitions.get("$defs", {}),
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "An API key: `sd_live_<key_id>_<secret>`.",
+                }
+            },
+        },
+    }
+
+
+def _operation(op: Operation) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "operationId": op.operation_id,
+        "summary": op.summary,
+        "parameters": [_parameter(p) for p in op.params],
+        "responses": {str(op.status): _answer(op)},
+    }
+    if op.description:
+        out["description"] = op.description
+    if op.body is not None:
+        out["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _ref(op.body)}},
+        }
+    for status in sorted({*op.errors, *_ALWAYS}):
+        out["responses"][str(status)] = {
+            "description": ERRORS[status],
+            "content": {"application/json": {"schema": _ref(schema.ErrorBody)}},
+        }
+    return out
+
+
+def _answer(op: Operation) -> dict[str, Any]:
+    if op.answer is None:
+        return {"description": "Done; no body."}
+    return {
+        "description": (op.answer.__doc__ or op.summary).strip().splitlines()[0],
+        "content": {"application/json": {"schema": _ref(op.answer)}},
+    }
+
+
+def _parameter(p: Param) -> dict[str, Any]:
+    return {
+        "name": p.name,
+        "in": p.where,
+        "required": p.required or p.where == "path",
+        "description": p.description,
+        "schema": {"type": p.type},
+    }
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def openapi_doc(request: Request) -> dict[str, Any]:
+    """This app's document (built once, on first use)."""
+    state = request.app.state
+    doc: dict[str, Any] | None = getattr(state, "openapi", None)
+    if doc is None:
+        doc = state.openapi = document()
+    return doc
+
+
+async def openapi_json(request: Request) -> Response:
+    """``GET /v1/openapi.json``: public, like the docs page."""
+    return JSONResponse(openapi_doc(request))
+
+
+# --------------------------------------------------------------------------- the docs page
+
+
+def type_text(node: dict[str, Any]) -> str:
+    """A JSON schema as a short type expression: ``string | RecipientIn``, ``list[string]``."""
+    if "$ref" in node:
+        return str(node["$ref"]).rsplit("/", 1)[-1]
+    if "anyOf" in node:
+        return " | ".join(type_text(n) for n in node["anyOf"])
+    kind = node.get("type", "any")
+    if kind == "array":
+        return f"list[{type_text(node.get('items', {}))}]"
+    if kind == "object" and isinstance(node.get("additionalProperties"), dict):
+        return f"map[string, {type_text(node['additionalProperties'])}]"
+    return "null" if kind == "null" else str(kind)
+
+
+def reference(doc: dict[str, Any]) -> dict[str, Any]:
+    """What the ``/v1/docs`` page shows, flattened from the document."""
+    operations = [
+        {
+            "method": method.upper(),
+            "path": path,
+            "id": op["operationId"],
+            "summary": op["summary"],
+            "description": op.get("description", ""),
+            "parameters": op["parameters"],
+            "body": type_text(op["requestBody"]["content"]["application/json"]["schema"])
+            if "requestBody" in op
+            else None,
+            "responses": [
+                {
+                    "status": status,
+                    "description": answer["description"],
+                    "schema": type_text(answer["content"]["application/json"]["schema"])
+                    if "content" in answer
+                    else None,
+                }
+                for status, answer in op["responses"].items()
+            ],
+        }
+        for path, methods in doc["paths"].items()
+        for method, op in methods.items()
+    ]
+    schemas = []
+    for name, node in doc["components"]["schemas"].items():
+        required = set(node.get("required", ()))
+        schemas.append(
+            {
+                "name": name,
+                "description": node.get("description", ""),
+                "fields": [
+                    {
+                        "name": field_name,
+                        "type": type_text(prop),
+                        "required": field_name in required,
+                        "description": prop.get("description", ""),
+                    }
+                    for field_name, prop in node.get("properties", {}).items()
+                ],
+                "examples": node.get("examples", []),
+            }
+        )
+    return {"info": doc["info"], "operations": operations, "schemas": schemas}

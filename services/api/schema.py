@@ -1,0 +1,252 @@
+"""The ``/v1`` API's wire shapes as pydantic models: the request bodies the handlers validate
+with, the answers they give, and the one error envelope.
+
+These models are the contract: ``services.api.openapi`` builds ``/v1/openapi.json`` from
+them, request bodies are checked against them before anything else (strict types: no
+coercion of ``"true"`` to ``true``), and the integration suite validates real answers with
+them. ``shared.validation`` then applies what a schema cannot say (address syntax, header
+injection, de-duplication) and words the field errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shared import validation
+from shared.http import ApiError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class AddressIn(_In):
+    """An address as an object; a string ``"Name <addr@example.com>"`` works too."""
+
+    email: str = Field(max_length=320, examples=["shop@example.com"])
+    name: str | None = Field(None, max_length=256, examples=["Shop"])
+
+
+class RecipientIn(AddressIn):
+    """A ``to`` entry as an object, with its own substitutions (``{{key}}`` → value)."""
+
+    substitutions: dict[str, str] | None = Field(
+        None, max_length=validation.MAX_SUBSTITUTIONS, examples=[{"first_name": "Ann"}]
+    )
+
+
+class BatchIn(_In):
+    """``POST /v1/batches``: one message to many recipients."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "from": "Shop <shop@example.com>",
+                    "to": ["ann@example.com", {"email": "bob@example.com", "name": "Bob"}],
+                    "subject": "Your order",
+                    "text": "Thanks!",
+                    "html": "<p>Thanks!</p>",
+                }
+            ]
+        }
+    )
+
+    from_: str | AddressIn = Field(alias="from", description="The sender.")
+    to: str | list[str | RecipientIn] = Field(
+        description="A comma-separated string or a list; duplicates collapse, invalid "
+        "entries are reported in `rejected` and the rest are sent."
+    )
+    subject: str = Field(max_length=validation.MAX_SUBJECT_LENGTH)
+    html: str | None = Field(None, description="At least one of html and text.")
+    text: str | None = None
+    reply_to: str | AddressIn | None = None
+    cc: str | list[str | AddressIn] | None = Field(None, max_length=validation.MAX_COPY_ADDRESSES)
+    bcc: str | list[str | AddressIn] | None = Field(None, max_length=validation.MAX_COPY_ADDRESSES)
+    headers: dict[str, str] | None = Field(
+        None,
+        max_length=validation.MAX_HEADERS,
+        description="Extra headers; those we set ourselves are refused.",
+    )
+    bulk: bool | None = Field(
+        None, description="One copy per recipient (`true`) instead of one message to all."
+    )
+    categories: list[str] | None = Field(None, max_length=validation.MAX_CATEGORIES)
+    metadata: dict[str, str] | None = Field(
+        None, description="Keys of A-Z, a-z, 0-9, `_` and `-`; echoed in webhooks."
+    )
+
+
+class SuppressionIn(_In):
+    """``POST /v1/suppressions``."""
+
+    email: str = Field(max_length=320, examples=["ann@example.com"])
+    reason: str = Field("manual", min_length=1, max_length=200)
+
+
+class KeyIn(_In):
+    """``POST /v1/keys``."""
+
+    name: str = Field("api", min_length=1, max_length=100, examples=["billing-service"])
+
+
+# --------------------------------------------------------------------------- answers
+
+
+class RejectedOut(_Out):
+    email: str
+    reason: str
+
+
+class Accepted(_Out):
+    """202: the batch is stored and will be sent."""
+
+    batch_id: str = Field(examples=["6c1f0a2e-cb0b-11f0-8000-0242ac120002"])
+    accepted: int
+    suppressed: list[str]
+    rejected: list[RejectedOut]
+
+
+class BatchItem(_Out):
+    batch_id: str
+    subject: str
+    recipients: int
+    created_at: str
+    status: str
+
+
+class BatchList(_Out):
+    data: list[BatchItem]
+    next_cursor: str | None
+
+
+class BatchView(_Out):
+    batch_id: str
+    status: str
+    created_at: str
+    subject: str
+    from_: dict[str, Any] = Field(alias="from")
+    bulk: bool
+    recipients: int
+    chunks: int
+    counts: dict[str, int]
+    events: dict[str, int]
+    failure_reasons: dict[str, int]
+
+
+class LogEntry(_Out):
+    log_id: str
+    email: str
+    name: str | None
+    state: Literal["queued", "success", "failed"]
+    event: str
+    providers: dict[str, str]
+    status: dict[str, bool]
+    message_ids: dict[str, str]
+    reason: str | None
+    updated_at: str | None
+    attempts: list[dict[str, Any]]
+    resends: list[dict[str, Any]]
+    timeline: list[dict[str, Any]]
+
+
+class LogsPage(_Out):
+    data: list[LogEntry]
+    next_cursor: str | None
+
+
+class StatsDay(_Out):
+    date: str
+    queued: int
+    success: int
+    failed: int
+    bounced: int
+    complained: int
+    opened: int
+    clicked: int
+
+
+class StatsPage(_Out):
+    data: list[StatsDay]
+
+
+class Suppression(_Out):
+    email: str
+    reason: str
+    source: str | None = None
+    event_id: str | None = None
+    created_at: str | None = None
+
+
+class SuppressionList(_Out):
+    data: list[Suppression]
+    next_cursor: str | None
+
+
+class KeyView(_Out):
+    key_id: str
+    prefix: str
+    name: str
+    created_at: str
+    last_used_at: str | None
+    revoked: bool
+
+
+class KeyList(_Out):
+    data: list[KeyView]
+
+
+class KeyCreated(_Out):
+    key: str = Field(description="The key itself: shown once, store it now.")
+    name: str
+    note: str
+
+
+class ErrorDetail(_Out):
+    code: str = Field(examples=["invalid_fields"])
+    message: str
+    fields: dict[str, str] | None = Field(
+        None, description="Per-field messages, keyed like `to[3]` or `headers.X-Foo`."
+    )
+
+
+class ErrorBody(_Out):
+    """Every error of ``/v1``."""
+
+    error: ErrorDetail
+
+
+# --------------------------------------------------------------------------- checking
+
+
+def checked(model: type[M], body: object) -> M:
+    """``body`` as ``model``, or a 422 ``invalid_fields`` naming each field and its problem."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise ApiError(
+            422, "invalid_fields", "the request has invalid fields", fields=field_errors(exc)
+        ) from None
+
+
+def field_errors(exc: ValidationError) -> dict[str, str]:
+    """pydantic's errors keyed by field path (``to[3].email``; a body that is not an
+    object is ``body``)."""
+    out: dict[str, str] = {}
+    for error in exc.errors(include_url=False):
+        path = ""
+        for part in error["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        out.setdefault(path or "body", error["msg"])
+    return out

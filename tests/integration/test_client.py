@@ -1,0 +1,145 @@
+"""The typed client and the sender commands against a served API (real Cassandra and
+RabbitMQ, uvicorn on a local port)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from safedelivr_client import ApiError, AsyncClient, Client
+
+from services import cli
+from services.api.app import create_app
+from shared import accounts
+from shared.config import Settings
+from shared.db import Database
+from tests.conftest import unique
+from tests.integration.harness import served
+
+
+@dataclass
+class Served:
+    url: str
+    key: str
+
+
+@pytest.fixture
+async def api(settings: Settings, db: Database) -> AsyncIterator[Served]:
+    app = create_app(settings)
+    async with served(app) as url:
+        broker = app.state.resources.broker
+        await broker.declare()
+        key = await accounts.create_key(db, await accounts.ensure_user(db, unique("cl")), "c")
+        try:
+            yield Served(url, key)
+        finally:
+            await broker.delete()
+
+
+async def test_send_then_read_the_batch_and_its_logs(api: Served) -> None:
+    async with AsyncClient(api.url, api.key) as sd:
+        accepted = await sd.send(
+            "Shop <shop@example.com>",
+            ["ann@example.com", {"email": "bob@example.com", "name": "Bob"}, "nope"],
+            "Hi",
+            text="Hello",
+        )
+        view = await sd.batch(accepted["batch_id"])
+        emails = {e["email"] async for e in sd.iter_logs(accepted["batch_id"])}
+        listed = [b["batch_id"] async for b in sd.iter_batches()]
+
+    assert accepted["accepted"] == 2
+    assert accepted["rejected"][0]["email"] == "nope"
+    assert view["recipients"] == 2
+    assert emails == {"ann@example.com", "bob@example.com"}
+    assert listed == [accepted["batch_id"]]
+
+
+async def test_the_same_idempotency_key_gets_the_same_batch(api: Served) -> None:
+    async with AsyncClient(api.url, api.key) as sd:
+        first = await sd.send(
+            "s@example.com", "a@example.com", "Hi", text="t", idempotency_key="k1"
+        )
+        again = await sd.send(
+            "s@example.com", "a@example.com", "Hi", text="t", idempotency_key="k1"
+        )
+
+    assert again == first
+
+
+async def test_an_invalid_batch_raises_with_the_fields(api: Served) -> None:
+    async with AsyncClient(api.url, api.key) as sd:
+        with pytest.raises(ApiError) as caught:
+            await sd.send("not an address", "a@example.com", "Hi", text="t")
+
+    assert caught.value.status == 422
+    assert "from" in caught.value.fields
+
+
+async def test_suppressions_and_keys_round_trip(api: Served) -> None:
+    def run() -> tuple[list[str], list[str], str]:
+        with Client(api.url, api.key) as sd:
+            sd.suppress("Gone@Example.com", reason="left")
+            listed = [s["email"] for s in sd.suppressions()["data"]]
+            sd.unsuppress("gone@example.com")
+            after = [s["email"] for s in sd.suppressions()["data"]]
+            made = sd.create_key("second")
+            return listed, after, made["key"]
+
+    listed, after, made = await asyncio.to_thread(run)
+
+    assert listed == ["gone@example.com"]
+    assert after == []
+    assert made.startswith("sd_live_")
+
+
+async def test_the_send_command_reads_the_html_from_a_file(api: Served, tmp_path: Path) -> None:
+    html = tmp_path / "mail.html"
+    html.write_text("<p>Hello from a file</p>")
+    argv = [
+        "send",
+        "--api-url",
+        api.url,
+        "--key",
+        api.key,
+        "--from",
+        "shop@example.com",
+        "--to",
+        "ann@example.com",
+        "--to",
+        "bob@example.com",
+        "--subject",
+        "Hi",
+        "--html",
+        f"@{html}",
+        "--json",
+    ]
+
+    code = await asyncio.to_thread(cli.main, argv)
+
+    assert code == 0
+    async with AsyncClient(api.url, api.key) as sd:
+        [batch] = [b async for b in sd.iter_batches()]
+    assert batch["recipients"] == 2
+
+
+async def test_the_batches_logs_and_stats_commands_print_what_the_api_says(
+    api: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with AsyncClient(api.url, api.key) as sd:
+        accepted = await sd.send("s@example.com", "ann@example.com", "Hi", text="t")
+    connection = ["--api-url", api.url, "--key", api.key]
+
+    for argv in (["batches", *connection], ["logs", accepted["batch_id"], *connection]):
+        assert await asyncio.to_thread(cli.main, argv) == 0
+    assert await asyncio.to_thread(cli.main, ["stats", *connection, "--json"]) == 0
+
+    out = capsys.readouterr().out
+    assert accepted["batch_id"] in out
+    assert "ann@example.com" in out
+    days = json.loads(out[out.index("[") :])
+    assert len(days) == 7 and days[-1]["queued"] >= 1
