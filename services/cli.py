@@ -284,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"safedelivr: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level, service=args.command)
+    configure_logging(settings.log_level, service=args.command, fmt=settings.log_format)
     func: Callable[[Settings, argparse.Namespace], int] = args.func
     try:
         return func(settings, args)

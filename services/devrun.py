@@ -98,6 +98,8 @@ def _setup(settings: Settings) -> str:
 def run(settings: Settings) -> int:
     key = _setup(settings)
     env = {
+        # Readable lines on a terminal, unless the user asked for JSON.
+        "SAFEDELIVR_LOG_FORMAT": "console",
         **os.environ,
         **_signing_env(),
         "SAFEDELIVR_WEBHOOKS_MAILGUN_SIGNING_KEY": (

@@ -38,6 +38,19 @@ _AMQP_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+class _ClosedOnFailure(aio_pika.RobustConnection):
+    """A connection that closes itself when its first connect fails. aio-pika leaves a failed
+    one to ``__del__``, which schedules ``close()`` on whatever loop is current whenever the
+    object is collected: with no loop running then, the coroutine is never awaited."""
+
+    async def connect(self, timeout: aio_pika.abc.TimeoutType = None) -> None:
+        try:
+            await super().connect(timeout)
+        except BaseException:
+            await self.close()
+            raise
+
+
 class Broker:
     """One robust connection with a confirming publish channel and per-consumer channels."""
 
@@ -57,7 +70,10 @@ class Broker:
     async def connect(self, *, timeout: float = 10.0) -> None:
         try:
             self._connection = await aio_pika.connect_robust(
-                self.url, timeout=timeout, client_properties={"connection_name": self.name}
+                self.url,
+                timeout=timeout,
+                client_properties={"connection_name": self.name},
+                connection_class=_ClosedOnFailure,
             )
             self._channel = await self._connection.channel(
                 publisher_confirms=True, on_return_raises=True

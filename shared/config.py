@@ -9,7 +9,7 @@ sections directly with keyword arguments instead of touching ``os.environ``.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -332,6 +332,8 @@ class Settings(BaseSettings):
 
     log_level: str = "INFO"
     """DEBUG, INFO, WARNING or ERROR."""
+    log_format: Literal["json", "console"] = "json"
+    """One JSON object per line (for collectors), or readable lines (``make run`` uses these)."""
     cassandra: CassandraSettings = Field(default_factory=CassandraSettings)
     amqp: AmqpSettings = Field(default_factory=AmqpSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)

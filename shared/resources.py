@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_random_exponential,
+)
 
 from shared.broker import Broker
 from shared.config import Settings
@@ -56,32 +63,41 @@ class Resources:
 
 async def connect_with_retry(settings: Settings, *, name: str, wait: float = 60.0) -> Resources:
     """Connect to both services, retrying for up to ``wait`` seconds (they may be starting)."""
-    deadline = asyncio.get_running_loop().time() + wait
-    while True:
-        try:
+    async for attempt in _patiently("Cassandra", wait):
+        with attempt:
             db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
-            break
-        except DependencyUnavailable as exc:
-            if asyncio.get_running_loop().time() > deadline:
-                raise
-            log.warning("waiting for Cassandra: %s", exc.detail)
-            await asyncio.sleep(2)
     broker = Broker(
         settings.amqp.url.get_secret_value(),
         topology_for(settings),
         publish_timeout=settings.amqp.publish_timeout,
         name=name,
     )
-    while True:
-        try:
-            await broker.connect()
-            return Resources(db, broker)
-        except DependencyUnavailable as exc:
-            if asyncio.get_running_loop().time() > deadline:
-                await db.close()
-                raise
-            log.warning("waiting for RabbitMQ: %s", exc.detail)
-            await asyncio.sleep(2)
+    try:
+        async for attempt in _patiently("RabbitMQ", wait):
+            with attempt:
+                await broker.connect()
+    except DependencyUnavailable:
+        await db.close()
+        raise
+    return Resources(db, broker)
+
+
+def _patiently(what: str, wait: float) -> AsyncRetrying:
+    """Retry a connection that fails as :class:`DependencyUnavailable` for ``wait`` seconds,
+    backing off from half a second to five (with jitter), saying so each time."""
+
+    def say(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        detail = error.detail if isinstance(error, DependencyUnavailable) else error
+        log.warning("waiting for %s: %s", what, detail)
+
+    return AsyncRetrying(
+        retry=retry_if_exception_type(DependencyUnavailable),
+        stop=stop_after_delay(wait),
+        wait=wait_random_exponential(multiplier=0.5, max=5),
+        before_sleep=say,
+        reraise=True,
+    )
 
 
 @asynccontextmanager

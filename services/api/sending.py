@@ -36,6 +36,7 @@ from shared.config import Settings
 from shared.errors import DependencyUnavailable
 from shared.http import ApiError
 from shared.idempotency import Existing, IdempotencyStore
+from shared.logs import bound
 from shared.metrics import ApiMetrics
 from shared.providers.limits import chunk_size
 from shared.ratelimit import RecipientQuota
@@ -176,17 +177,18 @@ class Sending:
             )
         response = answer(batch_id, parsed)
         batch = build_batch(self.settings, user_id, batch_id, parsed, response)
-        try:
-            await self.acceptance.store(batch)
-        except DependencyUnavailable:
-            await self._after_failed_store(user_id, batch_id, count, day, cancel=not keyed)
-            raise
-        # Stored: from here on nothing may turn this into an error (the relay publishes if
-        # the broker does not confirm now).
-        if await self.acceptance.publish(batch_id):
-            self.background.spawn(self.acceptance.outbox.done(batch_id))
-        else:
-            self.metrics.deferred_publishes.inc()
+        with bound(batch_id=batch_id):
+            try:
+                await self.acceptance.store(batch)
+            except DependencyUnavailable:
+                await self._after_failed_store(user_id, batch_id, count, day, cancel=not keyed)
+                raise
+            # Stored: from here on nothing may turn this into an error (the relay publishes
+            # if the broker does not confirm now).
+            if await self.acceptance.publish(batch_id):
+                self.background.spawn(self.acceptance.outbox.done(batch_id))
+            else:
+                self.metrics.deferred_publishes.inc()
         self.metrics.batches.inc()
         self.metrics.recipients.inc(count)
         self.metrics.accept_seconds.observe(time.perf_counter() - started)

@@ -31,6 +31,7 @@ from shared.broker import Broker
 from shared.config import ProviderSettings
 from shared.errors import DependencyUnavailable
 from shared.handoff import HandOff
+from shared.logs import bound
 from shared.metrics import DispatchMetrics
 from shared.models import ChunkJob, LogJob
 from shared.providers.base import Provider
@@ -119,10 +120,17 @@ class Dispatcher:
         self, message: aio_pika.abc.AbstractIncomingMessage, delivery: Delivery
     ) -> None:
         job, deferral = decode(message)
-        if deferral is not None:
-            await self.deferral_check(job, deferral)
-            return
-        await self.handle(job, delivery)
+        with bound(
+            batch_id=job.batch_id,
+            line=job.line,
+            attempt=job.attempt,
+            provider=job.provider,
+            log_id=job.log_id,
+        ):
+            if deferral is not None:
+                await self.deferral_check(job, deferral)
+                return
+            await self.handle(job, delivery)
 
     async def handle(self, job: protocol.Job, delivery: Delivery) -> None:
         """Take protocol steps until this delivery may be acked."""

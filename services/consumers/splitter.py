@@ -15,6 +15,7 @@ import aio_pika.abc
 
 from shared.batchstore import BatchStore
 from shared.broker import Broker
+from shared.logs import bound
 from shared.models import BatchJob, ChunkJob
 from shared.settle import Delivery, Poison
 from shared.topology import dispatch_key, parse_routing_key
@@ -38,7 +39,8 @@ class Splitter:
         job = BatchJob.decode(message.body)
         if job.batch_id != key.id:
             raise Poison("routing key and body disagree")
-        await self.split(job)
+        with bound(batch_id=job.batch_id):
+            await self.split(job)
 
     async def split(self, job: BatchJob) -> None:
         header = await self.batches.header(job.batch_id)

@@ -29,6 +29,7 @@ from services.webhooks.ingest import Ingest
 from shared.broker import Broker
 from shared.errors import DependencyUnavailable
 from shared.http import ApiError
+from shared.logs import bound
 from shared.providers import mailgun_events, sendgrid_events
 from shared.settle import Delivery
 from shared.webhook_events import MalformedPayload
@@ -119,7 +120,8 @@ class Intake:
         except ValueError:
             received_at = time.time()
         try:
-            await self._apply(provider, message.body, received_at)
+            with bound(provider=provider, webhook_received_at=received_at):
+                await self._apply(provider, message.body, received_at)
         except TokenReused:
             self.metrics.forged.inc()
             log.warning("dropped a queued Mailgun delivery whose token was used with another body")

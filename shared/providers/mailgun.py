@@ -36,9 +36,9 @@ import orjson
 
 from shared.addresses import address_key
 from shared.config import ProviderSettings
-from shared.errors import ProviderError, ProviderMisconfigured, TransientProviderError
+from shared.errors import TransientProviderError
 from shared.models import ATTEMPT_ARG, Chunk
-from shared.providers import envelope, responses
+from shared.providers import envelope, responses, transport
 from shared.providers.base import LookupQuery, Receipt
 
 #: Our code for Mailgun in routing keys and errors.
@@ -163,6 +163,7 @@ class MailgunProvider:
         self._seconds = timeout
         self._timeout = httpx.Timeout(timeout)
         self._owns_client = client is None
+        self._calls = transport.Calls()
         self._client = client or httpx.AsyncClient(timeout=self._timeout, follow_redirects=False)
 
     @classmethod
@@ -177,15 +178,16 @@ class MailgunProvider:
     async def send(self, chunk: Chunk) -> Receipt:
         body = urllib.parse.urlencode(build_form(chunk)).encode()
         try:
-            response = await self._client.post(
-                self._url,
-                content=body,
-                headers={"Content-Type": "application/x-www-form-urlencoded"},
-                auth=self._auth,
-                timeout=self._timeout,
-            )
+            with self._calls:
+                response = await self._client.post(
+                    self._url,
+                    content=body,
+                    headers={"Content-Type": "application/x-www-form-urlencoded"},
+                    auth=self._auth,
+                    timeout=self._timeout,
+                )
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
-            raise _translate(exc, self._seconds) from exc
+            raise transport.translate(CODE, self.name, exc, self._seconds) from exc
         headers = responses.lower_headers(response.headers.items())
         error = responses.classify(
             CODE, response.status_code, response.content, headers, now=time.time()
@@ -251,6 +253,8 @@ class MailgunProvider:
         return data
 
     async def aclose(self) -> None:
+        """Close, once the requests in flight have ended (each within the timeout)."""
+        await self._calls.drained(2 * self._seconds + 5)
         if self._owns_client:
             await self._client.aclose()
 
@@ -278,27 +282,3 @@ def _next_page(page: dict[str, Any], events_url: str) -> str | None:
         return None
     # Follow only the provider's own pages: never send our credentials elsewhere.
     return nxt if nxt.startswith(events_url + "/") else None
-
-
-def _translate(exc: Exception, timeout: float) -> ProviderError:
-    """Our error for an httpx exception: clean when Mailgun cannot have received the whole
-    request (no connection, or the request was not fully written), otherwise unknown."""
-    if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
-        return ProviderMisconfigured(CODE, f"cannot use the Mailgun base URL: {exc}")
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
-        return TransientProviderError(CODE, f"could not reach Mailgun: {exc!r}")
-    if isinstance(exc, httpx.WriteError | httpx.WriteTimeout):
-        # A request not fully written cannot be accepted.
-        return TransientProviderError(CODE, f"could not send the request: {exc!r}")
-    if isinstance(exc, httpx.ReadTimeout):
-        return TransientProviderError(
-            CODE,
-            f"no response within {timeout:g}s (the provider may have accepted the chunk)",
-            outcome_unknown=True,
-        )
-    return TransientProviderError(
-        CODE,
-        f"connection lost after the request was sent ({exc!r}); the provider may have "
-        "accepted the chunk",
-        outcome_unknown=True,
-    )

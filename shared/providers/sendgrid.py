@@ -15,26 +15,22 @@ Payload (:func:`build_payload`, pure):
   ``reply_to`` and the first 10 ``categories`` (SendGrid's limit) are top-level. Metadata is
   not sent (see envelope).
 
-The ``sendgrid`` package is synchronous (urllib underneath), so :class:`SendGridProvider` runs
-payload building and the request in its own bounded thread pool: the event loop never blocks,
-and a slow SendGrid cannot starve asyncio's default executor, which DNS lookups also use.
-The ``timeout`` applies to each socket operation (connect, each read), as urllib does it.
+The ``sendgrid`` package builds the payload (its helpers, pure CPU, run in a worker thread);
+the request goes over an ``httpx.AsyncClient`` (the package's own client is synchronous
+urllib), so the event loop never waits on SendGrid, and failures mean the same as for every
+other provider (``shared.providers.transport``). The ``timeout`` applies to connecting, to
+writing and to each read.
 """
 
 from __future__ import annotations
 
 import asyncio
-import http.client
-import logging
 import time
-import urllib.error
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import orjson
-import python_http_client.exceptions
-import sendgrid
 from sendgrid.helpers.mail import (
     Bcc,
     Category,
@@ -54,14 +50,9 @@ from sendgrid.helpers.mail.exceptions import ApiKeyIncludedException
 
 from shared.addresses import address_key
 from shared.config import ProviderSettings
-from shared.errors import (
-    PermanentProviderError,
-    ProviderError,
-    ProviderMisconfigured,
-    TransientProviderError,
-)
+from shared.errors import PermanentProviderError, ProviderError, TransientProviderError
 from shared.models import ATTEMPT_ARG, Chunk, Recipient
-from shared.providers import envelope, responses
+from shared.providers import envelope, responses, transport
 from shared.providers.base import LookupQuery, Receipt
 
 #: Our code for SendGrid in routing keys and errors.
@@ -70,8 +61,6 @@ CODE = "sg"
 MAX_RECIPIENTS = 1000
 #: Categories SendGrid accepts per message; extra ones are dropped.
 MAX_CATEGORIES = 10
-#: Concurrent requests per adapter; more chunks wait for a free thread.
-DEFAULT_WORKERS = 8
 #: Most messages one Email Activity answer may list (an attempt has at most 1,000 recipients).
 ACTIVITY_LIMIT = 1000
 
@@ -166,38 +155,6 @@ def _email(kind: Any, address: str, name: str | None) -> Any:
     return email
 
 
-def _translate(exc: Exception, timeout: float) -> ProviderError:
-    """Our error for an exception raised by the sendgrid library or urllib.
-
-    What matters is whether SendGrid can have received the whole request: urllib wraps every
-    error while connecting or writing the request in ``URLError`` (nothing was accepted: a
-    clean failure); anything raised later, while reading the answer (a timeout, a reset, a
-    truncated response), means SendGrid may have accepted it (the outcome is unknown).
-    """
-    if isinstance(exc, python_http_client.exceptions.HTTPError):
-        headers = responses.lower_headers(exc.headers.items() if exc.headers else ())
-        body = exc.body if isinstance(exc.body, bytes) else b""
-        error = responses.classify(CODE, exc.status_code, body, headers, now=time.time())
-        return error or TransientProviderError(CODE, f"HTTP {exc.status_code}")
-    if isinstance(exc, urllib.error.URLError):
-        return TransientProviderError(CODE, f"could not reach SendGrid: {exc.reason}")
-    if isinstance(exc, TimeoutError):
-        return TransientProviderError(
-            CODE,
-            f"no response within {timeout:g}s (the provider may have accepted the chunk)",
-            outcome_unknown=True,
-        )
-    if isinstance(exc, OSError | http.client.HTTPException):
-        return TransientProviderError(
-            CODE,
-            f"connection lost after the request was sent ({exc!r}); the provider may have "
-            "accepted the chunk",
-            outcome_unknown=True,
-        )
-    # urllib raises ValueError for a URL it cannot use: the base URL setting is wrong.
-    return ProviderMisconfigured(CODE, f"cannot use the SendGrid base URL: {exc}")
-
-
 class SendGridProvider:
     """Sends chunks through SendGrid's v3 Mail Send API."""
 
@@ -211,15 +168,21 @@ class SendGridProvider:
         api_key: str,
         base_url: str,
         timeout: float,
-        max_workers: int = DEFAULT_WORKERS,
+        client: httpx.AsyncClient | None = None,
     ) -> None:
-        self._timeout = timeout
-        self._client = sendgrid.SendGridAPIClient(api_key=api_key, host=base_url.rstrip("/"))
-        # The client is built without a timeout and copies this attribute into every request.
-        self._client.client.timeout = timeout
-        self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="sendgrid")
-        # python_http_client's DEBUG records print our Authorization header and every address.
-        logging.getLogger("python_http_client.client").setLevel(logging.INFO)
+        """Args:
+        client: an HTTP client to use instead of our own; the caller keeps ownership and
+            closes it (``aclose`` leaves it open). Auth and timeout are set per request.
+        """
+        root = base_url.rstrip("/")
+        self._send_url = f"{root}/v3/mail/send"
+        self._messages_url = f"{root}/v3/messages"
+        self._headers = {"Authorization": f"Bearer {api_key}"}
+        self._seconds = timeout
+        self._timeout = httpx.Timeout(timeout)
+        self._owns_client = client is None
+        self._calls = transport.Calls()
+        self._client = client or httpx.AsyncClient(timeout=self._timeout, follow_redirects=False)
 
     @classmethod
     def from_settings(cls, settings: ProviderSettings) -> SendGridProvider:
@@ -230,51 +193,65 @@ class SendGridProvider:
         )
 
     async def send(self, chunk: Chunk) -> Receipt:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._send_blocking, chunk)
+        # The helpers build a 1,000-recipient payload in up to ~8 ms of CPU: off the loop.
+        body = await asyncio.to_thread(encoded_payload, chunk)
+        try:
+            with self._calls:
+                response = await self._client.post(
+                    self._send_url,
+                    content=body,
+                    headers={**self._headers, "Content-Type": "application/json"},
+                    timeout=self._timeout,
+                )
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            raise transport.translate(CODE, self.name, exc, self._seconds) from exc
+        error = _classify(response)
+        if error:
+            raise error
+        message_id = response.headers.get("X-Message-Id")
+        return Receipt(provider=CODE, status=response.status_code, message_id=message_id or None)
 
     async def aclose(self) -> None:
-        # Waits for requests in flight (each bounded by the timeout) without blocking the loop.
-        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+        """Close, once the requests in flight have ended (each within the timeout)."""
+        await self._calls.drained(2 * self._seconds + 5)
+        if self._owns_client:
+            await self._client.aclose()
 
     async def lookup(self, query: LookupQuery) -> frozenset[str] | None:
         """Recipients of the attempt in the Email Activity Feed; None without the add-on."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._lookup_blocking, query)
-
-    async def lookup_available(self) -> bool:
-        """Whether the account can use the Email Activity API (its add-on is bought)."""
-        loop = asyncio.get_running_loop()
-        found = await loop.run_in_executor(self._executor, self._activity, "", 1)
-        return found is not None
-
-    def _lookup_blocking(self, query: LookupQuery) -> frozenset[str] | None:
         clauses = [
             f"(unique_args['batch_id']=\"{query.batch_id}\")",
             f"(unique_args['chunk']=\"{query.chunk}\")",
             f"(unique_args['{ATTEMPT_ARG}']=\"{query.tag}\")",
         ]
-        messages = self._activity(" AND ".join(clauses), ACTIVITY_LIMIT)
+        messages = await self._activity(" AND ".join(clauses), ACTIVITY_LIMIT)
         if messages is None:
             return None
         found = {address_key(str(m.get("to_email", ""))) for m in messages if isinstance(m, dict)}
         return frozenset(found & query.emails)
 
-    def _activity(self, query: str, limit: int) -> list[Any] | None:
+    async def lookup_available(self) -> bool:
+        """Whether the account can use the Email Activity API (its add-on is bought)."""
+        return await self._activity("", 1) is not None
+
+    async def _activity(self, query: str, limit: int) -> list[Any] | None:
         """``GET /v3/messages``; None when the account has no Email Activity add-on."""
+        params: dict[str, str | int] = {"limit": limit}
+        if query:
+            params["query"] = query
         try:
-            response = self._client.client.messages.get(
-                query_params={"query": query, "limit": limit} if query else {"limit": limit}
+            response = await self._client.get(
+                self._messages_url, params=params, headers=self._headers, timeout=self._timeout
             )
-        except python_http_client.exceptions.HTTPError as exc:
-            body = exc.body if isinstance(exc.body, bytes) else b""
-            if exc.status_code == 400 and b"authorization required" in body:
-                return None
-            raise _translate(exc, self._timeout) from exc
-        except (OSError, http.client.HTTPException, ValueError) as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise TransientProviderError(CODE, f"Email Activity query failed: {exc!r}") from exc
+        if response.status_code == 400 and b"authorization required" in response.content:
+            return None
+        error = _classify(response)
+        if error:
+            raise error
         try:
-            data = orjson.loads(response.body or b"{}")
+            data = orjson.loads(response.content or b"{}")
         except orjson.JSONDecodeError as exc:
             raise TransientProviderError(CODE, "Email Activity answered no JSON") from exc
         messages = data.get("messages") if isinstance(data, dict) else None
@@ -282,16 +259,14 @@ class SendGridProvider:
             raise TransientProviderError(CODE, "Email Activity answer has no messages list")
         return messages
 
-    def _send_blocking(self, chunk: Chunk) -> Receipt:
-        payload = build_payload(chunk)
-        try:
-            response = self._client.send(payload)
-        except (
-            python_http_client.exceptions.HTTPError,
-            OSError,
-            http.client.HTTPException,
-            ValueError,
-        ) as exc:
-            raise _translate(exc, self._timeout) from exc
-        message_id = response.headers.get("X-Message-Id") if response.headers else None
-        return Receipt(provider=CODE, status=response.status_code, message_id=message_id or None)
+
+def encoded_payload(chunk: Chunk) -> bytes:
+    """The Mail Send body for ``chunk``, as JSON bytes."""
+    return orjson.dumps(build_payload(chunk))
+
+
+def _classify(response: httpx.Response) -> ProviderError | None:
+    headers = responses.lower_headers(response.headers.items())
+    return responses.classify(
+        CODE, response.status_code, response.content, headers, now=time.time()
+    )

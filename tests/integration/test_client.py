@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import structlog
 from safedelivr_client import ApiError, AsyncClient, Client
 
 from services import cli
@@ -19,6 +21,17 @@ from shared.config import Settings
 from shared.db import Database
 from tests.conftest import unique
 from tests.integration.harness import served
+
+
+@pytest.fixture(autouse=True)
+def restored_logging() -> Iterator[None]:
+    """The commands configure logging for their process; give the next test its own back."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    structlog.reset_defaults()
 
 
 @dataclass

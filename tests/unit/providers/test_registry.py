@@ -92,5 +92,5 @@ async def test_closed_sendgrid_refuses_to_send() -> None:
     providers = build_providers(ProviderSettings(chain="sg"))
     await close_all(providers)
 
-    with pytest.raises(RuntimeError, match="cannot schedule new futures after shutdown"):
+    with pytest.raises(RuntimeError, match="client has been closed"):
         await providers["sg"].send(chunk())

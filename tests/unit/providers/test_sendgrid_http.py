@@ -143,7 +143,7 @@ async def test_refused_connection_is_transient(server: FakeProviderServer) -> No
 
 
 async def test_unusable_base_url_is_misconfigured() -> None:
-    """A base URL urllib cannot use is reported as misconfiguration."""
+    """A base URL without a scheme is reported as misconfiguration."""
     provider = SendGridProvider(api_key="k", base_url="api.sendgrid.com", timeout=1)
 
     try:
@@ -154,7 +154,7 @@ async def test_unusable_base_url_is_misconfigured() -> None:
 
 
 async def test_concurrent_sends_overlap(server: FakeProviderServer) -> None:
-    """Two sends run at once in threads: their requests overlap and the loop keeps ticking."""
+    """Two sends run at once: their requests overlap and the loop keeps ticking."""
     slow = Reply(status=202, headers={"X-Message-Id": "m"}, delay=0.3)
     server.script(slow, slow)
     provider = SendGridProvider(api_key="k", base_url=server.url, timeout=5)
