@@ -26,10 +26,11 @@ Pure: no I/O; the suppression lookup is the caller's callback.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -116,7 +117,6 @@ _ADDRESS_FORMS = "must be an address string or an object {email, name}"
 _RECIPIENT_FORMS = "must be an address string or an object {email, name, substitutions}"
 
 Errors = dict[str, str]
-Suppressed = Callable[[str], str | None]
 
 
 class InvalidRequest(SafedelivrError):
@@ -186,18 +186,12 @@ def parse_batch_request(
     raw: object,
     *,
     max_recipients: int,
-    suppressed: Suppressed | None = None,
 ) -> BatchRequest:
-    """Validate a decoded ``POST /v1/batches`` body.
-
-    ``suppressed`` is called once per distinct valid recipient with its normalised address and
-    returns a reason when the address is on the user's suppression list (compare
-    case-insensitively there), else None.
+    """Validate a decoded ``POST /v1/batches`` body (suppression is :func:`drop_suppressed`).
 
     Raises:
         InvalidRequest: with every field error collected (``invalid_fields``), or
-            ``too_many_recipients``, or ``no_recipients`` when rejection and suppression
-            leave nobody to send to.
+            ``too_many_recipients``, or ``no_recipients`` when every entry is rejected.
     """
     if not isinstance(raw, dict):
         raise InvalidRequest({"body": "must be a JSON object"})
@@ -240,7 +234,7 @@ def parse_batch_request(
         metadata=metadata,
         bulk=bulk,
     )
-    return scan.finish(message, suppressed)
+    return scan.finish(message)
 
 
 def _path_key(key: object) -> str:
@@ -602,30 +596,41 @@ class _RecipientScan:
             return "must not contain NUL or lone surrogates"
         return None
 
-    def finish(self, message: Message, suppressed: Suppressed | None) -> BatchRequest:
-        """Apply suppression and build the request; raise ``no_recipients`` if none is left."""
-        kept: list[RecipientInput] = []
-        dropped: dict[str, str] = {}  # path -> "is suppressed: reason"
-        addresses: list[str] = []
-        for path, recipient in self.recipients:
-            reason = None if suppressed is None else suppressed(recipient.email)
-            if reason is None:
-                kept.append(recipient)
-            else:
-                dropped[path] = f"is suppressed: {reason}"
-                addresses.append(recipient.email)
+    def finish(self, message: Message) -> BatchRequest:
+        """Build the request; raise ``no_recipients`` if every entry was rejected."""
         rejected = tuple(entry for _, entry in self.rejected.values())
-        if not kept:
-            summary = (
-                f"no deliverable recipient: {len(rejected)} rejected, {len(dropped)} suppressed"
-            )
+        if not self.recipients:
+            summary = no_recipients_summary(len(rejected), 0)
             detail = {path: f"is rejected: {e.reason}" for path, e in self.rejected.values()}
-            raise InvalidRequest(
-                {"to": summary, **detail, **dropped}, code=NO_RECIPIENTS, message=summary
-            )
+            raise InvalidRequest({"to": summary, **detail}, code=NO_RECIPIENTS, message=summary)
         return BatchRequest(
             message=message,
-            recipients=tuple(kept),
+            recipients=tuple(r for _, r in self.recipients),
             rejected=rejected,
-            suppressed=tuple(addresses),
         )
+
+
+def drop_suppressed(request: BatchRequest, listed: Mapping[str, str]) -> BatchRequest:
+    """``request`` without the recipients on the sender's suppression list (``listed``:
+    address key -> reason); they are reported in ``suppressed``. The one rule for every
+    interface that accepts a batch.
+
+    Raises:
+        InvalidRequest: ``no_recipients`` when nobody is left.
+    """
+    if not listed:
+        return request
+    keep = tuple(r for r in request.recipients if address_key(r.email) not in listed)
+    dropped = tuple(r.email for r in request.recipients if address_key(r.email) in listed)
+    if not keep:
+        summary = no_recipients_summary(len(request.rejected), len(dropped))
+        detail = {
+            f"to.{email}": f"{email} is suppressed: {listed[address_key(email)]}"
+            for email in dropped
+        }
+        raise InvalidRequest({"to": summary, **detail}, code=NO_RECIPIENTS, message=summary)
+    return dataclasses.replace(request, recipients=keep, suppressed=(*request.suppressed, *dropped))
+
+
+def no_recipients_summary(rejected: int, suppressed: int) -> str:
+    return f"no deliverable recipient: {rejected} rejected, {suppressed} suppressed"

@@ -13,7 +13,6 @@ broker confirmed ``batch.<uuid>`` or the outbox row guarantees the relay will pu
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -29,7 +28,6 @@ from pydantic import ValidationError
 from services.api.schema import BatchIn, field_errors
 from shared import validation
 from shared.acceptance import Acceptance
-from shared.addresses import address_key
 from shared.background import Background
 from shared.batchstore import BatchStore, NewBatch
 from shared.config import Settings
@@ -211,24 +209,10 @@ class Sending:
     ) -> validation.BatchRequest:
         """Remove addresses on the user's suppression list; none left is a 422."""
         listed = await self.suppressions.suppressed(user_id, (r.email for r in parsed.recipients))
-        if not listed:
-            return parsed
-        keep = tuple(r for r in parsed.recipients if address_key(r.email) not in listed)
-        suppressed = (
-            *parsed.suppressed,
-            *(r.email for r in parsed.recipients if address_key(r.email) in listed),
-        )
-        if not keep:
-            raise ApiError(
-                422,
-                "no_recipients",
-                "every recipient is suppressed or rejected",
-                fields={
-                    "to": f"no deliverable recipient: {len(suppressed)} suppressed, "
-                    f"{len(parsed.rejected)} rejected"
-                },
-            )
-        return dataclasses.replace(parsed, recipients=keep, suppressed=suppressed)
+        try:
+            return validation.drop_suppressed(parsed, listed)
+        except validation.InvalidRequest as exc:
+            raise ApiError(422, exc.code, str(exc), fields=exc.fields) from exc
 
     async def _complete_quietly(self, user_id: uuid.UUID, idem: str, response: bytes) -> None:
         # The batch is stored: a failure here must not turn its 202 into an error. The key
