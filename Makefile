@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 export PYTHON := $(PY)
 
 .PHONY: help install run test test-unit test-integration env-example openapi lint fmt typecheck all services-up \
-        services-down services-status migrate topology bench chaos cov mutate clean
+        services-down services-status migrate topology bench chaos cov cov-decisions mutate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -58,6 +58,12 @@ cov: install services-up ## coverage per package: the unit suite alone (bar: 70 
 	@$(PY) -m tests.coverage_by_package $(COV_UNIT) 70 services/consumers services/webhooks
 	@echo "== the whole suite =="
 	@$(PY) -m tests.coverage_by_package $(COV_ALL)
+
+DECISIONS := services.consumers.protocol services.consumers.failover services.webhooks.transitions shared.precedence
+
+cov-decisions: install ## branch coverage of the pure decision modules by unit tests alone (CI: must be 100 %)
+	$(PY) -m pytest tests/unit -q -p no:randomly --no-header $(addprefix --cov=,$(DECISIONS)) \
+		--cov-branch --cov-report=term-missing --cov-fail-under=100
 
 mutate: install ## mutation testing of the decision modules (not in CI; slow)
 	rm -rf mutants

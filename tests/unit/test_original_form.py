@@ -6,11 +6,13 @@ import pytest
 
 from services.api.original_form import (
     batch_body,
+    batch_row,
     has_essentials,
     is_email,
     is_multipart,
     log_row,
     midnight,
+    options,
     stat_rows,
 )
 
@@ -136,3 +138,42 @@ def test_midnight_is_rfc3339_utc() -> None:
     from datetime import date
 
     assert midnight(date(2017, 8, 1)) == "2017-08-01T00:00:00Z"
+
+
+def test_a_batch_row_has_the_original_columns_and_options() -> None:
+    view = {
+        "batch_id": "b",
+        "subject": "Hi",
+        "created_at": "2026-11-25T10:00:00+00:00",
+        "status": "completed",
+        "from": {"email": "s@example.com", "name": "Shop"},
+        "bulk": False,
+        "failure_reasons": {"mailbox full": 2, "unknown user": 1},
+    }
+
+    row = batch_row(view, "u", "<p>x</p>", ["a@example.com", "b@example.com"])
+
+    assert row == {
+        "batch_id": "b",
+        "user_id": "u",
+        "subject": "Hi",
+        "created_at": "2026-11-25T10:00:00+00:00",
+        "last_updated": "2026-11-25T10:00:00+00:00",
+        "status": "completed",
+        "reason": "mailbox full",
+        "code": "",
+        "description": "",
+        "options": {
+            "from": "s@example.com",
+            "subject": "Hi",
+            "content": "<p>x</p>",
+            "isBulk": "false",
+            "name": "Shop",
+            "to": "a@example.com,b@example.com",
+        },
+    }
+
+
+def test_options_carry_no_to_when_none_is_given() -> None:
+    view = {"from": {"email": "s@example.com"}, "subject": "Hi", "bulk": True}
+    assert "to" not in options(view, None, None)
