@@ -15,12 +15,12 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.errors import ConfigError
+from shared.providers.catalog import CODES
 
 #: Every variable we read starts with this.
 ENV_PREFIX = "SAFEDELIVR_"
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
-_PROVIDER_CODES = ("sg", "mg")
 
 
 def _config(section: str) -> SettingsConfigDict:
@@ -198,9 +198,9 @@ class ProviderSettings(BaseSettings):
         codes = [c.strip() for c in value.split(",") if c.strip()]
         if not codes:
             raise ValueError("needs at least one provider code")
-        unknown = [c for c in codes if c not in _PROVIDER_CODES]
+        unknown = [c for c in codes if c not in CODES]
         if unknown:
-            raise ValueError(f"unknown provider code(s) {unknown}; known: {list(_PROVIDER_CODES)}")
+            raise ValueError(f"unknown provider code(s) {unknown}; known: {list(CODES)}")
         if len(set(codes)) != len(codes):
             raise ValueError("lists a provider twice")
         return ",".join(codes)

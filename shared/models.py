@@ -16,12 +16,34 @@ from pydantic import BaseModel, ConfigDict, Field
 #: ``attempt``: SendGrid's own ``deferred`` events have an ``attempt`` field, which wins.
 ATTEMPT_ARG = "sd_attempt"
 
+#: Headers a message may not set (lower case): we set them ourselves, or providers refuse to
+#: let a request override them. Refused at validation and again by every adapter, so failover
+#: cannot change what a recipient sees.
+RESERVED_HEADERS: frozenset[str] = frozenset(
+    {
+        "to",
+        "from",
+        "subject",
+        "reply-to",
+        "cc",
+        "bcc",
+        "content-type",
+        "content-transfer-encoding",
+        "dkim-signature",
+        "received",
+        "message-id",
+        "mime-version",
+        "x-sg-id",
+        "x-sg-eid",
+    }
+)
+
 #: Summary states of a recipient (as in the original): an outcome ends ``queued``.
 State = Literal["queued", "success", "failed"]
 
-#: Detailed, provider-neutral events of a recipient.
-Event = Literal[
-    "queued",
+#: What a provider can report about a recipient, in our terms (``shared.webhook_events``
+#: maps each provider's own event names onto these).
+Reported = Literal[
     "sent",
     "deferred",
     "delivered",
@@ -29,10 +51,12 @@ Event = Literal[
     "dropped",
     "complained",
     "unsubscribed",
-    "failed",
     "opened",
     "clicked",
 ]
+
+#: Detailed, provider-neutral events of a recipient: the reported ones and our own.
+Event = Literal["queued", Reported, "failed"]
 
 #: Events that settle a recipient's summary state.
 OUTCOME_STATE: dict[str, State] = {

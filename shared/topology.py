@@ -20,8 +20,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from shared.providers.catalog import CODES
+
 #: Provider short codes that may appear as the first word of a dispatch key.
-PROVIDER_CODES = ("sg", "mg")
+PROVIDER_CODES = CODES
 
 #: Header that routes a message to a delay queue on the delay (headers) exchange. It must not
 #: start with ``x-``: a headers exchange ignores such headers when matching, so every binding

@@ -46,7 +46,7 @@ from shared.addresses import (
     text_problem,
 )
 from shared.errors import SafedelivrError
-from shared.models import Address, Message
+from shared.models import RESERVED_HEADERS, Address, Message
 
 InvalidRequestCode = Literal["invalid_fields", "no_recipients", "too_many_recipients"]
 INVALID_FIELDS: Final = "invalid_fields"
@@ -69,25 +69,6 @@ MAX_SUBSTITUTION_KEY_LENGTH = 128
 MAX_SUBSTITUTIONS_BYTES = 10_000
 """Per recipient, JSON-encoded (SendGrid's limit per personalization)."""
 
-#: Headers a client may not set: we set them, or providers refuse them.
-RESERVED_HEADERS: Final = frozenset(
-    [
-        "to",
-        "from",
-        "subject",
-        "reply-to",
-        "cc",
-        "bcc",
-        "content-type",
-        "content-transfer-encoding",
-        "dkim-signature",
-        "received",
-        "message-id",
-        "mime-version",
-        "x-sg-id",
-        "x-sg-eid",
-    ]
-)
 
 #: The top-level fields of a batch request.
 FIELDS: Final = frozenset(

@@ -34,21 +34,10 @@ import orjson
 
 from shared.addresses import address_key
 from shared.errors import SafedelivrError
-from shared.models import ATTEMPT_ARG, OUTCOME_STATE, State
+from shared.models import ATTEMPT_ARG, OUTCOME_STATE, Reported, State
 
 #: What happened to a recipient, in our terms; ``unknown`` for events we do not interpret.
-Kind = Literal[
-    "sent",
-    "deferred",
-    "delivered",
-    "bounced",
-    "dropped",
-    "complained",
-    "unsubscribed",
-    "opened",
-    "clicked",
-    "unknown",
-]
+Kind = Literal[Reported, "unknown"]
 
 #: Every kind, in declaration order.
 KINDS: tuple[Kind, ...] = get_args(Kind)

@@ -31,6 +31,7 @@ from shared.errors import DependencyUnavailable
 from shared.http import ApiError
 from shared.logs import bound
 from shared.providers import mailgun_events, sendgrid_events
+from shared.providers.catalog import CODES
 from shared.settle import Delivery
 from shared.webhook_events import MalformedPayload
 from shared.webhook_tokens import WebhookTokens
@@ -112,7 +113,7 @@ class Intake:
         """Apply one queued delivery (the consumer of ``<exchange>.webhooks``)."""
         key = message.routing_key or ""
         provider = key.removeprefix("hook.")
-        if provider not in ("sg", "mg"):
+        if provider not in CODES:
             raise MalformedPayload(f"not a webhook intake key: {key}")
         headers = message.headers or {}
         try:

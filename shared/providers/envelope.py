@@ -30,26 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from shared.addresses import address_key
 from shared.errors import PermanentProviderError
-from shared.models import Address, Chunk, Recipient
-
-#: Headers SendGrid refuses to let a request override; we refuse them for every provider so
-#: failover cannot change what a recipient sees.
-RESERVED_HEADERS = frozenset(
-    {
-        "x-sg-id",
-        "x-sg-eid",
-        "received",
-        "dkim-signature",
-        "content-type",
-        "content-transfer-encoding",
-        "to",
-        "from",
-        "subject",
-        "reply-to",
-        "cc",
-        "bcc",
-    }
-)
+from shared.models import RESERVED_HEADERS, Address, Chunk, Recipient
 
 # A header name is printable ASCII without ':' (RFC 5322 section 2.2).
 _HEADER_NAME = re.compile(r"^[!-9;-~]+$")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-#: Recipients (to+cc+bcc) one request may carry, per provider code.
-MAX_RECIPIENTS: dict[str, int] = {"sg": 1000, "mg": 1000}
+from shared.providers.catalog import CATALOG
 
 
 def chunk_size(chain: Iterable[str], *, copies: int = 0) -> int:
@@ -14,4 +13,4 @@ def chunk_size(chain: Iterable[str], *, copies: int = 0) -> int:
     ``copies`` (cc + bcc addresses) ride along with a shared message and count towards the
     provider's per-request recipient limit.
     """
-    return max(1, min(MAX_RECIPIENTS[code] for code in chain) - copies)
+    return max(1, min(CATALOG[code].max_recipients for code in chain) - copies)

@@ -40,11 +40,13 @@ from shared.errors import TransientProviderError
 from shared.models import ATTEMPT_ARG, Chunk
 from shared.providers import envelope, responses, transport
 from shared.providers.base import LookupQuery, Receipt
+from shared.providers.catalog import CATALOG
 
 #: Our code for Mailgun in routing keys and errors.
 CODE = "mg"
-#: Recipients Mailgun accepts in one batch-sending request.
-MAX_RECIPIENTS = 1000
+#: What one request may carry (``shared.providers.catalog``).
+INFO = CATALOG[CODE]
+MAX_RECIPIENTS = INFO.max_recipients
 #: Tags Mailgun accepts per message; extra categories are dropped.
 MAX_TAGS = 3
 #: Events per page of the Events API (its maximum).
@@ -140,7 +142,7 @@ class MailgunProvider:
     """Sends chunks through Mailgun's messages API."""
 
     code: str = CODE
-    name: str = "Mailgun"
+    name: str = INFO.name
     max_recipients: int = MAX_RECIPIENTS
 
     def __init__(

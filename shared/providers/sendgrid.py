@@ -54,11 +54,13 @@ from shared.errors import PermanentProviderError, ProviderError, TransientProvid
 from shared.models import ATTEMPT_ARG, Chunk, Recipient
 from shared.providers import envelope, responses, transport
 from shared.providers.base import LookupQuery, Receipt
+from shared.providers.catalog import CATALOG
 
 #: Our code for SendGrid in routing keys and errors.
 CODE = "sg"
-#: Recipients (to+cc+bcc) and personalizations SendGrid accepts in one request.
-MAX_RECIPIENTS = 1000
+#: What one request may carry (``shared.providers.catalog``).
+INFO = CATALOG[CODE]
+MAX_RECIPIENTS = INFO.max_recipients
 #: Categories SendGrid accepts per message; extra ones are dropped.
 MAX_CATEGORIES = 10
 #: Most messages one Email Activity answer may list (an attempt has at most 1,000 recipients).
@@ -159,7 +161,7 @@ class SendGridProvider:
     """Sends chunks through SendGrid's v3 Mail Send API."""
 
     code: str = CODE
-    name: str = "SendGrid"
+    name: str = INFO.name
     max_recipients: int = MAX_RECIPIENTS
 
     def __init__(

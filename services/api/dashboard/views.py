@@ -18,11 +18,15 @@ from markupsafe import Markup
 
 from services.api.dashboard.charts import Series, stacked_bars
 from shared.addresses import AddressError, normalize_email, split_address_list
+from shared.providers.catalog import CATALOG
 from shared.sessions import safe_next
 from shared.webhook_events import KIND_RANK
 
 #: Provider codes as people know them.
-PROVIDER_NAMES: Mapping[str, str] = {"sg": "SendGrid", "mg": "Mailgun", "safedelivr": "Safedelivr"}
+PROVIDER_NAMES: Mapping[str, str] = {
+    **{code: info.name for code, info in CATALOG.items()},
+    "safedelivr": "Safedelivr",
+}
 
 #: The overview chart's series, bottom to top (Okabe-Ito colours: safe for colour blindness,
 #: each at least 3:1 against the white background).
