@@ -8,9 +8,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from services.api.auth import require_key
+from services.api.managing import Managing
 from services.api.queries import decode_cursor, encode_cursor, page_limit
+from services.api.schema import KeyIn, SuppressionIn, checked
 from shared import accounts
-from shared.addresses import AddressError, address_key, normalize_email
 from shared.http import JSON, ApiError, read_json
 from shared.stats import MAX_RANGE_DAYS, StatsStore, zero_filled
 from shared.suppressions import SuppressionStore
@@ -45,23 +46,16 @@ async def list_suppressions(request: Request) -> Response:
 async def add_suppression(request: Request) -> Response:
     key = await require_key(request)
     _, body = await read_json(request, SMALL_BODY)
-    if not isinstance(body, dict) or not isinstance(body.get("email"), str):
-        raise ApiError(422, "invalid_fields", "an email is required", fields={"email": "required"})
-    reason = body.get("reason", "manual")
-    if not isinstance(reason, str) or not 1 <= len(reason) <= 200:
-        raise ApiError(422, "invalid_fields", "bad reason", fields={"reason": "1-200 chars"})
-    try:
-        email = normalize_email(body["email"])
-    except AddressError as exc:
-        raise ApiError(422, "invalid_fields", "bad address", fields={"email": exc.reason}) from exc
-    await request.app.state.suppressions.add(key.user_id, email, reason=reason, source="api")
-    return JSON({"email": address_key(email), "reason": reason}, status_code=201)
+    wanted = checked(SuppressionIn, body)
+    managing: Managing = request.app.state.managing
+    done = await managing.suppress(key.user_id, wanted.email, wanted.reason, source="api")
+    return JSON({"email": done.email, "reason": done.reason}, status_code=201)
 
 
 async def delete_suppression(request: Request) -> Response:
     key = await require_key(request)
-    email = request.path_params["email"]
-    if not await request.app.state.suppressions.remove(key.user_id, email):
+    managing: Managing = request.app.state.managing
+    if not await managing.unsuppress(key.user_id, request.path_params["email"]):
         raise ApiError(404, "not_found", "that address is not suppressed")
     return Response(status_code=204)
 
@@ -99,17 +93,16 @@ async def get_stats(request: Request) -> Response:
 
 async def list_keys(request: Request) -> Response:
     key = await require_key(request)
-    records = await accounts.list_keys(request.app.state.resources.db, key.user_id)
-    return JSON({"data": [accounts.key_view(r) for r in records]})
+    managing: Managing = request.app.state.managing
+    return JSON({"data": [accounts.key_view(r) for r in await managing.keys(key.user_id)]})
 
 
 async def create_key(request: Request) -> Response:
     key = await require_key(request)
     _, body = await read_json(request, SMALL_BODY)
-    name = body.get("name", "api") if isinstance(body, dict) else None
-    if not isinstance(name, str) or not 1 <= len(name) <= 100:
-        raise ApiError(422, "invalid_fields", "bad name", fields={"name": "1-100 characters"})
-    plaintext = await accounts.create_key(request.app.state.resources.db, key.user_id, name)
+    wanted = checked(KeyIn, body if body is not None else {})
+    managing: Managing = request.app.state.managing
+    plaintext, name = await managing.create_key(key.user_id, wanted.name, default="api")
     return JSON(
         {"key": plaintext, "name": name, "note": "shown once; store it now"}, status_code=201
     )
@@ -117,7 +110,7 @@ async def create_key(request: Request) -> Response:
 
 async def revoke_key(request: Request) -> Response:
     key = await require_key(request)
-    key_id = request.path_params["key_id"]
-    if not await accounts.revoke_key(request.app.state.resources.db, key.user_id, key_id):
+    managing: Managing = request.app.state.managing
+    if not await managing.revoke_key(key.user_id, request.path_params["key_id"]):
         raise ApiError(404, "not_found", "no such key")
     return Response(status_code=204)

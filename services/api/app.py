@@ -15,6 +15,7 @@ from starlette.routing import Route
 
 from services.api import account, batches, oauth
 from services.api.dashboard import create_templates, dashboard_routes
+from services.api.managing import Managing
 from services.api.openapi import openapi_json
 from services.api.original import original_routes
 from services.api.sending import Sending
@@ -54,6 +55,7 @@ def create_app(settings: Settings) -> Starlette:
             state.idempotency = IdempotencyStore(res.db, lease=settings.api.idempotency_lease)
             state.suppressions = SuppressionStore(res.db)
             state.background = Background()
+            state.managing = Managing(res.db, state.suppressions)
             state.sending = Sending(
                 settings=settings,
                 acceptance=state.acceptance,

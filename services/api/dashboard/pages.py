@@ -33,6 +33,7 @@ from starlette.templating import Jinja2Templates
 
 from services.api import openapi, queries
 from services.api.dashboard import views
+from services.api.managing import Managing
 from services.api.openapi import openapi_doc
 from services.api.sending import Sending
 from services.api.sessions import (
@@ -44,7 +45,7 @@ from services.api.sessions import (
     verify_csrf,
 )
 from shared import accounts
-from shared.addresses import AddressError, address_key, normalize_email
+from shared.addresses import address_key
 from shared.batchstore import BatchHeader, BatchStore
 from shared.config import Settings
 from shared.db import Database
@@ -209,6 +210,11 @@ def page(handler: Handler) -> Handler:
         return response
 
     return wrapped
+
+
+def _managing(request: Request) -> Managing:
+    managing: Managing = request.app.state.managing
+    return managing
 
 
 async def _user(request: Request) -> SessionUser:
@@ -450,7 +456,7 @@ async def send(request: Request) -> Response:
 async def _keys_page(
     request: Request, user: SessionUser, *, status: int = 200, **extra: Any
 ) -> Response:
-    records = await accounts.list_keys(_db(request), user.user_id)
+    records = await _managing(request).keys(user.user_id)
     rows = views.key_rows(accounts.key_view(r) for r in records)
     revoked = extra.pop("revoked", None)
     context: dict[str, Any] = {
@@ -472,16 +478,13 @@ async def keys(request: Request) -> Response:
     if request.method != "POST":
         return await _keys_page(request, user, revoked=request.query_params.get("revoked"))
     form = await _checked_form(request, user)
-    name = (form.get("name") or "").strip() or "dashboard"
-    if len(name) > 100:
-        return await _keys_page(
-            request,
-            user,
-            name=name,
-            errors={"name": ["Name must be at most 100 characters"]},
-            status=422,
+    try:
+        plaintext, name = await _managing(request).create_key(
+            user.user_id, form.get("name"), default="dashboard"
         )
-    plaintext = await accounts.create_key(_db(request), user.user_id, name)
+    except ApiError as exc:
+        errors = views.form_errors(exc.fields or {}, form_fields={"name"})
+        return await _keys_page(request, user, name=form.get("name", ""), errors=errors, status=422)
     return render(
         request,
         "key_created.html",
@@ -501,7 +504,7 @@ async def revoke_key(request: Request) -> Response:
     user = await _user(request)
     await _checked_form(request, user)
     key_id = request.path_params["key_id"]
-    if not await accounts.revoke_key(_db(request), user.user_id, key_id):
+    if not await _managing(request).revoke_key(user.user_id, key_id):
         raise ApiError(404, "not_found", "There is no such key in your account.")
     return see_other("/keys", revoked=key_id)
 
@@ -540,19 +543,14 @@ async def suppressions(request: Request) -> Response:
         return await _suppressions_page(request, user, notice=notice)
     form = await _checked_form(request, user)
     values = {"email": form.get("email", "").strip(), "reason": form.get("reason", "").strip()}
-    reason = values["reason"] or "manual"
-    errors: dict[str, list[str]] = {}
-    email = ""
     try:
-        email = normalize_email(values["email"])
-    except AddressError as exc:
-        errors["email"] = [f"Email {exc.reason}" if values["email"] else "Email is required"]
-    if len(reason) > 200:
-        errors["reason"] = ["Reason must be at most 200 characters"]
-    if errors:
+        done = await _managing(request).suppress(
+            user.user_id, values["email"], values["reason"], source="dashboard"
+        )
+    except ApiError as exc:
+        errors = views.form_errors(exc.fields or {}, form_fields={"email", "reason"})
         return await _suppressions_page(request, user, status=422, errors=errors, values=values)
-    await _state(request).suppressions.add(user.user_id, email, reason=reason, source="dashboard")
-    return see_other("/suppressions", added=address_key(email))
+    return see_other("/suppressions", added=done.email)
 
 
 @page
@@ -560,8 +558,7 @@ async def remove_suppression(request: Request) -> Response:
     user = await _user(request)
     form = await _checked_form(request, user)
     email = form.get("email", "").strip()
-    store: SuppressionStore = _state(request).suppressions
-    if email and await store.remove(user.user_id, email):
+    if await _managing(request).unsuppress(user.user_id, email):
         return see_other("/suppressions", removed=address_key(email))
     return see_other("/suppressions", absent=address_key(email))
 

@@ -8,7 +8,7 @@ to these functions; the templates only lay them out.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
@@ -482,7 +482,16 @@ def compose_body(form: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
-_LABELS = {"from": "From", "to": "To", "subject": "Subject", "text": "Text", "html": "HTML"}
+_LABELS = {
+    "from": "From",
+    "to": "To",
+    "subject": "Subject",
+    "text": "Text",
+    "html": "HTML",
+    "email": "Email",
+    "reason": "Reason",
+    "name": "Name",
+}
 
 
 def _sentence(label: str, message: str) -> str:
@@ -491,9 +500,14 @@ def _sentence(label: str, message: str) -> str:
     return message[:1].upper() + message[1:]
 
 
-def form_errors(fields: Mapping[str, str], entries: Sequence[str] = ()) -> dict[str, list[str]]:
+def form_errors(
+    fields: Mapping[str, str],
+    entries: Sequence[str] = (),
+    form_fields: Collection[str] = _FORM_FIELDS,
+) -> dict[str, list[str]]:
     """Validation field paths (``to[3]``, ``from.email``, ``subject``) as messages per form
-    field; paths that belong to no form field are collected under ``form``.
+    field (the send form's, unless ``form_fields`` names another form's); paths that belong
+    to no form field are collected under ``form``.
 
     ``entries`` are the submitted recipients, so ``to[3]`` can name the address it is about.
     """
@@ -501,7 +515,7 @@ def form_errors(fields: Mapping[str, str], entries: Sequence[str] = ()) -> dict[
     for path, message in fields.items():
         indexed = _INDEXED.match(path)
         name = indexed["field"] if indexed else re.split(r"[.\[]", path, maxsplit=1)[0]
-        if name not in _FORM_FIELDS:
+        if name not in form_fields:
             name = "form"
         if indexed and name == "to":
             index = int(indexed["index"])
