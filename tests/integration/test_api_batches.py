@@ -9,13 +9,11 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from services.api.app import create_app
 from shared import accounts
 from shared.config import Settings
 from shared.db import Database
 from shared.ratelimit import RecipientQuota
 from tests.conftest import unique
-from tests.integration.harness import client_for, running
 
 GOOD = {
     "from": "Shop <shop@example.com>",
@@ -23,19 +21,6 @@ GOOD = {
     "subject": "Hi",
     "text": "Hello",
 }
-
-
-@pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    """The API app with its private topology, which the test deletes again."""
-    app = create_app(settings)
-    async with running(app), client_for(app) as client:
-        broker = app.state.resources.broker
-        await broker.declare()
-        try:
-            yield client
-        finally:
-            await broker.delete()
 
 
 @pytest.fixture

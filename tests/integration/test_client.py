@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import structlog
 from safedelivr_client import ApiError, AsyncClient, Client
 
 from services import cli
@@ -22,16 +20,8 @@ from shared.db import Database
 from tests.conftest import unique
 from tests.integration.harness import served
 
-
-@pytest.fixture(autouse=True)
-def restored_logging() -> Iterator[None]:
-    """The commands configure logging for their process; give the next test its own back."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    structlog.reset_defaults()
+#: The sender commands configure logging as their process would.
+pytestmark = pytest.mark.usefixtures("restored_logging")
 
 
 @dataclass

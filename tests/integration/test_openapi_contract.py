@@ -3,31 +3,13 @@ RabbitMQ): its documented status, and a body its answer model validates."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
-import pytest
 
-from services.api.app import create_app
 from services.api.openapi import OPERATIONS, Operation
 from services.api.schema import ErrorBody
 from shared import accounts
-from shared.config import Settings
 from shared.db import Database
 from tests.conftest import unique
-from tests.integration.harness import client_for, running
-
-
-@pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings)
-    async with running(app), client_for(app) as client:
-        broker = app.state.resources.broker
-        await broker.declare()
-        try:
-            yield client
-        finally:
-            await broker.delete()
 
 
 def _op(operation_id: str) -> Operation:

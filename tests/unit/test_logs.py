@@ -5,20 +5,8 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterator
-
-import pytest
 
 from shared.logs import bound, configure_logging
-
-
-@pytest.fixture
-def restored_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def test_a_record_logged_inside_a_bound_block_carries_its_context(
