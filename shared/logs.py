@@ -67,8 +67,9 @@ def configure_logging(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # The Cassandra driver and aio-pika are chatty at INFO about reconnects we already report.
-    for noisy in ("cassandra", "aio_pika", "aiormq"):
+    # The Cassandra driver and aio-pika are chatty at INFO about reconnects we already report;
+    # httpx logs every request at INFO (every provider call, every client command).
+    for noisy in ("cassandra", "aio_pika", "aiormq", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
     logging.getLogger("cassandra.protocol").addFilter(_drop_use_keyspace_warning)
 

@@ -50,3 +50,13 @@ def test_an_exception_is_rendered_into_the_json_line(restored_logging: None) -> 
 
     record = json.loads(out.getvalue())
     assert "ValueError: boom" in record["exception"]
+
+
+def test_httpx_request_lines_are_not_logged_at_info(restored_logging: None) -> None:
+    out = io.StringIO()
+    configure_logging("INFO", fmt="json", stream=out)
+
+    logging.getLogger("httpx").info("HTTP Request: POST https://api.sendgrid.com/v3/mail/send")
+    logging.getLogger("httpx").warning("retrying")
+
+    assert [json.loads(line)["event"] for line in out.getvalue().splitlines()] == ["retrying"]
