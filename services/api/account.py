@@ -100,7 +100,7 @@ async def list_keys(request: Request) -> Response:
 async def create_key(request: Request) -> Response:
     key = await require_key(request)
     _, body = await read_json(request, SMALL_BODY)
-    wanted = checked(KeyIn, body if body is not None else {})
+    wanted = checked(KeyIn, body)
     managing: Managing = request.app.state.managing
     plaintext, name = await managing.create_key(key.user_id, wanted.name, default="api")
     return JSON(

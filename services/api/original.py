@@ -36,7 +36,7 @@ from services.api.original_form import (
     stat_rows,
 )
 from services.api.sending import Sending
-from services.api.sessions import current_user, same_origin
+from services.api.sessions import current_user, own_origins, same_origin
 from shared.batchstore import BatchHeader, BatchStore
 from shared.config import Settings
 from shared.http import ApiError, read_capped
@@ -138,12 +138,7 @@ def _from_our_origin(request: Request) -> bool:
     site = request.headers.get("sec-fetch-site")
     if origin is None and site is None:
         return False
-    settings: Settings = request.app.state.settings
-    allowed = {
-        settings.api.public_url.rstrip("/").lower(),
-        str(request.base_url).rstrip("/").lower(),
-    }
-    return same_origin(origin, site, allowed) and (site or "same-origin") != "same-site"
+    return same_origin(origin, site, own_origins(request)) and site != "same-site"
 
 
 async def post_batch(request: Request) -> Response:

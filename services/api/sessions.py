@@ -86,15 +86,19 @@ async def require_user(request: Request) -> SessionUser:
 
 async def verify_csrf(request: Request, user: SessionUser, form_token: str | None) -> None:
     """Refuse a cookie-authenticated state change that is cross-origin or lacks the token."""
-    settings: Settings = request.app.state.settings
-    allowed = {_origin(settings.api.public_url), _origin(str(request.base_url))}
     if not same_origin(
-        request.headers.get("origin"), request.headers.get("sec-fetch-site"), allowed
+        request.headers.get("origin"), request.headers.get("sec-fetch-site"), own_origins(request)
     ):
         raise ApiError(403, "csrf", "cross-origin request refused")
     token = form_token or request.headers.get("x-csrf-token") or ""
     if not token or not hmac.compare_digest(token.encode(), user.csrf_token.encode()):
         raise ApiError(403, "csrf", "missing or invalid CSRF token; reload the page and retry")
+
+
+def own_origins(request: Request) -> set[str]:
+    """The origins our own pages are served from: the public URL's and this request's."""
+    settings: Settings = request.app.state.settings
+    return {_origin(settings.api.public_url), _origin(str(request.base_url))}
 
 
 def same_origin(origin: str | None, fetch_site: str | None, allowed: set[str]) -> bool:

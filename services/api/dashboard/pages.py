@@ -34,7 +34,6 @@ from starlette.templating import Jinja2Templates
 from services.api import openapi, queries
 from services.api.dashboard import views
 from services.api.managing import Managing
-from services.api.openapi import openapi_doc
 from services.api.sending import Sending
 from services.api.sessions import (
     LoginRequired,
@@ -287,7 +286,7 @@ async def api_docs(request: Request) -> Response:
     context = {
         "title": "API reference",
         "active": "docs",
-        **openapi.reference(openapi_doc(request)),
+        **openapi.reference(openapi.openapi_doc(request)),
     }
     return render(request, "api_docs.html", context)
 
