@@ -3,14 +3,23 @@
 The driver runs its own I/O thread (libev when available); :meth:`Database.execute` hands the
 driver's ``ResponseFuture`` callbacks back to the event loop with ``call_soon_threadsafe`` so
 no coroutine ever blocks. Driver exceptions become :class:`~shared.errors.DependencyUnavailable`
-here, at the boundary.
+here, at the boundary, and so does the server's "CAS operation result is unknown" (protocol v5
+error 0x1700, which the driver does not know): like a CAS write timeout, the caller re-reads.
+
+A batch of prepared statements that a node no longer knows is re-prepared here: the driver
+re-prepares single statements itself, but for a batch it looks the statement up by the id the
+node reports and, when that lookup misses, fails inside its own callback (``AttributeError:
+'bytes' object has no attribute 'encode'``, seen after a node of a 3-node cluster was killed
+under load). Left alone, every retry of that batch failed the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import socket
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,9 +39,11 @@ from cassandra.policies import (
     ExponentialReconnectionPolicy,
     TokenAwarePolicy,
 )
+from cassandra.protocol import ErrorMessage, PreparedQueryNotFound
 from cassandra.query import (
     BatchStatement,
     BatchType,
+    BoundStatement,
     PreparedStatement,
     SimpleStatement,
     Statement,
@@ -55,6 +66,8 @@ _OUTAGE: tuple[type[BaseException], ...] = (
     RequestExecutionException,
     OSError,
 )
+#: Protocol v5 CAS_WRITE_UNKNOWN: a lightweight transaction may or may not have applied.
+_CAS_WRITE_UNKNOWN = 0x1700
 Params = Sequence[Any] | Mapping[str, Any] | None
 
 
@@ -195,6 +208,10 @@ class Database:
             return await result
         except _OUTAGE as exc:
             raise DependencyUnavailable("cassandra", _describe(exc)) from exc
+        except ErrorMessage as exc:
+            if exc.code == _CAS_WRITE_UNKNOWN:
+                raise DependencyUnavailable("cassandra", _describe(exc)) from exc
+            raise
 
     async def batch(self, statements: Sequence[Statement], *, logged: bool = False) -> None:
         """Run bound statements as one batch: unlogged (one partition, or several where
@@ -204,11 +221,33 @@ class Database:
         driver retries the batch."""
         if not statements:
             return
-        batch = BatchStatement(batch_type=BatchType.LOGGED if logged else BatchType.UNLOGGED)
-        batch.is_idempotent = True
-        for stmt in statements:
-            batch.add(stmt)
-        await self.execute(batch)
+        try:
+            await self.execute(_batch(statements, logged))
+        except Exception as exc:
+            if not _lost_prepared(exc):
+                raise
+            log.warning("a node lost a prepared statement of a batch; re-preparing: %r", exc)
+            try:
+                fresh = [await self._reprepared(stmt) for stmt in statements]
+                await self.execute(_batch(fresh, logged))
+            except Exception as again:
+                if isinstance(again, DependencyUnavailable) or not _lost_prepared(again):
+                    raise
+                raise DependencyUnavailable("cassandra", _describe(again)) from again
+
+    async def _reprepared(self, stmt: Statement) -> Statement:
+        """The same bound values under a statement prepared again on every node."""
+        if not isinstance(stmt, BoundStatement):
+            return stmt
+        cql = stmt.prepared_statement.query_string
+        try:
+            prepared = await asyncio.to_thread(self.session.prepare, cql)
+        except _OUTAGE as exc:
+            raise DependencyUnavailable("cassandra", _describe(exc)) from exc
+        self._prepared[cql] = prepared
+        bound = copy.copy(stmt)
+        bound.prepared_statement = prepared
+        return bound
 
     async def rows(self, query: str | Statement, params: Params = None, **kw: Any) -> list[Row]:
         return (await self.execute(query, params, **kw)).rows
@@ -228,6 +267,26 @@ class Database:
             if page.paging_state is None:
                 return out
             state = page.paging_state
+
+
+def _batch(statements: Sequence[Statement], logged: bool) -> BatchStatement:
+    batch = BatchStatement(batch_type=BatchType.LOGGED if logged else BatchType.UNLOGGED)
+    batch.is_idempotent = True
+    for stmt in statements:
+        batch.add(stmt)
+    return batch
+
+
+def _lost_prepared(exc: BaseException) -> bool:
+    """Whether a batch failed because a node no longer knows one of its statements: the
+    server's UNPREPARED, or the driver's own failure while handling it (a lookup error raised
+    in its ResponseFuture, never one of ours)."""
+    if isinstance(exc, PreparedQueryNotFound):
+        return True
+    if not isinstance(exc, (AttributeError, KeyError)) or exc.__traceback__ is None:
+        return False
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and frames[-1].filename.endswith("cassandra/cluster.py")
 
 
 def _settle(fut: asyncio.Future[Page], page: Page | None, exc: BaseException | None) -> None:

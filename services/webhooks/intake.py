@@ -97,7 +97,8 @@ class Intake:
         except MalformedPayload as exc:
             raise ApiError(400, "malformed_body", str(exc)) from exc
         except (DependencyUnavailable, TimeoutError) as exc:
-            log.warning("queueing a %s delivery: %s", provider, exc or "Cassandra too slow")
+            reason = str(exc) or f"Cassandra did not answer within {self.budget:g} s"
+            log.warning("queueing a %s delivery: %s", provider, reason)
         try:
             await self.broker.publish(
                 intake_key(provider), raw, headers={RECEIVED_AT: str(received_at)}
