@@ -11,7 +11,8 @@ PY := $(VENV)/bin/python
 export PYTHON := $(PY)
 
 .PHONY: help install run test test-unit test-integration env-example openapi lint fmt typecheck all services-up \
-        services-down services-status migrate topology bench chaos cov cov-decisions mutate clean
+        services-down services-status migrate topology bench chaos cluster-up cluster-down cluster-test \
+        cov cov-decisions mutate clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -105,6 +106,15 @@ bench: install services-up ## the benchmark; JSON results in bench/results/
 
 chaos: install services-up ## fault tests, a soak under faults, the invariants (last line JSON)
 	$(PY) -m chaos.run $(CHAOS_ARGS)
+
+cluster-up: install ## start deploy/cluster: 3 Cassandra nodes (127.0.0.1-3, RF 3) and 3 RabbitMQ nodes
+	deploy/cluster/cluster.sh up
+
+cluster-down: ## stop the nodes of deploy/cluster
+	deploy/cluster/cluster.sh down
+
+cluster-test: cluster-up ## the soak against deploy/cluster, killing one node of each under load (last line JSON)
+	set -a && eval "$$(deploy/cluster/cluster.sh env)" && set +a && $(PY) -m chaos.run --cluster $(CHAOS_ARGS)
 
 clean: ## remove the virtualenv (keeps service data in .state)
 	rm -rf $(VENV)

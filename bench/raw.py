@@ -30,7 +30,7 @@ from bench import child
 from bench.workload import BatchFactory
 from shared.attempts import AttemptStore, chunk_line, tag
 from shared.batchstore import BatchStore
-from shared.broker import Broker
+from shared.broker import Broker, connect_nodes
 from shared.config import Settings, load_settings
 from shared.db import Database
 from shared.models import BatchJob, ChunkJob
@@ -221,7 +221,7 @@ async def e2e(spec: dict[str, Any]) -> dict[str, Any]:
         if len(acked) == len(jobs):
             all_done.set()
 
-    connection = await aio_pika.connect_robust(settings.amqp.url.get_secret_value())
+    connection = await connect_nodes(settings.amqp.url.get_secret_value(), name="bench-raw")
     channel = await connection.channel()
     await channel.set_qos(prefetch_count=int(spec["prefetch"]))
     queue = await channel.get_queue(topology_for(settings).provider_queue(provider.code))

@@ -26,7 +26,7 @@ from bench.sampler import ProcessSampler
 from bench.services import SERVICES, ServiceProcesses, free_port
 from services.sandbox import signing
 from shared import accounts
-from shared.broker import Broker
+from shared.broker import Broker, connect_nodes
 from shared.config import Settings, load_settings
 from shared.db import Database
 from shared.migrations import migrate
@@ -176,7 +176,9 @@ class Stack:
         await self.broker.connect()
         self._topology_declared = True
         await self.broker.declare()
-        self._admin = await aio_pika.connect_robust(self.settings.amqp.url.get_secret_value())
+        self._admin = await connect_nodes(
+            self.settings.amqp.url.get_secret_value(), name="bench-admin"
+        )
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
         self.user_id = await accounts.ensure_user(self.db, f"bench-{self.run_id.lower()}")
         self.api_key = await accounts.create_key(self.db, self.user_id, "bench")

@@ -32,6 +32,8 @@ class Step:
     at: float
     what: str
     run: Callable[[Stack], Awaitable[None]]
+    wait: bool = True
+    """False: the next step may start while this one still runs (overlapping outages)."""
 
 
 def crash(service: str, down: float) -> Callable[[Stack], Awaitable[None]]:
@@ -95,6 +97,38 @@ def cassandra_pause(seconds: float) -> Callable[[Stack], Awaitable[None]]:
     return go
 
 
+#: deploy/cluster's control script (``make cluster-test``).
+CLUSTER_SCRIPT = "deploy/cluster/cluster.sh"
+
+
+def node_outage(kind: str, node: int, down: float) -> Callable[[Stack], Awaitable[None]]:
+    """kill -9 node ``node`` of the local ``kind`` cluster (cassandra or rabbitmq), leave it
+    dead for ``down`` seconds, start it again (it rejoins with its data)."""
+
+    async def go(stack: Stack) -> None:
+        await asyncio.to_thread(_cluster, "kill", kind, str(node))
+        try:
+            await asyncio.sleep(down)
+        finally:
+            await asyncio.to_thread(_cluster, "start", kind, str(node))
+
+    return go
+
+
+def _cluster(*args: str) -> None:
+    subprocess.run(["bash", CLUSTER_SCRIPT, *args], check=True, capture_output=True, timeout=300)
+
+
+def cluster_schedule() -> list[Step]:
+    """``make cluster-test``: one Cassandra node and one RabbitMQ node die under load, their
+    outages overlapping. Node 1 of each is the first contact point and the first AMQP node
+    of every process, so it holds the most connections (and the Cassandra seed)."""
+    return [
+        Step(8, "kill -9 Cassandra node 1 for 30 s", node_outage("cassandra", 1, 30), False),
+        Step(14, "kill -9 RabbitMQ node 1 for 20 s", node_outage("rabbitmq", 1, 20)),
+    ]
+
+
 def schedule(timeout: float) -> list[Step]:
     """The default schedule over about 60 seconds of load. ``timeout`` is the providers'
     request timeout: an accepted call that answers later is ambiguous."""
@@ -140,15 +174,24 @@ async def run_schedule(stack: Stack, steps: list[Step], printer: Printer) -> lis
     """Run ``steps`` from now; return the failures (a step that failed is reported, and the
     soak goes on: the invariants must hold whatever happened)."""
     t0 = time.monotonic()
-    failures = []
-    for step in steps:
-        await asyncio.sleep(max(0.0, step.at - (time.monotonic() - t0)))
-        printer(f"fault: {step.what}")
+    failures: list[str] = []
+
+    async def run(step: Step) -> None:
         try:
             await step.run(stack)
         except Exception as exc:  # noqa: BLE001 - reported with the verdict
             failures.append(f"{step.what}: {type(exc).__name__}: {exc}")
             printer(f"fault step failed: {type(exc).__name__}: {exc}")
+
+    overlapping = []
+    for step in steps:
+        await asyncio.sleep(max(0.0, step.at - (time.monotonic() - t0)))
+        printer(f"fault: {step.what}")
+        if step.wait:
+            await run(step)
+        else:
+            overlapping.append(asyncio.create_task(run(step)))
+    await asyncio.gather(*overlapping)
     with contextlib.suppress(Exception):
         await clear_provider_faults(stack)
     return failures

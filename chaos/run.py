@@ -101,6 +101,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--soak-only", action="store_true", help="skip the deterministic tests")
     parser.add_argument("--no-faults", action="store_true", help="the soak without its faults")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="against deploy/cluster (make cluster-test): node outages instead of the single-"
+        "node faults, and no deterministic tests (they use the single-node services)",
+    )
     return parser.parse_args(argv)
 
 
@@ -138,11 +144,12 @@ async def soak(args: argparse.Namespace, printer: Printer) -> dict[str, Any]:
         for name in SERVICES:
             await stack.processes.start(name, service_env(stack))
         run = uuid.uuid4().hex[:8]
-        steps = (
-            []
-            if args.no_faults
-            else faults.schedule(float(SETTINGS["SAFEDELIVR_PROVIDERS_TIMEOUT"]))
-        )
+        if args.no_faults:
+            steps = []
+        elif args.cluster:
+            steps = faults.cluster_schedule()
+        else:
+            steps = faults.schedule(float(SETTINGS["SAFEDELIVR_PROVIDERS_TIMEOUT"]))
         load = clients.load(
             stack.url("api"),
             stack.api_key,
@@ -302,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for noisy in ("aiormq", "aio_pika"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
     result: dict[str, Any] = {}
-    if not args.soak_only:
+    if not (args.soak_only or args.cluster):
         result.update(deterministic_tests(printer))
     try:
         result.update(asyncio.run(soak(args, printer)))

@@ -4,6 +4,12 @@ Every publish is persistent, ``mandatory`` and confirmed; an unroutable message 
 of vanishing (``on_return_raises=True``), and every aio-pika/aiormq failure is translated to
 :class:`~shared.errors.PublishError` or :class:`~shared.errors.DependencyUnavailable` here, so
 services never see a library exception.
+
+The URL may name several nodes of one cluster, separated by commas: the connection goes to
+the first that answers, and when it is lost (or a reconnect attempt fails) the next attempt
+goes to the next node, round the list. Quorum queues are reachable from any node, so a
+consumer whose node died resumes on another one and its unacknowledged deliveries are
+redelivered (our handlers are idempotent for exactly that reason).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import aio_pika
 import aio_pika.abc
 import aio_pika.exceptions
 import aiormq.exceptions
+from yarl import URL
 
 from shared.errors import DependencyUnavailable, PublishError
 from shared.topology import DELAY_HEADER, LEGACY_DELAY_HEADER, Topology
@@ -38,10 +45,36 @@ _AMQP_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-class _ClosedOnFailure(aio_pika.RobustConnection):
-    """A connection that closes itself when its first connect fails. aio-pika leaves a failed
-    one to ``__del__``, which schedules ``close()`` on whatever loop is current whenever the
-    object is collected: with no loop running then, the coroutine is never awaited."""
+def node_urls(url: str) -> list[str]:
+    """The node URLs of ``url``: one URL, or several separated by commas."""
+    nodes = [part.strip() for part in url.split(",") if part.strip()]
+    if not nodes:
+        raise ValueError("no AMQP URL given")
+    return nodes
+
+
+class _Failover(aio_pika.RobustConnection):
+    """A robust connection over the nodes of a cluster, that closes itself when its first
+    connect fails.
+
+    Every connect attempt after the first (after a loss, or after a failed attempt) goes to
+    the next node. aio-pika's reconnect loop connects to ``self.url`` through its private
+    ``__connect_transport``, the one place that sees every attempt, so that method is wrapped
+    here (aio-pika is pinned by the lock file; ``test_broker`` fails if the hook stops being
+    called). A failed first connect closes the connection: aio-pika leaves it to
+    ``__del__``, which schedules ``close()`` on whatever loop is current when the object is
+    collected, and with no loop running then the coroutine is never awaited.
+    """
+
+    def __init__(self, nodes: list[str], **kwargs: Any) -> None:
+        self._nodes = [URL(node) for node in nodes]
+        self._current = 0
+        self._attempts = 0
+        super().__init__(self._nodes[0], **kwargs)
+
+    def _move_on(self) -> None:
+        self._current = (self._current + 1) % len(self._nodes)
+        self.url = self._nodes[self._current]
 
     async def connect(self, timeout: aio_pika.abc.TimeoutType = None) -> None:
         try:
@@ -49,6 +82,31 @@ class _ClosedOnFailure(aio_pika.RobustConnection):
         except BaseException:
             await self.close()
             raise
+
+    async def _RobustConnection__connect_transport(self) -> None:
+        if self._attempts:
+            self._move_on()
+        self._attempts += 1
+        await super()._RobustConnection__connect_transport()  # type: ignore[misc]
+
+
+async def connect_nodes(
+    url: str, *, name: str = "", timeout: float = 10.0
+) -> aio_pika.abc.AbstractRobustConnection:
+    """A robust connection to the first node of ``url`` that answers (see the module doc)."""
+    nodes = node_urls(url)
+    failure: BaseException | None = None
+    for first in range(len(nodes)):
+        order = nodes[first:] + nodes[:first]
+        connection = _Failover(order, client_properties={"connection_name": name})
+        try:
+            await connection.connect(timeout=timeout)
+        except _AMQP_ERRORS as exc:
+            failure = exc
+            continue
+        return connection
+    assert failure is not None  # noqa: S101 - the loop ran at least once
+    raise failure
 
 
 class Broker:
@@ -69,12 +127,7 @@ class Broker:
 
     async def connect(self, *, timeout: float = 10.0) -> None:
         try:
-            self._connection = await aio_pika.connect_robust(
-                self.url,
-                timeout=timeout,
-                client_properties={"connection_name": self.name},
-                connection_class=_ClosedOnFailure,
-            )
+            self._connection = await connect_nodes(self.url, name=self.name, timeout=timeout)
             self._channel = await self._connection.channel(
                 publisher_confirms=True, on_return_raises=True
             )

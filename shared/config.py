@@ -84,7 +84,8 @@ class AmqpSettings(BaseSettings):
     model_config = _config("AMQP")
 
     url: SecretStr = SecretStr("amqp://guest:guest@127.0.0.1:5672/")
-    """amqp:// or amqps:// URL, credentials and vhost included."""
+    """amqp:// or amqps:// URL, credentials and vhost included; the nodes of a cluster as
+    several URLs separated by commas (a lost connection moves to the next node)."""
     exchange: str = "safedelivr"
     """The topic exchange; queue names are derived from it (see shared.topology)."""
     delivery_limit: int = Field(10, ge=1)

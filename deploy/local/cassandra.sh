@@ -10,6 +10,10 @@
 #
 # Environment:
 #   SAFEDELIVR_CASSANDRA_VERSION        cassandra-all version (default 5.0.6)
+#   SAFEDELIVR_CASSANDRA_LISTEN_ADDRESS node address for CQL and gossip (default 127.0.0.1)
+#   SAFEDELIVR_CASSANDRA_SEEDS          seed list "ip:port,..." (default: this node alone)
+#   SAFEDELIVR_CASSANDRA_CLUSTER_NAME   cluster name (default safedelivr-local)
+#   SAFEDELIVR_CASSANDRA_TOKEN_RF       replication factor token allocation optimises for (default 1)
 #   SAFEDELIVR_CASSANDRA_PORT           CQL native port (default 9042)
 #   SAFEDELIVR_CASSANDRA_STORAGE_PORT   inter-node port (default 7000)
 #   SAFEDELIVR_CASSANDRA_JMX_PORT       local-only JMX port (default 7199)
@@ -30,16 +34,19 @@ COMPONENT=cassandra
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-readonly HOST=127.0.0.1
 readonly MAIN_CLASS=org.apache.cassandra.service.CassandraDaemon
 readonly DEPENDENCY_PLUGIN=org.apache.maven.plugins:maven-dependency-plugin:3.6.1
 readonly STOP_TIMEOUT=60
 VERSION="${SAFEDELIVR_CASSANDRA_VERSION:-5.0.6}"
+HOST="${SAFEDELIVR_CASSANDRA_LISTEN_ADDRESS:-127.0.0.1}"
+CLUSTER_NAME="${SAFEDELIVR_CASSANDRA_CLUSTER_NAME:-safedelivr-local}"
+TOKEN_RF="${SAFEDELIVR_CASSANDRA_TOKEN_RF:-1}"
 NATIVE_PORT="${SAFEDELIVR_CASSANDRA_PORT:-9042}"
 STORAGE_PORT="${SAFEDELIVR_CASSANDRA_STORAGE_PORT:-7000}"
 JMX_PORT="${SAFEDELIVR_CASSANDRA_JMX_PORT:-7199}"
 HEAP="${SAFEDELIVR_CASSANDRA_HEAP:-1G}"
 START_TIMEOUT="${SAFEDELIVR_CASSANDRA_START_TIMEOUT:-240}"
+SEEDS="${SAFEDELIVR_CASSANDRA_SEEDS:-$HOST:$STORAGE_PORT}"
 CACHE_DIR="${SAFEDELIVR_CACHE_DIR:-${HOME:?HOME is not set; set SAFEDELIVR_CACHE_DIR}/.cache/safedelivr}"
 
 TEMPLATE_DIR="$LOCAL_DIR/cassandra"
@@ -64,6 +71,10 @@ validate_settings() {
     require_uint SAFEDELIVR_CASSANDRA_STORAGE_PORT "$STORAGE_PORT"
     require_uint SAFEDELIVR_CASSANDRA_JMX_PORT "$JMX_PORT"
     require_uint SAFEDELIVR_CASSANDRA_START_TIMEOUT "$START_TIMEOUT"
+    require_uint SAFEDELIVR_CASSANDRA_TOKEN_RF "$TOKEN_RF"
+    [[ "$HOST" =~ ^127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || die "SAFEDELIVR_CASSANDRA_LISTEN_ADDRESS must be a loopback IPv4 address (127.x.y.z), got '$HOST'"
+    [[ "$SEEDS" =~ ^[0-9.:,]+$ ]] || die "SAFEDELIVR_CASSANDRA_SEEDS must look like 127.0.0.1:7000,127.0.0.2:7000, got '$SEEDS'"
+    [[ "$CLUSTER_NAME" =~ ^[A-Za-z0-9_.-]+$ ]] || die "SAFEDELIVR_CASSANDRA_CLUSTER_NAME may hold only letters, digits and _.-, got '$CLUSTER_NAME'"
     [[ "$HEAP" =~ ^[0-9]+[kKmMgG]$ ]] || die "SAFEDELIVR_CASSANDRA_HEAP must look like 512M or 1G, got '$HEAP'"
     [[ "$VERSION" =~ ^[0-9A-Za-z.+-]+$ ]] || die "SAFEDELIVR_CASSANDRA_VERSION looks wrong: '$VERSION'"
 }
@@ -167,6 +178,9 @@ write_config() {
     # Paths are single-quoted in the template: double any single quote.
     sed -e "s|\${CASSANDRA_DIR}|$(sed_replacement_escape "${CASS_DIR//\'/\'\'}")|g" \
         -e "s|\${LISTEN_ADDRESS}|$HOST|g" \
+        -e "s|\${SEEDS}|$SEEDS|g" \
+        -e "s|\${CLUSTER_NAME}|$CLUSTER_NAME|g" \
+        -e "s|\${TOKEN_RF}|$TOKEN_RF|g" \
         -e "s|\${STORAGE_PORT}|$STORAGE_PORT|g" \
         -e "s|\${NATIVE_PORT}|$NATIVE_PORT|g" \
         "$TEMPLATE_DIR/cassandra.yaml.template" >"$out.tmp"
@@ -238,14 +252,22 @@ build_jvm_args() {
         # JMX for nodetool & co., bound to loopback without auth (what
         # cassandra-env.sh does with LOCAL_JMX=yes); needs no extra setup.
         "-Dcassandra.jmx.local.port=$JMX_PORT"
+    )
+    if [[ "$SEEDS" == "$HOST:$STORAGE_PORT" ]]; then
         # Single-node start-up shortcuts (all Cassandra 5.0 system properties):
         # don't wait for gossip to settle (there are no peers), and cut the
         # 30 s ring/schema delays that a brand-new node otherwise sleeps
         # through before picking its tokens.
-        "-Dcassandra.skip_wait_for_gossip_to_settle=0"
-        "-Dcassandra.ring_delay_ms=1000"
-        "-Dcassandra.schema_delay_ms=1000"
-    )
+        JVM_ARGS+=(
+            "-Dcassandra.skip_wait_for_gossip_to_settle=0"
+            "-Dcassandra.ring_delay_ms=1000"
+            "-Dcassandra.schema_delay_ms=1000"
+        )
+    else
+        # A node among peers on one machine: gossip converges within a few
+        # rounds over loopback, so 5 s (not 30) is enough to learn the ring.
+        JVM_ARGS+=("-Dcassandra.ring_delay_ms=5000" "-Dcassandra.schema_delay_ms=5000")
+    fi
     if [[ -n "${SAFEDELIVR_CASSANDRA_JVM_OPTS:-}" ]]; then
         read -ra words <<<"$SAFEDELIVR_CASSANDRA_JVM_OPTS"
         JVM_ARGS+=("${words[@]}")

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
+from urllib.parse import quote
 
 import aio_pika
+import httpx
 import pytest
 
 from shared.broker import Broker
-from shared.config import Settings
+from shared.config import AmqpSettings, Settings
 from shared.deadletters import drain_dead_letters
-from shared.errors import PublishError
+from shared.errors import DependencyUnavailable, PublishError
 from shared.resources import topology_for
-from shared.topology import batch_key, dispatch_key, log_key
+from shared.topology import Topology, batch_key, dispatch_key, log_key
 
 
 async def _next(
@@ -164,3 +167,89 @@ async def _next_depth(b: Broker, queue: str, depth: int) -> None:
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"{queue} never reached depth {depth}")
+
+
+#: A port nothing listens on: the "node" that is down.
+_DEAD_NODE = "amqp://guest:guest@127.0.0.1:1/"
+
+
+def _management_url() -> str:
+    return f"http://127.0.0.1:{os.environ.get('SAFEDELIVR_RABBITMQ_MANAGEMENT_PORT', '15672')}"
+
+
+async def _close_from_server(connection_name: str) -> None:
+    """Have RabbitMQ close our connection, as a node going away does."""
+    async with httpx.AsyncClient(base_url=_management_url(), auth=("guest", "guest")) as http:
+        for _ in range(50):
+            found = [
+                c["name"]
+                for c in (await http.get("/api/connections")).json()
+                if c.get("client_properties", {}).get("connection_name") == connection_name
+            ]
+            if found:
+                for name in found:
+                    resp = await http.delete(f"/api/connections/{quote(name, safe='')}")
+                    assert resp.status_code == 204
+                return
+            await asyncio.sleep(0.2)  # the management stats lag a little behind the broker
+    raise AssertionError(f"no connection named {connection_name}")
+
+
+async def _publish_eventually(broker: Broker, key: str, timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            await broker.publish(key, b"{}")
+            return
+        except PublishError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def test_connect_skips_a_node_that_is_down(exchange_name: str) -> None:
+    """With several nodes in the URL, the first that answers is used."""
+    url = f"{_DEAD_NODE},{AmqpSettings().url.get_secret_value()}"
+    b = Broker(url, Topology(exchange=exchange_name, delay_tiers=(1,)), name=exchange_name)
+    await b.connect()
+    try:
+        await b.declare()
+        await b.publish(batch_key(uuid.uuid4()), b"{}")
+        assert await b.queue_depth(b.topology.batches_queue) == 1
+    finally:
+        await b.delete()
+        await b.close()
+
+
+async def test_connect_fails_when_every_node_is_down(exchange_name: str) -> None:
+    b = Broker(f"{_DEAD_NODE},{_DEAD_NODE}", Topology(exchange=exchange_name), name="nowhere")
+    with pytest.raises(DependencyUnavailable):
+        await b.connect(timeout=2)
+
+
+async def test_a_lost_connection_moves_on_past_a_dead_node(exchange_name: str) -> None:
+    """After a loss the next attempt goes to the next node; when that one is down too, the
+    attempt after it goes round to the live one, and publishing and consuming resume."""
+    live = AmqpSettings().url.get_secret_value()
+    name = f"failover-{exchange_name}"
+    b = Broker(
+        f"{live},{_DEAD_NODE}", Topology(exchange=exchange_name, delay_tiers=(1,)), name=name
+    )
+    await b.connect()
+    try:
+        await b.declare()
+        got: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def handler(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            await message.ack()
+            await got.put(message.body)
+
+        await b.consume(b.topology.batches_queue, handler, prefetch=1)
+        await _close_from_server(name)
+
+        key = batch_key(uuid.uuid4())
+        await _publish_eventually(b, key)
+        assert await asyncio.wait_for(got.get(), 30) == b"{}"
+    finally:
+        await b.delete()
+        await b.close()
