@@ -3,6 +3,10 @@
 Each subcommand loads and validates the settings first, so a bad variable stops the process
 with a message naming it before anything connects. Service modules are imported lazily so
 that ``safedelivr migrate`` does not pay for (or depend on) the web stack.
+
+``safedelivr api|webhooks|consumers --workers N`` (or ``auto``: one per core) runs N worker
+processes under uvicorn's supervisor, which restarts a worker that dies; each worker is a
+fresh interpreter that builds its app through :func:`api_app` and its siblings.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import os
 import sys
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from services import usercli
 from shared.config import Settings, load_settings
@@ -20,56 +26,102 @@ from shared.errors import ConfigError, DependencyUnavailable
 from shared.logs import configure_logging
 
 
-def _serve(app: object, host: str, port: int, settings: Settings) -> None:
+def _create(command: str, settings: Settings) -> Any:
+    """The ASGI app of one served process."""
+    if command == "api":
+        from services.api.app import create_app as api
+
+        return api(settings)
+    if command == "webhooks":
+        from services.webhooks.app import create_app as webhooks
+
+        return webhooks(settings)
+    if command == "consumers":
+        from services.consumers.main import create_app as consumers
+
+        return consumers(settings)
+    from services.sandbox.app import create_app as sandbox
+
+    return sandbox(settings.sandbox)
+
+
+def _worker_app(command: str) -> Any:
+    """The app of one uvicorn worker process: settings and logging are its own to set up."""
+    from shared.heap import settle_when_started
+
+    settings = load_settings()
+    configure_logging(settings.log_level, service=command, fmt=settings.log_format)
+    return settle_when_started(_create(command, settings))
+
+
+def api_app() -> Any:
+    return _worker_app("api")
+
+
+def webhooks_app() -> Any:
+    return _worker_app("webhooks")
+
+
+def consumers_app() -> Any:
+    return _worker_app("consumers")
+
+
+def _serve(command: str, settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
     from shared.heap import settle_when_started
 
-    uvicorn.run(
-        settle_when_started(app),  # type: ignore[arg-type]
-        host=host,
-        port=port,
-        log_level=settings.log_level.lower(),
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        timeout_graceful_shutdown=10,
-    )
+    host, port = {
+        "api": (settings.api.host, settings.api.port),
+        "webhooks": (settings.webhooks.host, settings.webhooks.port),
+        "consumers": (settings.consumers.host, settings.consumers.port),
+        "sandbox": (settings.sandbox.host, settings.sandbox.port),
+    }[command]
+    options: dict[str, Any] = {
+        "host": host,
+        "port": args.port or port,
+        "log_level": settings.log_level.lower(),
+        "access_log": False,
+        "loop": "uvloop",
+        "http": "httptools",
+        "lifespan": "on",
+        "timeout_graceful_shutdown": 10,
+    }
+    workers: int = getattr(args, "workers", 1)
+    if workers == 1:
+        uvicorn.run(settle_when_started(_create(command, settings)), **options)
+    else:
+        uvicorn.run(f"services.cli:{command}_app", factory=True, workers=workers, **options)
+    return 0
 
 
 def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
-    from services.api.app import create_app
-
-    _serve(create_app(settings), settings.api.host, args.port or settings.api.port, settings)
-    return 0
+    return _serve("api", settings, args)
 
 
 def cmd_webhooks(settings: Settings, args: argparse.Namespace) -> int:
-    from services.webhooks.app import create_app
-
-    _serve(
-        create_app(settings), settings.webhooks.host, args.port or settings.webhooks.port, settings
-    )
-    return 0
+    return _serve("webhooks", settings, args)
 
 
 def cmd_sandbox(settings: Settings, args: argparse.Namespace) -> int:
-    from services.sandbox.app import create_app
-
-    _serve(
-        create_app(settings.sandbox),
-        settings.sandbox.host,
-        args.port or settings.sandbox.port,
-        settings,
-    )
-    return 0
+    return _serve("sandbox", settings, args)
 
 
 def cmd_consumers(settings: Settings, args: argparse.Namespace) -> int:
-    from services.consumers.main import run
+    return _serve("consumers", settings, args)
 
-    return run(settings, health_port=args.port)
+
+def _workers(value: str) -> int:
+    """``--workers``: a positive count, or ``auto`` for one per core this process may use."""
+    if value == "auto":
+        return len(os.sched_getaffinity(0)) or 1
+    try:
+        count = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number or 'auto'") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError("at least 1 worker")
+    return count
 
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
@@ -229,6 +281,13 @@ def build_parser() -> argparse.ArgumentParser:
     ]:
         p = sub.add_parser(name, help=help_)
         p.add_argument("--port", type=int, default=None, help="override the configured port")
+        if name != "sandbox":
+            p.add_argument(
+                "--workers",
+                type=_workers,
+                default=1,
+                help="worker processes, or 'auto' for one per core (default 1)",
+            )
         p.set_defaults(func=func)
     sub.add_parser("migrate", help="apply CQL migrations").set_defaults(func=cmd_migrate)
     sub.add_parser("topology", help="declare exchanges and queues").set_defaults(func=cmd_topology)

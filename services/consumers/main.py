@@ -8,12 +8,10 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
-import uvicorn
 from starlette.applications import Starlette
 
 from services.consumers.dispatch import Dispatcher, Hooks, no_hooks
 from services.consumers.splitter import Splitter
-from shared import heap
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchStore
 from shared.config import Settings
@@ -134,16 +132,3 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
         "consumers", registry, lambda request: readiness_checks(request.app.state.resources)
     )
     return Starlette(routes=routes, lifespan=lifespan)
-
-
-def run(settings: Settings, *, health_port: int | None = None) -> int:
-    uvicorn.run(
-        heap.settle_when_started(create_app(settings)),
-        host=settings.consumers.host,
-        port=health_port or settings.consumers.port,
-        log_level=settings.log_level.lower(),
-        access_log=False,
-        loop="uvloop",
-        lifespan="on",
-    )
-    return 0

@@ -1,0 +1,74 @@
+"""``safedelivr api --workers N``: N real worker processes behind one port, each ready, and
+all of them gone after one SIGTERM to the supervisor (what systemd sends)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import httpx
+
+from bench.services import free_port
+from shared.config import Settings
+from shared.resources import declare_topology
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _children(pid: int) -> set[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return {int(p) for p in path.read_text().split()} if path.exists() else set()
+
+
+def _cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def _alive(pid: int) -> bool:
+    """Running, that is: a process that exited but was not yet reaped (a zombie) is not."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+async def _ready(url: str, timeout: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    async with httpx.AsyncClient() as client:
+        while True:
+            try:
+                if (await client.get(url)).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert asyncio.get_running_loop().time() < deadline, f"{url} never ready"
+            await asyncio.sleep(0.3)
+
+
+async def test_api_workers_share_one_port_and_stop_on_one_sigterm(settings: Settings) -> None:
+    await declare_topology(settings)  # what safedelivr-prepare.service does first
+    port = free_port()
+    env = {
+        **os.environ,
+        "SAFEDELIVR_CASSANDRA_KEYSPACE": settings.cassandra.keyspace,
+        "SAFEDELIVR_AMQP_EXCHANGE": settings.amqp.exchange,
+        "SAFEDELIVR_LOG_FORMAT": "json",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.cli", "api", "--workers", "2", "--port", str(port),
+        cwd=ROOT, env=env,
+    )  # fmt: skip
+    try:
+        await _ready(f"http://127.0.0.1:{port}/readyz")
+        workers = {w for w in _children(proc.pid) if b"spawn_main" in _cmdline(w)}
+        assert len(workers) == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(proc.wait(), 60)
+
+    assert code == 0
+    assert not any(_alive(w) for w in workers)
