@@ -16,7 +16,7 @@ from shared.batchstore import BatchStore
 from shared.config import Settings
 from shared.http import JSON, ApiError, read_json
 
-from . import queries
+from . import answers, queries
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ async def list_batches(request: Request) -> Response:
     page = await queries.list_for_user(
         request.app.state.batches, key.user_id, limit, request.query_params.get("cursor")
     )
-    return JSON(page)
+    return JSON(answers.batch_list(page))
 
 
 async def get_batch(request: Request) -> Response:
@@ -51,8 +51,7 @@ async def get_batch(request: Request) -> Response:
     header = await store.header(batch_id)
     if header is None or header.user_id != key.user_id:
         raise ApiError(404, "not_found", "no such batch")
-    states, events, reasons = await queries.batch_counts(store, batch_id)
-    return JSON(queries.batch_view(header, states, events, reasons))
+    return JSON(answers.batch(await queries.overview(store, header)))
 
 
 async def batch_logs(request: Request) -> Response:
@@ -78,4 +77,4 @@ async def batch_logs(request: Request) -> Response:
         request.query_params.get("cursor"),
         state_filter,
     )
-    return JSON(page)
+    return JSON(answers.logs_page(page))

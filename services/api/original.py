@@ -177,11 +177,10 @@ async def get_batch(request: Request) -> Response:
     fields = await _fields(request, body=False)
     header = await _owned_header(request, fields)
     store: BatchStore = request.app.state.batches
-    states, events, reasons = await queries.batch_counts(store, header.batch_id)
-    view = queries.batch_view(header, states, events, reasons)
+    view = await queries.overview(store, header)
     rows = await RecipientStore(store.db, store.stats).batch_rows(header.batch_id)
     to = [r["email"] for r in sorted(rows, key=lambda r: (r["chunk"], str(r["email"])))]
-    return JSONResponse(batch_row(view, str(header.user_id), header.message.html, to))
+    return JSONResponse(batch_row(header, view.status, view.failure_reasons, to))
 
 
 async def get_logs(request: Request) -> Response:
@@ -192,14 +191,14 @@ async def get_logs(request: Request) -> Response:
         raise Refused(400, f"page must be a whole number from 1 to {MAX_PAGE}")
     state = request.app.state
     cursor: str | None = None
-    data: list[dict[str, Any]] = []
+    data: list[queries.RecipientLog] = []
     for number in range(1, int(page) + 1):
         result = await queries.logs_page(
             state.batches, state.attempts, header.batch_id, PAGE, cursor, None
         )
         if number == int(page):
-            data = result["data"]
-        cursor = result["next_cursor"]
+            data = result.items
+        cursor = result.next_cursor
         if cursor is None:
             break
     created = header.created_at.astimezone(UTC).isoformat()
@@ -213,19 +212,13 @@ async def get_batches(request: Request) -> Response:
     user_id = await _caller(request, fields, denied="Not a valid api_key or user_id")
     store: BatchStore = request.app.state.batches
     page = await queries.list_for_user(store, user_id, PAGE, None)
-    headers = await asyncio.gather(*(store.header(uuid.UUID(i["batch_id"])) for i in page["data"]))
+    headers = await asyncio.gather(*(store.header(item.batch_id) for item in page.items))
     rows = []
-    for item, header in zip(page["data"], headers, strict=True):
+    for item, header in zip(page.items, headers, strict=True):
         if header is None:
             continue
-        view = {
-            **item,
-            "from": header.message.sender.model_dump(),
-            "bulk": header.message.bulk,
-            "failure_reasons": {},
-        }
-        row = batch_row(view, str(user_id), header.message.html, None)
-        rows.append({**row, "recipients": item["recipients"]})
+        row = batch_row(header, item.status, {}, None)
+        rows.append({**row, "recipients": item.recipients})
     return JSONResponse(rows)
 
 

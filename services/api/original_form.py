@@ -13,7 +13,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from datetime import date
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from services.api.queries import RecipientLog
+    from shared.batchstore import BatchHeader
+    from shared.models import Message
 
 #: Fields of a request: its query string, then its (urlencoded or multipart) body, each name
 #: with every value it was given (``to`` repeats).
@@ -84,15 +89,14 @@ def batch_body(fields: Fields) -> dict[str, Any]:
     }
 
 
-def options(view: Mapping[str, Any], html: str | None, to: Sequence[str] | None) -> dict[str, str]:
+def options(message: Message, to: Sequence[str] | None) -> dict[str, str]:
     """A batch's ``options`` map as the original stored it (``to`` comma-joined, when given)."""
-    sender = view["from"]
     out = {
-        "from": sender["email"],
-        "subject": view["subject"],
-        "content": html or "",
-        "isBulk": "true" if view["bulk"] else "false",
-        "name": sender.get("name") or "",
+        "from": message.sender.email,
+        "subject": message.subject,
+        "content": message.html or "",
+        "isBulk": "true" if message.bulk else "false",
+        "name": message.sender.name or "",
     }
     if to is not None:
         out["to"] = ",".join(to)
@@ -100,39 +104,40 @@ def options(view: Mapping[str, Any], html: str | None, to: Sequence[str] | None)
 
 
 def batch_row(
-    view: Mapping[str, Any], user_id: str, html: str | None, to: Sequence[str] | None
+    header: BatchHeader, status: str, reasons: Mapping[str, int], to: Sequence[str] | None
 ) -> dict[str, Any]:
-    """A ``batches`` row of the original from our batch view (``queries.batch_view``).
+    """A ``batches`` row of the original from a batch's header, status and failure reasons
+    (most frequent first).
 
     Its ``reason`` is our most frequent failure reason; ``code`` and ``description`` have no
     counterpart and stay empty, as the original always sent them.
     """
-    reasons = view.get("failure_reasons") or {}
+    created = header.created_at.isoformat()
     return {
-        "batch_id": view["batch_id"],
-        "user_id": user_id,
-        "subject": view["subject"],
-        "created_at": view["created_at"],
-        "last_updated": view.get("updated_at") or view["created_at"],
-        "status": view["status"],
+        "batch_id": str(header.batch_id),
+        "user_id": str(header.user_id),
+        "subject": header.message.subject,
+        "created_at": created,
+        "last_updated": created,
+        "status": status,
         "reason": next(iter(reasons), ""),
         "code": "",
         "description": "",
-        "options": options(view, html, to),
+        "options": options(header.message, to),
     }
 
 
-def log_row(log: Mapping[str, Any], batch_id: str, user_id: str, created_at: str) -> dict[str, Any]:
-    """A ``logs`` row of the original from one of our log entries (``queries.logs_page``)."""
+def log_row(log: RecipientLog, batch_id: str, user_id: str, created_at: str) -> dict[str, Any]:
+    """A ``logs`` row of the original from one of our recipients (``queries.logs_page``)."""
     return {
-        "log_id": log["log_id"],
+        "log_id": str(log.log_id),
         "batch_id": batch_id,
         "user_id": user_id,
-        "email": log["email"],
-        "state": log["state"],
-        "status": dict(log["status"]),
+        "email": log.email,
+        "state": log.state,
+        "status": log.accepted_by,
         "created_at": created_at,
-        "last_update": log["updated_at"] or created_at,
+        "last_update": log.updated_at.isoformat() if log.updated_at else created_at,
     }
 
 

@@ -1,4 +1,11 @@
-"""Read models of the batch API: paging cursors, the batch view and the per-recipient log page."""
+"""Read models of the batch API: paging cursors, the batch list, a batch's overview and the
+per-recipient log page.
+
+Each query returns typed values (UUIDs, aware datetimes, dataclasses), never answer-shaped
+dicts: the JSON API (``services/api/answers.py``), the original's API
+(``services/api/original_form.py``) and the dashboard (``services/api/dashboard/views.py``)
+each shape them for their own audience.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +13,15 @@ import asyncio
 import base64
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import orjson
 from starlette.requests import Request
 
 from shared import precedence, recipients
-from shared.attempts import AttemptStore, chunk_line, recipient_line
+from shared.attempts import Attempt, AttemptStore, chunk_line, recipient_line
 from shared.batchstore import BatchHeader, BatchStore, month_of, timeuuid_datetime
 from shared.db import Database
 from shared.http import ApiError
@@ -22,6 +30,85 @@ from shared.recipients import RecipientStore
 
 #: How far back (in months) the batch list looks for older batches.
 LIST_HORIZON_MONTHS = 36
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One page of a listing and the cursor of the next (None on the last page)."""
+
+    items: list[T]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSummary:
+    """A batch as the batch list shows it."""
+
+    batch_id: uuid.UUID
+    subject: str
+    recipients: int
+    created_at: datetime
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOverview:
+    """A batch: its header, its status and its recipients counted by state, latest event and
+    failure reason (the five most common)."""
+
+    header: BatchHeader
+    status: str
+    counts: dict[str, int]
+    events: dict[str, int]
+    failure_reasons: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One provider call for a recipient: an attempt of its chunk, or a re-send of it alone."""
+
+    attempt: int
+    provider: str
+    state: str
+    at: datetime | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderEvent:
+    """One event a provider reported for a recipient (``log_events``)."""
+
+    at: datetime
+    provider: str
+    kind: str
+    detail: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecipientLog:
+    """One recipient of a batch: its visible state, providers, and history."""
+
+    log_id: uuid.UUID
+    email: str
+    name: str | None
+    state: str
+    event: str
+    providers: dict[str, str]
+    """Provider code → its latest word on this recipient (``dropped: Spam Content``)."""
+    message_ids: dict[str, str]
+    reason: str | None
+    updated_at: datetime | None
+    attempts: list[Step]
+    resends: list[Step]
+    events: list[ProviderEvent]
+    """Oldest first."""
+
+    @property
+    def accepted_by(self) -> dict[str, bool]:
+        """Provider code → whether that provider took the recipient."""
+        return {p: v in _ACCEPTED for p, v in self.providers.items() if p != "safedelivr"}
 
 
 def page_limit(request: Request, *, default: int = 20, maximum: int = 500) -> int:
@@ -73,7 +160,7 @@ def _previous_month(month: str) -> str:
 
 async def list_for_user(
     store: BatchStore, user_id: uuid.UUID, limit: int, cursor: str | None
-) -> dict[str, Any]:
+) -> Page[BatchSummary]:
     """Newest first, across monthly buckets, resuming after ``cursor``."""
     after = decode_cursor(cursor)
     try:
@@ -101,17 +188,17 @@ async def list_for_user(
     items = items[:limit]
     statuses = await asyncio.gather(*(store.status(r["batch_id"]) for r in items))
     data = [
-        {
-            "batch_id": str(r["batch_id"]),
-            "subject": r["subject"],
-            "recipients": r["recipient_count"],
-            "created_at": timeuuid_datetime(r["batch_id"]).isoformat(),
-            "status": status or "incomplete",
-        }
+        BatchSummary(
+            batch_id=r["batch_id"],
+            subject=r["subject"],
+            recipients=r["recipient_count"],
+            created_at=timeuuid_datetime(r["batch_id"]),
+            status=status or "incomplete",
+        )
         for r, status in zip(items, statuses, strict=True)
     ]
-    next_cursor = encode_cursor({"after": data[-1]["batch_id"]}) if more and data else None
-    return {"data": data, "next_cursor": next_cursor}
+    next_cursor = encode_cursor({"after": str(data[-1].batch_id)}) if more and data else None
+    return Page(data, next_cursor)
 
 
 async def batch_counts(
@@ -145,10 +232,11 @@ async def batch_counts(
 
 async def recipient_history(
     db: Database, batch_id: uuid.UUID, log_ids: list[uuid.UUID]
-) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
-    """Provider events and single-recipient re-sends of the given recipients, by log id."""
-    events: dict[str, list[dict[str, Any]]] = {}
-    resends: dict[str, list[dict[str, Any]]] = {}
+) -> tuple[dict[uuid.UUID, list[ProviderEvent]], dict[uuid.UUID, list[Step]]]:
+    """Provider events (oldest first) and single-recipient re-sends of the given recipients,
+    by log id."""
+    events: dict[uuid.UUID, list[ProviderEvent]] = {}
+    resends: dict[uuid.UUID, list[Step]] = {}
     if not log_ids:
         return events, resends
     for row in await db.all_pages(
@@ -156,22 +244,36 @@ async def recipient_history(
         "WHERE batch_id = ? AND log_id IN ?",
         (batch_id, log_ids),
     ):
-        events.setdefault(str(row["log_id"]), []).append(row)
+        events.setdefault(row["log_id"], []).append(
+            ProviderEvent(
+                at=_utc(row["at"]),
+                provider=row["provider"],
+                kind=row["kind"],
+                detail=row["detail"] or None,
+            )
+        )
     for row in await db.all_pages(
-        "SELECT line, attempt, provider, state, created_at, error, verdict FROM send_attempts "
+        "SELECT line, attempt, provider, state, created_at, error FROM send_attempts "
         "WHERE batch_id = ? AND line IN ?",
         (batch_id, [recipient_line(i) for i in log_ids]),
     ):
-        resends.setdefault(row["line"][1:], []).append(
-            {
-                "attempt": row["attempt"],
-                "provider": row["provider"],
-                "state": row["state"],
-                "at": row["created_at"],
-                "error": _error_text(row["error"]) or None,
-            }
+        resends.setdefault(uuid.UUID(row["line"][1:]), []).append(
+            Step(
+                attempt=row["attempt"],
+                provider=row["provider"],
+                state=row["state"],
+                at=_utc(row["created_at"]) if row["created_at"] else None,
+                error=_error_text(row["error"]) or None,
+            )
         )
+    for found in events.values():
+        found.sort(key=lambda e: e.at)
     return events, resends
+
+
+def _utc(when: datetime) -> datetime:
+    """The driver's naive UTC timestamps, made aware."""
+    return when.replace(tzinfo=UTC)
 
 
 def _error_text(error: str | None) -> str:
@@ -185,23 +287,21 @@ def batch_status(header: BatchHeader, states: Counter[str]) -> str:
     return header.status
 
 
-def batch_view(
+def batch_overview(
     header: BatchHeader, states: Counter[str], events: Counter[str], reasons: Counter[str]
-) -> dict[str, Any]:
-    m = header.message
-    return {
-        "batch_id": str(header.batch_id),
-        "status": batch_status(header, states),
-        "created_at": header.created_at.isoformat(),
-        "subject": m.subject,
-        "from": m.sender.model_dump(),
-        "bulk": m.bulk,
-        "recipients": header.recipient_count,
-        "chunks": header.chunk_count,
-        "counts": {s: states.get(s, 0) for s in ("queued", "success", "failed")},
-        "events": dict(events),
-        "failure_reasons": dict(reasons.most_common(5)),
-    }
+) -> BatchOverview:
+    return BatchOverview(
+        header=header,
+        status=batch_status(header, states),
+        counts={s: states.get(s, 0) for s in ("queued", "success", "failed")},
+        events=dict(events),
+        failure_reasons=dict(reasons.most_common(5)),
+    )
+
+
+async def overview(store: BatchStore, header: BatchHeader) -> BatchOverview:
+    """A stored batch's overview (its recipients counted)."""
+    return batch_overview(header, *await batch_counts(store, header.batch_id))
 
 
 async def logs_page(
@@ -211,7 +311,7 @@ async def logs_page(
     limit: int,
     cursor: str | None,
     state: str | None,
-) -> dict[str, Any]:
+) -> Page[RecipientLog]:
     after = decode_cursor(cursor)
     try:
         position = (int(after["chunk"]), uuid.UUID(after["log_id"])) if after else None
@@ -252,8 +352,8 @@ async def logs_page(
         _log_view(
             r,
             history.get(r["chunk"], []),
-            events.get(str(r["log_id"]), []),
-            resends.get(str(r["log_id"]), []),
+            events.get(r["log_id"], []),
+            resends.get(r["log_id"], []),
         )
         for r in out
     ]
@@ -263,61 +363,48 @@ async def logs_page(
         if anchor is not None
         else None
     )
-    return {"data": data, "next_cursor": next_cursor}
+    return Page(data, next_cursor)
 
 
 #: Providers-map values that mean the provider took the recipient.
 _ACCEPTED = frozenset({"sent", "deferred", "delivered", "opened", "clicked", "complained"})
 
 
-def _updated_at(row: dict[str, Any], state: str) -> str | None:
+def _updated_at(row: dict[str, Any], state: str) -> datetime | None:
     """When the recipient last changed: its give-up when that is what it shows."""
     when = row.get("last_update")
     if state == "failed" and row.get("gave_up_reason") and row.get("state") != "failed":
         when = row.get("gave_up_at") or when
-    return when.replace(tzinfo=UTC).isoformat() if when else None
+    return _utc(when) if when else None
 
 
 def _log_view(
     row: dict[str, Any],
-    history: list[Any],
-    events: list[dict[str, Any]],
-    resends: list[dict[str, Any]],
-) -> dict[str, Any]:
-    providers = row["providers"] or {}
+    history: list[Attempt],
+    events: list[ProviderEvent],
+    resends: list[Step],
+) -> RecipientLog:
     seen = visible(row)
-    return {
-        "log_id": str(row["log_id"]),
-        "email": row["email"],
-        "name": row["name"],
-        "state": seen.state,
-        "event": seen.event,
-        "providers": dict(providers),
-        "status": {p: v in _ACCEPTED for p, v in providers.items() if p != "safedelivr"},
-        "message_ids": dict(row["message_ids"] or {}),
-        "reason": seen.reason,
-        "updated_at": _updated_at(row, seen.state),
-        "attempts": [
-            {
-                "attempt": a.attempt,
-                "provider": a.provider,
-                "state": a.state,
-                "at": (a.calling_at or a.created_at).isoformat(),
-                "error": _error_text(a.error) or None,
-            }
+    return RecipientLog(
+        log_id=row["log_id"],
+        email=row["email"],
+        name=row["name"],
+        state=seen.state,
+        event=seen.event,
+        providers=dict(row["providers"] or {}),
+        message_ids=dict(row["message_ids"] or {}),
+        reason=seen.reason,
+        updated_at=_updated_at(row, seen.state),
+        attempts=[
+            Step(
+                attempt=a.attempt,
+                provider=a.provider,
+                state=a.state,
+                at=a.calling_at or a.created_at,
+                error=_error_text(a.error) or None,
+            )
             for a in history
         ],
-        "resends": [
-            {**r, "at": r["at"].replace(tzinfo=UTC).isoformat() if r["at"] else None}
-            for r in resends
-        ],
-        "timeline": [
-            {
-                "at": e["at"].replace(tzinfo=UTC).isoformat(),
-                "provider": e["provider"],
-                "event": e["kind"],
-                "detail": e["detail"] or None,
-            }
-            for e in sorted(events, key=lambda e: e["at"])
-        ],
-    }
+        resends=resends,
+        events=events,
+    )

@@ -9,6 +9,7 @@ import pytest
 
 from services.api.dashboard import charts, views
 from shared import validation
+from tests.unit import readmodels
 
 SVG = "{http://www.w3.org/2000/svg}"
 DAYS = [date(2026, 11, 2) + timedelta(days=i) for i in range(3)]
@@ -195,42 +196,28 @@ def test_overview_chart_title_names_the_period() -> None:
 
 def test_batch_rows_name_a_missing_subject() -> None:
     """A batch without a subject is listed as '(no subject)'."""
-    (row,) = views.batch_rows(
-        [
-            {
-                "batch_id": "b",
-                "subject": "",
-                "recipients": 2,
-                "created_at": None,
-                "status": "accepted",
-            }
-        ]
-    )
+    (row,) = views.batch_rows([readmodels.summary(subject="", status="accepted")])
     assert (row.subject, row.tone) == ("(no subject)", "pending")
 
 
 def test_timeline_orders_entries_of_one_second_causally() -> None:
     """Within a second: accepted, the attempt, then sent before delivered."""
     second = T0.replace(microsecond=0)
-    entries = views.timeline(
-        T0,
-        [{"attempt": 0, "provider": "sg", "state": "sent", "at": T0 + timedelta(milliseconds=300)}],
-        [
-            {"at": second, "kind": "delivered", "provider": "sg"},
-            {"at": second, "kind": "sent", "provider": "sg"},
-        ],
+    log = readmodels.recipient(
+        attempts=[readmodels.step(0, "sg", "sent", T0 + timedelta(milliseconds=300))],
+        events=[readmodels.event(second, "delivered"), readmodels.event(second, "sent")],
     )
+    entries = views.timeline(T0, log)
     assert [e.what for e in entries] == ["Accepted: queued", "Attempt 1: sent", "Sent", "Delivered"]
 
 
 def test_timeline_numbers_attempts_and_resends_from_one() -> None:
     """Attempts and re-sends count from 0; both show as 1 to people."""
-    entries = views.timeline(
-        T0,
-        [{"attempt": 0, "provider": "sg", "state": "rejected", "at": T0 + timedelta(seconds=1)}],
-        [],
-        [{"attempt": 0, "provider": "mg", "state": "accepted", "at": T0 + timedelta(seconds=2)}],
+    log = readmodels.recipient(
+        attempts=[readmodels.step(0, "sg", "rejected", T0 + timedelta(seconds=1))],
+        resends=[readmodels.step(0, "mg", "accepted", T0 + timedelta(seconds=2))],
     )
+    entries = views.timeline(T0, log)
     assert [(e.what, e.provider) for e in entries[1:]] == [
         ("Attempt 1: rejected", "SendGrid"),
         ("Re-send 1: accepted", "Mailgun"),
@@ -239,29 +226,19 @@ def test_timeline_numbers_attempts_and_resends_from_one() -> None:
 
 def test_timeline_labels_a_bare_message_id() -> None:
     """An event whose detail is the provider's message id says so."""
-    entries = views.timeline(
-        T0, [], [{"at": T0, "kind": "sent", "provider": "sg", "detail": "abc"}], message_ids=["abc"]
+    log = readmodels.recipient(
+        events=[readmodels.event(T0, "sent", detail="abc")], message_ids={"sg": "abc"}
     )
+    entries = views.timeline(T0, log)
     assert entries[-1].detail == "message id abc"
 
 
 def test_log_rows_name_the_providers_tried() -> None:
     """Provider codes become provider names, with each one's result."""
-    (row,) = views.log_rows(
-        [
-            {
-                "log_id": "l1",
-                "email": "a@example.com",
-                "state": "success",
-                "event": "delivered",
-                "providers": {"sg": "dropped", "mg": "delivered"},
-                "attempts": [],
-            }
-        ],
-        T0,
-        {},
-        {},
+    log = readmodels.recipient(
+        state="success", event="delivered", providers={"sg": "dropped", "mg": "delivered"}
     )
+    (row,) = views.log_rows([log], T0)
     assert row.providers == [("Mailgun", "delivered", None), ("SendGrid", "dropped", None)]
 
 
@@ -273,13 +250,11 @@ def test_provider_result_splits_off_the_detail() -> None:
 def test_batch_detail_is_in_flight_while_recipients_are_queued() -> None:
     """A batch with queued recipients is in flight; its sender shows name and address."""
     b = views.batch_detail(
-        {
-            "batch_id": "b",
-            "status": "dispatched",
-            "subject": "Hi",
-            "from": {"email": "shop@example.com", "name": "Shop"},
-            "counts": {"queued": 1, "success": 0, "failed": 0},
-        }
+        readmodels.overview(
+            header=readmodels.header(sender={"email": "shop@example.com", "name": "Shop"}),
+            status="dispatched",
+            counts={"queued": 1, "success": 0, "failed": 0},
+        )
     )
     assert (b.in_flight, b.sender) == (True, "Shop <shop@example.com>")
 

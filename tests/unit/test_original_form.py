@@ -15,6 +15,7 @@ from services.api.original_form import (
     options,
     stat_rows,
 )
+from tests.unit import readmodels
 
 
 @pytest.mark.parametrize(
@@ -115,15 +116,9 @@ def test_stat_rows_keep_active_days_only_at_utc_midnight() -> None:
 
 
 def test_a_log_row_has_the_original_columns() -> None:
-    entry = {
-        "log_id": "l",
-        "email": "a@example.com",
-        "state": "success",
-        "status": {"sg": True},
-        "updated_at": None,
-    }
+    entry = readmodels.recipient(state="success", providers={"sg": "delivered"})
     assert log_row(entry, "b", "u", "2026-11-25T10:00:00+00:00") == {
-        "log_id": "l",
+        "log_id": str(readmodels.LOG_ID),
         "batch_id": "b",
         "user_id": "u",
         "email": "a@example.com",
@@ -141,24 +136,17 @@ def test_midnight_is_rfc3339_utc() -> None:
 
 
 def test_a_batch_row_has_the_original_columns_and_options() -> None:
-    view = {
-        "batch_id": "b",
-        "subject": "Hi",
-        "created_at": "2026-11-25T10:00:00+00:00",
-        "status": "completed",
-        "from": {"email": "s@example.com", "name": "Shop"},
-        "bulk": False,
-        "failure_reasons": {"mailbox full": 2, "unknown user": 1},
-    }
+    header = readmodels.header(sender={"email": "s@example.com", "name": "Shop"}, subject="Hi")
+    reasons = {"mailbox full": 2, "unknown user": 1}
 
-    row = batch_row(view, "u", "<p>x</p>", ["a@example.com", "b@example.com"])
+    row = batch_row(header, "completed", reasons, ["a@example.com", "b@example.com"])
 
     assert row == {
-        "batch_id": "b",
-        "user_id": "u",
+        "batch_id": str(readmodels.BATCH_ID),
+        "user_id": str(readmodels.USER_ID),
         "subject": "Hi",
-        "created_at": "2026-11-25T10:00:00+00:00",
-        "last_updated": "2026-11-25T10:00:00+00:00",
+        "created_at": readmodels.T0.isoformat(),
+        "last_updated": readmodels.T0.isoformat(),
         "status": "completed",
         "reason": "mailbox full",
         "code": "",
@@ -175,5 +163,5 @@ def test_a_batch_row_has_the_original_columns_and_options() -> None:
 
 
 def test_options_carry_no_to_when_none_is_given() -> None:
-    view = {"from": {"email": "s@example.com"}, "subject": "Hi", "bulk": True}
-    assert "to" not in options(view, None, None)
+    message = readmodels.header(sender={"email": "s@example.com"}, bulk=True).message
+    assert "to" not in options(message, None)

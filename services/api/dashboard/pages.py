@@ -308,7 +308,7 @@ async def overview(request: Request) -> Response:
             "title": "Overview",
             "active": "overview",
             "o": views.overview(zero_filled(start, end, counts)),
-            "recent": views.batch_rows(recent["data"]),
+            "recent": views.batch_rows(recent.items),
         },
     )
 
@@ -329,8 +329,8 @@ async def batch_list(request: Request) -> Response:
         {
             "title": "Batches",
             "active": "batches",
-            "rows": views.batch_rows(result["data"]),
-            "next_cursor": result["next_cursor"],
+            "rows": views.batch_rows(result.items),
+            "next_cursor": result.next_cursor,
             "paged": bool(cursor),
         },
     )
@@ -352,8 +352,7 @@ async def batch_detail(request: Request) -> Response:
     header = await _owned_header(request, user)
     state = _state(request)
     store: BatchStore = state.batches
-    states, events, reasons = await queries.batch_counts(store, header.batch_id)
-    detail = views.batch_detail(queries.batch_view(header, states, events, reasons), header.reason)
+    detail = views.batch_detail(await queries.overview(store, header))
     state_filter = request.query_params.get("state") or None
     if state_filter is not None and state_filter not in STATES:
         raise ApiError(404, "not_found", "There is no such recipient state.")
@@ -361,8 +360,6 @@ async def batch_detail(request: Request) -> Response:
     logs = await queries.logs_page(
         store, state.attempts, header.batch_id, LOGS_PER_PAGE, cursor, state_filter
     )
-    log_ids = [uuid.UUID(item["log_id"]) for item in logs["data"]]
-    history, resends = await queries.recipient_history(store.db, header.batch_id, log_ids)
     return render(
         request,
         "batch.html",
@@ -370,8 +367,8 @@ async def batch_detail(request: Request) -> Response:
             "title": f"Batch {detail.subject}",
             "active": "batches",
             "b": detail,
-            "logs": views.log_rows(logs["data"], header.created_at, history, resends),
-            "next_cursor": logs["next_cursor"],
+            "logs": views.log_rows(logs.items, header.created_at),
+            "next_cursor": logs.next_cursor,
             "paged": bool(cursor),
             "state_filter": state_filter,
             "states": STATES,

@@ -11,7 +11,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
 from markupsafe import Markup
@@ -21,6 +21,9 @@ from shared.addresses import AddressError, normalize_email, split_address_list
 from shared.providers.catalog import CATALOG
 from shared.sessions import safe_next
 from shared.webhook_events import KIND_RANK
+
+if TYPE_CHECKING:
+    from services.api.queries import BatchOverview, BatchSummary, RecipientLog, Step
 
 #: Provider codes as people know them.
 PROVIDER_NAMES: Mapping[str, str] = {
@@ -227,17 +230,17 @@ class BatchRow:
     tone: str
 
 
-def batch_rows(items: Iterable[Mapping[str, Any]]) -> list[BatchRow]:
+def batch_rows(items: Iterable[BatchSummary]) -> list[BatchRow]:
     """Items of ``queries.list_for_user`` for the batch table."""
     return [
         BatchRow(
-            batch_id=str(i["batch_id"]),
-            subject=str(i.get("subject") or "(no subject)"),
-            recipients=int(i.get("recipients") or 0),
-            created=fmt_time(i.get("created_at")),
-            created_iso=iso(i.get("created_at")),
-            status=str(i.get("status") or "unknown"),
-            tone=tone(i.get("status")),
+            batch_id=str(i.batch_id),
+            subject=i.subject or "(no subject)",
+            recipients=i.recipients,
+            created=fmt_time(i.created_at),
+            created_iso=iso(i.created_at),
+            status=i.status or "unknown",
+            tone=tone(i.status),
         )
         for i in items
     ]
@@ -285,21 +288,20 @@ class LogRow:
         return tone(self.event)
 
 
-def _attempt_entries(attempts: Iterable[Mapping[str, Any]], *, resend: bool) -> list[TimelineEntry]:
+def _attempt_entries(attempts: Iterable[Step], *, resend: bool) -> list[TimelineEntry]:
     out = []
     for a in attempts:
-        at = parse_time(a.get("at"))
+        at = parse_time(a.at)
         if at is None:
             continue
-        number = int(a.get("attempt", 0)) + 1  # attempts count from 0, people from 1
-        state = str(a.get("state") or "")
+        number = a.attempt + 1  # attempts count from 0, people from 1
         out.append(
             TimelineEntry(
                 at=at,
-                what=f"{'Re-send' if resend else 'Attempt'} {number}: {state}",
-                provider=provider_name(str(a.get("provider") or "")) or None,
-                detail=a.get("error") or None,
-                tone=tone(state),
+                what=f"{'Re-send' if resend else 'Attempt'} {number}: {a.state}",
+                provider=provider_name(a.provider) or None,
+                detail=a.error or None,
+                tone=tone(a.state),
                 rank=2 if resend else 1,
             )
         )
@@ -313,35 +315,23 @@ def _event_detail(detail: object, message_ids: set[str]) -> str | None:
     return f"message id {text}" if text in message_ids else text
 
 
-def timeline(
-    accepted_at: datetime,
-    attempts: Iterable[Mapping[str, Any]],
-    events: Iterable[Mapping[str, Any]],
-    resends: Iterable[Mapping[str, Any]] = (),
-    message_ids: Iterable[str] = (),
-) -> list[TimelineEntry]:
+def timeline(accepted_at: datetime, log: RecipientLog) -> list[TimelineEntry]:
     """One recipient's history, oldest first: acceptance, its chunk's provider attempts, the
     provider events (``log_events``) and any single-recipient re-sends (``send_attempts``).
-
-    ``attempts`` are the ``attempts`` of a ``queries.logs_page`` item; ``events`` and
-    ``resends`` are rows with ``at``, ``kind``/``state``, ``provider`` and ``detail``/``error``.
-    An event whose detail is just the provider's message id (``message_ids``) says so.
+    An event whose detail is just the provider's message id says so.
     """
-    ids = set(message_ids)
+    ids = set(log.message_ids.values())
     entries = [TimelineEntry(accepted_at, "Accepted: queued", None, None, "pending")]
-    entries += _attempt_entries(attempts, resend=False)
-    entries += _attempt_entries(resends, resend=True)
-    for e in events:
-        at = parse_time(e.get("at"))
-        if at is None:
-            continue
-        kind = str(e.get("kind") or "unknown")
+    entries += _attempt_entries(log.attempts, resend=False)
+    entries += _attempt_entries(log.resends, resend=True)
+    for e in log.events:
+        kind = e.kind or "unknown"
         entries.append(
             TimelineEntry(
-                at=at,
+                at=e.at,
                 what=kind.capitalize(),
-                provider=provider_name(str(e.get("provider") or "")) or None,
-                detail=_event_detail(e.get("detail"), ids),
+                provider=provider_name(e.provider) or None,
+                detail=_event_detail(e.detail, ids),
                 tone=tone(kind),
                 rank=10 + _KIND_ORDER.get(kind, 0),
             )
@@ -357,41 +347,26 @@ def provider_result(value: str) -> tuple[str, str | None]:
     return (result.strip(), detail.strip() or None) if sep else (value, None)
 
 
-def log_rows(
-    items: Iterable[Mapping[str, Any]],
-    accepted_at: datetime,
-    events: Mapping[str, Sequence[Mapping[str, Any]]],
-    resends: Mapping[str, Sequence[Mapping[str, Any]]],
-) -> list[LogRow]:
-    """Items of ``queries.logs_page`` with each recipient's timeline (events keyed by log id)."""
-    rows = []
-    for i in items:
-        log_id = str(i["log_id"])
-        providers = [
-            (provider_name(code), *provider_result(str(result)))
-            for code, result in sorted(dict(i.get("providers") or {}).items())
-        ]
-        rows.append(
-            LogRow(
-                log_id=log_id,
-                email=str(i["email"]),
-                name=i.get("name"),
-                state=str(i.get("state") or "queued"),
-                event=str(i.get("event") or "queued"),
-                providers=providers,
-                reason=i.get("reason"),
-                updated=fmt_time(i.get("updated_at")),
-                updated_iso=iso(i.get("updated_at")),
-                timeline=timeline(
-                    accepted_at,
-                    i.get("attempts") or (),
-                    events.get(log_id, ()),
-                    resends.get(log_id, ()),
-                    dict(i.get("message_ids") or {}).values(),
-                ),
-            )
+def log_rows(items: Iterable[RecipientLog], accepted_at: datetime) -> list[LogRow]:
+    """Items of ``queries.logs_page``, each with its timeline."""
+    return [
+        LogRow(
+            log_id=str(i.log_id),
+            email=i.email,
+            name=i.name,
+            state=i.state or "queued",
+            event=i.event or "queued",
+            providers=[
+                (provider_name(code), *provider_result(result))
+                for code, result in sorted(i.providers.items())
+            ],
+            reason=i.reason,
+            updated=fmt_time(i.updated_at),
+            updated_iso=iso(i.updated_at),
+            timeline=timeline(accepted_at, i),
         )
-    return rows
+        for i in items
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,25 +391,25 @@ class BatchDetail:
         return self.counts.get("queued", 0) > 0 and self.status != "failed"
 
 
-def batch_detail(view: Mapping[str, Any], reason: str | None = None) -> BatchDetail:
-    """``queries.batch_view`` output (plus the header's failure reason) for the batch page."""
-    sender = view.get("from") or {}
-    name, email = sender.get("name"), sender.get("email", "")
+def batch_detail(view: BatchOverview) -> BatchDetail:
+    """A batch's overview (with its header's failure reason) for the batch page."""
+    header, message = view.header, view.header.message
+    name, email = message.sender.name, message.sender.email
     return BatchDetail(
-        batch_id=str(view["batch_id"]),
-        subject=str(view.get("subject") or "(no subject)"),
-        sender=f"{name} <{email}>" if name else str(email),
-        status=str(view["status"]),
-        tone=tone(str(view["status"])),
-        reason=reason,
-        created=fmt_time(view.get("created_at")),
-        created_iso=iso(view.get("created_at")),
-        bulk=bool(view.get("bulk")),
-        recipients=int(view.get("recipients") or 0),
-        chunks=int(view.get("chunks") or 0),
-        counts={k: int(v) for k, v in dict(view.get("counts") or {}).items()},
-        events=sorted(dict(view.get("events") or {}).items(), key=lambda kv: (-kv[1], kv[0])),
-        failure_reasons=list(dict(view.get("failure_reasons") or {}).items()),
+        batch_id=str(header.batch_id),
+        subject=message.subject or "(no subject)",
+        sender=f"{name} <{email}>" if name else email,
+        status=view.status,
+        tone=tone(view.status),
+        reason=header.reason,
+        created=fmt_time(header.created_at),
+        created_iso=iso(header.created_at),
+        bulk=message.bulk,
+        recipients=header.recipient_count,
+        chunks=header.chunk_count,
+        counts=dict(view.counts),
+        events=sorted(view.events.items(), key=lambda kv: (-kv[1], kv[0])),
+        failure_reasons=list(view.failure_reasons.items()),
     )
 
 
