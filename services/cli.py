@@ -90,9 +90,23 @@ def _serve(command: str, settings: Settings, args: argparse.Namespace) -> int:
     workers: int = getattr(args, "workers", 1)
     if workers == 1:
         uvicorn.run(settle_when_started(_create(command, settings)), **options)
-    else:
-        uvicorn.run(f"services.cli:{command}_app", factory=True, workers=workers, **options)
-    return 0
+        return 0
+    return _supervise(f"services.cli:{command}_app", workers, options)
+
+
+def _supervise(factory: str, workers: int, options: dict[str, Any]) -> int:
+    """Run ``workers`` worker processes under uvicorn's supervisor (as ``uvicorn.run`` does),
+    and exit with uvicorn's start-up failure status when a worker could not start: the
+    supervisor then stops them all but returns as if nothing happened."""
+    from uvicorn import Config
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors.multiprocess import Multiprocess
+
+    config = Config(factory, factory=True, workers=workers, **options)
+    supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+    supervisor.run()
+    failed = any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes)
+    return STARTUP_FAILURE if failed else 0
 
 
 def cmd_api(settings: Settings, args: argparse.Namespace) -> int:

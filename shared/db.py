@@ -228,26 +228,33 @@ class Database:
                 raise
             log.warning("a node lost a prepared statement of a batch; re-preparing: %r", exc)
             try:
-                fresh = [await self._reprepared(stmt) for stmt in statements]
+                fresh = await self._reprepared(statements)
                 await self.execute(_batch(fresh, logged))
             except Exception as again:
                 if isinstance(again, DependencyUnavailable) or not _lost_prepared(again):
                     raise
                 raise DependencyUnavailable("cassandra", _describe(again)) from again
 
-    async def _reprepared(self, stmt: Statement) -> Statement:
-        """The same bound values under a statement prepared again on every node."""
-        if not isinstance(stmt, BoundStatement):
-            return stmt
-        cql = stmt.prepared_statement.query_string
-        try:
-            prepared = await asyncio.to_thread(self.session.prepare, cql)
-        except _OUTAGE as exc:
-            raise DependencyUnavailable("cassandra", _describe(exc)) from exc
-        self._prepared[cql] = prepared
-        bound = copy.copy(stmt)
-        bound.prepared_statement = prepared
-        return bound
+    async def _reprepared(self, statements: Sequence[Statement]) -> list[Statement]:
+        """The same bound values under their statements prepared again (each once) on every
+        node."""
+        again: dict[str, PreparedStatement] = {}
+        out: list[Statement] = []
+        for stmt in statements:
+            if not isinstance(stmt, BoundStatement):
+                out.append(stmt)
+                continue
+            cql = stmt.prepared_statement.query_string
+            if cql not in again:
+                try:
+                    again[cql] = await asyncio.to_thread(self.session.prepare, cql)
+                except _OUTAGE as exc:
+                    raise DependencyUnavailable("cassandra", _describe(exc)) from exc
+                self._prepared[cql] = again[cql]
+            bound = copy.copy(stmt)
+            bound.prepared_statement = again[cql]
+            out.append(bound)
+        return out
 
     async def rows(self, query: str | Statement, params: Params = None, **kw: Any) -> list[Row]:
         return (await self.execute(query, params, **kw)).rows
@@ -286,7 +293,12 @@ def _lost_prepared(exc: BaseException) -> bool:
     if not isinstance(exc, (AttributeError, KeyError)) or exc.__traceback__ is None:
         return False
     frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and frames[-1].filename.endswith("cassandra/cluster.py")
+    return (
+        bool(frames)
+        and frames[-1].filename.endswith("cassandra/cluster.py")
+        # The wheel's compiled module names it ``cassandra.cluster.ResponseFuture._set_result``.
+        and frames[-1].name.endswith("_set_result")
+    )
 
 
 def _settle(fut: asyncio.Future[Page], page: Page | None, exc: BaseException | None) -> None:

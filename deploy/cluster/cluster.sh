@@ -145,8 +145,11 @@ wait_all_background() {
 
 cmd_down() {
     local n
-    for n in "${NODES[@]}"; do rabbitmq "$n" down & done
     for n in "${NODES[@]}"; do cassandra "$n" down & done
+    # RabbitMQ nodes one at a time, node 1 last: a clustered node that was not the
+    # last to stop waits for its peers when it starts again, and `up` starts node 1
+    # first, alone.
+    for n in 3 2 1; do rabbitmq "$n" down; done
     wait_all_background "node"
 }
 

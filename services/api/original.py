@@ -217,7 +217,7 @@ async def get_batches(request: Request) -> Response:
     for item, header in zip(page.items, headers, strict=True):
         if header is None:
             continue
-        row = batch_row(header, item.status, {}, None)
+        row = batch_row(header, item.status, {}, None, created_at=item.created_at)
         rows.append({**row, "recipients": item.recipients})
     return JSONResponse(rows)
 

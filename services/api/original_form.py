@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from datetime import date
+from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -104,15 +104,21 @@ def options(message: Message, to: Sequence[str] | None) -> dict[str, str]:
 
 
 def batch_row(
-    header: BatchHeader, status: str, reasons: Mapping[str, int], to: Sequence[str] | None
+    header: BatchHeader,
+    status: str,
+    reasons: Mapping[str, int],
+    to: Sequence[str] | None,
+    *,
+    created_at: datetime | None = None,
 ) -> dict[str, Any]:
     """A ``batches`` row of the original from a batch's header, status and failure reasons
     (most frequent first).
 
-    Its ``reason`` is our most frequent failure reason; ``code`` and ``description`` have no
-    counterpart and stay empty, as the original always sent them.
+    ``created_at`` overrides the header's (the batch list shows the batch id's own time, to
+    the microsecond). Its ``reason`` is our most frequent failure reason; ``code`` and
+    ``description`` have no counterpart and stay empty, as the original always sent them.
     """
-    created = header.created_at.isoformat()
+    created = (created_at or header.created_at).isoformat()
     return {
         "batch_id": str(header.batch_id),
         "user_id": str(header.user_id),

@@ -4,14 +4,18 @@ all of them gone after one SIGTERM to the supervisor (what systemd sends)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+from starlette.applications import Starlette
 
 from bench.services import free_port
+from services.cli import _supervise
 from shared.config import Settings
 from shared.resources import declare_topology
 
@@ -72,3 +76,21 @@ async def test_api_workers_share_one_port_and_stop_on_one_sigterm(settings: Sett
 
     assert code == 0
     assert not any(_alive(w) for w in workers)
+
+
+def broken_app() -> Starlette:
+    """An app whose start-up fails, as ours do when their lifespan cannot finish."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        raise RuntimeError("this app cannot start")
+        yield
+
+    return Starlette(lifespan=lifespan)
+
+
+def test_workers_that_cannot_start_make_the_supervisor_fail() -> None:
+    options = {"host": "127.0.0.1", "port": free_port(), "log_level": "warning", "lifespan": "on"}
+    code = _supervise(f"{__name__}:broken_app", 2, options)
+
+    assert code == 3  # uvicorn's start-up failure, as one worker alone exits with
