@@ -123,9 +123,20 @@ cmd_up() {
     t0="$(now)"
     require_python
     mkdir -p "$NODE_STATE"
-    # RabbitMQ and Cassandra start side by side, the nodes of each one at a
-    # time (a new Cassandra node picks its tokens from the ring it sees).
-    (for n in "${NODES[@]}"; do rabbitmq "$n" up || exit 1; done) &
+    # RabbitMQ and Cassandra start side by side. Cassandra nodes one at a time
+    # (a new node picks its tokens from the ring it sees); RabbitMQ nodes all at
+    # once, because a clustered node waits for the peers it last saw running
+    # before it opens its port. Only a first start (when `up` may still have to
+    # install rabbitmq-server) starts node 1 alone first.
+    (
+        if ! command -v rabbitmq-server >/dev/null 2>&1; then
+            rabbitmq 1 up || exit 1
+        fi
+        for n in "${NODES[@]}"; do rabbitmq "$n" up & done
+        failed=0
+        for pid in $(jobs -p); do wait "$pid" || failed=1; done
+        exit "$failed"
+    ) &
     for n in "${NODES[@]}"; do
         cassandra "$n" up || die "Cassandra node $n did not start"
     done
@@ -146,10 +157,7 @@ wait_all_background() {
 cmd_down() {
     local n
     for n in "${NODES[@]}"; do cassandra "$n" down & done
-    # RabbitMQ nodes one at a time, node 1 last: a clustered node that was not the
-    # last to stop waits for its peers when it starts again, and `up` starts node 1
-    # first, alone.
-    for n in 3 2 1; do rabbitmq "$n" down; done
+    for n in "${NODES[@]}"; do rabbitmq "$n" down & done
     wait_all_background "node"
 }
 
