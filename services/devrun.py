@@ -2,9 +2,9 @@
 
 Runs each service as its own ``safedelivr <service>`` process (as in production), waits for
 each health endpoint, creates a demo user and key, prints the dashboard URL and a curl that
-sends a batch, then waits. Ctrl-C (or SIGTERM) stops the processes in reverse order, letting
-each drain. The sandbox signs SendGrid-style events with a key pair made for this run, and
-the webhook service is given its public half.
+sends a batch, then waits. Ctrl-C (or SIGTERM, or SIGHUP) stops the processes in reverse
+order, letting each drain. The sandbox signs SendGrid-style events with a key pair made for
+this run, and the webhook service is given its public half.
 """
 
 from __future__ import annotations
@@ -119,9 +119,15 @@ def run(settings: Settings) -> int:
         stopping = True
 
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
     try:
         for s in services:
-            s.process = subprocess.Popen([sys.executable, "-m", "services.cli", s.name], env=env)
+            # A process group of its own: Ctrl-C reaches this process alone, which then stops
+            # each service once (a second SIGINT makes uvicorn abort mid-drain, with a
+            # traceback per service).
+            s.process = subprocess.Popen(
+                [sys.executable, "-m", "services.cli", s.name], env=env, process_group=0
+            )
             _wait_healthy(s)
             print(f"  {s.name:<10} http://127.0.0.1:{s.port}  (pid {s.process.pid})")
         _banner(settings, key)
