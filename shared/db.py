@@ -138,8 +138,9 @@ class Database:
     async def close(self) -> None:
         await asyncio.to_thread(self.cluster.shutdown)
 
-    async def prepare(self, cql: str) -> PreparedStatement:
-        stmt = self._prepared.get(cql)
+    async def prepare(self, cql: str, *, again: bool = False) -> PreparedStatement:
+        """``cql`` prepared (once, then cached); ``again`` prepares it anew on every node."""
+        stmt = None if again else self._prepared.get(cql)
         if stmt is None:
             try:
                 stmt = await asyncio.to_thread(self.session.prepare, cql)
@@ -231,7 +232,7 @@ class Database:
                 fresh = await self._reprepared(statements)
                 await self.execute(_batch(fresh, logged))
             except Exception as again:
-                if isinstance(again, DependencyUnavailable) or not _lost_prepared(again):
+                if not _lost_prepared(again):
                     raise
                 raise DependencyUnavailable("cassandra", _describe(again)) from again
 
@@ -246,11 +247,7 @@ class Database:
                 continue
             cql = stmt.prepared_statement.query_string
             if cql not in again:
-                try:
-                    again[cql] = await asyncio.to_thread(self.session.prepare, cql)
-                except _OUTAGE as exc:
-                    raise DependencyUnavailable("cassandra", _describe(exc)) from exc
-                self._prepared[cql] = again[cql]
+                again[cql] = await self.prepare(cql, again=True)
             bound = copy.copy(stmt)
             bound.prepared_statement = again[cql]
             out.append(bound)

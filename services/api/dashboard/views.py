@@ -291,13 +291,12 @@ class LogRow:
 def _attempt_entries(attempts: Iterable[Step], *, resend: bool) -> list[TimelineEntry]:
     out = []
     for a in attempts:
-        at = parse_time(a.at)
-        if at is None:
+        if a.at is None:
             continue
         number = a.attempt + 1  # attempts count from 0, people from 1
         out.append(
             TimelineEntry(
-                at=at,
+                at=a.at,
                 what=f"{'Re-send' if resend else 'Attempt'} {number}: {a.state}",
                 provider=provider_name(a.provider) or None,
                 detail=a.error or None,
