@@ -134,6 +134,10 @@ class Dispatcher:
 
     async def handle(self, job: protocol.Job, delivery: Delivery) -> None:
         """Take protocol steps until this delivery may be acked."""
+        header = await self.follow.header(job.batch_id)  # cached; a missing batch is poison
+        if not 0 <= job.chunk < header.chunk_count:
+            # Nothing to send, yet claiming it would record a phantom attempt as accepted.
+            raise Poison(f"batch {job.batch_id} has no chunk {job.chunk}")
         # After a failure (this delivery's retry) or a lost race, read at SERIAL: an LWT of
         # ours whose outcome was unknown, or someone else's in progress, is then settled.
         serial = delivery.retries > 0

@@ -180,7 +180,12 @@ def _unclaimed(job: Job, line: Sequence[Attempt], later: bool) -> Step:
         # A chunk's first attempt is claimed by whoever gets its job; a re-send line starts
         # with an attempt a hand-off planned.
         return Stray("re-sends start as planned attempts") if job.own_line else Claim()
-    previous = find(line, job.attempt - 1)
+    # The decision that leads here is the latest attempt before this one, which is not always
+    # ``attempt - 1``: failover skips attempt numbers past providers that refused the chunk
+    # for good or are excluded from a re-send (their turns count against max_attempts).
+    previous = max(
+        (a for a in line if a.attempt < job.attempt), key=lambda a: a.attempt, default=None
+    )
     if (
         previous is None
         or previous.decision != "retry"

@@ -115,7 +115,7 @@ class Resolver:
         error = TransientProviderError(
             current.provider,
             f"no evidence from {source} that it accepted the request for "
-            f"{len(verdict.rest)} recipient(s); sent again elsewhere",
+            f"{len(verdict.rest)} recipient(s)",  # what follows is the decision's to say
         )
         return {
             "state": "resolved",

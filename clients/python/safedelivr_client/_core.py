@@ -198,7 +198,14 @@ def page_params(limit: int | None, cursor: str | None, **more: str | None) -> di
 
 
 def quoted(segment: str) -> str:
-    """A path segment (an address, a key id) made safe for the URL."""
+    """A path segment (an address, a key id) made safe for the URL.
+
+    Raises:
+        ValueError: for an empty segment, ``.`` or ``..``: URL normalisation would drop them
+            and send the request to another endpoint (``batch(".")`` to the batch list).
+    """
     from urllib.parse import quote
 
+    if segment in ("", ".", ".."):
+        raise ValueError(f"{segment!r} is not an id")
     return quote(segment, safe="@")
