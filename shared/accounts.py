@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 from shared import apikeys
 from shared.config import Settings
-from shared.db import Database
+from shared.db import Database, Row, utc
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,14 +174,14 @@ async def touch_key(db: Database, key_id: str) -> None:
     )
 
 
-def _record(row: dict[str, object]) -> ApiKeyRecord:
+def _record(row: Row) -> ApiKeyRecord:
     return ApiKeyRecord(
         key_id=str(row["key_id"]),
-        user_id=row["user_id"],  # type: ignore[arg-type]
+        user_id=row["user_id"],
         name=str(row["name"] or ""),
-        created_at=row["created_at"],  # type: ignore[arg-type]
-        revoked_at=row["revoked_at"],  # type: ignore[arg-type]
-        last_used_at=row["last_used_at"],  # type: ignore[arg-type]
+        created_at=utc(row["created_at"]),
+        revoked_at=utc(row["revoked_at"]),
+        last_used_at=utc(row["last_used_at"]),
     )
 
 

@@ -40,7 +40,7 @@ def hash_secret(secret: str) -> bytes:
 
 def parse(key: str) -> tuple[str, str] | None:
     """Split a presented key into (key_id, secret); None when it is not a well-formed key."""
-    match = _KEY.match(key)
+    match = _KEY.fullmatch(key)  # not .match: its $ also matches before a final newline
     return (match.group(1), match.group(2)) if match else None
 
 

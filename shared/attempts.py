@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.db import Database, Row
+from shared.db import Database, Row, utc
 
 #: States in which an attempt's provider call is over and its outcome known or resolved.
 SETTLED = frozenset({"accepted", "rejected", "resolved"})
@@ -98,10 +98,6 @@ class Attempt:
         return self.state in SETTLED
 
 
-def _utc(value: datetime | None) -> datetime | None:
-    return value.replace(tzinfo=UTC) if value is not None else None
-
-
 def from_row(line: str, r: Row) -> Attempt:
     """An attempt from its ``send_attempts`` row."""
     return Attempt(
@@ -113,9 +109,9 @@ def from_row(line: str, r: Row) -> Attempt:
         owner=r["owner"],
         cause=r["cause"],
         reason=r["reason"],
-        created_at=_utc(r["created_at"]) or datetime.now(UTC),
-        calling_at=_utc(r["calling_at"]),
-        finished_at=_utc(r["finished_at"]),
+        created_at=utc(r["created_at"]) or datetime.now(UTC),
+        calling_at=utc(r["calling_at"]),
+        finished_at=utc(r["finished_at"]),
         status_code=r["status_code"],
         message_id=r["message_id"],
         error=r["error"],

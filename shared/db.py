@@ -22,7 +22,8 @@ import socket
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, overload
 
 from cassandra import ConsistencyLevel, OperationTimedOut, RequestExecutionException
 from cassandra.auth import PlainTextAuthProvider
@@ -69,6 +70,18 @@ _OUTAGE: tuple[type[BaseException], ...] = (
 #: Protocol v5 CAS_WRITE_UNKNOWN: a lightweight transaction may or may not have applied.
 _CAS_WRITE_UNKNOWN = 0x1700
 Params = Sequence[Any] | Mapping[str, Any] | None
+
+
+@overload
+def utc(value: datetime) -> datetime: ...
+@overload
+def utc(value: None) -> None: ...
+def utc(value: datetime | None) -> datetime | None:
+    """A timestamp as read from Cassandra (the driver gives naive datetimes, in UTC) made
+    aware; an aware one is returned as it is."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)

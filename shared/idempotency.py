@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from shared.db import Database
+from shared.errors import DependencyUnavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,14 +50,27 @@ class IdempotencyStore:
     async def claim(
         self, user_id: uuid.UUID, key: str, body_hash: bytes, batch_id: uuid.UUID, owner: uuid.UUID
     ) -> Claimed | Existing:
-        now = datetime.now(UTC)
-        row = await self.db.one(
-            "INSERT INTO idempotency_keys (user_id, key, body_hash, batch_id, owner, lease_until, "
-            "created_at) VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
-            (user_id, key, body_hash, batch_id, owner, now + self.lease, now),
-        )
-        if row is None or row["[applied]"]:
-            return Claimed(batch_id)
+        for _ in range(2):
+            now = datetime.now(UTC)
+            row = await self.db.one(
+                "INSERT INTO idempotency_keys (user_id, key, body_hash, batch_id, owner, "
+                "lease_until, created_at) VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+                (user_id, key, body_hash, batch_id, owner, now + self.lease, now),
+            )
+            if row is None or row["[applied]"]:
+                return Claimed(batch_id)
+            if row["body_hash"] is not None and row["batch_id"] is not None:
+                break
+            # The claim's cells expired (24 h TTL) while cells written later by take_over or
+            # complete live on: the row exists but claims nothing. Clear it and claim again.
+            await self.db.one(
+                "DELETE FROM idempotency_keys WHERE user_id = ? AND key = ? IF body_hash = null",
+                (user_id, key),
+            )
+        else:
+            raise DependencyUnavailable(
+                "cassandra", f"Idempotency-Key {key!r} could not be claimed"
+            )
         return Existing(
             same_body=hmac.compare_digest(row["body_hash"] or b"", body_hash),
             batch_id=row["batch_id"],

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
-from shared.db import Database
+from shared.db import Database, utc
 
 #: The session cookie's name (tests set it directly to skip the OAuth dance).
 SESSION_COOKIE = "sd_session"
@@ -142,9 +142,9 @@ class SessionStore:
         session = Session(
             user_id=row["user_id"],
             csrf_token=str(row["csrf_token"]),
-            created_at=_utc(row["created_at"]),
-            refreshed_at=_utc(row["refreshed_at"]),
-            expires_at=_utc(row["expires_at"]),
+            created_at=utc(row["created_at"]),
+            refreshed_at=utc(row["refreshed_at"]),
+            expires_at=utc(row["expires_at"]),
         )
         if session.expires_at <= now:
             return None
@@ -179,9 +179,3 @@ class SessionStore:
             ),
         )
         return Session(session.user_id, session.csrf_token, session.created_at, now, expires)
-
-
-def _utc(value: object) -> datetime:
-    """Cassandra timestamps come back naive (in UTC)."""
-    assert isinstance(value, datetime)  # noqa: S101 - the columns are timestamps
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value

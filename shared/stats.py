@@ -32,7 +32,7 @@ import orjson
 from cassandra.query import BoundStatement
 
 from shared import precedence
-from shared.db import Database, Row
+from shared.db import Database, Row, utc
 
 #: Metrics, in the order the API lists them.
 METRICS = ("queued", "success", "failed", "bounced", "complained", "opened", "clicked")
@@ -155,7 +155,7 @@ def current(rollup: Rollup | None, dirty_at: datetime | None) -> bool:
         return True
     if rollup is None:
         return False
-    return rollup.scanned_at - SETTLE > _aware(dirty_at)
+    return rollup.scanned_at - SETTLE > utc(dirty_at)
 
 
 def fresh_enough(rollup: Rollup | None, now: datetime) -> bool:
@@ -176,10 +176,6 @@ def add(totals: Iterable[Mapping[str, int]]) -> dict[str, int]:
     for counts in totals:
         out.update(counts)
     return {m: out[m] for m in METRICS if out[m]}
-
-
-def _aware(when: datetime) -> datetime:
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)

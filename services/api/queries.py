@@ -23,7 +23,7 @@ from starlette.requests import Request
 from shared import precedence, recipients
 from shared.attempts import Attempt, AttemptStore, chunk_line, recipient_line
 from shared.batchstore import BatchHeader, BatchStore, month_of, timeuuid_datetime
-from shared.db import Database
+from shared.db import Database, utc
 from shared.http import ApiError
 from shared.precedence import visible
 from shared.recipients import RecipientStore
@@ -246,7 +246,7 @@ async def recipient_history(
     ):
         events.setdefault(row["log_id"], []).append(
             ProviderEvent(
-                at=_utc(row["at"]),
+                at=utc(row["at"]),
                 provider=row["provider"],
                 kind=row["kind"],
                 detail=row["detail"] or None,
@@ -262,18 +262,13 @@ async def recipient_history(
                 attempt=row["attempt"],
                 provider=row["provider"],
                 state=row["state"],
-                at=_utc(row["created_at"]) if row["created_at"] else None,
+                at=utc(row["created_at"]) if row["created_at"] else None,
                 error=_error_text(row["error"]) or None,
             )
         )
     for found in events.values():
         found.sort(key=lambda e: e.at)
     return events, resends
-
-
-def _utc(when: datetime) -> datetime:
-    """The driver's naive UTC timestamps, made aware."""
-    return when.replace(tzinfo=UTC)
 
 
 def _error_text(error: str | None) -> str:
@@ -375,7 +370,7 @@ def _updated_at(row: dict[str, Any], state: str) -> datetime | None:
     when = row.get("last_update")
     if state == "failed" and row.get("gave_up_reason") and row.get("state") != "failed":
         when = row.get("gave_up_at") or when
-    return _utc(when) if when else None
+    return utc(when) if when else None
 
 
 def _log_view(
