@@ -235,7 +235,9 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     p = settings.providers
     windows = max(p.webhook_window + p.query_after, settings.webhooks.deferred_deadline)
     default_settle = windows + max(p.backoff_tiers, default=0) + 600
-    settle = dt.timedelta(seconds=args.settle_after or default_settle)
+    settle = dt.timedelta(
+        seconds=default_settle if args.settle_after is None else args.settle_after
+    )
 
     async def go() -> int:
         db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)

@@ -113,6 +113,7 @@ def run(settings: Settings) -> int:
         Service("api", settings.api.port),
     ]
     stopping = False
+    died: list[str] = []
 
     def stop(signum: int, frame: object) -> None:
         nonlocal stopping
@@ -133,8 +134,10 @@ def run(settings: Settings) -> int:
         _banner(settings, key)
         while not stopping and all(s.process and s.process.poll() is None for s in services):
             time.sleep(0.5)
+        if not stopping:
+            died = [s.name for s in services if s.process and s.process.poll() is not None]
     except KeyboardInterrupt:
-        pass
+        stopping = True
     finally:
         print("\nstopping…")
         for s in reversed(services):
@@ -146,6 +149,10 @@ def run(settings: Settings) -> int:
                     s.process.wait(timeout=35)
                 except subprocess.TimeoutExpired:
                     s.process.kill()
+    if died:
+        # A service died on its own: the others were stopped, and the exit status says so.
+        print(f"safedelivr dev: {', '.join(died)} exited; stopped the others", file=sys.stderr)
+        return 1
     return 0
 
 

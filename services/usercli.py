@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 from safedelivr_client import ApiError, Client
 
 from shared.config import Settings
@@ -65,8 +66,11 @@ def _client(settings: Settings, args: argparse.Namespace) -> Client:
     )
     if not key:
         raise SystemExit("safedelivr: an API key is needed: --key or SAFEDELIVR_CLIENT_API_KEY")
-    url = args.api_url or settings.client.api_url or settings.api.public_url
-    return Client(url, key)
+    return Client(_api_url(settings, args), key)
+
+
+def _api_url(settings: Settings, args: argparse.Namespace) -> str:
+    return str(args.api_url or settings.client.api_url or settings.api.public_url)
 
 
 def value(text: str | None) -> str | None:
@@ -74,7 +78,12 @@ def value(text: str | None) -> str | None:
     if text is None or not text.startswith("@"):
         return text
     name = text[1:]
-    return sys.stdin.read() if name == "-" else Path(name).read_text()
+    if name == "-":
+        return sys.stdin.read()
+    try:
+        return Path(name).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"safedelivr: cannot read {name}: {exc}") from None
 
 
 def _run(settings: Settings, args: argparse.Namespace, call: Callable[[Client], Any]) -> Any:
@@ -86,6 +95,12 @@ def _run(settings: Settings, args: argparse.Namespace, call: Callable[[Client], 
             for field, problem in exc.fields.items():
                 print(f"  {field}: {problem}", file=sys.stderr)
             raise SystemExit(1) from None
+        except httpx.TransportError as exc:
+            print(
+                f"safedelivr {args.command}: cannot reach {_api_url(settings, args)}: {exc}",
+                file=sys.stderr,
+            )
+            raise SystemExit(3) from None
 
 
 def _print(args: argparse.Namespace, data: Any, lines: list[str]) -> int:

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from shared.digits import natural
 from shared.errors import DependencyUnavailable
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,8 @@ def error_response(error: ApiError) -> JSON:
 async def read_capped(request: Request, limit: int) -> bytes:
     """The raw body, or 413 as soon as it (or its declared length) passes ``limit``."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    size_declared = natural(declared)
+    if size_declared is not None and size_declared > limit:
         raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0

@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from shared.digits import natural
 from shared.providers.catalog import CODES
 
 #: Provider short codes that may appear as the first word of a dispatch key.
@@ -81,9 +82,10 @@ def parse_routing_key(key: str) -> RoutingKey:
         raise ValueError(f"not a Safedelivr routing key: {key!r}")
     attempt = 0
     if len(rest) == 3:
-        if rest[1] != "retry" or not rest[2].isdigit() or int(rest[2]) < 1:
+        retry = natural(rest[2], max_digits=6)
+        if rest[1] != "retry" or retry is None or retry < 1:
             raise ValueError(f"bad retry suffix in routing key: {key!r}")
-        attempt = int(rest[2])
+        attempt = retry
     return RoutingKey(kind, _uuid(rest[0], key), provider, attempt)
 
 

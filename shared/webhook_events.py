@@ -33,6 +33,7 @@ from typing import Any, Literal, get_args
 import orjson
 
 from shared.addresses import address_key
+from shared.digits import natural
 from shared.errors import SafedelivrError
 from shared.models import ATTEMPT_ARG, OUTCOME_STATE, Reported, State
 
@@ -205,8 +206,9 @@ def parse_tag(value: object) -> str | None:
     if not isinstance(value, str) or len(value) > 12:
         return None
     kind, dot, number = value.partition(".")
-    if kind in ("c", "r") and dot and number.isascii() and number.isdigit():
-        return f"{kind}.{int(number)}"
+    count = natural(number)
+    if kind in ("c", "r") and dot and count is not None:
+        return f"{kind}.{count}"
     return None
 
 
@@ -217,9 +219,7 @@ def parse_chunk(value: object) -> int | None:
     if isinstance(value, int):
         return value if value >= 0 else None
     if isinstance(value, str):
-        digits = value.strip()
-        if digits.isascii() and digits.isdigit() and len(digits) <= _MAX_DIGITS:
-            return int(digits)
+        return natural(value.strip(), max_digits=_MAX_DIGITS)
     return None
 
 
@@ -267,7 +267,5 @@ def timestamp_fresh(timestamp: str, now: float, tolerance: int) -> bool:
 
     Anything that is not a plain integer string is not fresh.
     """
-    stamp = timestamp.strip()
-    if not (stamp.isascii() and stamp.isdigit()) or len(stamp) > _MAX_DIGITS:
-        return False
-    return abs(now - int(stamp)) <= tolerance
+    stamp = natural(timestamp.strip(), max_digits=_MAX_DIGITS)
+    return stamp is not None and abs(now - stamp) <= tolerance

@@ -39,6 +39,7 @@ from services.api.sending import Sending
 from services.api.sessions import current_user, own_origins, same_origin
 from shared.batchstore import BatchHeader, BatchStore
 from shared.config import Settings
+from shared.digits import natural
 from shared.http import ApiError, read_capped
 from shared.recipients import RecipientStore
 from shared.stats import StatsStore, zero_filled
@@ -186,8 +187,8 @@ async def get_batch(request: Request) -> Response:
 async def get_logs(request: Request) -> Response:
     fields = await _fields(request, body=False)
     header = await _owned_header(request, fields)
-    page = first(fields, "page") or "1"
-    if not page.isdigit() or not 1 <= int(page) <= MAX_PAGE:
+    page = natural(first(fields, "page") or "1")
+    if page is None or not 1 <= page <= MAX_PAGE:
         raise Refused(400, f"page must be a whole number from 1 to {MAX_PAGE}")
     state = request.app.state
     cursor: str | None = None

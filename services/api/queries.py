@@ -24,6 +24,7 @@ from shared import precedence, recipients
 from shared.attempts import Attempt, AttemptStore, chunk_line, recipient_line
 from shared.batchstore import BatchHeader, BatchStore, month_of, timeuuid_datetime
 from shared.db import Database, utc
+from shared.digits import natural
 from shared.http import ApiError
 from shared.precedence import visible
 from shared.recipients import RecipientStore
@@ -115,14 +116,15 @@ def page_limit(request: Request, *, default: int = 20, maximum: int = 500) -> in
     raw = request.query_params.get("limit")
     if raw is None:
         return default
-    if not raw.isdigit() or not 1 <= int(raw) <= maximum:
+    limit = natural(raw)
+    if limit is None or not 1 <= limit <= maximum:
         raise ApiError(
             422,
             "invalid_fields",
             "bad limit",
             fields={"limit": f"must be a whole number from 1 to {maximum}"},
         )
-    return int(raw)
+    return limit
 
 
 def path_uuid(request: Request, name: str) -> uuid.UUID:

@@ -17,6 +17,7 @@ providers do. Pure parsing here; the index is bounded.
 from __future__ import annotations
 
 import base64
+import math
 import re
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -25,6 +26,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+
+from shared.digits import natural
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,8 @@ class Indexed:
     """SendGrid ``custom_args`` (shown as ``unique_args``) or Mailgun ``user-variables``."""
     subject: str
     sender: str
+    domain: str = ""
+    """Mailgun: the sending domain it was posted to (its Events API shows only its own)."""
 
 
 class MessageIndex:
@@ -193,9 +198,23 @@ class EventsQuery:
     def from_token(cls, token: str) -> EventsQuery:
         try:
             d = orjson.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-            return cls(d["b"], d["e"], bool(d["a"]), int(d["l"]), d["ev"], d["r"], int(d["o"]))
+            query = cls(d["b"], d["e"], bool(d["a"]), int(d["l"]), d["ev"], d["r"], int(d["o"]))
         except (ValueError, KeyError, TypeError) as exc:
             raise QueryError("invalid page token") from exc
+        if not query.well_formed():
+            raise QueryError("invalid page token")
+        return query
+
+    def well_formed(self) -> bool:
+        """Whether every field has its type and range (a token is client input)."""
+        times = (self.begin,) if self.end is None else (self.begin, self.end)
+        return (
+            all(isinstance(t, (int, float)) and math.isfinite(t) for t in times)
+            and 1 <= self.limit <= MAILGUN_MAX_LIMIT
+            and self.offset >= 0
+            and (self.event is None or isinstance(self.event, str))
+            and (self.recipient is None or isinstance(self.recipient, str))
+        )
 
 
 def parse_events_query(params: Mapping[str, str], now: float) -> EventsQuery:
@@ -211,14 +230,14 @@ def parse_events_query(params: Mapping[str, str], now: float) -> EventsQuery:
         raise QueryError(f"Inconsistent range: begin={begin}, end={end}, ascending={ascending}")
     if begin is not None and end is not None and begin == end:
         raise QueryError(f"Inconsistent range: begin={begin}, end={end}, ascending={ascending}")
-    limit_raw = params.get("limit", "100")
-    if not limit_raw.isdigit() or not 1 <= int(limit_raw) <= MAILGUN_MAX_LIMIT:
+    limit = natural(params.get("limit", "100"))
+    if limit is None or not 1 <= limit <= MAILGUN_MAX_LIMIT:
         raise QueryError(f"limit must be between 1 and {MAILGUN_MAX_LIMIT}")
     return EventsQuery(
         begin=begin if begin is not None else (0.0 if ascending else now),
         end=end,
         ascending=ascending,
-        limit=int(limit_raw),
+        limit=limit,
         event=params.get("event"),
         recipient=(params.get("recipient") or "").lower() or None,
     )
@@ -228,9 +247,12 @@ def _epoch(value: str | None) -> float | None:
     if value is None:
         return None
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
         raise QueryError(f"cannot parse {value!r} as epoch seconds") from None
+    if not math.isfinite(seconds):  # nan and inf parse, then break every comparison
+        raise QueryError(f"cannot parse {value!r} as epoch seconds")
+    return seconds
 
 
 def events_page(entries: Iterable[Indexed], query: EventsQuery) -> tuple[list[Indexed], int]:

@@ -19,6 +19,7 @@ from starlette.routing import BaseRoute, Route
 from services.sandbox.faults import PROVIDERS, parse_fault
 from services.sandbox.state import state_of
 from services.sandbox.wire import json_response
+from shared.digits import natural
 
 #: Longest ``?wait=`` accepted by ``GET /_control/webhooks``.
 MAX_WAIT = 60.0
@@ -65,12 +66,12 @@ async def clear_faults(request: Request) -> Response:
 
 
 async def sends(request: Request) -> Response:
-    recent = request.query_params.get("recent")
-    if recent is not None and not recent.isdigit():
+    recent_raw = request.query_params.get("recent")
+    recent = natural(recent_raw)
+    if recent_raw is not None and recent is None:
         return json_response({"error": "recent must be a non-negative integer"}, 400)
     snapshot = state_of(request).ledger.snapshot(
-        email=request.query_params.get("email"),
-        recent=None if recent is None else int(recent),
+        email=request.query_params.get("email"), recent=recent
     )
     return json_response(snapshot)
 

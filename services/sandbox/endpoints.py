@@ -113,7 +113,7 @@ async def messages(request: Request) -> Response:
         size=len(raw),
         request={"domain": domain, "fields": form.fields, "files": form.files},
     )
-    state.index.add(query.mailgun_entries(message, message_id, time.time()))
+    state.index.add(query.mailgun_entries(message, message_id, time.time(), domain))
     if fault is None or fault.webhooks:
         state.dispatcher.submit(MailgunJob(message_id, message))
     answer = json_response({"id": message_id, "message": "Queued. Thank you."})

@@ -79,7 +79,9 @@ class SendLedger:
                 "recipients": ledger.recipients,
                 "untracked_recipients": ledger.untracked,
                 "by_recipient": by_recipient,
-                "recent": requests if recent is None else requests[len(requests) - recent :],
+                "recent": requests
+                if recent is None
+                else requests[max(0, len(requests) - recent) :],
             }
         return result
 

@@ -18,6 +18,7 @@ from services.sandbox import activity, mailgun, sendgrid
 from services.sandbox.activity import EventsQuery, Indexed, QueryError
 from services.sandbox.state import state_of
 from services.sandbox.wire import json_response
+from shared.digits import natural
 
 #: Most messages one Email Activity answer lists.
 SENDGRID_MAX_LIMIT = 1000
@@ -45,7 +46,7 @@ def sendgrid_entries(payload: Mapping[str, Any], message_id: str, now: float) ->
 
 
 def mailgun_entries(
-    message: mailgun.MailgunMessage, message_id: str, now: float
+    message: mailgun.MailgunMessage, message_id: str, now: float, domain: str
 ) -> Iterator[Indexed]:
     """Index entries of an accepted Mailgun message: one ``accepted`` event per recipient."""
     for recipient in message.recipients:
@@ -57,6 +58,7 @@ def mailgun_entries(
             message.user_variables(recipient),
             message.subject,
             message.sender,
+            domain.lower(),
         )
 
 
@@ -69,15 +71,15 @@ async def email_activity(request: Request) -> Response:
     if not state.settings.sendgrid_email_activity:
         # What SendGrid answers an account without the Email Activity History add-on.
         return _sendgrid_error(400, "authorization required")
-    limit_raw = request.query_params.get("limit", "10")
-    if not limit_raw.isdigit() or not 1 <= int(limit_raw) <= SENDGRID_MAX_LIMIT:
+    limit = natural(request.query_params.get("limit", "10"))
+    if limit is None or not 1 <= limit <= SENDGRID_MAX_LIMIT:
         return _sendgrid_error(400, f"limit must be between 1 and {SENDGRID_MAX_LIMIT}", "limit")
     try:
         clauses = activity.parse_query(request.query_params.get("query", ""))
     except QueryError as exc:
         return _sendgrid_error(400, str(exc), "query")
     entries = state.index.visible("sendgrid", time.time())
-    return json_response({"messages": activity.search_messages(entries, clauses, int(limit_raw))})
+    return json_response({"messages": activity.search_messages(entries, clauses, limit)})
 
 
 async def events(request: Request) -> Response:
@@ -98,9 +100,11 @@ async def events(request: Request) -> Response:
         )
     except QueryError as exc:
         return json_response({"message": str(exc)}, 400)
-    page, offset = activity.events_page(state.index.visible("mailgun", now), query)
+    own = [e for e in state.index.visible("mailgun", now) if e.domain == domain.lower()]
+    page, offset = activity.events_page(own, query)
     path = request.url.path
-    url = str(request.url.replace(path=path[: path.index("/events") + 7], query=""))
+    # The last "/events": a domain may hold the word too (events.example.com).
+    url = str(request.url.replace(path=path[: path.rindex("/events") + 7], query=""))
     return json_response(
         {
             "items": [_mailgun_item(e) for e in page],

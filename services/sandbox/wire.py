@@ -17,6 +17,8 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import Response
 
+from shared.digits import natural
+
 #: Form fields accepted in one request (1,000 repeated ``to`` plus everything else).
 MAX_FORM_FIELDS = 10_000
 
@@ -38,8 +40,8 @@ def json_response(
 
 async def read_body(request: Request, limit: int) -> bytes | None:
     """The whole body, or None as soon as it is known to be larger than ``limit`` bytes."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    declared = natural(request.headers.get("content-length"))
+    if declared is not None and declared > limit:
         return None
     chunks: list[bytes] = []
     size = 0

@@ -18,6 +18,7 @@ from markupsafe import Markup
 
 from services.api.dashboard.charts import Series, stacked_bars
 from shared.addresses import AddressError, normalize_email, split_address_list
+from shared.digits import natural
 from shared.providers.catalog import CATALOG
 from shared.sessions import safe_next
 from shared.webhook_events import KIND_RANK
@@ -528,9 +529,9 @@ def accepted_notice(params: Mapping[str, str]) -> str | None:
     if params.get("sent") != "1":
         return None
     counts = {
-        k: int(v)
+        k: v
         for k in ("accepted", "rejected", "suppressed")
-        if (v := params.get(k, "0")).isdigit()
+        if (v := natural(params.get(k, "0"))) is not None
     }
     parts = [f"Batch accepted: {plural(counts.get('accepted', 0), 'recipient')} queued"]
     if counts.get("suppressed"):
