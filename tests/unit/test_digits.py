@@ -17,7 +17,7 @@ def test_ascii_digits_are_a_number(text: str, number: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", None, "²", "٣", "１", " 3", "3 ", "+3", "-3", "3_000", "3.0", "0x1", "1e3"]
+    "text", ["", None, "²", "٣", "\uff11", " 3", "3 ", "+3", "-3", "3_000", "3.0", "0x1", "1e3"]
 )
 def test_anything_else_is_none(text: str | None) -> None:
     """Unicode digits pass ``str.isdigit()`` and then make ``int()`` raise; signs, blanks and
