@@ -104,7 +104,9 @@ async def _unavailable(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)  # noqa: S101 - registered for HTTPException only
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return error_response(ApiError(exc.status_code, code, str(exc.detail)))
+    # Starlette's own headers (a 405's Allow, which RFC 9110 requires) go out with it.
+    headers = dict(exc.headers) if exc.headers else None
+    return error_response(ApiError(exc.status_code, code, str(exc.detail), headers=headers))
 
 
 async def _crash(request: Request, exc: Exception) -> Response:

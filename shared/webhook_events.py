@@ -65,6 +65,8 @@ ENGAGEMENT: frozenset[Kind] = frozenset({"opened", "clicked"})
 MAX_TEXT = 1000
 #: Longest numeric string accepted as a timestamp or chunk index.
 _MAX_DIGITS = 15
+#: The largest chunk index a batch can have (``chunk`` columns are CQL ``int``).
+MAX_CHUNK = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,13 +215,14 @@ def parse_tag(value: object) -> str | None:
 
 
 def parse_chunk(value: object) -> int | None:
-    """A chunk index from an int or a string of digits; None for anything else."""
+    """A chunk index from an int or a string of digits; None for anything else, and for an
+    index no batch can have (chunks are a 32-bit CQL int)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value if value >= 0 else None
     if isinstance(value, str):
-        return natural(value.strip(), max_digits=_MAX_DIGITS)
+        value = natural(value.strip(), max_digits=_MAX_DIGITS)
+    if isinstance(value, int) and 0 <= value <= MAX_CHUNK:
+        return value
     return None
 
 
@@ -258,7 +261,11 @@ def event_key(value: object) -> str | None:
 
 def content_id(document: Mapping[str, Any]) -> str:
     """A dedupe key derived from an event's content, for events without a usable id."""
-    canonical = orjson.dumps(document, option=orjson.OPT_SORT_KEYS)
+    try:
+        canonical = orjson.dumps(document, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError as exc:
+        # orjson reads 1024 levels of nesting but writes only 255: such an event is hostile.
+        raise MalformedPayload(f"an event cannot be identified: {exc}") from exc
     return "sha256:" + hashlib.sha256(canonical).hexdigest()
 
 

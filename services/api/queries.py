@@ -143,6 +143,23 @@ def encode_cursor(data: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(orjson.dumps(data)).decode().rstrip("=")
 
 
+def cursor_uuid(value: object, *, time_based: bool = False) -> uuid.UUID:
+    """A UUID from a decoded cursor (client input: any JSON value); ValueError otherwise."""
+    if not isinstance(value, str):
+        raise ValueError("not a UUID string")
+    parsed = uuid.UUID(value)
+    if time_based and parsed.version != 1:
+        raise ValueError("not a time UUID")
+    return parsed
+
+
+def cursor_index(value: object) -> int:
+    """A non-negative index from a decoded cursor; ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("not an index")
+    return value
+
+
 def decode_cursor(cursor: str | None) -> dict[str, Any] | None:
     if not cursor:
         return None
@@ -166,8 +183,9 @@ async def list_for_user(
     """Newest first, across monthly buckets, resuming after ``cursor``."""
     after = decode_cursor(cursor)
     try:
-        last = uuid.UUID(after["after"]) if after else None
-    except (KeyError, ValueError, TypeError):
+        # Batch ids are time UUIDs: Cassandra refuses to compare any other kind with them.
+        last = cursor_uuid(after["after"], time_based=True) if after else None
+    except (KeyError, ValueError):
         raise ApiError(400, "bad_cursor", "the cursor is malformed") from None
     month = month_of(last) if last else datetime.now(UTC).strftime("%Y-%m")
     items: list[dict[str, Any]] = []
@@ -311,8 +329,8 @@ async def logs_page(
 ) -> Page[RecipientLog]:
     after = decode_cursor(cursor)
     try:
-        position = (int(after["chunk"]), uuid.UUID(after["log_id"])) if after else None
-    except (KeyError, ValueError, TypeError):
+        position = (cursor_index(after["chunk"]), cursor_uuid(after["log_id"])) if after else None
+    except (KeyError, ValueError):
         raise ApiError(400, "bad_cursor", "the cursor is malformed") from None
     states = RecipientStore(store.db, store.stats)
     header = await store.header(batch_id)

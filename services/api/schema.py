@@ -247,6 +247,18 @@ def field_errors(exc: ValidationError) -> dict[str, str]:
     for error in exc.errors(include_url=False):
         path = ""
         for part in error["loc"]:
+            if isinstance(part, str) and _is_type_tag(part):
+                continue
             path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
         out.setdefault(path or "body", error["msg"])
     return out
+
+
+def _is_type_tag(part: str) -> bool:
+    """Whether a part of a pydantic error location names a union member's type (``str``,
+    ``RecipientIn``, ``list[union[str,RecipientIn]]``) rather than a field: our fields are
+    lower-case names, so these never collide with one."""
+    return "[" in part or part[:1].isupper() or part in _TYPE_TAGS
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
