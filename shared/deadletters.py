@@ -14,11 +14,22 @@ from shared.resources import topology_for
 
 
 def describe(routing_key: str, headers: dict[str, Any], body: bytes) -> str:
-    deaths = headers.get("x-death") or []
-    first = deaths[0] if deaths else {}
+    """One line about a dead letter. ``x-death`` is RabbitMQ's list of tables, but anyone who
+    can publish to the dead-letter exchange can set it to anything: one odd letter must not
+    stop the tool for every other."""
+    deaths = headers.get("x-death")
+    first = deaths[0] if isinstance(deaths, list) and deaths else {}
     reason = first.get("reason", "?") if isinstance(first, dict) else "?"
     queue = first.get("queue", "?") if isinstance(first, dict) else "?"
     return f"{routing_key}  reason={reason} queue={queue}  body={body[:120]!r}"
+
+
+def replayed_headers(headers: dict[str, Any]) -> dict[str, Any]:
+    """The headers a replayed letter keeps: ours (``x-safedelivr-*``, e.g. when a webhook
+    delivery was received) and the application's, not RabbitMQ's death records."""
+    return {
+        k: v for k, v in headers.items() if k.startswith("x-safedelivr-") or not k.startswith("x-")
+    }
 
 
 async def drain_dead_letters(settings: Settings, *, replay: bool, limit: int) -> list[str]:
@@ -36,7 +47,12 @@ async def drain_dead_letters(settings: Settings, *, replay: bool, limit: int) ->
             key = message.routing_key or ""
             shown.append(describe(key, dict(message.headers or {}), message.body))
             if replay:
-                await broker.publish(key, message.body, message_id=message.message_id)
+                await broker.publish(
+                    key,
+                    message.body,
+                    message_id=message.message_id,
+                    headers=replayed_headers(dict(message.headers or {})),
+                )
                 await message.ack()
             else:
                 held.append(message)

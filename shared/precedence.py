@@ -23,7 +23,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 #: Microseconds per second.
@@ -35,11 +35,15 @@ _GIVE_UP_OFFSET = -500
 
 #: RFC 4122 time of a time-based UUID: 100 ns intervals since 1582-10-15.
 _UUID_EPOCH = 0x01B21DD213814000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def accepted_at(batch_id: uuid.UUID) -> datetime:
     """When a batch was accepted: the time inside its time-based id (UTC)."""
-    return datetime.fromtimestamp((batch_id.time - _UUID_EPOCH) / 1e7, UTC)
+    # Integer arithmetic, floored to the microsecond: a float rounds the last 100 ns ticks of
+    # a day into the next one.
+    micros = (batch_id.time - _UUID_EPOCH) // 10
+    return _EPOCH + timedelta(microseconds=micros)
 
 
 def _accepted_second(batch_id: uuid.UUID) -> int:

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
 
-from cassandra.util import max_uuid_from_time, min_uuid_from_time
+from cassandra.util import min_uuid_from_time
 
 from shared.db import Database
 from shared.stats import DEFAULT_BUCKETS, Drift, StatsStore
@@ -25,12 +25,12 @@ async def day_batches(db: Database, user_id: uuid.UUID, day: date) -> list[uuid.
     end = start + timedelta(days=1)
     rows = await db.all_pages(
         "SELECT batch_id FROM batches_by_user WHERE user_id = ? AND month = ? "
-        "AND batch_id >= ? AND batch_id <= ?",
+        "AND batch_id >= ? AND batch_id < ?",
         (
             user_id,
             day.strftime("%Y-%m"),
             min_uuid_from_time(start.timestamp()),
-            max_uuid_from_time(end.timestamp() - 1e-6),
+            min_uuid_from_time(end.timestamp()),  # up to midnight, its last 100 ns included
         ),
     )
     return [r["batch_id"] for r in rows]
