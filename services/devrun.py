@@ -112,15 +112,18 @@ def run(settings: Settings) -> int:
         Service("consumers", settings.consumers.port),
         Service("api", settings.api.port),
     ]
-    stopping = False
+    stopping = running = False
     died: list[str] = []
 
     def stop(signum: int, frame: object) -> None:
         nonlocal stopping
         stopping = True
+        if not running:  # still starting: leave the wait for a service's health at once
+            raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGHUP, stop)
+    # Ctrl-C too sets the flag rather than relying on KeyboardInterrupt: whatever handler
+    # was in place before (a library's) could swallow it; the previous ones come back after.
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         for s in services:
             # A process group of its own: Ctrl-C reaches this process alone, which then stops
@@ -132,6 +135,7 @@ def run(settings: Settings) -> int:
             _wait_healthy(s)
             print(f"  {s.name:<10} http://127.0.0.1:{s.port}  (pid {s.process.pid})")
         _banner(settings, key)
+        running = True
         while not stopping and all(s.process and s.process.poll() is None for s in services):
             time.sleep(0.5)
         if not stopping:
@@ -139,21 +143,28 @@ def run(settings: Settings) -> int:
     except KeyboardInterrupt:
         stopping = True
     finally:
-        print("\nstopping…")
-        for s in reversed(services):
-            if s.process and s.process.poll() is None:
-                s.process.send_signal(signal.SIGINT)
-        for s in reversed(services):
-            if s.process:
-                try:
-                    s.process.wait(timeout=35)
-                except subprocess.TimeoutExpired:
-                    s.process.kill()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _stop_all(services)
     if died:
         # A service died on its own: the others were stopped, and the exit status says so.
         print(f"safedelivr dev: {', '.join(died)} exited; stopped the others", file=sys.stderr)
         return 1
     return 0
+
+
+def _stop_all(services: list[Service]) -> None:
+    """One SIGINT each, the last started first, then wait for them to drain."""
+    print("\nstopping…")
+    for s in reversed(services):
+        if s.process and s.process.poll() is None:
+            s.process.send_signal(signal.SIGINT)
+    for s in reversed(services):
+        if s.process:
+            try:
+                s.process.wait(timeout=35)
+            except subprocess.TimeoutExpired:
+                s.process.kill()
 
 
 def _banner(settings: Settings, key: str) -> None:
