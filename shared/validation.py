@@ -163,6 +163,22 @@ def body_hash(body: object) -> bytes:
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).digest()
 
 
+#: Above these, validating a body is worth a worker thread (~10 ms of work and more), so one
+#: large batch does not stall every other request on the event loop while it is checked.
+LARGE_RECIPIENT_ENTRIES = 1_000
+LARGE_TEXT_LENGTH = 512 * 1024
+
+
+def is_large(raw: object) -> bool:
+    """Whether validating the decoded body ``raw`` is heavy enough to run off the event loop:
+    counted from its shape alone (list lengths, text lengths), without walking it."""
+    if not isinstance(raw, Mapping):
+        return False
+    entries = sum(len(v) for k in ("to", "cc", "bcc") if isinstance(v := raw.get(k), list))
+    text = sum(len(v) for k in ("html", "text") if isinstance(v := raw.get(k), str))
+    return entries > LARGE_RECIPIENT_ENTRIES or text > LARGE_TEXT_LENGTH
+
+
 def parse_batch_request(
     raw: object,
     *,

@@ -13,6 +13,7 @@ broker confirmed ``batch.<uuid>`` or the outbox row guarantees the relay will pu
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -60,7 +61,10 @@ class Sending:
         """Validate, drop suppressed recipients, honour the Idempotency-Key (a repeat gets
         the first answer), charge the daily quota and accept durably. Raises ApiError
         409/422/429, and 503 when a dependency is down before the batch is stored."""
-        parsed = self._validated(body)
+        if validation.is_large(body):
+            parsed = await asyncio.to_thread(self._validated, body)
+        else:
+            parsed = self._validated(body)
         parsed = await self._drop_suppressed(user_id, parsed)
         if idem is None:
             return await self._accept_once(user_id, uuid_from_time(time.time()), parsed)

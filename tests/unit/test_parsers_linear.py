@@ -1,0 +1,166 @@
+"""Every parser of untrusted text takes time linear in its input: a megabyte of adversarial
+repetition (the shapes that make backtracking regexes, nested scans and repeated
+concatenation quadratic) is parsed in well under a second, where a quadratic parser takes
+minutes. The bound is generous on purpose (these machines are noisy); what it catches is
+growth with the square of the length, which no amount of noise hides at 1 MB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from services.api import original_form
+from services.api.queries import decode_cursor
+from shared import addresses, validation, webhook_events
+from shared.http import ApiError
+from shared.providers import mailgun_events, sendgrid_events
+
+MEGABYTE = 1024 * 1024
+#: Seconds for one parser over 1 MB; the linear parsers take 0.01-0.3 s here, the quadratic
+#: one this replaces took 3.2 s for 56 KB (about 17 minutes for 1 MB).
+BOUND = 3.0
+
+# The characters parsers branch on: encoded-word delimiters, quotes, escapes, brackets,
+# separators and whitespace.
+SPECIALS = '=?qQbB<>"\\(),@.:;[] \t_-éa0'
+units = st.text(alphabet=SPECIALS, min_size=1, max_size=16)
+
+KNOWN_BAD = [
+    "=?a?q? ",  # an encoded-word head without an end: the lazy ".*?" rescanned the rest
+    "=?utf-8?q?x?= ",  # adjacent encoded-words: their bytes were joined by repeated +=
+    '"a\\"',
+    "((",
+    "<<",
+    "=?",
+]
+
+TEXT_PARSERS: dict[str, Callable[[str], object]] = {
+    "text_problem": addresses.text_problem,
+    "split_address_list": addresses.split_address_list,
+    "parse_address": addresses.parse_address,
+    "address_key": addresses.address_key,
+    "normalize_email": addresses.normalize_email,
+    "display_name": addresses.display_name,
+    "webhook text": webhook_events.text,
+    "parse_email": webhook_events.parse_email,
+    "parse_uuid": webhook_events.parse_uuid,
+    "parse_tag": webhook_events.parse_tag,
+    "parse_chunk": webhook_events.parse_chunk,
+    "parse_time": webhook_events.parse_time,
+    "event_key": webhook_events.event_key,
+    "original is_email": original_form.is_email,
+    "decode_cursor": decode_cursor,
+}
+
+
+def _megabyte(unit: str) -> str:
+    return unit * (MEGABYTE // len(unit.encode()) + 1)
+
+
+def _timed(parse: Callable[[str], object], text: str) -> float:
+    start = time.perf_counter()
+    with contextlib.suppress(ValueError, ApiError):  # refusing is fine, taking minutes is not
+        parse(text)
+    return time.perf_counter() - start
+
+
+@pytest.mark.parametrize("name", sorted(TEXT_PARSERS))
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(unit=units)
+@example(unit=KNOWN_BAD[0])
+@example(unit=KNOWN_BAD[1])
+@example(unit=KNOWN_BAD[2])
+def test_a_megabyte_of_repetition_parses_in_linear_time(name: str, unit: str) -> None:
+    assert _timed(TEXT_PARSERS[name], _megabyte(unit)) < BOUND
+
+
+@pytest.mark.parametrize("unit", KNOWN_BAD)
+def test_an_encoded_word_check_of_a_megabyte_is_linear(unit: str) -> None:
+    assert _timed(addresses.text_problem, _megabyte(unit)) < BOUND
+
+
+def test_header_injection_is_still_found_at_the_end_of_a_megabyte() -> None:
+    text = "=?a?q? " * (MEGABYTE // 7) + "=?utf-8?q?a=0Ab?="
+
+    problem = addresses.text_problem(text)
+
+    assert problem is not None and problem.injection
+
+
+def test_adjacent_encoded_words_are_still_joined_before_they_are_checked() -> None:
+    # CR and LF split across two words only make a line break once decoders join them.
+    problem = addresses.text_problem("=?utf-8?q?a=0D?= =?utf-8?q?=0Ab?=")
+
+    assert problem is not None and problem.injection
+
+
+def test_encoded_text_may_hold_a_question_mark_as_decoders_allow() -> None:
+    problem = addresses.text_problem("=?utf-8?q?a?b=0A?=")
+
+    assert problem is not None and problem.injection
+
+
+def test_a_quadratic_codec_named_as_the_charset_is_not_used() -> None:
+    # punycode's decoder is quadratic; a hostile label must not select it.
+    text = "=?punycode?q?" + "a" * 200_000 + "-" + "b" * 200_000 + "?="
+
+    assert _timed(addresses.text_problem, text) < BOUND
+
+
+@given(unit=units)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(unit=KNOWN_BAD[1])
+def test_a_megabyte_webhook_body_of_repetition_parses_in_linear_time(unit: str) -> None:
+    body = orjson.dumps([{"email": _megabyte(unit), "event": unit, "sg_event_id": unit}])
+
+    start = time.perf_counter()
+    sendgrid_events.parse_events(body)
+    with pytest.raises(mailgun_events.MalformedPayload):
+        mailgun_events.parse_envelope(body)  # a list is not Mailgun's envelope
+
+    assert time.perf_counter() - start < BOUND
+
+
+@given(unit=units)
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(unit=KNOWN_BAD[0])
+def test_a_batch_with_megabyte_fields_is_refused_in_linear_time(unit: str) -> None:
+    big = _megabyte(unit)
+    body = {
+        "from": big,
+        "reply_to": big,
+        "subject": big,
+        "html": big,
+        "to": [{"email": big, "name": big}],
+        "headers": {"X-Note": big},
+    }
+
+    start = time.perf_counter()
+    with pytest.raises(validation.InvalidRequest):
+        validation.parse_batch_request(body, max_recipients=10)
+
+    assert time.perf_counter() - start < BOUND
+
+
+def test_a_batch_with_many_recipients_is_validated_off_the_event_loop() -> None:
+    entries = [{"email": f"r{i}@example.com"} for i in range(validation.LARGE_RECIPIENT_ENTRIES)]
+
+    assert not validation.is_large({"to": entries})
+    assert validation.is_large({"to": entries, "cc": ["c@example.com"]})
+
+
+def test_a_batch_with_a_large_body_text_is_validated_off_the_event_loop() -> None:
+    assert validation.is_large({"to": [], "html": "x" * (validation.LARGE_TEXT_LENGTH + 1)})
+    assert not validation.is_large({"to": [], "html": "x" * validation.LARGE_TEXT_LENGTH})
+
+
+@pytest.mark.parametrize("body", [None, [], "text", {"to": "not a list", "html": 5}])
+def test_a_body_of_the_wrong_shape_is_not_large(body: object) -> None:
+    assert not validation.is_large(body)
