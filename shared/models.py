@@ -33,10 +33,22 @@ RESERVED_HEADERS: frozenset[str] = frozenset(
         "received",
         "message-id",
         "mime-version",
-        "x-sg-id",
-        "x-sg-eid",
+        "sender",  # an address header: it would bypass the check on ``from``
+        "return-path",  # where bounces go: a sender's own would lose them
+        "x-smtpapi",
     }
 )
+#: Header families that steer a provider (Mailgun's ``X-Mailgun-Variables``/``-Tag``/...,
+#: SendGrid's ``X-SG-*`` and its legacy ``X-SMTPAPI`` JSON): a request setting one could turn
+#: tracking on, re-tag or re-route the message behind the API's back.
+RESERVED_HEADER_PREFIXES: tuple[str, ...] = ("x-mailgun-", "x-sg-", "x-smtpapi", "x-twilio-")
+
+
+def is_reserved_header(name: str) -> bool:
+    """Whether a message may not set the header ``name`` (any case)."""
+    lower = name.lower()
+    return lower in RESERVED_HEADERS or lower.startswith(RESERVED_HEADER_PREFIXES)
+
 
 #: Summary states of a recipient (as in the original): an outcome ends ``queued``.
 State = Literal["queued", "success", "failed"]

@@ -46,7 +46,7 @@ from shared.addresses import (
     text_problem,
 )
 from shared.errors import SafedelivrError
-from shared.models import RESERVED_HEADERS, Address, Message
+from shared.models import Address, Message, is_reserved_header
 
 InvalidRequestCode = Literal["invalid_fields", "no_recipients", "too_many_recipients"]
 INVALID_FIELDS: Final = "invalid_fields"
@@ -421,7 +421,7 @@ def _header_name_problem(name: object, seen: set[str]) -> str | None:
             f"is not a header field name (1 to {MAX_HEADER_NAME_LENGTH} printable ASCII "
             "characters, no space or colon)"
         )
-    if name.lower() in RESERVED_HEADERS:
+    if is_reserved_header(name):
         return "is reserved: set it through the request's own field, or not at all"
     if name.lower() in seen:
         return "is given twice (header names are case-insensitive)"

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from shared.addresses import address_key
 from shared.errors import PermanentProviderError
-from shared.models import RESERVED_HEADERS, Address, Chunk, Recipient
+from shared.models import Address, Chunk, Recipient, is_reserved_header
 
 # A header name is printable ASCII without ':' (RFC 5322 section 2.2).
 _HEADER_NAME = re.compile(r"^[!-9;-~]+$")
@@ -101,7 +101,7 @@ def _recipients_problem(chunk: Chunk, max_recipients: int) -> str | None:
 def _headers_problem(chunk: Chunk) -> str | None:
     message = chunk.message
     for name, value in message.headers.items():
-        if name.lower() in RESERVED_HEADERS:
+        if is_reserved_header(name):
             return f"header {name!r} may not be set"
         if not _HEADER_NAME.match(name) or _UNSAFE.search(value):
             return f"header {name!r} has an invalid name or value"

@@ -9,11 +9,10 @@ import orjson
 import pytest
 
 from shared.errors import SafedelivrError
-from shared.models import Address, Message
+from shared.models import RESERVED_HEADERS, Address, Message
 from shared.validation import (
     MAX_METADATA_BYTES,
     MAX_REJECTED_LENGTH,
-    RESERVED_HEADERS,
     BatchRequest,
     InvalidRequest,
     RecipientInput,
@@ -381,6 +380,24 @@ def test_reserved_headers_are_refused(name: str) -> None:
     """Every reserved header, in any case, is refused under ``headers.<name>``."""
     errors = _field_errors(_body(headers={name: "x"}))
     assert "reserved" in errors[f"headers.{name}"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["X-Mailgun-Variables", "x-mailgun-tag", "X-SMTPAPI", "X-SG-Send-At", "X-Twilio-Id"],
+)
+def test_provider_control_headers_are_refused(name: str) -> None:
+    """Headers that steer a provider (tracking, tags, routing) are not the sender's to set."""
+    errors = _field_errors(_body(headers={name: "x"}))
+    assert "reserved" in errors[f"headers.{name}"]
+
+
+def test_a_header_that_merely_starts_like_a_provider_family_is_allowed() -> None:
+    """``X-Mailgunner`` is not Mailgun's (its family is ``X-Mailgun-``)."""
+    assert _parse(_body(headers={"X-Mailgunner": "x", "X-SGx": "y"})).message.headers == {
+        "X-Mailgunner": "x",
+        "X-SGx": "y",
+    }
 
 
 @pytest.mark.parametrize(

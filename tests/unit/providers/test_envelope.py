@@ -62,7 +62,10 @@ def test_recipient_limit_ignores_cc_on_later_chunks() -> None:
     assert envelope.check_chunk("sg", later, 2) is None
 
 
-@pytest.mark.parametrize("name", ["To", "from", "BCC", "Reply-To", "Content-Type", "X-SG-ID"])
+@pytest.mark.parametrize(
+    "name",
+    ["To", "from", "BCC", "Reply-To", "Content-Type", "X-SG-ID", "X-Mailgun-Tag", "X-SMTPAPI"],
+)
 def test_reserved_header_is_refused(name: str) -> None:
     """Headers SendGrid reserves are refused for every provider, case-insensitively."""
     with pytest.raises(PermanentProviderError, match="may not be set"):
