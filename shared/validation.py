@@ -154,6 +154,12 @@ class BatchRequest:
     def accepted(self) -> int:
         return len(self.recipients)
 
+    @property
+    def mailed(self) -> int:
+        """Addresses this batch mails: recipients, cc and bcc. Quotas count these, so
+        copies are not a way around them."""
+        return len(self.recipients) + len(self.message.cc) + len(self.message.bcc)
+
 
 def body_hash(body: object) -> bytes:
     """SHA-256 of the canonical JSON (keys sorted) of a decoded request body.
@@ -608,12 +614,13 @@ class _RecipientScan:
 
 
 def drop_suppressed(request: BatchRequest, listed: Mapping[str, str]) -> BatchRequest:
-    """``request`` without the recipients on the sender's suppression list (``listed``:
-    address key -> reason); they are reported in ``suppressed``. The one rule for every
-    interface that accepts a batch.
+    """``request`` without the recipients, cc and bcc addresses on the sender's suppression
+    list (``listed``: address key -> reason); they are reported in ``suppressed``. The one
+    rule for every interface that accepts a batch: a suppressed address is not mailed
+    whichever field names it.
 
     Raises:
-        InvalidRequest: ``no_recipients`` when nobody is left.
+        InvalidRequest: ``no_recipients`` when no recipient is left.
     """
     if not listed:
         return request
@@ -626,7 +633,27 @@ def drop_suppressed(request: BatchRequest, listed: Mapping[str, str]) -> BatchRe
             for email in dropped
         }
         raise InvalidRequest({"to": summary, **detail}, code=NO_RECIPIENTS, message=summary)
-    return dataclasses.replace(request, recipients=keep, suppressed=(*request.suppressed, *dropped))
+    message = request.message
+    copies = (*message.cc, *message.bcc)
+    dropped += tuple(a.email for a in copies if address_key(a.email) in listed)
+    message = message.model_copy(
+        update={
+            "cc": tuple(a for a in message.cc if address_key(a.email) not in listed),
+            "bcc": tuple(a for a in message.bcc if address_key(a.email) not in listed),
+        }
+    )
+    return dataclasses.replace(
+        request, message=message, recipients=keep, suppressed=(*request.suppressed, *dropped)
+    )
+
+
+def addresses_of(request: BatchRequest) -> list[str]:
+    """Every address the batch would mail: its recipients, then cc and bcc."""
+    message = request.message
+    return [
+        *(r.email for r in request.recipients),
+        *(a.email for a in (*message.cc, *message.bcc)),
+    ]
 
 
 def no_recipients_summary(rejected: int, suppressed: int) -> str:

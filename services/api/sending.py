@@ -168,7 +168,7 @@ class Sending:
         finishes it instead.
         """
         started = time.perf_counter()
-        count = len(parsed.recipients)
+        count = parsed.mailed
         verdict, day = await self.quota.consume(user_id, count)
         if not verdict.allowed:
             raise ApiError(
@@ -211,8 +211,9 @@ class Sending:
     async def _drop_suppressed(
         self, user_id: uuid.UUID, parsed: validation.BatchRequest
     ) -> validation.BatchRequest:
-        """Remove addresses on the user's suppression list; none left is a 422."""
-        listed = await self.suppressions.suppressed(user_id, (r.email for r in parsed.recipients))
+        """Remove addresses (to, cc, bcc) on the user's suppression list; no recipient left
+        is a 422."""
+        listed = await self.suppressions.suppressed(user_id, validation.addresses_of(parsed))
         try:
             return validation.drop_suppressed(parsed, listed)
         except validation.InvalidRequest as exc:

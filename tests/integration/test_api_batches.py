@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from shared import accounts
+from shared.batchstore import BatchStore
 from shared.config import Settings
 from shared.db import Database
 from shared.ratelimit import RecipientQuota
@@ -51,6 +52,27 @@ async def test_accepted_batch_returns_202_with_counts(api: httpx.AsyncClient, ke
     data = resp.json()
     assert data["accepted"] == 2
     assert [r["email"] for r in data["rejected"]] == ["not-an-address"]
+
+
+async def test_a_suppressed_address_given_as_a_copy_is_not_mailed(
+    api: httpx.AsyncClient, key: str, db: Database
+) -> None:
+    """A suppressed address is dropped from cc and bcc too, and reported as suppressed."""
+    cc, bcc = f"{unique('cc')}@example.com", f"{unique('bcc')}@example.com"
+    for email in (cc, bcc):
+        added = await api.post("/v1/suppressions", json={"email": email}, headers=auth(key))
+        assert added.status_code in (200, 201), added.text
+    shouted = bcc.split("@")[0].upper() + "@example.com"  # the same address key
+    body = {**GOOD, "cc": [cc, "kept@example.com"], "bcc": [shouted]}
+
+    resp = await api.post("/v1/batches", json=body, headers=auth(key))
+
+    assert resp.status_code == 202, resp.text
+    assert sorted(resp.json()["suppressed"]) == sorted([cc, shouted])
+    header = await BatchStore(db).header(uuid.UUID(resp.json()["batch_id"]))
+    assert header is not None
+    assert [a.email for a in header.message.cc] == ["kept@example.com"]
+    assert header.message.bcc == ()
 
 
 async def test_unknown_key_and_wrong_secret_get_the_same_401(

@@ -176,6 +176,20 @@ async def test_daily_quota_holds_across_two_api_processes(
     assert int(codes[3].headers["Retry-After"]) >= 1
 
 
+async def test_cc_and_bcc_count_against_the_daily_quota(
+    quota_apis: list[httpx.AsyncClient], db: Database
+) -> None:
+    """Copies are mail too: one recipient with eight copies uses nine of the ten allowed."""
+    key = await new_key(db)
+    copies = [f"{unique('c')}@example.com" for _ in range(8)]
+    body = {**batch(1), "cc": copies[:4], "bcc": copies[4:]}
+
+    first = await quota_apis[0].post("/v1/batches", json=body, headers=bearer(key))
+    over = await quota_apis[1].post("/v1/batches", json=batch(2), headers=bearer(key))
+
+    assert (first.status_code, over.status_code) == (202, 429)
+
+
 async def test_refused_batch_consumes_no_quota(
     quota_apis: list[httpx.AsyncClient], db: Database
 ) -> None:

@@ -17,6 +17,7 @@ from shared.validation import (
     InvalidRequest,
     RecipientInput,
     Rejected,
+    addresses_of,
     body_hash,
     drop_suppressed,
     parse_batch_request,
@@ -690,6 +691,30 @@ def test_suppressed_addresses_are_removed_and_listed() -> None:
     )
     assert [r.email for r in request.recipients] == ["bob@x.org", "dee@x.org"]
     assert request.suppressed == ("Cy@x.org",)
+
+
+def test_suppressed_cc_and_bcc_addresses_are_removed_and_listed() -> None:
+    """A suppressed address is not mailed because it was given as a copy instead."""
+    request = drop_suppressed(
+        _parse(_body(to=["bob@x.org"], cc=["Cy@x.org", "eve@x.org"], bcc=["dee@x.org"])),
+        {"cy@x.org": "bounced", "dee@x.org": "complained"},
+    )
+    assert [a.email for a in request.message.cc] == ["eve@x.org"]
+    assert request.message.bcc == ()
+    assert request.suppressed == ("Cy@x.org", "dee@x.org")
+
+
+def test_copies_alone_do_not_make_a_batch_deliverable() -> None:
+    """cc and bcc are not recipients: with every recipient suppressed nothing is sent."""
+    with pytest.raises(InvalidRequest) as caught:
+        drop_suppressed(_parse(_body(to=["bob@x.org"], cc=["cy@x.org"])), {"bob@x.org": "x"})
+    assert caught.value.code == "no_recipients"
+
+
+def test_quotas_count_recipients_cc_and_bcc() -> None:
+    request = _parse(_body(to=["a@x.org", "b@x.org"], cc=["c@x.org"], bcc=["d@x.org"]))
+    assert (request.accepted, request.mailed) == (2, 4)
+    assert addresses_of(request) == ["a@x.org", "b@x.org", "c@x.org", "d@x.org"]
 
 
 def test_nothing_listed_leaves_the_request_as_it_was() -> None:
