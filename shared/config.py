@@ -15,6 +15,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.errors import ConfigError
+from shared.production import production_problems
 from shared.providers.catalog import CODES
 
 #: Every variable we read starts with this.
@@ -149,6 +150,10 @@ class WebhookSettings(BaseSettings):
     sendgrid_basic_user: str | None = None
     """Basic auth that SendGrid sends with each event post (optional, besides the signature)."""
     sendgrid_basic_password: SecretStr | None = None
+    sendgrid_insecure_basic_only: bool = False
+    """Accept SendGrid posts on Basic auth alone, without the signature. For development
+    against a SendGrid account without the Signed Event Webhook only: anyone who learns the
+    password can then forge events. Refused in production."""
     mailgun_signing_key: SecretStr | None = None
     """Mailgun's HTTP webhook signing key (HMAC-SHA256 of timestamp and token)."""
     timestamp_tolerance: int = Field(300, ge=1)
@@ -331,6 +336,17 @@ class Settings(BaseSettings):
 
     model_config = _config("")
 
+    env: Literal["development", "production"] = "development"
+    """``production`` refuses to start with sandbox URLs, default secrets, insecure settings
+    or open sign-up (see :mod:`shared.production`)."""
+    signup: Literal["open", "closed", "allowlist", "approval"] | None = None
+    """Who may create an account by logging in with GitHub: anyone (``open``), nobody new
+    (``closed``), the logins and ``org:NAME`` organisations of ``SAFEDELIVR_SIGNUP_ALLOW``
+    (``allowlist``), or whoever an operator approves (``approval``). Unset: ``closed`` in
+    production, ``open`` otherwise (the sandbox)."""
+    signup_allow: str = ""
+    """Comma-separated GitHub logins and ``org:NAME`` organisations admitted by
+    ``allowlist`` (compared case-insensitively)."""
     log_level: str = "INFO"
     """DEBUG, INFO, WARNING or ERROR."""
     log_format: Literal["json", "console"] = "json"
@@ -345,6 +361,13 @@ class Settings(BaseSettings):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     github: GitHubSettings = Field(default_factory=GitHubSettings)
     client: ClientSettings = Field(default_factory=ClientSettings)
+
+    @property
+    def signup_policy(self) -> Literal["open", "closed", "allowlist", "approval"]:
+        """``signup``, or its default for ``env``."""
+        if self.signup is not None:
+            return self.signup
+        return "closed" if self.env == "production" else "open"
 
 
 #: Every section by its variables' infix (``SAFEDELIVR_<SECTION>_<FIELD>``).
@@ -375,11 +398,17 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
     sections.update(overrides)
     try:
-        return Settings(**sections)
+        settings = Settings(**sections)
     except ValidationError as exc:
         raise ConfigError(
             "invalid configuration:\n  " + "\n  ".join(describe_errors(exc, ENV_PREFIX))
         ) from exc
+    refused = production_problems(settings)
+    if refused:
+        raise ConfigError(
+            f"{ENV_PREFIX}ENV=production refuses to start:\n  " + "\n  ".join(refused)
+        )
+    return settings
 
 
 def describe_errors(exc: ValidationError, prefix: str) -> list[str]:

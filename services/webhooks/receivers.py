@@ -32,6 +32,11 @@ def _unauthorized(why: str) -> ApiError:
     return ApiError(401, "bad_signature", why)
 
 
+def _basic_configured(settings: Settings) -> bool:
+    w = settings.webhooks
+    return bool(w.sendgrid_basic_user) and w.sendgrid_basic_password is not None
+
+
 def _check_basic(request: Request, settings: Settings) -> None:
     user = settings.webhooks.sendgrid_basic_user
     password = settings.webhooks.sendgrid_basic_password
@@ -46,18 +51,31 @@ def _check_basic(request: Request, settings: Settings) -> None:
 async def sendgrid(request: Request) -> Response:
     state = request.app.state
     settings: Settings = state.settings
-    raw = await read_capped(request, MAX_BODY)
+    # Everything that needs no body is checked before the body is read, so an unauthenticated
+    # sender cannot make us buffer anything.
     _check_basic(request, settings)
     key = state.sendgrid_key
-    if key is None and not settings.webhooks.sendgrid_basic_user:
-        raise ApiError(503, "not_configured", "SendGrid webhook verification is not configured")
-    if key is not None:
-        signature = request.headers.get(SG_SIGNATURE, "")
-        stamp = request.headers.get(SG_TIMESTAMP, "")
-        if not timestamp_fresh(stamp, time.time(), settings.webhooks.timestamp_tolerance):
-            raise _unauthorized("missing or stale signature timestamp")
-        if not sendgrid_events.verify_signature_with_key(key, signature, stamp, raw):
-            raise _unauthorized("signature does not match")
+    if key is None:
+        # Fail closed: Basic auth alone is a shared password in every request, not proof that
+        # SendGrid sent this body. Without the signature key the provider gets a 503 and
+        # retries (for 72 hours), so nothing is lost while the operator configures it.
+        if not (settings.webhooks.sendgrid_insecure_basic_only and _basic_configured(settings)):
+            raise ApiError(
+                503,
+                "not_configured",
+                "SendGrid webhook signature verification is not configured "
+                "(SAFEDELIVR_WEBHOOKS_SENDGRID_PUBLIC_KEY)",
+            )
+        return JSON(await state.intake.receive("sg", await read_capped(request, MAX_BODY)))
+    signature = request.headers.get(SG_SIGNATURE, "")
+    stamp = request.headers.get(SG_TIMESTAMP, "")
+    if not signature or not timestamp_fresh(
+        stamp, time.time(), settings.webhooks.timestamp_tolerance
+    ):
+        raise _unauthorized("missing signature, or missing or stale signature timestamp")
+    raw = await read_capped(request, MAX_BODY)
+    if not sendgrid_events.verify_signature_with_key(key, signature, stamp, raw):
+        raise _unauthorized("signature does not match")
     return JSON(await state.intake.receive("sg", raw))
 
 

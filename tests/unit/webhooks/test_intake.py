@@ -271,6 +271,52 @@ async def test_sendgrid_basic_auth_is_checked_when_configured() -> None:
         assert (wrong.status_code, right.status_code) == (401, 200)
 
 
+async def test_sendgrid_basic_auth_alone_is_not_enough() -> None:
+    """Without the signature key a right password is still a 503: the provider retries, and
+    nobody who learnt the password can write events."""
+    w = World(
+        webhooks=webhook_settings(
+            sendgrid_public_key=None,
+            sendgrid_basic_user="hooks",
+            sendgrid_basic_password=SecretStr("s3cret"),
+        )
+    )
+    batch = await w.sent(A)
+    async for client in client_for(w):
+        response = await client.post(
+            "/webhooks/sendgrid", content=sendgrid_body(batch), auth=("hooks", "s3cret")
+        )
+        assert (response.status_code, response.json()["error"]["code"]) == (503, "not_configured")
+    assert await w.states(batch) == {A: "queued"}
+
+
+async def test_sendgrid_basic_auth_alone_is_accepted_only_when_explicitly_insecure() -> None:
+    w = World(
+        webhooks=webhook_settings(
+            sendgrid_public_key=None,
+            sendgrid_basic_user="hooks",
+            sendgrid_basic_password=SecretStr("s3cret"),
+            sendgrid_insecure_basic_only=True,
+        )
+    )
+    batch = await w.sent(A)
+    body = sendgrid_body(batch)
+    async for client in client_for(w):
+        wrong = await client.post("/webhooks/sendgrid", content=body, auth=("hooks", "guess"))
+        right = await client.post("/webhooks/sendgrid", content=body, auth=("hooks", "s3cret"))
+        assert (wrong.status_code, right.status_code) == (401, 200)
+    assert await w.states(batch) == {A: "success"}
+
+
+async def test_a_sendgrid_post_without_a_signature_is_refused_before_its_body_is_read(
+    world: World, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No signature header: 401, even for a body far over the limit (it is never buffered)."""
+    monkeypatch.setattr(receivers, "MAX_BODY", 100)
+    response = await client.post("/webhooks/sendgrid", content=b"[" + b" " * 200 + b"]")
+    assert (response.status_code, response.json()["error"]["code"]) == (401, "bad_signature")
+
+
 async def test_a_webhook_body_over_the_limit_is_a_413(
     world: World, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:

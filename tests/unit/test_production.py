@@ -1,0 +1,115 @@
+"""Production mode refuses the sandbox's defaults, naming every offending variable at once."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import SecretStr
+
+from shared.config import (
+    AmqpSettings,
+    ApiSettings,
+    GitHubSettings,
+    ProviderSettings,
+    Settings,
+    WebhookSettings,
+    load_settings,
+)
+from shared.errors import ConfigError
+from shared.production import production_problems
+
+
+def fit(**overrides: object) -> Settings:
+    """Settings a production deployment could start with."""
+    values: dict[str, object] = {
+        "env": "production",
+        "providers": ProviderSettings(
+            sendgrid_api_key=SecretStr("SG.real"),
+            sendgrid_base_url="https://api.sendgrid.com",
+            mailgun_api_key=SecretStr("key-real"),
+            mailgun_base_url="https://api.mailgun.net",
+        ),
+        "github": GitHubSettings(
+            client_secret=SecretStr("gh-real"),
+            oauth_base_url="https://github.com",
+            api_base_url="https://api.github.com",
+            redirect_uri="https://mail.example.com/auth/github/callback",
+        ),
+        "api": ApiSettings(public_url="https://mail.example.com"),
+        "amqp": AmqpSettings(url=SecretStr("amqps://sd:s3cret@mq1:5671/,amqps://sd:s3cret@mq2/")),
+    }
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+def variables(settings: Settings) -> list[str]:
+    return [problem.split(":", 1)[0] for problem in production_problems(settings)]
+
+
+def test_settings_fit_for_production_have_no_problem() -> None:
+    assert production_problems(fit()) == []
+
+
+def test_development_mode_accepts_the_sandbox_defaults() -> None:
+    assert production_problems(Settings()) == []
+
+
+def test_every_sandbox_default_is_named() -> None:
+    assert variables(Settings(env="production")) == [
+        "SAFEDELIVR_PROVIDERS_SENDGRID_BASE_URL",
+        "SAFEDELIVR_PROVIDERS_MAILGUN_BASE_URL",
+        "SAFEDELIVR_GITHUB_OAUTH_BASE_URL",
+        "SAFEDELIVR_GITHUB_API_BASE_URL",
+        "SAFEDELIVR_GITHUB_REDIRECT_URI",
+        "SAFEDELIVR_API_PUBLIC_URL",
+        "SAFEDELIVR_PROVIDERS_SENDGRID_API_KEY",
+        "SAFEDELIVR_PROVIDERS_MAILGUN_API_KEY",
+        "SAFEDELIVR_GITHUB_CLIENT_SECRET",
+        "SAFEDELIVR_AMQP_URL",
+    ]
+
+
+def test_a_plain_http_provider_is_refused() -> None:
+    providers = fit().providers.model_copy(update={"mailgun_base_url": "http://api.mailgun.net"})
+    assert variables(fit(providers=providers)) == ["SAFEDELIVR_PROVIDERS_MAILGUN_BASE_URL"]
+
+
+@pytest.mark.parametrize(
+    "url", ["amqps://guest:guest@mq1/", "amqps://mq1/", "amqps://sd:ok@mq1/,amqps://mq2/"]
+)
+def test_a_broker_node_without_a_password_of_its_own_is_refused(url: str) -> None:
+    assert variables(fit(amqp=AmqpSettings(url=SecretStr(url)))) == ["SAFEDELIVR_AMQP_URL"]
+
+
+def test_unsigned_sendgrid_webhooks_are_refused() -> None:
+    webhooks = WebhookSettings(sendgrid_insecure_basic_only=True)
+    assert variables(fit(webhooks=webhooks)) == ["SAFEDELIVR_WEBHOOKS_SENDGRID_INSECURE_BASIC_ONLY"]
+
+
+def test_open_sign_up_is_refused() -> None:
+    assert variables(fit(signup="open")) == ["SAFEDELIVR_SIGNUP"]
+
+
+@pytest.mark.parametrize(("env", "policy"), [("production", "closed"), ("development", "open")])
+def test_sign_up_defaults_to_closed_in_production_and_open_in_the_sandbox(
+    env: str, policy: str
+) -> None:
+    assert Settings(env=env).signup_policy == policy  # type: ignore[arg-type]
+
+
+def test_an_explicit_sign_up_policy_wins_over_the_default() -> None:
+    assert fit(signup="approval").signup_policy == "approval"
+
+
+def test_loading_production_settings_with_defaults_refuses_to_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SAFEDELIVR_ENV", "production")
+    monkeypatch.setenv("SAFEDELIVR_SIGNUP", "open")
+
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+
+    message = str(caught.value)
+    assert message.startswith("SAFEDELIVR_ENV=production refuses to start")
+    assert "SAFEDELIVR_SIGNUP:" in message
+    assert "SAFEDELIVR_GITHUB_CLIENT_SECRET:" in message
