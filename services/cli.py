@@ -280,6 +280,39 @@ def cmd_dead(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(go())
 
 
+def cmd_signups(settings: Settings, args: argparse.Namespace) -> int:
+    import getpass
+
+    from shared.db import Database
+    from shared.signup import RequestState, SignupRequests
+
+    async def go() -> int:
+        db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
+        try:
+            requests = SignupRequests(db)
+            if args.signups_command == "list":
+                waiting = await requests.all()
+                for r in waiting:
+                    print(
+                        f"{r.login}\t{r.state}\t{r.email or '-'}\t"
+                        f"{r.requested_at:%Y-%m-%d %H:%M}Z\t{r.name or ''}"
+                    )
+                print(f"{len(waiting)} sign-up request(s) (policy: {settings.signup_policy})")
+                return 0
+            state: RequestState = "approved" if args.signups_command == "approve" else "refused"
+            if not await requests.answer(args.login, state, f"cli:{getpass.getuser()}"):
+                print(f"safedelivr signups: no sign-up request from {args.login}", file=sys.stderr)
+                return 1
+            print(
+                f"{args.login}: {state}" + (" (they can log in now)" if state == "approved" else "")
+            )
+            return 0
+        finally:
+            await db.close()
+
+    return asyncio.run(go())
+
+
 def cmd_dev(settings: Settings, args: argparse.Namespace) -> int:
     from services.devrun import run
 
@@ -324,6 +357,19 @@ def build_parser() -> argparse.ArgumentParser:
         p = dead_sub.add_parser(name, help=help_)
         p.add_argument("--limit", type=int, default=100)
         p.set_defaults(func=cmd_dead)
+    signups = sub.add_parser(
+        "signups", help="answer sign-up requests (SAFEDELIVR_SIGNUP=approval)"
+    ).add_subparsers(dest="signups_command", required=True)
+    signups.add_parser("list", help="show waiting and answered requests").set_defaults(
+        func=cmd_signups
+    )
+    for name, help_ in (
+        ("approve", "let this GitHub login sign up at its next login"),
+        ("refuse", "keep this GitHub login out"),
+    ):
+        answer = signups.add_parser(name, help=help_)
+        answer.add_argument("login", help="the GitHub login that asked")
+        answer.set_defaults(func=cmd_signups)
     stats_parser = sub.add_parser("stats", help="your daily stats (and `stats reconcile`)")
     stats = stats_parser.add_subparsers(dest="stats_command", required=False)
     reconcile = stats.add_parser("reconcile", help="recount a day's rollups from its outcome rows")

@@ -55,6 +55,12 @@ async def ensure_user(db: Database, login: str) -> uuid.UUID:
     return user_id
 
 
+async def github_user(db: Database, github_id: int) -> uuid.UUID | None:
+    """The user of this GitHub account, if it ever signed up."""
+    row = await db.one("SELECT user_id FROM users_by_github WHERE github_id = ?", (github_id,))
+    return row["user_id"] if row else None
+
+
 async def upsert_github_user(
     db: Database,
     *,

@@ -4,9 +4,10 @@ The web flow (https://docs.github.com/apps/oauth-apps/building-oauth-apps/author
 with PKCE S256: :func:`authorize_url` sends the exact registered ``redirect_uri``, a one-time
 ``state`` and the ``code_challenge``; :meth:`GitHubClient.exchange_code` redeems the code with
 the ``code_verifier``; the token is then used once, as a ``Bearer`` header (never a query
-parameter), to read ``/user`` and ``/user/emails``, and thrown away. Only ``user:email`` is
-requested. Transport failures become :class:`~shared.errors.DependencyUnavailable`; answers
-that mean "this login is not valid" become :class:`LoginFailed`.
+parameter), to read ``/user`` and ``/user/emails`` (and ``/user/orgs`` when sign-up admits
+organisations), and thrown away. Only ``user:email`` is requested, plus ``read:org`` then.
+Transport failures become :class:`~shared.errors.DependencyUnavailable`; answers that mean
+"this login is not valid" become :class:`LoginFailed`.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import httpx
 from shared.config import GitHubSettings
 from shared.errors import DependencyUnavailable
 
-#: The only scope we ask for: enough to read the user's verified addresses.
+#: The scope we ask for: enough to read the user's verified addresses.
 SCOPE = "user:email"
+#: Asked for as well when sign-up admits organisations: private memberships need it.
+ORG_SCOPE = "read:org"
 _API_HEADERS = {
     "Accept": "application/vnd.github+json",
     "X-GitHub-Api-Version": "2022-11-28",
@@ -65,13 +68,16 @@ def code_challenge(verifier: str) -> str:
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
-def authorize_url(settings: GitHubSettings, *, state: str, challenge: str) -> str:
-    """Where to send the browser to start a login."""
+def authorize_url(
+    settings: GitHubSettings, *, state: str, challenge: str, orgs: bool = False
+) -> str:
+    """Where to send the browser to start a login; ``orgs`` also asks to read the user's
+    organisation memberships (needed only when sign-up admits organisations)."""
     query = urlencode(
         {
             "client_id": settings.client_id,
             "redirect_uri": settings.redirect_uri,
-            "scope": SCOPE,
+            "scope": f"{SCOPE} {ORG_SCOPE}" if orgs else SCOPE,
             "state": state,
             "code_challenge": challenge,
             "code_challenge_method": "S256",
@@ -150,6 +156,15 @@ class GitHubClient:
             avatar_url=_str_or_none(user.get("avatar_url")),
             email=email,
         )
+
+    async def orgs(self, token: str) -> list[str]:
+        """The logins of the user's organisations (``GET /user/orgs``, first 100)."""
+        found = await self._api(token, "/user/orgs?per_page=100")
+        if not isinstance(found, list):
+            raise LoginFailed("GitHub returned no organisation list")
+        return [
+            o["login"] for o in found if isinstance(o, dict) and isinstance(o.get("login"), str)
+        ]
 
     async def _api(self, token: str, path: str) -> Any:
         resp = await self._call(

@@ -28,7 +28,7 @@ from services.api.sessions import (
     set_session_cookie,
     verify_csrf,
 )
-from shared import accounts, github
+from shared import accounts, github, signup
 from shared.config import Settings
 from shared.db import Database
 from shared.http import ApiError, error_response, read_capped
@@ -63,7 +63,12 @@ async def login(request: Request) -> Response:
         idempotent=True,
     )
     target = github.authorize_url(
-        settings.github, state=state, challenge=github.code_challenge(verifier)
+        settings.github,
+        state=state,
+        challenge=github.code_challenge(verifier),
+        orgs=signup.needs_orgs(
+            settings.signup_policy, signup.Allowlist.parse(settings.signup_allow)
+        ),
     )
     response = RedirectResponse(target, status_code=302)
     response.headers["Cache-Control"] = "no-store"
@@ -94,12 +99,42 @@ async def callback(request: Request) -> Response:
     if not code or len(code) > 512:
         return _failed(request, "login_failed", "GitHub sent no authorisation code")
     client = github.GitHubClient(request.app.state.github_http, settings.github)
+    policy, allowlist = settings.signup_policy, signup.Allowlist.parse(settings.signup_allow)
     try:
         token = await client.exchange_code(code, verifier)
         profile = await client.profile(token)
+        orgs = await client.orgs(token) if signup.needs_orgs(policy, allowlist) else []
     except github.LoginFailed as exc:
         return _failed(request, "login_failed", str(exc))
     # The token has done its job; it is not stored anywhere.
+    existing = await accounts.github_user(db, profile.github_id)
+    requests = signup.SignupRequests(db)
+    asked = None
+    if existing is None and policy == "approval":
+        asked = await requests.state(profile.github_id)
+    decision = signup.decide(
+        policy,
+        existing=existing is not None,
+        login=profile.login,
+        orgs=orgs,
+        allowlist=allowlist,
+        request=asked,
+    )
+    if decision == "pending":
+        await requests.ask(profile.github_id, profile.login, profile.name, profile.email)
+        return _not_admitted(
+            request,
+            "signup_pending",
+            f"Your request to sign up as {profile.login} is waiting for an operator's approval. "
+            "Log in again once you have been told it was approved.",
+        )
+    if decision == "refuse":
+        return _not_admitted(
+            request,
+            "signup_closed",
+            f"{profile.login} has no account here, and this Safedelivr does not let new "
+            "accounts sign up. Ask its operator for access.",
+        )
     user_id = await accounts.upsert_github_user(
         db,
         github_id=profile.github_id,
@@ -108,6 +143,8 @@ async def callback(request: Request) -> Response:
         email=profile.email,
         avatar_url=profile.avatar_url,
     )
+    if asked == "approved":
+        await requests.done(profile.github_id)
     session_id, _ = await session_store(request).create(
         user_id, replaces=request.cookies.get(SESSION_COOKIE)
     )
@@ -165,15 +202,26 @@ async def _form_token(request: Request) -> str | None:
 
 def _failed(request: Request, code: str, message: str) -> Response:
     """400 without a session: the error envelope for JSON callers, a small page for browsers."""
+    return _page(request, 400, code, "Login failed", message, retry=True)
+
+
+def _not_admitted(request: Request, code: str, message: str) -> Response:
+    """403 without a session, a user row or a key: the sign-up policy did not admit them."""
+    return _page(request, 403, code, "Not admitted", message, retry=False)
+
+
+def _page(
+    request: Request, status: int, code: str, title: str, message: str, *, retry: bool
+) -> Response:
     accept = request.headers.get("accept", "")
     if "application/json" in accept and "text/html" not in accept:
-        return error_response(ApiError(400, code, message))
+        return error_response(ApiError(status, code, message))
+    again = '<p><a href="/auth/github/login">Try again</a></p>' if retry else ""
     page = (
-        "<!doctype html><html lang=en><meta charset=utf-8><title>Login failed</title>"
-        "<body><h1>Login failed</h1>"
-        f"<p>{html.escape(message)}</p>"
-        '<p><a href="/auth/github/login">Try again</a></p></body></html>'
+        f"<!doctype html><html lang=en><meta charset=utf-8><title>{title}</title>"
+        f"<body><h1>{title}</h1>"
+        f"<p>{html.escape(message)}</p>{again}</body></html>"
     )
-    response = HTMLResponse(page, status_code=400)
+    response = HTMLResponse(page, status_code=status)
     response.headers["Cache-Control"] = "no-store"
     return response

@@ -7,6 +7,7 @@ Mounted at ``/github``: ``/login/oauth/authorize`` and ``/login/oauth/access_tok
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
@@ -28,13 +29,15 @@ def routes() -> list[BaseRoute]:
         Route("/login/oauth/access_token", access_token, methods=["POST"]),
         Route("/api/user", api_user, methods=["GET"]),
         Route("/api/user/emails", api_user_emails, methods=["GET"]),
+        Route("/api/user/orgs", api_user_orgs, methods=["GET"]),
     ]
 
 
 async def authorize(request: Request) -> Response:
     """Approve at once as the chosen user and redirect back with ``code`` and ``state``.
 
-    ``login=<name>`` picks the user; ``deny=1`` plays a user who refuses access.
+    ``login=<name>`` picks the user; ``orgs=a,b`` makes them a member of those organisations;
+    ``deny=1`` plays a user who refuses access.
     """
     query = request.query_params
     client_id = query.get("client_id", "")
@@ -63,6 +66,8 @@ async def authorize(request: Request) -> Response:
     user = oauth.find_user(query.get("login") or sandbox.tuning.github_default_login)
     if user is None:
         return json_response({"error": "invalid_request", "error_description": "bad login"}, 400)
+    if query.get("orgs"):
+        user = replace(user, orgs=tuple(o for o in query["orgs"].split(",") if o))
     grant = oauth.Grant(
         client_id=client_id,
         redirect_uri=redirect_uri,
@@ -114,6 +119,17 @@ async def api_user_emails(request: Request) -> Response:
             {"message": "Not Found", "documentation_url": _DOCS, "status": "404"}, 404
         )
     return json_response([e.as_json() for e in user.emails])
+
+
+async def api_user_orgs(request: Request) -> Response:
+    """``GET /user/orgs``: the memberships a token with ``read:org`` may see (this stand-in
+    plays every membership as private, so without the scope the list is empty)."""
+    found = _authenticate(request)
+    if found is None:
+        return _bad_credentials()
+    user, scopes = found
+    orgs = user.orgs if "read:org" in scopes or "admin:org" in scopes else ()
+    return json_response([oauth.org_json(login, i) for i, login in enumerate(orgs)])
 
 
 def _authenticate(request: Request) -> tuple[oauth.GitHubUser, tuple[str, ...]] | None:

@@ -61,6 +61,8 @@ class GitHubUser:
     public_email: str | None
     """The ``email`` of ``GET /user``: null unless the user made an address public."""
     emails: tuple[GitHubEmail, ...]
+    orgs: tuple[str, ...] = ()
+    """Logins of the organisations the user belongs to (``GET /user/orgs``)."""
 
     def as_json(self) -> dict[str, Any]:
         """GitHub's ``GET /user`` document for this user."""
@@ -111,6 +113,7 @@ BUILT_IN_USERS: Mapping[str, GitHubUser] = {
                 GitHubEmail("octocat@github.com", True, True, "public"),
                 GitHubEmail("octocat@users.noreply.github.com", False, True, None),
             ),
+            ("github",),
         ),
         GitHubUser(
             "private-user",
@@ -157,6 +160,18 @@ def find_user(login: str) -> GitHubUser | None:
 def parse_scopes(scope: str | None) -> tuple[str, ...]:
     """Requested scopes (GitHub accepts spaces or commas between them)."""
     return tuple(dict.fromkeys(s for s in re.split(r"[\s,]+", scope or "") if s))
+
+
+def org_json(login: str, index: int) -> dict[str, Any]:
+    """An item of GitHub's ``GET /user/orgs``."""
+    org_id = 9_000_000 + index
+    return {
+        "login": login,
+        "id": org_id,
+        "node_id": "O_" + base64.b64encode(str(org_id).encode()).decode().rstrip("="),
+        "url": f"https://api.github.com/orgs/{login}",
+        "description": None,
+    }
 
 
 def can_read_emails(scopes: tuple[str, ...]) -> bool:

@@ -1,0 +1,187 @@
+"""Sign-up policies through the real login flow (API app, real Cassandra, sandbox GitHub): a
+newcomer who is not admitted gets a clear 403 page, no session, no user row and no key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from urllib.parse import urlencode, urlsplit
+
+import httpx
+import pytest
+
+from services.sandbox.app import create_app as create_sandbox
+from shared.config import CassandraSettings, SandboxSettings
+from shared.db import Database
+from shared.signup import SignupRequests
+from tests.conftest import ROOT
+from tests.integration.harness import served
+from tests.integration.test_auth import api_app, browser_for, gh_login, make_settings
+
+
+@pytest.fixture(scope="module")
+async def github_url() -> AsyncIterator[str]:
+    app = create_sandbox(SandboxSettings(webhook_url="http://127.0.0.1:9", webhook_delay=60))
+    async with served(app) as url:
+        yield url
+
+
+async def log_in(
+    migrated: CassandraSettings, github_url: str, login: str, orgs: str = "", **policy: str
+) -> httpx.Response:
+    """One complete GitHub login as ``login`` on an API app with the sign-up ``policy``."""
+    settings = make_settings(migrated, github_url).model_copy(update=policy)
+    async with api_app(settings) as app, browser_for(app) as browser:
+        started = await browser.start()
+        extra = {"login": login, **({"orgs": orgs} if orgs else {})}
+        approved = await browser.github.get(started.headers["location"] + "&" + urlencode(extra))
+        parts = urlsplit(approved.headers["location"])
+        answer = await browser.api.get(f"{parts.path}?{parts.query}")
+        answer.extensions["session"] = browser.session
+        answer.extensions["authorize"] = started.headers["location"]
+        return answer
+
+
+async def user_rows(db: Database, login: str) -> int:
+    rows = await db.rows("SELECT login FROM users WHERE login = ? ALLOW FILTERING", (login,))
+    return len(rows)
+
+
+async def test_closed_sign_up_refuses_a_newcomer_with_a_page_and_no_rows(
+    migrated: CassandraSettings, github_url: str, db: Database
+) -> None:
+    login = gh_login()
+
+    answer = await log_in(migrated, github_url, login, signup="closed")
+
+    assert answer.status_code == 403
+    assert "Not admitted" in answer.text and login in answer.text
+    assert answer.extensions["session"] is None
+    assert await user_rows(db, login) == 0
+
+
+async def test_closed_sign_up_still_lets_an_existing_user_in(
+    migrated: CassandraSettings, github_url: str, db: Database
+) -> None:
+    login = gh_login()
+    await log_in(migrated, github_url, login, signup="open")
+
+    answer = await log_in(migrated, github_url, login, signup="closed")
+
+    assert answer.status_code == 302
+    assert answer.extensions["session"] is not None
+
+
+async def test_allowlist_admits_a_listed_login_and_refuses_another(
+    migrated: CassandraSettings, github_url: str, db: Database
+) -> None:
+    listed, other = gh_login(), gh_login()
+    policy = {"signup": "allowlist", "signup_allow": f"someone,{listed.upper()}"}
+
+    admitted = await log_in(migrated, github_url, listed, **policy)
+    refused = await log_in(migrated, github_url, other, **policy)
+
+    assert (admitted.status_code, refused.status_code) == (302, 403)
+    assert (await user_rows(db, listed), await user_rows(db, other)) == (1, 0)
+
+
+async def test_allowlist_admits_members_of_a_listed_organisation(
+    migrated: CassandraSettings, github_url: str, db: Database
+) -> None:
+    member, outsider = gh_login(), gh_login()
+    policy = {"signup": "allowlist", "signup_allow": "org:acme"}
+
+    admitted = await log_in(migrated, github_url, member, orgs="beta,acme", **policy)
+    refused = await log_in(migrated, github_url, outsider, orgs="beta", **policy)
+
+    assert "read%3Aorg" in admitted.extensions["authorize"]
+    assert (admitted.status_code, refused.status_code) == (302, 403)
+
+
+async def test_approval_keeps_a_request_until_an_operator_approves_it(
+    migrated: CassandraSettings, github_url: str, db: Database
+) -> None:
+    login = gh_login()
+
+    waiting = await log_in(migrated, github_url, login, signup="approval")
+    again = await log_in(migrated, github_url, login, signup="approval")
+    assert (waiting.status_code, again.status_code) == (403, 403)
+    assert "waiting for an operator" in waiting.text
+    assert await user_rows(db, login) == 0
+
+    requests = SignupRequests(db)
+    assert [r.state for r in await requests.all(100_000) if r.login == login] == ["pending"]
+    assert await requests.answer(login, "approved", "test-operator")
+    admitted = await log_in(migrated, github_url, login, signup="approval")
+
+    assert admitted.status_code == 302
+    assert await user_rows(db, login) == 1
+    assert [r for r in await requests.all(100_000) if r.login == login] == []
+
+
+async def test_a_refused_request_stays_refused(
+    migrated: CassandraSettings, github_url: str, db: Database
+) -> None:
+    login = gh_login()
+    await log_in(migrated, github_url, login, signup="approval")
+    assert await SignupRequests(db).answer(login, "refused", "test-operator")
+
+    answer = await log_in(migrated, github_url, login, signup="approval")
+
+    assert answer.status_code == 403
+    assert "does not let new accounts sign up" in answer.text
+    assert await user_rows(db, login) == 0
+
+
+async def test_a_json_caller_gets_the_error_envelope(
+    migrated: CassandraSettings, github_url: str
+) -> None:
+    settings = make_settings(migrated, github_url).model_copy(update={"signup": "closed"})
+    async with api_app(settings) as app, browser_for(app) as browser:
+        started = await browser.start()
+        approved = await browser.github.get(
+            started.headers["location"] + "&" + urlencode({"login": gh_login()})
+        )
+        parts = urlsplit(approved.headers["location"])
+        answer = await browser.api.get(
+            f"{parts.path}?{parts.query}", headers={"Accept": "application/json"}
+        )
+
+    assert answer.status_code == 403
+    assert answer.json()["error"]["code"] == "signup_closed"
+
+
+async def test_the_cli_approves_a_request(
+    migrated: CassandraSettings, github_url: str, db: Database
+) -> None:
+    login = gh_login()
+    await log_in(migrated, github_url, login, signup="approval")
+    env = {
+        "SAFEDELIVR_CASSANDRA_HOSTS": migrated.hosts,
+        "SAFEDELIVR_CASSANDRA_PORT": str(migrated.port),
+        "SAFEDELIVR_CASSANDRA_KEYSPACE": migrated.keyspace,
+        "PATH": "/usr/bin:/bin",
+    }
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "services.cli", "signups", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=60,
+            check=False,
+        )
+
+    listed = cli("list")
+    approved = cli("approve", login)
+    unknown = cli("approve", gh_login())
+
+    assert listed.returncode == 0 and login in listed.stdout, listed.stderr
+    assert approved.returncode == 0 and f"{login}: approved" in approved.stdout
+    assert unknown.returncode == 1 and "no sign-up request" in unknown.stderr
+    assert [r.state for r in await SignupRequests(db).all(100_000) if r.login == login] == [
+        "approved"
+    ]
