@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from services import usercli
+from shared.apikeys import SCOPES
 from shared.config import Settings, load_settings
 from shared.errors import ConfigError, DependencyUnavailable
 from shared.logs import configure_logging
@@ -174,8 +175,21 @@ def cmd_topology(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_keys_create(settings: Settings, args: argparse.Namespace) -> int:
     from shared.accounts import create_key_for_login
+    from shared.apikeys import DEFAULT_SCOPES
 
-    key = asyncio.run(create_key_for_login(settings, args.user, name=args.name))
+    key = asyncio.run(
+        create_key_for_login(
+            settings,
+            args.user,
+            name=args.name,
+            scopes=args.scope or sorted(DEFAULT_SCOPES),
+            expires_at=(
+                dt.datetime.now(dt.UTC) + dt.timedelta(days=args.expires_days)
+                if args.expires_days
+                else None
+            ),
+        )
+    )
     print(key)
     return 0
 
@@ -347,6 +361,15 @@ def build_parser() -> argparse.ArgumentParser:
     create = keys.add_parser("create", help="create an API key (shown once)")
     create.add_argument("--user", required=True, help="the user's login; created if missing")
     create.add_argument("--name", default="cli", help="a label for the key")
+    create.add_argument(
+        "--scope",
+        action="append",
+        choices=SCOPES,
+        help="what the key may do (repeat it; default: send, read and keys)",
+    )
+    create.add_argument(
+        "--expires-days", type=int, default=0, help="days until the key expires (default never)"
+    )
     create.set_defaults(func=cmd_keys_create)
     dead = sub.add_parser("dead", help="inspect or replay dead-lettered messages")
     dead_sub = dead.add_subparsers(dest="dead_command", required=True)

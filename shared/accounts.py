@@ -9,12 +9,14 @@ profile in ``users`` is refreshed at every login. ``users_by_login`` serves the 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from shared import apikeys
 from shared.config import Settings
 from shared.db import Database, Row, utc
+from shared.errors import DependencyUnavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +26,8 @@ class UserProfile:
     name: str | None
     email: str | None
     avatar_url: str | None
+    sessions_after: datetime | None = None
+    """Sessions started at or before this are over ("log out everywhere")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +38,12 @@ class ApiKeyRecord:
     created_at: datetime
     revoked_at: datetime | None
     last_used_at: datetime | None
+    scopes: frozenset[str] = apikeys.DEFAULT_SCOPES
+    expires_at: datetime | None = None
+
+    def live(self, now: datetime) -> bool:
+        """Neither revoked nor expired at ``now``."""
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
 
 
 async def ensure_user(db: Database, login: str) -> uuid.UUID:
@@ -99,7 +109,9 @@ async def upsert_github_user(
 
 async def get_user(db: Database, user_id: uuid.UUID) -> UserProfile | None:
     row = await db.one(
-        "SELECT user_id, login, name, email, avatar_url FROM users WHERE user_id = ?", (user_id,)
+        "SELECT user_id, login, name, email, avatar_url, sessions_after FROM users "
+        "WHERE user_id = ?",
+        (user_id,),
     )
     if row is None or row["login"] is None:
         return None
@@ -109,18 +121,37 @@ async def get_user(db: Database, user_id: uuid.UUID) -> UserProfile | None:
         name=row["name"],
         email=row["email"],
         avatar_url=row["avatar_url"],
+        sessions_after=utc(row["sessions_after"]),
     )
 
 
-async def create_key(db: Database, user_id: uuid.UUID, name: str) -> str:
+async def end_sessions(db: Database, user_id: uuid.UUID) -> None:
+    """Log the user out everywhere: every session started until now stops working."""
+    await db.execute(
+        "UPDATE users SET sessions_after = ? WHERE user_id = ?",
+        (datetime.now(UTC), user_id),
+        idempotent=True,
+    )
+
+
+async def create_key(
+    db: Database,
+    user_id: uuid.UUID,
+    name: str,
+    *,
+    scopes: Iterable[str] = apikeys.DEFAULT_SCOPES,
+    expires_at: datetime | None = None,
+) -> str:
     """Store a new key's hash and return the plaintext key (shown once)."""
     key = apikeys.generate()
     now = datetime.now(UTC)
-    await db.execute(
-        "INSERT INTO api_keys (key_id, user_id, secret_hash, name, created_at) "
-        "VALUES (?, ?, ?, ?, ?)",
-        (key.key_id, user_id, key.secret_hash, name, now),
+    created = await db.one(
+        "INSERT INTO api_keys (key_id, user_id, secret_hash, name, created_at, scopes, "
+        "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+        (key.key_id, user_id, key.secret_hash, name, now, set(scopes), expires_at),
     )
+    if not created or not created["[applied]"]:  # 80 random bits collided: never in practice
+        raise DependencyUnavailable("cassandra", "a new key's id was taken; try again")
     await db.execute(
         "INSERT INTO api_keys_by_user (user_id, key_id, name, created_at) VALUES (?, ?, ?, ?)",
         (user_id, key.key_id, name, now),
@@ -135,9 +166,10 @@ async def authenticate(db: Database, presented: str) -> ApiKeyRecord | None:
     key_id, secret = parsed if parsed else ("", presented)
     row = await db.one("SELECT * FROM api_keys WHERE key_id = ?", (key_id,)) if parsed else None
     stored = row["secret_hash"] if row else b"\0" * 32
-    if not apikeys.verify(secret, stored) or row is None or row["revoked_at"] is not None:
+    if not apikeys.verify(secret, stored) or row is None:
         return None
-    return _record(row)
+    record = key_record(row)
+    return record if record.live(datetime.now(UTC)) else None
 
 
 async def list_keys(db: Database, user_id: uuid.UUID) -> list[ApiKeyRecord]:
@@ -146,7 +178,7 @@ async def list_keys(db: Database, user_id: uuid.UUID) -> list[ApiKeyRecord]:
     for r in ids:
         row = await db.one("SELECT * FROM api_keys WHERE key_id = ?", (r["key_id"],))
         if row:
-            out.append(_record(row))
+            out.append(key_record(row))
     return out
 
 
@@ -169,6 +201,8 @@ def key_view(r: ApiKeyRecord) -> dict[str, object]:
         "created_at": r.created_at.isoformat(),
         "last_used_at": r.last_used_at.isoformat() if r.last_used_at else None,
         "revoked": r.revoked_at is not None,
+        "scopes": sorted(r.scopes),
+        "expires_at": r.expires_at.isoformat() if r.expires_at else None,
     }
 
 
@@ -180,7 +214,8 @@ async def touch_key(db: Database, key_id: str) -> None:
     )
 
 
-def _record(row: Row) -> ApiKeyRecord:
+def key_record(row: Row) -> ApiKeyRecord:
+    """A key as read from its ``api_keys`` row."""
     return ApiKeyRecord(
         key_id=str(row["key_id"]),
         user_id=row["user_id"],
@@ -188,14 +223,31 @@ def _record(row: Row) -> ApiKeyRecord:
         created_at=utc(row["created_at"]),
         revoked_at=utc(row["revoked_at"]),
         last_used_at=utc(row["last_used_at"]),
+        scopes=_scopes(row.get("scopes")),
+        expires_at=utc(row.get("expires_at")),
     )
 
 
-async def create_key_for_login(settings: Settings, login: str, *, name: str) -> str:
-    """``safedelivr keys create --user LOGIN``: make the user if needed and a new key."""
+def _scopes(value: object) -> frozenset[str]:
+    """A key's stored scopes; none stored (a key older than scopes) is the default set."""
+    if not value or not isinstance(value, Iterable) or isinstance(value, str):  # a SortedSet
+        return apikeys.DEFAULT_SCOPES
+    return frozenset(str(s) for s in value)
+
+
+async def create_key_for_login(
+    settings: Settings,
+    login: str,
+    *,
+    name: str,
+    scopes: Iterable[str] = apikeys.DEFAULT_SCOPES,
+    expires_at: datetime | None = None,
+) -> str:
+    """``safedelivr keys create --user LOGIN``: make the user if needed and a new key (the
+    operator at the shell may grant any scope, ``operator`` included)."""
     db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
     try:
         user_id = await ensure_user(db, login)
-        return await create_key(db, user_id, name)
+        return await create_key(db, user_id, name, scopes=scopes, expires_at=expires_at)
     finally:
         await db.close()

@@ -13,10 +13,16 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 #: Every key starts with this.
 PREFIX = "sd_live_"
+#: What a key may do: ``send`` batches and manage suppressions, ``read`` batches, logs and
+#: stats, manage ``keys``, and ``operator`` work on the whole deployment.
+SCOPES: tuple[str, ...] = ("send", "read", "keys", "operator")
+#: A new key's scopes when none are asked for, and those of keys made before scopes existed.
+DEFAULT_SCOPES: frozenset[str] = frozenset({"send", "read", "keys"})
 _KEY = re.compile(r"^sd_live_([a-z2-7]{12})_([A-Za-z0-9_-]{43})$")
 
 
@@ -46,3 +52,14 @@ def parse(key: str) -> tuple[str, str] | None:
 
 def verify(secret: str, stored_hash: bytes) -> bool:
     return hmac.compare_digest(hash_secret(secret), stored_hash)
+
+
+def scopes_problem(wanted: Iterable[str]) -> str | None:
+    """Why ``wanted`` is not a set of scopes a key can have, or None."""
+    wanted = list(wanted)
+    unknown = [s for s in wanted if s not in SCOPES]
+    if unknown:
+        return f"unknown scope(s) {', '.join(map(repr, unknown))}; choose from {', '.join(SCOPES)}"
+    if not wanted:
+        return "must hold at least one scope"
+    return None

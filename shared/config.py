@@ -129,6 +129,8 @@ class ApiSettings(BaseSettings):
     """Sustained requests per second allowed per API key (see shared.ratelimit)."""
     rate_burst: int = Field(100, ge=1)
     """Requests one key may make at once; with the rate it sets the window (burst / rate s)."""
+    max_keys_per_user: int = Field(50, ge=1)
+    """Live API keys one user may hold; creating another answers 409 ``too_many_keys``."""
     daily_recipient_quota: int = Field(100_000, ge=1)
     """Recipients one user may have accepted per UTC day, across all of their keys."""
     session_idle_ttl: int = Field(7 * 86_400, ge=1)

@@ -11,7 +11,7 @@ from services.api.auth import require_key
 from services.api.managing import Managing
 from services.api.queries import decode_cursor, encode_cursor, page_limit
 from services.api.schema import KeyIn, SuppressionIn, checked
-from shared import accounts
+from shared import accounts, apikeys
 from shared.http import JSON, ApiError, read_json
 from shared.stats import MAX_RANGE_DAYS, StatsStore, zero_filled
 from shared.suppressions import SuppressionStore
@@ -21,7 +21,7 @@ SMALL_BODY = 16 * 1024
 
 
 async def list_suppressions(request: Request) -> Response:
-    key = await require_key(request)
+    key = await require_key(request, "read")
     limit = page_limit(request, default=100, maximum=1000)
     cursor = decode_cursor(request.query_params.get("cursor"))
     after = str(cursor.get("after")) if cursor else None
@@ -44,7 +44,7 @@ async def list_suppressions(request: Request) -> Response:
 
 
 async def add_suppression(request: Request) -> Response:
-    key = await require_key(request)
+    key = await require_key(request, "send")
     _, body = await read_json(request, SMALL_BODY)
     wanted = checked(SuppressionIn, body)
     managing: Managing = request.app.state.managing
@@ -53,7 +53,7 @@ async def add_suppression(request: Request) -> Response:
 
 
 async def delete_suppression(request: Request) -> Response:
-    key = await require_key(request)
+    key = await require_key(request, "send")
     managing: Managing = request.app.state.managing
     if not await managing.unsuppress(key.user_id, request.path_params["email"]):
         raise ApiError(404, "not_found", "that address is not suppressed")
@@ -73,7 +73,7 @@ def _date_param(request: Request, name: str, default: date) -> date:
 
 
 async def get_stats(request: Request) -> Response:
-    key = await require_key(request)
+    key = await require_key(request, "read")
     today = datetime.now(UTC).date()
     end = _date_param(request, "to", today)
     start = _date_param(request, "from", end - timedelta(days=6))
@@ -92,24 +92,38 @@ async def get_stats(request: Request) -> Response:
 
 
 async def list_keys(request: Request) -> Response:
-    key = await require_key(request)
+    key = await require_key(request, "keys")
     managing: Managing = request.app.state.managing
     return JSON({"data": [accounts.key_view(r) for r in await managing.keys(key.user_id)]})
 
 
 async def create_key(request: Request) -> Response:
-    key = await require_key(request)
+    key = await require_key(request, "keys")
     _, body = await read_json(request, SMALL_BODY)
     wanted = checked(KeyIn, body)
     managing: Managing = request.app.state.managing
-    plaintext, name = await managing.create_key(key.user_id, wanted.name, default="api")
+    plaintext, name = await managing.create_key(
+        key.user_id,
+        wanted.name,
+        default="api",
+        holder=key.scopes,
+        scopes=wanted.scopes,
+        expires_at=wanted.expires_at,
+    )
     return JSON(
-        {"key": plaintext, "name": name, "note": "shown once; store it now"}, status_code=201
+        {
+            "key": plaintext,
+            "name": name,
+            "scopes": sorted(wanted.scopes or apikeys.DEFAULT_SCOPES & key.scopes),
+            "expires_at": wanted.expires_at.isoformat() if wanted.expires_at else None,
+            "note": "shown once; store it now",
+        },
+        status_code=201,
     )
 
 
 async def revoke_key(request: Request) -> Response:
-    key = await require_key(request)
+    key = await require_key(request, "keys")
     managing: Managing = request.app.state.managing
     if not await managing.revoke_key(key.user_id, request.path_params["key_id"]):
         raise ApiError(404, "not_found", "no such key")

@@ -55,7 +55,9 @@ def create_app(settings: Settings) -> Starlette:
             state.idempotency = IdempotencyStore(res.db, lease=settings.api.idempotency_lease)
             state.suppressions = SuppressionStore(res.db)
             state.background = Background()
-            state.managing = Managing(res.db, state.suppressions)
+            state.managing = Managing(
+                res.db, state.suppressions, max_keys=settings.api.max_keys_per_user
+            )
             state.sending = Sending(
                 settings=settings,
                 acceptance=state.acceptance,

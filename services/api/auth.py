@@ -31,8 +31,9 @@ TOUCH_INTERVAL = 60.0
 _TOUCH_MEMO_LIMIT = 100_000
 
 
-async def require_key(request: Request) -> ApiKeyRecord:
-    """The caller's key record, or 401 (same body for unknown, revoked or wrong secret).
+async def require_key(request: Request, scope: str) -> ApiKeyRecord:
+    """The caller's key record, or 401 (same body for unknown, revoked, expired or wrong
+    secret); 403 ``forbidden`` when the key lacks ``scope``.
 
     Within its rate limit only; otherwise 429 ``rate_limited`` with ``Retry-After``.
     """
@@ -42,7 +43,19 @@ async def require_key(request: Request) -> ApiKeyRecord:
     record = await admit_key(request, token)
     if record is None:
         raise _UNAUTHORIZED
+    require_scope(record, scope)
     return record
+
+
+def require_scope(record: ApiKeyRecord, scope: str) -> None:
+    """403 unless the key holds ``scope`` (see ``shared.apikeys.SCOPES``)."""
+    if scope not in record.scopes:
+        raise ApiError(
+            403,
+            "forbidden",
+            f"this API key lacks the {scope!r} scope",
+            fields={"scope": f"needs {scope}; the key holds {', '.join(sorted(record.scopes))}"},
+        )
 
 
 def bearer_token(request: Request) -> str | None:

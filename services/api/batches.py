@@ -24,11 +24,11 @@ _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
 async def submit(request: Request) -> Response:
-    key = await require_key(request)
+    key = await require_key(request, "send")
     settings: Settings = request.app.state.settings
     _, body = await read_json(request, settings.api.max_body_bytes)
     idem = request.headers.get("idempotency-key")
-    if idem is not None and not _IDEMPOTENCY_KEY.match(idem):
+    if idem is not None and not _IDEMPOTENCY_KEY.fullmatch(idem):
         raise ApiError(400, "bad_idempotency_key", "Idempotency-Key must be 1-255 visible ASCII")
     sending: Sending = request.app.state.sending
     response = await sending.accept(key.user_id, body, idem)
@@ -36,7 +36,7 @@ async def submit(request: Request) -> Response:
 
 
 async def list_batches(request: Request) -> Response:
-    key = await require_key(request)
+    key = await require_key(request, "read")
     limit = queries.page_limit(request)
     page = await queries.list_for_user(
         request.app.state.batches, key.user_id, limit, request.query_params.get("cursor")
@@ -45,7 +45,7 @@ async def list_batches(request: Request) -> Response:
 
 
 async def get_batch(request: Request) -> Response:
-    key = await require_key(request)
+    key = await require_key(request, "read")
     batch_id = queries.path_uuid(request, "batch_id")
     store: BatchStore = request.app.state.batches
     header = await store.header(batch_id)
@@ -55,7 +55,7 @@ async def get_batch(request: Request) -> Response:
 
 
 async def batch_logs(request: Request) -> Response:
-    key = await require_key(request)
+    key = await require_key(request, "read")
     batch_id = queries.path_uuid(request, "batch_id")
     store: BatchStore = request.app.state.batches
     header = await store.header(batch_id)

@@ -5,9 +5,11 @@ naming the field (each interface words it in its own way)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
-from shared import accounts
+from shared import accounts, apikeys
 from shared.accounts import ApiKeyRecord
 from shared.addresses import AddressError, address_key, normalize_email
 from shared.db import Database
@@ -29,6 +31,8 @@ class Suppressed:
 class Managing:
     db: Database
     suppressions: SuppressionStore
+    max_keys: int = 50
+    """Live (not revoked, not expired) keys one user may hold."""
 
     async def suppress(
         self, user_id: uuid.UUID, email: str, reason: str | None, *, source: str
@@ -55,18 +59,54 @@ class Managing:
         return bool(email.strip()) and await self.suppressions.remove(user_id, email.strip())
 
     async def create_key(
-        self, user_id: uuid.UUID, name: str | None, *, default: str
+        self,
+        user_id: uuid.UUID,
+        name: str | None,
+        *,
+        default: str,
+        holder: frozenset[str],
+        scopes: Iterable[str] | None = None,
+        expires_at: datetime | None = None,
     ) -> tuple[str, str]:
-        """A new key named ``name`` (or ``default``): its plaintext, shown once, and name."""
+        """A new key named ``name`` (or ``default``): its plaintext, shown once, and name.
+
+        ``holder``: the scopes of whoever asks (a key's, or a dashboard user's); the new key
+        gets ``scopes`` (default: the usual ones the holder has), never more than the holder.
+        422 for a bad name, scope or expiry, 403 for a scope beyond the holder's, 409 when the
+        user already has ``max_keys`` live keys.
+        """
         name = (name or "").strip() or default
+        wanted = sorted(set(scopes) if scopes is not None else apikeys.DEFAULT_SCOPES & holder)
+        fields: dict[str, str] = {}
         if len(name) > MAX_KEY_NAME:
+            fields["name"] = f"must be at most {MAX_KEY_NAME} characters"
+        unknown = apikeys.scopes_problem(wanted)
+        if unknown:
+            fields["scopes"] = unknown
+        if expires_at is not None and expires_at <= datetime.now(UTC):
+            fields["expires_at"] = "must be in the future"
+        if fields:
+            raise ApiError(422, "invalid_fields", "the key is not valid", fields=fields)
+        beyond = sorted(set(wanted) - holder)
+        if beyond:
             raise ApiError(
-                422,
-                "invalid_fields",
-                "the key's name is too long",
-                fields={"name": f"must be at most {MAX_KEY_NAME} characters"},
+                403,
+                "forbidden",
+                f"a key cannot be given scopes its creator lacks: {', '.join(beyond)}",
+                fields={"scopes": f"{', '.join(beyond)} is beyond what you hold"},
             )
-        return await accounts.create_key(self.db, user_id, name), name
+        now = datetime.now(UTC)
+        live = [k for k in await accounts.list_keys(self.db, user_id) if k.live(now)]
+        if len(live) >= self.max_keys:
+            raise ApiError(
+                409,
+                "too_many_keys",
+                f"you have {len(live)} live keys, the most allowed; revoke one first",
+            )
+        key = await accounts.create_key(
+            self.db, user_id, name, scopes=wanted, expires_at=expires_at
+        )
+        return key, name
 
     async def keys(self, user_id: uuid.UUID) -> list[ApiKeyRecord]:
         return await accounts.list_keys(self.db, user_id)

@@ -23,10 +23,14 @@ _REF = "#/components/schemas/{model}"
 #: Why each error status happens, shared by every operation that can answer it.
 ERRORS: dict[int, str] = {
     400: "Malformed JSON, a bad cursor or a bad Idempotency-Key.",
-    401: "Missing or invalid API key (one body for every case).",
+    401: "Missing or invalid API key: unknown, revoked, expired or wrong (one body for every "
+    "case).",
+    403: "The API key lacks the scope this operation needs (`send`, `read` or `keys`), or "
+    "would grant a scope it does not hold.",
     404: "No such resource, or not yours.",
     409: "The Idempotency-Key was used with another body, or its first request is still "
-    "in progress (retry after `Retry-After`).",
+    "in progress (retry after `Retry-After`); for a new key, the user holds the most live "
+    "keys allowed.",
     413: "The body is over the size cap (refused while it streams in).",
     415: "The body is not JSON.",
     422: "Invalid fields: `error.fields` names each one.",
@@ -35,7 +39,7 @@ ERRORS: dict[int, str] = {
     503: "Cassandra or RabbitMQ is unavailable, or the API is overloaded; nothing was "
     "accepted: retry (with the same Idempotency-Key) after `Retry-After`.",
 }
-_ALWAYS = (401, 429, 503)
+_ALWAYS = (401, 403, 429, 503)
 
 
 @dataclass(frozen=True)
@@ -170,7 +174,7 @@ OPERATIONS: tuple[Operation, ...] = (
         schema.KeyCreated,
         status=201,
         body=schema.KeyIn,
-        errors=(400, 413, 415, 422),
+        errors=(400, 409, 413, 415, 422),
     ),
     Operation(
         "revoke_key",

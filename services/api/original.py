@@ -123,6 +123,9 @@ async def _caller(request: Request, fields: Fields, *, denied: str) -> uuid.UUID
         claimed = first(fields, "user_id")
         if record is None or (claimed and claimed != str(record.user_id)):
             raise Refused(403, denied)
+        scope = "send" if request.method == "POST" else "read"
+        if scope not in record.scopes:
+            raise Refused(403, f"this API key lacks the {scope!r} scope")
         return record.user_id
     user = await current_user(request)
     if user is None:

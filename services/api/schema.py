@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from shared import validation
 from shared.http import ApiError
@@ -99,6 +99,20 @@ class KeyIn(_In):
     """``POST /v1/keys``."""
 
     name: str = Field("api", min_length=1, max_length=100, examples=["billing-service"])
+    scopes: list[Literal["send", "read", "keys", "operator"]] | None = Field(
+        None,
+        min_length=1,
+        examples=[["send"]],
+        description="What the key may do (default: send, read and keys, as far as the calling "
+        "key holds them): send batches and manage suppressions, read batches, logs and stats, "
+        "manage keys, operate the deployment. Never more than the calling key holds.",
+    )
+    expires_at: AwareDatetime | None = Field(
+        None,
+        strict=False,  # from JSON's RFC 3339 text
+        examples=["2027-01-31T00:00:00Z"],
+        description="When the key stops working (RFC 3339, with a time zone); none: never.",
+    )
 
 
 # --------------------------------------------------------------------------- answers
@@ -201,6 +215,8 @@ class KeyView(_Out):
     created_at: str
     last_used_at: str | None
     revoked: bool
+    scopes: list[str] = Field(examples=[["read", "send"]])
+    expires_at: str | None
 
 
 class KeyList(_Out):
@@ -210,6 +226,8 @@ class KeyList(_Out):
 class KeyCreated(_Out):
     key: str = Field(description="The key itself: shown once, store it now.")
     name: str
+    scopes: list[str] = Field(examples=[["send"]])
+    expires_at: str | None
     note: str
 
 

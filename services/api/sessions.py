@@ -161,6 +161,8 @@ async def _load_user(request: Request) -> SessionUser | None:
     profile = await accounts.get_user(request.app.state.resources.db, session.user_id)
     if profile is None:
         return None
+    if profile.sessions_after is not None and session.created_at <= profile.sessions_after:
+        return None  # the user logged out everywhere after this session began
     return SessionUser(
         user_id=profile.user_id,
         login=profile.login,

@@ -48,8 +48,11 @@ class RealAccounts:
     async def get_user(self, user_id: uuid.UUID) -> UserProfile | None:
         return await accounts.get_user(self.db, user_id)
 
-    async def create_key(self, user_id: uuid.UUID, name: str) -> str:
-        return await accounts.create_key(self.db, user_id, name)
+    async def create_key(self, user_id: uuid.UUID, name: str, **options: Any) -> str:
+        return await accounts.create_key(self.db, user_id, name, **options)
+
+    async def end_sessions(self, user_id: uuid.UUID) -> None:
+        await accounts.end_sessions(self.db, user_id)
 
     async def authenticate(self, presented: str) -> ApiKeyRecord | None:
         return await accounts.authenticate(self.db, presented)
@@ -291,6 +294,47 @@ async def test_a_new_key_authenticates_as_its_user(side: AccountSide) -> None:
     assert (record.key_id, record.user_id, record.name) == (_key_id(plaintext), user, "deploy bot")
     assert (record.revoked_at, record.last_used_at) == (None, None)
     assert _near_now(record.created_at)
+
+
+async def test_a_key_keeps_the_scopes_it_was_made_with(side: AccountSide) -> None:
+    user = await side.accounts.ensure_user(unique("scopes"))
+
+    narrow = await side.accounts.create_key(user, "sender", scopes=["send"])
+    usual = await side.accounts.create_key(user, "usual")
+
+    narrow_record = await side.accounts.authenticate(narrow)
+    usual_record = await side.accounts.authenticate(usual)
+    assert narrow_record is not None and narrow_record.scopes == {"send"}
+    assert usual_record is not None and usual_record.scopes == apikeys.DEFAULT_SCOPES
+    listed = {r.name: r.scopes for r in await side.accounts.list_keys(user)}
+    assert listed == {"sender": {"send"}, "usual": apikeys.DEFAULT_SCOPES}
+
+
+async def test_a_key_authenticates_only_until_it_expires(side: AccountSide) -> None:
+    user = await side.accounts.ensure_user(unique("expiry"))
+    now = datetime.now(UTC)
+
+    expired = await side.accounts.create_key(user, "old", expires_at=now - timedelta(minutes=1))
+    current = await side.accounts.create_key(user, "new", expires_at=now + timedelta(days=1))
+
+    assert await side.accounts.authenticate(expired) is None
+    record = await side.accounts.authenticate(current)
+    assert record is not None and record.expires_at is not None
+    assert abs(record.expires_at - (now + timedelta(days=1))) < timedelta(seconds=1)
+
+
+async def test_logging_out_everywhere_marks_the_moment_on_the_profile(
+    side: AccountSide,
+) -> None:
+    user = await side.accounts.ensure_user(unique("everywhere"))
+    before = await side.accounts.get_user(user)
+
+    await side.accounts.end_sessions(user)
+
+    after = await side.accounts.get_user(user)
+    assert before is not None and before.sessions_after is None
+    assert after is not None and after.sessions_after is not None
+    assert after.sessions_after.tzinfo is not None
 
 
 def _mutations(plaintext: str) -> list[str]:

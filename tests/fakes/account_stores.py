@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -33,7 +34,7 @@ from typing import Any
 from cassandra import InvalidRequest
 
 from shared import apikeys, sessions
-from shared.accounts import ApiKeyRecord, UserProfile
+from shared.accounts import ApiKeyRecord, UserProfile, key_record
 from shared.addresses import address_key
 from shared.db import utc
 from shared.idempotency import Claimed, Existing
@@ -177,14 +178,31 @@ class FakeAccounts:
             name=row.get("name"),
             email=row.get("email"),
             avatar_url=row.get("avatar_url"),
+            sessions_after=utc(row.get("sessions_after")),
         )
 
-    async def create_key(self, user_id: uuid.UUID, name: str) -> str:
+    async def end_sessions(self, user_id: uuid.UUID) -> None:
+        await _round_trip()
+        self._user(user_id)["sessions_after"] = stored(self.tables.now())
+
+    async def create_key(
+        self,
+        user_id: uuid.UUID,
+        name: str,
+        *,
+        scopes: Iterable[str] = apikeys.DEFAULT_SCOPES,
+        expires_at: datetime | None = None,
+    ) -> str:
         key = apikeys.generate()
         now = stored(self.tables.now())
         await _round_trip()
         self._key(key.key_id).update(
-            user_id=user_id, secret_hash=key.secret_hash, name=name, created_at=now
+            user_id=user_id,
+            secret_hash=key.secret_hash,
+            name=name,
+            created_at=now,
+            scopes=set(scopes) or None,  # Cassandra stores an empty set as null
+            expires_at=stored(expires_at) if expires_at else None,
         )
         await _round_trip()
         self.tables.api_keys_by_user.setdefault(user_id, set()).add(key.key_id)
@@ -198,9 +216,10 @@ class FakeAccounts:
             await _round_trip()
             row = self.tables.api_keys.get(key_id)
         stored_hash = row["secret_hash"] if row else b"\0" * 32
-        if not apikeys.verify(secret, stored_hash) or row is None or row["revoked_at"] is not None:
+        if not apikeys.verify(secret, stored_hash) or row is None:
             return None
-        return _record(row)
+        record = key_record(row)
+        return record if record.live(self.tables.now()) else None
 
     async def list_keys(self, user_id: uuid.UUID) -> list[ApiKeyRecord]:
         await _round_trip()
@@ -209,7 +228,7 @@ class FakeAccounts:
             await _round_trip()
             row = self.tables.api_keys.get(key_id)
             if row:
-                out.append(_record(row))
+                out.append(key_record(row))
         return out
 
     async def revoke_key(self, user_id: uuid.UUID, key_id: str) -> bool:
@@ -232,7 +251,16 @@ class FakeAccounts:
 
     def _key(self, key_id: str) -> dict[str, Any]:
         """A row of ``api_keys`` to write (an UPDATE creates it when missing)."""
-        columns = ("user_id", "secret_hash", "name", "created_at", "revoked_at", "last_used_at")
+        columns = (
+            "user_id",
+            "secret_hash",
+            "name",
+            "created_at",
+            "revoked_at",
+            "last_used_at",
+            "scopes",
+            "expires_at",
+        )
         return self.tables.api_keys.setdefault(key_id, {"key_id": key_id, **dict.fromkeys(columns)})
 
 
@@ -240,17 +268,6 @@ def _not_empty(key: str) -> None:
     """Cassandra refuses an empty partition key (the driver's error leaks through as is)."""
     if not key:
         raise InvalidRequest("Key may not be empty")
-
-
-def _record(row: dict[str, Any]) -> ApiKeyRecord:
-    return ApiKeyRecord(
-        key_id=str(row["key_id"]),
-        user_id=row["user_id"],
-        name=str(row["name"] or ""),
-        created_at=utc(row["created_at"]),
-        revoked_at=utc(row["revoked_at"]),
-        last_used_at=utc(row["last_used_at"]),
-    )
 
 
 class FakeSessionStore:

@@ -402,6 +402,33 @@ def test_key_rows_say_never_for_an_unused_key() -> None:
     assert row.last_used == "never"
 
 
+def test_key_rows_show_scopes_and_expiry() -> None:
+    view = {**_key("a", "2026-11-01T00:00:00+00:00"), "scopes": ["read", "send"]}
+    view["expires_at"] = "2027-01-01T00:00:00+00:00"
+
+    (row,) = views.key_rows([view])
+
+    assert (row.scopes, row.expires_iso) == ("read, send", "2027-01-01T00:00:00+00:00")
+
+
+def test_the_key_form_reads_ticked_scopes_and_a_lifetime() -> None:
+    now = datetime(2026, 11, 25, tzinfo=UTC)
+
+    scopes, expires = views.key_form(
+        {"scope_send": "on", "scope_keys": "on", "lifetime": "30"}, now
+    )
+
+    assert scopes == ["send", "keys"]
+    assert expires == now + timedelta(days=30)
+
+
+@pytest.mark.parametrize("lifetime", ["0", "7", "²", "", "-30"])
+def test_the_key_form_lets_a_key_live_forever_unless_a_listed_lifetime_is_chosen(
+    lifetime: str,
+) -> None:
+    assert views.key_form({"lifetime": lifetime}, datetime.now(UTC)) == ([], None)
+
+
 def test_revoked_notice_names_a_revoked_key_of_the_user() -> None:
     """The notice names the key by name and prefix."""
     rows = views.key_rows([_key("a", "2026-11-01T00:00:00+00:00", revoked=True)])

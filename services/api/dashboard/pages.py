@@ -38,12 +38,13 @@ from services.api.sending import Sending
 from services.api.sessions import (
     LoginRequired,
     SessionUser,
+    clear_session_cookie,
     current_user,
     login_required_response,
     require_user,
     verify_csrf,
 )
-from shared import accounts
+from shared import accounts, apikeys
 from shared.addresses import address_key
 from shared.batchstore import BatchHeader, BatchStore
 from shared.config import Settings
@@ -461,6 +462,7 @@ async def _keys_page(
         "keys": rows,
         "errors": {},
         "name": "",
+        "lifetimes": views.KEY_LIFETIMES,
         "notice": views.revoked_notice(rows, revoked),
     }
     context.update(extra)
@@ -474,12 +476,21 @@ async def keys(request: Request) -> Response:
     if request.method != "POST":
         return await _keys_page(request, user, revoked=request.query_params.get("revoked"))
     form = await _checked_form(request, user)
+    scopes, expires_at = views.key_form(form, datetime.now(UTC))
     try:
         plaintext, name = await _managing(request).create_key(
-            user.user_id, form.get("name"), default="dashboard"
+            user.user_id,
+            form.get("name"),
+            default="dashboard",
+            holder=apikeys.DEFAULT_SCOPES,  # operator keys come from the CLI only
+            scopes=scopes,
+            expires_at=expires_at,
         )
     except ApiError as exc:
-        errors = views.form_errors(exc.fields or {}, form_fields={"name"})
+        if exc.status == 409:
+            errors = {"name": [exc.message]}
+        else:
+            errors = views.form_errors(exc.fields or {}, form_fields={"name", "scopes"})
         return await _keys_page(request, user, name=form.get("name", ""), errors=errors, status=422)
     return render(
         request,
@@ -493,6 +504,17 @@ async def keys(request: Request) -> Response:
         },
         status=201,
     )
+
+
+@page
+async def end_sessions(request: Request) -> Response:
+    """Log out everywhere: every session of this user, this one included, stops working."""
+    user = await _user(request)
+    await _checked_form(request, user)
+    await accounts.end_sessions(request.app.state.resources.db, user.user_id)
+    response = see_other("/")
+    clear_session_cookie(response, request.app.state.settings)
+    return response
 
 
 @page
@@ -573,6 +595,7 @@ def dashboard_routes() -> list[BaseRoute]:
         Route("/v1/docs", api_docs, methods=["GET"], name="api_docs"),
         Route("/keys", keys, methods=["GET", "POST"], name="dashboard_keys"),
         Route("/keys/{key_id}/revoke", revoke_key, methods=["POST"], name="dashboard_revoke"),
+        Route("/sessions/end-all", end_sessions, methods=["POST"], name="dashboard_end_sessions"),
         Route("/suppressions", suppressions, methods=["GET", "POST"], name="dashboard_supp"),
         Route(
             "/suppressions/remove",

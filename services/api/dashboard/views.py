@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -554,6 +554,28 @@ class KeyRow:
     last_used: str
     last_used_iso: str
     revoked: bool
+    scopes: str = ""
+    expires: str = "never"
+    expires_iso: str = ""
+
+
+#: The dashboard's choices of a new key's lifetime, in days (0: it does not expire).
+KEY_LIFETIMES: tuple[tuple[int, str], ...] = (
+    (0, "never expires"),
+    (30, "30 days"),
+    (90, "90 days"),
+    (365, "1 year"),
+)
+
+
+def key_form(form: Mapping[str, str], now: datetime) -> tuple[list[str], datetime | None]:
+    """The scopes (``scope_<name>`` checkboxes) and expiry (``lifetime`` in days) a key form
+    asks for; an unknown lifetime is refused by the caller's check, as "must be one of"."""
+    scopes = [s for s in ("send", "read", "keys") if form.get(f"scope_{s}") == "on"]
+    days = natural(form.get("lifetime", "0"))
+    if days is None or days not in dict(KEY_LIFETIMES):
+        days = 0
+    return scopes, (now + timedelta(days=days)) if days else None
 
 
 def key_rows(views: Iterable[Mapping[str, Any]]) -> list[KeyRow]:
@@ -570,6 +592,9 @@ def key_rows(views: Iterable[Mapping[str, Any]]) -> list[KeyRow]:
             last_used=fmt_time(v.get("last_used_at")) if v.get("last_used_at") else "never",
             last_used_iso=iso(v.get("last_used_at")),
             revoked=bool(v.get("revoked")),
+            scopes=", ".join(v.get("scopes") or ()),
+            expires=fmt_time(v.get("expires_at")) if v.get("expires_at") else "never",
+            expires_iso=iso(v.get("expires_at")),
         )
         for v in ordered
     ]
