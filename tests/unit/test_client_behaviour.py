@@ -160,6 +160,19 @@ async def test_making_a_key_is_retried_after_a_429_which_did_nothing(variant: st
     assert len(api.seen) == 2
 
 
+async def test_a_new_key_asks_for_its_scopes_and_expiry_only_when_given(variant: str) -> None:
+    made = {"key": "sd_live_new", "name": "ci", "scopes": ["send"], "note": "shown once"}
+    api = FakeApi([httpx.Response(201, json=made), httpx.Response(201, json=made)])
+
+    await call(variant, api, "create_key", "ci", scopes=["send"], expires_at="2027-01-01T00:00:00Z")
+    await call(variant, api, "create_key", "plain")
+
+    assert [json.loads(r.content) for r in api.seen] == [
+        {"name": "ci", "scopes": ["send"], "expires_at": "2027-01-01T00:00:00Z"},
+        {"name": "plain"},
+    ]
+
+
 # -- waiting before a retry ------------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ from ._core import (
     Recipient,
     Request,
     StatsDay,
+    key_request,
     page_params,
     quoted,
     send_request,
@@ -180,9 +181,16 @@ class Client:
     def keys(self) -> list[dict[str, Any]]:
         return cast(list[dict[str, Any]], self._call(Request("GET", "/v1/keys"))["data"])
 
-    def create_key(self, name: str) -> KeyCreated:
-        request = Request("POST", "/v1/keys", json={"name": name}, safe_to_repeat=False)
-        return cast(KeyCreated, self._call(request))
+    def create_key(
+        self,
+        name: str,
+        *,
+        scopes: Sequence[str] | None = None,
+        expires_at: str | None = None,
+    ) -> KeyCreated:
+        """A new key (shown once): ``scopes`` among send, read, keys (never more than this
+        client's key holds), ``expires_at`` an RFC 3339 time."""
+        return cast(KeyCreated, self._call(key_request(name, scopes, expires_at)))
 
     def revoke_key(self, key_id: str) -> None:
         self._call(Request("DELETE", f"/v1/keys/{quoted(key_id)}"))
@@ -326,9 +334,15 @@ class AsyncClient:
     async def keys(self) -> list[dict[str, Any]]:
         return cast(list[dict[str, Any]], (await self._call(Request("GET", "/v1/keys")))["data"])
 
-    async def create_key(self, name: str) -> KeyCreated:
-        request = Request("POST", "/v1/keys", json={"name": name}, safe_to_repeat=False)
-        return cast(KeyCreated, await self._call(request))
+    async def create_key(
+        self,
+        name: str,
+        *,
+        scopes: Sequence[str] | None = None,
+        expires_at: str | None = None,
+    ) -> KeyCreated:
+        """See :meth:`Client.create_key`."""
+        return cast(KeyCreated, await self._call(key_request(name, scopes, expires_at)))
 
     async def revoke_key(self, key_id: str) -> None:
         await self._call(Request("DELETE", f"/v1/keys/{quoted(key_id)}"))

@@ -88,7 +88,19 @@ class StatsDay(TypedDict):
 class KeyCreated(TypedDict):
     key: str
     name: str
+    scopes: list[str]
+    expires_at: str | None
     note: str
+
+
+def key_request(name: str, scopes: Sequence[str] | None, expires_at: str | None) -> Request:
+    """``POST /v1/keys``: never repeated on a lost answer (a second key would be made)."""
+    body: dict[str, Any] = {"name": name}
+    if scopes is not None:
+        body["scopes"] = list(scopes)
+    if expires_at is not None:
+        body["expires_at"] = expires_at
+    return Request("POST", "/v1/keys", json=body, safe_to_repeat=False)
 
 
 class ApiError(Exception):
