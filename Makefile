@@ -12,7 +12,7 @@ export PYTHON := $(PY)
 
 .PHONY: help install run test test-unit test-integration env-example openapi lint fmt typecheck all services-up \
         services-down services-status migrate topology bench chaos cluster-up cluster-down cluster-test \
-        cov cov-decisions mutate clean
+        cov cov-decisions mutate clean fuzz
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -103,6 +103,11 @@ topology: install ## declare exchanges, queues and bindings
 
 bench: install services-up ## the benchmark; JSON results in bench/results/
 	$(PY) -m bench.run $(BENCH_ARGS)
+
+FUZZ_EXAMPLES ?= 30
+FUZZ_SEED ?= 20261125
+fuzz: install services-up ## fuzz every API route and both webhook receivers; any 5xx fails (JSON)
+	$(PY) -m tests.fuzz.run --examples $(FUZZ_EXAMPLES) --seed $(FUZZ_SEED)
 
 chaos: install services-up ## fault tests, a soak under faults, the invariants (last line JSON)
 	$(PY) -m chaos.run $(CHAOS_ARGS)

@@ -25,11 +25,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from shared.accounts import create_key, upsert_github_user
 from shared.config import Settings
 from shared.db import Database
+from shared.domains import DomainStore
 from shared.migrations import migrate
 from shared.resources import declare_topology
 
 #: GitHub id of the sandbox's default user (services/sandbox/oauth.py).
 DEMO_GITHUB_ID = 1_000_001
+#: The demo user's sending domain, verified at start-up (the README's examples send from it).
+DEMO_DOMAIN = "example.com"
 #: Seconds to wait for one service's /healthz.
 START_TIMEOUT = 60.0
 
@@ -88,6 +91,11 @@ def _setup(settings: Settings) -> str:
                 email="sandbox-user@example.com",
                 avatar_url=None,
             )
+            # The demo sends from example.com: verified up front (the sandbox's DNS would
+            # verify it too, once its TXT record is published through /_control/dns).
+            domains = DomainStore(db)
+            await domains.add(user_id, DEMO_DOMAIN)
+            await domains.mark_verified(user_id, DEMO_DOMAIN)
             return await create_key(db, user_id, "make run")
         finally:
             await db.close()

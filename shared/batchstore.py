@@ -17,12 +17,14 @@ same rows.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from cassandra.query import UNSET_VALUE, Statement
+from cassandra.util import uuid_from_time
 
 from shared import precedence
 from shared.db import Database
@@ -53,6 +55,15 @@ class BatchHeader:
     reason: str | None
     response: bytes | None = None
     """The 202 body the API answered when it accepted the batch."""
+
+
+def new_batch_id(at: float) -> uuid.UUID:
+    """A time UUID for a batch accepted at ``at`` (Unix seconds), its node and clock sequence
+    from the OS's cryptographic randomness (the driver's ``uuid_from_time`` uses ``random``,
+    whose output can be predicted from a few ids)."""
+    node = secrets.randbits(48) | 0x010000000000  # the multicast bit: not a real MAC
+    made: uuid.UUID = uuid_from_time(at, node=node, clock_seq=secrets.randbits(14))
+    return made
 
 
 @dataclass(frozen=True, slots=True)

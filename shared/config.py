@@ -129,6 +129,12 @@ class ApiSettings(BaseSettings):
     """Sustained requests per second allowed per API key (see shared.ratelimit)."""
     rate_burst: int = Field(100, ge=1)
     """Requests one key may make at once; with the rate it sets the window (burst / rate s)."""
+    sender_domains: Literal["verified", "any"] = "verified"
+    """``verified``: a batch's ``from`` must be in a domain its user verified (``/v1/domains``);
+    ``any`` turns that check off (tests of other things; refused in production)."""
+    dns_url: str = "http://127.0.0.1:8090/dns-query"
+    """A DNS-over-HTTPS JSON endpoint for domain verification (the sandbox's by default;
+    e.g. https://cloudflare-dns.com/dns-query or https://dns.google/resolve)."""
     max_keys_per_user: int = Field(50, ge=1)
     """Live API keys one user may hold; creating another answers 409 ``too_many_keys``."""
     daily_recipient_quota: int = Field(100_000, ge=1)
@@ -160,6 +166,9 @@ class WebhookSettings(BaseSettings):
     """Mailgun's HTTP webhook signing key (HMAC-SHA256 of timestamp and token)."""
     timestamp_tolerance: int = Field(300, ge=1)
     """Seconds a signed webhook's timestamp may be off (replay window)."""
+    max_concurrency: int = Field(64, ge=1)
+    """Webhook posts in progress per process before new ones get 503 + Retry-After (the
+    providers retry), so a flood cannot queue without bound."""
     deferred_deadline: int = Field(4 * 3600, ge=1)
     """Seconds a recipient may stay deferred before we try another provider."""
 

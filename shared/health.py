@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -11,6 +12,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 Check = Callable[[], Awaitable[None]]
+
+log = logging.getLogger(__name__)
 
 #: Seconds one readiness check may take before it counts as failed.
 CHECK_TIMEOUT = 3.0
@@ -43,8 +46,13 @@ def health_routes(
     async def readyz(request: Request) -> Response:
         results = await run_checks(checks(request))
         ready = all(v == "ok" for v in results.values())
+        for name, reason in results.items():
+            if reason != "ok":
+                log.warning("%s is not ready: %s is unavailable: %s", service, name, reason)
+        # Which dependency is down, never why: exception text can name hosts and users.
+        shown = {name: "ok" if v == "ok" else "unavailable" for name, v in results.items()}
         return JSONResponse(
-            {"status": "ready" if ready else "unavailable", "service": service, "checks": results},
+            {"status": "ready" if ready else "unavailable", "service": service, "checks": shown},
             status_code=200 if ready else 503,
         )
 

@@ -4,6 +4,7 @@ enforced while they stream in (413 before buffering, not after)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,6 +16,9 @@ from starlette.responses import Response
 
 from shared.digits import natural
 from shared.errors import DependencyUnavailable
+
+#: Seconds a request body may take to arrive, whatever its size (408 after).
+BODY_TIMEOUT = 30.0
 
 log = logging.getLogger(__name__)
 
@@ -53,27 +57,37 @@ def error_response(error: ApiError) -> JSON:
     return JSON({"error": body}, status_code=error.status, headers=error.headers)
 
 
-async def read_capped(request: Request, limit: int) -> bytes:
-    """The raw body, or 413 as soon as it (or its declared length) passes ``limit``."""
+async def read_capped(request: Request, limit: int, *, timeout: float = BODY_TIMEOUT) -> bytes:
+    """The raw body, or 413 as soon as it (or its declared length) passes ``limit``; 408 when
+    it has not all arrived within ``timeout`` seconds (a client trickling a body a byte at a
+    time would otherwise hold a request slot for as long as it likes)."""
     declared = request.headers.get("content-length")
-    size_declared = natural(declared)
+    size_declared = natural(declared, max_digits=40)  # any length: a huge one is a 413
     if size_declared is not None and size_declared > limit:
         raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(limit)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(
+            408, "body_timeout", f"the request body did not arrive within {timeout:g} s"
+        ) from None
     return b"".join(chunks)
 
 
-async def read_json(request: Request, limit: int) -> tuple[bytes, Any]:
+async def read_json(
+    request: Request, limit: int, *, timeout: float = BODY_TIMEOUT
+) -> tuple[bytes, Any]:
     ctype = request.headers.get("content-type", "")
     if ctype and "json" not in ctype.split(";")[0]:
         raise ApiError(415, "unsupported_media_type", "send the body as application/json")
-    raw = await read_capped(request, limit)
+    raw = await read_capped(request, limit, timeout=timeout)
     try:
         return raw, orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

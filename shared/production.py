@@ -36,6 +36,7 @@ def production_problems(settings: Settings) -> list[str]:
         *_remote_https("GITHUB_API_BASE_URL", g.api_base_url),
         *_https("GITHUB_REDIRECT_URI", g.redirect_uri),
         *_https("API_PUBLIC_URL", api.public_url),
+        *_remote_https("API_DNS_URL", api.dns_url),
         *_secret("PROVIDERS_SENDGRID_API_KEY", p.sendgrid_api_key.get_secret_value()),
         *_secret("PROVIDERS_MAILGUN_API_KEY", p.mailgun_api_key.get_secret_value()),
         *_secret("GITHUB_CLIENT_SECRET", g.client_secret.get_secret_value()),
@@ -45,6 +46,10 @@ def production_problems(settings: Settings) -> list[str]:
         problems.append(
             f"{_PREFIX}WEBHOOKS_SENDGRID_INSECURE_BASIC_ONLY: accepts unsigned SendGrid events; "
             "configure SAFEDELIVR_WEBHOOKS_SENDGRID_PUBLIC_KEY instead"
+        )
+    if api.sender_domains != "verified":
+        problems.append(
+            f"{_PREFIX}API_SENDER_DOMAINS: any lets every user send from any domain; use verified"
         )
     if settings.signup_policy == "open":
         problems.append(

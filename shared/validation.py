@@ -83,6 +83,7 @@ FIELDS: Final = frozenset(
         "bcc",
         "headers",
         "bulk",
+        "shared",
         "categories",
         "metadata",
     ]
@@ -211,10 +212,19 @@ def parse_batch_request(
     bcc = _copies(raw.get("bcc"), "bcc", errors, {**scan.seen, **dict(cc)})
     categories = _categories(raw.get("categories"), errors)
     metadata = _metadata(raw.get("metadata"), errors)
-    bulk = _bulk(raw.get("bulk"), errors)
+    bulk = _flag(raw.get("bulk"), "bulk", errors)
+    shared = _flag(raw.get("shared"), "shared", errors)
     if bulk and (cc or bcc):
         # Each personalised copy would carry the cc/bcc too: up to 1,000 copies per chunk.
         errors["bulk"] = "cc and bcc cannot be combined with bulk (one copy per recipient)"
+    if bulk and shared:
+        errors["shared"] = "cannot be combined with bulk: true (one copy per recipient)"
+    personal = one_copy_each(shared=shared, recipients=len(scan.seen), copies=bool(cc or bcc))
+    if personal is None:
+        errors["shared"] = (
+            "cc and bcc go with one shared message: set shared to true (every recipient then "
+            "sees the others) or send the copies as a batch of their own"
+        )
     cap = f"at most {max_recipients} distinct recipients per batch"
     if errors or sender is None:
         if scan.too_many:
@@ -235,7 +245,7 @@ def parse_batch_request(
         headers=headers,
         categories=categories,
         metadata=metadata,
-        bulk=bulk,
+        bulk=bool(personal),
     )
     return scan.finish(message)
 
@@ -292,11 +302,27 @@ def _body(value: object, path: str, errors: Errors) -> str | None:
     return value
 
 
-def _bulk(value: object, errors: Errors) -> bool:
+def _flag(value: object, name: str, errors: Errors) -> bool:
     if value is None or isinstance(value, bool):
         return bool(value)
-    errors["bulk"] = "must be true or false"
+    errors[name] = "must be true or false"
     return False
+
+
+def one_copy_each(*, shared: bool, recipients: int, copies: bool) -> bool | None:
+    """Whether each recipient gets a message of their own (``Message.bulk``); None when the
+    request cannot be honoured as it stands.
+
+    One copy each is the default, so recipients never see one another unless the sender asks
+    with ``shared: true`` (``bulk: false`` no longer means shared: it showed every address to
+    every recipient). cc and bcc go with one shared message: with a single recipient that is
+    the same thing; with several, the sender must say ``shared``.
+    """
+    if shared:
+        return False
+    if copies:
+        return None if recipients > 1 else False
+    return True
 
 
 def _address(value: object, path: str, errors: Errors) -> Address | None:

@@ -194,13 +194,16 @@ def parse_email(value: object) -> str | None:
 
 
 def parse_uuid(value: object) -> uuid.UUID | None:
-    """A UUID from its string form; None for anything else."""
+    """One of our ids (batch and log ids are time UUIDs) from its string form; None for
+    anything else, other UUID versions included: Cassandra refuses to compare them with a
+    timeuuid column, so a forged one would fail the whole delivery."""
     if not isinstance(value, str) or len(value) > 64:
         return None
     try:
-        return uuid.UUID(value.strip())
+        parsed = uuid.UUID(value.strip())
     except ValueError:
         return None
+    return parsed if parsed.version == 1 else None
 
 
 def parse_tag(value: object) -> str | None:

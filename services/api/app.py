@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from services.api import account, batches, oauth
+from services.api import account, batches, domains, oauth
 from services.api.dashboard import create_templates, dashboard_routes
 from services.api.managing import Managing
 from services.api.openapi import openapi_json
@@ -26,6 +26,7 @@ from shared.attempts import AttemptStore
 from shared.background import Background
 from shared.batchstore import BatchStore
 from shared.config import Settings
+from shared.domains import DohResolver, DomainStore
 from shared.health import health_routes
 from shared.http import AdmissionLimit, error_handlers
 from shared.idempotency import IdempotencyStore
@@ -54,6 +55,7 @@ def create_app(settings: Settings) -> Starlette:
             state.attempts = AttemptStore(res.db)
             state.idempotency = IdempotencyStore(res.db, lease=settings.api.idempotency_lease)
             state.suppressions = SuppressionStore(res.db)
+            state.domains = DomainStore(res.db)
             state.background = Background()
             state.managing = Managing(
                 res.db, state.suppressions, max_keys=settings.api.max_keys_per_user
@@ -67,10 +69,12 @@ def create_app(settings: Settings) -> Starlette:
                 quota=RecipientQuota(res.db, settings.api.daily_recipient_quota),
                 metrics=state.metrics,
                 background=state.background,
+                domains=state.domains,
             )
             state.github_http = httpx.AsyncClient(
                 timeout=httpx.Timeout(settings.github.timeout), follow_redirects=False
             )
+            state.resolver = DohResolver(state.github_http, settings.api.dns_url)
             relay = asyncio.create_task(
                 relay_forever(
                     Relay(state.outbox, state.acceptance.finish, grace=settings.api.outbox_grace),
@@ -101,6 +105,11 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/keys", account.list_keys, methods=["GET"]),
         Route("/v1/keys", account.create_key, methods=["POST"]),
         Route("/v1/keys/{key_id}", account.revoke_key, methods=["DELETE"]),
+        Route("/v1/domains", domains.list_domains, methods=["GET"]),
+        Route("/v1/domains", domains.add_domain, methods=["POST"]),
+        Route("/v1/domains/{domain}", domains.get_domain, methods=["GET"]),
+        Route("/v1/domains/{domain}", domains.delete_domain, methods=["DELETE"]),
+        Route("/v1/domains/{domain}/verify", domains.verify_domain, methods=["POST"]),
         *original_routes(),
         Route("/auth/github/login", oauth.login, methods=["GET"]),
         Route("/auth/github/callback", oauth.callback, methods=["GET"]),

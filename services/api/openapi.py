@@ -29,11 +29,12 @@ ERRORS: dict[int, str] = {
     "would grant a scope it does not hold.",
     404: "No such resource, or not yours.",
     409: "The Idempotency-Key was used with another body, or its first request is still "
-    "in progress (retry after `Retry-After`); for a new key, the user holds the most live "
-    "keys allowed.",
+    "in progress (retry after `Retry-After`); for a new key or domain, the user holds the "
+    "most allowed.",
     413: "The body is over the size cap (refused while it streams in).",
     415: "The body is not JSON.",
-    422: "Invalid fields: `error.fields` names each one.",
+    422: "Invalid fields: `error.fields` names each one (a `from` outside your verified "
+    "domains included).",
     429: "Over the key's request rate or the user's daily recipient quota; retry after "
     "`Retry-After` seconds.",
     503: "Cassandra or RabbitMQ is unavailable, or the API is overloaded; nothing was "
@@ -67,6 +68,7 @@ class Operation:
 
 
 _CURSOR = Param("cursor", "query", "`next_cursor` of the previous page.")
+_DOMAIN = Param("domain", "path", "The domain, e.g. `example.com`.", required=True)
 _BATCH_ID = Param("batch_id", "path", "The batch's id (a time UUID).", required=True)
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -97,7 +99,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "Your batches, newest first",
         schema.BatchList,
         params=(Param("limit", "query", "1-500, default 20.", "integer"), _CURSOR),
-        errors=(400,),
+        errors=(400, 422),
     ),
     Operation(
         "get_batch",
@@ -129,7 +131,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "Addresses you never send to",
         schema.SuppressionList,
         params=(Param("limit", "query", "1-1000, default 100.", "integer"), _CURSOR),
-        errors=(400,),
+        errors=(400, 422),
     ),
     Operation(
         "create_suppression",
@@ -149,6 +151,55 @@ OPERATIONS: tuple[Operation, ...] = (
         None,
         status=204,
         params=(Param("email", "path", "The suppressed address.", required=True),),
+        errors=(404,),
+    ),
+    Operation(
+        "list_domains",
+        "get",
+        "/v1/domains",
+        "Your sending domains and their verification records",
+        schema.DomainList,
+    ),
+    Operation(
+        "add_domain",
+        "post",
+        "/v1/domains",
+        "Add a sending domain (then publish its TXT record and verify it)",
+        schema.DomainView,
+        status=201,
+        body=schema.DomainIn,
+        errors=(400, 409, 413, 415, 422),
+        description="Batches are accepted only `from` a verified domain or a subdomain of "
+        "one. Adding a domain again returns it as it is.",
+    ),
+    Operation(
+        "get_domain",
+        "get",
+        "/v1/domains/{domain}",
+        "One sending domain",
+        schema.DomainView,
+        params=(_DOMAIN,),
+        errors=(404,),
+    ),
+    Operation(
+        "verify_domain",
+        "post",
+        "/v1/domains/{domain}/verify",
+        "Look up the domain's TXT record now and verify it",
+        schema.DomainView,
+        params=(_DOMAIN,),
+        errors=(404, 422),
+        description="422 `not_verified` while the record cannot be found; 503 when DNS "
+        "cannot be asked.",
+    ),
+    Operation(
+        "delete_domain",
+        "delete",
+        "/v1/domains/{domain}",
+        "Remove a sending domain",
+        None,
+        status=204,
+        params=(_DOMAIN,),
         errors=(404,),
     ),
     Operation(

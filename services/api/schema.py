@@ -80,7 +80,14 @@ class BatchIn(_In):
         description="Extra headers; those we set ourselves are refused.",
     )
     bulk: bool | None = Field(
-        None, description="One copy per recipient (`true`) instead of one message to all."
+        None,
+        description="One copy per recipient, personalised: the default already (kept for "
+        "existing clients; `false` does not make the message shared).",
+    )
+    shared: bool | None = Field(
+        None,
+        description="One message to all the recipients of a chunk, so each sees the others' "
+        "addresses; needed for cc/bcc with more than one recipient. Off by default.",
     )
     categories: list[str] | None = Field(None, max_length=validation.MAX_CATEGORIES)
     metadata: dict[str, str] | None = Field(
@@ -113,6 +120,12 @@ class KeyIn(_In):
         examples=["2027-01-31T00:00:00Z"],
         description="When the key stops working (RFC 3339, with a time zone); none: never.",
     )
+
+
+class DomainIn(_In):
+    """``POST /v1/domains``."""
+
+    domain: str = Field(min_length=1, max_length=253, examples=["example.com"])
 
 
 # --------------------------------------------------------------------------- answers
@@ -229,6 +242,24 @@ class KeyCreated(_Out):
     scopes: list[str] = Field(examples=[["send"]])
     expires_at: str | None
     note: str
+
+
+class DomainRecord(_Out):
+    type: Literal["TXT"]
+    name: str = Field(examples=["_safedelivr.example.com"])
+    value: str = Field(examples=["safedelivr-verification=3q2-7Zs..."])
+
+
+class DomainView(_Out):
+    domain: str = Field(examples=["example.com"])
+    verified: bool
+    verified_at: str | None
+    created_at: str
+    record: DomainRecord = Field(description="Publish this record, then verify the domain.")
+
+
+class DomainList(_Out):
+    data: list[DomainView]
 
 
 class ErrorDetail(_Out):

@@ -23,15 +23,15 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 import orjson
-from cassandra.util import uuid_from_time
 from pydantic import ValidationError
 
 from services.api.schema import BatchIn, field_errors
 from shared import validation
 from shared.acceptance import Acceptance
 from shared.background import Background
-from shared.batchstore import BatchStore, NewBatch
+from shared.batchstore import BatchStore, NewBatch, new_batch_id
 from shared.config import Settings
+from shared.domains import DomainStore, covers, domain_of
 from shared.errors import DependencyUnavailable
 from shared.http import ApiError
 from shared.idempotency import Existing, IdempotencyStore
@@ -56,6 +56,8 @@ class Sending:
     quota: RecipientQuota
     metrics: ApiMetrics
     background: Background
+    domains: DomainStore | None = None
+    """The users' verified domains; without it no domain is verified (fail closed)."""
 
     async def accept(self, user_id: uuid.UUID, body: object, idem: str | None) -> dict[str, Any]:
         """Validate, drop suppressed recipients, honour the Idempotency-Key (a repeat gets
@@ -65,12 +67,14 @@ class Sending:
             parsed = await asyncio.to_thread(self._validated, body)
         else:
             parsed = self._validated(body)
+        if self.settings.api.sender_domains == "verified":
+            await self._check_sender(user_id, parsed.message.sender.email)
         parsed = await self._drop_suppressed(user_id, parsed)
         if idem is None:
-            return await self._accept_once(user_id, uuid_from_time(time.time()), parsed)
+            return await self._accept_once(user_id, new_batch_id(time.time()), parsed)
         owner = uuid.uuid4()
         claim = await self.idempotency.claim(
-            user_id, idem, validation.body_hash(body), uuid_from_time(time.time()), owner
+            user_id, idem, validation.body_hash(body), new_batch_id(time.time()), owner
         )
         if isinstance(claim, Existing):
             return await self._repeat(user_id, idem, claim, owner, parsed)
@@ -218,6 +222,21 @@ class Sending:
             return validation.drop_suppressed(parsed, listed)
         except validation.InvalidRequest as exc:
             raise ApiError(422, exc.code, str(exc), fields=exc.fields) from exc
+
+    async def _check_sender(self, user_id: uuid.UUID, sender: str) -> None:
+        """422 naming ``from`` unless its domain is one the user verified (or under one)."""
+        domain = domain_of(sender)
+        verified = await self.domains.verified(user_id) if self.domains else frozenset()
+        if not covers(verified, domain):
+            raise ApiError(
+                422,
+                "invalid_fields",
+                "the sender's domain is not verified",
+                fields={
+                    "from": f"{domain} is not a verified sending domain of yours: add it "
+                    "(POST /v1/domains), publish its TXT record and verify it"
+                },
+            )
 
     async def _complete_quietly(self, user_id: uuid.UUID, idem: str, response: bytes) -> None:
         # The batch is stored: a failure here must not turn its 202 into an error. The key

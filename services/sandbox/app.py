@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
-from services.sandbox import control, endpoints, github, signing
+from services.sandbox import control, dns, endpoints, github, signing
 from services.sandbox.state import SandboxState
 from services.sandbox.tuning import Tuning
 from services.sandbox.webhooks import WebhookDispatcher
@@ -83,7 +83,8 @@ def create_app(
             Mount("/sendgrid", routes=endpoints.sendgrid_routes()),
             Mount("/mailgun", routes=endpoints.mailgun_routes()),
             Mount("/github", routes=github.routes()),
-            Mount("/_control", routes=control.routes()),
+            *dns.routes(),
+            Mount("/_control", routes=[*control.routes(), *dns.control_routes()]),
         ],
         lifespan=lifespan,
     )

@@ -16,6 +16,7 @@ from services.sandbox.ledger import SendLedger
 from services.sandbox.oauth import OAuthStore
 from services.sandbox.tuning import Tuning
 from services.sandbox.webhooks import WebhookDispatcher
+from services.sandbox.zone import TxtRecords
 from shared.config import SandboxSettings
 
 
@@ -31,6 +32,7 @@ class SandboxState:
     ledger: SendLedger = field(init=False)
     index: MessageIndex = field(init=False)
     oauth: OAuthStore = field(default_factory=OAuthStore)
+    dns: TxtRecords = field(default_factory=TxtRecords)
     mailgun_serial: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from services.webhooks import receivers
@@ -14,7 +15,7 @@ from services.webhooks.intake import Intake, IntakeMetrics
 from shared.config import Settings
 from shared.errors import ConfigError
 from shared.health import health_routes
-from shared.http import error_handlers
+from shared.http import AdmissionLimit, error_handlers
 from shared.metrics import new_registry
 from shared.providers import sendgrid_events
 from shared.resources import open_resources, readiness_checks
@@ -63,7 +64,12 @@ def create_app(settings: Settings) -> Starlette:
             "webhooks", registry, lambda request: readiness_checks(request.app.state.resources)
         ),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=error_handlers())
+    app = Starlette(
+        middleware=[Middleware(AdmissionLimit, limit=settings.webhooks.max_concurrency)],
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers=error_handlers(),
+    )
     app.state.settings = settings
     app.state.sendgrid_key = sendgrid_key
     return app

@@ -21,8 +21,14 @@ from shared.http import JSON, ApiError, read_capped
 from shared.providers import mailgun_events, sendgrid_events
 from shared.webhook_events import MalformedPayload, timestamp_fresh
 
-#: Largest webhook body accepted (SendGrid batches up to 768 KB).
+#: Largest SendGrid body accepted (it batches events, up to 768 KB); read only once the
+#: signature headers are there.
 MAX_BODY = 5 * 1024 * 1024
+#: Largest Mailgun body: one event per post, a few KB. Its signature is inside the body, so
+#: this much is read before anything is authenticated, and no more.
+MAILGUN_MAX_BODY = 256 * 1024
+#: Seconds a webhook body may take to arrive (providers send at once; a trickle is an attack).
+BODY_TIMEOUT = 10.0
 
 SG_SIGNATURE = "x-twilio-email-event-webhook-signature"
 SG_TIMESTAMP = "x-twilio-email-event-webhook-timestamp"
@@ -66,14 +72,18 @@ async def sendgrid(request: Request) -> Response:
                 "SendGrid webhook signature verification is not configured "
                 "(SAFEDELIVR_WEBHOOKS_SENDGRID_PUBLIC_KEY)",
             )
-        return JSON(await state.intake.receive("sg", await read_capped(request, MAX_BODY)))
+        return JSON(
+            await state.intake.receive(
+                "sg", await read_capped(request, MAX_BODY, timeout=BODY_TIMEOUT)
+            )
+        )
     signature = request.headers.get(SG_SIGNATURE, "")
     stamp = request.headers.get(SG_TIMESTAMP, "")
     if not signature or not timestamp_fresh(
         stamp, time.time(), settings.webhooks.timestamp_tolerance
     ):
         raise _unauthorized("missing signature, or missing or stale signature timestamp")
-    raw = await read_capped(request, MAX_BODY)
+    raw = await read_capped(request, MAX_BODY, timeout=BODY_TIMEOUT)
     if not sendgrid_events.verify_signature_with_key(key, signature, stamp, raw):
         raise _unauthorized("signature does not match")
     return JSON(await state.intake.receive("sg", raw))
@@ -82,7 +92,7 @@ async def sendgrid(request: Request) -> Response:
 async def mailgun(request: Request) -> Response:
     state = request.app.state
     settings: Settings = state.settings
-    raw = await read_capped(request, MAX_BODY)
+    raw = await read_capped(request, MAILGUN_MAX_BODY, timeout=BODY_TIMEOUT)
     signing_key = settings.webhooks.mailgun_signing_key
     if signing_key is None:
         raise ApiError(503, "not_configured", "Mailgun webhook signing key is not configured")

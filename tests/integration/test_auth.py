@@ -50,7 +50,7 @@ def make_settings(cassandra: CassandraSettings, github_url: str, **api: object) 
     return Settings(
         cassandra=cassandra,
         amqp=AmqpSettings(exchange=unique("t").replace("_", "-")),
-        api=ApiSettings(**api),  # type: ignore[arg-type]
+        api=ApiSettings(**{"sender_domains": "any", **api}),  # type: ignore[arg-type]
         github=GitHubSettings(
             oauth_base_url=f"{github_url}/github", api_base_url=f"{github_url}/github/api"
         ),

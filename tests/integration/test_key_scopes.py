@@ -14,7 +14,7 @@ from starlette.applications import Starlette
 from services.api.app import create_app
 from services.sandbox.app import create_app as create_sandbox
 from shared import accounts
-from shared.config import ApiSettings, SandboxSettings, Settings
+from shared.config import SandboxSettings, Settings
 from shared.db import Database
 from tests.conftest import unique
 from tests.integration.harness import client_for, running, served
@@ -25,7 +25,9 @@ BATCH = {"from": "shop@example.com", "to": ["ann@example.com"], "subject": "Hi",
 
 @pytest.fixture
 async def app(settings: Settings) -> AsyncIterator[Starlette]:
-    s = settings.model_copy(update={"api": ApiSettings(max_keys_per_user=3)})
+    s = settings.model_copy(
+        update={"api": settings.api.model_copy(update={"max_keys_per_user": 3})}
+    )
     app = create_app(s)
     async with running(app):
         await app.state.resources.broker.declare()

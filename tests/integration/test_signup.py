@@ -185,3 +185,14 @@ async def test_the_cli_approves_a_request(
     assert [r.state for r in await SignupRequests(db).all(100_000) if r.login == login] == [
         "approved"
     ]
+
+
+async def test_the_login_page_does_not_repeat_text_from_its_link(
+    migrated: CassandraSettings, github_url: str
+) -> None:
+    async with api_app(make_settings(migrated, github_url)) as app, browser_for(app) as browser:
+        page = await browser.api.get("/login", params={"error": "Account suspended: call 0900"})
+
+    assert page.status_code == 200
+    assert "login did not complete" in page.text
+    assert "0900" not in page.text

@@ -113,7 +113,7 @@ async def _desk(lease: float) -> Desk:
     acceptance, quota = _Acceptance(batches), _Quota()
     suppressions, idempotency = FakeSuppressionStore(), FakeIdempotencyStore(lease=lease)
     sending = Sending(
-        settings=Settings(api=ApiSettings(), providers=ProviderSettings()),
+        settings=Settings(api=ApiSettings(sender_domains="any"), providers=ProviderSettings()),
         acceptance=acceptance,  # type: ignore[arg-type]
         batches=batches,  # type: ignore[arg-type]
         suppressions=suppressions,  # type: ignore[arg-type]

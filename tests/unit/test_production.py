@@ -34,7 +34,9 @@ def fit(**overrides: object) -> Settings:
             api_base_url="https://api.github.com",
             redirect_uri="https://mail.example.com/auth/github/callback",
         ),
-        "api": ApiSettings(public_url="https://mail.example.com"),
+        "api": ApiSettings(
+            public_url="https://mail.example.com", dns_url="https://cloudflare-dns.com/dns-query"
+        ),
         "amqp": AmqpSettings(url=SecretStr("amqps://sd:s3cret@mq1:5671/,amqps://sd:s3cret@mq2/")),
     }
     values.update(overrides)
@@ -61,6 +63,7 @@ def test_every_sandbox_default_is_named() -> None:
         "SAFEDELIVR_GITHUB_API_BASE_URL",
         "SAFEDELIVR_GITHUB_REDIRECT_URI",
         "SAFEDELIVR_API_PUBLIC_URL",
+        "SAFEDELIVR_API_DNS_URL",
         "SAFEDELIVR_PROVIDERS_SENDGRID_API_KEY",
         "SAFEDELIVR_PROVIDERS_MAILGUN_API_KEY",
         "SAFEDELIVR_GITHUB_CLIENT_SECRET",
@@ -83,6 +86,11 @@ def test_a_broker_node_without_a_password_of_its_own_is_refused(url: str) -> Non
 def test_unsigned_sendgrid_webhooks_are_refused() -> None:
     webhooks = WebhookSettings(sendgrid_insecure_basic_only=True)
     assert variables(fit(webhooks=webhooks)) == ["SAFEDELIVR_WEBHOOKS_SENDGRID_INSECURE_BASIC_ONLY"]
+
+
+def test_sending_from_unverified_domains_is_refused() -> None:
+    api = fit().api.model_copy(update={"sender_domains": "any"})
+    assert variables(fit(api=api)) == ["SAFEDELIVR_API_SENDER_DOMAINS"]
 
 
 def test_open_sign_up_is_refused() -> None:

@@ -43,7 +43,7 @@ def sending(max_recipients: int = 50) -> Sending:
     """A Sending for its pure validation step only (its stores are never reached)."""
     unused = cast(Any, None)
     return Sending(
-        settings=Settings(api=ApiSettings(max_recipients=max_recipients)),
+        settings=Settings(api=ApiSettings(max_recipients=max_recipients, sender_domains="any")),
         acceptance=unused,
         batches=unused,
         suppressions=unused,

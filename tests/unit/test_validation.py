@@ -164,7 +164,8 @@ def test_null_optional_fields_mean_absent() -> None:
         "html": None,
     }
     message = _parse(body).message
-    assert (message.reply_to, message.cc, message.headers, message.bulk) == (None, (), {}, False)
+    # Absent means the defaults, one copy per recipient among them.
+    assert (message.reply_to, message.cc, message.headers, message.bulk) == (None, (), {}, True)
 
 
 @pytest.mark.parametrize(
@@ -711,8 +712,36 @@ def test_copies_alone_do_not_make_a_batch_deliverable() -> None:
     assert caught.value.code == "no_recipients"
 
 
+@pytest.mark.parametrize(
+    ("flags", "one_each"),
+    [({}, True), ({"bulk": False}, True), ({"bulk": True}, True), ({"shared": True}, False)],
+)
+def test_recipients_get_a_message_each_unless_the_sender_asks_for_a_shared_one(
+    flags: dict[str, bool], one_each: bool
+) -> None:
+    """``bulk: false`` used to mean one message showing every address to every recipient."""
+    assert _parse(_body(to=["a@x.org", "b@x.org"], **flags)).message.bulk is one_each
+
+
+def test_copies_with_one_recipient_go_in_one_message() -> None:
+    message = _parse(_body(to=["a@x.org"], cc=["c@x.org"])).message
+    assert (message.bulk, [a.email for a in message.cc]) == (False, ["c@x.org"])
+
+
+def test_copies_with_several_recipients_need_a_shared_message() -> None:
+    errors = _field_errors(_body(to=["a@x.org", "b@x.org"], bcc=["c@x.org"]))
+    assert "set shared to true" in errors["shared"]
+
+
+def test_shared_and_bulk_together_are_refused() -> None:
+    errors = _field_errors(_body(to=["a@x.org", "b@x.org"], bulk=True, shared=True))
+    assert "cannot be combined" in errors["shared"]
+
+
 def test_quotas_count_recipients_cc_and_bcc() -> None:
-    request = _parse(_body(to=["a@x.org", "b@x.org"], cc=["c@x.org"], bcc=["d@x.org"]))
+    request = _parse(
+        _body(to=["a@x.org", "b@x.org"], cc=["c@x.org"], bcc=["d@x.org"], shared=True)
+    )
     assert (request.accepted, request.mailed) == (2, 4)
     assert addresses_of(request) == ["a@x.org", "b@x.org", "c@x.org", "d@x.org"]
 

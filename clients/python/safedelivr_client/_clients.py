@@ -181,6 +181,24 @@ class Client:
     def keys(self) -> list[dict[str, Any]]:
         return cast(list[dict[str, Any]], self._call(Request("GET", "/v1/keys"))["data"])
 
+    def domains(self) -> list[dict[str, Any]]:
+        return cast(list[dict[str, Any]], self._call(Request("GET", "/v1/domains"))["data"])
+
+    def add_domain(self, domain: str) -> dict[str, Any]:
+        """Add a sending domain: publish the ``record`` it answers, then verify it."""
+        body = {"domain": domain}
+        return cast(dict[str, Any], self._call(Request("POST", "/v1/domains", json=body)))
+
+    def domain(self, domain: str) -> dict[str, Any]:
+        return cast(dict[str, Any], self._call(Request("GET", f"/v1/domains/{quoted(domain)}")))
+
+    def verify_domain(self, domain: str) -> dict[str, Any]:
+        request = Request("POST", f"/v1/domains/{quoted(domain)}/verify")
+        return cast(dict[str, Any], self._call(request))
+
+    def remove_domain(self, domain: str) -> None:
+        self._call(Request("DELETE", f"/v1/domains/{quoted(domain)}"))
+
     def create_key(
         self,
         name: str,
@@ -333,6 +351,26 @@ class AsyncClient:
 
     async def keys(self) -> list[dict[str, Any]]:
         return cast(list[dict[str, Any]], (await self._call(Request("GET", "/v1/keys")))["data"])
+
+    async def domains(self) -> list[dict[str, Any]]:
+        found = await self._call(Request("GET", "/v1/domains"))
+        return cast(list[dict[str, Any]], found["data"])
+
+    async def add_domain(self, domain: str) -> dict[str, Any]:
+        """See :meth:`Client.add_domain`."""
+        request = Request("POST", "/v1/domains", json={"domain": domain})
+        return cast(dict[str, Any], await self._call(request))
+
+    async def domain(self, domain: str) -> dict[str, Any]:
+        request = Request("GET", f"/v1/domains/{quoted(domain)}")
+        return cast(dict[str, Any], await self._call(request))
+
+    async def verify_domain(self, domain: str) -> dict[str, Any]:
+        request = Request("POST", f"/v1/domains/{quoted(domain)}/verify")
+        return cast(dict[str, Any], await self._call(request))
+
+    async def remove_domain(self, domain: str) -> None:
+        await self._call(Request("DELETE", f"/v1/domains/{quoted(domain)}"))
 
     async def create_key(
         self,

@@ -24,6 +24,11 @@ OPERATIONS: Mapping[str, str] = {
     "list_keys": "keys",
     "create_key": "create_key",
     "revoke_key": "revoke_key",
+    "list_domains": "domains",
+    "add_domain": "add_domain",
+    "get_domain": "domain",
+    "verify_domain": "verify_domain",
+    "delete_domain": "remove_domain",
 }
 
 #: Statuses the API documents as "retry after Retry-After".

@@ -267,14 +267,15 @@ async def login(request: Request) -> Response:
     user = await current_user(request)
     if user is not None:
         return RedirectResponse(safe_next(next_path), status_code=302)
-    error = request.query_params.get("error")
     return render(
         request,
         "login.html",
         {
             "title": "Log in",
             "login_href": views.login_url(next_path),
-            "error": error[:200] if error else None,
+            # Whether a login failed, never the query's text: a link could put any words on
+            # our page ("your account is suspended, call ...").
+            "error": "error" in request.query_params,
         },
     )
 

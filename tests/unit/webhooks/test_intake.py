@@ -4,6 +4,7 @@ unsigned bodies get their status code and change nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -364,3 +365,60 @@ def test_an_unreadable_sendgrid_public_key_stops_the_service_at_start() -> None:
     w = World(webhooks=webhook_settings(sendgrid_public_key="not a key"))
     with pytest.raises(ConfigError, match="SENDGRID_PUBLIC_KEY"):
         create_app(w.app_settings)
+
+
+# --- bounded work before authentication -------------------------------------------------
+
+
+async def test_a_body_that_trickles_in_is_a_408(
+    world: World, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sender dribbling its body cannot hold a request slot for ever."""
+    monkeypatch.setattr(receivers, "BODY_TIMEOUT", 0.2)
+    batch = await world.sent(A)
+    body = sendgrid_body(batch)
+
+    async def trickle() -> AsyncIterator[bytes]:
+        yield body[:10]
+        await asyncio.sleep(1.0)
+        yield body[10:]
+
+    response = await client.post("/webhooks/sendgrid", content=trickle(), headers=sg_headers(body))
+
+    assert (response.status_code, response.json()["error"]["code"]) == (408, "body_timeout")
+    assert await world.states(batch) == {A: "queued"}
+
+
+async def test_a_mailgun_body_bigger_than_any_event_is_refused_before_it_is_read(
+    client: httpx.AsyncClient,
+) -> None:
+    """Mailgun's signature is inside the body: only a small one is read unauthenticated."""
+    response = await client.post(
+        "/webhooks/mailgun", content=b"{" + b" " * receivers.MAILGUN_MAX_BODY + b"}"
+    )
+    assert response.status_code == 413
+
+
+async def test_webhook_posts_beyond_the_concurrency_limit_get_a_503(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Beyond the limit a post is turned away at once (the provider retries), not queued."""
+    w = World(webhooks=webhook_settings(max_concurrency=1))
+    batch = await w.sent(A)
+    body = sendgrid_body(batch)
+    monkeypatch.setattr(receivers, "BODY_TIMEOUT", 5.0)
+    holding = asyncio.Event()
+
+    async def slow() -> AsyncIterator[bytes]:
+        holding.set()
+        await asyncio.sleep(0.5)
+        yield body
+
+    async for client in client_for(w):
+        first = asyncio.create_task(
+            client.post("/webhooks/sendgrid", content=slow(), headers=sg_headers(body))
+        )
+        await holding.wait()
+        second = await client.post("/webhooks/sendgrid", content=body, headers=sg_headers(body))
+        assert (second.status_code, second.headers["Retry-After"]) == (503, "1")
+        assert (await first).status_code == 200

@@ -1,0 +1,291 @@
+"""``make fuzz``: property-based HTTP fuzzing of every route of the API and of both webhook
+receivers, against the real services, with valid and with invalid credentials.
+
+The API is fuzzed by Schemathesis from its own OpenAPI document (``/v1/openapi.json``): data
+that fits the schema and data that does not, with a key holding every scope and with a key
+that does not exist. The webhook receivers (not in that document) are fuzzed with Hypothesis:
+arbitrary and near-valid bodies, signed and unsigned. Every answer is counted by route and
+status where the apps see it; the verdict is the count of answers of 500 and above (it must
+be 0), and Schemathesis also checks that each answer matches its documented schema, error
+envelopes included.
+
+Usage: ``python -m tests.fuzz.run [--examples N] [--seed S]``; prints one JSON document and
+exits 1 when a route answered 5xx or a check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import SecretStr
+from starlette.routing import Match
+
+from services.api.app import create_app as create_api
+from services.sandbox import signing
+from services.sandbox.app import create_app as create_sandbox
+from services.webhooks.app import create_app as create_webhooks
+from shared import accounts
+from shared.apikeys import SCOPES
+from shared.config import (
+    AmqpSettings,
+    ApiSettings,
+    CassandraSettings,
+    SandboxSettings,
+    Settings,
+    WebhookSettings,
+)
+from shared.db import Database
+from shared.domains import DomainStore
+from shared.migrations import migrate
+from shared.resources import declare_topology
+from tests.integration.harness import served
+
+ROOT = Path(__file__).resolve().parents[2]
+MG_KEY = "fuzz-mailgun-signing-key"
+
+
+class Tally:
+    """ASGI middleware: every answer, by route template and status class."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.counts: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        self.failures: list[str] = []
+
+    def route_of(self, scope: dict[str, Any]) -> str:
+        for route in getattr(self.app, "routes", ()):
+            match, _ = route.matches(scope)
+            if match is Match.FULL:
+                return f"{scope['method']} {getattr(route, 'path', '?')}"
+        return f"{scope['method']} (no route)"
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = self.route_of(scope)
+
+        async def counting(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                self.counts[route][f"{status // 100}xx"] += 1
+                if status >= 500:
+                    self.failures.append(f"{route}: {status}")
+            await send(message)
+
+        await self.app(scope, receive, counting)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "requests": sum(sum(c.values()) for c in self.counts.values()),
+            "server_errors": len(self.failures),
+            "by_route": {route: dict(c) for route, c in sorted(self.counts.items())},
+            "first_failures": self.failures[:20],
+        }
+
+
+@contextlib.asynccontextmanager
+async def keyspace() -> AsyncIterator[CassandraSettings]:
+    cassandra = CassandraSettings(keyspace=f"fuzz_{uuid.uuid4().hex[:10]}")
+    await migrate(cassandra)
+    try:
+        yield cassandra
+    finally:
+        db = await Database.connect(cassandra)
+        with contextlib.suppress(Exception):
+            await db.execute(f"DROP KEYSPACE IF EXISTS {cassandra.keyspace}")
+        await db.close()
+
+
+async def fuzz_api(settings: Settings, examples: int, seed: int) -> dict[str, Any]:
+    """Schemathesis over every operation, with a key holding every scope, then a bad key."""
+    db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
+    try:
+        user = await accounts.ensure_user(db, f"fuzz-{uuid.uuid4().hex[:8]}")
+        domains = DomainStore(db)
+        await domains.add(user, "example.com")
+        await domains.mark_verified(user, "example.com")
+        key = await accounts.create_key(db, user, "fuzz", scopes=SCOPES)
+    finally:
+        await db.close()
+    sandbox = create_sandbox(SandboxSettings(webhook_url="http://127.0.0.1:9", webhook_delay=60))
+    checks: dict[str, int] = {}
+    async with served(sandbox) as sandbox_url:  # its DNS answers domain verification
+        api = settings.api.model_copy(update={"dns_url": f"{sandbox_url}/dns-query"})
+        app = create_api(settings.model_copy(update={"api": api}))
+        tally = Tally(app)
+        return await _schemathesis(tally, key, examples, seed, checks)
+
+
+async def _schemathesis(
+    tally: Tally, key: str, examples: int, seed: int, checks: dict[str, int]
+) -> dict[str, Any]:
+    async with served(tally) as url:  # its lifespan runs the app's
+        for name, token in (
+            ("valid key", key),
+            ("invalid key", "sd_live_aaaaaaaaaaaa_" + "b" * 43),
+        ):
+            command = [
+                str(ROOT / ".venv/bin/schemathesis"),
+                "run",
+                f"{url}/v1/openapi.json",
+                "--checks",
+                "not_a_server_error,status_code_conformance,response_schema_conformance",
+                "--max-examples",
+                str(examples),
+                "--seed",
+                str(seed),
+                "--header",
+                f"Authorization: Bearer {token}",
+                "--request-timeout",
+                "30",
+                "--no-color",
+                "--warnings",
+                "off",
+            ]
+            process = await asyncio.create_subprocess_exec(
+                *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+            )
+            out, _ = await process.communicate()
+            checks[name] = process.returncode or 0
+            if process.returncode:
+                sys.stderr.write(out.decode(errors="replace")[-6000:])
+    return {**tally.summary(), "schemathesis_exit": checks}
+
+
+def _sendgrid_headers(private: Any, body: bytes, *, sign: bool) -> dict[str, str]:
+    stamp = str(int(time.time()))
+    if not sign:
+        return {"X-Twilio-Email-Event-Webhook-Timestamp": stamp}
+    return {
+        "X-Twilio-Email-Event-Webhook-Timestamp": stamp,
+        "X-Twilio-Email-Event-Webhook-Signature": signing.sign_sendgrid(private, stamp, body),
+    }
+
+
+ints = st.integers(-(2**63), 2**63 - 1)  # what JSON encoders write
+json_values = st.recursive(
+    st.none() | st.booleans() | ints | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+event_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "email": st.emails() | st.text(),
+        "event": st.sampled_from(["delivered", "bounce", "dropped", "open", "x"]) | st.text(),
+        "timestamp": ints | st.text(),
+        "sg_event_id": st.text(),
+        "batch_id": st.uuids().map(str) | st.text(),
+        "chunk": ints | st.text(),
+        "log_id": st.uuids().map(str) | st.text(),
+    },
+)
+
+
+async def fuzz_webhooks(settings: Settings, examples: int, seed: int) -> dict[str, Any]:
+    """Hypothesis bodies to both receivers, signed and not."""
+    private = signing.generate_private_key()
+    webhooks = settings.model_copy(
+        update={
+            "webhooks": WebhookSettings(
+                sendgrid_public_key=signing.public_key_base64(private),
+                mailgun_signing_key=SecretStr(MG_KEY),
+            )
+        }
+    )
+    app = create_webhooks(webhooks)
+    tally = Tally(app)
+    async with served(tally) as url, httpx.AsyncClient(base_url=url) as client:
+        bodies: list[tuple[str, bytes, dict[str, str]]] = []
+
+        @settings_for(examples, seed)
+        @given(
+            st.one_of(
+                st.binary(max_size=2048),
+                json_values.map(orjson.dumps),
+                st.lists(event_fields, max_size=5).map(orjson.dumps),
+            ),
+            st.booleans(),
+        )
+        def sendgrid(body: bytes, sign: bool) -> None:
+            bodies.append(("/webhooks/sendgrid", body, _sendgrid_headers(private, body, sign=sign)))
+
+        @settings_for(examples, seed)
+        @given(event_fields, st.booleans(), json_values)
+        def mailgun(event: dict[str, Any], sign: bool, junk: Any) -> None:
+            signature = signing.mailgun_signature(MG_KEY if sign else "wrong", int(time.time()))
+            body = orjson.dumps({"signature": signature, "event-data": event, "junk": junk})
+            bodies.append(("/webhooks/mailgun", body, {"Content-Type": "application/json"}))
+
+        sendgrid()
+        mailgun()
+        for path, body, headers in bodies:
+            await client.post(path, content=body, headers=headers)
+    return tally.summary()
+
+
+def settings_for(examples: int, seed: int) -> Callable[[Any], Any]:
+    def apply(test: Any) -> Any:
+        seeded = settings(
+            max_examples=examples,
+            database=None,
+            derandomize=False,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        )(test)
+        from hypothesis import seed as hypothesis_seed
+
+        return hypothesis_seed(seed)(seeded)
+
+    return apply
+
+
+async def main(examples: int, seed: int) -> int:
+    async with keyspace() as cassandra:
+        settings = Settings(
+            cassandra=cassandra,
+            amqp=AmqpSettings(exchange=f"fuzz-{uuid.uuid4().hex[:8]}"),
+            api=ApiSettings(rate_limit_per_second=10_000, rate_burst=10_000),
+        )
+        topology = await declare_topology(settings)
+        try:
+            report = {
+                "examples_per_operation": examples,
+                "seed": seed,
+                "api": await fuzz_api(settings, examples, seed),
+                "webhooks": await fuzz_webhooks(settings, examples * 10, seed),
+            }
+        finally:
+            with contextlib.suppress(Exception):
+                from shared.broker import Broker
+
+                broker = Broker(settings.amqp.url.get_secret_value(), topology, name="fuzz")
+                await broker.connect()
+                await broker.delete()
+                await broker.close()
+    print(json.dumps(report, indent=2))
+    bad = report["api"]["server_errors"] + report["webhooks"]["server_errors"]
+    return 1 if bad or any(report["api"]["schemathesis_exit"].values()) else 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--examples", type=int, default=50, help="per API operation and auth")
+    parser.add_argument("--seed", type=int, default=20261125)
+    args = parser.parse_args()
+    sys.exit(asyncio.run(main(args.examples, args.seed)))
