@@ -9,6 +9,7 @@ from services.api.openapi import OPERATIONS, Operation
 from services.api.schema import ErrorBody
 from shared import accounts
 from shared.db import Database
+from shared.domains import DomainStore
 from tests.conftest import unique
 
 
@@ -49,6 +50,12 @@ async def test_every_operation_answers_its_documented_shape(
     keys = (await call("list_keys", "GET", "/v1/keys")).json()["data"]
     second = next(k for k in keys if k["name"] == "second")
     await call("revoke_key", "DELETE", f"/v1/keys/{second['key_id']}")
+    await call("add_domain", "POST", "/v1/domains", json={"domain": "doc.example.net"})
+    await call("list_domains", "GET", "/v1/domains")
+    await call("get_domain", "GET", "/v1/domains/doc.example.net")
+    await DomainStore(db).mark_verified(user_id, "doc.example.net")  # as its DNS would
+    await call("verify_domain", "POST", "/v1/domains/doc.example.net/verify")
+    await call("delete_domain", "DELETE", "/v1/domains/doc.example.net")
 
     assert seen == {op.operation_id for op in OPERATIONS}
 
