@@ -29,12 +29,15 @@ from shared import accounts
 from shared.broker import Broker, connect_nodes
 from shared.config import Settings, load_settings
 from shared.db import Database
+from shared.domains import DomainStore
 from shared.migrations import migrate
 from shared.resources import topology_for
 from shared.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS_DIR = Path(__file__).resolve().parent / "experiments"
+#: The domain the workloads send from (chaos@example.com, news@shop.example.com).
+SENDING_DOMAIN = "example.com"
 #: Where the sandbox posts webhooks while no webhook phase runs: long after the run ends.
 IDLE_WEBHOOK_DELAY = 3600.0
 
@@ -182,6 +185,11 @@ class Stack:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
         self.user_id = await accounts.ensure_user(self.db, f"bench-{self.run_id.lower()}")
         self.api_key = await accounts.create_key(self.db, self.user_id, "bench")
+        # The workloads send from example.com and its subdomains: verified as a user would
+        # (with the sender check on, as in production).
+        domains = DomainStore(self.db)
+        await domains.add(self.user_id, SENDING_DOMAIN)
+        await domains.mark_verified(self.user_id, SENDING_DOMAIN)
         self.printer(
             f"keyspace {self.keyspace} migrated, exchange {self.exchange} declared, "
             f"API key created ({time.monotonic() - t0:.1f}s)"

@@ -739,9 +739,7 @@ def test_shared_and_bulk_together_are_refused() -> None:
 
 
 def test_quotas_count_recipients_cc_and_bcc() -> None:
-    request = _parse(
-        _body(to=["a@x.org", "b@x.org"], cc=["c@x.org"], bcc=["d@x.org"], shared=True)
-    )
+    request = _parse(_body(to=["a@x.org", "b@x.org"], cc=["c@x.org"], bcc=["d@x.org"], shared=True))
     assert (request.accepted, request.mailed) == (2, 4)
     assert addresses_of(request) == ["a@x.org", "b@x.org", "c@x.org", "d@x.org"]
 

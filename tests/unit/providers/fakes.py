@@ -16,16 +16,17 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from shared.models import Address, Chunk, Message, Recipient
+from shared.recipients import log_id_for
 
-BATCH_ID = uuid.UUID("6f1c2a40-0000-4000-8000-000000000001")
+BATCH_ID = uuid.UUID("6f1c2a40-0000-1000-8000-000000000001")  # a time UUID, as ours are
 
 
 def recipient(
     email: str, name: str | None = None, substitutions: dict[str, str] | None = None
 ) -> Recipient:
-    """A recipient with a log id derived from its address (stable across calls)."""
+    """A recipient with the log id the batch gives its address (stable across calls)."""
     return Recipient(
-        log_id=uuid.uuid5(uuid.NAMESPACE_URL, email),
+        log_id=log_id_for(BATCH_ID, email),
         email=email,
         name=name,
         substitutions=substitutions or {},

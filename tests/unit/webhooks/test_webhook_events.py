@@ -29,7 +29,7 @@ from shared.webhook_events import (
 from tests.unit.webhooks.fixtures import provider_event
 
 WHEN = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
-OURS = uuid.UUID("6f1c2a40-0000-4000-8000-000000000001")
+OURS = uuid.UUID("6f1c2a40-0000-1000-8000-000000000001")  # ids we make are time UUIDs
 
 
 def event(kind: Kind, *, provider_side: bool = False) -> ProviderEvent:
@@ -161,6 +161,7 @@ def test_parse_email(value: object, expected: str | None) -> None:
         (123, None),
         (None, None),
         (str(OURS) * 3, None),
+        ("6f1c2a40-0000-4000-8000-000000000001", None),  # a random UUID is none of ours
     ],
 )
 def test_parse_uuid(value: object, expected: uuid.UUID | None) -> None:
