@@ -146,10 +146,7 @@ async def test_readyz_names_each_dependency_that_went_away(resources: Resources)
         alive = await client.get("/healthz")
 
     assert broker_gone.status_code == 503
-    assert broker_gone.json()["checks"] == {
-        "cassandra": "ok",
-        "rabbitmq": "DependencyUnavailable: rabbitmq unavailable: connection closed",
-    }
+    assert broker_gone.json()["checks"] == {"cassandra": "ok", "rabbitmq": "unavailable"}
     assert both_gone.status_code == 503
     assert both_gone.json()["checks"]["cassandra"] != "ok"
     assert alive.status_code == 200
