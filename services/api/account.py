@@ -11,7 +11,7 @@ from services.api.auth import require_key
 from services.api.managing import Managing
 from services.api.queries import decode_cursor, encode_cursor, page_limit
 from services.api.schema import KeyIn, SuppressionIn, checked
-from shared import accounts, apikeys
+from shared import accounts
 from shared.http import JSON, ApiError, read_json
 from shared.stats import MAX_RANGE_DAYS, StatsStore, zero_filled
 from shared.suppressions import SuppressionStore
@@ -102,7 +102,7 @@ async def create_key(request: Request) -> Response:
     _, body = await read_json(request, SMALL_BODY)
     wanted = checked(KeyIn, body)
     managing: Managing = request.app.state.managing
-    plaintext, name = await managing.create_key(
+    made = await managing.create_key(
         key.user_id,
         wanted.name,
         default="api",
@@ -112,9 +112,9 @@ async def create_key(request: Request) -> Response:
     )
     return JSON(
         {
-            "key": plaintext,
-            "name": name,
-            "scopes": sorted(wanted.scopes or apikeys.DEFAULT_SCOPES & key.scopes),
+            "key": made.plaintext,
+            "name": made.name,
+            "scopes": list(made.scopes),
             "expires_at": wanted.expires_at.isoformat() if wanted.expires_at else None,
             "note": "shown once; store it now",
         },

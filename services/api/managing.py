@@ -28,6 +28,14 @@ class Suppressed:
 
 
 @dataclass(frozen=True, slots=True)
+class NewKeyMade:
+    plaintext: str
+    """Shown once, never stored."""
+    name: str
+    scopes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Managing:
     db: Database
     suppressions: SuppressionStore
@@ -67,8 +75,9 @@ class Managing:
         holder: frozenset[str],
         scopes: Iterable[str] | None = None,
         expires_at: datetime | None = None,
-    ) -> tuple[str, str]:
-        """A new key named ``name`` (or ``default``): its plaintext, shown once, and name.
+    ) -> NewKeyMade:
+        """A new key named ``name`` (or ``default``): its plaintext (shown once), name and
+        scopes.
 
         ``holder``: the scopes of whoever asks (a key's, or a dashboard user's); the new key
         gets ``scopes`` (default: the usual ones the holder has), never more than the holder.
@@ -106,7 +115,7 @@ class Managing:
         key = await accounts.create_key(
             self.db, user_id, name, scopes=wanted, expires_at=expires_at
         )
-        return key, name
+        return NewKeyMade(key, name, tuple(wanted))
 
     async def keys(self, user_id: uuid.UUID) -> list[ApiKeyRecord]:
         return await accounts.list_keys(self.db, user_id)

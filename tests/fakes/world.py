@@ -6,16 +6,19 @@ ingest, and time is a clock the test moves.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
+import httpx
 from prometheus_client import CollectorRegistry
 
 from services.consumers import protocol
 from services.consumers.dispatch import Dispatcher
 from services.consumers.splitter import Splitter
+from services.webhooks.app import create_app as create_webhooks
 from services.webhooks.ingest import Ingest, IngestMetrics
 from services.webhooks.intake import Intake, IntakeMetrics
 from shared.batchstore import NewBatch
@@ -212,6 +215,16 @@ class World:
             batch_key(batch.batch_id), BatchJob(batch_id=batch.batch_id).encode()
         )
         return batch
+
+    @contextlib.asynccontextmanager
+    async def webhooks(self) -> AsyncIterator[httpx.AsyncClient]:
+        """An HTTP client of the real webhook app, its intake this world's (what its lifespan
+        would build over Cassandra and RabbitMQ)."""
+        app = create_webhooks(self.app_settings)
+        app.state.intake = self.intake
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://webhooks") as client:
+            yield client
 
     async def sent(self, *emails: str) -> NewBatch:
         """A batch accepted and sent through the first provider, with nothing left to do."""

@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 import orjson
 from hypothesis import HealthCheck, given, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from pydantic import SecretStr
 from starlette.routing import Match
@@ -248,8 +249,6 @@ def settings_for(examples: int, seed: int) -> Callable[[Any], Any]:
             deadline=None,
             suppress_health_check=list(HealthCheck),
         )(test)
-        from hypothesis import seed as hypothesis_seed
-
         return hypothesis_seed(seed)(seeded)
 
     return apply

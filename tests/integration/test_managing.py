@@ -60,13 +60,11 @@ async def test_an_invalid_suppression_names_its_field(
 async def test_a_key_gets_its_default_name_and_a_long_name_is_refused(
     managing: Managing, user: uuid.UUID
 ) -> None:
-    plaintext, name = await managing.create_key(
-        user, "  ", default="dashboard", holder=DEFAULT_SCOPES
-    )
+    made = await managing.create_key(user, "  ", default="dashboard", holder=DEFAULT_SCOPES)
     with pytest.raises(ApiError) as caught:
         await managing.create_key(user, "n" * 101, default="dashboard", holder=DEFAULT_SCOPES)
 
-    assert name == "dashboard" and plaintext.startswith("sd_live_")
+    assert made.name == "dashboard" and made.plaintext.startswith("sd_live_")
     assert caught.value.fields == {"name": "must be at most 100 characters"}
     [key] = await managing.keys(user)
     assert key.name == "dashboard"

@@ -30,7 +30,6 @@ from pydantic import SecretStr
 
 from services.sandbox import signing
 from services.webhooks import receivers
-from services.webhooks.app import create_app
 from shared.batchstore import NewBatch
 from shared.config import WebhookSettings
 from shared.providers import mailgun_events, sendgrid_events
@@ -227,14 +226,6 @@ def webhook_settings(**overrides: object) -> WebhookSettings:
     return WebhookSettings(**values)  # type: ignore[arg-type]
 
 
-async def client_for(w: World) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(w.app_settings)
-    app.state.intake = w.intake  # what the lifespan builds over Cassandra and RabbitMQ
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://webhooks") as client:
-        yield client
-
-
 @pytest.fixture
 def world() -> World:
     return World(webhooks=webhook_settings())
@@ -242,7 +233,7 @@ def world() -> World:
 
 @pytest.fixture
 async def client(world: World) -> AsyncIterator[httpx.AsyncClient]:
-    async for c in client_for(world):
+    async with world.webhooks() as c:
         yield c
 
 
@@ -375,7 +366,7 @@ async def test_basic_auth_alone_refuses_anything_but_the_right_credentials(
     )
     batch = await w.sent(A)
     headers = {} if authorization is None else {"Authorization": authorization}
-    async for client in client_for(w):
+    async with w.webhooks() as client:
         refused = await client.post("/webhooks/sendgrid", content=sg_body(batch), headers=headers)
         assert await w.states(batch) == {A: "queued"}
         accepted = await client.post(
@@ -390,7 +381,7 @@ async def test_a_basic_user_without_a_password_does_not_open_the_endpoint() -> N
     """A half-configured Basic auth (user, no password, no key) must not fail open."""
     w = World(webhooks=webhook_settings(sendgrid_public_key=None, sendgrid_basic_user="hooks"))
     batch = await w.sent(A)
-    async for client in client_for(w):
+    async with w.webhooks() as client:
         response = await client.post("/webhooks/sendgrid", content=sg_body(batch))
 
     assert response.status_code in (401, 503)

@@ -479,7 +479,7 @@ async def keys(request: Request) -> Response:
     form = await _checked_form(request, user)
     scopes, expires_at = views.key_form(form, datetime.now(UTC))
     try:
-        plaintext, name = await _managing(request).create_key(
+        made = await _managing(request).create_key(
             user.user_id,
             form.get("name"),
             default="dashboard",
@@ -499,8 +499,8 @@ async def keys(request: Request) -> Response:
         {
             "title": "New API key",
             "active": "keys",
-            "key": plaintext,
-            "name": name,
+            "key": made.plaintext,
+            "name": made.name,
             "api_url": request.app.state.settings.api.public_url.rstrip("/"),
         },
         status=201,

@@ -192,17 +192,9 @@ def world() -> World:
     return World(webhooks=webhook_settings())
 
 
-async def client_for(w: World) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(w.app_settings)
-    app.state.intake = w.intake  # what the lifespan builds over Cassandra and RabbitMQ
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://webhooks") as client:
-        yield client
-
-
 @pytest.fixture
 async def client(world: World) -> AsyncIterator[httpx.AsyncClient]:
-    async for c in client_for(world):
+    async with world.webhooks() as c:
         yield c
 
 
@@ -246,7 +238,7 @@ async def test_an_unverified_sendgrid_delivery_is_a_401_and_changes_nothing(
 
 async def test_sendgrid_without_any_verification_configured_is_a_503() -> None:
     w = World(webhooks=webhook_settings(sendgrid_public_key=None))
-    async for client in client_for(w):
+    async with w.webhooks() as client:
         response = await client.post("/webhooks/sendgrid", content=b"[]")
         assert response.status_code == 503
 
@@ -259,7 +251,7 @@ async def test_sendgrid_basic_auth_is_checked_when_configured() -> None:
     )
     batch = await w.sent(A)
     body = sendgrid_body(batch)
-    async for client in client_for(w):
+    async with w.webhooks() as client:
         wrong = await client.post(
             "/webhooks/sendgrid",
             content=body,
@@ -283,7 +275,7 @@ async def test_sendgrid_basic_auth_alone_is_not_enough() -> None:
         )
     )
     batch = await w.sent(A)
-    async for client in client_for(w):
+    async with w.webhooks() as client:
         response = await client.post(
             "/webhooks/sendgrid", content=sendgrid_body(batch), auth=("hooks", "s3cret")
         )
@@ -302,7 +294,7 @@ async def test_sendgrid_basic_auth_alone_is_accepted_only_when_explicitly_insecu
     )
     batch = await w.sent(A)
     body = sendgrid_body(batch)
-    async for client in client_for(w):
+    async with w.webhooks() as client:
         wrong = await client.post("/webhooks/sendgrid", content=body, auth=("hooks", "guess"))
         right = await client.post("/webhooks/sendgrid", content=body, auth=("hooks", "s3cret"))
         assert (wrong.status_code, right.status_code) == (401, 200)
@@ -357,7 +349,7 @@ async def test_an_unverified_mailgun_delivery_is_refused_and_changes_nothing(
 
 async def test_mailgun_without_a_signing_key_is_a_503() -> None:
     w = World(webhooks=webhook_settings(mailgun_signing_key=None))
-    async for client in client_for(w):
+    async with w.webhooks() as client:
         assert (await client.post("/webhooks/mailgun", content=b"{}")).status_code == 503
 
 
@@ -414,7 +406,7 @@ async def test_webhook_posts_beyond_the_concurrency_limit_get_a_503(
         await asyncio.sleep(0.5)
         yield body
 
-    async for client in client_for(w):
+    async with w.webhooks() as client:
         first = asyncio.create_task(
             client.post("/webhooks/sendgrid", content=slow(), headers=sg_headers(body))
         )
