@@ -16,7 +16,10 @@ Rules worth knowing:
 * ``cc``/``bcc`` are not recipients: a bad address there is a 422 (``cc[0]``), and so is an
   address listed twice across ``to``, ``cc`` and ``bcc`` (providers refuse that).
 * A substitution value may hold line breaks (bodies are multi-line) unless its key appears in
-  the subject or a custom header value, where it would be substituted into a header.
+  the subject or a custom header value, where it would be substituted into a header. A key that
+  appears in ``from`` or ``reply_to`` (SendGrid substitutes into reply-to) is stricter still:
+  its value may not hold quotes or address punctuation either, which could turn one reply-to
+  address into another, or into several.
 * The cap counts distinct valid ``to`` addresses before suppression; parsing stops as soon as
   it is exceeded, and a list with more than ``2 * max_recipients + 100`` entries is refused
   without parsing it.
@@ -206,7 +209,8 @@ def parse_batch_request(
     html, text = _content(raw.get("html"), raw.get("text"), errors)
     headers = _headers(raw.get("headers"), errors)
     header_text = (subject, *headers.values())
-    scan = _RecipientScan(max_recipients, header_text, errors)
+    address_text = _address_text(sender, reply_to)
+    scan = _RecipientScan(max_recipients, header_text, address_text, errors)
     scan.scan(raw.get("to"))
     cc = _copies(raw.get("cc"), "cc", errors, scan.seen)
     bcc = _copies(raw.get("bcc"), "bcc", errors, {**scan.seen, **dict(cc)})
@@ -504,6 +508,15 @@ def _metadata(value: object, errors: Errors) -> dict[str, str]:
     return metadata
 
 
+def _address_text(*addresses: Address | None) -> tuple[str, ...]:
+    """The text of the addresses a provider may substitute into (display names and addresses)."""
+    return tuple(t for a in addresses if a is not None for t in (a.email, a.name) if t)
+
+
+# In a display name or an address, these would end the name, open another address or quote.
+_ADDRESS_PUNCTUATION_RE: Final = re.compile(r'["\\<>,;:@()\[\]]')
+
+
 def _substitution_key_problem(key: str) -> str | None:
     if not key or len(key) > MAX_SUBSTITUTION_KEY_LENGTH:
         return f"key must be 1 to {MAX_SUBSTITUTION_KEY_LENGTH} characters"
@@ -514,15 +527,19 @@ def _substitution_key_problem(key: str) -> str | None:
 class _RecipientScan:
     """Parses ``to`` into distinct recipients, rejected entries and field errors."""
 
-    def __init__(self, cap: int, header_text: Iterable[str], errors: Errors) -> None:
+    def __init__(
+        self, cap: int, header_text: Iterable[str], address_text: Iterable[str], errors: Errors
+    ) -> None:
         self.cap = cap
         self.header_text = tuple(header_text)
+        self.address_text = tuple(address_text)
         self.errors = errors
         self.seen: dict[str, str] = {}  # lowercased address -> its path
         self.recipients: list[tuple[str, RecipientInput]] = []
         self.rejected: dict[str, tuple[str, Rejected]] = {}  # lowercased raw -> path, entry
         self.too_many = False
         self._key_in_headers: dict[str, bool] = {}
+        self._key_in_addresses: dict[str, bool] = {}
         # Recipients tend to share their substitution keys: check each distinct key once.
         self._key_problems: dict[str, str | None] = {}
 
@@ -616,6 +633,18 @@ class _RecipientScan:
             return key_problem
         if not isinstance(text, str):
             return "must be a string"
+        if key not in self._key_in_addresses:
+            self._key_in_addresses[key] = any(key in t for t in self.address_text)
+        if self._key_in_addresses[key]:
+            problem = text_problem(text)
+            if problem is not None:
+                return f"{problem.message} (the key is used in from or reply_to)"
+            if _ADDRESS_PUNCTUATION_RE.search(text):
+                return (
+                    'must not contain quotes or address punctuation ( " \\ < > , ; : @ ( ) [ ] ) '
+                    "(the key is used in from or reply_to)"
+                )
+            return None
         if key not in self._key_in_headers:
             self._key_in_headers[key] = any(key in t for t in self.header_text)
         if self._key_in_headers[key]:

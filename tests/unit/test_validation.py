@@ -610,6 +610,33 @@ def test_substitution_used_in_a_header_may_not_hold_line_breaks() -> None:
     assert "the key is used in a header" in errors["to[0].substitutions.%id%"]
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("reply_to", "Support for -name- <help@x.org>"),
+        ("reply_to", "help+-name-@x.org"),
+        ("from", "Ann for -name- <ann@x.org>"),
+    ],
+)
+@pytest.mark.parametrize(
+    "evil",
+    ['Bob" <bob@evil.example>, "x', "Bob <bob@evil.example>", "a@evil.example", "B\r\nBcc: x"],
+)
+def test_substitution_used_in_an_address_may_not_reshape_it(
+    field: str, value: str, evil: str
+) -> None:
+    """A value substituted into from or reply_to may not close the name or add an address."""
+    errors = _subs_errors({"-name-": evil}, **{field: value})
+    assert "used in from or reply_to" in errors["to[0].substitutions.-name-"]
+
+
+def test_substitution_used_in_reply_to_may_hold_a_plain_name() -> None:
+    """A plain name is fine in a reply-to display name."""
+    to = [{"email": "bob@x.org", "substitutions": {"-name-": "O'Brien & Sons"}}]
+    request = _parse(_body(to=to, reply_to="Support for -name- <help@x.org>"))
+    assert request.recipients[0].substitutions == {"-name-": "O'Brien & Sons"}
+
+
 def test_substitution_used_only_in_bodies_may_hold_line_breaks() -> None:
     """A value whose key appears only in the bodies may be multi-line."""
     to = [
