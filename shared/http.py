@@ -168,3 +168,31 @@ class AdmissionLimit:
             await self.app(scope, receive, send)
         finally:
             self.active -= 1
+
+
+class StrictTransportSecurity:
+    """ASGI middleware: every HTTP answer carries ``Strict-Transport-Security`` (HSTS), so a
+    browser that once reached us over HTTPS never sends a session cookie over plain HTTP.
+    Installed only when the public URL is https (browsers ignore it over HTTP anyway)."""
+
+    def __init__(self, app: Any, max_age: int = 31_536_000) -> None:
+        self.app = app
+        self.value = f"max-age={max_age}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_hsts(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    h
+                    for h in message.get("headers", [])
+                    if h[0].lower() != b"strict-transport-security"
+                ]
+                headers.append((b"strict-transport-security", self.value))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_hsts)

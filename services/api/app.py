@@ -19,7 +19,7 @@ from services.api.managing import Managing
 from services.api.openapi import openapi_json
 from services.api.original import original_routes
 from services.api.sending import Sending
-from services.api.sessions import LoginRequired, login_required_response
+from services.api.sessions import LoginRequired, cookie_secure, login_required_response
 from shared import ratelimit
 from shared.acceptance import Acceptance
 from shared.attempts import AttemptStore
@@ -28,7 +28,7 @@ from shared.batchstore import BatchStore
 from shared.config import Settings
 from shared.domains import DohResolver, DomainStore
 from shared.health import health_routes
-from shared.http import AdmissionLimit, error_handlers
+from shared.http import AdmissionLimit, StrictTransportSecurity, error_handlers
 from shared.idempotency import IdempotencyStore
 from shared.metrics import ApiMetrics, new_registry
 from shared.outbox import Outbox, Relay, relay_forever
@@ -115,12 +115,19 @@ def create_app(settings: Settings) -> Starlette:
         Route("/auth/github/callback", oauth.callback, methods=["GET"]),
         Route("/auth/logout", oauth.logout, methods=["POST"]),
         *health_routes(
-            "api", registry, lambda request: readiness_checks(request.app.state.resources)
+            "api",
+            registry,
+            lambda request: readiness_checks(request.app.state.resources),
+            settings.metrics_token,
         ),
         *dashboard_routes(),  # last: its / and /static shadow nothing above
     ]
+    middleware = [Middleware(AdmissionLimit, limit=settings.api.max_concurrency)]
+    if cookie_secure(settings):
+        # Outermost, so that even a 503 from the admission limit carries it.
+        middleware.insert(0, Middleware(StrictTransportSecurity))
     app = Starlette(
-        middleware=[Middleware(AdmissionLimit, limit=settings.api.max_concurrency)],
+        middleware=middleware,
         routes=routes,
         lifespan=lifespan,
         exception_handlers={**error_handlers(), LoginRequired: login_required_response},

@@ -1,11 +1,11 @@
 """``/auth/github/login``, ``/auth/github/callback`` and ``/auth/logout``.
 
 Login CSRF and code injection are stopped twice over (RFC 9700): a one-time ``state`` bound to
-this browser, and PKCE S256. ``/auth/github/login`` stores ``(state, code_verifier, next)``
-server-side under a random browser key kept in the short-lived HttpOnly ``sd_login`` cookie;
-the callback finds that row only with the same cookie *and* the same state, claims it with a
-conditional delete (a second use of the state finds nothing: 400) and redeems the code with
-the verifier. Any failure answers 400 and starts no session. On success the user (keyed by
+this browser, and PKCE S256. ``/auth/github/login`` writes nothing on the server: it keeps
+``(state, code_verifier, next)`` in the browser's short-lived HttpOnly login cookie
+(:mod:`services.api.loginstate`); the callback accepts only a state that cookie holds, takes it
+out of the cookie (a second use finds nothing: 400) and redeems the code with the verifier.
+Any failure answers 400 and starts no session. On success the user (keyed by
 GitHub id) is created or refreshed, the browser's previous session id is discarded for a new
 one (no fixation) and the browser goes to ``next``, which may only be a local path.
 """
@@ -13,18 +13,21 @@ one (no fixation) and the browser goes to ``next``, which may only be a local pa
 from __future__ import annotations
 
 import html
-import re
-from datetime import UTC, datetime
+import time
 from urllib.parse import parse_qsl
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
+from services.api import loginstate
+from services.api.loginstate import LOGIN_TTL
 from services.api.sessions import (
     clear_session_cookie,
-    cookie_secure,
+    cookie_name,
     current_user,
+    session_cookie,
     session_store,
+    set_cookie,
     set_session_cookie,
     verify_csrf,
 )
@@ -32,36 +35,20 @@ from shared import accounts, github, signup
 from shared.config import Settings
 from shared.db import Database
 from shared.http import ApiError, error_response, read_capped
-from shared.sessions import LOGIN_COOKIE, SESSION_COOKIE, new_token, safe_next
+from shared.sessions import LOGIN_COOKIE, new_token, safe_next
 
-#: Seconds a login may take between our redirect and GitHub's callback (GitHub: 10 min codes).
-LOGIN_TTL = 600
-#: Our tokens are 43 URL-safe characters; anything else is not worth a query.
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]{20,128}$")
 _FORM_LIMIT = 16 * 1024
 
 
 async def login(request: Request) -> Response:
-    """Start a GitHub login: remember state + PKCE verifier for this browser, then redirect."""
+    """Start a GitHub login: remember state + PKCE verifier in this browser, then redirect."""
     settings: Settings = request.app.state.settings
-    db: Database = request.app.state.resources.db
-    browser_key = request.cookies.get(LOGIN_COOKIE, "")
-    if not _TOKEN.match(browser_key):
-        browser_key = new_token()
+    now = int(time.time())
     state, verifier = new_token(), github.new_verifier()
-    await db.execute(
-        "INSERT INTO oauth_logins (browser_key, state, code_verifier, next_path, created_at) "
-        "VALUES (?, ?, ?, ?, ?) USING TTL ?",
-        (
-            browser_key,
-            state,
-            verifier,
-            safe_next(request.query_params.get("next")),
-            datetime.now(UTC),
-            LOGIN_TTL,
-        ),
-        idempotent=True,
+    started = loginstate.PendingLogin(
+        state, verifier, safe_next(request.query_params.get("next")), now
     )
+    pending = loginstate.add(loginstate.decode(_login_cookie(request), now), started)
     target = github.authorize_url(
         settings.github,
         state=state,
@@ -72,27 +59,32 @@ async def login(request: Request) -> Response:
     )
     response = RedirectResponse(target, status_code=302)
     response.headers["Cache-Control"] = "no-store"
-    response.set_cookie(
-        LOGIN_COOKIE,
-        browser_key,
-        max_age=LOGIN_TTL,
-        path="/auth/github",
-        secure=cookie_secure(settings),
-        httponly=True,
-        samesite="lax",
-    )
+    set_cookie(response, settings, LOGIN_COOKIE, loginstate.encode(pending), LOGIN_TTL)
     return response
 
 
 async def callback(request: Request) -> Response:
     """Finish a login: check and spend the state, redeem the code, start a fresh session."""
     settings: Settings = request.app.state.settings
+    pending = loginstate.decode(_login_cookie(request), int(time.time()))
+    login, others = loginstate.take(pending, request.query_params.get("state"))
+    if login is None:
+        return _failed(request, "login_state", "this login link is invalid or was already used")
+    response = await _finish(request, login)
+    # Whatever the outcome, this state is spent: the cookie keeps only the other logins.
+    if others:
+        set_cookie(response, settings, LOGIN_COOKIE, loginstate.encode(others), LOGIN_TTL)
+    else:
+        set_cookie(response, settings, LOGIN_COOKIE, "", 0)
+    return response
+
+
+async def _finish(request: Request, login: loginstate.PendingLogin) -> Response:
+    """Redeem the code of a login this browser started; a session, or the page saying why not."""
+    settings: Settings = request.app.state.settings
     db: Database = request.app.state.resources.db
     query = request.query_params
-    pending = await _claim_login(db, request.cookies.get(LOGIN_COOKIE), query.get("state"))
-    if pending is None:
-        return _failed(request, "login_state", "this login link is invalid or was already used")
-    verifier, next_path = pending
+    verifier, next_path = login.verifier, login.next_path
     if "error" in query:
         return _failed(request, "login_denied", "GitHub did not authorise the login")
     code = query.get("code", "")
@@ -145,13 +137,10 @@ async def callback(request: Request) -> Response:
     )
     if asked == "approved":
         await requests.done(profile.github_id)
-    session_id, _ = await session_store(request).create(
-        user_id, replaces=request.cookies.get(SESSION_COOKIE)
-    )
+    session_id, _ = await session_store(request).create(user_id, replaces=session_cookie(request))
     response = RedirectResponse(safe_next(next_path), status_code=302)
     response.headers["Cache-Control"] = "no-store"
     set_session_cookie(response, settings, session_id)
-    response.delete_cookie(LOGIN_COOKIE, path="/auth/github")
     return response
 
 
@@ -167,25 +156,8 @@ async def logout(request: Request) -> Response:
     return response
 
 
-async def _claim_login(
-    db: Database, browser_key: str | None, state: str | None
-) -> tuple[str, str] | None:
-    """``(code_verifier, next)`` of this browser's login with ``state``, spent by this call."""
-    if not browser_key or not state or not _TOKEN.match(browser_key) or not _TOKEN.match(state):
-        return None
-    row = await db.one(
-        "SELECT code_verifier, next_path FROM oauth_logins WHERE browser_key = ? AND state = ?",
-        (browser_key, state),
-    )
-    if row is None:
-        return None
-    spent = await db.one(
-        "DELETE FROM oauth_logins WHERE browser_key = ? AND state = ? IF EXISTS",
-        (browser_key, state),
-    )
-    if not spent or not spent["[applied]"]:
-        return None  # a concurrent callback with the same state won
-    return str(row["code_verifier"]), str(row["next_path"] or "/")
+def _login_cookie(request: Request) -> str | None:
+    return request.cookies.get(cookie_name(request.app.state.settings, LOGIN_COOKIE))
 
 
 async def _form_token(request: Request) -> str | None:

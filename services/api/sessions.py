@@ -10,9 +10,11 @@ Contract for dashboard handlers:
   session's synchroniser token, from the form field ``csrf_token`` (pass it in) or the
   ``X-CSRF-Token`` header; failures are ``ApiError(403, "csrf", ...)``.
 
-The session cookie is ``HttpOnly; SameSite=Lax; Path=/`` and ``Secure`` whenever the public
-URL is https; it lives as long as the session's absolute lifetime, while the server enforces
-the (shorter, sliding) idle timeout.
+The session cookie is ``HttpOnly; SameSite=Lax; Path=/``; whenever the public URL is https it
+is also ``Secure`` and named with the ``__Host-`` prefix (:func:`cookie_name`), which browsers
+accept only from this exact host over HTTPS: a sibling subdomain cannot plant one (cookie
+tossing, session fixation). It lives as long as the session's absolute lifetime, while the
+server enforces the (shorter, sliding) idle timeout.
 """
 
 from __future__ import annotations
@@ -111,28 +113,40 @@ def same_origin(origin: str | None, fetch_site: str | None, allowed: set[str]) -
 
 
 def cookie_secure(settings: Settings) -> bool:
+    """Whether the dashboard is served over HTTPS (cookies ``Secure``, HSTS sent)."""
     return settings.api.public_url.lower().startswith("https://")
 
 
+def cookie_name(settings: Settings, base: str) -> str:
+    """``base``, prefixed ``__Host-`` over HTTPS (only this host may set it, with Path=/)."""
+    return f"__Host-{base}" if cookie_secure(settings) else base
+
+
+def session_cookie(request: Request) -> str | None:
+    """The session id the request's cookie carries, if any."""
+    return request.cookies.get(cookie_name(request.app.state.settings, SESSION_COOKIE))
+
+
 def set_session_cookie(response: Response, settings: Settings, session_id: str) -> None:
-    _set_cookie(response, settings, SESSION_COOKIE, session_id, settings.api.session_max_age)
+    set_cookie(response, settings, SESSION_COOKIE, session_id, settings.api.session_max_age)
 
 
 def clear_session_cookie(response: Response, settings: Settings) -> None:
-    _set_cookie(response, settings, SESSION_COOKIE, "", 0)
+    set_cookie(response, settings, SESSION_COOKIE, "", 0)
 
 
-def _set_cookie(
+def set_cookie(
     response: Response,
     settings: Settings,
-    name: str,
+    base: str,
     value: str,
     max_age: int,
     *,
     samesite: Literal["lax", "strict", "none"] = "lax",
 ) -> None:
+    """Set our cookie ``base`` (``HttpOnly``, ``Path=/``; ``Secure`` and ``__Host-`` over HTTPS)."""
     response.set_cookie(
-        name,
+        cookie_name(settings, base),
         value,
         max_age=max_age,
         path="/",
@@ -152,7 +166,7 @@ async def login_required_response(request: Request, exc: Exception) -> Response:
 
 
 async def _load_user(request: Request) -> SessionUser | None:
-    session_id = request.cookies.get(SESSION_COOKIE)
+    session_id = session_cookie(request)
     if not session_id:
         return None
     session = await session_store(request).get(session_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 
+from services.api import loginstate
 from services.api.app import create_app
 from services.api.sessions import SessionUser, current_user
 from services.sandbox.app import create_app as create_sandbox
@@ -150,8 +152,8 @@ def set_cookies(resp: httpx.Response) -> list[str]:
     return resp.headers.get_list("set-cookie")
 
 
-def session_cookie_header(resp: httpx.Response) -> str:
-    found = [c for c in set_cookies(resp) if c.startswith(f"{SESSION_COOKIE}=")]
+def session_cookie_header(resp: httpx.Response, name: str = SESSION_COOKIE) -> str:
+    found = [c for c in set_cookies(resp) if c.startswith(f"{name}=")]
     assert len(found) == 1, set_cookies(resp)
     return found[0]
 
@@ -172,13 +174,47 @@ async def test_login_redirects_to_github_with_state_and_pkce(browser: Browser) -
 
 
 async def test_login_binds_the_state_to_an_httponly_browser_cookie(browser: Browser) -> None:
-    """The login cookie is HttpOnly, short-lived and scoped to the OAuth paths."""
+    """The login cookie is HttpOnly and short-lived."""
     resp = await browser.start()
 
-    (cookie,) = [c for c in set_cookies(resp) if c.startswith(f"{LOGIN_COOKIE}=")]
+    cookie = session_cookie_header(resp, LOGIN_COOKIE)
     assert "HttpOnly" in cookie
     assert "Max-Age=600" in cookie
-    assert "Path=/auth/github" in cookie
+
+
+async def test_starting_a_login_writes_nothing_on_the_server(
+    app: Starlette, browser: Browser
+) -> None:
+    """An unauthenticated /auth/github/login never touches the database (no rows to fill)."""
+
+    class NoDatabase:
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError(f"starting a login used the database ({name})")
+
+    resources = app.state.resources
+    real_db = resources.db
+    resources.db = NoDatabase()
+    try:
+        resp = await browser.start()
+    finally:
+        resources.db = real_db
+
+    assert resp.status_code == 302
+    assert browser.api.cookies.get(LOGIN_COOKIE)
+
+
+async def test_two_logins_started_in_one_browser_both_finish(app: Starlette) -> None:
+    """Logins started in two tabs of one browser are both kept; each finishes once."""
+    async with browser_for(app) as b:
+        first = await b.start()
+        second = await b.start()
+        first_callback = await b.approve(first.headers["location"], gh_login())
+        second_callback = await b.approve(second.headers["location"], gh_login())
+
+        assert (await b.api.get(first_callback)).status_code == 302
+        b.api.cookies.delete(SESSION_COOKIE)
+        assert (await b.api.get(second_callback)).status_code == 302
+        assert (await b.api.get(first_callback)).status_code == 400
 
 
 # --- callback: state, PKCE, e-mail --------------------------------------------------------
@@ -244,15 +280,13 @@ async def test_state_issued_to_another_browser_is_refused(app: Starlette) -> Non
         assert victim.session is None
 
 
-async def test_tampered_pkce_verifier_fails_the_login(browser: Browser, db: Database) -> None:
+async def test_tampered_pkce_verifier_fails_the_login(browser: Browser) -> None:
     """When the verifier sent to GitHub does not match the challenge, no session starts."""
     started = await browser.start()
-    state = parse_qs(urlsplit(started.headers["location"]).query)["state"][0]
     callback = await browser.approve(started.headers["location"], gh_login())
-    await db.execute(
-        "UPDATE oauth_logins SET code_verifier = ? WHERE browser_key = ? AND state = ?",
-        (new_token(), browser.api.cookies.get(LOGIN_COOKIE), state),
-    )
+    (login,) = loginstate.decode(browser.api.cookies.get(LOGIN_COOKIE), int(time.time()))
+    tampered = loginstate.PendingLogin(login.state, new_token(), login.next_path, login.started)
+    browser.api.cookies.set(LOGIN_COOKIE, loginstate.encode([tampered]), domain="api.test")
 
     resp = await browser.api.get(callback, headers={"Accept": "application/json"})
 
@@ -362,17 +396,86 @@ async def test_session_cookie_is_httponly_and_samesite_lax(browser: Browser) -> 
     assert "Secure" not in cookie
 
 
-async def test_session_cookie_is_secure_with_an_https_public_url(
-    migrated: CassandraSettings, github_url: str
-) -> None:
-    """With an https public URL the session cookie is also Secure."""
+@pytest.fixture(scope="module")
+async def https_app(migrated: CassandraSettings, github_url: str) -> AsyncIterator[Starlette]:
+    """An API whose public URL is https (cookies Secure and ``__Host-``, HSTS)."""
     settings = make_settings(migrated, github_url, public_url="https://mail.example")
-    async with api_app(settings) as https_app, browser_for(https_app, "https://api.test") as b:
+    async with api_app(settings) as running_app:
+        yield running_app
+
+
+async def test_session_cookie_is_secure_and_host_only_with_an_https_public_url(
+    https_app: Starlette,
+) -> None:
+    """Over https the session cookie is Secure and ``__Host-`` prefixed, so no sibling
+    subdomain can plant one (browsers refuse ``__Host-`` cookies set with a Domain)."""
+    async with browser_for(https_app, "https://api.test") as b:
         resp = await b.login(gh_login())
 
-    cookie = session_cookie_header(resp)
+    cookie = session_cookie_header(resp, f"__Host-{SESSION_COOKIE}")
     assert "Secure" in cookie
     assert "HttpOnly" in cookie
+    assert "Path=/;" in cookie + ";"
+    assert "domain=" not in cookie.lower()
+
+
+async def test_login_cookie_is_host_only_with_an_https_public_url(https_app: Starlette) -> None:
+    """Over https the login cookie is ``__Host-`` too: no login CSRF by cookie tossing."""
+    async with browser_for(https_app, "https://api.test") as b:
+        resp = await b.start()
+
+    cookie = session_cookie_header(resp, f"__Host-{LOGIN_COOKIE}")
+    assert "Secure" in cookie
+    assert "Path=/;" in cookie + ";"
+
+
+async def test_tossed_login_cookie_without_the_prefix_is_ignored(https_app: Starlette) -> None:
+    """Over https a plain ``sd_login`` cookie (one a sibling subdomain could set) finishes no
+    login, even holding a real state: the attacker's login stays the attacker's."""
+    async with browser_for(https_app, "https://api.test") as attacker:
+        started = await attacker.start()
+        callback = await attacker.approve(started.headers["location"], gh_login())
+        tossed = attacker.api.cookies.get(f"__Host-{LOGIN_COOKIE}")
+    async with browser_for(https_app, "https://api.test") as victim:
+        victim.api.cookies.set(LOGIN_COOKIE, tossed or "", domain="api.test")
+
+        resp = await victim.api.get(callback)
+
+    assert resp.status_code == 400
+    assert not victim.api.cookies.get(f"__Host-{SESSION_COOKIE}")
+
+
+async def test_tossed_session_cookie_without_the_prefix_is_ignored(
+    https_app: Starlette, db: Database
+) -> None:
+    """Over https a plain ``sd_session`` cookie, even naming a live session, logs nobody in."""
+    user_id = await accounts.ensure_user(db, unique("tossed"))
+    session_id, _ = await SessionStore(db).create(user_id)
+    async with browser_for(https_app, "https://api.test") as b:
+        b.api.cookies.set(SESSION_COOKIE, session_id, domain="api.test")
+        plain = await b.api.get("/keys")
+        b.api.cookies.set(f"__Host-{SESSION_COOKIE}", session_id, domain="api.test")
+        prefixed = await b.api.get("/keys")
+
+    assert plain.status_code == 302
+    assert prefixed.status_code == 200
+
+
+async def test_hsts_is_sent_with_an_https_public_url(https_app: Starlette) -> None:
+    """Served over https, every answer tells browsers to keep to https (HSTS)."""
+    async with browser_for(https_app, "https://api.test") as b:
+        page = await b.api.get("/login")
+        api = await b.api.get("/v1/batches")
+
+    for resp in (page, api):
+        assert resp.headers["strict-transport-security"].startswith("max-age=")
+
+
+async def test_no_hsts_over_plain_http(browser: Browser) -> None:
+    """Over http (the sandbox) no HSTS header is sent: it would be meaningless."""
+    resp = await browser.api.get("/login")
+
+    assert "strict-transport-security" not in resp.headers
 
 
 async def test_github_token_is_not_kept(browser: Browser, db: Database) -> None:
