@@ -358,6 +358,10 @@ class Settings(BaseSettings):
     signup_allow: str = ""
     """Comma-separated GitHub logins and ``org:NAME`` organisations admitted by
     ``allowlist`` (compared case-insensitively)."""
+    metrics_token: SecretStr | None = None
+    """When set, ``GET /metrics`` on every service answers only requests carrying
+    ``Authorization: Bearer <token>`` (Prometheus: ``authorization: {credentials: ...}``);
+    unset, it is open to whoever reaches the port (required in production)."""
     log_level: str = "INFO"
     """DEBUG, INFO, WARNING or ERROR."""
     log_format: Literal["json", "console"] = "json"

@@ -1,15 +1,25 @@
-"""Health, readiness and Prometheus metrics endpoints that every service process exposes."""
+"""Health, readiness and Prometheus metrics endpoints that every service process exposes.
+
+``/healthz`` and ``/readyz`` are open (load balancers and orchestrators probe them without
+credentials; ``/readyz`` names a dependency that is down, never why). ``/metrics`` counts what
+users do (batches, recipients, errors per provider), so with a token configured it answers
+only ``Authorization: Bearer <token>``, compared in constant time.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import SecretStr
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from shared.http import ApiError, error_response
 
 Check = Callable[[], Awaitable[None]]
 
@@ -37,8 +47,10 @@ def health_routes(
     service: str,
     registry: CollectorRegistry,
     checks: Callable[[Request], Mapping[str, Check]],
+    metrics_token: SecretStr | None = None,
 ) -> list[Route]:
-    """``/healthz`` (the process is alive), ``/readyz`` (its dependencies answer), ``/metrics``."""
+    """``/healthz`` (the process is alive), ``/readyz`` (its dependencies answer), ``/metrics``
+    (behind ``metrics_token`` when there is one)."""
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "service": service})
@@ -57,6 +69,17 @@ def health_routes(
         )
 
     async def metrics(request: Request) -> Response:
+        if metrics_token is not None and not bearer_matches(
+            request.headers.get("authorization"), metrics_token.get_secret_value()
+        ):
+            return error_response(
+                ApiError(
+                    401,
+                    "unauthorized",
+                    "/metrics needs Authorization: Bearer <SAFEDELIVR_METRICS_TOKEN>",
+                    headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
+                )
+            )
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return [
@@ -64,3 +87,11 @@ def health_routes(
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
+
+
+def bearer_matches(header: str | None, token: str) -> bool:
+    """Whether an ``Authorization`` header is ``Bearer <token>`` (constant-time compare)."""
+    scheme, _, given = (header or "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode(), token.encode())

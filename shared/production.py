@@ -51,6 +51,11 @@ def production_problems(settings: Settings) -> list[str]:
         problems.append(
             f"{_PREFIX}API_SENDER_DOMAINS: any lets every user send from any domain; use verified"
         )
+    if settings.metrics_token is None or len(settings.metrics_token.get_secret_value()) < 16:
+        problems.append(
+            f"{_PREFIX}METRICS_TOKEN: /metrics would be open to anyone who reaches a service; "
+            "set a random token of 16 characters or more and give it to Prometheus"
+        )
     if settings.signup_policy == "open":
         problems.append(
             f"{_PREFIX}SIGNUP: open sign-up lets anyone with a GitHub account send mail; "

@@ -129,6 +129,9 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
                 await close_all(dispatcher.providers)
 
     routes = health_routes(
-        "consumers", registry, lambda request: readiness_checks(request.app.state.resources)
+        "consumers",
+        registry,
+        lambda request: readiness_checks(request.app.state.resources),
+        settings.metrics_token,
     )
     return Starlette(routes=routes, lifespan=lifespan)

@@ -61,7 +61,10 @@ def create_app(settings: Settings) -> Starlette:
         Route("/webhooks/sendgrid", receivers.sendgrid, methods=["POST"]),
         Route("/webhooks/mailgun", receivers.mailgun, methods=["POST"]),
         *health_routes(
-            "webhooks", registry, lambda request: readiness_checks(request.app.state.resources)
+            "webhooks",
+            registry,
+            lambda request: readiness_checks(request.app.state.resources),
+            settings.metrics_token,
         ),
     ]
     app = Starlette(

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter
+from pydantic import SecretStr
 from starlette.applications import Starlette
 from starlette.requests import Request
 
@@ -20,6 +21,8 @@ from shared.errors import DependencyUnavailable
 from shared.health import Check, health_routes, run_checks
 from shared.timeline import MAX_DETAIL, detail_of, orphan_body
 from shared.webhook_events import ProviderEvent
+
+TOKEN = SecretStr("metrics-token")
 
 
 async def _ok() -> None:
@@ -173,6 +176,35 @@ async def test_metrics_expose_the_services_own_registry(
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("text/plain")
     assert "safedelivr_probe_things_total 3.0" in resp.text
+
+
+@pytest.mark.parametrize(
+    "authorization", [None, "Bearer wrong-token", "Basic bWV0cmljcy10b2tlbg==", "Bearer"]
+)
+async def test_metrics_behind_a_token_refuse_requests_without_it(
+    authorization: str | None,
+) -> None:
+    """With a token configured, /metrics is 401 in the error envelope without that bearer."""
+    app = Starlette(routes=health_routes("api", CollectorRegistry(), _Deps(), TOKEN))
+    headers = {"Authorization": authorization} if authorization else {}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        resp = await c.get("/metrics", headers=headers)
+    assert resp.status_code == 401
+    assert resp.json()["error"]["code"] == "unauthorized"
+    assert resp.headers["www-authenticate"].startswith("Bearer")
+
+
+async def test_metrics_behind_a_token_answer_the_bearer_while_probes_stay_open() -> None:
+    """Prometheus with the token scrapes; load balancers probe /healthz and /readyz without."""
+    registry = CollectorRegistry()
+    Counter("safedelivr_probe_things", "Things.", registry=registry).inc()
+    app = Starlette(routes=health_routes("api", registry, _Deps(), TOKEN))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        scraped = await c.get("/metrics", headers={"Authorization": "bearer metrics-token"})
+        probes = [await c.get(path) for path in ("/healthz", "/readyz")]
+    assert scraped.status_code == 200
+    assert "safedelivr_probe_things_total 1.0" in scraped.text
+    assert [p.status_code for p in probes] == [200, 200]
 
 
 # -- the timeline's view of an event ----------------------------------------------------------

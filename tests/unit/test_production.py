@@ -38,6 +38,7 @@ def fit(**overrides: object) -> Settings:
             public_url="https://mail.example.com", dns_url="https://cloudflare-dns.com/dns-query"
         ),
         "amqp": AmqpSettings(url=SecretStr("amqps://sd:s3cret@mq1:5671/,amqps://sd:s3cret@mq2/")),
+        "metrics_token": SecretStr("a-long-random-metrics-token"),
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
@@ -68,6 +69,7 @@ def test_every_sandbox_default_is_named() -> None:
         "SAFEDELIVR_PROVIDERS_MAILGUN_API_KEY",
         "SAFEDELIVR_GITHUB_CLIENT_SECRET",
         "SAFEDELIVR_AMQP_URL",
+        "SAFEDELIVR_METRICS_TOKEN",
     ]
 
 
@@ -91,6 +93,12 @@ def test_unsigned_sendgrid_webhooks_are_refused() -> None:
 def test_sending_from_unverified_domains_is_refused() -> None:
     api = fit().api.model_copy(update={"sender_domains": "any"})
     assert variables(fit(api=api)) == ["SAFEDELIVR_API_SENDER_DOMAINS"]
+
+
+@pytest.mark.parametrize("token", [None, SecretStr("short")])
+def test_metrics_without_a_real_token_are_refused(token: SecretStr | None) -> None:
+    """/metrics tells outsiders what users send: production keeps it behind a token."""
+    assert variables(fit(metrics_token=token)) == ["SAFEDELIVR_METRICS_TOKEN"]
 
 
 def test_open_sign_up_is_refused() -> None:
