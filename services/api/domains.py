@@ -1,9 +1,11 @@
 """``/v1/domains``: add a sending domain, show the TXT record that proves it is yours, verify
-it, list and remove. Batches are sent only from verified domains (``shared.domains``)."""
+it, list and remove; :class:`SendingDomains` holds the use cases the dashboard's Domains page
+shares. Batches are sent only from verified domains (``shared.domains``)."""
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -33,61 +35,47 @@ def view(d: SendingDomain) -> dict[str, Any]:
     }
 
 
-def _store(request: Request) -> DomainStore:
-    store: DomainStore = request.app.state.domains
-    return store
+@dataclass(frozen=True, slots=True)
+class SendingDomains:
+    """The use cases behind ``/v1/domains`` and the dashboard's Domains page. Raw names in;
+    records out, or :class:`ApiError` (422 naming the field, 404, 409)."""
 
+    store: DomainStore
+    resolver: DohResolver
 
-def _path_domain(request: Request) -> str:
-    try:
-        return domains.normalize_domain(request.path_params["domain"])
-    except DomainError:
-        raise ApiError(404, "not_found", "no such domain") from None
+    @classmethod
+    def of(cls, request: Request) -> SendingDomains:
+        return cls(request.app.state.domains, request.app.state.resolver)
 
+    async def add(self, user_id: uuid.UUID, raw: str) -> SendingDomain:
+        """Add ``raw`` (again: the same record stays), up to :data:`domains.MAX_DOMAINS`."""
+        try:
+            name = domains.normalize_domain(raw)
+        except DomainError as exc:
+            raise ApiError(
+                422, "invalid_fields", "the domain is not valid", fields={"domain": str(exc)}
+            ) from None
+        existing = await self.store.all(user_id)
+        if len(existing) >= domains.MAX_DOMAINS and name not in {d.domain for d in existing}:
+            raise ApiError(
+                409, "too_many_domains", f"at most {domains.MAX_DOMAINS} domains per user"
+            )
+        return await self.store.add(user_id, name)
 
-async def _owned(request: Request, user_id: uuid.UUID) -> SendingDomain:
-    found = await _store(request).get(user_id, _path_domain(request))
-    if found is None:
-        raise ApiError(404, "not_found", "no such domain")
-    return found
+    async def owned(self, user_id: uuid.UUID, raw: str) -> SendingDomain:
+        found = await self.store.get(user_id, _name_or_404(raw))
+        if found is None:
+            raise ApiError(404, "not_found", "no such domain")
+        return found
 
-
-async def list_domains(request: Request) -> Response:
-    key = await require_key(request, "read")
-    return JSON({"data": [view(d) for d in await _store(request).all(key.user_id)]})
-
-
-async def add_domain(request: Request) -> Response:
-    key = await require_key(request, "send")
-    _, body = await read_json(request, SMALL_BODY)
-    wanted = checked(DomainIn, body)
-    try:
-        name = domains.normalize_domain(wanted.domain)
-    except DomainError as exc:
-        raise ApiError(
-            422, "invalid_fields", "the domain is not valid", fields={"domain": str(exc)}
-        ) from None
-    store = _store(request)
-    existing = await store.all(key.user_id)
-    if len(existing) >= domains.MAX_DOMAINS and name not in {d.domain for d in existing}:
-        raise ApiError(409, "too_many_domains", f"at most {domains.MAX_DOMAINS} domains per user")
-    return JSON(view(await store.add(key.user_id, name)), status_code=201)
-
-
-async def get_domain(request: Request) -> Response:
-    key = await require_key(request, "read")
-    return JSON(view(await _owned(request, key.user_id)))
-
-
-async def verify_domain(request: Request) -> Response:
-    """Look the TXT record up now: 200 when it holds the token (the domain is verified),
-    422 naming what to publish when it does not, 503 when DNS cannot be asked."""
-    key = await require_key(request, "send")
-    found = await _owned(request, key.user_id)
-    if not found.verified:
-        resolver: DohResolver = request.app.state.resolver
+    async def verify(self, user_id: uuid.UUID, raw: str) -> SendingDomain:
+        """Look the TXT record up now: the verified domain, or 422 naming what to publish
+        (503 via DependencyUnavailable when DNS cannot be asked)."""
+        found = await self.owned(user_id, raw)
+        if found.verified:
+            return found
         name = domains.record_name(found.domain)
-        if not domains.proven(await resolver.txt(name), found.token):
+        if not domains.proven(await self.resolver.txt(name), found.token):
             raise ApiError(
                 422,
                 "not_verified",
@@ -95,13 +83,51 @@ async def verify_domain(request: Request) -> Response:
                 "(DNS changes can take a while to be seen)",
                 fields={"domain": "the TXT record was not found"},
             )
-        await _store(request).mark_verified(key.user_id, found.domain)
-        found = await _owned(request, key.user_id)
+        await self.store.mark_verified(user_id, found.domain)
+        return await self.owned(user_id, found.domain)
+
+    async def remove(self, user_id: uuid.UUID, raw: str) -> None:
+        if not await self.store.remove(user_id, _name_or_404(raw)):
+            raise ApiError(404, "not_found", "no such domain")
+
+
+def _name_or_404(raw: str) -> str:
+    try:
+        return domains.normalize_domain(raw)
+    except DomainError:
+        raise ApiError(404, "not_found", "no such domain") from None
+
+
+async def list_domains(request: Request) -> Response:
+    key = await require_key(request, "read")
+    return JSON(
+        {"data": [view(d) for d in await SendingDomains.of(request).store.all(key.user_id)]}
+    )
+
+
+async def add_domain(request: Request) -> Response:
+    key = await require_key(request, "send")
+    _, body = await read_json(request, SMALL_BODY)
+    wanted = checked(DomainIn, body)
+    added = await SendingDomains.of(request).add(key.user_id, wanted.domain)
+    return JSON(view(added), status_code=201)
+
+
+async def get_domain(request: Request) -> Response:
+    key = await require_key(request, "read")
+    found = await SendingDomains.of(request).owned(key.user_id, request.path_params["domain"])
+    return JSON(view(found))
+
+
+async def verify_domain(request: Request) -> Response:
+    """200 when the TXT record holds the token (the domain is verified), 422 naming what to
+    publish when it does not, 503 when DNS cannot be asked."""
+    key = await require_key(request, "send")
+    found = await SendingDomains.of(request).verify(key.user_id, request.path_params["domain"])
     return JSON(view(found))
 
 
 async def delete_domain(request: Request) -> Response:
     key = await require_key(request, "send")
-    if not await _store(request).remove(key.user_id, _path_domain(request)):
-        raise ApiError(404, "not_found", "no such domain")
+    await SendingDomains.of(request).remove(key.user_id, request.path_params["domain"])
     return Response(status_code=204)

@@ -132,6 +132,7 @@ async def _stack(migrated: CassandraSettings) -> AsyncIterator[Stack]:
         async with served(sandbox) as sandbox_url:
             settings = base.model_copy(
                 update={
+                    "api": base.api.model_copy(update={"dns_url": f"{sandbox_url}/dns-query"}),
                     "providers": base.providers.model_copy(
                         update={
                             "sendgrid_base_url": f"{sandbox_url}/sendgrid",

@@ -179,6 +179,40 @@ async def test_suppression_can_be_added_and_removed(page: Page, stack: Stack) ->
     await expect(page.locator(f'tr[data-email="{email}"]')).to_have_count(0)
 
 
+async def test_a_domain_is_added_shown_with_its_record_and_verified(
+    page: Page, stack: Stack
+) -> None:
+    """/domains adds a domain with the TXT record to publish; Verify says what is missing
+    until the record is there, then marks the domain verified."""
+    await log_in(page, stack, "/domains")
+    name = f"shop-{_tag()}.example.net"
+    await page.get_by_label("Domain", exact=True).fill(name)
+    await page.get_by_role("button", name="Add domain").click()
+    row = page.locator(f'tr[data-domain="{name}"]')
+    await expect(page.get_by_role("status").first).to_contain_text(f"{name} was added")
+    await expect(row).to_contain_text("Not verified")
+    record_name = await row.locator("dd code").nth(0).inner_text()
+    record_value = await row.locator("dd code").nth(1).inner_text()
+    assert record_name == f"_safedelivr.{name}"
+
+    await row.get_by_role("button", name=re.compile("^Verify")).click()
+    await expect(page.get_by_role("alert")).to_contain_text("no TXT record")
+    async with httpx.AsyncClient(base_url=stack.sandbox) as sandbox:
+        published = await sandbox.post(
+            "/_control/dns", json={"name": record_name, "value": record_value}
+        )
+        assert published.status_code == 200
+    await (
+        page.locator(f'tr[data-domain="{name}"]')
+        .get_by_role("button", name=re.compile("^Verify"))
+        .click()
+    )
+
+    await expect(page.get_by_role("status").first).to_contain_text(f"{name} is verified")
+    await expect(page.locator(f'tr[data-domain="{name}"]')).to_contain_text("Verified")
+    await screenshot(page, "domains")
+
+
 async def test_logout_ends_the_session(page: Page, stack: Stack) -> None:
     """Log out returns to the login page, and the dashboard asks to log in again."""
     await log_in(page, stack, "/batches")

@@ -8,7 +8,8 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 
 from services.api.dashboard import charts, views
-from shared import validation
+from shared import domains, validation
+from shared.domains import SendingDomain
 from tests.unit import readmodels
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -454,6 +455,29 @@ def test_suppression_notice_confirms_a_removal() -> None:
     assert (
         notice == "a@example.com was removed from the list: future batches will send to it again."
     )
+
+
+@pytest.mark.parametrize("crafted", ["Your account is locked", "a..b", "-x.example.com", ""])
+def test_domain_notice_only_for_a_domain_name(crafted: str) -> None:
+    """A crafted added= that is not a domain name shows nothing."""
+    assert views.domain_notice({"added": crafted}) is None
+
+
+def test_domain_notice_names_the_normalised_domain() -> None:
+    """The confirmation repeats the domain as stored (lower case)."""
+    notice = views.domain_notice({"verified": "Shop.Example.COM"})
+    assert notice is not None and notice.startswith("shop.example.com is verified")
+
+
+def test_domain_rows_carry_the_record_to_publish() -> None:
+    """Each row shows the TXT record's name and value, and whether it is verified."""
+    found = SendingDomain("example.com", "tok", datetime(2026, 11, 1, tzinfo=UTC), None)
+    (row,) = views.domain_rows([found])
+    assert (row.record_name, row.record_value) == (
+        "_safedelivr.example.com",
+        domains.record_value("tok"),
+    )
+    assert row.verified is False and row.verified_when == "—"
 
 
 def test_suppression_source_names_the_provider() -> None:

@@ -33,6 +33,7 @@ from starlette.templating import Jinja2Templates
 
 from services.api import openapi, queries
 from services.api.dashboard import views
+from services.api.domains import SendingDomains
 from services.api.managing import Managing
 from services.api.sending import Sending
 from services.api.sessions import (
@@ -91,6 +92,7 @@ _NAV = (
     ("/send", "Send", "send"),
     ("/keys", "API keys", "keys"),
     ("/suppressions", "Suppressions", "suppressions"),
+    ("/domains", "Domains", "domains"),
     ("/v1/docs", "API", "docs"),
 )
 
@@ -582,6 +584,67 @@ async def remove_suppression(request: Request) -> Response:
     return see_other("/suppressions", absent=address_key(email))
 
 
+# --------------------------------------------------------------------------- domains
+
+
+async def _domains_page(
+    request: Request, user: SessionUser, *, status: int = 200, **extra: Any
+) -> Response:
+    found = await SendingDomains.of(request).store.all(user.user_id)
+    context: dict[str, Any] = {
+        "title": "Sending domains",
+        "active": "domains",
+        "rows": views.domain_rows(found),
+        "errors": {},
+        "values": {"domain": ""},
+        "problem": None,
+        "settings": request.app.state.settings.api,
+    }
+    context.update(extra)
+    return render(request, "domains.html", context, status=status)
+
+
+@page
+async def domains_page(request: Request) -> Response:
+    """The user's sending domains; POST adds one (as ``POST /v1/domains`` does)."""
+    user = await _user(request)
+    if request.method != "POST":
+        notice = views.domain_notice(request.query_params)
+        return await _domains_page(request, user, notice=notice)
+    form = await _checked_form(request, user)
+    values = {"domain": form.get("domain", "").strip()}
+    try:
+        added = await SendingDomains.of(request).add(user.user_id, values["domain"])
+    except ApiError as exc:
+        fields = exc.fields or {"domain": exc.message}
+        errors = views.form_errors(fields, form_fields={"domain"})
+        return await _domains_page(request, user, status=exc.status, errors=errors, values=values)
+    return see_other("/domains", added=added.domain)
+
+
+@page
+async def verify_domain(request: Request) -> Response:
+    """Look the domain's TXT record up now; the page says what is missing if it is not there."""
+    user = await _user(request)
+    form = await _checked_form(request, user)
+    try:
+        done = await SendingDomains.of(request).verify(user.user_id, form.get("domain", ""))
+    except ApiError as exc:
+        if exc.status != 422:
+            raise
+        return await _domains_page(request, user, status=422, problem=exc.message)
+    return see_other("/domains", verified=done.domain)
+
+
+@page
+async def remove_domain(request: Request) -> Response:
+    user = await _user(request)
+    form = await _checked_form(request, user)
+    name = form.get("domain", "")
+    await SendingDomains.of(request).remove(user.user_id, name)
+    return see_other("/domains", removed=name)
+
+
 # --------------------------------------------------------------------------- routes
 
 
@@ -604,5 +667,8 @@ def dashboard_routes() -> list[BaseRoute]:
             methods=["POST"],
             name="dashboard_supp_remove",
         ),
+        Route("/domains", domains_page, methods=["GET", "POST"], name="dashboard_domains"),
+        Route("/domains/verify", verify_domain, methods=["POST"], name="dashboard_domains_verify"),
+        Route("/domains/remove", remove_domain, methods=["POST"], name="dashboard_domains_remove"),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]

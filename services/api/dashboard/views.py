@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl, urlencode
 from markupsafe import Markup
 
 from services.api.dashboard.charts import Series, stacked_bars
+from shared import domains
 from shared.addresses import AddressError, normalize_email, split_address_list
 from shared.digits import natural
 from shared.providers.catalog import CATALOG
@@ -25,6 +26,7 @@ from shared.webhook_events import KIND_RANK
 
 if TYPE_CHECKING:
     from services.api.queries import BatchOverview, BatchSummary, RecipientLog, Step
+    from shared.domains import SendingDomain
 
 #: Provider codes as people know them.
 PROVIDER_NAMES: Mapping[str, str] = {
@@ -656,3 +658,51 @@ def suppression_rows(rows: Iterable[Mapping[str, Any]]) -> list[SuppressionRow]:
         )
         for r in rows
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class DomainRow:
+    domain: str
+    verified: bool
+    verified_when: str
+    verified_iso: str
+    added: str
+    added_iso: str
+    record_name: str
+    record_value: str
+
+
+def domain_rows(found: Iterable[SendingDomain]) -> list[DomainRow]:
+    """A user's sending domains, each with the TXT record that proves it."""
+    return [
+        DomainRow(
+            domain=d.domain,
+            verified=d.verified,
+            verified_when=fmt_time(d.verified_at),
+            verified_iso=iso(d.verified_at),
+            added=fmt_time(d.created_at),
+            added_iso=iso(d.created_at),
+            record_name=domains.record_name(d.domain),
+            record_value=domains.record_value(d.token),
+        )
+        for d in found
+    ]
+
+
+def domain_notice(params: Mapping[str, str]) -> str | None:
+    """The confirmation after adding, verifying or removing a domain (only for a valid name:
+    the page never repeats arbitrary text from its URL)."""
+    messages = {
+        "added": "{} was added: publish its TXT record, then press Verify.",
+        "verified": "{} is verified: batches may now be sent from it and its subdomains.",
+        "removed": "{} was removed: batches can no longer be sent from it.",
+    }
+    for key, message in messages.items():
+        value = params.get(key)
+        if value is None:
+            continue
+        try:
+            return message.format(domains.normalize_domain(value))
+        except domains.DomainError:
+            return None
+    return None
