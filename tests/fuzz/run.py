@@ -4,7 +4,9 @@ receivers, against the real services, with valid and with invalid credentials.
 The API is fuzzed by Schemathesis from its own OpenAPI document (``/v1/openapi.json``): data
 that fits the schema and data that does not, with a key holding every scope and with a key
 that does not exist. The webhook receivers (not in that document) are fuzzed with Hypothesis:
-arbitrary and near-valid bodies, signed and unsigned. Every answer is counted by route and
+arbitrary and near-valid bodies, signed and unsigned; so are the API's routes that the
+document does not list (``tests.fuzz.unlisted``: the original's ``/api/*``, the dashboard, the
+GitHub login). Every answer is counted by route and
 status where the apps see it; the verdict is the count of answers of 500 and above (it must
 be 0), and Schemathesis also checks that each answer matches its documented schema, error
 envelopes included.
@@ -22,18 +24,15 @@ import json
 import sys
 import time
 import uuid
-from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
-from hypothesis import HealthCheck, given, settings
-from hypothesis import seed as hypothesis_seed
+from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
-from starlette.routing import Match
 
 from services.api.app import create_app as create_api
 from services.sandbox import signing
@@ -53,50 +52,12 @@ from shared.db import Database
 from shared.domains import DomainStore
 from shared.migrations import migrate
 from shared.resources import declare_topology
+from tests.fuzz.tally import Tally, settings_for
+from tests.fuzz.unlisted import fuzz_unlisted
 from tests.integration.harness import served
 
 ROOT = Path(__file__).resolve().parents[2]
 MG_KEY = "fuzz-mailgun-signing-key"
-
-
-class Tally:
-    """ASGI middleware: every answer, by route template and status class."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.counts: defaultdict[str, Counter[str]] = defaultdict(Counter)
-        self.failures: list[str] = []
-
-    def route_of(self, scope: dict[str, Any]) -> str:
-        for route in getattr(self.app, "routes", ()):
-            match, _ = route.matches(scope)
-            if match is Match.FULL:
-                return f"{scope['method']} {getattr(route, 'path', '?')}"
-        return f"{scope['method']} (no route)"
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        route = self.route_of(scope)
-
-        async def counting(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                self.counts[route][f"{status // 100}xx"] += 1
-                if status >= 500:
-                    self.failures.append(f"{route}: {status}")
-            await send(message)
-
-        await self.app(scope, receive, counting)
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "requests": sum(sum(c.values()) for c in self.counts.values()),
-            "server_errors": len(self.failures),
-            "by_route": {route: dict(c) for route, c in sorted(self.counts.items())},
-            "first_failures": self.failures[:20],
-        }
 
 
 @contextlib.asynccontextmanager
@@ -240,20 +201,6 @@ async def fuzz_webhooks(settings: Settings, examples: int, seed: int) -> dict[st
     return tally.summary()
 
 
-def settings_for(examples: int, seed: int) -> Callable[[Any], Any]:
-    def apply(test: Any) -> Any:
-        seeded = settings(
-            max_examples=examples,
-            database=None,
-            derandomize=False,
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
-        )(test)
-        return hypothesis_seed(seed)(seeded)
-
-    return apply
-
-
 async def main(examples: int, seed: int) -> int:
     async with keyspace() as cassandra:
         settings = Settings(
@@ -263,11 +210,12 @@ async def main(examples: int, seed: int) -> int:
         )
         topology = await declare_topology(settings)
         try:
-            report = {
+            report: dict[str, Any] = {
                 "examples_per_operation": examples,
                 "seed": seed,
                 "api": await fuzz_api(settings, examples, seed),
                 "webhooks": await fuzz_webhooks(settings, examples * 10, seed),
+                "unlisted": await fuzz_unlisted(settings, examples * 2, seed),
             }
         finally:
             with contextlib.suppress(Exception):
@@ -278,7 +226,8 @@ async def main(examples: int, seed: int) -> int:
                 await broker.delete()
                 await broker.close()
     print(json.dumps(report, indent=2))
-    bad = report["api"]["server_errors"] + report["webhooks"]["server_errors"]
+    bad = sum(report[phase]["server_errors"] for phase in ("api", "webhooks", "unlisted"))
+    bad += report["unlisted"]["envelope_failures"]
     return 1 if bad or any(report["api"]["schemathesis_exit"].values()) else 0
 
 
