@@ -38,8 +38,6 @@ from services.api.app import create_app as create_api
 from services.sandbox import signing
 from services.sandbox.app import create_app as create_sandbox
 from services.webhooks.app import create_app as create_webhooks
-from shared import accounts
-from shared.apikeys import SCOPES
 from shared.config import (
     AmqpSettings,
     ApiSettings,
@@ -49,10 +47,9 @@ from shared.config import (
     WebhookSettings,
 )
 from shared.db import Database
-from shared.domains import DomainStore
 from shared.migrations import migrate
 from shared.resources import declare_topology
-from tests.fuzz.tally import Tally, settings_for
+from tests.fuzz.tally import Tally, new_sender, settings_for
 from tests.fuzz.unlisted import fuzz_unlisted
 from tests.integration.harness import served
 
@@ -77,11 +74,7 @@ async def fuzz_api(settings: Settings, examples: int, seed: int) -> dict[str, An
     """Schemathesis over every operation, with a key holding every scope, then a bad key."""
     db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
     try:
-        user = await accounts.ensure_user(db, f"fuzz-{uuid.uuid4().hex[:8]}")
-        domains = DomainStore(db)
-        await domains.add(user, "example.com")
-        await domains.mark_verified(user, "example.com")
-        key = await accounts.create_key(db, user, "fuzz", scopes=SCOPES)
+        _, key = await new_sender(db, "fuzz")
     finally:
         await db.close()
     sandbox = create_sandbox(SandboxSettings(webhook_url="http://127.0.0.1:9", webhook_delay=60))

@@ -1,8 +1,10 @@
 """What every fuzzing phase shares: :class:`Tally`, which counts each answer by route and
-status class where the app sees it, and :func:`settings_for`, Hypothesis settings with a seed."""
+status class where the app sees it, :func:`settings_for`, Hypothesis settings with a seed, and
+:func:`new_sender`, the user the requests come from."""
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +12,11 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import seed as hypothesis_seed
 from starlette.routing import Match
+
+from shared import accounts
+from shared.apikeys import SCOPES
+from shared.db import Database
+from shared.domains import DomainStore
 
 
 class Tally:
@@ -64,3 +71,12 @@ def settings_for(examples: int, seed: int) -> Callable[[Any], Any]:
         return hypothesis_seed(seed)(seeded)
 
     return apply
+
+
+async def new_sender(db: Database, login: str) -> tuple[uuid.UUID, str]:
+    """A new user who may send from example.com, and a key of theirs with every scope."""
+    user = await accounts.ensure_user(db, f"{login}-{uuid.uuid4().hex[:8]}")
+    domains = DomainStore(db)
+    await domains.add(user, "example.com")
+    await domains.mark_verified(user, "example.com")
+    return user, await accounts.create_key(db, user, "fuzz", scopes=SCOPES)

@@ -29,12 +29,10 @@ from services.api.app import create_app as create_api
 from services.api.loginstate import PendingLogin, encode
 from services.sandbox.app import create_app as create_sandbox
 from shared import accounts
-from shared.apikeys import SCOPES
 from shared.config import SandboxSettings, Settings
 from shared.db import Database
-from shared.domains import DomainStore
 from shared.sessions import LOGIN_COOKIE, SESSION_COOKIE, SessionStore, new_token
-from tests.fuzz.tally import Tally, settings_for
+from tests.fuzz.tally import Tally, new_sender, settings_for
 from tests.integration.harness import served
 
 ORIGIN = "http://127.0.0.1:8080"  # the default public URL: our own pages' origin
@@ -291,11 +289,7 @@ async def _send(client: httpx.AsyncClient, call: Call) -> httpx.Response:
 async def _credentials(settings: Settings) -> Who:
     db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
     try:
-        user = await accounts.ensure_user(db, f"fuzz-pages-{uuid.uuid4().hex[:8]}")
-        domains = DomainStore(db)
-        await domains.add(user, "example.com")
-        await domains.mark_verified(user, "example.com")
-        key = await accounts.create_key(db, user, "fuzz", scopes=SCOPES)
+        user, key = await new_sender(db, "fuzz-pages")
         sessions = SessionStore(db)
         session, csrf = await sessions.create(user)
         victim = await accounts.ensure_user(db, f"fuzz-victim-{uuid.uuid4().hex[:8]}")
