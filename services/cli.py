@@ -182,7 +182,9 @@ def cmd_keys_create(settings: Settings, args: argparse.Namespace) -> int:
             settings,
             args.user,
             name=args.name,
-            scopes=args.scope or sorted(DEFAULT_SCOPES),
+            scopes=sorted(
+                set(args.scope or DEFAULT_SCOPES) | ({"operator"} if args.operator else set())
+            ),
             expires_at=(
                 dt.datetime.now(dt.UTC) + dt.timedelta(days=args.expires_days)
                 if args.expires_days
@@ -277,19 +279,52 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_dead(settings: Settings, args: argparse.Namespace) -> int:
-    from shared.deadletters import drain_dead_letters
+    from shared.broker import Broker
+    from shared.db import Database
+    from shared.deadletters import DeadLetters, DeadLetterStore, ReplayRefused, line
+    from shared.resources import topology_for
 
     async def go() -> int:
-        shown = await drain_dead_letters(
-            settings, replay=args.dead_command == "replay", limit=args.limit
-        )
-        for line in shown:
-            print(line)
-        print(
-            f"{len(shown)} dead-lettered message(s) "
-            + ("replayed" if args.dead_command == "replay" else "listed (left in place)")
-        )
-        return 0
+        db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
+        try:
+            store = DeadLetterStore(db)
+            if args.dead_command == "list":
+                found = await store.page(args.limit)
+                for letter in found:
+                    print(line(letter))
+                print(f"{len(found)} dead letter(s)")
+                return 0
+            if args.dead_command == "delete":
+                missing = [i for i in args.ids if not await store.delete(i)]
+                for letter_id in missing:
+                    print(f"safedelivr dead: no dead letter {letter_id}", file=sys.stderr)
+                print(f"{len(args.ids) - len(missing)} dead letter(s) deleted")
+                return 1 if missing else 0
+            ids = list(args.ids)
+            if args.all:
+                ids += [x.id for x in await store.page(args.limit) if x.state == "waiting"]
+            if not ids:
+                print("safedelivr dead replay: name letter ids, or --all", file=sys.stderr)
+                return 2
+            broker = Broker(
+                settings.amqp.url.get_secret_value(), topology_for(settings), name="safedelivr-dead"
+            )
+            await broker.connect()
+            failed = 0
+            try:
+                replayer = DeadLetters(store, broker)
+                for letter_id in ids:
+                    try:
+                        print(line(await replayer.replay(letter_id)))
+                    except ReplayRefused as exc:
+                        failed += 1
+                        print(f"safedelivr dead: {letter_id}: {exc.message}", file=sys.stderr)
+            finally:
+                await broker.close()
+            print(f"{len(ids) - failed} dead letter(s) replayed")
+            return 1 if failed else 0
+        finally:
+            await db.close()
 
     return asyncio.run(go())
 
@@ -368,18 +403,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="what the key may do (repeat it; default: send, read and keys)",
     )
     create.add_argument(
+        "--operator",
+        action="store_true",
+        help="add the operator scope: the operator routes (/v1/dead-letters)",
+    )
+    create.add_argument(
         "--expires-days", type=int, default=0, help="days until the key expires (default never)"
     )
     create.set_defaults(func=cmd_keys_create)
-    dead = sub.add_parser("dead", help="inspect or replay dead-lettered messages")
+    dead = sub.add_parser("dead", help="list, replay or delete dead letters")
     dead_sub = dead.add_subparsers(dest="dead_command", required=True)
-    for name, help_ in (
-        ("list", "show dead-lettered messages"),
-        ("replay", "republish them under their original routing keys"),
-    ):
-        p = dead_sub.add_parser(name, help=help_)
-        p.add_argument("--limit", type=int, default=100)
-        p.set_defaults(func=cmd_dead)
+    dead_list = dead_sub.add_parser("list", help="show the archived dead letters, newest first")
+    dead_list.add_argument("--limit", type=int, default=100)
+    dead_list.set_defaults(func=cmd_dead)
+    replay = dead_sub.add_parser("replay", help="publish letters again (each at most once)")
+    replay.add_argument("ids", nargs="*", help="letter ids, from `dead list`")
+    replay.add_argument("--all", action="store_true", help="every waiting letter")
+    replay.add_argument("--limit", type=int, default=100, help="at most this many with --all")
+    replay.set_defaults(func=cmd_dead)
+    delete = dead_sub.add_parser("delete", help="delete letters for good")
+    delete.add_argument("ids", nargs="+", help="letter ids, from `dead list`")
+    delete.set_defaults(func=cmd_dead)
     signups = sub.add_parser(
         "signups", help="answer sign-up requests (SAFEDELIVR_SIGNUP=approval)"
     ).add_subparsers(dest="signups_command", required=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.process_collector import ProcessCollector
 
 
@@ -90,6 +90,31 @@ class DispatchMetrics:
                 "safedelivr_provider_lookups",
                 "Questions to a provider's query API about ambiguous attempts, by result",
                 ["provider", "result"],
+                registry=registry,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class DeadLetterMetrics:
+    """Dead letters archived by this process, and how many wait for an operator (counted
+    from the archive, so every consumer process reports the same number)."""
+
+    archived: Counter
+    waiting: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> DeadLetterMetrics:
+        return cls(
+            Counter(
+                "safedelivr_dead_letters_archived",
+                "Dead letters taken from the dead-letter queue into the archive",
+                ["queue"],
+                registry=registry,
+            ),
+            Gauge(
+                "safedelivr_dead_letters_waiting",
+                "Archived dead letters not replayed yet (see GET /v1/dead-letters)",
                 registry=registry,
             ),
         )

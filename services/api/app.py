@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from services.api import account, batches, domains, oauth
+from services.api import account, batches, deadletters, domains, oauth
 from services.api.dashboard import create_templates, dashboard_routes
 from services.api.managing import Managing
 from services.api.openapi import openapi_json
@@ -26,6 +26,7 @@ from shared.attempts import AttemptStore
 from shared.background import Background
 from shared.batchstore import BatchStore
 from shared.config import Settings
+from shared.deadletters import DeadLetters, DeadLetterStore
 from shared.domains import DohResolver, DomainStore
 from shared.health import health_routes
 from shared.http import AdmissionLimit, StrictTransportSecurity, error_handlers
@@ -56,6 +57,7 @@ def create_app(settings: Settings) -> Starlette:
             state.idempotency = IdempotencyStore(res.db, lease=settings.api.idempotency_lease)
             state.suppressions = SuppressionStore(res.db)
             state.domains = DomainStore(res.db)
+            state.dead_letters = DeadLetters(DeadLetterStore(res.db), res.broker)
             state.background = Background()
             state.managing = Managing(
                 res.db, state.suppressions, max_keys=settings.api.max_keys_per_user
@@ -110,6 +112,13 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/domains/{domain}", domains.get_domain, methods=["GET"]),
         Route("/v1/domains/{domain}", domains.delete_domain, methods=["DELETE"]),
         Route("/v1/domains/{domain}/verify", domains.verify_domain, methods=["POST"]),
+        Route("/v1/dead-letters", deadletters.list_dead_letters, methods=["GET"]),
+        Route(
+            "/v1/dead-letters/{letter_id}/replay",
+            deadletters.replay_dead_letter,
+            methods=["POST"],
+        ),
+        Route("/v1/dead-letters/{letter_id}", deadletters.delete_dead_letter, methods=["DELETE"]),
         *original_routes(),
         Route("/auth/github/login", oauth.login, methods=["GET"]),
         Route("/auth/github/callback", oauth.callback, methods=["GET"]),

@@ -25,7 +25,8 @@ ERRORS: dict[int, str] = {
     400: "Malformed JSON, a bad cursor or a bad Idempotency-Key.",
     401: "Missing or invalid API key: unknown, revoked, expired or wrong (one body for every "
     "case).",
-    403: "The API key lacks the scope this operation needs (`send`, `read` or `keys`), or "
+    403: "The API key lacks the scope this operation needs (`send`, `read`, `keys` or "
+    "`operator`), or "
     "would grant a scope it does not hold.",
     404: "No such resource, or not yours.",
     409: "The Idempotency-Key was used with another body, or its first request is still "
@@ -70,6 +71,7 @@ class Operation:
 _CURSOR = Param("cursor", "query", "`next_cursor` of the previous page.")
 _DOMAIN = Param("domain", "path", "The domain, e.g. `example.com`.", required=True)
 _BATCH_ID = Param("batch_id", "path", "The batch's id (a time UUID).", required=True)
+_LETTER_ID = Param("letter_id", "path", "The dead letter's id, from the listing.", required=True)
 
 OPERATIONS: tuple[Operation, ...] = (
     Operation(
@@ -200,6 +202,37 @@ OPERATIONS: tuple[Operation, ...] = (
         None,
         status=204,
         params=(_DOMAIN,),
+        errors=(404,),
+    ),
+    Operation(
+        "list_dead_letters",
+        "get",
+        "/v1/dead-letters",
+        "Dead letters: work RabbitMQ parked, newest first (operator keys)",
+        schema.DeadLetterList,
+        params=(Param("limit", "query", "1-500, default 50.", "integer"), _CURSOR),
+        errors=(400, 422),
+    ),
+    Operation(
+        "replay_dead_letter",
+        "post",
+        "/v1/dead-letters/{letter_id}/replay",
+        "Publish a dead letter again, once (operator keys)",
+        schema.DeadLetterView,
+        params=(_LETTER_ID,),
+        errors=(404, 409),
+        description="409 `already_replayed` for a letter replayed before (nothing is "
+        "published twice), `replaying` while another replay holds it, `unroutable` when no "
+        "queue takes its routing key now (it stays).",
+    ),
+    Operation(
+        "delete_dead_letter",
+        "delete",
+        "/v1/dead-letters/{letter_id}",
+        "Delete a dead letter (operator keys)",
+        None,
+        status=204,
+        params=(_LETTER_ID,),
         errors=(404,),
     ),
     Operation(

@@ -262,6 +262,25 @@ class DomainList(_Out):
     data: list[DomainView]
 
 
+class DeadLetterView(_Out):
+    id: str = Field(examples=["1795000000000-3f2a9c0d1e2b4a5c6d7e8f90"])
+    routing_key: str = Field(examples=["sg.6c1f0a2e-cb0b-11f0-8000-0242ac120002.retry.2"])
+    reason: str = Field(examples=["delivery_limit"], description="Why RabbitMQ parked it.")
+    queue: str = Field(examples=["safedelivr.sg"])
+    deaths: int
+    dead_at: str
+    state: Literal["waiting", "replaying", "replayed"]
+    replayed_at: str | None
+    payload: dict[str, Any] = Field(
+        description="What it carries: kind, ids, attempt, provider, size and a preview."
+    )
+
+
+class DeadLetterList(_Out):
+    data: list[DeadLetterView]
+    next_cursor: str | None
+
+
 class ErrorDetail(_Out):
     code: str = Field(examples=["invalid_fields"])
     message: str

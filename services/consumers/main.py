@@ -15,9 +15,10 @@ from services.consumers.splitter import Splitter
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchStore
 from shared.config import Settings
-from shared.errors import ProviderError
+from shared.deadletters import DeadLetterStore, Letter, archiver
+from shared.errors import DependencyUnavailable, ProviderError
 from shared.health import health_routes
-from shared.metrics import DispatchMetrics, new_registry
+from shared.metrics import DeadLetterMetrics, DispatchMetrics, new_registry
 from shared.providers.base import Provider
 from shared.providers.registry import build_providers, close_all
 from shared.recipients import RecipientStore
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds to let in-flight deliveries finish at shutdown before closing the channels.
 DRAIN_TIMEOUT = 30.0
+#: Seconds between two counts of the dead letters waiting for an operator.
+DEAD_COUNT_EVERY = 30.0
 
 
 def build_dispatcher(
@@ -60,8 +63,10 @@ async def start_consumers(
     metrics: DispatchMetrics | None = None,
     *,
     hooks: Hooks = no_hooks,
+    dead_metrics: DeadLetterMetrics | None = None,
 ) -> Dispatcher:
-    """Declare the topology and start the splitter and one sender per provider in the chain."""
+    """Declare the topology and start the splitter, one sender per provider in the chain and
+    the dead-letter archiver."""
     await res.broker.declare()
     dispatcher = build_dispatcher(settings, res, metrics, hooks=hooks)
     providers = dispatcher.providers
@@ -79,7 +84,35 @@ async def start_consumers(
             topology.provider_queue(code), handler, prefetch=settings.consumers.prefetch
         )
         await res.broker.consume(topology.log_queue(code), handler, prefetch=32)
+    await start_archiving(res, inflight, dead_metrics or DeadLetterMetrics.create(new_registry()))
     return dispatcher
+
+
+async def start_archiving(res: Resources, inflight: InFlight, metrics: DeadLetterMetrics) -> None:
+    """Archive every dead letter (see ``shared.deadletters``). Held through outages without a
+    limit: the dead queue has no queue behind it, so a letter is only ever acked once stored."""
+
+    def archived(letter: Letter) -> None:
+        metrics.archived.labels(letter.queue).inc()
+        metrics.waiting.inc()
+
+    store = DeadLetterStore(res.db)
+    await res.broker.consume(
+        res.broker.topology.dead_letter_queue,
+        settling(archiver(store, archived), inflight, hold=None),
+        prefetch=8,
+    )
+
+
+async def count_dead_letters(res: Resources, metrics: DeadLetterMetrics) -> None:
+    """Keep the waiting gauge true to the archive (operators replay and delete elsewhere)."""
+    store = DeadLetterStore(res.db)
+    while True:
+        try:
+            metrics.waiting.set(await store.waiting())
+        except DependencyUnavailable as exc:
+            log.warning("could not count dead letters: %s", exc)
+        await asyncio.sleep(DEAD_COUNT_EVERY)
 
 
 #: Start-up tasks kept referenced until they finish.
@@ -110,17 +143,22 @@ async def _probe_query_apis(providers: Mapping[str, Provider], settings: Setting
 def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
     registry = new_registry()
     metrics = DispatchMetrics.create(registry)
+    dead_metrics = DeadLetterMetrics.create(registry)
     inflight = InFlight()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_resources(settings, name="safedelivr-consumers") as res:
             app.state.resources = res
-            dispatcher = await start_consumers(settings, res, inflight, metrics, hooks=hooks)
+            dispatcher = await start_consumers(
+                settings, res, inflight, metrics, hooks=hooks, dead_metrics=dead_metrics
+            )
             log.info("consuming %s", ", ".join(settings.providers.chain_codes))
+            counting = asyncio.create_task(count_dead_letters(res, dead_metrics))
             try:
                 yield
             finally:
+                counting.cancel()
                 await res.broker.stop_consuming()
                 if not await inflight.wait_idle(DRAIN_TIMEOUT):
                     log.warning(

@@ -18,7 +18,7 @@ from shared.batchstore import BatchStore
 from shared.broker import Broker
 from shared.config import Settings
 from shared.db import Database
-from shared.errors import DependencyUnavailable
+from shared.deadletters import DeadLetterStore, Letter, letter_of
 from shared.recipients import log_id_for
 from shared.resources import topology_for
 from shared.stats import batch_day
@@ -222,52 +222,46 @@ async def test_check_with_settle_after_zero_wants_every_recipient_final(
     assert "not_final 1" in capsys.readouterr().out
 
 
-async def _dead_letter(broker: Broker, count: int) -> None:
-    """Put ``count`` rejected messages on the dead-letter queue, as settle does with poison."""
-    queue = broker.topology.provider_queue("mg")
-    for _ in range(count):
-        await broker.publish(dispatch_key("mg", uuid.uuid4()), b"stuck")
-    rejected = 0
-    for _ in range(100):
-        message = await broker.get(queue)
-        if message is None:
-            await asyncio.sleep(0.05)
-            continue
-        await message.reject(requeue=False)
-        rejected += 1
-        if rejected == count:
-            break
-    for _ in range(100):
-        if await broker.queue_depth(broker.topology.dead_letter_queue) == count:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the dead letters never arrived")
+async def _archived_letter(db: Database) -> Letter:
+    """A dead letter as the consumers archive it (a rejected dispatch to Mailgun)."""
+    death = {"reason": "rejected", "queue": "t.mg", "count": 1, "time": dt.datetime.now(dt.UTC)}
+    key = dispatch_key("mg", uuid.uuid1())
+    letter = letter_of(key, None, {"x-death": [death]}, b"stuck", dt.datetime.now(dt.UTC))
+    assert await DeadLetterStore(db).archive(letter)
+    return letter
 
 
-async def test_dead_list_then_replay_print_each_letter_and_what_was_done(
+async def test_dead_list_replay_and_delete_print_each_letter_and_what_was_done(
+    settings: Settings, declared: Broker, db: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """list shows the letter by id; replay publishes it (once: a second replay fails, exit
+    1); delete removes it."""
+    letter = await _archived_letter(db)
+
+    listed = await _run(settings, "dead", "list", "--limit", "500")
+    list_out = capsys.readouterr().out
+    replayed = await _run(settings, "dead", "replay", letter.id)
+    replay_out = capsys.readouterr().out.splitlines()
+    again = await _run(settings, "dead", "replay", letter.id)
+    again_err = capsys.readouterr().err
+    deleted = await _run(settings, "dead", "delete", letter.id)
+
+    assert (listed, replayed, again, deleted) == (0, 0, 1, 0)
+    assert f"{letter.id}  waiting  {letter.routing_key}  reason=rejected" in list_out
+    assert replay_out[0].startswith(f"{letter.id}  replayed  ")
+    assert replay_out[1] == "1 dead letter(s) replayed"
+    assert "already replayed" in again_err
+    message = await declared.get(declared.topology.provider_queue("mg"))
+    assert message is not None and message.body == b"stuck"
+    await message.ack()
+    assert await DeadLetterStore(db).get(letter.id) is None
+
+
+async def test_dead_replay_of_an_unknown_letter_names_it_and_exits_1(
     settings: Settings, declared: Broker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Each command prints one line per dead letter, then a summary saying listed or replayed."""
-    await _dead_letter(declared, 1)
-
-    listed = await _run(settings, "dead", "list")
-    list_out = capsys.readouterr().out.splitlines()
-    replayed = await _run(settings, "dead", "replay")
-    replay_out = capsys.readouterr().out.splitlines()
-
-    assert (listed, replayed) == (0, 0)
-    assert "reason=rejected" in list_out[0] and "body=b'stuck'" in list_out[0]
-    assert list_out[1:] == ["1 dead-lettered message(s) listed (left in place)"]
-    assert replay_out == [list_out[0], "1 dead-lettered message(s) replayed"]
-    assert await declared.queue_depth(declared.topology.dead_letter_queue) == 0
-
-
-async def test_dead_letters_of_an_undeclared_topology_are_a_dependency_error(
-    settings: Settings,
-) -> None:
-    """Before ``topology`` ran there is no dead-letter queue: an error naming it (exit 3)."""
-    with pytest.raises(DependencyUnavailable, match=f"{settings.amqp.exchange}.dead"):
-        await _run(settings, "dead", "list")
+    assert await _run(settings, "dead", "replay", "1795000000000-" + "a" * 24) == 1
+    assert "no such dead letter" in capsys.readouterr().err
 
 
 async def test_make_run_setup_gives_the_sandbox_user_a_new_key_each_time(

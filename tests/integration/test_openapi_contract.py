@@ -3,13 +3,18 @@ RabbitMQ): its documented status, and a body its answer model validates."""
 
 from __future__ import annotations
 
+import uuid
+from datetime import UTC, datetime
+
 import httpx
 
 from services.api.openapi import OPERATIONS, Operation
 from services.api.schema import ErrorBody
 from shared import accounts
 from shared.db import Database
+from shared.deadletters import DeadLetterStore, letter_of
 from shared.domains import DomainStore
+from shared.topology import dispatch_key
 from tests.conftest import unique
 
 
@@ -56,6 +61,13 @@ async def test_every_operation_answers_its_documented_shape(
     await DomainStore(db).mark_verified(user_id, "doc.example.net")  # as its DNS would
     await call("verify_domain", "POST", "/v1/domains/doc.example.net/verify")
     await call("delete_domain", "DELETE", "/v1/domains/doc.example.net")
+    operator = await accounts.create_key(db, user_id, "ops", scopes=("operator",))
+    auth = {"Authorization": f"Bearer {operator}"}
+    letter = letter_of(dispatch_key("sg", uuid.uuid1()), None, {}, b"{}", datetime.now(UTC))
+    await DeadLetterStore(db).archive(letter)
+    await call("list_dead_letters", "GET", "/v1/dead-letters")
+    await call("replay_dead_letter", "POST", f"/v1/dead-letters/{letter.id}/replay")
+    await call("delete_dead_letter", "DELETE", f"/v1/dead-letters/{letter.id}")
 
     assert seen == {op.operation_id for op in OPERATIONS}
 

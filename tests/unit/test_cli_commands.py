@@ -27,6 +27,7 @@ COMMANDS = [
     ["dead"],
     ["dead", "list"],
     ["dead", "replay"],
+    ["dead", "delete"],
     ["stats"],
     ["stats", "reconcile"],
     ["check"],
@@ -151,6 +152,22 @@ def test_dead_letters_are_listed_or_replayed_with_a_limit(action: str) -> None:
 
     assert (default.func, default.dead_command, default.limit) == (cli.cmd_dead, action, 100)
     assert limited.limit == 5
+
+
+def test_dead_letters_are_replayed_or_deleted_by_id() -> None:
+    """Replay takes ids (or --all); delete needs at least one id."""
+    replay = _parse("dead", "replay", "1-a", "2-b")
+    every = _parse("dead", "replay", "--all")
+    delete = _parse("dead", "delete", "1-a")
+
+    assert (replay.ids, replay.all, every.ids, every.all) == (["1-a", "2-b"], False, [], True)
+    assert (delete.func, delete.dead_command, delete.ids) == (cli.cmd_dead, "delete", ["1-a"])
+
+
+def test_an_operator_key_adds_the_operator_scope() -> None:
+    """``keys create --operator`` may use the operator routes (dead letters)."""
+    assert _parse("keys", "create", "--user", "ops", "--operator").operator is True
+    assert _parse("keys", "create", "--user", "ops").operator is False
 
 
 def test_a_key_is_created_for_a_login_with_a_default_label() -> None:

@@ -1,81 +1,157 @@
-"""How the dead-letter tool describes one dead letter (``shared.deadletters.describe``): one
-line an operator can read whatever the message carries."""
+"""The pure side of dead letters (``shared.deadletters``): reading RabbitMQ's death record
+whatever it holds, the archive record and its stable id, what a listing shows."""
 
 from __future__ import annotations
 
+import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.deadletters import describe
+from shared.deadletters import death_of, letter_of, line, parse_id, replayed_headers, summary
+from shared.topology import dispatch_key
+
+NOW = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+DIED = datetime(2026, 11, 26, 11, 0, 0, 123456, tzinfo=UTC)
 
 
-def test_a_dead_letter_names_its_key_why_it_died_where_and_its_body() -> None:
-    headers = {"x-death": [{"reason": "delivery_limit", "queue": "safedelivr.sg", "count": 1}]}
-    line = describe("sg.4f1c", headers, b'{"batch_id": "4f1c"}')
-    assert line == (
-        'sg.4f1c  reason=delivery_limit queue=safedelivr.sg  body=b\'{"batch_id": "4f1c"}\''
-    )
-
-
-def test_the_most_recent_death_is_the_one_described() -> None:
+def test_the_most_recent_death_is_the_one_read() -> None:
     """RabbitMQ puts the latest death first in ``x-death``."""
     headers = {
         "x-death": [
-            {"reason": "rejected", "queue": "safedelivr.mg"},
+            {"reason": "rejected", "queue": "safedelivr.mg", "count": 2, "time": DIED},
             {"reason": "expired", "queue": "safedelivr.delay.5s"},
         ]
     }
-    assert "reason=rejected queue=safedelivr.mg" in describe("mg.1", headers, b"")
+    death = death_of(headers)
+    assert (death.reason, death.queue, death.count, death.first_time) == (
+        "rejected",
+        "safedelivr.mg",
+        2,
+        DIED,
+    )
 
 
 @pytest.mark.parametrize(
     "headers",
-    [{}, {"x-death": None}, {"x-death": []}, {"x-death": ["not a table"]}, {"x-death": [{}]}],
+    [
+        {},
+        {"x-death": None},
+        {"x-death": []},
+        {"x-death": ["not a table"]},
+        {"x-death": [{}]},
+        {"x-death": {"reason": "forged"}},
+        {"x-death": 5},
+        {"x-death": [{"count": True, "time": "yesterday"}]},
+    ],
 )
-def test_a_dead_letter_without_a_usable_death_record_still_gets_a_line(
-    headers: dict[str, Any],
-) -> None:
-    """A message published straight to the dead-letter exchange has no ``x-death``."""
-    assert describe("sg.1", headers, b"x") == "sg.1  reason=? queue=?  body=b'x'"
+def test_an_unusable_death_record_reads_as_unknown(headers: dict[str, Any]) -> None:
+    """A message published straight to the dead-letter exchange has no (or any) ``x-death``."""
+    death = death_of(headers)
+    assert (death.reason, death.queue, death.count, death.first_time) == ("?", "?", 0, None)
 
 
-@pytest.mark.parametrize("death", [{"reason": "rejected", "queue": "q"}, 5])
-def test_a_malformed_x_death_header_does_not_break_the_description(death: object) -> None:
-    """Any client can publish to the dead-letter exchange with an ``x-death`` of its own."""
-    assert describe("sg.1", {"x-death": death}, b"x") == "sg.1  reason=? queue=?  body=b'x'"
+def test_a_letter_is_dated_by_its_first_death_to_the_millisecond() -> None:
+    """The id and the date come from RabbitMQ's record, the same on every redelivery."""
+    key = dispatch_key("sg", uuid.uuid1())
+    letter = letter_of(key, "m-1", {"x-death": [{"time": DIED}]}, b"x", NOW)
+    assert letter.dead_at == DIED.replace(microsecond=123000)
+    assert letter.id.startswith(f"{int(DIED.timestamp() * 1000)}-")
+    assert letter_of(key, "m-1", {"x-death": [{"time": DIED}]}, b"x", NOW.replace(hour=13)).id == (
+        letter.id
+    )
 
 
-def test_an_undecodable_body_is_shown_escaped() -> None:
-    line = describe("batch.1", {}, b"\xff\xfe\x00\n{")
-    assert line.endswith("body=b'\\xff\\xfe\\x00\\n{'")
+def test_letters_differing_in_anything_they_carry_have_different_ids() -> None:
+    """Key, message id and body all count (a length prefix keeps "ab"+"c" from "a"+"bc")."""
+    death = {"x-death": [{"time": DIED}]}
+    ids = {
+        letter_of(key, message_id, death, body, NOW).id
+        for key, message_id, body in [
+            ("sg.a", "m", b"c"),
+            ("sg.a", "mc", b""),
+            ("sg.am", None, b"c"),
+            ("sg.a", "m", b"d"),
+            ("sg.b", "m", b"c"),
+        ]
+    }
+    assert len(ids) == 5
 
 
-def test_a_long_body_is_cut_to_its_first_120_bytes() -> None:
-    line = describe("batch.1", {}, b"a" * 119 + b"Z" + b"b" * 5000)
-    assert line.endswith("body=b'" + "a" * 119 + "Z'")
+def test_a_letter_keeps_our_headers_and_the_applications_but_not_rabbitmqs() -> None:
+    headers = {
+        "x-death": [{"time": DIED}],
+        "x-first-death-queue": "q",
+        "x-safedelivr-received-at": "1767225600.5",
+        "x-delay-tier": "5",
+        "trace": b"abc",
+    }
+    letter = letter_of("hook.sg", None, headers, b"[]", NOW)
+    assert letter.headers == {"x-safedelivr-received-at": "1767225600.5", "trace": "abc"}
+    assert replayed_headers(headers).keys() == {"x-safedelivr-received-at", "trace"}
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "abc", "1-zz", "1795000000000-" + "g" * 24, "-" + "a" * 24, "9" * 20 + "-" + "a" * 24,
+     "١٢-" + "a" * 24, "1795000000000-" + "a" * 23],
+)  # fmt: skip
+def test_an_id_that_is_not_ours_parses_to_nothing(text: str) -> None:
+    assert parse_id(text) is None
+
+
+def test_an_id_parses_back_to_its_date() -> None:
+    letter = letter_of("sg.x", None, {"x-death": [{"time": DIED}]}, b"", NOW)
+    assert parse_id(letter.id) == (letter.dead_at, letter.id)
+
+
+def test_the_summary_names_the_job_a_dispatch_letter_carries() -> None:
+    batch = uuid.uuid1()
+    body = f'{{"batch_id": "{batch}", "chunk": 3, "attempt": 2}}'.encode()
+    letter = letter_of(dispatch_key("mg", batch, 2), None, {}, body, NOW)
+    about = summary(letter)
+    assert about["kind"] == "dispatch"
+    assert (about["provider"], about["attempt"], about["chunk"]) == ("mg", 2, 3)
+    assert about["batch_id"] == str(batch)
+    assert about["bytes"] == len(body)
+
+
+def test_the_summary_of_a_webhook_delivery_names_its_provider() -> None:
+    about = summary(letter_of("hook.sg", None, {}, b"\xff not json", NOW))
+    assert (about["kind"], about["provider"]) == ("webhook", "sg")
+    assert about["preview"].endswith("not json")
+
+
+def test_a_long_body_is_cut_in_the_listing_line() -> None:
+    text = line(letter_of("batch.1", None, {}, b"a" * 119 + b"Z" + b"b" * 5000, NOW))
+    assert text.endswith("body=b'" + "a" * 119 + "Z'")
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     key=st.text(max_size=60),
     body=st.binary(max_size=400),
+    headers=st.dictionaries(
+        st.text(max_size=20),
+        st.none() | st.integers() | st.text(max_size=20) | st.binary(max_size=20) | st.floats(),
+        max_size=4,
+    ),
     deaths=st.lists(
         st.dictionaries(
             st.sampled_from(["reason", "queue", "count", "time"]),
-            # RabbitMQ's own values: reasons and queue names, never control characters.
-            st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=20) | st.integers(),
+            st.text(max_size=20) | st.integers() | st.datetimes(timezones=st.just(UTC)),
         ),
         max_size=3,
     ),
 )
-def test_the_description_is_always_one_line_starting_with_the_key(
-    key: str, body: bytes, deaths: list[dict[str, Any]]
+def test_any_message_makes_a_letter_with_a_parseable_id_and_one_listing_line(
+    key: str, body: bytes, headers: dict[str, Any], deaths: list[dict[str, Any]]
 ) -> None:
-    """Whatever the body holds (newlines included), a listing stays one line per message."""
-    line = describe(key, {"x-death": deaths}, body)
-    assert line.startswith(key)
-    assert "\n" not in line.removeprefix(key)
-    assert len(line) - len(key) < 120 * 4 + 200
+    """Whatever a dead letter holds, it is archived: nothing here may raise."""
+    letter = letter_of(key, None, {**headers, "x-death": deaths}, body, NOW)
+    assert parse_id(letter.id) is not None
+    assert "\n" not in line(letter).removeprefix(letter.id)
+    assert summary(letter)["bytes"] == len(body)

@@ -18,7 +18,7 @@ from tests.fakes.broker import FakeBroker
 from tests.fakes.world import ScriptedProvider
 
 
-async def test_the_consumers_read_the_batches_queue_and_both_queues_of_each_provider() -> None:
+async def test_the_consumers_read_the_batches_queue_each_providers_queues_and_the_dead() -> None:
     broker = FakeBroker()
     nowhere = "http://127.0.0.1:9"  # the discard port: the start-up probe reaches no provider
     settings = Settings(
@@ -40,6 +40,7 @@ async def test_the_consumers_read_the_batches_queue_and_both_queues_of_each_prov
         t.log_queue("mg"),
         t.provider_queue("sg"),
         t.log_queue("sg"),
+        t.dead_letter_queue,  # archived for operators
     }
     assert list(dispatcher.providers) == ["mg", "sg"]
     await asyncio.wait_for(asyncio.gather(*_background), 10)  # the start-up probe finishes

@@ -1,0 +1,49 @@
+"""``/v1/dead-letters`` (operator keys only): list the dead letters the consumers archived,
+replay one (published again once; a second replay is a 409) or delete it
+(``shared.deadletters``)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from services.api.auth import require_key
+from services.api.queries import decode_cursor, encode_cursor, page_limit
+from shared.deadletters import DeadLetters, ReplayRefused, view
+from shared.http import JSON, ApiError
+
+_REFUSALS = {"not_found": 404, "already_replayed": 409, "replaying": 409, "unroutable": 409}
+
+
+def _letters(request: Request) -> DeadLetters:
+    letters: DeadLetters = request.app.state.dead_letters
+    return letters
+
+
+async def list_dead_letters(request: Request) -> Response:
+    await require_key(request, "operator")
+    limit = page_limit(request, default=50, maximum=500)
+    cursor = decode_cursor(request.query_params.get("cursor"))
+    after = str(cursor.get("after")) if cursor else None
+    found = await _letters(request).store.page(limit + 1, after)
+    data = [view(letter) for letter in found[:limit]]
+    more = len(found) > limit
+    return JSON(
+        {"data": data, "next_cursor": encode_cursor({"after": data[-1]["id"]}) if more else None}
+    )
+
+
+async def replay_dead_letter(request: Request) -> Response:
+    await require_key(request, "operator")
+    try:
+        letter = await _letters(request).replay(request.path_params["letter_id"])
+    except ReplayRefused as exc:
+        raise ApiError(_REFUSALS[exc.code], exc.code, exc.message) from None
+    return JSON(view(letter))
+
+
+async def delete_dead_letter(request: Request) -> Response:
+    await require_key(request, "operator")
+    if not await _letters(request).delete(request.path_params["letter_id"]):
+        raise ApiError(404, "not_found", "no such dead letter")
+    return Response(status_code=204)
