@@ -199,6 +199,19 @@ class Client:
     def remove_domain(self, domain: str) -> None:
         self._call(Request("DELETE", f"/v1/domains/{quoted(domain)}"))
 
+    def dead_letters(self, *, limit: int | None = None, cursor: str | None = None) -> Page:
+        """Dead letters, newest first (an operator key)."""
+        request = Request("GET", "/v1/dead-letters", page_params(limit, cursor))
+        return cast(Page, self._call(request))
+
+    def replay_dead_letter(self, letter_id: str) -> dict[str, Any]:
+        """Publish a dead letter again, once (a second replay raises ApiError 409)."""
+        request = Request("POST", f"/v1/dead-letters/{quoted(letter_id)}/replay")
+        return cast(dict[str, Any], self._call(request))
+
+    def delete_dead_letter(self, letter_id: str) -> None:
+        self._call(Request("DELETE", f"/v1/dead-letters/{quoted(letter_id)}"))
+
     def create_key(
         self,
         name: str,
@@ -371,6 +384,19 @@ class AsyncClient:
 
     async def remove_domain(self, domain: str) -> None:
         await self._call(Request("DELETE", f"/v1/domains/{quoted(domain)}"))
+
+    async def dead_letters(self, *, limit: int | None = None, cursor: str | None = None) -> Page:
+        """See :meth:`Client.dead_letters`."""
+        request = Request("GET", "/v1/dead-letters", page_params(limit, cursor))
+        return cast(Page, await self._call(request))
+
+    async def replay_dead_letter(self, letter_id: str) -> dict[str, Any]:
+        """See :meth:`Client.replay_dead_letter`."""
+        request = Request("POST", f"/v1/dead-letters/{quoted(letter_id)}/replay")
+        return cast(dict[str, Any], await self._call(request))
+
+    async def delete_dead_letter(self, letter_id: str) -> None:
+        await self._call(Request("DELETE", f"/v1/dead-letters/{quoted(letter_id)}"))
 
     async def create_key(
         self,

@@ -29,6 +29,9 @@ OPERATIONS: Mapping[str, str] = {
     "get_domain": "domain",
     "verify_domain": "verify_domain",
     "delete_domain": "remove_domain",
+    "list_dead_letters": "dead_letters",
+    "replay_dead_letter": "replay_dead_letter",
+    "delete_dead_letter": "delete_dead_letter",
 }
 
 #: Statuses the API documents as "retry after Retry-After".
