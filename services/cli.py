@@ -329,6 +329,56 @@ def cmd_dead(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(go())
 
 
+def cmd_settings(settings: Settings, args: argparse.Namespace) -> int:
+    import getpass
+
+    import orjson
+
+    from shared.broker import Broker
+    from shared.db import Database
+    from shared.livesettings import SettingsError, SettingsStore, check, defaults
+    from shared.resources import topology_for
+
+    async def go() -> int:
+        db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
+        try:
+            store = SettingsStore(db, settings.amqp.exchange)
+            if args.settings_command == "get":
+                stored = await store.stored()
+                for name, value in sorted({**defaults(settings.providers), **stored}.items()):
+                    origin = "live" if name in stored else "environment"
+                    print(f"{name}={value}\t({origin})")
+                for change in await store.audit(10):
+                    print(
+                        f"changed {change.at:%Y-%m-%d %H:%M:%S}Z by {change.by}: "
+                        f"{change.name} {change.old or '-'} -> {change.new}"
+                    )
+                return 0
+            try:
+                value = check(args.name, args.value)
+            except SettingsError as exc:
+                print(f"safedelivr settings: {exc}", file=sys.stderr)
+                return 2
+            done = await store.change({args.name: value}, by=f"cli:{getpass.getuser()}")
+            if done:
+                broker = Broker(
+                    settings.amqp.url.get_secret_value(),
+                    topology_for(settings),
+                    name="safedelivr-settings",
+                )
+                await broker.connect()
+                try:
+                    await broker.announce(orjson.dumps({"changed": [args.name]}))
+                finally:
+                    await broker.close()
+            print(f"{args.name}={value}" + ("" if done else " (unchanged)"))
+            return 0
+        finally:
+            await db.close()
+
+    return asyncio.run(go())
+
+
 def cmd_signups(settings: Settings, args: argparse.Namespace) -> int:
     import getpass
 
@@ -424,6 +474,16 @@ def build_parser() -> argparse.ArgumentParser:
     delete = dead_sub.add_parser("delete", help="delete letters for good")
     delete.add_argument("ids", nargs="+", help="letter ids, from `dead list`")
     delete.set_defaults(func=cmd_dead)
+    live = sub.add_parser(
+        "settings", help="the live settings: chain order, paused providers, attempts"
+    ).add_subparsers(dest="settings_command", required=True)
+    live.add_parser("get", help="every live setting and the latest changes").set_defaults(
+        func=cmd_settings
+    )
+    change = live.add_parser("set", help="change one; every process applies it within 1 s")
+    change.add_argument("name", help="providers.chain, providers.<code>.paused, ...")
+    change.add_argument("value", help="e.g. mailgun,sendgrid or true")
+    change.set_defaults(func=cmd_settings)
     signups = sub.add_parser(
         "signups", help="answer sign-up requests (SAFEDELIVR_SIGNUP=approval)"
     ).add_subparsers(dest="signups_command", required=True)

@@ -162,6 +162,9 @@ class Broker:
             delay = await channel.declare_exchange(
                 t.delay_exchange, aio_pika.ExchangeType.HEADERS, durable=True
             )
+            await channel.declare_exchange(
+                t.settings_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+            )
             by_name = {t.exchange: main, t.dead_letter_exchange: dlx, t.delay_exchange: delay}
             for spec in t.queues():
                 queue = await channel.declare_queue(
@@ -185,7 +188,7 @@ class Broker:
         for spec in t.queues():
             with contextlib.suppress(*_AMQP_ERRORS):
                 await channel.queue_delete(spec.name)
-        for name in (t.exchange, t.dead_letter_exchange, t.delay_exchange):
+        for name in (t.exchange, t.dead_letter_exchange, t.delay_exchange, t.settings_exchange):
             with contextlib.suppress(*_AMQP_ERRORS):
                 await channel.exchange_delete(name)
 
@@ -240,6 +243,50 @@ class Broker:
             raise DependencyUnavailable("rabbitmq", _describe(exc)) from exc
         self._consumer_channels.append(channel)
         self._consumers.append((queue, tag))
+
+    async def cancel(self, queue_name: str) -> None:
+        """Stop consuming ``queue_name`` (deliveries in flight still settle)."""
+        keep = []
+        for queue, tag in self._consumers:
+            if queue.name == queue_name:
+                with contextlib.suppress(*_AMQP_ERRORS):
+                    await queue.cancel(tag)
+            else:
+                keep.append((queue, tag))
+        self._consumers = keep
+
+    async def announce(self, body: bytes) -> None:
+        """Publish ``body`` to the settings fanout exchange, confirmed (no queue is needed:
+        a process that is not running reads the settings when it starts)."""
+        message = aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT)
+        try:
+            # Declared here too: publishing to a missing exchange would close the channel.
+            exchange = await self._require_channel().declare_exchange(
+                self.topology.settings_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+            )
+            await exchange.publish(message, "", timeout=self.publish_timeout)
+        except _AMQP_ERRORS as exc:
+            raise DependencyUnavailable("rabbitmq", _describe(exc)) from exc
+
+    async def listen(self, on_message: Callable[[bytes], None]) -> None:
+        """Call ``on_message`` for every announcement from now on, through a server-named,
+        exclusive queue of this connection (gone with it; re-made on reconnection)."""
+        connection = self._require_connection()
+        try:
+            channel = await connection.channel()
+            exchange = await channel.declare_exchange(
+                self.topology.settings_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+            )
+            queue = await channel.declare_queue("", exclusive=True, auto_delete=True)
+            await queue.bind(exchange)
+
+            async def deliver(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                on_message(message.body)
+
+            await queue.consume(deliver, no_ack=True)
+        except _AMQP_ERRORS as exc:
+            raise DependencyUnavailable("rabbitmq", _describe(exc)) from exc
+        self._consumer_channels.append(channel)
 
     async def stop_consuming(self) -> None:
         """Cancel every consumer so no new deliveries arrive; in-flight ones can still settle."""

@@ -130,6 +130,11 @@ class Topology:
         return f"{self.exchange}.delay"
 
     @property
+    def settings_exchange(self) -> str:
+        """Fanout: "the live settings changed"; each process listens with a queue of its own."""
+        return f"{self.exchange}.settings"
+
+    @property
     def dead_letter_queue(self) -> str:
         return f"{self.exchange}.dead"
 

@@ -205,6 +205,28 @@ OPERATIONS: tuple[Operation, ...] = (
         errors=(404,),
     ),
     Operation(
+        "get_settings",
+        "get",
+        "/v1/settings",
+        "The live settings in force, and the latest changes (operator keys)",
+        schema.SettingsView,
+    ),
+    Operation(
+        "patch_settings",
+        "patch",
+        "/v1/settings",
+        "Change live settings: chain order, pausing a provider, attempts (operator keys)",
+        schema.SettingsView,
+        body=schema.SettingsPatch,
+        errors=(400, 413, 415, 422),
+        description="Stored, audited (who, when, old -> new) and announced: every running "
+        'process applies the change within a second. `{"providers": {"chain": '
+        '["mailgun", "sendgrid"]}}` reorders the chain; `{"providers": '
+        '{"sendgrid": {"paused": true}}}` sends everything through the others (with '
+        'every provider paused, work waits in the queues); `{"providers": '
+        '{"max_attempts": 4}}` bounds attempts per chunk.',
+    ),
+    Operation(
         "list_dead_letters",
         "get",
         "/v1/dead-letters",

@@ -122,6 +122,14 @@ class KeyIn(_In):
     )
 
 
+class SettingsPatch(_In):
+    """``PATCH /v1/settings``: any of the provider settings; provider names or codes."""
+
+    providers: dict[str, Any] = Field(
+        examples=[{"chain": ["mailgun", "sendgrid"]}, {"sendgrid": {"paused": True}}]
+    )
+
+
 class DomainIn(_In):
     """``POST /v1/domains``."""
 
@@ -260,6 +268,35 @@ class DomainView(_Out):
 
 class DomainList(_Out):
     data: list[DomainView]
+
+
+class SettingsChange(_Out):
+    name: str = Field(examples=["providers.sg.paused"])
+    old: str | None = Field(examples=["false"])
+    new: str = Field(examples=["true"])
+    by: str = Field(examples=["key:3f2a9c0d1e2b"])
+    at: str
+
+
+class SettingsView(_Out):
+    """The live settings in force (provider names as PATCH takes them), and recent changes."""
+
+    providers: dict[str, Any] = Field(
+        examples=[
+            {
+                "chain": ["sendgrid", "mailgun"],
+                "max_attempts": 6,
+                "sendgrid": {"code": "sg", "paused": False},
+                "mailgun": {"code": "mg", "paused": False},
+            }
+        ]
+    )
+    changes: list[SettingsChange]
+    announced: bool | None = Field(
+        None,
+        description="After a PATCH: whether the change was announced to every process "
+        "(applied within a second); if not, each applies it at its next reload (30 s).",
+    )
 
 
 class DeadLetterView(_Out):

@@ -89,6 +89,9 @@ class Caller:
         return await self.record(job, delivery)
 
     async def _send(self, job: protocol.Job, chunk: Chunk) -> Answer:
+        if job.provider in self.d.paused:
+            # Not called: rejected like a refusal, so the decision moves the work on.
+            return Answer(error=TransientProviderError(job.provider, "paused by an operator"))
         provider = self.d.providers.get(job.provider)
         if provider is None:
             error = ProviderMisconfigured(job.provider, "provider is not configured in the chain")

@@ -98,6 +98,8 @@ class Dispatcher:
     recipients: RecipientStore
     hooks: Hooks = no_hooks
     deferred_deadline: int = 4 * 3600
+    paused: frozenset[str] = frozenset()
+    """Providers an operator paused (live settings): their jobs go to the next provider."""
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
     def __post_init__(self) -> None:

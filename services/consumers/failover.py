@@ -1,10 +1,12 @@
 """What to do after a provider attempt fails: the failover policy as a pure function.
 
 Attempt ``n`` (0-based; it travels as ``.retry.<n>``) goes to ``chain[n % len(chain)]``, so
-failover walks the chain in its configured order and then cycles. Each time the walk wraps
-around to the start of the chain, the next attempt waits in a delay queue (backoff tiers, the
-last one repeating), never in a ``sleep``. A provider's ``Retry-After`` lengthens the wait when
-that same provider is next. Errors that no provider can fix end the chunk at once.
+failover walks the chain in its configured order and then cycles. The chain is the one in
+force when the decision is made (live settings: reordered, paused providers left out). Each
+time the walk wraps around to the start of the chain, the next attempt waits in a delay queue
+(backoff tiers, the last one repeating), never in a ``sleep``. A provider's ``Retry-After``
+lengthens the wait when that same provider is next. Errors that no provider can fix end the
+chunk at once.
 """
 
 from __future__ import annotations
@@ -70,8 +72,11 @@ def decide(
         return GiveUp(f"no other provider is left to try; last: {error.provider} {error.message}")
     delay = 0.0
     nxt = attempt + 1
+    # A provider outside the chain (paused or taken out by an operator since) hands its work
+    # to the chain at once: it is the chain's first try, not a wrap-around.
+    wraps = error.provider in chain
     while nxt < max_attempts:
-        if nxt % len(chain) == 0:
+        if wraps and nxt % len(chain) == 0:
             # `=` for `+=` is an equivalent mutant: the walk wraps at most once per decision (a
             # full cycle of the chain always reaches a provider not refused), so delay is 0.0 here.
             delay += backoff[  # pragma: no mutate

@@ -7,10 +7,12 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from starlette.applications import Starlette
 
 from services.consumers.dispatch import Dispatcher, Hooks, no_hooks
+from services.consumers.live import ConsumerSettings, LiveMetrics
 from services.consumers.splitter import Splitter
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchStore
@@ -18,6 +20,7 @@ from shared.config import Settings
 from shared.deadletters import DeadLetterStore, Letter, archiver
 from shared.errors import DependencyUnavailable, ProviderError
 from shared.health import health_routes
+from shared.livesettings import SettingsStore, Watcher
 from shared.metrics import DeadLetterMetrics, DispatchMetrics, new_registry
 from shared.providers.base import Provider
 from shared.providers.registry import build_providers, close_all
@@ -56,6 +59,14 @@ def build_dispatcher(
     )
 
 
+@dataclass
+class Consumers:
+    """What :func:`start_consumers` started."""
+
+    dispatcher: Dispatcher
+    watcher: Watcher
+
+
 async def start_consumers(
     settings: Settings,
     res: Resources,
@@ -64,13 +75,28 @@ async def start_consumers(
     *,
     hooks: Hooks = no_hooks,
     dead_metrics: DeadLetterMetrics | None = None,
-) -> Dispatcher:
-    """Declare the topology and start the splitter, one sender per provider in the chain and
-    the dead-letter archiver."""
+    live_metrics: LiveMetrics | None = None,
+) -> Consumers:
+    """Declare the topology, apply the live settings, and start the splitter, one sender per
+    provider in the chain and the dead-letter archiver (run ``watcher.run()`` to keep the
+    settings current)."""
     await res.broker.declare()
     dispatcher = build_dispatcher(settings, res, metrics, hooks=hooks)
     providers = dispatcher.providers
     splitter = Splitter(res.broker, dispatcher.batches, settings.providers.chain_codes[0])
+    handler = settling(dispatcher.process, inflight)
+    applier = ConsumerSettings(
+        dispatcher,
+        splitter,
+        res.broker,
+        settings.providers,
+        handler,
+        settings.consumers.prefetch,
+        live_metrics or LiveMetrics.create(new_registry()),
+    )
+    watcher = Watcher(SettingsStore(res.db, settings.amqp.exchange), settings.providers, applier)
+    await watcher.load()  # before any work is taken: a paused provider is paused from the start
+    await res.broker.listen(lambda _: watcher.nudge())
     topology = res.broker.topology
     await res.broker.consume(
         topology.batches_queue, settling(splitter.process, inflight), prefetch=16
@@ -78,14 +104,14 @@ async def start_consumers(
     probe = asyncio.create_task(_probe_query_apis(providers, settings))
     _background.add(probe)
     probe.add_done_callback(_background.discard)
-    handler = settling(dispatcher.process, inflight)
-    for code in settings.providers.chain_codes:
-        await res.broker.consume(
-            topology.provider_queue(code), handler, prefetch=settings.consumers.prefetch
-        )
-        await res.broker.consume(topology.log_queue(code), handler, prefetch=32)
+    if applier.consuming:
+        for code in settings.providers.chain_codes:
+            await res.broker.consume(
+                topology.provider_queue(code), handler, prefetch=settings.consumers.prefetch
+            )
+            await res.broker.consume(topology.log_queue(code), handler, prefetch=32)
     await start_archiving(res, inflight, dead_metrics or DeadLetterMetrics.create(new_registry()))
-    return dispatcher
+    return Consumers(dispatcher, watcher)
 
 
 async def start_archiving(res: Resources, inflight: InFlight, metrics: DeadLetterMetrics) -> None:
@@ -144,21 +170,33 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
     registry = new_registry()
     metrics = DispatchMetrics.create(registry)
     dead_metrics = DeadLetterMetrics.create(registry)
+    live_metrics = LiveMetrics.create(registry)
     inflight = InFlight()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_resources(settings, name="safedelivr-consumers") as res:
             app.state.resources = res
-            dispatcher = await start_consumers(
-                settings, res, inflight, metrics, hooks=hooks, dead_metrics=dead_metrics
+            started = await start_consumers(
+                settings,
+                res,
+                inflight,
+                metrics,
+                hooks=hooks,
+                dead_metrics=dead_metrics,
+                live_metrics=live_metrics,
             )
+            dispatcher = started.dispatcher
             log.info("consuming %s", ", ".join(settings.providers.chain_codes))
-            counting = asyncio.create_task(count_dead_letters(res, dead_metrics))
+            tasks = [
+                asyncio.create_task(count_dead_letters(res, dead_metrics)),
+                asyncio.create_task(started.watcher.run()),
+            ]
             try:
                 yield
             finally:
-                counting.cancel()
+                for task in tasks:
+                    task.cancel()
                 await res.broker.stop_consuming()
                 if not await inflight.wait_idle(DRAIN_TIMEOUT):
                     log.warning(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -16,6 +17,7 @@ from shared.config import Settings
 from shared.errors import ConfigError
 from shared.health import health_routes
 from shared.http import AdmissionLimit, error_handlers
+from shared.livesettings import LiveSettings, SettingsStore, Watcher
 from shared.metrics import new_registry
 from shared.providers import sendgrid_events
 from shared.resources import open_resources, readiness_checks
@@ -46,6 +48,19 @@ def create_app(settings: Settings) -> Starlette:
             tokens = WebhookTokens(res.db)
             app.state.intake = intake = Intake(tokens, res.broker, ingest, intake_metrics)
             await res.broker.declare()
+            configured = settings.providers.chain_codes
+
+            async def apply(live: LiveSettings) -> None:
+                # Hand-offs after provider-side failures follow the running chain too.
+                ingest.handoff.chain = live.running_chain(configured)
+                ingest.handoff.max_attempts = live.max_attempts
+
+            watcher = Watcher(
+                SettingsStore(res.db, settings.amqp.exchange), settings.providers, apply
+            )
+            await watcher.load()
+            await res.broker.listen(lambda _: watcher.nudge())
+            watching = asyncio.create_task(watcher.run())
             await res.broker.consume(
                 res.broker.topology.webhooks_queue,
                 settling(intake.process, inflight, hold=None),
@@ -54,6 +69,7 @@ def create_app(settings: Settings) -> Starlette:
             try:
                 yield
             finally:
+                watching.cancel()
                 await res.broker.stop_consuming()
                 await inflight.wait_idle(DRAIN_TIMEOUT)
 

@@ -69,6 +69,7 @@ class FakeBroker:
         self._failures: list[tuple[Exception, bool]] = []
         self.declared = False
         self.consumers: dict[str, tuple[Any, int]] = {}
+        self.listeners: list[Callable[[bytes], None]] = []
         self._routes = [
             (key, spec.name) for spec in self.topology.work_queues() for _, key in spec.bindings
         ]
@@ -80,6 +81,18 @@ class FakeBroker:
     async def consume(self, queue_name: str, handler: Any, *, prefetch: int) -> None:
         """Remember who consumes what (tests deliver with ``World.deliver``)."""
         self.consumers[queue_name] = (handler, prefetch)
+
+    async def cancel(self, queue_name: str) -> None:
+        """Stop consuming ``queue_name``."""
+        self.consumers.pop(queue_name, None)
+
+    async def announce(self, body: bytes) -> None:
+        """Every listener hears it at once, as over the fanout exchange."""
+        for listener in list(self.listeners):
+            listener(body)
+
+    async def listen(self, on_message: Callable[[bytes], None]) -> None:
+        self.listeners.append(on_message)
 
     def fail(self, error: Exception | None = None, *, delivered: bool = False) -> None:
         """Make the next publish raise (default: not confirmed); with ``delivered`` the message

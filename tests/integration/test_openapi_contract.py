@@ -65,6 +65,9 @@ async def test_every_operation_answers_its_documented_shape(
     auth = {"Authorization": f"Bearer {operator}"}
     letter = letter_of(dispatch_key("sg", uuid.uuid1()), None, {}, b"{}", datetime.now(UTC))
     await DeadLetterStore(db).archive(letter)
+    await call("get_settings", "GET", "/v1/settings")
+    patch = {"providers": {"max_attempts": 4}}
+    await call("patch_settings", "PATCH", "/v1/settings", json=patch)
     await call("list_dead_letters", "GET", "/v1/dead-letters")
     await call("replay_dead_letter", "POST", f"/v1/dead-letters/{letter.id}/replay")
     await call("delete_dead_letter", "DELETE", f"/v1/dead-letters/{letter.id}")

@@ -52,6 +52,18 @@ def test_single_provider_retries_itself_with_backoff() -> None:
     assert _decide(0, TransientProviderError("sg", "x"), chain=("sg",)) == Retry("sg", 1, 5)
 
 
+def test_work_of_a_provider_outside_the_chain_moves_to_the_chain_at_once() -> None:
+    """A paused provider's job (SendGrid left out of the running chain) goes to Mailgun with
+    no backoff: it is Mailgun's first try, not a wrap-around of the chain."""
+    assert _decide(0, TransientProviderError("sg", "paused"), chain=("mg",)) == Retry("mg", 1, 0)
+    assert _decide(3, TransientProviderError("sg", "paused"), chain=("mg",)) == Retry("mg", 4, 0)
+
+
+def test_the_running_chain_still_backs_off_when_it_wraps() -> None:
+    """Mailgun alone failing after taking SendGrid's work retries itself after the backoff."""
+    assert _decide(1, TransientProviderError("mg", "503"), chain=("mg",)) == Retry("mg", 2, 30)
+
+
 def test_retry_after_lengthens_the_wait_for_the_same_provider() -> None:
     """A 429's Retry-After is honoured when the same provider is next."""
     err = TransientProviderError("sg", "429", retry_after=60)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, cast
 
@@ -199,6 +199,15 @@ class Client:
     def remove_domain(self, domain: str) -> None:
         self._call(Request("DELETE", f"/v1/domains/{quoted(domain)}"))
 
+    def settings(self) -> dict[str, Any]:
+        """The live settings in force and the latest changes (an operator key)."""
+        return cast(dict[str, Any], self._call(Request("GET", "/v1/settings")))
+
+    def change_settings(self, providers: Mapping[str, Any]) -> dict[str, Any]:
+        """Change live settings, e.g. ``{"sendgrid": {"paused": True}}`` (an operator key)."""
+        request = Request("PATCH", "/v1/settings", json={"providers": dict(providers)})
+        return cast(dict[str, Any], self._call(request))
+
     def dead_letters(self, *, limit: int | None = None, cursor: str | None = None) -> Page:
         """Dead letters, newest first (an operator key)."""
         request = Request("GET", "/v1/dead-letters", page_params(limit, cursor))
@@ -384,6 +393,15 @@ class AsyncClient:
 
     async def remove_domain(self, domain: str) -> None:
         await self._call(Request("DELETE", f"/v1/domains/{quoted(domain)}"))
+
+    async def settings(self) -> dict[str, Any]:
+        """See :meth:`Client.settings`."""
+        return cast(dict[str, Any], await self._call(Request("GET", "/v1/settings")))
+
+    async def change_settings(self, providers: Mapping[str, Any]) -> dict[str, Any]:
+        """See :meth:`Client.change_settings`."""
+        request = Request("PATCH", "/v1/settings", json={"providers": dict(providers)})
+        return cast(dict[str, Any], await self._call(request))
 
     async def dead_letters(self, *, limit: int | None = None, cursor: str | None = None) -> Page:
         """See :meth:`Client.dead_letters`."""

@@ -29,6 +29,8 @@ OPERATIONS: Mapping[str, str] = {
     "get_domain": "domain",
     "verify_domain": "verify_domain",
     "delete_domain": "remove_domain",
+    "get_settings": "settings",
+    "patch_settings": "change_settings",
     "list_dead_letters": "dead_letters",
     "replay_dead_letter": "replay_dead_letter",
     "delete_dead_letter": "delete_dead_letter",

@@ -18,6 +18,14 @@ from tests.fakes.broker import FakeBroker
 from tests.fakes.world import ScriptedProvider
 
 
+class NoStoredSettings:
+    """A database holding no live settings (the only thing start-up reads)."""
+
+    async def rows(self, query: str, params: object = None) -> list[dict[str, object]]:
+        assert "live_settings" in query
+        return []
+
+
 async def test_the_consumers_read_the_batches_queue_each_providers_queues_and_the_dead() -> None:
     broker = FakeBroker()
     nowhere = "http://127.0.0.1:9"  # the discard port: the start-up probe reaches no provider
@@ -30,8 +38,8 @@ async def test_the_consumers_read_the_batches_queue_each_providers_queues_and_th
             mailgun_api_key=SecretStr("unit"),
         )
     )
-    res = Resources(db=None, broker=broker)  # type: ignore[arg-type]  # nothing is read yet
-    dispatcher = await start_consumers(settings, res, InFlight())
+    res = Resources(db=NoStoredSettings(), broker=broker)  # type: ignore[arg-type]
+    dispatcher = (await start_consumers(settings, res, InFlight())).dispatcher
     t = broker.topology
     assert broker.declared
     assert set(broker.consumers) == {

@@ -1,0 +1,64 @@
+"""``GET|PATCH /v1/settings`` (operator keys only): the live settings in force, and changes to
+them, audited and announced to every process (``shared.livesettings``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from services.api.auth import require_key
+from shared.config import Settings
+from shared.errors import DependencyUnavailable
+from shared.http import JSON, ApiError, read_json
+from shared.livesettings import SettingsError, SettingsStore, flatten_patch, resolve, view
+from shared.resources import Resources
+
+SMALL_BODY = 8 * 1024
+
+log = logging.getLogger(__name__)
+
+
+def _store(request: Request) -> SettingsStore:
+    settings: Settings = request.app.state.settings
+    resources: Resources = request.app.state.resources
+    return SettingsStore(resources.db, settings.amqp.exchange)
+
+
+async def _shown(request: Request, store: SettingsStore) -> dict[str, Any]:
+    settings: Settings = request.app.state.settings
+    live = resolve(await store.stored(), settings.providers)
+    return {**view(live), "changes": [c.view() for c in await store.audit(20)]}
+
+
+async def get_settings(request: Request) -> Response:
+    await require_key(request, "operator")
+    return JSON(await _shown(request, _store(request)))
+
+
+async def patch_settings(request: Request) -> Response:
+    """Store the changes, then announce them: every process applies them within a second
+    (each also reloads every 30 s, should an announcement be lost)."""
+    key = await require_key(request, "operator")
+    _, body = await read_json(request, SMALL_BODY)
+    try:
+        changes = flatten_patch(body)
+    except SettingsError as exc:
+        raise ApiError(
+            422, "invalid_fields", "the settings are not valid", fields=exc.fields
+        ) from None
+    resources: Resources = request.app.state.resources
+    store = _store(request)
+    done = await store.change(changes, by=f"key:{key.key_id}")
+    announced = True
+    if done:
+        try:
+            await resources.broker.announce(orjson.dumps({"changed": [c.name for c in done]}))
+        except DependencyUnavailable as exc:
+            # Stored all the same: every process reloads within 30 s without the nudge.
+            log.warning("settings changed but not announced: %s", exc)
+            announced = False
+    return JSON({**await _shown(request, store), "announced": announced})

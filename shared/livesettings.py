@@ -1,0 +1,307 @@
+"""Settings an operator changes while everything runs: the provider chain's order, pausing a
+provider, attempts per chunk.
+
+The environment (``SAFEDELIVR_PROVIDERS_*``) gives each setting its starting value; a change
+made through ``PATCH /v1/settings`` or ``safedelivr settings set`` is stored in Cassandra
+(``live_settings``, with every change audited in ``settings_audit``: who, when, old -> new),
+and then a nudge is published on the ``<exchange>.settings`` fanout exchange. Every process
+subscribes to it with a queue of its own, reloads the stored values when nudged (and every
+:data:`RELOAD_EVERY` seconds, should a nudge be missed) and applies them (:class:`Watcher`):
+within a second of the change in practice.
+
+Settings are flat names with string values (``providers.chain`` = ``mg,sg``,
+``providers.sg.paused`` = ``true``, ``providers.max_attempts`` = ``6``); the API speaks them
+as nested JSON with provider names or codes. Parsing and validation are pure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from shared.config import ProviderSettings
+from shared.db import Database, utc
+from shared.errors import DependencyUnavailable
+from shared.providers.catalog import CATALOG, CODES
+
+log = logging.getLogger(__name__)
+
+#: Seconds between reloads that do not wait for a nudge.
+RELOAD_EVERY: Final = 30.0
+MAX_ATTEMPTS_LIMIT: Final = 50
+_TRUE, _FALSE = frozenset({"true", "1", "yes", "on"}), frozenset({"false", "0", "no", "off"})
+
+
+class SettingsError(ValueError):
+    """A change that cannot be made; ``fields`` maps each bad name to why."""
+
+    def __init__(self, fields: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{k}: {v}" for k, v in fields.items()))
+        self.fields = fields
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSettings:
+    """The values in force."""
+
+    chain: tuple[str, ...]
+    paused: frozenset[str] = frozenset()
+    max_attempts: int = 6
+
+    def running_chain(self, configured: Sequence[str]) -> tuple[str, ...]:
+        """The chain to send through: its providers this process can use, paused ones left
+        out, unless every one is paused (then work waits; see :meth:`all_paused`)."""
+        usable = [c for c in self.chain if c in configured] or list(configured)
+        running = [c for c in usable if c not in self.paused]
+        return tuple(running or usable)
+
+    def all_paused(self, configured: Sequence[str]) -> bool:
+        usable = [c for c in self.chain if c in configured] or list(configured)
+        return all(c in self.paused for c in usable)
+
+
+def defaults(providers: ProviderSettings) -> dict[str, str]:
+    """Every setting's value from the environment."""
+    values = {
+        "providers.chain": providers.chain,
+        "providers.max_attempts": str(providers.max_attempts),
+    }
+    values.update({f"providers.{code}.paused": "false" for code in CODES})
+    return values
+
+
+def resolve(stored: Mapping[str, str], providers: ProviderSettings) -> LiveSettings:
+    """The values in force: the stored ones over the environment's (an unreadable stored
+    value is ignored, with the environment's in its place)."""
+    values = defaults(providers)
+    for name, value in stored.items():
+        try:
+            values[name] = check(name, value)
+        except SettingsError:
+            log.warning("ignoring the stored setting %s=%r: not valid now", name, value)
+    return LiveSettings(
+        chain=tuple(values["providers.chain"].split(",")),
+        paused=frozenset(c for c in CODES if values[f"providers.{c}.paused"] == "true"),
+        max_attempts=int(values["providers.max_attempts"]),
+    )
+
+
+def check(name: str, value: str) -> str:
+    """The canonical form of ``value`` for setting ``name``; SettingsError if it is not one."""
+    text = value.strip()
+    if name == "providers.chain":
+        codes = [provider_code(p) for p in text.split(",") if p.strip()]
+        if None in codes:
+            raise SettingsError({name: f"unknown provider in {text!r}; known: {_known()}"})
+        if not codes or len(set(codes)) != len(codes):
+            raise SettingsError({name: "must list one or more providers, each once"})
+        return ",".join(c for c in codes if c)
+    if name == "providers.max_attempts":
+        if not text.isascii() or not text.isdecimal() or not 1 <= int(text) <= MAX_ATTEMPTS_LIMIT:
+            raise SettingsError({name: f"must be a whole number from 1 to {MAX_ATTEMPTS_LIMIT}"})
+        return str(int(text))
+    parts = name.split(".")
+    if len(parts) == 3 and parts[0] == "providers" and parts[2] == "paused" and parts[1] in CODES:
+        if text.lower() in _TRUE:
+            return "true"
+        if text.lower() in _FALSE:
+            return "false"
+        raise SettingsError({name: "must be true or false"})
+    raise SettingsError({name: "is not a setting that can be changed live"})
+
+
+def provider_code(text: str) -> str | None:
+    """A provider's code from its code or its name, in any case (``mailgun`` -> ``mg``)."""
+    wanted = text.strip().lower()
+    for code, info in CATALOG.items():
+        if wanted in (code, info.name.lower()):
+            return code
+    return None
+
+
+def _known() -> str:
+    return ", ".join(f"{info.name.lower()} ({code})" for code, info in CATALOG.items())
+
+
+def flatten_patch(body: object) -> dict[str, str]:
+    """The flat changes of a ``PATCH /v1/settings`` body, e.g. ``{"providers": {"chain":
+    ["mailgun", "sendgrid"], "sendgrid": {"paused": true}, "max_attempts": 4}}``."""
+    if not isinstance(body, dict) or not body:
+        raise SettingsError({"body": "must be a JSON object of settings to change"})
+    errors: dict[str, str] = {f"{k}": "unknown section" for k in body if k != "providers"}
+    changes: dict[str, str] = {}
+    providers = body.get("providers")
+    if "providers" in body and not isinstance(providers, dict):
+        errors["providers"] = "must be an object"
+    for key, value in (providers if isinstance(providers, dict) else {}).items():
+        try:
+            changes.update(_provider_change(str(key), value))
+        except SettingsError as exc:
+            errors.update(exc.fields)  # keyed by the paths the body used
+    if errors:
+        raise SettingsError(errors)
+    if not changes:
+        raise SettingsError({"body": "changes nothing"})
+    return changes
+
+
+def _provider_change(key: str, value: object) -> dict[str, str]:
+    if key == "chain":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise SettingsError({"providers.chain": "must be a list of provider names"})
+        return {"providers.chain": check("providers.chain", ",".join(value))}
+    if key == "max_attempts":
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise SettingsError({"providers.max_attempts": "must be a whole number"})
+        return {"providers.max_attempts": check("providers.max_attempts", str(value))}
+    code = provider_code(key)
+    if code is None:
+        raise SettingsError({f"providers.{key}": f"unknown provider; known: {_known()}"})
+    if not isinstance(value, dict) or set(value) - {"paused"} or not value:
+        raise SettingsError({f"providers.{key}": 'must be {"paused": true|false}'})
+    paused = value["paused"]
+    if not isinstance(paused, bool):
+        raise SettingsError({f"providers.{key}.paused": "must be true or false"})
+    return {f"providers.{code}.paused": "true" if paused else "false"}
+
+
+def view(live: LiveSettings) -> dict[str, Any]:
+    """The settings as ``GET /v1/settings`` shows them (provider names, as PATCH takes them)."""
+    providers: dict[str, Any] = {
+        "chain": [CATALOG[c].name.lower() for c in live.chain if c in CATALOG],
+        "max_attempts": live.max_attempts,
+    }
+    for code, info in CATALOG.items():
+        providers[info.name.lower()] = {"code": code, "paused": code in live.paused}
+    return {"providers": providers}
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One audited change."""
+
+    name: str
+    old: str | None
+    new: str
+    by: str
+    at: datetime
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "old": self.old,
+            "new": self.new,
+            "by": self.by,
+            "at": self.at.isoformat(),
+        }
+
+
+# --------------------------------------------------------------------------- the tables
+
+
+class SettingsStore:
+    """The ``live_settings`` and ``settings_audit`` tables (their only writer), for the
+    deployment whose exchange is ``scope``."""
+
+    def __init__(self, db: Database, scope: str) -> None:
+        self._db = db
+        self.scope = scope
+
+    async def stored(self) -> dict[str, str]:
+        rows = await self._db.rows(
+            "SELECT name, value FROM live_settings WHERE scope = ?", (self.scope,)
+        )
+        return {str(r["name"]): str(r["value"]) for r in rows if r["value"] is not None}
+
+    async def change(self, changes: Mapping[str, str], by: str) -> list[Change]:
+        """Store each change (checked again here) and audit the ones that change a value."""
+        done: list[Change] = []
+        for name, raw in changes.items():
+            value = check(name, raw)
+            row = await self._db.one(
+                "SELECT value FROM live_settings WHERE scope = ? AND name = ?",
+                (self.scope, name),
+                serial=True,
+            )
+            old = None if row is None else row["value"]
+            if old == value:
+                continue
+            now = datetime.now(UTC)
+            await self._db.execute(
+                "INSERT INTO live_settings (scope, name, value, changed_at, changed_by) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (self.scope, name, value, now, by),
+                idempotent=True,
+            )
+            await self._db.execute(
+                "INSERT INTO settings_audit (scope, changed_at, at, name, old_value, "
+                "new_value, changed_by) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (self.scope, uuid.uuid1(), now, name, old, value, by),
+                idempotent=True,
+            )
+            done.append(Change(name, old, value, by, now))
+        return done
+
+    async def audit(self, limit: int = 50) -> list[Change]:
+        rows = await self._db.rows(
+            "SELECT at, name, old_value, new_value, changed_by FROM settings_audit "
+            "WHERE scope = ? LIMIT ?",
+            (self.scope, limit),
+        )
+        return [
+            Change(
+                name=str(r["name"]),
+                old=r["old_value"],
+                new=str(r["new_value"]),
+                by=str(r["changed_by"]),
+                at=utc(r["at"]),
+            )
+            for r in rows
+        ]
+
+
+# --------------------------------------------------------------------------- the watcher
+
+
+Apply = Callable[[LiveSettings], Awaitable[None]]
+
+
+@dataclass
+class Watcher:
+    """Keeps this process's settings current: loads them, reloads on every nudge and every
+    :data:`RELOAD_EVERY` seconds, and calls ``apply`` when they changed."""
+
+    store: SettingsStore
+    providers: ProviderSettings
+    apply: Apply
+    current: LiveSettings | None = None
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def load(self) -> LiveSettings:
+        """Read and apply the settings now (at start-up: before any work is taken)."""
+        live = resolve(await self.store.stored(), self.providers)
+        if live != self.current:
+            await self.apply(live)
+            self.current = live
+        return live
+
+    def nudge(self) -> None:
+        """A change was announced: reload soon."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Reload whenever nudged, and every RELOAD_EVERY seconds regardless."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), RELOAD_EVERY)
+            self._wake.clear()
+            try:
+                await self.load()
+            except DependencyUnavailable as exc:
+                log.warning("could not reload the live settings: %s", exc)

@@ -1,0 +1,127 @@
+"""Live settings applied to the consumers (``services.consumers.live``) over the in-memory
+twins: a paused provider is never called and its work moves on, the chain's order decides
+where new chunks go, every provider paused leaves work in the queues, and max_attempts
+bounds the decisions made from then on."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from services.consumers.live import ConsumerSettings, LiveMetrics
+from shared.errors import TransientProviderError
+from shared.livesettings import LiveSettings
+from tests.fakes.world import World
+
+A, B = "a@example.org", "b@example.org"
+
+
+def _applier(w: World) -> ConsumerSettings:
+    async def handler(message: object) -> None:
+        raise AssertionError("the world delivers by itself")
+
+    return ConsumerSettings(
+        w.dispatcher,
+        w.splitter,
+        w.broker,  # type: ignore[arg-type]
+        w.settings,
+        handler,  # type: ignore[arg-type]
+        4,
+        LiveMetrics.create(CollectorRegistry()),
+    )
+
+
+async def test_new_work_skips_a_paused_provider_without_calling_it() -> None:
+    """With SendGrid paused, a new batch goes straight to Mailgun: no attempt via SendGrid."""
+    w = World()
+    await _applier(w)(LiveSettings(chain=("sg", "mg"), paused=frozenset({"sg"})))
+
+    batch = await w.accept(A, B)
+    await w.settle()
+
+    assert w.providers["sg"].sent == []
+    assert sorted(w.providers["mg"].emails()) == [A, B]
+    rows = await w.rows(batch)
+    assert dict(rows[A]["providers"]) == {"mg": "sent"}  # type: ignore[call-overload]
+
+
+async def test_work_already_queued_for_a_paused_provider_moves_on_saying_why() -> None:
+    """A job that reached SendGrid's queue before the pause is not sent through SendGrid: its
+    attempt is recorded as refused ("paused by an operator") and Mailgun sends it at once."""
+    w = World()
+    batch = await w.accept(A, B)
+    assert await w.step()  # the splitter: the chunk's job is in SendGrid's queue
+    await _applier(w)(LiveSettings(chain=("sg", "mg"), paused=frozenset({"sg"})))
+
+    await w.settle()
+
+    assert w.providers["sg"].sent == []
+    assert sorted(w.providers["mg"].emails()) == [A, B]
+    rows = await w.rows(batch)
+    providers = dict(rows[A]["providers"])  # type: ignore[call-overload]
+    assert providers == {"sg": "failed: paused by an operator", "mg": "sent"}
+    to_mailgun = [m for m in w.broker.published if m.routing_key.startswith("mg.")]
+    assert to_mailgun and all(m.delay is None for m in to_mailgun)  # at once, no backoff
+
+
+async def test_the_chains_order_decides_where_new_chunks_go() -> None:
+    w = World()
+    await _applier(w)(LiveSettings(chain=("mg", "sg")))
+
+    await w.accept(A)
+    await w.settle()
+
+    assert (w.providers["mg"].emails(), w.providers["sg"].sent) == ([A], [])
+
+
+async def test_failover_follows_the_reordered_chain() -> None:
+    """Mailgun first, failing: the work goes to SendGrid."""
+    w = World()
+    await _applier(w)(LiveSettings(chain=("mg", "sg")))
+    w.providers["mg"].answers.append(TransientProviderError("mg", "503", status=503))
+
+    await w.accept(A)
+    await w.settle()
+
+    assert w.providers["sg"].emails() == [A]
+
+
+async def test_max_attempts_bounds_the_decisions_made_after_it_changed() -> None:
+    w = World(max_attempts=6)
+    await _applier(w)(LiveSettings(chain=("sg", "mg"), max_attempts=2))
+    for code in ("sg", "mg"):
+        w.providers[code].answers += [TransientProviderError(code, "down", status=503)] * 6
+
+    batch = await w.accept(A)
+    await w.settle()
+
+    assert len(w.providers["sg"].sent) + len(w.providers["mg"].sent) == 2
+    assert await w.states(batch) == {A: "failed"}
+
+
+async def test_with_every_provider_paused_the_provider_queues_are_not_consumed() -> None:
+    """Work waits in the broker, not in memory, and resuming one provider consumes again."""
+    w = World()
+    applier = _applier(w)
+    t = w.broker.topology
+    queues = {t.provider_queue(c) for c in ("sg", "mg")} | {t.log_queue(c) for c in ("sg", "mg")}
+    await applier(LiveSettings(chain=("sg", "mg")))
+    for queue in queues:
+        await w.broker.consume(queue, None, prefetch=4)
+
+    await applier(LiveSettings(chain=("sg", "mg"), paused=frozenset({"sg", "mg"})))
+    paused = set(w.broker.consumers)
+    await applier(LiveSettings(chain=("sg", "mg"), paused=frozenset({"sg"})))
+
+    assert not queues & paused
+    assert queues <= set(w.broker.consumers)
+
+
+async def test_the_settings_in_force_are_on_metrics() -> None:
+    w = World()
+    applier = _applier(w)
+
+    await applier(LiveSettings(chain=("mg", "sg"), paused=frozenset({"sg"})))
+
+    paused, position = applier.metrics.paused, applier.metrics.position
+    assert paused.labels("sg")._value.get() == 1 and paused.labels("mg")._value.get() == 0
+    assert (position.labels("mg")._value.get(), position.labels("sg")._value.get()) == (1, 0)

@@ -1,0 +1,132 @@
+"""The pure side of live settings (``shared.livesettings``): names and values checked and
+made canonical, PATCH bodies flattened with errors naming the field, stored values resolved
+over the environment's, and the running chain."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.config import ProviderSettings
+from shared.livesettings import (
+    LiveSettings,
+    SettingsError,
+    check,
+    flatten_patch,
+    resolve,
+    view,
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "canonical"),
+    [
+        ("providers.chain", "mailgun, SendGrid", "mg,sg"),
+        ("providers.chain", "sg", "sg"),
+        ("providers.max_attempts", " 4 ", "4"),
+        ("providers.sg.paused", "TRUE", "true"),
+        ("providers.mg.paused", "off", "false"),
+    ],
+)
+def test_a_value_is_made_canonical(name: str, value: str, canonical: str) -> None:
+    assert check(name, value) == canonical
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("providers.chain", "postmark"),
+        ("providers.chain", "sg,sg"),
+        ("providers.chain", " , "),
+        ("providers.max_attempts", "0"),
+        ("providers.max_attempts", "51"),
+        ("providers.max_attempts", "²"),
+        ("providers.max_attempts", "-1"),
+        ("providers.sg.paused", "maybe"),
+        ("providers.xx.paused", "true"),
+        ("providers.timeout", "5"),
+        ("", ""),
+    ],
+)
+def test_a_bad_value_or_name_is_refused_naming_it(name: str, value: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        check(name, value)
+    assert list(caught.value.fields) == [name]
+
+
+def test_the_issues_examples_flatten_to_settings() -> None:
+    """Names or codes, in any case."""
+    assert flatten_patch({"providers": {"chain": ["mailgun", "sendgrid"]}}) == {
+        "providers.chain": "mg,sg"
+    }
+    assert flatten_patch({"providers": {"sendgrid": {"paused": True}}}) == {
+        "providers.sg.paused": "true"
+    }
+    assert flatten_patch({"providers": {"MG": {"paused": False}, "max_attempts": 3}}) == {
+        "providers.mg.paused": "false",
+        "providers.max_attempts": "3",
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ([], "body"),
+        ({}, "body"),
+        ({"providers": {}}, "body"),
+        ({"tracking": {"opens": True}}, "tracking"),
+        ({"providers": "sg"}, "providers"),
+        ({"providers": {"chain": "mg,sg"}}, "providers.chain"),
+        ({"providers": {"chain": ["mg", 5]}}, "providers.chain"),
+        ({"providers": {"chain": []}}, "providers.chain"),
+        ({"providers": {"max_attempts": "4"}}, "providers.max_attempts"),
+        ({"providers": {"max_attempts": True}}, "providers.max_attempts"),
+        ({"providers": {"postmark": {"paused": True}}}, "providers.postmark"),
+        ({"providers": {"sendgrid": {"paused": "yes"}}}, "providers.sendgrid.paused"),
+        ({"providers": {"sendgrid": {"weight": 3}}}, "providers.sendgrid"),
+        ({"providers": {"sendgrid": True}}, "providers.sendgrid"),
+    ],
+)
+def test_a_bad_patch_names_the_field(body: object, field: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        flatten_patch(body)
+    assert field in caught.value.fields
+
+
+def test_stored_values_win_over_the_environment_and_bad_ones_are_ignored() -> None:
+    env = ProviderSettings(chain="sg,mg", max_attempts=6)
+    live = resolve(
+        {"providers.chain": "mg,sg", "providers.sg.paused": "true", "providers.max_attempts": "x"},
+        env,
+    )
+    assert live == LiveSettings(chain=("mg", "sg"), paused=frozenset({"sg"}), max_attempts=6)
+    assert resolve({}, env) == LiveSettings(chain=("sg", "mg"), max_attempts=6)
+
+
+@pytest.mark.parametrize(
+    ("live", "running", "all_paused"),
+    [
+        (LiveSettings(("sg", "mg")), ("sg", "mg"), False),
+        (LiveSettings(("mg", "sg")), ("mg", "sg"), False),
+        (LiveSettings(("sg", "mg"), frozenset({"sg"})), ("mg",), False),
+        (LiveSettings(("sg", "mg"), frozenset({"sg", "mg"})), ("sg", "mg"), True),
+        (LiveSettings(("mg",)), ("mg",), False),
+    ],
+)
+def test_the_running_chain_leaves_paused_providers_out_unless_all_are(
+    live: LiveSettings, running: tuple[str, ...], all_paused: bool
+) -> None:
+    assert live.running_chain(("sg", "mg")) == running
+    assert live.all_paused(("sg", "mg")) is all_paused
+
+
+def test_a_chain_of_providers_this_process_lacks_falls_back_to_its_own() -> None:
+    """A process configured with Mailgun alone keeps sending through Mailgun."""
+    live = LiveSettings(("sg",))
+    assert live.running_chain(("mg",)) == ("mg",)
+
+
+def test_the_view_speaks_provider_names_as_patch_takes_them() -> None:
+    shown = view(LiveSettings(("mg", "sg"), frozenset({"sg"}), 3))
+    assert shown["providers"]["chain"] == ["mailgun", "sendgrid"]
+    assert shown["providers"]["sendgrid"] == {"code": "sg", "paused": True}
+    assert shown["providers"]["max_attempts"] == 3
