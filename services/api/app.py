@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from services.api import account, batches, deadletters, domains, oauth
+from services.api import account, batches, deadletters, domains, oauth, providers
 from services.api import settings as live
 from services.api.dashboard import create_templates, dashboard_routes
 from services.api.managing import Managing
@@ -113,6 +113,7 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/domains/{domain}", domains.get_domain, methods=["GET"]),
         Route("/v1/domains/{domain}", domains.delete_domain, methods=["DELETE"]),
         Route("/v1/domains/{domain}/verify", domains.verify_domain, methods=["POST"]),
+        Route("/v1/providers", providers.list_providers, methods=["GET"]),
         Route("/v1/settings", live.get_settings, methods=["GET"]),
         Route("/v1/settings", live.patch_settings, methods=["PATCH"]),
         Route("/v1/dead-letters", deadletters.list_dead_letters, methods=["GET"]),

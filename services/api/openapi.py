@@ -205,6 +205,13 @@ OPERATIONS: tuple[Operation, ...] = (
         errors=(404,),
     ),
     Operation(
+        "list_providers",
+        "get",
+        "/v1/providers",
+        "Each provider's health, circuit, pause and current rate, as every process sees them",
+        schema.ProviderList,
+    ),
+    Operation(
         "get_settings",
         "get",
         "/v1/settings",

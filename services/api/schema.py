@@ -270,6 +270,23 @@ class DomainList(_Out):
     data: list[DomainView]
 
 
+class ProviderView(_Out):
+    name: str = Field(examples=["sendgrid"])
+    code: str = Field(examples=["sg"])
+    health: float = Field(ge=0, le=1, description="1 - EWMA of the provider-side error rate.")
+    circuit: Literal["closed", "open", "half_open"]
+    paused: bool
+    position: int | None = Field(description="Place in the operator's running chain.")
+    rate_limit_per_s: float | None = Field(description="null: no client-side limit is set.")
+    current_rate_per_s: float = Field(description="Calls per second, all processes.")
+    latency_seconds: float | None
+    calls_2min: int
+
+
+class ProviderList(_Out):
+    data: list[ProviderView]
+
+
 class SettingsChange(_Out):
     name: str = Field(examples=["providers.sg.paused"])
     old: str | None = Field(examples=["false"])

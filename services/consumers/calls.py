@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -96,11 +97,19 @@ class Caller:
         if provider is None:
             error = ProviderMisconfigured(job.provider, "provider is not configured in the chain")
             return Answer(error=error)
+        started = time.monotonic()
         task = asyncio.ensure_future(provider.send(chunk))
         await self.d.hooks("during_call", job)  # a process dying here leaves it in flight
         try:
-            return Answer(receipt=await task)
+            receipt = await task
         except ProviderError as error:
+            # An invalid request says nothing about the provider's health; anything else does.
+            self.d.tally.count(
+                job.provider,
+                self.d.now(),
+                error=not isinstance(error, PermanentProviderError),
+                seconds=time.monotonic() - started,
+            )
             log.info(
                 "%s/%s attempt %d via %s: %s",
                 job.batch_id,
@@ -110,6 +119,10 @@ class Caller:
                 error,
             )
             return Answer(error=error)
+        self.d.tally.count(
+            job.provider, self.d.now(), error=False, seconds=time.monotonic() - started
+        )
+        return Answer(receipt=receipt)
 
     async def record(self, job: protocol.Job, delivery: Delivery) -> bool:
         """Store this delivery's answer (retrying through outages); True when finished."""

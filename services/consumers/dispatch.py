@@ -34,6 +34,7 @@ from shared.handoff import HandOff
 from shared.logs import bound
 from shared.metrics import DispatchMetrics
 from shared.models import ChunkJob, LogJob
+from shared.provider_health import Tally
 from shared.providers.base import Provider
 from shared.recipients import RecipientStore
 from shared.settle import Delivery, Poison
@@ -100,6 +101,8 @@ class Dispatcher:
     deferred_deadline: int = 4 * 3600
     paused: frozenset[str] = frozenset()
     """Providers an operator paused (live settings): their jobs go to the next provider."""
+    tally: Tally = field(default_factory=Tally)
+    """Calls not yet added to the shared health windows (``shared.provider_health``)."""
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
     def __post_init__(self) -> None:

@@ -1,4 +1,5 @@
-"""Applying the live settings (``shared.livesettings``) to a running consumer process.
+"""Applying the live settings (``shared.livesettings``) and the providers' health
+(``shared.provider_health``) to a running consumer process.
 
 * The chain's order decides where new chunks go (the splitter's first provider) and where
   failover goes next (every decision reads the dispatcher's settings when it is made).
@@ -8,13 +9,18 @@
 * When every provider is paused, the provider queues are not consumed at all: work waits in
   the broker, not in memory, until one is resumed.
 * ``max_attempts`` bounds the decisions made from now on.
+* Health orders the running chain (:func:`shared.provider_health.order`): every
+  :data:`REFRESH_EVERY` seconds this process adds its calls to the shared windows, reads
+  every provider's windows back, moves each circuit and re-orders the chain.
 
 The values in force are on ``/metrics`` (``safedelivr_provider_paused``,
-``safedelivr_provider_chain_position``, ``safedelivr_settings_applied``).
+``safedelivr_provider_chain_position``, ``safedelivr_provider_health``,
+``safedelivr_provider_circuit``, ``safedelivr_settings_applied``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -25,11 +31,25 @@ from services.consumers.dispatch import Dispatcher
 from services.consumers.splitter import Splitter
 from shared.broker import Broker
 from shared.config import ProviderSettings
+from shared.errors import DependencyUnavailable
 from shared.livesettings import LiveSettings
+from shared.provider_health import (
+    Circuit,
+    CircuitState,
+    HealthStore,
+    draw,
+    next_circuit,
+    order,
+    score,
+)
 from shared.providers.catalog import CODES
 from shared.settle import Handler
 
 log = logging.getLogger(__name__)
+
+
+#: Seconds between two health refreshes.
+REFRESH_EVERY = 2.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +57,8 @@ class LiveMetrics:
     paused: Gauge
     position: Gauge
     applied: Gauge
+    health: Gauge
+    circuit: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> LiveMetrics:
@@ -58,6 +80,18 @@ class LiveMetrics:
                 "Unix time at which this process last applied changed live settings",
                 registry=registry,
             ),
+            Gauge(
+                "safedelivr_provider_health",
+                "1 - EWMA of the provider-side error rate over the shared 5 s windows",
+                ["provider"],
+                registry=registry,
+            ),
+            Gauge(
+                "safedelivr_provider_circuit",
+                "1 for the provider's circuit state (closed, open, half_open)",
+                ["provider", "state"],
+                registry=registry,
+            ),
         )
 
 
@@ -73,33 +107,96 @@ class ConsumerSettings:
     prefetch: int
     metrics: LiveMetrics
     consuming: bool = True
+    live: LiveSettings | None = None
+    health: dict[str, float] = field(default_factory=dict)
+    circuits: dict[str, Circuit] = field(default_factory=dict)
+    _circuit_states: dict[str, CircuitState] = field(default_factory=dict, repr=False)
     _seen: LiveSettings | None = field(default=None, repr=False)
 
     async def __call__(self, live: LiveSettings) -> None:
         configured = tuple(self.dispatcher.providers)
-        chain = live.running_chain(configured)
+        self.live = live
         d = self.dispatcher
-        d.settings = self.base.model_copy(
-            update={"chain": ",".join(chain), "max_attempts": live.max_attempts}
-        )
         d.paused = live.paused & frozenset(configured)
-        d.handoff.chain = chain
         d.handoff.max_attempts = live.max_attempts
-        self.splitter.first_provider = chain[0]
+        self.refresh()
         await self._consume(not live.all_paused(configured))
         for code in CODES:
             self.metrics.paused.labels(code).set(1 if code in live.paused else 0)
-            place = chain.index(code) + 1 if code in chain and code not in live.paused else 0
-            self.metrics.position.labels(code).set(place)
         self.metrics.applied.set(time.time())
         if self._seen is not None:
             log.info(
                 "live settings applied: chain %s, paused %s, max attempts %d",
-                ",".join(chain),
+                ",".join(live.chain),
                 ",".join(sorted(live.paused)) or "none",
                 live.max_attempts,
             )
         self._seen = live
+
+    def refresh(self) -> None:
+        """Order the running chain by health and hand it to everything that picks providers."""
+        if self.live is None:
+            return
+        running = self.live.running_chain(tuple(self.dispatcher.providers))
+        chain = order(running, self.health, self.circuits, draw())
+        d = self.dispatcher
+        d.settings = self.base.model_copy(
+            update={"chain": ",".join(chain), "max_attempts": self.live.max_attempts}
+        )
+        d.handoff.chain = chain
+        self.splitter.first_provider = chain[0]
+        for code in CODES:
+            place = chain.index(code) + 1 if code in chain and code not in self.live.paused else 0
+            self.metrics.position.labels(code).set(place)
+
+    async def keep_health(self, store: HealthStore) -> None:
+        """Every REFRESH_EVERY seconds: share this process's calls, read everyone's back, move
+        the circuits and re-order the chain. Runs until cancelled."""
+        try:
+            self._circuit_states.update(await store.circuits())  # as they were left
+        except DependencyUnavailable as exc:
+            log.warning("circuits not read at start: %s", exc)
+        while True:
+            try:
+                await self._share(store)
+                await self._score(store)
+            except DependencyUnavailable as exc:
+                log.warning("provider health not refreshed: %s", exc)
+            self.refresh()
+            await asyncio.sleep(REFRESH_EVERY)
+
+    async def _share(self, store: HealthStore) -> None:
+        taken = self.dispatcher.tally.take()
+        for n, ((provider, start), (calls, errors, ms)) in enumerate(taken.items()):
+            try:
+                await store.add(provider, start, calls, errors, ms)
+            except DependencyUnavailable:
+                # Not added: keep them for the next round (a counter add is not idempotent,
+                # so one whose outcome is unknown may count twice; health is an estimate).
+                for (p, w), counts in list(taken.items())[n:]:
+                    entry = self.dispatcher.tally.counts.setdefault((p, w), [0, 0, 0])
+                    for i, value in enumerate(counts):
+                        entry[i] += value
+                raise
+
+    async def _score(self, store: HealthStore) -> None:
+        now = self.dispatcher.now()
+        for code in self.dispatcher.providers:
+            scored = score(await store.windows(code, now), now)
+            before = self.circuits.get(code, "closed")
+            state = next_circuit(self._circuit_states.get(code, CircuitState()), scored.health, now)
+            self._circuit_states[code] = state
+            self.health[code] = scored.health
+            self.circuits[code] = state.state
+            if state.state != before:
+                await store.set_circuit(code, state, scored.health)
+                log.warning(
+                    "%s circuit %s -> %s (health %.2f over %d calls)",
+                    code, before, state.state, scored.health, scored.calls,
+                )  # fmt: skip
+            self.metrics.health.labels(code).set(scored.health)
+            for name in ("closed", "open", "half_open"):
+                self.metrics.circuit.labels(code, name).set(1 if name == state.state else 0)
 
     async def _consume(self, wanted: bool) -> None:
         if wanted == self.consuming:

@@ -22,6 +22,7 @@ from shared.errors import DependencyUnavailable, ProviderError
 from shared.health import health_routes
 from shared.livesettings import SettingsStore, Watcher
 from shared.metrics import DeadLetterMetrics, DispatchMetrics, new_registry
+from shared.provider_health import HealthStore
 from shared.providers.base import Provider
 from shared.providers.registry import build_providers, close_all
 from shared.recipients import RecipientStore
@@ -65,6 +66,7 @@ class Consumers:
 
     dispatcher: Dispatcher
     watcher: Watcher
+    applier: ConsumerSettings
 
 
 async def start_consumers(
@@ -111,7 +113,7 @@ async def start_consumers(
             )
             await res.broker.consume(topology.log_queue(code), handler, prefetch=32)
     await start_archiving(res, inflight, dead_metrics or DeadLetterMetrics.create(new_registry()))
-    return Consumers(dispatcher, watcher)
+    return Consumers(dispatcher, watcher, applier)
 
 
 async def start_archiving(res: Resources, inflight: InFlight, metrics: DeadLetterMetrics) -> None:
@@ -191,6 +193,9 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
             tasks = [
                 asyncio.create_task(count_dead_letters(res, dead_metrics)),
                 asyncio.create_task(started.watcher.run()),
+                asyncio.create_task(
+                    started.applier.keep_health(HealthStore(res.db, settings.amqp.exchange))
+                ),
             ]
             try:
                 yield

@@ -1,6 +1,7 @@
 """Control and inspection endpoints under ``/_control`` (for tests and fault injection).
 
-* ``POST /faults`` ``{"provider", "status", "latency_ms", "count", "body", "retry_after"}``;
+* ``POST /faults`` ``{"provider", "status", "latency_ms", "count", "body", "retry_after",
+  "accept", "reset", "webhooks", "share"}`` (``share``: the fraction of calls it applies to);
   ``GET /faults``; ``DELETE /faults[?provider=]``.
 * ``GET /sends[?email=&recent=]`` accepted requests and per-recipient counts; ``DELETE /sends``.
 * ``GET /webhooks[?wait=seconds]`` webhook delivery counters (optionally once idle).

@@ -66,9 +66,18 @@ class Fault:
     """Break the connection instead of answering."""
     webhooks: bool = True
     """Whether mail accepted under this fault is reported by webhooks."""
+    share: float = 1.0
+    """The fraction of calls the fault applies to, spread evenly (0.3: 3 calls in 10)."""
+    seen: int = 0
+    """Calls to the provider since the fault was set."""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def applies_to_next(self) -> bool:
+        """Count one more call; whether the fault applies to it."""
+        self.seen += 1
+        return int(self.seen * self.share) > int((self.seen - 1) * self.share)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +109,18 @@ def parse_fault(payload: object) -> Fault | str:
     retry_after = payload.get("retry_after", 1)
     if not (_is_int(retry_after) and retry_after >= 0):
         return "retry_after must be a non-negative integer"
+    share = payload.get("share", 1.0)
+    if not (isinstance(share, int | float) and not isinstance(share, bool) and 0 < share <= 1):
+        return "share must be a number above 0 and at most 1"
     flags = {name: payload.get(name, default) for name, default in _FLAGS.items()}
     if not all(isinstance(v, bool) for v in flags.values()):
         return f"{', '.join(_FLAGS)} must be true or false"
     if status is None and latency == 0 and not flags["reset"] and flags["webhooks"]:
         return "a fault needs a status, a latency, a reset or webhooks off"
-    return Fault(str(provider), status, latency, count, payload.get("body"), retry_after, **flags)
+    return Fault(
+        str(provider), status, latency, count, payload.get("body"), retry_after, **flags,
+        share=float(share),
+    )  # fmt: skip
 
 
 #: Boolean fault options and their defaults.
@@ -143,7 +158,7 @@ class FaultBook:
     def take(self, provider: str) -> Fault | None:
         """The fault that applies to this call, counting the call against it."""
         fault = self._faults.get(provider)
-        if fault is None:
+        if fault is None or not fault.applies_to_next():
             return None
         if fault.count is not None:
             fault.count -= 1

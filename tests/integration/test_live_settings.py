@@ -177,3 +177,51 @@ async def test_every_running_process_applies_a_change_within_a_second(
     with capsys.disabled():
         print(f"\nlive settings applied after (s): {sorted(round(t, 3) for t in took.values())}")
     assert max(took.values()) <= APPLY_WITHIN, took
+
+
+# --------------------------------------------------------------------------- health
+
+
+async def _providers(stack: Stack) -> dict[str, dict[str, object]]:
+    resp = await stack.api.get("/v1/providers", headers=stack.auth)
+    assert resp.status_code == 200, resp.text
+    return {p["name"]: p for p in resp.json()["data"]}
+
+
+async def test_a_provider_failing_30_percent_loses_its_place_and_regains_it(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SendGrid answering 500 to 3 calls in 10 is moved behind Mailgun within a minute (the
+    work still gets through), and back in front once it recovers."""
+    await stack.fault("sendgrid", status=500, share=0.3)
+    sending = True
+
+    async def load() -> None:
+        while sending:
+            await stack.post(emails(2))
+            await asyncio.sleep(0.1)
+
+    async with stack.consuming():
+        loader = asyncio.create_task(load())
+        try:
+            started = time.monotonic()
+            while (await _providers(stack))["sendgrid"]["position"] != 2:
+                assert time.monotonic() - started < 60, await _providers(stack)
+                await asyncio.sleep(1)
+            demoted = time.monotonic() - started
+            health = (await _providers(stack))["sendgrid"]["health"]
+            await stack.sandbox.delete("/_control/faults")
+            started = time.monotonic()
+            while (await _providers(stack))["sendgrid"]["position"] != 1:
+                assert time.monotonic() - started < 120, await _providers(stack)
+                await asyncio.sleep(1)
+            regained = time.monotonic() - started
+        finally:
+            sending = False
+            await loader
+
+    with capsys.disabled():
+        print(
+            f"\nSendGrid at 30 % errors: demoted after {demoted:.1f} s (health {health}), "
+            f"first again {regained:.1f} s after it recovered"
+        )

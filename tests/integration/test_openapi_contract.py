@@ -61,6 +61,7 @@ async def test_every_operation_answers_its_documented_shape(
     await DomainStore(db).mark_verified(user_id, "doc.example.net")  # as its DNS would
     await call("verify_domain", "POST", "/v1/domains/doc.example.net/verify")
     await call("delete_domain", "DELETE", "/v1/domains/doc.example.net")
+    await call("list_providers", "GET", "/v1/providers")
     operator = await accounts.create_key(db, user_id, "ops", scopes=("operator",))
     auth = {"Authorization": f"Bearer {operator}"}
     letter = letter_of(dispatch_key("sg", uuid.uuid1()), None, {}, b"{}", datetime.now(UTC))

@@ -199,6 +199,10 @@ class Client:
     def remove_domain(self, domain: str) -> None:
         self._call(Request("DELETE", f"/v1/domains/{quoted(domain)}"))
 
+    def providers(self) -> list[dict[str, Any]]:
+        """Each provider's health, circuit, pause and current rate."""
+        return cast(list[dict[str, Any]], self._call(Request("GET", "/v1/providers"))["data"])
+
     def settings(self) -> dict[str, Any]:
         """The live settings in force and the latest changes (an operator key)."""
         return cast(dict[str, Any], self._call(Request("GET", "/v1/settings")))
@@ -393,6 +397,11 @@ class AsyncClient:
 
     async def remove_domain(self, domain: str) -> None:
         await self._call(Request("DELETE", f"/v1/domains/{quoted(domain)}"))
+
+    async def providers(self) -> list[dict[str, Any]]:
+        """See :meth:`Client.providers`."""
+        found = await self._call(Request("GET", "/v1/providers"))
+        return cast(list[dict[str, Any]], found["data"])
 
     async def settings(self) -> dict[str, Any]:
         """See :meth:`Client.settings`."""

@@ -29,6 +29,7 @@ OPERATIONS: Mapping[str, str] = {
     "get_domain": "domain",
     "verify_domain": "verify_domain",
     "delete_domain": "remove_domain",
+    "list_providers": "providers",
     "get_settings": "settings",
     "patch_settings": "change_settings",
     "list_dead_letters": "dead_letters",

@@ -172,3 +172,23 @@ def test_parse_fault_defaults() -> None:
     fault = parse_fault({"provider": "mailgun", "status": 503})
 
     assert fault == Fault("mailgun", 503, latency_ms=0, count=None)
+
+
+def test_a_fault_with_a_share_applies_to_that_fraction_of_calls_evenly() -> None:
+    """``share: 0.3`` fails 3 calls in every 10, spread out (a provider failing 30 %)."""
+    book = FaultBook()
+    fault = parse_fault({"provider": "sendgrid", "status": 500, "share": 0.3})
+    assert isinstance(fault, Fault)
+    book.set(fault)
+
+    applied = [book.take("sendgrid") is not None for _ in range(100)]
+
+    assert sum(applied) == 30
+    assert all(sum(applied[i : i + 10]) == 3 for i in range(0, 100, 10))
+
+
+@pytest.mark.parametrize("share", [0, -0.5, 1.5, "half", True])
+def test_a_share_outside_0_to_1_is_refused(share: object) -> None:
+    assert parse_fault({"provider": "sendgrid", "status": 500, "share": share}) == (
+        "share must be a number above 0 and at most 1"
+    )

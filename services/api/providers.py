@@ -1,0 +1,56 @@
+"""``GET /v1/providers``: each provider of the chain with its health, circuit and pause as
+every process sees them (``shared.provider_health``, ``shared.livesettings``)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from services.api.auth import require_key
+from shared.config import Settings
+from shared.http import JSON
+from shared.livesettings import SettingsStore, resolve
+from shared.provider_health import CircuitState, HealthStore, order, score
+from shared.providers.catalog import CATALOG
+from shared.resources import Resources
+
+
+async def list_providers(request: Request) -> Response:
+    await require_key(request, "read")
+    settings: Settings = request.app.state.settings
+    resources: Resources = request.app.state.resources
+    scope = settings.amqp.exchange
+    live = resolve(await SettingsStore(resources.db, scope).stored(), settings.providers)
+    health = HealthStore(resources.db, scope)
+    circuits = await health.circuits()
+    now = datetime.now(UTC)
+    configured = settings.providers.chain_codes
+    scores = {code: score(await health.windows(code, now), now) for code in configured}
+    states = {code: circuits.get(code, CircuitState()).state for code in configured}
+    # The order new work takes (no probe drawn): health within the operator's order.
+    running = order(
+        live.running_chain(configured), {c: s.health for c, s in scores.items()}, states, 1.0
+    )
+    data: list[dict[str, Any]] = []
+    for code in configured:
+        scored = scores[code]
+        data.append(
+            {
+                "name": CATALOG[code].name.lower(),
+                "code": code,
+                "health": scored.health,
+                "circuit": states[code],
+                "paused": code in live.paused,
+                "position": running.index(code) + 1
+                if code in running and code not in live.paused
+                else None,
+                "rate_limit_per_s": None,
+                "current_rate_per_s": scored.rate,
+                "latency_seconds": None if scored.latency is None else round(scored.latency, 3),
+                "calls_2min": scored.calls,
+            }
+        )
+    return JSON({"data": data})

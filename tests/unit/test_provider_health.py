@@ -1,0 +1,122 @@
+"""Provider health (``shared.provider_health``), pure: the score from shared windows, the
+circuit's state machine and the order it all gives the chain."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.provider_health import (
+    COOL_DOWN,
+    PROBE_SHARE,
+    WINDOW,
+    CircuitState,
+    Tally,
+    Window,
+    next_circuit,
+    order,
+    score,
+    window_start,
+)
+
+NOW = datetime(2026, 11, 26, 12, 0, 2, tzinfo=UTC)
+
+
+def _windows(*per_window: tuple[int, int], latency_ms: int = 100) -> list[Window]:
+    """Oldest first: (calls, errors) per 5 s window, ending with the last full window."""
+    last = window_start(NOW) - timedelta(seconds=WINDOW)
+    count = len(per_window)
+    return [
+        Window(last - timedelta(seconds=WINDOW * (count - 1 - i)), c, e, c * latency_ms)
+        for i, (c, e) in enumerate(per_window)
+    ]
+
+
+def test_a_provider_without_errors_is_fully_healthy() -> None:
+    scored = score(_windows((20, 0), (20, 0)), NOW)
+    assert (scored.health, scored.calls, scored.rate) == (1.0, 40, 4.0)
+    assert scored.latency == pytest.approx(0.1)
+
+
+def test_too_few_calls_to_judge_count_as_healthy() -> None:
+    assert score(_windows((3, 3)), NOW).health == 1.0
+
+
+def test_a_provider_failing_thirty_percent_is_below_the_demotion_line_within_a_few_windows() -> (
+    None
+):
+    """The issue's case: 30 % of calls failing loses the provider its place quickly."""
+    healthy = [(20, 0)] * 10
+    after = [score(_windows(*healthy, *[(20, 6)] * n), NOW).health for n in (1, 2, 3, 4)]
+    assert after[0] > 0.8 and after[-1] < 0.8
+    assert after == sorted(after, reverse=True)
+
+
+def test_a_recovered_provider_climbs_back_above_the_line() -> None:
+    failing = [(20, 6)] * 10
+    assert score(_windows(*failing, *[(20, 0)] * 4), NOW).health >= 0.8
+
+
+def test_windows_without_calls_carry_no_information() -> None:
+    with_gaps = _windows((20, 10), (0, 0), (0, 0), (20, 10))
+    assert score(with_gaps, NOW).health == score(_windows((20, 10), (20, 10)), NOW).health
+
+
+@given(st.lists(st.tuples(st.integers(0, 500), st.integers(0, 600)), max_size=30))
+def test_health_is_always_between_0_and_1(per_window: list[tuple[int, int]]) -> None:
+    """Even with more errors than calls (windows are counters added by many processes)."""
+    assert 0.0 <= score(_windows(*per_window), NOW).health <= 1.0
+
+
+def test_a_circuit_opens_cools_down_probes_and_closes() -> None:
+    state = next_circuit(CircuitState(), 0.4, NOW)
+    assert state == CircuitState("open", NOW)
+    assert next_circuit(state, 0.9, NOW + timedelta(seconds=COOL_DOWN - 1)).state == "open"
+    half = next_circuit(state, 0.4, NOW + timedelta(seconds=COOL_DOWN))
+    assert half.state == "half_open"
+    assert next_circuit(half, 0.6, NOW + timedelta(seconds=COOL_DOWN + 5)).state == "half_open"
+    assert next_circuit(half, 0.85, NOW + timedelta(seconds=COOL_DOWN + 5)).state == "closed"
+
+
+def test_a_half_open_circuit_whose_probes_keep_failing_opens_again() -> None:
+    half = CircuitState("half_open", NOW)
+    assert next_circuit(half, 0.3, NOW + timedelta(seconds=1)).state == "half_open"
+    assert next_circuit(half, 0.3, NOW + timedelta(seconds=COOL_DOWN)).state == "open"
+
+
+def test_a_healthy_closed_circuit_stays_closed() -> None:
+    assert next_circuit(CircuitState(), 0.7, NOW) == CircuitState()
+
+
+@pytest.mark.parametrize(
+    ("health", "circuits", "draw", "chain"),
+    [
+        ({}, {}, 0.5, ("sg", "mg")),
+        ({"sg": 0.7}, {}, 0.5, ("mg", "sg")),
+        ({"sg": 0.7}, {}, PROBE_SHARE / 2, ("sg", "mg")),
+        ({"sg": 0.9}, {"sg": "open"}, 0.0, ("mg",)),
+        ({}, {"sg": "half_open"}, 0.5, ("mg", "sg")),
+        ({}, {"sg": "half_open"}, 0.0, ("sg", "mg")),
+        ({}, {"sg": "open", "mg": "open"}, 0.5, ("sg", "mg")),
+        ({"sg": 0.7, "mg": 0.6}, {}, 0.5, ("sg", "mg")),
+    ],
+)
+def test_the_chain_is_ordered_by_health_within_the_operators_order(
+    health: dict[str, float], circuits: dict[str, str], draw: float, chain: tuple[str, ...]
+) -> None:
+    assert order(("sg", "mg"), health, circuits, draw) == chain  # type: ignore[arg-type]
+
+
+def test_a_tally_sums_calls_per_provider_and_window_and_empties_when_taken() -> None:
+    tally = Tally()
+    tally.count("sg", NOW, error=False, seconds=0.2)
+    tally.count("sg", NOW, error=True, seconds=0.4)
+    tally.count("mg", NOW + timedelta(seconds=WINDOW), error=False, seconds=0.1)
+
+    taken = tally.take()
+
+    assert taken[("sg", window_start(NOW))] == [2, 1, 600]
+    assert len(taken) == 2 and tally.take() == {}
