@@ -12,10 +12,8 @@ import httpx
 import pytest
 
 from shared.broker import Broker
-from shared.config import AmqpSettings, Settings
-from shared.deadletters import drain_dead_letters
+from shared.config import AmqpSettings
 from shared.errors import DependencyUnavailable, PublishError
-from shared.resources import topology_for
 from shared.topology import Topology, batch_key, dispatch_key, log_key
 
 
@@ -133,32 +131,6 @@ async def test_poison_message_is_dead_lettered_after_the_delivery_limit(broker: 
     assert dead.routing_key == key
     assert dead.body == b"poison"
     await dead.ack()
-
-
-async def test_dead_letters_can_be_listed_and_replayed(settings: Settings) -> None:
-    """Listing leaves dead letters in place; replaying sends them back under their keys."""
-    b = Broker(settings.amqp.url.get_secret_value(), topology_for(settings), name="dlq")
-    await b.connect()
-    await b.declare()
-    try:
-        key = dispatch_key("mg", uuid.uuid4())
-        await b.publish(key, b"stuck")
-        message = await _next(b, b.topology.provider_queue("mg"))
-        await message.reject(requeue=False)  # what settle does with poison
-        await _next_depth(b, b.topology.dead_letter_queue, 1)
-
-        listed = await drain_dead_letters(settings, replay=False, limit=10)
-        assert len(listed) == 1 and key in listed[0] and "rejected" in listed[0]
-        await _next_depth(b, b.topology.dead_letter_queue, 1)
-
-        await drain_dead_letters(settings, replay=True, limit=10)
-        back = await _next(b, b.topology.provider_queue("mg"))
-        assert (back.routing_key, back.body) == (key, b"stuck")
-        await back.ack()
-        assert await b.queue_depth(b.topology.dead_letter_queue) == 0
-    finally:
-        await b.delete()
-        await b.close()
 
 
 async def _next_depth(b: Broker, queue: str, depth: int) -> None:
