@@ -6,6 +6,7 @@
   + PublishError                the broker did not confirm, or returned, a publish
   + ProviderError               a provider call failed; ``retry_after`` says when to try again
     x TransientProviderError    5xx, 429, timeouts, connection errors: another provider may work
+      x ProviderSkipped         not called (paused, at its rate limit): spill over, no attempt used
     x ProviderMisconfigured     401/403, unknown domain: our side is wrong, try the next provider
     x PermanentProviderError    the request itself is bad (400, 413): no provider will accept it
 
@@ -74,6 +75,11 @@ class ProviderError(SafedelivrError):
 
 class TransientProviderError(ProviderError):
     """The provider is unhealthy or throttling us; the same request may succeed later."""
+
+
+class ProviderSkipped(TransientProviderError):
+    """The provider was not called: an operator paused it, or it is at its rate limit. The
+    work moves on to the next provider (spill-over) without using up an attempt."""
 
 
 class ProviderMisconfigured(ProviderError):

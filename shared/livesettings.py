@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 #: Seconds between reloads that do not wait for a nudge.
 RELOAD_EVERY: Final = 30.0
 MAX_ATTEMPTS_LIMIT: Final = 50
+MAX_RATE_LIMIT: Final = 100_000.0
 _TRUE, _FALSE = frozenset({"true", "1", "yes", "on"}), frozenset({"false", "0", "no", "off"})
 
 
@@ -53,6 +54,11 @@ class LiveSettings:
     chain: tuple[str, ...]
     paused: frozenset[str] = frozenset()
     max_attempts: int = 6
+    rate_limits: tuple[tuple[str, float], ...] = ()
+    """Requests per second by provider code, for every process together (none: no limit)."""
+
+    def limits(self) -> dict[str, float]:
+        return dict(self.rate_limits)
 
     def running_chain(self, configured: Sequence[str]) -> tuple[str, ...]:
         """The chain to send through: its providers this process can use, paused ones left
@@ -73,6 +79,7 @@ def defaults(providers: ProviderSettings) -> dict[str, str]:
         "providers.max_attempts": str(providers.max_attempts),
     }
     values.update({f"providers.{code}.paused": "false" for code in CODES})
+    values.update({f"providers.{code}.rate_limit": "0" for code in CODES})
     return values
 
 
@@ -89,6 +96,11 @@ def resolve(stored: Mapping[str, str], providers: ProviderSettings) -> LiveSetti
         chain=tuple(values["providers.chain"].split(",")),
         paused=frozenset(c for c in CODES if values[f"providers.{c}.paused"] == "true"),
         max_attempts=int(values["providers.max_attempts"]),
+        rate_limits=tuple(
+            (c, float(values[f"providers.{c}.rate_limit"]))
+            for c in CODES
+            if float(values[f"providers.{c}.rate_limit"]) > 0
+        ),
     )
 
 
@@ -107,6 +119,21 @@ def check(name: str, value: str) -> str:
             raise SettingsError({name: f"must be a whole number from 1 to {MAX_ATTEMPTS_LIMIT}"})
         return str(int(text))
     parts = name.split(".")
+    if (
+        len(parts) == 3
+        and parts[0] == "providers"
+        and parts[2] == "rate_limit"
+        and parts[1] in CODES
+    ):
+        try:
+            rate = float(text)
+        except ValueError:
+            rate = -1.0
+        if not 0 <= rate <= MAX_RATE_LIMIT:  # NaN fails this too
+            raise SettingsError(
+                {name: f"must be requests per second, 0 (no limit) to {MAX_RATE_LIMIT}"}
+            )
+        return f"{rate:g}"
     if len(parts) == 3 and parts[0] == "providers" and parts[2] == "paused" and parts[1] in CODES:
         if text.lower() in _TRUE:
             return "true"
@@ -163,12 +190,29 @@ def _provider_change(key: str, value: object) -> dict[str, str]:
     code = provider_code(key)
     if code is None:
         raise SettingsError({f"providers.{key}": f"unknown provider; known: {_known()}"})
-    if not isinstance(value, dict) or set(value) - {"paused"} or not value:
-        raise SettingsError({f"providers.{key}": 'must be {"paused": true|false}'})
-    paused = value["paused"]
-    if not isinstance(paused, bool):
-        raise SettingsError({f"providers.{key}.paused": "must be true or false"})
-    return {f"providers.{code}.paused": "true" if paused else "false"}
+    if not isinstance(value, dict) or set(value) - {"paused", "rate_limit_per_s"} or not value:
+        raise SettingsError(
+            {f"providers.{key}": 'must be {"paused": true|false, "rate_limit_per_s": number}'}
+        )
+    changes: dict[str, str] = {}
+    if "paused" in value:
+        paused = value["paused"]
+        if not isinstance(paused, bool):
+            raise SettingsError({f"providers.{key}.paused": "must be true or false"})
+        changes[f"providers.{code}.paused"] = "true" if paused else "false"
+    if "rate_limit_per_s" in value:
+        rate = value["rate_limit_per_s"]
+        if not isinstance(rate, int | float) or isinstance(rate, bool):
+            raise SettingsError({f"providers.{key}.rate_limit_per_s": "must be a number"})
+        try:
+            changes[f"providers.{code}.rate_limit"] = check(
+                f"providers.{code}.rate_limit", str(rate)
+            )
+        except SettingsError as exc:
+            raise SettingsError(
+                {f"providers.{key}.rate_limit_per_s": next(iter(exc.fields.values()))}
+            ) from None
+    return changes
 
 
 def view(live: LiveSettings) -> dict[str, Any]:
@@ -177,8 +221,13 @@ def view(live: LiveSettings) -> dict[str, Any]:
         "chain": [CATALOG[c].name.lower() for c in live.chain if c in CATALOG],
         "max_attempts": live.max_attempts,
     }
+    limits = live.limits()
     for code, info in CATALOG.items():
-        providers[info.name.lower()] = {"code": code, "paused": code in live.paused}
+        providers[info.name.lower()] = {
+            "code": code,
+            "paused": code in live.paused,
+            "rate_limit_per_s": limits.get(code),
+        }
     return {"providers": providers}
 
 

@@ -47,7 +47,7 @@ async def list_providers(request: Request) -> Response:
                 "position": running.index(code) + 1
                 if code in running and code not in live.paused
                 else None,
-                "rate_limit_per_s": None,
+                "rate_limit_per_s": live.limits().get(code),
                 "current_rate_per_s": scored.rate,
                 "latency_seconds": None if scored.latency is None else round(scored.latency, 3),
                 "calls_2min": scored.calls,

@@ -277,7 +277,9 @@ class ProviderView(_Out):
     circuit: Literal["closed", "open", "half_open"]
     paused: bool
     position: int | None = Field(description="Place in the operator's running chain.")
-    rate_limit_per_s: float | None = Field(description="null: no client-side limit is set.")
+    rate_limit_per_s: float | None = Field(
+        description="The client-side limit for every process together; null: none is set."
+    )
     current_rate_per_s: float = Field(description="Calls per second, all processes.")
     latency_seconds: float | None
     calls_2min: int

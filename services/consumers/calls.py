@@ -25,6 +25,7 @@ from shared.errors import (
     PermanentProviderError,
     ProviderError,
     ProviderMisconfigured,
+    ProviderSkipped,
     TransientProviderError,
 )
 from shared.models import Chunk, Recipient
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _ERROR_KINDS: dict[str, type[ProviderError]] = {
+    "skipped": ProviderSkipped,  # before its base class
     "transient": TransientProviderError,
     "misconfigured": ProviderMisconfigured,
     "permanent": PermanentProviderError,
@@ -92,7 +94,14 @@ class Caller:
     async def _send(self, job: protocol.Job, chunk: Chunk) -> Answer:
         if job.provider in self.d.paused:
             # Not called: rejected like a refusal, so the decision moves the work on.
-            return Answer(error=TransientProviderError(job.provider, "paused by an operator"))
+            return Answer(error=ProviderSkipped(job.provider, "paused by an operator"))
+        wait = await self.d.limiter.acquire(job.provider, self.d.now())
+        if wait is not None:
+            return Answer(
+                error=ProviderSkipped(
+                    job.provider, "at its rate limit: spilled over", retry_after=wait
+                )
+            )
         provider = self.d.providers.get(job.provider)
         if provider is None:
             error = ProviderMisconfigured(job.provider, "provider is not configured in the chain")
@@ -103,6 +112,9 @@ class Caller:
         try:
             receipt = await task
         except ProviderError as error:
+            if error.status == 429 and error.retry_after:
+                # The provider says how long it is full: every process holds off that long.
+                await self.d.limiter.block(job.provider, self.d.now(), error.retry_after)
             # An invalid request says nothing about the provider's health; anything else does.
             self.d.tally.count(
                 job.provider,
@@ -185,12 +197,16 @@ class Caller:
         """The decision after attempt ``job.attempt`` failed with ``error``, as columns."""
         settings = self.d.settings
         refused = frozenset(a.provider for a in line if (a.error or "").startswith("permanent|"))
+        # Providers skipped (paused, at their rate limit) were never called: those hops do
+        # not use up the chunk's attempts.
+        skipped = sum(1 for a in line if (a.error or "").startswith("skipped|"))
+        skipped += isinstance(error, ProviderSkipped)
         rows = await self.d.follow.rows(job)
         verdict = failover.decide(
             chain=settings.chain_codes,
             attempt=job.attempt,
             error=error,
-            max_attempts=settings.max_attempts,
+            max_attempts=settings.max_attempts + skipped,
             backoff=settings.backoff_tiers,
             permanent_from=refused,
             excluded=self.d.follow.excluded(job, rows),

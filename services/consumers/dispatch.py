@@ -35,6 +35,7 @@ from shared.logs import bound
 from shared.metrics import DispatchMetrics
 from shared.models import ChunkJob, LogJob
 from shared.provider_health import Tally
+from shared.provider_rates import ProviderLimiter
 from shared.providers.base import Provider
 from shared.recipients import RecipientStore
 from shared.settle import Delivery, Poison
@@ -102,6 +103,8 @@ class Dispatcher:
     paused: frozenset[str] = frozenset()
     """Providers an operator paused (live settings): their jobs go to the next provider."""
     tally: Tally = field(default_factory=Tally)
+    limiter: ProviderLimiter = field(default_factory=lambda: ProviderLimiter(None, ""))
+    """Client-side rate limits shared by every process (``shared.provider_rates``)."""
     """Calls not yet added to the shared health windows (``shared.provider_health``)."""
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 

@@ -118,6 +118,7 @@ class ConsumerSettings:
         self.live = live
         d = self.dispatcher
         d.paused = live.paused & frozenset(configured)
+        d.limiter.limits = live.limits()
         d.handoff.max_attempts = live.max_attempts
         self.refresh()
         await self._consume(not live.all_paused(configured))

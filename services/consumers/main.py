@@ -23,6 +23,7 @@ from shared.health import health_routes
 from shared.livesettings import SettingsStore, Watcher
 from shared.metrics import DeadLetterMetrics, DispatchMetrics, new_registry
 from shared.provider_health import HealthStore
+from shared.provider_rates import ProviderLimiter
 from shared.providers.base import Provider
 from shared.providers.registry import build_providers, close_all
 from shared.recipients import RecipientStore
@@ -57,6 +58,7 @@ def build_dispatcher(
         recipients=RecipientStore(res.db, stats),
         hooks=hooks,
         deferred_deadline=settings.webhooks.deferred_deadline,
+        limiter=ProviderLimiter(res.db, settings.amqp.exchange),
     )
 
 

@@ -35,6 +35,15 @@ async def stack(settings: Settings, db: Database) -> AsyncIterator[Stack]:
         yield s
 
 
+@pytest.fixture
+async def busy_stack(settings: Settings, db: Database) -> AsyncIterator[Stack]:
+    """A stack whose API takes a flood from one key (no per-key rate limit in the way)."""
+    fast = fast_settings(settings)
+    api = fast.api.model_copy(update={"rate_limit_per_second": 10_000, "rate_burst": 10_000})
+    async with full_stack(fast.model_copy(update={"api": api}), db) as s:
+        yield s
+
+
 async def _key(db: Database, *scopes: str) -> dict[str, str]:
     user = await accounts.ensure_user(db, unique("ops"))
     return {"Authorization": f"Bearer {await accounts.create_key(db, user, 'k', scopes=scopes)}"}
@@ -225,3 +234,85 @@ async def test_a_provider_failing_30_percent_loses_its_place_and_regains_it(
             f"\nSendGrid at 30 % errors: demoted after {demoted:.1f} s (health {health}), "
             f"first again {regained:.1f} s after it recovered"
         )
+
+
+# --------------------------------------------------------------------------- rate limits
+
+
+def _busiest_second(times: list[float]) -> int:
+    """The most calls in any one-second window (sliding over the calls)."""
+    times = sorted(times)
+    best, start = 0, 0
+    for end, at in enumerate(times):
+        while at - times[start] >= 1.0:
+            start += 1
+        best = max(best, end - start + 1)
+    return best
+
+
+@pytest.mark.timeout(300)
+async def test_three_processes_keep_a_shared_limit_and_spill_over(
+    busy_stack: Stack, db: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SendGrid limited to 20 calls/s and Mailgun to 30 across three real consumer processes:
+    under a flood, each stays within 10 % of its limit in every second, SendGrid's excess
+    goes to Mailgun, and every recipient is sent once."""
+    stack = busy_stack
+    ops = await _key(db, "operator")
+    limits = {
+        "providers": {"sendgrid": {"rate_limit_per_s": 20}, "mailgun": {"rate_limit_per_s": 30}}
+    }
+    assert (await stack.api.patch("/v1/settings", json=limits, headers=ops)).is_success
+    s = stack.settings
+    env = {
+        **os.environ,
+        "SAFEDELIVR_CASSANDRA_KEYSPACE": s.cassandra.keyspace,
+        "SAFEDELIVR_AMQP_EXCHANGE": s.amqp.exchange,
+        "SAFEDELIVR_AMQP_DELIVERY_LIMIT": str(s.amqp.delivery_limit),
+        "SAFEDELIVR_PROVIDERS_BACKOFF": s.providers.backoff,
+        "SAFEDELIVR_PROVIDERS_SENDGRID_BASE_URL": s.providers.sendgrid_base_url,
+        "SAFEDELIVR_PROVIDERS_MAILGUN_BASE_URL": s.providers.mailgun_base_url,
+        "SAFEDELIVR_CONSUMERS_PREFETCH": "8",
+        "SAFEDELIVR_LOG_FORMAT": "json",
+        "SAFEDELIVR_LOG_LEVEL": "WARNING",
+    }
+    command = [sys.executable, "-m", "services.cli", "consumers", "--port"]
+    procs = [
+        await asyncio.create_subprocess_exec(*command, str(free_port()), cwd=ROOT, env=env)
+        for _ in range(3)
+    ]
+    to = emails(240)
+    try:
+        room = asyncio.Semaphore(8)
+
+        async def submit(email: str) -> str:
+            async with room:
+                return await stack.submit([email])
+
+        await asyncio.gather(*(submit(email) for email in to))
+        started = time.monotonic()
+        while True:
+            sends = (await stack.sandbox.get("/_control/sends")).json()
+            sent = sum(sends[name]["recipients"] for name in ("sendgrid", "mailgun"))
+            if sent >= len(to):
+                break
+            assert time.monotonic() - started < 90, f"{sent} of {len(to)} sent"
+            await asyncio.sleep(0.5)
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            await asyncio.wait_for(proc.wait(), 60)
+
+    sends = (await stack.sandbox.get("/_control/sends")).json()
+    busiest = {
+        name: _busiest_second([r["received_at"] for r in sends[name]["recent"]])
+        for name in ("sendgrid", "mailgun")
+    }
+    counts = {name: sends[name]["recipients"] for name in ("sendgrid", "mailgun")}
+    with capsys.disabled():
+        print(f"\nbusiest second: {busiest} (limits 20 and 30/s); recipients {counts}")
+    assert busiest["sendgrid"] <= 22 and busiest["mailgun"] <= 33
+    assert counts["sendgrid"] + counts["mailgun"] == len(to)
+    assert counts["mailgun"] > 0

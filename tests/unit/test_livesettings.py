@@ -25,6 +25,9 @@ from shared.livesettings import (
         ("providers.max_attempts", " 4 ", "4"),
         ("providers.sg.paused", "TRUE", "true"),
         ("providers.mg.paused", "off", "false"),
+        ("providers.sg.rate_limit", "20", "20"),
+        ("providers.sg.rate_limit", "2.50", "2.5"),
+        ("providers.mg.rate_limit", "0", "0"),
     ],
 )
 def test_a_value_is_made_canonical(name: str, value: str, canonical: str) -> None:
@@ -44,6 +47,10 @@ def test_a_value_is_made_canonical(name: str, value: str, canonical: str) -> Non
         ("providers.sg.paused", "maybe"),
         ("providers.xx.paused", "true"),
         ("providers.timeout", "5"),
+        ("providers.sg.rate_limit", "-1"),
+        ("providers.sg.rate_limit", "nan"),
+        ("providers.sg.rate_limit", "inf"),
+        ("providers.sg.rate_limit", "fast"),
         ("", ""),
     ],
 )
@@ -84,12 +91,29 @@ def test_the_issues_examples_flatten_to_settings() -> None:
         ({"providers": {"sendgrid": {"paused": "yes"}}}, "providers.sendgrid.paused"),
         ({"providers": {"sendgrid": {"weight": 3}}}, "providers.sendgrid"),
         ({"providers": {"sendgrid": True}}, "providers.sendgrid"),
+        (
+            {"providers": {"sendgrid": {"rate_limit_per_s": "20"}}},
+            "providers.sendgrid.rate_limit_per_s",
+        ),
+        (
+            {"providers": {"sendgrid": {"rate_limit_per_s": -3}}},
+            "providers.sendgrid.rate_limit_per_s",
+        ),
     ],
 )
 def test_a_bad_patch_names_the_field(body: object, field: str) -> None:
     with pytest.raises(SettingsError) as caught:
         flatten_patch(body)
     assert field in caught.value.fields
+
+
+def test_a_rate_limit_is_set_per_provider_and_zero_lifts_it() -> None:
+    assert flatten_patch({"providers": {"sendgrid": {"rate_limit_per_s": 20}}}) == {
+        "providers.sg.rate_limit": "20"
+    }
+    env = ProviderSettings(chain="sg,mg")
+    live = resolve({"providers.sg.rate_limit": "20", "providers.mg.rate_limit": "0"}, env)
+    assert live.limits() == {"sg": 20.0}
 
 
 def test_stored_values_win_over_the_environment_and_bad_ones_are_ignored() -> None:
@@ -128,5 +152,9 @@ def test_a_chain_of_providers_this_process_lacks_falls_back_to_its_own() -> None
 def test_the_view_speaks_provider_names_as_patch_takes_them() -> None:
     shown = view(LiveSettings(("mg", "sg"), frozenset({"sg"}), 3))
     assert shown["providers"]["chain"] == ["mailgun", "sendgrid"]
-    assert shown["providers"]["sendgrid"] == {"code": "sg", "paused": True}
+    assert shown["providers"]["sendgrid"] == {
+        "code": "sg",
+        "paused": True,
+        "rate_limit_per_s": None,
+    }
     assert shown["providers"]["max_attempts"] == 3
