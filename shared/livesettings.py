@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,16 @@ log = logging.getLogger(__name__)
 RELOAD_EVERY: Final = 30.0
 MAX_ATTEMPTS_LIMIT: Final = 50
 MAX_RATE_LIMIT: Final = 100_000.0
+_WHOLE_NUMBERS: Final = {
+    "providers.max_attempts": (1, MAX_ATTEMPTS_LIMIT),
+    "alerts.cool_off": (10, 86_400),
+    "alerts.queue_depth": (1, 10**9),
+}
+_ALERT_FIELDS: Final = {
+    "webhook_url": "alerts.webhook_url",
+    "cool_off_s": "alerts.cool_off",
+    "queue_depth": "alerts.queue_depth",
+}
 _TRUE, _FALSE = frozenset({"true", "1", "yes", "on"}), frozenset({"false", "0", "no", "off"})
 
 
@@ -56,6 +67,12 @@ class LiveSettings:
     max_attempts: int = 6
     rate_limits: tuple[tuple[str, float], ...] = ()
     """Requests per second by provider code, for every process together (none: no limit)."""
+    alert_url: str = ""
+    """Where alerts are posted (Slack/Discord-compatible incoming webhook); empty: logged."""
+    alert_cool_off: int = 600
+    """Seconds during which the same alert is not sent again (a burst alerts once)."""
+    alert_queue_depth: int = 10_000
+    """Jobs waiting in one provider queue above which an alert is raised."""
 
     def limits(self) -> dict[str, float]:
         return dict(self.rate_limits)
@@ -80,6 +97,9 @@ def defaults(providers: ProviderSettings) -> dict[str, str]:
     }
     values.update({f"providers.{code}.paused": "false" for code in CODES})
     values.update({f"providers.{code}.rate_limit": "0" for code in CODES})
+    values.update(
+        {"alerts.webhook_url": "", "alerts.cool_off": "600", "alerts.queue_depth": "10000"}
+    )
     return values
 
 
@@ -101,46 +121,76 @@ def resolve(stored: Mapping[str, str], providers: ProviderSettings) -> LiveSetti
             for c in CODES
             if float(values[f"providers.{c}.rate_limit"]) > 0
         ),
+        alert_url=values["alerts.webhook_url"],
+        alert_cool_off=int(values["alerts.cool_off"]),
+        alert_queue_depth=int(values["alerts.queue_depth"]),
     )
 
 
 def check(name: str, value: str) -> str:
     """The canonical form of ``value`` for setting ``name``; SettingsError if it is not one."""
-    text = value.strip()
-    if name == "providers.chain":
-        codes = [provider_code(p) for p in text.split(",") if p.strip()]
-        if None in codes:
-            raise SettingsError({name: f"unknown provider in {text!r}; known: {_known()}"})
-        if not codes or len(set(codes)) != len(codes):
-            raise SettingsError({name: "must list one or more providers, each once"})
-        return ",".join(c for c in codes if c)
-    if name == "providers.max_attempts":
-        if not text.isascii() or not text.isdecimal() or not 1 <= int(text) <= MAX_ATTEMPTS_LIMIT:
-            raise SettingsError({name: f"must be a whole number from 1 to {MAX_ATTEMPTS_LIMIT}"})
-        return str(int(text))
+    checker = _checker(name)
+    if checker is None:
+        raise SettingsError({name: "is not a setting that can be changed live"})
+    return checker(name, value.strip())
+
+
+def _checker(name: str) -> Callable[[str, str], str] | None:
+    exact: dict[str, Callable[[str, str], str]] = {
+        "providers.chain": _chain,
+        "providers.max_attempts": _whole,
+        "alerts.webhook_url": _url,
+        "alerts.cool_off": _whole,
+        "alerts.queue_depth": _whole,
+    }
+    if name in exact:
+        return exact[name]
     parts = name.split(".")
-    if (
-        len(parts) == 3
-        and parts[0] == "providers"
-        and parts[2] == "rate_limit"
-        and parts[1] in CODES
-    ):
-        try:
-            rate = float(text)
-        except ValueError:
-            rate = -1.0
-        if not 0 <= rate <= MAX_RATE_LIMIT:  # NaN fails this too
-            raise SettingsError(
-                {name: f"must be requests per second, 0 (no limit) to {MAX_RATE_LIMIT}"}
-            )
-        return f"{rate:g}"
-    if len(parts) == 3 and parts[0] == "providers" and parts[2] == "paused" and parts[1] in CODES:
-        if text.lower() in _TRUE:
-            return "true"
-        if text.lower() in _FALSE:
-            return "false"
-        raise SettingsError({name: "must be true or false"})
-    raise SettingsError({name: "is not a setting that can be changed live"})
+    if len(parts) == 3 and parts[0] == "providers" and parts[1] in CODES:
+        return {"paused": _flag, "rate_limit": _rate}.get(parts[2])
+    return None
+
+
+def _chain(name: str, text: str) -> str:
+    codes = [provider_code(p) for p in text.split(",") if p.strip()]
+    if None in codes:
+        raise SettingsError({name: f"unknown provider in {text!r}; known: {_known()}"})
+    if not codes or len(set(codes)) != len(codes):
+        raise SettingsError({name: "must list one or more providers, each once"})
+    return ",".join(c for c in codes if c)
+
+
+def _whole(name: str, text: str) -> str:
+    low, high = _WHOLE_NUMBERS[name]
+    if not text.isascii() or not text.isdecimal() or not low <= int(text) <= high:
+        raise SettingsError({name: f"must be a whole number from {low} to {high}"})
+    return str(int(text))
+
+
+def _url(name: str, text: str) -> str:
+    if text and not re.match(r"^https?://[^\s/?#]+(/\S*)?$", text):
+        raise SettingsError({name: "must be an http(s) URL, or empty for none"})
+    return text[:2000]
+
+
+def _flag(name: str, text: str) -> str:
+    if text.lower() in _TRUE:
+        return "true"
+    if text.lower() in _FALSE:
+        return "false"
+    raise SettingsError({name: "must be true or false"})
+
+
+def _rate(name: str, text: str) -> str:
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = -1.0
+    if not 0 <= rate <= MAX_RATE_LIMIT:  # NaN fails this too
+        raise SettingsError(
+            {name: f"must be requests per second, 0 (no limit) to {MAX_RATE_LIMIT:g}"}
+        )
+    return f"{rate:g}"
 
 
 def provider_code(text: str) -> str | None:
@@ -161,7 +211,9 @@ def flatten_patch(body: object) -> dict[str, str]:
     ["mailgun", "sendgrid"], "sendgrid": {"paused": true}, "max_attempts": 4}}``."""
     if not isinstance(body, dict) or not body:
         raise SettingsError({"body": "must be a JSON object of settings to change"})
-    errors: dict[str, str] = {f"{k}": "unknown section" for k in body if k != "providers"}
+    errors: dict[str, str] = {
+        f"{k}": "unknown section" for k in body if k not in ("providers", "alerts")
+    }
     changes: dict[str, str] = {}
     providers = body.get("providers")
     if "providers" in body and not isinstance(providers, dict):
@@ -171,6 +223,20 @@ def flatten_patch(body: object) -> dict[str, str]:
             changes.update(_provider_change(str(key), value))
         except SettingsError as exc:
             errors.update(exc.fields)  # keyed by the paths the body used
+    alerts = body.get("alerts")
+    if "alerts" in body and not isinstance(alerts, dict):
+        errors["alerts"] = "must be an object"
+    for key, value in (alerts if isinstance(alerts, dict) else {}).items():
+        name = _ALERT_FIELDS.get(str(key))
+        if name is None:
+            errors[f"alerts.{key}"] = f"unknown; known: {', '.join(_ALERT_FIELDS)}"
+        elif not isinstance(value, str | int) or isinstance(value, bool):
+            errors[f"alerts.{key}"] = "must be a string or a whole number"
+        else:
+            try:
+                changes[name] = check(name, str(value))
+            except SettingsError as exc:
+                errors[f"alerts.{key}"] = next(iter(exc.fields.values()))
     if errors:
         raise SettingsError(errors)
     if not changes:
@@ -228,7 +294,12 @@ def view(live: LiveSettings) -> dict[str, Any]:
             "paused": code in live.paused,
             "rate_limit_per_s": limits.get(code),
         }
-    return {"providers": providers}
+    alerts = {
+        "webhook_url": live.alert_url or None,
+        "cool_off_s": live.alert_cool_off,
+        "queue_depth": live.alert_queue_depth,
+    }
+    return {"providers": providers, "alerts": alerts}
 
 
 @dataclass(frozen=True, slots=True)

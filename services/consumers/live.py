@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from services.consumers.dispatch import Dispatcher
 from services.consumers.splitter import Splitter
+from shared.alerts import Alert, AlertConfig, Alerter
 from shared.broker import Broker
 from shared.config import ProviderSettings
 from shared.errors import DependencyUnavailable
@@ -42,7 +43,7 @@ from shared.provider_health import (
     order,
     score,
 )
-from shared.providers.catalog import CODES
+from shared.providers.catalog import CATALOG, CODES
 from shared.settle import Handler
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ class ConsumerSettings:
     prefetch: int
     metrics: LiveMetrics
     consuming: bool = True
+    alerter: Alerter | None = None
     live: LiveSettings | None = None
     health: dict[str, float] = field(default_factory=dict)
     circuits: dict[str, Circuit] = field(default_factory=dict)
@@ -133,6 +135,12 @@ class ConsumerSettings:
                 live.max_attempts,
             )
         self._seen = live
+
+    def alert_config(self) -> AlertConfig:
+        """Where alerts go and their cool-off, as the live settings say now."""
+        if self.live is None:
+            return AlertConfig("", 600)
+        return AlertConfig(self.live.alert_url, self.live.alert_cool_off)
 
     def refresh(self) -> None:
         """Order the running chain by health and hand it to everything that picks providers."""
@@ -191,6 +199,12 @@ class ConsumerSettings:
             self.circuits[code] = state.state
             if state.state != before:
                 await store.set_circuit(code, state, scored.health)
+                if state.state == "open" and self.alerter is not None:
+                    text = (
+                        f"{CATALOG[code].name} circuit opened: health {scored.health:.2f} over "
+                        f"{scored.calls} calls; new work goes to the other providers"
+                    )
+                    await self.alerter.send(Alert("circuit_open", code, text))
                 log.warning(
                     "%s circuit %s -> %s (health %.2f over %d calls)",
                     code, before, state.state, scored.health, scored.calls,

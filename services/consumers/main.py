@@ -8,12 +8,15 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
+import httpx
 from starlette.applications import Starlette
 
 from services.consumers.dispatch import Dispatcher, Hooks, no_hooks
 from services.consumers.live import ConsumerSettings, LiveMetrics
 from services.consumers.splitter import Splitter
+from shared.alerts import Alert, AlertConfig, Alerter
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchStore
 from shared.config import Settings
@@ -80,6 +83,7 @@ async def start_consumers(
     hooks: Hooks = no_hooks,
     dead_metrics: DeadLetterMetrics | None = None,
     live_metrics: LiveMetrics | None = None,
+    alerter: Alerter | None = None,
 ) -> Consumers:
     """Declare the topology, apply the live settings, and start the splitter, one sender per
     provider in the chain and the dead-letter archiver (run ``watcher.run()`` to keep the
@@ -97,6 +101,7 @@ async def start_consumers(
         handler,
         settings.consumers.prefetch,
         live_metrics or LiveMetrics.create(new_registry()),
+        alerter=alerter,
     )
     watcher = Watcher(SettingsStore(res.db, settings.amqp.exchange), settings.providers, applier)
     await watcher.load()  # before any work is taken: a paused provider is paused from the start
@@ -114,17 +119,34 @@ async def start_consumers(
                 topology.provider_queue(code), handler, prefetch=settings.consumers.prefetch
             )
             await res.broker.consume(topology.log_queue(code), handler, prefetch=32)
-    await start_archiving(res, inflight, dead_metrics or DeadLetterMetrics.create(new_registry()))
+    await start_archiving(
+        res, inflight, dead_metrics or DeadLetterMetrics.create(new_registry()), alerter
+    )
     return Consumers(dispatcher, watcher, applier)
 
 
-async def start_archiving(res: Resources, inflight: InFlight, metrics: DeadLetterMetrics) -> None:
+async def start_archiving(
+    res: Resources,
+    inflight: InFlight,
+    metrics: DeadLetterMetrics,
+    alerter: Alerter | None = None,
+) -> None:
     """Archive every dead letter (see ``shared.deadletters``). Held through outages without a
     limit: the dead queue has no queue behind it, so a letter is only ever acked once stored."""
 
     def archived(letter: Letter) -> None:
         metrics.archived.labels(letter.queue).inc()
         metrics.waiting.inc()
+        if alerter is not None:
+            alert = Alert(
+                "dead_letters",
+                letter.queue,
+                f"work was dead-lettered from {letter.queue} ({letter.reason}): "
+                f"see GET /v1/dead-letters (first: {letter.id})",
+            )
+            task = asyncio.create_task(alerter.send(alert))
+            _background.add(task)
+            task.add_done_callback(_background.discard)
 
     store = DeadLetterStore(res.db)
     await res.broker.consume(
@@ -132,6 +154,28 @@ async def start_archiving(res: Resources, inflight: InFlight, metrics: DeadLette
         settling(archiver(store, archived), inflight, hold=None),
         prefetch=8,
     )
+
+
+def no_alerts() -> AlertConfig:
+    return AlertConfig("", 600)
+
+
+async def watch_queues(res: Resources, applier: ConsumerSettings, alerter: Alerter) -> None:
+    """Alert when a provider queue holds more jobs than ``alerts.queue_depth``."""
+    topology = res.broker.topology
+    while True:
+        await asyncio.sleep(DEAD_COUNT_EVERY)
+        limit = applier.live.alert_queue_depth if applier.live else 10_000
+        for code in applier.dispatcher.providers:
+            queue = topology.provider_queue(code)
+            try:
+                depth = await res.broker.queue_depth(queue)
+            except DependencyUnavailable as exc:
+                log.warning("could not read the depth of %s: %s", queue, exc)
+                continue
+            if depth > limit:
+                text = f"{depth} jobs wait in {queue} (alert above {limit})"
+                await alerter.send(Alert("queue_depth", queue, text))
 
 
 async def count_dead_letters(res: Resources, metrics: DeadLetterMetrics) -> None:
@@ -145,8 +189,8 @@ async def count_dead_letters(res: Resources, metrics: DeadLetterMetrics) -> None
         await asyncio.sleep(DEAD_COUNT_EVERY)
 
 
-#: Start-up tasks kept referenced until they finish.
-_background: set[asyncio.Task[None]] = set()
+#: Start-up and alert tasks kept referenced until they finish.
+_background: set[asyncio.Task[Any]] = set()
 
 
 async def _probe_query_apis(providers: Mapping[str, Provider], settings: Settings) -> None:
@@ -179,8 +223,13 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with open_resources(settings, name="safedelivr-consumers") as res:
+        async with (
+            open_resources(settings, name="safedelivr-consumers") as res,
+            httpx.AsyncClient() as alert_http,
+        ):
             app.state.resources = res
+            # Configured from the live settings once start_consumers has loaded them.
+            alerter = Alerter(res.db, settings.amqp.exchange, alert_http, no_alerts)
             started = await start_consumers(
                 settings,
                 res,
@@ -189,7 +238,9 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
                 hooks=hooks,
                 dead_metrics=dead_metrics,
                 live_metrics=live_metrics,
+                alerter=alerter,
             )
+            alerter.config = started.applier.alert_config
             dispatcher = started.dispatcher
             log.info("consuming %s", ", ".join(settings.providers.chain_codes))
             tasks = [
@@ -198,6 +249,7 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
                 asyncio.create_task(
                     started.applier.keep_health(HealthStore(res.db, settings.amqp.exchange))
                 ),
+                asyncio.create_task(watch_queues(res, started.applier, alerter)),
             ]
             try:
                 yield

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
-from services.sandbox import control, dns, endpoints, github, signing
+from services.sandbox import control, dns, endpoints, github, receiver, signing
 from services.sandbox.state import SandboxState
 from services.sandbox.tuning import Tuning
 from services.sandbox.webhooks import WebhookDispatcher
@@ -84,11 +84,16 @@ def create_app(
             Mount("/mailgun", routes=endpoints.mailgun_routes()),
             Mount("/github", routes=github.routes()),
             *dns.routes(),
-            Mount("/_control", routes=[*control.routes(), *dns.control_routes()]),
+            Mount("/_receiver", routes=receiver.routes()),
+            Mount(
+                "/_control",
+                routes=[*control.routes(), *dns.control_routes(), *receiver.control_routes()],
+            ),
         ],
         lifespan=lifespan,
     )
     app.state.sandbox = state
+    app.state.received = receiver.Received()
     return app
 
 

@@ -316,3 +316,35 @@ async def test_three_processes_keep_a_shared_limit_and_spill_over(
     assert busiest["sendgrid"] <= 22 and busiest["mailgun"] <= 33
     assert counts["sendgrid"] + counts["mailgun"] == len(to)
     assert counts["mailgun"] > 0
+
+
+# --------------------------------------------------------------------------- alerts
+
+
+async def test_a_circuit_opening_alerts_the_sink_once_per_burst(stack: Stack, db: Database) -> None:
+    """SendGrid failing every call opens its circuit: one alert reaches the sink however long
+    the burst lasts, and the mail still goes out through Mailgun."""
+    ops = await _key(db, "operator")
+    sink = f"{stack.settings.providers.sendgrid_base_url.rsplit('/', 1)[0]}/_receiver/alerts"
+    body = {"alerts": {"webhook_url": sink, "cool_off_s": 600}}
+    assert (await stack.api.patch("/v1/settings", json=body, headers=ops)).is_success
+    await stack.fault("sendgrid", status=503)
+
+    async with stack.consuming():
+        await asyncio.sleep(APPLY_WITHIN)
+        started = time.monotonic()
+        opened = False
+        while not opened:
+            for _ in range(5):
+                await stack.post(emails(1))
+            await asyncio.sleep(1)
+            opened = (await _providers(stack))["sendgrid"]["circuit"] == "open"
+            assert time.monotonic() - started < 60, await _providers(stack)
+        for _ in range(10):  # the burst goes on
+            await stack.post(emails(1))
+        await asyncio.sleep(4)
+
+    received = (await stack.sandbox.get("/_control/received", params={"path": "/alerts"})).json()
+    circuit = [r for r in received if '"kind":"circuit_open"' in r["body"].replace(" ", "")]
+    assert len(circuit) == 1, received
+    assert "SendGrid circuit opened" in circuit[0]["body"]

@@ -116,6 +116,39 @@ def test_a_rate_limit_is_set_per_provider_and_zero_lifts_it() -> None:
     assert live.limits() == {"sg": 20.0}
 
 
+def test_the_alert_sink_and_its_thresholds_are_live_settings() -> None:
+    changes = flatten_patch(
+        {"alerts": {"webhook_url": "https://hooks.slack.com/services/x", "cool_off_s": 60}}
+    )
+    assert changes == {
+        "alerts.webhook_url": "https://hooks.slack.com/services/x",
+        "alerts.cool_off": "60",
+    }
+    live = resolve(changes, ProviderSettings())
+    assert (live.alert_url, live.alert_cool_off, live.alert_queue_depth) == (
+        "https://hooks.slack.com/services/x",
+        60,
+        10_000,
+    )
+
+
+@pytest.mark.parametrize(
+    ("alerts", "field"),
+    [
+        ({"webhook_url": "ftp://x"}, "alerts.webhook_url"),
+        ({"webhook_url": "http://a b"}, "alerts.webhook_url"),
+        ({"cool_off_s": 1}, "alerts.cool_off_s"),
+        ({"queue_depth": 0}, "alerts.queue_depth"),
+        ({"queue_depth": True}, "alerts.queue_depth"),
+        ({"email": "ops@example.com"}, "alerts.email"),
+    ],
+)
+def test_a_bad_alert_setting_names_its_field(alerts: dict[str, object], field: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        flatten_patch({"alerts": alerts})
+    assert list(caught.value.fields) == [field]
+
+
 def test_stored_values_win_over_the_environment_and_bad_ones_are_ignored() -> None:
     env = ProviderSettings(chain="sg,mg", max_attempts=6)
     live = resolve(
