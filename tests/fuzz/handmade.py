@@ -1,5 +1,8 @@
-"""Fuzzing the API's routes that its OpenAPI document does not list: the Go original's
-``/api/*``, the dashboard's pages and forms, and the GitHub login.
+"""Fuzzing every route of the API with hand-written strategies: the ones its OpenAPI document
+does not list (the Go original's ``/api/*``, the dashboard's pages and forms, the GitHub
+login) and, again, every ``/v1`` operation it lists, so that each route gets its share of
+requests whatever Schemathesis can make of its schema (a route with few parameters yields few
+distinct examples there).
 
 Hypothesis draws each request: the route, its path ids and query, form fields (known names
 with hostile values, and unknown names), raw bodies under any content type, and who asks (an
@@ -8,11 +11,13 @@ forged login cookie, nobody). Every answer is counted by :class:`Tally`; an answ
 above fails the run, and so does a 4xx that is not in its interface's error form: the
 original's ``{"error": "..."}`` on its ``/api/*`` routes (a path or method it never served
 gets the app's 404/405 envelope), an HTML page on the dashboard, the app's envelope for the
-JSON answers of the login routes.
+JSON answers of the login routes and of ``/v1``.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -27,6 +32,7 @@ from hypothesis import strategies as st
 
 from services.api.app import create_app as create_api
 from services.api.loginstate import PendingLogin, encode
+from services.api.openapi import OPERATIONS
 from services.sandbox.app import create_app as create_sandbox
 from shared import accounts
 from shared.config import SandboxSettings, Settings
@@ -101,6 +107,20 @@ VALID_FORMS: dict[str, list[tuple[str, str]]] = {
     "/domains/verify": [("domain", "example.com")],
     "/domains/remove": [("domain", "news.example.com")],
 }  # fmt: skip
+
+
+def _dumps(value: object) -> bytes:
+    """JSON as a client might write it (NaN and infinities included, as Python writes them)."""
+    return json.dumps(value).encode()
+
+
+json_bodies = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=20), inner, max_size=5)
+    ),
+    max_leaves=15,
+).map(_dumps)
 AUTHS = ["key", "bad key", "none", "session", "session without csrf", "cross-site session"]
 
 #: Route templates and how to draw a request for each (method, path from ids).
@@ -111,6 +131,16 @@ ORIGINAL: list[tuple[str, Callable[[str], str]]] = [
     ("GET", lambda i: f"/api/batch/{i}/logs"),
     ("GET", lambda _: "/api/stats"),
     ("GET", lambda _: "/api/user"),
+]
+
+
+def _v1_path(template: str) -> Callable[[str], str]:
+    return lambda ident: re.sub(r"\{[^}]+\}", ident, template)
+
+
+#: Every operation of the OpenAPI document, its path parameters drawn like ids.
+V1: list[tuple[str, Callable[[str], str]]] = [
+    (op.method.upper(), _v1_path(op.path)) for op in OPERATIONS
 ]
 DASHBOARD: list[tuple[str, Callable[[str], str]]] = [
     ("GET", lambda _: "/"),
@@ -173,7 +203,7 @@ def draw_call(
         # A login this browser did start: the random code then reaches (the sandbox's) GitHub.
         call.cookies[LOGIN_COOKIE] = encode([login])
         call.params = [("state", login.state), ("code", ident), *params]
-    if method == "POST":
+    if method in ("POST", "PATCH", "PUT"):
         if body == "form":
             call.data = form
         elif body == "multipart":
@@ -200,7 +230,7 @@ def calls(route: tuple[str, Callable[[str], str]], who: Who, now: int) -> st.Sea
         st.sampled_from(["form", "multipart", "application/json", "text/plain",
                          "multipart/form-data",
                          "application/x-www-form-urlencoded; charset=utf-16"]),
-        st.binary(max_size=512) | st.text(max_size=200).map(str.encode),
+        st.binary(max_size=512) | st.text(max_size=200).map(str.encode) | json_bodies,
         st.none() | login,
         st.booleans(),
     )  # fmt: skip
@@ -234,11 +264,11 @@ def _enveloped(body: object) -> bool:
     return isinstance(error, dict) and {"code", "message"} <= set(error)
 
 
-async def fuzz_unlisted(settings: Settings, examples: int, seed: int) -> dict[str, Any]:
-    """``examples`` requests to each unlisted route."""
+async def fuzz_handmade(settings: Settings, examples: int, seed: int) -> dict[str, Any]:
+    """``examples`` requests to each route."""
     who = await _credentials(settings)
     drawn: list[Call] = []
-    for route in ORIGINAL + DASHBOARD:
+    for route in ORIGINAL + DASHBOARD + V1:
 
         @settings_for(examples, seed)
         @given(calls(route, who, int(time.time())))
