@@ -358,6 +358,9 @@ class Settings(BaseSettings):
     signup_allow: str = ""
     """Comma-separated GitHub logins and ``org:NAME`` organisations admitted by
     ``allowlist`` (compared case-insensitively)."""
+    operators: str = ""
+    """Comma-separated GitHub logins who see the dashboard's Operations pages (providers,
+    live settings, dead letters, sign-up requests). API operator routes take operator keys."""
     metrics_token: SecretStr | None = None
     """When set, ``GET /metrics`` on every service answers only requests carrying
     ``Authorization: Bearer <token>`` (Prometheus: ``authorization: {credentials: ...}``);
@@ -376,6 +379,10 @@ class Settings(BaseSettings):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     github: GitHubSettings = Field(default_factory=GitHubSettings)
     client: ClientSettings = Field(default_factory=ClientSettings)
+
+    @property
+    def operator_logins(self) -> frozenset[str]:
+        return frozenset(x.strip().lower() for x in self.operators.split(",") if x.strip())
 
     @property
     def signup_policy(self) -> Literal["open", "closed", "allowlist", "approval"]:

@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from services.api.auth import require_key
 from shared.config import Settings
+from shared.db import Database
 from shared.http import JSON
 from shared.livesettings import SettingsStore, resolve
 from shared.provider_health import CircuitState, HealthStore, order, score
@@ -20,11 +21,15 @@ from shared.resources import Resources
 
 async def list_providers(request: Request) -> Response:
     await require_key(request, "read")
-    settings: Settings = request.app.state.settings
     resources: Resources = request.app.state.resources
+    return JSON({"data": await provider_rows(request.app.state.settings, resources.db)})
+
+
+async def provider_rows(settings: Settings, db: Database) -> list[dict[str, Any]]:
+    """Each configured provider as ``GET /v1/providers`` and the operations page show it."""
     scope = settings.amqp.exchange
-    live = resolve(await SettingsStore(resources.db, scope).stored(), settings.providers)
-    health = HealthStore(resources.db, scope)
+    live = resolve(await SettingsStore(db, scope).stored(), settings.providers)
+    health = HealthStore(db, scope)
     circuits = await health.circuits()
     now = datetime.now(UTC)
     configured = settings.providers.chain_codes
@@ -53,4 +58,4 @@ async def list_providers(request: Request) -> Response:
                 "calls_2min": scored.calls,
             }
         )
-    return JSON({"data": data})
+    return data

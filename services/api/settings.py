@@ -22,7 +22,7 @@ SMALL_BODY = 8 * 1024
 log = logging.getLogger(__name__)
 
 
-def _store(request: Request) -> SettingsStore:
+def settings_store(request: Request) -> SettingsStore:
     settings: Settings = request.app.state.settings
     resources: Resources = request.app.state.resources
     return SettingsStore(resources.db, settings.amqp.exchange)
@@ -36,7 +36,7 @@ async def _shown(request: Request, store: SettingsStore) -> dict[str, Any]:
 
 async def get_settings(request: Request) -> Response:
     await require_key(request, "operator")
-    return JSON(await _shown(request, _store(request)))
+    return JSON(await _shown(request, settings_store(request)))
 
 
 async def patch_settings(request: Request) -> Response:
@@ -50,15 +50,20 @@ async def patch_settings(request: Request) -> Response:
         raise ApiError(
             422, "invalid_fields", "the settings are not valid", fields=exc.fields
         ) from None
+    announced = await change_settings(request, changes, by=f"key:{key.key_id}")
+    return JSON({**await _shown(request, settings_store(request)), "announced": announced})
+
+
+async def change_settings(request: Request, changes: dict[str, str], *, by: str) -> bool:
+    """Store and announce ``changes`` (the API's and the dashboard's use case); False when
+    the announcement could not be sent (every process still applies them within 30 s)."""
     resources: Resources = request.app.state.resources
-    store = _store(request)
-    done = await store.change(changes, by=f"key:{key.key_id}")
-    announced = True
-    if done:
-        try:
-            await resources.broker.announce(orjson.dumps({"changed": [c.name for c in done]}))
-        except DependencyUnavailable as exc:
-            # Stored all the same: every process reloads within 30 s without the nudge.
-            log.warning("settings changed but not announced: %s", exc)
-            announced = False
-    return JSON({**await _shown(request, store), "announced": announced})
+    done = await settings_store(request).change(changes, by=by)
+    if not done:
+        return True
+    try:
+        await resources.broker.announce(orjson.dumps({"changed": [c.name for c in done]}))
+    except DependencyUnavailable as exc:
+        log.warning("settings changed but not announced: %s", exc)
+        return False
+    return True

@@ -153,6 +153,7 @@ async def _stack(migrated: CassandraSettings) -> AsyncIterator[Stack]:
                 # URL (used for cookie flags and origin checks) are read per request.
                 api.state.settings = settings.model_copy(
                     update={
+                        "operators": ",".join(OPERATORS),
                         "api": settings.api.model_copy(update={"public_url": api_url}),
                         "github": settings.github.model_copy(
                             update={"redirect_uri": f"{api_url}/auth/github/callback"}
@@ -166,6 +167,10 @@ async def _stack(migrated: CassandraSettings) -> AsyncIterator[Stack]:
                         yield Stack(api_url, sandbox_url, hooks_url, api.state.settings)
                 finally:
                     await broker.delete()
+
+
+#: GitHub logins the stack's dashboard treats as operators (one per test that needs one).
+OPERATORS = ("sd-operator-settings", "sd-operator-dead-letters")
 
 
 @pytest.fixture

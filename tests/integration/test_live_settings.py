@@ -60,7 +60,7 @@ async def test_an_operator_changes_settings_and_sees_them_with_the_audit(
     shown = await stack.api.get("/v1/settings", headers=ops)
 
     assert changed.status_code == 200, changed.text
-    assert shown.json()["providers"]["sendgrid"] == {"code": "sg", "paused": True}
+    assert shown.json()["providers"]["sendgrid"]["paused"] is True
     (latest, *_) = shown.json()["changes"]
     assert (latest["name"], latest["old"], latest["new"]) == ("providers.sg.paused", None, "true")
     assert latest["by"].startswith("key:")

@@ -6,6 +6,15 @@
 
 from __future__ import annotations
 
-from services.api.dashboard.pages import create_templates, dashboard_routes
+from starlette.routing import BaseRoute
+
+from services.api.dashboard import pages
+from services.api.dashboard.operations import operations_routes
+from services.api.dashboard.pages import create_templates
 
 __all__ = ["create_templates", "dashboard_routes"]
+
+
+def dashboard_routes() -> list[BaseRoute]:
+    """Every page (the operators' too) and the static files."""
+    return [*operations_routes(), *pages.dashboard_routes()]

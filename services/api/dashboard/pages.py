@@ -143,8 +143,12 @@ def render(
     status: int = 200,
     headers: Mapping[str, str] | None = None,
 ) -> Response:
+    user = getattr(request.state, "user", None)
+    settings: Settings | None = getattr(request.app.state, "settings", None)
+    operators = settings.operator_logins if settings is not None else frozenset()
     base: dict[str, Any] = {
-        "user": getattr(request.state, "user", None),
+        "user": user,
+        "operator": user is not None and user.login.lower() in operators,
         "active": None,
         "notice": None,
         "title": "",

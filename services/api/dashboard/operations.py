@@ -1,0 +1,154 @@
+"""The dashboard's Operations page, for the GitHub logins in ``SAFEDELIVR_OPERATORS``: each
+provider's health, circuit and pause, the live settings and their audit, dead letters and
+sign-up requests, each with the action an operator takes at 2 a.m. from a phone. Every action
+is the same use case as its API route or CLI command; to anyone else the page does not exist
+(404)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from services.api.dashboard.pages import page, read_form, render, see_other
+from services.api.providers import provider_rows
+from services.api.sessions import SessionUser, require_user, verify_csrf
+from services.api.settings import change_settings, settings_store
+from shared import signup
+from shared.config import Settings
+from shared.deadletters import DeadLetters, ReplayRefused, view
+from shared.http import ApiError
+from shared.livesettings import SettingsError, check, resolve
+from shared.providers.catalog import CATALOG, CODES
+
+DEAD_SHOWN = 50
+
+
+def is_operator(settings: Settings, user: SessionUser | None) -> bool:
+    return user is not None and user.login.lower() in settings.operator_logins
+
+
+async def _operator(request: Request) -> tuple[SessionUser, dict[str, str] | None]:
+    """The logged-in operator and, for a POST, its CSRF-checked form; 404 for anyone else."""
+    user = await require_user(request)
+    request.state.user = user
+    if not is_operator(request.app.state.settings, user):
+        raise ApiError(404, "not_found", "There is no such page.")
+    if request.method != "POST":
+        return user, None
+    form = await read_form(request)
+    await verify_csrf(request, user, form.get("csrf_token"))
+    return user, form
+
+
+@page
+async def operations(request: Request) -> Response:
+    await _operator(request)
+    settings: Settings = request.app.state.settings
+    db = request.app.state.resources.db
+    store = settings_store(request)
+    live = resolve(await store.stored(), settings.providers)
+    letters: DeadLetters = request.app.state.dead_letters
+    requests = await signup.SignupRequests(db).all(200)
+    context: dict[str, Any] = {
+        "title": "Operations",
+        "active": "operations",
+        "providers": await provider_rows(settings, db),
+        "live": live,
+        "chain": ",".join(CATALOG[c].name.lower() for c in live.chain),
+        "limits": live.limits(),
+        "codes": CODES,
+        "catalog": CATALOG,
+        "changes": await store.audit(20),
+        "letters": [view(x) for x in await letters.store.page(DEAD_SHOWN)],
+        "signups": [r for r in requests if r.state == "pending"],
+        "notice": _NOTICES.get(request.query_params.get("done", "")),
+    }
+    return render(request, "operations.html", context)
+
+
+_NOTICES = {
+    "settings": "Settings changed: every process applies them within a second.",
+    "unchanged": "Nothing was changed.",
+    "replayed": "The dead letter was published again.",
+    "deleted": "The dead letter was deleted.",
+    "approved": "The sign-up request was approved: they can log in now.",
+    "refused": "The sign-up request was refused.",
+}
+
+
+@page
+async def change(request: Request) -> Response:
+    """The settings form and the pause buttons: only fields sent, and only values that
+    differ, are changed (and audited)."""
+    user, form = await _operator(request)
+    assert form is not None  # noqa: S101 - POST only
+    names = {
+        "chain": "providers.chain",
+        "max_attempts": "providers.max_attempts",
+        "alert_url": "alerts.webhook_url",
+        "alert_cool_off": "alerts.cool_off",
+        "alert_queue_depth": "alerts.queue_depth",
+        **{f"{c}_rate_limit": f"providers.{c}.rate_limit" for c in CODES},
+        **{f"{c}_paused": f"providers.{c}.paused" for c in CODES},
+    }
+    changes: dict[str, str] = {}
+    problems: list[str] = []
+    for field, name in names.items():
+        if field not in form:
+            continue
+        try:
+            changes[name] = check(name, form[field])
+        except SettingsError as exc:
+            problems += [f"{k}: {v}" for k, v in exc.fields.items()]
+    if problems:
+        raise ApiError(422, "invalid_fields", "; ".join(problems))
+    before = await settings_store(request).stored()
+    if all(before.get(k) == v for k, v in changes.items()):
+        return see_other("/operations", done="unchanged")
+    await change_settings(request, changes, by=f"dashboard:{user.login}")
+    return see_other("/operations", done="settings")
+
+
+@page
+async def dead_letter(request: Request) -> Response:
+    _, form = await _operator(request)
+    assert form is not None  # noqa: S101 - POST only
+    letters: DeadLetters = request.app.state.dead_letters
+    letter_id, action = form.get("id", ""), form.get("action")
+    if action == "replay":
+        try:
+            await letters.replay(letter_id)
+        except ReplayRefused as exc:
+            raise ApiError(409 if exc.code != "not_found" else 404, exc.code, exc.message) from None
+        return see_other("/operations", done="replayed")
+    if action == "delete":
+        if not await letters.delete(letter_id):
+            raise ApiError(404, "not_found", "There is no such dead letter.")
+        return see_other("/operations", done="deleted")
+    raise ApiError(400, "bad_form", "replay or delete?")
+
+
+@page
+async def answer_signup(request: Request) -> Response:
+    user, form = await _operator(request)
+    assert form is not None  # noqa: S101 - POST only
+    answers: dict[str, signup.RequestState] = {"approved": "approved", "refused": "refused"}
+    answer = answers.get(form.get("answer", ""))
+    if answer is None:
+        raise ApiError(400, "bad_form", "approve or refuse?")
+    requests = signup.SignupRequests(request.app.state.resources.db)
+    if not await requests.answer(form.get("login", ""), answer, f"dashboard:{user.login}"):
+        raise ApiError(404, "not_found", "There is no such sign-up request.")
+    return see_other("/operations", done=answer)
+
+
+def operations_routes() -> list[BaseRoute]:
+    return [
+        Route("/operations", operations, methods=["GET"], name="dashboard_operations"),
+        Route("/operations/settings", change, methods=["POST"]),
+        Route("/operations/dead-letters", dead_letter, methods=["POST"]),
+        Route("/operations/signups", answer_signup, methods=["POST"]),
+    ]

@@ -1,0 +1,74 @@
+"""The Operations page in a real browser, as an operator (a login in SAFEDELIVR_OPERATORS):
+providers with health and circuit, pausing one (applied and audited), and a dead letter
+replayed from the page; anyone else gets a 404."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+from playwright.async_api import Dialog, Page, expect
+
+from shared.db import Database
+from shared.deadletters import DeadLetterStore, letter_of
+from shared.topology import dispatch_key
+from tests.browser.conftest import OPERATORS, Stack, log_in, screenshot
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+
+
+async def _accept(dialog: Dialog) -> None:
+    await dialog.accept()
+
+
+@pytest.mark.parametrize("github_login", [OPERATORS[0]])
+async def test_an_operator_pauses_a_provider_and_sees_it_audited(
+    page: Page, stack: Stack, github_login: str
+) -> None:
+    await log_in(page, stack, "/operations")
+    row = page.locator('tr[data-provider="sg"]')
+    await expect(row).to_contain_text("SendGrid")
+    await expect(row).to_contain_text("closed")
+    page.once("dialog", _accept)
+    await row.get_by_role("button", name=re.compile("^Pause")).click()
+
+    await expect(page.get_by_role("status")).to_contain_text("Settings changed")
+    await expect(row.get_by_role("button", name=re.compile("^Resume"))).to_be_visible()
+    await expect(page.locator("ul.changes")).to_contain_text("providers.sg.paused")
+    await screenshot(page, "operations")
+    await row.get_by_role("button", name=re.compile("^Resume")).click()
+    await expect(row.get_by_role("button", name=re.compile("^Pause"))).to_be_visible()
+
+
+@pytest.mark.parametrize("github_login", [OPERATORS[1]])
+async def test_an_operator_replays_a_dead_letter_once(
+    page: Page, stack: Stack, github_login: str
+) -> None:
+    """The stack's keyspace is its own: the letter is archived there, as its consumers do."""
+    db = await Database.connect(
+        stack.settings.cassandra, keyspace=stack.settings.cassandra.keyspace
+    )
+    try:
+        letter = letter_of(dispatch_key("sg", uuid.uuid1()), None, {}, b"{}", datetime.now(UTC))
+        await DeadLetterStore(db).archive(letter)
+    finally:
+        await db.close()
+    await log_in(page, stack, "/operations")
+    row = page.locator(f'tr[data-letter="{letter.id}"]')
+    await row.get_by_role("button", name="Replay").click()
+
+    await expect(page.get_by_role("status")).to_contain_text("published again")
+    await expect(page.locator(f'tr[data-letter="{letter.id}"]')).to_contain_text("replayed")
+    await expect(
+        page.locator(f'tr[data-letter="{letter.id}"]').get_by_role("button", name="Replay")
+    ).to_have_count(0)
+
+
+async def test_the_operations_page_does_not_exist_for_other_users(page: Page, stack: Stack) -> None:
+    await log_in(page, stack, "/")
+    response = await page.goto(f"{stack.api}/operations")
+
+    assert response is not None and response.status == 404
+    await expect(page.get_by_role("link", name="Operations")).to_have_count(0)
