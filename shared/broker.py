@@ -264,7 +264,8 @@ class Broker:
             exchange = await self._require_channel().declare_exchange(
                 self.topology.settings_exchange, aio_pika.ExchangeType.FANOUT, durable=True
             )
-            await exchange.publish(message, "", timeout=self.publish_timeout)
+            # Not mandatory: no process listening (none is running) is not a failure.
+            await exchange.publish(message, "", mandatory=False, timeout=self.publish_timeout)
         except _AMQP_ERRORS as exc:
             raise DependencyUnavailable("rabbitmq", _describe(exc)) from exc
 

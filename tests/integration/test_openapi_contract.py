@@ -68,7 +68,8 @@ async def test_every_operation_answers_its_documented_shape(
     await DeadLetterStore(db).archive(letter)
     await call("get_settings", "GET", "/v1/settings")
     patch = {"providers": {"max_attempts": 4}}
-    await call("patch_settings", "PATCH", "/v1/settings", json=patch)
+    changed = await call("patch_settings", "PATCH", "/v1/settings", json=patch)
+    assert changed.json()["announced"] is True  # even with no process listening
     await call("list_dead_letters", "GET", "/v1/dead-letters")
     await call("replay_dead_letter", "POST", f"/v1/dead-letters/{letter.id}/replay")
     await call("delete_dead_letter", "DELETE", f"/v1/dead-letters/{letter.id}")
