@@ -220,8 +220,8 @@ async def main(examples: int, seed: int) -> int:
                 await broker.connect()
                 await broker.delete()
                 await broker.close()
-    print(json.dumps(report, indent=2))
     report["per_route"] = per_route(report["api"]["by_route"], report["handmade"]["by_route"])
+    print(json.dumps(report, indent=2))
     bad = sum(report[phase]["server_errors"] for phase in ("api", "webhooks", "handmade"))
     bad += report["handmade"]["envelope_failures"]
     return 1 if bad or any(report["api"]["schemathesis_exit"].values()) else 0
