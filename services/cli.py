@@ -332,11 +332,9 @@ def cmd_dead(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_settings(settings: Settings, args: argparse.Namespace) -> int:
     import getpass
 
-    import orjson
-
     from shared.broker import Broker
     from shared.db import Database
-    from shared.livesettings import SettingsError, SettingsStore, check, defaults
+    from shared.livesettings import SettingsError, SettingsStore, announce, check, defaults
     from shared.resources import topology_for
 
     async def go() -> int:
@@ -368,7 +366,7 @@ def cmd_settings(settings: Settings, args: argparse.Namespace) -> int:
                 )
                 await broker.connect()
                 try:
-                    await broker.announce(orjson.dumps({"changed": [args.name]}))
+                    await announce(broker, done)
                 finally:
                     await broker.close()
             print(f"{args.name}={value}" + ("" if done else " (unchanged)"))

@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
+import orjson
+
+from shared.broker import Broker
 from shared.config import ProviderSettings
 from shared.db import Database, utc
 from shared.errors import DependencyUnavailable
@@ -384,6 +387,19 @@ class SettingsStore:
             )
             for r in rows
         ]
+
+
+async def announce(broker: Broker, done: Sequence[Change]) -> bool:
+    """Tell every process that ``done`` was stored (nothing to tell: True); False when the
+    announcement could not be sent: each process still applies it at its next reload."""
+    if not done:
+        return True
+    try:
+        await broker.announce(orjson.dumps({"changed": [c.name for c in done]}))
+    except DependencyUnavailable as exc:
+        log.warning("settings changed but not announced: %s", exc)
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- the watcher

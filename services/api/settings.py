@@ -3,23 +3,18 @@ them, audited and announced to every process (``shared.livesettings``)."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from services.api.auth import require_key
 from shared.config import Settings
-from shared.errors import DependencyUnavailable
 from shared.http import JSON, ApiError, read_json
-from shared.livesettings import SettingsError, SettingsStore, flatten_patch, resolve, view
+from shared.livesettings import SettingsError, SettingsStore, announce, flatten_patch, resolve, view
 from shared.resources import Resources
 
 SMALL_BODY = 8 * 1024
-
-log = logging.getLogger(__name__)
 
 
 def settings_store(request: Request) -> SettingsStore:
@@ -58,12 +53,4 @@ async def change_settings(request: Request, changes: dict[str, str], *, by: str)
     """Store and announce ``changes`` (the API's and the dashboard's use case); False when
     the announcement could not be sent (every process still applies them within 30 s)."""
     resources: Resources = request.app.state.resources
-    done = await settings_store(request).change(changes, by=by)
-    if not done:
-        return True
-    try:
-        await resources.broker.announce(orjson.dumps({"changed": [c.name for c in done]}))
-    except DependencyUnavailable as exc:
-        log.warning("settings changed but not announced: %s", exc)
-        return False
-    return True
+    return await announce(resources.broker, await settings_store(request).change(changes, by=by))

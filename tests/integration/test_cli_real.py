@@ -19,6 +19,7 @@ from shared.broker import Broker
 from shared.config import Settings
 from shared.db import Database
 from shared.deadletters import DeadLetterStore, Letter, letter_of
+from shared.livesettings import SettingsStore
 from shared.recipients import log_id_for
 from shared.resources import topology_for
 from shared.stats import batch_day
@@ -278,3 +279,23 @@ async def test_make_run_setup_gives_the_sandbox_user_a_new_key_each_time(
     profile = await accounts.get_user(db, owners.pop())
     assert profile is not None
     assert profile.login == "sandbox-user"
+
+
+async def test_settings_set_stores_audits_and_get_shows_it(
+    settings: Settings, declared: Broker, db: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``settings set`` changes a live setting for this deployment (audited as the CLI's);
+    a bad value exits 2 and changes nothing."""
+    assert await _run(settings, "settings", "set", "providers.sg.paused", "yes") == 0
+    assert await _run(settings, "settings", "set", "providers.sg.paused", "maybe") == 2
+    capsys.readouterr()
+    assert await _run(settings, "settings", "get") == 0
+
+    out = capsys.readouterr().out
+    assert "providers.sg.paused=true\t(live)" in out
+    (change,) = await SettingsStore(db, settings.amqp.exchange).audit()
+    assert (change.name, change.new, change.by.startswith("cli:")) == (
+        "providers.sg.paused",
+        "true",
+        True,
+    )
