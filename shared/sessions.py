@@ -155,10 +155,12 @@ class SessionStore:
     async def delete(self, session_id: str) -> None:
         """End a session server-side (its cookie stops working at once)."""
         if session_id and len(session_id) <= MAX_ID_LENGTH:
+            # A lightweight transaction like the refresh: a plain delete is not ordered with
+            # Paxos writes, so a refresh that read the row first could commit after it and
+            # bring the session back.
             await self._db.execute(
-                "DELETE FROM sessions WHERE session_hash = ?",
+                "DELETE FROM sessions WHERE session_hash = ? IF EXISTS",
                 (session_hash(session_id),),
-                idempotent=True,
             )
 
     async def _refresh(self, key: str, session: Session, now: datetime) -> Session:
