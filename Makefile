@@ -10,7 +10,7 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export PYTHON := $(PY)
 
-.PHONY: help install run test test-unit test-integration env-example openapi lint fmt typecheck all services-up \
+.PHONY: help install run test test-unit test-integration env-example openapi docs lint fmt typecheck all services-up \
         services-down services-status migrate topology bench chaos cluster-up cluster-down cluster-test \
         cov cov-decisions mutate clean fuzz
 
@@ -44,6 +44,9 @@ test-integration: install services-up ## the tests that need RabbitMQ and Cassan
 
 openapi: install ## rewrite the committed services/api/openapi.json from the models and the route table
 	$(PY) -c "import json; from services.api.openapi import document; print(json.dumps(document(), indent=2, sort_keys=True))" > services/api/openapi.json
+
+docs: install ## rewrite the README's provider table from shared/providers/catalog.py
+	$(PY) -c "from pathlib import Path; from shared.providers.catalog import with_table; p = Path('README.md'); p.write_text(with_table(p.read_text()))"
 
 env-example: install ## rewrite .env.example from the settings model and the deploy scripts
 	$(PY) -c "from shared.envexample import render; print(render(), end='')" > .env.example

@@ -1,5 +1,13 @@
 """Alerts to operators: a Slack/Discord-compatible incoming webhook (the live setting
-``alerts.webhook_url``), for circuits opening, error bursts, dead letters and deep queues.
+``alerts.webhook_url``) and e-mail to the operators (``alerts.email_to``, from
+``alerts.email_from``), for circuits opening, error bursts, dead letters, deep queues and
+sending domains at their capacity.
+
+The e-mail goes through Safedelivr itself (:class:`AlertMail`): a batch accepted like any
+other (stored, then published through the outbox, so a crash after storing still sends it),
+owned by the system account :data:`SYSTEM_LOGIN`, whose batches and logs are there to read
+like anyone's. That login cannot be a GitHub login (``:`` is not allowed in one), so nobody
+can sign in as it.
 
 An alert is a kind and a subject (``circuit_open`` / ``sg``) with a sentence. The same alert is
 sent at most once per cool-off (``alerts.cool_off``) across every process: the first to claim
@@ -10,16 +18,22 @@ posts it; the others find it claimed. The body carries both ``text`` (Slack) and
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 
+from shared.acceptance import Acceptance
+from shared.accounts import ensure_user
+from shared.batchstore import NewBatch, new_batch_id
 from shared.db import Database
 from shared.errors import DependencyUnavailable
+from shared.validation import InvalidRequest, parse_batch_request
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +44,86 @@ POST_TIMEOUT = 5.0
 @dataclass(frozen=True, slots=True)
 class Alert:
     kind: str
-    """``circuit_open``, ``error_burst``, ``dead_letters``, ``queue_depth``."""
+    """``circuit_open``, ``error_burst``, ``dead_letters``, ``queue_depth``, ``capacity``."""
     subject: str
     """What it is about (a provider code, a queue)."""
     text: str
+
+
+#: The account that owns alert mail.
+SYSTEM_LOGIN = "safedelivr:alerts"
+#: Chunk size of alert mail (far fewer operators than any provider's limit).
+ALERT_CHUNK = 100
 
 
 @dataclass(frozen=True, slots=True)
 class AlertConfig:
     url: str
     cool_off: int
+    email_to: tuple[str, ...] = ()
+    email_from: str = ""
+
+    @property
+    def mails(self) -> bool:
+        return bool(self.email_to and self.email_from)
+
+
+def mail_body(alert: Alert, scope: str, at: datetime) -> dict[str, Any]:
+    """The ``POST /v1/batches``-shaped body of an alert's e-mail (without from and to)."""
+    return {
+        "subject": f"[Safedelivr {scope}] {alert.kind}: {alert.subject}"[:200],
+        "text": (
+            f"{alert.text}\n\nKind: {alert.kind}\nAbout: {alert.subject}\n"
+            f"Deployment: {scope}\nAt: {at.isoformat()}\n\n"
+            "The same alert is not sent again during the cool-off (alerts.cool_off)."
+        ),
+        "categories": ["safedelivr-alert"],
+    }
+
+
+MailAlert = Callable[[Alert, AlertConfig, datetime], Awaitable[bool]]
+
+
+@dataclass
+class AlertMail:
+    """Mails alerts through Safedelivr: an accepted batch of the system account."""
+
+    db: Database
+    acceptance: Acceptance
+    scope: str
+
+    async def __call__(self, alert: Alert, config: AlertConfig, at: datetime) -> bool:
+        try:
+            parsed = parse_batch_request(
+                {
+                    "from": config.email_from,
+                    "to": list(config.email_to),
+                    **mail_body(alert, self.scope, at),
+                },
+                max_recipients=ALERT_CHUNK,
+            )
+        except InvalidRequest as exc:
+            log.warning("alert not mailed: %s", exc)
+            return False
+        try:
+            user = await ensure_user(self.db, SYSTEM_LOGIN)
+            batch = NewBatch(
+                batch_id=new_batch_id(at.timestamp()),
+                user_id=user,
+                message=parsed.message,
+                recipients=parsed.recipients,
+                chunk_size=ALERT_CHUNK,
+            )
+            await self.acceptance.store(batch)
+        except DependencyUnavailable as exc:
+            log.warning("alert not mailed (not stored): %s", exc)
+            return False
+        if await self.acceptance.publish(batch.batch_id):  # else the outbox relay will
+            # Not marked: the relay publishes it again, and the splitter absorbs that.
+            with contextlib.suppress(DependencyUnavailable):
+                await self.acceptance.outbox.done(batch.batch_id)
+        log.info("alert %s/%s mailed as batch %s", alert.kind, alert.subject, batch.batch_id)
+        return True
 
 
 def body(alert: Alert, scope: str, at: datetime) -> dict[str, Any]:
@@ -61,25 +145,40 @@ class Alerter:
     scope: str
     http: httpx.AsyncClient
     config: Callable[[], AlertConfig]
+    mail: MailAlert | None = None
+    _recent: dict[str, float] = field(default_factory=dict, repr=False)
+    """Alerts this process raised (or found claimed) within their cool-off: not asked again."""
 
     async def send(self, alert: Alert) -> bool:
-        """Post ``alert`` unless it was sent within the cool-off; True when this call sent it."""
+        """Post and mail ``alert`` unless it was sent within the cool-off; True when this call
+        delivered it somewhere."""
         config = self.config()
+        key = f"{alert.kind}:{alert.subject}"
+        if time.monotonic() - self._recent.get(key, -1e12) < config.cool_off:
+            return False  # a burst goes on: one alert per cool-off
         log.warning("alert %s/%s: %s", alert.kind, alert.subject, alert.text)
-        if not config.url:
+        mails = config.mails and self.mail is not None
+        if not config.url and not mails:
             return False
         now = datetime.now(UTC)
         try:
             row = await self.db.one(
                 "INSERT INTO alerts_sent (scope, alert, sent_at) VALUES (?, ?, ?) "
                 "IF NOT EXISTS USING TTL ?",
-                (self.scope, f"{alert.kind}:{alert.subject}", now, config.cool_off),
+                (self.scope, key, now, config.cool_off),
             )
         except DependencyUnavailable as exc:
             log.warning("alert not sent (cannot claim it): %s", exc)
             return False
+        self._recent[key] = time.monotonic()
         if not (row and row["[applied]"]):
             return False  # sent within the cool-off, by this process or another
+        mailed = await self.mail(alert, config, now) if mails and self.mail else False
+        return await self._post(alert, config, now) or mailed
+
+    async def _post(self, alert: Alert, config: AlertConfig, now: datetime) -> bool:
+        if not config.url:
+            return False
         try:
             answer = await self.http.post(
                 config.url, json=body(alert, self.scope, now), timeout=POST_TIMEOUT

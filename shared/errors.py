@@ -7,6 +7,7 @@
   + ProviderError               a provider call failed; ``retry_after`` says when to try again
     x TransientProviderError    5xx, 429, timeouts, connection errors: another provider may work
       x ProviderSkipped         not called (paused, at its rate limit): spill over, no attempt used
+        x CapacityHeld          not called: the sending domain is at today's capacity; held
     x ProviderMisconfigured     401/403, unknown domain: our side is wrong, try the next provider
     x PermanentProviderError    the request itself is bad (400, 413): no provider will accept it
 
@@ -80,6 +81,12 @@ class TransientProviderError(ProviderError):
 class ProviderSkipped(TransientProviderError):
     """The provider was not called: an operator paused it, or it is at its rate limit. The
     work moves on to the next provider (spill-over) without using up an attempt."""
+
+
+class CapacityHeld(ProviderSkipped):
+    """No provider was called: the batch's sending domain reached today's capacity
+    (``shared.domain_capacity``). The chunk waits in a delay queue and goes to the same place
+    later; no provider can help, so it does not spill over, and it uses up no attempt."""
 
 
 class ProviderMisconfigured(ProviderError):

@@ -21,6 +21,7 @@ from shared.broker import Broker
 from shared.db import Row
 from shared.models import LogJob
 from shared.precedence import visible
+from shared.providers.catalog import name_of
 from shared.recipients import RecipientStore, Selection
 from shared.topology import log_key
 
@@ -63,8 +64,10 @@ class HandOff:
         cause: str,
         failed: str,
         why: str,
+        pinned: str | None = None,
     ) -> None:
-        """Hand the recipient over (idempotent: at most one new attempt per ``cause``)."""
+        """Hand the recipient over (idempotent: at most one new attempt per ``cause``); a
+        batch that ``pinned`` a provider has no other to hand over to: it is given up."""
         line_key = recipient_line(log_id)
         serial = False
         for _ in range(_PLAN_TRIES):
@@ -79,9 +82,15 @@ class HandOff:
             if cause in (row.get("superseded") or ()):
                 return  # handed over already, to nobody: it was given up
             number = 1 + max((a.attempt for a in line), default=-1)
-            target = next_provider(self.chain, excluded_providers(row) | {failed}, failed)
+            chain = (pinned,) if pinned else self.chain
+            target = next_provider(chain, excluded_providers(row) | {failed}, failed)
             if target is None or number >= self.max_attempts:
-                await self._give_up(batch_id, user_id, chunk, log_id, cause, failed, why)
+                left = (
+                    f"the batch pins {name_of(pinned)}: no other provider may try"
+                    if pinned
+                    else "no other provider is left to try"
+                )
+                await self._give_up(batch_id, user_id, chunk, log_id, cause, failed, why, left)
                 return
             await self.attempts.create(
                 batch_id,
@@ -163,6 +172,7 @@ class HandOff:
         cause: str,
         failed: str,
         why: str,
+        left: str = "no other provider is left to try",
     ) -> None:
         now = datetime.now(UTC)
         # Give up first, for the same reason as above: "superseded" must mean "done".
@@ -170,7 +180,7 @@ class HandOff:
             batch_id,
             user_id,
             Selection.one(chunk, log_id),
-            reason=f"{why}; no other provider is left to try",
+            reason=f"{why}; {left}",
             when=now,
         )
         await self.recipients.supersede(

@@ -1,5 +1,5 @@
 """Settings an operator changes while everything runs: the provider chain's order, pausing a
-provider, attempts per chunk.
+provider, attempts per chunk, rate limits, alerts, and the sending domains' capacity rules.
 
 The environment (``SAFEDELIVR_PROVIDERS_*``) gives each setting its starting value; a change
 made through ``PATCH /v1/settings`` or ``safedelivr settings set`` is stored in Cassandra
@@ -28,11 +28,19 @@ from typing import Any, Final
 
 import orjson
 
+from shared.addresses import (
+    AddressError,
+    address_key,
+    normalize_email,
+    parse_address,
+    split_address_list,
+)
 from shared.broker import Broker
 from shared.config import ProviderSettings
 from shared.db import Database, utc
+from shared.domain_capacity import CapacityRules
 from shared.errors import DependencyUnavailable
-from shared.providers.catalog import CATALOG, CODES
+from shared.providers.catalog import CATALOG, CODES, code_of
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +52,26 @@ _WHOLE_NUMBERS: Final = {
     "providers.max_attempts": (1, MAX_ATTEMPTS_LIMIT),
     "alerts.cool_off": (10, 86_400),
     "alerts.queue_depth": (1, 10**9),
+    "alerts.error_burst": (1, 10**6),
+    "capacity.initial": (10, 10**9),
+}
+_FRACTIONS: Final = {
+    "capacity.max_bounce_rate": (0.001, 1.0),
+    "capacity.max_complaint_rate": (0.0001, 1.0),
+}
+_CAPACITY_FIELDS: Final = {
+    "enabled": "capacity.enabled",
+    "initial_per_day": "capacity.initial",
+    "max_bounce_rate": "capacity.max_bounce_rate",
+    "max_complaint_rate": "capacity.max_complaint_rate",
 }
 _ALERT_FIELDS: Final = {
     "webhook_url": "alerts.webhook_url",
+    "email_to": "alerts.email_to",
+    "email_from": "alerts.email_from",
     "cool_off_s": "alerts.cool_off",
     "queue_depth": "alerts.queue_depth",
+    "error_burst": "alerts.error_burst",
 }
 _TRUE, _FALSE = frozenset({"true", "1", "yes", "on"}), frozenset({"false", "0", "no", "off"})
 
@@ -76,6 +99,13 @@ class LiveSettings:
     """Seconds during which the same alert is not sent again (a burst alerts once)."""
     alert_queue_depth: int = 10_000
     """Jobs waiting in one provider queue above which an alert is raised."""
+    alert_error_burst: int = 50
+    """Provider-side failures of one provider in a minute that make a burst worth an alert."""
+    alert_email_to: tuple[str, ...] = ()
+    """Operators' addresses alerts are mailed to, through Safedelivr itself."""
+    alert_email_from: str = ""
+    capacity: CapacityRules = field(default_factory=CapacityRules)
+    """Daily capacity per sending domain (off unless an operator turns it on)."""
 
     def limits(self) -> dict[str, float]:
         return dict(self.rate_limits)
@@ -101,7 +131,23 @@ def defaults(providers: ProviderSettings) -> dict[str, str]:
     values.update({f"providers.{code}.paused": "false" for code in CODES})
     values.update({f"providers.{code}.rate_limit": "0" for code in CODES})
     values.update(
-        {"alerts.webhook_url": "", "alerts.cool_off": "600", "alerts.queue_depth": "10000"}
+        {
+            "alerts.webhook_url": "",
+            "alerts.cool_off": "600",
+            "alerts.queue_depth": "10000",
+            "alerts.error_burst": "50",
+            "alerts.email_to": "",
+            "alerts.email_from": "",
+        }
+    )
+    rules = CapacityRules()
+    values.update(
+        {
+            "capacity.enabled": "false",
+            "capacity.initial": str(rules.initial),
+            "capacity.max_bounce_rate": f"{rules.max_bounce_rate:g}",
+            "capacity.max_complaint_rate": f"{rules.max_complaint_rate:g}",
+        }
     )
     return values
 
@@ -127,6 +173,15 @@ def resolve(stored: Mapping[str, str], providers: ProviderSettings) -> LiveSetti
         alert_url=values["alerts.webhook_url"],
         alert_cool_off=int(values["alerts.cool_off"]),
         alert_queue_depth=int(values["alerts.queue_depth"]),
+        alert_error_burst=int(values["alerts.error_burst"]),
+        alert_email_to=tuple(e for e in values["alerts.email_to"].split(",") if e),
+        alert_email_from=values["alerts.email_from"],
+        capacity=CapacityRules(
+            enabled=values["capacity.enabled"] == "true",
+            initial=int(values["capacity.initial"]),
+            max_bounce_rate=float(values["capacity.max_bounce_rate"]),
+            max_complaint_rate=float(values["capacity.max_complaint_rate"]),
+        ),
     )
 
 
@@ -145,6 +200,13 @@ def _checker(name: str) -> Callable[[str, str], str] | None:
         "alerts.webhook_url": _url,
         "alerts.cool_off": _whole,
         "alerts.queue_depth": _whole,
+        "alerts.error_burst": _whole,
+        "alerts.email_to": _addresses,
+        "alerts.email_from": _address,
+        "capacity.enabled": _flag,
+        "capacity.initial": _whole,
+        "capacity.max_bounce_rate": _fraction,
+        "capacity.max_complaint_rate": _fraction,
     }
     if name in exact:
         return exact[name]
@@ -155,7 +217,7 @@ def _checker(name: str) -> Callable[[str, str], str] | None:
 
 
 def _chain(name: str, text: str) -> str:
-    codes = [provider_code(p) for p in text.split(",") if p.strip()]
+    codes = [code_of(p) for p in text.split(",") if p.strip()]
     if None in codes:
         raise SettingsError({name: f"unknown provider in {text!r}; known: {_known()}"})
     if not codes or len(set(codes)) != len(codes):
@@ -176,12 +238,55 @@ def _url(name: str, text: str) -> str:
     return text[:2000]
 
 
+#: Operators an alert may be mailed to.
+MAX_ALERT_ADDRESSES: Final = 20
+
+
+def _addresses(name: str, text: str) -> str:
+    """Addresses as ``a@example.com,b@example.com`` (empty: none)."""
+    try:
+        found = [normalize_email(a) for a in split_address_list(text) if a.strip()]
+    except AddressError as exc:
+        raise SettingsError({name: f"must be e-mail addresses, comma-separated: {exc}"}) from None
+    if len(found) > MAX_ALERT_ADDRESSES:
+        raise SettingsError({name: f"must hold at most {MAX_ALERT_ADDRESSES} addresses"})
+    first: dict[str, str] = {}
+    for address in found:
+        first.setdefault(address_key(address), address)
+    return ",".join(first.values())
+
+
+def _address(name: str, text: str) -> str:
+    """One sender, ``Name <a@example.com>`` or ``a@example.com`` (empty: none)."""
+    if not text:
+        return ""
+    try:
+        address = parse_address(text)
+    except AddressError as exc:
+        raise SettingsError({name: f"must be an e-mail address: {exc}"}) from None
+    if not address.name:
+        return address.email
+    quoted = address.name.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{quoted}" <{address.email}>'
+
+
 def _flag(name: str, text: str) -> str:
     if text.lower() in _TRUE:
         return "true"
     if text.lower() in _FALSE:
         return "false"
     raise SettingsError({name: "must be true or false"})
+
+
+def _fraction(name: str, text: str) -> str:
+    low, high = _FRACTIONS[name]
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not low <= value <= high:  # NaN fails this too
+        raise SettingsError({name: f"must be a fraction from {low:g} to {high:g} (0.05 = 5 %)"})
+    return f"{value:g}"
 
 
 def _rate(name: str, text: str) -> str:
@@ -196,15 +301,6 @@ def _rate(name: str, text: str) -> str:
     return f"{rate:g}"
 
 
-def provider_code(text: str) -> str | None:
-    """A provider's code from its code or its name, in any case (``mailgun`` -> ``mg``)."""
-    wanted = text.strip().lower()
-    for code, info in CATALOG.items():
-        if wanted in (code, info.name.lower()):
-            return code
-    return None
-
-
 def _known() -> str:
     return ", ".join(f"{info.name.lower()} ({code})" for code, info in CATALOG.items())
 
@@ -215,7 +311,7 @@ def flatten_patch(body: object) -> dict[str, str]:
     if not isinstance(body, dict) or not body:
         raise SettingsError({"body": "must be a JSON object of settings to change"})
     errors: dict[str, str] = {
-        f"{k}": "unknown section" for k in body if k not in ("providers", "alerts")
+        f"{k}": "unknown section" for k in body if k not in ("providers", "alerts", "capacity")
     }
     changes: dict[str, str] = {}
     providers = body.get("providers")
@@ -227,24 +323,56 @@ def flatten_patch(body: object) -> dict[str, str]:
         except SettingsError as exc:
             errors.update(exc.fields)  # keyed by the paths the body used
     alerts = body.get("alerts")
-    if "alerts" in body and not isinstance(alerts, dict):
-        errors["alerts"] = "must be an object"
-    for key, value in (alerts if isinstance(alerts, dict) else {}).items():
-        name = _ALERT_FIELDS.get(str(key))
-        if name is None:
-            errors[f"alerts.{key}"] = f"unknown; known: {', '.join(_ALERT_FIELDS)}"
-        elif not isinstance(value, str | int) or isinstance(value, bool):
-            errors[f"alerts.{key}"] = "must be a string or a whole number"
-        else:
-            try:
-                changes[name] = check(name, str(value))
-            except SettingsError as exc:
-                errors[f"alerts.{key}"] = next(iter(exc.fields.values()))
+    if isinstance(alerts, dict) and isinstance(alerts.get("email_to"), list):
+        addresses = alerts["email_to"]
+        if all(isinstance(a, str) for a in addresses):
+            body = {**body, "alerts": {**alerts, "email_to": ",".join(addresses)}}
+    _section(
+        body, "alerts", _ALERT_FIELDS, (str, int), "a string or a whole number", changes, errors
+    )
+    _section(
+        body,
+        "capacity",
+        _CAPACITY_FIELDS,
+        (bool, int, float),
+        "JSON true/false or a number",
+        changes,
+        errors,
+    )
     if errors:
         raise SettingsError(errors)
     if not changes:
         raise SettingsError({"body": "changes nothing"})
     return changes
+
+
+def _section(
+    body: dict[str, Any],
+    section: str,
+    fields: Mapping[str, str],
+    types: tuple[type, ...],
+    kinds: str,
+    changes: dict[str, str],
+    errors: dict[str, str],
+) -> None:
+    """The changes of one flat section of a PATCH body (``alerts``, ``capacity``)."""
+    values = body.get(section)
+    if section in body and not isinstance(values, dict):
+        errors[section] = "must be an object"
+    for key, value in (values if isinstance(values, dict) else {}).items():
+        name = fields.get(str(key))
+        if name is None:
+            errors[f"{section}.{key}"] = f"unknown; known: {', '.join(fields)}"
+            continue
+        allowed = isinstance(value, types) and (bool in types or not isinstance(value, bool))
+        if not allowed:
+            errors[f"{section}.{key}"] = f"must be {kinds}"
+            continue
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        try:
+            changes[name] = check(name, text)
+        except SettingsError as exc:
+            errors[f"{section}.{key}"] = next(iter(exc.fields.values()))
 
 
 def _provider_change(key: str, value: object) -> dict[str, str]:
@@ -256,7 +384,7 @@ def _provider_change(key: str, value: object) -> dict[str, str]:
         if not isinstance(value, int) or isinstance(value, bool):
             raise SettingsError({"providers.max_attempts": "must be a whole number"})
         return {"providers.max_attempts": check("providers.max_attempts", str(value))}
-    code = provider_code(key)
+    code = code_of(key)
     if code is None:
         raise SettingsError({f"providers.{key}": f"unknown provider; known: {_known()}"})
     if not isinstance(value, dict) or set(value) - {"paused", "rate_limit_per_s"} or not value:
@@ -299,10 +427,20 @@ def view(live: LiveSettings) -> dict[str, Any]:
         }
     alerts = {
         "webhook_url": live.alert_url or None,
+        "email_to": list(live.alert_email_to),
+        "email_from": live.alert_email_from or None,
         "cool_off_s": live.alert_cool_off,
         "queue_depth": live.alert_queue_depth,
+        "error_burst": live.alert_error_burst,
     }
-    return {"providers": providers, "alerts": alerts}
+    rules = live.capacity
+    capacity = {
+        "enabled": rules.enabled,
+        "initial_per_day": rules.initial,
+        "max_bounce_rate": rules.max_bounce_rate,
+        "max_complaint_rate": rules.max_complaint_rate,
+    }
+    return {"providers": providers, "alerts": alerts, "capacity": capacity}
 
 
 @dataclass(frozen=True, slots=True)

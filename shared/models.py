@@ -7,6 +7,7 @@ objects cross the broker or land in a Cassandra blob.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Literal
 
 import orjson
@@ -114,6 +115,8 @@ class Message(_Frozen):
     metadata: dict[str, str] = Field(default_factory=dict)
     bulk: bool = False
     """One personalised message per recipient instead of one shared message."""
+    provider: str | None = None
+    """The provider code the batch pins: only it is used (no failover, no spill-over)."""
 
     def encode(self) -> bytes:
         return orjson.dumps(self.model_dump(mode="json", by_alias=True))
@@ -121,6 +124,11 @@ class Message(_Frozen):
     @classmethod
     def decode(cls, raw: bytes) -> Message:
         return cls.model_validate(orjson.loads(raw))
+
+
+def chain_for(message: Message, chain: Sequence[str]) -> tuple[str, ...]:
+    """The providers a batch's work may go through: the one it pins, or the running chain."""
+    return (message.provider,) if message.provider else tuple(chain)
 
 
 class Chunk(_Frozen):

@@ -5,9 +5,15 @@ adds them every :data:`FLUSH_EVERY` seconds to 5-second windows in Cassandra cou
 (``provider_windows``), so the windows hold what every process saw. From the latest windows
 each process computes the same scores (pure functions below):
 
-* **health** (0-1): one minus an exponentially weighted moving average of the error rate over
-  the windows that had calls (newest weighs most); a provider with too few calls to judge
-  is healthy.
+* **health** (0-1): one minus the sum of three exponentially weighted moving averages over the
+  windows (newest weighs most), each judged only once enough was seen:
+
+  - the error rate of calls (at least :data:`MIN_CALLS` calls);
+  - the share of recipient events its webhooks reported that were its own failures: drops on
+    the provider's side count whole, deferrals half (the webhook service adds these to the
+    same windows; at least :data:`MIN_EVENTS` events);
+  - a latency penalty: nothing up to :data:`SLOW` seconds per call, rising to
+    :data:`LATENCY_WEIGHT` at :data:`VERY_SLOW`.
 * **circuit**: ``open`` below :data:`OPEN_BELOW` (skipped for new work); after
   :data:`COOL_DOWN` seconds ``half_open`` (a small share of new work probes it); ``closed``
   again once the probes succeed (its health is back above :data:`DEMOTE_BELOW`).
@@ -22,6 +28,7 @@ provider) are not counted.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections.abc import Mapping, Sequence
@@ -30,6 +37,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Final, Literal
 
 from shared.db import Database, utc
+from shared.errors import DependencyUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +52,14 @@ DEMOTE_BELOW: Final = 0.8
 OPEN_BELOW: Final = 0.5
 COOL_DOWN: Final = 30.0
 PROBE_SHARE: Final = 0.1
+#: Webhook-reported events needed before their failure share counts.
+MIN_EVENTS: Final = 20
+#: A deferral counts as this much of a provider-side drop (greylisting defers healthy mail).
+DEFERRAL_WEIGHT: Final = 0.5
+#: Mean seconds per call from which calls count against health, and where the penalty peaks.
+SLOW: Final = 3.0
+VERY_SLOW: Final = 10.0
+LATENCY_WEIGHT: Final = 0.5
 
 Circuit = Literal["closed", "open", "half_open"]
 
@@ -54,6 +70,11 @@ class Window:
     calls: int
     errors: int
     latency_ms: int
+    events: int = 0
+    """Recipient events its webhooks reported."""
+    drops: int = 0
+    """Of them, drops on the provider's side."""
+    deferrals: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,23 +86,51 @@ class Score:
     """Mean seconds per call (EWMA), if any call was seen."""
     rate: float
     """Calls per second over the latest full window."""
+    reported_failures: float = 0.0
+    """EWMA of the share of webhook-reported events that were the provider's own failures."""
+
+
+def ewma(values: Sequence[float]) -> float:
+    """The exponentially weighted moving average of ``values`` (oldest first), unbiased while
+    there are few of them."""
+    average = 0.0
+    for value in values:
+        average = ALPHA * value + (1 - ALPHA) * average
+    return average / (1 - (1 - ALPHA) ** len(values)) if values else 0.0
+
+
+def latency_penalty(seconds: float | None) -> float:
+    if seconds is None or seconds <= SLOW:
+        return 0.0
+    return LATENCY_WEIGHT * min(1.0, (seconds - SLOW) / (VERY_SLOW - SLOW))
 
 
 def score(windows: Sequence[Window], now: datetime) -> Score:
     """The score of one provider from its windows (any order)."""
-    recent = sorted((w for w in windows if w.calls > 0), key=lambda w: w.start)
-    calls = sum(w.calls for w in recent)
-    error_rate, latency = 0.0, None
-    for w in recent:
-        error_rate = ALPHA * (min(w.errors, w.calls) / w.calls) + (1 - ALPHA) * error_rate
-        mean = w.latency_ms / w.calls / 1000
-        latency = mean if latency is None else ALPHA * mean + (1 - ALPHA) * latency
-    if recent:
-        error_rate /= 1 - (1 - ALPHA) ** len(recent)  # unbiased while few windows exist
-    health = 1.0 if calls < MIN_CALLS else max(0.0, min(1.0, 1.0 - error_rate))
+    ordered = sorted(windows, key=lambda w: w.start)
+    called = [w for w in ordered if w.calls > 0]
+    reported = [w for w in ordered if w.events > 0]
+    calls = sum(w.calls for w in called)
+    error_rate = ewma([min(w.errors, w.calls) / w.calls for w in called])
+    latency = ewma([w.latency_ms / w.calls / 1000 for w in called]) if called else None
+    failures = ewma(
+        [min(1.0, (w.drops + DEFERRAL_WEIGHT * w.deferrals) / w.events) for w in reported]
+    )
+    unhealthy = 0.0
+    if calls >= MIN_CALLS:
+        unhealthy += error_rate + latency_penalty(latency)
+    if sum(w.events for w in reported) >= MIN_EVENTS:
+        unhealthy += failures
+    health = max(0.0, min(1.0, 1.0 - unhealthy))
     last_full = window_start(now) - timedelta(seconds=WINDOW)
     rate = sum(w.calls for w in windows if w.start == last_full) / WINDOW
-    return Score(round(health, 3), calls, latency, rate)
+    return Score(round(health, 3), calls, latency, rate, round(failures, 3))
+
+
+def failures_in_last_minute(windows: Sequence[Window], now: datetime) -> int:
+    """Failed calls and provider-side drops in the windows of the last minute."""
+    since = now - timedelta(seconds=60)
+    return sum(w.errors + w.drops for w in windows if w.start >= since)
 
 
 def window_start(at: datetime) -> datetime:
@@ -152,6 +201,17 @@ class HealthStore:
             (calls, errors, ms, self.scope, provider, start.date(), start),
         )
 
+    async def add_reported(
+        self, provider: str, start: datetime, events: int, drops: int, deferrals: int
+    ) -> None:
+        """Add what the provider's webhooks reported in a window (the webhook service)."""
+        await self._db.execute(
+            "UPDATE provider_windows SET events = events + ?, drops = drops + ?, "
+            "deferrals = deferrals + ? WHERE scope = ? AND provider = ? AND day = ? "
+            "AND window = ?",
+            (events, drops, deferrals, self.scope, provider, start.date(), start),
+        )
+
     async def windows(self, provider: str, now: datetime) -> list[Window]:
         """The windows of the last two minutes (two days' partitions around midnight)."""
         since = window_start(now) - timedelta(seconds=WINDOW * WINDOWS)
@@ -159,13 +219,17 @@ class HealthStore:
         found: list[Window] = []
         for day in days:
             rows = await self._db.rows(
-                "SELECT window, calls, errors, latency_ms FROM provider_windows "
+                "SELECT window, calls, errors, latency_ms, events, drops, deferrals "
+                "FROM provider_windows "
                 "WHERE scope = ? AND provider = ? AND day = ? AND window > ?",
                 (self.scope, provider, day, since),
             )
             found += [
-                Window(utc(r["window"]), int(r["calls"] or 0), int(r["errors"] or 0),
-                       int(r["latency_ms"] or 0))
+                Window(
+                    utc(r["window"]),
+                    *(int(r[c] or 0) for c in ("calls", "errors", "latency_ms", "events",
+                                               "drops", "deferrals")),
+                )
                 for r in rows
             ]  # fmt: skip
         return found
@@ -206,6 +270,44 @@ class Tally:
     def take(self) -> dict[tuple[str, datetime], list[int]]:
         taken, self.counts = self.counts, {}
         return taken
+
+
+#: Event kinds that report a recipient's fate at a provider (engagement is not health).
+FATE_KINDS: Final = frozenset({"delivered", "bounced", "dropped", "deferred"})
+
+
+@dataclass
+class Reports:
+    """What this webhook process was told of each provider, not yet added to the windows."""
+
+    counts: dict[tuple[str, datetime], list[int]] = field(default_factory=dict)
+
+    def count(self, provider: str, at: datetime, kind: str, *, provider_side: bool) -> None:
+        if kind not in FATE_KINDS:
+            return
+        entry = self.counts.setdefault((provider, window_start(at)), [0, 0, 0])
+        entry[0] += 1
+        entry[1] += int(kind == "dropped" and provider_side)
+        entry[2] += int(kind == "deferred")
+
+    def take(self) -> dict[tuple[str, datetime], list[int]]:
+        taken, self.counts = self.counts, {}
+        return taken
+
+    async def keep_adding(self, store: HealthStore) -> None:
+        """Every FLUSH_EVERY seconds add what was counted to the shared windows (what cannot
+        be added now is added with the next round). Runs until cancelled."""
+        while True:
+            await asyncio.sleep(FLUSH_EVERY)
+            taken = self.take()
+            for (provider, start), (events, drops, deferrals) in taken.items():
+                try:
+                    await store.add_reported(provider, start, events, drops, deferrals)
+                except DependencyUnavailable as exc:
+                    log.warning("provider reports not added: %s", exc)
+                    entry = self.counts.setdefault((provider, start), [0, 0, 0])
+                    for i, value in enumerate((events, drops, deferrals)):
+                        entry[i] += value
 
 
 def draw() -> float:

@@ -33,7 +33,7 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -50,6 +50,7 @@ from shared.addresses import (
 )
 from shared.errors import SafedelivrError
 from shared.models import Address, Message, is_reserved_header
+from shared.providers.catalog import CATALOG, CODES, code_of
 
 InvalidRequestCode = Literal["invalid_fields", "no_recipients", "too_many_recipients"]
 INVALID_FIELDS: Final = "invalid_fields"
@@ -89,6 +90,7 @@ FIELDS: Final = frozenset(
         "shared",
         "categories",
         "metadata",
+        "provider",
     ]
 )
 
@@ -193,6 +195,7 @@ def parse_batch_request(
     raw: object,
     *,
     max_recipients: int,
+    configured: Sequence[str] = CODES,
 ) -> BatchRequest:
     """Validate a decoded ``POST /v1/batches`` body (suppression is :func:`drop_suppressed`).
 
@@ -218,6 +221,7 @@ def parse_batch_request(
     metadata = _metadata(raw.get("metadata"), errors)
     bulk = _flag(raw.get("bulk"), "bulk", errors)
     shared = _flag(raw.get("shared"), "shared", errors)
+    pinned = _provider(raw.get("provider"), configured, errors)
     if bulk and (cc or bcc):
         # Each personalised copy would carry the cc/bcc too: up to 1,000 copies per chunk.
         errors["bulk"] = "cc and bcc cannot be combined with bulk (one copy per recipient)"
@@ -250,6 +254,7 @@ def parse_batch_request(
         categories=categories,
         metadata=metadata,
         bulk=bool(personal),
+        provider=pinned,
     )
     return scan.finish(message)
 
@@ -304,6 +309,17 @@ def _body(value: object, path: str, errors: Errors) -> str | None:
         errors[path] = "must not contain NUL or lone surrogates"
         return None
     return value
+
+
+def _provider(value: object, configured: Sequence[str], errors: Errors) -> str | None:
+    """The provider a batch pins (by name or code, any case), if it is one configured here."""
+    if value is None:
+        return None
+    code = code_of(value) if isinstance(value, str) else None
+    if code is None or code not in configured:
+        names = ", ".join(CATALOG[c].name.lower() for c in configured if c in CATALOG)
+        errors["provider"] = f"must name a provider configured here: {names}"
+    return code
 
 
 def _flag(value: object, name: str, errors: Errors) -> bool:

@@ -56,6 +56,10 @@ async def provider_rows(settings: Settings, db: Database) -> list[dict[str, Any]
                 "current_rate_per_s": scored.rate,
                 "latency_seconds": None if scored.latency is None else round(scored.latency, 3),
                 "calls_2min": scored.calls,
+                "reported_failures": scored.reported_failures,
+                "max_recipients": CATALOG[code].max_recipients,
+                "max_message_bytes": CATALOG[code].max_message_bytes,
+                "capabilities": list(CATALOG[code].capabilities),
             }
         )
     return data

@@ -79,6 +79,12 @@ class BatchIn(_In):
         max_length=validation.MAX_HEADERS,
         description="Extra headers; those we set ourselves are refused.",
     )
+    provider: str | None = Field(
+        None,
+        description="Pin the batch to one provider (`sendgrid`, `mailgun`, or its code): only "
+        "it is used, with no failover or spill-over to another; when it is at its rate limit "
+        "or paused, the work waits for it.",
+    )
     bulk: bool | None = Field(
         None,
         description="One copy per recipient, personalised: the default already (kept for "
@@ -122,11 +128,46 @@ class KeyIn(_In):
     )
 
 
-class SettingsPatch(_In):
-    """``PATCH /v1/settings``: any of the provider settings; provider names or codes."""
+class AlertsIn(_In):
+    webhook_url: str | None = Field(
+        None, description="A Slack/Discord-compatible incoming webhook; empty: none."
+    )
+    cool_off_s: int | None = Field(None, ge=10, le=86_400)
+    queue_depth: int | None = Field(None, ge=1)
+    error_burst: int | None = Field(
+        None, ge=1, description="Provider-side failures of one provider in a minute."
+    )
+    email_to: str | list[str] | None = Field(
+        None, description="Operators' addresses; alerts are mailed to them through Safedelivr."
+    )
+    email_from: str | None = Field(None, description="The sender of alert mail.")
 
-    providers: dict[str, Any] = Field(
-        examples=[{"chain": ["mailgun", "sendgrid"]}, {"sendgrid": {"paused": True}}]
+
+class CapacityIn(_In):
+    enabled: bool | None = None
+    initial_per_day: int | None = Field(
+        None, ge=10, description="Recipients a day a new sending domain starts at."
+    )
+    max_bounce_rate: float | None = Field(None, ge=0.001, le=1, examples=[0.05])
+    max_complaint_rate: float | None = Field(None, ge=0.0001, le=1, examples=[0.003])
+
+
+class SettingsPatch(_In):
+    """``PATCH /v1/settings``: any of the live settings; provider names or codes."""
+
+    providers: dict[str, Any] | None = Field(
+        None,
+        examples=[
+            {"chain": ["mailgun", "sendgrid"]},
+            {"sendgrid": {"paused": True, "rate_limit_per_s": 20}},
+            {"max_attempts": 4},
+        ],
+    )
+    alerts: AlertsIn | None = None
+    capacity: CapacityIn | None = Field(
+        None,
+        description="Daily capacity per sending domain: warm-up for new domains, halved by "
+        "hard-bounce or complaint rates over the limits; mail over it is held, not dropped.",
     )
 
 
@@ -273,7 +314,12 @@ class DomainList(_Out):
 class ProviderView(_Out):
     name: str = Field(examples=["sendgrid"])
     code: str = Field(examples=["sg"])
-    health: float = Field(ge=0, le=1, description="1 - EWMA of the provider-side error rate.")
+    health: float = Field(
+        ge=0,
+        le=1,
+        description="1 - (EWMA error rate of calls + EWMA share of reported provider-side "
+        "failures + a latency penalty).",
+    )
     circuit: Literal["closed", "open", "half_open"]
     paused: bool
     position: int | None = Field(description="Place in the operator's running chain.")
@@ -283,6 +329,15 @@ class ProviderView(_Out):
     current_rate_per_s: float = Field(description="Calls per second, all processes.")
     latency_seconds: float | None
     calls_2min: int
+    reported_failures: float = Field(
+        description="EWMA share of the recipient events its webhooks reported that were its "
+        "own failures (drops on its side; deferrals count half), over the last two minutes."
+    )
+    max_recipients: int = Field(description="Recipients one request to it may carry.")
+    max_message_bytes: int
+    capabilities: list[str] = Field(
+        examples=[["per_recipient_substitutions", "signed_webhooks", "query_api"]]
+    )
 
 
 class ProviderList(_Out):
@@ -307,6 +362,28 @@ class SettingsView(_Out):
                 "max_attempts": 6,
                 "sendgrid": {"code": "sg", "paused": False},
                 "mailgun": {"code": "mg", "paused": False},
+            }
+        ]
+    )
+    alerts: dict[str, Any] = Field(
+        examples=[
+            {
+                "webhook_url": None,
+                "cool_off_s": 600,
+                "queue_depth": 10000,
+                "error_burst": 50,
+                "email_to": [],
+                "email_from": None,
+            }
+        ]
+    )
+    capacity: dict[str, Any] = Field(
+        examples=[
+            {
+                "enabled": False,
+                "initial_per_day": 1000,
+                "max_bounce_rate": 0.05,
+                "max_complaint_rate": 0.003,
             }
         ]
     )

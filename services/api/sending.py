@@ -91,7 +91,9 @@ class Sending:
             shape = field_errors(exc)
         try:
             parsed = validation.parse_batch_request(
-                body, max_recipients=self.settings.api.max_recipients
+                body,
+                max_recipients=self.settings.api.max_recipients,
+                configured=self.settings.providers.chain_codes,
             )
         except validation.InvalidRequest as exc:
             raise ApiError(422, exc.code, str(exc), fields=exc.fields) from exc

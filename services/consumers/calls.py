@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 from services.consumers import failover, protocol
 from shared.attempts import Attempt, find, tag
 from shared.db import Row
+from shared.domains import domain_of
 from shared.errors import (
+    CapacityHeld,
     DependencyUnavailable,
     PermanentProviderError,
     ProviderError,
@@ -28,7 +30,7 @@ from shared.errors import (
     ProviderSkipped,
     TransientProviderError,
 )
-from shared.models import Chunk, Recipient
+from shared.models import Chunk, Recipient, chain_for
 from shared.providers.base import Receipt
 from shared.settle import MAX_OUTAGE_BACKOFF, MAX_OUTAGE_HOLD, Delivery
 
@@ -38,7 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _ERROR_KINDS: dict[str, type[ProviderError]] = {
-    "skipped": ProviderSkipped,  # before its base class
+    "held": CapacityHeld,  # before its base classes
+    "skipped": ProviderSkipped,
     "transient": TransientProviderError,
     "misconfigured": ProviderMisconfigured,
     "permanent": PermanentProviderError,
@@ -92,15 +95,26 @@ class Caller:
         return await self.record(job, delivery)
 
     async def _send(self, job: protocol.Job, chunk: Chunk) -> Answer:
-        if job.provider in self.d.paused:
+        d = self.d
+        if job.provider in d.paused:
             # Not called: rejected like a refusal, so the decision moves the work on.
             return Answer(error=ProviderSkipped(job.provider, "paused by an operator"))
+        domain = domain_of(chunk.message.sender.email)
+        count = len(chunk.recipients)
+        held = await d.capacity.admit(domain, count, d.now())
+        if held is not None:
+            return Answer(error=CapacityHeld(job.provider, held.reason, retry_after=held.wait))
+        answer = await self._call(job, chunk, pinned=chunk.message.provider is not None)
+        if answer.error is not None and not answer.unknown:
+            await d.capacity.release(domain, count, d.now())  # not sent: not counted
+        return answer
+
+    async def _call(self, job: protocol.Job, chunk: Chunk, *, pinned: bool) -> Answer:
         wait = await self.d.limiter.acquire(job.provider, self.d.now())
         if wait is not None:
+            then = "waiting for it (the batch pins it)" if pinned else "spilled over"
             return Answer(
-                error=ProviderSkipped(
-                    job.provider, "at its rate limit: spilled over", retry_after=wait
-                )
+                error=ProviderSkipped(job.provider, f"at its rate limit: {then}", retry_after=wait)
             )
         provider = self.d.providers.get(job.provider)
         if provider is None:
@@ -197,13 +211,14 @@ class Caller:
         """The decision after attempt ``job.attempt`` failed with ``error``, as columns."""
         settings = self.d.settings
         refused = frozenset(a.provider for a in line if (a.error or "").startswith("permanent|"))
-        # Providers skipped (paused, at their rate limit) were never called: those hops do
-        # not use up the chunk's attempts.
-        skipped = sum(1 for a in line if (a.error or "").startswith("skipped|"))
+        # Providers skipped (paused, at their rate limit) or work held at its domain's
+        # capacity were never called: those hops do not use up the chunk's attempts.
+        skipped = sum(1 for a in line if (a.error or "").startswith(("skipped|", "held|")))
         skipped += isinstance(error, ProviderSkipped)
         rows = await self.d.follow.rows(job)
+        header = await self.d.follow.header(job.batch_id)
         verdict = failover.decide(
-            chain=settings.chain_codes,
+            chain=chain_for(header.message, settings.chain_codes),
             attempt=job.attempt,
             error=error,
             max_attempts=settings.max_attempts + skipped,

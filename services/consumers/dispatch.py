@@ -29,6 +29,7 @@ from shared.attempts import AttemptStore, chunk_line, recipient_line
 from shared.batchstore import BatchStore
 from shared.broker import Broker
 from shared.config import ProviderSettings
+from shared.domain_capacity import CapacityGate
 from shared.errors import DependencyUnavailable
 from shared.handoff import HandOff
 from shared.logs import bound
@@ -103,9 +104,11 @@ class Dispatcher:
     paused: frozenset[str] = frozenset()
     """Providers an operator paused (live settings): their jobs go to the next provider."""
     tally: Tally = field(default_factory=Tally)
+    """Calls not yet added to the shared health windows (``shared.provider_health``)."""
     limiter: ProviderLimiter = field(default_factory=lambda: ProviderLimiter(None, ""))
     """Client-side rate limits shared by every process (``shared.provider_rates``)."""
-    """Calls not yet added to the shared health windows (``shared.provider_health``)."""
+    capacity: CapacityGate = field(default_factory=lambda: CapacityGate(None))
+    """Daily capacity per sending domain (``shared.domain_capacity``)."""
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
     def __post_init__(self) -> None:
@@ -265,6 +268,7 @@ class Dispatcher:
                 cause=cause,
                 failed=job.provider,
                 why=why,
+                pinned=header.message.provider,
             )
         elif cause not in (row.get("superseded") or ()):
             # A hand-off of this check (an earlier delivery) may have stopped after its job was

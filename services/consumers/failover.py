@@ -6,7 +6,8 @@ force when the decision is made (live settings: reordered, paused providers left
 time the walk wraps around to the start of the chain, the next attempt waits in a delay queue
 (backoff tiers, the last one repeating), never in a ``sleep``. A provider's ``Retry-After``
 lengthens the wait when that same provider is next. Errors that no provider can fix end the
-chunk at once.
+chunk at once. Work held at its sending domain's capacity goes to the same provider again after
+the longest backoff (no other provider has more capacity for that domain).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.errors import PermanentProviderError, ProviderError
+from shared.errors import CapacityHeld, PermanentProviderError, ProviderError
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,12 @@ def decide(
         excluded: providers not to use for this line (those that dropped or deferred the
             recipient a re-send line is for).
     """
+    if isinstance(error, CapacityHeld):
+        usable = [p for p in chain if p not in permanent_from | excluded] or list(chain)
+        provider = error.provider if error.provider in usable else usable[0]
+        return Retry(
+            provider, attempt + 1, float(min(error.retry_after or backoff[-1], backoff[-1]))
+        )
     refused = permanent_from | (
         {error.provider} if isinstance(error, PermanentProviderError) else set()
     )

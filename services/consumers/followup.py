@@ -164,5 +164,7 @@ def _result(attempt: Attempt) -> str:
     """The providers-map entry of an attempt that did not get the recipients accepted."""
     if attempt.state == "resolved":
         return f"unknown: {attempt.verdict}"
-    message = (attempt.error or "").partition("|")[2] or attempt.verdict or "failed"
-    return f"failed: {message}"
+    kind, _, message = (attempt.error or "").partition("|")
+    if kind == "held":
+        return f"held: {message}"
+    return f"failed: {message or attempt.verdict or 'failed'}"

@@ -9,6 +9,8 @@
 * When every provider is paused, the provider queues are not consumed at all: work waits in
   the broker, not in memory, until one is resumed.
 * ``max_attempts`` bounds the decisions made from now on.
+* The sending domains' capacity rules (``shared.domain_capacity``) apply to the next chunk; a
+  chunk held at its domain's capacity raises the ``capacity`` alert.
 * Health orders the running chain (:func:`shared.provider_health.order`): every
   :data:`REFRESH_EVERY` seconds this process adds its calls to the shared windows, reads
   every provider's windows back, moves each circuit and re-orders the chain.
@@ -32,6 +34,7 @@ from services.consumers.splitter import Splitter
 from shared.alerts import Alert, AlertConfig, Alerter
 from shared.broker import Broker
 from shared.config import ProviderSettings
+from shared.domain_capacity import Capacity
 from shared.errors import DependencyUnavailable
 from shared.livesettings import LiveSettings
 from shared.provider_health import (
@@ -39,6 +42,7 @@ from shared.provider_health import (
     CircuitState,
     HealthStore,
     draw,
+    failures_in_last_minute,
     next_circuit,
     order,
     score,
@@ -121,6 +125,7 @@ class ConsumerSettings:
         d = self.dispatcher
         d.paused = live.paused & frozenset(configured)
         d.limiter.limits = live.limits()
+        d.capacity.apply(live.capacity)
         d.handoff.max_attempts = live.max_attempts
         self.refresh()
         await self._consume(not live.all_paused(configured))
@@ -140,7 +145,20 @@ class ConsumerSettings:
         """Where alerts go and their cool-off, as the live settings say now."""
         if self.live is None:
             return AlertConfig("", 600)
-        return AlertConfig(self.live.alert_url, self.live.alert_cool_off)
+        live = self.live
+        return AlertConfig(
+            live.alert_url, live.alert_cool_off, live.alert_email_to, live.alert_email_from
+        )
+
+    async def capacity_held(self, domain: str, cap: Capacity, sent: int) -> None:
+        """A chunk was held at its domain's capacity: alert (once per cool-off)."""
+        if self.alerter is None:
+            return
+        text = (
+            f"{domain} reached today's sending capacity ({sent:,} of {cap.limit:,} recipients, "
+            f"{cap.state}: {cap.why}); its mail is held until capacity allows"
+        )
+        await self.alerter.send(Alert("capacity", domain, text))
 
     def refresh(self) -> None:
         """Order the running chain by health and hand it to everything that picks providers."""
@@ -191,7 +209,9 @@ class ConsumerSettings:
     async def _score(self, store: HealthStore) -> None:
         now = self.dispatcher.now()
         for code in self.dispatcher.providers:
-            scored = score(await store.windows(code, now), now)
+            windows = await store.windows(code, now)
+            scored = score(windows, now)
+            await self._burst(code, failures_in_last_minute(windows, now))
             before = self.circuits.get(code, "closed")
             state = next_circuit(self._circuit_states.get(code, CircuitState()), scored.health, now)
             self._circuit_states[code] = state
@@ -212,6 +232,15 @@ class ConsumerSettings:
             self.metrics.health.labels(code).set(scored.health)
             for name in ("closed", "open", "half_open"):
                 self.metrics.circuit.labels(code, name).set(1 if name == state.state else 0)
+
+    async def _burst(self, code: str, failures: int) -> None:
+        limit = self.live.alert_error_burst if self.live else 50
+        if failures >= limit and self.alerter is not None:
+            text = (
+                f"{CATALOG[code].name}: {failures} provider-side failures in the last minute "
+                f"(alert from {limit}); the work is retried through the chain"
+            )
+            await self.alerter.send(Alert("error_burst", code, text))
 
     async def _consume(self, wanted: bool) -> None:
         if wanted == self.consuming:

@@ -16,15 +16,18 @@ from starlette.applications import Starlette
 from services.consumers.dispatch import Dispatcher, Hooks, no_hooks
 from services.consumers.live import ConsumerSettings, LiveMetrics
 from services.consumers.splitter import Splitter
-from shared.alerts import Alert, AlertConfig, Alerter
+from shared.acceptance import Acceptance
+from shared.alerts import Alert, AlertConfig, Alerter, AlertMail
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchStore
 from shared.config import Settings
 from shared.deadletters import DeadLetterStore, Letter, archiver
+from shared.domain_capacity import CapacityGate, DomainVolumes
 from shared.errors import DependencyUnavailable, ProviderError
 from shared.health import health_routes
 from shared.livesettings import SettingsStore, Watcher
 from shared.metrics import DeadLetterMetrics, DispatchMetrics, new_registry
+from shared.outbox import Outbox
 from shared.provider_health import HealthStore
 from shared.provider_rates import ProviderLimiter
 from shared.providers.base import Provider
@@ -62,6 +65,7 @@ def build_dispatcher(
         hooks=hooks,
         deferred_deadline=settings.webhooks.deferred_deadline,
         limiter=ProviderLimiter(res.db, settings.amqp.exchange),
+        capacity=CapacityGate(DomainVolumes(res.db)),
     )
 
 
@@ -103,6 +107,7 @@ async def start_consumers(
         live_metrics or LiveMetrics.create(new_registry()),
         alerter=alerter,
     )
+    dispatcher.capacity.on_held = applier.capacity_held
     watcher = Watcher(SettingsStore(res.db, settings.amqp.exchange), settings.providers, applier)
     await watcher.load()  # before any work is taken: a paused provider is paused from the start
     await res.broker.listen(lambda _: watcher.nudge())
@@ -229,7 +234,16 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
         ):
             app.state.resources = res
             # Configured from the live settings once start_consumers has loaded them.
-            alerter = Alerter(res.db, settings.amqp.exchange, alert_http, no_alerts)
+            exchange = settings.amqp.exchange
+            batches = BatchStore(res.db, StatsStore(res.db, settings.stats.buckets))
+            acceptance = Acceptance(batches, Outbox(res.db, exchange), res.broker)
+            alerter = Alerter(
+                res.db,
+                exchange,
+                alert_http,
+                no_alerts,
+                mail=AlertMail(res.db, acceptance, exchange),
+            )
             started = await start_consumers(
                 settings,
                 res,

@@ -49,7 +49,8 @@ class Splitter:
         if header.status != "accepted":
             return  # fanned out already (a redelivery or a relay duplicate), or cancelled
         window = asyncio.Semaphore(PUBLISH_WINDOW)
-        key = dispatch_key(self.first_provider, job.batch_id, 0)
+        # A batch that pins a provider starts there; any other at the running chain's head.
+        key = dispatch_key(header.message.provider or self.first_provider, job.batch_id, 0)
 
         async def publish(chunk: int) -> None:
             async with window:

@@ -19,6 +19,7 @@ from shared.health import health_routes
 from shared.http import AdmissionLimit, error_handlers
 from shared.livesettings import LiveSettings, SettingsStore, Watcher
 from shared.metrics import new_registry
+from shared.provider_health import HealthStore
 from shared.providers import sendgrid_events
 from shared.resources import open_resources, readiness_checks
 from shared.settle import InFlight, settling
@@ -54,6 +55,7 @@ def create_app(settings: Settings) -> Starlette:
                 # Hand-offs after provider-side failures follow the running chain too.
                 ingest.handoff.chain = live.running_chain(configured)
                 ingest.handoff.max_attempts = live.max_attempts
+                ingest.count_outcomes = live.capacity.enabled
 
             watcher = Watcher(
                 SettingsStore(res.db, settings.amqp.exchange), settings.providers, apply
@@ -61,6 +63,9 @@ def create_app(settings: Settings) -> Starlette:
             await watcher.load()
             await res.broker.listen(lambda _: watcher.nudge())
             watching = asyncio.create_task(watcher.run())
+            reporting = asyncio.create_task(
+                ingest.reports.keep_adding(HealthStore(res.db, settings.amqp.exchange))
+            )
             await res.broker.consume(
                 res.broker.topology.webhooks_queue,
                 settling(intake.process, inflight, hold=None),
@@ -70,6 +75,7 @@ def create_app(settings: Settings) -> Starlette:
                 yield
             finally:
                 watching.cancel()
+                reporting.cancel()
                 await res.broker.stop_consuming()
                 await inflight.wait_idle(DRAIN_TIMEOUT)
 

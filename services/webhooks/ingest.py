@@ -22,6 +22,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -31,8 +32,11 @@ from shared.batchstore import BatchStore
 from shared.broker import Broker
 from shared.config import Settings
 from shared.db import Database
+from shared.domain_capacity import DomainVolumes, Volumes
+from shared.domains import domain_of
 from shared.handoff import HandOff
 from shared.models import LogJob
+from shared.provider_health import Reports
 from shared.recipients import RecipientStore
 from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
@@ -98,7 +102,15 @@ class Ingest:
     broker: Broker
     settings: Settings
     metrics: IngestMetrics
+    volumes: Volumes | None = None
+    """Where deliveries, hard bounces and complaints count per sending domain and day."""
+    count_outcomes: bool = False
+    """Whether to count them (the live setting ``capacity.enabled``)."""
+    reports: Reports = field(default_factory=Reports)
+    """Provider-side drops and deferrals, for the providers' health."""
     _owners: OrderedDict[uuid.UUID, uuid.UUID | None] = field(default_factory=OrderedDict)
+    _senders: OrderedDict[uuid.UUID, tuple[str, str | None]] = field(default_factory=OrderedDict)
+    """Per batch: its sending domain and the provider it pins (None: any)."""
 
     @classmethod
     def over(
@@ -123,6 +135,7 @@ class Ingest:
             broker=broker,
             settings=settings,
             metrics=metrics,
+            volumes=DomainVolumes(db),
         )
 
     async def apply_all(self, events: Iterable[ProviderEvent]) -> dict[str, int]:
@@ -141,6 +154,9 @@ class Ingest:
             await self._orphan(ev)
             return "orphan"
         self.metrics.events.labels(ev.provider, ev.kind).inc()
+        self.reports.count(
+            ev.provider, datetime.now(UTC), ev.kind, provider_side=bool(ev.provider_side)
+        )
         eff = transitions.effects(ev)
         if eff.needs_row:
             row = await self.recipients.one(target.batch_id, target.chunk, target.log_id)
@@ -188,7 +204,32 @@ class Ingest:
                 failed=ev.provider,
                 why=_provider_result(ev),
             )
+        if self.count_outcomes:
+            await self._count_outcome(target, ev, eff)
         return "applied"
+
+    async def _count_outcome(self, t: Target, ev: ProviderEvent, eff: transitions.Effects) -> None:
+        """Count a delivery, hard bounce or complaint for the batch's sending domain (last:
+        a delivery replayed after a failure counts again, so the counters are estimates that
+        err on the side of more bounces, never fewer)."""
+        kind = transitions.domain_outcome(eff)
+        sender = await self._sender(t.batch_id)
+        if kind is None or self.volumes is None or sender is None:
+            return
+        await self.volumes.outcome(sender[0], ev.occurred_at.astimezone(UTC).date(), kind)
+
+    async def _sender(self, batch_id: uuid.UUID) -> tuple[str, str | None] | None:
+        """The batch's sending domain and pinned provider (None when it does not exist)."""
+        known = self._senders.get(batch_id)
+        if known is None:
+            header = await self.batches.header(batch_id)
+            if header is None:
+                return None
+            known = (domain_of(header.message.sender.email), header.message.provider)
+            self._senders[batch_id] = known
+            if len(self._senders) > OWNER_CACHE:
+                self._senders.popitem(last=False)
+        return known
 
     async def _locate(self, ev: ProviderEvent) -> Target | None:
         if ev.batch_id is None:
@@ -220,6 +261,7 @@ class Ingest:
 
     async def _hand_off(self, t: Target, ev: ProviderEvent) -> None:
         self.metrics.resends.labels(ev.provider).inc()
+        sender = await self._sender(t.batch_id)
         await self.handoff(
             batch_id=t.batch_id,
             user_id=t.user_id,
@@ -228,6 +270,7 @@ class Ingest:
             cause=_cause(ev),
             failed=ev.provider,
             why=_provider_result(ev),
+            pinned=sender[1] if sender else None,
         )
 
     async def _schedule_deadline(self, t: Target, ev: ProviderEvent) -> None:

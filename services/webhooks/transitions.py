@@ -101,6 +101,18 @@ def given_row(eff: Effects, ev: ProviderEvent, row: Mapping[str, Any] | None) ->
     return eff
 
 
+def domain_outcome(eff: Effects) -> str | None:
+    """What an applied event counts for its sending domain's capacity: ``delivered``,
+    ``bounced`` (hard), ``complained``, or nothing (a superseded failure counts nothing)."""
+    if "complained" in eff.metrics:
+        return "complained"
+    if "bounced" in eff.metrics:
+        return "bounced"
+    if eff.state == "success":
+        return "delivered"
+    return None
+
+
 def rank(ev: ProviderEvent) -> int:
     """The rank that orders the recipient-wide columns of events of the same second.
 

@@ -48,7 +48,7 @@ CODE = "mg"
 INFO = CATALOG[CODE]
 MAX_RECIPIENTS = INFO.max_recipients
 #: Tags Mailgun accepts per message; extra categories are dropped.
-MAX_TAGS = 3
+MAX_TAGS = INFO.max_tags
 #: Events per page of the Events API (its maximum).
 EVENTS_PAGE = 300
 #: Pages one lookup may read before it gives up (and tries again later).

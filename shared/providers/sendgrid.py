@@ -62,7 +62,7 @@ CODE = "sg"
 INFO = CATALOG[CODE]
 MAX_RECIPIENTS = INFO.max_recipients
 #: Categories SendGrid accepts per message; extra ones are dropped.
-MAX_CATEGORIES = 10
+MAX_CATEGORIES = INFO.max_tags
 #: Most messages one Email Activity answer may list (an attempt has at most 1,000 recipients).
 ACTIVITY_LIMIT = 1000
 

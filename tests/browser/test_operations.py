@@ -42,6 +42,32 @@ async def test_an_operator_pauses_a_provider_and_sees_it_audited(
     await expect(row.get_by_role("button", name=re.compile("^Pause"))).to_be_visible()
 
 
+@pytest.mark.parametrize("github_login", [OPERATORS[0]])
+async def test_an_operator_turns_on_domain_capacity_and_alert_mail(
+    page: Page, stack: Stack, github_login: str
+) -> None:
+    await log_in(page, stack, "/operations")
+    await page.get_by_label("Capacity per sending domain").select_option("true")
+    await page.get_by_label("Initial recipients a day (new domain)").fill("5000")
+    await page.get_by_label("Mail alerts to (operators, comma-separated)").fill(
+        "oncall@example.org"
+    )
+    await page.get_by_label("Alert mail from").fill("Alerts <alerts@example.org>")
+    await page.get_by_role("button", name="Save settings").click()
+
+    await expect(page.get_by_role("status")).to_contain_text("Settings changed")
+    changes = page.locator("ul.changes")
+    for name in ("capacity.enabled", "capacity.initial", "alerts.email_to", "alerts.email_from"):
+        await expect(changes).to_contain_text(name)
+    await expect(page.get_by_label("Initial recipients a day (new domain)")).to_have_value("5000")
+    # The browser tests share one deployment: leave its settings as they were.
+    await page.get_by_label("Capacity per sending domain").select_option("false")
+    await page.get_by_label("Mail alerts to (operators, comma-separated)").fill("")
+    await page.get_by_label("Alert mail from").fill("")
+    await page.get_by_role("button", name="Save settings").click()
+    await expect(page.get_by_label("Capacity per sending domain")).to_have_value("false")
+
+
 @pytest.mark.parametrize("github_login", [OPERATORS[1]])
 async def test_an_operator_replays_a_dead_letter_once(
     page: Page, stack: Stack, github_login: str

@@ -23,7 +23,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -32,6 +32,8 @@ from cassandra.util import SortedSet
 from shared import precedence
 from shared.attempts import COLUMNS, Attempt, from_row
 from shared.batchstore import BatchHeader, NewBatch, _header_stamp, month_of
+from shared.domain_capacity import HISTORY_DAYS, OUTCOMES, DayVolume
+from shared.errors import DependencyUnavailable
 from shared.models import Message
 from shared.recipients import (
     CHUNK_ROW,
@@ -1026,3 +1028,40 @@ class FakeWebhookTokens:
         first = self.db.tokens.setdefault(token, body_hash)
         self.db._after(failure)
         return first == body_hash
+
+
+class FakeDomainVolumes:
+    """``shared.domain_capacity.DomainVolumes`` in memory: per (domain, day) counters."""
+
+    def __init__(self) -> None:
+        self.days: dict[tuple[str, date], dict[str, int]] = {}
+        self.failing = False
+        """Set to raise DependencyUnavailable from every call (an outage)."""
+
+    def _day(self, domain: str, day: date) -> dict[str, int]:
+        if self.failing:
+            raise DependencyUnavailable("cassandra", "fake outage")
+        return self.days.setdefault((domain, day), dict.fromkeys(("sent", *OUTCOMES), 0))
+
+    async def take(self, domain: str, day: date, recipients: int) -> int:
+        counts = self._day(domain, day)
+        counts["sent"] += recipients
+        return counts["sent"]
+
+    async def give_back(self, domain: str, day: date, recipients: int) -> None:
+        self._day(domain, day)["sent"] -= recipients
+
+    async def outcome(self, domain: str, day: date, kind: str) -> None:
+        if kind not in OUTCOMES:
+            raise ValueError(f"not a counted outcome: {kind}")
+        self._day(domain, day)[kind] += 1
+
+    async def history(self, domain: str, today: date) -> dict[date, DayVolume]:
+        if self.failing:
+            raise DependencyUnavailable("cassandra", "fake outage")
+        start = today - timedelta(days=HISTORY_DAYS)
+        return {
+            day: DayVolume(**counts)
+            for (d, day), counts in self.days.items()
+            if d == domain and start <= day <= today
+        }

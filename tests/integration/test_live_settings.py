@@ -22,6 +22,7 @@ from bench.services import free_port
 from shared import accounts
 from shared.config import Settings
 from shared.db import Database
+from shared.providers.catalog import CATALOG
 from shared.resources import declare_topology
 from tests.conftest import unique
 from tests.integration.stack import Stack, emails, fast_settings, full_stack
@@ -135,6 +136,32 @@ async def test_a_paused_sendgrid_sends_everything_through_mailgun(
     for email in to:
         assert logs[email]["state"] == "success"
         assert await stack.accepted(email) == {"sendgrid": 0, "mailgun": 1}
+
+
+async def test_a_batch_pinning_a_paused_sendgrid_waits_for_it_instead_of_spilling_over(
+    stack: Stack, db: Database
+) -> None:
+    ops = await _key(db, "operator")
+    async with stack.consuming():
+        await _pause(stack, ops, "sendgrid", paused=True)
+        pinned, free = emails(2), emails(2)
+        pinned_id = await stack.submit(pinned, provider="sendgrid")
+        await stack.final(await stack.submit(free), len(free))
+        await asyncio.sleep(3)  # retried every 2 s here: still waiting
+        waiting = await stack.logs(pinned_id)
+        await _pause(stack, ops, "sendgrid", paused=False)
+        logs = await stack.final(pinned_id, len(pinned), timeout=30)
+
+    assert [await stack.accepted(e) for e in free] == [{"sendgrid": 0, "mailgun": 1}] * 2
+    assert all(r["state"] == "queued" for r in waiting.values())
+    assert all(logs[e]["state"] == "success" for e in pinned)
+    assert [await stack.accepted(e) for e in pinned] == [{"sendgrid": 1, "mailgun": 0}] * 2
+
+
+async def _pause(stack: Stack, ops: dict[str, str], provider: str, *, paused: bool) -> None:
+    body = {"providers": {provider: {"paused": paused}}}
+    assert (await stack.api.patch("/v1/settings", json=body, headers=ops)).is_success
+    await asyncio.sleep(APPLY_WITHIN)
 
 
 async def test_a_chain_change_is_obeyed_by_the_next_batch(stack: Stack, db: Database) -> None:
@@ -343,3 +370,28 @@ async def test_a_circuit_opening_alerts_the_sink_once_per_burst(stack: Stack, db
     circuit = [r for r in received if '"kind":"circuit_open"' in r["body"].replace(" ", "")]
     assert len(circuit) == 1, received
     assert "SendGrid circuit opened" in circuit[0]["body"]
+
+
+async def test_drops_reported_by_sendgrids_webhooks_demote_it(stack: Stack) -> None:
+    """Calls to SendGrid all succeed, but its webhooks report it dropping the mail on its
+    side: its health falls, Mailgun goes first, and each recipient is still delivered."""
+    to = [f"sgdrop-{unique('r')}@example.org" for _ in range(30)]
+    async with stack.consuming():
+        logs = await stack.final(await stack.submit(to), len(to))
+        started = time.monotonic()
+        while (await _providers(stack))["sendgrid"]["position"] != 2:
+            assert time.monotonic() - started < 30, await _providers(stack)
+            await asyncio.sleep(0.5)
+        shown = (await _providers(stack))["sendgrid"]
+
+    assert all(r["state"] == "success" for r in logs.values())
+    assert shown["reported_failures"] >= 0.5 and shown["health"] < 0.8, shown
+
+
+async def test_providers_are_listed_with_what_the_catalog_says_of_them(stack: Stack) -> None:
+    listed = await _providers(stack)
+
+    assert set(listed) == {"sendgrid", "mailgun"}
+    assert listed["sendgrid"]["max_recipients"] == CATALOG["sg"].max_recipients
+    assert listed["mailgun"]["max_message_bytes"] == CATALOG["mg"].max_message_bytes
+    assert "signed_webhooks" in listed["mailgun"]["capabilities"]

@@ -55,3 +55,16 @@ async def test_circuits_are_kept_per_deployment(db: Database) -> None:
 
     assert await mine.circuits() == {"sg": CircuitState("open", since)}
     assert await other.circuits() == {}
+
+
+async def test_what_the_webhooks_reported_lands_in_the_same_windows(db: Database) -> None:
+    store = HealthStore(db, unique("scope"))
+    now = datetime.now(UTC)
+    start = window_start(now)
+
+    await store.add("sg", start, 10, 0, 1000)
+    await store.add_reported("sg", start, 30, 6, 4)
+    await store.add_reported("sg", start, 10, 0, 0)
+
+    (window,) = await store.windows("sg", now)
+    assert (window.calls, window.events, window.drops, window.deferrals) == (10, 40, 6, 4)

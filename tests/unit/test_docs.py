@@ -6,6 +6,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from shared.providers.catalog import with_table
+
 ROOT = Path(__file__).resolve().parents[2]
 _PATH = re.compile(
     r"(?<![\w./-])((?:shared|services|deploy|tests|bench|chaos)/[\w/-]+"
@@ -28,3 +30,10 @@ def test_every_file_path_named_in_a_tracked_text_exists() -> None:
         if not (ROOT / name).exists()
     }
     assert missing == set()
+
+
+def test_the_readmes_provider_table_is_the_catalogs() -> None:
+    """``make docs`` rewrites it; a provider or limit changed in the catalog alone fails here."""
+    readme = (ROOT / "README.md").read_text()
+
+    assert with_table(readme) == readme

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from services.consumers.failover import GiveUp, Retry, decide, provider_for
-from shared.errors import PermanentProviderError, ProviderMisconfigured, TransientProviderError
+from shared.errors import (
+    CapacityHeld,
+    PermanentProviderError,
+    ProviderMisconfigured,
+    TransientProviderError,
+)
 
 CHAIN = ("sg", "mg")
 
@@ -111,3 +116,17 @@ def test_no_provider_left_after_exclusions_gives_up_at_once() -> None:
     """A re-send line whose only other provider is excluded stops instead of cycling."""
     result = _decide(0, TransientProviderError("sg", "500"), excluded=frozenset({"sg", "mg"}))
     assert result == GiveUp("no other provider is left to try; last: sg 500")
+
+
+def test_work_held_at_its_domains_capacity_goes_to_the_same_provider_later() -> None:
+    """No other provider has more capacity for the domain: no spill-over, and the wait is the
+    longest backoff tier (then it is checked again), not the hours until the day renews."""
+    held = CapacityHeld("mg", "at capacity", retry_after=20_000)
+
+    assert _decide(5, held) == Retry("mg", 6, 30.0)
+
+
+def test_held_work_of_a_provider_taken_out_of_the_chain_goes_to_the_chain() -> None:
+    held = CapacityHeld("pm", "at capacity", retry_after=3)
+
+    assert _decide(0, held) == Retry("sg", 1, 3.0)

@@ -191,3 +191,83 @@ def test_the_view_speaks_provider_names_as_patch_takes_them() -> None:
         "rate_limit_per_s": None,
     }
     assert shown["providers"]["max_attempts"] == 3
+
+
+def test_the_capacity_rules_are_live_settings_and_off_by_default() -> None:
+    assert resolve({}, ProviderSettings()).capacity.enabled is False
+
+    changes = flatten_patch(
+        {"capacity": {"enabled": True, "initial_per_day": 5000, "max_bounce_rate": 0.02}}
+    )
+    live = resolve(changes, ProviderSettings())
+
+    assert changes == {
+        "capacity.enabled": "true",
+        "capacity.initial": "5000",
+        "capacity.max_bounce_rate": "0.02",
+    }
+    assert (live.capacity.enabled, live.capacity.initial, live.capacity.max_bounce_rate) == (
+        True,
+        5000,
+        0.02,
+    )
+    assert view(live)["capacity"] == {
+        "enabled": True,
+        "initial_per_day": 5000,
+        "max_bounce_rate": 0.02,
+        "max_complaint_rate": 0.003,
+    }
+
+
+@pytest.mark.parametrize(
+    ("capacity", "field"),
+    [
+        ({"enabled": "maybe"}, "capacity.enabled"),
+        ({"initial_per_day": 5}, "capacity.initial_per_day"),
+        ({"initial_per_day": 10.5}, "capacity.initial_per_day"),
+        ({"max_bounce_rate": 5}, "capacity.max_bounce_rate"),
+        ({"max_complaint_rate": 0}, "capacity.max_complaint_rate"),
+        ({"max_bounce_rate": "nan"}, "capacity.max_bounce_rate"),
+        ({"warmup": True}, "capacity.warmup"),
+    ],
+)
+def test_a_bad_capacity_setting_names_its_field(capacity: dict[str, object], field: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        flatten_patch({"capacity": capacity})
+    assert list(caught.value.fields) == [field]
+
+
+def test_alerts_are_mailed_to_operators_named_as_a_list_or_a_string() -> None:
+    as_list = flatten_patch(
+        {
+            "alerts": {
+                "email_to": ["Ops@Example.com", "oncall@example.com", "ops@example.com"],
+                "email_from": 'Safedelivr "Alerts" <alerts@example.com>',
+                "error_burst": 20,
+            }
+        }
+    )
+    as_text = flatten_patch({"alerts": {"email_to": "Ops@Example.com, oncall@example.com"}})
+    live = resolve(as_list, ProviderSettings())
+
+    assert as_list["alerts.email_to"] == as_text["alerts.email_to"]
+    assert live.alert_email_to == ("Ops@example.com", "oncall@example.com")
+    assert live.alert_email_from == '"Safedelivr Alerts" <alerts@example.com>'
+    assert live.alert_error_burst == 20
+    assert view(live)["alerts"]["email_to"] == ["Ops@example.com", "oncall@example.com"]
+
+
+@pytest.mark.parametrize(
+    ("alerts", "field"),
+    [
+        ({"email_to": "not an address"}, "alerts.email_to"),
+        ({"email_to": [f"o{i}@example.com" for i in range(21)]}, "alerts.email_to"),
+        ({"email_to": [1, 2]}, "alerts.email_to"),
+        ({"email_from": "a@example.com, b@example.com"}, "alerts.email_from"),
+        ({"error_burst": 0}, "alerts.error_burst"),
+    ],
+)
+def test_a_bad_alert_address_names_its_field(alerts: dict[str, object], field: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        flatten_patch({"alerts": alerts})
+    assert list(caught.value.fields) == [field]

@@ -11,9 +11,14 @@ from hypothesis import strategies as st
 
 from shared.provider_health import (
     COOL_DOWN,
+    LATENCY_WEIGHT,
+    MIN_EVENTS,
     PROBE_SHARE,
+    SLOW,
+    VERY_SLOW,
     WINDOW,
     CircuitState,
+    Reports,
     Tally,
     Window,
     next_circuit,
@@ -120,3 +125,45 @@ def test_a_tally_sums_calls_per_provider_and_window_and_empties_when_taken() -> 
 
     assert taken[("sg", window_start(NOW))] == [2, 1, 600]
     assert len(taken) == 2 and tally.take() == {}
+
+
+def _reported(*per_window: tuple[int, int, int]) -> list[Window]:
+    """Oldest first: (events, drops, deferrals) the webhooks reported per window, no calls."""
+    last = window_start(NOW) - timedelta(seconds=WINDOW)
+    count = len(per_window)
+    return [
+        Window(last - timedelta(seconds=WINDOW * (count - 1 - i)), 0, 0, 0, ev, dr, de)
+        for i, (ev, dr, de) in enumerate(per_window)
+    ]
+
+
+def test_drops_on_the_providers_side_reported_by_webhooks_lower_its_health() -> None:
+    scored = score(_windows((20, 0), (20, 0)) + _reported((50, 25, 0), (50, 25, 0)), NOW)
+
+    assert (scored.health, scored.reported_failures) == (0.5, 0.5)
+
+
+def test_a_deferral_counts_half_a_drop() -> None:
+    assert score(_reported((40, 0, 40)), NOW).health == 0.5
+
+
+def test_too_few_reported_events_to_judge_count_as_healthy() -> None:
+    assert score(_reported((MIN_EVENTS - 1, MIN_EVENTS - 1, 0)), NOW).health == 1.0
+
+
+def test_slow_calls_cost_health_from_the_slow_line_up_to_the_latency_weight() -> None:
+    assert score(_windows((20, 0), latency_ms=int(SLOW * 1000)), NOW).health == 1.0
+    slower = score(_windows((20, 0), latency_ms=int((SLOW + VERY_SLOW) / 2 * 1000)), NOW)
+    assert slower.health == 1.0 - LATENCY_WEIGHT / 2
+    slowest = score(_windows((20, 0), latency_ms=int(VERY_SLOW * 3000)), NOW)
+    assert slowest.health == 1.0 - LATENCY_WEIGHT
+
+
+def test_reports_count_fates_per_provider_and_window_but_not_engagement() -> None:
+    reports = Reports()
+    for kind, side in [("delivered", False), ("dropped", True), ("dropped", False),
+                       ("deferred", False), ("opened", False), ("sent", False)]:  # fmt: skip
+        reports.count("sg", NOW, kind, provider_side=side)
+
+    assert reports.take() == {("sg", window_start(NOW)): [4, 1, 1]}
+    assert reports.take() == {}

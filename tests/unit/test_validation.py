@@ -912,3 +912,25 @@ def test_body_hash_is_sha256_of_the_canonical_json() -> None:
     """The hash is the 32-byte SHA-256 of the sorted-keys orjson encoding (as stored by
     earlier releases, so their keys still match)."""
     assert body_hash({"b": 1, "a": [2]}) == hashlib.sha256(b'{"a":[2],"b":1}').digest()
+
+
+@pytest.mark.parametrize("named", ["mailgun", "Mailgun", " MG "])
+def test_a_batch_may_pin_a_provider_by_name_or_code(named: str) -> None:
+    assert _parse(_body(provider=named)).message.provider == "mg"
+
+
+def test_a_batch_pins_nothing_unless_it_says_so() -> None:
+    assert _parse(_body()).message.provider is None
+
+
+@pytest.mark.parametrize("named", ["postmark", "", 7, ["sendgrid"]])
+def test_a_pin_must_name_a_known_provider(named: object) -> None:
+    assert _field_errors(_body(provider=named)) == {
+        "provider": "must name a provider configured here: sendgrid, mailgun"
+    }
+
+
+def test_a_pin_must_name_a_provider_configured_here() -> None:
+    refusal = _refusal(_body(provider="sendgrid"), configured=("mg",))
+
+    assert refusal.fields == {"provider": "must name a provider configured here: mailgun"}

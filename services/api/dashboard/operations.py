@@ -17,6 +17,7 @@ from services.api.providers import provider_rows
 from services.api.sessions import SessionUser, require_user, verify_csrf
 from services.api.settings import change_settings, settings_store
 from shared import signup
+from shared.alerts import SYSTEM_LOGIN
 from shared.config import Settings
 from shared.deadletters import DeadLetters, ReplayRefused, view
 from shared.http import ApiError
@@ -61,6 +62,7 @@ async def operations(request: Request) -> Response:
         "limits": live.limits(),
         "codes": CODES,
         "catalog": CATALOG,
+        "system_login": SYSTEM_LOGIN,
         "changes": await store.audit(20),
         "letters": [view(x) for x in await letters.store.page(DEAD_SHOWN)],
         "signups": [r for r in requests if r.state == "pending"],
@@ -91,6 +93,13 @@ async def change(request: Request) -> Response:
         "alert_url": "alerts.webhook_url",
         "alert_cool_off": "alerts.cool_off",
         "alert_queue_depth": "alerts.queue_depth",
+        "alert_error_burst": "alerts.error_burst",
+        "alert_email_to": "alerts.email_to",
+        "alert_email_from": "alerts.email_from",
+        "capacity_enabled": "capacity.enabled",
+        "capacity_initial": "capacity.initial",
+        "capacity_bounce": "capacity.max_bounce_rate",
+        "capacity_complaint": "capacity.max_complaint_rate",
         **{f"{c}_rate_limit": f"providers.{c}.rate_limit" for c in CODES},
         **{f"{c}_paused": f"providers.{c}.paused" for c in CODES},
     }
