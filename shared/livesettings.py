@@ -40,6 +40,7 @@ from shared.config import ProviderSettings
 from shared.db import Database, utc
 from shared.domain_capacity import CapacityRules
 from shared.errors import DependencyUnavailable
+from shared.provider_health import HealthRules
 from shared.providers.catalog import CATALOG, CODES, code_of
 
 log = logging.getLogger(__name__)
@@ -54,10 +55,20 @@ _WHOLE_NUMBERS: Final = {
     "alerts.queue_depth": (1, 10**9),
     "alerts.error_burst": (1, 10**6),
     "capacity.initial": (10, 10**9),
+    "providers.health.cool_down": (5, 3600),
 }
 _FRACTIONS: Final = {
+    "providers.health.open_below": (0.01, 0.99),
+    "providers.health.demote_below": (0.01, 1.0),
+    "providers.health.probe_share": (0.01, 0.5),
     "capacity.max_bounce_rate": (0.001, 1.0),
     "capacity.max_complaint_rate": (0.0001, 1.0),
+}
+_HEALTH_FIELDS: Final = {
+    "open_below": "providers.health.open_below",
+    "demote_below": "providers.health.demote_below",
+    "cool_down_s": "providers.health.cool_down",
+    "probe_share": "providers.health.probe_share",
 }
 _CAPACITY_FIELDS: Final = {
     "enabled": "capacity.enabled",
@@ -104,6 +115,8 @@ class LiveSettings:
     alert_email_to: tuple[str, ...] = ()
     """Operators' addresses alerts are mailed to, through Safedelivr itself."""
     alert_email_from: str = ""
+    health: HealthRules = field(default_factory=HealthRules)
+    """The thresholds of circuits and chain ordering."""
     capacity: CapacityRules = field(default_factory=CapacityRules)
     """Daily capacity per sending domain (off unless an operator turns it on)."""
 
@@ -138,6 +151,15 @@ def defaults(providers: ProviderSettings) -> dict[str, str]:
             "alerts.error_burst": "50",
             "alerts.email_to": "",
             "alerts.email_from": "",
+        }
+    )
+    health = HealthRules()
+    values.update(
+        {
+            "providers.health.open_below": f"{health.open_below:g}",
+            "providers.health.demote_below": f"{health.demote_below:g}",
+            "providers.health.cool_down": f"{health.cool_down:g}",
+            "providers.health.probe_share": f"{health.probe_share:g}",
         }
     )
     rules = CapacityRules()
@@ -176,6 +198,7 @@ def resolve(stored: Mapping[str, str], providers: ProviderSettings) -> LiveSetti
         alert_error_burst=int(values["alerts.error_burst"]),
         alert_email_to=tuple(e for e in values["alerts.email_to"].split(",") if e),
         alert_email_from=values["alerts.email_from"],
+        health=_health(values),
         capacity=CapacityRules(
             enabled=values["capacity.enabled"] == "true",
             initial=int(values["capacity.initial"]),
@@ -183,6 +206,23 @@ def resolve(stored: Mapping[str, str], providers: ProviderSettings) -> LiveSetti
             max_complaint_rate=float(values["capacity.max_complaint_rate"]),
         ),
     )
+
+
+def _health(values: Mapping[str, str]) -> HealthRules:
+    rules = HealthRules(
+        open_below=float(values["providers.health.open_below"]),
+        demote_below=float(values["providers.health.demote_below"]),
+        cool_down=float(values["providers.health.cool_down"]),
+        probe_share=float(values["providers.health.probe_share"]),
+    )
+    if rules.open_below >= rules.demote_below:
+        log.warning(
+            "ignoring providers.health: open_below %g is not below demote_below %g",
+            rules.open_below,
+            rules.demote_below,
+        )
+        return HealthRules()
+    return rules
 
 
 def check(name: str, value: str) -> str:
@@ -203,6 +243,10 @@ def _checker(name: str) -> Callable[[str, str], str] | None:
         "alerts.error_burst": _whole,
         "alerts.email_to": _addresses,
         "alerts.email_from": _address,
+        "providers.health.open_below": _fraction,
+        "providers.health.demote_below": _fraction,
+        "providers.health.cool_down": _whole,
+        "providers.health.probe_share": _fraction,
         "capacity.enabled": _flag,
         "capacity.initial": _whole,
         "capacity.max_bounce_rate": _fraction,
@@ -375,11 +419,23 @@ def _section(
             errors[f"{section}.{key}"] = next(iter(exc.fields.values()))
 
 
+def _health_change(value: object) -> dict[str, str]:
+    """``{"providers": {"health": {"open_below": 0.4, ...}}}``."""
+    changes: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    _section({"health": value}, "health", _HEALTH_FIELDS, (int, float), "a number", changes, errors)
+    if errors:
+        raise SettingsError({f"providers.{k}": v for k, v in errors.items()})
+    return changes
+
+
 def _provider_change(key: str, value: object) -> dict[str, str]:
     if key == "chain":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise SettingsError({"providers.chain": "must be a list of provider names"})
         return {"providers.chain": check("providers.chain", ",".join(value))}
+    if key == "health":
+        return _health_change(value)
     if key == "max_attempts":
         if not isinstance(value, int) or isinstance(value, bool):
             raise SettingsError({"providers.max_attempts": "must be a whole number"})
@@ -387,6 +443,12 @@ def _provider_change(key: str, value: object) -> dict[str, str]:
     code = code_of(key)
     if code is None:
         raise SettingsError({f"providers.{key}": f"unknown provider; known: {_known()}"})
+    return _one_provider_change(key, code, value)
+
+
+def _one_provider_change(key: str, code: str, value: object) -> dict[str, str]:
+    """``{"sendgrid": {"paused": true, "rate_limit_per_s": 20}}`` (``key`` as the body named
+    the provider)."""
     if not isinstance(value, dict) or set(value) - {"paused", "rate_limit_per_s"} or not value:
         raise SettingsError(
             {f"providers.{key}": 'must be {"paused": true|false, "rate_limit_per_s": number}'}
@@ -417,6 +479,12 @@ def view(live: LiveSettings) -> dict[str, Any]:
     providers: dict[str, Any] = {
         "chain": [CATALOG[c].name.lower() for c in live.chain if c in CATALOG],
         "max_attempts": live.max_attempts,
+    }
+    providers["health"] = {
+        "open_below": live.health.open_below,
+        "demote_below": live.health.demote_below,
+        "cool_down_s": live.health.cool_down,
+        "probe_share": live.health.probe_share,
     }
     limits = live.limits()
     for code, info in CATALOG.items():

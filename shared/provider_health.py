@@ -14,12 +14,13 @@ each process computes the same scores (pure functions below):
     same windows; at least :data:`MIN_EVENTS` events);
   - a latency penalty: nothing up to :data:`SLOW` seconds per call, rising to
     :data:`LATENCY_WEIGHT` at :data:`VERY_SLOW`.
-* **circuit**: ``open`` below :data:`OPEN_BELOW` (skipped for new work); after
-  :data:`COOL_DOWN` seconds ``half_open`` (a small share of new work probes it); ``closed``
-  again once the probes succeed (its health is back above :data:`DEMOTE_BELOW`).
+* **circuit**: ``open`` below ``open_below`` (skipped for new work); after ``cool_down``
+  seconds ``half_open`` (a small share of new work probes it); ``closed`` again once the
+  probes succeed (its health is back above ``demote_below``). These thresholds are live
+  settings (:class:`HealthRules`; ``providers.health.*``).
 * **order**: the running chain (the operator's order, paused providers out) with open
-  circuits left out and unhealthy providers (below :data:`DEMOTE_BELOW`) moved behind the
-  healthy ones; a share (:data:`PROBE_SHARE`) of new work still goes first to a demoted or
+  circuits left out and unhealthy providers (below ``demote_below``) moved behind the
+  healthy ones; a share (``probe_share``) of new work still goes first to a demoted or
   half-open provider, so that its recovery is seen.
 
 Failures that say nothing about the provider (a request refused as invalid, a paused
@@ -52,6 +53,19 @@ DEMOTE_BELOW: Final = 0.8
 OPEN_BELOW: Final = 0.5
 COOL_DOWN: Final = 30.0
 PROBE_SHARE: Final = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class HealthRules:
+    """The thresholds circuits and ordering use (live settings ``providers.health.*``)."""
+
+    open_below: float = OPEN_BELOW
+    demote_below: float = DEMOTE_BELOW
+    """Below it a provider goes behind the healthy ones; a half-open one closes at it."""
+    cool_down: float = COOL_DOWN
+    probe_share: float = PROBE_SHARE
+
+
 #: Webhook-reported events needed before their failure share counts.
 MIN_EVENTS: Final = 20
 #: A deferral counts as this much of a provider-side drop (greylisting defers healthy mail).
@@ -145,19 +159,21 @@ class CircuitState:
     since: datetime | None = None
 
 
-def next_circuit(current: CircuitState, health: float, now: datetime) -> CircuitState:
+def next_circuit(
+    current: CircuitState, health: float, now: datetime, rules: HealthRules = HealthRules()
+) -> CircuitState:
     """The circuit after a new score (a pure state machine)."""
     if current.state == "closed":
-        return CircuitState("open", now) if health < OPEN_BELOW else current
+        return CircuitState("open", now) if health < rules.open_below else current
     if current.state == "open":
-        cooled = current.since is None or (now - current.since).total_seconds() >= COOL_DOWN
+        cooled = current.since is None or (now - current.since).total_seconds() >= rules.cool_down
         return CircuitState("half_open", now) if cooled else current
-    if health >= DEMOTE_BELOW:
+    if health >= rules.demote_below:
         return CircuitState("closed", now)
     probed_long_enough = (
-        current.since is not None and (now - current.since).total_seconds() >= COOL_DOWN
+        current.since is not None and (now - current.since).total_seconds() >= rules.cool_down
     )
-    if health < OPEN_BELOW and probed_long_enough:
+    if health < rules.open_below and probed_long_enough:
         return CircuitState("open", now)  # the probes failed too
     return current
 
@@ -167,17 +183,19 @@ def order(
     health: Mapping[str, float],
     circuits: Mapping[str, Circuit],
     draw: float,
+    rules: HealthRules = HealthRules(),
 ) -> tuple[str, ...]:
     """The chain for new work: healthy closed providers in the operator's order, then the
     demoted and half-open ones; open circuits left out (unless every one is open). With
-    ``draw`` (uniform 0-1) below PROBE_SHARE, a demoted or half-open provider goes first."""
+    ``draw`` (uniform 0-1) below the probe share, a demoted or half-open provider goes
+    first."""
     usable = [c for c in running if circuits.get(c, "closed") != "open"] or list(running)
     healthy = [
         c for c in usable
-        if circuits.get(c, "closed") == "closed" and health.get(c, 1.0) >= DEMOTE_BELOW
+        if circuits.get(c, "closed") == "closed" and health.get(c, 1.0) >= rules.demote_below
     ]  # fmt: skip
     rest = [c for c in usable if c not in healthy]
-    if rest and draw < PROBE_SHARE:
+    if rest and draw < rules.probe_share:
         return (rest[0], *healthy, *rest[1:])
     return (*healthy, *rest)
 

@@ -37,7 +37,11 @@ async def provider_rows(settings: Settings, db: Database) -> list[dict[str, Any]
     states = {code: circuits.get(code, CircuitState()).state for code in configured}
     # The order new work takes (no probe drawn): health within the operator's order.
     running = order(
-        live.running_chain(configured), {c: s.health for c, s in scores.items()}, states, 1.0
+        live.running_chain(configured),
+        {c: s.health for c, s in scores.items()},
+        states,
+        1.0,
+        live.health,
     )
     data: list[dict[str, Any]] = []
     for code in configured:

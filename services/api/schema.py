@@ -161,6 +161,7 @@ class SettingsPatch(_In):
             {"chain": ["mailgun", "sendgrid"]},
             {"sendgrid": {"paused": True, "rate_limit_per_s": 20}},
             {"max_attempts": 4},
+            {"health": {"open_below": 0.5, "demote_below": 0.8, "cool_down_s": 30}},
         ],
     )
     alerts: AlertsIn | None = None

@@ -40,6 +40,7 @@ from shared.livesettings import LiveSettings
 from shared.provider_health import (
     Circuit,
     CircuitState,
+    HealthRules,
     HealthStore,
     draw,
     failures_in_last_minute,
@@ -165,7 +166,7 @@ class ConsumerSettings:
         if self.live is None:
             return
         running = self.live.running_chain(tuple(self.dispatcher.providers))
-        chain = order(running, self.health, self.circuits, draw())
+        chain = order(running, self.health, self.circuits, draw(), self.live.health)
         d = self.dispatcher
         d.settings = self.base.model_copy(
             update={"chain": ",".join(chain), "max_attempts": self.live.max_attempts}
@@ -213,7 +214,10 @@ class ConsumerSettings:
             scored = score(windows, now)
             await self._burst(code, failures_in_last_minute(windows, now))
             before = self.circuits.get(code, "closed")
-            state = next_circuit(self._circuit_states.get(code, CircuitState()), scored.health, now)
+            rules = self.live.health if self.live else HealthRules()
+            state = next_circuit(
+                self._circuit_states.get(code, CircuitState()), scored.health, now, rules
+            )
             self._circuit_states[code] = state
             self.health[code] = scored.health
             self.circuits[code] = state.state

@@ -98,3 +98,20 @@ async def test_the_operations_page_does_not_exist_for_other_users(page: Page, st
 
     assert response is not None and response.status == 404
     await expect(page.get_by_role("link", name="Operations")).to_have_count(0)
+
+
+@pytest.mark.parametrize("github_login", [OPERATORS[1]])
+async def test_saving_the_settings_form_audits_only_what_changed(
+    page: Page, stack: Stack, github_login: str
+) -> None:
+    await log_in(page, stack, "/operations")
+    await page.get_by_label("Probe an open circuit after (s)").fill("45")
+    await page.get_by_role("button", name="Save settings").click()
+
+    await expect(page.get_by_role("status")).to_contain_text("Settings changed")
+    latest = page.locator("ul.changes li").first
+    await expect(latest).to_contain_text("providers.health.cool_down")
+    await expect(page.locator("ul.changes")).not_to_contain_text("providers.health.probe_share")
+    await page.get_by_label("Probe an open circuit after (s)").fill("30")
+    await page.get_by_role("button", name="Save settings").click()
+    await expect(page.get_by_label("Probe an open circuit after (s)")).to_have_value("30")

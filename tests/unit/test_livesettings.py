@@ -15,6 +15,7 @@ from shared.livesettings import (
     resolve,
     view,
 )
+from shared.provider_health import HealthRules
 
 
 @pytest.mark.parametrize(
@@ -270,4 +271,45 @@ def test_alerts_are_mailed_to_operators_named_as_a_list_or_a_string() -> None:
 def test_a_bad_alert_address_names_its_field(alerts: dict[str, object], field: str) -> None:
     with pytest.raises(SettingsError) as caught:
         flatten_patch({"alerts": alerts})
+    assert list(caught.value.fields) == [field]
+
+
+def test_the_health_thresholds_are_live_settings() -> None:
+    changes = flatten_patch(
+        {"providers": {"health": {"open_below": 0.3, "demote_below": 0.9, "cool_down_s": 60}}}
+    )
+    live = resolve(changes, ProviderSettings())
+
+    assert changes == {
+        "providers.health.open_below": "0.3",
+        "providers.health.demote_below": "0.9",
+        "providers.health.cool_down": "60",
+    }
+    assert (live.health.open_below, live.health.demote_below, live.health.cool_down) == (
+        0.3,
+        0.9,
+        60.0,
+    )
+    assert view(live)["providers"]["health"]["probe_share"] == 0.1
+
+
+def test_thresholds_that_contradict_each_other_are_ignored() -> None:
+    stored = {"providers.health.open_below": "0.9", "providers.health.demote_below": "0.5"}
+
+    assert resolve(stored, ProviderSettings()).health == HealthRules()
+
+
+@pytest.mark.parametrize(
+    ("health", "field"),
+    [
+        ({"open_below": 1.5}, "providers.health.open_below"),
+        ({"probe_share": 0.9}, "providers.health.probe_share"),
+        ({"cool_down_s": 1}, "providers.health.cool_down_s"),
+        ({"cool_down_s": "60"}, "providers.health.cool_down_s"),
+        ({"close_at": 0.9}, "providers.health.close_at"),
+    ],
+)
+def test_a_bad_health_threshold_names_its_field(health: dict[str, object], field: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        flatten_patch({"providers": {"health": health}})
     assert list(caught.value.fields) == [field]

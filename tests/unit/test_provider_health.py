@@ -18,6 +18,7 @@ from shared.provider_health import (
     VERY_SLOW,
     WINDOW,
     CircuitState,
+    HealthRules,
     Reports,
     Tally,
     Window,
@@ -167,3 +168,12 @@ def test_reports_count_fates_per_provider_and_window_but_not_engagement() -> Non
 
     assert reports.take() == {("sg", window_start(NOW)): [4, 1, 1]}
     assert reports.take() == {}
+
+
+def test_the_thresholds_are_the_operators() -> None:
+    strict = HealthRules(open_below=0.7, demote_below=0.95, cool_down=5, probe_share=0.5)
+
+    assert next_circuit(CircuitState(), 0.6, NOW, strict).state == "open"
+    assert next_circuit(CircuitState(), 0.6, NOW).state == "closed"
+    assert order(("sg", "mg"), {"sg": 0.9}, {}, 0.9, strict) == ("mg", "sg")
+    assert order(("sg", "mg"), {"sg": 0.9}, {}, 0.4, strict) == ("sg", "mg")  # a probe

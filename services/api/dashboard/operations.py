@@ -21,7 +21,7 @@ from shared.alerts import SYSTEM_LOGIN
 from shared.config import Settings
 from shared.deadletters import DeadLetters, ReplayRefused, view
 from shared.http import ApiError
-from shared.livesettings import SettingsError, check, resolve
+from shared.livesettings import SettingsError, check, defaults, resolve
 from shared.providers.catalog import CATALOG, CODES
 
 DEAD_SHOWN = 50
@@ -96,6 +96,10 @@ async def change(request: Request) -> Response:
         "alert_error_burst": "alerts.error_burst",
         "alert_email_to": "alerts.email_to",
         "alert_email_from": "alerts.email_from",
+        "health_open_below": "providers.health.open_below",
+        "health_demote_below": "providers.health.demote_below",
+        "health_cool_down": "providers.health.cool_down",
+        "health_probe_share": "providers.health.probe_share",
         "capacity_enabled": "capacity.enabled",
         "capacity_initial": "capacity.initial",
         "capacity_bounce": "capacity.max_bounce_rate",
@@ -114,8 +118,12 @@ async def change(request: Request) -> Response:
             problems += [f"{k}: {v}" for k, v in exc.fields.items()]
     if problems:
         raise ApiError(422, "invalid_fields", "; ".join(problems))
-    before = await settings_store(request).stored()
-    if all(before.get(k) == v for k, v in changes.items()):
+    # The form sends every field: only those that differ from what is in force (stored, or
+    # the environment's default) are changes, so saving one field audits that one.
+    settings: Settings = request.app.state.settings
+    in_force = {**defaults(settings.providers), **await settings_store(request).stored()}
+    changes = {k: v for k, v in changes.items() if in_force.get(k) != v}
+    if not changes:
         return see_other("/operations", done="unchanged")
     await change_settings(request, changes, by=f"dashboard:{user.login}")
     return see_other("/operations", done="settings")
