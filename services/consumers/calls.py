@@ -110,21 +110,26 @@ class Caller:
         return answer
 
     async def _call(self, job: protocol.Job, chunk: Chunk, *, pinned: bool) -> Answer:
-        wait = await self.d.limiter.acquire(job.provider, self.d.now())
-        if wait is not None:
-            then = "waiting for it (the batch pins it)" if pinned else "spilled over"
-            return Answer(
-                error=ProviderSkipped(job.provider, f"at its rate limit: {then}", retry_after=wait)
-            )
+        limiter = self.d.limiter
+
+        async def gate() -> None:
+            """The shared rate limit, asked once the request is built (as late as can be)."""
+            wait = await limiter.acquire(job.provider, self.d.now())
+            if wait is not None:
+                then = "waiting for it (the batch pins it)" if pinned else "spilled over"
+                raise ProviderSkipped(job.provider, f"at its rate limit: {then}", retry_after=wait)
+
         provider = self.d.providers.get(job.provider)
         if provider is None:
             error = ProviderMisconfigured(job.provider, "provider is not configured in the chain")
             return Answer(error=error)
         started = time.monotonic()
-        task = asyncio.ensure_future(provider.send(chunk))
+        task = asyncio.ensure_future(provider.send(chunk, gate))
         await self.d.hooks("during_call", job)  # a process dying here leaves it in flight
         try:
             receipt = await task
+        except ProviderSkipped as skipped:
+            return Answer(error=skipped)  # not called: says nothing about its health
         except ProviderError as error:
             if error.status == 429 and error.retry_after:
                 # The provider says how long it is full: every process holds off that long.

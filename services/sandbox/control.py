@@ -3,7 +3,8 @@
 * ``POST /faults`` ``{"provider", "status", "latency_ms", "count", "body", "retry_after",
   "accept", "reset", "webhooks", "share"}`` (``share``: the fraction of calls it applies to);
   ``GET /faults``; ``DELETE /faults[?provider=]``.
-* ``GET /sends[?email=&recent=]`` accepted requests and per-recipient counts; ``DELETE /sends``.
+* ``GET /sends[?email=&recent=&times=1]`` accepted requests and per-recipient counts (with
+  ``times=1``, the arrival time of each recent request); ``DELETE /sends``.
 * ``GET /webhooks[?wait=seconds]`` webhook delivery counters (optionally once idle).
 * ``GET /sendgrid/public-key`` the key that verifies the SendGrid events.
 """
@@ -72,7 +73,9 @@ async def sends(request: Request) -> Response:
     if recent_raw is not None and recent is None:
         return json_response({"error": "recent must be a non-negative integer"}, 400)
     snapshot = state_of(request).ledger.snapshot(
-        email=request.query_params.get("email"), recent=recent
+        email=request.query_params.get("email"),
+        recent=recent,
+        times=request.query_params.get("times") == "1",
     )
     return json_response(snapshot)
 

@@ -1,8 +1,10 @@
 """What each provider accepted: request and recipient counts, and the latest raw requests.
 
 Bounded: per-recipient counts stop growing at ``Tuning.max_tracked_recipients`` distinct
-addresses (later ones are only counted in the totals) and only the last
-``Tuning.recent_requests`` requests are kept, so a benchmark cannot exhaust memory.
+addresses (later ones are only counted in the totals), only the last
+``Tuning.recent_requests`` requests are kept, and the arrival times of the last
+:data:`ARRIVALS` requests (``?times=1``: what a rate-limit test measures), so a benchmark
+cannot exhaust memory.
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ from typing import Any
 from services.sandbox.faults import PROVIDERS
 from services.sandbox.tuning import Tuning
 
+#: Arrival times kept per provider.
+ARRIVALS = 100_000
+
 
 @dataclass(slots=True)
 class _ProviderLedger:
     recent: deque[dict[str, Any]]
+    arrivals: deque[float] = field(default_factory=lambda: deque(maxlen=ARRIVALS))
     requests: int = 0
     recipients: int = 0
     untracked: int = 0
@@ -57,16 +63,21 @@ class SendLedger:
             else:
                 ledger.untracked += 1
         kept = request if size <= self._tuning.recent_body_bytes else {"truncated": True}
+        now = time.time()
+        ledger.arrivals.append(now)
         ledger.recent.append(
-            {"message_id": message_id, "received_at": time.time(), "bytes": size, "request": kept}
+            {"message_id": message_id, "received_at": now, "bytes": size, "request": kept}
         )
 
     def accepted(self, provider: str, address: str) -> int:
         """How many times ``provider`` accepted mail for ``address``."""
         return self._ledgers[provider].by_recipient.get(address.lower(), 0)
 
-    def snapshot(self, *, email: str | None = None, recent: int | None = None) -> dict[str, Any]:
-        """The ``GET /_control/sends`` document, optionally for one address only."""
+    def snapshot(
+        self, *, email: str | None = None, recent: int | None = None, times: bool = False
+    ) -> dict[str, Any]:
+        """The ``GET /_control/sends`` document, optionally for one address only, and with
+        every kept arrival time."""
         result: dict[str, Any] = {}
         for provider, ledger in self._ledgers.items():
             if email is None:
@@ -83,6 +94,8 @@ class SendLedger:
                 if recent is None
                 else requests[max(0, len(requests) - recent) :],
             }
+            if times:
+                result[provider]["arrivals"] = list(ledger.arrivals)
         return result
 
     def reset(self) -> None:

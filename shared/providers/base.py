@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -33,6 +34,10 @@ class LookupQuery:
     """The addresses (lower-case) of the attempt's recipients still without evidence."""
 
 
+#: Awaited just before a request goes out; raises ``ProviderSkipped`` when it must not.
+Gate = Callable[[], Awaitable[None]]
+
+
 class Provider(Protocol):
     """Sends chunks. Raises subclasses of ``shared.errors.ProviderError`` on failure:
 
@@ -48,7 +53,11 @@ class Provider(Protocol):
     #: Most recipients (to+cc+bcc across personalisations) one request may carry.
     max_recipients: int
 
-    async def send(self, chunk: Chunk) -> Receipt: ...
+    async def send(self, chunk: Chunk, gate: Gate | None = None) -> Receipt:
+        """Send ``chunk``; ``gate`` is awaited once the request is built and before it is
+        sent (the shared rate limit: it raises ``ProviderSkipped`` to call it off), so that
+        a slot is taken as close as possible to the request's arrival."""
+        ...
 
     async def lookup(self, query: LookupQuery) -> frozenset[str] | None:
         """The addresses of ``query.emails`` the provider has a message for, from this

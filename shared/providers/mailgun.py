@@ -39,7 +39,7 @@ from shared.config import ProviderSettings
 from shared.errors import TransientProviderError
 from shared.models import ATTEMPT_ARG, Chunk
 from shared.providers import envelope, responses, transport
-from shared.providers.base import LookupQuery, Receipt
+from shared.providers.base import Gate, LookupQuery, Receipt
 from shared.providers.catalog import CATALOG
 
 #: Our code for Mailgun in routing keys and errors.
@@ -177,8 +177,10 @@ class MailgunProvider:
             timeout=settings.timeout,
         )
 
-    async def send(self, chunk: Chunk) -> Receipt:
+    async def send(self, chunk: Chunk, gate: Gate | None = None) -> Receipt:
         body = urllib.parse.urlencode(build_form(chunk)).encode()
+        if gate is not None:
+            await gate()
         try:
             with self._calls:
                 response = await self._client.post(

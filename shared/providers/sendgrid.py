@@ -53,7 +53,7 @@ from shared.config import ProviderSettings
 from shared.errors import PermanentProviderError, ProviderError, TransientProviderError
 from shared.models import ATTEMPT_ARG, Chunk, Recipient
 from shared.providers import envelope, responses, transport
-from shared.providers.base import LookupQuery, Receipt
+from shared.providers.base import Gate, LookupQuery, Receipt
 from shared.providers.catalog import CATALOG
 
 #: Our code for SendGrid in routing keys and errors.
@@ -194,9 +194,11 @@ class SendGridProvider:
             timeout=settings.timeout,
         )
 
-    async def send(self, chunk: Chunk) -> Receipt:
+    async def send(self, chunk: Chunk, gate: Gate | None = None) -> Receipt:
         # The helpers build a 1,000-recipient payload in up to ~8 ms of CPU: off the loop.
         body = await asyncio.to_thread(encoded_payload, chunk)
+        if gate is not None:
+            await gate()
         try:
             with self._calls:
                 response = await self._client.post(

@@ -27,7 +27,7 @@ from shared.errors import ProviderError
 from shared.metrics import DispatchMetrics
 from shared.models import Address, BatchJob, Chunk, Message, Recipient
 from shared.precedence import accepted_at, visible
-from shared.providers.base import LookupQuery, Receipt
+from shared.providers.base import Gate, LookupQuery, Receipt
 from shared.recipients import log_id_for
 from shared.resources import topology_for
 from shared.settle import run
@@ -62,7 +62,9 @@ class ScriptedProvider:
     lookups: list[LookupQuery] = field(default_factory=list)
     available: bool | ProviderError = True
 
-    async def send(self, chunk: Chunk) -> Receipt:
+    async def send(self, chunk: Chunk, gate: Gate | None = None) -> Receipt:
+        if gate is not None:
+            await gate()  # built, about to go out: the rate limit is asked here
         self.sent.append(chunk)
         answer = self.answers.pop(0) if self.answers else None
         if answer is None:

@@ -1,34 +1,52 @@
-"""The sliding-window estimate behind shared rate limits (``shared.provider_rates``), and
+"""The sliced window behind shared rate limits (``shared.provider_rates``), and
 what the senders do with a provider at its limit: spill over to the next one without using
 up an attempt, and wait in the broker when every provider is full."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shared.errors import TransientProviderError
-from shared.provider_rates import estimate, wait_for_room
+from shared.provider_rates import in_window, slice_start, wait_for_room
 from tests.fakes.world import World
 
 A, B = "a@example.org", "b@example.org"
 
 
-@pytest.mark.parametrize(
-    ("previous", "current", "into", "expected"),
-    [(20, 0, 0.0, 20.0), (20, 0, 0.5, 10.0), (20, 5, 0.75, 10.0), (0, 7, 0.3, 7.0)],
-)
-def test_the_estimate_weighs_the_previous_second_by_what_is_left_of_it(
-    previous: int, current: int, into: float, expected: float
-) -> None:
-    assert estimate(previous, current, into) == pytest.approx(expected)
+NOW = datetime(2026, 11, 26, 12, 0, 5, 250_000, tzinfo=UTC)
 
 
-def test_the_wait_is_until_the_window_has_room() -> None:
-    assert wait_for_room(0, 20, 0.25, 20) == pytest.approx(0.75)  # this second alone is full
-    assert wait_for_room(20, 10, 0.25, 20) == pytest.approx(0.25)  # half of before must pass
-    assert wait_for_room(0, 0, 0.0, 20) == pytest.approx(0.05)
+def _ago(seconds: float) -> datetime:
+    return slice_start(NOW - timedelta(seconds=seconds))
+
+
+def test_the_window_counts_every_slice_overlapping_the_last_second_the_oldest_whole() -> None:
+    slices = {_ago(1.2): 50, _ago(1.0): 3, _ago(0.5): 4, _ago(0.0): 5}
+
+    assert in_window(slices, NOW) == 12  # the slice from 1.0 s ago still overlaps it
+
+
+@given(st.lists(st.floats(0, 3), max_size=60))
+def test_no_true_second_holds_more_calls_than_the_window_counted(ago: list[float]) -> None:
+    """Whatever the calls' times, the calls in the second ending now are all counted."""
+    slices: dict[datetime, int] = {}
+    for seconds in ago:
+        start = _ago(seconds)
+        slices[start] = slices.get(start, 0) + 1
+
+    assert in_window(slices, NOW) >= sum(1 for seconds in ago if seconds < 1.0)
+
+
+def test_the_wait_is_until_enough_of_the_oldest_slices_have_left_the_window() -> None:
+    slices = {_ago(0.9): 10, _ago(0.5): 5, _ago(0.0): 5}
+
+    assert wait_for_room(slices, NOW, 20) == pytest.approx(0.15, abs=1e-6)  # 0.9 s ago leaves
+    assert wait_for_room(slices, NOW, 10) == pytest.approx(0.55, abs=1e-6)  # and 0.5 s ago
+    assert wait_for_room({}, NOW, 20) == pytest.approx(0.05)
 
 
 class FullProviders:

@@ -6,7 +6,7 @@ import pytest
 
 from shared.config import ProviderSettings
 from shared.models import Chunk
-from shared.providers.base import Provider, Receipt
+from shared.providers.base import Gate, Provider, Receipt
 from shared.providers.mailgun import MailgunProvider
 from shared.providers.registry import build_providers, close_all
 from shared.providers.sendgrid import SendGridProvider
@@ -24,7 +24,7 @@ class ClosingProvider:
         self.closed = False
         self.error = error
 
-    async def send(self, chunk: Chunk) -> Receipt:
+    async def send(self, chunk: Chunk, gate: Gate | None = None) -> Receipt:
         raise NotImplementedError
 
     async def aclose(self) -> None:
