@@ -1,11 +1,14 @@
 """``/v1/domains``: add a sending domain, show the TXT record that proves it is yours, verify
-it, list and remove; :class:`SendingDomains` holds the use cases the dashboard's Domains page
-shares. Batches are sent only from verified domains (``shared.domains``)."""
+it, list and remove, and see its sending capacity today; :class:`SendingDomains` holds the use
+cases the dashboard's Domains page shares. Batches are sent only from verified domains
+(``shared.domains``)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -13,16 +16,22 @@ from starlette.responses import Response
 
 from services.api.auth import require_key
 from services.api.schema import DomainIn, checked
+from services.api.settings import settings_store
 from shared import domains
+from shared.config import Settings
+from shared.domain_capacity import DayVolume, DomainVolumes, capacity
 from shared.domains import DohResolver, DomainError, DomainStore, SendingDomain
 from shared.http import JSON, ApiError, read_json
+from shared.livesettings import resolve
 
 SMALL_BODY = 4 * 1024
 
 
-def view(d: SendingDomain) -> dict[str, Any]:
-    """What users see of a domain: its state and the record to publish."""
+def view(d: SendingDomain, capacity: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What users see of a domain: its state, the record to publish, and its sending
+    capacity today (None while capacity is off)."""
     return {
+        "capacity": capacity,
         "domain": d.domain,
         "verified": d.verified,
         "verified_at": d.verified_at.isoformat() if d.verified_at else None,
@@ -98,11 +107,31 @@ def _name_or_404(raw: str) -> str:
         raise ApiError(404, "not_found", "no such domain") from None
 
 
+async def capacities(request: Request, names: list[str]) -> dict[str, dict[str, Any] | None]:
+    """Each domain's capacity today (``shared.domain_capacity``) for mail from exactly that
+    domain; all None while the live setting ``capacity.enabled`` is off."""
+    settings: Settings = request.app.state.settings
+    rules = resolve(await settings_store(request).stored(), settings.providers).capacity
+    if not rules.enabled:
+        return dict.fromkeys(names)
+    volumes = DomainVolumes(request.app.state.resources.db)
+    today = datetime.now(UTC).date()
+
+    async def one(name: str) -> dict[str, Any]:
+        history = await volumes.history(name, today)
+        cap = capacity(history, today, rules)
+        sent = history.get(today, DayVolume()).sent
+        return {"limit_today": cap.limit, "sent_today": sent, "state": cap.state, "why": cap.why}
+
+    found = await asyncio.gather(*(one(n) for n in names))
+    return dict(zip(names, found, strict=True))
+
+
 async def list_domains(request: Request) -> Response:
     key = await require_key(request, "read")
-    return JSON(
-        {"data": [view(d) for d in await SendingDomains.of(request).store.all(key.user_id)]}
-    )
+    owned = await SendingDomains.of(request).store.all(key.user_id)
+    caps = await capacities(request, [d.domain for d in owned])
+    return JSON({"data": [view(d, caps[d.domain]) for d in owned]})
 
 
 async def add_domain(request: Request) -> Response:
@@ -116,7 +145,8 @@ async def add_domain(request: Request) -> Response:
 async def get_domain(request: Request) -> Response:
     key = await require_key(request, "read")
     found = await SendingDomains.of(request).owned(key.user_id, request.path_params["domain"])
-    return JSON(view(found))
+    caps = await capacities(request, [found.domain])
+    return JSON(view(found, caps[found.domain]))
 
 
 async def verify_domain(request: Request) -> Response:

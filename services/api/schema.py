@@ -300,8 +300,19 @@ class DomainRecord(_Out):
     value: str = Field(examples=["safedelivr-verification=3q2-7Zs..."])
 
 
+class DomainCapacity(_Out):
+    limit_today: int = Field(description="Recipients mail from this domain may reach today.")
+    sent_today: int
+    state: Literal["new", "warming_up", "penalised"]
+    why: str = Field(examples=["hard-bounce rate 7.5% over 5.0% today"])
+
+
 class DomainView(_Out):
     domain: str = Field(examples=["example.com"])
+    capacity: DomainCapacity | None = Field(
+        description="Its sending capacity today (mail from exactly this domain); null while "
+        "the operators have capacity off."
+    )
     verified: bool
     verified_at: str | None
     created_at: str

@@ -104,6 +104,7 @@ class Caller:
         held = await d.capacity.admit(domain, count, d.now())
         if held is not None:
             return Answer(error=CapacityHeld(job.provider, held.reason, retry_after=held.wait))
+        await d.hooks("admitted", job)  # dying here leaves the recipients counted, not sent
         answer = await self._call(job, chunk, pinned=chunk.message.provider is not None)
         if answer.error is not None and not answer.unknown:
             await d.capacity.release(domain, count, d.now())  # not sent: not counted

@@ -36,6 +36,7 @@ from shared.batchstore import BatchStore
 from shared.broker import Broker
 from shared.config import ProviderSettings, SandboxSettings, Settings, WebhookSettings
 from shared.db import Database
+from shared.domain_capacity import CapacityRules
 from shared.models import BatchJob, ChunkJob
 from shared.providers.registry import close_all
 from shared.resources import Resources, topology_for
@@ -150,7 +151,14 @@ class Stack:
         async with running(app):
             yield app
 
-    async def doomed(self, queue: str, hooks: Hooks, *, timeout: float = 20) -> str:
+    async def doomed(
+        self,
+        queue: str,
+        hooks: Hooks,
+        *,
+        timeout: float = 20,
+        capacity: CapacityRules | None = None,
+    ) -> str:
         """One consumer delivery of the next job on ``queue`` that dies where ``hooks`` crash;
         its connection is then dropped without an ack, so RabbitMQ redelivers the job.
         Returns the point it died at (or ``survived``)."""
@@ -159,6 +167,8 @@ class Stack:
         )
         await broker.connect()
         dispatcher = build_dispatcher(self.settings, Resources(self.db, broker), hooks=hooks)
+        if capacity is not None:
+            dispatcher.capacity.apply(capacity)
         try:
             message = await eventually(lambda: broker.get(queue), timeout=timeout)
             try:

@@ -35,6 +35,7 @@ POINTS = (
     "claimed",
     "calling",
     "before_call",
+    "admitted",
     "during_call",
     "answered",
     "recorded",
