@@ -142,7 +142,9 @@ def defaults(providers: ProviderSettings) -> dict[str, str]:
         "providers.max_attempts": str(providers.max_attempts),
     }
     values.update({f"providers.{code}.paused": "false" for code in CODES})
-    values.update({f"providers.{code}.rate_limit": "0" for code in CODES})
+    values.update(
+        {f"providers.{c}.rate_limit": f"{CATALOG[c].requests_per_s or 0:g}" for c in CODES}
+    )
     values.update(
         {
             "alerts.webhook_url": "",

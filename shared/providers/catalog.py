@@ -15,6 +15,10 @@ class ProviderInfo:
     name: str
     max_recipients: int
     """Recipients (to + cc + bcc) one request may carry."""
+    requests_per_s: float | None
+    """The client-side rate limit it starts with (the live setting
+    ``providers.<code>.rate_limit`` overrides it); None: none, because the provider publishes
+    no fixed rate for sending (it depends on the account: its 429s tell us)."""
     max_message_bytes: int
     """The largest message the provider accepts."""
     max_tags: int
@@ -41,6 +45,7 @@ CATALOG: dict[str, ProviderInfo] = {
         "sg",
         "SendGrid",
         max_recipients=1000,
+        requests_per_s=None,
         max_message_bytes=30_000_000,
         max_tags=10,
         schedule_ahead_hours=72,
@@ -63,6 +68,7 @@ CATALOG: dict[str, ProviderInfo] = {
         "mg",
         "Mailgun",
         max_recipients=1000,
+        requests_per_s=None,
         max_message_bytes=25_000_000,
         max_tags=3,
         schedule_ahead_hours=72,
@@ -113,6 +119,13 @@ def markdown_table() -> str:
 
     infos = list(CATALOG.values())
     row("Recipients per request", [f"{i.max_recipients:,}" for i in infos])
+    row(
+        "Requests per second (default limit)",
+        [
+            f"{i.requests_per_s:g}" if i.requests_per_s else "none: set by the operator"
+            for i in infos
+        ],
+    )
     row("Largest message", [f"{i.max_message_bytes // 1_000_000} MB" for i in infos])
     row("Tags per message", [str(i.max_tags) for i in infos])
     row("Schedules ahead", [f"{i.schedule_ahead_hours} h" for i in infos])
