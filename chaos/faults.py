@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -72,12 +73,19 @@ def rabbitmq_restart(down: float) -> Callable[[Stack], Awaitable[None]]:
             await asyncio.sleep(down)
         finally:
             await asyncio.to_thread(_rabbitmqctl, "start_app")
+            # RabbitMQ 3.10 can come back with its dead-letter supervisor stopped.
+            await asyncio.to_thread(_heal_rabbitmq)
 
     return go
 
 
 def _rabbitmqctl(*args: str) -> None:
     subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=120)
+
+
+def _heal_rabbitmq() -> None:
+    script = Path(__file__).resolve().parents[1] / "deploy" / "local" / "rabbitmq.sh"
+    subprocess.run(["bash", str(script), "heal"], check=True, timeout=120)
 
 
 def cassandra_pause(seconds: float) -> Callable[[Stack], Awaitable[None]]:

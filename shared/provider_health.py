@@ -252,6 +252,14 @@ class HealthStore:
             ]  # fmt: skip
         return found
 
+    async def forget(self, provider: str, day: date) -> None:
+        """Drop a past day's windows (only the last two minutes are ever read)."""
+        await self._db.execute(
+            "DELETE FROM provider_windows WHERE scope = ? AND provider = ? AND day = ?",
+            (self.scope, provider, day),
+            idempotent=True,
+        )
+
     async def set_circuit(self, provider: str, state: CircuitState, health: float) -> None:
         await self._db.execute(
             "INSERT INTO provider_circuits (scope, provider, state, since, health) "

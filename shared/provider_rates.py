@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 from shared.db import Database, utc
 from shared.errors import DependencyUnavailable
@@ -148,6 +148,15 @@ class ProviderLimiter:
             await self._count(provider, mine, -1)
         except DependencyUnavailable as exc:
             log.warning("a refused slot of %s was not given back: %s", provider, exc)
+
+    async def forget(self, provider: str, day: date) -> None:
+        """Drop a past day's slices (only the last second is ever read)."""
+        if self.db is not None:
+            await self.db.execute(
+                "DELETE FROM provider_slices WHERE scope = ? AND provider = ? AND day = ?",
+                (self.scope, provider, day),
+                idempotent=True,
+            )
 
     async def block(self, provider: str, now: datetime, seconds: float) -> None:
         """The provider said it is full for ``seconds``: every process holds off."""

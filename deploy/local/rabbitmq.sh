@@ -4,7 +4,14 @@
 # enables the plugins we use, starts the broker in the background without
 # systemd, stops only a broker this script started, and probes it over AMQP.
 #
-#   deploy/local/rabbitmq.sh up|down|status
+#   deploy/local/rabbitmq.sh up|down|status|heal
+#
+# heal: RabbitMQ 3.10 (Debian's) can come back from `rabbitmqctl stop_app` /
+# `start_app` with the supervisor of quorum queues' dead-lettering stopped
+# (rabbit_fifo_dlx_sup: queues recovering before it exists crash it past its
+# restart limit); every queue declaration then fails with INTERNAL_ERROR until
+# the node restarts. `heal` starts it again in place, checking a few times as
+# queues recover; `up` checks it once when the broker is already running.
 #
 # Environment:
 #   SAFEDELIVR_RABBITMQ_PORT             AMQP port (default 5672)
@@ -224,6 +231,7 @@ cmd_up() {
         if amqp_ok; then
             if our_pid >/dev/null; then
                 log "RabbitMQ already running on $HOST:$PORT (node $(marker_get node), started by this script, pid $(marker_get pid))"
+                cmd_heal 1
             else
                 log "RabbitMQ already running on $HOST:$PORT (not started by this script; 'down' will leave it alone)"
             fi
@@ -292,6 +300,36 @@ cmd_down() {
     log "RabbitMQ stopped"
 }
 
+# heal_once NODE: start the dead-letter supervisor again if it is not running;
+# prints "ok" (it runs), "healed" (it was started again) or the error.
+heal_once() {
+    rabbitmqctl -n "$1" eval '
+        case whereis(rabbit_fifo_dlx_sup) of
+            undefined ->
+                case supervisor:restart_child(rabbit_sup, rabbit_fifo_dlx_sup) of
+                    {ok, _} -> healed;
+                    Other -> Other
+                end;
+            _ -> ok
+        end.' 2>&1 | tail -n 1
+}
+
+cmd_heal() {
+    local node checks="${1:-6}" i answer
+    node="$(marker_get node 2>/dev/null || true)"
+    node="${node:-$(node_name)}"
+    for ((i = 1; i <= checks; i++)); do
+        answer="$(heal_once "$node")"
+        case "$answer" in
+            ok) ;;
+            healed) warn "RabbitMQ's dead-letter supervisor (rabbit_fifo_dlx_sup) had stopped after an app restart; started it again" ;;
+            *) warn "could not check RabbitMQ's dead-letter supervisor on $node: $answer" ; return 0 ;;
+        esac
+        ((i < checks)) && sleep 0.5
+    done
+    return 0
+}
+
 cmd_status() {
     require_python
     if amqp_ok; then
@@ -310,5 +348,6 @@ case "${1:-}" in
     up) cmd_up ;;
     down) cmd_down ;;
     status) cmd_status ;;
+    heal) cmd_heal ;;
     *) usage ;;
 esac

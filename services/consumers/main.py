@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -194,6 +195,30 @@ async def count_dead_letters(res: Resources, metrics: DeadLetterMetrics) -> None
         await asyncio.sleep(DEAD_COUNT_EVERY)
 
 
+#: Seconds between two sweeps of the per-day counter partitions of days long past.
+TIDY_EVERY = 3600.0
+#: Past days whose counters are dropped on each sweep (the day before yesterday and older).
+TIDY_DAYS = range(2, 9)
+
+
+async def tidy_counters(res: Resources, dispatcher: Dispatcher, scope: str) -> None:
+    """Drop the provider health windows and rate-limit slices of days long past: counter
+    tables cannot expire rows, and only their last minutes are read. Idempotent (every
+    process may sweep); runs until cancelled."""
+    health = HealthStore(res.db, scope)
+    while True:
+        today = dispatcher.now().date()
+        for code in dispatcher.providers:
+            for back in TIDY_DAYS:
+                day = today - timedelta(days=back)
+                try:
+                    await health.forget(code, day)
+                    await dispatcher.limiter.forget(code, day)
+                except DependencyUnavailable as exc:
+                    log.warning("old provider counters not dropped: %s", exc)
+        await asyncio.sleep(TIDY_EVERY)
+
+
 #: Start-up and alert tasks kept referenced until they finish.
 _background: set[asyncio.Task[Any]] = set()
 
@@ -264,6 +289,7 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
                     started.applier.keep_health(HealthStore(res.db, settings.amqp.exchange))
                 ),
                 asyncio.create_task(watch_queues(res, started.applier, alerter)),
+                asyncio.create_task(tidy_counters(res, dispatcher, exchange)),
             ]
             try:
                 yield

@@ -1,4 +1,5 @@
-"""Cassandra faults injected at our driver boundary, for the unknown-outcome cases.
+"""Faults injected in tests: Cassandra's at our driver boundary, for the unknown-outcome
+cases, and RabbitMQ stopped and started again (healed after: see ``start_rabbitmq_app``).
 
 :class:`FaultyDatabase` shares a real session (every statement really runs against
 Cassandra) but, for statements matching a rule, raises what a timeout raises: after running
@@ -9,13 +10,18 @@ to us, and no test can produce one on demand otherwise.
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cassandra.query import BatchStatement
 
 from shared.db import Database, Page, Params
 from shared.errors import DependencyUnavailable
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -70,3 +76,24 @@ def after(contains: str, times: int = 1) -> Rule:
 def before(contains: str, times: int = 1) -> Rule:
     """The matching statement times out without applying."""
     return Rule(contains, applied=False, times=times)
+
+
+def rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=120)
+
+
+async def stop_rabbitmq_app() -> None:
+    """Every connection to RabbitMQ drops and no new one is accepted (the node stays up)."""
+    await asyncio.to_thread(rabbitmqctl, "stop_app")
+
+
+async def start_rabbitmq_app() -> None:
+    """RabbitMQ back, and healed: 3.10 can come back with its dead-letter supervisor stopped,
+    which breaks every later test on this broker (``deploy/local/rabbitmq.sh heal``)."""
+    await asyncio.to_thread(rabbitmqctl, "start_app")
+    await asyncio.to_thread(
+        subprocess.run,
+        ["bash", str(ROOT / "deploy" / "local" / "rabbitmq.sh"), "heal"],
+        check=True,
+        timeout=120,
+    )

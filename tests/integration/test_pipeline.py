@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -28,6 +26,7 @@ from shared.providers.registry import close_all
 from shared.resources import Resources, topology_for
 from shared.settle import Delivery
 from tests.conftest import unique
+from tests.integration.faults import start_rabbitmq_app, stop_rabbitmq_app
 from tests.integration.harness import client_for, eventually, running, served
 
 
@@ -244,20 +243,16 @@ async def _queue_empty(s: Settings, queue: str) -> bool:
         await broker.close()
 
 
-def _rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=120)
-
-
 async def test_broker_restart_mid_batch_loses_nothing(pipe: Pipeline) -> None:
     """Batches accepted before and during a broker restart are all delivered afterwards."""
     before = _emails(300)
     first = await pipe.submit(before)
-    await asyncio.to_thread(_rabbitmqctl, "stop_app")
+    await stop_rabbitmq_app()
     try:
         during = _emails(50)
         second = await pipe.submit(during)  # 202 through the outbox while the broker is down
     finally:
-        await asyncio.to_thread(_rabbitmqctl, "start_app")
+        await start_rabbitmq_app()
 
     await pipe.settled(first, 300, lambda r: r["event"] == "sent", timeout=120)
     await pipe.settled(second, 50, lambda r: r["event"] == "sent", timeout=120)

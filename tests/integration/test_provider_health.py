@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from shared.db import Database
 from shared.provider_health import WINDOW, WINDOWS, CircuitState, HealthStore, window_start
+from shared.provider_rates import ProviderLimiter
 from tests.conftest import unique
 
 
@@ -68,3 +69,22 @@ async def test_what_the_webhooks_reported_lands_in_the_same_windows(db: Database
 
     (window,) = await store.windows("sg", now)
     assert (window.calls, window.events, window.drops, window.deferrals) == (10, 40, 6, 4)
+
+
+async def test_a_past_days_windows_and_slices_are_dropped(db: Database) -> None:
+    scope = unique("scope")
+    store, limiter = HealthStore(db, scope), ProviderLimiter(db, scope, {"sg": 5})
+    long_ago = datetime.now(UTC) - timedelta(days=3)
+    await store.add("sg", window_start(long_ago), 10, 1, 100)
+    limiter.clock = lambda: long_ago
+    assert await limiter.acquire("sg", long_ago) is None
+
+    await store.forget("sg", long_ago.date())
+    await limiter.forget("sg", long_ago.date())
+
+    assert await store.windows("sg", long_ago) == []
+    rows = await db.rows(
+        "SELECT slice FROM provider_slices WHERE scope = ? AND provider = ? AND day = ?",
+        (scope, "sg", long_ago.date()),
+    )
+    assert rows == []

@@ -31,6 +31,7 @@ from shared.recipients import RecipientStore, log_id_for
 from shared.stats import StatsStore, batch_day
 from shared.suppressions import SuppressionStore
 from tests.conftest import unique
+from tests.integration.faults import start_rabbitmq_app, stop_rabbitmq_app
 from tests.integration.harness import client_for, eventually, running
 
 MG_KEY = "test-mailgun-signing-key"
@@ -333,7 +334,7 @@ async def test_cassandra_down_queues_the_delivery_and_applies_it_later(hooks: Ho
 async def test_cassandra_and_rabbitmq_down_answers_503(hooks: Hooks) -> None:
     """Only when neither store takes a delivery does the provider get 503 (and retry)."""
     pid = _cassandra_pid()
-    await asyncio.to_thread(_rabbitmqctl, "stop_app")
+    await stop_rabbitmq_app()
     try:
         os.kill(pid, signal.SIGSTOP)
         try:
@@ -341,13 +342,9 @@ async def test_cassandra_and_rabbitmq_down_answers_503(hooks: Hooks) -> None:
         finally:
             os.kill(pid, signal.SIGCONT)
     finally:
-        await asyncio.to_thread(_rabbitmqctl, "start_app")
+        await start_rabbitmq_app()
     assert resp.status_code == 503
     assert resp.json()["error"]["code"] == "unavailable"
-
-
-def _rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=120)
 
 
 async def test_reconcile_reports_and_repairs_drift(hooks: Hooks) -> None:
