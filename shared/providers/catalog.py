@@ -50,12 +50,7 @@ CATALOG: dict[str, ProviderInfo] = {
         max_tags=10,
         schedule_ahead_hours=72,
         webhook="POST /webhooks/sendgrid: ECDSA P-256 signature (or HTTP basic auth)",
-        capabilities=(
-            "per_recipient_substitutions",
-            "signed_webhooks",
-            "query_api",
-            "rate_limit_headers",
-        ),
+        capabilities=tuple(CAPABILITIES),  # both do everything we use
         settings=(
             "SAFEDELIVR_PROVIDERS_SENDGRID_API_KEY",
             "SAFEDELIVR_PROVIDERS_SENDGRID_BASE_URL",
@@ -73,12 +68,7 @@ CATALOG: dict[str, ProviderInfo] = {
         max_tags=3,
         schedule_ahead_hours=72,
         webhook="POST /webhooks/mailgun: HMAC-SHA256 of timestamp and token",
-        capabilities=(
-            "per_recipient_substitutions",
-            "signed_webhooks",
-            "query_api",
-            "rate_limit_headers",
-        ),
+        capabilities=tuple(CAPABILITIES),  # both do everything we use
         settings=(
             "SAFEDELIVR_PROVIDERS_MAILGUN_API_KEY",
             "SAFEDELIVR_PROVIDERS_MAILGUN_DOMAIN",

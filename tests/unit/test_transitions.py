@@ -8,7 +8,14 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from services.webhooks.transitions import Effects, effects, given_row, rank, superseded
+from services.webhooks.transitions import (
+    Effects,
+    domain_outcome,
+    effects,
+    given_row,
+    rank,
+    superseded,
+)
 from shared import precedence
 from shared.check import outcome_violations
 from shared.handoff import next_provider
@@ -253,3 +260,24 @@ def test_a_provider_side_failure_of_a_final_recipient_only_completes_its_hand_of
     assert not given_row(effects(drop), drop, None).finish_hand_off
     bounce = _tagged("bounced", suppress=True)
     assert not given_row(effects(bounce), bounce, _row(state="success")).finish_hand_off
+
+
+@pytest.mark.parametrize(
+    ("kind", "counted"),
+    [
+        ("delivered", "delivered"),
+        ("bounced", "bounced"),
+        ("complained", "complained"),
+        ("opened", None),
+        ("deferred", None),
+        ("dropped", None),
+    ],
+)
+def test_what_an_event_counts_for_its_sending_domains_capacity(
+    kind: Kind, counted: str | None
+) -> None:
+    assert domain_outcome(effects(ev(kind))) == counted
+
+
+def test_a_superseded_bounce_counts_nothing_for_the_domain() -> None:
+    assert domain_outcome(superseded(effects(ev("bounced")))) is None
