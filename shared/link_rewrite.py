@@ -1,0 +1,55 @@
+"""Rewriting the links of an HTML message for click tracking, and finding them.
+
+Only ``href`` values of ``<a>`` and ``<area>`` tags that are absolute ``http(s)`` URLs are
+rewritten; ``mailto:``, ``tel:``, in-page anchors, relative URLs and any link holding a
+substitution key (it differs per recipient: it cannot be one stored link) stay as they are,
+as does every other byte of the message. Each rewritten link gets the index of its place
+among the rewritten ones (two occurrences of one URL are two links: a click is attributed to
+the one clicked). The stored link is the URL as the browser would have followed it (HTML
+entities decoded); the redirect goes there and nowhere else (``engagement_tokens``).
+
+Pure.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Callable, Sequence
+from typing import Final
+
+_TAG: Final = re.compile(r"<(?:a|area)\b[^>]*>", re.IGNORECASE)
+_HREF: Final = re.compile(
+    r"""((?<![\w-])href\s*=\s*)("([^"]*)"|'([^']*)'|([^\s"'>]+))""", re.IGNORECASE
+)
+_TRACKABLE: Final = re.compile(r"^https?://[^\s/?#]+", re.IGNORECASE)
+#: Links one message may have tracked (beyond these, links stay as they are).
+MAX_LINKS: Final = 500
+
+
+def trackable(url: str, keys: Sequence[str] = ()) -> bool:
+    """Whether a (decoded) link is rewritten: absolute http(s), no substitution key."""
+    return bool(_TRACKABLE.match(url)) and not any(k and k in url for k in keys)
+
+
+def rewrite(
+    source: str, tracked_url: Callable[[int], str], keys: Sequence[str] = ()
+) -> tuple[str, list[str]]:
+    """``source`` with each trackable link replaced by ``tracked_url(index)``, and the
+    links in index order."""
+    links: list[str] = []
+
+    def tag(match: re.Match[str]) -> str:
+        text = match.group(0)
+        found = _HREF.search(text)
+        if found is None or len(links) >= MAX_LINKS:
+            return text
+        raw = next(g for g in found.group(3, 4, 5) if g is not None)
+        url = html.unescape(raw).strip()
+        if not trackable(url, keys):
+            return text
+        replacement = f'{found.group(1)}"{html.escape(tracked_url(len(links)), quote=True)}"'
+        links.append(url)
+        return text[: found.start()] + replacement + text[found.end() :]
+
+    return _TAG.sub(tag, source), links

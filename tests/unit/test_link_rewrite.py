@@ -1,0 +1,68 @@
+"""Click-tracking link rewriting (``shared.link_rewrite``): only absolute http(s) links of
+``<a>``/``<area>``, everything else byte for byte."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.link_rewrite import MAX_LINKS, rewrite
+
+
+def _t(i: int) -> str:
+    return f"https://t.example/c/{i}"
+
+
+def test_links_are_rewritten_in_order_and_kept_as_followed() -> None:
+    source = (
+        '<p><a href="https://shop.example/a?x=1&amp;y=2">A</a> '
+        "<A HREF='http://shop.example/b'>B</A> "
+        "<a class=x href=https://shop.example/c>C</a></p>"
+    )
+
+    out, links = rewrite(source, _t)
+
+    assert links == [
+        "https://shop.example/a?x=1&y=2",
+        "http://shop.example/b",
+        "https://shop.example/c",
+    ]
+    assert out == (
+        '<p><a href="https://t.example/c/0">A</a> '
+        '<A HREF="https://t.example/c/1">B</A> '
+        '<a class=x href="https://t.example/c/2">C</a></p>'
+    )
+
+
+def test_other_links_stay_as_they_are() -> None:
+    source = (
+        '<a href="mailto:hi@shop.example">m</a><a href="tel:+1">t</a><a href="#top">x</a>'
+        '<a href="/relative">r</a><a name="n">n</a><img src="https://shop.example/i.png">'
+        '<a href="https://shop.example/-name-">personal</a>'
+        '<a data-href="https://shop.example/d">d</a>'
+    )
+
+    out, links = rewrite(source, _t, keys=["-name-"])
+
+    assert (out, links) == (source, [])
+
+
+def test_a_url_seen_twice_is_two_links() -> None:
+    source = '<a href="https://s.example/">1</a><a href="https://s.example/">2</a>'
+
+    assert rewrite(source, _t)[1] == ["https://s.example/", "https://s.example/"]
+
+
+def test_beyond_the_limit_links_stay() -> None:
+    source = '<a href="https://s.example/">x</a>' * (MAX_LINKS + 3)
+
+    out, links = rewrite(source, _t)
+
+    assert len(links) == MAX_LINKS and out.endswith('<a href="https://s.example/">x</a>' * 3)
+
+
+@given(st.text())
+def test_text_without_links_is_untouched(text: str) -> None:
+    source = text.replace("<", "&lt;")
+
+    assert rewrite(source, _t) == (source, [])
