@@ -3,6 +3,7 @@
 * ``POST /faults`` ``{"provider", "status", "latency_ms", "count", "body", "retry_after",
   "accept", "reset", "webhooks", "share"}`` (``share``: the fraction of calls it applies to);
   ``GET /faults``; ``DELETE /faults[?provider=]``.
+* ``GET /messages?to=ADDRESS`` what the address was sent, newest first, as its mailbox shows it.
 * ``GET /sends[?email=&recent=&times=1]`` accepted requests and per-recipient counts (with
   ``times=1``, the arrival time of each recent request); ``DELETE /sends``.
 * ``GET /webhooks[?wait=seconds]`` webhook delivery counters (optionally once idle).
@@ -35,6 +36,7 @@ def routes() -> list[BaseRoute]:
         Route("/faults", clear_faults, methods=["DELETE"]),
         Route("/sends", sends, methods=["GET"]),
         Route("/sends", reset_sends, methods=["DELETE"]),
+        Route("/messages", messages, methods=["GET"]),
         Route("/webhooks", webhooks, methods=["GET"]),
         Route("/sendgrid/public-key", public_key, methods=["GET"]),
     ]
@@ -80,8 +82,17 @@ async def sends(request: Request) -> Response:
     return json_response(snapshot)
 
 
+async def messages(request: Request) -> Response:
+    """What ``to`` was sent, newest first, as its mailbox would show it."""
+    to = request.query_params.get("to")
+    if not to:
+        return json_response({"error": "to (an address) is required"}, 400)
+    return json_response(state_of(request).inbox.of(to))
+
+
 async def reset_sends(request: Request) -> Response:
     state_of(request).ledger.reset()
+    state_of(request).inbox.clear()
     return Response(status_code=204)
 
 

@@ -17,7 +17,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
-from services.sandbox import mailgun, mailsend, query, sendgrid
+from services.sandbox import mailgun, mailsend, query, rendered, sendgrid
 from services.sandbox.faults import Fault, fault_answer
 from services.sandbox.state import state_of
 from services.sandbox.webhooks import MailgunJob, SendGridJob
@@ -68,6 +68,7 @@ async def mail_send(request: Request) -> Response:
     state.ledger.record(
         "sendgrid", addresses, message_id=message_id, size=len(raw), request=payload
     )
+    state.inbox.add(rendered.sendgrid(payload))
     state.index.add(query.sendgrid_entries(payload, message_id, now))
     if fault is None or fault.webhooks:
         state.dispatcher.submit(SendGridJob(message_id, payload, int(now), len(addresses)))
@@ -113,6 +114,7 @@ async def messages(request: Request) -> Response:
         size=len(raw),
         request={"domain": domain, "fields": form.fields, "files": form.files},
     )
+    state.inbox.add(rendered.mailgun(form.fields, message.recipients, message.recipient_variables))
     state.index.add(query.mailgun_entries(message, message_id, time.time(), domain))
     if fault is None or fault.webhooks:
         state.dispatcher.submit(MailgunJob(message_id, message))

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from services.sandbox import signing
 from services.sandbox.activity import MessageIndex
 from services.sandbox.faults import FaultBook
+from services.sandbox.inbox import Inbox
 from services.sandbox.ledger import SendLedger
 from services.sandbox.oauth import OAuthStore
 from services.sandbox.tuning import Tuning
@@ -30,6 +31,7 @@ class SandboxState:
     dispatcher: WebhookDispatcher
     faults: FaultBook = field(default_factory=FaultBook)
     ledger: SendLedger = field(init=False)
+    inbox: Inbox = field(init=False)
     index: MessageIndex = field(init=False)
     oauth: OAuthStore = field(default_factory=OAuthStore)
     dns: TxtRecords = field(default_factory=TxtRecords)
@@ -37,6 +39,7 @@ class SandboxState:
 
     def __post_init__(self) -> None:
         self.ledger = SendLedger(self.tuning)
+        self.inbox = Inbox(self.tuning.max_tracked_recipients)
         self.index = MessageIndex(
             delay=self.settings.query_delay, capacity=self.tuning.max_indexed_recipients
         )

@@ -121,3 +121,20 @@ def test_mailgun_tokens_are_fresh() -> None:
     tokens = {signing.mailgun_signature("k", 1)["token"] for _ in range(10)}
 
     assert len(tokens) == 10
+
+
+async def test_each_address_shows_what_it_was_sent_newest_first(sandbox: Harness) -> None:
+    for subject in ("first", "second"):
+        mail = sendgrid_mail("Ann@example.org", subject=subject)
+        assert (
+            await sandbox.client.post(SEND, json=mail, headers=SENDGRID_AUTH)
+        ).status_code == 202
+
+    shown = (
+        await sandbox.client.get("/_control/messages", params={"to": "ann@example.org"})
+    ).json()
+    missing = await sandbox.client.get("/_control/messages")
+
+    assert [m["subject"] for m in shown] == ["second", "first"]
+    assert shown[0]["provider"] == "sendgrid"
+    assert missing.status_code == 400
