@@ -4,7 +4,7 @@ Each subcommand loads and validates the settings first, so a bad variable stops 
 with a message naming it before anything connects. Service modules are imported lazily so
 that ``safedelivr migrate`` does not pay for (or depend on) the web stack.
 
-``safedelivr api|webhooks|consumers --workers N`` (or ``auto``: one per core) runs N worker
+``safedelivr api|webhooks|tracking|consumers --workers N`` (or ``auto``: one per core) runs N worker
 processes under uvicorn's supervisor, which restarts a worker that dies; each worker is a
 fresh interpreter that builds its app through :func:`api_app` and its siblings.
 """
@@ -37,6 +37,10 @@ def _create(command: str, settings: Settings) -> Any:
         from services.webhooks.app import create_app as webhooks
 
         return webhooks(settings)
+    if command == "tracking":
+        from services.webhooks.tracking import create_app as tracking
+
+        return tracking(settings)
     if command == "consumers":
         from services.consumers.main import create_app as consumers
 
@@ -67,6 +71,10 @@ def consumers_app() -> Any:
     return _worker_app("consumers")
 
 
+def tracking_app() -> Any:
+    return _worker_app("tracking")
+
+
 def _serve(command: str, settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -75,6 +83,7 @@ def _serve(command: str, settings: Settings, args: argparse.Namespace) -> int:
     host, port = {
         "api": (settings.api.host, settings.api.port),
         "webhooks": (settings.webhooks.host, settings.webhooks.port),
+        "tracking": (settings.tracking.host, settings.tracking.port),
         "consumers": (settings.consumers.host, settings.consumers.port),
         "sandbox": (settings.sandbox.host, settings.sandbox.port),
     }[command]
@@ -116,6 +125,10 @@ def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_webhooks(settings: Settings, args: argparse.Namespace) -> int:
     return _serve("webhooks", settings, args)
+
+
+def cmd_tracking(settings: Settings, args: argparse.Namespace) -> int:
+    return _serve("tracking", settings, args)
 
 
 def cmd_sandbox(settings: Settings, args: argparse.Namespace) -> int:
@@ -422,6 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, help_ in [
         ("api", cmd_api, "run the HTTP API and dashboard"),
         ("webhooks", cmd_webhooks, "run the provider webhook receiver"),
+        ("tracking", cmd_tracking, "run the tracking endpoint (opens, clicks, unsubscribe)"),
         ("consumers", cmd_consumers, "run the RabbitMQ consumers"),
         ("sandbox", cmd_sandbox, "run the local SendGrid/Mailgun/GitHub stand-ins"),
     ]:

@@ -117,6 +117,7 @@ def run(settings: Settings) -> int:
     services = [
         Service("sandbox", settings.sandbox.port),
         Service("webhooks", settings.webhooks.port),
+        Service("tracking", settings.tracking.port),
         Service("consumers", settings.consumers.port),
         Service("api", settings.api.port),
     ]
@@ -181,6 +182,7 @@ def _banner(settings: Settings, key: str) -> None:
 Safedelivr is running.
   API + dashboard  {api}
   webhooks         http://127.0.0.1:{settings.webhooks.port}/webhooks/{{sendgrid,mailgun}}
+  tracking         {settings.tracking.public_url}/{{o,c,u}}/<token>  (opens, clicks, unsubscribe)
   consumers        http://127.0.0.1:{settings.consumers.port}/readyz
   sandbox          http://127.0.0.1:{settings.sandbox.port}  (SendGrid, Mailgun, GitHub)
   RabbitMQ UI      http://127.0.0.1:15672  (guest/guest)

@@ -14,8 +14,9 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.engagement_tokens import ring_from
 from shared.errors import ConfigError
-from shared.production import production_problems
+from shared.production import DEV_TRACKING_KEYS, production_problems
 from shared.providers.catalog import CODES
 
 #: Every variable we read starts with this.
@@ -331,6 +332,39 @@ class GitHubSettings(BaseSettings):
         return self.api_base_url.rstrip("/")
 
 
+class TrackingSettings(BaseSettings):
+    """The tracking endpoint (its own port): the open pixel, tracked links and the one-click
+    unsubscribe of the mail we send."""
+
+    model_config = _config("TRACKING")
+
+    host: str = "127.0.0.1"
+    """Address to listen on."""
+    port: int = Field(8083, ge=1, le=65535)
+    public_url: str = "http://127.0.0.1:8083"
+    """The URL recipients reach it at, put into mail (HTTPS in production: RFC 8058)."""
+    keys: SecretStr = SecretStr(DEV_TRACKING_KEYS)
+    """Signing keys of the tokens in mail URLs, ``kid:base64,...`` (32 bytes or more each;
+    the first signs, all verify: add a new key first, drop an old one once its mail is old)."""
+    unsubscribe_mailto: str | None = None
+    """The address of the ``mailto:`` List-Unsubscribe (unset: the HTTPS URL only)."""
+    max_concurrency: int = Field(256, ge=1)
+    """Requests in progress per process before new ones get 503."""
+
+    @field_validator("keys")
+    @classmethod
+    def _ring(cls, value: SecretStr) -> SecretStr:
+        ring_from(value.get_secret_value())  # raises ValueError naming the problem
+        return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s]+(/[^\s]*)?$", value):
+            raise ValueError("must be an http(s) URL")
+        return value.rstrip("/")
+
+
 class ClientSettings(BaseSettings):
     """The ``safedelivr send|batches|logs|stats`` commands, which call a running API."""
 
@@ -378,6 +412,7 @@ class Settings(BaseSettings):
     stats: StatsSettings = Field(default_factory=StatsSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     github: GitHubSettings = Field(default_factory=GitHubSettings)
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     client: ClientSettings = Field(default_factory=ClientSettings)
 
     @property
@@ -403,6 +438,7 @@ SECTIONS: dict[str, type[BaseSettings]] = {
     "STATS": StatsSettings,
     "SANDBOX": SandboxSettings,
     "GITHUB": GitHubSettings,
+    "TRACKING": TrackingSettings,
     "CLIENT": ClientSettings,
 }
 

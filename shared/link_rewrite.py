@@ -3,10 +3,12 @@
 Only ``href`` values of ``<a>`` and ``<area>`` tags that are absolute ``http(s)`` URLs are
 rewritten; ``mailto:``, ``tel:``, in-page anchors, relative URLs and any link holding a
 substitution key (it differs per recipient: it cannot be one stored link) stay as they are,
-as does every other byte of the message. Each rewritten link gets the index of its place
-among the rewritten ones (two occurrences of one URL are two links: a click is attributed to
-the one clicked). The stored link is the URL as the browser would have followed it (HTML
-entities decoded); the redirect goes there and nowhere else (``engagement_tokens``).
+as does every other byte of the message. Each absolute link gets the index of its place
+among them, whether it is rewritten or not, so the numbering depends on the message alone,
+never on whose substitution keys it is sent with (two occurrences of one URL are two links:
+a click is attributed to the one clicked). The stored link is the URL as the browser would
+have followed it (HTML entities decoded); the redirect goes there and nowhere else
+(``engagement_tokens``).
 
 Pure.
 """
@@ -33,23 +35,30 @@ def trackable(url: str, keys: Sequence[str] = ()) -> bool:
 
 
 def rewrite(
-    source: str, tracked_url: Callable[[int], str], keys: Sequence[str] = ()
+    source: str,
+    tracked_url: Callable[[int], str],
+    keys: Sequence[str] = (),
+    limit: int = MAX_LINKS,
 ) -> tuple[str, list[str]]:
-    """``source`` with each trackable link replaced by ``tracked_url(index)``, and the
-    links in index order."""
+    """``source`` with each trackable link (the first ``limit`` absolute ones, less those
+    holding one of ``keys``) replaced by ``tracked_url(index)``, and every absolute link
+    among the first ``limit`` in index order."""
     links: list[str] = []
 
     def tag(match: re.Match[str]) -> str:
         text = match.group(0)
         found = _HREF.search(text)
-        if found is None or len(links) >= MAX_LINKS:
+        if found is None or len(links) >= limit:
             return text
         raw = next(g for g in found.group(3, 4, 5) if g is not None)
         url = html.unescape(raw).strip()
+        if not trackable(url):
+            return text
+        index = len(links)
+        links.append(url)
         if not trackable(url, keys):
             return text
-        replacement = f'{found.group(1)}"{html.escape(tracked_url(len(links)), quote=True)}"'
-        links.append(url)
+        replacement = f'{found.group(1)}"{html.escape(tracked_url(index), quote=True)}"'
         return text[: found.start()] + replacement + text[found.end() :]
 
     return _TAG.sub(tag, source), links

@@ -98,6 +98,26 @@ class Recipient(_Frozen):
     email: str
     name: str | None = None
     substitutions: dict[str, str] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Headers of this recipient's copy only (List-Unsubscribe carries their own token); set
+    at send time (``shared.engagement``), never stored."""
+
+
+class Engagement(_Frozen):
+    """What a batch's mail carries beyond its content: open and click tracking and a one-click
+    unsubscribe (``shared.engagement`` puts them in each recipient's copy)."""
+
+    opens: bool = False
+    clicks: bool = False
+    unsubscribe: bool = False
+    """List-Unsubscribe (RFC 2369) with one-click unsubscribe (RFC 8058)."""
+    list: str | None = None
+    """The list or campaign the mail belongs to: an unsubscribe from it stops only the mail
+    that names the same list (None: the unsubscribe stops all of the sender's mail)."""
+
+    @property
+    def any(self) -> bool:
+        return self.opens or self.clicks or self.unsubscribe
 
 
 class Message(_Frozen):
@@ -117,9 +137,16 @@ class Message(_Frozen):
     """One personalised message per recipient instead of one shared message."""
     provider: str | None = None
     """The provider code the batch pins: only it is used (no failover, no spill-over)."""
+    engagement: Engagement | None = None
+    """Tracking and unsubscribe (None: neither)."""
 
     def encode(self) -> bytes:
-        return orjson.dumps(self.model_dump(mode="json", by_alias=True))
+        data = self.model_dump(mode="json", by_alias=True)
+        if data.get("engagement") is None:
+            # Absent rather than null: a process of the previous release (which forbids
+            # unknown fields) still reads every batch that does not use it.
+            del data["engagement"]
+        return orjson.dumps(data)
 
     @classmethod
     def decode(cls, raw: bytes) -> Message:

@@ -21,6 +21,8 @@ _PUBLIC_SECRETS = frozenset(
     {"sandbox-sendgrid-key", "sandbox-mailgun-key", "sandbox-github-secret", "guest"}
 )
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+#: The development signing key of tracking tokens (the default; refused here).
+DEV_TRACKING_KEYS = "dev:ZGV2ZWxvcG1lbnQtb25seS10cmFja2luZy1rZXktMDAwMDAw"
 
 
 def production_problems(settings: Settings) -> list[str]:
@@ -41,7 +43,13 @@ def production_problems(settings: Settings) -> list[str]:
         *_secret("PROVIDERS_MAILGUN_API_KEY", p.mailgun_api_key.get_secret_value()),
         *_secret("GITHUB_CLIENT_SECRET", g.client_secret.get_secret_value()),
         *_amqp("AMQP_URL", settings.amqp.url.get_secret_value()),
+        *_https("TRACKING_PUBLIC_URL", settings.tracking.public_url),
     ]
+    if settings.tracking.keys.get_secret_value() == DEV_TRACKING_KEYS:
+        problems.append(
+            f"{_PREFIX}TRACKING_KEYS: the development key signs links anyone could forge; "
+            "set your own (kid:base64 of 32 random bytes)"
+        )
     if w.sendgrid_insecure_basic_only:
         problems.append(
             f"{_PREFIX}WEBHOOKS_SENDGRID_INSECURE_BASIC_ONLY: accepts unsigned SendGrid events; "

@@ -463,7 +463,8 @@ class RecipientStore:
         metrics: Sequence[str] = (),
         also: Sequence[Statement] = (),
     ) -> None:
-        """A provider reported on one recipient (a normalised webhook event).
+        """A provider reported on one recipient (a normalised webhook event), or our own
+        tracking endpoint did (``provider_result`` empty: no provider entry is written).
 
         The provider's own map entries merge by the event's stage (``stage_rank``); the
         recipient-wide columns (event, state) by ``rank``, which lets a re-send's events win
@@ -473,15 +474,17 @@ class RecipientStore:
         """
         one = Selection.one(chunk, log_id)
         stage = precedence.provider_stamp(batch_id, when, stage_rank)
-        sets = "providers[?] = ?"
-        values: list[object] = [provider, provider_result[:300]]
-        if message_id:
-            sets += ", message_ids[?] = ?"
-            values += [provider, message_id]
-        if evidence is not None:
-            sets += ", evidence = evidence + ?"
-            values.append({evidence})
-        stmts = await self._updates(batch_id, one, stage, sets, values)
+        stmts: list[BoundStatement] = []
+        if provider_result:  # our own tracking endpoint is no provider: no entry of its own
+            sets = "providers[?] = ?"
+            values: list[object] = [provider, provider_result[:300]]
+            if message_id:
+                sets += ", message_ids[?] = ?"
+                values += [provider, message_id]
+            if evidence is not None:
+                sets += ", evidence = evidence + ?"
+                values.append({evidence})
+            stmts = await self._updates(batch_id, one, stage, sets, values)
         stamp = precedence.provider_stamp(batch_id, when, rank)
         if event is not None:
             sets = "event = ?, last_update = ?"

@@ -36,6 +36,9 @@ from shared.db import Database, Row, utc
 
 #: Metrics, in the order the API lists them.
 METRICS = ("queued", "success", "failed", "bounced", "complained", "opened", "clicked")
+#: Engagement hits in total (every open and click, however often one recipient makes them),
+#: and those made by machines (``shared.prefetch``), counted in ``engagement_counts``.
+TOTALS = ("opens_total", "clicks_total", "machine_opens", "machine_clicks")
 #: Metrics an event earns besides its outcome, each a boolean column of its stat row.
 EVENT_METRICS = ("bounced", "complained", "opened", "clicked")
 #: A day is closed (its totals are kept) once this much of the next day has passed.
@@ -79,7 +82,10 @@ def zero_filled(
 ) -> list[dict[str, object]]:
     """One row per day in [start, end], with every metric present (zeros for quiet days)."""
     return [
-        {"date": d.isoformat(), **{m: int(counts.get(d, {}).get(m, 0)) for m in METRICS}}
+        {
+            "date": d.isoformat(),
+            **{m: int(counts.get(d, {}).get(m, 0)) for m in (*METRICS, *TOTALS)},
+        }
         for d in days(start, end)
     ]
 
@@ -401,7 +407,44 @@ class StatsStore:
                 )
             return d, counts
 
-        return dict(await asyncio.gather(*(one(r) for r in rows)))
+        found, hits = await asyncio.gather(
+            asyncio.gather(*(one(r) for r in rows)), self.hits(user_id, start, end)
+        )
+        counts = dict(found)
+        for d, totals in hits.items():
+            counts[d] = {**counts.get(d, {}), **totals}
+        return counts
+
+    async def hit(
+        self, user_id: uuid.UUID, batch_id: uuid.UUID, kind: str, *, machine: bool
+    ) -> None:
+        """One more open or click (``kind``) in the totals of the batch's day. Counters: a
+        replayed provider event counts again (totals are hits as received)."""
+        metrics = ["opens_total" if kind == "opened" else "clicks_total"]
+        if machine:
+            metrics.append("machine_opens" if kind == "opened" else "machine_clicks")
+        day = batch_day(batch_id)
+        await asyncio.gather(
+            *(
+                self.db.execute(
+                    "UPDATE engagement_counts SET hits = hits + 1 WHERE user_id = ? AND day = ? "
+                    "AND metric = ?",
+                    (user_id, day, metric),
+                )
+                for metric in metrics
+            )
+        )
+
+    async def hits(self, user_id: uuid.UUID, start: date, end: date) -> dict[date, dict[str, int]]:
+        """The engagement totals of each day of the range that has any."""
+        rows = await self.db.rows(
+            "SELECT day, metric, hits FROM engagement_counts WHERE user_id = ? AND day IN ?",
+            (user_id, days(start, end)),
+        )
+        found: dict[date, dict[str, int]] = {}
+        for row in rows:
+            found.setdefault(_date(row["day"]), {})[row["metric"]] = int(row["hits"] or 0)
+        return found
 
     async def user_days(self, user_id: uuid.UUID) -> list[date]:
         rows = await self.db.all_pages("SELECT day FROM stat_days WHERE user_id = ?", (user_id,))

@@ -49,7 +49,8 @@ from shared.addresses import (
     text_problem,
 )
 from shared.errors import SafedelivrError
-from shared.models import Address, Message, is_reserved_header
+from shared.models import Address, Engagement, Message, is_reserved_header
+from shared.preferences import Preferences
 from shared.providers.catalog import CATALOG, CODES, code_of
 
 InvalidRequestCode = Literal["invalid_fields", "no_recipients", "too_many_recipients"]
@@ -88,6 +89,9 @@ FIELDS: Final = frozenset(
         "headers",
         "bulk",
         "shared",
+        "tracking",
+        "unsubscribe",
+        "list",
         "categories",
         "metadata",
         "provider",
@@ -148,6 +152,21 @@ class Rejected:
 
 
 @dataclass(frozen=True, slots=True)
+class Wanted:
+    """What a request asks of tracking and unsubscribe (None: the user's default)."""
+
+    opens: bool | None = None
+    clicks: bool | None = None
+    unsubscribe: bool | None = None
+    list: str | None = None
+
+    @property
+    def asks(self) -> bool:
+        """Whether the request itself asks for something only personal copies can carry."""
+        return bool(self.opens or self.clicks or self.unsubscribe)
+
+
+@dataclass(frozen=True, slots=True)
 class BatchRequest:
     """An accepted batch request."""
 
@@ -155,6 +174,9 @@ class BatchRequest:
     recipients: tuple[RecipientInput, ...]
     rejected: tuple[Rejected, ...] = ()
     suppressed: tuple[str, ...] = ()
+    skipped: tuple[Rejected, ...] = ()
+    """Every address left out by choice (suppressed, or inside the cooldown), with why."""
+    wants: Wanted = field(default_factory=Wanted)
 
     @property
     def accepted(self) -> int:
@@ -222,6 +244,7 @@ def parse_batch_request(
     bulk = _flag(raw.get("bulk"), "bulk", errors)
     shared = _flag(raw.get("shared"), "shared", errors)
     pinned = _provider(raw.get("provider"), configured, errors)
+    wants = _wanted(raw, errors)
     if bulk and (cc or bcc):
         # Each personalised copy would carry the cc/bcc too: up to 1,000 copies per chunk.
         errors["bulk"] = "cc and bcc cannot be combined with bulk (one copy per recipient)"
@@ -256,7 +279,77 @@ def parse_batch_request(
         bulk=bool(personal),
         provider=pinned,
     )
-    return scan.finish(message)
+    return dataclasses.replace(scan.finish(message), wants=wants)
+
+
+#: A list or campaign name: what a one-click unsubscribe is scoped to.
+_LIST_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
+LIST_NAME_RULE: Final = "must be 1-64 letters, digits and _.:- (starting with a letter or digit)"
+
+
+def list_name(value: object) -> bool:
+    """Whether ``value`` is a valid list or campaign name."""
+    return isinstance(value, str) and bool(_LIST_NAME.match(value))
+
+
+def _wanted(raw: Mapping[str, Any], errors: Errors) -> Wanted:
+    tracking = raw.get("tracking")
+    opens = clicks = None
+    if isinstance(tracking, Mapping):
+        for key in tracking:
+            if key not in ("opens", "clicks"):
+                errors[f"tracking.{_path_key(key)}"] = "unknown field"
+        opens = _optional_flag(tracking.get("opens"), "tracking.opens", errors)
+        clicks = _optional_flag(tracking.get("clicks"), "tracking.clicks", errors)
+    elif tracking is not None:
+        errors["tracking"] = 'must be an object like {"opens": true, "clicks": true}'
+    unsubscribe = _optional_flag(raw.get("unsubscribe"), "unsubscribe", errors)
+    name = raw.get("list")
+    if name is not None and not list_name(name):
+        errors["list"] = LIST_NAME_RULE
+        name = None
+    return Wanted(opens, clicks, unsubscribe, name if isinstance(name, str) else None)
+
+
+def _optional_flag(value: object, name: str, errors: Errors) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    errors[name] = "must be true or false"
+    return None
+
+
+def with_engagement(request: BatchRequest, prefs: Preferences) -> BatchRequest:
+    """The request's message with its tracking and unsubscribe settled: what the request
+    asks, else the user's preferences; a ``list`` implies the unsubscribe header. Only
+    personal copies can carry them: a shared message asked for them is a 422, and one that
+    only inherits them from the preferences goes without.
+
+    Raises:
+        InvalidRequest: tracking or unsubscribe asked of a shared message.
+    """
+    wants, message = request.wants, request.message
+    if not message.bulk:
+        if wants.asks:
+            raise InvalidRequest(
+                {
+                    "shared": "tracking and unsubscribe need one copy per recipient (each "
+                    "carries the recipient's own links): not with shared: true"
+                }
+            )
+        return request
+    engagement = Engagement(
+        opens=prefs.track_opens if wants.opens is None else wants.opens,
+        clicks=prefs.track_clicks if wants.clicks is None else wants.clicks,
+        unsubscribe=(prefs.unsubscribe or wants.list is not None)
+        if wants.unsubscribe is None
+        else wants.unsubscribe,
+        list=wants.list,
+    )
+    if not engagement.any and engagement.list is None:
+        return request
+    return dataclasses.replace(
+        request, message=message.model_copy(update={"engagement": engagement})
+    )
 
 
 def _path_key(key: object) -> str:
@@ -686,9 +779,10 @@ class _RecipientScan:
 
 def drop_suppressed(request: BatchRequest, listed: Mapping[str, str]) -> BatchRequest:
     """``request`` without the recipients, cc and bcc addresses on the sender's suppression
-    list (``listed``: address key -> reason); they are reported in ``suppressed``. The one
-    rule for every interface that accepts a batch: a suppressed address is not mailed
-    whichever field names it.
+    list (``listed``: address key -> reason); they are reported in ``suppressed``, and with
+    their reasons in ``skipped``. The one rule for every interface that accepts a batch: a
+    suppressed address is not mailed whichever field names it (and an address inside the
+    cooldown is dropped by the same rule, with the reason ``cooldown``).
 
     Raises:
         InvalidRequest: ``no_recipients`` when no recipient is left.
@@ -713,8 +807,13 @@ def drop_suppressed(request: BatchRequest, listed: Mapping[str, str]) -> BatchRe
             "bcc": tuple(a for a in message.bcc if address_key(a.email) not in listed),
         }
     )
+    skipped = tuple(Rejected(email, listed[address_key(email)]) for email in dropped)
     return dataclasses.replace(
-        request, message=message, recipients=keep, suppressed=(*request.suppressed, *dropped)
+        request,
+        message=message,
+        recipients=keep,
+        suppressed=(*request.suppressed, *dropped),
+        skipped=(*request.skipped, *skipped),
     )
 
 

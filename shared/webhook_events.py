@@ -151,6 +151,8 @@ class ProviderEvent:
     """The address must not be mailed again (hard bounce, complaint, unsubscribe...)."""
     url: str | None = None
     """The link of a ``clicked`` event."""
+    machine: str | None = None
+    """Who made an open or click when it was a machine (``shared.prefetch``), not a reader."""
 
     @property
     def final(self) -> bool:

@@ -11,7 +11,7 @@ from services.api.auth import require_key
 from services.api.managing import Managing
 from services.api.queries import decode_cursor, encode_cursor, page_limit
 from services.api.schema import KeyIn, SuppressionIn, checked
-from shared import accounts
+from shared import accounts, validation
 from shared.http import JSON, ApiError, read_json
 from shared.stats import MAX_RANGE_DAYS, StatsStore, zero_filled
 from shared.suppressions import SuppressionStore
@@ -26,7 +26,7 @@ async def list_suppressions(request: Request) -> Response:
     cursor = decode_cursor(request.query_params.get("cursor"))
     after = str(cursor.get("after")) if cursor else None
     store: SuppressionStore = request.app.state.suppressions
-    rows = await store.page(key.user_id, limit + 1, after)
+    rows = await store.page(key.user_id, limit + 1, after, list_param(request))
     data = [
         {
             "email": r["email"],
@@ -55,9 +55,22 @@ async def add_suppression(request: Request) -> Response:
 async def delete_suppression(request: Request) -> Response:
     key = await require_key(request, "send")
     managing: Managing = request.app.state.managing
-    if not await managing.unsuppress(key.user_id, request.path_params["email"]):
+    scope = list_param(request)
+    if not await managing.unsuppress(key.user_id, request.path_params["email"], scope):
         raise ApiError(404, "not_found", "that address is not suppressed")
     return Response(status_code=204)
+
+
+def list_param(request: Request) -> str | None:
+    """The ``list`` query parameter (a list or campaign name), checked; None when absent."""
+    raw = request.query_params.get("list")
+    if raw is None:
+        return None
+    if not validation.list_name(raw):
+        raise ApiError(
+            422, "invalid_fields", "bad list", fields={"list": validation.LIST_NAME_RULE}
+        )
+    return raw
 
 
 def _date_param(request: Request, name: str, default: date) -> date:

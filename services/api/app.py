@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from services.api import account, batches, deadletters, domains, oauth, providers
+from services.api import account, batches, deadletters, domains, oauth, preferences, providers
 from services.api import settings as live
 from services.api.dashboard import create_templates, dashboard_routes
 from services.api.managing import Managing
@@ -27,6 +27,7 @@ from shared.attempts import AttemptStore
 from shared.background import Background
 from shared.batchstore import BatchStore
 from shared.config import Settings
+from shared.cooldown import RecentMail
 from shared.deadletters import DeadLetters, DeadLetterStore
 from shared.domains import DohResolver, DomainStore
 from shared.health import health_routes
@@ -34,6 +35,7 @@ from shared.http import AdmissionLimit, StrictTransportSecurity, error_handlers
 from shared.idempotency import IdempotencyStore
 from shared.metrics import ApiMetrics, new_registry
 from shared.outbox import Outbox, Relay, relay_forever
+from shared.preferences import PreferenceStore
 from shared.ratelimit import RecipientQuota
 from shared.resources import open_resources, readiness_checks
 from shared.stats import StatsStore
@@ -57,6 +59,7 @@ def create_app(settings: Settings) -> Starlette:
             state.attempts = AttemptStore(res.db)
             state.idempotency = IdempotencyStore(res.db, lease=settings.api.idempotency_lease)
             state.suppressions = SuppressionStore(res.db)
+            state.preferences = PreferenceStore(res.db)
             state.domains = DomainStore(res.db)
             state.dead_letters = DeadLetters(DeadLetterStore(res.db), res.broker)
             state.background = Background()
@@ -73,6 +76,8 @@ def create_app(settings: Settings) -> Starlette:
                 metrics=state.metrics,
                 background=state.background,
                 domains=state.domains,
+                preferences=state.preferences,
+                recent=RecentMail(res.db),
             )
             state.github_http = httpx.AsyncClient(
                 timeout=httpx.Timeout(settings.github.timeout), follow_redirects=False
@@ -105,6 +110,8 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/suppressions", account.add_suppression, methods=["POST"]),
         Route("/v1/suppressions/{email}", account.delete_suppression, methods=["DELETE"]),
         Route("/v1/stats", account.get_stats, methods=["GET"]),
+        Route("/v1/preferences", preferences.get_preferences, methods=["GET"]),
+        Route("/v1/preferences", preferences.patch_preferences, methods=["PATCH"]),
         Route("/v1/keys", account.list_keys, methods=["GET"]),
         Route("/v1/keys", account.create_key, methods=["POST"]),
         Route("/v1/keys/{key_id}", account.revoke_key, methods=["DELETE"]),

@@ -62,9 +62,9 @@ class Managing:
         await self.suppressions.add(user_id, normalized, reason=reason, source=source)
         return Suppressed(address_key(normalized), reason)
 
-    async def unsuppress(self, user_id: uuid.UUID, email: str) -> bool:
-        """Take an address off the list; False when it was not on it."""
-        return bool(email.strip()) and await self.suppressions.remove(user_id, email.strip())
+    async def unsuppress(self, user_id: uuid.UUID, email: str, scope: str | None = None) -> bool:
+        """Take an address off the list (or off ``scope``'s); False when it was not on it."""
+        return bool(email.strip()) and await self.suppressions.remove(user_id, email.strip(), scope)
 
     async def create_key(
         self,

@@ -69,6 +69,12 @@ class Operation:
 
 
 _CURSOR = Param("cursor", "query", "`next_cursor` of the previous page.")
+_LIST = Param(
+    "list",
+    "query",
+    "A list or campaign name: its own suppressions (one-click unsubscribes from mail that "
+    "named it) instead of the ones that stop all of your mail.",
+)
 _DOMAIN = Param("domain", "path", "The domain, e.g. `example.com`.", required=True)
 _BATCH_ID = Param("batch_id", "path", "The batch's id (a time UUID).", required=True)
 _LETTER_ID = Param("letter_id", "path", "The dead letter's id, from the listing.", required=True)
@@ -132,7 +138,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "/v1/suppressions",
         "Addresses you never send to",
         schema.SuppressionList,
-        params=(Param("limit", "query", "1-1000, default 100.", "integer"), _CURSOR),
+        params=(Param("limit", "query", "1-1000, default 100.", "integer"), _CURSOR, _LIST),
         errors=(400, 422),
     ),
     Operation(
@@ -152,8 +158,31 @@ OPERATIONS: tuple[Operation, ...] = (
         "Send to an address again",
         None,
         status=204,
-        params=(Param("email", "path", "The suppressed address.", required=True),),
-        errors=(404,),
+        params=(Param("email", "path", "The suppressed address.", required=True), _LIST),
+        errors=(404, 422),
+    ),
+    Operation(
+        "get_preferences",
+        "get",
+        "/v1/preferences",
+        "Your sending preferences",
+        schema.PreferencesView,
+        description="What your batches get when a request does not say: open and click "
+        "tracking and the one-click unsubscribe header (all off until you turn them on), and "
+        "your cooldown: the least time between two mails to one address (0: none). A "
+        "recipient inside the cooldown is not sent to; the 202 lists it in `skipped` with the "
+        "reason `cooldown`.",
+    ),
+    Operation(
+        "update_preferences",
+        "patch",
+        "/v1/preferences",
+        "Change your sending preferences",
+        schema.PreferencesView,
+        body=schema.PreferencesIn,
+        errors=(400, 413, 415, 422),
+        description="Fields left out stay as they are. A change applies to batches accepted "
+        "from a few seconds later.",
     ),
     Operation(
         "list_domains",

@@ -16,6 +16,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 
 from shared import validation
 from shared.http import ApiError
+from shared.preferences import MAX_COOLDOWN
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -44,6 +45,13 @@ class RecipientIn(AddressIn):
     substitutions: dict[str, str] | None = Field(
         None, max_length=validation.MAX_SUBSTITUTIONS, examples=[{"first_name": "Ann"}]
     )
+
+
+class TrackingIn(_In):
+    """What to track in a batch's copies."""
+
+    opens: bool | None = None
+    clicks: bool | None = None
 
 
 class BatchIn(_In):
@@ -98,6 +106,24 @@ class BatchIn(_In):
     categories: list[str] | None = Field(None, max_length=validation.MAX_CATEGORIES)
     metadata: dict[str, str] | None = Field(
         None, description="Keys of A-Z, a-z, 0-9, `_` and `-`; echoed in webhooks."
+    )
+    tracking: TrackingIn | None = Field(
+        None,
+        description="Open and click tracking for this batch (default: your preferences, "
+        "off unless you turned it on). Opens and clicks are counted once per recipient "
+        "and in total; they never change a recipient's outcome.",
+    )
+    unsubscribe: bool | None = Field(
+        None,
+        description="List-Unsubscribe with one-click unsubscribe (RFC 2369, RFC 8058) in "
+        "each copy (default: on when the batch names a `list`, else your preferences).",
+    )
+    list_: str | None = Field(
+        None,
+        alias="list",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$",
+        description="The list or campaign this mail belongs to: an unsubscribe from it "
+        "stops only mail naming the same list (without one, all of your mail).",
     )
 
 
@@ -172,6 +198,44 @@ class SettingsPatch(_In):
     )
 
 
+class CooldownIn(_In):
+    seconds: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_COOLDOWN,
+        description="Least seconds between two mails to one address (0: no cooldown).",
+    )
+    per_category: bool | None = Field(
+        None, description="Count each category apart (a receipt need not wait for a newsletter)."
+    )
+
+
+class PreferencesIn(_In):
+    """``PATCH /v1/preferences``: what your batches get when a request does not say."""
+
+    tracking: TrackingIn | None = None
+    unsubscribe: bool | None = Field(
+        None, description="List-Unsubscribe with one-click unsubscribe in every batch."
+    )
+    cooldown: CooldownIn | None = None
+
+
+class TrackingOut(_Out):
+    opens: bool
+    clicks: bool
+
+
+class CooldownOut(_Out):
+    seconds: int
+    per_category: bool
+
+
+class PreferencesView(_Out):
+    tracking: TrackingOut
+    unsubscribe: bool
+    cooldown: CooldownOut
+
+
 class DomainIn(_In):
     """``POST /v1/domains``."""
 
@@ -193,6 +257,11 @@ class Accepted(_Out):
     accepted: int
     suppressed: list[str]
     rejected: list[RejectedOut]
+    skipped: list[RejectedOut] = Field(
+        description="Every address not mailed by choice, with why: its suppression's reason, "
+        "or `cooldown` (mailed less than your cooldown ago). `suppressed` lists the same "
+        "addresses."
+    )
 
 
 class BatchItem(_Out):
@@ -251,7 +320,17 @@ class StatsDay(_Out):
     bounced: int
     complained: int
     opened: int
+    """Recipients who opened at least once (unique)."""
     clicked: int
+    """Recipients who clicked at least once (unique)."""
+    opens_total: int
+    """Every open, however often one recipient opens."""
+    clicks_total: int
+    machine_opens: int
+    """Opens among opens_total made by machines: image proxies that fetch every pixel (Gmail,
+    Yahoo, Apple Mail Privacy Protection)."""
+    machine_clicks: int
+    """Clicks among clicks_total made by link scanners (Safe Links, Proofpoint, ...)."""
 
 
 class StatsPage(_Out):

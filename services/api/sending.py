@@ -18,30 +18,35 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, ParamSpec
 
 import orjson
 from pydantic import ValidationError
 
 from services.api.schema import BatchIn, field_errors
-from shared import validation
+from shared import cooldown, validation
 from shared.acceptance import Acceptance
 from shared.background import Background
 from shared.batchstore import BatchStore, NewBatch, new_batch_id
 from shared.config import Settings
+from shared.cooldown import RecentMail
 from shared.domains import DomainStore, covers, domain_of
 from shared.errors import DependencyUnavailable
 from shared.http import ApiError
 from shared.idempotency import Existing, IdempotencyStore
 from shared.logs import bound
 from shared.metrics import ApiMetrics
+from shared.preferences import Preferences, PreferenceStore
 from shared.providers.limits import chunk_size
 from shared.ratelimit import RecipientQuota
 from shared.suppressions import SuppressionStore
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,10 @@ class Sending:
     background: Background
     domains: DomainStore | None = None
     """The users' verified domains; without it no domain is verified (fail closed)."""
+    preferences: PreferenceStore | None = None
+    """The users' tracking defaults and cooldown (without it: the defaults, no cooldown)."""
+    recent: RecentMail | None = None
+    """When each address was last mailed (cooldown)."""
 
     async def accept(self, user_id: uuid.UUID, body: object, idem: str | None) -> dict[str, Any]:
         """Validate, drop suppressed recipients, honour the Idempotency-Key (a repeat gets
@@ -69,16 +78,18 @@ class Sending:
             parsed = self._validated(body)
         if self.settings.api.sender_domains == "verified":
             await self._check_sender(user_id, parsed.message.sender.email)
+        prefs = await self.preferences.get(user_id) if self.preferences else Preferences()
+        parsed = _invalid_as_422(validation.with_engagement, parsed, prefs)
         parsed = await self._drop_suppressed(user_id, parsed)
         if idem is None:
-            return await self._accept_once(user_id, new_batch_id(time.time()), parsed)
+            return await self._accept_once(user_id, new_batch_id(time.time()), parsed, prefs)
         owner = uuid.uuid4()
         claim = await self.idempotency.claim(
             user_id, idem, validation.body_hash(body), new_batch_id(time.time()), owner
         )
         if isinstance(claim, Existing):
-            return await self._repeat(user_id, idem, claim, owner, parsed)
-        return await self._accept_keyed(user_id, idem, claim.batch_id, owner, parsed)
+            return await self._repeat(user_id, idem, claim, owner, parsed, prefs)
+        return await self._accept_keyed(user_id, idem, claim.batch_id, owner, parsed, prefs)
 
     def _validated(self, body: object) -> validation.BatchRequest:
         """The body checked against the schema (``schema.BatchIn``), then by the rules a
@@ -108,6 +119,7 @@ class Sending:
         claim: Existing,
         owner: uuid.UUID,
         parsed: validation.BatchRequest,
+        prefs: Preferences,
     ) -> dict[str, Any]:
         """A request whose key was claimed before: the stored answer, or finish the batch."""
         if not claim.same_body:
@@ -135,7 +147,7 @@ class Sending:
                 "a request with this Idempotency-Key is still being processed; retry",
                 headers={"Retry-After": str(max(1, math.ceil(wait)))},
             )
-        return await self._accept_keyed(user_id, idem, claim.batch_id, owner, parsed)
+        return await self._accept_keyed(user_id, idem, claim.batch_id, owner, parsed, prefs)
 
     async def _accept_keyed(
         self,
@@ -144,15 +156,16 @@ class Sending:
         batch_id: uuid.UUID,
         owner: uuid.UUID,
         parsed: validation.BatchRequest,
+        prefs: Preferences,
     ) -> dict[str, Any]:
         """Accept under a claimed key. The claim is released only when nothing can have been
-        stored (the quota refused the batch); after any other failure it stays, so the
-        client's retry finds the batch if it was stored, or takes the claim over once its
-        lease ends."""
+        stored (the quota refused the batch, or the cooldown left no recipient); after any
+        other failure it stays, so the client's retry finds the batch if it was stored, or
+        takes the claim over once its lease ends."""
         try:
-            response = await self._accept_once(user_id, batch_id, parsed, keyed=True)
+            response = await self._accept_once(user_id, batch_id, parsed, prefs, keyed=True)
         except ApiError as exc:
-            if exc.status == 429:
+            if exc.status in (422, 429):
                 await self._release_quietly(user_id, idem, owner)
             raise
         await self._complete_quietly(user_id, idem, orjson.dumps(response))
@@ -163,10 +176,12 @@ class Sending:
         user_id: uuid.UUID,
         batch_id: uuid.UUID,
         parsed: validation.BatchRequest,
+        prefs: Preferences,
         *,
         keyed: bool = False,
     ) -> dict[str, Any]:
-        """Charge the recipients to today's quota (429 when over), store, publish.
+        """Leave out the recipients inside the cooldown, charge the rest to today's quota
+        (429 when over), store, publish.
 
         A failure while storing refunds the quota and answers 503. Without an
         Idempotency-Key the batch is also cancelled, best effort, in case the failed write
@@ -174,6 +189,7 @@ class Sending:
         finishes it instead.
         """
         started = time.perf_counter()
+        parsed = await self._drop_cooling(user_id, batch_id, parsed, prefs)
         count = parsed.mailed
         verdict, day = await self.quota.consume(user_id, count)
         if not verdict.allowed:
@@ -193,6 +209,7 @@ class Sending:
                 raise
             # Stored: from here on nothing may turn this into an error (the relay publishes
             # if the broker does not confirm now).
+            await self._record_recent(user_id, batch_id, parsed, prefs)
             if await self.acceptance.publish(batch_id):
                 self.background.spawn(self.acceptance.outbox.done(batch_id))
             else:
@@ -217,13 +234,58 @@ class Sending:
     async def _drop_suppressed(
         self, user_id: uuid.UUID, parsed: validation.BatchRequest
     ) -> validation.BatchRequest:
-        """Remove addresses (to, cc, bcc) on the user's suppression list; no recipient left
-        is a 422."""
-        listed = await self.suppressions.suppressed(user_id, validation.addresses_of(parsed))
+        """Remove addresses (to, cc, bcc) on the user's suppression list (and on the list's
+        own, for a batch naming a list); no recipient left is a 422."""
+        engagement = parsed.message.engagement
+        listed = await self.suppressions.suppressed(
+            user_id, validation.addresses_of(parsed), engagement.list if engagement else None
+        )
+        return _invalid_as_422(validation.drop_suppressed, parsed, listed)
+
+    async def _drop_cooling(
+        self,
+        user_id: uuid.UUID,
+        batch_id: uuid.UUID,
+        parsed: validation.BatchRequest,
+        prefs: Preferences,
+    ) -> validation.BatchRequest:
+        """Remove addresses mailed less than the user's cooldown ago (by another batch: a
+        retried request of this one finds its own rows); no recipient left is a 422."""
+        if self.recent is None or prefs.cooldown_seconds <= 0:
+            return parsed
+        scopes = cooldown.scopes_of(
+            parsed.message.categories, per_category=prefs.cooldown_per_category
+        )
+        found = await self.recent.cooling(
+            user_id,
+            validation.addresses_of(parsed),
+            scopes,
+            prefs.cooldown_seconds,
+            exclude=batch_id,
+        )
+        listed = dict.fromkeys(found, cooldown.REASON)
+        return _invalid_as_422(validation.drop_suppressed, parsed, listed)
+
+    async def _record_recent(
+        self,
+        user_id: uuid.UUID,
+        batch_id: uuid.UUID,
+        parsed: validation.BatchRequest,
+        prefs: Preferences,
+    ) -> None:
+        """Start the cooldown of every address this batch mails. Best effort: the batch is
+        stored, and a cooldown missed once must not turn its 202 into an error."""
+        if self.recent is None or prefs.cooldown_seconds <= 0:
+            return
+        scopes = cooldown.scopes_of(
+            parsed.message.categories, per_category=prefs.cooldown_per_category
+        )
         try:
-            return validation.drop_suppressed(parsed, listed)
-        except validation.InvalidRequest as exc:
-            raise ApiError(422, exc.code, str(exc), fields=exc.fields) from exc
+            await self.recent.record(
+                user_id, validation.addresses_of(parsed), scopes, prefs.cooldown_seconds, batch_id
+            )
+        except DependencyUnavailable:
+            log.warning("batch %s: could not record its recipients for the cooldown", batch_id)
 
     async def _check_sender(self, user_id: uuid.UUID, sender: str) -> None:
         """422 naming ``from`` unless its domain is one the user verified (or under one)."""
@@ -255,6 +317,16 @@ class Sending:
             log.warning("could not release Idempotency-Key %r after a refused request", idem)
 
 
+def _invalid_as_422(
+    check: Callable[P, validation.BatchRequest], *args: P.args, **kwargs: P.kwargs
+) -> validation.BatchRequest:
+    """``check(...)``, its InvalidRequest answered as a 422."""
+    try:
+        return check(*args, **kwargs)
+    except validation.InvalidRequest as exc:
+        raise ApiError(422, exc.code, str(exc), fields=exc.fields) from exc
+
+
 def answer(batch_id: uuid.UUID, parsed: validation.BatchRequest) -> dict[str, Any]:
     """The 202 body for a validated request stored under ``batch_id`` (pure)."""
     return {
@@ -262,6 +334,7 @@ def answer(batch_id: uuid.UUID, parsed: validation.BatchRequest) -> dict[str, An
         "accepted": len(parsed.recipients),
         "suppressed": list(parsed.suppressed),
         "rejected": [{"email": r.email, "reason": r.reason} for r in parsed.rejected],
+        "skipped": [{"email": r.email, "reason": r.reason} for r in parsed.skipped],
     }
 
 

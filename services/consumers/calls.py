@@ -21,6 +21,7 @@ from services.consumers import failover, protocol
 from shared.attempts import Attempt, find, tag
 from shared.db import Row
 from shared.domains import domain_of
+from shared.engagement import personalize
 from shared.errors import (
     CapacityHeld,
     DependencyUnavailable,
@@ -88,6 +89,9 @@ class Caller:
                 recipients=tuple(_recipient(r) for r in to_send),
                 attempt=tag(job.line, job.attempt),
             )
+            if header.message.engagement is not None:
+                # A token per recipient and link: CPU work, kept off the event loop.
+                chunk = await asyncio.to_thread(personalize, chunk, d.tracker)
             await d.hooks("before_call", job)
             answer = replace(await self._send(job, chunk), recipients=len(to_send))
         delivery.scratch["answer"] = answer

@@ -30,6 +30,7 @@ from shared.batchstore import BatchStore
 from shared.broker import Broker
 from shared.config import ProviderSettings
 from shared.domain_capacity import CapacityGate
+from shared.engagement import Tracker
 from shared.errors import DependencyUnavailable
 from shared.handoff import HandOff
 from shared.logs import bound
@@ -109,6 +110,9 @@ class Dispatcher:
     """Client-side rate limits shared by every process (``shared.provider_rates``)."""
     capacity: CapacityGate = field(default_factory=lambda: CapacityGate(None))
     """Daily capacity per sending domain (``shared.domain_capacity``)."""
+    tracker: Tracker | None = None
+    """Where tracked links, the open pixel and one-click unsubscribe point (None: nowhere,
+    so mail goes without them)."""
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
     def __post_init__(self) -> None:

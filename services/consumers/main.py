@@ -24,6 +24,7 @@ from shared.batchstore import BatchStore
 from shared.config import Settings
 from shared.deadletters import DeadLetterStore, Letter, archiver
 from shared.domain_capacity import CapacityGate, DomainVolumes
+from shared.engagement import tracker_of
 from shared.errors import DependencyUnavailable, ProviderError
 from shared.health import health_routes
 from shared.livesettings import SettingsStore, Watcher
@@ -67,6 +68,7 @@ def build_dispatcher(
         deferred_deadline=settings.webhooks.deferred_deadline,
         limiter=ProviderLimiter(res.db, settings.amqp.exchange),
         capacity=CapacityGate(DomainVolumes(res.db)),
+        tracker=tracker_of(settings.tracking),
     )
 
 

@@ -34,6 +34,7 @@ from shared.config import Settings
 from shared.db import Database
 from shared.domain_capacity import DomainVolumes, Volumes
 from shared.domains import domain_of
+from shared.engagement import TRACKER
 from shared.handoff import HandOff
 from shared.models import LogJob
 from shared.provider_health import Reports
@@ -42,7 +43,7 @@ from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
 from shared.timeline import Timeline
 from shared.topology import log_key
-from shared.webhook_events import ProviderEvent
+from shared.webhook_events import ENGAGEMENT, ProviderEvent
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +110,8 @@ class Ingest:
     reports: Reports = field(default_factory=Reports)
     """Provider-side drops and deferrals, for the providers' health."""
     _owners: OrderedDict[uuid.UUID, uuid.UUID | None] = field(default_factory=OrderedDict)
-    _senders: OrderedDict[uuid.UUID, tuple[str, str | None]] = field(default_factory=OrderedDict)
-    """Per batch: its sending domain and the provider it pins (None: any)."""
+    _senders: OrderedDict[uuid.UUID, BatchFacts] = field(default_factory=OrderedDict)
+    """Per batch: what events of its recipients need to know of it."""
 
     @classmethod
     def over(
@@ -170,7 +171,7 @@ class Ingest:
             target.chunk,
             target.log_id,
             provider=ev.provider,
-            provider_result=_provider_result(ev),
+            provider_result="" if ev.provider == TRACKER else _provider_result(ev),
             message_id=ev.message_id,
             stage_rank=transitions.stage_rank(ev),
             rank=transitions.rank(ev),
@@ -182,7 +183,12 @@ class Ingest:
             metrics=eff.metrics,
             also=[line],
         )
+        if ev.kind in ENGAGEMENT:
+            await self.recipients.stats.hit(
+                target.user_id, target.batch_id, ev.kind, machine=ev.machine is not None
+            )
         if eff.suppress:
+            facts = await self._sender(target.batch_id) if ev.kind == "unsubscribed" else None
             await self.suppressions.add(
                 target.user_id,
                 ev.email,
@@ -190,6 +196,8 @@ class Ingest:
                 source=ev.provider,
                 event_id=ev.event_id,
                 at=ev.occurred_at,
+                # An unsubscribe from mail that named a list leaves that list only.
+                scope=facts.list if facts else None,
             )
         if eff.hand_off:
             await self._hand_off(target, ev)
@@ -213,19 +221,26 @@ class Ingest:
         a delivery replayed after a failure counts again, so the counters are estimates that
         err on the side of more bounces, never fewer)."""
         kind = transitions.domain_outcome(eff)
-        sender = await self._sender(t.batch_id)
-        if kind is None or self.volumes is None or sender is None:
+        if kind is None or self.volumes is None:
             return
-        await self.volumes.outcome(sender[0], ev.occurred_at.astimezone(UTC).date(), kind)
+        sender = await self._sender(t.batch_id)
+        if sender is None:
+            return
+        await self.volumes.outcome(sender.domain, ev.occurred_at.astimezone(UTC).date(), kind)
 
-    async def _sender(self, batch_id: uuid.UUID) -> tuple[str, str | None] | None:
-        """The batch's sending domain and pinned provider (None when it does not exist)."""
+    async def _sender(self, batch_id: uuid.UUID) -> BatchFacts | None:
+        """What events need to know of a batch (None when it does not exist)."""
         known = self._senders.get(batch_id)
         if known is None:
             header = await self.batches.header(batch_id)
             if header is None:
                 return None
-            known = (domain_of(header.message.sender.email), header.message.provider)
+            message = header.message
+            known = BatchFacts(
+                domain_of(message.sender.email),
+                message.provider,
+                message.engagement.list if message.engagement else None,
+            )
             self._senders[batch_id] = known
             if len(self._senders) > OWNER_CACHE:
                 self._senders.popitem(last=False)
@@ -270,7 +285,7 @@ class Ingest:
             cause=_cause(ev),
             failed=ev.provider,
             why=_provider_result(ev),
-            pinned=sender[1] if sender else None,
+            pinned=sender.pinned if sender else None,
         )
 
     async def _schedule_deadline(self, t: Target, ev: ProviderEvent) -> None:
@@ -293,6 +308,16 @@ class Ingest:
     async def _orphan(self, ev: ProviderEvent) -> None:
         self.metrics.orphans.labels(ev.provider).inc()
         await self.timeline.orphan(ev)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFacts:
+    domain: str
+    """The sending domain."""
+    pinned: str | None
+    """The provider the batch pins (None: any)."""
+    list: str | None
+    """The list its mail names (an unsubscribe leaves only that list)."""
 
 
 def _cause(ev: ProviderEvent) -> str:

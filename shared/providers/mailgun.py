@@ -13,7 +13,8 @@ repeat):
   ``log_id`` and substitutions, which makes Mailgun send each ``to`` its own message, and
   ``v:log_id=%recipient.log_id%`` puts the log id on each. Substitution keys in subject, text
   and html are rewritten to ``%recipient.sN%`` so the result matches SendGrid's literal
-  substitutions (a recipient without a key keeps the key's text, as on SendGrid).
+  substitutions (a recipient without a key keeps the key's text, as on SendGrid); each
+  recipient's own headers (List-Unsubscribe) are ``h:<Name>=%recipient.hN%``.
 * shared -- no ``recipient-variables``: one message whose To lists every recipient of the
   chunk, the intended shared semantics (Mailgun's docs warn about exactly this effect).
   Substitutions common to all recipients are applied to the text here; cc/bcc go on chunk 0
@@ -82,13 +83,15 @@ def build_form(chunk: Chunk) -> Form:
     if message.reply_to:
         form.append(("h:Reply-To", format_address(message.reply_to.email, message.reply_to.name)))
     form += [(f"h:{name}", value) for name, value in message.headers.items()]
+    headers = _header_names(chunk) if message.bulk else {}
+    form += [(f"h:{name}", f"%recipient.{var}%") for name, var in headers.items()]
     form += [("o:tag", tag) for tag in message.categories[:MAX_TAGS]]
     form += [("v:batch_id", str(chunk.batch_id)), ("v:chunk", str(chunk.index))]
     if chunk.attempt:
         form.append((f"v:{ATTEMPT_ARG}", chunk.attempt))
     if message.bulk:
         form.append(("v:log_id", "%recipient.log_id%"))
-        form.append(("recipient-variables", _recipient_variables(chunk, keys)))
+        form.append(("recipient-variables", _recipient_variables(chunk, keys, headers)))
     return form
 
 
@@ -126,12 +129,25 @@ def _variable_names(chunk: Chunk) -> dict[str, str]:
     return keys
 
 
-def _recipient_variables(chunk: Chunk, keys: Mapping[str, str]) -> str:
+def _header_names(chunk: Chunk) -> dict[str, str]:
+    """The recipients' own headers (List-Unsubscribe), each as a recipient variable."""
+    names: dict[str, str] = {}
+    for recipient in chunk.recipients:
+        for name in recipient.headers:
+            if name not in names:
+                names[name] = f"h{len(names)}"
+    return names
+
+
+def _recipient_variables(chunk: Chunk, keys: Mapping[str, str], headers: Mapping[str, str]) -> str:
+    """Each recipient's variables: ``keys`` maps substitution keys, ``headers`` the names of
+    the recipients' own headers, to variable names."""
     variables = {
         r.email: {
             "log_id": str(r.log_id),
             # A key this recipient lacks keeps its own text, as SendGrid leaves it unreplaced.
-            **{name: r.substitutions.get(key, key) for key, name in keys.items()},
+            **{var: r.substitutions.get(key, key) for key, var in keys.items()},
+            **{var: r.headers.get(name, "") for name, var in headers.items()},
         }
         for r in chunk.recipients
     }

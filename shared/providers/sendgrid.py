@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -101,7 +101,9 @@ def _personalizations(chunk: Chunk) -> list[Any]:
         ids[ATTEMPT_ARG] = chunk.attempt
     if chunk.message.bulk:
         return [
-            _personalization([r], r.substitutions, {**ids, "log_id": str(r.log_id)})
+            _personalization(
+                [r], r.substitutions, {**ids, "log_id": str(r.log_id)}, headers=r.headers
+            )
             for r in chunk.recipients
         ]
     shared = _personalization(
@@ -138,6 +140,8 @@ def _personalization(
     recipients: Sequence[Recipient],
     substitutions: dict[str, str],
     custom_args: dict[str, str],
+    *,
+    headers: Mapping[str, str] | None = None,
 ) -> Any:
     personalization = _Personalization()
     for recipient in recipients:
@@ -146,6 +150,8 @@ def _personalization(
         personalization.add_substitution(Substitution(key, value))
     for key, value in custom_args.items():
         personalization.add_custom_arg(CustomArg(key, value))
+    for name, value in (headers or {}).items():
+        personalization.add_header(Header(name, value))
     return personalization
 
 

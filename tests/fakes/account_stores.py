@@ -450,23 +450,42 @@ class FakeSuppressionStore(FakeSuppressions):
         source: str,
         event_id: str | None = None,
         at: datetime | None = None,
+        scope: str | None = None,
     ) -> None:
-        await super().add(user_id, email, reason=reason, source=source, event_id=event_id, at=at)
+        await super().add(
+            user_id, email, reason=reason, source=source, event_id=event_id, at=at, scope=scope
+        )
         created = stored(at or self.db.now())
-        self.db.suppressions[(user_id, address_key(email))]["created_at"] = created
+        self._table(scope)[self._key(user_id, email, scope)]["created_at"] = created
 
-    async def remove(self, user_id: uuid.UUID, email: str) -> bool:
+    def _table(self, scope: str | None) -> dict[Any, dict[str, Any]]:
+        return self.db.suppressions if scope is None else self.db.list_suppressions  # type: ignore[return-value]
+
+    @staticmethod
+    def _key(user_id: uuid.UUID, email: str, scope: str | None) -> tuple[Any, ...]:
+        if scope is None:
+            return (user_id, address_key(email))
+        return (user_id, scope, address_key(email))
+
+    async def remove(self, user_id: uuid.UUID, email: str, scope: str | None = None) -> bool:
         await _round_trip()
-        return self.db.suppressions.pop((user_id, address_key(email)), None) is not None
+        return self._table(scope).pop(self._key(user_id, email, scope), None) is not None
 
-    async def page(self, user_id: uuid.UUID, limit: int, after: str | None) -> list[dict[str, Any]]:
+    async def page(
+        self, user_id: uuid.UUID, limit: int, after: str | None, scope: str | None = None
+    ) -> list[dict[str, Any]]:
         await _round_trip()
         if limit <= 0:
             raise InvalidRequest("LIMIT must be strictly positive")
+        table = self._table(scope)
         emails = sorted(
-            e for u, e in self.db.suppressions if u == user_id and (not after or e > after)
+            key[-1]
+            for key in table
+            if key[0] == user_id
+            and (scope is None or key[1] == scope)
+            and (not after or key[-1] > after)
         )
-        return [_suppression(e, self.db.suppressions[(user_id, e)]) for e in emails[:limit]]
+        return [_suppression(e, table[self._key(user_id, e, scope)]) for e in emails[:limit]]
 
 
 def _suppression(email: str, row: dict[str, Any]) -> dict[str, Any]:

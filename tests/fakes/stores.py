@@ -218,6 +218,7 @@ OPERATIONS = frozenset(
         "stats.day",
         "stats.outcomes",
         "stats.range",
+        "stats.hit",
         "stats.reconcile",
         "stats.recount",
         "stats.rollup",
@@ -250,6 +251,8 @@ class FakeCassandra:
         self.stat_days: dict[tuple[uuid.UUID, date], _Cells] = defaultdict(_Cells)
         self.active: dict[tuple[date, int], set[uuid.UUID]] = defaultdict(set)
         self.suppressions: dict[tuple[uuid.UUID, str], dict[str, Any]] = {}
+        self.list_suppressions: dict[tuple[uuid.UUID, str, str], dict[str, Any]] = {}
+        self.engagement: dict[tuple[uuid.UUID, date, str], int] = defaultdict(int)
         self.events: dict[tuple[uuid.UUID, uuid.UUID, datetime, str], dict[str, Any]] = {}
         self.orphans: dict[tuple[str, date, str], str] = {}
         self.tokens: dict[str, bytes] = {}
@@ -645,8 +648,30 @@ class FakeStats:
             out[d] = self._day(user_id, d)
             if is_closed(d, started - SETTLE):
                 self._day_put(user_id, d, "totals", Rollup(out[d], started).encode())
+        for d, totals in (await self.hits(user_id, start, end)).items():
+            out[d] = {**out.get(d, {}), **totals}
         self.db._after(failure)
         return out
+
+    async def hit(
+        self, user_id: uuid.UUID, batch_id: uuid.UUID, kind: str, *, machine: bool
+    ) -> None:
+        failure = await self.db._before("stats.hit")
+        day = batch_day(batch_id)
+        self.db.engagement[
+            (user_id, day, "opens_total" if kind == "opened" else "clicks_total")
+        ] += 1
+        if machine:
+            metric = "machine_opens" if kind == "opened" else "machine_clicks"
+            self.db.engagement[(user_id, day, metric)] += 1
+        self.db._after(failure)
+
+    async def hits(self, user_id: uuid.UUID, start: date, end: date) -> dict[date, dict[str, int]]:
+        found: dict[date, dict[str, int]] = {}
+        for (user, d, metric), count in self.db.engagement.items():
+            if user == user_id and start <= d <= end:
+                found.setdefault(d, {})[metric] = count
+        return found
 
     async def user_days(self, user_id: uuid.UUID) -> list[date]:
         self.db._after(await self.db._before("stats.user_days"))
@@ -969,18 +994,29 @@ class FakeSuppressions:
         source: str,
         event_id: str | None = None,
         at: datetime | None = None,
+        scope: str | None = None,
     ) -> None:
         failure = await self.db._before("suppressions.add")
-        self.db.suppressions[(user_id, email.lower())] = {
-            "reason": reason,
-            "source": source,
-            "event_id": event_id or "",
-        }
+        row = {"reason": reason, "source": source, "event_id": event_id or ""}
+        if scope is None:
+            self.db.suppressions[(user_id, email.lower())] = row
+        else:
+            self.db.list_suppressions[(user_id, scope, email.lower())] = row
         self.db._after(failure)
 
-    async def suppressed(self, user_id: uuid.UUID, emails: Iterable[str]) -> dict[str, str]:
-        found = ((e, self.db.suppressions.get((user_id, e))) for e in {e.lower() for e in emails})
-        return {e: s["reason"] for e, s in found if s is not None}
+    async def suppressed(
+        self, user_id: uuid.UUID, emails: Iterable[str], scope: str | None = None
+    ) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for e in {e.lower() for e in emails}:
+            if (row := self.db.suppressions.get((user_id, e))) is not None:
+                found[e] = row["reason"]
+            elif (
+                scope is not None
+                and (row := self.db.list_suppressions.get((user_id, scope, e))) is not None
+            ):
+                found[e] = f"{row['reason']} ({scope})"
+        return found
 
 
 class FakeTimeline:

@@ -51,6 +51,9 @@ async def test_every_operation_answers_its_documented_shape(
     await call("list_suppressions", "GET", "/v1/suppressions")
     await call("delete_suppression", "DELETE", "/v1/suppressions/x@example.com")
     await call("get_stats", "GET", "/v1/stats")
+    await call("get_preferences", "GET", "/v1/preferences")
+    prefs = {"tracking": {"clicks": True}, "cooldown": {"seconds": 60}}
+    await call("update_preferences", "PATCH", "/v1/preferences", json=prefs)
     await call("create_key", "POST", "/v1/keys", json={"name": "second"})
     keys = (await call("list_keys", "GET", "/v1/keys")).json()["data"]
     second = next(k for k in keys if k["name"] == "second")

@@ -30,12 +30,13 @@ from shared.config import (
     ConsumerSettings,
     SandboxSettings,
     Settings,
+    TrackingSettings,
     WebhookSettings,
 )
 from shared.providers.sendgrid_events import verify_signature
 
 #: The services in the order devrun starts them.
-ORDER = ("sandbox", "webhooks", "consumers", "api")
+ORDER = ("sandbox", "webhooks", "tracking", "consumers", "api")
 
 _CHILD = '''#!{python}
 """Stands in for `python -m services.cli <service>`: records what it was given, says it is
@@ -146,6 +147,7 @@ def supervised(
     settings = Settings(
         sandbox=SandboxSettings(port=port["sandbox"], mailgun_signing_key=SecretStr("mg-key")),
         webhooks=WebhookSettings(port=port["webhooks"]),
+        tracking=TrackingSettings(port=port["tracking"]),
         consumers=ConsumerSettings(port=port["consumers"]),
         api=ApiSettings(port=port["api"]),
     )
@@ -206,7 +208,13 @@ def test_a_crashed_service_stops_the_others(
 
     devrun.run(supervised.settings)
 
-    assert supervised.signals() == {"sandbox": 1, "webhooks": 1, "consumers": None, "api": 1}
+    assert supervised.signals() == {
+        "sandbox": 1,
+        "webhooks": 1,
+        "tracking": 1,
+        "consumers": None,
+        "api": 1,
+    }
 
 
 def test_a_crashed_service_makes_the_run_fail(

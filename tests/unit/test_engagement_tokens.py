@@ -14,7 +14,7 @@ from shared.engagement_tokens import Claim, KeyRing, read, redirect_target, ring
 
 OLD = KeyRing((("k1", b"o" * 32),))
 NEW = KeyRing((("k2", b"n" * 32), ("k1", b"o" * 32)))
-CLAIM = Claim("click", uuid.uuid1(), uuid.uuid4(), link=2)
+CLAIM = Claim("click", uuid.uuid1(), uuid.uuid4(), chunk=70_000, link=2)
 
 
 def test_an_authentic_token_reads_back_its_claim() -> None:
@@ -47,7 +47,10 @@ def test_a_click_goes_only_to_the_link_that_was_sent() -> None:
     links = ["https://shop.example/a", "https://shop.example/b", "https://shop.example/c"]
 
     assert redirect_target(CLAIM, links) == "https://shop.example/c"
-    assert redirect_target(Claim("click", CLAIM.batch_id, CLAIM.log_id, link=3), links) is None
+    assert (
+        redirect_target(Claim("click", CLAIM.batch_id, CLAIM.log_id, CLAIM.chunk, link=3), links)
+        is None
+    )
     assert redirect_target(Claim("open", CLAIM.batch_id, CLAIM.log_id), links) is None
 
 

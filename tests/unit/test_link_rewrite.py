@@ -44,7 +44,17 @@ def test_other_links_stay_as_they_are() -> None:
 
     out, links = rewrite(source, _t, keys=["-name-"])
 
-    assert (out, links) == (source, [])
+    assert out == source
+    assert links == ["https://shop.example/-name-"]  # numbered, never rewritten
+
+
+def test_numbering_does_not_depend_on_the_keys() -> None:
+    source = '<a href="https://s.example/-id-">1</a><a href="https://s.example/b">2</a>'
+
+    out, links = rewrite(source, _t, keys=["-id-"])
+
+    assert out == '<a href="https://s.example/-id-">1</a><a href="https://t.example/c/1">2</a>'
+    assert links == rewrite(source, _t)[1]
 
 
 def test_a_url_seen_twice_is_two_links() -> None:

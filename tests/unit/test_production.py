@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from pydantic import SecretStr
 
@@ -11,6 +13,7 @@ from shared.config import (
     GitHubSettings,
     ProviderSettings,
     Settings,
+    TrackingSettings,
     WebhookSettings,
     load_settings,
 )
@@ -39,6 +42,10 @@ def fit(**overrides: object) -> Settings:
         ),
         "amqp": AmqpSettings(url=SecretStr("amqps://sd:s3cret@mq1:5671/,amqps://sd:s3cret@mq2/")),
         "metrics_token": SecretStr("a-long-random-metrics-token"),
+        "tracking": TrackingSettings(
+            public_url="https://t.mail.example.com",
+            keys=SecretStr("k1:" + base64.b64encode(b"r" * 32).decode()),
+        ),
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
@@ -69,6 +76,8 @@ def test_every_sandbox_default_is_named() -> None:
         "SAFEDELIVR_PROVIDERS_MAILGUN_API_KEY",
         "SAFEDELIVR_GITHUB_CLIENT_SECRET",
         "SAFEDELIVR_AMQP_URL",
+        "SAFEDELIVR_TRACKING_PUBLIC_URL",
+        "SAFEDELIVR_TRACKING_KEYS",
         "SAFEDELIVR_METRICS_TOKEN",
     ]
 

@@ -38,7 +38,14 @@ def test_every_service_has_a_unit_that_runs_one_worker_per_core() -> None:
 
 def test_every_command_of_every_unit_is_one_the_cli_accepts() -> None:
     commands = [argv for unit in UNITS.glob("*.service") for argv in _commands(unit)]
-    assert {argv[1] for argv in commands} == {"api", "webhooks", "consumers", "migrate", "topology"}
+    assert {argv[1] for argv in commands} == {
+        "api",
+        "webhooks",
+        "tracking",
+        "consumers",
+        "migrate",
+        "topology",
+    }
     for argv in commands:
         build_parser().parse_args(argv[1:])  # exits (fails the test) on an unknown option
 
@@ -48,6 +55,7 @@ def test_the_target_wants_every_long_running_service() -> None:
     assert set(wants.split()) == {
         "safedelivr-api.service",
         "safedelivr-webhooks.service",
+        "safedelivr-tracking.service",
         "safedelivr-consumers.service",
     }
 

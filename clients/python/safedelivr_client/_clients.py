@@ -111,7 +111,8 @@ class Client:
         **more: Any,
     ) -> Accepted:
         """Submit a batch (``POST /v1/batches``). ``more`` takes the other fields: ``cc``,
-        ``bcc``, ``reply_to``, ``headers``, ``bulk``, ``categories``, ``metadata``."""
+        ``bcc``, ``reply_to``, ``headers``, ``bulk``, ``categories``, ``metadata``,
+        ``tracking``, ``unsubscribe``, ``list`` (pass it as ``**{"list": name}``)."""
         request = send_request(
             sender,
             to,
@@ -166,17 +167,29 @@ class Client:
         params = page_params(None, None, **{"from": start, "to": end})
         return cast(list[StatsDay], self._call(Request("GET", "/v1/stats", params))["data"])
 
-    def suppressions(self, *, limit: int | None = None, cursor: str | None = None) -> Page:
-        return cast(
-            Page, self._call(Request("GET", "/v1/suppressions", page_params(limit, cursor)))
-        )
+    def suppressions(
+        self, *, limit: int | None = None, cursor: str | None = None, list: str | None = None
+    ) -> Page:
+        """Your suppressions, or with ``list`` that list's own (one-click unsubscribes)."""
+        params = page_params(limit, cursor, list=list)
+        return cast(Page, self._call(Request("GET", "/v1/suppressions", params)))
 
     def suppress(self, email: str, reason: str = "manual") -> dict[str, str]:
         body = {"email": email, "reason": reason}
         return cast(dict[str, str], self._call(Request("POST", "/v1/suppressions", json=body)))
 
-    def unsuppress(self, email: str) -> None:
-        self._call(Request("DELETE", f"/v1/suppressions/{quoted(email)}"))
+    def unsuppress(self, email: str, *, list: str | None = None) -> None:
+        params = page_params(None, None, list=list)
+        self._call(Request("DELETE", f"/v1/suppressions/{quoted(email)}", params))
+
+    def preferences(self) -> dict[str, Any]:
+        return cast(dict[str, Any], self._call(Request("GET", "/v1/preferences")))
+
+    def set_preferences(self, **changes: Any) -> dict[str, Any]:
+        """``tracking={"opens": ..., "clicks": ...}``, ``unsubscribe=...``,
+        ``cooldown={"seconds": ..., "per_category": ...}``; others stay as they are."""
+        request = Request("PATCH", "/v1/preferences", json=changes)
+        return cast(dict[str, Any], self._call(request))
 
     def keys(self) -> list[dict[str, Any]]:
         return cast(list[dict[str, Any]], self._call(Request("GET", "/v1/keys"))["data"])
@@ -364,16 +377,26 @@ class AsyncClient:
         params = page_params(None, None, **{"from": start, "to": end})
         return cast(list[StatsDay], (await self._call(Request("GET", "/v1/stats", params)))["data"])
 
-    async def suppressions(self, *, limit: int | None = None, cursor: str | None = None) -> Page:
-        request = Request("GET", "/v1/suppressions", page_params(limit, cursor))
+    async def suppressions(
+        self, *, limit: int | None = None, cursor: str | None = None, list: str | None = None
+    ) -> Page:
+        request = Request("GET", "/v1/suppressions", page_params(limit, cursor, list=list))
         return cast(Page, await self._call(request))
 
     async def suppress(self, email: str, reason: str = "manual") -> dict[str, str]:
         request = Request("POST", "/v1/suppressions", json={"email": email, "reason": reason})
         return cast(dict[str, str], await self._call(request))
 
-    async def unsuppress(self, email: str) -> None:
-        await self._call(Request("DELETE", f"/v1/suppressions/{quoted(email)}"))
+    async def unsuppress(self, email: str, *, list: str | None = None) -> None:
+        params = page_params(None, None, list=list)
+        await self._call(Request("DELETE", f"/v1/suppressions/{quoted(email)}", params))
+
+    async def preferences(self) -> dict[str, Any]:
+        return cast(dict[str, Any], await self._call(Request("GET", "/v1/preferences")))
+
+    async def set_preferences(self, **changes: Any) -> dict[str, Any]:
+        request = Request("PATCH", "/v1/preferences", json=changes)
+        return cast(dict[str, Any], await self._call(request))
 
     async def keys(self) -> list[dict[str, Any]]:
         return cast(list[dict[str, Any]], (await self._call(Request("GET", "/v1/keys")))["data"])

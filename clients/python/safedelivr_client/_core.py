@@ -21,6 +21,8 @@ OPERATIONS: Mapping[str, str] = {
     "create_suppression": "suppress",
     "delete_suppression": "unsuppress",
     "get_stats": "stats",
+    "get_preferences": "preferences",
+    "update_preferences": "set_preferences",
     "list_keys": "keys",
     "create_key": "create_key",
     "revoke_key": "revoke_key",
@@ -54,6 +56,7 @@ class Accepted(TypedDict):
     accepted: int
     suppressed: list[str]
     rejected: list[Rejected]
+    skipped: list[Rejected]
 
 
 class BatchItem(TypedDict):
@@ -94,6 +97,10 @@ class StatsDay(TypedDict):
     complained: int
     opened: int
     clicked: int
+    opens_total: int
+    clicks_total: int
+    machine_opens: int
+    machine_clicks: int
 
 
 class KeyCreated(TypedDict):

@@ -1,0 +1,238 @@
+"""The tracking endpoint, on its own port: the open pixel, tracked links and the one-click
+unsubscribe of the mail we send (the URLs ``shared.engagement`` puts into each copy).
+
+* ``GET /o/<token>`` -- a 1x1 GIF; records an open.
+* ``GET /c/<token>`` -- a 302 to the link the message was sent with (the token names the
+  recipient and the link's place in the stored message, never a URL: no open redirect);
+  records a click. A forged, altered or expired token is a 404 page, never a redirect.
+* ``GET /u/<token>`` -- a small page naming the address, with a button that posts to
+* ``POST /u/<token>`` -- RFC 8058 one-click unsubscribe (a mail client posts
+  ``List-Unsubscribe=One-Click``; no login, no confirmation): the address is suppressed for
+  the sender (only for the list the mail named, if it named one) before the 200.
+
+Opens, clicks and unsubscribes are events of the recipient like a provider's, applied by the
+same ingest (``services.webhooks.ingest``), with ``tracking`` as their provider: engagement
+never changes an outcome; opens and clicks count once per recipient and in total, machines
+(``shared.prefetch``) marked; an unsubscribe ends in the same suppression as a provider's.
+Opens and clicks are recorded before the answer but never fail it: a reader clicking while
+the database is away still gets to the link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Final
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from services.webhooks.ingest import Ingest, IngestMetrics
+from shared.config import Settings
+from shared.engagement import TRACKER, links_of
+from shared.engagement_tokens import Claim, KeyRing, read, redirect_target, ring_from
+from shared.errors import DependencyUnavailable
+from shared.health import health_routes
+from shared.http import AdmissionLimit, error_handlers
+from shared.metrics import new_registry
+from shared.prefetch import machine
+from shared.resources import open_resources, readiness_checks
+from shared.webhook_events import Kind, ProviderEvent
+
+log = logging.getLogger(__name__)
+
+#: The smallest transparent GIF.
+PIXEL: Final = bytes.fromhex(
+    "47494638396101000100800000000000ffffff21f90401000000002c00000000010001000002024401003b"
+)
+#: Seconds an open or click may take to record before the reader is answered anyway.
+RECORD_BUDGET: Final = 2.0
+#: Batches whose links a process keeps.
+LINKS_CACHE: Final = 2_000
+NO_STORE: Final = {"Cache-Control": "no-store, private", "Referrer-Policy": "no-referrer"}
+
+
+class Tracking:
+    """What the routes need, built by the lifespan."""
+
+    def __init__(self, ingest: Ingest, ring: KeyRing) -> None:
+        self.ingest = ingest
+        self.ring = ring
+        self._links: OrderedDict[uuid.UUID, list[str]] = OrderedDict()
+
+    def claim(self, request: Request, purpose: str) -> Claim | None:
+        claim = read(str(request.path_params["token"]), self.ring)
+        return claim if claim is not None and claim.purpose == purpose else None
+
+    async def links(self, batch_id: uuid.UUID) -> list[str]:
+        """The tracked links of the batch's stored message (its own: never from a URL)."""
+        known = self._links.get(batch_id)
+        if known is None:
+            header = await self.ingest.batches.header(batch_id)
+            known = links_of(header.message) if header else []
+            if header is not None:
+                self._links[batch_id] = known
+                if len(self._links) > LINKS_CACHE:
+                    self._links.popitem(last=False)
+        return known
+
+    async def email(self, claim: Claim) -> str | None:
+        row = await self.ingest.recipients.one(
+            claim.batch_id, claim.chunk, claim.log_id, addresses=True
+        )
+        return str(row["email"]) if row and row.get("email") else None
+
+    async def record(self, claim: Claim, request: Request, kind: Kind, url: str | None) -> None:
+        """An open or click, recorded within RECORD_BUDGET (logged, never raised, if not)."""
+        client = request.client.host if request.client else None
+        by = machine(request.headers.get("user-agent"), client)
+        ev = _event(claim, kind, f"{kind}:{uuid.uuid1()}", url=url, machine=by)
+        try:
+            await asyncio.wait_for(self.ingest.apply(ev), RECORD_BUDGET)
+        except (DependencyUnavailable, TimeoutError) as exc:
+            log.warning("%s of %s/%s not recorded: %s", kind, claim.batch_id, claim.log_id, exc)
+
+
+def _event(
+    claim: Claim,
+    kind: Kind,
+    event_id: str,
+    *,
+    email: str = "",
+    url: str | None = None,
+    machine: str | None = None,
+    raw: str | None = None,
+) -> ProviderEvent:
+    return ProviderEvent(
+        provider=TRACKER,
+        event_id=event_id,
+        kind=kind,
+        raw_event=raw or kind,
+        email=email,
+        occurred_at=datetime.now(UTC),
+        batch_id=claim.batch_id,
+        chunk=claim.chunk,
+        log_id=claim.log_id,
+        attempt=None,
+        message_id=None,
+        reason=f"by {machine}" if machine else None,
+        provider_side=False,
+        suppress=kind == "unsubscribed",
+        url=url,
+        machine=machine,
+    )
+
+
+def _tracking(request: Request) -> Tracking:
+    tracking: Tracking = request.app.state.tracking
+    return tracking
+
+
+async def open_pixel(request: Request) -> Response:
+    t = _tracking(request)
+    claim = t.claim(request, "open")
+    if claim is None:
+        return _page(404, "Not found", "This link is not valid.")
+    await t.record(claim, request, "opened", None)
+    return Response(PIXEL, media_type="image/gif", headers=NO_STORE)
+
+
+async def click(request: Request) -> Response:
+    t = _tracking(request)
+    claim = t.claim(request, "click")
+    target = redirect_target(claim, await t.links(claim.batch_id)) if claim else None
+    if claim is None or target is None:
+        return _page(404, "Not found", "This link is not valid or has expired.")
+    await t.record(claim, request, "clicked", target)
+    return RedirectResponse(target, status_code=302, headers=NO_STORE)
+
+
+async def unsubscribe_page(request: Request) -> Response:
+    t = _tracking(request)
+    claim = t.claim(request, "unsubscribe")
+    email = await t.email(claim) if claim else None
+    if claim is None or email is None:
+        return _page(404, "Not found", "This unsubscribe link is not valid or has expired.")
+    scope = f" from the list “{html.escape(claim.scope)}”" if claim.scope else ""
+    return _page(
+        200,
+        "Unsubscribe",
+        f"Stop sending mail to <strong>{html.escape(email)}</strong>{scope}?",
+        form=True,
+    )
+
+
+async def unsubscribe(request: Request) -> Response:
+    """RFC 8058: the POST itself unsubscribes (its body is ``List-Unsubscribe=One-Click``
+    from a mail client, or our page's button); suppressed before the 200."""
+    t = _tracking(request)
+    claim = t.claim(request, "unsubscribe")
+    email = await t.email(claim) if claim else None
+    if claim is None or email is None:
+        return _page(404, "Not found", "This unsubscribe link is not valid or has expired.")
+    one_click = b"List-Unsubscribe=One-Click" in (await request.body())[:1024]
+    ev = _event(
+        claim,
+        "unsubscribed",
+        f"unsubscribe:{claim.log_id}:{claim.scope or ''}",
+        email=email,
+        raw="one-click unsubscribe" if one_click else "unsubscribe page",
+    )
+    if await t.ingest.apply(ev) != "applied":
+        return _page(404, "Not found", "This unsubscribe link is not valid or has expired.")
+    return _page(200, "Unsubscribed", f"{html.escape(email)} will get no more of this mail.")
+
+
+def _page(status: int, title: str, body: str, *, form: bool = False) -> HTMLResponse:
+    button = '<form method="post"><button type="submit">Unsubscribe</button></form>' if form else ""
+    return HTMLResponse(
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<title>{title}</title></head><body style="font-family:sans-serif;max-width:32rem;'
+        f'margin:4rem auto;padding:0 1rem"><h1>{title}</h1><p>{body}</p>{button}</body></html>',
+        status_code=status,
+        headers=NO_STORE,
+    )
+
+
+def create_app(settings: Settings) -> Starlette:
+    registry = new_registry()
+    metrics = IngestMetrics.create(registry)
+    ring = ring_from(settings.tracking.keys.get_secret_value())
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with open_resources(settings, name="safedelivr-tracking") as res:
+            app.state.resources = res
+            app.state.tracking = Tracking(Ingest.over(res.db, res.broker, settings, metrics), ring)
+            yield
+
+    routes = [
+        Route("/o/{token}", open_pixel, methods=["GET"]),
+        Route("/c/{token}", click, methods=["GET"]),
+        Route("/u/{token}", unsubscribe_page, methods=["GET"]),
+        Route("/u/{token}", unsubscribe, methods=["POST"]),
+        *health_routes(
+            "tracking",
+            registry,
+            lambda request: readiness_checks(request.app.state.resources),
+            settings.metrics_token,
+        ),
+    ]
+    app = Starlette(
+        middleware=[Middleware(AdmissionLimit, limit=settings.tracking.max_concurrency)],
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers=error_handlers(),
+    )
+    app.state.settings = settings
+    return app

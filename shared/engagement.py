@@ -1,0 +1,179 @@
+"""Each recipient's copy of a tracked or unsubscribable message, as it goes to the provider.
+
+A batch's message is stored once; what differs per recipient is a signed token
+(``shared.engagement_tokens``) in each tracked link, in the open pixel and in the
+List-Unsubscribe header. Tokens travel the way every per-recipient value already does:
+
+* the html's links (``shared.link_rewrite``) become ``<base>/c/{sd:cN}`` and the pixel
+  ``<base>/o/{sd:o}``; the keys ``{sd:cN}`` and ``{sd:o}`` are added to the recipient's own
+  substitutions (SendGrid replaces them literally; Mailgun through recipient variables);
+* ``List-Unsubscribe`` (RFC 2369: the HTTPS URL, and a ``mailto:`` when one is configured)
+  is a header of the recipient's copy only (SendGrid personalization headers, Mailgun
+  ``h:`` headers with a recipient variable); ``List-Unsubscribe-Post:
+  List-Unsubscribe=One-Click`` (RFC 8058) is the same for all.
+
+Only copies made per recipient can carry them: a shared message (one copy seen by every
+recipient of a chunk) is sent as it is. A message whose own headers set List-Unsubscribe
+keeps the sender's. Links are tracked up to :data:`MAX_TRACKED_LINKS` per message (each costs
+a token per recipient, and SendGrid caps a recipient's substitutions at 10 kB); the rest
+stay as they are. The links a click may go to are :func:`links_of` the stored message: the
+same pure rewrite, so the redirect never depends on anything a URL can carry.
+
+Pure.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from shared.config import TrackingSettings
+from shared.engagement_tokens import Claim, KeyRing, ring_from, sign
+from shared.link_rewrite import rewrite, trackable
+from shared.models import Chunk, Engagement, Message, Recipient
+
+#: The ``provider`` of the events our tracking endpoint reports (opens, clicks, unsubscribes).
+TRACKER: Final = "tracking"
+#: Links of one message that are tracked (later ones are left as they are).
+MAX_TRACKED_LINKS: Final = 60
+#: Substitution key of the open pixel's token.
+OPEN_KEY: Final = "{sd:o}"
+ONE_CLICK: Final = "List-Unsubscribe=One-Click"
+
+
+def click_key(index: int) -> str:
+    """Substitution key of the token of the message's ``index``-th tracked link."""
+    return f"{{sd:c{index}}}"
+
+
+@dataclass(frozen=True, slots=True)
+class Tracker:
+    """Where the tracking endpoint is and how its tokens are signed (from settings)."""
+
+    base_url: str
+    """The tracking endpoint's public URL, e.g. ``https://t.example.com`` (no trailing /)."""
+    ring: KeyRing
+    mailto: str | None = None
+    """The address of the ``mailto:`` unsubscribe (None: the HTTPS URL only)."""
+
+    def url(self, kind: str, token: str) -> str:
+        return f"{self.base_url}/{kind}/{token}"
+
+
+def tracker_of(settings: TrackingSettings) -> Tracker:
+    """The tracker the settings describe."""
+    return Tracker(
+        base_url=settings.public_url,
+        ring=ring_from(settings.keys.get_secret_value()),
+        mailto=settings.unsubscribe_mailto,
+    )
+
+
+def personal(message: Message) -> bool:
+    """Whether each recipient gets their own copy (only then can it carry their tokens)."""
+    return message.bulk
+
+
+def links_of(message: Message) -> list[str]:
+    """The links of ``message`` that clicks go to, in the order their tokens number them
+    (the numbering depends on the message alone: ``shared.link_rewrite``)."""
+    engagement = message.engagement
+    if engagement is None or not engagement.clicks or not message.html:
+        return []
+    return rewrite(message.html, str, limit=MAX_TRACKED_LINKS)[1]
+
+
+def _user_keys(recipients: Sequence[Recipient]) -> list[str]:
+    keys: set[str] = set()
+    for recipient in recipients:
+        keys.update(recipient.substitutions)
+    return sorted(keys)
+
+
+def personalize(chunk: Chunk, tracker: Tracker | None) -> Chunk:
+    """The chunk as it goes to the provider: each recipient's tokens added (unchanged when
+    the batch asks for nothing, or its copies are shared, or tracking is not configured)."""
+    message = chunk.message
+    engagement = message.engagement
+    if engagement is None or not engagement.any or tracker is None or not personal(message):
+        return chunk
+    html = message.html
+    tracked: list[int] = []
+    if engagement.clicks and html:
+        # Links holding a substitution key differ per recipient: they stay as they are
+        # (they get an index, but no token is ever made for it).
+        keys = _user_keys(chunk.recipients)
+        html, links = rewrite(
+            html, lambda i: tracker.url("c", click_key(i)), keys, limit=MAX_TRACKED_LINKS
+        )
+        tracked = [i for i, link in enumerate(links) if trackable(link, keys)]
+    if engagement.opens and html:
+        html = _with_pixel(html, tracker.url("o", OPEN_KEY))
+    headers = dict(message.headers)
+    unsubscribe = engagement.unsubscribe and not _has_header(headers, "list-unsubscribe")
+    if unsubscribe:
+        headers["List-Unsubscribe-Post"] = ONE_CLICK
+    recipients = tuple(
+        _recipient(r, chunk, engagement, tracker, tracked, unsubscribe=unsubscribe)
+        for r in chunk.recipients
+    )
+    changed = message.model_copy(update={"html": html, "headers": headers})
+    return chunk.model_copy(update={"message": changed, "recipients": recipients})
+
+
+def _recipient(
+    recipient: Recipient,
+    chunk: Chunk,
+    engagement: Engagement,
+    tracker: Tracker,
+    tracked: Sequence[int],
+    *,
+    unsubscribe: bool,
+) -> Recipient:
+    def token(purpose: str, link: int | None = None, scope: str | None = None) -> str:
+        claim = Claim(
+            purpose,  # type: ignore[arg-type]  # one of the three, by the calls below
+            chunk.batch_id,
+            recipient.log_id,
+            chunk=chunk.index,
+            link=link,
+            scope=scope,
+        )
+        return sign(claim, tracker.ring)
+
+    substitutions = dict(recipient.substitutions)
+    for index in tracked:
+        substitutions[click_key(index)] = token("click", index)
+    if engagement.opens and chunk.message.html:
+        substitutions[OPEN_KEY] = token("open")
+    headers = dict(recipient.headers)
+    if unsubscribe:
+        headers["List-Unsubscribe"] = list_unsubscribe(
+            tracker, token("unsubscribe", scope=engagement.list)
+        )
+    return recipient.model_copy(update={"substitutions": substitutions, "headers": headers})
+
+
+def list_unsubscribe(tracker: Tracker, token: str) -> str:
+    """The List-Unsubscribe value: the one-click HTTPS URL first, then the mailto."""
+    value = f"<{tracker.url('u', token)}>"
+    if tracker.mailto:
+        subject = urllib.parse.quote(f"unsubscribe {token}")
+        value += f", <mailto:{tracker.mailto}?subject={subject}>"
+    return value
+
+
+def _has_header(headers: dict[str, str], name: str) -> bool:
+    return any(k.lower() == name for k in headers)
+
+
+def _with_pixel(html: str, src: str) -> str:
+    """The html with a 1x1 image at the end of its body (or at the end)."""
+    pixel = f'<img src="{src}" width="1" height="1" alt="" style="display:none">'
+    lower = html.lower()
+    at = lower.rfind("</body>")
+    if at < 0:
+        return html + pixel
+    return html[:at] + pixel + html[at:]
