@@ -348,8 +348,17 @@ class TrackingSettings(BaseSettings):
     the first signs, all verify: add a new key first, drop an old one once its mail is old)."""
     unsubscribe_mailto: str | None = None
     """The address of the ``mailto:`` List-Unsubscribe (unset: the HTTPS URL only)."""
+    redirect_hosts: str = ""
+    """Comma-separated hosts whose personal links (holding a substitution key, so different
+    per recipient) are tracked too: a click then goes to the recipient's own URL, and only
+    while its host is listed. Links without keys are always tracked (they go only to the
+    stored message's own links)."""
     max_concurrency: int = Field(256, ge=1)
     """Requests in progress per process before new ones get 503."""
+
+    @property
+    def allowed_hosts(self) -> frozenset[str]:
+        return frozenset(h.strip().lower() for h in self.redirect_hosts.split(",") if h.strip())
 
     @field_validator("keys")
     @classmethod

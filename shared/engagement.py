@@ -4,9 +4,10 @@ A batch's message is stored once; what differs per recipient is a signed token
 (``shared.engagement_tokens``) in each tracked link, in the open pixel and in the
 List-Unsubscribe header. Tokens travel the way every per-recipient value already does:
 
-* the html's links (``shared.link_rewrite``) become ``<base>/c/{sd:cN}`` and the pixel
-  ``<base>/o/{sd:o}``; the keys ``{sd:cN}`` and ``{sd:o}`` are added to the recipient's own
-  substitutions (SendGrid replaces them literally; Mailgun through recipient variables);
+* each tracked link's href (``shared.link_rewrite``) becomes the key ``{sd:cN}``, whose value
+  in the recipient's own substitutions is ``<base>/c/<token>``; the pixel is
+  ``<base>/o/{sd:o}`` (SendGrid replaces keys literally; Mailgun through recipient
+  variables);
 * ``List-Unsubscribe`` (RFC 2369: the HTTPS URL, and a ``mailto:`` when one is configured)
   is a header of the recipient's copy only (SendGrid personalization headers, Mailgun
   ``h:`` headers with a recipient variable); ``List-Unsubscribe-Post:
@@ -14,30 +15,39 @@ List-Unsubscribe header. Tokens travel the way every per-recipient value already
 
 Only copies made per recipient can carry them: a shared message (one copy seen by every
 recipient of a chunk) is sent as it is. A message whose own headers set List-Unsubscribe
-keeps the sender's. Links are tracked up to :data:`MAX_TRACKED_LINKS` per message (each costs
-a token per recipient, and SendGrid caps a recipient's substitutions at 10 kB); the rest
-stay as they are. The links a click may go to are :func:`links_of` the stored message: the
-same pure rewrite, so the redirect never depends on anything a URL can carry.
+keeps the sender's. A link holding a substitution key (it differs per recipient) is tracked
+only when its host is one the operator allows (``SAFEDELIVR_TRACKING_REDIRECT_HOSTS``): its
+token then carries the recipient's own URL. Links are tracked up to
+:data:`MAX_TRACKED_LINKS` per message (each costs a token per recipient, and SendGrid caps a
+recipient's substitutions at 10 kB); the rest stay as they are. The links a click may go to
+are :func:`links_of` the stored message: the same pure rewrite, so the redirect never
+depends on anything a URL can carry.
 
 Pure.
 """
 
 from __future__ import annotations
 
+import html
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from shared.config import TrackingSettings
-from shared.engagement_tokens import Claim, KeyRing, ring_from, sign
+from shared.engagement_tokens import Claim, KeyRing, host_of, ring_from, sign
 from shared.link_rewrite import rewrite, trackable
 from shared.models import Chunk, Engagement, Message, Recipient
+from shared.providers.envelope import replace_keys
 
 #: The ``provider`` of the events our tracking endpoint reports (opens, clicks, unsubscribes).
 TRACKER: Final = "tracking"
 #: Links of one message that are tracked (later ones are left as they are).
 MAX_TRACKED_LINKS: Final = 60
+#: Longest personal link tracked (its token carries the recipient's URL), before and after
+#: the recipient's substitutions.
+MAX_PERSONAL_LINK: Final = 512
+MAX_PERSONAL_URL: Final = 1024
 #: Substitution key of the open pixel's token.
 OPEN_KEY: Final = "{sd:o}"
 ONE_CLICK: Final = "List-Unsubscribe=One-Click"
@@ -57,6 +67,13 @@ class Tracker:
     ring: KeyRing
     mailto: str | None = None
     """The address of the ``mailto:`` unsubscribe (None: the HTTPS URL only)."""
+    allowed_hosts: frozenset[str] = frozenset()
+    """Hosts whose personal links (holding a substitution key) are tracked too: their
+    tokens carry each recipient's own URL (``engagement_tokens.redirect_target``)."""
+
+    def personal_link(self, link: str) -> bool:
+        """Whether a link holding a substitution key is tracked (its host is allowed)."""
+        return len(link) <= MAX_PERSONAL_LINK and host_of(link) in self.allowed_hosts
 
     def url(self, kind: str, token: str) -> str:
         return f"{self.base_url}/{kind}/{token}"
@@ -68,6 +85,7 @@ def tracker_of(settings: TrackingSettings) -> Tracker:
         base_url=settings.public_url,
         ring=ring_from(settings.keys.get_secret_value()),
         mailto=settings.unsubscribe_mailto,
+        allowed_hosts=settings.allowed_hosts,
     )
 
 
@@ -99,18 +117,25 @@ def personalize(chunk: Chunk, tracker: Tracker | None) -> Chunk:
     engagement = message.engagement
     if engagement is None or not engagement.any or tracker is None or not personal(message):
         return chunk
-    html = message.html
-    tracked: list[int] = []
-    if engagement.clicks and html:
+    body = message.html
+    tracked: dict[int, str | None] = {}
+    if engagement.clicks and body:
         # Links holding a substitution key differ per recipient: they stay as they are
-        # (they get an index, but no token is ever made for it).
+        # (they get an index, but no token is ever made for it), unless the operator allows
+        # their host: then each recipient's token carries their own URL.
         keys = _user_keys(chunk.recipients)
-        html, links = rewrite(
-            html, lambda i: tracker.url("c", click_key(i)), keys, limit=MAX_TRACKED_LINKS
-        )
-        tracked = [i for i, link in enumerate(links) if trackable(link, keys)]
-    if engagement.opens and html:
-        html = _with_pixel(html, tracker.url("o", OPEN_KEY))
+
+        def rewritable(link: str) -> bool:
+            return trackable(link, keys) or tracker.personal_link(link)
+
+        body, links = rewrite(body, click_key, limit=MAX_TRACKED_LINKS, rewritable=rewritable)
+        tracked = {
+            i: None if trackable(link, keys) else link
+            for i, link in enumerate(links)
+            if rewritable(link)
+        }
+    if engagement.opens and body:
+        body = _with_pixel(body, tracker.url("o", OPEN_KEY))
     headers = dict(message.headers)
     unsubscribe = engagement.unsubscribe and not _has_header(headers, "list-unsubscribe")
     if unsubscribe:
@@ -119,7 +144,7 @@ def personalize(chunk: Chunk, tracker: Tracker | None) -> Chunk:
         _recipient(r, chunk, engagement, tracker, tracked, unsubscribe=unsubscribe)
         for r in chunk.recipients
     )
-    changed = message.model_copy(update={"html": html, "headers": headers})
+    changed = message.model_copy(update={"html": body, "headers": headers})
     return chunk.model_copy(update={"message": changed, "recipients": recipients})
 
 
@@ -128,11 +153,13 @@ def _recipient(
     chunk: Chunk,
     engagement: Engagement,
     tracker: Tracker,
-    tracked: Sequence[int],
+    tracked: Mapping[int, str | None],
     *,
     unsubscribe: bool,
 ) -> Recipient:
-    def token(purpose: str, link: int | None = None, scope: str | None = None) -> str:
+    def token(
+        purpose: str, link: int | None = None, scope: str | None = None, url: str | None = None
+    ) -> str:
         claim = Claim(
             purpose,  # type: ignore[arg-type]  # one of the three, by the calls below
             chunk.batch_id,
@@ -140,12 +167,19 @@ def _recipient(
             chunk=chunk.index,
             link=link,
             scope=scope,
+            url=url,
         )
         return sign(claim, tracker.ring)
 
     substitutions = dict(recipient.substitutions)
-    for index in tracked:
-        substitutions[click_key(index)] = token("click", index)
+    for index, template in tracked.items():
+        # A personal link's URL is this recipient's, substituted as the provider would; one
+        # too long for a token goes untracked.
+        own = replace_keys(template, recipient.substitutions) if template else None
+        if own is not None and len(own.encode()) > MAX_PERSONAL_URL:
+            substitutions[click_key(index)] = html.escape(own, quote=True)
+        else:
+            substitutions[click_key(index)] = tracker.url("c", token("click", index, url=own))
     if engagement.opens and chunk.message.html:
         substitutions[OPEN_KEY] = token("open")
     headers = dict(recipient.headers)
@@ -169,11 +203,10 @@ def _has_header(headers: dict[str, str], name: str) -> bool:
     return any(k.lower() == name for k in headers)
 
 
-def _with_pixel(html: str, src: str) -> str:
+def _with_pixel(body: str, src: str) -> str:
     """The html with a 1x1 image at the end of its body (or at the end)."""
     pixel = f'<img src="{src}" width="1" height="1" alt="" style="display:none">'
-    lower = html.lower()
-    at = lower.rfind("</body>")
+    at = body.lower().rfind("</body>")
     if at < 0:
-        return html + pixel
-    return html[:at] + pixel + html[at:]
+        return body + pixel
+    return body[:at] + pixel + body[at:]

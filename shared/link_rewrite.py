@@ -39,10 +39,12 @@ def rewrite(
     tracked_url: Callable[[int], str],
     keys: Sequence[str] = (),
     limit: int = MAX_LINKS,
+    rewritable: Callable[[str], bool] | None = None,
 ) -> tuple[str, list[str]]:
     """``source`` with each trackable link (the first ``limit`` absolute ones, less those
-    holding one of ``keys``) replaced by ``tracked_url(index)``, and every absolute link
-    among the first ``limit`` in index order."""
+    holding one of ``keys``; or those ``rewritable`` says) replaced by ``tracked_url(index)``,
+    and every absolute link among the first ``limit`` in index order."""
+    replaced = rewritable or (lambda url: trackable(url, keys))
     links: list[str] = []
 
     def tag(match: re.Match[str]) -> str:
@@ -56,7 +58,7 @@ def rewrite(
             return text
         index = len(links)
         links.append(url)
-        if not trackable(url, keys):
+        if not replaced(url):
             return text
         replacement = f'{found.group(1)}"{html.escape(tracked_url(index), quote=True)}"'
         return text[: found.start()] + replacement + text[found.end() :]

@@ -3,8 +3,9 @@ unsubscribe of the mail we send (the URLs ``shared.engagement`` puts into each c
 
 * ``GET /o/<token>`` -- a 1x1 GIF; records an open.
 * ``GET /c/<token>`` -- a 302 to the link the message was sent with (the token names the
-  recipient and the link's place in the stored message, never a URL: no open redirect);
-  records a click. A forged, altered or expired token is a 404 page, never a redirect.
+  recipient and the link's place in the stored message, never a URL: no open redirect; a
+  personal link's token carries the recipient's URL, followed only to a host the operator
+  allows); records a click. A forged, altered or expired token is a 404 page, never a redirect.
 * ``GET /u/<token>`` -- a small page naming the address, with a button that posts to
 * ``POST /u/<token>`` -- RFC 8058 one-click unsubscribe (a mail client posts
   ``List-Unsubscribe=One-Click``; no login, no confirmation): the address is suppressed for
@@ -64,9 +65,12 @@ NO_STORE: Final = {"Cache-Control": "no-store, private", "Referrer-Policy": "no-
 class Tracking:
     """What the routes need, built by the lifespan."""
 
-    def __init__(self, ingest: Ingest, ring: KeyRing) -> None:
+    def __init__(
+        self, ingest: Ingest, ring: KeyRing, allowed_hosts: frozenset[str] = frozenset()
+    ) -> None:
         self.ingest = ingest
         self.ring = ring
+        self.allowed_hosts = allowed_hosts
         self._links: OrderedDict[uuid.UUID, list[str]] = OrderedDict()
 
     def claim(self, request: Request, purpose: str) -> Claim | None:
@@ -149,7 +153,9 @@ async def open_pixel(request: Request) -> Response:
 async def click(request: Request) -> Response:
     t = _tracking(request)
     claim = t.claim(request, "click")
-    target = redirect_target(claim, await t.links(claim.batch_id)) if claim else None
+    target = (
+        redirect_target(claim, await t.links(claim.batch_id), t.allowed_hosts) if claim else None
+    )
     if claim is None or target is None:
         return _page(404, "Not found", "This link is not valid or has expired.")
     await t.record(claim, request, "clicked", target)
@@ -213,7 +219,8 @@ def create_app(settings: Settings) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_resources(settings, name="safedelivr-tracking") as res:
             app.state.resources = res
-            app.state.tracking = Tracking(Ingest.over(res.db, res.broker, settings, metrics), ring)
+            ingest = Ingest.over(res.db, res.broker, settings, metrics)
+            app.state.tracking = Tracking(ingest, ring, settings.tracking.allowed_hosts)
             yield
 
     routes = [

@@ -25,14 +25,18 @@ from tests.integration.stack import Stack, emails, fast_settings, full_stack
 HTML = (
     '<html><body><p>Hi -name-, see <a href="https://shop.example/sale?a=1&amp;b=2">the sale</a>'
     ' and <a href="https://shop.example/blog">our blog</a>; your own '
-    '<a href="https://shop.example/u/-name-">page</a>.</p></body></html>'
+    '<a href="https://shop.example/u/-name-">page</a> and '
+    '<a href="https://pages.example/p/-name-">profile</a>.</p></body></html>'
 )
+#: Personal links to this host are tracked (the operator allows it).
+ALLOWED = "pages.example"
 
 
 @pytest.fixture
 async def stack(settings: Settings, db: Database) -> AsyncIterator[Stack]:
     async with full_stack(fast_settings(settings), db) as s:
-        tracking = s.settings.tracking.model_copy(update={"public_url": "http://unused"})
+        tracking = s.settings.tracking.model_copy(update={"redirect_hosts": ALLOWED})
+        s.settings = s.settings.model_copy(update={"tracking": tracking})
         async with served(create_tracking(s.settings)) as url:
             tracking = tracking.model_copy(update={"public_url": url})
             s.settings = s.settings.model_copy(update={"tracking": tracking})
@@ -77,19 +81,22 @@ async def test_a_tracked_link_redirects_only_to_its_own_url(stack: Stack) -> Non
     (ann,) = emails(1)
     subs = [{"email": ann, "substitutions": {"-name-": "ann"}}]
     _, received = await _send_and_receive(stack, subs, tracking={"clicks": True})
-    sale, blog, own = _hrefs(received[ann]["html"])
+    sale, blog, own, profile = _hrefs(received[ann]["html"])
 
     assert sale.startswith(stack.settings.tracking.public_url + "/c/")
     assert blog.startswith(stack.settings.tracking.public_url + "/c/") and blog != sale
-    assert own == "https://shop.example/u/ann"  # a personal link stays as it is
+    assert own == "https://shop.example/u/ann"  # a personal link stays as it is...
+    assert profile.startswith(stack.settings.tracking.public_url + "/c/")  # ...unless allowed
     async with httpx.AsyncClient(follow_redirects=False) as reader:
         first = await reader.get(sale)
         second = await reader.get(blog)
+        third = await reader.get(profile)
     assert (first.status_code, first.headers["location"]) == (
         302,
         "https://shop.example/sale?a=1&b=2",
     )
     assert (second.status_code, second.headers["location"]) == (302, "https://shop.example/blog")
+    assert (third.status_code, third.headers["location"]) == (302, "https://pages.example/p/ann")
 
 
 async def test_a_tampered_token_is_a_404_page_never_a_redirect(stack: Stack) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -54,14 +55,14 @@ def test_every_trackable_link_points_at_the_tracker_with_each_recipients_own_tok
     chunk = personalize(sent, TRACKER)
 
     html = chunk.message.html or ""
-    assert f'href="https://t.example/c/{click_key(0)}"' in html
-    assert f'href="https://t.example/c/{click_key(2)}"' in html
+    assert f'href="{click_key(0)}"' in html and f'href="{click_key(2)}"' in html
     assert 'href="https://shop.example/-id-"' in html  # personal: left as it is
     links = links_of(sent.message)  # what the endpoint reads: the stored message
     for recipient in chunk.recipients:
         assert click_key(1) not in recipient.substitutions  # no token for the personal link
         for index, url in ((0, "https://shop.example/a"), (2, "https://shop.example/b")):
-            claim = read(recipient.substitutions[click_key(index)], RING)
+            value = recipient.substitutions[click_key(index)]
+            claim = read(value.removeprefix("https://t.example/c/"), RING)
             assert claim is not None
             assert (claim.log_id, claim.chunk, claim.batch_id) == (
                 recipient.log_id,
@@ -122,10 +123,38 @@ def test_mail_without_tracking_goes_as_it_is(
 def test_links_beyond_the_limit_stay_as_they_are() -> None:
     html = '<a href="https://s.example/">x</a>' * (MAX_TRACKED_LINKS + 2)
 
-    chunk = personalize(_chunk(Engagement(clicks=True), html=html), TRACKER)
+    sent = _chunk(Engagement(clicks=True), html=html)
+    chunk = personalize(sent, TRACKER)
 
     assert (chunk.message.html or "").endswith('<a href="https://s.example/">x</a>' * 2)
-    assert len(links_of(chunk.message)) == MAX_TRACKED_LINKS
+    assert len(links_of(sent.message)) == MAX_TRACKED_LINKS
+
+
+def test_a_personal_link_to_an_allowed_host_carries_each_recipients_own_url() -> None:
+    tracker = dataclasses.replace(TRACKER, allowed_hosts=frozenset({"shop.example"}))
+    sent = _chunk(Engagement(clicks=True))
+
+    chunk = personalize(sent, tracker)
+
+    assert f'href="{click_key(1)}"' in (chunk.message.html or "")
+    allowed = frozenset({"shop.example"})
+    for i, recipient in enumerate(chunk.recipients):
+        value = recipient.substitutions[click_key(1)]
+        claim = read(value.removeprefix("https://t.example/c/"), RING)
+        assert claim is not None and claim.url == f"https://shop.example/{i}"
+        assert redirect_target(claim, links_of(sent.message), allowed) == claim.url
+        assert redirect_target(claim, links_of(sent.message)) is None  # host no longer allowed
+
+
+def test_a_personal_link_too_long_for_a_token_goes_untracked() -> None:
+    tracker = dataclasses.replace(TRACKER, allowed_hosts=frozenset({"shop.example"}))
+    sent = _chunk(Engagement(clicks=True))
+    long_id = {"-id-": "x" * 2000}
+    recipients = (sent.recipients[0].model_copy(update={"substitutions": long_id}),)
+
+    chunk = personalize(sent.model_copy(update={"recipients": recipients}), tracker)
+
+    assert chunk.recipients[0].substitutions[click_key(1)] == "https://shop.example/" + "x" * 2000
 
 
 def test_sendgrid_puts_the_recipients_headers_on_their_personalization() -> None:
