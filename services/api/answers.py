@@ -54,6 +54,7 @@ def _step(step: Step) -> dict[str, Any]:
         "state": step.state,
         "at": _when(step.at),
         "error": step.error,
+        "resolution": step.resolution,
     }
 
 

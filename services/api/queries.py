@@ -75,6 +75,8 @@ class Step:
     state: str
     at: datetime | None
     error: str | None
+    resolution: str | None = None
+    """How an ambiguous call was settled: ``accepted``, ``partial`` or ``not_accepted``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +275,7 @@ async def recipient_history(
             )
         )
     for row in await db.all_pages(
-        "SELECT line, attempt, provider, state, created_at, error FROM send_attempts "
+        "SELECT line, attempt, provider, state, created_at, error, resolution FROM send_attempts "
         "WHERE batch_id = ? AND line IN ?",
         (batch_id, [recipient_line(i) for i in log_ids]),
     ):
@@ -284,6 +286,7 @@ async def recipient_history(
                 state=row["state"],
                 at=utc(row["created_at"]) if row["created_at"] else None,
                 error=_error_text(row["error"]) or None,
+                resolution=row["resolution"],
             )
         )
     for found in events.values():
@@ -417,6 +420,7 @@ def _log_view(
                 state=a.state,
                 at=a.calling_at or a.created_at,
                 error=_error_text(a.error) or None,
+                resolution=a.resolution,
             )
             for a in history
         ],

@@ -115,6 +115,48 @@ async def test_bounced_recipient_fails_with_its_reason_and_is_suppressed(
     await expect(page.locator(f'tr[data-email="{bounce}"]')).to_contain_text("SendGrid event")
 
 
+async def test_the_timeline_shows_a_recipients_path_across_providers(
+    page: Page, stack: Stack
+) -> None:
+    """SendGrid times out and sends nothing: the timeline says so, then that it was confirmed
+    not sent (its query API), then Mailgun's attempt and delivery."""
+    await log_in(page, stack, "/send")
+    tag = _tag()
+    ann = f"ann.{tag}@example.com"
+    await page.get_by_label("From").fill("Shop <shop@example.com>")
+    await page.get_by_label("To", exact=True).fill(ann)
+    await page.get_by_label("Subject").fill(f"Across providers {tag}")
+    await page.get_by_label("Text body").fill("Hello")
+    async with httpx.AsyncClient(base_url=stack.sandbox) as sandbox:
+        timeout_ms = int(stack.settings.providers.timeout * 1000) + 1500
+        fault = {"provider": "sendgrid", "status": 503, "latency_ms": timeout_ms, "count": 1}
+        assert (await sandbox.post("/_control/faults", json=fault)).status_code == 201
+    await page.get_by_role("button", name="Send batch").click()
+    await expect(page.get_by_role("status")).to_contain_text("1 recipient queued")
+
+    row = page.locator(f'tbody.log[data-email="{ann}"]')
+    for _ in range(120):
+        if await row.locator('[data-col="event"]').inner_text() == "delivered":
+            break
+        await asyncio.sleep(0.5)
+        await page.reload()
+    await expect(row.locator('[data-col="state"]')).to_have_text("success")
+    await row.get_by_text("Timeline of").click()
+    steps = row.locator(".timeline li")
+    await expect(steps.filter(has_text="Attempt 1: confirmed not sent")).to_contain_text(
+        "via SendGrid"
+    )
+    await expect(steps.filter(has_text="Attempt 2: accepted")).to_contain_text("via Mailgun")
+    await expect(steps.filter(has_text="Delivered")).to_contain_text("via Mailgun")
+    texts = await steps.all_inner_texts()
+    order = [
+        next(i for i, t in enumerate(texts) if needle in t)
+        for needle in ("Attempt 1: confirmed not sent", "Attempt 2: accepted", "Delivered")
+    ]
+    assert order == sorted(order), texts
+    await screenshot(page, "timeline-across-providers")
+
+
 async def test_invalid_send_shows_errors_beside_fields(page: Page, stack: Stack) -> None:
     """A send without a subject and with a bad sender is refused with inline field errors."""
     await log_in(page, stack, "/send")

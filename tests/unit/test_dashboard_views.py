@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import xml.etree.ElementTree as ET
 from datetime import UTC, date, datetime, timedelta
 
@@ -220,9 +221,29 @@ def test_timeline_numbers_attempts_and_resends_from_one() -> None:
     )
     entries = views.timeline(T0, log)
     assert [(e.what, e.provider) for e in entries[1:]] == [
-        ("Attempt 1: rejected", "SendGrid"),
+        ("Attempt 1: refused", "SendGrid"),
         ("Re-send 1: accepted", "Mailgun"),
     ]
+
+
+def test_timeline_tells_how_an_unclear_call_was_settled() -> None:
+    """A call with no clear answer is checked against the provider's evidence, then told as
+    confirmed sent or not: "SendGrid timed out → confirmed not sent → Mailgun delivered"."""
+    at = T0 + timedelta(seconds=1)
+    steps = [
+        dataclasses.replace(readmodels.step(0, "sg", "resolved", at), resolution="not_accepted"),
+        dataclasses.replace(readmodels.step(1, "mg", "resolved", at), resolution="accepted"),
+        dataclasses.replace(readmodels.step(2, "mg", "resolved", at), resolution="partial"),
+        readmodels.step(3, "sg", "ambiguous", at),
+    ]
+    entries = views.timeline(T0, readmodels.recipient(attempts=steps))
+    assert [e.what for e in entries[1:]] == [
+        "Attempt 1: confirmed not sent",
+        "Attempt 2: confirmed sent",
+        "Attempt 3: confirmed sent to some recipients only",
+        "Attempt 4: no clear answer (timed out or cut off): checking whether it was sent",
+    ]
+    assert entries[1].tone == views.tone("failed")
 
 
 def test_timeline_labels_a_bare_message_id() -> None:

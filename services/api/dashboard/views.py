@@ -291,6 +291,30 @@ class LogRow:
         return tone(self.event)
 
 
+#: What an attempt's state says, in words (a resolved one by its resolution).
+_ATTEMPT_WORDS = {
+    "planned": "planned",
+    "claimed": "about to call",
+    "calling": "calling",
+    "accepted": "accepted",
+    "rejected": "refused",
+    "ambiguous": "no clear answer (timed out or cut off): checking whether it was sent",
+}
+_RESOLUTION_WORDS = {
+    "accepted": "confirmed sent",
+    "partial": "confirmed sent to some recipients only",
+    "not_accepted": "confirmed not sent",
+}
+
+
+def attempt_outcome(state: str, resolution: str | None) -> str:
+    """An attempt's outcome as the timeline says it: a call with no clear answer is checked
+    against the provider's evidence (its webhooks, its query API), then confirmed."""
+    if state == "resolved":
+        return _RESOLUTION_WORDS.get(resolution or "", "resolved")
+    return _ATTEMPT_WORDS.get(state, state)
+
+
 def _attempt_entries(attempts: Iterable[Step], *, resend: bool) -> list[TimelineEntry]:
     out = []
     for a in attempts:
@@ -300,10 +324,11 @@ def _attempt_entries(attempts: Iterable[Step], *, resend: bool) -> list[Timeline
         out.append(
             TimelineEntry(
                 at=a.at,
-                what=f"{'Re-send' if resend else 'Attempt'} {number}: {a.state}",
+                what=f"{'Re-send' if resend else 'Attempt'} {number}: "
+                f"{attempt_outcome(a.state, a.resolution)}",
                 provider=provider_name(a.provider) or None,
                 detail=a.error or None,
-                tone=tone(a.state),
+                tone=tone("failed" if a.resolution == "not_accepted" else a.state),
                 rank=2 if resend else 1,
             )
         )
