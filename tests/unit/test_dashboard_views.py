@@ -181,6 +181,18 @@ def test_overview_totals_sum_the_days() -> None:
     assert (o.totals["queued"], o.totals["success"], o.totals["awaiting"]) == (5, 1, 4)
 
 
+def test_overview_counts_engagement_unique_and_in_total() -> None:
+    """Opens and clicks: recipients who did, every hit, and those made by machines."""
+    o = views.overview(
+        [
+            {**_stats_row("2026-11-01", opened=2), "opens_total": 5, "machine_opens": 1},
+            {**_stats_row("2026-11-02", clicked=1), "clicks_total": 3, "machine_clicks": 2},
+        ]
+    )
+    assert [o.totals[k] for k in ("opened", "opens_total", "machine_opens")] == [2, 5, 1]
+    assert [o.totals[k] for k in ("clicked", "clicks_total", "machine_clicks")] == [1, 3, 2]
+
+
 def test_overview_without_mail_is_empty_with_no_rates() -> None:
     """A quiet week is empty and has no rates to show."""
     o = views.overview([_stats_row("2026-11-01"), _stats_row("2026-11-02")])

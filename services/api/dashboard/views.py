@@ -140,6 +140,10 @@ class DayRow:
     complained: int
     opened: int
     clicked: int
+    opens_total: int = 0
+    clicks_total: int = 0
+    machine_opens: int = 0
+    machine_clicks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +181,10 @@ def day_rows(rows: Iterable[Mapping[str, Any]]) -> list[DayRow]:
                 complained=int(r.get("complained", 0)),
                 opened=int(r.get("opened", 0)),
                 clicked=int(r.get("clicked", 0)),
+                opens_total=int(r.get("opens_total", 0)),
+                clicks_total=int(r.get("clicks_total", 0)),
+                machine_opens=int(r.get("machine_opens", 0)),
+                machine_clicks=int(r.get("machine_clicks", 0)),
             )
         )
     return out
@@ -191,7 +199,20 @@ def overview(rows: Sequence[Mapping[str, Any]]) -> Overview:
     days = day_rows(rows)
     if not days:
         raise ValueError("the overview needs at least one day")
-    keys = ("queued", "success", "failed", "awaiting", "bounced", "complained", "opened", "clicked")
+    keys = (
+        "queued",
+        "success",
+        "failed",
+        "awaiting",
+        "bounced",
+        "complained",
+        "opened",
+        "clicked",
+        "opens_total",
+        "clicks_total",
+        "machine_opens",
+        "machine_clicks",
+    )
     totals = {k: sum(int(getattr(d, k)) for d in days) for k in keys}
     start, end = days[0].day, days[-1].day
     period = f"{start.strftime('%d %b')} to {end.strftime('%d %b %Y')} (UTC days)"
