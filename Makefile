@@ -109,7 +109,7 @@ bench: install services-up ## the benchmark; JSON results in bench/results/
 
 FUZZ_EXAMPLES ?= 30
 FUZZ_SEED ?= 20261125
-fuzz: install services-up ## fuzz every API route and both webhook receivers; any 5xx fails (JSON)
+fuzz: install services-up ## fuzz every API route, both webhook receivers and the tracking endpoint; any 5xx fails (JSON)
 	$(PY) -m tests.fuzz.run --examples $(FUZZ_EXAMPLES) --seed $(FUZZ_SEED)
 
 chaos: install services-up ## fault tests, a soak under faults, the invariants (last line JSON)

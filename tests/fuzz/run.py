@@ -24,6 +24,7 @@ import contextlib
 import json
 import sys
 import time
+import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -40,6 +41,7 @@ from services.api.app import create_app as create_api
 from services.sandbox import signing
 from services.sandbox.app import create_app as create_sandbox
 from services.webhooks.app import create_app as create_webhooks
+from services.webhooks.tracking import create_app as create_tracking
 from shared.config import (
     AmqpSettings,
     ApiSettings,
@@ -49,6 +51,7 @@ from shared.config import (
     WebhookSettings,
 )
 from shared.db import Database
+from shared.engagement_tokens import Claim, ring_from, sign
 from shared.migrations import migrate
 from shared.resources import declare_topology
 from tests.fuzz.handmade import fuzz_handmade
@@ -196,6 +199,49 @@ async def fuzz_webhooks(settings: Settings, examples: int, seed: int) -> dict[st
     return tally.summary()
 
 
+async def fuzz_tracking(settings: Settings, examples: int, seed: int) -> dict[str, Any]:
+    """Hostile tokens and bodies to the tracking endpoint: forged, truncated, re-signed with
+    other keys, signed for unknown batches; every answer a 404 page, a pixel or a 200, never a
+    5xx and never a redirect."""
+    app = create_tracking(settings)
+    ring = ring_from(settings.tracking.keys.get_secret_value())
+    tally = Tally(app)
+    redirects = 0
+    async with served(tally) as url, httpx.AsyncClient(base_url=url) as client:
+        calls: list[tuple[str, str, bytes]] = []
+        signed = st.builds(
+            lambda purpose, link, scope: sign(
+                Claim(purpose, uuid.uuid1(), uuid.uuid4(), link=link, scope=scope), ring
+            ),
+            st.sampled_from(["click", "open", "unsubscribe"]),
+            st.none() | st.integers(0, 65535),
+            st.none() | st.text(max_size=50).filter(lambda t: len(t.encode()) <= 200),
+        )
+        tokens = st.one_of(
+            st.text(max_size=300),
+            signed,
+            signed.map(lambda t: t[:-1] + ("A" if t[-1] != "A" else "B")),
+        )
+
+        @settings_for(examples, seed)
+        @given(
+            st.sampled_from(["GET /o/", "GET /c/", "GET /u/", "POST /u/"]),
+            tokens,
+            st.binary(max_size=512),
+        )
+        def hit(route: str, token: str, body: bytes) -> None:
+            method, path = route.split(" ")
+            calls.append((method, path + urllib.parse.quote(token, safe=""), body))
+
+        hit()
+        for method, path, body in calls:
+            resp = await client.request(method, path, content=body or None)
+            redirects += resp.is_redirect
+    summary = tally.summary()
+    summary["redirects"] = redirects
+    return summary
+
+
 async def main(examples: int, seed: int) -> int:
     async with keyspace() as cassandra:
         settings = Settings(
@@ -210,6 +256,7 @@ async def main(examples: int, seed: int) -> int:
                 "seed": seed,
                 "api": await fuzz_api(settings, examples, seed),
                 "webhooks": await fuzz_webhooks(settings, examples * 10, seed),
+                "tracking": await fuzz_tracking(settings, examples * 2, seed),
                 "handmade": await fuzz_handmade(settings, examples * 2, seed),
             }
         finally:
@@ -222,8 +269,9 @@ async def main(examples: int, seed: int) -> int:
                 await broker.close()
     report["per_route"] = per_route(report["api"]["by_route"], report["handmade"]["by_route"])
     print(json.dumps(report, indent=2))
-    bad = sum(report[phase]["server_errors"] for phase in ("api", "webhooks", "handmade"))
-    bad += report["handmade"]["envelope_failures"]
+    phases = ("api", "webhooks", "tracking", "handmade")
+    bad = sum(report[phase]["server_errors"] for phase in phases)
+    bad += report["handmade"]["envelope_failures"] + report["tracking"]["redirects"]
     return 1 if bad or any(report["api"]["schemathesis_exit"].values()) else 0
 
 
