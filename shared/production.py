@@ -42,6 +42,10 @@ def production_problems(settings: Settings) -> list[str]:
         *_secret("GITHUB_CLIENT_SECRET", g.client_secret.get_secret_value()),
         *_amqp("AMQP_URL", settings.amqp.url.get_secret_value()),
     ]
+    if settings.hooks.allow_http:
+        problems.append(
+            f"{_PREFIX}HOOKS_ALLOW_HTTP: users' webhook events would travel unencrypted"
+        )
     if w.sendgrid_insecure_basic_only:
         problems.append(
             f"{_PREFIX}WEBHOOKS_SENDGRID_INSECURE_BASIC_ONLY: accepts unsigned SendGrid events; "
