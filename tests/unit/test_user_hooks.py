@@ -60,7 +60,7 @@ def test_named_types_are_kept() -> None:
 
 def test_an_unknown_type_is_refused_by_name() -> None:
     """The error names the type that does not exist."""
-    with pytest.raises(EventsError, match="recipient.exploded"):
+    with pytest.raises(EventsError, match=r"recipient\.exploded"):
         parse_events(["recipient.sent", "recipient.exploded"])
 
 
