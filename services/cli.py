@@ -41,6 +41,10 @@ def _create(command: str, settings: Settings) -> Any:
         from services.consumers.main import create_app as consumers
 
         return consumers(settings)
+    if command == "hooks":
+        from services.hooks.main import create_app as hooks
+
+        return hooks(settings)
     from services.sandbox.app import create_app as sandbox
 
     return sandbox(settings.sandbox)
@@ -67,6 +71,10 @@ def consumers_app() -> Any:
     return _worker_app("consumers")
 
 
+def hooks_app() -> Any:
+    return _worker_app("hooks")
+
+
 def _serve(command: str, settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -76,6 +84,7 @@ def _serve(command: str, settings: Settings, args: argparse.Namespace) -> int:
         "api": (settings.api.host, settings.api.port),
         "webhooks": (settings.webhooks.host, settings.webhooks.port),
         "consumers": (settings.consumers.host, settings.consumers.port),
+        "hooks": (settings.hooks.host, settings.hooks.port),
         "sandbox": (settings.sandbox.host, settings.sandbox.port),
     }[command]
     options: dict[str, Any] = {
@@ -124,6 +133,10 @@ def cmd_sandbox(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_consumers(settings: Settings, args: argparse.Namespace) -> int:
     return _serve("consumers", settings, args)
+
+
+def cmd_hooks(settings: Settings, args: argparse.Namespace) -> int:
+    return _serve("hooks", settings, args)
 
 
 def _workers(value: str) -> int:
@@ -423,6 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("api", cmd_api, "run the HTTP API and dashboard"),
         ("webhooks", cmd_webhooks, "run the provider webhook receiver"),
         ("consumers", cmd_consumers, "run the RabbitMQ consumers"),
+        ("hooks", cmd_hooks, "run the delivery worker of users' webhooks"),
         ("sandbox", cmd_sandbox, "run the local SendGrid/Mailgun/GitHub stand-ins"),
     ]:
         p = sub.add_parser(name, help=help_)

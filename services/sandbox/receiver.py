@@ -14,8 +14,7 @@ that is down, for a while."""
 from __future__ import annotations
 
 import time
-from collections import defaultdict
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -31,14 +31,21 @@ def _commands(unit: Path) -> list[list[str]]:
 
 
 def test_every_service_has_a_unit_that_runs_one_worker_per_core() -> None:
-    for service in ("api", "webhooks", "consumers"):
+    for service in ("api", "webhooks", "consumers", "hooks"):
         (argv,) = _commands(UNITS / f"safedelivr-{service}.service")
         assert argv == [f"{INSTALLED}/.venv/bin/safedelivr", service, "--workers", "auto"]
 
 
 def test_every_command_of_every_unit_is_one_the_cli_accepts() -> None:
     commands = [argv for unit in UNITS.glob("*.service") for argv in _commands(unit)]
-    assert {argv[1] for argv in commands} == {"api", "webhooks", "consumers", "migrate", "topology"}
+    assert {argv[1] for argv in commands} == {
+        "api",
+        "webhooks",
+        "consumers",
+        "hooks",
+        "migrate",
+        "topology",
+    }
     for argv in commands:
         build_parser().parse_args(argv[1:])  # exits (fails the test) on an unknown option
 
@@ -49,6 +56,7 @@ def test_the_target_wants_every_long_running_service() -> None:
         "safedelivr-api.service",
         "safedelivr-webhooks.service",
         "safedelivr-consumers.service",
+        "safedelivr-hooks.service",
     }
 
 
