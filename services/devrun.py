@@ -111,6 +111,7 @@ def run(settings: Settings) -> int:
         # Users' webhooks may point at the sandbox's receiver (plain http on loopback).
         "SAFEDELIVR_HOOKS_ALLOW_HTTP": "true",
         "SAFEDELIVR_HOOKS_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
+        "SAFEDELIVR_HOOKS_MAIL_FROM": f"Safedelivr <noreply@{DEMO_DOMAIN}>",
         **os.environ,
         **_signing_env(),
         "SAFEDELIVR_WEBHOOKS_MAILGUN_SIGNING_KEY": (

@@ -369,8 +369,9 @@ class HooksSettings(BaseSettings):
     """Seconds an endpoint must have failed continuously before it is disabled..."""
     disable_min_failures: int = Field(20, ge=1)
     """...with at least this many failed deliveries in a row."""
-    mail_from: str = "Safedelivr <noreply@safedelivr.local>"
-    """The sender of the mail telling a user their endpoint was disabled."""
+    mail_from: str = ""
+    """The sender of the mail telling a user their endpoint was disabled, e.g.
+    ``Safedelivr <noreply@your-domain>``; empty: no mail (the dashboard still says so)."""
     sweep_interval: float = Field(60.0, gt=0)
     """Seconds between two sweeps that wake every endpoint with work (a lost wake message
     delays delivery by at most this)."""

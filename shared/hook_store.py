@@ -34,7 +34,9 @@ LOG_DAYS: Final = 30
 #: Days a queued event is kept (the retries last about a day; an endpoint disabled longer
 #: than this loses the oldest of what waited, and the user replays from the log).
 QUEUE_DAYS: Final = 8
-_HOUR = timedelta(hours=1)
+#: Seconds a waiting replay's mark lives (a request that failed half-way does not block
+#: replays for longer than the retries of one delivery last).
+REPLAY_MARK_SECONDS: Final = 86_400
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,9 +411,9 @@ class HookStore:
         """Mark a replay of the message as waiting unless one already is: the replay that
         waits (``replay_id`` when this call claimed it)."""
         row = await self.db.one(
-            "UPDATE user_webhook_messages SET replay_pending = ? "
+            "UPDATE user_webhook_messages USING TTL ? SET replay_pending = ? "
             "WHERE endpoint_id = ? AND msg_id = ? IF replay_pending = null",
-            (replay_id, endpoint_id, msg_id),
+            (REPLAY_MARK_SECONDS, replay_id, endpoint_id, msg_id),
         )
         if row and row["[applied]"]:
             return replay_id

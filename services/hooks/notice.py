@@ -53,6 +53,9 @@ class DisabledMail:
         except DependencyUnavailable as exc:
             log.warning("webhook notice not mailed: %s", exc)
             return
+        if not self.mail_from:
+            log.info("webhook notice not mailed: SAFEDELIVR_HOOKS_MAIL_FROM is not set")
+            return
         if user is None or not user.email:
             log.info("webhook notice not mailed: user %s has no address", endpoint.user_id)
             return
@@ -66,7 +69,7 @@ class DisabledMail:
                 max_recipients=ALERT_CHUNK,
             )
         except InvalidRequest as exc:
-            log.warning("webhook notice not mailed: %s", exc)
+            log.warning("webhook notice not mailed: %s %s", exc, exc.fields)
             return
         try:
             system = await ensure_user(self.db, SYSTEM_LOGIN)
