@@ -1,0 +1,97 @@
+"""The delivery worker against real Cassandra, RabbitMQ and the sandbox receiver: a worker
+killed mid-delivery leaves the event to be sent again under the same webhook-id, and the
+lease keeps a second worker off an endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from services.hooks.worker import Worker
+from shared.config import Settings
+from shared.db import Database
+from shared.hook_delivery import Deliverer
+from shared.hook_store import HookStore, Pending
+from tests.integration.hookstack import HookStack, event, hook_stack
+
+
+class Crash(BaseException):
+    """The process dies here: nothing after it runs."""
+
+
+class _Dies(HookStore):
+    """A store whose worker dies before letting go of its lease (a killed process)."""
+
+    async def release_lease(self, endpoint_id: uuid.UUID, owner: uuid.UUID) -> None:
+        return None
+
+
+@pytest.fixture
+async def stack(settings: Settings, db: Database) -> AsyncIterator[HookStack]:
+    async with hook_stack(settings, db, worker=False) as s:
+        yield s
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(follow_redirects=False) as client:
+        yield client
+
+
+def _worker(stack: HookStack, http: httpx.AsyncClient, store: HookStore, **kw: object) -> Worker:
+    hooks = stack.settings.hooks
+    deliverer = Deliverer(http, timeout=3, allow_http=True, allowed=hooks.networks)
+    broker = stack.api_app.state.resources.broker
+    return Worker(store, broker, deliverer, hooks, lease_seconds=2, **kw)  # type: ignore[arg-type]
+
+
+async def test_a_worker_killed_mid_delivery_leaves_the_event_to_be_sent_again(
+    stack: HookStack, db: Database, http: httpx.AsyncClient
+) -> None:
+    """Sent but not marked when the worker died: the next worker sends it again, same id,
+    once the dead worker's lease lapsed, and then the rest in order."""
+    created = await stack.endpoint("/crash")
+    endpoint_id = uuid.UUID(created["id"])
+    await stack.emitter.emit(stack.user_id, [event("recipient.sent", "gus@example.com", 0)])
+    await stack.emitter.emit(stack.user_id, [event("recipient.delivered", "gus@example.com", 1)])
+
+    async def die(point: str, item: Pending) -> None:
+        raise Crash(point)
+
+    with pytest.raises(Crash):
+        await _worker(stack, http, _Dies(db), probe=die).run(stack.user_id, endpoint_id)
+    survivor = _worker(stack, http, HookStore(db))
+    while_held = await survivor.run(stack.user_id, endpoint_id)
+    await asyncio.sleep(2.5)  # the dead worker's lease lapses
+    after = await survivor.run(stack.user_id, endpoint_id)
+    got = await stack.received("/crash")
+
+    ids = [r["headers"]["webhook-id"] for r in got]
+    assert while_held == 0
+    assert after == 2
+    assert len(ids) == 3 and ids[0] == ids[1] != ids[2]
+    assert all(r["verified"] for r in got)
+
+
+async def test_two_workers_never_send_one_endpoint_at_once(
+    stack: HookStack, db: Database, http: httpx.AsyncClient
+) -> None:
+    """Started together, one takes the lease and sends everything once; the other none."""
+    created = await stack.endpoint("/leased")
+    endpoint_id = uuid.UUID(created["id"])
+    for n in range(6):
+        await stack.emitter.emit(stack.user_id, [event("recipient.sent", "hal@example.com", n)])
+
+    counts = await asyncio.gather(
+        _worker(stack, http, HookStore(db)).run(stack.user_id, endpoint_id),
+        _worker(stack, http, HookStore(db)).run(stack.user_id, endpoint_id),
+    )
+    got = await stack.received("/leased")
+
+    ids = [r["headers"]["webhook-id"] for r in got]
+    assert sorted(counts) == [0, 6]
+    assert len(ids) == len(set(ids)) == 6
