@@ -14,6 +14,7 @@ from shared import accounts
 from shared.alerts import SYSTEM_LOGIN
 from shared.config import Settings
 from shared.db import Database
+from shared.sessions import SESSION_COOKIE, SessionStore
 from tests.integration.harness import eventually
 from tests.integration.hookstack import event, hook_stack, hooks_settings
 
@@ -103,6 +104,9 @@ async def test_an_endpoint_that_stays_down_is_disabled_shown_and_mailed_once(
         await asyncio.sleep(2.5)  # no more attempts once disabled
         attempts = len(await stack.received("/dead", ok_only=False))
         mails = await _mails_about(db, created["id"])
+        session_id, _ = await SessionStore(db).create(stack.user_id)
+        stack.api.cookies.set(SESSION_COOKIE, session_id, domain="api.test")
+        dashboard = await stack.api.get("/")
 
     assert shown["id"] == created["id"]
     assert shown["disabled_reason"] and "3 deliveries in a row failed" in str(
@@ -110,6 +114,8 @@ async def test_an_endpoint_that_stays_down_is_disabled_shown_and_mailed_once(
     )
     assert attempts == 3
     assert mails == ["Your Safedelivr webhook endpoint was disabled"]
+    assert dashboard.status_code == 200
+    assert f'data-webhook-disabled="{created["id"]}"' in dashboard.text
 
 
 async def test_a_replay_is_delivered_once_with_the_same_webhook_id(
