@@ -25,13 +25,16 @@ from shared import outbound_retry
 from shared.broker import Broker
 from shared.config import HooksSettings
 from shared.hook_delivery import Deliverer, Outcome
-from shared.hook_store import Cursor, Delivery, Endpoint, HookStore, Pending
+from shared.hook_store import QUEUE_DAYS, Cursor, Delivery, Endpoint, HookStore, Pending
 from shared.settle import Delivery as MessageDelivery
 from shared.settle import Poison
 from shared.user_hooks import wake
 
 log = logging.getLogger(__name__)
 
+#: An idle endpoint's low-water mark is moved once it lags this much (not on every sweep:
+#: each move is a lightweight transaction).
+IDLE_MOVE = timedelta(minutes=10)
 #: Told when an endpoint was disabled (the user's mail): ``(endpoint, reason)``.
 Notify = Callable[[Endpoint, str], Awaitable[None]]
 #: Test seam: awaited at named points of a pass (``sent``: after a send, before it is marked).
@@ -73,52 +76,62 @@ class Worker:
         await self.run(user_id, endpoint_id)
 
     async def run(self, user_id: uuid.UUID, endpoint_id: uuid.UUID) -> int:
-        """One pass over an endpoint; returns how many events it delivered. Does nothing
-        when another worker holds the endpoint (it re-reads the queue before it lets go)."""
-        if not await self.store.take_lease(endpoint_id, self.owner, self.lease_seconds):
-            # The holder may be finishing a pass that read the queue before this event came:
-            # look again shortly.
-            tier = self.broker.topology.delay_tier_for(1)
-            await wake(self.broker, user_id, endpoint_id, delay=tier)
-            return 0
-        try:
-            return await self._pass(user_id, endpoint_id)
-        finally:
-            await self.store.release_lease(endpoint_id, self.owner)
+        """Deliver what the endpoint has waiting; returns how many events were delivered.
 
-    async def _pass(self, user_id: uuid.UUID, endpoint_id: uuid.UUID) -> int:
+        Does nothing when another worker holds the endpoint: the holder looks at the queue
+        again after it lets go, so an event queued during its pass is not left behind (and
+        a dead holder's endpoint resumes at the next wake-up or sweep after its lease
+        lapses)."""
+        delivered = 0
+        while True:
+            if not await self.store.take_lease(endpoint_id, self.owner, self.lease_seconds):
+                return delivered
+            try:
+                count, finished = await self._pass(user_id, endpoint_id)
+            finally:
+                await self.store.release_lease(endpoint_id, self.owner)
+            delivered += count
+            if not finished or not await self._waiting(endpoint_id):
+                return delivered
+
+    async def _waiting(self, endpoint_id: uuid.UUID) -> bool:
+        cursor = await self.store.cursor(endpoint_id)
+        since = cursor.since or self.now() - timedelta(days=QUEUE_DAYS)
+        return bool(await self.store.pending(endpoint_id, since, limit=1))
+
+    async def _pass(self, user_id: uuid.UUID, endpoint_id: uuid.UUID) -> tuple[int, bool]:
+        """(events delivered, whether the queue was emptied: False when the pass stopped at
+        a failure, for a disabled endpoint, or having lost its lease)."""
         endpoint = await self.store.endpoint(user_id, endpoint_id)
         if endpoint is None or not endpoint.enabled:
-            return 0
+            return 0, False
         cursor = await self.store.cursor(endpoint_id)
         if not may_try(cursor.next_try, self.now()):
-            return 0  # failing: its delayed wake-up comes
+            return 0, False  # failing: its delayed wake-up comes
         since = cursor.since or endpoint.created_at
         delivered = 0
         while True:
             waiting = await self.store.pending(endpoint_id, since, limit=self.batch)
-            if not waiting:
-                break
             for item in waiting:
                 if not await self.store.renew_lease(endpoint_id, self.owner, self.lease_seconds):
                     log.warning("lost the lease of webhook endpoint %s", endpoint_id)
-                    return delivered
+                    return delivered, False
                 ok, cursor, endpoint = await self._attempt(endpoint, cursor, item)
-                if ok:
-                    delivered += 1
+                delivered += int(ok)
                 if cursor.next_try is not None:
-                    # Stopped at a failure; where the next pass starts from.
-                    oldest = item.at if not ok or cursor.attempts else None
+                    # Stopped at a failure; the next pass starts from this event.
                     await self.store.move(
                         endpoint_id,
                         self.owner,
-                        Cursor(low_water(oldest, self.now()), cursor.attempts, cursor.next_try),
+                        Cursor(low_water(item.at, self.now()), cursor.attempts, cursor.next_try),
                     )
-                    return delivered
+                    return delivered, False
             if len(waiting) < self.batch:
                 break
-        await self.store.move(endpoint_id, self.owner, Cursor(low_water(None, self.now()), 0))
-        return delivered
+        mark = low_water(None, self.now())
+        if delivered or cursor.attempts or not cursor.since or mark - cursor.since > IDLE_MOVE:
+            await self.store.move(endpoint_id, self.owner, Cursor(mark, 0))
+        return delivered, True
 
     async def _attempt(
         self, endpoint: Endpoint, cursor: Cursor, item: Pending

@@ -226,3 +226,28 @@ async def _mails_about(db: Database, endpoint_id: str) -> list[str]:
         if found and endpoint_id.encode() in found["message"]:
             subjects.append(row["subject"])
     return subjects
+
+
+async def test_enabling_a_disabled_endpoint_sends_what_waited(
+    settings: Settings, db: Database
+) -> None:
+    """PATCH ``enabled: true`` clears the failures and the waiting event is delivered."""
+    limits = hooks_settings(disable_after=0, disable_min_failures=2, delays="1,1,1,1")
+    async with hook_stack(settings, db, hooks=limits) as stack:
+        created = await stack.endpoint("/back")
+        url = f"/v1/webhooks/{created['id']}"
+        await stack.control.post("/_control/receiver/fail", json={"path": "/back", "status": 502})
+        await stack.emitter.emit(stack.user_id, [event("recipient.clicked", "ida@example.com")])
+
+        async def disabled() -> bool:
+            return not (await stack.api.get(url, headers=stack.auth)).json()["enabled"]
+
+        await eventually(disabled, timeout=30)
+        await stack.control.delete("/_control/receiver/fail", params={"path": "/back"})
+        enabled = await stack.api.patch(url, json={"enabled": True}, headers=stack.auth)
+        (got,) = await stack.until_received("/back", 1)
+
+    assert enabled.status_code == 200
+    assert enabled.json()["enabled"] is True and enabled.json()["failures"] == 0
+    assert enabled.json()["disabled_reason"] is None
+    assert orjson.loads(got["body"])["type"] == "recipient.clicked"
