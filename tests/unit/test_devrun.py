@@ -28,6 +28,7 @@ from services.sandbox import signing
 from shared.config import (
     ApiSettings,
     ConsumerSettings,
+    HooksSettings,
     SandboxSettings,
     Settings,
     WebhookSettings,
@@ -35,7 +36,7 @@ from shared.config import (
 from shared.providers.sendgrid_events import verify_signature
 
 #: The services in the order devrun starts them.
-ORDER = ("sandbox", "webhooks", "consumers", "api")
+ORDER = ("sandbox", "webhooks", "consumers", "hooks", "api")
 
 _CHILD = '''#!{python}
 """Stands in for `python -m services.cli <service>`: records what it was given, says it is
@@ -147,6 +148,7 @@ def supervised(
         sandbox=SandboxSettings(port=port["sandbox"], mailgun_signing_key=SecretStr("mg-key")),
         webhooks=WebhookSettings(port=port["webhooks"]),
         consumers=ConsumerSettings(port=port["consumers"]),
+        hooks=HooksSettings(port=port["hooks"]),
         api=ApiSettings(port=port["api"]),
     )
     try:
@@ -206,7 +208,13 @@ def test_a_crashed_service_stops_the_others(
 
     devrun.run(supervised.settings)
 
-    assert supervised.signals() == {"sandbox": 1, "webhooks": 1, "consumers": None, "api": 1}
+    assert supervised.signals() == {
+        "sandbox": 1,
+        "webhooks": 1,
+        "consumers": None,
+        "hooks": 1,
+        "api": 1,
+    }
 
 
 def test_a_crashed_service_makes_the_run_fail(
