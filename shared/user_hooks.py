@@ -104,6 +104,8 @@ class HookEvent:
     outcome: str | None = None
     evidence: Evidence = "api"
     reason: str | None = None
+    attempt_id: str | None = None
+    """The provider attempt's id (``recipient.attempt``, ``recipient.failed_over``)."""
 
 
 def message_id(event: HookEvent) -> str:
@@ -127,6 +129,7 @@ def payload(event: HookEvent) -> bytes:
                 "outcome": event.outcome,
                 "evidence": event.evidence,
                 "reason": event.reason,
+                "attempt_id": event.attempt_id,
                 "occurred_at": event.occurred_at.astimezone(UTC).isoformat(),
             },
         }

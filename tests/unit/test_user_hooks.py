@@ -98,6 +98,7 @@ def test_the_payload_carries_the_recipient_and_the_evidence() -> None:
                 attempt=2,
                 outcome="timed out",
                 evidence="provider query",
+                attempt_id="att-7",
             )
         )
     )
@@ -114,6 +115,7 @@ def test_the_payload_carries_the_recipient_and_the_evidence() -> None:
             "outcome": "timed out",
             "evidence": "provider query",
             "reason": None,
+            "attempt_id": "att-7",
             "occurred_at": AT.isoformat(),
         },
     }
