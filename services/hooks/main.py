@@ -23,7 +23,7 @@ from shared.errors import DependencyUnavailable
 from shared.health import health_routes
 from shared.hook_delivery import Deliverer
 from shared.hook_store import HookStore
-from shared.metrics import new_registry
+from shared.metrics import HookMetrics, new_registry
 from shared.outbox import Outbox
 from shared.resources import Resources, open_resources, readiness_checks
 from shared.settle import InFlight, settling
@@ -36,7 +36,12 @@ log = logging.getLogger(__name__)
 DRAIN_TIMEOUT = 15.0
 
 
-def build_worker(settings: Settings, res: Resources, http: httpx.AsyncClient) -> Worker:
+def build_worker(
+    settings: Settings,
+    res: Resources,
+    http: httpx.AsyncClient,
+    metrics: HookMetrics | None = None,
+) -> Worker:
     hooks = settings.hooks
     batches = BatchStore(res.db, StatsStore(res.db, settings.stats.buckets))
     acceptance = Acceptance(batches, Outbox(res.db, settings.amqp.exchange), res.broker)
@@ -49,6 +54,7 @@ def build_worker(settings: Settings, res: Resources, http: httpx.AsyncClient) ->
         settings=hooks,
         notify=DisabledMail(res.db, acceptance, hooks.mail_from, settings.api.public_url),
         lease_seconds=max(30, int(hooks.timeout * 3)),
+        metrics=metrics,
     )
 
 
@@ -66,6 +72,7 @@ async def sweep(worker: Worker, interval: float) -> None:
 
 def create_app(settings: Settings) -> Starlette:
     registry = new_registry()
+    metrics = HookMetrics.create(registry)
     inflight = InFlight()
 
     @asynccontextmanager
@@ -76,7 +83,7 @@ def create_app(settings: Settings) -> Starlette:
         ):
             app.state.resources = res
             await res.broker.declare()
-            worker = app.state.worker = build_worker(settings, res, http)
+            worker = app.state.worker = build_worker(settings, res, http, metrics)
             await res.broker.consume(
                 res.broker.topology.hooks_queue,
                 settling(worker.handle, inflight),

@@ -26,6 +26,7 @@ from shared.broker import Broker
 from shared.config import HooksSettings
 from shared.hook_delivery import Deliverer, Outcome
 from shared.hook_store import QUEUE_DAYS, Cursor, Delivery, Endpoint, HookStore, Pending
+from shared.metrics import HookMetrics
 from shared.settle import Delivery as MessageDelivery
 from shared.settle import Poison
 from shared.user_hooks import wake
@@ -60,6 +61,7 @@ class Worker:
     probe: Probe = _nothing
     owner: uuid.UUID = field(default_factory=uuid.uuid4)
     batch: int = 100
+    metrics: HookMetrics | None = None
 
     def now(self) -> datetime:
         return datetime.now(UTC)
@@ -142,6 +144,9 @@ class Worker:
         )
         await self.probe("sent", item)
         ok = outbound_retry.answered(outcome.status)
+        if self.metrics is not None:
+            self.metrics.attempts.labels("ok" if ok else "failed").inc()
+            self.metrics.seconds.observe(outcome.duration_ms / 1000)
         step = after_attempt(ok, cursor.attempts, self.settings.delay_tiers)
         await self.store.log(
             endpoint.endpoint_id,
@@ -189,6 +194,8 @@ class Worker:
         )
         if await self.store.disable(endpoint, reason, now):
             log.warning("webhook endpoint %s disabled: %s", endpoint.endpoint_id, reason)
+            if self.metrics is not None:
+                self.metrics.disabled.inc()
             await self.notify(endpoint, reason)
         disabled = await self.store.endpoint(endpoint.user_id, endpoint.endpoint_id)
         return disabled or _with(endpoint, health)

@@ -53,6 +53,7 @@ class HookStack:
     user_id: uuid.UUID
     key: str
     emitter: HookEmitter
+    hooks_app: Starlette | None = None
 
     @property
     def auth(self) -> dict[str, str]:
@@ -136,5 +137,6 @@ async def hook_stack(
             if not worker:
                 yield stack
                 return
-            async with running(create_hooks(s)):
+            stack.hooks_app = create_hooks(s)
+            async with running(stack.hooks_app):
                 yield stack

@@ -15,7 +15,7 @@ from shared.alerts import SYSTEM_LOGIN
 from shared.config import Settings
 from shared.db import Database
 from shared.sessions import SESSION_COOKIE, SessionStore
-from tests.integration.harness import eventually
+from tests.integration.harness import client_for, eventually
 from tests.integration.hookstack import event, hook_stack, hooks_settings
 
 
@@ -41,6 +41,9 @@ async def test_a_signed_event_reaches_the_receiver_and_verifies(
         sent = event("recipient.delivered", "ann@example.com")
         assert await stack.emitter.emit(stack.user_id, [sent]) == 1
         (got,) = await stack.until_received("/signed", 1)
+        assert stack.hooks_app is not None
+        async with client_for(stack.hooks_app) as hooks:
+            metrics = (await hooks.get("/metrics")).text
 
     assert created["secret"].startswith("whsec_") and created["enabled"] is True
     assert got["verified"] is True
@@ -48,6 +51,7 @@ async def test_a_signed_event_reaches_the_receiver_and_verifies(
     body = orjson.loads(got["body"])
     assert body["type"] == "recipient.delivered"
     assert body["data"]["email"] == "ann@example.com"
+    assert 'safedelivr_user_webhook_attempts_total{result="ok"} 1.0' in metrics
 
 
 async def test_events_of_a_recipient_arrive_in_order_of_occurrence(
