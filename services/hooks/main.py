@@ -59,13 +59,14 @@ def build_worker(
 
 
 async def sweep(worker: Worker, interval: float) -> None:
-    """Wake every enabled endpoint each ``interval`` (the worker skips those with nothing to
-    send or still waiting for a retry)."""
+    """Each ``interval``, wake every enabled endpoint that has something to send and is not
+    waiting for a retry (plain reads: idle endpoints cost no lease)."""
     while True:
         await asyncio.sleep(interval)
         try:
             async for user_id, endpoint_id in worker.store.every_endpoint():
-                await wake(worker.broker, user_id, endpoint_id)
+                if await worker.has_work(endpoint_id):
+                    await wake(worker.broker, user_id, endpoint_id)
         except DependencyUnavailable as exc:
             log.warning("webhook sweep: %s", exc)
 

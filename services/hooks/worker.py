@@ -101,6 +101,13 @@ class Worker:
         since = cursor.since or self.now() - timedelta(days=QUEUE_DAYS)
         return bool(await self.store.pending(endpoint_id, since, limit=1))
 
+    async def has_work(self, endpoint_id: uuid.UUID) -> bool:
+        """Whether the endpoint has events waiting and may be tried now."""
+        cursor = await self.store.cursor(endpoint_id)
+        if not may_try(cursor.next_try, self.now()):
+            return False
+        return await self._waiting(endpoint_id)
+
     async def _pass(self, user_id: uuid.UUID, endpoint_id: uuid.UUID) -> tuple[int, bool]:
         """(events delivered, whether the queue was emptied: False when the pass stopped at
         a failure, for a disabled endpoint, or having lost its lease)."""
@@ -112,24 +119,29 @@ class Worker:
             return 0, False  # failing: its delayed wake-up comes
         since = cursor.since or endpoint.created_at
         delivered = 0
-        while True:
-            waiting = await self.store.pending(endpoint_id, since, limit=self.batch)
-            for item in waiting:
-                if not await self.store.renew_lease(endpoint_id, self.owner, self.lease_seconds):
-                    log.warning("lost the lease of webhook endpoint %s", endpoint_id)
-                    return delivered, False
-                ok, cursor, endpoint = await self._attempt(endpoint, cursor, item)
-                delivered += int(ok)
-                if cursor.next_try is not None:
-                    # Stopped at a failure; the next pass starts from this event.
-                    await self.store.move(
-                        endpoint_id,
-                        self.owner,
-                        Cursor(low_water(item.at, self.now()), cursor.attempts, cursor.next_try),
-                    )
-                    return delivered, False
-            if len(waiting) < self.batch:
-                break
+        waiting = await self.store.pending(endpoint_id, since, limit=self.batch)
+        for item in waiting:
+            if not await self.store.renew_lease(endpoint_id, self.owner, self.lease_seconds):
+                log.warning("lost the lease of webhook endpoint %s", endpoint_id)
+                return delivered, False
+            ok, cursor, endpoint = await self._attempt(endpoint, cursor, item)
+            delivered += int(ok)
+            if cursor.next_try is not None:
+                # Stopped at a failure; the next pass starts from this event.
+                await self.store.move(
+                    endpoint_id,
+                    self.owner,
+                    Cursor(low_water(item.at, self.now()), cursor.attempts, cursor.next_try),
+                )
+                return delivered, False
+        if len(waiting) == self.batch:
+            # More waits: a wake-up of its own continues from here, so no delivery of the
+            # wake-up queue stays unacknowledged for long.
+            await self.store.move(
+                endpoint_id, self.owner, Cursor(low_water(waiting[-1].at, self.now()), 0)
+            )
+            await wake(self.broker, user_id, endpoint_id)
+            return delivered, False
         mark = low_water(None, self.now())
         if delivered or cursor.attempts or not cursor.since or mark - cursor.since > IDLE_MOVE:
             await self.store.move(endpoint_id, self.owner, Cursor(mark, 0))

@@ -9,10 +9,11 @@ import uuid
 from collections.abc import AsyncIterator
 
 import httpx
+import orjson
 import pytest
 
 from services.hooks.worker import Worker
-from shared.config import Settings
+from shared.config import HooksSettings, Settings
 from shared.db import Database
 from shared.hook_delivery import Deliverer
 from shared.hook_store import HookStore, Pending
@@ -42,8 +43,14 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-def _worker(stack: HookStack, http: httpx.AsyncClient, store: HookStore, **kw: object) -> Worker:
-    hooks = stack.settings.hooks
+def _worker(
+    stack: HookStack,
+    http: httpx.AsyncClient,
+    store: HookStore,
+    hooks: HooksSettings | None = None,
+    **kw: object,
+) -> Worker:
+    hooks = hooks or stack.settings.hooks
     deliverer = Deliverer(http, timeout=3, allow_http=True, allowed=hooks.networks)
     broker = stack.api_app.state.resources.broker
     return Worker(store, broker, deliverer, hooks, lease_seconds=2, **kw)  # type: ignore[arg-type]
@@ -95,3 +102,40 @@ async def test_two_workers_never_send_one_endpoint_at_once(
     ids = [r["headers"]["webhook-id"] for r in got]
     assert sorted(counts) == [0, 6]
     assert len(ids) == len(set(ids)) == 6
+
+
+async def test_a_backlog_longer_than_a_batch_goes_in_order_over_several_passes(
+    stack: HookStack, db: Database, http: httpx.AsyncClient
+) -> None:
+    """Each pass sends one batch and leaves the rest to the next, in order, none twice."""
+    created = await stack.endpoint("/backlog")
+    endpoint_id = uuid.UUID(created["id"])
+    for n in range(7):
+        await stack.emitter.emit(stack.user_id, [event("recipient.sent", "ivy@example.com", n)])
+    worker = _worker(stack, http, HookStore(db), batch=3)
+
+    passes = [await worker.run(stack.user_id, endpoint_id) for _ in range(4)]
+    got = await stack.received("/backlog")
+
+    attempts = [orjson.loads(r["body"])["data"]["attempt"] for r in got]
+    assert passes == [3, 3, 1, 0]
+    assert attempts == list(range(7))
+
+
+async def test_the_sweep_wakes_only_endpoints_with_work_they_may_do(
+    stack: HookStack, db: Database, http: httpx.AsyncClient
+) -> None:
+    """Nothing waiting, or waiting for a retry: not woken; something waiting: woken."""
+    created = await stack.endpoint("/swept")
+    endpoint_id = uuid.UUID(created["id"])
+    slow = stack.settings.hooks.model_copy(update={"delays": "30"})
+    worker = _worker(stack, http, HookStore(db), slow)
+
+    idle = await worker.has_work(endpoint_id)
+    await stack.emitter.emit(stack.user_id, [event("recipient.sent", "jo@example.com")])
+    busy = await worker.has_work(endpoint_id)
+    await stack.control.post("/_control/receiver/fail", json={"path": "/swept", "status": 500})
+    await worker.run(stack.user_id, endpoint_id)
+    backing_off = await worker.has_work(endpoint_id)
+
+    assert (idle, busy, backing_off) == (False, True, False)
