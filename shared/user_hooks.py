@@ -107,6 +107,12 @@ class HookEvent:
     attempt_id: str | None = None
     """The provider attempt's id (``recipient.attempt``, ``recipient.failed_over``)."""
 
+    def __post_init__(self) -> None:
+        if self.type not in EVENT_TYPES:
+            raise ValueError(f"unknown webhook event type {self.type!r}")
+        if self.occurred_at.tzinfo is None:
+            raise ValueError("occurred_at must be timezone-aware")
+
 
 def message_id(event: HookEvent) -> str:
     """The event's ``webhook-id``: the same for the same source and type, every time."""

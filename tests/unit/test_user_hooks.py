@@ -140,3 +140,15 @@ def test_only_enabled_endpoints_that_want_the_type_get_it() -> None:
     rows = queued_for([everything, opens_only, disabled], [_event("recipient.sent")])
 
     assert [r.endpoint_id for r in rows] == [everything.endpoint_id]
+
+
+def test_an_event_of_an_unknown_type_cannot_be_made() -> None:
+    """A wiring mistake fails where it is made, not at a user's endpoint."""
+    with pytest.raises(ValueError, match="unknown webhook event type"):
+        _event("recipient.exploded")
+
+
+def test_an_event_needs_an_aware_time() -> None:
+    """Naive datetimes are refused (timestamps are UTC on the wire)."""
+    with pytest.raises(ValueError, match="timezone"):
+        _event(occurred_at=datetime(2026, 11, 26, 12, 0))  # noqa: DTZ001
