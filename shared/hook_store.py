@@ -10,6 +10,7 @@ module that writes the ``user_webhook*`` tables (``deploy/cql/0023_user_webhooks
   lease lapses), the low-water mark ``since`` and the head event's failed attempts.
 * ``user_webhook_messages``: each message's body by webhook-id, for replay, and the replay
   waiting to be delivered (one at a time per message).
+* ``user_webhook_replays``: replay requests by Idempotency-Key, for a day.
 * ``user_webhook_deliveries``: the delivery log, newest first, 30 days.
 """
 
@@ -419,6 +420,31 @@ class HookStore:
             return replay_id
         found: uuid.UUID | None = row.get("replay_pending") if row else None
         return found or replay_id
+
+    async def replay_request(
+        self, endpoint_id: uuid.UUID, msg_id: str, key: str, replay_id: uuid.UUID
+    ) -> tuple[uuid.UUID, bool] | None:
+        """Record the replay request with Idempotency-Key ``key``; None when this is its
+        first time, else the (replay id, queued) the first one was answered with (its
+        answer may still be on its way: then ``replay_id`` is the one it claimed)."""
+        row = await self.db.one(
+            "INSERT INTO user_webhook_replays (endpoint_id, msg_id, key, replay_id) "
+            "VALUES (?, ?, ?, ?) IF NOT EXISTS",
+            (endpoint_id, msg_id, key, replay_id),
+        )
+        if row is None or row["[applied]"]:
+            return None
+        return row["replay_id"], bool(row.get("queued"))
+
+    async def replay_answered(
+        self, endpoint_id: uuid.UUID, msg_id: str, key: str, replay_id: uuid.UUID, queued: bool
+    ) -> None:
+        await self.db.execute(
+            "UPDATE user_webhook_replays SET replay_id = ?, queued = ? "
+            "WHERE endpoint_id = ? AND msg_id = ? AND key = ?",
+            (replay_id, queued, endpoint_id, msg_id, key),
+            idempotent=True,
+        )
 
     async def replay_done(self, endpoint_id: uuid.UUID, msg_id: str) -> None:
         await self.db.execute(

@@ -7,15 +7,22 @@ no credentials, and a host that resolves to public addresses only (or to the ope
 allowed networks); the worker checks again at every delivery.
 
 Replays: ``POST /v1/webhooks/{id}/deliveries/{msg_id}/replay`` queues the message once more
-behind what the endpoint already waits for, under its own webhook-id. While a replay of a
-message waits or is being delivered, more replay requests of it join that one (``queued:
-false`` and its ``replay_id``): a burst of clicks delivers it once. A replay requested after
-the previous one was delivered is delivered again. The waiting mark lapses after a day, the
-length of the retries, so a request that failed half-way never blocks later replays.
+behind what the endpoint already waits for, under its own webhook-id, and is delivered like
+any event (retried, at least once). Exactly one delivery per replay:
+
+* the same request repeated with the same ``Idempotency-Key`` (for a day) is the same replay:
+  it answers the first one's ``replay_id`` and never queues again;
+* while a replay of a message waits or is being delivered, any other replay request of it
+  joins that one (``queued: false`` and its ``replay_id``): a burst of clicks delivers it once;
+* a replay requested after the previous one was delivered is delivered again.
+
+The waiting mark lapses after a day, the length of the retries, so a request that failed
+half-way never blocks later replays.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,6 +43,7 @@ from shared.http import JSON, ApiError, read_json
 from shared.user_hooks import EventsError, parse_events, shown_events, wake
 
 SMALL_BODY = 8 * 1024
+_IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 
 def _when(at: datetime | None) -> str | None:
@@ -137,7 +145,9 @@ class Webhooks:
             await wake(self.broker, user_id, endpoint.endpoint_id)  # what waited goes now
         return changed
 
-    async def replay(self, user_id: uuid.UUID, raw_id: str, msg_id: str) -> dict[str, Any]:
+    async def replay(
+        self, user_id: uuid.UUID, raw_id: str, msg_id: str, key: str | None = None
+    ) -> dict[str, Any]:
         endpoint = await self.owned(user_id, raw_id)
         if not endpoint.enabled:
             raise ApiError(
@@ -147,11 +157,17 @@ class Webhooks:
         if message is None:
             raise ApiError(404, "not_found", "no such message for this endpoint (kept 30 days)")
         wanted = uuid.uuid1()
+        if key is not None:
+            earlier = await self.store.replay_request(endpoint.endpoint_id, msg_id, key, wanted)
+            if earlier is not None:
+                return {"msg_id": msg_id, "replay_id": str(earlier[0]), "queued": earlier[1]}
         replay_id = await self.store.claim_replay(endpoint.endpoint_id, msg_id, wanted)
         queued = replay_id == wanted
         if queued:
             await self.store.enqueue([message])
             await wake(self.broker, user_id, endpoint.endpoint_id)
+        if key is not None:
+            await self.store.replay_answered(endpoint.endpoint_id, msg_id, key, replay_id, queued)
         return {"msg_id": msg_id, "replay_id": str(replay_id), "queued": queued}
 
 
@@ -210,7 +226,10 @@ async def list_deliveries(request: Request) -> Response:
 
 async def replay_delivery(request: Request) -> Response:
     key = await require_key(request, "keys")
+    idem = request.headers.get("idempotency-key")
+    if idem is not None and not _IDEMPOTENCY_KEY.fullmatch(idem):
+        raise ApiError(400, "bad_idempotency_key", "Idempotency-Key must be 1-255 visible ASCII")
     answer = await Webhooks.of(request).replay(
-        key.user_id, request.path_params["endpoint_id"], request.path_params["msg_id"]
+        key.user_id, request.path_params["endpoint_id"], request.path_params["msg_id"], idem
     )
     return JSON(answer, status_code=202)

@@ -285,11 +285,18 @@ OPERATIONS: tuple[Operation, ...] = (
         params=(
             _WEBHOOK_ID,
             Param("msg_id", "path", "The message's webhook-id, from the log.", required=True),
+            Param(
+                "Idempotency-Key",
+                "header",
+                "1-255 visible ASCII characters: the same request repeated within a day is "
+                "the same replay (its first answer, never a second delivery).",
+            ),
         ),
-        errors=(404, 409),
-        description="While a replay of the message waits, more requests join it "
-        "(`queued: false`): a burst of requests delivers it once. 409 while the endpoint is "
-        "disabled.",
+        errors=(400, 404, 409),
+        description="Exactly one delivery per replay: while a replay of the message waits, "
+        "other requests join it (`queued: false`, its `replay_id`), so a burst of requests "
+        "delivers it once; a replay asked for after the previous was delivered is delivered "
+        "again. 409 while the endpoint is disabled.",
     ),
     Operation(
         "list_providers",

@@ -122,32 +122,58 @@ async def test_an_endpoint_that_stays_down_is_disabled_shown_and_mailed_once(
     assert f'data-webhook-disabled="{created["id"]}"' in dashboard.text
 
 
-async def test_a_replay_is_delivered_once_with_the_same_webhook_id(
+async def test_a_replay_repeated_with_its_key_is_delivered_once_with_the_same_webhook_id(
     settings: Settings, db: Database
 ) -> None:
-    """Two replay requests in a row deliver the message once more, under its id."""
+    """Two requests with one Idempotency-Key at once: one replay, delivered once, same id."""
     async with hook_stack(settings, db) as stack:
         created = await stack.endpoint("/replay")
         await stack.emitter.emit(stack.user_id, [event("recipient.opened", "eve@example.com")])
         (first,) = await stack.until_received("/replay", 1)
         msg_id = first["headers"]["webhook-id"]
         path = f"/v1/webhooks/{created['id']}/deliveries/{msg_id}/replay"
+        headers = {**stack.auth, "Idempotency-Key": "replay-1"}
 
         one, two = await asyncio.gather(
-            stack.api.post(path, headers=stack.auth), stack.api.post(path, headers=stack.auth)
+            stack.api.post(path, headers=headers), stack.api.post(path, headers=headers)
         )
         await stack.until_received("/replay", 2)
+        await asyncio.sleep(1.5)  # nothing more comes
+        again = await stack.api.post(path, headers=headers)
         await asyncio.sleep(1.5)
         got = await stack.received("/replay")
         log = (
             await stack.api.get(f"/v1/webhooks/{created['id']}/deliveries", headers=stack.auth)
         ).json()["data"]
 
-    assert {one.status_code, two.status_code} == {202}
-    assert sorted([one.json()["queued"], two.json()["queued"]]) == [False, True]
-    assert one.json()["replay_id"] == two.json()["replay_id"]
+    assert {one.status_code, two.status_code, again.status_code} == {202}
+    assert one.json()["replay_id"] == two.json()["replay_id"] == again.json()["replay_id"]
     assert _ids(got) == [msg_id, msg_id]
     assert [entry["status"] for entry in log] == [200, 200]
+
+
+async def test_replays_asked_for_while_one_waits_join_it(settings: Settings, db: Database) -> None:
+    """The endpoint fails, so the first replay waits: the second joins it; once the
+    endpoint answers again the message is delivered once more, not twice."""
+    async with hook_stack(settings, db) as stack:
+        created = await stack.endpoint("/joined")
+        await stack.emitter.emit(stack.user_id, [event("recipient.opened", "flo@example.com")])
+        (first,) = await stack.until_received("/joined", 1)
+        msg_id = first["headers"]["webhook-id"]
+        path = f"/v1/webhooks/{created['id']}/deliveries/{msg_id}/replay"
+        await stack.control.post(
+            "/_control/receiver/fail", json={"path": "/joined", "status": 503, "count": 2}
+        )
+
+        one = await stack.api.post(path, headers=stack.auth)
+        two = await stack.api.post(path, headers=stack.auth)
+        await stack.until_received("/joined", 2)
+        await asyncio.sleep(2)  # nothing more comes
+        got = await stack.received("/joined")
+
+    assert (one.json()["queued"], two.json()["queued"]) == (True, False)
+    assert one.json()["replay_id"] == two.json()["replay_id"]
+    assert _ids(got) == [msg_id, msg_id]
 
 
 async def test_an_internal_url_is_refused_at_creation(settings: Settings, db: Database) -> None:

@@ -235,10 +235,14 @@ class Client:
         )
         return cast(list[dict[str, Any]], self._call(request)["data"])
 
-    def replay_webhook_delivery(self, endpoint_id: str, msg_id: str) -> dict[str, Any]:
-        """Deliver a message once more (requests while one waits join it)."""
+    def replay_webhook_delivery(
+        self, endpoint_id: str, msg_id: str, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """Deliver a message once more (requests while one waits join it; the same
+        ``idempotency_key`` within a day is the same replay)."""
         path = f"/v1/webhooks/{quoted(endpoint_id)}/deliveries/{quoted(msg_id)}/replay"
-        return cast(dict[str, Any], self._call(Request("POST", path)))
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return cast(dict[str, Any], self._call(Request("POST", path, headers=headers)))
 
     def providers(self) -> list[dict[str, Any]]:
         """Each provider's health, circuit, pause and current rate."""
@@ -474,10 +478,13 @@ class AsyncClient:
         )
         return cast(list[dict[str, Any]], (await self._call(request))["data"])
 
-    async def replay_webhook_delivery(self, endpoint_id: str, msg_id: str) -> dict[str, Any]:
+    async def replay_webhook_delivery(
+        self, endpoint_id: str, msg_id: str, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
         """See :meth:`Client.replay_webhook_delivery`."""
         path = f"/v1/webhooks/{quoted(endpoint_id)}/deliveries/{quoted(msg_id)}/replay"
-        return cast(dict[str, Any], await self._call(Request("POST", path)))
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return cast(dict[str, Any], await self._call(Request("POST", path, headers=headers)))
 
     async def providers(self) -> list[dict[str, Any]]:
         """See :meth:`Client.providers`."""
