@@ -2,7 +2,7 @@
 send and webhook paths call with what happened to each recipient.
 
 :meth:`HookEmitter.emit` persists one queue row per endpoint that wants the event (in the
-endpoint's ordered queue, ``shared.hook_store``) before it returns, then wakes the delivery
+endpoint's ordered queue, ``shared.hook_queue``) before it returns, then wakes the delivery
 worker (``services.hooks``) with ``whook.<endpoint_uuid>``; a lost wake only delays
 delivery until the worker's next sweep. A user without endpoints costs one cached lookup:
 a user's endpoints are remembered for :data:`CACHE_SECONDS` (an endpoint created meanwhile
@@ -31,8 +31,10 @@ from typing import Final, Literal, Protocol
 import orjson
 
 from shared.broker import Broker
+from shared.db import Database
 from shared.errors import DependencyUnavailable
-from shared.hook_store import Endpoint, HookStore, Queued
+from shared.hook_queue import HookQueue, Queued
+from shared.hook_store import Endpoint, HookStore
 from shared.topology import wake_key
 
 log = logging.getLogger(__name__)
@@ -167,14 +169,15 @@ class UserHooks(Protocol):
 class HookEmitter:
     """The real :class:`UserHooks`: Cassandra for the queues, RabbitMQ for the wake-ups.
 
-    Build one per process in ``main()``/the lifespan: ``HookEmitter(HookStore(res.db),
-    res.broker)``.
+    Build one per process in the lifespan, once its resources are open:
+    ``HookEmitter(res.db, res.broker)``.
     """
 
     def __init__(
-        self, store: HookStore, broker: Broker, *, cache_seconds: float = CACHE_SECONDS
+        self, db: Database, broker: Broker, *, cache_seconds: float = CACHE_SECONDS
     ) -> None:
-        self.store = store
+        self.store = HookStore(db)
+        self.queue = HookQueue(db)
         self.broker = broker
         self.cache_seconds = cache_seconds
         self._cache: dict[uuid.UUID, tuple[float, list[Endpoint]]] = {}
@@ -199,7 +202,7 @@ class HookEmitter:
         rows = queued_for(endpoints, events)
         if not rows:
             return 0
-        await self.store.enqueue(rows)
+        await self.queue.enqueue(rows)
         for endpoint_id in dict.fromkeys(r.endpoint_id for r in rows):
             await wake(self.broker, user_id, endpoint_id)
         return len(rows)

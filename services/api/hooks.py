@@ -38,7 +38,8 @@ from shared import ssrf
 from shared.broker import Broker
 from shared.config import HooksSettings
 from shared.hook_delivery import Resolve, resolve, vet
-from shared.hook_store import Delivery, Endpoint, HookStore
+from shared.hook_queue import Delivery, HookQueue
+from shared.hook_store import Endpoint, HookStore
 from shared.http import JSON, ApiError, read_json
 from shared.user_hooks import EventsError, parse_events, shown_events, wake
 
@@ -90,6 +91,7 @@ class Webhooks:
     """The use cases behind ``/v1/webhooks``: raw values in, endpoints out, or ApiError."""
 
     store: HookStore
+    queue: HookQueue
     broker: Broker
     settings: HooksSettings
     resolver: Resolve = resolve
@@ -97,7 +99,9 @@ class Webhooks:
     @classmethod
     def of(cls, request: Request) -> Webhooks:
         res = request.app.state.resources
-        return cls(HookStore(res.db), res.broker, request.app.state.settings.hooks)
+        return cls(
+            HookStore(res.db), HookQueue(res.db), res.broker, request.app.state.settings.hooks
+        )
 
     async def checked_url(self, url: str) -> str:
         """``url`` if it may be an endpoint; 422 naming why not."""
@@ -124,7 +128,10 @@ class Webhooks:
                 "too_many_webhooks",
                 f"at most {self.settings.max_endpoints} webhook endpoints per user",
             )
-        return await self.store.create(user_id, url, events, datetime.now(UTC))
+        now = datetime.now(UTC)
+        created = await self.store.create(user_id, url, events, now)
+        await self.queue.start(created.endpoint_id, now)
+        return created
 
     async def owned(self, user_id: uuid.UUID, raw_id: str) -> Endpoint:
         try:
@@ -142,6 +149,7 @@ class Webhooks:
         url = await self.checked_url(patch.url) if patch.url is not None else None
         changed = await self.store.update(endpoint, url=url, events=events, enabled=patch.enabled)
         if changed.enabled and not endpoint.enabled:
+            await self.queue.reset(endpoint.endpoint_id)
             await wake(self.broker, user_id, endpoint.endpoint_id)  # what waited goes now
         return changed
 
@@ -153,21 +161,21 @@ class Webhooks:
             raise ApiError(
                 409, "webhook_disabled", "the endpoint is disabled: enable it, then replay"
             )
-        message = await self.store.message(endpoint.endpoint_id, msg_id)
+        message = await self.queue.message(endpoint.endpoint_id, msg_id)
         if message is None:
             raise ApiError(404, "not_found", "no such message for this endpoint (kept 30 days)")
         wanted = uuid.uuid1()
         if key is not None:
-            earlier = await self.store.replay_request(endpoint.endpoint_id, msg_id, key, wanted)
+            earlier = await self.queue.replay_request(endpoint.endpoint_id, msg_id, key, wanted)
             if earlier is not None:
                 return {"msg_id": msg_id, "replay_id": str(earlier[0]), "queued": earlier[1]}
-        replay_id = await self.store.claim_replay(endpoint.endpoint_id, msg_id, wanted)
+        replay_id = await self.queue.claim_replay(endpoint.endpoint_id, msg_id, wanted)
         queued = replay_id == wanted
         if queued:
-            await self.store.enqueue([message])
+            await self.queue.enqueue([message])
             await wake(self.broker, user_id, endpoint.endpoint_id)
         if key is not None:
-            await self.store.replay_answered(endpoint.endpoint_id, msg_id, key, replay_id, queued)
+            await self.queue.replay_answered(endpoint.endpoint_id, msg_id, key, replay_id, queued)
         return {"msg_id": msg_id, "replay_id": str(replay_id), "queued": queued}
 
 
@@ -220,7 +228,7 @@ async def list_deliveries(request: Request) -> Response:
     limit = page_limit(request, default=50, maximum=500)
     hooks = Webhooks.of(request)
     found = await hooks.owned(key.user_id, request.path_params["endpoint_id"])
-    log = await hooks.store.deliveries(found.endpoint_id, datetime.now(UTC).date(), limit=limit)
+    log = await hooks.queue.deliveries(found.endpoint_id, datetime.now(UTC).date(), limit=limit)
     return JSON({"data": [delivery_view(d) for d in log]})
 
 

@@ -22,6 +22,7 @@ from shared.config import Settings
 from shared.errors import DependencyUnavailable
 from shared.health import health_routes
 from shared.hook_delivery import Deliverer
+from shared.hook_queue import HookQueue
 from shared.hook_store import HookStore
 from shared.metrics import HookMetrics, new_registry
 from shared.outbox import Outbox
@@ -47,6 +48,7 @@ def build_worker(
     acceptance = Acceptance(batches, Outbox(res.db, settings.amqp.exchange), res.broker)
     return Worker(
         store=HookStore(res.db),
+        queue=HookQueue(res.db),
         broker=res.broker,
         deliverer=Deliverer(
             http, timeout=hooks.timeout, allow_http=hooks.allow_http, allowed=hooks.networks

@@ -25,7 +25,8 @@ from shared import outbound_retry
 from shared.broker import Broker
 from shared.config import HooksSettings
 from shared.hook_delivery import Deliverer, Outcome
-from shared.hook_store import QUEUE_DAYS, Cursor, Delivery, Endpoint, HookStore, Pending
+from shared.hook_queue import QUEUE_DAYS, Cursor, Delivery, HookQueue, Pending
+from shared.hook_store import Endpoint, HookStore
 from shared.metrics import HookMetrics
 from shared.settle import Delivery as MessageDelivery
 from shared.settle import Poison
@@ -53,6 +54,7 @@ async def _no_notice(endpoint: Endpoint, reason: str) -> None:
 @dataclass
 class Worker:
     store: HookStore
+    queue: HookQueue
     broker: Broker
     deliverer: Deliverer
     settings: HooksSettings
@@ -86,24 +88,24 @@ class Worker:
         lapses)."""
         delivered = 0
         while True:
-            if not await self.store.take_lease(endpoint_id, self.owner, self.lease_seconds):
+            if not await self.queue.take_lease(endpoint_id, self.owner, self.lease_seconds):
                 return delivered
             try:
                 count, finished = await self._pass(user_id, endpoint_id)
             finally:
-                await self.store.release_lease(endpoint_id, self.owner)
+                await self.queue.release_lease(endpoint_id, self.owner)
             delivered += count
             if not finished or not await self._waiting(endpoint_id):
                 return delivered
 
     async def _waiting(self, endpoint_id: uuid.UUID) -> bool:
-        cursor = await self.store.cursor(endpoint_id)
+        cursor = await self.queue.cursor(endpoint_id)
         since = cursor.since or self.now() - timedelta(days=QUEUE_DAYS)
-        return bool(await self.store.pending(endpoint_id, since, limit=1))
+        return bool(await self.queue.pending(endpoint_id, since, limit=1))
 
     async def has_work(self, endpoint_id: uuid.UUID) -> bool:
         """Whether the endpoint has events waiting and may be tried now."""
-        cursor = await self.store.cursor(endpoint_id)
+        cursor = await self.queue.cursor(endpoint_id)
         if not may_try(cursor.next_try, self.now()):
             return False
         return await self._waiting(endpoint_id)
@@ -114,21 +116,21 @@ class Worker:
         endpoint = await self.store.endpoint(user_id, endpoint_id)
         if endpoint is None or not endpoint.enabled:
             return 0, False
-        cursor = await self.store.cursor(endpoint_id)
+        cursor = await self.queue.cursor(endpoint_id)
         if not may_try(cursor.next_try, self.now()):
             return 0, False  # failing: its delayed wake-up comes
         since = cursor.since or endpoint.created_at
         delivered = 0
-        waiting = await self.store.pending(endpoint_id, since, limit=self.batch)
+        waiting = await self.queue.pending(endpoint_id, since, limit=self.batch)
         for item in waiting:
-            if not await self.store.renew_lease(endpoint_id, self.owner, self.lease_seconds):
+            if not await self.queue.renew_lease(endpoint_id, self.owner, self.lease_seconds):
                 log.warning("lost the lease of webhook endpoint %s", endpoint_id)
                 return delivered, False
             ok, cursor, endpoint = await self._attempt(endpoint, cursor, item)
             delivered += int(ok)
             if cursor.next_try is not None:
                 # Stopped at a failure; the next pass starts from this event.
-                await self.store.move(
+                await self.queue.move(
                     endpoint_id,
                     self.owner,
                     Cursor(low_water(item.at, self.now()), cursor.attempts, cursor.next_try),
@@ -137,14 +139,14 @@ class Worker:
         if len(waiting) == self.batch:
             # More waits: a wake-up of its own continues from here, so no delivery of the
             # wake-up queue stays unacknowledged for long.
-            await self.store.move(
+            await self.queue.move(
                 endpoint_id, self.owner, Cursor(low_water(waiting[-1].at, self.now()), 0)
             )
             await wake(self.broker, user_id, endpoint_id)
             return delivered, False
         mark = low_water(None, self.now())
         if delivered or cursor.attempts or not cursor.since or mark - cursor.since > IDLE_MOVE:
-            await self.store.move(endpoint_id, self.owner, Cursor(mark, 0))
+            await self.queue.move(endpoint_id, self.owner, Cursor(mark, 0))
         return delivered, True
 
     async def _attempt(
@@ -160,7 +162,7 @@ class Worker:
             self.metrics.attempts.labels("ok" if ok else "failed").inc()
             self.metrics.seconds.observe(outcome.duration_ms / 1000)
         step = after_attempt(ok, cursor.attempts, self.settings.delay_tiers)
-        await self.store.log(
+        await self.queue.log(
             endpoint.endpoint_id,
             Delivery(
                 now,
@@ -173,9 +175,9 @@ class Worker:
             ),
         )
         if step.done:
-            await self.store.done(endpoint.endpoint_id, item)
+            await self.queue.done(endpoint.endpoint_id, item)
             if item.replay:
-                await self.store.replay_done(endpoint.endpoint_id, item.msg_id)
+                await self.queue.replay_done(endpoint.endpoint_id, item.msg_id)
         endpoint = await self._health(endpoint, ok, now)
         if step.retry_in is None:
             return ok, Cursor(cursor.since, 0, None), endpoint

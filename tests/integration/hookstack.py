@@ -130,7 +130,7 @@ async def hook_stack(
         async with running(api_app), client_for(api_app) as api:
             broker = api_app.state.resources.broker
             await broker.declare()
-            emitter = HookEmitter(HookStore(db), broker, cache_seconds=0)
+            emitter = HookEmitter(db, broker, cache_seconds=0)
             stack = HookStack(
                 s, db, api, api_app, control, f"{sandbox_url}/_receiver", user_id, key, emitter
             )

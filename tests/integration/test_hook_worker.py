@@ -16,7 +16,8 @@ from services.hooks.worker import Worker
 from shared.config import HooksSettings, Settings
 from shared.db import Database
 from shared.hook_delivery import Deliverer
-from shared.hook_store import HookStore, Pending
+from shared.hook_queue import HookQueue, Pending
+from shared.hook_store import HookStore
 from tests.integration.hookstack import HookStack, event, hook_stack
 
 
@@ -24,8 +25,8 @@ class Crash(BaseException):
     """The process dies here: nothing after it runs."""
 
 
-class _Dies(HookStore):
-    """A store whose worker dies before letting go of its lease (a killed process)."""
+class _Dies(HookQueue):
+    """A queue whose worker dies before letting go of its lease (a killed process)."""
 
     async def release_lease(self, endpoint_id: uuid.UUID, owner: uuid.UUID) -> None:
         return None
@@ -46,14 +47,15 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 def _worker(
     stack: HookStack,
     http: httpx.AsyncClient,
-    store: HookStore,
+    queue: HookQueue,
     hooks: HooksSettings | None = None,
     **kw: object,
 ) -> Worker:
     hooks = hooks or stack.settings.hooks
     deliverer = Deliverer(http, timeout=3, allow_http=True, allowed=hooks.networks)
     broker = stack.api_app.state.resources.broker
-    return Worker(store, broker, deliverer, hooks, lease_seconds=2, **kw)  # type: ignore[arg-type]
+    store = HookStore(stack.db)
+    return Worker(store, queue, broker, deliverer, hooks, lease_seconds=2, **kw)  # type: ignore[arg-type]
 
 
 async def test_a_worker_killed_mid_delivery_leaves_the_event_to_be_sent_again(
@@ -71,7 +73,7 @@ async def test_a_worker_killed_mid_delivery_leaves_the_event_to_be_sent_again(
 
     with pytest.raises(Crash):
         await _worker(stack, http, _Dies(db), probe=die).run(stack.user_id, endpoint_id)
-    survivor = _worker(stack, http, HookStore(db))
+    survivor = _worker(stack, http, HookQueue(db))
     while_held = await survivor.run(stack.user_id, endpoint_id)
     await asyncio.sleep(2.5)  # the dead worker's lease lapses
     after = await survivor.run(stack.user_id, endpoint_id)
@@ -94,8 +96,8 @@ async def test_two_workers_never_send_one_endpoint_at_once(
         await stack.emitter.emit(stack.user_id, [event("recipient.sent", "hal@example.com", n)])
 
     counts = await asyncio.gather(
-        _worker(stack, http, HookStore(db)).run(stack.user_id, endpoint_id),
-        _worker(stack, http, HookStore(db)).run(stack.user_id, endpoint_id),
+        _worker(stack, http, HookQueue(db)).run(stack.user_id, endpoint_id),
+        _worker(stack, http, HookQueue(db)).run(stack.user_id, endpoint_id),
     )
     got = await stack.received("/leased")
 
@@ -112,7 +114,7 @@ async def test_a_backlog_longer_than_a_batch_goes_in_order_over_several_passes(
     endpoint_id = uuid.UUID(created["id"])
     for n in range(7):
         await stack.emitter.emit(stack.user_id, [event("recipient.sent", "ivy@example.com", n)])
-    worker = _worker(stack, http, HookStore(db), batch=3)
+    worker = _worker(stack, http, HookQueue(db), batch=3)
 
     passes = [await worker.run(stack.user_id, endpoint_id) for _ in range(4)]
     got = await stack.received("/backlog")
@@ -129,7 +131,7 @@ async def test_the_sweep_wakes_only_endpoints_with_work_they_may_do(
     created = await stack.endpoint("/swept")
     endpoint_id = uuid.UUID(created["id"])
     slow = stack.settings.hooks.model_copy(update={"delays": "30"})
-    worker = _worker(stack, http, HookStore(db), slow)
+    worker = _worker(stack, http, HookQueue(db), slow)
 
     idle = await worker.has_work(endpoint_id)
     await stack.emitter.emit(stack.user_id, [event("recipient.sent", "jo@example.com")])

@@ -14,7 +14,7 @@ from shared import accounts
 from shared.db import Database
 from shared.deadletters import DeadLetterStore, letter_of
 from shared.domains import DomainStore
-from shared.hook_store import HookStore, Queued
+from shared.hook_queue import HookQueue, Queued
 from shared.topology import dispatch_key
 from tests.conftest import unique
 
@@ -68,7 +68,7 @@ async def test_every_operation_answers_its_documented_shape(
     await call("get_webhook", "GET", f"/v1/webhooks/{endpoint}")
     await call("update_webhook", "PATCH", f"/v1/webhooks/{endpoint}", json={"events": ["*"]})
     await call("rotate_webhook_secret", "POST", f"/v1/webhooks/{endpoint}/rotate")
-    await HookStore(db).enqueue([Queued(uuid.UUID(endpoint), "msg_doc", "recipient.sent", b"{}")])
+    await HookQueue(db).enqueue([Queued(uuid.UUID(endpoint), "msg_doc", "recipient.sent", b"{}")])
     await call("list_webhook_deliveries", "GET", f"/v1/webhooks/{endpoint}/deliveries")
     replay = f"/v1/webhooks/{endpoint}/deliveries/msg_doc/replay"
     await call("replay_webhook_delivery", "POST", replay)

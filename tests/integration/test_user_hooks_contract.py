@@ -13,7 +13,8 @@ import pytest
 
 from shared.broker import Broker
 from shared.db import Database
-from shared.hook_store import Endpoint, HookStore, Queued
+from shared.hook_queue import Queued
+from shared.hook_store import Endpoint
 from shared.user_hooks import FakeUserHooks, HookEmitter, UserHooks
 from tests.integration.hookstack import event
 
@@ -44,11 +45,13 @@ class _Real:
     hooks: HookEmitter
 
     async def endpoint(self, user_id: uuid.UUID, events: frozenset[str]) -> uuid.UUID:
-        created = await self.hooks.store.create(user_id, "https://h.example/", events, _now())
+        now = _now()
+        created = await self.hooks.store.create(user_id, "https://h.example/", events, now)
+        await self.hooks.queue.start(created.endpoint_id, now)
         return created.endpoint_id
 
     async def queued(self, endpoint_id: uuid.UUID) -> list[Queued]:
-        found = await self.hooks.store.pending(endpoint_id, _now() - timedelta(minutes=5))
+        found = await self.hooks.queue.pending(endpoint_id, _now() - timedelta(minutes=5))
         return [Queued(endpoint_id, p.msg_id, p.type, p.body) for p in found]
 
 
@@ -63,7 +66,7 @@ async def harness(
     if request.param == "fake":
         yield _Fake(FakeUserHooks())
     else:
-        yield _Real(HookEmitter(HookStore(db), broker, cache_seconds=0))
+        yield _Real(HookEmitter(db, broker, cache_seconds=0))
 
 
 async def test_a_user_without_endpoints_queues_nothing(harness: Harness) -> None:
