@@ -45,6 +45,10 @@ def _create(command: str, settings: Settings) -> Any:
         from services.consumers.main import create_app as consumers
 
         return consumers(settings)
+    if command == "hooks":
+        from services.hooks.main import create_app as hooks
+
+        return hooks(settings)
     from services.sandbox.app import create_app as sandbox
 
     return sandbox(settings.sandbox)
@@ -75,6 +79,10 @@ def tracking_app() -> Any:
     return _worker_app("tracking")
 
 
+def hooks_app() -> Any:
+    return _worker_app("hooks")
+
+
 def _serve(command: str, settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -85,6 +93,7 @@ def _serve(command: str, settings: Settings, args: argparse.Namespace) -> int:
         "webhooks": (settings.webhooks.host, settings.webhooks.port),
         "tracking": (settings.tracking.host, settings.tracking.port),
         "consumers": (settings.consumers.host, settings.consumers.port),
+        "hooks": (settings.hooks.host, settings.hooks.port),
         "sandbox": (settings.sandbox.host, settings.sandbox.port),
     }[command]
     options: dict[str, Any] = {
@@ -137,6 +146,10 @@ def cmd_sandbox(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_consumers(settings: Settings, args: argparse.Namespace) -> int:
     return _serve("consumers", settings, args)
+
+
+def cmd_hooks(settings: Settings, args: argparse.Namespace) -> int:
+    return _serve("hooks", settings, args)
 
 
 def _workers(value: str) -> int:
@@ -437,6 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("webhooks", cmd_webhooks, "run the provider webhook receiver"),
         ("tracking", cmd_tracking, "run the tracking endpoint (opens, clicks, unsubscribe)"),
         ("consumers", cmd_consumers, "run the RabbitMQ consumers"),
+        ("hooks", cmd_hooks, "run the delivery worker of users' webhooks"),
         ("sandbox", cmd_sandbox, "run the local SendGrid/Mailgun/GitHub stand-ins"),
     ]:
         p = sub.add_parser(name, help=help_)

@@ -108,6 +108,10 @@ def run(settings: Settings) -> int:
     env = {
         # Readable lines on a terminal, unless the user asked for JSON.
         "SAFEDELIVR_LOG_FORMAT": "console",
+        # Users' webhooks may point at the sandbox's receiver (plain http on loopback).
+        "SAFEDELIVR_HOOKS_ALLOW_HTTP": "true",
+        "SAFEDELIVR_HOOKS_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
+        "SAFEDELIVR_HOOKS_MAIL_FROM": f"Safedelivr <noreply@{DEMO_DOMAIN}>",
         **os.environ,
         **_signing_env(),
         "SAFEDELIVR_WEBHOOKS_MAILGUN_SIGNING_KEY": (
@@ -119,6 +123,7 @@ def run(settings: Settings) -> int:
         Service("webhooks", settings.webhooks.port),
         Service("tracking", settings.tracking.port),
         Service("consumers", settings.consumers.port),
+        Service("hooks", settings.hooks.port),
         Service("api", settings.api.port),
     ]
     stopping = running = False
@@ -184,6 +189,8 @@ Safedelivr is running.
   webhooks         http://127.0.0.1:{settings.webhooks.port}/webhooks/{{sendgrid,mailgun}}
   tracking         {settings.tracking.public_url}/{{o,c,u}}/<token>  (opens, clicks, unsubscribe)
   consumers        http://127.0.0.1:{settings.consumers.port}/readyz
+  hooks            http://127.0.0.1:{settings.hooks.port}/readyz  (users' webhooks; the sandbox
+                   receiver http://127.0.0.1:{settings.sandbox.port}/_receiver/<any> takes them)
   sandbox          http://127.0.0.1:{settings.sandbox.port}  (SendGrid, Mailgun, GitHub)
   RabbitMQ UI      http://127.0.0.1:15672  (guest/guest)
 

@@ -8,6 +8,7 @@ sections directly with keyword arguments instead of touching ``os.environ``.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any, Literal
 
@@ -385,6 +386,74 @@ class ClientSettings(BaseSettings):
     """The API key the commands authenticate with."""
 
 
+class HooksSettings(BaseSettings):
+    """Users' outbound webhooks: the delivery worker (``safedelivr hooks``) and its guards."""
+
+    model_config = _config("HOOKS")
+
+    host: str = "127.0.0.1"
+    """Address to listen on."""
+    port: int = Field(8084, ge=1, le=65535)
+    """Where the delivery worker serves /healthz, /readyz and /metrics."""
+    timeout: float = Field(10.0, gt=0, le=60)
+    """Seconds one delivery may take (connect, send, answer) before it counts as failed."""
+    allow_http: bool = False
+    """Whether endpoints may be plain http:// URLs (the sandbox receiver under ``make run``);
+    never in production."""
+    allowed_networks: str = ""
+    """Comma-separated networks (CIDR) endpoints may resolve to although not public, e.g.
+    ``10.1.0.0/16`` for an internal receiver (``127.0.0.0/8`` for the sandbox)."""
+    max_endpoints: int = Field(20, ge=1, le=1000)
+    """Endpoints one user may have."""
+    delays: str = "5,30,120,600,1800,3600,7200,14400,28800,28800"
+    """Seconds before each retry of a failing delivery (about a day in all); each becomes a
+    delay queue."""
+    disable_after: int = Field(86_400, ge=0)
+    """Seconds an endpoint must have failed continuously before it is disabled..."""
+    disable_min_failures: int = Field(20, ge=1)
+    """...with at least this many failed deliveries in a row."""
+    mail_from: str = ""
+    """The sender of the mail telling a user their endpoint was disabled, e.g.
+    ``Safedelivr <noreply@your-domain>``; empty: no mail (the dashboard still says so)."""
+    sweep_interval: float = Field(60.0, gt=0)
+    """Seconds between two sweeps that wake every endpoint with work (a lost wake message
+    delays delivery by at most this)."""
+
+    @field_validator("delays")
+    @classmethod
+    def _delays(cls, value: str) -> str:
+        try:
+            found = [int(v) for v in value.split(",")]
+        except ValueError:
+            raise ValueError("must be comma-separated whole seconds") from None
+        if not found or any(d < 1 or d > 86_400 for d in found):
+            raise ValueError("each delay is 1 to 86400 seconds")
+        return value
+
+    @field_validator("allowed_networks")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        for part in value.split(","):
+            if part.strip():
+                try:
+                    ipaddress.ip_network(part.strip(), strict=False)
+                except ValueError:
+                    raise ValueError(f"{part.strip()!r} is not a network (CIDR)") from None
+        return value
+
+    @property
+    def delay_tiers(self) -> tuple[int, ...]:
+        return tuple(int(v) for v in self.delays.split(","))
+
+    @property
+    def networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        return tuple(
+            ipaddress.ip_network(p.strip(), strict=False)
+            for p in self.allowed_networks.split(",")
+            if p.strip()
+        )
+
+
 class Settings(BaseSettings):
     """Every section, validated together at start-up."""
 
@@ -423,6 +492,7 @@ class Settings(BaseSettings):
     github: GitHubSettings = Field(default_factory=GitHubSettings)
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     client: ClientSettings = Field(default_factory=ClientSettings)
+    hooks: HooksSettings = Field(default_factory=HooksSettings)
 
     @property
     def operator_logins(self) -> frozenset[str]:
@@ -449,6 +519,7 @@ SECTIONS: dict[str, type[BaseSettings]] = {
     "GITHUB": GitHubSettings,
     "TRACKING": TrackingSettings,
     "CLIENT": ClientSettings,
+    "HOOKS": HooksSettings,
 }
 
 

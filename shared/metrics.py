@@ -118,3 +118,34 @@ class DeadLetterMetrics:
                 registry=registry,
             ),
         )
+
+
+@dataclass(frozen=True)
+class HookMetrics:
+    """The delivery worker of users' webhooks."""
+
+    attempts: Counter
+    disabled: Counter
+    seconds: Histogram
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> HookMetrics:
+        return cls(
+            Counter(
+                "safedelivr_user_webhook_attempts",
+                "Deliveries attempted to users' endpoints, by result (ok, failed)",
+                ["result"],
+                registry=registry,
+            ),
+            Counter(
+                "safedelivr_user_webhooks_disabled",
+                "Endpoints disabled after failing too long",
+                registry=registry,
+            ),
+            Histogram(
+                "safedelivr_user_webhook_seconds",
+                "Time one delivery took",
+                buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+                registry=registry,
+            ),
+        )

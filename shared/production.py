@@ -50,6 +50,10 @@ def production_problems(settings: Settings) -> list[str]:
             f"{_PREFIX}TRACKING_KEYS: the development key signs links anyone could forge; "
             "set your own (kid:base64 of 32 random bytes)"
         )
+    if settings.hooks.allow_http:
+        problems.append(
+            f"{_PREFIX}HOOKS_ALLOW_HTTP: users' webhook events would travel unencrypted"
+        )
     if w.sendgrid_insecure_basic_only:
         problems.append(
             f"{_PREFIX}WEBHOOKS_SENDGRID_INSECURE_BASIC_ONLY: accepts unsigned SendGrid events; "

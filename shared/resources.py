@@ -38,6 +38,8 @@ def topology_for(settings: Settings) -> Topology:
             settings.webhooks.deferred_deadline,
             settings.providers.resolve_interval,
             math.ceil(settings.providers.call_lease),
+            # Users' webhook endpoints are retried for about a day (up to 8 h apart).
+            *settings.hooks.delay_tiers,
         ),
     )
 

@@ -8,7 +8,8 @@ describes). Routing keys are the contract of ``design.md``:
 * ``log.<ns>.<log_uuid>`` / ``log.<ns>.<log_uuid>.retry.<n>``  one recipient re-sent via ``ns``
 
 and one of our own: ``hook.<ns>``, a verified webhook delivery from ``ns`` queued for when
-Cassandra is back (``services.webhooks.intake``).
+Cassandra is back (``services.webhooks.intake``), and ``whook.<endpoint_uuid>``, "a user's
+webhook endpoint has events to deliver" (``services.hooks``).
 
 Every name is derived from the exchange name, so a test can declare a private copy of the
 whole topology under a random exchange name.
@@ -66,6 +67,19 @@ def dispatch_key(provider: str, batch_id: uuid.UUID, attempt: int = 0) -> str:
 def log_key(provider: str, log_id: uuid.UUID, attempt: int = 0) -> str:
     _check_provider(provider)
     return f"log.{provider}.{log_id}" + (f".retry.{attempt}" if attempt else "")
+
+
+def wake_key(endpoint_id: uuid.UUID) -> str:
+    """The routing key that wakes a user's webhook endpoint."""
+    return f"whook.{endpoint_id}"
+
+
+def parse_wake_key(key: str) -> uuid.UUID:
+    """The endpoint a wake key names; ValueError for anything else."""
+    kind, _, rest = key.partition(".")
+    if kind != "whook":
+        raise ValueError(f"not a webhook wake key: {key!r}")
+    return _uuid(rest, key)
 
 
 def parse_routing_key(key: str) -> RoutingKey:
@@ -146,6 +160,11 @@ class Topology:
     def webhooks_queue(self) -> str:
         return f"{self.exchange}.webhooks"
 
+    @property
+    def hooks_queue(self) -> str:
+        """Wake-ups of users' webhook endpoints (``whook.<endpoint_uuid>``)."""
+        return f"{self.exchange}.whooks"
+
     def provider_queue(self, provider: str) -> str:
         return f"{self.exchange}.{provider}"
 
@@ -177,6 +196,9 @@ class Topology:
         specs = [
             QueueSpec(self.batches_queue, args, ((self.exchange, "batch.#"),)),
             QueueSpec(self.webhooks_queue, args, ((self.exchange, "hook.#"),)),
+            # Added in a later release: every service declares the whole topology at
+            # start-up (and ``safedelivr topology`` does), so existing deployments get it.
+            QueueSpec(self.hooks_queue, args, ((self.exchange, "whook.#"),)),
         ]
         for p in self.providers:
             specs.append(QueueSpec(self.provider_queue(p), args, ((self.exchange, f"{p}.#"),)))

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -63,7 +64,7 @@ def drop_keyspace(name: str) -> None:
     """Drop a test keyspace (best effort: a leftover test keyspace harms nothing)."""
     subprocess.run(
         [
-            str(ROOT / ".venv/bin/python"),
+            sys.executable,  # the interpreter running the tests (a worktree may have no .venv)
             "-c",
             "import sys; from cassandra.cluster import Cluster; "
             "c = Cluster(['127.0.0.1'], port=int(sys.argv[2])); s = c.connect(); "

@@ -13,7 +13,16 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from services.api import account, batches, deadletters, domains, oauth, preferences, providers
+from services.api import (
+    account,
+    batches,
+    deadletters,
+    domains,
+    hooks,
+    oauth,
+    preferences,
+    providers,
+)
 from services.api import settings as live
 from services.api.dashboard import create_templates, dashboard_routes
 from services.api.managing import Managing
@@ -120,6 +129,18 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/domains/{domain}", domains.get_domain, methods=["GET"]),
         Route("/v1/domains/{domain}", domains.delete_domain, methods=["DELETE"]),
         Route("/v1/domains/{domain}/verify", domains.verify_domain, methods=["POST"]),
+        Route("/v1/webhooks", hooks.list_webhooks, methods=["GET"]),
+        Route("/v1/webhooks", hooks.create_webhook, methods=["POST"]),
+        Route("/v1/webhooks/{endpoint_id}", hooks.get_webhook, methods=["GET"]),
+        Route("/v1/webhooks/{endpoint_id}", hooks.patch_webhook, methods=["PATCH"]),
+        Route("/v1/webhooks/{endpoint_id}", hooks.delete_webhook, methods=["DELETE"]),
+        Route("/v1/webhooks/{endpoint_id}/rotate", hooks.rotate_webhook, methods=["POST"]),
+        Route("/v1/webhooks/{endpoint_id}/deliveries", hooks.list_deliveries, methods=["GET"]),
+        Route(
+            "/v1/webhooks/{endpoint_id}/deliveries/{msg_id}/replay",
+            hooks.replay_delivery,
+            methods=["POST"],
+        ),
         Route("/v1/providers", providers.list_providers, methods=["GET"]),
         Route("/v1/settings", live.get_settings, methods=["GET"]),
         Route("/v1/settings", live.patch_settings, methods=["PATCH"]),

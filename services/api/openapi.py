@@ -77,6 +77,7 @@ _LIST = Param(
 )
 _DOMAIN = Param("domain", "path", "The domain, e.g. `example.com`.", required=True)
 _BATCH_ID = Param("batch_id", "path", "The batch's id (a time UUID).", required=True)
+_WEBHOOK_ID = Param("endpoint_id", "path", "The endpoint's id.", required=True)
 _LETTER_ID = Param("letter_id", "path", "The dead letter's id, from the listing.", required=True)
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -232,6 +233,99 @@ OPERATIONS: tuple[Operation, ...] = (
         status=204,
         params=(_DOMAIN,),
         errors=(404,),
+    ),
+    Operation(
+        "list_webhooks",
+        "get",
+        "/v1/webhooks",
+        "Your webhook endpoints (secrets shown as a hint), disabled ones with the reason",
+        schema.WebhookList,
+    ),
+    Operation(
+        "create_webhook",
+        "post",
+        "/v1/webhooks",
+        "Add a webhook endpoint; its signing secret is in this answer only",
+        schema.WebhookView,
+        status=201,
+        body=schema.WebhookIn,
+        errors=(400, 409, 413, 415, 422),
+        description="Events are signed per Standard Webhooks (`webhook-id`, "
+        "`webhook-timestamp`, `webhook-signature`) and delivered in order per endpoint, "
+        "retried for about a day. The URL must be https and resolve to public addresses "
+        "(422 naming why not); an unknown event type is a 422 naming it; 409 over the cap of "
+        "endpoints per user.",
+    ),
+    Operation(
+        "get_webhook",
+        "get",
+        "/v1/webhooks/{endpoint_id}",
+        "One webhook endpoint",
+        schema.WebhookView,
+        params=(_WEBHOOK_ID,),
+        errors=(404,),
+    ),
+    Operation(
+        "update_webhook",
+        "patch",
+        "/v1/webhooks/{endpoint_id}",
+        "Change an endpoint's URL or events, or disable or enable it",
+        schema.WebhookView,
+        body=schema.WebhookPatch,
+        params=(_WEBHOOK_ID,),
+        errors=(400, 404, 413, 415, 422),
+        description="Enabling a disabled endpoint clears its failures and sends what waits.",
+    ),
+    Operation(
+        "delete_webhook",
+        "delete",
+        "/v1/webhooks/{endpoint_id}",
+        "Remove a webhook endpoint",
+        None,
+        status=204,
+        params=(_WEBHOOK_ID,),
+        errors=(404,),
+    ),
+    Operation(
+        "rotate_webhook_secret",
+        "post",
+        "/v1/webhooks/{endpoint_id}/rotate",
+        "A new signing secret (in this answer only); the previous one signs too for 24 h",
+        schema.WebhookView,
+        params=(_WEBHOOK_ID,),
+        errors=(404,),
+    ),
+    Operation(
+        "list_webhook_deliveries",
+        "get",
+        "/v1/webhooks/{endpoint_id}/deliveries",
+        "The endpoint's delivery log, newest first (30 days)",
+        schema.WebhookDeliveries,
+        params=(_WEBHOOK_ID, Param("limit", "query", "1-500, default 50.", "integer")),
+        errors=(404, 422),
+    ),
+    Operation(
+        "replay_webhook_delivery",
+        "post",
+        "/v1/webhooks/{endpoint_id}/deliveries/{msg_id}/replay",
+        "Deliver a message once more, under the same webhook-id",
+        schema.WebhookReplay,
+        status=202,
+        params=(
+            _WEBHOOK_ID,
+            Param("msg_id", "path", "The message's webhook-id, from the log.", required=True),
+            Param(
+                "Idempotency-Key",
+                "header",
+                "1-255 visible ASCII characters: the same request repeated within a day is "
+                "the same replay (its first answer, never a second delivery).",
+            ),
+        ),
+        errors=(400, 404, 409),
+        description="Exactly one delivery per replay: while a replay of the message waits, "
+        "other requests join it (`queued: false`, its `replay_id`), so a burst of requests "
+        "delivers it once; a replay asked for after the previous was delivered is delivered "
+        "again. 409 while the endpoint is disabled.",
     ),
     Operation(
         "list_providers",

@@ -242,6 +242,29 @@ class DomainIn(_In):
     domain: str = Field(min_length=1, max_length=253, examples=["example.com"])
 
 
+class WebhookIn(_In):
+    """``POST /v1/webhooks``."""
+
+    url: str = Field(
+        min_length=1, max_length=2000, examples=["https://hooks.example.com/safedelivr"]
+    )
+    events: list[str] | None = Field(
+        None,
+        max_length=20,
+        description='Event types to receive; omitted, `[]` or `["*"]`: every type.',
+        examples=[["recipient.delivered", "recipient.bounced"]],
+    )
+
+
+class WebhookPatch(_In):
+    """``PATCH /v1/webhooks/{id}``: what is given changes; `enabled: true` on a disabled
+    endpoint clears its failures and sends what waits."""
+
+    url: str | None = Field(None, min_length=1, max_length=2000)
+    events: list[str] | None = Field(None, max_length=20)
+    enabled: bool | None = None
+
+
 # --------------------------------------------------------------------------- answers
 
 
@@ -554,3 +577,49 @@ def _is_type_tag(part: str) -> bool:
 
 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+class WebhookView(_Out):
+    """A webhook endpoint. ``secret`` is shown whole only when it is created or rotated."""
+
+    id: str
+    url: str
+    events: list[str]
+    enabled: bool
+    created_at: str
+    secret: str | None = Field(None, examples=["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"])
+    secret_hint: str
+    previous_secret_expires_at: str | None
+    disabled_at: str | None
+    disabled_reason: str | None
+    failing_since: str | None
+    failures: int
+
+
+class WebhookList(_Out):
+    data: list[WebhookView]
+
+
+class WebhookDelivery(_Out):
+    """One attempt to deliver a message."""
+
+    msg_id: str
+    type: str
+    attempt: int
+    status: int | None
+    error: str | None
+    duration_ms: int
+    at: str
+
+
+class WebhookDeliveries(_Out):
+    data: list[WebhookDelivery]
+
+
+class WebhookReplay(_Out):
+    """202: the message will be delivered once more (``queued``), or a replay of it was
+    already waiting and this request joined it (``queued: false``, its ``replay_id``)."""
+
+    msg_id: str
+    replay_id: str
+    queued: bool

@@ -14,6 +14,7 @@ from shared import accounts
 from shared.db import Database
 from shared.deadletters import DeadLetterStore, letter_of
 from shared.domains import DomainStore
+from shared.hook_queue import HookQueue, Queued
 from shared.topology import dispatch_key
 from tests.conftest import unique
 
@@ -64,6 +65,17 @@ async def test_every_operation_answers_its_documented_shape(
     await DomainStore(db).mark_verified(user_id, "doc.example.net")  # as its DNS would
     await call("verify_domain", "POST", "/v1/domains/doc.example.net/verify")
     await call("delete_domain", "DELETE", "/v1/domains/doc.example.net")
+    hook = {"url": "https://93.184.216.34/hook", "events": ["recipient.delivered"]}
+    endpoint = (await call("create_webhook", "POST", "/v1/webhooks", json=hook)).json()["id"]
+    await call("list_webhooks", "GET", "/v1/webhooks")
+    await call("get_webhook", "GET", f"/v1/webhooks/{endpoint}")
+    await call("update_webhook", "PATCH", f"/v1/webhooks/{endpoint}", json={"events": ["*"]})
+    await call("rotate_webhook_secret", "POST", f"/v1/webhooks/{endpoint}/rotate")
+    await HookQueue(db).enqueue([Queued(uuid.UUID(endpoint), "msg_doc", "recipient.sent", b"{}")])
+    await call("list_webhook_deliveries", "GET", f"/v1/webhooks/{endpoint}/deliveries")
+    replay = f"/v1/webhooks/{endpoint}/deliveries/msg_doc/replay"
+    await call("replay_webhook_delivery", "POST", replay)
+    await call("delete_webhook", "DELETE", f"/v1/webhooks/{endpoint}")
     await call("list_providers", "GET", "/v1/providers")
     operator = await accounts.create_key(db, user_id, "ops", scopes=("operator",))
     auth = {"Authorization": f"Bearer {operator}"}

@@ -74,3 +74,26 @@ def test_secrets_are_not_printed() -> None:
 
     assert "guest:guest" not in text
     assert "sandbox-sendgrid-key" not in text
+
+
+def test_hooks_delays_and_networks_are_parsed() -> None:
+    """Delays become tiers; allowed networks become networks."""
+    from shared.config import HooksSettings
+
+    hooks = HooksSettings(delays="1,2,3", allowed_networks="10.0.0.0/8, ::1/128")
+
+    assert hooks.delay_tiers == (1, 2, 3)
+    assert [str(n) for n in hooks.networks] == ["10.0.0.0/8", "::1/128"]
+
+
+@pytest.mark.parametrize(
+    "values", [{"delays": "5,x"}, {"delays": "0"}, {"allowed_networks": "10.0.0.0/33"}]
+)
+def test_bad_hooks_settings_are_refused(values: dict[str, str]) -> None:
+    """A delay that is not 1 s to a day, or a network that is not CIDR, fails at start-up."""
+    from pydantic import ValidationError
+
+    from shared.config import HooksSettings
+
+    with pytest.raises(ValidationError):
+        HooksSettings(**values)  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ from services.sandbox import signing
 from shared.config import (
     ApiSettings,
     ConsumerSettings,
+    HooksSettings,
     SandboxSettings,
     Settings,
     TrackingSettings,
@@ -36,7 +37,7 @@ from shared.config import (
 from shared.providers.sendgrid_events import verify_signature
 
 #: The services in the order devrun starts them.
-ORDER = ("sandbox", "webhooks", "tracking", "consumers", "api")
+ORDER = ("sandbox", "webhooks", "tracking", "consumers", "hooks", "api")
 
 _CHILD = '''#!{python}
 """Stands in for `python -m services.cli <service>`: records what it was given, says it is
@@ -149,6 +150,7 @@ def supervised(
         webhooks=WebhookSettings(port=port["webhooks"]),
         tracking=TrackingSettings(port=port["tracking"]),
         consumers=ConsumerSettings(port=port["consumers"]),
+        hooks=HooksSettings(port=port["hooks"]),
         api=ApiSettings(port=port["api"]),
     )
     try:
@@ -213,6 +215,7 @@ def test_a_crashed_service_stops_the_others(
         "webhooks": 1,
         "tracking": 1,
         "consumers": None,
+        "hooks": 1,
         "api": 1,
     }
 

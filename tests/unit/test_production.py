@@ -138,3 +138,12 @@ def test_loading_production_settings_with_defaults_refuses_to_start(
     assert message.startswith("SAFEDELIVR_ENV=production refuses to start")
     assert "SAFEDELIVR_SIGNUP:" in message
     assert "SAFEDELIVR_GITHUB_CLIENT_SECRET:" in message
+
+
+def test_plain_http_webhooks_are_refused_in_production() -> None:
+    """Users' events would travel unencrypted: named by its variable."""
+    from shared.config import HooksSettings
+
+    problems = production_problems(fit(hooks=HooksSettings(allow_http=True)))
+
+    assert [p.split(":")[0] for p in problems] == ["SAFEDELIVR_HOOKS_ALLOW_HTTP"]

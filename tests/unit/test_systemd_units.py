@@ -31,7 +31,7 @@ def _commands(unit: Path) -> list[list[str]]:
 
 
 def test_every_service_has_a_unit_that_runs_one_worker_per_core() -> None:
-    for service in ("api", "webhooks", "consumers"):
+    for service in ("api", "webhooks", "consumers", "hooks"):
         (argv,) = _commands(UNITS / f"safedelivr-{service}.service")
         assert argv == [f"{INSTALLED}/.venv/bin/safedelivr", service, "--workers", "auto"]
 
@@ -43,6 +43,7 @@ def test_every_command_of_every_unit_is_one_the_cli_accepts() -> None:
         "webhooks",
         "tracking",
         "consumers",
+        "hooks",
         "migrate",
         "topology",
     }
@@ -57,6 +58,7 @@ def test_the_target_wants_every_long_running_service() -> None:
         "safedelivr-webhooks.service",
         "safedelivr-tracking.service",
         "safedelivr-consumers.service",
+        "safedelivr-hooks.service",
     }
 
 

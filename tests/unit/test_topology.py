@@ -115,3 +115,41 @@ def test_delay_queues_dead_letter_back_to_the_main_exchange() -> None:
 def test_delay_tier_rounds_up_to_a_declared_tier(wanted: float, tier: int) -> None:
     """A wait maps to the smallest tier at least as long, else the longest tier."""
     assert Topology(delay_tiers=(5, 30)).delay_tier_for(wanted) == tier
+
+
+def test_a_wake_key_names_its_endpoint() -> None:
+    """``whook.<uuid>`` parses back to the endpoint it was made for."""
+    from shared.topology import parse_wake_key, wake_key
+
+    assert parse_wake_key(wake_key(ID)) == ID
+
+
+@pytest.mark.parametrize("key", ["whook", "whook.nope", f"hook.{ID}", f"batch.{ID}"])
+def test_anything_else_is_not_a_wake_key(key: str) -> None:
+    """Other keys and malformed ids are refused."""
+    from shared.topology import parse_wake_key
+
+    with pytest.raises(ValueError):
+        parse_wake_key(key)
+
+
+def test_wake_ups_have_a_quorum_queue_of_their_own() -> None:
+    """``whook.#`` is bound to the hooks queue, which dead-letters like every work queue."""
+    t = Topology(exchange="x")
+    (spec,) = [q for q in t.work_queues() if q.name == t.hooks_queue]
+
+    assert spec.bindings == (("x", "whook.#"),)
+    assert spec.arguments["x-queue-type"] == "quorum"
+    assert spec.arguments["x-dead-letter-exchange"] == t.dead_letter_exchange
+
+
+def test_the_deployed_topology_has_every_webhook_retry_tier() -> None:
+    """Each delay of users' webhook retries (up to 8 h) is a delay queue of its own."""
+    from shared.config import Settings
+    from shared.outbound_retry import DELAYS
+    from shared.resources import topology_for
+
+    tiers = topology_for(Settings()).all_delay_tiers
+
+    assert set(DELAYS) <= set(tiers)
+    assert max(tiers) == 28800

@@ -212,6 +212,51 @@ class Client:
     def remove_domain(self, domain: str) -> None:
         self._call(Request("DELETE", f"/v1/domains/{quoted(domain)}"))
 
+    def webhooks(self) -> list[dict[str, Any]]:
+        return cast(list[dict[str, Any]], self._call(Request("GET", "/v1/webhooks"))["data"])
+
+    def add_webhook(self, url: str, events: Sequence[str] | None = None) -> dict[str, Any]:
+        """Add an endpoint; keep the ``secret`` it answers (shown only now) to verify
+        deliveries. ``events`` omitted: every event type."""
+        body: dict[str, Any] = {"url": url, "events": list(events or ())}
+        request = Request("POST", "/v1/webhooks", json=body, safe_to_repeat=False)
+        return cast(dict[str, Any], self._call(request))
+
+    def webhook(self, endpoint_id: str) -> dict[str, Any]:
+        return cast(
+            dict[str, Any], self._call(Request("GET", f"/v1/webhooks/{quoted(endpoint_id)}"))
+        )
+
+    def change_webhook(self, endpoint_id: str, **changes: Any) -> dict[str, Any]:
+        """Change ``url``, ``events`` or ``enabled`` (enabling sends what waited)."""
+        request = Request("PATCH", f"/v1/webhooks/{quoted(endpoint_id)}", json=changes)
+        return cast(dict[str, Any], self._call(request))
+
+    def remove_webhook(self, endpoint_id: str) -> None:
+        self._call(Request("DELETE", f"/v1/webhooks/{quoted(endpoint_id)}"))
+
+    def rotate_webhook_secret(self, endpoint_id: str) -> dict[str, Any]:
+        """A new ``secret`` (shown only now); the previous one signs too for 24 h."""
+        request = Request(
+            "POST", f"/v1/webhooks/{quoted(endpoint_id)}/rotate", safe_to_repeat=False
+        )
+        return cast(dict[str, Any], self._call(request))
+
+    def webhook_deliveries(self, endpoint_id: str, limit: int = 50) -> list[dict[str, Any]]:
+        request = Request(
+            "GET", f"/v1/webhooks/{quoted(endpoint_id)}/deliveries", {"limit": str(limit)}
+        )
+        return cast(list[dict[str, Any]], self._call(request)["data"])
+
+    def replay_webhook_delivery(
+        self, endpoint_id: str, msg_id: str, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """Deliver a message once more (requests while one waits join it; the same
+        ``idempotency_key`` within a day is the same replay)."""
+        path = f"/v1/webhooks/{quoted(endpoint_id)}/deliveries/{quoted(msg_id)}/replay"
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return cast(dict[str, Any], self._call(Request("POST", path, headers=headers)))
+
     def providers(self) -> list[dict[str, Any]]:
         """Each provider's health, circuit, pause and current rate."""
         return cast(list[dict[str, Any]], self._call(Request("GET", "/v1/providers"))["data"])
@@ -420,6 +465,49 @@ class AsyncClient:
 
     async def remove_domain(self, domain: str) -> None:
         await self._call(Request("DELETE", f"/v1/domains/{quoted(domain)}"))
+
+    async def webhooks(self) -> list[dict[str, Any]]:
+        found = await self._call(Request("GET", "/v1/webhooks"))
+        return cast(list[dict[str, Any]], found["data"])
+
+    async def add_webhook(self, url: str, events: Sequence[str] | None = None) -> dict[str, Any]:
+        """See :meth:`Client.add_webhook`."""
+        body: dict[str, Any] = {"url": url, "events": list(events or ())}
+        request = Request("POST", "/v1/webhooks", json=body, safe_to_repeat=False)
+        return cast(dict[str, Any], await self._call(request))
+
+    async def webhook(self, endpoint_id: str) -> dict[str, Any]:
+        request = Request("GET", f"/v1/webhooks/{quoted(endpoint_id)}")
+        return cast(dict[str, Any], await self._call(request))
+
+    async def change_webhook(self, endpoint_id: str, **changes: Any) -> dict[str, Any]:
+        """See :meth:`Client.change_webhook`."""
+        request = Request("PATCH", f"/v1/webhooks/{quoted(endpoint_id)}", json=changes)
+        return cast(dict[str, Any], await self._call(request))
+
+    async def remove_webhook(self, endpoint_id: str) -> None:
+        await self._call(Request("DELETE", f"/v1/webhooks/{quoted(endpoint_id)}"))
+
+    async def rotate_webhook_secret(self, endpoint_id: str) -> dict[str, Any]:
+        """See :meth:`Client.rotate_webhook_secret`."""
+        request = Request(
+            "POST", f"/v1/webhooks/{quoted(endpoint_id)}/rotate", safe_to_repeat=False
+        )
+        return cast(dict[str, Any], await self._call(request))
+
+    async def webhook_deliveries(self, endpoint_id: str, limit: int = 50) -> list[dict[str, Any]]:
+        request = Request(
+            "GET", f"/v1/webhooks/{quoted(endpoint_id)}/deliveries", {"limit": str(limit)}
+        )
+        return cast(list[dict[str, Any]], (await self._call(request))["data"])
+
+    async def replay_webhook_delivery(
+        self, endpoint_id: str, msg_id: str, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """See :meth:`Client.replay_webhook_delivery`."""
+        path = f"/v1/webhooks/{quoted(endpoint_id)}/deliveries/{quoted(msg_id)}/replay"
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return cast(dict[str, Any], await self._call(Request("POST", path, headers=headers)))
 
     async def providers(self) -> list[dict[str, Any]]:
         """See :meth:`Client.providers`."""

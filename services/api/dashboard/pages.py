@@ -51,6 +51,7 @@ from shared.batchstore import BatchHeader, BatchStore
 from shared.config import Settings
 from shared.db import Database
 from shared.errors import DependencyUnavailable
+from shared.hook_store import HookStore
 from shared.http import ApiError, read_capped
 from shared.sessions import safe_next
 from shared.stats import StatsStore, zero_filled
@@ -309,6 +310,7 @@ async def overview(request: Request) -> Response:
     start = end - timedelta(days=OVERVIEW_DAYS - 1)
     counts = await stats.range(user.user_id, start, end)
     recent = await queries.list_for_user(state.batches, user.user_id, 5, None)
+    hooks = await HookStore(state.resources.db).endpoints(user.user_id)
     return render(
         request,
         "overview.html",
@@ -317,6 +319,7 @@ async def overview(request: Request) -> Response:
             "active": "overview",
             "o": views.overview(zero_filled(start, end, counts)),
             "recent": views.batch_rows(recent.items),
+            "disabled_hooks": [e for e in hooks if not e.enabled and e.disabled_at],
         },
     )
 

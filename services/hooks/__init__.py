@@ -1,0 +1,1 @@
+"""The delivery worker of users' outbound webhooks (``safedelivr hooks``)."""

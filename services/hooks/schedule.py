@@ -1,0 +1,52 @@
+"""What the delivery worker does after each attempt (pure): mark the event done, retry it
+later, or give up on it; and how far its low-water mark may move."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final
+
+#: Events queued this recently are read again on the next pass even when delivered: a write
+#: that started before a pass may land after it (an emit's logged batch), and must not be
+#: passed over.
+SETTLE: Final = timedelta(seconds=30)
+
+
+@dataclass(frozen=True, slots=True)
+class Next:
+    """After an attempt at the endpoint's oldest waiting event."""
+
+    done: bool
+    """The event leaves the queue (delivered, or out of retries)."""
+    attempts: int
+    """Failed attempts of the event that is now at the head."""
+    retry_in: int | None
+    """Seconds before the endpoint is tried again; None: go on with the next event now."""
+    gave_up: bool = False
+
+
+def after_attempt(ok: bool, failed_before: int, delays: Sequence[int]) -> Next:
+    """``ok``: the attempt was answered 2xx. ``failed_before``: the event's failed attempts
+    until now. A failure waits ``delays[n-1]`` after the n-th; after the last the event is
+    given up (it stays in the log, for replay) and the next waits the last delay too."""
+    if ok:
+        return Next(done=True, attempts=0, retry_in=None)
+    failed = failed_before + 1
+    if failed <= len(delays):
+        return Next(done=False, attempts=failed, retry_in=delays[failed - 1])
+    return Next(done=True, attempts=0, retry_in=delays[-1], gave_up=True)
+
+
+def low_water(oldest_waiting: datetime | None, now: datetime) -> datetime:
+    """Where the next pass starts reading: the oldest event still waiting, and never later
+    than :data:`SETTLE` ago."""
+    settled = now - SETTLE
+    return settled if oldest_waiting is None else min(oldest_waiting, settled)
+
+
+def may_try(next_try: datetime | None, now: datetime) -> bool:
+    """Whether a failing endpoint's wait is over (a second early counts: delay queues are
+    not exact)."""
+    return next_try is None or now >= next_try - timedelta(seconds=1)

@@ -1,0 +1,154 @@
+"""Users' webhook events: filters, webhook-ids, payloads and what is queued for whom (pure)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import orjson
+import pytest
+
+from shared.hook_store import Endpoint
+from shared.user_hooks import (
+    EVENT_TYPES,
+    EventsError,
+    HookEvent,
+    message_id,
+    parse_events,
+    payload,
+    queued_for,
+    shown_events,
+    wants,
+)
+
+AT = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+
+
+def _event(type_: str = "recipient.delivered", source: str = "ev-1", **kw: object) -> HookEvent:
+    values: dict[str, object] = {
+        "type": type_,
+        "source_id": source,
+        "occurred_at": AT,
+        "batch_id": uuid.UUID(int=1),
+        "log_id": uuid.UUID(int=2),
+        "email": "ann@example.com",
+        **kw,
+    }
+    return HookEvent(**values)  # type: ignore[arg-type]
+
+
+def _endpoint(events: frozenset[str] = frozenset(), *, enabled: bool = True) -> Endpoint:
+    return Endpoint(
+        uuid.uuid4(), uuid.uuid4(), "https://h.example/x", events, "whsec_x", AT, enabled
+    )
+
+
+@pytest.mark.parametrize("requested", [None, [], ["*"]])
+def test_no_filter_or_a_star_means_every_event(requested: list[str] | None) -> None:
+    """Stored as the empty set, shown as ``["*"]``."""
+    assert parse_events(requested) == frozenset()
+    assert shown_events(parse_events(requested)) == ["*"]
+
+
+def test_named_types_are_kept() -> None:
+    """A filter of known types is stored as given."""
+    assert parse_events(["recipient.sent", "recipient.bounced"]) == {
+        "recipient.sent",
+        "recipient.bounced",
+    }
+
+
+def test_an_unknown_type_is_refused_by_name() -> None:
+    """The error names the type that does not exist."""
+    with pytest.raises(EventsError, match=r"recipient\.exploded"):
+        parse_events(["recipient.sent", "recipient.exploded"])
+
+
+def test_a_star_with_types_is_refused() -> None:
+    """``*`` alone, or types."""
+    with pytest.raises(EventsError):
+        parse_events(["*", "recipient.sent"])
+
+
+def test_a_filter_selects_its_types_only() -> None:
+    """An empty filter wants everything; a named one only its types."""
+    assert all(wants(frozenset(), t) for t in EVENT_TYPES)
+    assert wants(frozenset({"recipient.sent"}), "recipient.sent")
+    assert not wants(frozenset({"recipient.sent"}), "recipient.opened")
+
+
+def test_the_same_source_is_the_same_message() -> None:
+    """The webhook-id depends on the source and the type only."""
+    first = message_id(_event(source="sg-123"))
+    again = message_id(_event(source="sg-123", occurred_at=AT + timedelta(hours=1)))
+
+    assert first == again
+    assert first.startswith("msg_")
+    assert message_id(_event(source="sg-124")) != first
+    assert message_id(_event("recipient.bounced", source="sg-123")) != first
+
+
+def test_the_payload_carries_the_recipient_and_the_evidence() -> None:
+    """``{type, timestamp, data}`` with the fields of the contract."""
+    body = orjson.loads(
+        payload(
+            _event(
+                "recipient.attempt",
+                provider="sg",
+                attempt=2,
+                outcome="timed out",
+                evidence="provider query",
+                attempt_id="att-7",
+            )
+        )
+    )
+
+    assert body == {
+        "type": "recipient.attempt",
+        "timestamp": AT.isoformat(),
+        "data": {
+            "batch_id": str(uuid.UUID(int=1)),
+            "log_id": str(uuid.UUID(int=2)),
+            "email": "ann@example.com",
+            "provider": "sg",
+            "attempt": 2,
+            "outcome": "timed out",
+            "evidence": "provider query",
+            "reason": None,
+            "attempt_id": "att-7",
+            "occurred_at": AT.isoformat(),
+        },
+    }
+
+
+def test_events_are_queued_in_order_of_occurrence() -> None:
+    """Events of one call given out of order are queued oldest first."""
+    endpoint = _endpoint()
+    late = _event("recipient.delivered", "b", occurred_at=AT + timedelta(seconds=2))
+    early = _event("recipient.sent", "a", occurred_at=AT)
+
+    rows = queued_for([endpoint], [late, early])
+
+    assert [r.type for r in rows] == ["recipient.sent", "recipient.delivered"]
+
+
+def test_only_enabled_endpoints_that_want_the_type_get_it() -> None:
+    """A disabled endpoint and one filtering the type out get nothing."""
+    everything, opens_only = _endpoint(), _endpoint(frozenset({"recipient.opened"}))
+    disabled = _endpoint(enabled=False)
+
+    rows = queued_for([everything, opens_only, disabled], [_event("recipient.sent")])
+
+    assert [r.endpoint_id for r in rows] == [everything.endpoint_id]
+
+
+def test_an_event_of_an_unknown_type_cannot_be_made() -> None:
+    """A wiring mistake fails where it is made, not at a user's endpoint."""
+    with pytest.raises(ValueError, match="unknown webhook event type"):
+        _event("recipient.exploded")
+
+
+def test_an_event_needs_an_aware_time() -> None:
+    """Naive datetimes are refused (timestamps are UTC on the wire)."""
+    with pytest.raises(ValueError, match="timezone"):
+        _event(occurred_at=datetime(2026, 11, 26, 12, 0))  # noqa: DTZ001
