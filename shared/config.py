@@ -418,6 +418,10 @@ class HooksSettings(BaseSettings):
     sweep_interval: float = Field(60.0, gt=0)
     """Seconds between two sweeps that wake every endpoint with work (a lost wake message
     delays delivery by at most this)."""
+    order_window: float = Field(2.0, ge=0, le=30)
+    """Seconds an event waits before it is sent, so that what happened before it (reported
+    by another process a moment later: a provider's webhook, a consumer's attempt) is sent
+    first: events reach an endpoint in the order they happened."""
 
     @field_validator("delays")
     @classmethod

@@ -25,6 +25,9 @@ from cassandra.util import min_uuid_from_time, unix_time_from_uuid1
 
 from shared.db import Database, utc
 
+#: Events queued per logged batch (each is about 1 kB with its message row).
+ENQUEUE_SLICE = 25
+
 #: Days of delivery log kept (and read back at most).
 LOG_DAYS: Final = 30
 #: Days a queued event is kept (the retries last about a day; an endpoint disabled longer
@@ -95,7 +98,14 @@ class HookQueue:
     # ------------------------------------------------------------------ queue
 
     async def enqueue(self, rows: Sequence[Queued]) -> None:
-        """Queue events, in the order given, atomically (a logged batch)."""
+        """Queue events, in the order given: each slice of :data:`ENQUEUE_SLICE` atomically
+        (a logged batch), one slice after the other, so a chunk's thousand events neither
+        make one huge batch nor lose their order. A failure part-way leaves a prefix queued;
+        the caller's retry queues it again (same ``webhook-id``s: at least once)."""
+        for start in range(0, len(rows), ENQUEUE_SLICE):
+            await self._enqueue(rows[start : start + ENQUEUE_SLICE])
+
+    async def _enqueue(self, rows: Sequence[Queued]) -> None:
         if not rows:
             return
         insert = await self.db.prepare(
@@ -138,11 +148,12 @@ class HookQueue:
         found: list[Pending] = []
         for hour_row in hour_rows:
             hour = utc(hour_row["hour"])
+            # LIMIT: a pass reads what it may send, not the whole backlog of the hour.
             rows = await self.db.all_pages(
                 "SELECT seq, msg_id, type, body, replay FROM user_webhook_queue "
                 "WHERE endpoint_id = ? AND hour = ? AND seq >= ? AND done = false "
-                "ALLOW FILTERING",
-                (endpoint_id, hour, min_uuid_from_time(since.timestamp())),
+                "LIMIT ? ALLOW FILTERING",
+                (endpoint_id, hour, min_uuid_from_time(since.timestamp()), limit - len(found)),
             )
             for r in rows:
                 found.append(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from services.consumers import failover, protocol
+from shared import recipient_events
 from shared.attempts import Attempt, find, tag
 from shared.db import Row
 from shared.domains import domain_of
@@ -269,9 +270,17 @@ class Caller:
         if current is None or current.state != "ambiguous" or answer.unknown:
             return False  # settled by someone else, or we know no more than they do
         if answer.receipt is not None:
+            everyone = await self.d.follow.rows(job)
+            waiting = self.d.follow.waiting(job, everyone, job.attempt)
+            await self.d.follow.tell(
+                job.batch_id,
+                recipient_events.attempt_events(
+                    current, job.batch_id, waiting, outcome="confirmed sent", evidence="api"
+                ),
+            )
             await self.d.recipients.accepted(
                 job.batch_id,
-                await self.d.follow.pending(job, job.attempt),
+                self.d.follow.select(job, everyone, waiting),
                 provider=job.provider,
                 tag=current.tag,
                 when=current.calling_at or current.created_at,

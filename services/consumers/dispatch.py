@@ -42,6 +42,7 @@ from shared.providers.base import Provider
 from shared.recipients import RecipientStore
 from shared.settle import Delivery, Poison
 from shared.topology import parse_routing_key
+from shared.user_hooks import UserHooks
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,8 @@ class Dispatcher:
     """Client-side rate limits shared by every process (``shared.provider_rates``)."""
     capacity: CapacityGate = field(default_factory=lambda: CapacityGate(None))
     """Daily capacity per sending domain (``shared.domain_capacity``)."""
+    user_hooks: UserHooks | None = None
+    """Where each attempt's events go for the users' webhooks (None: nowhere)."""
     tracker: Tracker | None = None
     """Where tracked links, the open pixel and one-click unsubscribe point (None: nowhere,
     so mail goes without them)."""

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from services.consumers import protocol
+from shared import recipient_events
 from shared.attempts import Attempt, tag
 from shared.batchstore import BatchHeader
 from shared.db import Row
@@ -21,6 +22,7 @@ from shared.models import ChunkJob, LogJob
 from shared.recipients import Selection
 from shared.settle import Poison
 from shared.topology import dispatch_key, log_key
+from shared.user_hooks import HookEvent
 
 if TYPE_CHECKING:
     from services.consumers.dispatch import Dispatcher
@@ -83,8 +85,22 @@ class FollowUps:
         return excluded_providers(rows[0]) if job.own_line and rows else frozenset()
 
     async def carry_out(self, job: protocol.Job, attempt: Attempt) -> None:
-        """The effects of a settled attempt: recipients' rows, then the follow-up job."""
-        chosen = await self.pending(job, attempt.attempt)
+        """The effects of a settled attempt: its events on the user's webhooks, recipients'
+        rows, then the follow-up job (the events first: a rerun after a crash finds the
+        same recipients waiting and tells the same events again, never fewer)."""
+        rows = await self.rows(job)
+        waiting = self.waiting(job, rows, attempt.attempt)
+        chosen = self.select(job, rows, waiting)
+        outcome = recipient_events.outcome_of(attempt)
+        if outcome is not None:
+            events = recipient_events.attempt_events(
+                attempt,
+                job.batch_id,
+                waiting,
+                outcome=outcome,
+                evidence=recipient_events.evidence_of(attempt),
+            )
+            await self.tell(job.batch_id, events)
         if attempt.state == "accepted":
             await self.d.recipients.accepted(
                 job.batch_id,
@@ -120,6 +136,12 @@ class FollowUps:
             )
             self.d.metrics.recipients_failed.inc(len(chosen.log_ids))
         await self.d.hooks("followed", job)
+
+    async def tell(self, batch_id: uuid.UUID, events: list[HookEvent]) -> None:
+        """Queue events for the batch's user's webhooks (persisted before returning)."""
+        if events and self.d.user_hooks is not None:
+            header = await self.header(batch_id)
+            await self.d.user_hooks.emit(header.user_id, events)
 
     async def _publish_next(self, job: protocol.Job, attempt: Attempt) -> None:
         provider, number = attempt.next_provider, attempt.next_attempt

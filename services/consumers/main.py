@@ -38,6 +38,7 @@ from shared.recipients import RecipientStore
 from shared.resources import Resources, open_resources, readiness_checks
 from shared.settle import InFlight, settling
 from shared.stats import StatsStore
+from shared.user_hooks import HookEmitter
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ def build_dispatcher(
         limiter=ProviderLimiter(res.db, settings.amqp.exchange),
         capacity=CapacityGate(DomainVolumes(res.db)),
         tracker=tracker_of(settings.tracking),
+        user_hooks=HookEmitter(res.db, res.broker),
     )
 
 

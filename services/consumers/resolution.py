@@ -15,10 +15,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from services.consumers import protocol
+from shared import recipient_events
 from shared.addresses import address_key
 from shared.attempts import Attempt, find
 from shared.errors import ProviderError, TransientProviderError
 from shared.providers.base import LookupQuery
+from shared.user_hooks import Evidence
 
 if TYPE_CHECKING:
     from services.consumers.dispatch import Dispatcher
@@ -59,6 +61,14 @@ class Resolver:
         if isinstance(verdict, protocol.Wait):
             return await self._wait(job, current, verdict.delay)
         if verdict.accepted:
+            confirmed = [by_email[e] for e in sorted(verdict.accepted)]
+            evidence: Evidence = "provider query" if isinstance(lookup, frozenset) else "webhook"
+            await d.follow.tell(
+                job.batch_id,
+                recipient_events.attempt_events(
+                    current, job.batch_id, confirmed, outcome="confirmed sent", evidence=evidence
+                ),
+            )
             await d.recipients.accepted(
                 job.batch_id,
                 d.follow.select(job, everyone, [by_email[e] for e in sorted(verdict.accepted)]),
@@ -111,7 +121,11 @@ class Resolver:
                 "decision": "done",
                 "finished_at": now,
             }
-        source = "its query API" if isinstance(lookup, frozenset) else "any webhook"
+        source = (
+            recipient_events.NO_QUERY
+            if isinstance(lookup, frozenset)
+            else recipient_events.NO_WEBHOOK
+        )
         error = TransientProviderError(
             current.provider,
             f"no evidence from {source} that it accepted the request for "

@@ -1,12 +1,17 @@
 """What the delivery worker does after each attempt (pure): mark the event done, retry it
-later, or give up on it; and how far its low-water mark may move."""
+later, or give up on it; how far its low-water mark may move; and in which order it sends
+what waits (by occurrence, once every emitter has had the order window to queue its own:
+a consumer's attempt and the provider's delivery report reach the queue from two processes,
+not always in the order they happened)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Final, Protocol, TypeVar
+
+import orjson
 
 #: Events queued this recently are read again on the next pass even when delivered: a write
 #: that started before a pass may land after it (an emit's logged batch), and must not be
@@ -25,6 +30,36 @@ class Next:
     retry_in: int | None
     """Seconds before the endpoint is tried again; None: go on with the next event now."""
     gave_up: bool = False
+
+
+class Queued(Protocol):
+    @property
+    def at(self) -> datetime: ...
+
+    @property
+    def body(self) -> bytes: ...
+
+
+def occurred(item: Queued) -> str:
+    """When the event happened (its payload's ``timestamp``, ISO 8601 in UTC: sortable as
+    text); when it was queued if the payload has none."""
+    try:
+        stamp = orjson.loads(item.body).get("timestamp")
+    except (orjson.JSONDecodeError, AttributeError):
+        stamp = None
+    return stamp if isinstance(stamp, str) else item.at.isoformat()
+
+
+T = TypeVar("T", bound=Queued)
+
+
+def in_order(items: Sequence[T], now: datetime, window: timedelta) -> tuple[list[T], list[T]]:
+    """(what to send now, by occurrence then queue order; what waits: queued less than
+    ``window`` ago, so an event that happened earlier may still be on its way)."""
+    ready = [i for i in items if now - i.at >= window]
+    held = [i for i in items if now - i.at < window]
+    ready.sort(key=lambda i: (occurred(i), i.at))
+    return ready, held
 
 
 def after_attempt(ok: bool, failed_before: int, delays: Sequence[int]) -> Next:

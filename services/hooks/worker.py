@@ -11,6 +11,7 @@ told, once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -20,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 import aio_pika.abc
 import orjson
 
-from services.hooks.schedule import after_attempt, low_water, may_try
+from services.hooks.schedule import after_attempt, in_order, low_water, may_try
 from shared import outbound_retry
 from shared.broker import Broker
 from shared.config import HooksSettings
@@ -95,6 +96,11 @@ class Worker:
             finally:
                 await self.queue.release_lease(endpoint_id, self.owner)
             delivered += count
+            if finished is None:
+                # More waits: a wake-up of its own continues, sent once the lease is free
+                # (a wake-up arriving while it is held would find it taken and be dropped).
+                await wake(self.broker, user_id, endpoint_id)
+                return delivered
             if not finished or not await self._waiting(endpoint_id):
                 return delivered
 
@@ -110,9 +116,10 @@ class Worker:
             return False
         return await self._waiting(endpoint_id)
 
-    async def _pass(self, user_id: uuid.UUID, endpoint_id: uuid.UUID) -> tuple[int, bool]:
+    async def _pass(self, user_id: uuid.UUID, endpoint_id: uuid.UUID) -> tuple[int, bool | None]:
         """(events delivered, whether the queue was emptied: False when the pass stopped at
-        a failure, for a disabled endpoint, or having lost its lease)."""
+        a failure, for a disabled endpoint, or having lost its lease; None when more waits
+        for another pass)."""
         endpoint = await self.store.endpoint(user_id, endpoint_id)
         if endpoint is None or not endpoint.enabled:
             return 0, False
@@ -121,29 +128,35 @@ class Worker:
             return 0, False  # failing: its delayed wake-up comes
         since = cursor.since or endpoint.created_at
         delivered = 0
+        window = timedelta(seconds=self.settings.order_window)
         waiting = await self.queue.pending(endpoint_id, since, limit=self.batch)
-        for item in waiting:
+        if waiting and self.now() - waiting[0].at < window:
+            # The oldest is that recent: give every emitter the window to queue what happened
+            # before it, then read again (the lease is held meanwhile, for under the window).
+            await asyncio.sleep((window - (self.now() - waiting[0].at)).total_seconds())
+            waiting = await self.queue.pending(endpoint_id, since, limit=self.batch)
+        ready, held = in_order(waiting, self.now(), window)
+        for index, item in enumerate(ready):
             if not await self.queue.renew_lease(endpoint_id, self.owner, self.lease_seconds):
                 log.warning("lost the lease of webhook endpoint %s", endpoint_id)
                 return delivered, False
             ok, cursor, endpoint = await self._attempt(endpoint, cursor, item)
             delivered += int(ok)
             if cursor.next_try is not None:
-                # Stopped at a failure; the next pass starts from this event.
+                # Stopped at a failure; the next pass starts from the oldest event not sent.
+                oldest = min(i.at for i in [*ready[index:], *held])
                 await self.queue.move(
                     endpoint_id,
                     self.owner,
-                    Cursor(low_water(item.at, self.now()), cursor.attempts, cursor.next_try),
+                    Cursor(low_water(oldest, self.now()), cursor.attempts, cursor.next_try),
                 )
                 return delivered, False
-        if len(waiting) == self.batch:
-            # More waits: a wake-up of its own continues from here, so no delivery of the
-            # wake-up queue stays unacknowledged for long.
-            await self.queue.move(
-                endpoint_id, self.owner, Cursor(low_water(waiting[-1].at, self.now()), 0)
-            )
-            await wake(self.broker, user_id, endpoint_id)
-            return delivered, False
+        if len(waiting) == self.batch or held:
+            # More waits (or came in within the window): a wake-up of its own continues from
+            # here, so no delivery of the wake-up queue stays unacknowledged for long.
+            rest = min((i.at for i in held), default=waiting[-1].at)
+            await self.queue.move(endpoint_id, self.owner, Cursor(low_water(rest, self.now()), 0))
+            return delivered, None
         mark = low_water(None, self.now())
         if delivered or cursor.attempts or not cursor.since or mark - cursor.since > IDLE_MOVE:
             await self.queue.move(endpoint_id, self.owner, Cursor(mark, 0))

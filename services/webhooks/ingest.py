@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from prometheus_client import CollectorRegistry, Counter
 
 from services.webhooks import transitions
+from shared import recipient_events
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchStore
 from shared.broker import Broker
@@ -43,6 +44,7 @@ from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
 from shared.timeline import Timeline
 from shared.topology import log_key
+from shared.user_hooks import HookEmitter, UserHooks
 from shared.webhook_events import ENGAGEMENT, ProviderEvent
 
 log = logging.getLogger(__name__)
@@ -107,6 +109,8 @@ class Ingest:
     """Where deliveries, hard bounces and complaints count per sending domain and day."""
     count_outcomes: bool = False
     """Whether to count them (the live setting ``capacity.enabled``)."""
+    hooks: UserHooks | None = None
+    """Where each applied event goes for the users' webhooks (None: nowhere)."""
     reports: Reports = field(default_factory=Reports)
     """Provider-side drops and deferrals, for the providers' health."""
     _owners: OrderedDict[uuid.UUID, uuid.UUID | None] = field(default_factory=OrderedDict)
@@ -137,6 +141,7 @@ class Ingest:
             settings=settings,
             metrics=metrics,
             volumes=DomainVolumes(db),
+            hooks=HookEmitter(db, broker),
         )
 
     async def apply_all(self, events: Iterable[ProviderEvent]) -> dict[str, int]:
@@ -214,6 +219,11 @@ class Ingest:
             )
         if self.count_outcomes:
             await self._count_outcome(target, ev, eff)
+        told = recipient_events.reported_event(ev, target.batch_id, target.log_id, ev.email)
+        if told is not None and self.hooks is not None:
+            # Before the provider hears 200: a failure here makes it deliver again, and the
+            # same event is the same webhook message (at least once, never lost).
+            await self.hooks.emit(target.user_id, [told])
         return "applied"
 
     async def _count_outcome(self, t: Target, ev: ProviderEvent, eff: transitions.Effects) -> None:

@@ -57,8 +57,9 @@ PIXEL: Final = bytes.fromhex(
 )
 #: Seconds an open or click may take to record before the reader is answered anyway.
 RECORD_BUDGET: Final = 2.0
-#: Batches whose links a process keeps.
+#: Batches whose links a process keeps, and chunks whose addresses it keeps.
 LINKS_CACHE: Final = 2_000
+EMAILS_CACHE: Final = 200
 NO_STORE: Final = {"Cache-Control": "no-store, private", "Referrer-Policy": "no-referrer"}
 
 
@@ -72,6 +73,7 @@ class Tracking:
         self.ring = ring
         self.allowed_hosts = allowed_hosts
         self._links: OrderedDict[uuid.UUID, list[str]] = OrderedDict()
+        self._emails: OrderedDict[tuple[uuid.UUID, int], dict[uuid.UUID, str]] = OrderedDict()
 
     def claim(self, request: Request, purpose: str) -> Claim | None:
         claim = read(str(request.path_params["token"]), self.ring)
@@ -90,18 +92,31 @@ class Tracking:
         return known
 
     async def email(self, claim: Claim) -> str | None:
-        row = await self.ingest.recipients.one(
-            claim.batch_id, claim.chunk, claim.log_id, addresses=True
-        )
-        return str(row["email"]) if row and row.get("email") else None
+        """The recipient's address (the chunk's addresses are read once, then remembered:
+        a message's opens and clicks come in bursts)."""
+        key = (claim.batch_id, claim.chunk)
+        known = self._emails.get(key)
+        if known is None:
+            rows = await self.ingest.recipients.chunk_rows(claim.batch_id, claim.chunk)
+            known = {r["log_id"]: str(r["email"]) for r in rows if r.get("email")}
+            if known:
+                self._emails[key] = known
+                if len(self._emails) > EMAILS_CACHE:
+                    self._emails.popitem(last=False)
+        return known.get(claim.log_id)
 
     async def record(self, claim: Claim, request: Request, kind: Kind, url: str | None) -> None:
         """An open or click, recorded within RECORD_BUDGET (logged, never raised, if not)."""
         client = request.client.host if request.client else None
         by = machine(request.headers.get("user-agent"), client)
-        ev = _event(claim, kind, f"{kind}:{uuid.uuid1()}", url=url, machine=by)
+
+        async def apply() -> None:
+            email = await self.email(claim) or ""
+            ev = _event(claim, kind, f"{kind}:{uuid.uuid1()}", email=email, url=url, machine=by)
+            await self.ingest.apply(ev)
+
         try:
-            await asyncio.wait_for(self.ingest.apply(ev), RECORD_BUDGET)
+            await asyncio.wait_for(apply(), RECORD_BUDGET)
         except (DependencyUnavailable, TimeoutError) as exc:
             log.warning("%s of %s/%s not recorded: %s", kind, claim.batch_id, claim.log_id, exc)
 

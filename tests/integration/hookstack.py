@@ -36,6 +36,7 @@ def hooks_settings(**overrides: Any) -> HooksSettings:
         "delays": FAST_DELAYS,
         "timeout": 3.0,
         "sweep_interval": 3600.0,
+        "order_window": 0.5,
         "mail_from": "Safedelivr <hooks@example.com>",
         **overrides,
     }

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from services.hooks.schedule import SETTLE, Next, after_attempt, low_water, may_try
+import orjson
+
+from services.hooks.schedule import (
+    SETTLE,
+    Next,
+    after_attempt,
+    in_order,
+    low_water,
+    may_try,
+    occurred,
+)
 
 DELAYS = (5, 30, 120)
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
@@ -50,3 +61,35 @@ def test_a_failing_endpoint_waits_until_its_next_try() -> None:
     assert may_try(None, NOW)
     assert not may_try(NOW + timedelta(seconds=5), NOW)
     assert may_try(NOW + timedelta(milliseconds=500), NOW)
+
+
+@dataclass(frozen=True)
+class _Item:
+    at: datetime
+    body: bytes
+
+
+def _item(queued: float, happened: float | None) -> _Item:
+    base = datetime(2026, 11, 26, 8, tzinfo=UTC)
+    stamp = (base + timedelta(seconds=happened)).isoformat() if happened is not None else None
+    return _Item(base + timedelta(seconds=queued), orjson.dumps({"timestamp": stamp}))
+
+
+def test_what_waits_goes_in_order_of_occurrence_once_the_window_passed() -> None:
+    """A consumer's attempt queued after the provider's report of what followed it is still
+    sent first; what was queued within the window waits for a later pass."""
+    delivered = _item(0.0, happened=1.5)
+    attempt = _item(0.3, happened=1.0)
+    fresh = _item(9.5, happened=9.0)
+    now = datetime(2026, 11, 26, 8, tzinfo=UTC) + timedelta(seconds=10)
+
+    ready, held = in_order([delivered, attempt, fresh], now, timedelta(seconds=2))
+
+    assert ready == [attempt, delivered]
+    assert held == [fresh]
+
+
+def test_an_event_without_a_time_of_its_own_is_placed_by_when_it_was_queued() -> None:
+    odd = _Item(datetime(2026, 11, 26, 8, tzinfo=UTC), b"not json")
+
+    assert occurred(odd) == odd.at.isoformat()

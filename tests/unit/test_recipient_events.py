@@ -1,0 +1,165 @@
+"""What users' webhooks are told of attempts and provider reports (``shared.recipient_events``)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+
+from shared.attempts import Attempt
+from shared.engagement import TRACKER
+from shared.recipient_events import (
+    NO_QUERY,
+    NO_WEBHOOK,
+    attempt_events,
+    evidence_of,
+    outcome_of,
+    reported_event,
+)
+from shared.user_hooks import message_id
+from shared.webhook_events import ProviderEvent
+
+AT = datetime(2026, 11, 26, 8, tzinfo=UTC)
+BATCH = uuid.uuid1()
+ROWS = [{"log_id": uuid.uuid4(), "email": "ann@example.com"}]
+
+
+def _attempt(state: str, **kw: object) -> Attempt:
+    values: dict[str, object] = {
+        "line": "c0",
+        "attempt": 0,
+        "chunk": 0,
+        "provider": "sg",
+        "state": state,
+        "owner": None,
+        "cause": None,
+        "reason": None,
+        "created_at": AT,
+        "calling_at": AT,
+        "finished_at": AT,
+        "status_code": None,
+        "message_id": None,
+        "error": None,
+        "checks": 0,
+        "resolution": None,
+        "decision": None,
+        "verdict": None,
+        "next_provider": None,
+        "next_attempt": None,
+        "next_delay": None,
+        **kw,
+    }
+    return Attempt(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("attempt", "outcome"),
+    [
+        (_attempt("accepted", decision="done"), "accepted"),
+        (_attempt("rejected", decision="retry"), "refused"),
+        (_attempt("resolved", decision="retry", resolution="not_accepted"), "confirmed not sent"),
+        (_attempt("resolved", decision="done", resolution="accepted"), None),
+        (_attempt("ambiguous"), None),
+    ],
+)
+def test_a_settled_attempt_tells_its_outcome(attempt: Attempt, outcome: str | None) -> None:
+    assert outcome_of(attempt) == outcome
+
+
+def test_evidence_names_how_an_unclear_call_was_settled() -> None:
+    query = _attempt("resolved", error=f"transient|no evidence from {NO_QUERY} that it ...")
+    hooks = _attempt("resolved", error=f"transient|no evidence from {NO_WEBHOOK} that it ...")
+
+    assert (evidence_of(query), evidence_of(hooks)) == ("provider query", "webhook")
+    assert evidence_of(_attempt("rejected")) == "api"
+
+
+def test_a_refusal_handed_to_another_provider_is_also_a_failover() -> None:
+    refused = _attempt(
+        "rejected",
+        error="transient|503 service unavailable",
+        decision="retry",
+        next_provider="mg",
+        verdict="sg 503 service unavailable",
+    )
+
+    attempt, over = attempt_events(refused, BATCH, ROWS, outcome="refused", evidence="api")
+
+    assert (attempt.type, attempt.outcome, attempt.reason) == (
+        "recipient.attempt",
+        "refused",
+        "503 service unavailable",
+    )
+    assert (attempt.provider, attempt.attempt_id, attempt.email) == ("sg", "c.0", "ann@example.com")
+    assert (over.type, over.outcome, over.reason) == (
+        "recipient.failed_over",
+        "to mg",
+        "sg 503 service unavailable",
+    )
+
+
+def test_a_retry_with_the_same_provider_is_no_failover() -> None:
+    again = _attempt("rejected", decision="retry", next_provider="sg")
+
+    assert [
+        e.type for e in attempt_events(again, BATCH, ROWS, outcome="refused", evidence="api")
+    ] == ["recipient.attempt"]
+
+
+def test_an_event_built_twice_is_the_same_message() -> None:
+    first = attempt_events(_attempt("accepted"), BATCH, ROWS, outcome="accepted", evidence="api")
+    later = replace(_attempt("accepted"), finished_at=datetime.now(UTC))
+    again = attempt_events(later, BATCH, ROWS, outcome="accepted", evidence="api")
+
+    assert [message_id(e) for e in first] == [message_id(e) for e in again]
+
+
+def _reported(kind: str, provider: str = "sg") -> ProviderEvent:
+    return ProviderEvent(
+        provider=provider,
+        event_id="ev1",
+        kind=kind,  # type: ignore[arg-type]
+        raw_event=kind,
+        email="ann@example.com",
+        occurred_at=AT,
+        batch_id=BATCH,
+        chunk=0,
+        log_id=None,
+        attempt="c.0",
+        message_id=None,
+        reason=None,
+        provider_side=False,
+        suppress=False,
+        url="https://shop.example/a" if kind == "clicked" else None,
+    )
+
+
+def test_a_providers_report_is_told_with_the_webhook_as_evidence() -> None:
+    told = reported_event(_reported("delivered"), BATCH, ROWS[0]["log_id"], "")
+
+    assert told is not None
+    assert (told.type, told.provider, told.evidence, told.attempt_id, told.email) == (
+        "recipient.delivered",
+        "sg",
+        "webhook",
+        "c.0",
+        "ann@example.com",
+    )
+
+
+def test_a_click_on_our_tracking_endpoint_names_the_link_and_no_provider() -> None:
+    told = reported_event(_reported("clicked", TRACKER), BATCH, ROWS[0]["log_id"], "x@example.com")
+
+    assert told is not None
+    assert (told.type, told.provider, told.reason, told.email) == (
+        "recipient.clicked",
+        None,
+        "https://shop.example/a",
+        "x@example.com",
+    )
+
+
+def test_an_event_we_do_not_interpret_is_not_told() -> None:
+    assert reported_event(_reported("unknown"), BATCH, ROWS[0]["log_id"], "") is None
