@@ -48,6 +48,12 @@ MAX_TRACKED_LINKS: Final = 60
 #: the recipient's substitutions.
 MAX_PERSONAL_LINK: Final = 512
 MAX_PERSONAL_URL: Final = 1024
+#: What tokens may bring a recipient's substitutions up to (SendGrid caps them at 10,000
+#: bytes; the rest is margin for its own counting).
+SUBSTITUTION_BUDGET: Final = 9_500
+#: The most a click or open token without a URL weighs: a key id of up to 16 characters, the
+#: packed claim (44 bytes, base64) and the MAC, with their dots.
+TOKEN_BYTES: Final = 16 + (4 * 44 + 2) // 3 + 22 + 2
 #: Substitution key of the open pixel's token.
 OPEN_KEY: Final = "{sd:o}"
 ONE_CLICK: Final = "List-Unsubscribe=One-Click"
@@ -119,33 +125,59 @@ def personalize(chunk: Chunk, tracker: Tracker | None) -> Chunk:
         return chunk
     body = message.html
     tracked: dict[int, str | None] = {}
+    # What the recipients' own substitutions already take of SendGrid's 10 kB: tokens are
+    # added while they fit (a link that does not stays as it is; so does the pixel).
+    spent = max((_substitutions_bytes(r.substitutions) for r in chunk.recipients), default=0)
+    opens = bool(engagement.opens and body) and (
+        spent + _token_bytes(tracker) <= SUBSTITUTION_BUDGET
+    )
+    spent += _token_bytes(tracker) if opens else 0
     if engagement.clicks and body:
         # Links holding a substitution key differ per recipient: they stay as they are
         # (they get an index, but no token is ever made for it), unless the operator allows
         # their host: then each recipient's token carries their own URL.
         keys = _user_keys(chunk.recipients)
+        decided: list[str | bool | None] = []  # per link index: False, or what its token holds
 
         def rewritable(link: str) -> bool:
-            return trackable(link, keys) or tracker.personal_link(link)
+            nonlocal spent
+            personal = not trackable(link, keys)
+            if personal and not tracker.personal_link(link):
+                decided.append(False)
+                return False
+            own = max(len(replace_keys(link, r.substitutions)) for r in chunk.recipients)
+            cost = _token_bytes(tracker, own if personal else 0) + len(click_key(len(decided)))
+            if spent + cost > SUBSTITUTION_BUDGET:
+                decided.append(False)
+                return False
+            spent += cost
+            decided.append(link if personal else None)
+            return True
 
-        body, links = rewrite(body, click_key, limit=MAX_TRACKED_LINKS, rewritable=rewritable)
-        tracked = {
-            i: None if trackable(link, keys) else link
-            for i, link in enumerate(links)
-            if rewritable(link)
-        }
-    if engagement.opens and body:
+        body, _ = rewrite(body, click_key, limit=MAX_TRACKED_LINKS, rewritable=rewritable)
+        tracked = {i: d for i, d in enumerate(decided) if d is not False}  # type: ignore[misc]
+    if opens and body:
         body = _with_pixel(body, tracker.url("o", OPEN_KEY))
     headers = dict(message.headers)
     unsubscribe = engagement.unsubscribe and not _has_header(headers, "list-unsubscribe")
     if unsubscribe:
         headers["List-Unsubscribe-Post"] = ONE_CLICK
     recipients = tuple(
-        _recipient(r, chunk, engagement, tracker, tracked, unsubscribe=unsubscribe)
+        _recipient(r, chunk, engagement, tracker, tracked, opens=opens, unsubscribe=unsubscribe)
         for r in chunk.recipients
     )
     changed = message.model_copy(update={"html": body, "headers": headers})
     return chunk.model_copy(update={"message": changed, "recipients": recipients})
+
+
+def _substitutions_bytes(substitutions: Mapping[str, str]) -> int:
+    """What a recipient's substitutions weigh against SendGrid's limit (keys and values)."""
+    return sum(len(k.encode()) + len(v.encode()) + 6 for k, v in substitutions.items())
+
+
+def _token_bytes(tracker: Tracker, url: int = 0) -> int:
+    """The most one token's substitution can weigh (its URL, for a personal link, inside)."""
+    return len(tracker.url("c", "")) + 8 + TOKEN_BYTES + (4 * min(url, MAX_PERSONAL_URL)) // 3
 
 
 def _recipient(
@@ -155,6 +187,7 @@ def _recipient(
     tracker: Tracker,
     tracked: Mapping[int, str | None],
     *,
+    opens: bool,
     unsubscribe: bool,
 ) -> Recipient:
     def token(
@@ -180,7 +213,7 @@ def _recipient(
             substitutions[click_key(index)] = html.escape(own, quote=True)
         else:
             substitutions[click_key(index)] = tracker.url("c", token("click", index, url=own))
-    if engagement.opens and chunk.message.html:
+    if opens:
         substitutions[OPEN_KEY] = token("open")
     headers = dict(recipient.headers)
     if unsubscribe:

@@ -100,9 +100,13 @@ class Deliverer:
 
         try:
             target = ssrf.parse_target(url, allow_http=self.allow_http)
-            address = await vet(target, self.allowed, self.resolver)
+            # Within the timeout: a user's slow name server must not hold the worker.
+            async with asyncio.timeout(self.timeout):
+                address = await vet(target, self.allowed, self.resolver)
         except TargetError as exc:
             return Outcome(None, f"refused: {exc}", took())
+        except TimeoutError:
+            return Outcome(None, f"{target.host} did not resolve within {self.timeout:g}s", took())
         headers = {
             **outbound_signing.headers(msg_id, int(now), body, secrets),
             "content-type": "application/json",

@@ -15,6 +15,7 @@ module that writes these tables of ``deploy/cql/0023_user_webhooks.cql``:
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from shared.db import Database, utc
 
 #: Events queued per logged batch (each is about 1 kB with its message row).
 ENQUEUE_SLICE = 25
+#: Slices written at once.
+ENQUEUE_WINDOW = 8
 
 #: Days of delivery log kept (and read back at most).
 LOG_DAYS: Final = 30
@@ -98,14 +101,27 @@ class HookQueue:
     # ------------------------------------------------------------------ queue
 
     async def enqueue(self, rows: Sequence[Queued]) -> None:
-        """Queue events, in the order given: each slice of :data:`ENQUEUE_SLICE` atomically
-        (a logged batch), one slice after the other, so a chunk's thousand events neither
-        make one huge batch nor lose their order. A failure part-way leaves a prefix queued;
-        the caller's retry queues it again (same ``webhook-id``s: at least once)."""
-        for start in range(0, len(rows), ENQUEUE_SLICE):
-            await self._enqueue(rows[start : start + ENQUEUE_SLICE])
+        """Queue events, in the order given (their ``seq``, taken here in that order): each
+        slice of :data:`ENQUEUE_SLICE` atomically (a logged batch), up to
+        :data:`ENQUEUE_WINDOW` slices at once, so a chunk's thousand events neither make one
+        huge batch nor wait on each other (the order is the ``seq``'s, and the worker reads
+        them in that order). A failure part-way leaves some slices queued; the caller's retry
+        queues them again (same ``webhook-id``s: at least once)."""
+        numbered = [(uuid.uuid1(), row) for row in rows]  # increasing within this process
+        window = asyncio.Semaphore(ENQUEUE_WINDOW)
 
-    async def _enqueue(self, rows: Sequence[Queued]) -> None:
+        async def one(part: Sequence[tuple[uuid.UUID, Queued]]) -> None:
+            async with window:
+                await self._enqueue(part)
+
+        await asyncio.gather(
+            *(
+                one(numbered[start : start + ENQUEUE_SLICE])
+                for start in range(0, len(numbered), ENQUEUE_SLICE)
+            )
+        )
+
+    async def _enqueue(self, rows: Sequence[tuple[uuid.UUID, Queued]]) -> None:
         if not rows:
             return
         insert = await self.db.prepare(
@@ -121,8 +137,7 @@ class HookQueue:
         )
         statements: list[Any] = []
         seen_hours: set[tuple[uuid.UUID, datetime]] = set()
-        for row in rows:
-            seq = uuid.uuid1()  # increasing within this process: keeps the call's order
+        for seq, row in rows:
             hour = hour_of(datetime.fromtimestamp(unix_time_from_uuid1(seq), UTC))
             statements.append(
                 insert.bind(

@@ -38,6 +38,13 @@ class Endpoint:
     disabled_reason: str | None = None
     health: Health = field(default_factory=Health)
 
+    @property
+    def collecting(self) -> bool:
+        """Whether events are queued for it: while enabled, and while disabled after failing
+        (what happens meanwhile waits for it to be enabled again, for the queue's days); an
+        endpoint its user turned off gets nothing."""
+        return self.enabled or self.disabled_at is not None
+
     def secrets_in_force(self, now: datetime) -> list[str]:
         """The secrets that sign a delivery at ``now``, newest first."""
         if self.previous_secret and self.previous_until and now < self.previous_until:

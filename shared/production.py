@@ -25,6 +25,13 @@ _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 DEV_TRACKING_KEYS = "dev:ZGV2ZWxvcG1lbnQtb25seS10cmFja2luZy1rZXktMDAwMDAw"
 
 
+def _dev_key_in(ring: str) -> bool:
+    """Whether the ring holds the development key (under any id, in any place: a key that
+    still verifies lets anyone forge tokens)."""
+    dev = DEV_TRACKING_KEYS.partition(":")[2]
+    return any(part.strip().partition(":")[2] == dev for part in ring.split(","))
+
+
 def production_problems(settings: Settings) -> list[str]:
     """Every setting production mode refuses, as ``VARIABLE: why``; empty when the
     settings are fit for production (or when they are not production settings)."""
@@ -45,7 +52,7 @@ def production_problems(settings: Settings) -> list[str]:
         *_amqp("AMQP_URL", settings.amqp.url.get_secret_value()),
         *_https("TRACKING_PUBLIC_URL", settings.tracking.public_url),
     ]
-    if settings.tracking.keys.get_secret_value() == DEV_TRACKING_KEYS:
+    if _dev_key_in(settings.tracking.keys.get_secret_value()):
         problems.append(
             f"{_PREFIX}TRACKING_KEYS: the development key signs links anyone could forge; "
             "set your own (kid:base64 of 32 random bytes)"

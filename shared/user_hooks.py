@@ -145,14 +145,14 @@ def payload(event: HookEvent) -> bytes:
 
 
 def queued_for(endpoints: Sequence[Endpoint], events: Sequence[HookEvent]) -> list[Queued]:
-    """What to queue: each event, in order of occurrence, for each enabled endpoint that
-    wants it."""
+    """What to queue: each event, in order of occurrence, for each endpoint collecting events
+    (``Endpoint.collecting``) that wants it."""
     ordered = sorted(events, key=lambda e: e.occurred_at)
     return [
         Queued(ep.endpoint_id, message_id(ev), ev.type, payload(ev))
         for ev in ordered
         for ep in endpoints
-        if ep.enabled and wants(ep.events, ev.type)
+        if ep.collecting and wants(ep.events, ev.type)
     ]
 
 

@@ -336,7 +336,12 @@ def with_engagement(request: BatchRequest, prefs: Preferences) -> BatchRequest:
                     "carries the recipient's own links): not with shared: true"
                 }
             )
-        return request
+        if wants.list is None:
+            return request
+        # No unsubscribe link in a shared message, but its list's unsubscribes still apply.
+        return dataclasses.replace(
+            request, message=message.model_copy(update={"engagement": Engagement(list=wants.list)})
+        )
     engagement = Engagement(
         opens=prefs.track_opens if wants.opens is None else wants.opens,
         clicks=prefs.track_clicks if wants.clicks is None else wants.clicks,

@@ -82,7 +82,14 @@ def create_app(settings: Settings) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with (
             open_resources(settings, name="safedelivr-hooks") as res,
-            httpx.AsyncClient(follow_redirects=False, trust_env=False) as http,
+            # No connection is kept: each goes to a vetted address under one endpoint's host
+            # name (SNI, certificate check), and a pooled one would carry another user's
+            # events to whichever host it was opened for.
+            httpx.AsyncClient(
+                follow_redirects=False,
+                trust_env=False,
+                limits=httpx.Limits(max_keepalive_connections=0),
+            ) as http,
         ):
             app.state.resources = res
             await res.broker.declare()

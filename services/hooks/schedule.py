@@ -40,14 +40,34 @@ class Queued(Protocol):
     def body(self) -> bytes: ...
 
 
-def occurred(item: Queued) -> str:
-    """When the event happened (its payload's ``timestamp``, ISO 8601 in UTC: sortable as
-    text); when it was queued if the payload has none."""
+#: Within one second, the stage each event type stands for: providers stamp their events in
+#: whole seconds, our attempts to the microsecond, so the second and then the stage order
+#: them ("accepted" before "sent" before "delivered", however they were stamped).
+STAGE: Final = {
+    "recipient.attempt": 0,
+    "recipient.failed_over": 1,
+    "recipient.sent": 2,
+    "recipient.deferred": 3,
+    "recipient.delivered": 4,
+    "recipient.opened": 5,
+    "recipient.clicked": 6,
+    "recipient.dropped": 7,
+    "recipient.bounced": 8,
+    "recipient.unsubscribed": 9,
+    "recipient.complained": 10,
+}
+
+
+def occurred(item: Queued) -> tuple[str, int]:
+    """When the event happened, to the second (its payload's ``timestamp``, ISO 8601 in UTC,
+    sortable as text; when it was queued if the payload has none), and its stage."""
     try:
-        stamp = orjson.loads(item.body).get("timestamp")
+        data = orjson.loads(item.body)
+        stamp, kind = data.get("timestamp"), data.get("type")
     except (orjson.JSONDecodeError, AttributeError):
-        stamp = None
-    return stamp if isinstance(stamp, str) else item.at.isoformat()
+        stamp, kind = None, None
+    text = stamp if isinstance(stamp, str) else item.at.isoformat()
+    return text[:19], STAGE.get(kind, len(STAGE)) if isinstance(kind, str) else len(STAGE)
 
 
 T = TypeVar("T", bound=Queued)

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import aio_pika.abc
@@ -62,7 +62,6 @@ class Worker:
     notify: Notify = _no_notice
     lease_seconds: int = 60
     probe: Probe = _nothing
-    owner: uuid.UUID = field(default_factory=uuid.uuid4)
     batch: int = 100
     metrics: HookMetrics | None = None
 
@@ -89,12 +88,15 @@ class Worker:
         lapses)."""
         delivered = 0
         while True:
-            if not await self.queue.take_lease(endpoint_id, self.owner, self.lease_seconds):
+            # An owner per pass, not per process: two passes of one process (two wake-ups of
+            # one endpoint, one of them stalled past its lease) must exclude each other too.
+            owner = uuid.uuid4()
+            if not await self.queue.take_lease(endpoint_id, owner, self.lease_seconds):
                 return delivered
             try:
-                count, finished = await self._pass(user_id, endpoint_id)
+                count, finished = await self._pass(user_id, endpoint_id, owner)
             finally:
-                await self.queue.release_lease(endpoint_id, self.owner)
+                await self.queue.release_lease(endpoint_id, owner)
             delivered += count
             if finished is None:
                 # More waits: a wake-up of its own continues, sent once the lease is free
@@ -116,7 +118,9 @@ class Worker:
             return False
         return await self._waiting(endpoint_id)
 
-    async def _pass(self, user_id: uuid.UUID, endpoint_id: uuid.UUID) -> tuple[int, bool | None]:
+    async def _pass(
+        self, user_id: uuid.UUID, endpoint_id: uuid.UUID, owner: uuid.UUID
+    ) -> tuple[int, bool | None]:
         """(events delivered, whether the queue was emptied: False when the pass stopped at
         a failure, for a disabled endpoint, or having lost its lease; None when more waits
         for another pass)."""
@@ -137,7 +141,7 @@ class Worker:
             waiting = await self.queue.pending(endpoint_id, since, limit=self.batch)
         ready, held = in_order(waiting, self.now(), window)
         for index, item in enumerate(ready):
-            if not await self.queue.renew_lease(endpoint_id, self.owner, self.lease_seconds):
+            if not await self.queue.renew_lease(endpoint_id, owner, self.lease_seconds):
                 log.warning("lost the lease of webhook endpoint %s", endpoint_id)
                 return delivered, False
             ok, cursor, endpoint = await self._attempt(endpoint, cursor, item)
@@ -147,7 +151,7 @@ class Worker:
                 oldest = min(i.at for i in [*ready[index:], *held])
                 await self.queue.move(
                     endpoint_id,
-                    self.owner,
+                    owner,
                     Cursor(low_water(oldest, self.now()), cursor.attempts, cursor.next_try),
                 )
                 return delivered, False
@@ -155,11 +159,11 @@ class Worker:
             # More waits (or came in within the window): a wake-up of its own continues from
             # here, so no delivery of the wake-up queue stays unacknowledged for long.
             rest = min((i.at for i in held), default=waiting[-1].at)
-            await self.queue.move(endpoint_id, self.owner, Cursor(low_water(rest, self.now()), 0))
+            await self.queue.move(endpoint_id, owner, Cursor(low_water(rest, self.now()), 0))
             return delivered, None
         mark = low_water(None, self.now())
         if delivered or cursor.attempts or not cursor.since or mark - cursor.since > IDLE_MOVE:
-            await self.queue.move(endpoint_id, self.owner, Cursor(mark, 0))
+            await self.queue.move(endpoint_id, owner, Cursor(mark, 0))
         return delivered, True
 
     async def _attempt(

@@ -226,6 +226,15 @@ class Ingest:
             await self.hooks.emit(target.user_id, [told])
         return "applied"
 
+    async def count_hit(self, batch_id: uuid.UUID, kind: str, *, machine: bool) -> bool:
+        """Count one more open or click in the totals only (a repeat of one just recorded:
+        no timeline row, no webhook event); False when the batch is unknown."""
+        owner = await self._owner(batch_id)
+        if owner is None:
+            return False
+        await self.recipients.stats.hit(owner, batch_id, kind, machine=machine)
+        return True
+
     async def _count_outcome(self, t: Target, ev: ProviderEvent, eff: transitions.Effects) -> None:
         """Count a delivery, hard bounce or complaint for the batch's sending domain (last:
         a delivery replayed after a failure counts again, so the counters are estimates that

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import html
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -43,7 +44,7 @@ from shared.engagement import TRACKER, links_of
 from shared.engagement_tokens import Claim, KeyRing, read, redirect_target, ring_from
 from shared.errors import DependencyUnavailable
 from shared.health import health_routes
-from shared.http import AdmissionLimit, error_handlers
+from shared.http import AdmissionLimit, ApiError, error_handlers, read_capped
 from shared.metrics import new_registry
 from shared.prefetch import machine
 from shared.resources import open_resources, readiness_checks
@@ -60,6 +61,10 @@ RECORD_BUDGET: Final = 2.0
 #: Batches whose links a process keeps, and chunks whose addresses it keeps.
 LINKS_CACHE: Final = 2_000
 EMAILS_CACHE: Final = 200
+#: Opens and clicks remembered, to tell a repeat within the minute.
+RECENT_HITS: Final = 100_000
+#: Bytes of an unsubscribe POST read (a mail client sends ``List-Unsubscribe=One-Click``).
+MAX_BODY: Final = 4096
 NO_STORE: Final = {"Cache-Control": "no-store, private", "Referrer-Policy": "no-referrer"}
 
 
@@ -74,6 +79,7 @@ class Tracking:
         self.allowed_hosts = allowed_hosts
         self._links: OrderedDict[uuid.UUID, list[str]] = OrderedDict()
         self._emails: OrderedDict[tuple[uuid.UUID, int], dict[uuid.UUID, str]] = OrderedDict()
+        self._recent: OrderedDict[tuple[uuid.UUID, str, int | None, int], None] = OrderedDict()
 
     def claim(self, request: Request, purpose: str) -> Claim | None:
         claim = read(str(request.path_params["token"]), self.ring)
@@ -110,7 +116,19 @@ class Tracking:
         client = request.client.host if request.client else None
         by = machine(request.headers.get("user-agent"), client)
 
+        # The same open or click again within the minute counts in the totals only: a
+        # reader (or a scanner) hammering a URL must not grow the timeline or flood the
+        # sender's webhooks.
+        key = (claim.log_id, kind, claim.link, int(time.time() // 60))
+        repeat = key in self._recent
+        self._recent[key] = None
+        if len(self._recent) > RECENT_HITS:
+            self._recent.popitem(last=False)
+
         async def apply() -> None:
+            if repeat:
+                await self.ingest.count_hit(claim.batch_id, kind, machine=by is not None)
+                return
             email = await self.email(claim) or ""
             ev = _event(claim, kind, f"{kind}:{uuid.uuid1()}", email=email, url=url, machine=by)
             await self.ingest.apply(ev)
@@ -200,7 +218,11 @@ async def unsubscribe(request: Request) -> Response:
     email = await t.email(claim) if claim else None
     if claim is None or email is None:
         return _page(404, "Not found", "This unsubscribe link is not valid or has expired.")
-    one_click = b"List-Unsubscribe=One-Click" in (await request.body())[:1024]
+    try:
+        body = await read_capped(request, MAX_BODY)
+    except ApiError:
+        body = b""  # too much, or too slow: the POST still unsubscribes (RFC 8058)
+    one_click = b"List-Unsubscribe=One-Click" in body
     ev = _event(
         claim,
         "unsubscribed",

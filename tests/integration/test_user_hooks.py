@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import orjson
 
@@ -57,12 +57,15 @@ async def test_a_signed_event_reaches_the_receiver_and_verifies(
 async def test_events_of_a_recipient_arrive_in_order_of_occurrence(
     settings: Settings, db: Database
 ) -> None:
-    """Emitted one after another, delivered in that order."""
+    """Emitted one after another, a second apart, delivered in that order."""
     async with hook_stack(settings, db) as stack:
         await stack.endpoint("/ordered")
-        kinds = ["recipient.attempt", "recipient.sent", "recipient.deferred"]
+        kinds = ["recipient.deferred", "recipient.sent", "recipient.attempt"]
+        start = datetime.now(UTC) - timedelta(seconds=20)
         for n in range(9):
-            await stack.emitter.emit(stack.user_id, [event(kinds[n % 3], "bob@example.com", n)])
+            at = start + timedelta(seconds=n)
+            ev = event(kinds[n % 3], "bob@example.com", n, occurred_at=at)
+            await stack.emitter.emit(stack.user_id, [ev])
         got = await stack.until_received("/ordered", 9)
 
     assert [attempt for _, attempt in _emails(got)] == list(range(9))

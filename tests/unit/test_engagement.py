@@ -270,3 +270,31 @@ def test_an_encoded_message_without_engagement_has_no_such_field() -> None:
 
     assert b"engagement" not in message.encode()
     assert Message.decode(message.encode()) == message
+
+
+def test_tokens_stop_where_sendgrid_would_refuse_the_substitutions() -> None:
+    """A recipient's own substitutions near SendGrid's 10 kB leave room for few tokens:
+    links beyond it stay as they are, and the whole stays under the limit."""
+    html = "".join(f'<a href="https://s.example/{i}">x</a>' for i in range(MAX_TRACKED_LINKS))
+    sent = _chunk(Engagement(opens=True, clicks=True), html=html)
+    heavy = {"-bio-": "b" * 8_000}
+    recipients = tuple(r.model_copy(update={"substitutions": heavy}) for r in sent.recipients)
+
+    chunk = personalize(sent.model_copy(update={"recipients": recipients}), TRACKER)
+
+    for recipient in chunk.recipients:
+        size = sum(len(k) + len(v) for k, v in recipient.substitutions.items())
+        assert size < 10_000
+    tokens = [k for k in chunk.recipients[0].substitutions if k.startswith("{sd:c")]
+    assert 0 < len(tokens) < MAX_TRACKED_LINKS
+    assert f'href="https://s.example/{MAX_TRACKED_LINKS - 1}"' in (chunk.message.html or "")
+    payload = sendgrid.build_payload(chunk)
+    assert len(orjson.dumps(payload["personalizations"][0]["substitutions"])) < 10_000
+
+
+def test_a_shared_message_naming_a_list_still_honours_that_lists_unsubscribes() -> None:
+    shared = _request({"shared": True, "to": ["a@example.com", "b@example.com"], "list": "news"})
+
+    out = validation.with_engagement(shared, Preferences(unsubscribe=True))
+
+    assert out.message.engagement == Engagement(list="news")  # no link, but its scope

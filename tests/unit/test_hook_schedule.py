@@ -69,17 +69,18 @@ class _Item:
     body: bytes
 
 
-def _item(queued: float, happened: float | None) -> _Item:
+def _item(queued: float, happened: float | None, kind: str = "recipient.sent") -> _Item:
     base = datetime(2026, 11, 26, 8, tzinfo=UTC)
     stamp = (base + timedelta(seconds=happened)).isoformat() if happened is not None else None
-    return _Item(base + timedelta(seconds=queued), orjson.dumps({"timestamp": stamp}))
+    body = orjson.dumps({"timestamp": stamp, "type": kind})
+    return _Item(base + timedelta(seconds=queued), body)
 
 
 def test_what_waits_goes_in_order_of_occurrence_once_the_window_passed() -> None:
     """A consumer's attempt queued after the provider's report of what followed it is still
     sent first; what was queued within the window waits for a later pass."""
-    delivered = _item(0.0, happened=1.5)
-    attempt = _item(0.3, happened=1.0)
+    delivered = _item(0.0, happened=2.5, kind="recipient.delivered")
+    attempt = _item(0.3, happened=1.0, kind="recipient.attempt")
     fresh = _item(9.5, happened=9.0)
     now = datetime(2026, 11, 26, 8, tzinfo=UTC) + timedelta(seconds=10)
 
@@ -92,4 +93,16 @@ def test_what_waits_goes_in_order_of_occurrence_once_the_window_passed() -> None
 def test_an_event_without_a_time_of_its_own_is_placed_by_when_it_was_queued() -> None:
     odd = _Item(datetime(2026, 11, 26, 8, tzinfo=UTC), b"not json")
 
-    assert occurred(odd) == odd.at.isoformat()
+    assert occurred(odd)[0] == odd.at.isoformat()[:19]
+
+
+def test_within_a_second_the_stage_orders_events_stamped_to_the_second_and_finer() -> None:
+    """SendGrid's "sent" at 12:00:05 and our attempt at 12:00:05.3: the attempt first."""
+    now = datetime(2026, 11, 26, 8, tzinfo=UTC) + timedelta(seconds=10)
+    sent = _item(0.0, happened=5.0, kind="recipient.sent")
+    delivered = _item(0.1, happened=5.0, kind="recipient.delivered")
+    attempt = _item(0.2, happened=5.3, kind="recipient.attempt")
+
+    ready, _ = in_order([delivered, sent, attempt], now, timedelta(seconds=2))
+
+    assert ready == [attempt, sent, delivered]

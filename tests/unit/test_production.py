@@ -18,7 +18,7 @@ from shared.config import (
     load_settings,
 )
 from shared.errors import ConfigError
-from shared.production import production_problems
+from shared.production import DEV_TRACKING_KEYS, production_problems
 
 
 def fit(**overrides: object) -> Settings:
@@ -147,3 +147,12 @@ def test_plain_http_webhooks_are_refused_in_production() -> None:
     problems = production_problems(fit(hooks=HooksSettings(allow_http=True)))
 
     assert [p.split(":")[0] for p in problems] == ["SAFEDELIVR_HOOKS_ALLOW_HTTP"]
+
+
+@pytest.mark.parametrize("kid", ["dev", "old"])
+def test_the_development_tracking_key_is_refused_anywhere_in_the_ring(kid: str) -> None:
+    own = "k1:" + base64.b64encode(b"r" * 32).decode()
+    dev = DEV_TRACKING_KEYS.replace("dev:", f"{kid}:")
+    tracking = fit().tracking.model_copy(update={"keys": SecretStr(f"{own},{dev}")})
+
+    assert variables(fit(tracking=tracking)) == ["SAFEDELIVR_TRACKING_KEYS"]

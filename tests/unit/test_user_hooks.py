@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -132,8 +133,19 @@ def test_events_are_queued_in_order_of_occurrence() -> None:
     assert [r.type for r in rows] == ["recipient.sent", "recipient.delivered"]
 
 
+def test_an_endpoint_disabled_after_failing_keeps_collecting_what_happens() -> None:
+    """Turned off by its failures, its events wait for it to be enabled again."""
+    failed = dataclasses.replace(
+        _endpoint(enabled=False), disabled_at=AT, disabled_reason="failing for a day"
+    )
+
+    rows = queued_for([failed], [_event("recipient.sent")])
+
+    assert [r.endpoint_id for r in rows] == [failed.endpoint_id]
+
+
 def test_only_enabled_endpoints_that_want_the_type_get_it() -> None:
-    """A disabled endpoint and one filtering the type out get nothing."""
+    """An endpoint its user disabled and one filtering the type out get nothing."""
     everything, opens_only = _endpoint(), _endpoint(frozenset({"recipient.opened"}))
     disabled = _endpoint(enabled=False)
 
