@@ -159,6 +159,11 @@ def queued_for(endpoints: Sequence[Endpoint], events: Sequence[HookEvent]) -> li
 class UserHooks(Protocol):
     """Where the send and webhook paths report what happened to recipients."""
 
+    async def listening(self, user_id: uuid.UUID) -> bool:
+        """Whether any endpoint of ``user_id`` collects events (so a caller builds events
+        only for users who will get them)."""
+        ...
+
     async def emit(self, user_id: uuid.UUID, events: Sequence[HookEvent]) -> int:
         """Queue ``events`` for every endpoint of ``user_id`` that wants them, persisted
         before returning; returns how many deliveries were queued. Raises
@@ -192,6 +197,9 @@ class HookEmitter:
             self._cache.clear()
         self._cache[user_id] = (now, found)
         return found
+
+    async def listening(self, user_id: uuid.UUID) -> bool:
+        return any(ep.collecting for ep in await self.endpoints(user_id))
 
     async def emit(self, user_id: uuid.UUID, events: Sequence[HookEvent]) -> int:
         if not events:
@@ -232,6 +240,9 @@ class FakeUserHooks:
 
     def add(self, user_id: uuid.UUID, endpoint: Endpoint) -> None:
         self.endpoints.setdefault(user_id, []).append(endpoint)
+
+    async def listening(self, user_id: uuid.UUID) -> bool:
+        return any(ep.collecting for ep in self.endpoints.get(user_id, []))
 
     async def emit(self, user_id: uuid.UUID, events: Sequence[HookEvent]) -> int:
         rows = queued_for(self.endpoints.get(user_id, []), events)

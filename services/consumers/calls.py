@@ -274,7 +274,7 @@ class Caller:
             waiting = self.d.follow.waiting(job, everyone, job.attempt)
             await self.d.follow.tell(
                 job.batch_id,
-                recipient_events.attempt_events(
+                lambda: recipient_events.attempt_events(
                     current, job.batch_id, waiting, outcome="confirmed sent", evidence="api"
                 ),
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from services.consumers import protocol
@@ -93,14 +94,16 @@ class FollowUps:
         chosen = self.select(job, rows, waiting)
         outcome = recipient_events.outcome_of(attempt)
         if outcome is not None:
-            events = recipient_events.attempt_events(
-                attempt,
+            await self.tell(
                 job.batch_id,
-                waiting,
-                outcome=outcome,
-                evidence=recipient_events.evidence_of(attempt),
+                lambda: recipient_events.attempt_events(
+                    attempt,
+                    job.batch_id,
+                    waiting,
+                    outcome=outcome,
+                    evidence=recipient_events.evidence_of(attempt),
+                ),
             )
-            await self.tell(job.batch_id, events)
         if attempt.state == "accepted":
             await self.d.recipients.accepted(
                 job.batch_id,
@@ -137,11 +140,15 @@ class FollowUps:
             self.d.metrics.recipients_failed.inc(len(chosen.log_ids))
         await self.d.hooks("followed", job)
 
-    async def tell(self, batch_id: uuid.UUID, events: list[HookEvent]) -> None:
-        """Queue events for the batch's user's webhooks (persisted before returning)."""
-        if events and self.d.user_hooks is not None:
-            header = await self.header(batch_id)
-            await self.d.user_hooks.emit(header.user_id, events)
+    async def tell(self, batch_id: uuid.UUID, events: Callable[[], list[HookEvent]]) -> None:
+        """Queue ``events()`` for the batch's user's webhooks (persisted before returning;
+        built only when the user has an endpoint that collects them)."""
+        hooks = self.d.user_hooks
+        if hooks is None:
+            return
+        header = await self.header(batch_id)
+        if await hooks.listening(header.user_id):
+            await hooks.emit(header.user_id, events())
 
     async def _publish_next(self, job: protocol.Job, attempt: Attempt) -> None:
         provider, number = attempt.next_provider, attempt.next_attempt

@@ -65,7 +65,7 @@ class Resolver:
             evidence: Evidence = "provider query" if isinstance(lookup, frozenset) else "webhook"
             await d.follow.tell(
                 job.batch_id,
-                recipient_events.attempt_events(
+                lambda: recipient_events.attempt_events(
                     current, job.batch_id, confirmed, outcome="confirmed sent", evidence=evidence
                 ),
             )

@@ -74,6 +74,15 @@ async def test_a_user_without_endpoints_queues_nothing(harness: Harness) -> None
     assert await harness.hooks.emit(uuid.uuid4(), [event("recipient.sent", "a@example.com")]) == 0
 
 
+async def test_a_user_listens_once_an_endpoint_of_theirs_exists(harness: Harness) -> None:
+    """Callers build events only for users who will get them."""
+    user = uuid.uuid4()
+    before = await harness.hooks.listening(user)
+    await harness.endpoint(user, frozenset({"recipient.bounced"}))
+
+    assert (before, await harness.hooks.listening(user)) == (False, True)
+
+
 async def test_events_are_queued_in_order_for_endpoints_that_want_them(harness: Harness) -> None:
     """Each endpoint gets the types it asked for, in the order emitted."""
     user = uuid.uuid4()
