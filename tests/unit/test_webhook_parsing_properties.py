@@ -10,6 +10,7 @@ our correlation ids; and parsing a 1 MB hostile body takes time linear in its si
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import re
 import time
@@ -525,13 +526,25 @@ def _cpu_seconds(parse: Callable[[bytes], object], body: bytes) -> float:
     return best
 
 
+@functools.cache
+def _ordinary_mb() -> float:
+    """CPU seconds to parse 1 MB of ordinary SendGrid events on this machine, now (a yardstick
+    rather than a fixed time: CI machines, and coverage, differ several times over)."""
+    item = (
+        b'{"email":"a@x.com","event":"delivered","timestamp":1700000000,'
+        b'"sg_event_id":"e","batch_id":"x","chunk":1}'
+    )
+    return _cpu_seconds(sendgrid_parse, _array(item, MB))
+
+
 @pytest.mark.parametrize("make", HOSTILE_1MB.values(), ids=HOSTILE_1MB.keys())
 def test_a_1mb_hostile_sendgrid_body_parses_well_under_a_second(make: Callable[[], bytes]) -> None:
-    """Size attacks cost the parser little: a 1 MB hostile body takes under half a second."""
+    """Size attacks cost the parser little: a 1 MB hostile body costs no more than a few
+    times 1 MB of ordinary events (about 0.1 s on these machines)."""
     body = make()
     assert len(body) >= MB - 64
 
-    assert _cpu_seconds(sendgrid_parse, body) < 0.5
+    assert _cpu_seconds(sendgrid_parse, body) < 4 * _ordinary_mb() + 0.05
 
 
 def test_a_1mb_mailgun_event_data_parses_well_under_a_second() -> None:
@@ -548,7 +561,7 @@ def test_a_1mb_mailgun_event_data_parses_well_under_a_second() -> None:
     def parse(raw: bytes) -> object:
         return mailgun_events.parse_event(mailgun_events.parse_envelope(raw).event_data)
 
-    assert _cpu_seconds(parse, body) < 0.5
+    assert _cpu_seconds(parse, body) < 4 * _ordinary_mb() + 0.05
 
 
 def test_parsing_many_small_events_is_linear_in_the_body_size() -> None:
