@@ -38,8 +38,7 @@ class ScheduleStore:
     async def take_lease(self, owner: uuid.UUID, seconds: int) -> bool:
         """Take the namespace's lease, or renew it when ``owner`` holds it already."""
         row = await self.db.one(
-            "UPDATE scheduler_state USING TTL ? SET owner = ? WHERE namespace = ? "
-            "IF owner = null",
+            "UPDATE scheduler_state USING TTL ? SET owner = ? WHERE namespace = ? IF owner = null",
             (seconds, owner, self.namespace),
         )
         if row and row["[applied]"]:
