@@ -1,0 +1,105 @@
+"""Batches waiting for their ``send_at``: the one writer of ``scheduled_batches`` and
+``scheduler_state``.
+
+A scheduled batch is a row in the minute it is due (``shared.lanes.bucket_of``). One
+scheduler per namespace (the holder of a lease taken by a lightweight transaction, with a
+TTL, so a dead holder's lease lapses) reads the minutes from the one after its cursor up to
+the current one, hands each batch on, then moves the cursor past the minutes it finished: a
+scheduler that dies part-way hands the same batches on again (the caller's publish is
+idempotent by batch id), never skips one. Nothing polls hot: a pass reads only the minutes
+that came due since the last one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Final
+
+from shared.db import Database, utc
+from shared.lanes import BUCKET, bucket_of
+
+#: Minutes read per pass (a day: a scheduler back from a long outage catches up in passes).
+MAX_MINUTES: Final = 1440
+
+
+class ScheduleStore:
+    def __init__(self, db: Database, namespace: str) -> None:
+        self.db = db
+        self.namespace = namespace
+
+    async def add(self, batch_id: uuid.UUID, at: datetime) -> None:
+        await self.db.execute(
+            "INSERT INTO scheduled_batches (namespace, minute, batch_id) VALUES (?, ?, ?)",
+            (self.namespace, bucket_of(at), batch_id),
+            idempotent=True,
+        )
+
+    async def take_lease(self, owner: uuid.UUID, seconds: int) -> bool:
+        """Take the namespace's lease, or renew it when ``owner`` holds it already."""
+        row = await self.db.one(
+            "UPDATE scheduler_state USING TTL ? SET owner = ? WHERE namespace = ? IF owner = null",
+            (seconds, owner, self.namespace),
+        )
+        if row and row["[applied]"]:
+            return True
+        if not row or row.get("owner") != owner:
+            return False
+        renewed = await self.db.one(
+            "UPDATE scheduler_state USING TTL ? SET owner = ? WHERE namespace = ? IF owner = ?",
+            (seconds, owner, self.namespace, owner),
+        )
+        return bool(renewed and renewed["[applied]"])
+
+    async def release_lease(self, owner: uuid.UUID) -> None:
+        await self.db.one(
+            "UPDATE scheduler_state SET owner = null WHERE namespace = ? IF owner = ?",
+            (self.namespace, owner),
+        )
+
+    async def done_through(self) -> datetime | None:
+        row = await self.db.one(
+            "SELECT done_through FROM scheduler_state WHERE namespace = ?",
+            (self.namespace,),
+            serial=True,
+        )
+        return utc(row["done_through"]) if row else None
+
+    async def due(self, now: datetime) -> tuple[list[tuple[datetime, uuid.UUID]], datetime | None]:
+        """The batches of the minutes due since the cursor, oldest minute first, and the
+        last minute read (None: none was due)."""
+        cursor = await self.done_through()
+        current = bucket_of(now)
+        # Without a cursor (a new namespace), a day back: nothing can be older.
+        minute = cursor + BUCKET if cursor else current - (MAX_MINUTES - 1) * BUCKET
+        found: list[tuple[datetime, uuid.UUID]] = []
+        last: datetime | None = None
+        for _ in range(MAX_MINUTES):
+            if minute > current:
+                break
+            rows = await self.db.all_pages(
+                "SELECT batch_id FROM scheduled_batches WHERE namespace = ? AND minute = ?",
+                (self.namespace, minute),
+            )
+            found += [(minute, r["batch_id"]) for r in rows]
+            last = minute
+            minute += BUCKET
+        return found, last
+
+    async def finish(self, owner: uuid.UUID, through: datetime) -> bool:
+        """Move the cursor past ``through`` (only while holding the lease). The current
+        minute is never finished: batches may still be added to it."""
+        row = await self.db.one(
+            "UPDATE scheduler_state SET done_through = ? WHERE namespace = ? IF owner = ?",
+            (through, self.namespace, owner),
+        )
+        return bool(row and row["[applied]"])
+
+
+def finished_through(last: datetime | None, now: datetime) -> datetime | None:
+    """How far a pass may move the cursor: up to the last minute read, but never to the
+    current minute, which may still get rows (pure)."""
+    if last is None:
+        return None
+    current = bucket_of(now.astimezone(UTC))
+    return min(last, current - BUCKET)

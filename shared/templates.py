@@ -1,0 +1,200 @@
+"""Each user's templates and their immutable versions: the one writer of ``templates`` and
+``template_versions``.
+
+A template is created with its first version. A new version takes the next number by a
+lightweight transaction on the template's ``next_version`` (two at once never share one),
+then its row is written: a writer that dies in between leaves a gap in the numbers, never a
+half-written version (versions are immutable, written once). Publishing names the live
+version, or a canary with its share beside the live one; whether a version renders with its
+sample data is checked before (``shared.template_render``), not here.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from shared.db import Database, Row, utc
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    version: int
+    subject: str
+    html: str | None
+    text: str | None
+    sample: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    user_id: uuid.UUID
+    template_id: uuid.UUID
+    name: str
+    live_version: int | None
+    canary_version: int | None
+    canary_percent: float | None
+    canary_since: datetime | None
+    created_at: datetime
+
+
+class TemplateStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def create(
+        self,
+        user_id: uuid.UUID,
+        name: str,
+        subject: str,
+        html: str | None,
+        text: str | None,
+        sample: dict[str, Any],
+    ) -> uuid.UUID:
+        """A new template with its version 1 (not yet live: publishing makes it so)."""
+        template_id = uuid.uuid1()
+        now = datetime.now(UTC)
+        await self._write_version(template_id, 1, subject, html, text, sample, now)
+        await self.db.execute(
+            "INSERT INTO templates (user_id, template_id, name, next_version, created_at) "
+            "VALUES (?, ?, ?, 2, ?)",
+            (user_id, template_id, name, now),
+            idempotent=True,
+        )
+        return template_id
+
+    async def add_version(
+        self,
+        template: Template,
+        subject: str,
+        html: str | None,
+        text: str | None,
+        sample: dict[str, Any],
+    ) -> int:
+        """The number of the new version (taken by a conditional update, retried on a
+        race)."""
+        while True:
+            row = await self.db.one(
+                "SELECT next_version FROM templates WHERE user_id = ? AND template_id = ?",
+                (template.user_id, template.template_id),
+                serial=True,
+            )
+            number = int(row["next_version"]) if row else 2
+            taken = await self.db.one(
+                "UPDATE templates SET next_version = ? WHERE user_id = ? AND template_id = ? "
+                "IF next_version = ?",
+                (number + 1, template.user_id, template.template_id, number),
+            )
+            if taken is not None and taken["[applied]"]:
+                break
+        await self._write_version(
+            template.template_id, number, subject, html, text, sample, datetime.now(UTC)
+        )
+        return number
+
+    async def _write_version(
+        self,
+        template_id: uuid.UUID,
+        number: int,
+        subject: str,
+        html: str | None,
+        text: str | None,
+        sample: dict[str, Any],
+        at: datetime,
+    ) -> None:
+        await self.db.execute(
+            "INSERT INTO template_versions (template_id, version, subject, html, text, sample, "
+            "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (template_id, number, subject, html, text, orjson.dumps(sample).decode(), at),
+            idempotent=True,
+        )
+
+    async def get(self, user_id: uuid.UUID, template_id: uuid.UUID) -> Template | None:
+        row = await self.db.one(
+            "SELECT user_id, template_id, name, live_version, canary_version, canary_percent, "
+            "canary_since, created_at FROM templates WHERE user_id = ? AND template_id = ?",
+            (user_id, template_id),
+        )
+        return _template(row) if row else None
+
+    async def templates(self, user_id: uuid.UUID) -> list[Template]:
+        rows = await self.db.all_pages(
+            "SELECT user_id, template_id, name, live_version, canary_version, canary_percent, "
+            "canary_since, created_at FROM templates WHERE user_id = ?",
+            (user_id,),
+        )
+        return [_template(r) for r in rows]
+
+    async def versions(self, template_id: uuid.UUID) -> list[Version]:
+        """Newest first."""
+        rows = await self.db.all_pages(
+            "SELECT version, subject, html, text, sample, created_at FROM template_versions "
+            "WHERE template_id = ?",
+            (template_id,),
+        )
+        return [_version(r) for r in rows]
+
+    async def version(self, template_id: uuid.UUID, number: int) -> Version | None:
+        row = await self.db.one(
+            "SELECT version, subject, html, text, sample, created_at FROM template_versions "
+            "WHERE template_id = ? AND version = ?",
+            (template_id, number),
+        )
+        return _version(row) if row else None
+
+    async def publish(
+        self, template: Template, number: int, canary_percent: float | None = None
+    ) -> Template:
+        """Make ``number`` live (a rollback is publishing an older one), or its canary at
+        ``canary_percent`` beside the live version."""
+        now = datetime.now(UTC)
+        if canary_percent is None or template.live_version is None:
+            values: tuple[Any, ...] = (number, None, None, None)
+        else:
+            values = (template.live_version, number, canary_percent, now)
+        await self.db.execute(
+            "UPDATE templates SET live_version = ?, canary_version = ?, canary_percent = ?, "
+            "canary_since = ? WHERE user_id = ? AND template_id = ?",
+            (*values, template.user_id, template.template_id),
+            idempotent=True,
+        )
+        live, canary, percent, since = values
+        return Template(
+            template.user_id,
+            template.template_id,
+            template.name,
+            live,
+            canary,
+            percent,
+            since,
+            template.created_at,
+        )
+
+
+def _template(row: Row) -> Template:
+    return Template(
+        user_id=row["user_id"],
+        template_id=row["template_id"],
+        name=row["name"],
+        live_version=row["live_version"],
+        canary_version=row["canary_version"],
+        canary_percent=row["canary_percent"],
+        canary_since=utc(row["canary_since"]),
+        created_at=utc(row["created_at"]) or datetime.now(UTC),
+    )
+
+
+def _version(row: Row) -> Version:
+    return Version(
+        version=row["version"],
+        subject=row["subject"],
+        html=row["html"],
+        text=row["text"],
+        sample=orjson.loads(row["sample"] or "{}"),
+        created_at=utc(row["created_at"]) or datetime.now(UTC),
+    )
