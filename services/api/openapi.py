@@ -79,6 +79,22 @@ _DOMAIN = Param("domain", "path", "The domain, e.g. `example.com`.", required=Tr
 _BATCH_ID = Param("batch_id", "path", "The batch's id (a time UUID).", required=True)
 _WEBHOOK_ID = Param("endpoint_id", "path", "The endpoint's id.", required=True)
 _LETTER_ID = Param("letter_id", "path", "The dead letter's id, from the listing.", required=True)
+_CAMPAIGN_ID = Param("campaign_id", "path", "The campaign's id.", required=True)
+
+
+def _campaign_step(operation_id: str, step: str, summary: str, description: str) -> Operation:
+    return Operation(
+        operation_id,
+        "post",
+        f"/v1/campaigns/{{campaign_id}}/{step}",
+        summary,
+        schema.CampaignOut,
+        body=schema.CampaignScheduleIn if step == "schedule" else None,
+        params=(_CAMPAIGN_ID,),
+        errors=(404, 409, 422) if step == "schedule" else (404, 409),
+        description=description,
+    )
+
 
 OPERATIONS: tuple[Operation, ...] = (
     Operation(
@@ -245,6 +261,61 @@ OPERATIONS: tuple[Operation, ...] = (
         status=204,
         params=(_DOMAIN,),
         errors=(404,),
+    ),
+    Operation(
+        "create_campaign",
+        "post",
+        "/v1/campaigns",
+        "Create a campaign (a draft): a template sent to a contact list",
+        schema.CampaignOut,
+        status=201,
+        body=schema.CampaignIn,
+        errors=(413, 415, 422),
+    ),
+    Operation(
+        "list_campaigns",
+        "get",
+        "/v1/campaigns",
+        "Your campaigns, newest first",
+        schema.CampaignList,
+    ),
+    Operation(
+        "get_campaign",
+        "get",
+        "/v1/campaigns/{campaign_id}",
+        "A campaign with its progress: batches, recipients released and per state",
+        schema.CampaignOut,
+        params=(_CAMPAIGN_ID,),
+        errors=(404,),
+    ),
+    _campaign_step(
+        "schedule_campaign",
+        "schedule",
+        "Schedule a draft: it starts at its send_at (now when it has none)",
+        "The body may set a new `send_at`. It goes out in batches of the template's live "
+        "version at the campaign's rate, as bulk mail with a one-click unsubscribe from the "
+        "list; the list's unsubscribes and your suppressions are left out.",
+    ),
+    _campaign_step(
+        "pause_campaign",
+        "pause",
+        "Pause a scheduled or sending campaign",
+        "Nothing more is handed to a provider from about a second on; what was released "
+        "waits, and a resume sends it with nothing sent twice. Pausing a paused campaign "
+        "answers the same.",
+    ),
+    _campaign_step(
+        "resume_campaign",
+        "resume",
+        "Resume a paused campaign",
+        "It goes on where it stopped (or waits for its send_at if it had not started).",
+    ),
+    _campaign_step(
+        "cancel_campaign",
+        "cancel",
+        "Cancel a campaign that has not been sent",
+        "Nothing more is released; recipients of released batches not yet handed to a "
+        "provider end failed (`its campaign was cancelled`).",
     ),
     Operation(
         "list_webhooks",

@@ -266,6 +266,59 @@ class DomainIn(_In):
     domain: str = Field(min_length=1, max_length=253, examples=["example.com"])
 
 
+class CampaignIn(_In):
+    """``POST /v1/campaigns``: a draft sending a template to a list."""
+
+    name: str = Field(min_length=1, max_length=200)
+    template_id: str = Field(description="One of your templates (its live version is sent).")
+    list_id: str = Field(description="One of your contact lists.")
+    from_: str | AddressIn = Field(alias="from", description="The sender.")
+    data: dict[str, Any] | None = Field(
+        None,
+        description="Template variables shared by every recipient; the others come from "
+        "each contact's fields (empty when a contact has none).",
+    )
+    rate: int | None = Field(
+        None, ge=1, le=100_000, description="Recipients a second (default 2,000)."
+    )
+    send_at: str | None = Field(None, description="RFC 3339; absent: when it is scheduled.")
+
+
+class CampaignScheduleIn(_In):
+    """``POST /v1/campaigns/{id}/schedule``: optionally, a new ``send_at``."""
+
+    send_at: str | None = None
+
+
+class CampaignProgress(_Out):
+    batches: int
+    released: int = Field(description="Recipients handed to batches so far.")
+    skipped: int = Field(description="Contacts left out (suppressed, unsubscribed, cooling).")
+    queued: int | None = None
+    success: int | None = None
+    failed: int | None = None
+
+
+class CampaignOut(_Out):
+    id: str
+    name: str
+    template_id: str
+    list_id: str
+    from_: dict[str, Any] = Field(alias="from")
+    data: dict[str, Any]
+    rate: int
+    send_at: str | None
+    state: Literal["draft", "scheduled", "sending", "paused", "sent", "cancelled"]
+    reason: str | None = Field(None, description="Why it paused by itself, if it did.")
+    created_at: str
+    updated_at: str | None
+    progress: CampaignProgress
+
+
+class CampaignList(_Out):
+    data: list[CampaignOut]
+
+
 class WebhookIn(_In):
     """``POST /v1/webhooks``."""
 

@@ -21,6 +21,7 @@ from ._core import (
     Recipient,
     Request,
     StatsDay,
+    campaign_step,
     key_request,
     page_params,
     quoted,
@@ -217,6 +218,43 @@ class Client:
 
     def remove_domain(self, domain: str) -> None:
         self._call(Request("DELETE", f"/v1/domains/{quoted(domain)}"))
+
+    def create_campaign(
+        self,
+        name: str,
+        template_id: str,
+        list_id: str,
+        sender: Address,
+        **more: Any,
+    ) -> dict[str, Any]:
+        """A draft campaign; ``more``: ``data``, ``rate``, ``send_at``."""
+        body = {"name": name, "template_id": template_id, "list_id": list_id, "from": sender}
+        request = Request("POST", "/v1/campaigns", json={**body, **more})
+        return cast(dict[str, Any], self._call(request))
+
+    def campaigns(self) -> dict[str, Any]:
+        return cast(dict[str, Any], self._call(Request("GET", "/v1/campaigns")))
+
+    def campaign(self, campaign_id: str) -> dict[str, Any]:
+        request = Request("GET", f"/v1/campaigns/{quoted(campaign_id)}")
+        return cast(dict[str, Any], self._call(request))
+
+    def schedule_campaign(self, campaign_id: str, send_at: str | None = None) -> dict[str, Any]:
+        return self._campaign_step(campaign_id, "schedule", send_at)
+
+    def pause_campaign(self, campaign_id: str) -> dict[str, Any]:
+        return self._campaign_step(campaign_id, "pause")
+
+    def resume_campaign(self, campaign_id: str) -> dict[str, Any]:
+        return self._campaign_step(campaign_id, "resume")
+
+    def cancel_campaign(self, campaign_id: str) -> dict[str, Any]:
+        return self._campaign_step(campaign_id, "cancel")
+
+    def _campaign_step(
+        self, campaign_id: str, step: str, send_at: str | None = None
+    ) -> dict[str, Any]:
+        return cast(dict[str, Any], self._call(campaign_step(campaign_id, step, send_at)))
 
     def webhooks(self) -> list[dict[str, Any]]:
         return cast(list[dict[str, Any]], self._call(Request("GET", "/v1/webhooks"))["data"])
@@ -476,6 +514,45 @@ class AsyncClient:
 
     async def remove_domain(self, domain: str) -> None:
         await self._call(Request("DELETE", f"/v1/domains/{quoted(domain)}"))
+
+    async def create_campaign(
+        self,
+        name: str,
+        template_id: str,
+        list_id: str,
+        sender: Address,
+        **more: Any,
+    ) -> dict[str, Any]:
+        """A draft campaign; ``more``: ``data``, ``rate``, ``send_at``."""
+        body = {"name": name, "template_id": template_id, "list_id": list_id, "from": sender}
+        request = Request("POST", "/v1/campaigns", json={**body, **more})
+        return cast(dict[str, Any], await self._call(request))
+
+    async def campaigns(self) -> dict[str, Any]:
+        return cast(dict[str, Any], await self._call(Request("GET", "/v1/campaigns")))
+
+    async def campaign(self, campaign_id: str) -> dict[str, Any]:
+        request = Request("GET", f"/v1/campaigns/{quoted(campaign_id)}")
+        return cast(dict[str, Any], await self._call(request))
+
+    async def schedule_campaign(
+        self, campaign_id: str, send_at: str | None = None
+    ) -> dict[str, Any]:
+        return await self._campaign_step(campaign_id, "schedule", send_at)
+
+    async def pause_campaign(self, campaign_id: str) -> dict[str, Any]:
+        return await self._campaign_step(campaign_id, "pause")
+
+    async def resume_campaign(self, campaign_id: str) -> dict[str, Any]:
+        return await self._campaign_step(campaign_id, "resume")
+
+    async def cancel_campaign(self, campaign_id: str) -> dict[str, Any]:
+        return await self._campaign_step(campaign_id, "cancel")
+
+    async def _campaign_step(
+        self, campaign_id: str, step: str, send_at: str | None = None
+    ) -> dict[str, Any]:
+        return cast(dict[str, Any], await self._call(campaign_step(campaign_id, step, send_at)))
 
     async def webhooks(self) -> list[dict[str, Any]]:
         found = await self._call(Request("GET", "/v1/webhooks"))

@@ -32,6 +32,13 @@ OPERATIONS: Mapping[str, str] = {
     "get_domain": "domain",
     "verify_domain": "verify_domain",
     "delete_domain": "remove_domain",
+    "create_campaign": "create_campaign",
+    "list_campaigns": "campaigns",
+    "get_campaign": "campaign",
+    "schedule_campaign": "schedule_campaign",
+    "pause_campaign": "pause_campaign",
+    "resume_campaign": "resume_campaign",
+    "cancel_campaign": "cancel_campaign",
     "list_webhooks": "webhooks",
     "create_webhook": "add_webhook",
     "get_webhook": "webhook",
@@ -226,6 +233,12 @@ def send_request(
     body.update(more)
     key = idempotency_key or uuid.uuid4().hex
     return Request("POST", "/v1/batches", json=body, headers={"Idempotency-Key": key})
+
+
+def campaign_step(campaign_id: str, step: str, send_at: str | None = None) -> Request:
+    """``POST /v1/campaigns/{id}/{step}`` (schedule, pause, resume, cancel)."""
+    body = {"send_at": send_at} if send_at is not None else None
+    return Request("POST", f"/v1/campaigns/{quoted(campaign_id)}/{step}", json=body)
 
 
 def page_params(limit: int | None, cursor: str | None, **more: str | None) -> dict[str, str]:
