@@ -29,7 +29,7 @@ def _job(state: str = "queued", heartbeat: datetime = NOW) -> ImportJob:
 
 
 def test_each_row_is_added_updated_or_reported_with_its_row() -> None:
-    items = [
+    items: list[Contact | Rejected] = [
         Contact("new@example.com", {}, 2),
         Contact("Sup@example.com", {}, 3),
         Contact("unsub@example.com", {}, 4),
