@@ -25,6 +25,7 @@ from shared.config import ListSettings, Settings
 from shared.contact_lists import ContactLists
 from shared.db import Database
 from shared.list_import import INTERRUPTED, ImportJob
+from shared.sessions import SESSION_COOKIE, SessionStore
 from shared.suppressions import SuppressionStore
 from tests.conftest import unique
 from tests.integration.harness import client_for, eventually, running
@@ -339,3 +340,25 @@ async def test_one_import_at_a_time_and_a_stale_one_reads_as_failed(
 
 def _fields(job: ImportJob, heartbeat: datetime) -> tuple[Any, ...]:
     return (job.list_id, job.import_id, job.user_id, job.state, job.created_at, heartbeat)
+
+
+async def test_the_dashboard_lists_the_users_lists_with_their_latest_import(
+    api: httpx.AsyncClient, db: Database
+) -> None:
+    user, auth = await new_user(db)
+    list_id = await new_list(api, auth, "Dashboard <b>list</b>")
+    await imported(api, auth, list_id, b"email\na@example.com\nnope\n")
+    await new_list(api, (await new_user(db))[1], "Someone else's")
+    session_id, _ = await SessionStore(db).create(user)
+    api.cookies.set(SESSION_COOKIE, session_id, domain="api.test")
+
+    page = await api.get("/lists")
+
+    assert page.status_code == 200
+    assert f'data-list="{list_id}"' in page.text
+    assert f'data-contacts="{list_id}">1<' in page.text
+    assert 'data-import-state="done"' in page.text
+    assert "2 rows read: 1 added, 1 invalid" in page.text
+    assert "Dashboard &lt;b&gt;list&lt;/b&gt;" in page.text
+    assert "Someone else" not in page.text
+    assert 'href="/lists" aria-current="page"' in page.text
