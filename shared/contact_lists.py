@@ -11,6 +11,9 @@ as suppressions are. The list's ``contacts`` count is what its writer last set: 
 sets it as it goes and from an exact recount (:meth:`ContactLists.count`) when it ends; a
 removed contact takes one off.
 
+A list's unsubscribes are the suppressions scoped by its id (:func:`list_scope`), not its
+name: two lists may share a name.
+
 Only one import runs per list: :meth:`ContactLists.begin_import` takes the list's
 ``latest_import`` by a lightweight transaction from the one the caller saw.
 """
@@ -48,6 +51,12 @@ def bucket_of(email: str) -> int:
     """The bucket of an address (stable across processes and releases)."""
     digest = hashlib.blake2b(address_key(email).encode(), digest_size=4).digest()
     return int.from_bytes(digest, "big") % BUCKETS
+
+
+def list_scope(list_id: uuid.UUID) -> str:
+    """The suppression scope (``shared.suppressions``) of a list's unsubscribes: its id, as
+    mail sent to the list names it (``list``), so its one-click unsubscribes land there."""
+    return str(list_id)
 
 
 def contact_name(fields: dict[str, str]) -> str | None:

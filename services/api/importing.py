@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 
 from shared.addresses import address_key
 from shared.config import ListSettings
-from shared.contact_lists import ContactLists
+from shared.contact_lists import ContactLists, list_scope
 from shared.contacts_csv import Contact, CsvError, Rejected, scan
 from shared.errors import DependencyUnavailable
 from shared.list_import import ImportJob, Sorted, advance, finish, sort_slice
@@ -33,11 +33,6 @@ log = logging.getLogger(__name__)
 
 #: Why an import failed when a store failed under it (details are logged).
 STORE_FAILED = "failed: the database was unavailable; import the file again"
-
-
-def list_scope(list_id: object) -> str:
-    """The suppression scope of a list's unsubscribes: its id."""
-    return str(list_id)
 
 
 @dataclass(frozen=True, slots=True)
