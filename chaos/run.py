@@ -11,7 +11,8 @@ Usage: ``python -m chaos.run [--seconds 60] [--rate 4] [--recipients 50] [--soak
    ``--recipients`` unique addresses for ``--seconds``, each retrying with its own
    ``Idempotency-Key`` until it is told its batch id, while ``chaos.faults`` kills every
    service with SIGKILL, restarts RabbitMQ, freezes Cassandra and makes the providers fail,
-   time out after accepting and reset connections.
+   time out after accepting and reset connections. Meanwhile a campaign is sent to a list
+   and paused and resumed every few seconds (``chaos.campaign``).
 3. Quiescence: the faults are cleared and the run waits until every accepted recipient is
    final (or ``--quiesce`` seconds pass).
 4. The verdict (``chaos.verdict``), and ``safedelivr check`` over the same data. The last line
@@ -46,7 +47,7 @@ import orjson
 
 from bench.sampler import ProcessSampler
 from bench.stack import ROOT, Stack
-from chaos import clients, faults, verdict
+from chaos import campaign, clients, faults, verdict
 from shared.attempts import AttemptStore
 from shared.check import Violation, check_day
 from shared.db import Database
@@ -160,11 +161,17 @@ async def soak(args: argparse.Namespace, printer: Printer) -> dict[str, Any]:
             retry_for=120.0,
             printer=printer,
         )
-        subs, fault_failures = await asyncio.gather(
-            load, faults.run_schedule(stack, steps, printer)
+        subs, fault_failures, mailing = await asyncio.gather(
+            load,
+            faults.run_schedule(stack, steps, printer),
+            campaign.run_campaign(stack, run=run, seconds=args.seconds, printer=printer),
         )
         await _all_running(stack, printer)
         await faults.clear_provider_faults(stack)
+        slices, campaign_counts = await campaign.outcome(
+            stack, mailing, limit=args.quiesce, printer=printer
+        )
+        subs = [*subs, *slices]
         known = {b for s in subs for b in s.batch_ids}
         answers: dict[str, int] = {}
         for s in subs:
@@ -174,6 +181,7 @@ async def soak(args: argparse.Namespace, printer: Printer) -> dict[str, Any]:
         printer(f"{len(known)} batches accepted; waiting for every recipient to be final")
         await _quiesce(stack, known, args.quiesce, printer)
         result = await _verdict(stack, subs, printer)
+        result.update(campaign_counts)
         result["fault_steps_failed"] = len(fault_failures)
         for failure in fault_failures:
             printer(f"fault step failed: {failure}")

@@ -16,6 +16,7 @@ from starlette.routing import Route
 from services.api import (
     account,
     batches,
+    campaigns,
     deadletters,
     domains,
     hooks,
@@ -25,6 +26,8 @@ from services.api import (
     providers,
 )
 from services.api import settings as live
+from services.api.campaign_runner import CampaignRunner
+from services.api.campaigns import Campaigns
 from services.api.dashboard import create_templates, dashboard_routes
 from services.api.managing import Managing
 from services.api.openapi import openapi_json
@@ -37,8 +40,10 @@ from shared.acceptance import Acceptance
 from shared.attempts import AttemptStore
 from shared.background import Background
 from shared.batchstore import BatchStore
+from shared.campaigns import CampaignStore
 from shared.canary_store import CanaryStore
 from shared.config import Settings
+from shared.contact_lists import ContactLists
 from shared.cooldown import RecentMail
 from shared.deadletters import DeadLetters, DeadLetterStore
 from shared.domains import DohResolver, DomainStore
@@ -98,6 +103,22 @@ def create_app(settings: Settings) -> Starlette:
                 schedules=ScheduleStore(res.db, settings.amqp.exchange),
                 canaries=CanaryStore(res.db, settings.amqp.exchange),
             )
+            state.campaigns = Campaigns(
+                CampaignStore(res.db, settings.amqp.exchange),
+                state.templates,
+                ContactLists(res.db),
+                state.batches,
+                state.sending,
+            )
+            runner = asyncio.create_task(
+                CampaignRunner(
+                    state.campaigns.store,
+                    state.campaigns.lists,
+                    state.templates,
+                    state.sending,
+                    ScheduleStore(res.db, f"{settings.amqp.exchange}:campaigns"),
+                ).run()
+            )
             state.github_http = httpx.AsyncClient(
                 timeout=httpx.Timeout(settings.github.timeout), follow_redirects=False
             )
@@ -114,6 +135,7 @@ def create_app(settings: Settings) -> Starlette:
             finally:
                 await state.github_http.aclose()
                 purge.cancel()
+                runner.cancel()
                 relay.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await relay
@@ -152,6 +174,17 @@ def create_app(settings: Settings) -> Starlette:
             hooks.replay_delivery,
             methods=["POST"],
         ),
+        Route("/v1/campaigns", campaigns.list_campaigns, methods=["GET"]),
+        Route("/v1/campaigns", campaigns.create_campaign, methods=["POST"]),
+        Route("/v1/campaigns/{campaign_id}", campaigns.get_campaign, methods=["GET"]),
+        Route(
+            "/v1/campaigns/{campaign_id}/schedule",
+            campaigns.schedule_campaign,
+            methods=["POST"],
+        ),
+        Route("/v1/campaigns/{campaign_id}/pause", campaigns.pause_campaign, methods=["POST"]),
+        Route("/v1/campaigns/{campaign_id}/resume", campaigns.resume_campaign, methods=["POST"]),
+        Route("/v1/campaigns/{campaign_id}/cancel", campaigns.cancel_campaign, methods=["POST"]),
         Route("/v1/lists", lists.list_lists, methods=["GET"]),
         Route("/v1/lists", lists.create_list, methods=["POST"]),
         Route("/v1/lists/{list_id}", lists.get_list, methods=["GET"]),

@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from services.api.sending import Sending
+from shared import template_use
+from shared.campaigns import METADATA_KEY, Campaign, CampaignStore, Slice
 from shared.contact_lists import (
     BUCKETS,
     ContactLists,
@@ -34,10 +37,6 @@ from shared.contact_lists import (
     list_scope,
     read_page,
 )
-
-from services.api.sending import Sending
-from shared import template_use
-from shared.campaigns import METADATA_KEY, Campaign, CampaignStore, Slice
 from shared.errors import DependencyUnavailable
 from shared.http import ApiError
 from shared.schedule_store import ScheduleStore
@@ -57,10 +56,12 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def slices_per_pass(rate: int, every: float = PASS_EVERY) -> int:
-    """How many slices a pass releases for a campaign sending ``rate`` recipients a second
-    (at least one: a pass always makes progress) (pure)."""
-    return max(1, round(rate * every / SLICE))
+def pace(rate: int, every: float = PASS_EVERY) -> tuple[int, int]:
+    """How many slices of how many recipients a pass releases for a campaign sending
+    ``rate`` recipients a second (at least one of one: a pass always makes progress). The
+    size depends on the rate alone, so a slice read again after a crash is the same (pure)."""
+    size = min(SLICE, max(1, round(rate * every)))
+    return max(1, round(rate * every / size)), size
 
 
 def recipients_of(contacts: list[ListContact], personal: frozenset[str]) -> list[dict[str, Any]]:
@@ -147,19 +148,22 @@ class CampaignRunner:
             return 0  # paused: nothing is released
         personal = await self._personal(campaign)
         released = 0
-        for _ in range(slices_per_pass(campaign.rate)):
-            moved = await self.release(campaign, personal)
+        slices, size = pace(campaign.rate)
+        for _ in range(slices):
+            moved = await self.release(campaign, personal, size)
             if moved is None:
                 return released
             released += 1
             campaign = moved
         return released
 
-    async def release(self, campaign: Campaign, personal: frozenset[str]) -> Campaign | None:
+    async def release(
+        self, campaign: Campaign, personal: frozenset[str], size: int
+    ) -> Campaign | None:
         """Accept the campaign's next slice and move its cursor; the campaign after, or None
         when nothing was released (the list is exhausted, or another runner moved it)."""
         at = Position(campaign.cursor_bucket, campaign.cursor_after)
-        contacts, after = await read_page(self.lists, campaign.list_id, at, SLICE)
+        contacts, after = await read_page(self.lists, campaign.list_id, at, size)
         if not contacts:
             if await self.campaigns.move(campaign, "sent"):
                 await self.campaigns.retire(campaign.campaign_id)

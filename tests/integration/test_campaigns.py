@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from shared.config import Settings
 from shared.contact_lists import ContactLists
 from shared.contacts_csv import Contact
-from shared.config import Settings
 from shared.db import Database
 from shared.templates import TemplateStore
 from tests.integration.harness import eventually
@@ -123,7 +123,7 @@ async def test_pause_stops_dispatch_within_a_second_and_resume_sends_the_rest_on
     stack: Stack,
 ) -> None:
     to = emails(3000)
-    campaign = await _create(stack, to, rate=1)  # a slice of 500 per pass: ~1,000 a second
+    campaign = await _create(stack, to, rate=1000)  # a slice of 500 per pass
 
     async with stack.consuming():
         await _step(stack, campaign, "schedule")
@@ -186,9 +186,7 @@ async def test_a_step_the_state_does_not_allow_is_a_409(stack: Stack) -> None:
 
 async def test_suppressed_contacts_are_left_out_and_counted(stack: Stack) -> None:
     to = emails(6)
-    resp = await stack.api.post(
-        "/v1/suppressions", json={"email": to[0]}, headers=stack.auth
-    )
+    resp = await stack.api.post("/v1/suppressions", json={"email": to[0]}, headers=stack.auth)
     assert resp.status_code in (200, 201), resp.text
     campaign = await _create(stack, to)
 

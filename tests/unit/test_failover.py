@@ -10,6 +10,7 @@ from shared.errors import (
     PermanentProviderError,
     ProviderMisconfigured,
     TransientProviderError,
+    WorkCancelled,
 )
 
 CHAIN = ("sg", "mg")
@@ -130,3 +131,9 @@ def test_held_work_of_a_provider_taken_out_of_the_chain_goes_to_the_chain() -> N
     held = CapacityHeld("pm", "at capacity", retry_after=3)
 
     assert _decide(0, held) == Retry("sg", 1, 3.0)
+
+
+def test_the_work_of_a_cancelled_campaign_ends_with_the_reason_on_any_attempt() -> None:
+    cancelled = WorkCancelled("sg", "its campaign was cancelled")
+
+    assert _decide(0, cancelled) == GiveUp("its campaign was cancelled")
