@@ -80,7 +80,8 @@ def create_app(settings: Settings) -> Starlette:
             state.suppressions = SuppressionStore(res.db)
             state.preferences = PreferenceStore(res.db)
             state.domains = DomainStore(res.db)
-            state.templates = TemplateStore(res.db)
+            # Not ``templates``: that is the dashboard's Jinja2 environment.
+            state.template_store = TemplateStore(res.db)
             state.quota = RecipientQuota(res.db, settings.api.daily_recipient_quota)
             state.dead_letters = DeadLetters(DeadLetterStore(res.db), res.broker)
             state.background = Background()
@@ -99,13 +100,13 @@ def create_app(settings: Settings) -> Starlette:
                 domains=state.domains,
                 preferences=state.preferences,
                 recent=RecentMail(res.db),
-                templates=TemplateBatches(state.templates),
+                templates=TemplateBatches(state.template_store),
                 schedules=ScheduleStore(res.db, settings.amqp.exchange),
                 canaries=CanaryStore(res.db, settings.amqp.exchange),
             )
             state.campaigns = Campaigns(
                 CampaignStore(res.db, settings.amqp.exchange),
-                state.templates,
+                state.template_store,
                 ContactLists(res.db),
                 state.batches,
                 state.sending,
@@ -114,7 +115,7 @@ def create_app(settings: Settings) -> Starlette:
                 CampaignRunner(
                     state.campaigns.store,
                     state.campaigns.lists,
-                    state.templates,
+                    state.template_store,
                     state.sending,
                     ScheduleStore(res.db, f"{settings.amqp.exchange}:campaigns"),
                 ).run()

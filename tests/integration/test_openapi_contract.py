@@ -16,6 +16,7 @@ from shared.db import Database
 from shared.deadletters import DeadLetterStore, letter_of
 from shared.domains import DomainStore
 from shared.hook_queue import HookQueue, Queued
+from shared.templates import TemplateStore
 from shared.topology import dispatch_key
 from tests.conftest import unique
 from tests.integration.harness import eventually
@@ -108,6 +109,26 @@ async def test_every_operation_answers_its_documented_shape(
     await call("get_list", "GET", lists_path)
     await call("list_list_contacts", "GET", f"{lists_path}/contacts")
     await call("delete_list_contact", "DELETE", f"{lists_path}/contacts/a@b.co")
+    templates = TemplateStore(db)
+    tid = await templates.create(user_id, "doc", "s", None, "t", {})
+    template = await templates.get(user_id, tid)
+    assert template is not None
+    await templates.publish(template, 1)
+    draft = {
+        "name": "doc",
+        "template_id": str(tid),
+        "list_id": made.json()["id"],
+        "from": "s@example.com",
+        "send_at": (datetime.now(UTC) + timedelta(hours=1)).isoformat(),
+    }
+    campaign = (await call("create_campaign", "POST", "/v1/campaigns", json=draft)).json()
+    campaign_path = f"/v1/campaigns/{campaign['id']}"
+    await call("list_campaigns", "GET", "/v1/campaigns")
+    await call("get_campaign", "GET", campaign_path)
+    await call("schedule_campaign", "POST", f"{campaign_path}/schedule")
+    await call("pause_campaign", "POST", f"{campaign_path}/pause")
+    await call("resume_campaign", "POST", f"{campaign_path}/resume")
+    await call("cancel_campaign", "POST", f"{campaign_path}/cancel")
     await call("list_providers", "GET", "/v1/providers")
     operator = await accounts.create_key(db, user_id, "ops", scopes=("operator",))
     auth = {"Authorization": f"Bearer {operator}"}
