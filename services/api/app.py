@@ -22,6 +22,7 @@ from services.api import (
     oauth,
     preferences,
     providers,
+    templates,
 )
 from services.api import settings as live
 from services.api.dashboard import create_templates, dashboard_routes
@@ -49,6 +50,7 @@ from shared.ratelimit import RecipientQuota
 from shared.resources import open_resources, readiness_checks
 from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
+from shared.templates import TemplateStore
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,8 @@ def create_app(settings: Settings) -> Starlette:
             state.suppressions = SuppressionStore(res.db)
             state.preferences = PreferenceStore(res.db)
             state.domains = DomainStore(res.db)
+            # Not ``templates``: that is the dashboard's Jinja2 environment.
+            state.template_store = TemplateStore(res.db)
             state.dead_letters = DeadLetters(DeadLetterStore(res.db), res.broker)
             state.background = Background()
             state.managing = Managing(
@@ -141,6 +145,12 @@ def create_app(settings: Settings) -> Starlette:
             hooks.replay_delivery,
             methods=["POST"],
         ),
+        Route("/v1/templates", templates.list_templates, methods=["GET"]),
+        Route("/v1/templates", templates.create_template, methods=["POST"]),
+        Route("/v1/templates/{template_id}", templates.get_template, methods=["GET"]),
+        Route("/v1/templates/{template_id}/versions", templates.add_version, methods=["POST"]),
+        Route("/v1/templates/{template_id}/publish", templates.publish_template, methods=["POST"]),
+        Route("/v1/templates/{template_id}/preview", templates.preview_template, methods=["POST"]),
         Route("/v1/providers", providers.list_providers, methods=["GET"]),
         Route("/v1/settings", live.get_settings, methods=["GET"]),
         Route("/v1/settings", live.patch_settings, methods=["PATCH"]),

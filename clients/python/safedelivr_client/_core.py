@@ -39,6 +39,12 @@ OPERATIONS: Mapping[str, str] = {
     "rotate_webhook_secret": "rotate_webhook_secret",
     "list_webhook_deliveries": "webhook_deliveries",
     "replay_webhook_delivery": "replay_webhook_delivery",
+    "list_templates": "templates",
+    "create_template": "create_template",
+    "get_template": "template",
+    "add_template_version": "add_template_version",
+    "publish_template": "publish_template",
+    "preview_template": "preview_template",
     "list_providers": "providers",
     "get_settings": "settings",
     "patch_settings": "change_settings",
@@ -224,6 +230,38 @@ def send_request(
     body.update(more)
     key = idempotency_key or uuid.uuid4().hex
     return Request("POST", "/v1/batches", json=body, headers={"Idempotency-Key": key})
+
+
+def version_body(
+    subject: str, html: str | None, text: str | None, sample: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """A template version's fields, as ``POST /v1/templates`` and ``.../versions`` take."""
+    body: dict[str, Any] = {"subject": subject}
+    if html is not None:
+        body["html"] = html
+    if text is not None:
+        body["text"] = text
+    if sample is not None:
+        body["sample"] = dict(sample)
+    return body
+
+
+def publish_request(template_id: str, version: int, canary_percent: float | None) -> Request:
+    body: dict[str, Any] = {"version": version}
+    if canary_percent is not None:
+        body["canary_percent"] = canary_percent
+    return Request("POST", f"/v1/templates/{quoted(template_id)}/publish", json=body)
+
+
+def preview_request(
+    template_id: str, data: Mapping[str, Any] | None, version: int | None
+) -> Request:
+    body: dict[str, Any] = {}
+    if data is not None:
+        body["data"] = dict(data)
+    if version is not None:
+        body["version"] = version
+    return Request("POST", f"/v1/templates/{quoted(template_id)}/preview", json=body)
 
 
 def page_params(limit: int | None, cursor: str | None, **more: str | None) -> dict[str, str]:
