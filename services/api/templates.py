@@ -30,7 +30,7 @@ from services.api.auth import require_key
 from services.api.schema import PreviewIn, PublishIn, TemplateIn, TemplateVersionIn, checked
 from shared.http import JSON, ApiError, read_json
 from shared.template_render import Rendered, RenderError, render, render_part
-from shared.templates import Template, TemplateStore, Version
+from shared.templates import Template, TemplateStore, Version, VersionHeader
 
 #: Two parts at their longest, JSON-escaped, with a subject and sample data.
 BODY_LIMIT = 3 * 1024 * 1024
@@ -80,7 +80,7 @@ def item_view(t: Template) -> dict[str, Any]:
     }
 
 
-def version_view(t: Template, v: Version) -> dict[str, Any]:
+def version_view(t: Template, v: VersionHeader) -> dict[str, Any]:
     return {
         "version": v.version,
         "subject": v.subject,
@@ -183,7 +183,7 @@ class Templates:
         return {"version": number, "subject": out.subject, "html": out.html, "text": out.text}
 
     async def detail(self, template: Template) -> dict[str, Any]:
-        versions = await self.store.versions(template.template_id)
+        versions = await self.store.version_headers(template.template_id)
         return {**item_view(template), "versions": [version_view(template, v) for v in versions]}
 
 

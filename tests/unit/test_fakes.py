@@ -13,6 +13,7 @@ from shared.errors import DependencyUnavailable
 from shared.recipients import RecipientStore
 from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
+from shared.templates import TemplateStore
 from shared.timeline import Timeline
 from shared.webhook_tokens import WebhookTokens
 from tests.fakes.stores import (
@@ -26,6 +27,7 @@ from tests.fakes.stores import (
     FakeTimeline,
     FakeWebhookTokens,
 )
+from tests.fakes.template_store import FakeTemplates
 from tests.fakes.world import World, new_batch
 
 #: Twins of every public operation of their store.
@@ -33,6 +35,7 @@ COMPLETE: list[tuple[type, type]] = [
     (BatchStore, FakeBatches),
     (RecipientStore, FakeRecipients),
     (StatsStore, FakeStats),
+    (TemplateStore, FakeTemplates),
 ]
 #: Twins of the operations the services' shells use.
 PARTIAL: list[tuple[type, type]] = [

@@ -12,7 +12,7 @@ import pytest
 from services.api.dashboard.template_pages import template_rows
 from services.api.templates import publish_refusal, rendered, template_id_of
 from shared.http import ApiError
-from shared.templates import Template, Version
+from shared.templates import Template, Version, VersionHeader
 
 NOW = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)
 
@@ -75,7 +75,7 @@ def test_a_render_failure_names_every_part_that_fails() -> None:
 def test_the_dashboard_marks_the_live_and_the_canary_version() -> None:
     t = template(live=1, canary=2)
 
-    (row,) = template_rows([(t, [version(3), version(2), version(1)])])
+    (row,) = template_rows([(t, [VersionHeader(n, "s", NOW) for n in (3, 2, 1)])])
 
     assert [(v.version, v.state) for v in row.versions] == [(3, ""), (2, "canary"), (1, "live")]
     assert (row.canary_percent, row.canary_since) == ("25%", "2026-11-26 09:00:00 UTC")

@@ -16,7 +16,7 @@ from services.api.dashboard.pages import page, render
 from services.api.dashboard.views import fmt_time, iso
 from services.api.sessions import require_user
 from services.api.templates import Templates
-from shared.templates import Template, Version
+from shared.templates import Template, VersionHeader
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,9 @@ def _state(t: Template, number: int) -> str:
     return "canary" if number == t.canary_version else ""
 
 
-def template_rows(found: Iterable[tuple[Template, Sequence[Version]]]) -> list[TemplateRow]:
+def template_rows(
+    found: Iterable[tuple[Template, Sequence[VersionHeader]]],
+) -> list[TemplateRow]:
     """Each template with its versions (newest first), as the page shows them."""
     return [
         TemplateRow(
@@ -83,7 +85,7 @@ async def templates_page(request: Request) -> Response:
     request.state.user = user
     store = Templates.of(request).store
     found = await store.templates(user.user_id)
-    versions = await asyncio.gather(*(store.versions(t.template_id) for t in found))
+    versions = await asyncio.gather(*(store.version_headers(t.template_id) for t in found))
     context = {
         "title": "Templates",
         "active": "templates",
