@@ -362,6 +362,8 @@ async def test_a_malformed_publish_is_a_422(
         "{% for i in range(10**9) %}x{% endfor %}",
         "{{ first_name.upper.__globals__ }}",
         "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",
+        "{% for i in range(9999) %}{% for j in range(9999) %}{% endfor %}{% endfor %}",
+        "{{ first_name | center(10**10) }}",
     ],
 )
 async def test_a_hostile_template_is_refused_at_publish_not_run(
