@@ -33,6 +33,7 @@ async def made(store: Any, user: uuid.UUID, **sample: Any) -> Template:
 
 
 async def test_a_new_template_has_version_1_and_nothing_live(store: Any) -> None:
+    """A new template is version 1, unpublished, its sample kept as JSON."""
     template = await made(store, uuid.uuid4(), n="Ann", tags=["a", "é"], depth={"x": [1, 2.5]})
 
     first = await store.version(template.template_id, 1)
@@ -49,6 +50,7 @@ async def test_a_new_template_has_version_1_and_nothing_live(store: Any) -> None
 
 
 async def test_concurrent_versions_take_distinct_numbers_in_turn(store: Any) -> None:
+    """Concurrent new versions never share a number; headers match the versions."""
     template = await made(store, uuid.uuid4())
 
     numbers = await asyncio.gather(
@@ -65,6 +67,7 @@ async def test_concurrent_versions_take_distinct_numbers_in_turn(store: Any) -> 
 
 
 async def test_a_version_the_template_lacks_is_none(store: Any) -> None:
+    """An unknown version, or a template without versions, reads as nothing."""
     template = await made(store, uuid.uuid4())
 
     assert await store.version(template.template_id, 2) is None
@@ -72,6 +75,7 @@ async def test_a_version_the_template_lacks_is_none(store: Any) -> None:
 
 
 async def test_publishing_moves_the_live_version_and_a_canary_sits_beside_it(store: Any) -> None:
+    """Live, then a canary beside it, then a rollback that ends the canary."""
     user = uuid.uuid4()
     template = await made(store, user)
     second = await store.add_version(template, "S2", None, "t2", {})
@@ -103,6 +107,7 @@ async def test_a_canary_with_nothing_live_is_published_live(store: Any) -> None:
 
 
 async def test_a_users_templates_are_theirs_only_in_the_order_they_were_made(store: Any) -> None:
+    """Each user lists only their own templates, oldest first."""
     ann, bob = uuid.uuid4(), uuid.uuid4()
     first = await made(store, ann)
     second = await made(store, ann)

@@ -231,6 +231,7 @@ async def test_a_preview_of_a_named_version_defaults_to_its_sample(
 async def test_a_preview_that_does_not_render_is_a_422_naming_the_error(
     api: httpx.AsyncClient, db: Database
 ) -> None:
+    """Data lacking a name the template uses is a 422 naming it, per part."""
     auth = await new_key(db)
     template_id = await created(api, auth)
     await publish(api, auth, template_id, version=1)
@@ -247,6 +248,7 @@ async def test_a_preview_that_does_not_render_is_a_422_naming_the_error(
 async def test_a_preview_with_nothing_live_and_no_version_is_a_422(
     api: httpx.AsyncClient, db: Database
 ) -> None:
+    """With nothing live, a preview must name its version."""
     auth = await new_key(db)
     template_id = await created(api, auth)
 
@@ -308,6 +310,7 @@ async def test_an_id_that_is_no_template_of_mine_is_a_404(
 async def test_a_malformed_template_is_a_422_naming_the_field(
     api: httpx.AsyncClient, db: Database, body: object, field: str
 ) -> None:
+    """Missing parts, sizes past the limits, wrong types and extra fields are named."""
     auth = await new_key(db)
 
     resp = await api.post("/v1/templates", json=body, headers=auth)
@@ -319,6 +322,7 @@ async def test_a_malformed_template_is_a_422_naming_the_field(
 async def test_a_sample_nested_past_what_can_be_stored_is_a_422(
     api: httpx.AsyncClient, db: Database
 ) -> None:
+    """A sample that JSON parses but cannot store is refused, not a 500."""
     auth = await new_key(db)
     deep = "[" * 300 + "]" * 300
     raw = f'{{"name": "n", "subject": "s", "text": "t", "sample": {{"a": {deep}}}}}'
@@ -347,6 +351,7 @@ async def test_a_sample_nested_past_what_can_be_stored_is_a_422(
 async def test_a_malformed_publish_is_a_422(
     api: httpx.AsyncClient, db: Database, body: dict[str, object]
 ) -> None:
+    """Version numbers out of range or mistyped, and shares outside (0, 100), are 422."""
     auth = await new_key(db)
     template_id = await created(api, auth)
 
@@ -399,6 +404,7 @@ async def test_preview_data_that_jinja_cannot_take_is_a_422(
 async def test_changing_templates_needs_the_send_scope_and_reading_the_read_scope(
     api: httpx.AsyncClient, db: Database
 ) -> None:
+    """A read-only key lists templates but cannot make or publish them."""
     reader = await new_key(db, "read")
     template_id = await created(api, await new_key(db))
 

@@ -23,6 +23,7 @@ NESTED = "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% e
     ],
 )
 def test_loops_that_work_without_output_run_out_of_time(source: str) -> None:
+    """Nested and recursive loops that yield nothing still stop at the time limit."""
     started = time.monotonic()
 
     with pytest.raises(RenderError, match=r"longer than 0\.5 s"):
@@ -32,6 +33,7 @@ def test_loops_that_work_without_output_run_out_of_time(source: str) -> None:
 
 
 def test_a_loop_step_checks_the_clock() -> None:
+    """The clock is read at loop steps, not only between output chunks."""
     ticks = itertools.count(step=0.3)
 
     with pytest.raises(RenderError, match=r"longer than 0\.5 s"):
@@ -60,6 +62,7 @@ def test_a_loop_step_checks_the_clock() -> None:
 def test_a_step_that_would_ask_for_too_much_is_refused_before_it_runs(
     source: str, problem: str
 ) -> None:
+    """Each single step that would allocate far more than it is given is refused, naming it."""
     with pytest.raises(RenderError, match=problem):
         render_part(source, {})
 
@@ -80,4 +83,5 @@ def test_a_step_that_would_ask_for_too_much_is_refused_before_it_runs(
     ],
 )
 def test_what_stays_within_the_limits_renders_as_jinja_would(source: str, out: str) -> None:
+    """The checked operators and filters keep Jinja2's results within the limits."""
     assert render_part(source, {"d": {"a": 1}, "xs": [7, 8]}) == out
