@@ -90,7 +90,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         self.check = check
         self.globals["range"] = _range
         self.globals[_STEPS] = self._steps
-        del self.globals["lipsum"]  # loops in Python for as long as it is asked to
+        self.globals.pop("lipsum", None)  # loops in Python for as long as it is asked to
         self.filters.update(template_limits.FILTERS)
 
     def _steps(self, iterable: Iterable[Any]) -> Iterator[Any]:

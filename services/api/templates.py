@@ -36,6 +36,8 @@ from shared.templates import Template, TemplateStore, Version, VersionHeader
 BODY_LIMIT = 3 * 1024 * 1024
 #: A preview's data (and a publish) are small.
 SMALL_BODY = 256 * 1024
+#: Longest render error told (one can quote a name from the template or the data).
+MAX_ERROR = 500
 
 
 # --------------------------------------------------------------------------- pure decisions
@@ -99,8 +101,12 @@ def render_errors(v: Version, data: Mapping[str, Any]) -> dict[str, str]:
         try:
             render_part(source, data, html_part=part == "html")
         except RenderError as exc:
-            errors[part] = str(exc)
+            errors[part] = _shortened(str(exc))
     return errors
+
+
+def _shortened(message: str) -> str:
+    return message if len(message) <= MAX_ERROR else message[: MAX_ERROR - 1] + "…"
 
 
 def rendered(v: Version, data: Mapping[str, Any], *, with_what: str) -> Rendered:
@@ -109,7 +115,7 @@ def rendered(v: Version, data: Mapping[str, Any], *, with_what: str) -> Rendered
     try:
         return render(v.subject, v.html, v.text, data)
     except RenderError as exc:
-        errors = render_errors(v, data) or {"body": str(exc)}
+        errors = render_errors(v, data) or {"body": _shortened(str(exc))}
     told = "; ".join(f"{part}: {why}" for part, why in errors.items())
     raise ApiError(
         422,

@@ -181,3 +181,12 @@ def test_any_source_renders_or_is_a_render_error_naming_it(
     except ApiError as exc:
         assert exc.code == "template_does_not_render"
         assert exc.fields
+
+
+def test_a_render_error_quoting_a_huge_name_is_told_shortened() -> None:
+    """An error quoting a megabyte-long name from the template stays a short 422."""
+    with pytest.raises(ApiError) as caught:
+        rendered(version(subject="{{ " + "n" * 100_000 + " }}"), {}, with_what="it")
+
+    assert len((caught.value.fields or {})["subject"]) <= 500
+    assert len(caught.value.message) < 1000
