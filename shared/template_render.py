@@ -4,11 +4,14 @@ limits, and the plain-text part derived from the html when a version has none.
 Templates come from users, so they run in Jinja2's immutable sandbox: no attribute access to
 internals (``__class__``, ``mro``, function globals), no mutation of the data, ``range``
 capped, autoescaping in html. A render stops with :class:`RenderError` once it has produced
-more than :data:`MAX_OUTPUT` characters or run longer than :data:`MAX_SECONDS` (checked
-between the chunks Jinja2 yields, so a loop that keeps producing output is stopped; a
-template too large to compile or nested too deep is refused as well). The error names what
-went wrong and where, for the 422 that refuses publishing a version that does not render
-with its sample data.
+more than :data:`MAX_OUTPUT` characters or run longer than :data:`MAX_SECONDS`. The time is
+checked between the chunks Jinja2 yields, at every step of every ``{% for %}`` and at every
+call the template makes (macros, ``loop(...)``), so loops nested to do a lot of work without
+output are stopped too; a single step that could ask for far more than it is given (``*``, ``**``,
+formats, ``replace``, ``center``...) is checked before it runs (``shared.template_limits``),
+and running out of memory is a render error. A template too large to compile or nested
+too deep is refused as well. The error names what went wrong and where, for the 422 that
+refuses publishing a version that does not render with its sample data.
 
 Pure (the clock is passed in for tests).
 """
@@ -18,13 +21,16 @@ from __future__ import annotations
 import html
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError
+from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError, nodes
 from jinja2.exceptions import SecurityError
+from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from shared import template_limits
 
 #: Longest output of one part (subject, html or text) of one render.
 MAX_OUTPUT: Final = 1_000_000
@@ -34,6 +40,8 @@ MAX_SECONDS: Final = 0.5
 MAX_SOURCE: Final = 500_000
 #: ``range`` in templates stops here (Jinja2's sandbox default is 100,000).
 MAX_RANGE: Final = 10_000
+#: The name every ``{% for %}``'s iterable is passed through, to check the time at each step.
+_STEPS: Final = "__safedelivr_steps"
 
 
 class RenderError(ValueError):
@@ -54,12 +62,88 @@ def _range(*args: int) -> range:
     return found
 
 
-def environment(*, html_part: bool) -> ImmutableSandboxedEnvironment:
+def _never() -> None:
+    return None
+
+
+class _Deadline:
+    """The time a render may take, counted from :meth:`start` (not compile time)."""
+
+    def __init__(self, clock: Callable[[], float], seconds: float) -> None:
+        self.clock = clock
+        self.seconds = seconds
+        self.started: float | None = None
+
+    def start(self) -> None:
+        self.started = self.clock()
+
+    def check(self) -> None:
+        if self.started is not None and self.clock() - self.started > self.seconds:
+            raise RenderError(f"rendering took longer than {self.seconds:g} s")
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    intercepted_binops = frozenset({"*", "**", "%"})
+
+    def __init__(self, *, html_part: bool, check: Callable[[], None]) -> None:
+        super().__init__(autoescape=html_part, undefined=StrictUndefined)
+        self.check = check
+        self.globals["range"] = _range
+        self.globals[_STEPS] = self._steps
+        self.globals.pop("lipsum", None)  # loops in Python for as long as it is asked to
+        self.filters.update(template_limits.FILTERS)
+
+    def _steps(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        for item in iterable:
+            self.check()
+            yield item
+
+    def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
+        # Jinja2 has no hook into loops, so each loop's iterable is wrapped in the tree it
+        # compiles: a step of any loop, nested or not, checks the time.
+        tree = super()._parse(source, name, filename)
+        for loop in tree.find_all(nodes.For):
+            steps = nodes.Name(_STEPS, "load", lineno=loop.lineno)
+            loop.iter = nodes.Call(steps, [loop.iter], [], None, None, lineno=loop.lineno)
+        return tree
+
+    def call(
+        __self,
+        __context: Context,
+        __obj: Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        __self.check()  # macros and loop(...) recurse through calls
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
+        template_limits.check_binop(operator, left, right)
+        return super().call_binop(context, operator, left, right)
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        sandboxed = super().wrap_str_format(value)
+        if sandboxed is None:
+            return None
+        fmt = str(value.__self__)
+
+        def checked(*args: Any, **kwargs: Any) -> str:
+            given = [*args, *kwargs.values()]
+            if args and isinstance(args[0], Mapping):  # format_map
+                given.extend(args[0].values())
+            template_limits.check_brace_format(fmt, given)
+            return sandboxed(*args, **kwargs)
+
+        return checked
+
+
+def environment(
+    *, html_part: bool, check: Callable[[], None] = _never
+) -> ImmutableSandboxedEnvironment:
     """A fresh sandbox: html parts autoescape, subject and text do not; undefined variables
-    are errors (a missing substitution is a bug to show, not a blank to send)."""
-    env = ImmutableSandboxedEnvironment(autoescape=html_part, undefined=StrictUndefined)
-    env.globals["range"] = _range
-    return env
+    are errors (a missing substitution is a bug to show, not a blank to send). ``check`` is
+    called at every loop step and call, and raises to stop the render."""
+    return _Sandbox(html_part=html_part, check=check)
 
 
 def render_part(
@@ -74,13 +158,14 @@ def render_part(
     """One part rendered with ``data``; RenderError when it cannot be, or passes a limit."""
     if len(source) > MAX_SOURCE:
         raise RenderError(f"the template is longer than {MAX_SOURCE} characters")
+    deadline = _Deadline(clock, max_seconds)
     try:
-        template = environment(html_part=html_part).from_string(source)
+        template = environment(html_part=html_part, check=deadline.check).from_string(source)
     except TemplateSyntaxError as exc:
         raise RenderError(f"line {exc.lineno}: {exc.message}") from None
     except RecursionError:
         raise RenderError("the template is nested too deeply") from None
-    started = clock()
+    deadline.start()
     out: list[str] = []
     size = 0
     try:
@@ -88,9 +173,10 @@ def render_part(
             size += len(chunk)
             if size > max_output:
                 raise RenderError(f"the output passes {max_output} characters")
-            if clock() - started > max_seconds:
-                raise RenderError(f"rendering took longer than {max_seconds:g} s")
+            deadline.check()
             out.append(chunk)
+    except MemoryError:
+        raise RenderError("the template needs too much memory") from None
     except SecurityError as exc:
         raise RenderError(f"not allowed: {exc}") from None
     except TemplateError as exc:

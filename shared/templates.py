@@ -32,6 +32,15 @@ class Version:
 
 
 @dataclass(frozen=True, slots=True)
+class VersionHeader:
+    """A version without its sources: what listings show."""
+
+    version: int
+    subject: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class Template:
     user_id: uuid.UUID
     template_id: uuid.UUID
@@ -138,6 +147,18 @@ class TemplateStore:
             (template_id,),
         )
         return [_version(r) for r in rows]
+
+    async def version_headers(self, template_id: uuid.UUID) -> list[VersionHeader]:
+        """Newest first, without the sources and samples (a listing reads a few bytes per
+        version, not up to a megabyte)."""
+        rows = await self.db.all_pages(
+            "SELECT version, subject, created_at FROM template_versions WHERE template_id = ?",
+            (template_id,),
+        )
+        return [
+            VersionHeader(r["version"], r["subject"], utc(r["created_at"]) or datetime.now(UTC))
+            for r in rows
+        ]
 
     async def version(self, template_id: uuid.UUID, number: int) -> Version | None:
         row = await self.db.one(

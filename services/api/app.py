@@ -24,6 +24,7 @@ from services.api import (
     oauth,
     preferences,
     providers,
+    templates,
 )
 from services.api import settings as live
 from services.api.campaign_runner import CampaignRunner
@@ -193,6 +194,12 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/lists/{list_id}/contacts/{email}", lists.delete_contact, methods=["DELETE"]),
         Route("/v1/lists/{list_id}/imports", lists.import_contacts, methods=["POST"]),
         Route("/v1/lists/{list_id}/imports/{import_id}", lists.get_import, methods=["GET"]),
+        Route("/v1/templates", templates.list_templates, methods=["GET"]),
+        Route("/v1/templates", templates.create_template, methods=["POST"]),
+        Route("/v1/templates/{template_id}", templates.get_template, methods=["GET"]),
+        Route("/v1/templates/{template_id}/versions", templates.add_version, methods=["POST"]),
+        Route("/v1/templates/{template_id}/publish", templates.publish_template, methods=["POST"]),
+        Route("/v1/templates/{template_id}/preview", templates.preview_template, methods=["POST"]),
         Route("/v1/providers", providers.list_providers, methods=["GET"]),
         Route("/v1/settings", live.get_settings, methods=["GET"]),
         Route("/v1/settings", live.patch_settings, methods=["PATCH"]),

@@ -90,6 +90,7 @@ _CSV_BODY = {
         "content": {"text/csv": {"schema": {"type": "string"}}},
     }
 }
+_TEMPLATE_ID = Param("template_id", "path", "The template's id.", required=True)
 _LETTER_ID = Param("letter_id", "path", "The dead letter's id, from the listing.", required=True)
 _CAMPAIGN_ID = Param("campaign_id", "path", "The campaign's id.", required=True)
 
@@ -494,6 +495,76 @@ OPERATIONS: tuple[Operation, ...] = (
         schema.ImportView,
         params=(_LIST_ID, Param("import_id", "path", "The import's id.", required=True)),
         errors=(404,),
+    ),
+    Operation(
+        "list_templates",
+        "get",
+        "/v1/templates",
+        "Your templates, with the live version and any canary",
+        schema.TemplateList,
+    ),
+    Operation(
+        "create_template",
+        "post",
+        "/v1/templates",
+        "Make a template with its version 1 (publish it to make it live)",
+        schema.TemplateCreated,
+        status=201,
+        body=schema.TemplateIn,
+        errors=(400, 413, 415, 422),
+        description="Subject, html and text are Jinja2 templates, rendered in a sandbox "
+        "(no access to internals, undefined names are errors, html autoescaped). Without a "
+        "text part, the text is derived from the html.",
+    ),
+    Operation(
+        "get_template",
+        "get",
+        "/v1/templates/{template_id}",
+        "A template and its versions, newest first, with which is live and which in canary",
+        schema.TemplateView,
+        params=(_TEMPLATE_ID,),
+        errors=(404,),
+    ),
+    Operation(
+        "add_template_version",
+        "post",
+        "/v1/templates/{template_id}/versions",
+        "Add a version (immutable; not live until published)",
+        schema.VersionCreated,
+        status=201,
+        body=schema.TemplateVersionIn,
+        params=(_TEMPLATE_ID,),
+        errors=(400, 404, 413, 415, 422),
+    ),
+    Operation(
+        "publish_template",
+        "post",
+        "/v1/templates/{template_id}/publish",
+        "Make a version live, or start its canary beside the live one",
+        schema.TemplateItem,
+        body=schema.PublishIn,
+        params=(_TEMPLATE_ID,),
+        errors=(400, 404, 413, 415, 422),
+        description="Without `canary_percent`, the version becomes live and any canary ends "
+        "(rolling back is publishing an older version). With it, that share of the "
+        "template's mail uses the version and the rest the live one. 422 "
+        "`template_does_not_render` when the version does not render with its own sample "
+        "data (`error.fields` names each part and its error, with the line); `cannot_publish` "
+        "for a canary with nothing live yet or of the live version itself; `invalid_fields` "
+        "naming `version` when the template has no such version.",
+    ),
+    Operation(
+        "preview_template",
+        "post",
+        "/v1/templates/{template_id}/preview",
+        "Render a version (default: the live one) with your data or its sample",
+        schema.PreviewOut,
+        body=schema.PreviewIn,
+        params=(_TEMPLATE_ID,),
+        errors=(400, 404, 413, 415, 422),
+        description="422 `template_does_not_render` naming each part's error (and line); "
+        "`no_live_version` when none is live and no version is named; `invalid_fields` "
+        "naming `version` when the template has no such version.",
     ),
     Operation(
         "list_providers",

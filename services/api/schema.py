@@ -12,11 +12,21 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+import orjson
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from shared import validation
 from shared.http import ApiError
 from shared.preferences import MAX_COOLDOWN
+from shared.template_render import MAX_SOURCE as MAX_TEMPLATE_PART
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -809,3 +819,142 @@ class ImportAccepted(_Out):
     import_id: str
     list_id: str
     state: str
+
+
+# --------------------------------------------------------------------------- templates
+
+#: Version numbers are Cassandra ints.
+_MAX_VERSION = 2**31 - 1
+#: A subject's source (its rendering is checked again when mail is sent).
+MAX_TEMPLATE_SUBJECT = 2000
+
+
+class TemplateVersionIn(_In):
+    """``POST /v1/templates/{id}/versions``: a new, immutable version (not live until it is
+    published). Sources are Jinja2 (sandboxed): ``{{ first_name }}``, ``{% if ... %}``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "subject": "Welcome, {{ first_name }}",
+                    "html": "<p>Hello {{ first_name }}!</p>",
+                    "sample": {"first_name": "Ann"},
+                }
+            ]
+        }
+    )
+
+    subject: str = Field(min_length=1, max_length=MAX_TEMPLATE_SUBJECT)
+    html: str | None = Field(
+        None, max_length=MAX_TEMPLATE_PART, description="At least one of html and text."
+    )
+    text: str | None = Field(
+        None,
+        max_length=MAX_TEMPLATE_PART,
+        description="Without it, the text part is derived from the html.",
+    )
+    sample: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Data the version must render with before it may be published; the "
+        "default data of a preview.",
+    )
+
+    @field_validator("sample")
+    @classmethod
+    def _storable(cls, sample: dict[str, Any]) -> dict[str, Any]:
+        try:
+            orjson.dumps(sample)
+        except TypeError:  # orjson stores at most 254 levels of nesting
+            raise ValueError("the sample is nested too deeply") from None
+        return sample
+
+    @model_validator(mode="after")
+    def _a_body(self) -> TemplateVersionIn:
+        if not self.html and not self.text:
+            raise ValueError("give html, text or both")
+        return self
+
+
+class TemplateIn(TemplateVersionIn):
+    """``POST /v1/templates``: a template with its version 1."""
+
+    name: str = Field(min_length=1, max_length=200, examples=["welcome"])
+
+
+class PublishIn(_In):
+    """``POST /v1/templates/{id}/publish``."""
+
+    version: int = Field(ge=1, le=_MAX_VERSION)
+    canary_percent: float | None = Field(
+        None,
+        gt=0,
+        lt=100,
+        description="Send this share of the template's mail with `version`, the rest with the "
+        "live version, until a version is published without it.",
+    )
+
+
+class PreviewIn(_In):
+    """``POST /v1/templates/{id}/preview``."""
+
+    data: dict[str, Any] | None = Field(
+        None, description="What to render with (default: the version's sample)."
+    )
+    version: int | None = Field(
+        None, ge=1, le=_MAX_VERSION, description="Default: the live version."
+    )
+
+
+class CanaryOut(_Out):
+    version: int
+    percent: float
+    since: str
+
+
+class TemplateItem(_Out):
+    id: str
+    name: str
+    created_at: str
+    live_version: int | None = Field(description="null until a version is published.")
+    canary: CanaryOut | None
+
+
+class TemplateList(_Out):
+    data: list[TemplateItem]
+
+
+class TemplateCreated(TemplateItem):
+    """201: the template and its version 1 (publish it to make it live)."""
+
+    version: int = Field(examples=[1])
+
+
+class TemplateVersionOut(_Out):
+    version: int
+    subject: str
+    created_at: str
+    live: bool
+    canary: bool
+
+
+class TemplateView(TemplateItem):
+    """A template and its versions, newest first."""
+
+    versions: list[TemplateVersionOut]
+
+
+class VersionCreated(_Out):
+    """201: the new version's number (publish it to make it live)."""
+
+    id: str
+    version: int
+
+
+class PreviewOut(_Out):
+    """The version rendered with the data."""
+
+    version: int
+    subject: str
+    html: str | None
+    text: str | None

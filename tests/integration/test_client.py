@@ -146,3 +146,35 @@ async def test_the_batches_logs_and_stats_commands_print_what_the_api_says(
     assert "ann@example.com" in out
     days = json.loads(out[out.index("[") :])
     assert len(days) == 7 and days[-1]["queued"] >= 1
+
+
+async def test_a_template_is_made_versioned_published_and_previewed_by_either_client(
+    api: Served,
+) -> None:
+    """The sync client makes and publishes; the async one canaries and previews."""
+
+    def run() -> tuple[str, dict[str, object]]:
+        with Client(api.url, api.key) as sd:
+            made = sd.create_template("hello", "Hi {{ n }}", text="t", sample={"n": "A"})
+            sd.add_template_version(made["id"], "Hello {{ n }}", html="<p>{{ n }}</p>")
+            published = sd.publish_template(made["id"], 1)
+            return made["id"], published
+
+    template_id, published = await asyncio.to_thread(run)
+    async with AsyncClient(api.url, api.key) as sd:
+        with pytest.raises(ApiError) as refused:  # version 2's sample lacks n
+            await sd.publish_template(template_id, 2, canary_percent=10)
+        second = await sd.add_template_version(
+            template_id, "Hello {{ n }}", html="<p>{{ n }}</p>", sample={"n": "B"}
+        )
+        canary = await sd.publish_template(template_id, second["version"], canary_percent=10)
+        preview = await sd.preview_template(template_id, {"n": "Cy"}, version=second["version"])
+        listed = await sd.templates()
+        shown = await sd.template(template_id)
+
+    assert published["live_version"] == 1
+    assert (refused.value.status, refused.value.code) == (422, "template_does_not_render")
+    assert canary["canary"]["version"] == second["version"] == 3
+    assert (preview["subject"], preview["html"], preview["text"]) == ("Hello Cy", "<p>Cy</p>", "Cy")
+    assert [t["id"] for t in listed] == [template_id]
+    assert [v["version"] for v in shown["versions"]] == [3, 2, 1]

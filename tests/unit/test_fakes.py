@@ -14,6 +14,7 @@ from shared.errors import DependencyUnavailable
 from shared.recipients import RecipientStore
 from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
+from shared.templates import TemplateStore
 from shared.timeline import Timeline
 from shared.webhook_tokens import WebhookTokens
 from tests.fakes.contact_lists import FakeContactLists
@@ -28,6 +29,7 @@ from tests.fakes.stores import (
     FakeTimeline,
     FakeWebhookTokens,
 )
+from tests.fakes.template_store import FakeTemplates
 from tests.fakes.world import World, new_batch
 
 #: Twins of every public operation of their store.
@@ -36,6 +38,7 @@ COMPLETE: list[tuple[type, type]] = [
     (RecipientStore, FakeRecipients),
     (StatsStore, FakeStats),
     (ContactLists, FakeContactLists),
+    (TemplateStore, FakeTemplates),
 ]
 #: Twins of the operations the services' shells use.
 PARTIAL: list[tuple[type, type]] = [

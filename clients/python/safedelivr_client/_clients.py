@@ -25,8 +25,11 @@ from ._core import (
     import_request,
     key_request,
     page_params,
+    preview_request,
+    publish_request,
     quoted,
     send_request,
+    version_body,
     wait_before_retry,
 )
 
@@ -335,6 +338,66 @@ class Client:
         """An import's state, progress and problems (with their rows)."""
         path = f"/v1/lists/{quoted(list_id)}/imports/{quoted(import_id)}"
         return cast(dict[str, Any], self._call(Request("GET", path)))
+
+    def templates(self) -> list[dict[str, Any]]:
+        """Your templates, with the live version and any canary."""
+        return cast(list[dict[str, Any]], self._call(Request("GET", "/v1/templates"))["data"])
+
+    def create_template(
+        self,
+        name: str,
+        subject: str,
+        *,
+        html: str | None = None,
+        text: str | None = None,
+        sample: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A template with its version 1 (Jinja2 sources; ``sample`` must render before a
+        version may be published)."""
+        body = {"name": name, **version_body(subject, html, text, sample)}
+        request = Request("POST", "/v1/templates", json=body, safe_to_repeat=False)
+        return cast(dict[str, Any], self._call(request))
+
+    def template(self, template_id: str) -> dict[str, Any]:
+        """A template and its versions, newest first."""
+        request = Request("GET", f"/v1/templates/{quoted(template_id)}")
+        return cast(dict[str, Any], self._call(request))
+
+    def add_template_version(
+        self,
+        template_id: str,
+        subject: str,
+        *,
+        html: str | None = None,
+        text: str | None = None,
+        sample: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A new immutable version; its ``version`` number is in the answer."""
+        body = version_body(subject, html, text, sample)
+        path = f"/v1/templates/{quoted(template_id)}/versions"
+        return cast(
+            dict[str, Any], self._call(Request("POST", path, json=body, safe_to_repeat=False))
+        )
+
+    def publish_template(
+        self, template_id: str, version: int, *, canary_percent: float | None = None
+    ) -> dict[str, Any]:
+        """Make ``version`` live (an older one: a rollback), or with ``canary_percent`` its
+        canary beside the live version."""
+        return cast(
+            dict[str, Any], self._call(publish_request(template_id, version, canary_percent))
+        )
+
+    def preview_template(
+        self,
+        template_id: str,
+        data: Mapping[str, Any] | None = None,
+        *,
+        version: int | None = None,
+    ) -> dict[str, Any]:
+        """``subject``, ``html`` and ``text`` of a version (default: the live one) rendered
+        with ``data`` (default: its sample)."""
+        return cast(dict[str, Any], self._call(preview_request(template_id, data, version)))
 
     def providers(self) -> list[dict[str, Any]]:
         """Each provider's health, circuit, pause and current rate."""
@@ -668,6 +731,62 @@ class AsyncClient:
         """See :meth:`Client.list_import`."""
         path = f"/v1/lists/{quoted(list_id)}/imports/{quoted(import_id)}"
         return cast(dict[str, Any], await self._call(Request("GET", path)))
+
+    async def templates(self) -> list[dict[str, Any]]:
+        """See :meth:`Client.templates`."""
+        found = await self._call(Request("GET", "/v1/templates"))
+        return cast(list[dict[str, Any]], found["data"])
+
+    async def create_template(
+        self,
+        name: str,
+        subject: str,
+        *,
+        html: str | None = None,
+        text: str | None = None,
+        sample: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """See :meth:`Client.create_template`."""
+        body = {"name": name, **version_body(subject, html, text, sample)}
+        request = Request("POST", "/v1/templates", json=body, safe_to_repeat=False)
+        return cast(dict[str, Any], await self._call(request))
+
+    async def template(self, template_id: str) -> dict[str, Any]:
+        request = Request("GET", f"/v1/templates/{quoted(template_id)}")
+        return cast(dict[str, Any], await self._call(request))
+
+    async def add_template_version(
+        self,
+        template_id: str,
+        subject: str,
+        *,
+        html: str | None = None,
+        text: str | None = None,
+        sample: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """See :meth:`Client.add_template_version`."""
+        body = version_body(subject, html, text, sample)
+        path = f"/v1/templates/{quoted(template_id)}/versions"
+        request = Request("POST", path, json=body, safe_to_repeat=False)
+        return cast(dict[str, Any], await self._call(request))
+
+    async def publish_template(
+        self, template_id: str, version: int, *, canary_percent: float | None = None
+    ) -> dict[str, Any]:
+        """See :meth:`Client.publish_template`."""
+        request = publish_request(template_id, version, canary_percent)
+        return cast(dict[str, Any], await self._call(request))
+
+    async def preview_template(
+        self,
+        template_id: str,
+        data: Mapping[str, Any] | None = None,
+        *,
+        version: int | None = None,
+    ) -> dict[str, Any]:
+        """See :meth:`Client.preview_template`."""
+        request = preview_request(template_id, data, version)
+        return cast(dict[str, Any], await self._call(request))
 
     async def providers(self) -> list[dict[str, Any]]:
         """See :meth:`Client.providers`."""

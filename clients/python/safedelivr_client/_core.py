@@ -54,6 +54,12 @@ OPERATIONS: Mapping[str, str] = {
     "delete_list_contact": "remove_list_contact",
     "import_list_contacts": "import_contacts",
     "get_list_import": "list_import",
+    "list_templates": "templates",
+    "create_template": "create_template",
+    "get_template": "template",
+    "add_template_version": "add_template_version",
+    "publish_template": "publish_template",
+    "preview_template": "preview_template",
     "list_providers": "providers",
     "get_settings": "settings",
     "patch_settings": "change_settings",
@@ -257,6 +263,38 @@ def campaign_step(campaign_id: str, step: str, send_at: str | None = None) -> Re
     """``POST /v1/campaigns/{id}/{step}`` (schedule, pause, resume, cancel)."""
     body = {"send_at": send_at} if send_at is not None else None
     return Request("POST", f"/v1/campaigns/{quoted(campaign_id)}/{step}", json=body)
+
+
+def version_body(
+    subject: str, html: str | None, text: str | None, sample: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """A template version's fields, as ``POST /v1/templates`` and ``.../versions`` take."""
+    body: dict[str, Any] = {"subject": subject}
+    if html is not None:
+        body["html"] = html
+    if text is not None:
+        body["text"] = text
+    if sample is not None:
+        body["sample"] = dict(sample)
+    return body
+
+
+def publish_request(template_id: str, version: int, canary_percent: float | None) -> Request:
+    body: dict[str, Any] = {"version": version}
+    if canary_percent is not None:
+        body["canary_percent"] = canary_percent
+    return Request("POST", f"/v1/templates/{quoted(template_id)}/publish", json=body)
+
+
+def preview_request(
+    template_id: str, data: Mapping[str, Any] | None, version: int | None
+) -> Request:
+    body: dict[str, Any] = {}
+    if data is not None:
+        body["data"] = dict(data)
+    if version is not None:
+        body["version"] = version
+    return Request("POST", f"/v1/templates/{quoted(template_id)}/preview", json=body)
 
 
 def page_params(limit: int | None, cursor: str | None, **more: str | None) -> dict[str, str]:

@@ -12,10 +12,11 @@ from services.api.dashboard import pages
 from services.api.dashboard.lists import lists_routes
 from services.api.dashboard.operations import operations_routes
 from services.api.dashboard.pages import create_templates
+from services.api.dashboard.template_pages import template_routes
 
 __all__ = ["create_templates", "dashboard_routes"]
 
 
 def dashboard_routes() -> list[BaseRoute]:
     """Every page (the operators' too) and the static files."""
-    return [*operations_routes(), *lists_routes(), *pages.dashboard_routes()]
+    return [*operations_routes(), *lists_routes(), *template_routes(), *pages.dashboard_routes()]

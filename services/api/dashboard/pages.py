@@ -95,6 +95,7 @@ _NAV = (
     ("/suppressions", "Suppressions", "suppressions"),
     ("/lists", "Lists", "lists"),
     ("/domains", "Domains", "domains"),
+    ("/templates", "Templates", "templates"),
     ("/v1/docs", "API", "docs"),
 )
 

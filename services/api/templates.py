@@ -1,0 +1,246 @@
+"""``/v1/templates``: each user's versioned templates: create, add an immutable version,
+publish one (live, or a canary beside the live one), list, read, preview.
+
+:class:`Templates` holds the use cases (the dashboard reads through it too); the handlers
+parse, call and answer. Publishing is refused (422 ``template_does_not_render``, naming each
+part's error and its line) for a version that does not render with its own sample data, so
+what goes live has rendered at least once. Rolling back is publishing an older version;
+publishing without ``canary_percent`` ends any canary.
+
+A version named in a body that the template does not have is a 422 naming ``version`` (the
+template in the path exists; the field is wrong). Another user's template, or an id that is
+not a template id, is a 404.
+
+Renders run in a worker thread: they are CPU-bound and bounded by ``shared.template_render``'s
+limits, and the event loop keeps serving other requests meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from services.api.auth import require_key
+from services.api.schema import PreviewIn, PublishIn, TemplateIn, TemplateVersionIn, checked
+from shared.http import JSON, ApiError, read_json
+from shared.template_render import Rendered, RenderError, render, render_part
+from shared.templates import Template, TemplateStore, Version, VersionHeader
+
+#: Two parts at their longest, JSON-escaped, with a subject and sample data.
+BODY_LIMIT = 3 * 1024 * 1024
+#: A preview's data (and a publish) are small.
+SMALL_BODY = 256 * 1024
+#: Longest render error told (one can quote a name from the template or the data).
+MAX_ERROR = 500
+
+
+# --------------------------------------------------------------------------- pure decisions
+
+
+def template_id_of(raw: str) -> uuid.UUID | None:
+    """The template id in a path, or None for anything that cannot be one (template ids are
+    time UUIDs: another kind would be refused by Cassandra, not merely not found)."""
+    try:
+        found = uuid.UUID(raw)
+    except ValueError:
+        return None
+    return found if found.version == 1 else None
+
+
+def publish_refusal(template: Template, number: int, canary: float | None) -> str | None:
+    """Why ``number`` may not be published as asked (None: it may); the version itself is
+    known to exist and to render."""
+    if canary is None:
+        return None
+    if template.live_version is None:
+        return "nothing is live yet to compare a canary with: publish a version first"
+    if number == template.live_version:
+        return f"version {number} is already live"
+    return None
+
+
+def item_view(t: Template) -> dict[str, Any]:
+    canary = None
+    if t.canary_version is not None and t.canary_percent is not None:
+        canary = {
+            "version": t.canary_version,
+            "percent": t.canary_percent,
+            "since": t.canary_since.isoformat() if t.canary_since else t.created_at.isoformat(),
+        }
+    return {
+        "id": str(t.template_id),
+        "name": t.name,
+        "created_at": t.created_at.isoformat(),
+        "live_version": t.live_version,
+        "canary": canary,
+    }
+
+
+def version_view(t: Template, v: VersionHeader) -> dict[str, Any]:
+    return {
+        "version": v.version,
+        "subject": v.subject,
+        "created_at": v.created_at.isoformat(),
+        "live": v.version == t.live_version,
+        "canary": v.version == t.canary_version,
+    }
+
+
+def render_errors(v: Version, data: Mapping[str, Any]) -> dict[str, str]:
+    """Each part of ``v`` that does not render with ``data``, with why (and where)."""
+    errors: dict[str, str] = {}
+    for part, source in (("subject", v.subject), ("html", v.html), ("text", v.text)):
+        if not source:
+            continue
+        try:
+            render_part(source, data, html_part=part == "html")
+        except RenderError as exc:
+            errors[part] = _shortened(str(exc))
+    return errors
+
+
+def _shortened(message: str) -> str:
+    return message if len(message) <= MAX_ERROR else message[: MAX_ERROR - 1] + "…"
+
+
+def rendered(v: Version, data: Mapping[str, Any], *, with_what: str) -> Rendered:
+    """``v`` rendered with ``data``; a 422 ``template_does_not_render`` naming each part that
+    does not (found part by part only once the whole render failed)."""
+    try:
+        return render(v.subject, v.html, v.text, data)
+    except RenderError as exc:
+        errors = render_errors(v, data) or {"body": _shortened(str(exc))}
+    told = "; ".join(f"{part}: {why}" for part, why in errors.items())
+    raise ApiError(
+        422,
+        "template_does_not_render",
+        f"version {v.version} does not render with {with_what}: {told}",
+        fields=errors,
+    )
+
+
+def _no_version(template: Template, number: int) -> ApiError:
+    return ApiError(
+        422,
+        "invalid_fields",
+        "the version is not valid",
+        fields={"version": f"template {template.template_id} has no version {number}"},
+    )
+
+
+# --------------------------------------------------------------------------- use cases
+
+
+@dataclass(frozen=True, slots=True)
+class Templates:
+    """The use cases behind ``/v1/templates``: raw values in, templates out, or ApiError."""
+
+    store: TemplateStore
+
+    @classmethod
+    def of(cls, request: Request) -> Templates:
+        return cls(request.app.state.template_store)
+
+    async def create(self, user_id: uuid.UUID, wanted: TemplateIn) -> Template:
+        template_id = await self.store.create(
+            user_id, wanted.name, wanted.subject, wanted.html, wanted.text, wanted.sample
+        )
+        return await self.owned(user_id, str(template_id))
+
+    async def owned(self, user_id: uuid.UUID, raw_id: str) -> Template:
+        template_id = template_id_of(raw_id)
+        found = None if template_id is None else await self.store.get(user_id, template_id)
+        if found is None:
+            raise ApiError(404, "not_found", "no such template")
+        return found
+
+    async def version(self, template: Template, number: int) -> Version:
+        found = await self.store.version(template.template_id, number)
+        if found is None:
+            raise _no_version(template, number)
+        return found
+
+    async def publish(self, user_id: uuid.UUID, raw_id: str, wanted: PublishIn) -> Template:
+        template = await self.owned(user_id, raw_id)
+        version = await self.version(template, wanted.version)
+        refusal = publish_refusal(template, wanted.version, wanted.canary_percent)
+        if refusal is not None:
+            raise ApiError(422, "cannot_publish", refusal)
+        await asyncio.to_thread(rendered, version, version.sample, with_what="its sample data")
+        return await self.store.publish(template, wanted.version, wanted.canary_percent)
+
+    async def preview(self, user_id: uuid.UUID, raw_id: str, wanted: PreviewIn) -> dict[str, Any]:
+        template = await self.owned(user_id, raw_id)
+        number = wanted.version if wanted.version is not None else template.live_version
+        if number is None:
+            raise ApiError(
+                422, "no_live_version", "nothing is live yet: name the version to preview"
+            )
+        version = await self.version(template, number)
+        data = wanted.data if wanted.data is not None else version.sample
+        what = "this data" if wanted.data is not None else "its sample data"
+        out = await asyncio.to_thread(rendered, version, data, with_what=what)
+        return {"version": number, "subject": out.subject, "html": out.html, "text": out.text}
+
+    async def detail(self, template: Template) -> dict[str, Any]:
+        versions = await self.store.version_headers(template.template_id)
+        return {**item_view(template), "versions": [version_view(template, v) for v in versions]}
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+async def list_templates(request: Request) -> Response:
+    key = await require_key(request, "read")
+    found = await Templates.of(request).store.templates(key.user_id)
+    return JSON({"data": [item_view(t) for t in found]})
+
+
+async def create_template(request: Request) -> Response:
+    key = await require_key(request, "send")
+    _, body = await read_json(request, BODY_LIMIT)
+    created = await Templates.of(request).create(key.user_id, checked(TemplateIn, body))
+    return JSON({**item_view(created), "version": 1}, status_code=201)
+
+
+async def get_template(request: Request) -> Response:
+    key = await require_key(request, "read")
+    templates = Templates.of(request)
+    found = await templates.owned(key.user_id, request.path_params["template_id"])
+    return JSON(await templates.detail(found))
+
+
+async def add_version(request: Request) -> Response:
+    key = await require_key(request, "send")
+    templates = Templates.of(request)
+    found = await templates.owned(key.user_id, request.path_params["template_id"])
+    _, body = await read_json(request, BODY_LIMIT)
+    v = checked(TemplateVersionIn, body)
+    number = await templates.store.add_version(found, v.subject, v.html, v.text, v.sample)
+    return JSON({"id": str(found.template_id), "version": number}, status_code=201)
+
+
+async def publish_template(request: Request) -> Response:
+    key = await require_key(request, "send")
+    _, body = await read_json(request, SMALL_BODY)
+    wanted = checked(PublishIn, body)
+    published = await Templates.of(request).publish(
+        key.user_id, request.path_params["template_id"], wanted
+    )
+    return JSON(item_view(published))
+
+
+async def preview_template(request: Request) -> Response:
+    key = await require_key(request, "read")
+    _, body = await read_json(request, SMALL_BODY)
+    wanted = checked(PreviewIn, body)
+    shown = await Templates.of(request).preview(
+        key.user_id, request.path_params["template_id"], wanted
+    )
+    return JSON(shown)

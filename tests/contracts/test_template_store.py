@@ -1,0 +1,120 @@
+"""The template store's contract, asserted identically of the in-memory twin
+(``tests/fakes/template_store.py``) and of the real store on Cassandra: versions numbered in
+turn and immutable, listed newest first; publishing moves the live version or starts a canary
+beside it; a user sees only their own templates."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+from shared.db import Database
+from shared.templates import Template, TemplateStore
+from tests.contracts.conftest import IMPLEMENTATIONS
+from tests.fakes.template_store import FakeTemplates
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def store(request: pytest.FixtureRequest) -> Any:
+    if request.param == "fake":
+        return FakeTemplates()
+    db: Database = request.getfixturevalue("db")
+    return TemplateStore(db)
+
+
+async def made(store: Any, user: uuid.UUID, **sample: Any) -> Template:
+    template_id = await store.create(user, "welcome", "Hi {{ n }}", "<p>{{ n }}</p>", None, sample)
+    found: Template | None = await store.get(user, template_id)
+    assert found is not None
+    return found
+
+
+async def test_a_new_template_has_version_1_and_nothing_live(store: Any) -> None:
+    """A new template is version 1, unpublished, its sample kept as JSON."""
+    template = await made(store, uuid.uuid4(), n="Ann", tags=["a", "é"], depth={"x": [1, 2.5]})
+
+    first = await store.version(template.template_id, 1)
+
+    assert (template.name, template.live_version, template.canary_version) == (
+        "welcome",
+        None,
+        None,
+    )
+    assert first is not None
+    assert (first.subject, first.html, first.text) == ("Hi {{ n }}", "<p>{{ n }}</p>", None)
+    assert first.sample == {"n": "Ann", "tags": ["a", "é"], "depth": {"x": [1, 2.5]}}
+    assert first.created_at.tzinfo is not None
+
+
+async def test_concurrent_versions_take_distinct_numbers_in_turn(store: Any) -> None:
+    """Concurrent new versions never share a number; headers match the versions."""
+    template = await made(store, uuid.uuid4())
+
+    numbers = await asyncio.gather(
+        *(store.add_version(template, f"v{i}", None, "t", {}) for i in range(5))
+    )
+
+    assert sorted(numbers) == [2, 3, 4, 5, 6]
+    headers = await store.version_headers(template.template_id)
+    versions = await store.versions(template.template_id)
+    assert [h.version for h in headers] == [v.version for v in versions] == [6, 5, 4, 3, 2, 1]
+    assert [(h.subject, h.created_at) for h in headers] == [
+        (v.subject, v.created_at) for v in versions
+    ]
+
+
+async def test_a_version_the_template_lacks_is_none(store: Any) -> None:
+    """An unknown version, or a template without versions, reads as nothing."""
+    template = await made(store, uuid.uuid4())
+
+    assert await store.version(template.template_id, 2) is None
+    assert await store.version_headers(uuid.uuid1()) == []
+
+
+async def test_publishing_moves_the_live_version_and_a_canary_sits_beside_it(store: Any) -> None:
+    """Live, then a canary beside it, then a rollback that ends the canary."""
+    user = uuid.uuid4()
+    template = await made(store, user)
+    second = await store.add_version(template, "S2", None, "t2", {})
+
+    live = await store.publish(template, 1)
+    canary = await store.publish(live, second, canary_percent=12.5)
+    during = await store.get(user, template.template_id)
+    back = await store.publish(canary, 1)
+    after = await store.get(user, template.template_id)
+
+    assert (live.live_version, live.canary_version) == (1, None)
+    assert during is not None
+    assert (during.live_version, during.canary_version, during.canary_percent) == (1, 2, 12.5)
+    assert during.canary_since is not None and canary.canary_since is not None
+    assert abs((during.canary_since - canary.canary_since).total_seconds()) < 0.001
+    assert (back.live_version, back.canary_version, back.canary_since) == (1, None, None)
+    assert after == back
+
+
+async def test_a_canary_with_nothing_live_is_published_live(store: Any) -> None:
+    """The store leaves refusing it to its caller; what it does is make the version live."""
+    user = uuid.uuid4()
+    template = await made(store, user)
+
+    published = await store.publish(template, 1, canary_percent=10)
+
+    assert (published.live_version, published.canary_version) == (1, None)
+    assert await store.get(user, template.template_id) == published
+
+
+async def test_a_users_templates_are_theirs_only_in_the_order_they_were_made(store: Any) -> None:
+    """Each user lists only their own templates, oldest first."""
+    ann, bob = uuid.uuid4(), uuid.uuid4()
+    first = await made(store, ann)
+    second = await made(store, ann)
+
+    assert [t.template_id for t in await store.templates(ann)] == [
+        first.template_id,
+        second.template_id,
+    ]
+    assert await store.templates(bob) == []
+    assert await store.get(bob, first.template_id) is None

@@ -1,0 +1,148 @@
+"""In-memory twin of :class:`shared.templates.TemplateStore`: each user's templates and their
+immutable versions.
+
+It keeps what the store's callers depend on: every round trip yields to the event loop, and a
+new version's number is taken by compare-and-set on the template's ``next_version`` (retried
+when another caller took it first), so concurrent callers never share a number; versions come
+back newest first, samples as JSON round-trips them, timestamps as Cassandra returns them
+(UTC, millisecond precision). ``tests/contracts/test_template_store.py`` runs one suite over
+this twin and the real store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from shared.templates import Template, Version, VersionHeader
+
+
+def _stored(value: datetime) -> datetime:
+    """A timestamp as read back from Cassandra: UTC, millisecond precision."""
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
+async def _round_trip() -> None:
+    # Concurrent callers interleave at every query, as they do against Cassandra.
+    await asyncio.sleep(0)
+
+
+@dataclass
+class _Row:
+    template: Template
+    next_version: int
+
+
+class FakeTemplates:
+    """Twin of :class:`shared.templates.TemplateStore` (every operation)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[uuid.UUID, uuid.UUID], _Row] = {}
+        self.version_rows: dict[uuid.UUID, dict[int, Version]] = {}
+
+    async def create(
+        self,
+        user_id: uuid.UUID,
+        name: str,
+        subject: str,
+        html: str | None,
+        text: str | None,
+        sample: dict[str, Any],
+    ) -> uuid.UUID:
+        template_id = uuid.uuid1()
+        now = datetime.now(UTC)
+        await self._write_version(template_id, 1, subject, html, text, sample, now)
+        await _round_trip()
+        made = Template(user_id, template_id, name, None, None, None, None, _stored(now))
+        self.rows[(user_id, template_id)] = _Row(made, 2)
+        return template_id
+
+    async def add_version(
+        self,
+        template: Template,
+        subject: str,
+        html: str | None,
+        text: str | None,
+        sample: dict[str, Any],
+    ) -> int:
+        key = (template.user_id, template.template_id)
+        while True:
+            await _round_trip()
+            row = self.rows.get(key)
+            number = row.next_version if row else 2
+            await _round_trip()
+            if row is not None and row.next_version == number:
+                row.next_version = number + 1
+                break
+        await self._write_version(
+            template.template_id, number, subject, html, text, sample, datetime.now(UTC)
+        )
+        return number
+
+    async def _write_version(
+        self,
+        template_id: uuid.UUID,
+        number: int,
+        subject: str,
+        html: str | None,
+        text: str | None,
+        sample: dict[str, Any],
+        at: datetime,
+    ) -> None:
+        await _round_trip()
+        kept = orjson.loads(orjson.dumps(sample))
+        written = Version(number, subject, html, text, kept, _stored(at))
+        self.version_rows.setdefault(template_id, {})[number] = written
+
+    async def get(self, user_id: uuid.UUID, template_id: uuid.UUID) -> Template | None:
+        await _round_trip()
+        row = self.rows.get((user_id, template_id))
+        return row.template if row else None
+
+    async def templates(self, user_id: uuid.UUID) -> list[Template]:
+        await _round_trip()
+        found = [row.template for (user, _), row in self.rows.items() if user == user_id]
+        return sorted(found, key=lambda t: (t.template_id.time, t.template_id.bytes))
+
+    async def versions(self, template_id: uuid.UUID) -> list[Version]:
+        await _round_trip()
+        found = self.version_rows.get(template_id, {})
+        return [found[n] for n in sorted(found, reverse=True)]
+
+    async def version_headers(self, template_id: uuid.UUID) -> list[VersionHeader]:
+        return [
+            VersionHeader(v.version, v.subject, v.created_at)
+            for v in await self.versions(template_id)
+        ]
+
+    async def version(self, template_id: uuid.UUID, number: int) -> Version | None:
+        await _round_trip()
+        return self.version_rows.get(template_id, {}).get(number)
+
+    async def publish(
+        self, template: Template, number: int, canary_percent: float | None = None
+    ) -> Template:
+        now = datetime.now(UTC)
+        if canary_percent is None or template.live_version is None:
+            values: tuple[Any, ...] = (number, None, None, None)
+        else:
+            values = (template.live_version, number, canary_percent, now)
+        live, canary, percent, since = values
+        await _round_trip()
+        key = (template.user_id, template.template_id)
+        kept = since if since is None else _stored(since)
+        fields = {
+            "live_version": live,
+            "canary_version": canary,
+            "canary_percent": percent,
+            "canary_since": kept,
+        }
+        # Callers publish templates they read; the upsert of a missing row is not modelled.
+        if (row := self.rows.get(key)) is not None:
+            row.template = replace(row.template, **fields)
+        return replace(template, **{**fields, "canary_since": since})
