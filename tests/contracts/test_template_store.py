@@ -118,3 +118,29 @@ async def test_a_users_templates_are_theirs_only_in_the_order_they_were_made(sto
     ]
     assert await store.templates(bob) == []
     assert await store.get(bob, first.template_id) is None
+
+
+async def test_a_rollout_is_concluded_only_if_it_is_still_the_one_running(store: Any) -> None:
+    """The canary judge's verdict lands on its own rollout, never on one published since."""
+    template = await made(store, uuid.uuid4())
+    await store.add_version(template, "v2", None, "t", {})
+    await store.add_version(template, "v3", None, "t", {})
+    await store.publish(template, 1)
+    live = await store.get(template.user_id, template.template_id)
+    first = await store.publish(live, 2, canary_percent=10)
+    stale = await store.get(template.user_id, template.template_id)
+    assert stale is not None and stale.canary_since is not None
+    await asyncio.sleep(0.01)
+    await store.publish(stale, 3, canary_percent=20)  # the user starts another rollout
+
+    too_late = await store.conclude(stale, stale.canary_since, 2)
+    current = await store.get(template.user_id, template.template_id)
+    assert current is not None and current.canary_since is not None
+    concluded = await store.conclude(current, current.canary_since, 3)
+    after = await store.get(template.user_id, template.template_id)
+
+    assert first.canary_version == 2
+    assert not too_late
+    assert concluded
+    assert after is not None
+    assert (after.live_version, after.canary_version, after.canary_since) == (3, None, None)

@@ -146,3 +146,17 @@ class FakeTemplates:
         if (row := self.rows.get(key)) is not None:
             row.template = replace(row.template, **fields)
         return replace(template, **{**fields, "canary_since": since})
+
+    async def conclude(self, template: Template, since: datetime, live: int) -> bool:
+        await _round_trip()
+        row = self.rows.get((template.user_id, template.template_id))
+        if row is None or row.template.canary_since != _stored(since):
+            return False
+        row.template = replace(
+            row.template,
+            live_version=live,
+            canary_version=None,
+            canary_percent=None,
+            canary_since=None,
+        )
+        return True
