@@ -13,6 +13,8 @@ from typing import Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.lanes import Priority
+
 #: Our custom arg (SendGrid) / user variable (Mailgun) carrying an attempt's tag. Not
 #: ``attempt``: SendGrid's own ``deferred`` events have an ``attempt`` field, which wins.
 ATTEMPT_ARG = "sd_attempt"
@@ -139,13 +141,20 @@ class Message(_Frozen):
     """The provider code the batch pins: only it is used (no failover, no spill-over)."""
     engagement: Engagement | None = None
     """Tracking and unsubscribe (None: neither)."""
+    priority: Priority | None = None
+    """The lane decided at acceptance (``shared.lanes``); None: transactional."""
+
+    @property
+    def lane(self) -> Priority:
+        return self.priority or "transactional"
 
     def encode(self) -> bytes:
         data = self.model_dump(mode="json", by_alias=True)
-        if data.get("engagement") is None:
-            # Absent rather than null: a process of the previous release (which forbids
-            # unknown fields) still reads every batch that does not use it.
-            del data["engagement"]
+        for name in ("engagement", "priority"):
+            if data.get(name) is None:
+                # Absent rather than null: a process of the previous release (which forbids
+                # unknown fields) still reads every batch that does not use it.
+                del data[name]
         return orjson.dumps(data)
 
     @classmethod

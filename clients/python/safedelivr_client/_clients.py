@@ -111,7 +111,7 @@ class Client:
         **more: Any,
     ) -> Accepted:
         """Submit a batch (``POST /v1/batches``). ``more`` takes the other fields: ``cc``,
-        ``bcc``, ``reply_to``, ``headers``, ``bulk``, ``categories``, ``metadata``,
+        ``bcc``, ``reply_to``, ``headers``, ``bulk``, ``priority``, ``categories``, ``metadata``,
         ``tracking``, ``unsubscribe``, ``list`` (pass it as ``**{"list": name}``)."""
         request = send_request(
             sender,

@@ -65,6 +65,7 @@ class Accepted(TypedDict):
     suppressed: list[str]
     rejected: list[Rejected]
     skipped: list[Rejected]
+    priority: Literal["transactional", "bulk"]
 
 
 class BatchItem(TypedDict):
