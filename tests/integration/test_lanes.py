@@ -1,6 +1,7 @@
-"""Priority lanes on the real RabbitMQ, Cassandra, API and sandbox providers: a bulk batch's
-chunks wait in the providers' bulk queues, its failover stays there, and transactional mail
-overtakes a bulk batch that is still draining."""
+"""Priority lanes on the real RabbitMQ, Cassandra, API and sandbox providers: an existing
+deployment gets the bulk queues when it declares, a bulk batch's chunks wait in the providers'
+bulk queues, its failover stays there, and transactional mail overtakes a bulk batch that is
+still draining."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.consumers.dispatch import no_hooks
-from shared.config import Settings
+from shared.broker import Broker
+from shared.config import AmqpSettings, Settings
 from shared.db import Database
+from shared.errors import PublishError
 from shared.resources import topology_for
-from shared.topology import dispatch_key
+from shared.topology import QueueSpec, Topology, dispatch_key
 from tests.integration.harness import eventually
 from tests.integration.stack import Stack, emails, fast_settings, full_stack
 
@@ -32,6 +35,40 @@ async def _provider_total(stack: Stack) -> int:
     """Recipients every sandbox provider accepted so far."""
     resp = await stack.sandbox.get("/_control/sends", params={"recent": "0"})
     return sum(int(p["recipients"]) for p in resp.json().values())
+
+
+class _BeforeLanes(Topology):
+    """The topology of the release before lanes: no bulk queues."""
+
+    def work_queues(self) -> list[QueueSpec]:
+        return [q for q in super().work_queues() if not q.name.endswith(".bulk")]
+
+
+async def test_an_existing_deployment_gets_the_bulk_queues_at_declare_time(
+    services_up: None, exchange_name: str
+) -> None:
+    """Declaring this release's topology over the previous one's adds the bulk queues and
+    keeps the work already queued."""
+    url = AmqpSettings().url.get_secret_value()
+    old = Broker(url, _BeforeLanes(exchange=exchange_name, delay_tiers=(1,)), name="old")
+    new = Broker(url, Topology(exchange=exchange_name, delay_tiers=(1,)), name="new")
+    await old.connect()
+    await new.connect()
+    try:
+        await old.declare()
+        await old.publish(dispatch_key("sg", uuid.uuid4()), b"{}")
+        with pytest.raises(PublishError, match="unroutable"):
+            await old.publish(dispatch_key("sg", uuid.uuid4(), 0, "bulk"), b"{}")
+
+        await new.declare()
+        await new.publish(dispatch_key("sg", uuid.uuid4(), 0, "bulk"), b"{}")
+
+        assert await new.queue_depth(new.topology.bulk_queue("sg")) == 1
+        assert await new.queue_depth(new.topology.provider_queue("sg")) == 1
+    finally:
+        await new.delete()
+        await old.close()
+        await new.close()
 
 
 async def test_a_bulk_batch_is_announced_and_queued_in_the_bulk_lane(stack: Stack) -> None:
