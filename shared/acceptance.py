@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from cassandra.query import Statement
 
 from shared.batchstore import BatchHeader, BatchStore, NewBatch
 from shared.broker import Broker
@@ -36,11 +39,13 @@ class Acceptance:
     outbox: Outbox
     broker: Broker
 
-    async def store(self, batch: NewBatch) -> None:
-        """Steps 1-3. Raises DependencyUnavailable if any fails (the batch may or may not be
-        stored then: a retry with the same id and body writes the same rows)."""
-        outbox = await self.outbox.statement(batch.batch_id, batch.user_id)
-        await self.batches.write(batch, also=[outbox])
+    async def store(self, batch: NewBatch, *, also: Sequence[Statement] = ()) -> None:
+        """Steps 1-3, with the writes ``also`` of other partitions in (2)'s request. A
+        scheduled batch has no outbox row: its schedule row (in ``also``) stands for it.
+        Raises DependencyUnavailable if any fails (the batch may or may not be stored then:
+        a retry with the same id and body writes the same rows)."""
+        own = [] if batch.send_at else [await self.outbox.statement(batch.batch_id, batch.user_id)]
+        await self.batches.write(batch, also=[*own, *also])
         await self.batches.index(batch)
 
     async def publish(self, batch_id: uuid.UUID) -> bool:
@@ -65,6 +70,10 @@ class Acceptance:
         if header.status == "cancelled":
             await self.outbox.done(batch_id)
             return None
+        if header.status == "scheduled":
+            # The scheduler publishes it when its time comes; only the indexes may lack.
+            await self.batches.index_stored(header)
+            return header
         if header.status == "accepted":
             # Not yet split by a consumer: the indexes may be missing and it may never have
             # been published. Both are harmless to repeat.

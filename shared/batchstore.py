@@ -27,7 +27,7 @@ from cassandra.query import UNSET_VALUE, Statement
 from cassandra.util import uuid_from_time
 
 from shared import precedence
-from shared.db import Database
+from shared.db import Database, utc
 from shared.models import Message
 from shared.recipients import CHUNK_ROW, Addressee, encode_recipients
 from shared.stats import StatsStore
@@ -55,6 +55,8 @@ class BatchHeader:
     reason: str | None
     response: bytes | None = None
     """The 202 body the API answered when it accepted the batch."""
+    send_at: datetime | None = None
+    """When a scheduled batch is (or was) to go."""
 
 
 def new_batch_id(at: float) -> uuid.UUID:
@@ -75,17 +77,31 @@ class NewBatch:
     chunk_size: int
     response: bytes = b""
     """The 202 body, stored with the header so a retried request gets the same answer."""
+    split: int = 0
+    """The first ``split`` recipients are chunked apart from the rest (a template's canary:
+    ``shared.template_use``), so no chunk mixes the two."""
+    send_at: datetime | None = None
+    """When a scheduled batch is to go (None: now); it is stored ``scheduled`` until then."""
+
+    @property
+    def status(self) -> str:
+        return "scheduled" if self.send_at is not None else "accepted"
 
     @property
     def chunk_count(self) -> int:
-        return -(-len(self.recipients) // self.chunk_size)
+        return len(self.chunks())
 
     def chunk_of(self, index: int) -> int:
-        return index // self.chunk_size
+        """The chunk of the ``index``-th recipient."""
+        size, split = self.chunk_size, self.split
+        if index < split:
+            return index // size
+        return -(-split // size) + (index - split) // size
 
     def chunks(self) -> list[Sequence[Addressee]]:
-        size = self.chunk_size
-        return [self.recipients[i : i + size] for i in range(0, len(self.recipients), size)]
+        size, split, everyone = self.chunk_size, self.split, self.recipients
+        first = [everyone[i : min(i + size, split)] for i in range(0, split, size)]
+        return first + [everyone[i : i + size] for i in range(split, len(everyone), size)]
 
 
 _INSERT_CHUNK = (
@@ -94,8 +110,8 @@ _INSERT_CHUNK = (
 )
 _INSERT_HEADER = (
     "INSERT INTO batches (batch_id, user_id, created_at, subject, message, recipient_count, "
-    "chunk_size, chunk_count, status, updated_at, accept_response) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'accepted', ?, ?) USING TIMESTAMP ?"
+    "chunk_size, chunk_count, status, updated_at, accept_response, send_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"
 )
 _INSERT_LISTED = (
     "INSERT INTO batches_by_user (user_id, month, batch_id, subject, recipient_count) "
@@ -123,9 +139,10 @@ class BatchStore:
         insert = await db.prepare(_INSERT_CHUNK)
         created = precedence.accepted_at(batch.batch_id)
         queued = precedence.queued_stamp(batch.batch_id)
+        chunks = batch.chunks()
         rows = [
             insert.bind((batch.batch_id, i, CHUNK_ROW, encode_recipients(part), queued))
-            for i, part in enumerate(batch.chunks())
+            for i, part in enumerate(chunks)
         ]
         rows.append(
             (await db.prepare(_INSERT_HEADER)).bind(
@@ -137,9 +154,11 @@ class BatchStore:
                     batch.message.encode(),
                     len(batch.recipients),
                     batch.chunk_size,
-                    batch.chunk_count,
+                    len(chunks),
+                    batch.status,
                     created,
                     batch.response or UNSET_VALUE,
+                    batch.send_at or UNSET_VALUE,
                     _header_stamp(batch.batch_id),
                 )
             )
@@ -187,7 +206,8 @@ class BatchStore:
     async def header(self, batch_id: uuid.UUID) -> BatchHeader | None:
         row = await self.db.one(
             "SELECT batch_id, user_id, created_at, message, recipient_count, chunk_size, "
-            "chunk_count, status, reason, accept_response FROM batches WHERE batch_id = ? LIMIT 1",
+            "chunk_count, status, reason, accept_response, send_at FROM batches WHERE batch_id = ? "
+            "LIMIT 1",
             (batch_id,),
         )
         if row is None or row["message"] is None:
@@ -203,6 +223,7 @@ class BatchStore:
             status=row["status"],
             reason=row["reason"],
             response=row["accept_response"],
+            send_at=utc(row["send_at"]),
         )
 
     async def owner(self, batch_id: uuid.UUID) -> uuid.UUID | None:
@@ -218,6 +239,33 @@ class BatchStore:
             "SELECT status, created_at FROM batches WHERE batch_id = ? LIMIT 1", (batch_id,)
         )
         return row["status"] if row and row["created_at"] is not None else None
+
+    async def start_scheduled(self, batch_id: uuid.UUID) -> str | None:
+        """Move a scheduled batch to ``accepted`` (its time came), unless it was cancelled:
+        a lightweight transaction, so a cancellation racing the scheduler either wins or
+        comes too late, never both. The status after (None: no such batch)."""
+        return await self._from_scheduled(batch_id, "accepted")
+
+    async def cancel_scheduled(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> str | None:
+        """Cancel a batch still waiting for its ``send_at`` (and uncount it); the status
+        after: ``cancelled``, or the one that made it too late (None: no such batch)."""
+        status = await self._from_scheduled(batch_id, "cancelled")
+        if status == "cancelled":
+            await self.stats.cancelled(user_id, batch_id, _header_stamp(batch_id) + 1)
+        return status
+
+    async def _from_scheduled(self, batch_id: uuid.UUID, status: str) -> str | None:
+        row = await self.db.one(
+            "UPDATE batches SET status = ?, updated_at = ? WHERE batch_id = ? "
+            "IF status = 'scheduled'",
+            (status, datetime.now(UTC), batch_id),
+        )
+        if row is None:
+            return None
+        if row["[applied]"]:
+            return status
+        current: str | None = row.get("status")
+        return current
 
     async def set_status(self, batch_id: uuid.UUID, status: str, reason: str | None = None) -> None:
         await self.db.execute(

@@ -121,6 +121,8 @@ class ApiSettings(BaseSettings):
     recipients, else in the transactional one (``shared.lanes``)."""
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024)
     """Request bodies above this are refused with 413 while they stream in."""
+    schedule_horizon_days: float = Field(30.0, gt=0, le=366)
+    """How far ahead a batch's ``send_at`` may be."""
     max_concurrency: int = Field(256, ge=1)
     """HTTP requests in progress per API process before new ones get 503 + Retry-After."""
     outbox_relay_interval: float = Field(5.0, gt=0)
@@ -266,6 +268,20 @@ class ConsumerSettings(BaseSettings):
     bulk_prefetch: int = Field(2, ge=1, le=1000)
     """Chunks in flight per provider's bulk-lane queue: fewer than ``prefetch``, so a draining
     bulk batch leaves this process's calls and the provider's rate to transactional mail."""
+    canary_window: float = Field(3600.0, gt=0)
+    """Seconds a template's canary runs before its recipients are compared with the live
+    version's."""
+    canary_deadline: float = Field(86_400.0, gt=0)
+    """Seconds after which a canary with too few recipients to compare is promoted."""
+    canary_min_sent: int = Field(100, ge=1)
+    """Recipients each version needs before their rates are compared."""
+    canary_margin_failures: float = Field(0.05, ge=0, le=1)
+    """How much higher (a fraction: 0.05 = 5 points) the canary's provider-side failure rate
+    may be than the live version's before it is rolled back."""
+    canary_margin_bounces: float = Field(0.02, ge=0, le=1)
+    """The same for hard bounces."""
+    canary_margin_complaints: float = Field(0.002, ge=0, le=1)
+    """The same for complaints."""
 
 
 class StatsSettings(BaseSettings):

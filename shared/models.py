@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Literal
 
 import orjson
@@ -122,6 +123,27 @@ class Engagement(_Frozen):
         return self.opens or self.clicks or self.unsubscribe
 
 
+class TemplateCopy(_Frozen):
+    """One template version rendered for a batch (per-recipient variables as markers)."""
+
+    version: int
+    subject: str
+    html: str | None = None
+    text: str | None = None
+
+
+class TemplateUse(_Frozen):
+    """Which template a batch was made from (``shared.template_use``): the live version's
+    copy is the message itself; the canary's, when any, goes to the first chunks."""
+
+    id: uuid.UUID
+    version: int
+    canary: TemplateCopy | None = None
+    canary_chunks: int = 0
+    canary_since: datetime | None = None
+    """When the canary's rollout started (its judge compares the batches since)."""
+
+
 class Message(_Frozen):
     """What is sent: everything of a batch except its recipients."""
 
@@ -141,6 +163,8 @@ class Message(_Frozen):
     """The provider code the batch pins: only it is used (no failover, no spill-over)."""
     engagement: Engagement | None = None
     """Tracking and unsubscribe (None: neither)."""
+    template: TemplateUse | None = None
+    """The template the batch was made from (None: its content came with the request)."""
     priority: Priority | None = None
     """The lane decided at acceptance (``shared.lanes``); None: transactional."""
 
@@ -150,11 +174,11 @@ class Message(_Frozen):
 
     def encode(self) -> bytes:
         data = self.model_dump(mode="json", by_alias=True)
-        for name in ("engagement", "priority"):
-            if data.get(name) is None:
+        for optional in ("engagement", "template", "priority"):
+            if data.get(optional) is None:
                 # Absent rather than null: a process of the previous release (which forbids
                 # unknown fields) still reads every batch that does not use it.
-                del data[name]
+                del data[optional]
         return orjson.dumps(data)
 
     @classmethod

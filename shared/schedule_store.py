@@ -12,15 +12,28 @@ that came due since the last one.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
+
+from cassandra.query import BoundStatement
 
 from shared.db import Database, utc
 from shared.lanes import BUCKET, bucket_of
 
 #: Minutes read per pass (a day: a scheduler back from a long outage catches up in passes).
 MAX_MINUTES: Final = 1440
+#: Minute partitions read at once.
+READ_WINDOW: Final = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    minute: datetime
+    batch_id: uuid.UUID
+    send_at: datetime
 
 
 class ScheduleStore:
@@ -30,10 +43,20 @@ class ScheduleStore:
 
     async def add(self, batch_id: uuid.UUID, at: datetime) -> None:
         await self.db.execute(
-            "INSERT INTO scheduled_batches (namespace, minute, batch_id) VALUES (?, ?, ?)",
-            (self.namespace, bucket_of(at), batch_id),
+            "INSERT INTO scheduled_batches (namespace, minute, batch_id, send_at) "
+            "VALUES (?, ?, ?, ?)",
+            (self.namespace, bucket_of(at), batch_id, at),
             idempotent=True,
         )
+
+    async def statement(self, batch_id: uuid.UUID, at: datetime) -> BoundStatement:
+        """The row's write, for the API to send with the batch's own (one mutation: a
+        scheduled batch always has its row)."""
+        insert = await self.db.prepare(
+            "INSERT INTO scheduled_batches (namespace, minute, batch_id, send_at) "
+            "VALUES (?, ?, ?, ?)"
+        )
+        return insert.bind((self.namespace, bucket_of(at), batch_id, at))
 
     async def take_lease(self, owner: uuid.UUID, seconds: int) -> bool:
         """Take the namespace's lease, or renew it when ``owner`` holds it already."""
@@ -65,25 +88,31 @@ class ScheduleStore:
         )
         return utc(row["done_through"]) if row else None
 
-    async def due(self, now: datetime) -> tuple[list[tuple[datetime, uuid.UUID]], datetime | None]:
+    async def due(self, now: datetime) -> tuple[list[Due], datetime | None]:
         """The batches of the minutes due since the cursor, oldest minute first, and the
-        last minute read (None: none was due)."""
+        last minute read (None: none was due). The current minute's rows include batches
+        whose second has not come yet: the caller leaves those for a later pass."""
         cursor = await self.done_through()
         current = bucket_of(now)
         # Without a cursor (a new namespace), a day back: nothing can be older.
         minute = cursor + BUCKET if cursor else current - (MAX_MINUTES - 1) * BUCKET
-        found: list[tuple[datetime, uuid.UUID]] = []
-        last: datetime | None = None
-        for _ in range(MAX_MINUTES):
-            if minute > current:
-                break
-            rows = await self.db.all_pages(
-                "SELECT batch_id FROM scheduled_batches WHERE namespace = ? AND minute = ?",
-                (self.namespace, minute),
-            )
-            found += [(minute, r["batch_id"]) for r in rows]
-            last = minute
+        minutes: list[datetime] = []
+        while minute <= current and len(minutes) < MAX_MINUTES:
+            minutes.append(minute)
             minute += BUCKET
+        window = asyncio.Semaphore(READ_WINDOW)
+
+        async def read(at: datetime) -> list[Due]:
+            async with window:
+                rows = await self.db.all_pages(
+                    "SELECT batch_id, send_at FROM scheduled_batches WHERE namespace = ? "
+                    "AND minute = ?",
+                    (self.namespace, at),
+                )
+            return [Due(at, r["batch_id"], utc(r["send_at"]) or at) for r in rows]
+
+        found = [d for part in await asyncio.gather(*(read(m) for m in minutes)) for d in part]
+        last = minutes[-1] if minutes else None
         return found, last
 
     async def finish(self, owner: uuid.UUID, through: datetime) -> bool:

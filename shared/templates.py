@@ -175,6 +175,18 @@ class TemplateStore:
             template.created_at,
         )
 
+    async def conclude(self, template: Template, since: datetime, live: int) -> bool:
+        """End the canary rollout that started at ``since`` with ``live`` as the live
+        version (the canary's: promoted; the old one: rolled back). A conditional update:
+        False, changing nothing, when the user published something else meanwhile."""
+        row = await self.db.one(
+            "UPDATE templates SET live_version = ?, canary_version = null, "
+            "canary_percent = null, canary_since = null WHERE user_id = ? AND template_id = ? "
+            "IF canary_since = ?",
+            (live, template.user_id, template.template_id, since),
+        )
+        return bool(row and row["[applied]"])
+
 
 def _template(row: Row) -> Template:
     return Template(

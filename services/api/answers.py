@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from services.api.queries import BatchOverview, BatchSummary, Page, RecipientLog, Step
+from shared.models import TemplateUse
 
 
 def _when(at: datetime | None) -> str | None:
@@ -42,9 +43,21 @@ def batch(view: BatchOverview) -> dict[str, Any]:
         "priority": message.lane,
         "recipients": header.recipient_count,
         "chunks": header.chunk_count,
+        "send_at": header.send_at.isoformat() if header.send_at else None,
+        "template": _template(message.template),
         "counts": view.counts,
         "events": view.events,
         "failure_reasons": view.failure_reasons,
+    }
+
+
+def _template(use: TemplateUse | None) -> dict[str, Any] | None:
+    if use is None:
+        return None
+    return {
+        "id": str(use.id),
+        "version": use.version,
+        "canary_version": use.canary.version if use.canary else None,
     }
 
 
@@ -71,6 +84,7 @@ def recipient(log: RecipientLog) -> dict[str, Any]:
         "message_ids": log.message_ids,
         "reason": log.reason,
         "updated_at": _when(log.updated_at),
+        "template_version": log.template_version,
         "attempts": [_step(a) for a in log.attempts],
         "resends": [_step(r) for r in log.resends],
         "timeline": [

@@ -30,11 +30,13 @@ from services.api.openapi import openapi_json
 from services.api.original import original_routes
 from services.api.sending import Sending
 from services.api.sessions import LoginRequired, cookie_secure, login_required_response
+from services.api.templated import TemplateBatches
 from shared import ratelimit
 from shared.acceptance import Acceptance
 from shared.attempts import AttemptStore
 from shared.background import Background
 from shared.batchstore import BatchStore
+from shared.canary_store import CanaryStore
 from shared.config import Settings
 from shared.cooldown import RecentMail
 from shared.deadletters import DeadLetters, DeadLetterStore
@@ -47,8 +49,10 @@ from shared.outbox import Outbox, Relay, relay_forever
 from shared.preferences import PreferenceStore
 from shared.ratelimit import RecipientQuota
 from shared.resources import open_resources, readiness_checks
+from shared.schedule_store import ScheduleStore
 from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
+from shared.templates import TemplateStore
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,8 @@ def create_app(settings: Settings) -> Starlette:
             state.suppressions = SuppressionStore(res.db)
             state.preferences = PreferenceStore(res.db)
             state.domains = DomainStore(res.db)
+            state.templates = TemplateStore(res.db)
+            state.quota = RecipientQuota(res.db, settings.api.daily_recipient_quota)
             state.dead_letters = DeadLetters(DeadLetterStore(res.db), res.broker)
             state.background = Background()
             state.managing = Managing(
@@ -81,12 +87,15 @@ def create_app(settings: Settings) -> Starlette:
                 batches=state.batches,
                 suppressions=state.suppressions,
                 idempotency=state.idempotency,
-                quota=RecipientQuota(res.db, settings.api.daily_recipient_quota),
+                quota=state.quota,
                 metrics=state.metrics,
                 background=state.background,
                 domains=state.domains,
                 preferences=state.preferences,
                 recent=RecentMail(res.db),
+                templates=TemplateBatches(state.templates),
+                schedules=ScheduleStore(res.db, settings.amqp.exchange),
+                canaries=CanaryStore(res.db, settings.amqp.exchange),
             )
             state.github_http = httpx.AsyncClient(
                 timeout=httpx.Timeout(settings.github.timeout), follow_redirects=False
@@ -115,6 +124,7 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/batches", batches.list_batches, methods=["GET"]),
         Route("/v1/batches/{batch_id}", batches.get_batch, methods=["GET"]),
         Route("/v1/batches/{batch_id}/logs", batches.batch_logs, methods=["GET"]),
+        Route("/v1/batches/{batch_id}/cancel", batches.cancel_batch, methods=["POST"]),
         Route("/v1/suppressions", account.list_suppressions, methods=["GET"]),
         Route("/v1/suppressions", account.add_suppression, methods=["POST"]),
         Route("/v1/suppressions/{email}", account.delete_suppression, methods=["DELETE"]),

@@ -12,9 +12,11 @@ from starlette.responses import Response
 
 from services.api.auth import require_key
 from services.api.sending import Sending
-from shared.batchstore import BatchStore
+from shared.batchstore import BatchHeader, BatchStore
 from shared.config import Settings
+from shared.errors import DependencyUnavailable
 from shared.http import JSON, ApiError, read_json
+from shared.ratelimit import RecipientQuota
 
 from . import answers, queries
 
@@ -52,6 +54,39 @@ async def get_batch(request: Request) -> Response:
     if header is None or header.user_id != key.user_id:
         raise ApiError(404, "not_found", "no such batch")
     return JSON(answers.batch(await queries.overview(store, header)))
+
+
+async def cancel_batch(request: Request) -> Response:
+    """Cancel a batch still waiting for its ``send_at``; its recipients go back to the
+    quota of the day it was accepted."""
+    key = await require_key(request, "send")
+    batch_id = queries.path_uuid(request, "batch_id")
+    store: BatchStore = request.app.state.batches
+    header = await store.header(batch_id)
+    if header is None or header.user_id != key.user_id:
+        raise ApiError(404, "not_found", "no such batch")
+    status = header.status
+    if status == "scheduled":
+        status = await store.cancel_scheduled(batch_id, key.user_id) or status
+        if status == "cancelled":
+            await _refund(request, header)
+    if status != "cancelled":
+        raise ApiError(
+            409,
+            "batch_started",
+            f"the batch is {status}: only a scheduled batch can be cancelled",
+        )
+    return JSON({"batch_id": str(batch_id), "status": "cancelled"})
+
+
+async def _refund(request: Request, header: BatchHeader) -> None:
+    quota: RecipientQuota = request.app.state.quota
+    message = header.message
+    count = header.recipient_count + len(message.cc) + len(message.bcc)
+    try:
+        await quota.refund(header.user_id, count, header.created_at.date())
+    except DependencyUnavailable:
+        log.warning("batch %s cancelled; its quota was not given back", header.batch_id)
 
 
 async def batch_logs(request: Request) -> Response:

@@ -120,6 +120,18 @@ OPERATIONS: tuple[Operation, ...] = (
         errors=(404,),
     ),
     Operation(
+        "cancel_batch",
+        "post",
+        "/v1/batches/{batch_id}/cancel",
+        "Cancel a scheduled batch before its time",
+        schema.CancelledOut,
+        params=(_BATCH_ID,),
+        errors=(404, 409),
+        description="Only a batch still `scheduled` can be cancelled (409 once it started); "
+        "cancelling it again answers the same. Its recipients are given back to the day's "
+        "quota.",
+    ),
+    Operation(
         "list_batch_logs",
         "get",
         "/v1/batches/{batch_id}/logs",

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 import orjson
 from starlette.requests import Request
 
-from shared import precedence, recipients
+from shared import precedence, recipients, template_use
 from shared.attempts import Attempt, AttemptStore, chunk_line, recipient_line
 from shared.batchstore import BatchHeader, BatchStore, month_of, timeuuid_datetime
 from shared.db import Database, utc
@@ -107,6 +107,8 @@ class RecipientLog:
     resends: list[Step]
     events: list[ProviderEvent]
     """Oldest first."""
+    template_version: int | None = None
+    """The template version this recipient got (None: the batch was not from a template)."""
 
     @property
     def accepted_by(self) -> dict[str, bool]:
@@ -372,6 +374,7 @@ async def logs_page(
             history.get(r["chunk"], []),
             events.get(r["log_id"], []),
             resends.get(r["log_id"], []),
+            template_use.version_for(header.message, r["chunk"]) if header else None,
         )
         for r in out
     ]
@@ -401,6 +404,7 @@ def _log_view(
     history: list[Attempt],
     events: list[ProviderEvent],
     resends: list[Step],
+    template_version: int | None = None,
 ) -> RecipientLog:
     seen = visible(row)
     return RecipientLog(
@@ -426,4 +430,5 @@ def _log_view(
         ],
         resends=resends,
         events=events,
+        template_version=template_version,
     )

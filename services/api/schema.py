@@ -76,9 +76,33 @@ class BatchIn(_In):
         description="A comma-separated string or a list; duplicates collapse, invalid "
         "entries are reported in `rejected` and the rest are sent."
     )
-    subject: str = Field(max_length=validation.MAX_SUBJECT_LENGTH)
+    subject: str | None = Field(
+        None,
+        max_length=validation.MAX_SUBJECT_LENGTH,
+        description="Required unless the batch names a `template_id`.",
+    )
     html: str | None = Field(None, description="At least one of html and text.")
     text: str | None = None
+    template_id: str | None = Field(
+        None,
+        description="Send one of your templates instead of subject/html/text: its live "
+        "version (and, during a canary rollout, the canary to its share of recipients).",
+    )
+    version: int | None = Field(
+        None, ge=1, description="With `template_id`: this version, not the live one."
+    )
+    data: dict[str, Any] | None = Field(
+        None,
+        description="With `template_id`: the variables the whole batch shares. A variable "
+        "not in `data` is per recipient: each `to` entry's `substitutions` must give it.",
+    )
+    send_at: str | None = Field(
+        None,
+        description="RFC 3339 time to send at (up to the configured horizon ahead): the "
+        "batch is `scheduled` until then, and can be cancelled "
+        "(`POST /v1/batches/{id}/cancel`).",
+        examples=["2026-12-01T09:00:00Z"],
+    )
     reply_to: str | AddressIn | None = None
     cc: str | list[str | AddressIn] | None = Field(None, max_length=validation.MAX_COPY_ADDRESSES)
     bcc: str | list[str | AddressIn] | None = Field(None, max_length=validation.MAX_COPY_ADDRESSES)
@@ -279,6 +303,14 @@ class RejectedOut(_Out):
     reason: str
 
 
+class TemplateRefOut(_Out):
+    id: str
+    version: int
+    canary_version: int | None = Field(
+        None, description="During a canary rollout: the version its share of recipients get."
+    )
+
+
 class Accepted(_Out):
     """202: the batch is stored and will be sent."""
 
@@ -291,6 +323,13 @@ class Accepted(_Out):
         "or `cooldown` (mailed less than your cooldown ago). `suppressed` lists the same "
         "addresses."
     )
+    status: Literal["scheduled"] | None = Field(
+        None, description="`scheduled` when the batch has a `send_at`."
+    )
+    send_at: str | None = None
+    template: TemplateRefOut | None = Field(
+        None, description="The template version(s) a template batch sends."
+    )
     priority: Literal["transactional", "bulk"] = Field(description="The batch's lane.")
 
 
@@ -300,6 +339,11 @@ class BatchItem(_Out):
     recipients: int
     created_at: str
     status: str
+
+
+class CancelledOut(_Out):
+    batch_id: str
+    status: Literal["cancelled"]
 
 
 class BatchList(_Out):
@@ -317,6 +361,8 @@ class BatchView(_Out):
     priority: Literal["transactional", "bulk"]
     recipients: int
     chunks: int
+    send_at: str | None = Field(None, description="When a scheduled batch is (was) to go.")
+    template: TemplateRefOut | None = None
     counts: dict[str, int]
     events: dict[str, int]
     failure_reasons: dict[str, int]
@@ -333,6 +379,9 @@ class LogEntry(_Out):
     message_ids: dict[str, str]
     reason: str | None
     updated_at: str | None
+    template_version: int | None = Field(
+        None, description="The template version this recipient got (template batches)."
+    )
     attempts: list[dict[str, Any]]
     resends: list[dict[str, Any]]
     timeline: list[dict[str, Any]]

@@ -20,17 +20,20 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any, ParamSpec
 
 import orjson
+from cassandra.query import Statement
 from pydantic import ValidationError
 
 from services.api.schema import BatchIn, field_errors
-from shared import cooldown, validation
+from services.api.templated import TEMPLATE_FIELDS, Plan, TemplateBatches
+from shared import cooldown, lanes, template_use, validation
 from shared.acceptance import Acceptance
 from shared.background import Background
 from shared.batchstore import BatchStore, NewBatch, new_batch_id
+from shared.canary_store import CanaryStore, Rollout
 from shared.config import Settings
 from shared.cooldown import RecentMail
 from shared.domains import DomainStore, covers, domain_of
@@ -39,9 +42,11 @@ from shared.http import ApiError
 from shared.idempotency import Existing, IdempotencyStore
 from shared.logs import bound
 from shared.metrics import ApiMetrics
+from shared.models import Message
 from shared.preferences import Preferences, PreferenceStore
 from shared.providers.limits import chunk_size
 from shared.ratelimit import RecipientQuota
+from shared.schedule_store import ScheduleStore
 from shared.suppressions import SuppressionStore
 
 log = logging.getLogger(__name__)
@@ -67,11 +72,19 @@ class Sending:
     """The users' tracking defaults and cooldown (without it: the defaults, no cooldown)."""
     recent: RecentMail | None = None
     """When each address was last mailed (cooldown)."""
+    templates: TemplateBatches | None = None
+    """Batches made from the users' templates (without it: refused)."""
+    schedules: ScheduleStore | None = None
+    """Batches waiting for their ``send_at`` (without it: scheduling is refused)."""
+    canaries: CanaryStore | None = None
+    """Which batches carried a template's canary (for the rollout's judge)."""
 
     async def accept(self, user_id: uuid.UUID, body: object, idem: str | None) -> dict[str, Any]:
         """Validate, drop suppressed recipients, honour the Idempotency-Key (a repeat gets
         the first answer), charge the daily quota and accept durably. Raises ApiError
         409/422/429, and 503 when a dependency is down before the batch is stored."""
+        original = body
+        body, extra = await self._extra(user_id, body)
         if validation.is_large(body):
             parsed = await asyncio.to_thread(self._validated, body)
         else:
@@ -82,14 +95,54 @@ class Sending:
         parsed = _invalid_as_422(validation.with_engagement, parsed, prefs)
         parsed = await self._drop_suppressed(user_id, parsed)
         if idem is None:
-            return await self._accept_once(user_id, new_batch_id(time.time()), parsed, prefs)
+            return await self._accept_once(user_id, new_batch_id(time.time()), parsed, prefs, extra)
         owner = uuid.uuid4()
         claim = await self.idempotency.claim(
-            user_id, idem, validation.body_hash(body), new_batch_id(time.time()), owner
+            user_id, idem, validation.body_hash(original), new_batch_id(time.time()), owner
         )
         if isinstance(claim, Existing):
-            return await self._repeat(user_id, idem, claim, owner, parsed, prefs)
-        return await self._accept_keyed(user_id, idem, claim.batch_id, owner, parsed, prefs)
+            return await self._repeat(user_id, idem, claim, owner, parsed, prefs, extra)
+        return await self._accept_keyed(user_id, idem, claim.batch_id, owner, parsed, prefs, extra)
+
+    async def _extra(self, user_id: uuid.UUID, body: object) -> tuple[object, Extra]:
+        """The body without ``send_at`` and with a template's content in place of its
+        template fields, and what those asked for."""
+        if not isinstance(body, dict):
+            return body, Extra()
+        when: datetime | None = None
+        if "send_at" in body:
+            if self.schedules is None:
+                raise ApiError(
+                    422,
+                    "invalid_fields",
+                    "bad field",
+                    fields={"send_at": "scheduling is not available"},
+                )
+            try:
+                when = lanes.send_at(
+                    body["send_at"],
+                    datetime.now(UTC),
+                    timedelta(days=self.settings.api.schedule_horizon_days),
+                )
+            except lanes.ScheduleError as exc:
+                raise ApiError(
+                    422,
+                    "invalid_fields",
+                    "the request has invalid fields",
+                    fields={"send_at": str(exc)},
+                ) from None
+            body = {k: v for k, v in body.items() if k != "send_at"}
+        plan: Plan | None = None
+        if any(field in body for field in TEMPLATE_FIELDS):
+            if self.templates is None:
+                raise ApiError(
+                    422,
+                    "invalid_fields",
+                    "bad field",
+                    fields={"template_id": "templates are not available"},
+                )
+            body, plan = await self.templates.prepare(user_id, body)
+        return body, Extra(plan, when)
 
     def _validated(self, body: object) -> validation.BatchRequest:
         """The body checked against the schema (``schema.BatchIn``), then by the rules a
@@ -121,6 +174,7 @@ class Sending:
         owner: uuid.UUID,
         parsed: validation.BatchRequest,
         prefs: Preferences,
+        extra: Extra,
     ) -> dict[str, Any]:
         """A request whose key was claimed before: the stored answer, or finish the batch."""
         if not claim.same_body:
@@ -148,7 +202,7 @@ class Sending:
                 "a request with this Idempotency-Key is still being processed; retry",
                 headers={"Retry-After": str(max(1, math.ceil(wait)))},
             )
-        return await self._accept_keyed(user_id, idem, claim.batch_id, owner, parsed, prefs)
+        return await self._accept_keyed(user_id, idem, claim.batch_id, owner, parsed, prefs, extra)
 
     async def _accept_keyed(
         self,
@@ -158,13 +212,14 @@ class Sending:
         owner: uuid.UUID,
         parsed: validation.BatchRequest,
         prefs: Preferences,
+        extra: Extra,
     ) -> dict[str, Any]:
         """Accept under a claimed key. The claim is released only when nothing can have been
         stored (the quota refused the batch, or the cooldown left no recipient); after any
         other failure it stays, so the client's retry finds the batch if it was stored, or
         takes the claim over once its lease ends."""
         try:
-            response = await self._accept_once(user_id, batch_id, parsed, prefs, keyed=True)
+            response = await self._accept_once(user_id, batch_id, parsed, prefs, extra, keyed=True)
         except ApiError as exc:
             if exc.status in (422, 429):
                 await self._release_quietly(user_id, idem, owner)
@@ -178,6 +233,7 @@ class Sending:
         batch_id: uuid.UUID,
         parsed: validation.BatchRequest,
         prefs: Preferences,
+        extra: Extra,
         *,
         keyed: bool = False,
     ) -> dict[str, Any]:
@@ -200,18 +256,20 @@ class Sending:
                 f"this batch would pass the daily quota of {self.quota.daily_limit} recipients",
                 headers={"Retry-After": str(verdict.retry_after)},
             )
-        response = answer(batch_id, parsed)
-        batch = build_batch(self.settings, user_id, batch_id, parsed, response)
+        batch = build_batch(self.settings, user_id, batch_id, parsed, extra=extra)
+        response: dict[str, Any] = orjson.loads(batch.response)
         with bound(batch_id=batch_id):
             try:
-                await self.acceptance.store(batch)
+                await self.acceptance.store(batch, also=await self._also(batch))
             except DependencyUnavailable:
                 await self._after_failed_store(user_id, batch_id, count, day, cancel=not keyed)
                 raise
             # Stored: from here on nothing may turn this into an error (the relay publishes
-            # if the broker does not confirm now).
+            # if the broker does not confirm now; the scheduler publishes a scheduled one).
             await self._record_recent(user_id, batch_id, parsed, prefs)
-            if await self.acceptance.publish(batch_id):
+            if batch.send_at is not None:
+                pass
+            elif await self.acceptance.publish(batch_id):
                 self.background.spawn(self.acceptance.outbox.done(batch_id))
             else:
                 self.metrics.deferred_publishes.inc()
@@ -219,6 +277,20 @@ class Sending:
         self.metrics.recipients.inc(count)
         self.metrics.accept_seconds.observe(time.perf_counter() - started)
         return response
+
+    async def _also(self, batch: NewBatch) -> list[Statement]:
+        """The writes of other partitions that go in the batch's own request: its schedule
+        row, and the rollout's record that it carried a canary."""
+        also: list[Statement] = []
+        if batch.send_at is not None and self.schedules is not None:
+            also.append(await self.schedules.statement(batch.batch_id, batch.send_at))
+        use = batch.message.template
+        if use and use.canary and use.canary_since and self.canaries is not None:
+            also += await self.canaries.statements(
+                Rollout(use.id, use.canary_since, batch.user_id, use.canary.version, use.version),
+                batch.batch_id,
+            )
+        return also
 
     async def _after_failed_store(
         self, user_id: uuid.UUID, batch_id: uuid.UUID, count: int, day: date, *, cancel: bool
@@ -328,9 +400,22 @@ def _invalid_as_422(
         raise ApiError(422, exc.code, str(exc), fields=exc.fields) from exc
 
 
-def answer(batch_id: uuid.UUID, parsed: validation.BatchRequest) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Extra:
+    """What a request asked for beyond its message: a template's plan, a ``send_at``."""
+
+    plan: Plan | None = None
+    send_at: datetime | None = None
+
+
+def answer(
+    batch_id: uuid.UUID,
+    parsed: validation.BatchRequest,
+    message: Message | None = None,
+    send_at: datetime | None = None,
+) -> dict[str, Any]:
     """The 202 body for a validated request stored under ``batch_id`` (pure)."""
-    return {
+    out: dict[str, Any] = {
         "batch_id": str(batch_id),
         "accepted": len(parsed.recipients),
         "suppressed": list(parsed.suppressed),
@@ -338,6 +423,17 @@ def answer(batch_id: uuid.UUID, parsed: validation.BatchRequest) -> dict[str, An
         "skipped": [{"email": r.email, "reason": r.reason} for r in parsed.skipped],
         "priority": parsed.message.lane,
     }
+    if send_at is not None:
+        out["status"] = "scheduled"
+        out["send_at"] = send_at.isoformat()
+    use = message.template if message is not None else None
+    if use is not None:
+        out["template"] = {
+            "id": str(use.id),
+            "version": use.version,
+            "canary_version": use.canary.version if use.canary else None,
+        }
+    return out
 
 
 def build_batch(
@@ -345,17 +441,30 @@ def build_batch(
     user_id: uuid.UUID,
     batch_id: uuid.UUID,
     parsed: validation.BatchRequest,
-    response: dict[str, Any] | None = None,
+    *,
+    extra: Extra = Extra(),
 ) -> NewBatch:
-    """The batch a validated request stores under ``batch_id``, with the 202 it answers."""
+    """The batch a validated request stores under ``batch_id``, with the 202 it answers.
+    A template's canary recipients come first, in chunks of their own (pure)."""
+    message, recipients, split = parsed.message, parsed.recipients, 0
+    size = chunk_size(settings.providers.chain_codes, copies=len(message.cc) + len(message.bcc))
+    plan = extra.plan
+    if plan is not None:
+        if plan.canary is not None:
+            order, split = template_use.canary_first(
+                plan.template_id, [r.email for r in recipients], plan.percent
+            )
+            recipients = tuple(recipients[i] for i in order)
+        use = template_use.use_of(plan.template_id, plan.live, plan.canary, split, size, plan.since)
+        message = message.model_copy(update={"template": use})
+        split = split if use.canary is not None else 0
     return NewBatch(
         batch_id=batch_id,
         user_id=user_id,
-        message=parsed.message,
-        recipients=parsed.recipients,
-        chunk_size=chunk_size(
-            settings.providers.chain_codes,
-            copies=len(parsed.message.cc) + len(parsed.message.bcc),
-        ),
-        response=orjson.dumps(response or answer(batch_id, parsed)),
+        message=message,
+        recipients=recipients,
+        chunk_size=size,
+        response=orjson.dumps(answer(batch_id, parsed, message, extra.send_at)),
+        split=split,
+        send_at=extra.send_at,
     )

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from services.consumers import failover, protocol
-from shared import recipient_events
+from shared import recipient_events, template_use
 from shared.attempts import Attempt, find, tag
 from shared.db import Row
 from shared.domains import domain_of
@@ -86,7 +86,7 @@ class Caller:
             chunk = Chunk(
                 batch_id=job.batch_id,
                 index=job.chunk,
-                message=header.message,
+                message=template_use.message_for(header.message, job.chunk),
                 recipients=tuple(_recipient(r) for r in to_send),
                 attempt=tag(job.line, job.attempt),
             )

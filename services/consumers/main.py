@@ -15,13 +15,17 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 
+from services.consumers.canary_judge import CanaryJudge
 from services.consumers.dispatch import Dispatcher, Hooks, no_hooks
 from services.consumers.live import ConsumerSettings, LiveMetrics
+from services.consumers.scheduler import Scheduler
 from services.consumers.splitter import Splitter
 from shared.acceptance import Acceptance
 from shared.alerts import Alert, AlertConfig, Alerter, AlertMail
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchStore
+from shared.canary import Margins
+from shared.canary_store import CanaryStore
 from shared.config import Settings
 from shared.deadletters import DeadLetterStore, Letter, archiver
 from shared.domain_capacity import CapacityGate, DomainVolumes
@@ -38,8 +42,10 @@ from shared.providers.base import Provider
 from shared.providers.registry import build_providers, close_all
 from shared.recipients import RecipientStore
 from shared.resources import Resources, open_resources, readiness_checks
+from shared.schedule_store import ScheduleStore
 from shared.settle import InFlight, settling
 from shared.stats import StatsStore
+from shared.templates import TemplateStore
 from shared.user_hooks import HookEmitter
 
 log = logging.getLogger(__name__)
@@ -224,6 +230,37 @@ async def tidy_counters(res: Resources, dispatcher: Dispatcher, scope: str) -> N
         await asyncio.sleep(TIDY_EVERY)
 
 
+def scheduler_of(settings: Settings, res: Resources, batches: BatchStore) -> Scheduler:
+    """The scheduler of the namespace's scheduled batches (run it)."""
+    return Scheduler(ScheduleStore(res.db, settings.amqp.exchange), batches, res.broker)
+
+
+def judge_of(
+    settings: Settings,
+    res: Resources,
+    batches: BatchStore,
+    recipients: RecipientStore,
+    alerter: Alerter | None = None,
+) -> CanaryJudge:
+    """The judge of the namespace's template canaries (run it)."""
+    c = settings.consumers
+    return CanaryJudge(
+        CanaryStore(res.db, settings.amqp.exchange),
+        TemplateStore(res.db),
+        batches,
+        recipients,
+        Margins(
+            provider_failures=c.canary_margin_failures,
+            hard_bounces=c.canary_margin_bounces,
+            complaints=c.canary_margin_complaints,
+            min_sent=c.canary_min_sent,
+        ),
+        timedelta(seconds=c.canary_window),
+        timedelta(seconds=c.canary_deadline),
+        alerter,
+    )
+
+
 #: Start-up and alert tasks kept referenced until they finish.
 _background: set[asyncio.Task[Any]] = set()
 
@@ -295,6 +332,12 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
                 ),
                 asyncio.create_task(watch_queues(res, started.applier, alerter)),
                 asyncio.create_task(tidy_counters(res, dispatcher, exchange)),
+                asyncio.create_task(scheduler_of(settings, res, dispatcher.batches).run()),
+                asyncio.create_task(
+                    judge_of(
+                        settings, res, dispatcher.batches, dispatcher.recipients, alerter
+                    ).run()
+                ),
             ]
             try:
                 yield

@@ -39,6 +39,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from services.webhooks.ingest import Ingest, IngestMetrics
+from shared import template_use
 from shared.config import Settings
 from shared.engagement import TRACKER, links_of
 from shared.engagement_tokens import Claim, KeyRing, read, redirect_target, ring_from
@@ -77,7 +78,7 @@ class Tracking:
         self.ingest = ingest
         self.ring = ring
         self.allowed_hosts = allowed_hosts
-        self._links: OrderedDict[uuid.UUID, list[str]] = OrderedDict()
+        self._links: OrderedDict[uuid.UUID, tuple[list[str], list[str], int]] = OrderedDict()
         self._emails: OrderedDict[tuple[uuid.UUID, int], dict[uuid.UUID, str]] = OrderedDict()
         self._recent: OrderedDict[tuple[uuid.UUID, str, int | None, int], None] = OrderedDict()
 
@@ -85,17 +86,26 @@ class Tracking:
         claim = read(str(request.path_params["token"]), self.ring)
         return claim if claim is not None and claim.purpose == purpose else None
 
-    async def links(self, batch_id: uuid.UUID) -> list[str]:
-        """The tracked links of the batch's stored message (its own: never from a URL)."""
+    async def links(self, batch_id: uuid.UUID, chunk: int) -> list[str]:
+        """The tracked links of the stored message the chunk carried (its own: never from a
+        URL; a template's canary chunks carry the canary's)."""
         known = self._links.get(batch_id)
         if known is None:
             header = await self.ingest.batches.header(batch_id)
-            known = links_of(header.message) if header else []
-            if header is not None:
-                self._links[batch_id] = known
-                if len(self._links) > LINKS_CACHE:
-                    self._links.popitem(last=False)
-        return known
+            if header is None:
+                return []
+            message, use = header.message, header.message.template
+            canary = use.canary_chunks if use and use.canary else 0
+            known = (
+                links_of(message),
+                links_of(template_use.message_for(message, 0)) if canary else [],
+                canary,
+            )
+            self._links[batch_id] = known
+            if len(self._links) > LINKS_CACHE:
+                self._links.popitem(last=False)
+        live, canary_links, canary_chunks = known
+        return canary_links if chunk < canary_chunks else live
 
     async def email(self, claim: Claim) -> str | None:
         """The recipient's address (the chunk's addresses are read once, then remembered:
@@ -187,7 +197,9 @@ async def click(request: Request) -> Response:
     t = _tracking(request)
     claim = t.claim(request, "click")
     target = (
-        redirect_target(claim, await t.links(claim.batch_id), t.allowed_hosts) if claim else None
+        redirect_target(claim, await t.links(claim.batch_id, claim.chunk), t.allowed_hosts)
+        if claim
+        else None
     )
     if claim is None or target is None:
         return _page(404, "Not found", "This link is not valid or has expired.")

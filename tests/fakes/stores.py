@@ -363,9 +363,10 @@ class FakeBatches:
                 "recipient_count": len(batch.recipients),
                 "chunk_size": batch.chunk_size,
                 "chunk_count": batch.chunk_count,
-                "status": "accepted",
+                "status": batch.status,
                 "updated_at": created,
                 "accept_response": batch.response or None,
+                "send_at": batch.send_at,
             },
             _header_stamp(batch.batch_id),
         )
@@ -417,7 +418,29 @@ class FakeBatches:
             status=h.get("status"),
             reason=h.get("reason"),
             response=h.get("accept_response"),
+            send_at=h.get("send_at"),
         )
+
+    async def start_scheduled(self, batch_id: uuid.UUID) -> str | None:
+        return await self._from_scheduled(batch_id, "accepted", "batches.start_scheduled")
+
+    async def cancel_scheduled(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> str | None:
+        status = await self._from_scheduled(batch_id, "cancelled", "batches.cancel_scheduled")
+        if status == "cancelled":
+            await self.stats.cancelled(user_id, batch_id, _header_stamp(batch_id) + 1)
+        return status
+
+    async def _from_scheduled(self, batch_id: uuid.UUID, status: str, op: str) -> str | None:
+        failure = await self.db._before(op)
+        h = self.db.headers.get(batch_id)
+        if h is None or h.get("message") is None:
+            self.db._after(failure)
+            return None
+        if h.get("status") == "scheduled":
+            h.put("status", status, self.db.stamp())
+        self.db._after(failure)
+        current: str = h.get("status")
+        return current
 
     async def owner(self, batch_id: uuid.UUID) -> uuid.UUID | None:
         self.db._after(await self.db._before("batches.owner"))

@@ -4,7 +4,7 @@ RabbitMQ): its documented status, and a body its answer model validates."""
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import httpx
 
@@ -48,6 +48,9 @@ async def test_every_operation_answers_its_documented_shape(
     await call("list_batches", "GET", "/v1/batches")
     await call("get_batch", "GET", f"/v1/batches/{batch_id}")
     await call("list_batch_logs", "GET", f"/v1/batches/{batch_id}/logs")
+    later = {**body, "send_at": (datetime.now(UTC) + timedelta(hours=1)).isoformat()}
+    scheduled = (await call("create_batch", "POST", "/v1/batches", json=later)).json()
+    await call("cancel_batch", "POST", f"/v1/batches/{scheduled['batch_id']}/cancel")
     await call("create_suppression", "POST", "/v1/suppressions", json={"email": "x@example.com"})
     await call("list_suppressions", "GET", "/v1/suppressions")
     await call("delete_suppression", "DELETE", "/v1/suppressions/x@example.com")

@@ -25,7 +25,7 @@ async def test_a_batch_is_due_once_its_minute_has_come(db: Database) -> None:
 
     found, last = await store.due(now)
 
-    assert [b for _, b in found] == [soon]
+    assert [d.batch_id for d in found] == [soon]
     assert last == bucket_of(now)
 
 
@@ -47,7 +47,7 @@ async def test_a_scheduler_that_died_before_its_cursor_moved_hands_the_batch_on_
     assert await store.finish(second, finished_through(last, now) or now)
     after, _ = await store.due(now)
 
-    assert [b for _, b in found] == [b for _, b in again] == [batch]
+    assert [d.batch_id for d in found] == [d.batch_id for d in again] == [batch]
     assert after == []
 
 

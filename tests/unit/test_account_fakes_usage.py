@@ -5,7 +5,7 @@ Also ``Managing.unsuppress``'s handling of blank input over the suppression twin
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
@@ -45,7 +45,7 @@ class _Acceptance:
         self.failures: list[bool] = []
         """Next stores to fail, each ``True`` when its write lands before the error."""
 
-    async def store(self, batch: NewBatch) -> None:
+    async def store(self, batch: NewBatch, *, also: Sequence[object] = ()) -> None:
         landed = self.failures.pop(0) if self.failures else None
         if landed is False:
             raise DependencyUnavailable("cassandra", "WriteTimeout (injected)")

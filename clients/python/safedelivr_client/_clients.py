@@ -103,7 +103,7 @@ class Client:
         self,
         sender: Address,
         to: str | Sequence[Recipient],
-        subject: str,
+        subject: str | None = None,
         *,
         html: str | None = None,
         text: str | None = None,
@@ -112,7 +112,8 @@ class Client:
     ) -> Accepted:
         """Submit a batch (``POST /v1/batches``). ``more`` takes the other fields: ``cc``,
         ``bcc``, ``reply_to``, ``headers``, ``bulk``, ``priority``, ``categories``, ``metadata``,
-        ``tracking``, ``unsubscribe``, ``list`` (pass it as ``**{"list": name}``)."""
+        ``tracking``, ``unsubscribe``, ``list`` (pass it as ``**{"list": name}``), ``send_at``,
+        and ``template_id``, ``version``, ``data`` for a template batch (no subject then)."""
         request = send_request(
             sender,
             to,
@@ -138,6 +139,11 @@ class Client:
 
     def batch(self, batch_id: str) -> dict[str, Any]:
         return cast(dict[str, Any], self._call(Request("GET", f"/v1/batches/{quoted(batch_id)}")))
+
+    def cancel(self, batch_id: str) -> dict[str, Any]:
+        """Cancel a scheduled batch before its ``send_at`` (409 once it started)."""
+        request = Request("POST", f"/v1/batches/{quoted(batch_id)}/cancel")
+        return cast(dict[str, Any], self._call(request))
 
     def logs(
         self,
@@ -358,7 +364,7 @@ class AsyncClient:
         self,
         sender: Address,
         to: str | Sequence[Recipient],
-        subject: str,
+        subject: str | None = None,
         *,
         html: str | None = None,
         text: str | None = None,
@@ -392,6 +398,11 @@ class AsyncClient:
 
     async def batch(self, batch_id: str) -> dict[str, Any]:
         request = Request("GET", f"/v1/batches/{quoted(batch_id)}")
+        return cast(dict[str, Any], await self._call(request))
+
+    async def cancel(self, batch_id: str) -> dict[str, Any]:
+        """Cancel a scheduled batch before its ``send_at`` (409 once it started)."""
+        request = Request("POST", f"/v1/batches/{quoted(batch_id)}/cancel")
         return cast(dict[str, Any], await self._call(request))
 
     async def logs(

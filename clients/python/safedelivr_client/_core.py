@@ -17,6 +17,7 @@ OPERATIONS: Mapping[str, str] = {
     "list_batches": "batches",
     "get_batch": "batch",
     "list_batch_logs": "logs",
+    "cancel_batch": "cancel",
     "list_suppressions": "suppressions",
     "create_suppression": "suppress",
     "delete_suppression": "unsuppress",
@@ -209,7 +210,7 @@ def wait_before_retry(
 def send_request(
     sender: Address,
     to: str | Sequence[Recipient],
-    subject: str,
+    subject: str | None,
     *,
     html: str | None,
     text: str | None,
@@ -217,7 +218,8 @@ def send_request(
     more: Mapping[str, Any],
 ) -> Request:
     body: dict[str, Any] = {"from": sender, "to": to if isinstance(to, str) else list(to)}
-    body["subject"] = subject
+    if subject is not None:  # None: the batch names a template_id (in ``more``)
+        body["subject"] = subject
     if html is not None:
         body["html"] = html
     if text is not None:

@@ -1,0 +1,171 @@
+"""The canary judge: once a template's canary has run its window, compares what its
+recipients came to with what the live version's came to, over the batches that carried the
+rollout, and promotes the canary or rolls it back (``shared.canary.decide``).
+
+A verdict is applied to the template by a conditional update (a user's publish in the
+meantime wins: the rollout is then simply dropped), audited in ``template_rollouts`` (shown
+by ``GET /v1/templates/{id}`` and the dashboard), and a rollback raises an alert. Every
+consumer process runs a judge; two judging the same rollout at once reach the same verdict
+from the same rows, and only one conditional update applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Final
+
+from shared import template_use
+from shared.alerts import Alert, Alerter
+from shared.batchstore import BatchStore
+from shared.canary import Counts, Margins, Verdict, decide
+from shared.canary_store import CanaryStore, Outcome, Rollout
+from shared.errors import DependencyUnavailable
+from shared.precedence import visible
+from shared.recipients import RecipientStore
+from shared.templates import TemplateStore
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two looks at the rollouts waiting for a verdict.
+JUDGE_EVERY: Final = 10.0
+#: A rollout still short of recipients is counted again after this long (counting reads
+#: every recipient of its batches).
+RECOUNT_AFTER: Final = timedelta(minutes=1)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    canary: Counts
+    live: Counts
+
+
+def count(events: list[tuple[bool, str | None]]) -> Tally:
+    """Each recipient's (in the canary?, latest event) counted per version (pure).
+
+    A recipient counts as sent once a provider took it or refused it (any event but
+    ``queued``); a provider-side failure is our ``failed`` or a provider's ``dropped``.
+    """
+    tallies = {True: [0, 0, 0, 0], False: [0, 0, 0, 0]}
+    for canary, event in events:
+        if event in (None, "queued"):
+            continue
+        t = tallies[canary]
+        t[0] += 1
+        if event in ("failed", "dropped"):
+            t[1] += 1
+        elif event == "bounced":
+            t[2] += 1
+        elif event == "complained":
+            t[3] += 1
+    return Tally(Counts(*tallies[True]), Counts(*tallies[False]))
+
+
+@dataclass
+class CanaryJudge:
+    store: CanaryStore
+    templates: TemplateStore
+    batches: BatchStore
+    recipients: RecipientStore
+    margins: Margins
+    window: timedelta
+    deadline: timedelta
+    alerter: Alerter | None = None
+    clock: Callable[[], datetime] = _now
+    recount_after: timedelta = RECOUNT_AFTER
+    _next: dict[tuple[uuid.UUID, datetime], datetime] = field(default_factory=dict)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.pass_once()
+            except DependencyUnavailable as exc:
+                log.warning("canary judge pass stopped: %s", exc)
+            await asyncio.sleep(JUDGE_EVERY)
+
+    async def pass_once(self) -> list[Verdict]:
+        """Judge every rollout whose window has passed; the verdicts reached (waits too)."""
+        now = self.clock()
+        verdicts: list[Verdict] = []
+        rollouts = await self.store.rollouts()
+        waiting = {(r.template_id, r.since) for r in rollouts}
+        self._next = {k: v for k, v in self._next.items() if k in waiting}
+        for rollout in rollouts:
+            key = (rollout.template_id, rollout.since)
+            if now < max(rollout.since + self.window, self._next.get(key, now)):
+                continue
+            verdict = await self.judge(rollout, now)
+            if verdict.decision == "wait":
+                self._next[key] = now + self.recount_after
+            verdicts.append(verdict)
+        return verdicts
+
+    async def judge(self, rollout: Rollout, now: datetime) -> Verdict:
+        template = await self.templates.get(rollout.user_id, rollout.template_id)
+        if template is None or template.canary_since != rollout.since:
+            await self.store.forget(rollout)  # deleted, or replaced by another publish
+            return Verdict("wait", "the rollout was replaced")
+        tally = await self.tally(rollout)
+        verdict = decide(
+            tally.canary,
+            tally.live,
+            self.margins,
+            deadline_passed=now >= rollout.since + self.deadline,
+        )
+        if verdict.decision == "wait":
+            return verdict
+        live = rollout.canary_version if verdict.decision == "promote" else rollout.live_version
+        if await self.templates.conclude(template, rollout.since, live):
+            log.info(
+                "template %s: canary v%d %s (%s)",
+                rollout.template_id,
+                rollout.canary_version,
+                "promoted" if verdict.decision == "promote" else "rolled back",
+                verdict.reason,
+            )
+            if verdict.decision == "rollback":
+                await self._alert(rollout, verdict)
+        outcome = Outcome(
+            now,
+            rollout.canary_version,
+            rollout.live_version,
+            verdict.decision,
+            verdict.reason,
+            tally.canary,
+            tally.live,
+        )
+        await self.store.judged(rollout, outcome)
+        return verdict
+
+    async def tally(self, rollout: Rollout) -> Tally:
+        """Every recipient of the rollout's batches, counted per version."""
+        events: list[tuple[bool, str | None]] = []
+        for batch_id in await self.store.batches(rollout):
+            header = await self.batches.header(batch_id)
+            if header is None:
+                continue
+            for chunk in range(header.chunk_count):
+                canary = template_use.version_for(header.message, chunk) == (rollout.canary_version)
+                rows = await self.recipients.chunk_rows(batch_id, chunk)
+                events += [(canary, visible(r).event) for r in rows]
+        return count(events)
+
+    async def _alert(self, rollout: Rollout, verdict: Verdict) -> None:
+        if self.alerter is None:
+            return
+        text = (
+            f"template {rollout.template_id}: canary version {rollout.canary_version} was "
+            f"rolled back to version {rollout.live_version}: {verdict.reason}"
+        )
+        try:
+            await self.alerter.send(Alert("canary_rollback", str(rollout.template_id), text))
+        except DependencyUnavailable as exc:
+            log.warning("the rollback alert was not sent: %s", exc)

@@ -1,0 +1,116 @@
+"""The scheduler: hands each scheduled batch on when its ``send_at`` comes.
+
+One scheduler works per namespace at a time (the holder of ``shared.schedule_store``'s
+lease); every consumer process runs one, and the others wait for the lease. A pass reads the
+minutes that came due since the cursor (``ScheduleStore.due``), moves each batch whose second
+has come from ``scheduled`` to ``accepted`` (a lightweight transaction: a cancellation
+either wins or comes too late) and publishes ``batch.<uuid>`` with confirms; only then is
+the cursor moved past the minutes finished. Dying at any await leaves the batch to the next
+pass or the next holder: the transition is kept (``accepted`` is published again) and the
+splitter and the senders make a repeated publish harmless. A broker or database down stops
+the pass, not the loop.
+
+Passes run every :data:`PASS_EVERY` seconds: a few partition reads and, every few passes,
+the lease's renewal; batches go out within about that of their time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Final
+
+from shared.batchstore import BatchStore
+from shared.broker import Broker
+from shared.errors import DependencyUnavailable
+from shared.lanes import bucket_of
+from shared.models import BatchJob
+from shared.schedule_store import ScheduleStore, finished_through
+from shared.topology import batch_key
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two passes.
+PASS_EVERY: Final = 1.0
+#: Seconds a lease lasts without renewal (a dead scheduler's successor waits this long).
+LEASE_SECONDS: Final = 15
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class Scheduler:
+    store: ScheduleStore
+    batches: BatchStore
+    broker: Broker
+    owner: uuid.UUID = field(default_factory=uuid.uuid4)
+    clock: Callable[[], datetime] = _now
+    handed: dict[datetime, set[uuid.UUID]] = field(default_factory=dict)
+    """Batches of minutes not yet finished that this scheduler handed on already."""
+    _renew_at: float = 0.0
+    _finished: datetime | None = None
+
+    async def run(self) -> None:
+        """Pass after pass until cancelled; the lease is released on the way out."""
+        try:
+            while True:
+                try:
+                    await self.pass_once()
+                except DependencyUnavailable as exc:
+                    log.warning("scheduler pass stopped: %s", exc)
+                await asyncio.sleep(PASS_EVERY)
+        finally:
+            try:
+                await asyncio.shield(self.store.release_lease(self.owner))
+            except DependencyUnavailable:
+                log.warning("the scheduler's lease was not released; it lapses by itself")
+
+    async def pass_once(self) -> int:
+        """One pass; how many batches it handed on (0 without the lease)."""
+        if time.monotonic() >= self._renew_at:
+            # Renewed a third of the way: a holder that stalls past the rest loses it.
+            if not await self.store.take_lease(self.owner, LEASE_SECONDS):
+                self.handed.clear()  # another holds it: what it hands on is its business
+                self._finished = None
+                return 0
+            self._renew_at = time.monotonic() + LEASE_SECONDS / 3
+        now = self.clock()
+        found, last = await self.store.due(now)
+        handed = 0
+        for due in found:
+            if due.send_at > now:
+                continue  # its second has not come: a later pass (its minute stays open)
+            seen = self.handed.setdefault(due.minute, set())
+            if due.batch_id in seen:
+                continue
+            if await self.hand_on(due.batch_id):
+                handed += 1
+            seen.add(due.batch_id)
+        through = finished_through(last, now)
+        if through is not None and through != self._finished:
+            if not await self.store.finish(self.owner, through):
+                self._renew_at = 0.0  # the lease was lost: ask again next pass
+                return handed
+            self._finished = through
+            current = bucket_of(now)
+            self.handed = {m: s for m, s in self.handed.items() if m >= current}
+        return handed
+
+    async def hand_on(self, batch_id: uuid.UUID) -> bool:
+        """Start a batch whose time came; False when it was cancelled (or is gone)."""
+        status = await self.batches.start_scheduled(batch_id)
+        if status != "accepted":
+            # Cancelled, or started and split already (a pass that died after publishing).
+            return False
+        await self.broker.publish(
+            batch_key(batch_id), BatchJob(batch_id=batch_id).encode(), message_id=str(batch_id)
+        )
+        log.info("scheduled batch %s handed on", batch_id)
+        return True

@@ -1,0 +1,178 @@
+"""A batch sent from a template (pure): rendering a version once for the whole batch, the
+recipients' own values as provider substitutions, and which copy each chunk carries.
+
+A version is rendered once per batch, not once per recipient: one request to a provider
+carries up to a thousand recipients and one content. The batch's ``data`` fills the
+template; a variable that is not in ``data`` is per recipient: it renders as a marker that
+the provider replaces with that recipient's value from ``to[i].substitutions`` (SendGrid
+substitutions, Mailgun recipient variables). The html part has a marker of its own, whose
+value is html-escaped, so a recipient's name cannot inject markup; the subject and text
+parts take the value as it is. A per-recipient variable can only be inserted as it is
+(``{{ first_name }}``): a filter or a test would act on the marker, not on the value, so a
+template that transforms one is refused with the variable's name.
+
+A canary rollout sends its version to a stable share of the recipients
+(``shared.canary.in_canary``): they are stored first, in chunks of their own, and the batch
+remembers how many of its chunks carry the canary (:func:`message_for`).
+"""
+
+from __future__ import annotations
+
+import html as html_lib
+import re
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from jinja2 import meta
+from jinja2.exceptions import TemplateSyntaxError
+from markupsafe import Markup
+
+from shared.canary import in_canary
+from shared.models import Message, TemplateCopy, TemplateUse
+from shared.template_render import RenderError, environment, render
+
+#: Markers of per-recipient variables: ``[[sd.h.name]]`` in html, ``[[sd.t.name]]`` elsewhere.
+_MARKER: Final = "[[sd.{part}.{name}]]"
+_ANY_MARKER: Final = re.compile(r"\[\[sd\.([a-z])\.([^\]]*)\]\]", re.IGNORECASE)
+#: Variable names a recipient may fill (Jinja2 identifiers of a sane length).
+_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def marker(name: str, *, html_part: bool) -> str:
+    return _MARKER.format(part="h" if html_part else "t", name=name)
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A version's parts, as stored."""
+
+    version: int
+    subject: str
+    html: str | None
+    text: str | None
+
+
+def variables(source: Source) -> frozenset[str]:
+    """The variables a version uses (RenderError when it does not parse)."""
+    names: set[str] = set()
+    for part in (source.subject, source.html, source.text):
+        if not part:
+            continue
+        try:
+            names |= meta.find_undeclared_variables(environment(html_part=False).parse(part))
+        except TemplateSyntaxError as exc:
+            raise RenderError(f"line {exc.lineno}: {exc.message}") from None
+    return frozenset(names - {"range"})
+
+
+def per_recipient(source: Source, data: Mapping[str, Any]) -> frozenset[str]:
+    """The variables a version uses that ``data`` does not fill: each recipient's own."""
+    return frozenset(n for n in variables(source) if n not in data)
+
+
+def render_once(source: Source, data: Mapping[str, Any], personal: Iterable[str]) -> TemplateCopy:
+    """The version rendered with ``data``, each per-recipient variable as its marker.
+
+    Raises RenderError when it does not render, or transforms a per-recipient variable."""
+    names = sorted(personal)
+    for name in names:
+        if not _NAME.fullmatch(name):
+            raise RenderError(f"{name!r} is not a variable name a recipient can fill")
+    plain = {**data, **{n: marker(n, html_part=False) for n in names}}
+    rendered_text = render(source.subject, None, source.text, plain)
+    rendered_html = (
+        render(
+            "",
+            source.html,
+            None,
+            {**data, **{n: Markup(marker(n, html_part=True)) for n in names}},  # noqa: S704
+        )
+        if source.html
+        else None
+    )
+    html = rendered_html.html if rendered_html else None
+    text = rendered_text.text if source.text else (rendered_html.text if rendered_html else None)
+    if text is not None and rendered_html is not None and not source.text:
+        # The derived text part comes from the html: its markers are the html's.
+        text = text.replace("[[sd.h.", "[[sd.t.")
+    copy = TemplateCopy(version=source.version, subject=rendered_text.subject, html=html, text=text)
+    _check_markers(copy, frozenset(names))
+    return copy
+
+
+def _check_markers(copy: TemplateCopy, names: frozenset[str]) -> None:
+    for part, text in (("subject", copy.subject), ("html", copy.html), ("text", copy.text)):
+        for match in _ANY_MARKER.finditer(text or ""):
+            kind, name = match.group(1), match.group(2)
+            expected = "h" if part == "html" else "t"
+            if kind != expected or name not in names:
+                raise RenderError(
+                    f"the per-recipient variable in {match.group(0)!r} ({part}) is transformed "
+                    "by a filter or an expression: a recipient's own value can only be "
+                    "inserted as it is ({{ name }}); put values to transform in data"
+                )
+
+
+def recipient_substitutions(subs: Mapping[str, str], personal: Iterable[str]) -> dict[str, str]:
+    """A recipient's values as the provider substitutions of the markers (html escaped)."""
+    out: dict[str, str] = {}
+    for name in personal:
+        value = subs[name]
+        out[marker(name, html_part=False)] = value
+        out[marker(name, html_part=True)] = html_lib.escape(value, quote=True)
+    return out
+
+
+def canary_first(
+    template_id: uuid.UUID, emails: Sequence[str], percent: float
+) -> tuple[list[int], int]:
+    """The recipients' order with the canary's first, and how many are in the canary."""
+    canary = [i for i, e in enumerate(emails) if in_canary(template_id, e, percent)]
+    chosen = set(canary)
+    return canary + [i for i in range(len(emails)) if i not in chosen], len(canary)
+
+
+def with_copy(message: Message, copy: TemplateCopy) -> Message:
+    return message.model_copy(
+        update={"subject": copy.subject, "html": copy.html, "text": copy.text}
+    )
+
+
+def message_for(message: Message, chunk: int) -> Message:
+    """The message chunk ``chunk`` carries: the canary's copy for the canary's chunks."""
+    use = message.template
+    if use is None or use.canary is None or chunk >= use.canary_chunks:
+        return message
+    return with_copy(message, use.canary)
+
+
+def version_for(message: Message, chunk: int) -> int | None:
+    """The template version chunk ``chunk``'s recipients got (None: not from a template)."""
+    use = message.template
+    if use is None:
+        return None
+    if use.canary is not None and chunk < use.canary_chunks:
+        return use.canary.version
+    return use.version
+
+
+def use_of(
+    template_id: uuid.UUID,
+    live: TemplateCopy,
+    canary: TemplateCopy | None,
+    canary_recipients: int,
+    chunk_size: int,
+    since: datetime | None = None,
+) -> TemplateUse:
+    """What a batch remembers of its template: the canary's chunks are the first ones."""
+    chunks = -(-canary_recipients // chunk_size) if canary is not None else 0
+    return TemplateUse(
+        id=template_id,
+        version=live.version,
+        canary=canary if chunks else None,
+        canary_chunks=chunks,
+        canary_since=since if chunks else None,
+    )

@@ -1,0 +1,132 @@
+"""Template batches (pure): one render per batch, per-recipient variables as provider
+substitutions (escaped in html), refusal of transformed per-recipient variables, the canary's
+recipients first in chunks of their own, and which version each chunk carries."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from services.consumers.canary_judge import count
+from shared import template_use
+from shared.batchstore import NewBatch
+from shared.canary import in_canary
+from shared.models import Address, Message, TemplateCopy
+from shared.template_render import RenderError
+from shared.template_use import Source
+from shared.validation import RecipientInput
+
+SOURCE = Source(3, "Hi {{ name }}", "<p>{{ name }} at {{ shop }}</p>", None)
+
+
+def test_variables_not_in_data_are_per_recipient() -> None:
+    assert template_use.per_recipient(SOURCE, {"shop": "A"}) == {"name"}
+
+
+def test_per_recipient_variables_render_as_markers_of_their_part() -> None:
+    copy = template_use.render_once(SOURCE, {"shop": "A & B"}, {"name"})
+
+    assert copy.subject == "Hi [[sd.t.name]]"
+    assert copy.html == "<p>[[sd.h.name]] at A &amp; B</p>"
+    assert copy.text is not None and "[[sd.t.name]] at A & B" in copy.text
+    assert copy.version == 3
+
+
+def test_a_recipients_value_is_escaped_for_html_and_kept_for_text() -> None:
+    subs = template_use.recipient_substitutions({"name": "<b>Ann</b>"}, {"name"})
+
+    assert subs == {"[[sd.t.name]]": "<b>Ann</b>", "[[sd.h.name]]": "&lt;b&gt;Ann&lt;/b&gt;"}
+
+
+def test_a_transformed_per_recipient_variable_is_refused_by_name() -> None:
+    source = Source(1, "Hi {{ name|upper }}", None, "x")
+
+    with pytest.raises(RenderError, match="per-recipient"):
+        template_use.render_once(source, {}, {"name"})
+
+
+def test_a_variable_name_a_recipient_cannot_fill_is_refused() -> None:
+    with pytest.raises(RenderError, match="not a variable name"):
+        template_use.render_once(Source(1, "x", None, "y"), {}, {"bad]]name"})
+
+
+def test_a_template_that_does_not_parse_is_a_render_error() -> None:
+    with pytest.raises(RenderError, match="line 1"):
+        template_use.per_recipient(Source(1, "{% if %}", None, None), {})
+
+
+def test_the_canary_recipients_come_first_and_stay_the_same() -> None:
+    tid = uuid.uuid1()
+    emails = [f"r{i}@example.com" for i in range(200)]
+
+    order, inside = template_use.canary_first(tid, emails, 30)
+
+    assert sorted(order) == list(range(200))
+    assert all(in_canary(tid, emails[i], 30) for i in order[:inside])
+    assert not any(in_canary(tid, emails[i], 30) for i in order[inside:])
+    assert template_use.canary_first(tid, emails, 30) == (order, inside)
+
+
+def _message() -> Message:
+    return Message(sender=Address(email="s@example.com"), subject="live", text="live")
+
+
+def test_the_canary_chunks_carry_the_canary_and_the_rest_the_live_version() -> None:
+    live = TemplateCopy(version=1, subject="live", text="live")
+    canary = TemplateCopy(version=2, subject="canary", text="canary")
+    use = template_use.use_of(uuid.uuid1(), live, canary, canary_recipients=3, chunk_size=2)
+    message = _message().model_copy(update={"template": use})
+
+    assert use.canary_chunks == 2
+    assert [template_use.message_for(message, c).subject for c in range(4)] == [
+        "canary",
+        "canary",
+        "live",
+        "live",
+    ]
+    assert [template_use.version_for(message, c) for c in range(3)] == [2, 2, 1]
+    assert template_use.version_for(_message(), 0) is None
+
+
+def test_a_canary_without_recipients_is_no_canary() -> None:
+    live = TemplateCopy(version=1, subject="live")
+    use = template_use.use_of(uuid.uuid1(), live, live, canary_recipients=0, chunk_size=2)
+
+    assert use.canary is None and use.canary_chunks == 0
+
+
+def test_a_template_batch_message_survives_its_codec_and_others_omit_it() -> None:
+    live = TemplateCopy(version=1, subject="live")
+    message = _message().model_copy(
+        update={"template": template_use.use_of(uuid.uuid1(), live, None, 0, 10)}
+    )
+
+    assert Message.decode(message.encode()) == message
+    assert b"template" not in _message().encode()
+
+
+def test_no_chunk_mixes_the_canary_and_the_rest() -> None:
+    people = [RecipientInput(email=f"r{i}@example.com") for i in range(7)]
+    batch = NewBatch(uuid.uuid1(), uuid.uuid4(), _message(), people, chunk_size=3, split=4)
+
+    assert [len(c) for c in batch.chunks()] == [3, 1, 3]
+    assert batch.chunk_count == 3
+    assert [batch.chunk_of(i) for i in range(7)] == [0, 0, 0, 1, 2, 2, 2]
+
+
+def test_the_judge_counts_each_side_on_what_harms_a_sender() -> None:
+    tally = count(
+        [
+            (True, "delivered"),
+            (True, "bounced"),
+            (True, "queued"),  # not sent yet: not counted
+            (False, "dropped"),
+            (False, "failed"),
+            (False, "complained"),
+            (False, None),
+        ]
+    )
+
+    assert (tally.canary.sent, tally.canary.hard_bounces) == (2, 1)
+    assert (tally.live.sent, tally.live.provider_failures, tally.live.complaints) == (3, 2, 1)
