@@ -480,6 +480,25 @@ class HooksSettings(BaseSettings):
         )
 
 
+class ListSettings(BaseSettings):
+    """Contact lists and their CSV imports (``/v1/lists``)."""
+
+    model_config = _config("LISTS")
+
+    import_max_bytes: int = Field(50 * 1024 * 1024, ge=1024)
+    """A CSV import's body above this is refused with 413 while it streams in."""
+    import_max_rows: int = Field(1_000_000, ge=1)
+    """Rows read of one import; the rest are counted as over the limit."""
+    max_contacts: int = Field(1_000_000, ge=1)
+    """Contacts one list may hold (its partitions stay bounded); new ones beyond are
+    reported as over the limit."""
+    import_slice: int = Field(1_000, ge=1, le=10_000)
+    """Rows an import processes between two progress writes."""
+    import_stale_after: float = Field(120.0, gt=0)
+    """Seconds without progress after which a running import reads as failed (its API
+    process stopped: a restart or a crash)."""
+
+
 class Settings(BaseSettings):
     """Every section, validated together at start-up."""
 
@@ -519,6 +538,7 @@ class Settings(BaseSettings):
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     client: ClientSettings = Field(default_factory=ClientSettings)
     hooks: HooksSettings = Field(default_factory=HooksSettings)
+    lists: ListSettings = Field(default_factory=ListSettings)
 
     @property
     def operator_logins(self) -> frozenset[str]:
@@ -546,6 +566,7 @@ SECTIONS: dict[str, type[BaseSettings]] = {
     "TRACKING": TrackingSettings,
     "CLIENT": ClientSettings,
     "HOOKS": HooksSettings,
+    "LISTS": ListSettings,
 }
 
 

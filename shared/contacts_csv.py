@@ -15,7 +15,7 @@ import csv
 import io
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 from shared.addresses import AddressError, address_key, normalize_email
 
@@ -29,21 +29,24 @@ MAX_FIELDS: Final = 50
 
 
 class CsvError(ValueError):
-    """A file that cannot be imported at all (no address column, not text)."""
+    """A file that cannot be imported at all (no address column, not text, not CSV)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Contact:
     email: str
     fields: dict[str, str]
+    row: int = field(default=0, compare=False)
+    """Where it was read (as :attr:`Rejected.row`), for reporting what becomes of it."""
 
 
 @dataclass(frozen=True, slots=True)
 class Rejected:
     row: int
-    """1-based, as a spreadsheet numbers it (the header is row 1)."""
+    """1-based, as a spreadsheet numbers it (the header is row 1, blank rows count)."""
     value: str
     reason: str
+    kind: Literal["invalid", "duplicate", "over_limit"] = "invalid"
 
 
 @dataclass
@@ -57,6 +60,33 @@ class Imported:
 
 def read(data: bytes, *, max_rows: int) -> Imported:
     """Every contact of a CSV file (UTF-8, with or without BOM; comma, semicolon or tab)."""
+    out = Imported()
+    for item in scan(data, max_rows=max_rows):
+        if isinstance(item, Contact):
+            out.contacts.append(item)
+        elif item.kind == "invalid":
+            out.invalid.append(item)
+        elif item.kind == "duplicate":
+            out.duplicates.append(item)
+        else:
+            out.over_limit += 1
+    return out
+
+
+def check(data: bytes) -> None:
+    """Raise :class:`CsvError` now for a file that cannot be imported at all (not UTF-8,
+    empty, no address column), so that a request can be refused before it is queued."""
+    next(scan(data, max_rows=1), None)
+
+
+def scan(data: bytes, *, max_rows: int) -> Iterator[Contact | Rejected]:
+    """:func:`read` one row at a time, in file order (a large file is never held as
+    contacts). Rows past ``max_rows`` come as rejected with the kind ``over_limit``.
+
+    Raises:
+        CsvError: when the file cannot be imported at all, or (while iterating) a row is not
+            CSV (a NUL byte, an oversized field).
+    """
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -65,25 +95,42 @@ def read(data: bytes, *, max_rows: int) -> Imported:
     first = next(rows, None)
     if first is None:
         raise CsvError("the file is empty")
-    column, names, start = _layout(first)
-    out = Imported()
+    number, head = first
+    column, names, start = _layout(head)
     seen: set[str] = set()
+    taken = 0
     if start == 1:
-        _take(out, seen, first, 1, column, names, max_rows)
-    for number, row in enumerate(rows, start=2):
-        _take(out, seen, row, number, column, names, max_rows)
-    return out
+        yield _take(seen, head, number, column, names)
+        taken += 1
+    for number, row in rows:
+        if taken >= max_rows:
+            value = row[column].strip() if column < len(row) else ""
+            yield Rejected(number, value[:320], "past the row limit", "over_limit")
+            continue
+        yield _take(seen, row, number, column, names)
+        taken += 1
 
 
-def _rows(text: str) -> Iterator[list[str]]:
+def _rows(text: str) -> Iterator[tuple[int, list[str]]]:
+    """Each non-blank row with its number (blank rows are numbered too, as a spreadsheet
+    shows them)."""
     sample = text[:4096]
     try:
         dialect: type[csv.Dialect] | csv.Dialect = csv.Sniffer().sniff(sample, delimiters=",;\t")
     except csv.Error:
         dialect = csv.excel
-    for row in csv.reader(io.StringIO(text), dialect):
+    reader = csv.reader(io.StringIO(text), dialect)
+    number = 0
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise CsvError(f"row {number + 1} is not CSV: {exc}") from None
+        number += 1
         if any(cell.strip() for cell in row):
-            yield row
+            yield number, row
 
 
 def _layout(first: Sequence[str]) -> tuple[int, list[str], int]:
@@ -108,31 +155,20 @@ def _name(cell: str, index: int) -> str:
 
 
 def _take(
-    out: Imported,
-    seen: set[str],
-    row: Sequence[str],
-    number: int,
-    column: int,
-    names: Sequence[str],
-    max_rows: int,
-) -> None:
-    if len(out.contacts) + len(out.invalid) + len(out.duplicates) >= max_rows:
-        out.over_limit += 1
-        return
+    seen: set[str], row: Sequence[str], number: int, column: int, names: Sequence[str]
+) -> Contact | Rejected:
     value = row[column].strip() if column < len(row) else ""
     try:
         email = normalize_email(value)
     except AddressError as exc:
-        out.invalid.append(Rejected(number, value[:320], str(exc) or "not an address"))
-        return
+        return Rejected(number, value[:320], str(exc) or "not an address")
     key = address_key(email)
     if key in seen:
-        out.duplicates.append(Rejected(number, value[:320], "already in the file"))
-        return
+        return Rejected(number, value[:320], "already in the file", "duplicate")
     seen.add(key)
     fields = {
         names[i] if i < len(names) else f"field{i}": cell.strip()[:MAX_FIELD_VALUE]
         for i, cell in enumerate(row)
         if i != column and cell.strip()
     }
-    out.contacts.append(Contact(email, dict(list(fields.items())[:MAX_FIELDS])))
+    return Contact(email, dict(list(fields.items())[:MAX_FIELDS]), number)

@@ -7,7 +7,9 @@
   + ProviderError               a provider call failed; ``retry_after`` says when to try again
     x TransientProviderError    5xx, 429, timeouts, connection errors: another provider may work
       x ProviderSkipped         not called (paused, at its rate limit): spill over, no attempt used
-        x CapacityHeld          not called: the sending domain is at today's capacity; held
+        x CapacityHeld          not called: the sending domain is at today's capacity, or its
+                                campaign is paused; held
+    x WorkCancelled             not called: its campaign was cancelled; the recipients fail
     x ProviderMisconfigured     401/403, unknown domain: our side is wrong, try the next provider
     x PermanentProviderError    the request itself is bad (400, 413): no provider will accept it
 
@@ -87,6 +89,13 @@ class CapacityHeld(ProviderSkipped):
     """No provider was called: the batch's sending domain reached today's capacity
     (``shared.domain_capacity``). The chunk waits in a delay queue and goes to the same place
     later; no provider can help, so it does not spill over, and it uses up no attempt."""
+
+
+class WorkCancelled(ProviderError):
+    """No provider was called: the work's owner cancelled it (a cancelled campaign). Its
+    recipients end failed with the reason; nothing is retried."""
+
+    retryable = False
 
 
 class ProviderMisconfigured(ProviderError):

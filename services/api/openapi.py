@@ -31,9 +31,9 @@ ERRORS: dict[int, str] = {
     404: "No such resource, or not yours.",
     409: "The Idempotency-Key was used with another body, or its first request is still "
     "in progress (retry after `Retry-After`); for a new key or domain, the user holds the "
-    "most allowed.",
+    "most allowed; for a list import, another import of the list is in progress.",
     413: "The body is over the size cap (refused while it streams in).",
-    415: "The body is not JSON.",
+    415: "The body is not JSON (for a CSV import: not `text/csv`).",
     422: "Invalid fields: `error.fields` names each one (a `from` outside your verified "
     "domains included).",
     429: "Over the key's request rate or the user's daily recipient quota; retry after "
@@ -72,13 +72,41 @@ _CURSOR = Param("cursor", "query", "`next_cursor` of the previous page.")
 _LIST = Param(
     "list",
     "query",
-    "A list or campaign name: its own suppressions (one-click unsubscribes from mail that "
-    "named it) instead of the ones that stop all of your mail.",
+    "A list or campaign name (for a contact list: its id): its own suppressions (one-click "
+    "unsubscribes from mail that named it) instead of the ones that stop all of your mail.",
 )
 _DOMAIN = Param("domain", "path", "The domain, e.g. `example.com`.", required=True)
 _BATCH_ID = Param("batch_id", "path", "The batch's id (a time UUID).", required=True)
 _WEBHOOK_ID = Param("endpoint_id", "path", "The endpoint's id.", required=True)
+_LIST_ID = Param("list_id", "path", "The list's id.", required=True)
+_CSV_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "A CSV file (UTF-8; comma, semicolon or tab separated). The first "
+        "row names the columns when one of them is `email` (or `e-mail`, `email address`, "
+        "`address`); otherwise the column whose first cell is an address holds the "
+        "addresses and the others are `field0`, `field1`... Every other column becomes a "
+        "field of the contact (its substitutions), `name` its display name.",
+        "content": {"text/csv": {"schema": {"type": "string"}}},
+    }
+}
 _LETTER_ID = Param("letter_id", "path", "The dead letter's id, from the listing.", required=True)
+_CAMPAIGN_ID = Param("campaign_id", "path", "The campaign's id.", required=True)
+
+
+def _campaign_step(operation_id: str, step: str, summary: str, description: str) -> Operation:
+    return Operation(
+        operation_id,
+        "post",
+        f"/v1/campaigns/{{campaign_id}}/{step}",
+        summary,
+        schema.CampaignOut,
+        body=schema.CampaignScheduleIn if step == "schedule" else None,
+        params=(_CAMPAIGN_ID,),
+        errors=(404, 409, 422) if step == "schedule" else (404, 409),
+        description=description,
+    )
+
 
 OPERATIONS: tuple[Operation, ...] = (
     Operation(
@@ -247,6 +275,61 @@ OPERATIONS: tuple[Operation, ...] = (
         errors=(404,),
     ),
     Operation(
+        "create_campaign",
+        "post",
+        "/v1/campaigns",
+        "Create a campaign (a draft): a template sent to a contact list",
+        schema.CampaignOut,
+        status=201,
+        body=schema.CampaignIn,
+        errors=(413, 415, 422),
+    ),
+    Operation(
+        "list_campaigns",
+        "get",
+        "/v1/campaigns",
+        "Your campaigns, newest first",
+        schema.CampaignList,
+    ),
+    Operation(
+        "get_campaign",
+        "get",
+        "/v1/campaigns/{campaign_id}",
+        "A campaign with its progress: batches, recipients released and per state",
+        schema.CampaignOut,
+        params=(_CAMPAIGN_ID,),
+        errors=(404,),
+    ),
+    _campaign_step(
+        "schedule_campaign",
+        "schedule",
+        "Schedule a draft: it starts at its send_at (now when it has none)",
+        "The body may set a new `send_at`. It goes out in batches of the template's live "
+        "version at the campaign's rate, as bulk mail with a one-click unsubscribe from the "
+        "list; the list's unsubscribes and your suppressions are left out.",
+    ),
+    _campaign_step(
+        "pause_campaign",
+        "pause",
+        "Pause a scheduled or sending campaign",
+        "Nothing more is handed to a provider from about a second on; what was released "
+        "waits, and a resume sends it with nothing sent twice. Pausing a paused campaign "
+        "answers the same.",
+    ),
+    _campaign_step(
+        "resume_campaign",
+        "resume",
+        "Resume a paused campaign",
+        "It goes on where it stopped (or waits for its send_at if it had not started).",
+    ),
+    _campaign_step(
+        "cancel_campaign",
+        "cancel",
+        "Cancel a campaign that has not been sent",
+        "Nothing more is released; recipients of released batches not yet handed to a "
+        "provider end failed (`its campaign was cancelled`).",
+    ),
+    Operation(
         "list_webhooks",
         "get",
         "/v1/webhooks",
@@ -338,6 +421,79 @@ OPERATIONS: tuple[Operation, ...] = (
         "other requests join it (`queued: false`, its `replay_id`), so a burst of requests "
         "delivers it once; a replay asked for after the previous was delivered is delivered "
         "again. 409 while the endpoint is disabled.",
+    ),
+    Operation(
+        "create_list",
+        "post",
+        "/v1/lists",
+        "Create a contact list",
+        schema.ContactListView,
+        status=201,
+        body=schema.ListIn,
+        errors=(400, 413, 415, 422),
+    ),
+    Operation(
+        "list_lists",
+        "get",
+        "/v1/lists",
+        "Your contact lists, newest first, with counts and each one's latest import",
+        schema.ContactListList,
+    ),
+    Operation(
+        "get_list",
+        "get",
+        "/v1/lists/{list_id}",
+        "A contact list with its count and latest import",
+        schema.ContactListView,
+        params=(_LIST_ID,),
+        errors=(404,),
+    ),
+    Operation(
+        "list_list_contacts",
+        "get",
+        "/v1/lists/{list_id}/contacts",
+        "A list's contacts, a page at a time",
+        schema.ListContactsPage,
+        params=(_LIST_ID, Param("limit", "query", "1-1000, default 100.", "integer"), _CURSOR),
+        errors=(400, 404, 422),
+        description="Pages follow the list's storage order (not alphabetical overall); "
+        "a page may be short before the last one.",
+    ),
+    Operation(
+        "delete_list_contact",
+        "delete",
+        "/v1/lists/{list_id}/contacts/{email}",
+        "Remove a contact from a list",
+        None,
+        status=204,
+        params=(_LIST_ID, Param("email", "path", "The contact's address.", required=True)),
+        errors=(404,),
+    ),
+    Operation(
+        "import_list_contacts",
+        "post",
+        "/v1/lists/{list_id}/imports",
+        "Import a CSV file of contacts into a list (in the background)",
+        schema.ImportAccepted,
+        status=202,
+        params=(_LIST_ID,),
+        errors=(404, 409, 413, 415, 422),
+        description="The file is checked (UTF-8, an address column), then imported in "
+        "slices while you follow the import. Contacts already in the list get the file's "
+        "fields; addresses suppressed for all of your mail, or unsubscribed from this list "
+        "(`/v1/suppressions?list=<list id>`), are not added; every such row, invalid rows "
+        "and duplicates are reported with their row. One import per list at a time: 409 "
+        "while one runs.",
+        extra=_CSV_BODY,
+    ),
+    Operation(
+        "get_list_import",
+        "get",
+        "/v1/lists/{list_id}/imports/{import_id}",
+        "An import's progress and report",
+        schema.ImportView,
+        params=(_LIST_ID, Param("import_id", "path", "The import's id.", required=True)),
+        errors=(404,),
     ),
     Operation(
         "list_providers",
@@ -484,6 +640,7 @@ def _operation(op: Operation) -> dict[str, Any]:
     }
     if op.description:
         out["description"] = op.description
+    out.update(op.extra)
     if op.body is not None:
         out["requestBody"] = {
             "required": True,
@@ -551,6 +708,13 @@ def type_text(node: dict[str, Any]) -> str:
     return "null" if kind == "null" else str(kind)
 
 
+def _body_text(body: dict[str, Any]) -> str:
+    """A request body's type as the docs page shows it (``text/csv`` ones by their type)."""
+    ((media, content),) = body["content"].items()
+    text = type_text(content["schema"])
+    return text if media == "application/json" else f"{media}: {text}"
+
+
 def reference(doc: dict[str, Any]) -> dict[str, Any]:
     """What the ``/v1/docs`` page shows, flattened from the document."""
     operations = [
@@ -561,9 +725,7 @@ def reference(doc: dict[str, Any]) -> dict[str, Any]:
             "summary": op["summary"],
             "description": op.get("description", ""),
             "parameters": op["parameters"],
-            "body": type_text(op["requestBody"]["content"]["application/json"]["schema"])
-            if "requestBody" in op
-            else None,
+            "body": _body_text(op["requestBody"]) if "requestBody" in op else None,
             "responses": [
                 {
                     "status": status,

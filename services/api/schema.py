@@ -272,6 +272,59 @@ class DomainIn(_In):
     domain: str = Field(min_length=1, max_length=253, examples=["example.com"])
 
 
+class CampaignIn(_In):
+    """``POST /v1/campaigns``: a draft sending a template to a list."""
+
+    name: str = Field(min_length=1, max_length=200)
+    template_id: str = Field(description="One of your templates (its live version is sent).")
+    list_id: str = Field(description="One of your contact lists.")
+    from_: str | AddressIn = Field(alias="from", description="The sender.")
+    data: dict[str, Any] | None = Field(
+        None,
+        description="Template variables shared by every recipient; the others come from "
+        "each contact's fields (empty when a contact has none).",
+    )
+    rate: int | None = Field(
+        None, ge=1, le=100_000, description="Recipients a second (default 2,000)."
+    )
+    send_at: str | None = Field(None, description="RFC 3339; absent: when it is scheduled.")
+
+
+class CampaignScheduleIn(_In):
+    """``POST /v1/campaigns/{id}/schedule``: optionally, a new ``send_at``."""
+
+    send_at: str | None = None
+
+
+class CampaignProgress(_Out):
+    batches: int
+    released: int = Field(description="Recipients handed to batches so far.")
+    skipped: int = Field(description="Contacts left out (suppressed, unsubscribed, cooling).")
+    queued: int | None = None
+    success: int | None = None
+    failed: int | None = None
+
+
+class CampaignOut(_Out):
+    id: str
+    name: str
+    template_id: str
+    list_id: str
+    from_: dict[str, Any] = Field(alias="from")
+    data: dict[str, Any]
+    rate: int
+    send_at: str | None
+    state: Literal["draft", "scheduled", "sending", "paused", "sent", "cancelled"]
+    reason: str | None = Field(None, description="Why it paused by itself, if it did.")
+    created_at: str
+    updated_at: str | None
+    progress: CampaignProgress
+
+
+class CampaignList(_Out):
+    data: list[CampaignOut]
+
+
 class WebhookIn(_In):
     """``POST /v1/webhooks``."""
 
@@ -680,3 +733,87 @@ class WebhookReplay(_Out):
     msg_id: str
     replay_id: str
     queued: bool
+
+
+class ListIn(_In):
+    """``POST /v1/lists``."""
+
+    name: str = Field(
+        min_length=1, max_length=100, pattern=r"^[^\x00-\x1f\x7f]+$", examples=["Newsletter"]
+    )
+
+
+class ImportProgress(_Out):
+    """Rows read so far, and what became of them."""
+
+    rows_read: int
+    added: int
+    updated: int = Field(description="Already in the list: their fields were replaced.")
+    invalid: int
+    duplicates: int = Field(description="Repeated within the file (the first one counts).")
+    suppressed: int = Field(description="Suppressed for all of your mail: not added.")
+    unsubscribed: int = Field(description="Unsubscribed from this list: not added.")
+    over_limit: int = Field(description="Past the file's row limit or the list's size limit.")
+
+
+class ImportProblem(_Out):
+    """A row that was not simply added."""
+
+    row: int = Field(description="1-based, as a spreadsheet numbers it (the header is row 1).")
+    email: str
+    kind: Literal["invalid", "duplicate", "existing", "suppressed", "unsubscribed", "over_limit"]
+    reason: str
+
+
+class ImportView(_Out):
+    """A CSV import: its state, progress and the first problems with their rows."""
+
+    id: str
+    list_id: str
+    state: Literal["queued", "running", "done", "failed"]
+    reason: str | None = Field(
+        description="Why it failed (an import that stopped making "
+        "progress, e.g. the API restarted, reads as failed)."
+    )
+    created_at: str
+    updated_at: str
+    finished_at: str | None
+    progress: ImportProgress
+    problems: list[ImportProblem]
+
+
+class ContactListView(_Out):
+    """A contact list with its contact count and its latest import."""
+
+    id: str = Field(
+        description="Also the `list` that mail to this list names, so its "
+        "unsubscribes are this list's (`/v1/suppressions?list=<id>`)."
+    )
+    name: str
+    created_at: str
+    contacts: int
+    latest_import: ImportView | None
+
+
+class ContactListList(_Out):
+    data: list[ContactListView]
+
+
+class ListContactView(_Out):
+    email: str
+    name: str | None
+    fields: dict[str, str]
+    added_at: str
+
+
+class ListContactsPage(_Out):
+    data: list[ListContactView]
+    next_cursor: str | None
+
+
+class ImportAccepted(_Out):
+    """202: the file will be imported in the background; follow it at its import."""
+
+    import_id: str
+    list_id: str
+    state: str

@@ -89,8 +89,7 @@ class Sending:
             parsed = await asyncio.to_thread(self._validated, body)
         else:
             parsed = self._validated(body)
-        if self.settings.api.sender_domains == "verified":
-            await self._check_sender(user_id, parsed.message.sender.email)
+        await self.check_sender(user_id, parsed.message.sender.email)
         prefs = await self.preferences.get(user_id) if self.preferences else Preferences()
         parsed = _invalid_as_422(validation.with_engagement, parsed, prefs)
         parsed = await self._drop_suppressed(user_id, parsed)
@@ -360,8 +359,11 @@ class Sending:
         except DependencyUnavailable:
             log.warning("batch %s: could not record its recipients for the cooldown", batch_id)
 
-    async def _check_sender(self, user_id: uuid.UUID, sender: str) -> None:
-        """422 naming ``from`` unless its domain is one the user verified (or under one)."""
+    async def check_sender(self, user_id: uuid.UUID, sender: str) -> None:
+        """422 naming ``from`` unless its domain is one the user verified (or under one),
+        when the deployment asks for verified domains."""
+        if self.settings.api.sender_domains != "verified":
+            return
         domain = domain_of(sender)
         verified = await self.domains.verified(user_id) if self.domains else frozenset()
         if not covers(verified, domain):

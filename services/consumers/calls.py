@@ -94,7 +94,13 @@ class Caller:
                 # A token per recipient and link: CPU work, kept off the event loop.
                 chunk = await asyncio.to_thread(personalize, chunk, d.tracker)
             await d.hooks("before_call", job)
-            answer = replace(await self._send(job, chunk), recipients=len(to_send))
+            held = (
+                await d.campaigns.check(header.user_id, header.message, job.provider)
+                if d.campaigns is not None
+                else None
+            )
+            sent = Answer(error=held) if held is not None else await self._send(job, chunk)
+            answer = replace(sent, recipients=len(to_send))
         delivery.scratch["answer"] = answer
         await d.hooks("answered", job)
         return await self.record(job, delivery)

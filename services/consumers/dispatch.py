@@ -24,6 +24,7 @@ import aio_pika.abc
 
 from services.consumers import protocol
 from services.consumers.calls import Caller
+from services.consumers.campaign_hold import CampaignHold
 from services.consumers.followup import FollowUps
 from services.consumers.resolution import Resolver
 from shared.attempts import AttemptStore, chunk_line, recipient_line
@@ -115,6 +116,8 @@ class Dispatcher:
     """Daily capacity per sending domain (``shared.domain_capacity``)."""
     user_hooks: UserHooks | None = None
     """Where each attempt's events go for the users' webhooks (None: nowhere)."""
+    campaigns: CampaignHold | None = None
+    """Holds the chunks of paused campaigns, ends those of cancelled ones (None: no hold)."""
     tracker: Tracker | None = None
     """Where tracked links, the open pixel and one-click unsubscribe point (None: nowhere,
     so mail goes without them)."""

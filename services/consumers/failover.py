@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.errors import CapacityHeld, PermanentProviderError, ProviderError
+from shared.errors import CapacityHeld, PermanentProviderError, ProviderError, WorkCancelled
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +63,8 @@ def decide(
         excluded: providers not to use for this line (those that dropped or deferred the
             recipient a re-send line is for).
     """
+    if isinstance(error, WorkCancelled):
+        return GiveUp(error.message)
     if isinstance(error, CapacityHeld):
         usable = [p for p in chain if p not in permanent_from | excluded] or list(chain)
         provider = error.provider if error.provider in usable else usable[0]

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 
+from services.consumers.campaign_hold import CampaignHold
 from services.consumers.canary_judge import CanaryJudge
 from services.consumers.dispatch import Dispatcher, Hooks, no_hooks
 from services.consumers.live import ConsumerSettings, LiveMetrics
@@ -24,6 +25,7 @@ from shared.acceptance import Acceptance
 from shared.alerts import Alert, AlertConfig, Alerter, AlertMail
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchStore
+from shared.campaigns import CampaignStore
 from shared.canary import Margins
 from shared.canary_store import CanaryStore
 from shared.config import Settings
@@ -79,6 +81,7 @@ def build_dispatcher(
         capacity=CapacityGate(DomainVolumes(res.db)),
         tracker=tracker_of(settings.tracking),
         user_hooks=HookEmitter(res.db, res.broker),
+        campaigns=CampaignHold(CampaignStore(res.db, settings.amqp.exchange)),
     )
 
 

@@ -4,6 +4,7 @@ RabbitMQ): its documented status, and a body its answer model validates."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -17,10 +18,15 @@ from shared.domains import DomainStore
 from shared.hook_queue import HookQueue, Queued
 from shared.topology import dispatch_key
 from tests.conftest import unique
+from tests.integration.harness import eventually
 
 
 def _op(operation_id: str) -> Operation:
     return next(op for op in OPERATIONS if op.operation_id == operation_id)
+
+
+async def _ended(answer: Awaitable[httpx.Response]) -> bool:
+    return (await answer).json()["state"] in ("done", "failed")
 
 
 def _conforms(operation_id: str, resp: httpx.Response) -> None:
@@ -37,8 +43,14 @@ async def test_every_operation_answers_its_documented_shape(
     auth = {"Authorization": f"Bearer {await accounts.create_key(db, user_id, 'doc')}"}
     seen: set[str] = set()
 
-    async def call(operation_id: str, method: str, path: str, **kw: object) -> httpx.Response:
-        resp = await api.request(method, path, headers=auth, **kw)  # type: ignore[arg-type]
+    async def call(
+        operation_id: str,
+        method: str,
+        path: str,
+        headers: dict[str, str] | None = None,
+        **kw: object,
+    ) -> httpx.Response:
+        resp = await api.request(method, path, headers=auth | (headers or {}), **kw)  # type: ignore[arg-type]
         _conforms(operation_id, resp)
         seen.add(operation_id)
         return resp
@@ -79,6 +91,23 @@ async def test_every_operation_answers_its_documented_shape(
     replay = f"/v1/webhooks/{endpoint}/deliveries/msg_doc/replay"
     await call("replay_webhook_delivery", "POST", replay)
     await call("delete_webhook", "DELETE", f"/v1/webhooks/{endpoint}")
+    made = await call("create_list", "POST", "/v1/lists", json={"name": "doc"})
+    lists_path = f"/v1/lists/{made.json()['id']}"
+    await call("list_lists", "GET", "/v1/lists")
+    csv = {"Content-Type": "text/csv"}
+    started = await call(
+        "import_list_contacts",
+        "POST",
+        f"{lists_path}/imports",
+        content=b"email\na@b.co\n",
+        headers=csv,
+    )
+    import_path = f"{lists_path}/imports/{started.json()['import_id']}"
+    await eventually(lambda: _ended(api.get(import_path, headers=auth)))
+    await call("get_list_import", "GET", import_path)
+    await call("get_list", "GET", lists_path)
+    await call("list_list_contacts", "GET", f"{lists_path}/contacts")
+    await call("delete_list_contact", "DELETE", f"{lists_path}/contacts/a@b.co")
     await call("list_providers", "GET", "/v1/providers")
     operator = await accounts.create_key(db, user_id, "ops", scopes=("operator",))
     auth = {"Authorization": f"Bearer {operator}"}

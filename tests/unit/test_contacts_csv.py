@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.contacts_csv import Contact, CsvError, Rejected, read
+from shared.contacts_csv import Contact, CsvError, Rejected, check, read, scan
 
 
 def test_a_header_names_the_address_column_and_the_fields() -> None:
@@ -34,7 +34,7 @@ def test_invalid_rows_and_duplicates_are_reported_with_their_row() -> None:
 
     assert [c.email for c in out.contacts] == ["ann@example.com", "bob@example.com"]
     assert [(r.row, r.value) for r in out.invalid] == [(3, "not an address")]
-    assert out.duplicates == [Rejected(4, "ANN@example.com", "already in the file")]
+    assert out.duplicates == [Rejected(4, "ANN@example.com", "already in the file", "duplicate")]
 
 
 def test_rows_past_the_limit_are_counted_not_read() -> None:
@@ -52,3 +52,35 @@ def test_rows_past_the_limit_are_counted_not_read() -> None:
 def test_a_file_that_cannot_be_imported_says_why(data: bytes, problem: str) -> None:
     with pytest.raises(CsvError, match=problem):
         read(data, max_rows=10)
+
+
+def test_rows_are_numbered_as_a_spreadsheet_shows_them_blank_ones_included() -> None:
+    out = read(b"email\nann@example.com\n\n,\nnot an address\nbob@example.com\n", max_rows=10)
+
+    assert [(c.email, c.row) for c in out.contacts] == [
+        ("ann@example.com", 2),
+        ("bob@example.com", 6),
+    ]
+    assert [r.row for r in out.invalid] == [5]
+
+
+def test_scanning_yields_rows_in_file_order_with_what_became_of_each() -> None:
+    items = list(scan(b"email\nann@example.com\nx\nann@example.com\nbob@example.com\n", max_rows=3))
+
+    assert [(i.row, type(i).__name__, getattr(i, "kind", "")) for i in items] == [
+        (2, "Contact", ""),
+        (3, "Rejected", "invalid"),
+        (4, "Rejected", "duplicate"),
+        (5, "Rejected", "over_limit"),
+    ]
+
+
+def test_a_row_that_is_not_csv_is_an_error_naming_the_row() -> None:
+    with pytest.raises(CsvError, match="row 3 is not CSV"):
+        read(b'email\nann@example.com\n"' + b"x" * 200_000 + b'"\n', max_rows=10)
+
+
+def test_a_file_is_checked_by_its_first_row_only() -> None:
+    check(b"email\nann@example.com\n")
+    with pytest.raises(CsvError, match="no column"):
+        check(b"name\nAnn\n")

@@ -9,12 +9,14 @@ import pytest
 
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchStore
+from shared.contact_lists import ContactLists
 from shared.errors import DependencyUnavailable
 from shared.recipients import RecipientStore
 from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
 from shared.timeline import Timeline
 from shared.webhook_tokens import WebhookTokens
+from tests.fakes.contact_lists import FakeContactLists
 from tests.fakes.stores import (
     OPERATIONS,
     FakeAttempts,
@@ -33,6 +35,7 @@ COMPLETE: list[tuple[type, type]] = [
     (BatchStore, FakeBatches),
     (RecipientStore, FakeRecipients),
     (StatsStore, FakeStats),
+    (ContactLists, FakeContactLists),
 ]
 #: Twins of the operations the services' shells use.
 PARTIAL: list[tuple[type, type]] = [

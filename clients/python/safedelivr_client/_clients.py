@@ -21,6 +21,8 @@ from ._core import (
     Recipient,
     Request,
     StatsDay,
+    campaign_step,
+    import_request,
     key_request,
     page_params,
     quoted,
@@ -81,6 +83,7 @@ class Client:
                     request.path,
                     params=request.params,
                     json=request.json,
+                    content=request.content,
                     headers=request.headers,
                 )
             except httpx.TransportError:
@@ -218,6 +221,43 @@ class Client:
     def remove_domain(self, domain: str) -> None:
         self._call(Request("DELETE", f"/v1/domains/{quoted(domain)}"))
 
+    def create_campaign(
+        self,
+        name: str,
+        template_id: str,
+        list_id: str,
+        sender: Address,
+        **more: Any,
+    ) -> dict[str, Any]:
+        """A draft campaign; ``more``: ``data``, ``rate``, ``send_at``."""
+        body = {"name": name, "template_id": template_id, "list_id": list_id, "from": sender}
+        request = Request("POST", "/v1/campaigns", json={**body, **more})
+        return cast(dict[str, Any], self._call(request))
+
+    def campaigns(self) -> dict[str, Any]:
+        return cast(dict[str, Any], self._call(Request("GET", "/v1/campaigns")))
+
+    def campaign(self, campaign_id: str) -> dict[str, Any]:
+        request = Request("GET", f"/v1/campaigns/{quoted(campaign_id)}")
+        return cast(dict[str, Any], self._call(request))
+
+    def schedule_campaign(self, campaign_id: str, send_at: str | None = None) -> dict[str, Any]:
+        return self._campaign_step(campaign_id, "schedule", send_at)
+
+    def pause_campaign(self, campaign_id: str) -> dict[str, Any]:
+        return self._campaign_step(campaign_id, "pause")
+
+    def resume_campaign(self, campaign_id: str) -> dict[str, Any]:
+        return self._campaign_step(campaign_id, "resume")
+
+    def cancel_campaign(self, campaign_id: str) -> dict[str, Any]:
+        return self._campaign_step(campaign_id, "cancel")
+
+    def _campaign_step(
+        self, campaign_id: str, step: str, send_at: str | None = None
+    ) -> dict[str, Any]:
+        return cast(dict[str, Any], self._call(campaign_step(campaign_id, step, send_at)))
+
     def webhooks(self) -> list[dict[str, Any]]:
         return cast(list[dict[str, Any]], self._call(Request("GET", "/v1/webhooks"))["data"])
 
@@ -262,6 +302,39 @@ class Client:
         path = f"/v1/webhooks/{quoted(endpoint_id)}/deliveries/{quoted(msg_id)}/replay"
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         return cast(dict[str, Any], self._call(Request("POST", path, headers=headers)))
+
+    # -- contact lists
+
+    def create_list(self, name: str) -> dict[str, Any]:
+        request = Request("POST", "/v1/lists", json={"name": name}, safe_to_repeat=False)
+        return cast(dict[str, Any], self._call(request))
+
+    def lists(self) -> list[dict[str, Any]]:
+        """Your lists, newest first, with counts and each one's latest import."""
+        return cast(list[dict[str, Any]], self._call(Request("GET", "/v1/lists"))["data"])
+
+    def get_list(self, list_id: str) -> dict[str, Any]:
+        return cast(dict[str, Any], self._call(Request("GET", f"/v1/lists/{quoted(list_id)}")))
+
+    def list_contacts(
+        self, list_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> Page:
+        request = Request(
+            "GET", f"/v1/lists/{quoted(list_id)}/contacts", page_params(limit, cursor)
+        )
+        return cast(Page, self._call(request))
+
+    def remove_list_contact(self, list_id: str, email: str) -> None:
+        self._call(Request("DELETE", f"/v1/lists/{quoted(list_id)}/contacts/{quoted(email)}"))
+
+    def import_contacts(self, list_id: str, csv: bytes | str) -> dict[str, Any]:
+        """Start importing a CSV file into a list (202); follow it with :meth:`list_import`."""
+        return cast(dict[str, Any], self._call(import_request(list_id, csv)))
+
+    def list_import(self, list_id: str, import_id: str) -> dict[str, Any]:
+        """An import's state, progress and problems (with their rows)."""
+        path = f"/v1/lists/{quoted(list_id)}/imports/{quoted(import_id)}"
+        return cast(dict[str, Any], self._call(Request("GET", path)))
 
     def providers(self) -> list[dict[str, Any]]:
         """Each provider's health, circuit, pause and current rate."""
@@ -344,6 +417,7 @@ class AsyncClient:
                     request.path,
                     params=request.params,
                     json=request.json,
+                    content=request.content,
                     headers=request.headers,
                 )
             except httpx.TransportError:
@@ -477,6 +551,45 @@ class AsyncClient:
     async def remove_domain(self, domain: str) -> None:
         await self._call(Request("DELETE", f"/v1/domains/{quoted(domain)}"))
 
+    async def create_campaign(
+        self,
+        name: str,
+        template_id: str,
+        list_id: str,
+        sender: Address,
+        **more: Any,
+    ) -> dict[str, Any]:
+        """A draft campaign; ``more``: ``data``, ``rate``, ``send_at``."""
+        body = {"name": name, "template_id": template_id, "list_id": list_id, "from": sender}
+        request = Request("POST", "/v1/campaigns", json={**body, **more})
+        return cast(dict[str, Any], await self._call(request))
+
+    async def campaigns(self) -> dict[str, Any]:
+        return cast(dict[str, Any], await self._call(Request("GET", "/v1/campaigns")))
+
+    async def campaign(self, campaign_id: str) -> dict[str, Any]:
+        request = Request("GET", f"/v1/campaigns/{quoted(campaign_id)}")
+        return cast(dict[str, Any], await self._call(request))
+
+    async def schedule_campaign(
+        self, campaign_id: str, send_at: str | None = None
+    ) -> dict[str, Any]:
+        return await self._campaign_step(campaign_id, "schedule", send_at)
+
+    async def pause_campaign(self, campaign_id: str) -> dict[str, Any]:
+        return await self._campaign_step(campaign_id, "pause")
+
+    async def resume_campaign(self, campaign_id: str) -> dict[str, Any]:
+        return await self._campaign_step(campaign_id, "resume")
+
+    async def cancel_campaign(self, campaign_id: str) -> dict[str, Any]:
+        return await self._campaign_step(campaign_id, "cancel")
+
+    async def _campaign_step(
+        self, campaign_id: str, step: str, send_at: str | None = None
+    ) -> dict[str, Any]:
+        return cast(dict[str, Any], await self._call(campaign_step(campaign_id, step, send_at)))
+
     async def webhooks(self) -> list[dict[str, Any]]:
         found = await self._call(Request("GET", "/v1/webhooks"))
         return cast(list[dict[str, Any]], found["data"])
@@ -519,6 +632,42 @@ class AsyncClient:
         path = f"/v1/webhooks/{quoted(endpoint_id)}/deliveries/{quoted(msg_id)}/replay"
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         return cast(dict[str, Any], await self._call(Request("POST", path, headers=headers)))
+
+    # -- contact lists
+
+    async def create_list(self, name: str) -> dict[str, Any]:
+        request = Request("POST", "/v1/lists", json={"name": name}, safe_to_repeat=False)
+        return cast(dict[str, Any], await self._call(request))
+
+    async def lists(self) -> list[dict[str, Any]]:
+        """See :meth:`Client.lists`."""
+        found = await self._call(Request("GET", "/v1/lists"))
+        return cast(list[dict[str, Any]], found["data"])
+
+    async def get_list(self, list_id: str) -> dict[str, Any]:
+        request = Request("GET", f"/v1/lists/{quoted(list_id)}")
+        return cast(dict[str, Any], await self._call(request))
+
+    async def list_contacts(
+        self, list_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> Page:
+        request = Request(
+            "GET", f"/v1/lists/{quoted(list_id)}/contacts", page_params(limit, cursor)
+        )
+        return cast(Page, await self._call(request))
+
+    async def remove_list_contact(self, list_id: str, email: str) -> None:
+        path = f"/v1/lists/{quoted(list_id)}/contacts/{quoted(email)}"
+        await self._call(Request("DELETE", path))
+
+    async def import_contacts(self, list_id: str, csv: bytes | str) -> dict[str, Any]:
+        """See :meth:`Client.import_contacts`."""
+        return cast(dict[str, Any], await self._call(import_request(list_id, csv)))
+
+    async def list_import(self, list_id: str, import_id: str) -> dict[str, Any]:
+        """See :meth:`Client.list_import`."""
+        path = f"/v1/lists/{quoted(list_id)}/imports/{quoted(import_id)}"
+        return cast(dict[str, Any], await self._call(Request("GET", path)))
 
     async def providers(self) -> list[dict[str, Any]]:
         """See :meth:`Client.providers`."""

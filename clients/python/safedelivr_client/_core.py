@@ -32,6 +32,13 @@ OPERATIONS: Mapping[str, str] = {
     "get_domain": "domain",
     "verify_domain": "verify_domain",
     "delete_domain": "remove_domain",
+    "create_campaign": "create_campaign",
+    "list_campaigns": "campaigns",
+    "get_campaign": "campaign",
+    "schedule_campaign": "schedule_campaign",
+    "pause_campaign": "pause_campaign",
+    "resume_campaign": "resume_campaign",
+    "cancel_campaign": "cancel_campaign",
     "list_webhooks": "webhooks",
     "create_webhook": "add_webhook",
     "get_webhook": "webhook",
@@ -40,6 +47,13 @@ OPERATIONS: Mapping[str, str] = {
     "rotate_webhook_secret": "rotate_webhook_secret",
     "list_webhook_deliveries": "webhook_deliveries",
     "replay_webhook_delivery": "replay_webhook_delivery",
+    "create_list": "create_list",
+    "list_lists": "lists",
+    "get_list": "get_list",
+    "list_list_contacts": "list_contacts",
+    "delete_list_contact": "remove_list_contact",
+    "import_list_contacts": "import_contacts",
+    "get_list_import": "list_import",
     "list_providers": "providers",
     "get_settings": "settings",
     "patch_settings": "change_settings",
@@ -131,6 +145,15 @@ def key_request(name: str, scopes: Sequence[str] | None, expires_at: str | None)
     return Request("POST", "/v1/keys", json=body, safe_to_repeat=False)
 
 
+def import_request(list_id: str, csv: bytes | str) -> Request:
+    """``POST /v1/lists/{id}/imports`` with a CSV file (``str`` is sent as UTF-8): never
+    repeated on a lost answer (the import may have begun)."""
+    data = csv.encode() if isinstance(csv, str) else bytes(csv)
+    path = f"/v1/lists/{quoted(list_id)}/imports"
+    headers = {"Content-Type": "text/csv"}
+    return Request("POST", path, content=data, headers=headers, safe_to_repeat=False)
+
+
 class ApiError(Exception):
     """An error answer of the API: ``{"error": {"code", "message", "fields"?}}``."""
 
@@ -169,6 +192,8 @@ class Request:
     json: Any = None
     headers: Mapping[str, str] | None = None
     safe_to_repeat: bool = True
+    content: bytes | None = None
+    """A raw body (a CSV file), sent instead of ``json``."""
     """Whether a connection failure may be retried (reads, and sends with their key)."""
 
 
@@ -227,6 +252,12 @@ def send_request(
     body.update(more)
     key = idempotency_key or uuid.uuid4().hex
     return Request("POST", "/v1/batches", json=body, headers={"Idempotency-Key": key})
+
+
+def campaign_step(campaign_id: str, step: str, send_at: str | None = None) -> Request:
+    """``POST /v1/campaigns/{id}/{step}`` (schedule, pause, resume, cancel)."""
+    body = {"send_at": send_at} if send_at is not None else None
+    return Request("POST", f"/v1/campaigns/{quoted(campaign_id)}/{step}", json=body)
 
 
 def page_params(limit: int | None, cursor: str | None, **more: str | None) -> dict[str, str]:

@@ -93,6 +93,7 @@ _NAV = (
     ("/send", "Send", "send"),
     ("/keys", "API keys", "keys"),
     ("/suppressions", "Suppressions", "suppressions"),
+    ("/lists", "Lists", "lists"),
     ("/domains", "Domains", "domains"),
     ("/v1/docs", "API", "docs"),
 )

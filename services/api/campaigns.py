@@ -1,0 +1,213 @@
+"""``/v1/campaigns``: a template sent to a contact list, now or later. Create (a draft),
+list, read (with its progress), schedule, pause, resume and cancel; the runner
+(``services.api.campaign_runner``) does the sending, ``shared.campaigns`` owns the lifecycle.
+
+A lifecycle step the campaign's state does not allow is a 409 naming the state; a step that
+raced another (the runner starting it, a second click) is answered from the state it found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from shared.contact_lists import ContactLists
+from starlette.requests import Request
+from starlette.responses import Response
+
+from services.api.auth import require_key
+from services.api.queries import batch_counts, path_uuid
+from services.api.schema import CampaignIn, CampaignScheduleIn, checked
+from services.api.sending import Sending
+from shared import lanes
+from shared.addresses import parse_address
+from shared.batchstore import BatchStore
+from shared.campaigns import Action, Campaign, CampaignStore, LifecycleError, next_state
+from shared.http import JSON, ApiError, read_json
+from shared.templates import TemplateStore
+
+SMALL_BODY = 64 * 1024
+#: Recipients a second a campaign sends at unless it says.
+DEFAULT_RATE = 2_000
+
+
+def _invalid(field: str, problem: str) -> ApiError:
+    return ApiError(
+        422, "invalid_fields", "the request has invalid fields", fields={field: problem}
+    )
+
+
+def view(c: Campaign, counts: Counter[str] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": str(c.campaign_id),
+        "name": c.name,
+        "template_id": str(c.template_id),
+        "list_id": str(c.list_id),
+        "from": c.sender,
+        "data": c.data,
+        "rate": c.rate,
+        "send_at": c.send_at.isoformat() if c.send_at else None,
+        "state": c.state,
+        "reason": c.reason,
+        "created_at": c.created_at.isoformat(),
+        "updated_at": c.updated_at.isoformat() if c.updated_at else None,
+        "progress": {"batches": c.slices, "released": c.released, "skipped": c.skipped},
+    }
+    if counts is not None:
+        out["progress"].update({s: counts.get(s, 0) for s in ("queued", "success", "failed")})
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Campaigns:
+    """The use cases (the dashboard shares them)."""
+
+    store: CampaignStore
+    templates: TemplateStore
+    lists: ContactLists
+    batches: BatchStore
+    sending: Sending
+
+    async def create(self, user_id: uuid.UUID, body: CampaignIn) -> Campaign:
+        template_id = _uuid(body.template_id, "template_id")
+        list_id = _uuid(body.list_id, "list_id")
+        template = await self.templates.get(user_id, template_id)
+        if template is None:
+            raise _invalid("template_id", "no such template of yours")
+        if await self.lists.get(user_id, list_id) is None:
+            raise _invalid("list_id", "no such list of yours")
+        sender = _sender(body.from_)
+        await self.sending.check_sender(user_id, sender["email"])
+        return await self.store.create(
+            user_id,
+            body.name,
+            template_id,
+            list_id,
+            sender,
+            body.data or {},
+            body.rate or DEFAULT_RATE,
+            self._send_at(body.send_at),
+        )
+
+    def _send_at(self, value: str | None) -> datetime | None:
+        horizon = timedelta(days=self.sending.settings.api.schedule_horizon_days)
+        try:
+            return lanes.send_at(value, datetime.now(UTC), horizon)
+        except lanes.ScheduleError as exc:
+            raise _invalid("send_at", str(exc)) from None
+
+    async def get(self, user_id: uuid.UUID, campaign_id: uuid.UUID) -> Campaign:
+        found = await self.store.get(user_id, campaign_id)
+        if found is None:
+            raise ApiError(404, "not_found", "no such campaign")
+        return found
+
+    async def counts(self, campaign: Campaign) -> Counter[str]:
+        """Its recipients per state, over the batches it released so far."""
+        window = asyncio.Semaphore(8)
+        total: Counter[str] = Counter()
+
+        async def one(batch_id: uuid.UUID) -> Counter[str]:
+            async with window:
+                states, _, _ = await batch_counts(self.batches, batch_id)
+            return states
+
+        parts = await self.store.slices(campaign.campaign_id)
+        for states in await asyncio.gather(*(one(p.batch_id) for p in parts)):
+            total.update(states)
+        return total
+
+    async def act(
+        self, user_id: uuid.UUID, campaign_id: uuid.UUID, action: Action, send_at: str | None
+    ) -> Campaign:
+        when = self._send_at(send_at) if send_at is not None else None
+        for _ in range(5):
+            campaign = await self.get(user_id, campaign_id)
+            try:
+                to = next_state(campaign.state, action, started=campaign.slices > 0)
+            except LifecycleError as exc:
+                if _already(campaign.state, action):
+                    return campaign  # a repeated click: the same answer
+                raise ApiError(409, "campaign_state", str(exc)) from None
+            if await self.store.move(campaign, to, send_at=when):
+                return await self.get(user_id, campaign_id)
+            # Raced (the runner started or finished it): look again.
+        raise ApiError(409, "campaign_busy", "the campaign keeps changing; try again")
+
+
+def _already(state: str, action: Action) -> bool:
+    return (action, state) in {("pause", "paused"), ("cancel", "cancelled")}
+
+
+def _uuid(value: str, field: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise _invalid(field, "must be an id (a UUID string)") from None
+
+
+def _sender(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        try:
+            address = parse_address(value)
+        except ValueError as exc:
+            raise _invalid("from", f"not an address: {exc}") from None
+        return {"email": address.email, "name": address.name}
+    return {"email": value.email, "name": value.name}
+
+
+def _campaigns(request: Request) -> Campaigns:
+    found: Campaigns = request.app.state.campaigns
+    return found
+
+
+async def create_campaign(request: Request) -> Response:
+    key = await require_key(request, "send")
+    _, body = await read_json(request, SMALL_BODY)
+    made = await _campaigns(request).create(key.user_id, checked(CampaignIn, body))
+    return JSON(view(made), status_code=201)
+
+
+async def list_campaigns(request: Request) -> Response:
+    key = await require_key(request, "read")
+    found = await _campaigns(request).store.campaigns(key.user_id)
+    return JSON({"data": [view(c) for c in found]})
+
+
+async def get_campaign(request: Request) -> Response:
+    key = await require_key(request, "read")
+    campaigns = _campaigns(request)
+    campaign = await campaigns.get(key.user_id, path_uuid(request, "campaign_id"))
+    return JSON(view(campaign, await campaigns.counts(campaign)))
+
+
+async def _act(request: Request, action: Action) -> Response:
+    key = await require_key(request, "send")
+    send_at: str | None = None
+    if action == "schedule" and await request.body():
+        _, body = await read_json(request, SMALL_BODY)
+        send_at = checked(CampaignScheduleIn, body).send_at
+    campaign = await _campaigns(request).act(
+        key.user_id, path_uuid(request, "campaign_id"), action, send_at
+    )
+    return JSON(view(campaign))
+
+
+async def schedule_campaign(request: Request) -> Response:
+    return await _act(request, "schedule")
+
+
+async def pause_campaign(request: Request) -> Response:
+    return await _act(request, "pause")
+
+
+async def resume_campaign(request: Request) -> Response:
+    return await _act(request, "resume")
+
+
+async def cancel_campaign(request: Request) -> Response:
+    return await _act(request, "cancel")

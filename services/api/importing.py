@@ -1,0 +1,92 @@
+"""Running a contact list's CSV import in the API process, in the background: the shell
+around :mod:`shared.list_import`'s decisions.
+
+The file is read a slice of rows at a time (in a thread: parsing never holds the event
+loop); each slice's addresses are looked up (suppressed for the user, unsubscribed from this
+list, already in the list), decided, written, and the import's progress saved with a new
+heartbeat, so a reader sees it advance and a dead process shows as a stale import. When the
+file ends the list's count is recounted.
+
+A list's unsubscribes are its ``list_suppressions`` under the scope of the list's id (as a
+string): mail sent to the list names it with ``list`` = its id, so its one-click
+unsubscribes land there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+from shared.addresses import address_key
+from shared.config import ListSettings
+from shared.contact_lists import ContactLists, list_scope
+from shared.contacts_csv import Contact, CsvError, Rejected, scan
+from shared.errors import DependencyUnavailable
+from shared.list_import import ImportJob, Sorted, advance, finish, sort_slice
+from shared.suppressions import SuppressionStore
+
+log = logging.getLogger(__name__)
+
+#: Why an import failed when a store failed under it (details are logged).
+STORE_FAILED = "failed: the database was unavailable; import the file again"
+
+
+@dataclass(frozen=True, slots=True)
+class Importer:
+    lists: ContactLists
+    suppressions: SuppressionStore
+    settings: ListSettings
+
+    async def run(self, job: ImportJob, data: bytes, *, base: int) -> ImportJob:
+        """Import ``data`` into ``job``'s list, which held ``base`` contacts; the job as it
+        ended (also saved). Never raises for a bad file or an outage: the job fails with
+        the reason."""
+        job = replace(job, state="running", heartbeat=_now())
+        try:
+            await self.lists.save_import(job)
+            rows = scan(data, max_rows=self.settings.import_max_rows)
+            while part := await asyncio.to_thread(_next, rows, self.settings.import_slice):
+                room = self.settings.max_contacts - base - job.progress.added
+                done = await self._sort(job, part, room)
+                await self.lists.put(job.list_id, done.write)
+                job = advance(job, done, _now())
+                await self.lists.save_import(job)
+                await self.lists.set_count(job.user_id, job.list_id, base + job.progress.added)
+            counted = await self.lists.count(job.list_id)
+            await self.lists.set_count(job.user_id, job.list_id, counted)
+            job = finish(job, _now())
+        except CsvError as exc:
+            job = finish(job, _now(), str(exc))
+        except DependencyUnavailable as exc:
+            log.warning("import %s of list %s failed: %s", job.import_id, job.list_id, exc)
+            job = finish(job, _now(), STORE_FAILED)
+        await self.lists.save_import(job)
+        return job
+
+    async def _sort(self, job: ImportJob, part: list[Contact | Rejected], room: int) -> Sorted:
+        keys = [address_key(c.email) for c in part if isinstance(c, Contact)]
+        suppressed = await self.suppressions.suppressed(job.user_id, keys)
+        rest = [k for k in keys if k not in suppressed]
+        # The scoped lookup answers the user-wide ones too: none are left in ``rest``.
+        unsubscribed = (
+            await self.suppressions.suppressed(job.user_id, rest, list_scope(job.list_id))
+            if rest
+            else {}
+        )
+        candidates = [k for k in rest if k not in unsubscribed]
+        existing = await self.lists.existing(job.list_id, candidates) if candidates else set()
+        return sort_slice(
+            part, suppressed=suppressed, unsubscribed=unsubscribed, existing=existing, room=room
+        )
+
+
+def _next(rows: Iterator[Contact | Rejected], size: int) -> list[Contact | Rejected]:
+    return list(itertools.islice(rows, size))
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,114 @@
+"""Running an import (``services.api.importing.Importer``) over the stores' twins: slices
+written with progress saved after each, the list's count recounted at the end, and an
+import that cannot finish ends failed with its reason instead of running forever."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from services.api.importing import STORE_FAILED, Importer
+from shared.config import ListSettings
+from shared.contact_lists import ContactLists, list_scope
+from shared.contacts_csv import Contact
+from shared.errors import DependencyUnavailable
+from shared.list_import import ImportJob
+from shared.suppressions import SuppressionStore
+from tests.fakes.account_stores import FakeSuppressionStore
+from tests.fakes.contact_lists import FakeContactLists
+
+
+class Recording(FakeContactLists):
+    """Keeps every saved state of every import; fails ``put`` from the ``fail_at``-th call."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        super().__init__()
+        self.saved: list[ImportJob] = []
+        self.puts = 0
+        self.fail_at = fail_at
+
+    async def save_import(self, job: ImportJob) -> None:
+        self.saved.append(job)
+        await super().save_import(job)
+
+    async def put(self, list_id: uuid.UUID, contacts: Sequence[Contact]) -> None:
+        self.puts += 1
+        if self.fail_at is not None and self.puts >= self.fail_at:
+            raise DependencyUnavailable("cassandra", "WriteTimeout (injected)")
+        await super().put(list_id, contacts)
+
+
+async def _run(store: Recording, body: bytes, suppressions: Any = None) -> ImportJob:
+    user = uuid.uuid4()
+    made = await store.create(user, "l")
+    now = datetime.now(UTC)
+    job = ImportJob(made.list_id, uuid.uuid1(), user, "queued", now, now)
+    assert await store.begin_import(job, None)
+    importer = Importer(
+        cast(ContactLists, store),
+        cast(SuppressionStore, suppressions or FakeSuppressionStore()),
+        ListSettings(import_slice=2),
+    )
+    return await importer.run(job, body, base=0)
+
+
+async def test_progress_is_saved_after_every_slice_and_the_count_recounted() -> None:
+    store = Recording()
+    body = b"email\n" + b"".join(b"r%d@example.com\n" % i for i in range(5))
+
+    ended = await _run(store, body)
+
+    assert [(j.state, j.progress.rows_read) for j in store.saved] == [
+        ("running", 0),
+        ("running", 2),
+        ("running", 4),
+        ("running", 5),
+        ("done", 5),
+    ]
+    (listed,) = await store.lists(ended.user_id)
+    assert listed.contacts == 5 == await store.count(ended.list_id)
+
+
+async def test_only_this_lists_unsubscribes_keep_an_address_out() -> None:
+    store, suppressions = Recording(), FakeSuppressionStore()
+    ended = await _run(store, b"email\n", suppressions)  # makes the list
+    await suppressions.add(
+        ended.user_id, "a@example.com", reason="u", source="t", scope=list_scope(ended.list_id)
+    )
+    await suppressions.add(ended.user_id, "b@example.com", reason="u", source="t", scope="x")
+    job = ImportJob(
+        ended.list_id, uuid.uuid1(), ended.user_id, "queued", ended.created_at, ended.created_at
+    )
+    assert await store.begin_import(job, ended.import_id)
+    importer = Importer(
+        cast(ContactLists, store), cast(SuppressionStore, suppressions), ListSettings()
+    )
+
+    done = await importer.run(job, b"email\na@example.com\nb@example.com\n", base=0)
+
+    assert (done.progress.unsubscribed, done.progress.added) == (1, 1)
+    assert await store.existing(ended.list_id, ["a@example.com", "b@example.com"]) == {
+        "b@example.com"
+    }
+
+
+async def test_an_outage_part_way_ends_the_import_failed_with_the_reason() -> None:
+    store = Recording(fail_at=2)
+    body = b"email\n" + b"".join(b"r%d@example.com\n" % i for i in range(5))
+
+    ended = await _run(store, body)
+
+    assert (ended.state, ended.reason) == ("failed", STORE_FAILED)
+    assert ended.progress.added == 2
+    assert store.saved[-1] == ended
+
+
+async def test_a_file_failing_part_way_ends_the_import_failed_saying_where() -> None:
+    store = Recording()
+
+    ended = await _run(store, b'email\na@example.com\nb@example.com\n"' + b"x" * 200_000 + b'"\n')
+
+    assert ended.state == "failed"
+    assert ended.reason is not None and "row 4 is not CSV" in ended.reason
