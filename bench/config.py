@@ -40,6 +40,16 @@ class BenchConfig:
     e2e_max_recipients: int = 1_000_000
     e2e_timeout: float = 150.0
     """A drain still unfinished after this many seconds is reported as incomplete."""
+    lanes_bulk_recipients: int = 1_000_000
+    """Recipients of the bulk corpus the ``lanes`` phase drains (``--lanes-bulk``)."""
+    lanes_bulk_batch: int = 10_000
+    """Recipients per bulk batch (the API's largest batch)."""
+    lanes_interval: float = 0.1
+    """Seconds between two transactional batches while the bulk corpus drains."""
+    lanes_timeout: float = 900.0
+    """Longest bulk drain; transactional batches stop then."""
+    lanes_target_p99: float = 2.0
+    """Transactional p99 time to provider (seconds) the lanes must keep during a bulk drain."""
 
     def quick_version(self) -> BenchConfig:
         return replace(
@@ -55,4 +65,6 @@ class BenchConfig:
             l_e2e_recipients=60_000,
             e2e_seconds=8.0,
             e2e_timeout=60.0,
+            lanes_bulk_recipients=200_000,
+            lanes_timeout=300.0,
         )

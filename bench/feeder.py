@@ -1,6 +1,7 @@
 """Feeds the end-to-end phases, run as a child process.
 
-Seeds ``batches`` accepted batches through :class:`BatchStore` exactly as the API stores them
+Seeds ``batches`` accepted batches (in the lane ``priority`` asks for, else the one their size
+decides) through :class:`BatchStore` exactly as the API stores them
 (untimed; their outbox rows removed as after a confirmed publish), reports ``ready`` with the
 batch ids, waits for ``go`` on stdin, then publishes ``batch.<uuid>`` for every batch with
 confirms and a window of 64, as fast as it can, and reports when the first and last publish
@@ -36,7 +37,9 @@ async def main(spec: dict[str, Any]) -> dict[str, Any]:
         settings.amqp.url.get_secret_value(), topology_for(settings), name="bench-feeder"
     )
     await broker.connect()
-    factory = BatchFactory(int(spec["recipients"]), settings.providers.chain_codes)
+    factory = BatchFactory(
+        int(spec["recipients"]), settings.providers.chain_codes, priority=spec.get("priority")
+    )
     corpus = await seed(BatchStore(db), factory, uuid.UUID(spec["user_id"]), int(spec["batches"]))
     ids = [batch_id for batch_id, _, _ in corpus]
     child.emit(

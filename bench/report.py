@@ -115,6 +115,7 @@ def figures(results: Results, sampler: ProcessSampler) -> dict[str, float | None
         _get(results, "webhooks_single", "usage"), WEBHOOK_PROCESSES, "event"
     )
     out["stats_read_ms_10m"] = _get(results, "stats_read", "ms_10m")
+    out["lanes_tx_p99_s"] = _get(results, "lanes", "time_to_provider_s", "p99")
     return out
 
 

@@ -1,7 +1,7 @@
 """``make bench``: run every registered phase against a private keyspace and exchange.
 
 Usage: ``python -m bench.run [--quick] [--phases l_accept,api_max,...] [--list]
-[--experiment NAME]`` (``make bench BENCH_ARGS=--quick``)
+[--experiment NAME] [--lanes-bulk N]`` (``make bench BENCH_ARGS=--quick``)
 
 The run migrates a fresh keyspace, declares a private topology and creates an API key; starts
 the sandbox (webhooks scheduled an hour out, so they cost nothing during the run); runs the
@@ -63,6 +63,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a ~2-minute smoke run")
     parser.add_argument("--phases", help="comma-separated phase names (default: all)")
     parser.add_argument("--list", action="store_true", help="list the phases and exit")
+    parser.add_argument(
+        "--lanes-bulk",
+        type=int,
+        metavar="N",
+        help="recipients of the lanes phase's bulk corpus (default 1,000,000; --quick 200,000)",
+    )
     parser.add_argument(
         "--experiment",
         action="append",
@@ -190,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = BenchConfig()
     if args.quick:
         config = config.quick_version()
+    if args.lanes_bulk is not None:
+        config = dataclasses.replace(config, lanes_bulk_recipients=args.lanes_bulk)
     only = [n.strip() for n in args.phases.split(",") if n.strip()] if args.phases else None
     try:
         return asyncio.run(run(config, only, args.experiment))

@@ -84,6 +84,12 @@ GOALS: dict[str, Goal] = {
         False,
         "webhook ingest CPU-µs per event (webhooks + Cassandra + RabbitMQ, batched) <= 150",
     ),
+    "lanes_tx_p99_s": Goal(
+        "lanes_tx_p99_s",
+        2.0,
+        False,
+        "transactional p99 time to provider (s) while a large bulk batch drains <= 2",
+    ),
     "stats_read_ms_10m": Goal(
         "stats_read_ms_10m", 50.0, False, "a day's stats of a 10M-recipient user read in <= 50 ms"
     ),

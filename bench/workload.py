@@ -51,10 +51,12 @@ def address(k: int) -> str:
     return f"reader{k:05d}@{_DOMAINS[k % len(_DOMAINS)]}"
 
 
-def request_body(variant: int, recipients: int) -> dict[str, Any]:
+def request_body(variant: int, recipients: int, priority: str | None = None) -> dict[str, Any]:
     """The JSON body of one ``POST /v1/batches`` with ``recipients`` distinct recipients."""
     first = variant * recipients
+    lane = {} if priority is None else {"priority": priority}
     return {
+        **lane,
         "from": {"email": "news@shop.example.com", "name": "Example Shop"},
         "reply_to": {"email": "care@shop.example.com", "name": "Example Shop Care"},
         "subject": "This week's picks for you",
@@ -95,11 +97,18 @@ def log_ids(batch_time: float, count: int) -> list[uuid.UUID]:
 class BatchFactory:
     """Builds :class:`NewBatch` objects exactly as ``services.api.batches._accept`` does."""
 
-    def __init__(self, recipients: int, chain: Sequence[str], variants: int = VARIANTS) -> None:
+    def __init__(
+        self,
+        recipients: int,
+        chain: Sequence[str],
+        variants: int = VARIANTS,
+        *,
+        priority: str | None = None,
+    ) -> None:
         self.size = recipients
         self._parsed = [
             validation.parse_batch_request(
-                request_body(v, recipients), max_recipients=max(recipients, 1)
+                request_body(v, recipients, priority), max_recipients=max(recipients, 1)
             )
             for v in range(variants)
         ]

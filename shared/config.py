@@ -116,6 +116,9 @@ class ApiSettings(BaseSettings):
     """The URL people reach the API and dashboard at (links, OAuth)."""
     max_recipients: int = Field(10_000, ge=1)
     """Recipients accepted in one batch request (after de-duplication)."""
+    bulk_threshold: int = Field(1_000, ge=0)
+    """A batch that does not say its ``priority`` goes in the bulk lane above this many
+    recipients, else in the transactional one (``shared.lanes``)."""
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024)
     """Request bodies above this are refused with 413 while they stream in."""
     schedule_horizon_days: float = Field(30.0, gt=0, le=366)
@@ -262,6 +265,9 @@ class ConsumerSettings(BaseSettings):
     """Where the consumer process serves /healthz, /readyz and /metrics."""
     prefetch: int = Field(4, ge=1, le=1000)
     """Chunks (of up to 1,000 recipients) in flight per provider queue."""
+    bulk_prefetch: int = Field(2, ge=1, le=1000)
+    """Chunks in flight per provider's bulk-lane queue: fewer than ``prefetch``, so a draining
+    bulk batch leaves this process's calls and the provider's rate to transactional mail."""
     canary_window: float = Field(3600.0, gt=0)
     """Seconds a template's canary runs before its recipients are compared with the live
     version's."""

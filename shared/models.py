@@ -14,6 +14,8 @@ from typing import Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.lanes import Priority
+
 #: Our custom arg (SendGrid) / user variable (Mailgun) carrying an attempt's tag. Not
 #: ``attempt``: SendGrid's own ``deferred`` events have an ``attempt`` field, which wins.
 ATTEMPT_ARG = "sd_attempt"
@@ -163,10 +165,16 @@ class Message(_Frozen):
     """Tracking and unsubscribe (None: neither)."""
     template: TemplateUse | None = None
     """The template the batch was made from (None: its content came with the request)."""
+    priority: Priority | None = None
+    """The lane decided at acceptance (``shared.lanes``); None: transactional."""
+
+    @property
+    def lane(self) -> Priority:
+        return self.priority or "transactional"
 
     def encode(self) -> bytes:
         data = self.model_dump(mode="json", by_alias=True)
-        for optional in ("engagement", "template"):
+        for optional in ("engagement", "template", "priority"):
             if data.get(optional) is None:
                 # Absent rather than null: a process of the previous release (which forbids
                 # unknown fields) still reads every batch that does not use it.

@@ -5,7 +5,13 @@ describes). Routing keys are the contract of ``design.md``:
 
 * ``batch.<batch_uuid>``                                  a newly accepted batch
 * ``<ns>.<batch_uuid>`` / ``<ns>.<batch_uuid>.retry.<n>``  a chunk dispatched to provider ``ns``
+* ``bulk.<ns>.<batch_uuid>[.retry.<n>]``                  the same, for a batch in the bulk lane
 * ``log.<ns>.<log_uuid>`` / ``log.<ns>.<log_uuid>.retry.<n>``  one recipient re-sent via ``ns``
+
+The bulk lane (``shared.lanes``) has queues of its own per provider, bound to
+``bulk.<ns>.#``: its first word is not a provider code, so the transactional queues' ``<ns>.#``
+bindings never match it and a draining newsletter never waits in front of a password reset.
+Recipient re-sends (``log.``) have no lane: each is one recipient, small next to any chunk.
 
 and one of our own: ``hook.<ns>``, a verified webhook delivery from ``ns`` queued for when
 Cassandra is back (``services.webhooks.intake``), and ``whook.<endpoint_uuid>``, "a user's
@@ -22,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from shared.digits import natural
+from shared.lanes import Priority
 from shared.providers.catalog import CODES
 
 #: Provider short codes that may appear as the first word of a dispatch key.
@@ -35,6 +42,8 @@ DELAY_HEADER = "safedelivr-delay"
 LEGACY_DELAY_HEADER = "x-safedelivr-delay"
 
 Kind = Literal["batch", "dispatch", "log"]
+#: The first word of a bulk-lane dispatch key.
+BULK = "bulk"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +54,15 @@ class RoutingKey:
     id: uuid.UUID
     provider: str | None = None
     attempt: int = 0
+    lane: Priority = "transactional"
+    """A dispatch key's lane (batch and re-send keys are always ``transactional``)."""
 
     def __str__(self) -> str:
         if self.kind == "batch":
             return batch_key(self.id)
         assert self.provider is not None  # noqa: S101 - constructor invariant
         if self.kind == "dispatch":
-            return dispatch_key(self.provider, self.id, self.attempt)
+            return dispatch_key(self.provider, self.id, self.attempt, self.lane)
         return log_key(self.provider, self.id, self.attempt)
 
 
@@ -59,12 +70,18 @@ def batch_key(batch_id: uuid.UUID) -> str:
     return f"batch.{batch_id}"
 
 
-def dispatch_key(provider: str, batch_id: uuid.UUID, attempt: int = 0) -> str:
+def dispatch_key(
+    provider: str, batch_id: uuid.UUID, attempt: int = 0, lane: Priority = "transactional"
+) -> str:
+    """The key of attempt ``attempt`` of a chunk of ``batch_id`` via ``provider``, in ``lane``."""
     _check_provider(provider)
-    return f"{provider}.{batch_id}" + (f".retry.{attempt}" if attempt else "")
+    prefix = f"{BULK}." if lane == "bulk" else ""
+    return f"{prefix}{provider}.{batch_id}" + (f".retry.{attempt}" if attempt else "")
 
 
 def log_key(provider: str, log_id: uuid.UUID, attempt: int = 0) -> str:
+    """The key of one recipient's re-send; laneless: a single recipient never makes a queue
+    wait long, whichever batch it belongs to."""
     _check_provider(provider)
     return f"log.{provider}.{log_id}" + (f".retry.{attempt}" if attempt else "")
 
@@ -87,6 +104,12 @@ def parse_routing_key(key: str) -> RoutingKey:
     parts = key.split(".")
     if parts[0] == "batch" and len(parts) == 2:
         return RoutingKey("batch", _uuid(parts[1], key))
+    lane: Priority = "transactional"
+    if parts[0] == BULK:
+        # Only a dispatch key has a lane: what follows must start with a provider code.
+        parts, lane = parts[1:] or [""], "bulk"
+        if parts[0] == "log":
+            raise ValueError(f"not a Safedelivr routing key: {key!r}")
     if parts[0] == "log":
         provider, rest = (parts[1], parts[2:]) if len(parts) >= 3 else ("", [])
         kind: Kind = "log"
@@ -100,7 +123,7 @@ def parse_routing_key(key: str) -> RoutingKey:
         if rest[1] != "retry" or retry is None or retry < 1:
             raise ValueError(f"bad retry suffix in routing key: {key!r}")
         attempt = retry
-    return RoutingKey(kind, _uuid(rest[0], key), provider, attempt)
+    return RoutingKey(kind, _uuid(rest[0], key), provider, attempt, lane)
 
 
 def _uuid(text: str, key: str) -> uuid.UUID:
@@ -168,8 +191,19 @@ class Topology:
     def provider_queue(self, provider: str) -> str:
         return f"{self.exchange}.{provider}"
 
+    def bulk_queue(self, provider: str) -> str:
+        """The bulk lane's chunks for ``provider`` (``bulk.<ns>.#``)."""
+        return f"{self.exchange}.{provider}.bulk"
+
+    def lane_queue(self, provider: str, lane: Priority) -> str:
+        return self.bulk_queue(provider) if lane == "bulk" else self.provider_queue(provider)
+
     def log_queue(self, provider: str) -> str:
         return f"{self.exchange}.log.{provider}"
+
+    def sender_queues(self, provider: str) -> tuple[str, str, str]:
+        """Every queue a provider's sender consumes: its two lanes, then its re-sends."""
+        return (self.provider_queue(provider), self.bulk_queue(provider), self.log_queue(provider))
 
     def delay_queue(self, seconds: int) -> str:
         return f"{self.exchange}.delay.{seconds}s"
@@ -203,6 +237,8 @@ class Topology:
         for p in self.providers:
             specs.append(QueueSpec(self.provider_queue(p), args, ((self.exchange, f"{p}.#"),)))
             specs.append(QueueSpec(self.log_queue(p), args, ((self.exchange, f"log.{p}.#"),)))
+            # Added with the bulk lane; existing deployments get it at declare time too.
+            specs.append(QueueSpec(self.bulk_queue(p), args, ((self.exchange, f"{BULK}.{p}.#"),)))
         return specs
 
     def delay_queues(self) -> list[QueueSpec]:

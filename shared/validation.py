@@ -39,6 +39,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from shared import lanes
 from shared.addresses import (
     AddressError,
     address_key,
@@ -88,6 +89,7 @@ FIELDS: Final = frozenset(
         "bcc",
         "headers",
         "bulk",
+        "priority",
         "shared",
         "tracking",
         "unsubscribe",
@@ -218,6 +220,7 @@ def parse_batch_request(
     *,
     max_recipients: int,
     configured: Sequence[str] = CODES,
+    bulk_threshold: int = 1_000,
 ) -> BatchRequest:
     """Validate a decoded ``POST /v1/batches`` body (suppression is :func:`drop_suppressed`).
 
@@ -244,6 +247,7 @@ def parse_batch_request(
     bulk = _flag(raw.get("bulk"), "bulk", errors)
     shared = _flag(raw.get("shared"), "shared", errors)
     pinned = _provider(raw.get("provider"), configured, errors)
+    priority = _priority(raw.get("priority"), len(scan.recipients), bulk_threshold, errors)
     wants = _wanted(raw, errors)
     if bulk and (cc or bcc):
         # Each personalised copy would carry the cc/bcc too: up to 1,000 copies per chunk.
@@ -278,6 +282,7 @@ def parse_batch_request(
         metadata=metadata,
         bulk=bool(personal),
         provider=pinned,
+        priority=priority,
     )
     return dataclasses.replace(scan.finish(message), wants=wants)
 
@@ -418,6 +423,19 @@ def _provider(value: object, configured: Sequence[str], errors: Errors) -> str |
         names = ", ".join(CATALOG[c].name.lower() for c in configured if c in CATALOG)
         errors["provider"] = f"must name a provider configured here: {names}"
     return code
+
+
+def _priority(
+    value: object, recipients: int, threshold: int, errors: Errors
+) -> lanes.Priority | None:
+    """The batch's lane as stored: None for transactional, so a batch that is not bulk reads
+    the same as before lanes existed (``Message.encode`` leaves it out)."""
+    try:
+        chosen = lanes.lane(value, recipients, threshold)
+    except lanes.ScheduleError as exc:
+        errors["priority"] = str(exc)
+        return None
+    return None if chosen == "transactional" else chosen
 
 
 def _flag(value: object, name: str, errors: Errors) -> bool:

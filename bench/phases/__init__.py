@@ -31,6 +31,7 @@ MODULES = (
     "bench.phases.dispatch",
     "bench.phases.webhooks",
     "bench.phases.statsread",
+    "bench.phases.lanes",
 )
 GROUPS = ("A", "B", "C")
 

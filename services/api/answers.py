@@ -40,6 +40,7 @@ def batch(view: BatchOverview) -> dict[str, Any]:
         "subject": message.subject,
         "from": message.sender.model_dump(),
         "bulk": message.bulk,
+        "priority": message.lane,
         "recipients": header.recipient_count,
         "chunks": header.chunk_count,
         "send_at": header.send_at.isoformat() if header.send_at else None,

@@ -132,6 +132,12 @@ class BatchIn(_In):
         description="One copy per recipient, personalised: the default already (kept for "
         "existing clients; `false` does not make the message shared).",
     )
+    priority: Literal["transactional", "bulk"] | None = Field(
+        None,
+        description="The lane the batch is sent in: `bulk` work has queues of its own, so it "
+        "never delays `transactional` mail. Default: transactional up to "
+        "SAFEDELIVR_API_BULK_THRESHOLD recipients (1,000 unless configured), bulk above.",
+    )
     shared: bool | None = Field(
         None,
         description="One message to all the recipients of a chunk, so each sees the others' "
@@ -387,6 +393,7 @@ class Accepted(_Out):
     template: TemplateRefOut | None = Field(
         None, description="The template version(s) a template batch sends."
     )
+    priority: Literal["transactional", "bulk"] = Field(description="The batch's lane.")
 
 
 class BatchItem(_Out):
@@ -414,6 +421,7 @@ class BatchView(_Out):
     subject: str
     from_: dict[str, Any] = Field(alias="from")
     bulk: bool
+    priority: Literal["transactional", "bulk"]
     recipients: int
     chunks: int
     send_at: str | None = Field(None, description="When a scheduled batch is (was) to go.")

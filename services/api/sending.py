@@ -157,6 +157,7 @@ class Sending:
                 body,
                 max_recipients=self.settings.api.max_recipients,
                 configured=self.settings.providers.chain_codes,
+                bulk_threshold=self.settings.api.bulk_threshold,
             )
         except validation.InvalidRequest as exc:
             raise ApiError(422, exc.code, str(exc), fields=exc.fields) from exc
@@ -422,6 +423,7 @@ def answer(
         "suppressed": list(parsed.suppressed),
         "rejected": [{"email": r.email, "reason": r.reason} for r in parsed.rejected],
         "skipped": [{"email": r.email, "reason": r.reason} for r in parsed.skipped],
+        "priority": parsed.message.lane,
     }
     if send_at is not None:
         out["status"] = "scheduled"

@@ -1,6 +1,7 @@
 """The provider senders: one delivery of a dispatch job, driven by the attempt protocol.
 
-Consumes ``<ns>.<batch_uuid>[.retry.<n>]`` (a chunk's attempt ``n`` via provider ``ns``) and
+Consumes ``[bulk.]<ns>.<batch_uuid>[.retry.<n>]`` (a chunk's attempt ``n`` via provider ``ns``,
+in the bulk lane or not) and
 ``log.<ns>.<log_uuid>[.retry.<n>]`` (one recipient's re-send attempt, or a deferral deadline
 check). Each step comes from :func:`services.consumers.protocol.next_step` and is one
 conditional write; when a write does not apply (someone else moved the attempt) the line is
@@ -76,6 +77,7 @@ def decode(message: aio_pika.abc.AbstractIncomingMessage) -> tuple[protocol.Job,
             attempt=chunk_job.attempt,
             provider=key.provider,
             check=chunk_job.check,
+            lane=key.lane,
         )
         return job, None
     log_job = LogJob.decode(message.body)

@@ -1,5 +1,6 @@
 """Carrying out a settled attempt's outcome and decision, and queueing delayed checks.
 
+A chunk's follow-up jobs and checks keep the lane its job came in (``bulk.`` keys stay bulk).
 Everything here is idempotent, because it runs again whenever the process that first ran it
 died before its delivery was acked: recipients' rows carry fixed timestamps, a published
 follow-up job is absorbed by the next attempt's claim, a give-up is the same write again.
@@ -156,7 +157,7 @@ class FollowUps:
         delay = attempt.next_delay or 0
         tier = self.d.broker.topology.delay_tier_for(delay) if delay else None
         if job.log_id is None:
-            key = dispatch_key(provider, job.batch_id, number)
+            key = dispatch_key(provider, job.batch_id, number, job.lane)
             body = ChunkJob(batch_id=job.batch_id, chunk=job.chunk, attempt=number).encode()
             message_id = f"{job.batch_id}:{job.chunk}:{number}"
         else:
@@ -171,7 +172,7 @@ class FollowUps:
         """Queue check number ``checks`` of the job's attempt, ``delay`` seconds from now."""
         tier = self.d.broker.topology.delay_tier_for(delay)
         if job.log_id is None:
-            key = dispatch_key(job.provider, job.batch_id, job.attempt)
+            key = dispatch_key(job.provider, job.batch_id, job.attempt, job.lane)
             body = ChunkJob(
                 batch_id=job.batch_id, chunk=job.chunk, attempt=job.attempt, check=checks
             ).encode()

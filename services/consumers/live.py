@@ -6,8 +6,8 @@
 * A paused provider is not called: a job that reaches its queue is recorded as a rejected
   attempt ("paused by an operator") and passed to the next running provider, through the
   attempt protocol like any failure, so nothing is lost or sent twice.
-* When every provider is paused, the provider queues are not consumed at all: work waits in
-  the broker, not in memory, until one is resumed.
+* When every provider is paused, the provider queues (both lanes and the re-sends) are not
+  consumed at all: work waits in the broker, not in memory, until one is resumed.
 * ``max_attempts`` bounds the decisions made from now on.
 * The sending domains' capacity rules (``shared.domain_capacity``) apply to the next chunk; a
   chunk held at its domain's capacity raises the ``capacity`` alert.
@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two health refreshes.
 REFRESH_EVERY = 2.0
+#: Re-sends (one recipient each) in flight per provider.
+RESEND_PREFETCH = 32
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,8 @@ class ConsumerSettings:
     handler: Handler
     prefetch: int
     metrics: LiveMetrics
+    bulk_prefetch: int = 2
+    """Chunks in flight per provider's bulk-lane queue."""
     consuming: bool = True
     alerter: Alerter | None = None
     live: LiveSettings | None = None
@@ -246,23 +250,25 @@ class ConsumerSettings:
             )
             await self.alerter.send(Alert("error_burst", code, text))
 
+    async def start_provider(self, code: str) -> None:
+        """Consume a provider's queues: both lanes, the bulk one with the smaller prefetch so
+        transactional chunks always find deliveries free, and the recipients' re-sends."""
+        t = self.broker.topology
+        await self.broker.consume(t.provider_queue(code), self.handler, prefetch=self.prefetch)
+        await self.broker.consume(t.bulk_queue(code), self.handler, prefetch=self.bulk_prefetch)
+        await self.broker.consume(t.log_queue(code), self.handler, prefetch=RESEND_PREFETCH)
+
     async def _consume(self, wanted: bool) -> None:
         if wanted == self.consuming:
             return
         topology = self.broker.topology
-        queues = [
-            q for code in self.dispatcher.providers
-            for q in (topology.provider_queue(code), topology.log_queue(code))
-        ]  # fmt: skip
         if wanted:
             for code in self.dispatcher.providers:
-                await self.broker.consume(
-                    topology.provider_queue(code), self.handler, prefetch=self.prefetch
-                )
-                await self.broker.consume(topology.log_queue(code), self.handler, prefetch=32)
+                await self.start_provider(code)
             log.info("a provider was resumed: consuming the provider queues again")
         else:
-            for queue in queues:
-                await self.broker.cancel(queue)
+            for code in self.dispatcher.providers:
+                for queue in topology.sender_queues(code):
+                    await self.broker.cancel(queue)
             log.warning("every provider is paused: work waits in the provider queues")
         self.consuming = wanted

@@ -4,6 +4,7 @@ serves /healthz, /readyz and /metrics, and drains in-flight deliveries on SIGTER
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -33,6 +34,7 @@ from shared.domain_capacity import CapacityGate, DomainVolumes
 from shared.engagement import tracker_of
 from shared.errors import DependencyUnavailable, ProviderError
 from shared.health import health_routes
+from shared.lanes import PRIORITIES
 from shared.livesettings import SettingsStore, Watcher
 from shared.metrics import DeadLetterMetrics, DispatchMetrics, new_registry
 from shared.outbox import Outbox
@@ -119,6 +121,7 @@ async def start_consumers(
         handler,
         settings.consumers.prefetch,
         live_metrics or LiveMetrics.create(new_registry()),
+        bulk_prefetch=settings.consumers.bulk_prefetch,
         alerter=alerter,
     )
     dispatcher.capacity.on_held = applier.capacity_held
@@ -134,10 +137,7 @@ async def start_consumers(
     probe.add_done_callback(_background.discard)
     if applier.consuming:
         for code in settings.providers.chain_codes:
-            await res.broker.consume(
-                topology.provider_queue(code), handler, prefetch=settings.consumers.prefetch
-            )
-            await res.broker.consume(topology.log_queue(code), handler, prefetch=32)
+            await applier.start_provider(code)
     await start_archiving(
         res, inflight, dead_metrics or DeadLetterMetrics.create(new_registry()), alerter
     )
@@ -180,13 +180,14 @@ def no_alerts() -> AlertConfig:
 
 
 async def watch_queues(res: Resources, applier: ConsumerSettings, alerter: Alerter) -> None:
-    """Alert when a provider queue holds more jobs than ``alerts.queue_depth``."""
+    """Alert when a provider queue (of either lane) holds more jobs than
+    ``alerts.queue_depth``."""
     topology = res.broker.topology
     while True:
         await asyncio.sleep(DEAD_COUNT_EVERY)
         limit = applier.live.alert_queue_depth if applier.live else 10_000
-        for code in applier.dispatcher.providers:
-            queue = topology.provider_queue(code)
+        for code, lane in itertools.product(applier.dispatcher.providers, PRIORITIES):
+            queue = topology.lane_queue(code, lane)
             try:
                 depth = await res.broker.queue_depth(queue)
             except DependencyUnavailable as exc:

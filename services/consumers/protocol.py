@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 
 from shared.attempts import Attempt, find
 from shared.db import Row
+from shared.lanes import Priority
 from shared.precedence import visible
 from shared.recipients import CHUNK, accepted_by_line
 
@@ -42,6 +43,8 @@ class Job:
     provider: str
     check: int | None = None
     """Set on a delayed check of the attempt: the check's sequence number."""
+    lane: Priority = "transactional"
+    """The lane a chunk's job travels in; its retries and checks stay in it."""
 
     @property
     def own_line(self) -> bool:

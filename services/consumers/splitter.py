@@ -1,7 +1,8 @@
 """The ``batch.#`` consumer: turns an accepted batch into one dispatch job per chunk.
 
 Chunks were fixed at acceptance (no larger than the smallest provider limit in the chain), so
-splitting is publishing ``<first provider>.<batch_uuid>`` once per chunk with confirms, then
+splitting is publishing ``[bulk.]<first provider>.<batch_uuid>`` (the batch's lane, decided at
+acceptance) once per chunk with confirms, then
 marking the batch ``dispatched``. A redelivery republishes; the sender's attempt claims make
 those duplicates harmless.
 """
@@ -50,7 +51,8 @@ class Splitter:
             return  # fanned out already (a redelivery or a relay duplicate), or cancelled
         window = asyncio.Semaphore(PUBLISH_WINDOW)
         # A batch that pins a provider starts there; any other at the running chain's head.
-        key = dispatch_key(header.message.provider or self.first_provider, job.batch_id, 0)
+        message = header.message
+        key = dispatch_key(message.provider or self.first_provider, job.batch_id, 0, message.lane)
 
         async def publish(chunk: int) -> None:
             async with window:

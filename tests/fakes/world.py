@@ -24,6 +24,7 @@ from services.webhooks.intake import Intake, IntakeMetrics
 from shared.batchstore import NewBatch
 from shared.config import ProviderSettings, Settings, WebhookSettings
 from shared.errors import ProviderError
+from shared.lanes import Priority
 from shared.metrics import DispatchMetrics
 from shared.models import Address, BatchJob, Chunk, Message, Recipient
 from shared.precedence import accepted_at, visible
@@ -32,7 +33,7 @@ from shared.recipients import log_id_for
 from shared.resources import topology_for
 from shared.settle import run
 from shared.stats import batch_day, bucket_of
-from shared.topology import batch_key
+from shared.topology import batch_key, parse_routing_key
 from tests.fakes.broker import FakeBroker, FakeMessage
 from tests.fakes.stores import (
     FakeAttempts,
@@ -99,13 +100,16 @@ def new_batch(
     chunk_size: int = 10,
     batch_id: uuid.UUID | None = None,
     user_id: uuid.UUID | None = None,
+    priority: Priority | None = None,
 ) -> NewBatch:
     """A batch of one plain message to ``emails``, with the log ids acceptance gives them."""
     batch_id = batch_id or uuid.uuid1()
     return NewBatch(
         batch_id=batch_id,
         user_id=user_id or uuid.uuid4(),
-        message=Message(sender=Address(email="news@example.com"), subject="Hi", text="Hello"),
+        message=Message(
+            sender=Address(email="news@example.com"), subject="Hi", text="Hello", priority=priority
+        ),
         recipients=[
             Recipient(log_id=log_id_for(batch_id, e), email=e, name=None, substitutions={})
             for e in emails
@@ -203,9 +207,11 @@ class World:
         if hook is not None:
             await hook(point, job)
 
-    async def accept(self, *emails: str, chunk_size: int = 10) -> NewBatch:
+    async def accept(
+        self, *emails: str, chunk_size: int = 10, priority: Priority | None = None
+    ) -> NewBatch:
         """Store a batch as the API does and publish its ``batch.<uuid>`` job."""
-        batch = new_batch(*emails, chunk_size=chunk_size)
+        batch = new_batch(*emails, chunk_size=chunk_size, priority=priority)
         # The World's clock never runs behind a batch it accepted: writes stamped with it (a
         # status change) come after the batch's own, as a server's clock does.
         self.clock.now = max(
@@ -238,7 +244,7 @@ class World:
         t = self.broker.topology
         names = [t.batches_queue, t.webhooks_queue]
         for code in self.settings.chain_codes:
-            names += [t.provider_queue(code), t.log_queue(code)]
+            names += t.sender_queues(code)
         return names
 
     async def deliver(self, message: FakeMessage) -> str:
@@ -269,7 +275,9 @@ class World:
             return t.webhooks_queue
         if key.startswith("log."):
             return t.log_queue(key.split(".")[1])
-        return t.provider_queue(key.split(".")[0])
+        parsed = parse_routing_key(key)
+        assert parsed.provider is not None
+        return t.lane_queue(parsed.provider, parsed.lane)
 
     async def step(self) -> bool:
         """Deliver the oldest ready message of any work queue; False when none is ready."""

@@ -37,6 +37,7 @@ def test_a_batch_answer_is_the_documented_view_with_its_sender_under_from() -> N
     assert answer["from"] == {"email": "shop@example.com", "name": "Shop"}
     assert answer["batch_id"] == str(readmodels.BATCH_ID)
     assert answer["failure_reasons"] == {"mailbox full": 2}
+    assert answer["priority"] == "transactional"  # stored without a lane: before lanes existed
 
 
 def test_a_batch_list_answer_is_the_documented_list() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
+import orjson
 import pytest
 from cassandra.util import uuid_from_time
 
@@ -12,6 +14,7 @@ from bench.cleanup import stale
 from bench.experiments import NAMES, sitecustomize
 from bench.phases import Phase, plan
 from bench.phases.dispatch import corpus_batches
+from bench.phases.lanes import time_to_provider, transactional_body
 from bench.sampler import value_at
 from bench.schedule import RateSchedule
 from bench.workload import LOG_ID_NODE, log_ids
@@ -259,6 +262,59 @@ def test_corpus_is_bounded_both_ways() -> None:
     """A tiny rate still gets the minimum corpus; a huge one stops at the recipient cap."""
     assert corpus_batches(1.0, 20.0, 100, 20, 1_000_000) == 20
     assert corpus_batches(1e9, 20.0, 1000, 20, 1_000_000) == 1000
+
+
+# -- priority lanes ---------------------------------------------------------------------------
+
+
+def test_lanes_time_to_provider_runs_from_submission_to_the_provider() -> None:
+    """Each transactional batch's figure is its provider time minus its submission time."""
+    ids = [uuid.uuid4() for _ in range(3)]
+    submitted = {ids[0]: 100.0, ids[1]: 100.1, ids[2]: 100.2}
+    reached = {ids[0]: 100.5, ids[1]: 100.6, ids[2]: 101.7}
+
+    figures = time_to_provider(submitted, reached, target=2.0)
+
+    assert figures["time_to_provider_s"]["max"] == pytest.approx(1.5)
+    assert figures["time_to_provider_s"]["min"] == pytest.approx(0.5)
+    assert (figures["reached"], figures["missing"], figures["within_target"]) == (3, 0, True)
+
+
+def test_lanes_a_batch_that_never_reached_the_provider_counts_as_late() -> None:
+    """A missing batch is counted at the wait limit, so it can only worsen the p99."""
+    ok, lost = uuid.uuid4(), uuid.uuid4()
+
+    figures = time_to_provider({ok: 0.0, lost: 0.0}, {ok: 0.3}, target=2.0, late=30.0)
+
+    assert figures["missing"] == 1
+    assert figures["time_to_provider_s"]["max"] == 30.0
+    assert figures["within_target"] is False
+
+
+def test_lanes_without_transactional_batches_nothing_is_judged() -> None:
+    """No batch submitted (the bulk never started): no figure, no verdict."""
+    figures = time_to_provider({}, {}, target=2.0)
+
+    assert (figures["batches"], figures["within_target"]) == (0, None)
+
+
+def test_lanes_transactional_batches_are_small_and_distinct() -> None:
+    """One recipient each, no priority (the size makes them transactional), own address."""
+    first, second = (
+        orjson.loads(transactional_body(1, "t")),
+        orjson.loads(transactional_body(2, "t")),
+    )
+
+    assert len(first["to"]) == 1 and "priority" not in first
+    assert first["to"] != second["to"]
+
+
+def test_lanes_p99_is_judged_against_two_seconds() -> None:
+    """The lanes goal reads the phase's p99 and passes at 2 s, fails above."""
+    goal = targets.GOALS["lanes_tx_p99_s"]
+
+    assert goal.judge(2.0)["pass"] is True
+    assert goal.judge(2.01)["pass"] is False
 
 
 async def _noop(ctx: object) -> dict[str, object]:

@@ -298,3 +298,10 @@ def test_a_shared_message_naming_a_list_still_honours_that_lists_unsubscribes() 
     out = validation.with_engagement(shared, Preferences(unsubscribe=True))
 
     assert out.message.engagement == Engagement(list="news")  # no link, but its scope
+
+
+def test_a_bulk_message_round_trips_its_lane() -> None:
+    """The lane decided at acceptance survives the batch's blob."""
+    message = Message(sender=Address(email="s@example.com"), subject="s", text="t", priority="bulk")
+
+    assert Message.decode(message.encode()).lane == "bulk"

@@ -15,6 +15,7 @@ from shared.topology import (
     log_key,
     parse_routing_key,
 )
+from tests.fakes.broker import topic_matches
 
 ID = uuid.UUID("0b3c1a9e-8d1f-11ef-9a3b-0242ac120002")
 
@@ -27,6 +28,8 @@ ID = uuid.UUID("0b3c1a9e-8d1f-11ef-9a3b-0242ac120002")
         (f"mg.{ID}.retry.1", "dispatch", "mg", 1),
         (f"log.sg.{ID}", "log", "sg", 0),
         (f"log.mg.{ID}.retry.12", "log", "mg", 12),
+        (f"bulk.sg.{ID}", "dispatch", "sg", 0),
+        (f"bulk.mg.{ID}.retry.3", "dispatch", "mg", 3),
     ],
 )
 def test_parse_round_trips(key: str, kind: str, provider: str | None, attempt: int) -> None:
@@ -39,7 +42,14 @@ def test_parse_round_trips(key: str, kind: str, provider: str | None, attempt: i
         provider,
         attempt,
     )
+    assert parsed.lane == ("bulk" if key.startswith("bulk.") else "transactional")
     assert str(parsed) == key
+
+
+def test_a_bulk_dispatch_key_starts_with_bulk() -> None:
+    """The first word is ``bulk``, so the transactional ``<ns>.#`` bindings never match it."""
+    assert dispatch_key("sg", ID, 2, "bulk") == f"bulk.sg.{ID}.retry.2"
+    assert dispatch_key("sg", ID, 2, "transactional") == f"sg.{ID}.retry.2"
 
 
 def test_retry_count_is_read_from_the_last_segment() -> None:
@@ -61,6 +71,12 @@ def test_retry_count_is_read_from_the_last_segment() -> None:
         f"log.zz.{ID}",
         f"sg{ID}.retry.1",
         "",
+        "bulk",
+        f"bulk.{ID}",
+        f"bulk.log.sg.{ID}",
+        f"bulk.batch.{ID}",
+        f"bulk.bulk.sg.{ID}",
+        f"bulk.sg.{ID}.retry.0",
     ],
 )
 def test_bad_keys_are_refused(key: str) -> None:
@@ -86,6 +102,28 @@ def test_log_keys_are_bound_for_every_provider() -> None:
     bindings = {key for spec in t.work_queues() for _, key in spec.bindings}
 
     assert {"batch.#", "sg.#", "mg.#", "log.sg.#", "log.mg.#"} <= bindings
+
+
+def test_each_provider_has_a_bulk_queue_bound_to_its_bulk_keys_only() -> None:
+    """A bulk chunk reaches the provider's bulk queue and no other; a transactional chunk
+    never reaches it."""
+    t = Topology(exchange="x")
+    bulk = dispatch_key("mg", ID, 1, "bulk")
+    plain = dispatch_key("mg", ID, 1)
+
+    def routes(key: str) -> set[str]:
+        return {
+            spec.name
+            for spec in t.work_queues()
+            for _, pattern in spec.bindings
+            if topic_matches(pattern, key)
+        }
+
+    assert routes(bulk) == {t.bulk_queue("mg")} == {"x.mg.bulk"}
+    assert routes(plain) == {t.provider_queue("mg")}
+    assert t.lane_queue("mg", "bulk") == t.bulk_queue("mg")
+    assert t.lane_queue("mg", "transactional") == t.provider_queue("mg")
+    assert t.sender_queues("sg") == ("x.sg", "x.sg.bulk", "x.log.sg")
 
 
 def test_work_queues_are_quorum_with_dead_lettering() -> None:

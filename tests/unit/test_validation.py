@@ -934,3 +934,34 @@ def test_a_pin_must_name_a_provider_configured_here() -> None:
     refusal = _refusal(_body(provider="sendgrid"), configured=("mg",))
 
     assert refusal.fields == {"provider": "must name a provider configured here: mailgun"}
+
+
+@pytest.mark.parametrize(
+    ("priority", "recipients", "lane"),
+    [
+        (None, 2, "transactional"),
+        (None, 3, "bulk"),
+        ("bulk", 1, "bulk"),
+        ("transactional", 3, "transactional"),
+    ],
+)
+def test_the_lane_is_the_one_asked_for_else_by_size(
+    priority: str | None, recipients: int, lane: str
+) -> None:
+    """Unset, a batch above the threshold's recipients goes bulk; a request's choice wins."""
+    body = _body(to=[f"r{i}@x.org" for i in range(recipients)], priority=priority)
+
+    assert _parse(body, bulk_threshold=2).message.lane == lane
+
+
+def test_a_transactional_batch_stores_no_priority() -> None:
+    """Transactional is the default: stored as absent, so older processes read the batch."""
+    message = _parse(_body(priority="transactional")).message
+
+    assert message.priority is None
+    assert b"priority" not in message.encode()
+
+
+@pytest.mark.parametrize("priority", ["urgent", "", 1, ["bulk"]])
+def test_a_priority_must_be_transactional_or_bulk(priority: object) -> None:
+    assert _field_errors(_body(priority=priority)) == {"priority": "must be transactional or bulk"}

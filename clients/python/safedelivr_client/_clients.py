@@ -117,7 +117,7 @@ class Client:
         **more: Any,
     ) -> Accepted:
         """Submit a batch (``POST /v1/batches``). ``more`` takes the other fields: ``cc``,
-        ``bcc``, ``reply_to``, ``headers``, ``bulk``, ``categories``, ``metadata``,
+        ``bcc``, ``reply_to``, ``headers``, ``bulk``, ``priority``, ``categories``, ``metadata``,
         ``tracking``, ``unsubscribe``, ``list`` (pass it as ``**{"list": name}``), ``send_at``,
         and ``template_id``, ``version``, ``data`` for a template batch (no subject then)."""
         request = send_request(

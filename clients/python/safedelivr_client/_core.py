@@ -86,6 +86,7 @@ class Accepted(TypedDict):
     suppressed: list[str]
     rejected: list[Rejected]
     skipped: list[Rejected]
+    priority: Literal["transactional", "bulk"]
 
 
 class BatchItem(TypedDict):

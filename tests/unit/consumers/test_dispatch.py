@@ -24,7 +24,7 @@ from shared.models import ChunkJob, LogJob
 from shared.providers.base import Receipt
 from shared.recipients import Selection, log_id_for
 from shared.settle import Delivery, Poison
-from shared.topology import batch_key, dispatch_key, log_key
+from shared.topology import batch_key, dispatch_key, log_key, parse_routing_key
 from tests.fakes.broker import FakeMessage
 from tests.fakes.world import World
 
@@ -74,6 +74,45 @@ async def test_a_refused_call_fails_over_to_the_next_provider_once() -> None:
     keys = [m.routing_key for m in w.broker.take()]
     assert dispatch_key("mg", batch.batch_id, 1) in keys
     assert w.counter("attempts_failed", provider="sg", kind="transient") == 1
+
+
+async def test_a_bulk_batch_is_split_into_the_bulk_lane_and_sent() -> None:
+    """A bulk batch's chunks travel as ``bulk.<ns>.<uuid>`` to the provider's bulk queue."""
+    w = World()
+    batch = await w.accept(A, B, C, chunk_size=2, priority="bulk")
+    assert await w.step()  # the splitter
+
+    t = w.broker.topology
+    assert len(w.broker.queues[t.bulk_queue("sg")]) == 2
+    assert not w.broker.queues[t.provider_queue("sg")]
+    await w.settle()
+    assert sorted(w.providers["sg"].emails()) == [A, B, C]
+    keys = {m.routing_key for m in w.broker.take()}
+    assert dispatch_key("sg", batch.batch_id, 0, "bulk") in keys
+    assert dispatch_key("sg", batch.batch_id, 0) not in keys
+
+
+async def test_a_bulk_chunk_fails_over_and_is_checked_in_the_bulk_lane() -> None:
+    """Failover to the next provider and the delayed checks of an unknown outcome keep the
+    chunk in the bulk lane."""
+    w = World()
+    await w.accept(A, B, priority="bulk")
+    w.providers["sg"].answers.append(TransientProviderError("sg", "server error", status=500))
+    w.providers["mg"].answers.append(
+        TransientProviderError("mg", "read timeout", outcome_unknown=True)
+    )
+    w.providers["mg"].found = frozenset({A, B})
+    await w.settle()
+
+    assert sorted(w.providers["mg"].emails()) == [A, B]
+    dispatched = [
+        parse_routing_key(m.routing_key)
+        for m in w.broker.take()
+        if not m.routing_key.startswith("batch.")
+    ]
+    assert {(k.provider, k.attempt) for k in dispatched} == {("sg", 0), ("mg", 1)}
+    assert {k.lane for k in dispatched} == {"bulk"}
+    assert len(dispatched) > 2  # the checks of mg's unknown outcome were queued too
 
 
 async def test_when_every_attempt_fails_the_recipients_end_failed_with_the_reason() -> None:

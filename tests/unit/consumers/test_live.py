@@ -99,11 +99,13 @@ async def test_max_attempts_bounds_the_decisions_made_after_it_changed() -> None
 
 
 async def test_with_every_provider_paused_the_provider_queues_are_not_consumed() -> None:
-    """Work waits in the broker, not in memory, and resuming one provider consumes again."""
+    """Work waits in the broker, not in memory, and resuming one provider consumes again:
+    both lanes and the re-sends, the bulk lane with its own smaller prefetch."""
     w = World()
     applier = _applier(w)
     t = w.broker.topology
-    queues = {t.provider_queue(c) for c in ("sg", "mg")} | {t.log_queue(c) for c in ("sg", "mg")}
+    queues = {q for c in ("sg", "mg") for q in t.sender_queues(c)}
+    assert {t.bulk_queue("sg"), t.bulk_queue("mg")} <= queues
     await applier(LiveSettings(chain=("sg", "mg")))
     for queue in queues:
         await w.broker.consume(queue, None, prefetch=4)
@@ -114,6 +116,7 @@ async def test_with_every_provider_paused_the_provider_queues_are_not_consumed()
 
     assert not queues & paused
     assert queues <= set(w.broker.consumers)
+    assert w.broker.consumers[t.bulk_queue("sg")][1] == applier.bulk_prefetch
 
 
 async def test_the_settings_in_force_are_on_metrics() -> None:

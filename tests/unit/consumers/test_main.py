@@ -45,11 +45,17 @@ async def test_the_consumers_read_the_batches_queue_each_providers_queues_and_th
     assert set(broker.consumers) == {
         t.batches_queue,
         t.provider_queue("mg"),
+        t.bulk_queue("mg"),
         t.log_queue("mg"),
         t.provider_queue("sg"),
+        t.bulk_queue("sg"),
         t.log_queue("sg"),
         t.dead_letter_queue,  # archived for operators
     }
+    # The bulk lane takes fewer deliveries at once than the transactional one.
+    assert broker.consumers[t.bulk_queue("sg")][1] == settings.consumers.bulk_prefetch
+    assert broker.consumers[t.provider_queue("sg")][1] == settings.consumers.prefetch
+    assert settings.consumers.bulk_prefetch < settings.consumers.prefetch
     assert list(dispatcher.providers) == ["mg", "sg"]
     await asyncio.wait_for(asyncio.gather(*_background), 10)  # the start-up probe finishes
     assert not _background  # and is let go
