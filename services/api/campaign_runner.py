@@ -11,7 +11,7 @@ suppressions, quota and durability as any other, and a runner that dies before m
 cursor gets the first batch's answer back, not a second batch); then the cursor moves, by a
 conditional update. A list that has no contact left ends the campaign ``sent``.
 
-The batches are ``bulk`` mail naming the list (``shared.engagement``): their copies carry a
+The batches go in the bulk lane (never in front of transactional mail) and name the list (``shared.engagement``): their copies carry a
 one-click unsubscribe scoped to the list, and the list's own unsubscribes are left out.
 A slice the daily quota refuses pauses the campaign with that reason.
 """
@@ -87,6 +87,7 @@ def slice_body(campaign: Campaign, to: list[dict[str, Any]]) -> dict[str, Any]:
         "data": campaign.data,
         "list": list_scope(campaign.list_id),
         "unsubscribe": True,
+        "priority": "bulk",
         "metadata": {METADATA_KEY: str(campaign.campaign_id)},
     }
 

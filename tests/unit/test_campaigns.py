@@ -93,6 +93,7 @@ def test_a_slice_is_bulk_mail_of_the_template_naming_its_list_and_campaign() -> 
     assert body["template_id"] == str(c.template_id)
     assert body["list"] == str(c.list_id)
     assert body["unsubscribe"] is True
+    assert body["priority"] == "bulk"
     assert body["metadata"] == {METADATA_KEY: str(c.campaign_id)}
     assert "subject" not in body
 
