@@ -11,8 +11,9 @@ suppressions, quota and durability as any other, and a runner that dies before m
 cursor gets the first batch's answer back, not a second batch); then the cursor moves, by a
 conditional update. A list that has no contact left ends the campaign ``sent``.
 
-The batches go in the bulk lane (never in front of transactional mail) and name the list (``shared.engagement``): their copies carry a
-one-click unsubscribe scoped to the list, and the list's own unsubscribes are left out.
+The batches go in the bulk lane (never in front of transactional mail) and name the list
+(``shared.engagement``): their copies carry a one-click unsubscribe scoped to the list, and
+the list's own unsubscribes are left out.
 A slice the daily quota refuses pauses the campaign with that reason.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -101,6 +103,7 @@ class CampaignRunner:
     lease: ScheduleStore
     owner: uuid.UUID = field(default_factory=uuid.uuid4)
     clock: Callable[[], datetime] = _now
+    _renew_at: float = 0.0
 
     async def run(self) -> None:
         try:
@@ -118,8 +121,11 @@ class CampaignRunner:
 
     async def pass_once(self) -> int:
         """One pass; the slices it released (0 without the lease)."""
-        if not await self.lease.take_lease(self.owner, LEASE_SECONDS):
-            return 0
+        if time.monotonic() >= self._renew_at:
+            # Renewed a third of the way: a runner that stalls past the rest loses it.
+            if not await self.lease.take_lease(self.owner, LEASE_SECONDS):
+                return 0
+            self._renew_at = time.monotonic() + LEASE_SECONDS / 3
         released = 0
         for user_id, campaign_id in await self.campaigns.runs():
             campaign = await self.campaigns.get(user_id, campaign_id)
@@ -129,8 +135,14 @@ class CampaignRunner:
             try:
                 released += await self.step(campaign)
             except ApiError as exc:
-                # The campaign cannot go on as it is (its template or list changed, a slice
-                # is refused): paused with the reason, for its owner to see and fix.
+                if exc.status >= 500 or exc.code == "idempotency_in_progress":
+                    # A dependency is down, or an earlier pass's request for the slice is
+                    # still in progress: the next pass tries the same slice again.
+                    log.warning("campaign %s waits: %s", campaign_id, exc.message)
+                    continue
+                # The campaign cannot go on as it is (the quota is spent, its template has
+                # no live version, the list changed under a slice being retried): paused
+                # with the reason, for its owner to see and resume.
                 await self.campaigns.move(campaign, "paused", reason=exc.message)
                 log.warning("campaign %s paused: %s", campaign_id, exc.message)
         return released
