@@ -46,28 +46,30 @@ async def list_batches(request: Request) -> Response:
     return JSON(answers.batch_list(page))
 
 
-async def get_batch(request: Request) -> Response:
-    key = await require_key(request, "read")
-    batch_id = queries.path_uuid(request, "batch_id")
+async def _own_batch(request: Request, scope: str) -> BatchHeader:
+    """The header of the path's batch, when it is the key's user's (else 404)."""
+    key = await require_key(request, scope)
     store: BatchStore = request.app.state.batches
-    header = await store.header(batch_id)
+    header = await store.header(queries.path_uuid(request, "batch_id"))
     if header is None or header.user_id != key.user_id:
         raise ApiError(404, "not_found", "no such batch")
-    return JSON(answers.batch(await queries.overview(store, header)))
+    return header
+
+
+async def get_batch(request: Request) -> Response:
+    header = await _own_batch(request, "read")
+    return JSON(answers.batch(await queries.overview(request.app.state.batches, header)))
 
 
 async def cancel_batch(request: Request) -> Response:
     """Cancel a batch still waiting for its ``send_at``; its recipients go back to the
     quota of the day it was accepted."""
-    key = await require_key(request, "send")
-    batch_id = queries.path_uuid(request, "batch_id")
+    header = await _own_batch(request, "send")
+    batch_id = header.batch_id
     store: BatchStore = request.app.state.batches
-    header = await store.header(batch_id)
-    if header is None or header.user_id != key.user_id:
-        raise ApiError(404, "not_found", "no such batch")
     status = header.status
     if status == "scheduled":
-        status = await store.cancel_scheduled(batch_id, key.user_id) or status
+        status = await store.cancel_scheduled(batch_id, header.user_id) or status
         if status == "cancelled":
             await _refund(request, header)
     if status != "cancelled":
@@ -90,12 +92,9 @@ async def _refund(request: Request, header: BatchHeader) -> None:
 
 
 async def batch_logs(request: Request) -> Response:
-    key = await require_key(request, "read")
-    batch_id = queries.path_uuid(request, "batch_id")
+    header = await _own_batch(request, "read")
+    batch_id = header.batch_id
     store: BatchStore = request.app.state.batches
-    header = await store.header(batch_id)
-    if header is None or header.user_id != key.user_id:
-        raise ApiError(404, "not_found", "no such batch")
     state_filter = request.query_params.get("state")
     if state_filter is not None and state_filter not in ("queued", "success", "failed"):
         raise ApiError(

@@ -19,9 +19,7 @@ A slice the daily quota refuses pauses the campaign with that reason.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,8 +37,8 @@ from shared.contact_lists import (
     list_scope,
     read_page,
 )
-from shared.errors import DependencyUnavailable
 from shared.http import ApiError
+from shared.leases import Lease, keep_running
 from shared.schedule_store import ScheduleStore
 from shared.templates import TemplateStore
 
@@ -100,32 +98,21 @@ class CampaignRunner:
     lists: ContactLists
     templates: TemplateStore
     sending: Sending
-    lease: ScheduleStore
+    leases: ScheduleStore
+    """Where the runner's lease is kept."""
     owner: uuid.UUID = field(default_factory=uuid.uuid4)
     clock: Callable[[], datetime] = _now
-    _renew_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.lease = Lease(self.leases, LEASE_SECONDS, self.owner)
 
     async def run(self) -> None:
-        try:
-            while True:
-                try:
-                    await self.pass_once()
-                except DependencyUnavailable as exc:
-                    log.warning("campaign pass stopped: %s", exc)
-                await asyncio.sleep(PASS_EVERY)
-        finally:
-            try:
-                await asyncio.shield(self.lease.release_lease(self.owner))
-            except DependencyUnavailable:
-                log.warning("the campaign runner's lease was not released; it lapses")
+        await keep_running(self.pass_once, PASS_EVERY, self.lease, "campaign runner")
 
     async def pass_once(self) -> int:
         """One pass; the slices it released (0 without the lease)."""
-        if time.monotonic() >= self._renew_at:
-            # Renewed a third of the way: a runner that stalls past the rest loses it.
-            if not await self.lease.take_lease(self.owner, LEASE_SECONDS):
-                return 0
-            self._renew_at = time.monotonic() + LEASE_SECONDS / 3
+        if not await self.lease.held():
+            return 0
         released = 0
         for user_id, campaign_id in await self.campaigns.runs():
             campaign = await self.campaigns.get(user_id, campaign_id)

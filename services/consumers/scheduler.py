@@ -16,9 +16,7 @@ the lease's renewal; batches go out within about that of their time.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,8 +25,8 @@ from typing import Final
 
 from shared.batchstore import BatchStore
 from shared.broker import Broker
-from shared.errors import DependencyUnavailable
 from shared.lanes import bucket_of
+from shared.leases import Lease, keep_running
 from shared.models import BatchJob
 from shared.schedule_store import ScheduleStore, finished_through
 from shared.topology import batch_key
@@ -54,33 +52,21 @@ class Scheduler:
     clock: Callable[[], datetime] = _now
     handed: dict[datetime, set[uuid.UUID]] = field(default_factory=dict)
     """Batches of minutes not yet finished that this scheduler handed on already."""
-    _renew_at: float = 0.0
     _finished: datetime | None = None
+
+    def __post_init__(self) -> None:
+        self.lease = Lease(self.store, LEASE_SECONDS, self.owner)
 
     async def run(self) -> None:
         """Pass after pass until cancelled; the lease is released on the way out."""
-        try:
-            while True:
-                try:
-                    await self.pass_once()
-                except DependencyUnavailable as exc:
-                    log.warning("scheduler pass stopped: %s", exc)
-                await asyncio.sleep(PASS_EVERY)
-        finally:
-            try:
-                await asyncio.shield(self.store.release_lease(self.owner))
-            except DependencyUnavailable:
-                log.warning("the scheduler's lease was not released; it lapses by itself")
+        await keep_running(self.pass_once, PASS_EVERY, self.lease, "scheduler")
 
     async def pass_once(self) -> int:
         """One pass; how many batches it handed on (0 without the lease)."""
-        if time.monotonic() >= self._renew_at:
-            # Renewed a third of the way: a holder that stalls past the rest loses it.
-            if not await self.store.take_lease(self.owner, LEASE_SECONDS):
-                self.handed.clear()  # another holds it: what it hands on is its business
-                self._finished = None
-                return 0
-            self._renew_at = time.monotonic() + LEASE_SECONDS / 3
+        if not await self.lease.held():
+            self.handed.clear()  # another holds it: what it hands on is its business
+            self._finished = None
+            return 0
         now = self.clock()
         found, last = await self.store.due(now)
         handed = 0
@@ -96,7 +82,7 @@ class Scheduler:
         through = finished_through(last, now)
         if through is not None and through != self._finished:
             if not await self.store.finish(self.owner, through):
-                self._renew_at = 0.0  # the lease was lost: ask again next pass
+                self.lease.lost()
                 return handed
             self._finished = through
             current = bucket_of(now)

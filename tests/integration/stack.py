@@ -118,6 +118,17 @@ class Stack:
         assert resp.status_code == 200, resp.text
         return {r["email"]: r for r in resp.json()["data"]}
 
+    async def received(self, email: str, timeout: float = 30) -> dict[str, Any]:
+        """The newest message the sandbox accepted for ``email``, as its mailbox shows it."""
+
+        async def check() -> dict[str, Any] | None:
+            resp = await self.sandbox.get("/_control/messages", params={"to": email})
+            found: list[dict[str, Any]] = resp.json() if resp.status_code == 200 else []
+            return found[0] if found else None
+
+        message: dict[str, Any] = await eventually(check, timeout=timeout)
+        return message
+
     async def final(self, batch_id: str, count: int, timeout: float = 90) -> dict[str, Any]:
         """The logs once every recipient has an outcome."""
 

@@ -43,25 +43,13 @@ async def stack(settings: Settings, db: Database) -> AsyncIterator[Stack]:
             yield s
 
 
-async def _sent(stack: Stack, email: str) -> dict[str, Any]:
-    """The newest message the sandbox accepted for ``email``, as its mailbox shows it."""
-
-    async def check() -> dict[str, Any] | None:
-        resp = await stack.sandbox.get("/_control/messages", params={"to": email})
-        found: list[dict[str, Any]] = resp.json() if resp.status_code == 200 else []
-        return found[0] if found else None
-
-    message: dict[str, Any] = await eventually(check, timeout=30)
-    return message
-
-
 async def _send_and_receive(
     stack: Stack, to: list[Any], **extra: Any
 ) -> tuple[str, dict[str, dict[str, Any]]]:
     async with stack.consuming():
         batch_id = await stack.submit(to, html=HTML, **extra)
         addresses = [t["email"] if isinstance(t, dict) else t for t in to]
-        received = {email: await _sent(stack, email) for email in addresses}
+        received = {email: await stack.received(email) for email in addresses}
     return batch_id, received
 
 

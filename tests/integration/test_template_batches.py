@@ -20,7 +20,6 @@ from shared.db import Database
 from shared.recipients import RecipientStore
 from shared.stats import StatsStore
 from shared.templates import TemplateStore
-from tests.integration.harness import eventually
 from tests.integration.stack import Stack, emails, fast_settings, full_stack
 
 HTML = "<p>Hello {{ first_name }}, from {{ shop }}</p>"
@@ -62,16 +61,6 @@ async def _post(stack: Stack, to: list[Any], **body: Any) -> dict[str, Any]:
     return answer
 
 
-async def _received(stack: Stack, email: str) -> dict[str, Any]:
-    async def check() -> dict[str, Any] | None:
-        resp = await stack.sandbox.get("/_control/messages", params={"to": email})
-        found: list[dict[str, Any]] = resp.json() if resp.status_code == 200 else []
-        return found[0] if found else None
-
-    message: dict[str, Any] = await eventually(check, timeout=30)
-    return message
-
-
 def _to(addresses: list[str]) -> list[dict[str, Any]]:
     return [{"email": a, "substitutions": {"first_name": f"<b>{a[:3]}</b>"}} for a in addresses]
 
@@ -82,7 +71,7 @@ async def test_each_recipient_gets_the_live_version_with_their_own_values(stack:
 
     async with stack.consuming():
         answer = await _post(stack, _to(to), template_id=str(tid), data={"shop": "A & B"})
-        got = {a: await _received(stack, a) for a in to}
+        got = {a: await stack.received(a) for a in to}
         logs = await stack.final(answer["batch_id"], 3)
 
     assert answer["template"] == {"id": str(tid), "version": 1, "canary_version": None}
@@ -130,7 +119,7 @@ async def test_a_canary_goes_to_its_stable_share_and_the_rest_get_the_live_versi
 
     async with stack.consuming():
         answer = await _post(stack, _to(to), template_id=str(tid), data={"shop": "x"})
-        got = {a: await _received(stack, a) for a in to}
+        got = {a: await stack.received(a) for a in to}
         logs = await stack.final(answer["batch_id"], len(to))
 
     for address in to:
