@@ -114,7 +114,7 @@ async def test_a_csv_file_is_imported_into_a_list_with_either_client(api: Served
 
         job = await eventually(ended)
 
-    def run() -> tuple[dict[str, object], list[str], int]:
+    def run() -> tuple[dict[str, Any], list[str], int]:
         with Client(api.url, api.key) as sd:
             again = sd.import_contacts(made["id"], "email\nbob@example.com\nnope\n")
             while (done := sd.list_import(made["id"], again["import_id"]))["state"] in (
