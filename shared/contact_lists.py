@@ -38,7 +38,8 @@ from shared.list_import import ImportJob, Problem, Progress
 
 #: Partitions per list: a list of a million contacts is about 16,000 rows per partition.
 BUCKETS: Final = 64
-#: Buckets read at once when paging a list (most of a small list's are empty).
+#: Buckets read at once when paging a list past a bucket's end (most of a small list's
+#: are empty).
 READ_AHEAD: Final = 8
 #: Addresses looked up per query (within one bucket).
 LOOKUP_CHUNK: Final = 100
@@ -293,12 +294,13 @@ async def read_page(
     store: ContactReader, list_id: uuid.UUID, at: Position, limit: int
 ) -> tuple[list[ListContact], Position | None]:
     """Up to ``limit`` contacts from ``at`` on, and where the next page starts (None at the
-    end), reading :data:`READ_AHEAD` buckets at once."""
+    end). The bucket at hand is read alone (a large list's fill the page); once it runs
+    short, the next :data:`READ_AHEAD` are read at once (a small list's are mostly empty)."""
     out: list[ListContact] = []
-    bucket, after = at.bucket, at.after
+    bucket, after, width = at.bucket, at.after, 1
     while bucket < BUCKETS:
         wanted = limit - len(out)
-        ahead = range(bucket, min(bucket + READ_AHEAD, BUCKETS))
+        ahead = range(bucket, min(bucket + width, BUCKETS))
         found = await asyncio.gather(
             *(store.contacts(list_id, b, after if b == bucket else None, wanted) for b in ahead)
         )
@@ -306,7 +308,7 @@ async def read_page(
             out.extend(part[: limit - len(out)])
             if len(out) >= limit:
                 return out, Position(b, out[-1].email)
-        bucket, after = ahead[-1] + 1, None
+        bucket, after, width = ahead[-1] + 1, None, READ_AHEAD
     return out, None
 
 

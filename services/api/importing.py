@@ -49,13 +49,19 @@ class Importer:
         try:
             await self.lists.save_import(job)
             rows = scan(data, max_rows=self.settings.import_max_rows)
-            while part := await asyncio.to_thread(_next, rows, self.settings.import_slice):
-                room = self.settings.max_contacts - base - job.progress.added
-                done = await self._sort(job, part, room)
-                await self.lists.put(job.list_id, done.write)
-                job = advance(job, done, _now())
-                await self.lists.save_import(job)
-                await self.lists.set_count(job.user_id, job.list_id, base + job.progress.added)
+            while True:
+                part, broken = await asyncio.to_thread(_next, rows, self.settings.import_slice)
+                if part:
+                    room = self.settings.max_contacts - base - job.progress.added
+                    done = await self._sort(job, part, room)
+                    await self.lists.put(job.list_id, done.write)
+                    job = advance(job, done, _now())
+                    await self.lists.save_import(job)
+                    await self.lists.set_count(job.user_id, job.list_id, base + job.progress.added)
+                if broken is not None:
+                    raise broken
+                if not part:
+                    break
             counted = await self.lists.count(job.list_id)
             await self.lists.set_count(job.user_id, job.list_id, counted)
             job = finish(job, _now())
@@ -84,8 +90,18 @@ class Importer:
         )
 
 
-def _next(rows: Iterator[Contact | Rejected], size: int) -> list[Contact | Rejected]:
-    return list(itertools.islice(rows, size))
+def _next(
+    rows: Iterator[Contact | Rejected], size: int
+) -> tuple[list[Contact | Rejected], CsvError | None]:
+    """The next slice of rows, and the error that ended the file within it, if one did (the
+    rows before a bad one are imported, as the slices before it were)."""
+    out: list[Contact | Rejected] = []
+    try:
+        for row in itertools.islice(rows, size):
+            out.append(row)
+    except CsvError as exc:
+        return out, exc
+    return out, None
 
 
 def _now() -> datetime:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from safedelivr_client import ApiError, AsyncClient, Client
@@ -18,7 +20,7 @@ from shared import accounts
 from shared.config import Settings
 from shared.db import Database
 from tests.conftest import unique
-from tests.integration.harness import served
+from tests.integration.harness import eventually, served
 
 #: The sender commands configure logging as their process would.
 pytestmark = pytest.mark.usefixtures("restored_logging")
@@ -98,6 +100,37 @@ async def test_suppressions_and_keys_round_trip(api: Served) -> None:
     assert listed == ["gone@example.com"]
     assert after == []
     assert made.startswith("sd_live_")
+
+
+async def test_a_csv_file_is_imported_into_a_list_with_either_client(api: Served) -> None:
+    """The async client sends bytes, the sync one a str; both follow the import to its end."""
+    async with AsyncClient(api.url, api.key) as sd:
+        made = await sd.create_list("Clients")
+        started = await sd.import_contacts(made["id"], b"email,name\nann@example.com,Ann\n")
+
+        async def ended() -> dict[str, Any] | None:
+            job = await sd.list_import(made["id"], started["import_id"])
+            return job if job["state"] in ("done", "failed") else None
+
+        job = await eventually(ended)
+
+    def run() -> tuple[dict[str, Any], list[str], int]:
+        with Client(api.url, api.key) as sd:
+            again = sd.import_contacts(made["id"], "email\nbob@example.com\nnope\n")
+            while (done := sd.list_import(made["id"], again["import_id"]))["state"] in (
+                "queued",
+                "running",
+            ):
+                time.sleep(0.1)
+            sd.remove_list_contact(made["id"], "ann@example.com")
+            emails = [c["email"] for c in sd.list_contacts(made["id"])["data"]]
+            return done, emails, sd.get_list(made["id"])["contacts"]
+
+    done, emails, count = await asyncio.to_thread(run)
+
+    assert job["state"] == "done" and job["progress"]["added"] == 1
+    assert done["progress"] == done["progress"] | {"added": 1, "invalid": 1}
+    assert (emails, count) == (["bob@example.com"], 1)
 
 
 async def test_the_send_command_reads_the_html_from_a_file(api: Served, tmp_path: Path) -> None:

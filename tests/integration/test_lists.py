@@ -5,6 +5,7 @@ contacts, removing one, another user's lists, and hostile requests."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -362,3 +363,28 @@ async def test_the_dashboard_lists_the_users_lists_with_their_latest_import(
     assert "Dashboard &lt;b&gt;list&lt;/b&gt;" in page.text
     assert "Someone else" not in page.text
     assert 'href="/lists" aria-current="page"' in page.text
+
+
+async def test_two_imports_sent_at_once_one_begins_and_the_other_is_told_to_wait(
+    api: httpx.AsyncClient, db: Database
+) -> None:
+    _, auth = await new_user(db)
+    list_id = await new_list(api, auth)
+    body = ("email\n" + "".join(f"c{i}@example.com\n" for i in range(3000))).encode()
+    path = f"/v1/lists/{list_id}/imports"
+
+    answers = await asyncio.gather(
+        api.post(path, content=body, headers=auth | CSV),
+        api.post(path, content=body, headers=auth | CSV),
+    )
+
+    assert sorted(a.status_code for a in answers) == [202, 409]
+    (started,) = [a for a in answers if a.status_code == 202]
+    done_path = f"{path}/{started.json()['import_id']}"
+
+    async def ended() -> bool:
+        return (await api.get(done_path, headers=auth)).json()["state"] == "done"
+
+    await eventually(ended)
+    listed = (await api.get(f"/v1/lists/{list_id}", headers=auth)).json()
+    assert listed["contacts"] == 3000

@@ -28,9 +28,13 @@ def _job(progress: Progress, state: str = "done", reason: str | None = None) -> 
 
 
 def test_a_summary_names_only_the_counts_that_happened() -> None:
-    job = _job(Progress(rows_read=1200, added=1190, invalid=3, unsubscribed=7))
+    job = _job(Progress(rows_read=1200, added=1190, invalid=3, duplicates=1, unsubscribed=6))
+    twice = _job(Progress(rows_read=3, added=1, duplicates=2))
 
-    assert import_summary(job) == "1,200 rows read: 1,190 added, 3 invalid, 7 unsubscribed"
+    assert import_summary(job) == (
+        "1,200 rows read: 1,190 added, 3 invalid, 1 duplicate, 6 unsubscribed"
+    )
+    assert import_summary(twice) == "3 rows read: 1 added, 2 duplicates"
     assert import_summary(_job(Progress(rows_read=1))) == "1 row read"
 
 

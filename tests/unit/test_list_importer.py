@@ -112,3 +112,4 @@ async def test_a_file_failing_part_way_ends_the_import_failed_saying_where() -> 
 
     assert ended.state == "failed"
     assert ended.reason is not None and "row 4 is not CSV" in ended.reason
+    assert (ended.progress.rows_read, ended.progress.added) == (2, 2)

@@ -27,7 +27,7 @@ _COUNTED: Final = (
     ("added", "added"),
     ("updated", "updated"),
     ("invalid", "invalid"),
-    ("duplicates", "duplicates"),
+    ("duplicates", "duplicate"),
     ("suppressed", "suppressed"),
     ("unsubscribed", "unsubscribed"),
     ("over_limit", "over the limit"),
@@ -59,7 +59,10 @@ class ListRow:
 def import_summary(job: ImportJob) -> str:
     """``1,000 rows read: 990 added, 10 invalid`` (only the counts that are not zero)."""
     p = job.progress
-    parts = [f"{getattr(p, name):,} {label}" for name, label in _COUNTED if getattr(p, name)]
+    counts = [(getattr(p, name), label) for name, label in _COUNTED]
+    parts = [
+        f"{n:,} {label}{'s' if label == 'duplicate' and n != 1 else ''}" for n, label in counts if n
+    ]
     head = f"{p.rows_read:,} row{'s' if p.rows_read != 1 else ''} read"
     return f"{head}: {', '.join(parts)}" if parts else head
 
