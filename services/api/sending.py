@@ -266,12 +266,11 @@ class Sending:
             # Stored: from here on nothing may turn this into an error (the relay publishes
             # if the broker does not confirm now; the scheduler publishes a scheduled one).
             await self._record_recent(user_id, batch_id, parsed, prefs)
-            if batch.send_at is not None:
-                pass
-            elif await self.acceptance.publish(batch_id):
-                self.background.spawn(self.acceptance.outbox.done(batch_id))
-            else:
-                self.metrics.deferred_publishes.inc()
+            if batch.send_at is None:
+                if await self.acceptance.publish(batch_id):
+                    self.background.spawn(self.acceptance.outbox.done(batch_id))
+                else:
+                    self.metrics.deferred_publishes.inc()
         self.metrics.batches.inc()
         self.metrics.recipients.inc(count)
         self.metrics.accept_seconds.observe(time.perf_counter() - started)
