@@ -529,7 +529,8 @@ async def test_small_endpoints_cap_their_bodies_at_16_kib(
 @pytest.mark.parametrize(
     ("changes", "fields"),
     [
-        ({"priority": "high"}, {"priority": "unknown field"}),
+        ({"urgency": "high"}, {"urgency": "unknown field"}),
+        ({"priority": "high"}, {"priority": "must be transactional or bulk"}),
         ({"from": {"email": "shop@example.com", "nick": "S"}}, {"from.nick": "unknown field"}),
         ({"to": [{"email": "ann@example.com", "cc": "x"}]}, {"to[0].cc": "unknown field"}),
         ({"subject": 5}, {"subject": "must be a string"}),
