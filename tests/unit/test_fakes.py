@@ -9,15 +9,21 @@ import pytest
 
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchStore
+from shared.campaigns import CampaignStore
+from shared.canary_store import CanaryStore
 from shared.contact_lists import ContactLists
 from shared.errors import DependencyUnavailable
 from shared.recipients import RecipientStore
+from shared.schedule_store import ScheduleStore
 from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
 from shared.templates import TemplateStore
 from shared.timeline import Timeline
 from shared.webhook_tokens import WebhookTokens
+from tests.fakes.campaign_store import FakeCampaigns
+from tests.fakes.canary_store import FakeCanary
 from tests.fakes.contact_lists import FakeContactLists
+from tests.fakes.schedule_store import FakeSchedule
 from tests.fakes.stores import (
     OPERATIONS,
     FakeAttempts,
@@ -39,6 +45,9 @@ COMPLETE: list[tuple[type, type]] = [
     (StatsStore, FakeStats),
     (ContactLists, FakeContactLists),
     (TemplateStore, FakeTemplates),
+    (ScheduleStore, FakeSchedule),
+    (CanaryStore, FakeCanary),
+    (CampaignStore, FakeCampaigns),
 ]
 #: Twins of the operations the services' shells use.
 PARTIAL: list[tuple[type, type]] = [

@@ -1,0 +1,193 @@
+"""The campaign store's contract, asserted identically of the in-memory twin
+(``tests/fakes/campaign_store.py``) and of the real store on Cassandra: a campaign moves only
+from the state it was read in (a stale move fails and changes nothing), campaigns moved into
+an active state are on the runners' list until retired, the cursor advances only from the
+slice count it was read with (of two advancers, one wins), and slices read back in order."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from shared.campaigns import Campaign, CampaignStore, Slice
+from shared.db import Database
+from tests.contracts.conftest import IMPLEMENTATIONS
+from tests.fakes.campaign_store import FakeCampaigns
+from tests.fakes.schedule_store import ms
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def store(request: pytest.FixtureRequest) -> Any:
+    namespace = f"t-{uuid.uuid4().hex[:8]}"
+    if request.param == "fake":
+        return FakeCampaigns(namespace)
+    db: Database = request.getfixturevalue("db")
+    return CampaignStore(db, namespace)
+
+
+async def made(store: Any, user: uuid.UUID, send_at: datetime | None = None) -> Campaign:
+    campaign: Campaign = await store.create(
+        user,
+        "autumn",
+        uuid.uuid1(),
+        uuid.uuid1(),
+        {"email": "news@example.org", "name": "Névé"},
+        {"season": "autumn", "tags": ["a", "é"], "depth": {"x": [1, 2.5]}},
+        50,
+        send_at,
+    )
+    return campaign
+
+
+async def test_a_new_campaign_is_a_draft_read_back_as_made(store: Any) -> None:
+    """What ``create`` returned, at Cassandra's precision."""
+    send_at = datetime.now(UTC) + timedelta(hours=1)
+    campaign = await made(store, uuid.uuid4(), send_at)
+
+    found = await store.get(campaign.user_id, campaign.campaign_id)
+
+    assert found is not None
+    assert found.state == await store.state(campaign.user_id, campaign.campaign_id) == "draft"
+    assert (found.send_at, found.created_at, found.updated_at) == (
+        ms(send_at),
+        ms(campaign.created_at),
+        ms(campaign.created_at),
+    )
+    assert found.sender == campaign.sender and found.data == campaign.data
+    assert (found.cursor_bucket, found.cursor_after, found.slices) == (0, None, 0)
+    assert (found.released, found.skipped, found.reason, found.rate) == (0, 0, None, 50)
+
+
+async def test_an_unknown_campaign_is_nothing_and_cannot_move(store: Any) -> None:
+    ghost = await made(store, uuid.uuid4())
+    other_user = uuid.uuid4()
+
+    assert await store.get(other_user, ghost.campaign_id) is None
+    assert await store.state(other_user, ghost.campaign_id) is None
+    assert not await store.move(replace(ghost, user_id=other_user), "cancelled")
+    assert await store.get(other_user, ghost.campaign_id) is None
+
+
+async def test_a_users_campaigns_are_theirs_only_newest_first(store: Any) -> None:
+    ann, bob = uuid.uuid4(), uuid.uuid4()
+    first = await made(store, ann)
+    second = await made(store, ann)
+
+    listed = await store.campaigns(ann)
+
+    assert [c.campaign_id for c in listed] == [second.campaign_id, first.campaign_id]
+    assert await store.campaigns(bob) == []
+
+
+async def test_a_move_sets_the_state_reason_and_send_at(store: Any) -> None:
+    campaign = await made(store, uuid.uuid4())
+    send_at = datetime.now(UTC) + timedelta(days=1)
+
+    moved = await store.move(campaign, "scheduled", reason="by hand", send_at=send_at)
+    found = await store.get(campaign.user_id, campaign.campaign_id)
+
+    assert moved
+    assert found is not None
+    assert (found.state, found.reason, found.send_at) == ("scheduled", "by hand", ms(send_at))
+    assert found.updated_at is not None and found.updated_at >= found.created_at
+
+
+async def test_a_stale_move_fails_and_changes_nothing(store: Any) -> None:
+    """A pause racing the runner: whoever moves second read a state that is gone."""
+    campaign = await made(store, uuid.uuid4())
+    assert await store.move(campaign, "scheduled", reason="user")
+    scheduled = await store.get(campaign.user_id, campaign.campaign_id)
+
+    stale = await store.move(campaign, "cancelled", reason="too late")  # read as a draft
+    after = await store.get(campaign.user_id, campaign.campaign_id)
+
+    assert not stale
+    assert after == scheduled
+
+
+async def test_of_two_movers_from_one_read_one_wins(store: Any) -> None:
+    campaign = await made(store, uuid.uuid4())
+    assert await store.move(campaign, "scheduled")
+    running = await store.get(campaign.user_id, campaign.campaign_id)
+
+    results = await asyncio.gather(
+        store.move(running, "paused", reason="pause"), store.move(running, "cancelled")
+    )
+    after = await store.state(campaign.user_id, campaign.campaign_id)
+
+    assert sorted(results) == [False, True]
+    assert after == ("paused" if results[0] else "cancelled")
+
+
+async def test_campaigns_moved_into_an_active_state_are_run_until_retired(store: Any) -> None:
+    user = uuid.uuid4()
+    running, drafted, cancelled = [await made(store, user) for _ in range(3)]
+    assert await store.move(running, "scheduled")
+    assert await store.move(cancelled, "cancelled")
+
+    listed = await store.runs()
+    await store.retire(running.campaign_id)
+
+    assert listed == [(user, running.campaign_id)]
+    assert drafted.campaign_id not in {c for _, c in listed}
+    assert await store.runs() == []
+
+
+async def test_an_advance_moves_the_cursor_and_counts_one_slice_on(store: Any) -> None:
+    campaign = await made(store, uuid.uuid4())
+
+    advanced = await store.advance(campaign, 7, "m@example.org", 100, 3)
+    read = await store.get(campaign.user_id, campaign.campaign_id)
+    assert read is not None
+    again = await store.advance(read, 9, None, 50, 1)
+    found = await store.get(campaign.user_id, campaign.campaign_id)
+
+    assert advanced and again
+    assert found is not None
+    assert (found.cursor_bucket, found.cursor_after) == (9, None)
+    assert (found.slices, found.released, found.skipped) == (2, 150, 4)
+
+
+async def test_of_two_advancers_from_one_read_one_wins(store: Any) -> None:
+    campaign = await made(store, uuid.uuid4())
+
+    results = await asyncio.gather(
+        store.advance(campaign, 1, "a@example.org", 10, 0),
+        store.advance(campaign, 2, "b@example.org", 20, 0),
+    )
+    found = await store.get(campaign.user_id, campaign.campaign_id)
+
+    assert sorted(results) == [False, True]
+    assert found is not None
+    winner = (1, "a@example.org", 10) if results[0] else (2, "b@example.org", 20)
+    assert (found.cursor_bucket, found.cursor_after, found.released) == winner
+    assert found.slices == 1
+
+
+async def test_a_stale_advance_changes_nothing(store: Any) -> None:
+    campaign = await made(store, uuid.uuid4())
+    assert await store.advance(campaign, 1, "a@example.org", 10, 0)
+    current = await store.get(campaign.user_id, campaign.campaign_id)
+
+    stale = await store.advance(campaign, 5, "z@example.org", 99, 9)
+
+    assert not stale
+    assert await store.get(campaign.user_id, campaign.campaign_id) == current
+
+
+async def test_slices_are_recorded_in_order(store: Any) -> None:
+    """Read back by number, however they were written; a slice written again is replaced."""
+    campaign_id = uuid.uuid1()
+    parts = [Slice(n, uuid.uuid1(), 100 + n) for n in (2, 0, 1)]
+    for part in parts:
+        await store.record(campaign_id, part)
+    again = Slice(1, parts[2].batch_id, 5)
+    await store.record(campaign_id, again)
+
+    assert await store.slices(campaign_id) == [parts[1], again, parts[0]]
+    assert await store.slices(uuid.uuid1()) == []

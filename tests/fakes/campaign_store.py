@@ -1,0 +1,160 @@
+"""In-memory twin of :class:`shared.campaigns.CampaignStore`: each user's campaigns, the
+namespace's list of campaigns a runner looks at, and each campaign's slices.
+
+It keeps what the API and the runner depend on: every round trip yields to the event loop;
+a move applies only while the campaign is still in the state it was read in (``IF state =
+?``), an advance only while its slice count is still the one read (``IF slices = ?``), and
+neither applies to a campaign that does not exist; a move into an active state puts the
+campaign on the runners' list first (even when the move then fails, as the real store's
+separate write does); rows read back in Cassandra's order (campaigns newest first, runs in
+``timeuuid`` order, slices by number) with timestamps at Cassandra's precision (UTC,
+milliseconds) and ``sender``/``data`` as their JSON round-trips them.
+``tests/contracts/test_campaign_store.py`` runs one suite over this twin and the real store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from shared.campaigns import ACTIVE, Campaign, Slice, State
+from shared.recipients import timeuuid_order
+from tests.fakes.schedule_store import ms
+
+
+async def _round_trip() -> None:
+    # Concurrent callers interleave at every query, as they do against Cassandra.
+    await asyncio.sleep(0)
+
+
+def _json(value: dict[str, Any]) -> dict[str, Any]:
+    loaded: dict[str, Any] = orjson.loads(orjson.dumps(value))
+    return loaded
+
+
+@dataclass
+class CampaignTables:
+    """``campaigns``, ``campaign_runs`` and ``campaign_batches``, shared by the twins of one
+    keyspace."""
+
+    campaigns: dict[tuple[uuid.UUID, uuid.UUID], Campaign] = field(default_factory=dict)
+    runs: dict[str, dict[uuid.UUID, uuid.UUID]] = field(default_factory=dict)
+    """namespace -> campaign -> user."""
+    slices: dict[uuid.UUID, dict[int, Slice]] = field(default_factory=dict)
+
+
+class FakeCampaigns:
+    """Twin of :class:`shared.campaigns.CampaignStore` (every operation)."""
+
+    def __init__(self, namespace: str, tables: CampaignTables | None = None) -> None:
+        self.namespace = namespace
+        self.tables = tables or CampaignTables()
+
+    async def create(
+        self,
+        user_id: uuid.UUID,
+        name: str,
+        template_id: uuid.UUID,
+        list_id: uuid.UUID,
+        sender: dict[str, Any],
+        data: dict[str, Any],
+        rate: int,
+        send_at: datetime | None,
+    ) -> Campaign:
+        now = datetime.now(UTC)
+        made = Campaign(
+            user_id, uuid.uuid1(), name, template_id, list_id, sender, data, rate, send_at,
+            "draft", None, now, now, 0, None, 0, 0, 0,
+        )  # fmt: skip
+        await _round_trip()
+        self.tables.campaigns[(user_id, made.campaign_id)] = replace(
+            made,
+            sender=_json(sender),
+            data=_json(data),
+            send_at=send_at and ms(send_at),
+            created_at=ms(now),
+            updated_at=ms(now),
+        )
+        return made
+
+    async def get(self, user_id: uuid.UUID, campaign_id: uuid.UUID) -> Campaign | None:
+        await _round_trip()
+        return self.tables.campaigns.get((user_id, campaign_id))
+
+    async def campaigns(self, user_id: uuid.UUID) -> list[Campaign]:
+        await _round_trip()
+        mine = [c for (user, _), c in self.tables.campaigns.items() if user == user_id]
+        return sorted(mine, key=lambda c: timeuuid_order(c.campaign_id), reverse=True)
+
+    async def state(self, user_id: uuid.UUID, campaign_id: uuid.UUID) -> str | None:
+        found = await self.get(user_id, campaign_id)
+        return found.state if found else None
+
+    async def move(
+        self,
+        campaign: Campaign,
+        to: State,
+        *,
+        reason: str | None = None,
+        send_at: datetime | None = None,
+    ) -> bool:
+        if to in ACTIVE:
+            await _round_trip()
+            runs = self.tables.runs.setdefault(self.namespace, {})
+            runs[campaign.campaign_id] = campaign.user_id
+        await _round_trip()
+        key = (campaign.user_id, campaign.campaign_id)
+        stored = self.tables.campaigns.get(key)
+        if stored is None or stored.state != campaign.state:
+            return False
+        when = send_at or campaign.send_at
+        self.tables.campaigns[key] = replace(
+            stored,
+            state=to,
+            reason=reason,
+            updated_at=ms(datetime.now(UTC)),
+            send_at=when and ms(when),
+        )
+        return True
+
+    async def runs(self) -> list[tuple[uuid.UUID, uuid.UUID]]:
+        await _round_trip()
+        runs = self.tables.runs.get(self.namespace, {})
+        return [(runs[c], c) for c in sorted(runs, key=timeuuid_order)]
+
+    async def retire(self, campaign_id: uuid.UUID) -> None:
+        await _round_trip()
+        self.tables.runs.get(self.namespace, {}).pop(campaign_id, None)
+
+    async def record(self, campaign_id: uuid.UUID, part: Slice) -> None:
+        await _round_trip()
+        self.tables.slices.setdefault(campaign_id, {})[part.slice] = part
+
+    async def advance(
+        self, campaign: Campaign, bucket: int, after: str | None, released: int, skipped: int
+    ) -> bool:
+        await _round_trip()
+        key = (campaign.user_id, campaign.campaign_id)
+        stored = self.tables.campaigns.get(key)
+        if stored is None or stored.slices != campaign.slices:
+            return False
+        self.tables.campaigns[key] = replace(
+            stored,
+            cursor_bucket=bucket,
+            cursor_after=after,
+            slices=campaign.slices + 1,
+            released=campaign.released + released,
+            skipped=campaign.skipped + skipped,
+            updated_at=ms(datetime.now(UTC)),
+        )
+        return True
+
+    async def slices(self, campaign_id: uuid.UUID) -> list[Slice]:
+        await _round_trip()
+        found = self.tables.slices.get(campaign_id, {})
+        return [found[n] for n in sorted(found)]

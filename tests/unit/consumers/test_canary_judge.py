@@ -1,0 +1,204 @@
+"""The canary judge's pass (``services.consumers.canary_judge``) over the in-memory twins: a
+rollout is left alone until its window has passed, then promoted or rolled back from what
+its batches' recipients came to (the verdict applied to the template and audited), kept
+waiting while too few came back before its deadline, and dropped without a verdict when the
+user published another since."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+
+from services.consumers.canary_judge import CanaryJudge
+from shared.alerts import Alert
+from shared.canary import Margins
+from shared.canary_store import Rollout
+from shared.models import TemplateCopy, TemplateUse
+from shared.recipients import Selection, log_id_for
+from shared.templates import Template
+from tests.fakes.canary_store import FakeCanary
+from tests.fakes.stores import FakeBatches, FakeCassandra, FakeRecipients
+from tests.fakes.template_store import FakeTemplates
+from tests.fakes.world import new_batch
+
+CANARY, LIVE = "canary@example.org", "live@example.org"
+WINDOW, DEADLINE = timedelta(minutes=30), timedelta(hours=2)
+
+
+@dataclass
+class Setting:
+    """A template with version 1 live and 2 in canary, and the judge's clock."""
+
+    db: FakeCassandra = field(default_factory=FakeCassandra)
+    templates: FakeTemplates = field(default_factory=FakeTemplates)
+    store: FakeCanary = field(default_factory=lambda: FakeCanary("ns"))
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def __post_init__(self) -> None:
+        self.batches = FakeBatches(self.db)
+        self.recipients = FakeRecipients(self.db)
+        self.judge = CanaryJudge(
+            self.store,  # type: ignore[arg-type]
+            self.templates,  # type: ignore[arg-type]
+            self.batches,  # type: ignore[arg-type]
+            self.recipients,  # type: ignore[arg-type]
+            Margins(min_sent=1),
+            WINDOW,
+            DEADLINE,
+            clock=lambda: self.now,
+        )
+
+    async def rollout(self) -> tuple[Template, Rollout]:
+        """Publish a canary; its rollout as the API records it."""
+        user = uuid.uuid4()
+        template_id = await self.templates.create(user, "t", "S1", None, "t1", {})
+        template = await self.templates.get(user, template_id)
+        assert template is not None
+        await self.templates.add_version(template, "S2", None, "t2", {})
+        live = await self.templates.publish(template, 1)
+        await self.templates.publish(live, 2, canary_percent=50)
+        canary = await self.templates.get(user, template_id)
+        assert canary is not None and canary.canary_since is not None
+        return canary, Rollout(template_id, canary.canary_since, user, 2, 1)
+
+    async def sent(self, rollout: Rollout, *, canary_event: str | None = "sent") -> uuid.UUID:
+        """A batch carrying the rollout: chunk 0 the canary's recipient, chunk 1 the live
+        version's, both taken by the provider (the canary's then reported ``canary_event``;
+        None: nothing went out yet)."""
+        use = TemplateUse(
+            id=rollout.template_id,
+            version=1,
+            canary=TemplateCopy(version=2, subject="S2", text="t2"),
+            canary_chunks=1,
+            canary_since=rollout.since,
+        )
+        plain = new_batch(CANARY, LIVE, chunk_size=1)
+        batch = replace(plain, message=plain.message.model_copy(update={"template": use}))
+        await self.batches.write(batch)
+        self.db.apply(await self.store.statements(rollout, batch.batch_id))
+        if canary_event is None:
+            return batch.batch_id
+        for chunk, email in enumerate((CANARY, LIVE)):
+            log_id = log_id_for(batch.batch_id, email)
+            await self.recipients.accepted(
+                batch.batch_id,
+                Selection(chunk, (log_id,)),
+                provider="sg",
+                tag="t",
+                when=self.now,
+                message_id=None,
+            )
+        if canary_event != "sent":
+            await self.recipients.reported(
+                batch.batch_id,
+                batch.user_id,
+                0,
+                log_id_for(batch.batch_id, CANARY),
+                provider="sg",
+                provider_result=canary_event,
+                message_id=None,
+                stage_rank=1,
+                rank=5,
+                when=self.now + timedelta(seconds=1),
+                event=canary_event,
+                state="failed",
+                reason="mailbox unknown",
+                evidence=None,
+            )
+        return batch.batch_id
+
+    async def template(self, rollout: Rollout) -> tuple[int | None, int | None]:
+        found = await self.templates.get(rollout.user_id, rollout.template_id)
+        assert found is not None
+        return found.live_version, found.canary_version
+
+
+async def test_a_rollout_inside_its_window_is_left_alone() -> None:
+    s = Setting()
+    _, rollout = await s.rollout()
+    await s.sent(rollout, canary_event="bounced")
+    s.now = rollout.since + WINDOW - timedelta(seconds=1)
+
+    verdicts = await s.judge.pass_once()
+
+    assert verdicts == []
+    assert await s.store.rollouts() == [rollout]
+    assert await s.template(rollout) == (1, 2)
+
+
+@dataclass
+class Alerts:
+    sent: list[Alert] = field(default_factory=list)
+
+    async def send(self, alert: Alert) -> None:
+        self.sent.append(alert)
+
+
+async def test_a_canary_that_bounces_more_is_rolled_back_audited_and_alerted() -> None:
+    s = Setting()
+    s.judge.alerter = alerts = Alerts()  # type: ignore[assignment]
+    _, rollout = await s.rollout()
+    await s.sent(rollout, canary_event="bounced")
+    s.now = rollout.since + WINDOW
+
+    [verdict] = await s.judge.pass_once()
+
+    assert verdict.decision == "rollback"
+    assert await s.template(rollout) == (1, None)
+    [audited] = await s.store.history(rollout.template_id)
+    assert (audited.decision, audited.canary.sent, audited.canary.hard_bounces) == (
+        "rollback",
+        1,
+        1,
+    )
+    assert (audited.live.sent, audited.live.hard_bounces) == (1, 0)
+    assert await s.store.rollouts() == []
+    assert [(a.kind, a.subject) for a in alerts.sent] == [
+        ("canary_rollback", str(rollout.template_id))
+    ]
+
+
+async def test_a_canary_no_worse_than_live_is_promoted() -> None:
+    s = Setting()
+    _, rollout = await s.rollout()
+    await s.sent(rollout)
+    s.now = rollout.since + WINDOW
+
+    [verdict] = await s.judge.pass_once()
+
+    assert verdict.decision == "promote"
+    assert await s.template(rollout) == (2, None)
+    assert [o.decision for o in await s.store.history(rollout.template_id)] == ["promote"]
+
+
+async def test_a_rollout_short_of_recipients_waits_and_is_counted_again_later() -> None:
+    """Without recipients before its deadline it stays listed; the next count waits."""
+    s = Setting()
+    _, rollout = await s.rollout()
+    await s.sent(rollout, canary_event=None)
+    s.now = rollout.since + WINDOW
+
+    [first] = await s.judge.pass_once()
+    soon = await s.judge.pass_once()
+    s.now += s.judge.recount_after
+    [later] = await s.judge.pass_once()
+
+    assert (first.decision, soon, later.decision) == ("wait", [], "wait")
+    assert await s.store.rollouts() == [rollout]
+    assert await s.store.history(rollout.template_id) == []
+    assert await s.template(rollout) == (1, 2)
+
+
+async def test_a_rollout_replaced_by_another_publish_is_dropped_without_a_verdict() -> None:
+    s = Setting()
+    canary, rollout = await s.rollout()
+    await s.sent(rollout, canary_event="bounced")
+    await s.templates.publish(canary, 1)  # the user rolled back by hand
+    s.now = rollout.since + WINDOW
+
+    await s.judge.pass_once()
+
+    assert await s.store.rollouts() == []
+    assert await s.store.history(rollout.template_id) == []
+    assert await s.template(rollout) == (1, None)

@@ -1,0 +1,149 @@
+"""The scheduler's pass (``services.consumers.scheduler``) over the in-memory twins: a batch
+whose time came is handed on once, one whose second has not come waits, a cancelled one is
+never handed on, and a scheduler without the namespace's lease does nothing until the
+holder's lapses."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+
+from services.consumers.scheduler import LEASE_SECONDS, Scheduler
+from shared.lanes import BUCKET, bucket_of
+from shared.schedule_store import finished_through
+from shared.topology import batch_key
+from tests.fakes.broker import FakeBroker
+from tests.fakes.schedule_store import FakeSchedule, ScheduleTables
+from tests.fakes.stores import FakeBatches, FakeCassandra
+from tests.fakes.world import new_batch
+
+
+@dataclass
+class Setting:
+    """One namespace's schedule, batches and broker, and the scheduler's clock."""
+
+    now: datetime = field(default_factory=lambda: bucket_of(datetime.now(UTC)))
+    tables: ScheduleTables = field(default_factory=ScheduleTables)
+    batches: FakeBatches = field(default_factory=lambda: FakeBatches(FakeCassandra()))
+    broker: FakeBroker = field(default_factory=FakeBroker)
+
+    def __post_init__(self) -> None:
+        self.store = FakeSchedule("ns", self.tables)
+
+    def scheduler(self) -> Scheduler:
+        return Scheduler(
+            self.store,  # type: ignore[arg-type]
+            self.batches,  # type: ignore[arg-type]
+            self.broker,  # type: ignore[arg-type]
+            clock=lambda: self.now,
+        )
+
+    async def scheduled(self, at: datetime) -> uuid.UUID:
+        """A batch stored ``scheduled`` for ``at``, with its row in the schedule."""
+        batch = replace(new_batch("a@example.org"), send_at=at)
+        await self.batches.write(batch)
+        await self.store.add(batch.batch_id, at)
+        return batch.batch_id
+
+    def handed(self) -> list[str]:
+        return [m.routing_key for m in self.broker.take()]
+
+
+async def test_a_batch_whose_time_came_is_handed_on_once() -> None:
+    s = Setting()
+    scheduler = s.scheduler()
+    batch = await s.scheduled(s.now - timedelta(seconds=30))
+
+    first = await scheduler.pass_once()
+    second = await scheduler.pass_once()
+
+    assert (first, second) == (1, 0)
+    assert s.handed() == [batch_key(batch)]
+    assert await s.batches.status(batch) == "accepted"
+    assert await s.store.done_through() == s.now - BUCKET
+
+
+async def test_a_batch_whose_second_has_not_come_waits_for_it() -> None:
+    s = Setting()
+    scheduler = s.scheduler()
+    batch = await s.scheduled(s.now + timedelta(seconds=40))
+    s.now += timedelta(seconds=10)
+
+    early = await scheduler.pass_once()
+    waited = s.handed()
+    s.now += timedelta(seconds=31)
+    on_time = await scheduler.pass_once()
+
+    assert (early, waited) == (0, [])
+    assert on_time == 1
+    assert s.handed() == [batch_key(batch)]
+
+
+async def test_the_next_holder_hands_on_again_what_a_dead_one_left_unfinished() -> None:
+    """The current minute is never finished, so the successor reads the batch again and
+    publishes it again, under the same message id (the splitter makes that harmless)."""
+    s = Setting()
+    batch = await s.scheduled(s.now + timedelta(seconds=5))
+    s.now += timedelta(seconds=10)
+    assert await s.scheduler().pass_once() == 1  # ... and this scheduler dies
+    first = s.broker.take()
+    s.tables.clock.advance(LEASE_SECONDS + 1)
+
+    again = await s.scheduler().pass_once()
+    second = s.broker.take()
+
+    assert again == 1
+    assert [(m.routing_key, m.message_id) for m in first + second] == 2 * [
+        (batch_key(batch), str(batch))
+    ]
+
+
+async def test_a_cancelled_batch_is_not_handed_on() -> None:
+    s = Setting()
+    batch = await s.scheduled(s.now - timedelta(seconds=30))
+    header = await s.batches.header(batch)
+    assert header is not None
+    assert await s.batches.cancel_scheduled(batch, header.user_id) == "cancelled"
+
+    handed = await s.scheduler().pass_once()
+
+    assert handed == 0
+    assert s.handed() == []
+    assert await s.store.done_through() == s.now - BUCKET
+
+
+async def test_a_scheduler_without_the_lease_does_nothing() -> None:
+    s = Setting()
+    holder = uuid.uuid4()
+    assert await s.store.take_lease(holder, LEASE_SECONDS)
+    batch = await s.scheduled(s.now - timedelta(seconds=30))
+
+    handed = await s.scheduler().pass_once()
+
+    assert handed == 0
+    assert s.handed() == []
+    assert await s.batches.status(batch) == "scheduled"
+    assert await s.store.done_through() is None
+
+
+async def test_a_lapsed_lease_passes_to_a_waiting_scheduler() -> None:
+    s = Setting()
+    assert await s.store.take_lease(uuid.uuid4(), LEASE_SECONDS)  # then its holder dies
+    batch = await s.scheduled(s.now - timedelta(seconds=30))
+    waiting = s.scheduler()
+    assert await waiting.pass_once() == 0
+
+    s.tables.clock.advance(LEASE_SECONDS + 1)
+    handed = await waiting.pass_once()
+
+    assert handed == 1
+    assert s.handed() == [batch_key(batch)]
+
+
+def test_the_current_minute_is_never_finished() -> None:
+    now = datetime(2026, 11, 26, 10, 0, 30, tzinfo=UTC)
+
+    assert finished_through(bucket_of(now), now) == bucket_of(now) - BUCKET
+    assert finished_through(bucket_of(now) - 3 * BUCKET, now) == bucket_of(now) - 3 * BUCKET
+    assert finished_through(None, now) is None
