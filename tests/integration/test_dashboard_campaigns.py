@@ -144,6 +144,22 @@ async def test_a_step_the_state_does_not_allow_is_told_on_the_page(
     assert 'data-state="draft"' in row_of(refused.text, campaign)
 
 
+async def test_a_schedule_at_a_time_that_cannot_be_honoured_is_told_on_the_page(
+    api: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    visitor = await logged_in(api, db)
+    campaign = await draft(db, settings, visitor.user_id, "Late news")
+
+    refused = await api.post(
+        f"/campaigns/{campaign.campaign_id}/schedule",
+        data={"csrf_token": visitor.csrf, "send_at": "2001-01-01T09:00:00Z"},
+    )
+
+    assert refused.status_code == 422
+    assert "Not done: send_at is in the past" in refused.text
+    assert 'data-state="draft"' in row_of(refused.text, campaign)
+
+
 async def test_a_step_without_the_csrf_token_is_refused(
     api: httpx.AsyncClient, db: Database, settings: Settings
 ) -> None:

@@ -195,7 +195,7 @@ async def campaign_step(request: Request) -> Response:
     except ApiError as exc:
         if exc.status not in (409, 422):
             raise
-        told = "; ".join(exc.fields.values()) if exc.fields else exc.message
+        told = "; ".join(f"{k} {v}" for k, v in (exc.fields or {}).items()) or exc.message
         return await _page(request, user, status=exc.status, problem=f"Not done: {told}.")
     return see_other("/campaigns", done=action, campaign=str(campaign_id))
 
