@@ -83,6 +83,7 @@ def create_app(settings: Settings) -> Starlette:
             state.domains = DomainStore(res.db)
             # Not ``templates``: that is the dashboard's Jinja2 environment.
             state.template_store = TemplateStore(res.db)
+            state.canary_store = CanaryStore(res.db, settings.amqp.exchange)
             state.quota = RecipientQuota(res.db, settings.api.daily_recipient_quota)
             state.dead_letters = DeadLetters(DeadLetterStore(res.db), res.broker)
             state.background = Background()
@@ -103,7 +104,7 @@ def create_app(settings: Settings) -> Starlette:
                 recent=RecentMail(res.db),
                 templates=TemplateBatches(state.template_store),
                 schedules=ScheduleStore(res.db, settings.amqp.exchange),
-                canaries=CanaryStore(res.db, settings.amqp.exchange),
+                canaries=state.canary_store,
             )
             state.campaigns = Campaigns(
                 CampaignStore(res.db, settings.amqp.exchange),

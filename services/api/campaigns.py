@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shared.contact_lists import ContactLists
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -27,6 +26,7 @@ from shared import lanes
 from shared.addresses import parse_address
 from shared.batchstore import BatchStore
 from shared.campaigns import Action, Campaign, CampaignStore, LifecycleError, next_state
+from shared.contact_lists import ContactLists
 from shared.http import JSON, ApiError, read_json
 from shared.templates import TemplateStore
 

@@ -946,10 +946,39 @@ class TemplateVersionOut(_Out):
     canary: bool
 
 
+class RolloutCountsOut(_Out):
+    """What one version's recipients came to while the canary was judged."""
+
+    sent: int
+    provider_failures: int
+    hard_bounces: int
+    complaints: int
+
+
+class RolloutSidesOut(_Out):
+    canary: RolloutCountsOut
+    live: RolloutCountsOut
+
+
+class RolloutOut(_Out):
+    """A canary rollout's audited verdict."""
+
+    at: str = Field(description="When the verdict was reached.")
+    canary_version: int
+    live_version: int = Field(description="The version the canary was compared with.")
+    decision: Literal["promote", "rollback"] = Field(
+        description="`promote`: the canary became the live version; `rollback`: it was "
+        "withdrawn and the live version kept."
+    )
+    reason: str = Field(description="Why, in words (the metric and rates that decided it).")
+    counts: RolloutSidesOut
+
+
 class TemplateView(TemplateItem):
-    """A template and its versions, newest first."""
+    """A template, its versions and its canary rollouts' verdicts, newest first."""
 
     versions: list[TemplateVersionOut]
+    rollouts: list[RolloutOut]
 
 
 class VersionCreated(_Out):

@@ -1,5 +1,6 @@
 """``/v1/templates``: each user's versioned templates: create, add an immutable version,
-publish one (live, or a canary beside the live one), list, read, preview.
+publish one (live, or a canary beside the live one), list, read (with its canary rollouts'
+audited verdicts), preview.
 
 :class:`Templates` holds the use cases (the dashboard reads through it too); the handlers
 parse, call and answer. Publishing is refused (422 ``template_does_not_render``, naming each
@@ -28,6 +29,8 @@ from starlette.responses import Response
 
 from services.api.auth import require_key
 from services.api.schema import PreviewIn, PublishIn, TemplateIn, TemplateVersionIn, checked
+from shared.canary import Counts
+from shared.canary_store import CanaryStore, Outcome
 from shared.http import JSON, ApiError, read_json
 from shared.template_render import Rendered, RenderError, render, render_part
 from shared.templates import Template, TemplateStore, Version, VersionHeader
@@ -92,6 +95,27 @@ def version_view(t: Template, v: VersionHeader) -> dict[str, Any]:
     }
 
 
+def counts_view(counts: Counts) -> dict[str, int]:
+    return {
+        "sent": counts.sent,
+        "provider_failures": counts.provider_failures,
+        "hard_bounces": counts.hard_bounces,
+        "complaints": counts.complaints,
+    }
+
+
+def rollout_view(o: Outcome) -> dict[str, Any]:
+    """One audited canary verdict: what was compared, what was decided and why."""
+    return {
+        "at": o.at.isoformat(),
+        "canary_version": o.canary_version,
+        "live_version": o.live_version,
+        "decision": o.decision,
+        "reason": o.reason,
+        "counts": {"canary": counts_view(o.canary), "live": counts_view(o.live)},
+    }
+
+
 def render_errors(v: Version, data: Mapping[str, Any]) -> dict[str, str]:
     """Each part of ``v`` that does not render with ``data``, with why (and where)."""
     errors: dict[str, str] = {}
@@ -142,10 +166,12 @@ class Templates:
     """The use cases behind ``/v1/templates``: raw values in, templates out, or ApiError."""
 
     store: TemplateStore
+    canaries: CanaryStore
 
     @classmethod
     def of(cls, request: Request) -> Templates:
-        return cls(request.app.state.template_store)
+        state = request.app.state
+        return cls(state.template_store, state.canary_store)
 
     async def create(self, user_id: uuid.UUID, wanted: TemplateIn) -> Template:
         template_id = await self.store.create(
@@ -189,8 +215,15 @@ class Templates:
         return {"version": number, "subject": out.subject, "html": out.html, "text": out.text}
 
     async def detail(self, template: Template) -> dict[str, Any]:
-        versions = await self.store.version_headers(template.template_id)
-        return {**item_view(template), "versions": [version_view(template, v) for v in versions]}
+        versions, verdicts = await asyncio.gather(
+            self.store.version_headers(template.template_id),
+            self.canaries.history(template.template_id),
+        )
+        return {
+            **item_view(template),
+            "versions": [version_view(template, v) for v in versions],
+            "rollouts": [rollout_view(o) for o in verdicts],
+        }
 
 
 # --------------------------------------------------------------------------- handlers

@@ -1,16 +1,20 @@
 """``/v1/templates`` through the real API app, Cassandra and RabbitMQ: versions are numbered
 and immutable, publishing moves the live version or starts a canary beside it (refused for a
-version that does not render with its sample), preview renders, and another user's template
-does not exist."""
+version that does not render with its sample), preview renders, another user's template
+does not exist, and a canary's audited verdict is read with the template."""
 
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 
 from shared import accounts
+from shared.canary import Counts
+from shared.canary_store import CanaryStore, Outcome, Rollout
+from shared.config import Settings
 from shared.db import Database
 from shared.sessions import SESSION_COOKIE, SessionStore
 from tests.conftest import unique
@@ -441,3 +445,66 @@ async def test_the_dashboard_lists_my_templates_and_their_versions(
     assert "25%" in page.text and "Second subject" in page.text
     assert others not in page.text
     assert 'href="/templates"' in home.text
+
+
+async def rolled_back(
+    api: httpx.AsyncClient, db: Database, settings: Settings, auth: dict[str, str], user: uuid.UUID
+) -> str:
+    """A template whose version 2 ran as a canary and was rolled back (the verdict written
+    as the judge writes it)."""
+    template_id = await created(api, auth)
+    await new_version(api, auth, template_id)
+    await publish(api, auth, template_id, version=1)
+    since = datetime.now(UTC) - timedelta(hours=1)
+    await CanaryStore(db, settings.amqp.exchange).judged(
+        Rollout(uuid.UUID(template_id), since, user, 2, 1),
+        Outcome(
+            at=since + timedelta(minutes=30),
+            canary_version=2,
+            live_version=1,
+            decision="rollback",
+            reason="hard bounces 6.0% against 0.5% live",
+            canary=Counts(sent=100, hard_bounces=6),
+            live=Counts(sent=900, provider_failures=1, hard_bounces=4),
+        ),
+    )
+    return template_id
+
+
+async def test_a_template_tells_its_rolled_back_canary_with_the_reason_and_counts(
+    api: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    user = await accounts.ensure_user(db, unique("tpl_roll"))
+    auth = {"Authorization": f"Bearer {await accounts.create_key(db, user, 'k')}"}
+    template_id = await rolled_back(api, db, settings, auth, user)
+
+    resp = await api.get(f"/v1/templates/{template_id}", headers=auth)
+
+    assert resp.status_code == 200
+    (verdict,) = resp.json()["rollouts"]
+    assert verdict["decision"] == "rollback"
+    assert (verdict["canary_version"], verdict["live_version"]) == (2, 1)
+    assert verdict["reason"] == "hard bounces 6.0% against 0.5% live"
+    assert verdict["counts"] == {
+        "canary": {"sent": 100, "provider_failures": 0, "hard_bounces": 6, "complaints": 0},
+        "live": {"sent": 900, "provider_failures": 1, "hard_bounces": 4, "complaints": 0},
+    }
+
+
+async def test_the_dashboard_marks_a_rolled_back_canary_with_its_reason(
+    api: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    user = await accounts.ensure_user(db, unique("tpl_roll_dash"))
+    auth = {"Authorization": f"Bearer {await accounts.create_key(db, user, 'k')}"}
+    template_id = await rolled_back(api, db, settings, auth, user)
+    session_id, _ = await SessionStore(db).create(user)
+    api.cookies.set(SESSION_COOKIE, session_id, domain="api.test")
+
+    page = await api.get("/templates")
+
+    assert page.status_code == 200
+    section = page.text.split(f'data-template="{template_id}"', 1)[1].split("</section>", 1)[0]
+    assert 'data-rollout="2" data-decision="rollback"' in section
+    assert "Rolled back" in section
+    assert "hard bounces 6.0% against 0.5% live" in section
+    assert "100 sent: 0 provider failures, 6 hard bounces" in section

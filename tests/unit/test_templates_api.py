@@ -23,6 +23,8 @@ from services.api.schema import (
     checked,
 )
 from services.api.templates import publish_refusal, rendered, template_id_of
+from shared.canary import Counts
+from shared.canary_store import Outcome
 from shared.http import ApiError, error_response
 from shared.templates import Template, Version, VersionHeader
 
@@ -93,10 +95,25 @@ def test_the_dashboard_marks_the_live_and_the_canary_version() -> None:
     """Rows mark the live and the canary version and show the canary's share and start."""
     t = template(live=1, canary=2)
 
-    (row,) = template_rows([(t, [VersionHeader(n, "s", NOW) for n in (3, 2, 1)])])
+    (row,) = template_rows([(t, [VersionHeader(n, "s", NOW) for n in (3, 2, 1)], [])])
 
     assert [(v.version, v.state) for v in row.versions] == [(3, ""), (2, "canary"), (1, "live")]
     assert (row.canary_percent, row.canary_since) == ("25%", "2026-11-26 09:00:00 UTC")
+
+
+def test_the_dashboard_marks_a_rolled_back_canary_with_its_reason() -> None:
+    """A rollback verdict is marked as one, with why and the counts it was judged on."""
+    verdicts = [
+        Outcome(NOW, 3, 2, "rollback", "hard bounces 4.0% vs 0.5%", Counts(100, 0, 4, 0),
+                Counts(900, 0, 5, 0)),
+        Outcome(NOW, 2, 1, "promote", "no metric worse", Counts(50), Counts(450)),
+    ]  # fmt: skip
+
+    (row,) = template_rows([(template(live=2, canary=None), [], verdicts)])
+
+    assert [(r.canary_version, r.rolled_back) for r in row.rollouts] == [(3, True), (2, False)]
+    assert row.rollouts[0].reason == "hard bounces 4.0% vs 0.5%"
+    assert row.rollouts[0].canary.startswith("100 sent: 0 provider failures, 4 hard bounces")
 
 
 JSON = st.recursive(

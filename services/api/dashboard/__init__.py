@@ -9,6 +9,7 @@ from __future__ import annotations
 from starlette.routing import BaseRoute
 
 from services.api.dashboard import pages
+from services.api.dashboard.campaign_pages import campaign_routes
 from services.api.dashboard.lists import lists_routes
 from services.api.dashboard.operations import operations_routes
 from services.api.dashboard.pages import create_templates
@@ -19,4 +20,10 @@ __all__ = ["create_templates", "dashboard_routes"]
 
 def dashboard_routes() -> list[BaseRoute]:
     """Every page (the operators' too) and the static files."""
-    return [*operations_routes(), *lists_routes(), *template_routes(), *pages.dashboard_routes()]
+    return [
+        *operations_routes(),
+        *lists_routes(),
+        *campaign_routes(),
+        *template_routes(),
+        *pages.dashboard_routes(),
+    ]

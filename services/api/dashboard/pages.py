@@ -94,6 +94,7 @@ _NAV = (
     ("/keys", "API keys", "keys"),
     ("/suppressions", "Suppressions", "suppressions"),
     ("/lists", "Lists", "lists"),
+    ("/campaigns", "Campaigns", "campaigns"),
     ("/domains", "Domains", "domains"),
     ("/templates", "Templates", "templates"),
     ("/v1/docs", "API", "docs"),

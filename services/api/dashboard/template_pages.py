@@ -1,6 +1,7 @@
 """The dashboard's Templates page: each of the user's templates with its versions, which one
-is live and which in canary (with its share and start). Read-only: templates are made,
-versioned and published through ``/v1/templates``."""
+is live and which in canary (with its share and start), and its canary rollouts' audited
+verdicts (promoted or rolled back, and why). Read-only: templates are made, versioned and
+published through ``/v1/templates``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from services.api.dashboard.pages import page, render
 from services.api.dashboard.views import fmt_time, iso
 from services.api.sessions import require_user
 from services.api.templates import Templates
+from shared.canary import Counts
+from shared.canary_store import Outcome
 from shared.templates import Template, VersionHeader
 
 
@@ -30,6 +33,19 @@ class VersionRow:
 
 
 @dataclass(frozen=True, slots=True)
+class RolloutRow:
+    at: str
+    at_iso: str
+    canary_version: int
+    live_version: int
+    decision: str
+    rolled_back: bool
+    reason: str
+    canary: str
+    live: str
+
+
+@dataclass(frozen=True, slots=True)
 class TemplateRow:
     template_id: str
     name: str
@@ -41,6 +57,7 @@ class TemplateRow:
     canary_since: str
     canary_since_iso: str
     versions: list[VersionRow]
+    rollouts: list[RolloutRow]
 
 
 def _state(t: Template, number: int) -> str:
@@ -49,10 +66,36 @@ def _state(t: Template, number: int) -> str:
     return "canary" if number == t.canary_version else ""
 
 
+def _tally(c: Counts) -> str:
+    """``1,200 sent: 3 provider failures, 2 hard bounces, 0 complaints``."""
+    return (
+        f"{c.sent:,} sent: {c.provider_failures:,} provider failures, "
+        f"{c.hard_bounces:,} hard bounces, {c.complaints:,} complaints"
+    )
+
+
+def rollout_rows(verdicts: Iterable[Outcome]) -> list[RolloutRow]:
+    return [
+        RolloutRow(
+            at=fmt_time(o.at),
+            at_iso=iso(o.at),
+            canary_version=o.canary_version,
+            live_version=o.live_version,
+            decision=o.decision,
+            rolled_back=o.decision == "rollback",
+            reason=o.reason,
+            canary=_tally(o.canary),
+            live=_tally(o.live),
+        )
+        for o in verdicts
+    ]
+
+
 def template_rows(
-    found: Iterable[tuple[Template, Sequence[VersionHeader]]],
+    found: Iterable[tuple[Template, Sequence[VersionHeader], Sequence[Outcome]]],
 ) -> list[TemplateRow]:
-    """Each template with its versions (newest first), as the page shows them."""
+    """Each template with its versions and rollout verdicts (newest first), as the page
+    shows them."""
     return [
         TemplateRow(
             template_id=str(t.template_id),
@@ -74,8 +117,9 @@ def template_rows(
                 )
                 for v in versions
             ],
+            rollouts=rollout_rows(verdicts),
         )
-        for t, versions in found
+        for t, versions, verdicts in found
     ]
 
 
@@ -83,13 +127,16 @@ def template_rows(
 async def templates_page(request: Request) -> Response:
     user = await require_user(request)
     request.state.user = user
-    store = Templates.of(request).store
-    found = await store.templates(user.user_id)
-    versions = await asyncio.gather(*(store.version_headers(t.template_id) for t in found))
+    templates = Templates.of(request)
+    found = await templates.store.templates(user.user_id)
+    versions, verdicts = await asyncio.gather(
+        asyncio.gather(*(templates.store.version_headers(t.template_id) for t in found)),
+        asyncio.gather(*(templates.canaries.history(t.template_id) for t in found)),
+    )
     context = {
         "title": "Templates",
         "active": "templates",
-        "rows": template_rows(zip(found, versions, strict=True)),
+        "rows": template_rows(zip(found, versions, verdicts, strict=True)),
     }
     return render(request, "templates.html", context)
 
