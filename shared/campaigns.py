@@ -113,6 +113,7 @@ class CampaignStore:
         send_at: datetime | None,
     ) -> Campaign:
         now = datetime.now(UTC)
+        now = now.replace(microsecond=now.microsecond // 1000 * 1000)  # as Cassandra keeps it
         made = Campaign(
             user_id, uuid.uuid1(), name, template_id, list_id, sender, data, rate, send_at,
             "draft", None, now, now, 0, None, 0, 0, 0,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from cassandra.query import BoundStatement
@@ -25,6 +25,10 @@ from shared.lanes import BUCKET, bucket_of
 
 #: Minutes read per pass (a day: a scheduler back from a long outage catches up in passes).
 MAX_MINUTES: Final = 1440
+#: Minutes, the current one included, a pass leaves open: rows may still be added to them.
+OPEN_MINUTES: Final = 3
+#: How long a row outlives its time (a scheduler back from an outage of up to a week).
+KEEP_AFTER: Final = timedelta(days=7)
 #: Minute partitions read at once.
 READ_WINDOW: Final = 32
 
@@ -44,8 +48,8 @@ class ScheduleStore:
     async def add(self, batch_id: uuid.UUID, at: datetime) -> None:
         await self.db.execute(
             "INSERT INTO scheduled_batches (namespace, minute, batch_id, send_at) "
-            "VALUES (?, ?, ?, ?)",
-            (self.namespace, bucket_of(at), batch_id, at),
+            "VALUES (?, ?, ?, ?) USING TTL ?",
+            (self.namespace, bucket_of(at), batch_id, at, _ttl(at)),
             idempotent=True,
         )
 
@@ -54,9 +58,9 @@ class ScheduleStore:
         scheduled batch always has its row)."""
         insert = await self.db.prepare(
             "INSERT INTO scheduled_batches (namespace, minute, batch_id, send_at) "
-            "VALUES (?, ?, ?, ?)"
+            "VALUES (?, ?, ?, ?) USING TTL ?"
         )
-        return insert.bind((self.namespace, bucket_of(at), batch_id, at))
+        return insert.bind((self.namespace, bucket_of(at), batch_id, at, _ttl(at)))
 
     async def take_lease(self, owner: uuid.UUID, seconds: int) -> bool:
         """Take the namespace's lease, or renew it when ``owner`` holds it already."""
@@ -125,10 +129,17 @@ class ScheduleStore:
         return bool(row and row["[applied]"])
 
 
+def _ttl(at: datetime) -> int:
+    """Seconds a row is kept: until :data:`KEEP_AFTER` past its time, whatever the horizon."""
+    return max(1, int((at - datetime.now(UTC) + KEEP_AFTER).total_seconds()))
+
+
 def finished_through(last: datetime | None, now: datetime) -> datetime | None:
-    """How far a pass may move the cursor: up to the last minute read, but never to the
-    current minute, which may still get rows (pure)."""
+    """How far a pass may move the cursor: up to the last minute read, but not within
+    :data:`OPEN_MINUTES` of the current one. A row may still land in a minute just past:
+    the API's write of a batch due within seconds can arrive after its minute ended, and
+    the API's clock may be behind the scheduler's (pure)."""
     if last is None:
         return None
     current = bucket_of(now.astimezone(UTC))
-    return min(last, current - BUCKET)
+    return min(last, current - OPEN_MINUTES * BUCKET)

@@ -25,7 +25,6 @@ from typing import Final
 
 from shared.batchstore import BatchStore
 from shared.broker import Broker
-from shared.lanes import bucket_of
 from shared.leases import Lease, keep_running
 from shared.models import BatchJob
 from shared.schedule_store import ScheduleStore, finished_through
@@ -85,8 +84,7 @@ class Scheduler:
                 self.lease.lost()
                 return handed
             self._finished = through
-            current = bucket_of(now)
-            self.handed = {m: s for m, s in self.handed.items() if m >= current}
+            self.handed = {m: s for m, s in self.handed.items() if m > through}
         return handed
 
     async def hand_on(self, batch_id: uuid.UUID) -> bool:

@@ -16,7 +16,7 @@ import pytest
 
 from shared.db import Database
 from shared.lanes import BUCKET, bucket_of
-from shared.schedule_store import ScheduleStore, finished_through
+from shared.schedule_store import OPEN_MINUTES, ScheduleStore, finished_through
 from tests.contracts.conftest import IMPLEMENTATIONS
 from tests.fakes.schedule_store import FakeSchedule, ScheduleTables, ms
 
@@ -126,7 +126,7 @@ async def test_the_current_minute_stays_due_after_a_finish(side: Side) -> None:
     read (the cursor stops short of the current minute)."""
     store, owner, now = side.store, uuid.uuid4(), datetime.now(UTC)
     early = uuid.uuid1()
-    await store.add(early, now - timedelta(minutes=1))
+    await store.add(early, now - timedelta(minutes=5))
     assert await store.take_lease(owner, 30)
     _, last = await store.due(now)
     through = finished_through(last, now)
@@ -136,7 +136,7 @@ async def test_the_current_minute_stays_due_after_a_finish(side: Side) -> None:
     await store.add(late, now)
     found, last_again = await store.due(now)
 
-    assert through == bucket_of(now) - BUCKET
+    assert through == bucket_of(now) - OPEN_MINUTES * BUCKET
     assert await store.done_through() == through
     assert [d.batch_id for d in found] == [late]
     assert last_again == bucket_of(now)

@@ -67,6 +67,7 @@ class FakeCampaigns:
         send_at: datetime | None,
     ) -> Campaign:
         now = datetime.now(UTC)
+        now = now.replace(microsecond=now.microsecond // 1000 * 1000)
         made = Campaign(
             user_id, uuid.uuid1(), name, template_id, list_id, sender, data, rate, send_at,
             "draft", None, now, now, 0, None, 0, 0, 0,
