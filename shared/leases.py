@@ -54,14 +54,18 @@ class Lease:
 async def keep_running(
     step: Callable[[], Awaitable[object]], every: float, lease: Lease, what: str
 ) -> None:
-    """``step()`` every ``every`` seconds until cancelled (an outage stops a pass, not the
-    loop); the lease is released on the way out."""
+    """``step()`` every ``every`` seconds until cancelled (an outage or a failure stops a
+    pass, not the loop); the lease is released on the way out."""
     try:
         while True:
             try:
                 await step()
             except DependencyUnavailable as exc:
                 log.warning("%s pass stopped: %s", what, exc)
+            except Exception:
+                # A bug in one pass must not end the loop: work left to it (scheduled
+                # batches, campaigns) would wait forever without a sign.
+                log.exception("%s pass failed", what)
             await asyncio.sleep(every)
     finally:
         await lease.release()

@@ -140,6 +140,9 @@ def create_app(settings: Settings) -> Starlette:
                 purge.cancel()
                 runner.cancel()
                 relay.cancel()
+                # Awaited while the database is open: the runner releases its lease.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await runner
                 with contextlib.suppress(asyncio.CancelledError):
                     await relay
                 await state.background.drain()

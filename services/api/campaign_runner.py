@@ -112,6 +112,7 @@ class CampaignRunner:
     async def pass_once(self) -> int:
         """One pass; the slices it released (0 without the lease)."""
         if not await self.lease.held():
+            log.debug("campaign runner %s: another holds the lease", self.owner)
             return 0
         released = 0
         for user_id, campaign_id in await self.campaigns.runs():
@@ -171,6 +172,7 @@ class CampaignRunner:
         key = f"campaign.{campaign.campaign_id}.{campaign.slices}"
         body = slice_body(campaign, recipients_of(contacts, personal))
         batch_id, accepted = await self._accept(campaign, body, key)
+        log.info("campaign %s: slice %d accepted", campaign.campaign_id, campaign.slices)
         if batch_id is not None:
             await self.campaigns.record(
                 campaign.campaign_id, Slice(campaign.slices, batch_id, accepted)

@@ -347,6 +347,8 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
             finally:
                 for task in tasks:
                     task.cancel()
+                # Awaited while the database is open: the scheduler releases its lease.
+                await asyncio.gather(*tasks, return_exceptions=True)
                 await res.broker.stop_consuming()
                 if not await inflight.wait_idle(DRAIN_TIMEOUT):
                     log.warning(
