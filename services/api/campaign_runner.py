@@ -117,8 +117,12 @@ class CampaignRunner:
         released = 0
         for user_id, campaign_id in await self.campaigns.runs():
             campaign = await self.campaigns.get(user_id, campaign_id)
-            if campaign is None or campaign.state not in ("scheduled", "sending", "paused"):
+            if campaign is None or campaign.state in ("sent", "cancelled"):
                 await self.campaigns.retire(campaign_id)
+                continue
+            if campaign.state == "draft":
+                # Listed by a schedule whose conditional update has not landed yet (or
+                # failed): retiring it now could leave it scheduled and never looked at.
                 continue
             try:
                 released += await self.step(campaign)

@@ -7,6 +7,7 @@ suppressed contacts left out."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -14,10 +15,12 @@ from typing import Any
 
 import pytest
 
+from services.api.campaign_runner import CampaignRunner
 from shared.config import Settings
 from shared.contact_lists import ContactLists
 from shared.contacts_csv import Contact
 from shared.db import Database
+from shared.schedule_store import ScheduleStore
 from shared.templates import TemplateStore
 from tests.integration.harness import eventually
 from tests.integration.stack import Stack, emails, fast_settings, full_stack
@@ -235,3 +238,33 @@ async def test_a_campaign_naming_an_unknown_list_or_template_is_a_422(stack: Sta
 
     assert resp.status_code == 422
     assert "template_id" in resp.json()["error"]["fields"]
+
+
+async def test_a_draft_listed_by_a_schedule_in_flight_is_not_dropped_by_the_runner(
+    stack: Stack,
+) -> None:
+    """A schedule lists the campaign for the runners before its conditional update lands:
+    a runner pass in between sees a draft and must leave it listed (else the campaign would
+    end up scheduled and never looked at)."""
+    campaign = await _create(stack, emails(2))
+    state = stack.api_app.state
+    store = state.campaigns.store
+    found = await store.get(stack.user_id, uuid.UUID(campaign["id"]))
+    assert found is not None
+    stale = dataclasses.replace(found, state="paused")
+    assert not await store.move(stale, "scheduled")  # listed, but the update did not land
+    runner = CampaignRunner(
+        store,
+        state.campaigns.lists,
+        state.template_store,
+        state.sending,
+        ScheduleStore(stack.db, f"{stack.settings.amqp.exchange}:probe"),
+    )
+
+    await runner.pass_once()
+    await runner.lease.release()
+
+    assert (stack.user_id, found.campaign_id) in await store.runs()
+    async with stack.consuming():
+        assert (await _step(stack, campaign, "schedule")).status_code == 200
+        await _state(stack, campaign, "sent")
