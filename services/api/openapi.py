@@ -104,7 +104,7 @@ def _campaign_step(operation_id: str, step: str, summary: str, description: str)
         schema.CampaignOut,
         body=schema.CampaignScheduleIn if step == "schedule" else None,
         params=(_CAMPAIGN_ID,),
-        errors=(404, 409, 422) if step == "schedule" else (404, 409),
+        errors=(400, 404, 409, 413, 415, 422) if step == "schedule" else (404, 409),
         description=description,
     )
 
@@ -283,7 +283,7 @@ OPERATIONS: tuple[Operation, ...] = (
         schema.CampaignOut,
         status=201,
         body=schema.CampaignIn,
-        errors=(413, 415, 422),
+        errors=(400, 413, 415, 422),
     ),
     Operation(
         "list_campaigns",
