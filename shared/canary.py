@@ -6,10 +6,13 @@ canary's share: the same recipient gets the same version in every batch of the r
 two templates' canaries pick independent recipients. After the window the two versions are
 compared on the rates that harm a sender: failures on the provider's side, hard bounces and
 complaints. The canary is rolled back when any of its rates is worse than the live
-version's by more than that rate's margin (percentage points, plus a floor so that one
-bounce among a handful of recipients decides nothing), and promoted otherwise; with too few
-recipients on either side the window is extended until enough have gone out or the rollout
-reaches its deadline, which promotes (nothing says the canary is worse).
+version's by more than that rate's margin (percentage points), and promoted otherwise. Each
+side needs ``min_sent`` recipients, so that one bounce among a handful decides nothing: with
+too few the window is extended until enough have gone out, or the rollout reaches its
+deadline. There, a canary with enough recipients of its own is still compared with what the
+live version has (a large share leaves the live side short, and a canary bouncing badly must
+not be promoted for that); only a canary itself too small to judge is promoted (nothing says
+it is worse).
 """
 
 from __future__ import annotations
@@ -73,13 +76,14 @@ def decide(canary: Counts, live: Counts, margins: Margins, *, deadline_passed: b
     """What the comparison says once the window has passed (``deadline_passed``: the
     rollout may wait no longer for recipients)."""
     if min(canary.sent, live.sent) < margins.min_sent:
-        if deadline_passed:
+        if deadline_passed and canary.sent < margins.min_sent:
             return Verdict(
                 "promote",
                 f"too few recipients to compare ({canary.sent} canary, {live.sent} live) "
                 "by the deadline: nothing says the canary is worse",
             )
-        return Verdict("wait", f"{canary.sent} canary and {live.sent} live recipients so far")
+        if not deadline_passed:
+            return Verdict("wait", f"{canary.sent} canary and {live.sent} live recipients so far")
     for metric in METRICS:
         worse = canary.rate(metric) - live.rate(metric)
         allowed: float = getattr(margins, metric)

@@ -6,7 +6,9 @@ lightweight transaction on the template's ``next_version`` (two at once never sh
 then its row is written: a writer that dies in between leaves a gap in the numbers, never a
 half-written version (versions are immutable, written once). Publishing names the live
 version, or a canary with its share beside the live one; whether a version renders with its
-sample data is checked before (``shared.template_render``), not here.
+sample data is checked before (``shared.template_render``), not here. Publishing and the
+canary judge's conclusion are conditional updates on what their writer read, so neither
+silently undoes the other (a publish racing a promotion gets :class:`TemplateChanged`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from typing import Any
 import orjson
 
 from shared.db import Database, Row, utc
+
+
+class TemplateChanged(Exception):
+    """The template's live version or canary changed since it was read (another publish,
+    or the canary judge's verdict): nothing was written; read it again and decide."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,18 +179,29 @@ class TemplateStore:
         self, template: Template, number: int, canary_percent: float | None = None
     ) -> Template:
         """Make ``number`` live (a rollback is publishing an older one), or its canary at
-        ``canary_percent`` beside the live version."""
+        ``canary_percent`` beside the live version: a conditional update on the live version
+        and canary ``template`` was read with. Raises :class:`TemplateChanged`, writing
+        nothing, when either moved meanwhile."""
         now = datetime.now(UTC)
+        now = now.replace(microsecond=now.microsecond // 1000 * 1000)  # as Cassandra keeps it
         if canary_percent is None or template.live_version is None:
             values: tuple[Any, ...] = (number, None, None, None)
         else:
             values = (template.live_version, number, canary_percent, now)
-        await self.db.execute(
+        row = await self.db.one(
             "UPDATE templates SET live_version = ?, canary_version = ?, canary_percent = ?, "
-            "canary_since = ? WHERE user_id = ? AND template_id = ?",
-            (*values, template.user_id, template.template_id),
-            idempotent=True,
+            "canary_since = ? WHERE user_id = ? AND template_id = ? "
+            "IF live_version = ? AND canary_since = ?",
+            (
+                *values,
+                template.user_id,
+                template.template_id,
+                template.live_version,
+                template.canary_since,
+            ),
         )
+        if not (row and row["[applied]"]):
+            raise TemplateChanged(f"template {template.template_id} changed while publishing")
         live, canary, percent, since = values
         return Template(
             template.user_id,

@@ -544,14 +544,16 @@ OPERATIONS: tuple[Operation, ...] = (
         schema.TemplateItem,
         body=schema.PublishIn,
         params=(_TEMPLATE_ID,),
-        errors=(400, 404, 413, 415, 422),
+        errors=(400, 404, 409, 413, 415, 422),
         description="Without `canary_percent`, the version becomes live and any canary ends "
         "(rolling back is publishing an older version). With it, that share of the "
         "template's mail uses the version and the rest the live one. 422 "
         "`template_does_not_render` when the version does not render with its own sample "
         "data (`error.fields` names each part and its error, with the line); `cannot_publish` "
         "for a canary with nothing live yet or of the live version itself; `invalid_fields` "
-        "naming `version` when the template has no such version.",
+        "naming `version` when the template has no such version. 409 `template_changed` "
+        "when the live version or canary changed while publishing (another publish, or the "
+        "canary's verdict): nothing was written; read the template again.",
     ),
     Operation(
         "preview_template",

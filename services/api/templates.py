@@ -33,7 +33,7 @@ from shared.canary import Counts
 from shared.canary_store import CanaryStore, Outcome
 from shared.http import JSON, ApiError, read_json
 from shared.template_render import Rendered, RenderError, render, render_part
-from shared.templates import Template, TemplateStore, Version, VersionHeader
+from shared.templates import Template, TemplateChanged, TemplateStore, Version, VersionHeader
 
 #: Two parts at their longest, JSON-escaped, with a subject and sample data.
 BODY_LIMIT = 3 * 1024 * 1024
@@ -199,7 +199,15 @@ class Templates:
         if refusal is not None:
             raise ApiError(422, "cannot_publish", refusal)
         await asyncio.to_thread(rendered, version, version.sample, with_what="its sample data")
-        return await self.store.publish(template, wanted.version, wanted.canary_percent)
+        try:
+            return await self.store.publish(template, wanted.version, wanted.canary_percent)
+        except TemplateChanged:
+            raise ApiError(
+                409,
+                "template_changed",
+                "the template's live version or canary changed while publishing (another "
+                "publish, or the canary's verdict): read it again and publish if still wanted",
+            ) from None
 
     async def preview(self, user_id: uuid.UUID, raw_id: str, wanted: PreviewIn) -> dict[str, Any]:
         template = await self.owned(user_id, raw_id)

@@ -5,8 +5,10 @@ rollout, and promotes the canary or rolls it back (``shared.canary.decide``).
 A verdict is applied to the template by a conditional update (a user's publish in the
 meantime wins: the rollout is then simply dropped), audited in ``template_rollouts`` (shown
 by ``GET /v1/templates/{id}`` and the dashboard), and a rollback raises an alert. Every
-consumer process runs a judge; two judging the same rollout at once reach the same verdict
-from the same rows, and only one conditional update applies.
+consumer process runs a judge; two judging the same rollout at once may count at different
+moments, but only one conditional update applies, and only the judge whose update applied
+audits its verdict and alerts. A rollout that cannot be judged (a bug, a row the code does
+not expect) is logged and looked at again later; it never stops the others or the loop.
 """
 
 from __future__ import annotations
@@ -89,6 +91,9 @@ class CanaryJudge:
                 await self.pass_once()
             except DependencyUnavailable as exc:
                 log.warning("canary judge pass stopped: %s", exc)
+            except Exception:
+                # A bug in one pass must not end the loop: every rollout would wait forever.
+                log.exception("canary judge pass failed")
             await asyncio.sleep(JUDGE_EVERY)
 
     async def pass_once(self) -> list[Verdict]:
@@ -102,7 +107,14 @@ class CanaryJudge:
             key = (rollout.template_id, rollout.since)
             if now < max(rollout.since + self.window, self._next.get(key, now)):
                 continue
-            verdict = await self.judge(rollout, now)
+            try:
+                verdict = await self.judge(rollout, now)
+            except DependencyUnavailable:
+                raise
+            except Exception:
+                log.exception("template %s: the canary could not be judged", rollout.template_id)
+                self._next[key] = now + self.recount_after
+                continue
             if verdict.decision == "wait":
                 self._next[key] = now + self.recount_after
             verdicts.append(verdict)
@@ -123,16 +135,19 @@ class CanaryJudge:
         if verdict.decision == "wait":
             return verdict
         live = rollout.canary_version if verdict.decision == "promote" else rollout.live_version
-        if await self.templates.conclude(template, rollout.since, live):
-            log.info(
-                "template %s: canary v%d %s (%s)",
-                rollout.template_id,
-                rollout.canary_version,
-                "promoted" if verdict.decision == "promote" else "rolled back",
-                verdict.reason,
-            )
-            if verdict.decision == "rollback":
-                await self._alert(rollout, verdict)
+        if not await self.templates.conclude(template, rollout.since, live):
+            # Another judge concluded it (and audits it), or the user published meanwhile:
+            # this verdict did not happen, so it is not audited; the next pass drops it.
+            return Verdict("wait", "the rollout was concluded or replaced meanwhile")
+        log.info(
+            "template %s: canary v%d %s (%s)",
+            rollout.template_id,
+            rollout.canary_version,
+            "promoted" if verdict.decision == "promote" else "rolled back",
+            verdict.reason,
+        )
+        if verdict.decision == "rollback":
+            await self._alert(rollout, verdict)
         outcome = Outcome(
             now,
             rollout.canary_version,

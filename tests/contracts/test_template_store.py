@@ -1,7 +1,7 @@
 """The template store's contract, asserted identically of the in-memory twin
 (``tests/fakes/template_store.py``) and of the real store on Cassandra: versions numbered in
 turn and immutable, listed newest first; publishing moves the live version or starts a canary
-beside it; a user sees only their own templates."""
+beside it, only from what its caller read; a user sees only their own templates."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from shared.db import Database
-from shared.templates import Template, TemplateStore
+from shared.templates import Template, TemplateChanged, TemplateStore
 from tests.contracts.conftest import IMPLEMENTATIONS
 from tests.fakes.template_store import FakeTemplates
 
@@ -144,3 +144,37 @@ async def test_a_rollout_is_concluded_only_if_it_is_still_the_one_running(store:
     assert concluded
     assert after is not None
     assert (after.live_version, after.canary_version, after.canary_since) == (3, None, None)
+
+
+async def test_a_publish_from_a_stale_read_changes_nothing(store: Any) -> None:
+    """Two publishes from the same read: the second finds the template changed and raises,
+    writing nothing (it never silently puts back the live version it read)."""
+    template = await made(store, uuid.uuid4())
+    await store.add_version(template, "v2", None, "t", {})
+    await store.add_version(template, "v3", None, "t", {})
+    read = await store.publish(template, 1)
+    first = await store.publish(read, 2)
+
+    with pytest.raises(TemplateChanged):
+        await store.publish(read, 3)
+
+    assert await store.get(template.user_id, template.template_id) == first
+
+
+async def test_a_publish_racing_a_promotion_does_not_undo_it(store: Any) -> None:
+    """The judge promotes the canary while the user publishes from an earlier read: the
+    publish is refused and the promoted version stays live."""
+    template = await made(store, uuid.uuid4())
+    await store.add_version(template, "v2", None, "t", {})
+    await store.add_version(template, "v3", None, "t", {})
+    live = await store.publish(template, 1)
+    canary = await store.publish(live, 2, canary_percent=10)
+    assert canary.canary_since is not None
+    assert await store.conclude(canary, canary.canary_since, 2)
+
+    with pytest.raises(TemplateChanged):
+        await store.publish(canary, 3, canary_percent=20)
+
+    after = await store.get(template.user_id, template.template_id)
+    assert after is not None
+    assert (after.live_version, after.canary_version) == (2, None)

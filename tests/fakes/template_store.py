@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from shared.templates import Template, Version, VersionHeader
+from shared.templates import Template, TemplateChanged, Version, VersionHeader
 
 
 def _stored(value: datetime) -> datetime:
@@ -127,25 +127,25 @@ class FakeTemplates:
     async def publish(
         self, template: Template, number: int, canary_percent: float | None = None
     ) -> Template:
-        now = datetime.now(UTC)
+        since = _stored(datetime.now(UTC))
         if canary_percent is None or template.live_version is None:
             values: tuple[Any, ...] = (number, None, None, None)
         else:
-            values = (template.live_version, number, canary_percent, now)
+            values = (template.live_version, number, canary_percent, since)
         live, canary, percent, since = values
         await _round_trip()
-        key = (template.user_id, template.template_id)
-        kept = since if since is None else _stored(since)
+        row = self.rows.get((template.user_id, template.template_id))
+        read = (template.live_version, template.canary_since)
+        if row is None or (row.template.live_version, row.template.canary_since) != read:
+            raise TemplateChanged(f"template {template.template_id} changed while publishing")
         fields = {
             "live_version": live,
             "canary_version": canary,
             "canary_percent": percent,
-            "canary_since": kept,
+            "canary_since": since,
         }
-        # Callers publish templates they read; the upsert of a missing row is not modelled.
-        if (row := self.rows.get(key)) is not None:
-            row.template = replace(row.template, **fields)
-        return replace(template, **{**fields, "canary_since": since})
+        row.template = replace(row.template, **fields)
+        return replace(template, **fields)
 
     async def conclude(self, template: Template, since: datetime, live: int) -> bool:
         await _round_trip()

@@ -68,3 +68,19 @@ def test_complaints_have_their_own_small_margin() -> None:
                      deadline_passed=False)  # fmt: skip
 
     assert verdict.decision == "rollback" and verdict.reason.startswith("complaints")
+
+
+def test_at_the_deadline_a_large_canary_is_judged_against_a_short_live_side() -> None:
+    """A high share leaves the live side under ``min_sent``; the canary's own bounces
+    still roll it back rather than being promoted for want of a comparison."""
+    verdict = decide(Counts(sent=900, hard_bounces=300), Counts(sent=40), Margins(),
+                     deadline_passed=True)  # fmt: skip
+
+    assert verdict.decision == "rollback" and verdict.reason.startswith("hard bounces")
+
+
+def test_at_the_deadline_a_large_healthy_canary_is_promoted() -> None:
+    verdict = decide(Counts(sent=900, hard_bounces=1), Counts(sent=40), Margins(),
+                     deadline_passed=True)  # fmt: skip
+
+    assert verdict.decision == "promote"

@@ -202,3 +202,56 @@ async def test_a_rollout_replaced_by_another_publish_is_dropped_without_a_verdic
     assert await s.store.rollouts() == []
     assert await s.store.history(rollout.template_id) == []
     assert await s.template(rollout) == (1, None)
+
+
+class PublishedMeanwhile(FakeTemplates):
+    """The user publishes version 1 between the judge's read and its conclusion."""
+
+    async def conclude(self, template: Template, since: datetime, live: int) -> bool:
+        current = await self.get(template.user_id, template.template_id)
+        assert current is not None
+        await self.publish(current, 1)
+        return await super().conclude(template, since, live)
+
+
+async def test_a_verdict_overtaken_by_a_publish_is_neither_audited_nor_alerted() -> None:
+    s = Setting(templates=PublishedMeanwhile())
+    s.judge.alerter = alerts = Alerts()  # type: ignore[assignment]
+    _, rollout = await s.rollout()
+    await s.sent(rollout, canary_event="bounced")
+    s.now = rollout.since + WINDOW
+
+    [verdict] = await s.judge.pass_once()
+
+    assert verdict.decision == "wait"
+    assert await s.store.history(rollout.template_id) == []
+    assert alerts.sent == []
+    assert await s.template(rollout) == (1, None)
+
+
+class Unreadable(FakeCanary):
+    """One template's rollout has batches the judge cannot read (a bug, an odd row)."""
+
+    broken: uuid.UUID | None = None
+
+    async def batches(self, rollout: Rollout) -> list[uuid.UUID]:
+        if rollout.template_id == self.broken:
+            raise ValueError("an unexpected row")
+        return await super().batches(rollout)
+
+
+async def test_a_rollout_that_cannot_be_judged_does_not_stop_the_others() -> None:
+    s = Setting(store=Unreadable("ns"))
+    _, broken = await s.rollout()
+    _, fine = await s.rollout()
+    await s.sent(broken)
+    await s.sent(fine)
+    s.store.broken = broken.template_id  # type: ignore[attr-defined]
+    s.now = max(broken.since, fine.since) + WINDOW
+
+    [verdict] = await s.judge.pass_once()
+
+    assert verdict.decision == "promote"
+    assert await s.template(fine) == (2, None)
+    assert await s.template(broken) == (1, 2)
+    assert await s.store.rollouts() == [broken]
