@@ -7,6 +7,8 @@ the batch), so the judge (``services.consumers.canary_judge``) finds every batch
 out under the rollout, and the rollout itself is on the namespace's to-do list until it
 has a verdict. A verdict (promoted or rolled back, with why and the counts it was based on)
 is kept per template: the audit trail that ``GET /v1/templates/{id}`` and the dashboard show.
+The judge also keeps it on the template with the update that applies it
+(:func:`verdict_text`), which is how a judge that died before auditing finds it again.
 """
 
 from __future__ import annotations
@@ -154,6 +156,44 @@ class CanaryStore:
                 )
             )
         return out
+
+
+def verdict_text(rollout: Rollout, outcome: Outcome) -> str:
+    """A verdict as the template keeps it beside the version it made live (pure)."""
+    return orjson.dumps(
+        {
+            "since": rollout.since.isoformat(),
+            "at": outcome.at.isoformat(),
+            "decision": outcome.decision,
+            "reason": outcome.reason,
+            "canary": _counts(outcome.canary),
+            "live": _counts(outcome.live),
+        }
+    ).decode()
+
+
+def verdict_of(text: str | None, rollout: Rollout) -> Outcome | None:
+    """The verdict ``text`` keeps, when it is ``rollout``'s (None: another rollout's, or
+    none); times compared at Cassandra's millisecond precision (pure)."""
+    if not text:
+        return None
+    kept = orjson.loads(text)
+    since = datetime.fromisoformat(kept["since"])
+    if _ms(since) != _ms(rollout.since):
+        return None
+    return Outcome(
+        at=datetime.fromisoformat(kept["at"]),
+        canary_version=rollout.canary_version,
+        live_version=rollout.live_version,
+        decision=kept["decision"],
+        reason=kept["reason"],
+        canary=Counts(**kept["canary"]),
+        live=Counts(**kept["live"]),
+    )
+
+
+def _ms(at: datetime) -> datetime:
+    return at.astimezone(UTC).replace(microsecond=at.microsecond // 1000 * 1000)
 
 
 def _counts(counts: Counts) -> dict[str, int]:

@@ -14,7 +14,7 @@ silently undoes the other (a publish racing a promotion gets :class:`TemplateCha
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -57,6 +57,8 @@ class Template:
     canary_percent: float | None
     canary_since: datetime | None
     created_at: datetime
+    verdict: str | None = None
+    """The last canary verdict the judge applied, as ``shared.canary_store`` encodes it."""
 
 
 class TemplateStore:
@@ -133,7 +135,8 @@ class TemplateStore:
     async def get(self, user_id: uuid.UUID, template_id: uuid.UUID) -> Template | None:
         row = await self.db.one(
             "SELECT user_id, template_id, name, live_version, canary_version, canary_percent, "
-            "canary_since, created_at FROM templates WHERE user_id = ? AND template_id = ?",
+            "canary_since, created_at, verdict FROM templates "
+            "WHERE user_id = ? AND template_id = ?",
             (user_id, template_id),
         )
         return _template(row) if row else None
@@ -141,7 +144,7 @@ class TemplateStore:
     async def templates(self, user_id: uuid.UUID) -> list[Template]:
         rows = await self.db.all_pages(
             "SELECT user_id, template_id, name, live_version, canary_version, canary_percent, "
-            "canary_since, created_at FROM templates WHERE user_id = ?",
+            "canary_since, created_at, verdict FROM templates WHERE user_id = ?",
             (user_id,),
         )
         return [_template(r) for r in rows]
@@ -203,26 +206,24 @@ class TemplateStore:
         if not (row and row["[applied]"]):
             raise TemplateChanged(f"template {template.template_id} changed while publishing")
         live, canary, percent, since = values
-        return Template(
-            template.user_id,
-            template.template_id,
-            template.name,
-            live,
-            canary,
-            percent,
-            since,
-            template.created_at,
+        return replace(
+            template,
+            live_version=live,
+            canary_version=canary,
+            canary_percent=percent,
+            canary_since=since,
         )
 
-    async def conclude(self, template: Template, since: datetime, live: int) -> bool:
+    async def conclude(self, template: Template, since: datetime, live: int, verdict: str) -> bool:
         """End the canary rollout that started at ``since`` with ``live`` as the live
-        version (the canary's: promoted; the old one: rolled back). A conditional update:
-        False, changing nothing, when the user published something else meanwhile."""
+        version (the canary's: promoted; the old one: rolled back), keeping ``verdict`` with
+        it. A conditional update: False, changing nothing, when the user published
+        something else meanwhile (or another judge concluded it first)."""
         row = await self.db.one(
             "UPDATE templates SET live_version = ?, canary_version = null, "
-            "canary_percent = null, canary_since = null WHERE user_id = ? AND template_id = ? "
-            "IF canary_since = ?",
-            (live, template.user_id, template.template_id, since),
+            "canary_percent = null, canary_since = null, verdict = ? "
+            "WHERE user_id = ? AND template_id = ? IF canary_since = ?",
+            (live, verdict, template.user_id, template.template_id, since),
         )
         return bool(row and row["[applied]"])
 
@@ -237,6 +238,7 @@ def _template(row: Row) -> Template:
         canary_percent=row["canary_percent"],
         canary_since=utc(row["canary_since"]),
         created_at=utc(row["created_at"]) or datetime.now(UTC),
+        verdict=row["verdict"],
     )
 
 

@@ -25,7 +25,7 @@ from shared import template_use
 from shared.alerts import Alert, Alerter
 from shared.batchstore import BatchStore
 from shared.canary import Counts, Margins, Verdict, decide
-from shared.canary_store import CanaryStore, Outcome, Rollout
+from shared.canary_store import CanaryStore, Outcome, Rollout, verdict_of, verdict_text
 from shared.errors import DependencyUnavailable
 from shared.precedence import visible
 from shared.recipients import RecipientStore
@@ -122,9 +122,18 @@ class CanaryJudge:
 
     async def judge(self, rollout: Rollout, now: datetime) -> Verdict:
         template = await self.templates.get(rollout.user_id, rollout.template_id)
-        if template is None or template.canary_since != rollout.since:
-            await self.store.forget(rollout)  # deleted, or replaced by another publish
-            return Verdict("wait", "the rollout was replaced")
+        if template is None:
+            await self.store.forget(rollout)
+            return Verdict("wait", "the template was deleted")
+        if template.canary_since != rollout.since:
+            applied = verdict_of(template.verdict, rollout)
+            if applied is None:
+                await self.store.forget(rollout)  # replaced by another publish
+                return Verdict("wait", "the rollout was replaced")
+            # Concluded by a judge that stopped before auditing it: finish its work.
+            await self._record(rollout, applied)
+            return Verdict("rollback" if applied.decision == "rollback" else "promote",
+                           applied.reason)  # fmt: skip
         tally = await self.tally(rollout)
         verdict = decide(
             tally.canary,
@@ -135,7 +144,18 @@ class CanaryJudge:
         if verdict.decision == "wait":
             return verdict
         live = rollout.canary_version if verdict.decision == "promote" else rollout.live_version
-        if not await self.templates.conclude(template, rollout.since, live):
+        outcome = Outcome(
+            now,
+            rollout.canary_version,
+            rollout.live_version,
+            verdict.decision,
+            verdict.reason,
+            tally.canary,
+            tally.live,
+        )
+        if not await self.templates.conclude(
+            template, rollout.since, live, verdict_text(rollout, outcome)
+        ):
             # Another judge concluded it (and audits it), or the user published meanwhile:
             # this verdict did not happen, so it is not audited; the next pass drops it.
             return Verdict("wait", "the rollout was concluded or replaced meanwhile")
@@ -146,19 +166,16 @@ class CanaryJudge:
             "promoted" if verdict.decision == "promote" else "rolled back",
             verdict.reason,
         )
-        if verdict.decision == "rollback":
-            await self._alert(rollout, verdict)
-        outcome = Outcome(
-            now,
-            rollout.canary_version,
-            rollout.live_version,
-            verdict.decision,
-            verdict.reason,
-            tally.canary,
-            tally.live,
-        )
-        await self.store.judged(rollout, outcome)
+        await self._record(rollout, outcome)
         return verdict
+
+    async def _record(self, rollout: Rollout, outcome: Outcome) -> None:
+        """Alert a rollback, audit the verdict and take the rollout off the list, in that
+        order: a judge dying part-way leaves the rest to the next pass (an alert may then
+        go twice, never not at all)."""
+        if outcome.decision == "rollback":
+            await self._alert(rollout, outcome.reason)
+        await self.store.judged(rollout, outcome)
 
     async def tally(self, rollout: Rollout) -> Tally:
         """Every recipient of the rollout's batches, counted per version."""
@@ -173,12 +190,12 @@ class CanaryJudge:
                 events += [(canary, visible(r).event) for r in rows]
         return count(events)
 
-    async def _alert(self, rollout: Rollout, verdict: Verdict) -> None:
+    async def _alert(self, rollout: Rollout, reason: str) -> None:
         if self.alerter is None:
             return
         text = (
             f"template {rollout.template_id}: canary version {rollout.canary_version} was "
-            f"rolled back to version {rollout.live_version}: {verdict.reason}"
+            f"rolled back to version {rollout.live_version}: {reason}"
         )
         try:
             await self.alerter.send(Alert("canary_rollback", str(rollout.template_id), text))

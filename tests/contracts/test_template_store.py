@@ -133,10 +133,10 @@ async def test_a_rollout_is_concluded_only_if_it_is_still_the_one_running(store:
     await asyncio.sleep(0.01)
     await store.publish(stale, 3, canary_percent=20)  # the user starts another rollout
 
-    too_late = await store.conclude(stale, stale.canary_since, 2)
+    too_late = await store.conclude(stale, stale.canary_since, 2, '{"v": 2}')
     current = await store.get(template.user_id, template.template_id)
     assert current is not None and current.canary_since is not None
-    concluded = await store.conclude(current, current.canary_since, 3)
+    concluded = await store.conclude(current, current.canary_since, 3, '{"v": 3}')
     after = await store.get(template.user_id, template.template_id)
 
     assert first.canary_version == 2
@@ -144,6 +144,7 @@ async def test_a_rollout_is_concluded_only_if_it_is_still_the_one_running(store:
     assert concluded
     assert after is not None
     assert (after.live_version, after.canary_version, after.canary_since) == (3, None, None)
+    assert after.verdict == '{"v": 3}'
 
 
 async def test_a_publish_from_a_stale_read_changes_nothing(store: Any) -> None:
@@ -170,7 +171,7 @@ async def test_a_publish_racing_a_promotion_does_not_undo_it(store: Any) -> None
     live = await store.publish(template, 1)
     canary = await store.publish(live, 2, canary_percent=10)
     assert canary.canary_since is not None
-    assert await store.conclude(canary, canary.canary_since, 2)
+    assert await store.conclude(canary, canary.canary_since, 2, "{}")
 
     with pytest.raises(TemplateChanged):
         await store.publish(canary, 3, canary_percent=20)

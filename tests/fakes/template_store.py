@@ -147,7 +147,7 @@ class FakeTemplates:
         row.template = replace(row.template, **fields)
         return replace(template, **fields)
 
-    async def conclude(self, template: Template, since: datetime, live: int) -> bool:
+    async def conclude(self, template: Template, since: datetime, live: int, verdict: str) -> bool:
         await _round_trip()
         row = self.rows.get((template.user_id, template.template_id))
         if row is None or row.template.canary_since != _stored(since):
@@ -158,5 +158,6 @@ class FakeTemplates:
             canary_version=None,
             canary_percent=None,
             canary_since=None,
+            verdict=verdict,
         )
         return True

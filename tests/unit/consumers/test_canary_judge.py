@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 from services.consumers.canary_judge import CanaryJudge
 from shared.alerts import Alert
-from shared.canary import Margins
-from shared.canary_store import Rollout
+from shared.canary import Counts, Margins
+from shared.canary_store import Outcome, Rollout, verdict_of, verdict_text
 from shared.models import TemplateCopy, TemplateUse
 from shared.recipients import Selection, log_id_for
 from shared.templates import Template
@@ -207,11 +207,11 @@ async def test_a_rollout_replaced_by_another_publish_is_dropped_without_a_verdic
 class PublishedMeanwhile(FakeTemplates):
     """The user publishes version 1 between the judge's read and its conclusion."""
 
-    async def conclude(self, template: Template, since: datetime, live: int) -> bool:
+    async def conclude(self, template: Template, since: datetime, live: int, verdict: str) -> bool:
         current = await self.get(template.user_id, template.template_id)
         assert current is not None
         await self.publish(current, 1)
-        return await super().conclude(template, since, live)
+        return await super().conclude(template, since, live, verdict)
 
 
 async def test_a_verdict_overtaken_by_a_publish_is_neither_audited_nor_alerted() -> None:
@@ -255,3 +255,36 @@ async def test_a_rollout_that_cannot_be_judged_does_not_stop_the_others() -> Non
     assert await s.template(fine) == (2, None)
     assert await s.template(broken) == (1, 2)
     assert await s.store.rollouts() == [broken]
+
+
+async def test_a_verdict_applied_by_a_judge_that_died_is_audited_and_alerted_next_pass() -> None:
+    """The judge died between its conditional update and the audit: the next pass finds the
+    verdict kept on the template and finishes (audit, alert, off the list)."""
+    s = Setting()
+    s.judge.alerter = alerts = Alerts()  # type: ignore[assignment]
+    canary, rollout = await s.rollout()
+    await s.sent(rollout, canary_event="bounced")
+    s.now = rollout.since + WINDOW
+    died = Outcome(s.now, 2, 1, "rollback", "hard bounces: worse", Counts(10, 0, 5), Counts(10))
+    assert await s.templates.conclude(canary, rollout.since, 1, verdict_text(rollout, died))
+
+    [verdict] = await s.judge.pass_once()
+
+    assert (verdict.decision, verdict.reason) == ("rollback", "hard bounces: worse")
+    [audited] = await s.store.history(rollout.template_id)
+    assert (audited.decision, audited.canary.hard_bounces) == ("rollback", 5)
+    assert [a.kind for a in alerts.sent] == ["canary_rollback"]
+    assert await s.store.rollouts() == []
+    assert await s.template(rollout) == (1, None)
+
+
+def test_a_kept_verdict_belongs_to_its_own_rollout_only() -> None:
+    since = datetime(2026, 11, 26, 9, 0, 0, 123456, tzinfo=UTC)
+    rollout = Rollout(uuid.uuid4(), since, uuid.uuid4(), 2, 1)
+    outcome = Outcome(since, 2, 1, "promote", "fine", Counts(3, 1), Counts(4))
+    text = verdict_text(rollout, outcome)
+    stored = replace(rollout, since=since.replace(microsecond=123000))  # as Cassandra keeps it
+
+    assert verdict_of(text, stored) == outcome
+    assert verdict_of(text, replace(rollout, since=since + timedelta(seconds=1))) is None
+    assert verdict_of(None, rollout) is None
