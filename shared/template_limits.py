@@ -7,7 +7,9 @@ step (``"x" * n``, ``"{:>n}".format(...)``, ``s.ljust(n)``, ``sep.join(items)``,
 runs again. These refuse such a step *before* it runs, with
 :class:`jinja2.exceptions.SecurityError` naming it; what they let through is at most about
 :data:`MAX_RESULT` characters (or list items). A format whose width is itself a replacement
-field (``'{0:{1}}'``) is refused outright: its width is only known once it is formatted.
+field (``'{0:{1}}'``) is refused outright: its width is only known once it is formatted. A
+list that repeats a long string is small to hold and huge as text, so printing a value
+(``{{ v }}``), ``~`` and the filters that make text of their value count its text first.
 
 Pure.
 """
@@ -21,6 +23,7 @@ from typing import Any, Final
 
 from jinja2 import filters as jinja_filters
 from jinja2 import pass_environment, pass_eval_context
+from jinja2 import runtime as jinja_runtime
 from jinja2.exceptions import SecurityError
 from jinja2.nodes import EvalContext
 
@@ -261,8 +264,49 @@ def _pieces(name: str, cut: Callable[..., Any]) -> Callable[..., Any]:
     return cut_at_most
 
 
-#: The filters replaced by checked ones.
-FILTERS: Final[Mapping[str, Callable[..., Any]]] = {
+def _printing(cut: Callable[..., Any]) -> Callable[..., Any]:
+    """``cut`` refusing a value whose text (which it makes first) would pass the limit."""
+    passes = getattr(cut, "jinja_pass_arg", None)  # the context, environment or eval context
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        check_printed(args[1] if passes is not None else args[0])
+        return cut(*args, **kwargs)
+
+    if passes is not None:
+        checked.jinja_pass_arg = passes  # type: ignore[attr-defined]
+    return checked
+
+
+@pass_eval_context
+def concat(eval_ctx: EvalContext, *parts: Any) -> str:
+    """``a ~ b``: the parts joined as Jinja2 joins them, refused when the result would pass
+    the limit (a part that is a list repeating a long string is short to hold)."""
+    _joined("~", "", list(parts))
+    if eval_ctx.autoescape or eval_ctx.volatile:
+        return jinja_runtime.markup_join(parts)  # Markup when a part is: kept unescaped
+    return jinja_runtime.str_join(parts)
+
+
+#: Filters that make text of their value first: a list repeating a long string is refused.
+_PRINTING: Final = [
+    "capitalize",
+    "e",
+    "escape",
+    "forceescape",
+    "lower",
+    "pprint",
+    "safe",
+    "string",
+    "striptags",
+    "title",
+    "trim",
+    "truncate",
+    "upper",
+    "urlencode",
+    "urlize",
+    "wordcount",
+]
+_CHECKED: Final[Mapping[str, Callable[..., Any]]] = {
     "center": _center,
     "indent": _indent,
     "format": _format,
@@ -272,4 +316,9 @@ FILTERS: Final[Mapping[str, Callable[..., Any]]] = {
     "tojson": _tojson,
     "batch": _pieces("batch", jinja_filters.do_batch),
     "slice": _pieces("slice", jinja_filters.sync_do_slice),
+}
+#: The filters replaced by checked ones.
+FILTERS: Final[Mapping[str, Callable[..., Any]]] = {
+    **{name: _printing(jinja_filters.FILTERS[name]) for name in _PRINTING},
+    **{name: _printing(cut) if name != "join" else cut for name, cut in _CHECKED.items()},
 }

@@ -76,6 +76,9 @@ def test_a_loop_step_checks_the_clock() -> None:
         ("{{ ('a ' * 1000) | wordwrap(1, wrapstring='x' * 99999) }}", "wordwrap is limited"),
         ("{{ (['a'] * 1000) | tojson(indent=999999) }}", "indent is limited"),
         ("{{ ['x' * 999999] * 1000 }}", "printing this value"),
+        ("{{ (['x' * 999999] * 1000) | string }}", "printing this value"),
+        ("{{ (['x' * 999999] * 1000) | pprint }}", "printing this value"),
+        ("{{ (['x' * 999999] * 1000) ~ '' }}", "~ is limited"),
     ],
 )
 def test_a_step_that_would_ask_for_too_much_is_refused_before_it_runs(

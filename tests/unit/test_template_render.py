@@ -7,6 +7,7 @@ import itertools
 import time
 
 import pytest
+from markupsafe import Markup
 
 from shared.template_render import (
     MAX_RANGE,
@@ -158,3 +159,12 @@ def test_deriving_text_checks_the_clock_as_it_goes() -> None:
 
     with pytest.raises(RenderError, match="too slow"):
         text_of("<p>x</p>" * 10_000, check=check)
+
+
+def test_concatenation_escapes_in_html_as_jinja_does() -> None:
+    """``~`` (checked by the sandbox) keeps Jinja2's escaping: markup stays, text is escaped."""
+    out = render_part(
+        "{{ m ~ '<' ~ 1 }}|{{ s ~ '>' }}", {"m": Markup("<i>"), "s": "<"}, html_part=True
+    )
+
+    assert out == "<i>&lt;1|&lt;&gt;"
