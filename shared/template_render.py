@@ -1,5 +1,6 @@
 """Rendering a template version for one recipient: sandboxed Jinja2 with time and size
-limits, and the plain-text part derived from the html when a version has none.
+limits, the plain-text part derived from the html when a version has none, and the compiled
+parts kept for the next render (:class:`CompiledParts`).
 
 Templates come from users, so they run in Jinja2's immutable sandbox: no attribute access to
 internals (``__class__``, ``mro``, function globals), no mutation of the data, ``range``
@@ -8,27 +9,39 @@ more than :data:`MAX_OUTPUT` characters or run longer than :data:`MAX_SECONDS`. 
 checked between the chunks Jinja2 yields, at every step of every ``{% for %}`` and at every
 call the template makes (macros, ``loop(...)``), so loops nested to do a lot of work without
 output are stopped too; a single step that could ask for far more than it is given (``*``, ``**``,
-formats, ``replace``, ``center``...) is checked before it runs (``shared.template_limits``),
-and running out of memory is a render error. A template too large to compile or nested
-too deep is refused as well. The error names what went wrong and where, for the 422 that
-refuses publishing a version that does not render with its sample data.
+``~``, formats, ``ljust``, ``join``, ``replace``, ``center``, making text of a list that
+repeats a long string...) is checked before it runs (``shared.template_limits``), and
+running out of memory is a render error. What a loop builds up over many steps (a list
+gaining a new long string at each step) is bounded by the time limit only: each step is
+checked, their sum is not (about half a gigabyte in 0.5 s, measured). A template too
+large to compile or nested too deep is refused as well, and so is any other exception a
+template raises (a filter's assertion, a missing attribute): whatever goes wrong in a user's
+template is a :class:`RenderError`. The error names what went wrong and where, for the 422
+that refuses publishing a version that does not render with its sample data.
 
-Pure (the clock is passed in for tests).
+The text derived from html is read in one linear pass (no pattern scans ahead of an unclosed
+tag), under a time limit of its own.
+
+Pure (the clock is passed in for tests); :class:`CompiledParts` is a cache its owner builds.
 """
 
 from __future__ import annotations
 
 import html
 import re
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from types import CodeType
 from typing import Any, Final
 
-from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError, nodes
+from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError, meta, nodes
 from jinja2.exceptions import SecurityError
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.visitor import NodeTransformer
 
 from shared import template_limits
 
@@ -40,8 +53,12 @@ MAX_SECONDS: Final = 0.5
 MAX_SOURCE: Final = 500_000
 #: ``range`` in templates stops here (Jinja2's sandbox default is 100,000).
 MAX_RANGE: Final = 10_000
+#: Names of our own in the sandbox; a template may not use (or shadow) any of them.
+_RESERVED: Final = "__safedelivr"
 #: The name every ``{% for %}``'s iterable is passed through, to check the time at each step.
-_STEPS: Final = "__safedelivr_steps"
+_STEPS: Final = f"{_RESERVED}_steps"
+#: The name every ``~`` calls instead, to check the size of what it joins.
+_CONCAT: Final = f"{_RESERVED}_concat"
 
 
 class RenderError(ValueError):
@@ -69,27 +86,36 @@ def _never() -> None:
 class _Deadline:
     """The time a render may take, counted from :meth:`start` (not compile time)."""
 
-    def __init__(self, clock: Callable[[], float], seconds: float) -> None:
+    def __init__(self, clock: Callable[[], float], seconds: float, what: str = "rendering") -> None:
         self.clock = clock
         self.seconds = seconds
+        self.what = what
         self.started: float | None = None
 
-    def start(self) -> None:
+    def start(self) -> _Deadline:
         self.started = self.clock()
+        return self
 
     def check(self) -> None:
         if self.started is not None and self.clock() - self.started > self.seconds:
-            raise RenderError(f"rendering took longer than {self.seconds:g} s")
+            raise RenderError(f"{self.what} took longer than {self.seconds:g} s")
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
+    """A sandbox for one part: html parts autoescape, subject and text do not; undefined
+    variables are errors (a missing substitution is a bug to show, not a blank to send).
+    ``check`` is called at every loop step and call, and raises to stop the render."""
+
     intercepted_binops = frozenset({"*", "**", "%"})
 
     def __init__(self, *, html_part: bool, check: Callable[[], None]) -> None:
-        super().__init__(autoescape=html_part, undefined=StrictUndefined)
+        super().__init__(
+            autoescape=html_part, undefined=StrictUndefined, finalize=template_limits.check_printed
+        )
         self.check = check
         self.globals["range"] = _range
         self.globals[_STEPS] = self._steps
+        self.globals[_CONCAT] = template_limits.concat
         self.globals.pop("lipsum", None)  # loops in Python for as long as it is asked to
         self.filters.update(template_limits.FILTERS)
 
@@ -102,10 +128,15 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         # Jinja2 has no hook into loops, so each loop's iterable is wrapped in the tree it
         # compiles: a step of any loop, nested or not, checks the time.
         tree = super()._parse(source, name, filename)
+        for used in tree.find_all(nodes.Name):
+            if used.name.startswith(_RESERVED):
+                raise TemplateSyntaxError(f"the name {used.name!r} is reserved", used.lineno)
         for loop in tree.find_all(nodes.For):
             steps = nodes.Name(_STEPS, "load", lineno=loop.lineno)
             loop.iter = nodes.Call(steps, [loop.iter], [], None, None, lineno=loop.lineno)
-        return tree
+        checked = _CheckedConcat().visit(tree)
+        assert isinstance(checked, nodes.Template)  # noqa: S101 - the root is kept
+        return checked
 
     def call(
         __self,
@@ -115,6 +146,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         **kwargs: Any,
     ) -> Any:
         __self.check()  # macros and loop(...) recurse through calls
+        args = template_limits.checked_call(__obj, args, kwargs)
         return super().call(__context, __obj, *args, **kwargs)
 
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
@@ -137,13 +169,92 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return checked
 
 
-def environment(
-    *, html_part: bool, check: Callable[[], None] = _never
-) -> ImmutableSandboxedEnvironment:
-    """A fresh sandbox: html parts autoescape, subject and text do not; undefined variables
-    are errors (a missing substitution is a bug to show, not a blank to send). ``check`` is
-    called at every loop step and call, and raises to stop the render."""
-    return _Sandbox(html_part=html_part, check=check)
+class _CheckedConcat(NodeTransformer):
+    """Every ``a ~ b`` made a call of :func:`shared.template_limits.concat` (Jinja2 joins
+    them inline, out of the sandbox's reach)."""
+
+    def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
+        self.generic_visit(node)
+        name = nodes.Name(_CONCAT, "load", lineno=node.lineno)
+        return nodes.Call(name, list(node.nodes), [], None, None, lineno=node.lineno)
+
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """One part's source compiled: the code of its template, and the variables it uses."""
+
+    code: CodeType
+    names: frozenset[str]
+
+
+def compile_part(source: str, *, html_part: bool) -> Compiled:
+    """``source`` parsed and compiled in the sandbox; RenderError when it cannot be."""
+    if len(source) > MAX_SOURCE:
+        raise RenderError(f"the template is longer than {MAX_SOURCE} characters")
+    env = _Sandbox(html_part=html_part, check=_never)
+    try:
+        tree = env.parse(source)
+        names = meta.find_undeclared_variables(tree) - set(env.globals)
+        code = env.compile(tree)
+    except TemplateSyntaxError as exc:
+        raise RenderError(f"line {exc.lineno}: {exc.message}") from None
+    except RecursionError:
+        raise RenderError("the template is nested too deeply") from None
+    except MemoryError:
+        raise RenderError("the template is too large to compile") from None
+    except Exception as exc:  # noqa: BLE001 - the parser and Python's compiler may refuse a user's source in ways of their own (too many nested blocks): that is the template's fault
+        raise RenderError(f"the template does not compile: {_named(exc)}") from None
+    return Compiled(code, frozenset(names))
+
+
+class CompiledParts:
+    """The parts compiled lately, kept by their source (a stored version never changes, so a
+    batch naming it compiles nothing): the most recently used first, at most
+    ``max_entries`` of them and ``max_chars`` characters of source, failures included.
+    Shared by the worker threads rendering batches, so it locks."""
+
+    def __init__(self, max_entries: int = 256, max_chars: int = 8_000_000) -> None:
+        self.max_entries = max_entries
+        self.max_chars = max_chars
+        self._kept: OrderedDict[tuple[str, bool], Compiled | str] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def get(self, source: str, *, html_part: bool) -> Compiled:
+        """``source`` compiled (RenderError, kept as well, when it cannot be)."""
+        key = (source, html_part)
+        with self._lock:
+            found = self._kept.get(key)
+            if found is not None:
+                self._kept.move_to_end(key)
+        if found is None:
+            try:
+                found = compile_part(source, html_part=html_part)
+            except RenderError as exc:
+                found = str(exc)
+            self._keep(key, found)
+        if isinstance(found, str):
+            raise RenderError(found)
+        return found
+
+    def _keep(self, key: tuple[str, bool], compiled: Compiled | str) -> None:
+        if len(key[0]) > min(MAX_SOURCE, self.max_chars):
+            return
+        with self._lock:
+            if key in self._kept:
+                return
+            self._kept[key] = compiled
+            self._chars += len(key[0])
+            while len(self._kept) > self.max_entries or self._chars > self.max_chars:
+                (source, _), _ = self._kept.popitem(last=False)
+                self._chars -= len(source)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+def _named(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def render_part(
@@ -154,17 +265,18 @@ def render_part(
     clock: Callable[[], float] = time.monotonic,
     max_output: int = MAX_OUTPUT,
     max_seconds: float = MAX_SECONDS,
+    parts: CompiledParts | None = None,
 ) -> str:
-    """One part rendered with ``data``; RenderError when it cannot be, or passes a limit."""
-    if len(source) > MAX_SOURCE:
-        raise RenderError(f"the template is longer than {MAX_SOURCE} characters")
+    """One part rendered with ``data`` (compiled through ``parts`` when given); RenderError
+    when it cannot be, or passes a limit."""
+    if parts is not None:
+        compiled = parts.get(source, html_part=html_part)
+    else:
+        compiled = compile_part(source, html_part=html_part)
     deadline = _Deadline(clock, max_seconds)
-    try:
-        template = environment(html_part=html_part, check=deadline.check).from_string(source)
-    except TemplateSyntaxError as exc:
-        raise RenderError(f"line {exc.lineno}: {exc.message}") from None
-    except RecursionError:
-        raise RenderError("the template is nested too deeply") from None
+    env = _Sandbox(html_part=html_part, check=deadline.check)
+    # The code is the environment's to run: each render gets its own, with its own clock.
+    template = env.template_class.from_code(env, compiled.code, env.make_globals(None))
     deadline.start()
     out: list[str] = []
     size = 0
@@ -175,6 +287,8 @@ def render_part(
                 raise RenderError(f"the output passes {max_output} characters")
             deadline.check()
             out.append(chunk)
+    except RenderError:
+        raise
     except MemoryError:
         raise RenderError("the template needs too much memory") from None
     except SecurityError as exc:
@@ -183,52 +297,113 @@ def render_part(
         raise RenderError(str(exc) or type(exc).__name__) from None
     except RecursionError:
         raise RenderError("the template recurses too deeply") from None
-    except (TypeError, ValueError, ArithmeticError, LookupError) as exc:
-        if isinstance(exc, RenderError):
-            raise
-        raise RenderError(f"{type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a user's template can make Python raise anything (truncate's assertion, xmlattr's AttributeError): it is a template that does not render, not our failure
+        raise RenderError(_named(exc)) from None
     return "".join(out)
 
 
 def render(
-    subject: str, html_source: str | None, text_source: str | None, data: Mapping[str, Any]
+    subject: str,
+    html_source: str | None,
+    text_source: str | None,
+    data: Mapping[str, Any],
+    *,
+    parts: CompiledParts | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Rendered:
     """Every part of a version for one recipient; the text is derived from the html when
-    the version has no text of its own."""
-    rendered_html = render_part(html_source, data, html_part=True) if html_source else None
+    the version has no text of its own (within a time limit of its own)."""
+    rendered_html = (
+        render_part(html_source, data, html_part=True, parts=parts, clock=clock)
+        if html_source
+        else None
+    )
     text: str | None = None
     if text_source:
-        text = render_part(text_source, data)
+        text = render_part(text_source, data, parts=parts, clock=clock)
     elif rendered_html:
-        text = text_of(rendered_html)
-    return Rendered(render_part(subject, data).strip(), rendered_html, text)
+        deadline = _Deadline(clock, MAX_SECONDS, "deriving the text part").start()
+        text = text_of(rendered_html, check=deadline.check)
+    return Rendered(
+        render_part(subject, data, parts=parts, clock=clock).strip(), rendered_html, text
+    )
 
 
-_DROP: Final = re.compile(r"<(script|style|head)\b.*?</\1\s*>", re.IGNORECASE | re.DOTALL)
-_LINK: Final = re.compile(
-    r"""<a\b[^>]*?href\s*=\s*["']?([^"'\s>]+)["']?[^>]*>(.*?)</a\s*>""", re.IGNORECASE | re.DOTALL
-)
-_BREAK: Final = re.compile(r"<\s*(br|/p|/div|/h[1-6]|/tr|/ul|/ol|hr)\b[^>]*>", re.IGNORECASE)
-_ITEM: Final = re.compile(r"<\s*li\b[^>]*>", re.IGNORECASE)
-_TAG: Final = re.compile(r"<[^>]+>")
+#: Anything between ``<`` and ``>``; ``[^<>]`` keeps a match from scanning past the next
+#: ``<``, so a page of unclosed tags is read in linear time.
+_TAG: Final = re.compile(r"<([^<>]*)>")
+_TAG_NAME: Final = re.compile(r"\s*(/?)\s*([A-Za-z][A-Za-z0-9]*)")
+_HREF: Final = re.compile(r"""(?<![\w-])href\s*=\s*["']?([^"'\s>]+)""", re.IGNORECASE)
+#: Elements whose content is not text, and the end tag each one's content runs to.
+_DROPPED: Final = {
+    name: re.compile(rf"</{name}\s*>", re.IGNORECASE) for name in ("script", "style", "head")
+}
+_BREAK_STARTS: Final = frozenset({"br", "hr"})
+_BREAK_ENDS: Final = frozenset({"p", "div", "h1", "h2", "h3", "h4", "h5", "h6", "tr", "ul", "ol"})
 _SPACES: Final = re.compile(r"[ \t\r\f\v]+")
-_BLANK_LINES: Final = re.compile(r"\n\s*\n\s*\n+")
+_BLANK_LINES: Final = re.compile(r"\n{3,}")
+#: Tags read between two looks at the clock.
+_TAGS_PER_CHECK: Final = 256
 
 
-def text_of(source: str) -> str:
+class _TextWalk:
+    """One pass over html: the text between tags, with links, breaks and items."""
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        self.check = check
+        self.out: list[str] = []
+        self.link: tuple[str, int] | None = None  # the open link's url, where its label starts
+        self.unclosed: set[str] = set()  # dropped elements with no end tag further on
+
+    def walk(self, source: str) -> str:
+        at = 0
+        while (tag := _TAG.search(source, at)) is not None:
+            if len(self.out) % _TAGS_PER_CHECK == 0:
+                self.check()
+            self.out.append(source[at : tag.start()])
+            at = self._tag(source, tag)
+        self.out.append(source[at:])
+        return "".join(self.out)
+
+    def _tag(self, source: str, tag: re.Match[str]) -> int:
+        """Where reading goes on after ``tag``."""
+        named = _TAG_NAME.match(tag.group(1))
+        if named is None:
+            return tag.end()
+        closing, name = named.group(1) == "/", named.group(2).lower()
+        if not closing and name in _DROPPED and name not in self.unclosed:
+            end = _DROPPED[name].search(source, tag.end())
+            if end is not None:
+                return end.end()
+            self.unclosed.add(name)  # no later search can find one either
+        if name == "a":
+            self._anchor(closing, tag.group(1))
+        elif self.link is None:
+            if (closing and name in _BREAK_ENDS) or (not closing and name in _BREAK_STARTS):
+                self.out.append("\n")
+            elif not closing and name == "li":
+                self.out.append("\n- ")
+        return tag.end()
+
+    def _anchor(self, closing: bool, inside: str) -> None:
+        if not closing:
+            href = _HREF.search(inside)
+            if href is not None and self.link is None:
+                self.link = (href.group(1), len(self.out))
+            return
+        if self.link is None:
+            return
+        url, start = self.link
+        label = "".join(self.out[start:]).strip()
+        del self.out[start:]
+        self.out.append(url if not label or label == url else f"{label} ({url})")
+        self.link = None
+
+
+def text_of(source: str, check: Callable[[], None] = _never) -> str:
     """A readable plain-text part from html: scripts, styles and head dropped, links as
-    ``text (url)``, block ends as line breaks, list items as ``- ``, entities decoded."""
-
-    def link(match: re.Match[str]) -> str:
-        url, label = match.group(1), _TAG.sub("", match.group(2)).strip()
-        if not label or label == url:
-            return url
-        return f"{label} ({url})"
-
-    text = _DROP.sub("", source)
-    text = _LINK.sub(link, text)
-    text = _ITEM.sub("\n- ", text)
-    text = _BREAK.sub("\n", text)
-    text = html.unescape(_TAG.sub("", text))
+    ``text (url)``, block ends as line breaks, list items as ``- ``, entities decoded.
+    ``check`` is called as it goes, and raises to stop it."""
+    text = html.unescape(_TextWalk(check).walk(source))
     lines = [_SPACES.sub(" ", line).strip() for line in text.split("\n")]
     return _BLANK_LINES.sub("\n\n", "\n".join(lines)).strip()

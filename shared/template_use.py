@@ -26,13 +26,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from jinja2 import meta
-from jinja2.exceptions import TemplateSyntaxError
 from markupsafe import Markup
 
 from shared.canary import in_canary
 from shared.models import Message, TemplateCopy, TemplateUse
-from shared.template_render import RenderError, environment, render
+from shared.template_render import CompiledParts, RenderError, compile_part, render
 
 #: Markers of per-recipient variables: ``[[sd.h.name]]`` in html, ``[[sd.t.name]]`` elsewhere.
 _MARKER: Final = "[[sd.{part}.{name}]]"
@@ -55,26 +53,46 @@ class Source:
     text: str | None
 
 
-def variables(source: Source) -> frozenset[str]:
-    """The variables a version uses (RenderError when it does not parse)."""
+def variables(source: Source, parts: CompiledParts | None = None) -> frozenset[str]:
+    """The variables a version uses (RenderError when it does not parse), each part
+    compiled as it is rendered (through ``parts`` when given, which keeps it)."""
     names: set[str] = set()
-    for part in (source.subject, source.html, source.text):
+    for part, html_part in ((source.subject, False), (source.html, True), (source.text, False)):
         if not part:
             continue
-        try:
-            names |= meta.find_undeclared_variables(environment(html_part=False).parse(part))
-        except TemplateSyntaxError as exc:
-            raise RenderError(f"line {exc.lineno}: {exc.message}") from None
-    return frozenset(names - {"range"})
+        if parts is not None:
+            names |= parts.get(part, html_part=html_part).names
+        else:
+            names |= compile_part(part, html_part=html_part).names
+    return frozenset(names)
 
 
-def per_recipient(source: Source, data: Mapping[str, Any]) -> frozenset[str]:
+def per_recipient(
+    source: Source, data: Mapping[str, Any], parts: CompiledParts | None = None
+) -> frozenset[str]:
     """The variables a version uses that ``data`` does not fill: each recipient's own."""
-    return frozenset(n for n in variables(source) if n not in data)
+    return frozenset(n for n in variables(source, parts) if n not in data)
 
 
-def render_once(source: Source, data: Mapping[str, Any], personal: Iterable[str]) -> TemplateCopy:
-    """The version rendered with ``data``, each per-recipient variable as its marker.
+def subject_variables(copies: Iterable[TemplateCopy | None]) -> frozenset[str]:
+    """The per-recipient variables whose values go into a subject of ``copies`` (a mail
+    header: their values may not break a line)."""
+    return frozenset(
+        match.group(2)
+        for copy in copies
+        if copy is not None
+        for match in _ANY_MARKER.finditer(copy.subject)
+    )
+
+
+def render_once(
+    source: Source,
+    data: Mapping[str, Any],
+    personal: Iterable[str],
+    parts: CompiledParts | None = None,
+) -> TemplateCopy:
+    """The version rendered with ``data``, each per-recipient variable as its marker (its
+    parts compiled through ``parts`` when given).
 
     Raises RenderError when it does not render, or transforms a per-recipient variable."""
     names = sorted(personal)
@@ -82,13 +100,14 @@ def render_once(source: Source, data: Mapping[str, Any], personal: Iterable[str]
         if not _NAME.fullmatch(name):
             raise RenderError(f"{name!r} is not a variable name a recipient can fill")
     plain = {**data, **{n: marker(n, html_part=False) for n in names}}
-    rendered_text = render(source.subject, None, source.text, plain)
+    rendered_text = render(source.subject, None, source.text, plain, parts=parts)
     rendered_html = (
         render(
             "",
             source.html,
             None,
             {**data, **{n: Markup(marker(n, html_part=True)) for n in names}},  # noqa: S704
+            parts=parts,
         )
         if source.html
         else None

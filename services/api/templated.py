@@ -5,27 +5,37 @@ the ordinary validation then checks (``shared.template_use`` owns the rendering 
 shares) replace ``subject``/``html``/``text``. Without ``version`` the batch gets the live
 version, and a canary beside it when one is rolling out. The answer of every refusal is a
 422 naming the field.
+
+Only the live copy goes on through the ordinary validation, so the canary's copy is checked
+here by the same rules (its subject is a header: no line break, at most 998 characters), and
+a per-recipient variable used in either copy's subject is header-bound: its values may not
+break a line. Parsing and rendering run in a worker thread (a large template takes a while),
+and the compiled parts of the versions lately used are kept (:class:`CompiledParts`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from shared import template_use
+from shared import template_use, validation
+from shared.addresses import text_problem
 from shared.http import ApiError
 from shared.models import TemplateCopy
-from shared.template_render import RenderError
+from shared.template_render import CompiledParts, RenderError
 from shared.templates import Template, TemplateStore, Version
 
 #: Fields of a batch request that only a template batch has.
 TEMPLATE_FIELDS: Final = ("template_id", "version", "data")
 #: Fields a template batch may not carry: the template has them.
 CONTENT_FIELDS: Final = ("subject", "html", "text")
+#: What a body may not hold (as ``shared.validation`` refuses it in a request's own bodies).
+_BODY_FORBIDDEN: Final = re.compile("[\x00\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +60,14 @@ def _template_id(value: object) -> uuid.UUID:
     if not isinstance(value, str):
         raise _invalid("template_id", "must be a template id (a UUID string)")
     try:
-        return uuid.UUID(value)
+        found = uuid.UUID(value)
     except ValueError:
         raise _invalid("template_id", "must be a template id (a UUID string)") from None
+    if found.version != 1:
+        # Template ids are time UUIDs: another kind cannot name one (and the database would
+        # refuse the query rather than find nothing).
+        raise _invalid("template_id", "is not a template id (template ids are time UUIDs)")
+    return found
 
 
 def _requested_version(value: object) -> int | None:
@@ -75,57 +90,102 @@ def _source(version: Version) -> template_use.Source:
     return template_use.Source(version.version, version.subject, version.html, version.text)
 
 
+def copy_problems(copy: TemplateCopy) -> dict[str, str]:
+    """Why a rendered copy cannot be sent, by field (empty: it can): the rules the ordinary
+    validation applies to a request's subject and bodies (pure)."""
+    problems: dict[str, str] = {}
+    version = f"(version {copy.version})"
+    if len(copy.subject) > validation.MAX_SUBJECT_LENGTH:
+        problems["subject"] = (
+            f"the template's subject {version} renders longer than "
+            f"{validation.MAX_SUBJECT_LENGTH} characters"
+        )
+    elif (problem := text_problem(copy.subject)) is not None:
+        problems["subject"] = f"the template's subject {version} {problem.message}"
+    elif not copy.subject.strip():
+        problems["subject"] = f"the template's subject {version} renders empty"
+    for part, body in (("html", copy.html), ("text", copy.text)):
+        if body is not None and _BODY_FORBIDDEN.search(body):
+            problems[part] = (
+                f"the template's {part} {version} must not contain NUL or lone surrogates"
+            )
+    if not any(body and body.strip() for body in (copy.html, copy.text)):
+        problems["html"] = f"the template's html and text {version} both render empty"
+    return problems
+
+
+@dataclass(frozen=True, slots=True)
+class Rendering:
+    """A batch's copies rendered, and the variables its recipients fill."""
+
+    live: TemplateCopy
+    canary: TemplateCopy | None
+    personal: frozenset[str]
+
+
 @dataclass(frozen=True, slots=True)
 class TemplateBatches:
     store: TemplateStore
+    parts: CompiledParts = field(default_factory=CompiledParts)
+    """The versions' parts compiled lately (each app builds its own)."""
 
     async def prepare(
         self, user_id: uuid.UUID, body: Mapping[str, Any]
     ) -> tuple[dict[str, Any], Plan]:
         """The body with the template's content in place of its template fields, and the
         plan. Raises ApiError 422 (unknown template or version, no live version, content
-        given as well, a version that does not render, a recipient missing a variable)."""
+        given as well, a version that does not parse or render, a copy whose subject or
+        bodies could not be sent, a recipient missing a variable or breaking a subject)."""
         template_id = _template_id(body.get("template_id"))
         requested = _requested_version(body.get("version"))
         data = _data(body.get("data"))
-        for field in CONTENT_FIELDS:
-            if field in body:
-                raise _invalid(field, "comes from the template: leave it out")
+        for name in CONTENT_FIELDS:
+            if name in body:
+                raise _invalid(name, "comes from the template: leave it out")
         template = await self.store.get(user_id, template_id)
         if template is None:
             raise _invalid("template_id", "no such template of yours")
         live, canary = await self._versions(template, requested)
-        personal = template_use.per_recipient(_source(live), data)
-        if canary is not None:
-            personal |= template_use.per_recipient(_source(canary), data)
-        to = _with_markers(body.get("to"), personal)
         try:
-            live_copy = await asyncio.to_thread(
-                template_use.render_once, _source(live), data, personal
-            )
-            canary_copy = (
-                await asyncio.to_thread(template_use.render_once, _source(canary), data, personal)
-                if canary is not None
-                else None
-            )
+            # Off the event loop: parsing a large source takes a while.
+            done = await asyncio.to_thread(self.rendering, live, canary, data)
         except RenderError as exc:
             raise ApiError(
                 422, "template_does_not_render", f"the template does not render: {exc}"
             ) from None
+        for copy in (done.live, done.canary):
+            if copy is not None and (problems := copy_problems(copy)):
+                raise ApiError(
+                    422, "invalid_fields", "the request has invalid fields", fields=problems
+                )
+        headed = template_use.subject_variables((done.live, done.canary))
+        to = _with_markers(body.get("to"), done.personal, headed)
         rest = {k: v for k, v in body.items() if k not in TEMPLATE_FIELDS}
-        plain = {**rest, "to": to, "subject": live_copy.subject}
-        for field, value in (("html", live_copy.html), ("text", live_copy.text)):
+        plain = {**rest, "to": to, "subject": done.live.subject}
+        for name, value in (("html", done.live.html), ("text", done.live.text)):
             if value is not None:
-                plain[field] = value
-        if canary_copy is None:
-            return plain, Plan(template_id, live_copy)
+                plain[name] = value
+        if done.canary is None:
+            return plain, Plan(template_id, done.live)
         return plain, Plan(
             template_id,
-            live_copy,
-            canary_copy,
+            done.live,
+            done.canary,
             template.canary_percent or 0.0,
             template.canary_since or datetime.now(UTC),
         )
+
+    def rendering(
+        self, live: Version, canary: Version | None, data: Mapping[str, Any]
+    ) -> Rendering:
+        """The copies of ``live`` (and ``canary``) rendered once with ``data``: blocking, for
+        a worker thread. Raises RenderError."""
+        sources = [_source(v) for v in (live, canary) if v is not None]
+        personal = frozenset[str]().union(
+            *(template_use.per_recipient(s, data, self.parts) for s in sources)
+        )
+        copies = [template_use.render_once(s, data, personal, self.parts) for s in sources]
+        return Rendering(copies[0], copies[1] if len(copies) > 1 else None, personal)
 
     async def _versions(
         self, template: Template, requested: int | None
@@ -149,9 +209,10 @@ class TemplateBatches:
         return live, canary
 
 
-def _with_markers(to: object, personal: frozenset[str]) -> object:
+def _with_markers(to: object, personal: frozenset[str], headed: frozenset[str]) -> object:
     """``to`` with each recipient's values of the per-recipient variables as substitutions
-    of their markers (left as it is when the template has none: validation checks it)."""
+    of their markers (left as it is when the template has none: validation checks it). The
+    values of ``headed`` (used in a subject) must be fit for a header."""
     if not personal:
         return to
     if not isinstance(to, list):
@@ -172,6 +233,12 @@ def _with_markers(to: object, personal: frozenset[str]) -> object:
                 f"needs {', '.join(lacking)} (the template's per-recipient variables; "
                 "variables shared by the whole batch go in data)",
             )
+        for name in sorted(headed & personal):
+            if (problem := text_problem(subs[name])) is not None:
+                raise _invalid(
+                    f"to[{index}].substitutions.{name}",
+                    f"{problem.message} (the variable is used in the subject)",
+                )
         assert isinstance(entry, dict)  # noqa: S101 - subs came from it
         kept = {k: v for k, v in subs.items() if k not in personal}
         out.append(

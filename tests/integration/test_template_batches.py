@@ -110,6 +110,53 @@ async def test_an_unknown_or_unpublished_template_is_a_422(stack: Stack) -> None
         assert "template_id" in resp.json()["error"]["fields"]
 
 
+async def test_a_template_id_that_is_not_a_time_uuid_is_a_422_naming_it(stack: Stack) -> None:
+    """A random or nil UUID cannot be a template id: refused before Cassandra is asked."""
+    for tid in (uuid.uuid4(), uuid.UUID(int=0)):
+        resp = await stack.api.post(
+            "/v1/batches",
+            json={"from": "s@example.com", "to": ["a@example.com"], "template_id": str(tid)},
+            headers=stack.auth,
+        )
+        assert resp.status_code == 422, resp.text
+        assert "time UUID" in resp.json()["error"]["fields"]["template_id"]
+
+
+async def test_a_named_version_that_does_not_parse_is_a_422_with_its_error(stack: Stack) -> None:
+    """A stored version that does not parse, named by number, answers 422 naming the error."""
+    tid = await _template(stack, "Hi", "{{")
+
+    resp = await stack.api.post(
+        "/v1/batches",
+        json={"from": "s@example.com", "to": _to(emails(1)), "template_id": str(tid), "version": 2},
+        headers=stack.auth,
+    )
+
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["error"]["code"] == "template_does_not_render"
+    assert "line 1" in resp.json()["error"]["message"]
+
+
+async def test_a_canary_whose_subject_breaks_a_header_is_a_422(stack: Stack) -> None:
+    """The canary's rendered subject is held to the header rules the live one is."""
+    tid = await _template(stack, "Hi", "Hi {{ shop }}")
+    await _canary(stack, tid, 2, 50.0)
+
+    resp = await stack.api.post(
+        "/v1/batches",
+        json={
+            "from": "s@example.com",
+            "to": _to(emails(1)),
+            "template_id": str(tid),
+            "data": {"shop": "A\r\nBcc: x@example.com"},
+        },
+        headers=stack.auth,
+    )
+
+    assert resp.status_code == 422, resp.text
+    assert "version 2" in resp.json()["error"]["fields"]["subject"]
+
+
 async def test_a_canary_goes_to_its_stable_share_and_the_rest_get_the_live_version(
     stack: Stack,
 ) -> None:

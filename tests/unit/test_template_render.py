@@ -4,10 +4,20 @@ part derived from the html."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
+from markupsafe import Markup
 
-from shared.template_render import MAX_RANGE, RenderError, render, render_part, text_of
+from shared.template_render import (
+    MAX_RANGE,
+    CompiledParts,
+    RenderError,
+    compile_part,
+    render,
+    render_part,
+    text_of,
+)
 
 
 def test_a_version_renders_each_part_with_the_recipients_data() -> None:
@@ -62,3 +72,99 @@ def test_the_derived_text_keeps_links_lines_and_lists_readable() -> None:
     assert text_of(source) == (
         "Sale\nSee the sale (https://s.example/a) & more.\n\n- one\n- two\nhttps://s.example/b"
     )
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ 'x'|truncate(-1) }}",  # AssertionError inside the filter
+        "{{ 'a'|xmlattr }}",  # AttributeError
+        "{{ x.items()|first|attr('y') }}",
+        "{{ {}|dictsort(by='nope') }}",
+        "{{ [1, 'a']|sort }}",
+    ],
+)
+def test_any_exception_a_template_raises_is_a_render_error(source: str) -> None:
+    """Whatever Python raises while a user's template renders is a RenderError, not a crash."""
+    with pytest.raises(RenderError):
+        render_part(source, {"x": {"a": 1}})
+
+
+@pytest.mark.parametrize(
+    "source", ["{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}", "{% if 1 %}" * 3000]
+)
+def test_a_source_nested_too_deeply_is_a_render_error(source: str) -> None:
+    """Parsing or compiling a deeply nested source is a RenderError (no RecursionError leaks)."""
+    with pytest.raises(RenderError):
+        compile_part(source, html_part=False)
+
+
+@pytest.mark.parametrize("name", ["__safedelivr_steps", "__safedelivr_x"])
+def test_the_sandbox_s_own_names_are_refused(name: str) -> None:
+    """A template cannot read or shadow the names the sandbox keeps for itself."""
+    with pytest.raises(RenderError, match="reserved"):
+        render_part(f"{{% set {name} = 1 %}}{{% for i in [1] %}}{{{{ i }}}}{{% endfor %}}", {})
+
+
+def test_compiled_parts_compile_a_source_once_and_render_it_with_each_data() -> None:
+    """A source compiled once renders anew with each data, under its own clock each time."""
+    parts = CompiledParts()
+
+    first = render_part("Hi {{ n }}", {"n": 1}, parts=parts)
+    second = render_part("Hi {{ n }}", {"n": 2}, parts=parts)
+
+    assert (first, second, len(parts)) == ("Hi 1", "Hi 2", 1)
+
+
+def test_compiled_parts_keep_failures_and_stay_within_their_bounds() -> None:
+    """A source that does not compile fails the same way again; the oldest entries go first."""
+    parts = CompiledParts(max_entries=2)
+
+    for _ in range(2):
+        with pytest.raises(RenderError, match="line 1"):
+            parts.get("{{", html_part=False)
+    parts.get("a", html_part=False)
+    parts.get("b", html_part=False)
+
+    assert len(parts) == 2
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "<a href=x>" * 100_000,
+        "<script>" * 100_000,
+        "<" * 500_000,
+        "<a " * 300_000,
+        "<style>x" * 100_000,
+    ],
+)
+def test_deriving_text_from_unclosed_tags_is_fast(source: str) -> None:
+    """Unclosed tags do not make text derivation quadratic: a megabyte of them takes well
+    under a second (the bound here is generous)."""
+    started = time.monotonic()
+
+    text_of(source)
+
+    assert time.monotonic() - started < 3
+
+
+def test_deriving_text_checks_the_clock_as_it_goes() -> None:
+    """Text derivation calls its check while it walks the tags, so a deadline can stop it."""
+    calls = itertools.count()
+
+    def check() -> None:
+        if next(calls) > 3:
+            raise RenderError("too slow")
+
+    with pytest.raises(RenderError, match="too slow"):
+        text_of("<p>x</p>" * 10_000, check=check)
+
+
+def test_concatenation_escapes_in_html_as_jinja_does() -> None:
+    """``~`` (checked by the sandbox) keeps Jinja2's escaping: markup stays, text is escaped."""
+    out = render_part(
+        "{{ m ~ '<' ~ 1 }}|{{ s ~ '>' }}", {"m": Markup("<i>"), "s": "<"}, html_part=True
+    )
+
+    assert out == "<i>&lt;1|&lt;&gt;"
