@@ -46,12 +46,43 @@ LOOKUP_CHUNK: Final = 100
 #: Contacts per write batch (one partition each), and write batches in flight.
 WRITE_SLICE: Final = 20
 WRITE_WINDOW: Final = 16
+#: Approximate bytes of contacts per write batch: a slice of wide contacts (50 fields of
+#: 1,000 characters each) is split, so no batch nears the database's batch size limit.
+WRITE_BYTES: Final = 256 * 1024
+#: Bytes counted per row and per field on top of their text (keys, timestamps, lengths).
+_ROW_OVERHEAD: Final = 64
+_FIELD_OVERHEAD: Final = 16
 
 
 def bucket_of(email: str) -> int:
     """The bucket of an address (stable across processes and releases)."""
     digest = hashlib.blake2b(address_key(email).encode(), digest_size=4).digest()
     return int.from_bytes(digest, "big") % BUCKETS
+
+
+def contact_size(contact: Contact) -> int:
+    """About how many bytes ``contact``'s row takes in a write (its text, UTF-8, plus
+    overheads)."""
+    text = sum(len(k.encode()) + len(v.encode()) for k, v in contact.fields.items())
+    fields = _FIELD_OVERHEAD * len(contact.fields)
+    return _ROW_OVERHEAD + len(contact.email.encode()) + text + fields
+
+
+def write_slices(
+    sizes: Sequence[int], *, count: int = WRITE_SLICE, limit: int = WRITE_BYTES
+) -> list[range]:
+    """``sizes`` cut, in order, into runs of at most ``count`` items of at most ``limit``
+    bytes together (an item larger than ``limit`` alone)."""
+    out: list[range] = []
+    start, total = 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and (i - start >= count or total + size > limit):
+            out.append(range(start, i))
+            start, total = i, 0
+        total += size
+    if start < len(sizes):
+        out.append(range(start, len(sizes)))
+    return out
 
 
 def list_scope(list_id: uuid.UUID) -> str:
@@ -187,29 +218,30 @@ class ContactLists:
 
     async def put(self, list_id: uuid.UUID, contacts: Sequence[Contact]) -> None:
         """Add or replace ``contacts`` (their name and fields), one batch per partition
-        slice, a window of them at once."""
+        slice (:func:`write_slices`: by count and by bytes), a window of them at once."""
         insert = await self.db.prepare(
             "INSERT INTO list_contacts (list_id, bucket, email, name, fields, added_at) "
             "VALUES (?, ?, ?, ?, ?, ?)"
         )
         now = _now()
-        by_bucket: dict[int, list[BoundStatement]] = {}
+        by_bucket: dict[int, list[Contact]] = {}
         for c in contacts:
-            key = address_key(c.email)
-            bucket = bucket_of(key)
-            bound = insert.bind((list_id, bucket, key, contact_name(c.fields), c.fields, now))
-            by_bucket.setdefault(bucket, []).append(bound)
+            by_bucket.setdefault(bucket_of(c.email), []).append(c)
         window = asyncio.Semaphore(WRITE_WINDOW)
 
-        async def one(part: Sequence[BoundStatement]) -> None:
+        def bound(bucket: int, c: Contact) -> BoundStatement:
+            key = address_key(c.email)
+            return insert.bind((list_id, bucket, key, contact_name(c.fields), c.fields, now))
+
+        async def one(bucket: int, part: Sequence[Contact]) -> None:
             async with window:
-                await self.db.batch(part)
+                await self.db.batch([bound(bucket, c) for c in part])
 
         await asyncio.gather(
             *(
-                one(stmts[i : i + WRITE_SLICE])
-                for stmts in by_bucket.values()
-                for i in range(0, len(stmts), WRITE_SLICE)
+                one(bucket, [mine[i] for i in run])
+                for bucket, mine in by_bucket.items()
+                for run in write_slices([contact_size(c) for c in mine])
             )
         )
 

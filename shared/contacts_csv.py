@@ -6,7 +6,14 @@ valid rows here.
 
 The first row is the header when one of its cells names the address column (``email``,
 ``e-mail``, ``email address``, ``address``); otherwise the column whose first cell is an
-address is the address column, and the other columns are ``field1``, ``field2``...
+address is the address column, and the other columns are named by their position from 0:
+``field0``, ``field1``... (the address column's number is skipped). A header cell that
+names nothing is named the same way.
+
+Only the delimiter is guessed (comma, semicolon or tab: the one found most often outside
+quotes in the first row); quoting is always CSV's own (RFC 4180: ``"`` quotes a cell, ``""``
+inside one is a quote), so an apostrophe in a cell, or a sample without doubled quotes, never
+changes how the rest of the file is read. Rows may end in LF, CRLF or CR alone.
 """
 
 from __future__ import annotations
@@ -26,6 +33,10 @@ MAX_FIELD_NAME: Final = 64
 MAX_FIELD_VALUE: Final = 1_000
 #: Fields kept per contact.
 MAX_FIELDS: Final = 50
+#: The delimiters a file may use, in the order preferred on a tie.
+DELIMITERS: Final = (",", ";", "\t")
+#: Characters of the file looked at to find the first row's delimiter.
+_FIRST_ROW_SCAN: Final = 64 * 1024
 
 
 class CsvError(ValueError):
@@ -49,30 +60,6 @@ class Rejected:
     kind: Literal["invalid", "duplicate", "over_limit"] = "invalid"
 
 
-@dataclass
-class Imported:
-    contacts: list[Contact] = field(default_factory=list)
-    invalid: list[Rejected] = field(default_factory=list)
-    duplicates: list[Rejected] = field(default_factory=list)
-    over_limit: int = 0
-    """Rows past the limit, not read."""
-
-
-def read(data: bytes, *, max_rows: int) -> Imported:
-    """Every contact of a CSV file (UTF-8, with or without BOM; comma, semicolon or tab)."""
-    out = Imported()
-    for item in scan(data, max_rows=max_rows):
-        if isinstance(item, Contact):
-            out.contacts.append(item)
-        elif item.kind == "invalid":
-            out.invalid.append(item)
-        elif item.kind == "duplicate":
-            out.duplicates.append(item)
-        else:
-            out.over_limit += 1
-    return out
-
-
 def check(data: bytes) -> None:
     """Raise :class:`CsvError` now for a file that cannot be imported at all (not UTF-8,
     empty, no address column), so that a request can be refused before it is queued."""
@@ -80,7 +67,8 @@ def check(data: bytes) -> None:
 
 
 def scan(data: bytes, *, max_rows: int) -> Iterator[Contact | Rejected]:
-    """:func:`read` one row at a time, in file order (a large file is never held as
+    """Every row of a CSV file (UTF-8, with or without BOM; comma, semicolon or tab) as a
+    contact or as rejected, one at a time in file order (a large file is never held as
     contacts). Rows past ``max_rows`` come as rejected with the kind ``over_limit``.
 
     Raises:
@@ -114,12 +102,9 @@ def scan(data: bytes, *, max_rows: int) -> Iterator[Contact | Rejected]:
 def _rows(text: str) -> Iterator[tuple[int, list[str]]]:
     """Each non-blank row with its number (blank rows are numbered too, as a spreadsheet
     shows them)."""
-    sample = text[:4096]
-    try:
-        dialect: type[csv.Dialect] | csv.Dialect = csv.Sniffer().sniff(sample, delimiters=",;\t")
-    except csv.Error:
-        dialect = csv.excel
-    reader = csv.reader(io.StringIO(text), dialect)
+    # newline="": the csv module sees line ends as they are (a CR alone ends a row, a line
+    # end inside quotes stays in its cell).
+    reader = csv.reader(io.StringIO(text, newline=""), csv.excel, delimiter=delimiter(text))
     number = 0
     while True:
         try:
@@ -131,6 +116,22 @@ def _rows(text: str) -> Iterator[tuple[int, list[str]]]:
         number += 1
         if any(cell.strip() for cell in row):
             yield number, row
+
+
+def delimiter(text: str) -> str:
+    """The delimiter among :data:`DELIMITERS` found most often outside quotes in the first
+    row, blank lines before it skipped (the first of them on a tie, a comma when there is
+    none)."""
+    counts = dict.fromkeys(DELIMITERS, 0)
+    quoted = False
+    for ch in text[:_FIRST_ROW_SCAN].lstrip("\r\n"):
+        if ch == '"':
+            quoted = not quoted
+        elif not quoted and ch in "\r\n":
+            break
+        elif not quoted and ch in counts:
+            counts[ch] += 1
+    return max(DELIMITERS, key=lambda d: counts[d]) if any(counts.values()) else ","
 
 
 def _layout(first: Sequence[str]) -> tuple[int, list[str], int]:

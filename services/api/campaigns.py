@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -27,7 +28,7 @@ from shared.addresses import parse_address
 from shared.batchstore import BatchStore
 from shared.campaigns import Action, Campaign, CampaignStore, LifecycleError, next_state
 from shared.contact_lists import ContactLists
-from shared.http import JSON, ApiError, read_json
+from shared.http import JSON, ApiError, read_capped, read_json
 from shared.templates import TemplateStore
 
 SMALL_BODY = 64 * 1024
@@ -144,10 +145,15 @@ def _already(state: str, action: Action) -> bool:
 
 
 def _uuid(value: str, field: str) -> uuid.UUID:
+    """One of our ids: a time UUID (Cassandra refuses any other kind in a ``timeuuid``
+    column, which would be a 500)."""
     try:
-        return uuid.UUID(value)
+        found = uuid.UUID(value)
     except ValueError:
         raise _invalid(field, "must be an id (a UUID string)") from None
+    if found.version != 1:
+        raise _invalid(field, "must be one of our ids (a time UUID, version 1)")
+    return found
 
 
 def _sender(value: Any) -> dict[str, Any]:
@@ -187,14 +193,27 @@ async def get_campaign(request: Request) -> Response:
 
 async def _act(request: Request, action: Action) -> Response:
     key = await require_key(request, "send")
-    send_at: str | None = None
-    if action == "schedule" and await request.body():
-        _, body = await read_json(request, SMALL_BODY)
-        send_at = checked(CampaignScheduleIn, body).send_at
+    send_at = await _schedule_body(request) if action == "schedule" else None
     campaign = await _campaigns(request).act(
         key.user_id, path_uuid(request, "campaign_id"), action, send_at
     )
     return JSON(view(campaign))
+
+
+async def _schedule_body(request: Request) -> str | None:
+    """The schedule step's ``send_at``: its body is optional (none, or a blank one, keeps the
+    time the campaign was made with), and read under the size cap like any other."""
+    raw = await read_capped(request, SMALL_BODY)
+    if not raw.strip():
+        return None
+    ctype = request.headers.get("content-type", "")
+    if ctype and "json" not in ctype.split(";")[0]:
+        raise ApiError(415, "unsupported_media_type", "send the body as application/json")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from exc
+    return checked(CampaignScheduleIn, body).send_at
 
 
 async def schedule_campaign(request: Request) -> Response:

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 #: Why an import failed when a store failed under it (details are logged).
 STORE_FAILED = "failed: the database was unavailable; import the file again"
+#: Why an import failed on an error nobody expected (logged with its traceback).
+UNEXPECTED = "failed: an unexpected error stopped the import (it has been logged)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +45,8 @@ class Importer:
 
     async def run(self, job: ImportJob, data: bytes, *, base: int) -> ImportJob:
         """Import ``data`` into ``job``'s list, which held ``base`` contacts; the job as it
-        ended (also saved). Never raises for a bad file or an outage: the job fails with
-        the reason."""
+        ended (also saved). Never raises for a bad file, an outage or any other error: the
+        job fails with the reason."""
         job = replace(job, state="running", heartbeat=_now())
         try:
             await self.lists.save_import(job)
@@ -70,6 +72,11 @@ class Importer:
         except DependencyUnavailable as exc:
             log.warning("import %s of list %s failed: %s", job.import_id, job.list_id, exc)
             job = finish(job, _now(), STORE_FAILED)
+        except Exception:
+            # Anything else (a request the database refuses, a bug) would leave the job
+            # running until it read as interrupted, and the list uncounted: end it now.
+            log.exception("import %s of list %s failed", job.import_id, job.list_id)
+            job = finish(job, _now(), UNEXPECTED)
         await self.lists.save_import(job)
         return job
 

@@ -43,6 +43,8 @@ SMALL_BODY = 4 * 1024
 CSV_TYPES = frozenset({"text/csv", "application/csv"})
 #: Seconds an import's body may take to arrive (it may be tens of MB).
 UPLOAD_TIMEOUT = 300.0
+#: Latest imports read at once when listing a user's lists (one query each).
+LATEST_WINDOW = 8
 
 
 def _when(at: datetime | None) -> str | None:
@@ -135,7 +137,13 @@ class Lists:
     async def overview(self, user_id: uuid.UUID) -> list[tuple[ContactList, ImportJob | None]]:
         """Every list of the user with its latest import, newest list first."""
         mine = await self.store.lists(user_id)
-        latest = await asyncio.gather(*(self.latest(x) for x in mine))
+        window = asyncio.Semaphore(LATEST_WINDOW)
+
+        async def one(found: ContactList) -> ImportJob | None:
+            async with window:
+                return await self.latest(found)
+
+        latest = await asyncio.gather(*(one(x) for x in mine))
         return list(zip(mine, latest, strict=True))
 
     async def begin_import(self, found: ContactList, data: bytes) -> ImportJob:
@@ -239,9 +247,12 @@ async def import_contacts(request: Request) -> Response:
     if ctype not in CSV_TYPES:
         raise ApiError(415, "unsupported_media_type", "send the file as text/csv")
     lists = Lists.of(request)
-    found = await lists.owned(key.user_id, path_uuid(request, "list_id"))
+    list_id = (await lists.owned(key.user_id, path_uuid(request, "list_id"))).list_id
     data = await read_capped(request, lists.settings.import_max_bytes, timeout=UPLOAD_TIMEOUT)
-    job = await lists.begin_import(found, data)
+    # Read again: the upload may have taken minutes, and an import that ended meanwhile
+    # changed the list's latest import (taking it from the stale one is a false 409) and
+    # its count (the new import's base).
+    job = await lists.begin_import(await lists.owned(key.user_id, list_id), data)
     answer = {"import_id": str(job.import_id), "list_id": str(job.list_id), "state": job.state}
     return JSON(answer, status_code=202)
 

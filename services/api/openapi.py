@@ -85,8 +85,10 @@ _CSV_BODY = {
         "description": "A CSV file (UTF-8; comma, semicolon or tab separated). The first "
         "row names the columns when one of them is `email` (or `e-mail`, `email address`, "
         "`address`); otherwise the column whose first cell is an address holds the "
-        "addresses and the others are `field0`, `field1`... Every other column becomes a "
-        "field of the contact (its substitutions), `name` its display name.",
+        "addresses and the others are named by their position from 0: `field0`, `field1`... "
+        "(the address column's number is skipped). Every other column becomes a field of the "
+        'contact (its substitutions), `name` its display name. Cells are quoted with `"` '
+        '(a doubled `""` inside is a quote); rows end in LF, CRLF or CR.',
         "content": {"text/csv": {"schema": {"type": "string"}}},
     }
 }

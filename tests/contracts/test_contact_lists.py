@@ -168,3 +168,19 @@ async def test_an_imports_progress_and_problems_are_read_back_as_saved(store: An
     await store.save_import(later)
 
     assert await store.get_import(made.list_id, job.import_id) == later
+
+
+async def test_wide_contacts_sharing_a_bucket_are_all_written(store: Any) -> None:
+    """Twenty contacts of one bucket with fifty 1,000-character fields each (about 1 MB): the
+    writes are split so that no batch passes the database's batch size limit."""
+    made = await store.create(uuid.uuid4(), "l")
+    bucket = bucket_of("w0@example.com")
+    emails = [e for e in (f"w{i}@example.com" for i in range(5000)) if bucket_of(e) == bucket]
+    wide = {f"f{j}": chr(ord("a") + j % 26) * 1000 for j in range(50)}
+    contacts = [Contact(e, wide) for e in emails[:20]]
+
+    await store.put(made.list_id, contacts)
+
+    found = await store.contacts(made.list_id, bucket, None, 100)
+    assert sorted(c.email for c in found) == sorted(emails[:20])
+    assert all(c.fields == wide for c in found)

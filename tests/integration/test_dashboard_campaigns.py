@@ -173,3 +173,20 @@ async def test_a_step_without_the_csrf_token_is_refused(
         visitor.user_id, campaign.campaign_id
     )
     assert found is not None and found.state == "draft"
+
+
+async def test_a_step_on_an_id_that_is_not_a_time_uuid_is_not_found(
+    api: httpx.AsyncClient, db: Database
+) -> None:
+    """A UUID of another version names no campaign (it must not reach a ``timeuuid``
+    column, which would refuse it: a 500)."""
+    visitor = await logged_in(api, db)
+
+    refused = await api.post(
+        f"/campaigns/{uuid.uuid4()}/pause",
+        data={"csrf_token": visitor.csrf},
+        follow_redirects=False,
+    )
+
+    assert refused.status_code == 404
+    assert "no such campaign" in refused.text

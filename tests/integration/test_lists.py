@@ -24,6 +24,7 @@ from services.api.schema import (
 from shared import accounts
 from shared.config import ListSettings, Settings
 from shared.contact_lists import ContactLists
+from shared.contacts_csv import Contact
 from shared.db import Database
 from shared.list_import import INTERRUPTED, ImportJob
 from shared.sessions import SESSION_COOKIE, SessionStore
@@ -388,3 +389,40 @@ async def test_two_imports_sent_at_once_one_begins_and_the_other_is_told_to_wait
     await eventually(ended)
     listed = (await api.get(f"/v1/lists/{list_id}", headers=auth)).json()
     assert listed["contacts"] == 3000
+
+
+async def test_an_import_ending_while_a_file_uploads_does_not_refuse_the_file(
+    api: httpx.AsyncClient, db: Database
+) -> None:
+    """The list is read again once the body has arrived: the import that ended meanwhile
+    is the latest (no false 409) and its contacts are the new import's base."""
+    user, auth = await new_user(db)
+    list_id = await new_list(api, auth)
+    reading, gate = asyncio.Event(), asyncio.Event()
+
+    async def slow_file() -> AsyncIterator[bytes]:
+        yield b"email\n"
+        reading.set()  # the handler is reading the body: it has read the list
+        await gate.wait()
+        yield b"new@example.com\n"
+
+    upload = asyncio.create_task(
+        api.post(f"/v1/lists/{list_id}/imports", content=slow_file(), headers=auth | CSV)
+    )
+    await asyncio.wait_for(reading.wait(), 10)
+    store, now = ContactLists(db), datetime.now(UTC)
+    other = ImportJob(uuid.UUID(list_id), uuid.uuid1(), user, "done", now, now, finished_at=now)
+    assert await store.begin_import(other, None)
+    await store.put(other.list_id, [Contact("a@example.com", {}), Contact("b@example.com", {})])
+    await store.set_count(user, other.list_id, 2)
+    gate.set()
+    started = await upload
+
+    assert started.status_code == 202, started.text
+    path = f"/v1/lists/{list_id}/imports/{started.json()['import_id']}"
+
+    async def ended() -> bool:
+        return (await api.get(path, headers=auth)).json()["state"] == "done"
+
+    await eventually(ended)
+    assert (await api.get(f"/v1/lists/{list_id}", headers=auth)).json()["contacts"] == 3

@@ -160,6 +160,41 @@ async def test_making_a_key_is_retried_after_a_429_which_did_nothing(variant: st
     assert len(api.seen) == 2
 
 
+CAMPAIGN = {"id": "c-1", "state": "scheduled"}
+NOT_REPEATED = [
+    ("create_campaign", ("Autumn", "t-1", "l-1", "news@example.com")),
+    ("schedule_campaign", ("c-1",)),
+    ("resume_campaign", ("c-1",)),
+]
+
+
+@pytest.mark.parametrize(("method", "args"), NOT_REPEATED, ids=[m for m, _ in NOT_REPEATED])
+@pytest.mark.parametrize("lost", ["connection", "503"])
+async def test_creating_scheduling_or_resuming_a_campaign_is_not_repeated_after_a_lost_answer(
+    variant: str, method: str, args: tuple[str, ...], lost: str
+) -> None:
+    """A second create makes a second draft; a second schedule or resume is a 409."""
+    first: Answer = httpx.ConnectError("answer lost") if lost == "connection" else busy(503)
+    api = FakeApi([first], rest=httpx.Response(200, json=CAMPAIGN))
+
+    with pytest.raises((httpx.ConnectError, ApiError)):
+        await call(variant, api, method, *args)
+
+    assert len(api.seen) == 1
+
+
+@pytest.mark.parametrize("method", ["pause_campaign", "cancel_campaign"])
+async def test_pausing_or_cancelling_is_retried_the_api_answers_a_repeat_alike(
+    variant: str, method: str
+) -> None:
+    api = FakeApi(
+        [httpx.ConnectError("answer lost"), busy(503)], rest=httpx.Response(200, json=CAMPAIGN)
+    )
+
+    assert await call(variant, api, method, "c-1") == CAMPAIGN
+    assert len(api.seen) == 3
+
+
 async def test_a_new_key_asks_for_its_scopes_and_expiry_only_when_given(variant: str) -> None:
     made = {"key": "sd_live_new", "name": "ci", "scopes": ["send"], "note": "shown once"}
     api = FakeApi([httpx.Response(201, json=made), httpx.Response(201, json=made)])

@@ -2,15 +2,40 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pytest
 
-from shared.contacts_csv import Contact, CsvError, Rejected, check, read, scan
+from shared.contacts_csv import Contact, CsvError, Rejected, check, delimiter, scan
+
+
+@dataclass
+class Read:
+    """What :func:`scan` yielded, sorted by kind."""
+
+    contacts: list[Contact] = field(default_factory=list)
+    invalid: list[Rejected] = field(default_factory=list)
+    duplicates: list[Rejected] = field(default_factory=list)
+    over_limit: int = 0
+
+
+def read(data: bytes, max_rows: int = 10) -> Read:
+    out = Read()
+    for item in scan(data, max_rows=max_rows):
+        if isinstance(item, Contact):
+            out.contacts.append(item)
+        elif item.kind == "invalid":
+            out.invalid.append(item)
+        elif item.kind == "duplicate":
+            out.duplicates.append(item)
+        else:
+            out.over_limit += 1
+    return out
 
 
 def test_a_header_names_the_address_column_and_the_fields() -> None:
     out = read(
-        b"\xef\xbb\xbfFirst Name,E-mail,City\nAnn,ann@example.com,Oslo\nBob,bob@example.com,\n",
-        max_rows=10,
+        b"\xef\xbb\xbfFirst Name,E-mail,City\nAnn,ann@example.com,Oslo\nBob,bob@example.com,\n"
     )
 
     assert out.contacts == [
@@ -19,18 +44,15 @@ def test_a_header_names_the_address_column_and_the_fields() -> None:
     ]
 
 
-def test_without_a_header_the_column_of_addresses_is_found() -> None:
-    out = read(b"Ann;ann@example.com\nBob;bob@example.com\n", max_rows=10)
+def test_without_a_header_the_other_columns_are_named_by_their_position_from_0() -> None:
+    out = read(b"Ann;ann@example.com;Oslo\nBob;bob@example.com;Bergen\n")
 
     assert [c.email for c in out.contacts] == ["ann@example.com", "bob@example.com"]
-    assert out.contacts[0].fields == {"field0": "Ann"}
+    assert out.contacts[0].fields == {"field0": "Ann", "field2": "Oslo"}
 
 
 def test_invalid_rows_and_duplicates_are_reported_with_their_row() -> None:
-    out = read(
-        b"email\nann@example.com\nnot an address\nANN@example.com\n\nbob@example.com\n",
-        max_rows=10,
-    )
+    out = read(b"email\nann@example.com\nnot an address\nANN@example.com\n\nbob@example.com\n")
 
     assert [c.email for c in out.contacts] == ["ann@example.com", "bob@example.com"]
     assert [(r.row, r.value) for r in out.invalid] == [(3, "not an address")]
@@ -51,11 +73,11 @@ def test_rows_past_the_limit_are_counted_not_read() -> None:
 )
 def test_a_file_that_cannot_be_imported_says_why(data: bytes, problem: str) -> None:
     with pytest.raises(CsvError, match=problem):
-        read(data, max_rows=10)
+        read(data)
 
 
 def test_rows_are_numbered_as_a_spreadsheet_shows_them_blank_ones_included() -> None:
-    out = read(b"email\nann@example.com\n\n,\nnot an address\nbob@example.com\n", max_rows=10)
+    out = read(b"email\nann@example.com\n\n,\nnot an address\nbob@example.com\n")
 
     assert [(c.email, c.row) for c in out.contacts] == [
         ("ann@example.com", 2),
@@ -77,10 +99,83 @@ def test_scanning_yields_rows_in_file_order_with_what_became_of_each() -> None:
 
 def test_a_row_that_is_not_csv_is_an_error_naming_the_row() -> None:
     with pytest.raises(CsvError, match="row 3 is not CSV"):
-        read(b'email\nann@example.com\n"' + b"x" * 200_000 + b'"\n', max_rows=10)
+        read(b'email\nann@example.com\n"' + b"x" * 200_000 + b'"\n')
 
 
 def test_a_file_is_checked_by_its_first_row_only() -> None:
     check(b"email\nann@example.com\n")
     with pytest.raises(CsvError, match="no column"):
         check(b"name\nAnn\n")
+
+
+# -- quoting: always CSV's own, whatever the first rows look like -----------------------------
+
+
+def test_an_apostrophe_in_a_cell_is_text_not_a_quote() -> None:
+    """A sniffer would take ``'`` for the quote character and merge cells."""
+    out = read(
+        b"email,venue,city\n"
+        b"ann@example.com,Rock 'n' Roll Bar,Oslo\n"
+        b"bob@example.com,O'Hara's,'Bergen'\n"
+    )
+
+    assert [c.fields for c in out.contacts] == [
+        {"venue": "Rock 'n' Roll Bar", "city": "Oslo"},
+        {"venue": "O'Hara's", "city": "'Bergen'"},
+    ]
+
+
+def test_doubled_quotes_are_a_quote_even_when_the_first_rows_have_none() -> None:
+    rows = b"".join(b"u%d@example.com,Plain %d\n" % (i, i) for i in range(200))
+    body = b"email,name\n" + rows + b'pat@example.com,"O""Brien, Pat"\n'
+
+    out = read(body, max_rows=1000)
+
+    assert out.contacts[-1] == Contact("pat@example.com", {"name": 'O"Brien, Pat'})
+    assert not out.invalid
+
+
+def test_a_quoted_cell_keeps_its_delimiters() -> None:
+    out = read(b'name;email;note\n"Smith; John";john@example.com;"a, b; c"\n')
+
+    assert out.contacts == [Contact("john@example.com", {"name": "Smith; John", "note": "a, b; c"})]
+
+
+@pytest.mark.parametrize(
+    ("first", "expected"),
+    [
+        ("email,name\n", ","),
+        ("email;name;city\n", ";"),
+        ("email\tname\n", "\t"),
+        ('"Smith, Ann";ann@example.com\n', ";"),
+        ("email\n", ","),
+        ("\n\nemail;name\n", ";"),
+        ("email;name,city\n", ","),
+    ],
+)
+def test_the_delimiter_is_the_one_found_most_outside_quotes_in_the_first_row(
+    first: str, expected: str
+) -> None:
+    assert delimiter(first + "a,b,c,d\n") == expected
+
+
+# -- line ends ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"], ids=["lf", "crlf", "cr"])
+def test_rows_may_end_in_lf_crlf_or_cr_alone(end: bytes) -> None:
+    body = end.join([b"email,name", b"ann@example.com,Ann", b"", b"bob@example.com,Bob", b""])
+
+    out = read(body)
+
+    assert [(c.email, c.fields, c.row) for c in out.contacts] == [
+        ("ann@example.com", {"name": "Ann"}, 2),
+        ("bob@example.com", {"name": "Bob"}, 4),
+    ]
+
+
+def test_a_line_end_inside_quotes_stays_in_its_cell() -> None:
+    out = read(b'email,address\r\nann@example.com,"1 Main St\r\nOslo"\r\nbob@example.com,x\r\n')
+
+    assert [c.fields for c in out.contacts] == [{"address": "1 Main St\r\nOslo"}, {"address": "x"}]
+    assert [c.row for c in out.contacts] == [2, 3]

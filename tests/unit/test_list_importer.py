@@ -9,7 +9,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from services.api.importing import STORE_FAILED, Importer
+import pytest
+from cassandra import InvalidRequest
+
+from services.api.importing import STORE_FAILED, UNEXPECTED, Importer
 from shared.config import ListSettings
 from shared.contact_lists import ContactLists, list_scope
 from shared.contacts_csv import Contact
@@ -21,13 +24,15 @@ from tests.fakes.contact_lists import FakeContactLists
 
 
 class Recording(FakeContactLists):
-    """Keeps every saved state of every import; fails ``put`` from the ``fail_at``-th call."""
+    """Keeps every saved state of every import; fails ``put`` from the ``fail_at``-th call
+    (with ``error``, an outage unless told)."""
 
-    def __init__(self, fail_at: int | None = None) -> None:
+    def __init__(self, fail_at: int | None = None, error: Exception | None = None) -> None:
         super().__init__()
         self.saved: list[ImportJob] = []
         self.puts = 0
         self.fail_at = fail_at
+        self.error = error or DependencyUnavailable("cassandra", "WriteTimeout (injected)")
 
     async def save_import(self, job: ImportJob) -> None:
         self.saved.append(job)
@@ -36,7 +41,7 @@ class Recording(FakeContactLists):
     async def put(self, list_id: uuid.UUID, contacts: Sequence[Contact]) -> None:
         self.puts += 1
         if self.fail_at is not None and self.puts >= self.fail_at:
-            raise DependencyUnavailable("cassandra", "WriteTimeout (injected)")
+            raise self.error
         await super().put(list_id, contacts)
 
 
@@ -113,3 +118,21 @@ async def test_a_file_failing_part_way_ends_the_import_failed_saying_where() -> 
     assert ended.state == "failed"
     assert ended.reason is not None and "row 4 is not CSV" in ended.reason
     assert (ended.progress.rows_read, ended.progress.added) == (2, 2)
+
+
+async def test_an_unexpected_error_ends_the_import_failed_and_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A request the database refuses (not an outage) must not leave the import running."""
+    store = Recording(fail_at=2, error=InvalidRequest("Batch too large"))
+    body = b"email\n" + b"".join(b"r%d@example.com\n" % i for i in range(5))
+
+    ended = await _run(store, body)
+
+    assert (ended.state, ended.reason) == ("failed", UNEXPECTED)
+    assert ended.finished_at is not None and ended.progress.added == 2
+    assert store.saved[-1] == ended
+    (listed,) = await store.lists(ended.user_id)
+    assert listed.contacts == 2
+    (record,) = [r for r in caplog.records if r.name == "services.api.importing"]
+    assert record.exc_info is not None and "Batch too large" in str(record.exc_info[1])

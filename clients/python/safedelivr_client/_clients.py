@@ -21,6 +21,7 @@ from ._core import (
     Recipient,
     Request,
     StatsDay,
+    campaign_request,
     campaign_step,
     import_request,
     key_request,
@@ -232,10 +233,10 @@ class Client:
         sender: Address,
         **more: Any,
     ) -> dict[str, Any]:
-        """A draft campaign; ``more``: ``data``, ``rate``, ``send_at``."""
+        """A draft campaign; ``more``: ``data``, ``rate``, ``send_at``. Not repeated after a
+        lost answer (it could make a second draft): list the campaigns to find out."""
         body = {"name": name, "template_id": template_id, "list_id": list_id, "from": sender}
-        request = Request("POST", "/v1/campaigns", json={**body, **more})
-        return cast(dict[str, Any], self._call(request))
+        return cast(dict[str, Any], self._call(campaign_request({**body, **more})))
 
     def campaigns(self) -> dict[str, Any]:
         return cast(dict[str, Any], self._call(Request("GET", "/v1/campaigns")))
@@ -622,10 +623,10 @@ class AsyncClient:
         sender: Address,
         **more: Any,
     ) -> dict[str, Any]:
-        """A draft campaign; ``more``: ``data``, ``rate``, ``send_at``."""
+        """A draft campaign; ``more``: ``data``, ``rate``, ``send_at``. Not repeated after a
+        lost answer (it could make a second draft): list the campaigns to find out."""
         body = {"name": name, "template_id": template_id, "list_id": list_id, "from": sender}
-        request = Request("POST", "/v1/campaigns", json={**body, **more})
-        return cast(dict[str, Any], await self._call(request))
+        return cast(dict[str, Any], await self._call(campaign_request({**body, **more})))
 
     async def campaigns(self) -> dict[str, Any]:
         return cast(dict[str, Any], await self._call(Request("GET", "/v1/campaigns")))

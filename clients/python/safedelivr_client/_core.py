@@ -198,9 +198,9 @@ class Request:
     json: Any = None
     headers: Mapping[str, str] | None = None
     safe_to_repeat: bool = True
+    """Whether a connection failure may be retried (reads, and sends with their key)."""
     content: bytes | None = None
     """A raw body (a CSV file), sent instead of ``json``."""
-    """Whether a connection failure may be retried (reads, and sends with their key)."""
 
 
 def retry_after(response: httpx.Response) -> float | None:
@@ -260,10 +260,22 @@ def send_request(
     return Request("POST", "/v1/batches", json=body, headers={"Idempotency-Key": key})
 
 
+#: Campaign steps the API answers alike when repeated (a second pause finds it paused); a
+#: repeated schedule or resume is a 409, so a lost answer to one is not retried.
+REPEATABLE_STEPS = frozenset({"pause", "cancel"})
+
+
 def campaign_step(campaign_id: str, step: str, send_at: str | None = None) -> Request:
     """``POST /v1/campaigns/{id}/{step}`` (schedule, pause, resume, cancel)."""
     body = {"send_at": send_at} if send_at is not None else None
-    return Request("POST", f"/v1/campaigns/{quoted(campaign_id)}/{step}", json=body)
+    path = f"/v1/campaigns/{quoted(campaign_id)}/{step}"
+    return Request("POST", path, json=body, safe_to_repeat=step in REPEATABLE_STEPS)
+
+
+def campaign_request(body: Mapping[str, Any]) -> Request:
+    """``POST /v1/campaigns``: never repeated on a lost answer (it would make a second
+    draft)."""
+    return Request("POST", "/v1/campaigns", json=dict(body), safe_to_repeat=False)
 
 
 def version_body(
