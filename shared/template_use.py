@@ -8,8 +8,10 @@ the provider replaces with that recipient's value from ``to[i].substitutions`` (
 substitutions, Mailgun recipient variables). The html part has a marker of its own, whose
 value is html-escaped, so a recipient's name cannot inject markup; the subject and text
 parts take the value as it is. A per-recipient variable can only be inserted as it is
-(``{{ first_name }}``): a filter or a test would act on the marker, not on the value, so a
-template that transforms one is refused with the variable's name.
+(``{{ first_name }}``): a filter, a test or a comparison would act on the marker, not on
+the value, so a template that transforms one or decides on one (``{% if vip %}``,
+``first_name|length``, ``plan == "pro"``) is refused with the variable's name rather than
+rendering the same wrong text for everyone.
 
 A canary rollout sends its version to a stable share of the recipients
 (``shared.canary.in_canary``): they are stored first, in chunks of their own, and the batch
@@ -24,9 +26,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
-
-from markupsafe import Markup
+from typing import Any, Final, NoReturn
 
 from shared.canary import in_canary
 from shared.models import Message, TemplateCopy, TemplateUse
@@ -35,12 +35,44 @@ from shared.template_render import CompiledParts, RenderError, compile_part, ren
 #: Markers of per-recipient variables: ``[[sd.h.name]]`` in html, ``[[sd.t.name]]`` elsewhere.
 _MARKER: Final = "[[sd.{part}.{name}]]"
 _ANY_MARKER: Final = re.compile(r"\[\[sd\.([a-z])\.([^\]]*)\]\]", re.IGNORECASE)
+_MARKER_START: Final = re.compile(r"\[\[sd\.", re.IGNORECASE)
 #: Variable names a recipient may fill (Jinja2 identifiers of a sane length).
 _NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
 def marker(name: str, *, html_part: bool) -> str:
     return _MARKER.format(part="h" if html_part else "t", name=name)
+
+
+class Personal:
+    """A per-recipient variable while a version renders once for the whole batch: printed,
+    it is its marker; anything that needs its value (truth, comparison, length, an index,
+    iteration, arithmetic) is refused, since the value is only known to the provider."""
+
+    __slots__ = ("name", "text")
+
+    def __init__(self, name: str, *, html_part: bool) -> None:
+        self.name = name
+        self.text = marker(name, html_part=html_part)
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __html__(self) -> str:
+        return self.text
+
+    def _refused(self, *_: object) -> NoReturn:
+        raise RenderError(
+            f"the per-recipient variable {self.name!r} is tested, compared or transformed: "
+            "its value is each recipient's own and only known when the mail is sent, so it "
+            "can only be inserted as it is ({{ " + self.name + " }}); put values the "
+            "template decides on in data"
+        )
+
+    __bool__ = __len__ = __iter__ = __contains__ = __getitem__ = _refused
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _refused
+    __add__ = __radd__ = __mul__ = __rmul__ = __mod__ = __int__ = __float__ = _refused
+    __hash__ = object.__hash__
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,14 +131,14 @@ def render_once(
     for name in names:
         if not _NAME.fullmatch(name):
             raise RenderError(f"{name!r} is not a variable name a recipient can fill")
-    plain = {**data, **{n: marker(n, html_part=False) for n in names}}
+    plain = {**data, **{n: Personal(n, html_part=False) for n in names}}
     rendered_text = render(source.subject, None, source.text, plain, parts=parts)
     rendered_html = (
         render(
             "",
             source.html,
             None,
-            {**data, **{n: Markup(marker(n, html_part=True)) for n in names}},  # noqa: S704
+            {**data, **{n: Personal(n, html_part=True) for n in names}},
             parts=parts,
         )
         if source.html
@@ -124,6 +156,15 @@ def render_once(
 
 def _check_markers(copy: TemplateCopy, names: frozenset[str]) -> None:
     for part, text in (("subject", copy.subject), ("html", copy.html), ("text", copy.text)):
+        whole = len(_ANY_MARKER.findall(text or ""))
+        if _MARKER_START.subn("", text or "")[1] != whole:
+            # A marker cut short (``truncate``, a slice of the printed text): the provider
+            # would leave the fragment in the mail.
+            raise RenderError(
+                f"a per-recipient variable in the {part} is cut or transformed by a filter: "
+                "a recipient's own value can only be inserted as it is ({{ name }}); put "
+                "values to transform in data"
+            )
         for match in _ANY_MARKER.finditer(text or ""):
             kind, name = match.group(1), match.group(2)
             expected = "h" if part == "html" else "t"

@@ -46,6 +46,30 @@ def test_a_transformed_per_recipient_variable_is_refused_by_name() -> None:
         template_use.render_once(source, {}, {"name"})
 
 
+@pytest.mark.parametrize(
+    "html",
+    [
+        "{% if vip %}VIP{% endif %}",
+        "{{ name|length }}",
+        "{{ name[0] }}",
+        "{{ 'pro' if plan == 'pro' else 'free' }}",
+        "{% for c in name %}{{ c }}{% endfor %}",
+        "{{ name|truncate(5, True, '') }}",
+    ],
+)
+def test_deciding_on_a_per_recipient_variable_is_refused_not_rendered_wrong(html: str) -> None:
+    """Its value is only known to the provider: a test, comparison or length taken of the
+    marker would give every recipient the same wrong text."""
+    with pytest.raises(RenderError, match="per-recipient variable"):
+        template_use.render_once(Source(1, "Hi", html, None), {}, {"name", "vip", "plan"})
+
+
+def test_a_per_recipient_variable_joined_to_text_stays_a_marker() -> None:
+    copy = template_use.render_once(Source(1, "{{ 'Dear ' ~ name }}", None, "x"), {}, {"name"})
+
+    assert copy.subject == "Dear [[sd.t.name]]"
+
+
 def test_a_variable_name_a_recipient_cannot_fill_is_refused() -> None:
     with pytest.raises(RenderError, match="not a variable name"):
         template_use.render_once(Source(1, "x", None, "y"), {}, {"bad]]name"})
