@@ -82,16 +82,27 @@ async def read_capped(request: Request, limit: int, *, timeout: float = BODY_TIM
 
 
 async def read_json(
-    request: Request, limit: int, *, timeout: float = BODY_TIMEOUT
+    request: Request, limit: int, *, timeout: float = BODY_TIMEOUT, optional: bool = False
 ) -> tuple[bytes, Any]:
-    ctype = request.headers.get("content-type", "")
-    if ctype and "json" not in ctype.split(";")[0]:
-        raise ApiError(415, "unsupported_media_type", "send the body as application/json")
+    """The raw body and its JSON (415 for another media type, 400 when it does not parse).
+    ``optional``: a blank body is ``None``, whatever its content type."""
+    if not optional:
+        _json_type(request)
     raw = await read_capped(request, limit, timeout=timeout)
+    if optional:
+        if not raw.strip():
+            return raw, None
+        _json_type(request)
     try:
         return raw, orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from exc
+
+
+def _json_type(request: Request) -> None:
+    ctype = request.headers.get("content-type", "")
+    if ctype and "json" not in ctype.split(";")[0]:
+        raise ApiError(415, "unsupported_media_type", "send the body as application/json")
 
 
 def _too_large(limit: int) -> ApiError:

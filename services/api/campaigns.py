@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -28,7 +27,7 @@ from shared.addresses import parse_address
 from shared.batchstore import BatchStore
 from shared.campaigns import Action, Campaign, CampaignStore, LifecycleError, next_state
 from shared.contact_lists import ContactLists
-from shared.http import JSON, ApiError, read_capped, read_json
+from shared.http import JSON, ApiError, read_json
 from shared.templates import TemplateStore
 
 SMALL_BODY = 64 * 1024
@@ -203,17 +202,8 @@ async def _act(request: Request, action: Action) -> Response:
 async def _schedule_body(request: Request) -> str | None:
     """The schedule step's ``send_at``: its body is optional (none, or a blank one, keeps the
     time the campaign was made with), and read under the size cap like any other."""
-    raw = await read_capped(request, SMALL_BODY)
-    if not raw.strip():
-        return None
-    ctype = request.headers.get("content-type", "")
-    if ctype and "json" not in ctype.split(";")[0]:
-        raise ApiError(415, "unsupported_media_type", "send the body as application/json")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from exc
-    return checked(CampaignScheduleIn, body).send_at
+    _, body = await read_json(request, SMALL_BODY, optional=True)
+    return None if body is None else checked(CampaignScheduleIn, body).send_at
 
 
 async def schedule_campaign(request: Request) -> Response:

@@ -85,6 +85,35 @@ async def test_a_schedule_without_a_body_keeps_the_campaigns_time(
     assert datetime.fromisoformat(answer.json()["send_at"]) == campaign.send_at
 
 
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "code"),
+    [
+        (b"{not json", "application/json", 400, "malformed_json"),
+        (b'{"send_at": null}', "text/plain", 415, "unsupported_media_type"),
+    ],
+    ids=["malformed", "not-json"],
+)
+async def test_a_schedule_body_that_is_not_json_is_refused_and_changes_nothing(
+    api: httpx.AsyncClient,
+    db: Database,
+    settings: Settings,
+    body: bytes,
+    content_type: str,
+    status: int,
+    code: str,
+) -> None:
+    user, auth = await new_user(db)
+    campaign = await draft(db, settings, user)
+    path = f"/v1/campaigns/{campaign.campaign_id}"
+
+    answer = await api.post(
+        f"{path}/schedule", content=body, headers=auth | {"Content-Type": content_type}
+    )
+
+    assert (answer.status_code, answer.json()["error"]["code"]) == (status, code)
+    assert (await api.get(path, headers=auth)).json()["state"] == "draft"
+
+
 @pytest.mark.parametrize("field", ["template_id", "list_id"])
 async def test_an_id_that_is_not_a_time_uuid_is_a_422_naming_it(
     api: httpx.AsyncClient, db: Database, field: str
