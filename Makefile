@@ -12,7 +12,7 @@ export PYTHON := $(PY)
 
 .PHONY: help install run test test-unit test-integration env-example openapi docs lint fmt typecheck all services-up \
         services-down services-status migrate topology bench chaos cluster-up cluster-down cluster-test \
-        cov cov-decisions mutate clean fuzz
+        cov cov-decisions mutate clean fuzz simulate
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -111,6 +111,10 @@ FUZZ_EXAMPLES ?= 30
 FUZZ_SEED ?= 20261125
 fuzz: install services-up ## fuzz every API route, both webhook receivers and the tracking endpoint; any 5xx fails (JSON)
 	$(PY) -m tests.fuzz.run --examples $(FUZZ_EXAMPLES) --seed $(FUZZ_SEED)
+
+SIM_ARGS := $(if $(SEED),--seed $(SEED)) $(if $(SCHEDULE),--schedule '$(SCHEDULE)') $(if $(SWARM),--swarm $(SWARM)) $(if $(SCENARIOS),--scenarios $(SCENARIOS))
+simulate: install ## the delivery path simulated over the twins: every single fault at every step, then a seeded swarm (SEED=n or SCHEDULE=... replays one; SWARM=n; last line JSON)
+	$(PY) -m simulation.run $(SIM_ARGS) $(SIMULATE_ARGS)
 
 chaos: install services-up ## fault tests, a soak under faults, the invariants (last line JSON)
 	$(PY) -m chaos.run $(CHAOS_ARGS)

@@ -34,8 +34,8 @@ SETTLED = frozenset({"accepted", "rejected", "resolved"})
 
 COLUMNS = (
     "attempt, chunk, provider, state, owner, cause, reason, created_at, calling_at, "
-    "finished_at, status_code, message_id, error, checks, resolution, decision, verdict, "
-    "next_provider, next_attempt, next_delay"
+    "finished_at, status_code, message_id, error, checks, checked_by, resolution, decision, "
+    "verdict, next_provider, next_attempt, next_delay"
 )
 
 
@@ -80,6 +80,9 @@ class Attempt:
     """``<kind>|<message>`` of a failed call (kind: transient, misconfigured, permanent)."""
     checks: int
     """Sequence number of the check (lease or resolution) this attempt waits for."""
+    checked_by: str | None
+    """The message id of the delivery that numbered the current check (so its redelivery,
+    and no other copy, publishes that check again if its confirm never came)."""
     resolution: str | None
     decision: str | None
     """``retry``, ``give_up`` or ``done``, written with ``rejected`` or ``resolved``."""
@@ -116,6 +119,7 @@ def from_row(line: str, r: Row) -> Attempt:
         message_id=r["message_id"],
         error=r["error"],
         checks=r["checks"] or 0,
+        checked_by=r.get("checked_by"),
         resolution=r["resolution"],
         decision=r["decision"],
         verdict=r["verdict"],

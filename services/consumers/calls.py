@@ -211,6 +211,7 @@ class Caller:
             return {
                 "state": "ambiguous",
                 "checks": current.checks + 1,
+                "checked_by": job.origin,
                 "finished_at": now,
                 "error": encode_error(answer.error),
             }

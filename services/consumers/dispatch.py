@@ -78,6 +78,7 @@ def decode(message: aio_pika.abc.AbstractIncomingMessage) -> tuple[protocol.Job,
             provider=key.provider,
             check=chunk_job.check,
             lane=key.lane,
+            origin=message.message_id,
         )
         return job, None
     log_job = LogJob.decode(message.body)
@@ -91,6 +92,7 @@ def decode(message: aio_pika.abc.AbstractIncomingMessage) -> tuple[protocol.Job,
         attempt=log_job.attempt,
         provider=key.provider,
         check=log_job.check,
+        origin=message.message_id,
     )
     return job, log_job.deferral
 
@@ -238,7 +240,12 @@ class Dispatcher:
             job.line,
             job.attempt,
             expect={"state": "calling", "owner": step.owner},
-            values={"state": "ambiguous", "checks": checks, "finished_at": self.now()},
+            values={
+                "state": "ambiguous",
+                "checks": checks,
+                "checked_by": job.origin,
+                "finished_at": self.now(),
+            },
         )
         if not expired:
             return False
@@ -255,7 +262,7 @@ class Dispatcher:
             job.line,
             job.attempt,
             expect={"state": "calling", "checks": step.checks},
-            values={"checks": checks},
+            values={"checks": checks, "checked_by": job.origin},
         )
         if not taken:
             return False

@@ -185,8 +185,13 @@ class FollowUps:
                 attempt=job.attempt,
                 check=checks,
             ).encode()
+        # An id of its own (not only its number): the check's delivery may number the next
+        # one, and the attempt then records this id as the one whose redelivery republishes.
         await self.d.broker.publish(
-            key, body, delay=tier, message_id=f"{job.line}:{job.attempt}:check:{checks}"
+            key,
+            body,
+            delay=tier,
+            message_id=f"{job.line}:{job.attempt}:check:{checks}:{uuid.uuid4().hex[:12]}",
         )
 
 

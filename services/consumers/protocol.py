@@ -28,7 +28,7 @@ from shared.attempts import Attempt, find
 from shared.db import Row
 from shared.lanes import Priority
 from shared.precedence import visible
-from shared.recipients import CHUNK, accepted_by_line
+from shared.recipients import CHUNK, OWN, accepted_by_line
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,9 @@ class Job:
     """Set on a delayed check of the attempt: the check's sequence number."""
     lane: Priority = "transactional"
     """The lane a chunk's job travels in; its retries and checks stay in it."""
+    origin: str | None = None
+    """The message id of this delivery's message (the same on each redelivery of it;
+    copies published apart have ids of their own)."""
 
     @property
     def own_line(self) -> bool:
@@ -172,8 +175,16 @@ def next_step(
     if current.state == "ambiguous":
         if job.check == current.checks:
             return Resolve()
-        return EnsureCheck(current.checks) if job.check is None else Done()
+        if job.check is None or numbered_by(job, current):
+            return EnsureCheck(current.checks)
+        return Done()
     return FollowUp(current)
+
+
+def numbered_by(job: Job, current: Attempt) -> bool:
+    """Whether this delivery's message numbered the attempt's current check (so it, and no
+    other copy, must see that check published)."""
+    return job.origin is not None and current.checked_by == job.origin
 
 
 def _unclaimed(job: Job, line: Sequence[Attempt], later: bool) -> Step:
@@ -207,10 +218,11 @@ def _calling(
         # (call now), or we called and recording the answer failed (record it now).
         return Record() if called else Call()
     ends = (current.calling_at or current.created_at) + lease
-    if job.check is None and current.checks > 0:
-        return Done()  # a check of this call is already queued
-    if job.check is not None and job.check != current.checks:
-        return Done()  # a stale check
+    queued = job.check is None and current.checks > 0  # a check of this call is queued
+    stale = job.check is not None and job.check != current.checks
+    if queued or stale:
+        # Unless this delivery numbered that check: its publish may never have been confirmed.
+        return EnsureCheck(current.checks) if numbered_by(job, current) else Done()
     if now >= ends:
         return Expire(current.owner, current.checks)
     return WaitLease(current.checks, ends)
@@ -232,17 +244,29 @@ def pending(rows: Sequence[Row], *, own_line: bool, tag: str) -> list[Row]:
 
     A chunk's attempt is for its recipients that no attempt of the chunk got accepted (a
     recipient the chunk's provider accepted and then dropped is re-sent by its own line). A
-    re-send attempt is for its one recipient, unless that attempt is already known accepted.
-    Recipients already final (an outcome, or given up) are nobody's.
+    re-send attempt is for its one recipient, unless an attempt of the recipient's line is
+    known accepted and was not handed over since (``superseded``): evidence of an earlier
+    re-send that arrived late (after that attempt was resolved as not accepted) counts, so
+    the recipient is not sent twice. Recipients already final (an outcome, or given up) are
+    nobody's.
     """
     out = []
     for row in rows:
         if visible(row).state != "queued":
             continue
-        accepted = tag in (row.get("evidence") or ()) if own_line else accepted_by_line(row, CHUNK)
+        accepted = _accepted_on_own_line(row, tag) if own_line else accepted_by_line(row, CHUNK)
         if not accepted:
             out.append(row)
     return out
+
+
+def _accepted_on_own_line(row: Row, tag: str) -> bool:
+    """Whether attempt ``tag``, or another of its line not handed over since, was accepted."""
+    handed_over = row.get("superseded") or ()
+    return any(
+        t == tag or (t.startswith(OWN + ".") and t not in handed_over)
+        for t in row.get("evidence") or ()
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,7 +99,7 @@ class Resolver:
             job.line,
             job.attempt,
             expect={"state": "ambiguous", "checks": current.checks},
-            values={"checks": checks},
+            values={"checks": checks, "checked_by": job.origin},
         )
         if taken:
             await self.d.follow.check(job, checks, delay)

@@ -40,6 +40,7 @@ from shared.db import utc
 from shared.idempotency import Claimed, Existing
 from shared.sessions import Session
 from tests.fakes.stores import FakeCassandra, FakeSuppressions
+from tests.fakes.wire import LOOPBACK, Wire
 
 #: ``idempotency_keys``' ``default_time_to_live`` (deploy/cql/0001_core.cql).
 IDEMPOTENCY_TTL = 86_400
@@ -119,6 +120,9 @@ class AccountTables:
     api_keys_by_user: dict[uuid.UUID, set[str]] = field(default_factory=dict)
     sessions: dict[str, _Row] = field(default_factory=dict)
     idempotency_keys: dict[tuple[uuid.UUID, str], _Row] = field(default_factory=dict)
+    wire: Wire = LOOPBACK
+    """How each round trip travels (``tests.fakes.wire``); so far only the idempotency
+    twin's go over it."""
 
     def now(self) -> datetime:
         return self.clock.now()
@@ -368,8 +372,15 @@ class FakeIdempotencyStore:
     async def claim(
         self, user_id: uuid.UUID, key: str, body_hash: bytes, batch_id: uuid.UUID, owner: uuid.UUID
     ) -> Claimed | Existing:
+        trip = await self.tables.wire.trip("idempotency.claim", "lwt")
+        claimed = self._claim(user_id, key, body_hash, batch_id, owner)
+        trip.landed()
+        return claimed
+
+    def _claim(
+        self, user_id: uuid.UUID, key: str, body_hash: bytes, batch_id: uuid.UUID, owner: uuid.UUID
+    ) -> Claimed | Existing:
         now = self.tables.now()
-        await _round_trip()
         row = self._live(user_id, key)
         if row is not None and (row.get("body_hash") is None or row.get("batch_id") is None):
             # What is left once the claim's cells expired claims nothing: cleared, claimed anew.
@@ -397,24 +408,27 @@ class FakeIdempotencyStore:
     async def take_over(
         self, user_id: uuid.UUID, key: str, stale: Existing, owner: uuid.UUID
     ) -> bool:
-        await _round_trip()
+        trip = await self.tables.wire.trip("idempotency.take_over", "lwt")
         row = self._live(user_id, key) or {}
-        if row.get("owner") != stale.owner or row.get("response") is not None:
-            return False
-        until = stored(self.tables.now() + self.lease)
-        self._write(user_id, key, {"owner": owner, "lease_until": until}, insert=False)
-        return True
+        taken = row.get("owner") == stale.owner and row.get("response") is None
+        if taken:
+            until = stored(self.tables.now() + self.lease)
+            self._write(user_id, key, {"owner": owner, "lease_until": until}, insert=False)
+        trip.landed()
+        return taken
 
     async def complete(self, user_id: uuid.UUID, key: str, response: bytes) -> None:
-        await _round_trip()
+        trip = await self.tables.wire.trip("idempotency.complete", "lwt")
         if self._live(user_id, key) is not None:  # IF EXISTS
             self._write(user_id, key, {"response": response}, insert=False)
+        trip.landed()
 
     async def release(self, user_id: uuid.UUID, key: str, owner: uuid.UUID) -> None:
-        await _round_trip()
+        trip = await self.tables.wire.trip("idempotency.release", "lwt")
         row = self._live(user_id, key)
         if row is not None and row.get("owner") == owner:
             del self.tables.idempotency_keys[(user_id, key)]
+        trip.landed()
 
     def _live(self, user_id: uuid.UUID, key: str) -> dict[str, Any] | None:
         row = self.tables.idempotency_keys.get((user_id, key))

@@ -18,7 +18,6 @@ whose outcome is unknown.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -63,6 +62,7 @@ from shared.stats import (
     user_bucket,
 )
 from shared.webhook_events import ProviderEvent
+from tests.fakes.wire import LOOPBACK, Kind, Trip, Wire
 
 #: A clustering row of ``batches``: (chunk, log_id).
 Clustering = tuple[int, uuid.UUID]
@@ -184,61 +184,83 @@ class _Failure:
     applied: bool
 
 
-#: The operations a fault can be injected into (each store operation that does I/O).
-OPERATIONS = frozenset(
-    {
-        "attempts.create",
-        "attempts.line",
-        "attempts.transition",
-        "batches.cancel",
-        "batches.cancel_scheduled",
-        "batches.header",
-        "batches.index",
-        "batches.index_stored",
-        "batches.owner",
-        "batches.set_status",
-        "batches.start_scheduled",
-        "batches.status",
-        "batches.write",
-        "recipients.accepted",
-        "recipients.batch_rows",
-        "recipients.call_failed",
-        "recipients.chunk_rows",
-        "recipients.give_up",
-        "recipients.locate",
-        "recipients.member",
-        "recipients.one",
-        "recipients.reported",
-        "recipients.stored_chunk",
-        "recipients.supersede",
-        "stats.accepted",
-        "stats.active_users",
-        "stats.activity",
-        "stats.bucket",
-        "stats.bucket_rows",
-        "stats.cancelled",
-        "stats.day",
-        "stats.outcomes",
-        "stats.range",
-        "stats.hit",
-        "stats.reconcile",
-        "stats.recount",
-        "stats.rollup",
-        "stats.user_days",
-        "suppressions.add",
-        "timeline.orphan",
-        "timeline.record",
-        "tokens.accept_once",
-    }
-)
+@dataclass
+class _Landing:
+    """What ends one operation once its effect is applied: the wire's trip, then the
+    injected failure (a write whose answer is lost) if there is one."""
+
+    trip: Trip
+    failure: _Failure | None
+
+    def landed(self) -> None:
+        self.trip.landed()
+        if self.failure is not None:
+            raise self.failure.error
+
+
+#: The operations a fault can be injected into (each store operation that does I/O), and
+#: what each round trip is (``tests.fakes.wire.Kind``).
+OPERATION_KINDS: dict[str, Kind] = {
+    "attempts.create": "lwt",
+    "attempts.line": "read",
+    "attempts.transition": "lwt",
+    "batches.cancel": "write",
+    "batches.cancel_scheduled": "lwt",
+    "batches.header": "read",
+    "batches.index": "write",
+    "batches.index_stored": "write",
+    "batches.owner": "read",
+    "batches.set_status": "write",
+    "batches.start_scheduled": "lwt",
+    "batches.status": "read",
+    "batches.write": "write",
+    "outbox.done": "write",
+    "outbox.unpublished": "read",
+    "quota.add": "write",
+    "quota.read": "read",
+    "recipients.accepted": "write",
+    "recipients.batch_rows": "read",
+    "recipients.call_failed": "write",
+    "recipients.chunk_rows": "read",
+    "recipients.give_up": "write",
+    "recipients.locate": "read",
+    "recipients.member": "read",
+    "recipients.one": "read",
+    "recipients.reported": "write",
+    "recipients.stored_chunk": "read",
+    "recipients.supersede": "write",
+    "stats.accepted": "write",
+    "stats.active_users": "read",
+    "stats.activity": "write",
+    "stats.bucket": "read",
+    "stats.bucket_rows": "read",
+    "stats.cancelled": "write",
+    "stats.day": "read",
+    "stats.outcomes": "write",
+    "stats.range": "read",
+    "stats.hit": "write",
+    "stats.reconcile": "write",
+    "stats.recount": "write",
+    "stats.rollup": "write",
+    "stats.user_days": "read",
+    "suppressions.add": "write",
+    "timeline.orphan": "write",
+    "timeline.record": "write",
+    "tokens.accept_once": "lwt",
+}
+OPERATIONS = frozenset(OPERATION_KINDS)
 
 
 class FakeCassandra:
     """The tables the twins share (as one keyspace is shared by the real stores)."""
 
-    def __init__(self, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+    def __init__(
+        self, now: Callable[[], datetime] = lambda: datetime.now(UTC), wire: Wire = LOOPBACK
+    ) -> None:
         self.now = now
         """The clock of server-side times (write timestamps, ``created_at``): the World's."""
+        self.wire = wire
+        """How each round trip travels (``tests.fakes.wire``): where a simulator's faults go."""
         self.headers: dict[uuid.UUID, _Cells] = {}
         """``batches``' static columns, by batch."""
         self.batches: dict[uuid.UUID, dict[Clustering, _Cells]] = defaultdict(dict)
@@ -258,6 +280,12 @@ class FakeCassandra:
         self.events: dict[tuple[uuid.UUID, uuid.UUID, datetime, str], dict[str, Any]] = {}
         self.orphans: dict[tuple[str, date, str], str] = {}
         self.tokens: dict[str, bytes] = {}
+        self.outbox: dict[tuple[str, datetime, int], dict[uuid.UUID, dict[str, Any]]] = defaultdict(
+            dict
+        )
+        """``outbox_minutes``: (namespace, minute, shard) -> batch -> row."""
+        self.quota: dict[tuple[uuid.UUID, date], int] = defaultdict(int)
+        """``recipient_quota``'s counters."""
         self._failures: dict[str, list[_Failure]] = defaultdict(list)
         self.calls: list[str] = []
 
@@ -302,24 +330,20 @@ class FakeCassandra:
         for write in writes:
             write()
 
-    async def _before(self, operation: str) -> _Failure | None:
-        # Every operation yields to the event loop, as a real round trip does, so concurrent
-        # callers interleave here as they would in production.
-        await asyncio.sleep(0)
-        assert operation in OPERATIONS, f"{operation} is missing from OPERATIONS"
+    async def _before(self, operation: str) -> _Landing:
+        # Every operation goes over the wire, which yields to the event loop as a real round
+        # trip does, so concurrent callers interleave here as they would in production.
+        trip = await self.wire.trip(operation, OPERATION_KINDS[operation])
         self.calls.append(operation)
         queue = self._failures.get(operation)
-        if not queue:
-            return None
-        failure = queue.pop(0)
-        if not failure.applied:
+        failure = queue.pop(0) if queue else None
+        if failure is not None and not failure.applied:
             raise failure.error
-        return failure
+        return _Landing(trip, failure)
 
     @staticmethod
-    def _after(failure: _Failure | None) -> None:
-        if failure is not None:
-            raise failure.error
+    def _after(done: _Landing) -> None:
+        done.landed()
 
 
 def _selected(key: Clustering, cells: _Cells) -> dict[str, Any]:
@@ -346,10 +370,11 @@ class FakeBatches:
         self.db = db
         self.stats = stats or FakeStats(db)
 
-    async def write(self, batch: NewBatch, *, also: Sequence[Any] = ()) -> None:
-        if also:
-            raise NotImplementedError("the twin writes no other store's statements")
+    async def write(self, batch: NewBatch, *, also: Sequence[Write] = ()) -> None:
+        """The batch's partition, with ``also`` (other twins' writes, as the real store sends
+        other partitions' statements) in the same logged batch: all of it lands, or none."""
         failure = await self.db._before("batches.write")
+        self.db.apply(also)
         queued = precedence.queued_stamp(batch.batch_id)
         created = precedence.accepted_at(batch.batch_id)
         for i, part in enumerate(batch.chunks()):

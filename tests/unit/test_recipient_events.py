@@ -43,6 +43,7 @@ def _attempt(state: str, **kw: object) -> Attempt:
         "message_id": None,
         "error": None,
         "checks": 0,
+        "checked_by": None,
         "resolution": None,
         "decision": None,
         "verdict": None,

@@ -20,11 +20,16 @@ WINDOWS = ResolveSettings(interval=30, query_after=300, webhook_window=3600)
 
 
 def job(
-    attempt: int = 0, *, provider: str = "sg", check: int | None = None, own: bool = False
+    attempt: int = 0,
+    *,
+    provider: str = "sg",
+    check: int | None = None,
+    own: bool = False,
+    origin: str | None = None,
 ) -> Job:
     log_id = uuid.uuid1() if own else None
     line = f"r{log_id}" if own else "c0"
-    return Job(BATCH, line, 0, log_id, attempt, provider, check)
+    return Job(BATCH, line, 0, log_id, attempt, provider, check, origin=origin)
 
 
 def attempt(n: int = 0, state: str = "claimed", **kw: object) -> Attempt:
@@ -44,6 +49,7 @@ def attempt(n: int = 0, state: str = "claimed", **kw: object) -> Attempt:
         message_id=None,
         error=None,
         checks=0,
+        checked_by=None,
         resolution=None,
         decision=None,
         verdict=None,
@@ -136,6 +142,19 @@ def test_pending_of_a_resend_is_its_recipient_unless_that_attempt_was_accepted()
     assert protocol.pending([row("a", evidence={"r.0"})], own_line=True, tag="r.0") == []
 
 
+def test_a_resend_skips_a_recipient_an_earlier_resend_of_her_line_got_accepted() -> None:
+    """r.0 was resolved as not accepted, r.1 is queued, then r.0's acceptance is reported:
+    r.1 has nobody left to send to."""
+    late = row("a", evidence={"c.0", "r.0"}, superseded={"c.0"}, event="sent")
+    assert protocol.pending([late], own_line=True, tag="r.1") == []
+
+
+def test_a_resend_still_goes_when_the_earlier_acceptance_was_handed_over() -> None:
+    """r.0 was accepted, then dropped by its provider (handed over: superseded): r.1 sends."""
+    dropped = row("a", evidence={"c.0", "r.0"}, superseded={"c.0", "r.0"}, event="dropped")
+    assert protocol.pending([dropped], own_line=True, tag="r.1") == [dropped]
+
+
 def test_resolve_waits_for_the_query_api_before_trusting_it() -> None:
     pending = frozenset({"a", "b"})
     early = protocol.resolve(pending, age=10, lookup=frozenset({"a"}), settings=WINDOWS)
@@ -189,6 +208,26 @@ def test_a_check_of_an_attempt_that_was_never_claimed_is_stray() -> None:
 def test_a_stray_job_says_why_it_is_dropped(j: Job, line: list[Attempt], why: str) -> None:
     """The reason (logged when the job is acked) names the attempt and what rules it out."""
     assert step(j, line) == protocol.Stray(why)
+
+
+def test_the_delivery_that_numbered_an_ambiguous_check_publishes_it_again() -> None:
+    """Its publish may never have been confirmed (or its write timed out having applied):
+    a redelivery of the very message that numbered check 4 makes sure it is out; another
+    copy of the check it held does not."""
+    ambiguous = attempt(0, "ambiguous", owner=OTHER, checks=4, checked_by="m3")
+    assert step(job(check=3, origin="m3"), [ambiguous]) == protocol.EnsureCheck(4)
+    assert step(job(check=3, origin="m3-copy"), [ambiguous]) == protocol.Done()
+    assert step(job(check=3), [ambiguous]) == protocol.Done()
+
+
+def test_the_delivery_that_numbered_a_lease_check_publishes_it_again() -> None:
+    """The first job waited for another caller's lease (checks 0 -> 1) and its publish was
+    lost: its redelivery publishes check 1; a duplicate of the job does not."""
+    calling = attempt(0, "calling", owner=OTHER, calling_at=NOW, checks=1, checked_by="job")
+    assert step(job(origin="job"), [calling]) == protocol.EnsureCheck(1)
+    assert step(job(origin="other"), [calling]) == protocol.Done()
+    stale = attempt(0, "calling", owner=OTHER, calling_at=NOW, checks=3, checked_by="c2")
+    assert step(job(check=2, origin="c2"), [stale]) == protocol.EnsureCheck(3)
 
 
 def test_a_redelivery_of_a_call_whose_first_check_is_queued_is_done() -> None:

@@ -1,0 +1,201 @@
+"""What must hold once a simulated run is quiet, whatever faults it met.
+
+Each check reads the world's final state (the twins' tables, the providers' ledger, what each
+client was told, the broker) and returns violations, one line each. Acceptances the README's
+at-least-once windows allow are not violations; they are counted apart, with their reason.
+
+* ``final``: every recipient of every batch a client was told was accepted (and of every
+  other batch that exists and was not cancelled) ended ``success`` or ``failed``;
+* ``once``: the providers accepted each recipient of each client request at most once;
+* ``told_503``: nothing of a keyless try that was answered 503 was sent;
+* ``one_batch``: a client retrying with its key got one batch id;
+* ``evidence``: nothing is ``success`` that no provider accepted and reported delivered, and
+  nothing a provider delivered is shown ``failed``;
+* ``stats``: each user's daily counts equal the outcome of their recipients;
+* ``quota``: each user's quota holds exactly the recipients of their batches that were not
+  cancelled;
+* ``queues``: no message is left in a queue, in flight or delayed, and none was dead-lettered;
+* ``lines``: no attempt line grew past a bound;
+* ``errors``: no service logged an unexpected error.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from shared.precedence import visible
+from shared.stats import batch_day
+from simulation.clients import Request
+from simulation.providers import Acceptance
+from simulation.world import World
+
+#: The longest an attempt line may grow (attempts of one chunk or one recipient's re-sends).
+LINE_BOUND = 12
+
+
+@dataclass
+class Verdict:
+    violations: list[str] = field(default_factory=list)
+    at_least_once: Counter[str] = field(default_factory=Counter)
+    """Duplicates the README allows, by reason."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def add(self, check: str, what: str) -> None:
+        self.violations.append(f"{check}: {what}")
+
+
+async def judge(world: World, requests: list[Request], *, quiet: bool) -> Verdict:
+    """Every check over the world as it is now."""
+    verdict = Verdict()
+    if not quiet:
+        verdict.add("quiescence", "the world was still busy at the horizon")
+    if world.errors:
+        for error in world.errors[:5]:
+            verdict.add("errors", error)
+    batches = await _batches(world)
+    await _final(world, batches, verdict)
+    _once(world, requests, verdict)
+    _clients(requests, verdict)
+    await _evidence(world, batches, verdict)
+    await _stats(world, batches, verdict)
+    _quota(world, batches, verdict)
+    _queues(world, verdict)
+    _lines(world, verdict)
+    return verdict
+
+
+@dataclass(frozen=True)
+class _Batch:
+    batch_id: uuid.UUID
+    user_id: uuid.UUID
+    status: str
+    rows: list[dict[str, object]]
+
+
+async def _batches(world: World) -> list[_Batch]:
+    out = []
+    for batch_id in sorted(world.db.headers, key=lambda b: b.bytes):
+        header = await world.batches.header(batch_id)
+        if header is None:
+            continue
+        rows = await world.recipients.batch_rows(batch_id)
+        out.append(_Batch(batch_id, header.user_id, header.status, rows))
+    return out
+
+
+async def _final(world: World, batches: list[_Batch], verdict: Verdict) -> None:
+    for b in batches:
+        if b.status in ("cancelled", "scheduled"):
+            continue
+        stuck = [r for r in b.rows if visible(r).state == "queued"]
+        for r in stuck[:3]:
+            verdict.add(
+                "final",
+                f"batch {b.batch_id} ({b.status}): {r['email']} still queued "
+                f"(event {r.get('event') or 'queued'}, providers {r.get('providers') or {}})",
+            )
+
+
+def _request_of(metadata: tuple[tuple[str, str], ...], batch_id: uuid.UUID) -> str:
+    found = dict(metadata)
+    return found.get("sim_request") or f"batch {batch_id}"
+
+
+def _once(world: World, requests: list[Request], verdict: Verdict) -> None:
+    seen: dict[tuple[str, str], list[Acceptance]] = defaultdict(list)
+    for a in world.ledger.accepted:
+        if a.sent:
+            seen[(_request_of(a.metadata, a.batch_id), a.email)].append(a)
+    for (request, email), sends in sorted(seen.items()):
+        if len(sends) < 2:
+            continue
+        if any(a.deferred for a in sends[:-1]):
+            verdict.at_least_once["a deferral outlived its deadline and was handed over"] += 1
+            continue
+        said = ", ".join(f"{a.provider} {a.tag}" for a in sends)
+        verdict.add("once", f"{request}: {email} accepted {len(sends)} times ({said})")
+    told = {t for r in requests for t in r.told_503}
+    for a in world.ledger.accepted:
+        sim_try = dict(a.metadata).get("sim_try")
+        if sim_try in told:
+            verdict.add("told_503", f"{sim_try}: {a.email} was sent though the client was told 503")
+
+
+def _clients(requests: list[Request], verdict: Verdict) -> None:
+    for r in requests:
+        if r.key is not None and len(r.batch_ids) > 1:
+            verdict.add("one_batch", f"{r.name}: key {r.key} answered {sorted(r.batch_ids)}")
+
+
+async def _evidence(world: World, batches: list[_Batch], verdict: Verdict) -> None:
+    accepted = {(a.batch_id, a.email) for a in world.ledger.accepted}
+    for b in batches:
+        for r in b.rows:
+            email = str(r["email"]).lower()
+            state = visible(r).state
+            if state == "success" and (b.batch_id, email) not in accepted:
+                verdict.add("evidence", f"batch {b.batch_id}: {email} success, never accepted")
+
+
+async def _stats(world: World, batches: list[_Batch], verdict: Verdict) -> None:
+    expected: dict[tuple[uuid.UUID, object], Counter[str]] = defaultdict(Counter)
+    for b in batches:
+        key = (b.user_id, batch_day(b.batch_id))
+        if b.status == "cancelled":
+            expected.setdefault(key, Counter())
+            continue
+        expected[key]["queued"] += len(b.rows)
+        for r in b.rows:
+            state = visible(r).state
+            if state in ("success", "failed"):
+                expected[key][state] += 1
+    for (user_id, day), counts in expected.items():
+        got = await world.stats.day(user_id, day)  # type: ignore[arg-type]
+        shown = {k: got.get(k, 0) for k in ("queued", "success", "failed")}
+        want = {k: counts.get(k, 0) for k in ("queued", "success", "failed")}
+        if shown != want:
+            verdict.add("stats", f"user {user_id} {day}: stats {shown}, recipients {want}")
+
+
+def _quota(world: World, batches: list[_Batch], verdict: Verdict) -> None:
+    """Charged exactly what the batches hold; more only after a fault in the API, since a
+    counter write whose answer is lost, or a request that dies after charging, keeps its
+    charge (the quota errs towards refusing, never towards allowing more)."""
+    used: Counter[uuid.UUID] = Counter()
+    for b in batches:
+        if b.status != "cancelled":
+            used[b.user_id] += len(b.rows)
+    charged: Counter[uuid.UUID] = Counter()
+    for (user_id, _), count in world.db.quota.items():
+        charged[user_id] += count
+    api_faulted = "api" in world.faulted_processes()
+    for user_id in set(used) | set(charged):
+        if charged[user_id] > used[user_id] and api_faulted:
+            verdict.at_least_once["quota: kept after a failed request"] += 1
+        elif charged[user_id] != used[user_id]:
+            verdict.add(
+                "quota", f"user {user_id}: charged {charged[user_id]}, batches hold {used[user_id]}"
+            )
+
+
+def _queues(world: World, verdict: Verdict) -> None:
+    broker = world.broker
+    for queue, count in broker.leftovers().items():
+        verdict.add("queues", f"{count} message(s) left in {queue}")
+    if broker.unacked:
+        verdict.add("queues", f"{len(broker.unacked)} message(s) still unacked")
+    if broker.delayed:
+        verdict.add("queues", f"{len(broker.delayed)} message(s) still delayed")
+    for letter in broker.dead[:3]:
+        verdict.add("queues", f"dead-lettered {letter.envelope.routing_key} ({letter.reason})")
+
+
+def _lines(world: World, verdict: Verdict) -> None:
+    for (batch_id, line), rows in world.db.attempts.items():
+        if len(rows) > LINE_BOUND:
+            verdict.add("lines", f"batch {batch_id} line {line}: {len(rows)} attempts")

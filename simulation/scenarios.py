@@ -1,0 +1,186 @@
+"""The scenarios: what clients, providers and recipients do in a simulated run.
+
+Each scenario sets up the deployment (:class:`simulation.world.Config`), runs its clients
+and returns their requests; the world then runs until it is quiet and the invariants judge
+it. Recipients' fates come from their addresses, as in the sandbox (``bounce…@`` hard bounce,
+``sgdrop…@`` dropped by SendGrid only, ``sgdefer…@`` deferred by SendGrid only...).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from simulation.clients import Request, send
+from simulation.world import Config, World
+
+Script = Callable[[World], Awaitable[list[Request]]]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    about: str
+    script: Script
+    config: Config = field(default_factory=Config)
+
+
+def body(*to: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "from": "news@shop.example",
+        "to": list(to),
+        "subject": "Your order",
+        "text": "It ships today.",
+        **extra,
+    }
+
+
+def user(n: int = 1) -> uuid.UUID:
+    return uuid.UUID(int=n)
+
+
+ANN, BOB = "ann@example.org", "bob@example.org"
+
+
+async def _one(world: World, *to: str, key: str | None = "k-order", **extra: Any) -> list[Request]:
+    request = Request("order", user(), body(*to, **extra), key=key)
+    return [await send(world, request)]
+
+
+async def _two_recipients(world: World) -> list[Request]:
+    return await _one(world, ANN, BOB)
+
+
+async def _keyless(world: World) -> list[Request]:
+    return await _one(world, ANN, BOB, key=None)
+
+
+async def _dropped(world: World) -> list[Request]:
+    # SendGrid drops the first for a reason of its own (a provider-side failure: handed over
+    # to Mailgun through the recipient's own line); the second bounces (final, suppressed).
+    return await _one(world, "sgdrop.ann@example.org", "bounce.bob@example.org", ANN)
+
+
+async def _deferred(world: World) -> list[Request]:
+    # SendGrid defers her and says nothing more: past the deadline she goes to Mailgun.
+    return await _one(world, "sgdefer.ann@example.org", BOB)
+
+
+async def _two_clients(world: World) -> list[Request]:
+    first = Request("first", user(1), body(ANN, BOB), key="k-1")
+    second = Request("second", user(2), body(ANN, "cat@example.org"), key=None)
+    done = [await send(world, first)]
+    done.append(await send(world, second))
+    return done
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("plain", "one keyed batch of two recipients, delivered", _two_recipients),
+        Scenario(
+            "keyless",
+            "a batch without an Idempotency-Key: a 503 must mean nothing is sent",
+            _keyless,
+        ),
+        Scenario(
+            "failover",
+            "SendGrid refuses the chunk (429): Mailgun sends it",
+            _two_recipients,
+            Config(scripts={"sg": ("refused",)}),
+        ),
+        Scenario(
+            "timeout_query",
+            "SendGrid takes the chunk and never answers: its query API shows it was accepted",
+            _two_recipients,
+            Config(scripts={"sg": ("accept_silent",)}),
+        ),
+        Scenario(
+            "timeout_no_query",
+            "SendGrid takes the chunk and never answers; no query API: its webhooks decide",
+            _two_recipients,
+            Config(scripts={"sg": ("accept_silent",)}, query_api=("mg",)),
+        ),
+        Scenario(
+            "slow_evidence",
+            "SendGrid takes the chunk and never answers; its events come late: checks wait "
+            "until its query API (after query_after) shows the chunk was taken",
+            _two_recipients,
+            Config(scripts={"sg": ("accept_silent",)}, event_delays=(400.0, 420.0, 440.0)),
+        ),
+        Scenario(
+            "silent_no_query",
+            "SendGrid takes the chunk and never answers; no query API, and its events come "
+            "15 minutes later: checks wait for them",
+            _two_recipients,
+            Config(
+                scripts={"sg": ("accept_silent",)},
+                query_api=("mg",),
+                event_delays=(900.0, 920.0, 940.0),
+            ),
+        ),
+        Scenario(
+            "lost_request",
+            "SendGrid never gets the request and the call times out: its query API (after "
+            "query_after) shows nothing, so Mailgun sends the chunk",
+            _two_recipients,
+            Config(scripts={"sg": ("lost_silent",)}),
+        ),
+        Scenario(
+            "lost_request_no_query",
+            "SendGrid never gets the request and the call times out; no query API: after "
+            "the webhook window Mailgun sends the chunk",
+            _two_recipients,
+            Config(scripts={"sg": ("lost_silent",)}, query_api=("mg",), resolve_interval=600),
+        ),
+        Scenario(
+            "lost_no_query",
+            "SendGrid answers 500 having taken nothing; no query API: after the webhook "
+            "window the chunk goes to Mailgun",
+            _two_recipients,
+            Config(scripts={"sg": ("reject_5xx",)}, query_api=("mg",)),
+        ),
+        Scenario(
+            "webhooks_early",
+            "the provider's events arrive before its answer is recorded",
+            _two_recipients,
+            Config(event_delays=(0.0, 0.0, 0.0)),
+        ),
+        Scenario(
+            "webhooks_reordered",
+            "every event is posted twice, and delivery comes before processing",
+            _two_recipients,
+            Config(event_delays=(6.0, 2.0, 9.0), duplicate_posts=True),
+        ),
+        Scenario(
+            "webhooks_late",
+            "delivery is reported two days after processing",
+            _two_recipients,
+            Config(event_delays=(1.0, 2 * 24 * 3600.0, 2 * 24 * 3600.0 + 60)),
+        ),
+        Scenario(
+            "resend",
+            "a provider-side drop (handed over to Mailgun), a hard bounce and a delivery",
+            _dropped,
+        ),
+        Scenario(
+            "deferral",
+            "SendGrid defers a recipient past the deadline: she is handed over to Mailgun",
+            _deferred,
+            Config(deferred_deadline=600),
+        ),
+        Scenario(
+            "intake_outage",
+            "Cassandra is down while the webhooks arrive: the intake queues them",
+            _two_recipients,
+            Config(outages=((1.5, 40.0),)),
+        ),
+        Scenario(
+            "two_clients",
+            "a keyed and a keyless client of two users, one address in common",
+            _two_clients,
+        ),
+    )
+}

@@ -1,0 +1,428 @@
+"""The simulated deployment: the services' real code in simulated processes, over the twins.
+
+Processes and what each runs (as ``services.cli`` runs them in production):
+
+* ``api``: accepting batches (:class:`services.api.sending.Sending` over
+  :class:`shared.acceptance.Acceptance`) and the outbox relay;
+* ``consumers-a`` and ``consumers-b``: the splitter and the provider senders
+  (:class:`services.consumers.dispatch.Dispatcher`), each consuming every queue, so two
+  deliveries of one job can run at once;
+* ``webhooks``: the providers' webhook intake (:class:`services.webhooks.intake.Intake`,
+  :class:`services.webhooks.ingest.Ingest`) and its queue's consumer.
+
+The twins' tables are the "disks" every incarnation shares; everything else (caches, the
+relay's memory, deliveries in flight) belongs to an incarnation and dies with it. Clients
+are outside every process: a request is handled in the ``api`` process and its answer is a
+step that can be lost. Periodic work (the relay's passes) is run by the world when it is due
+and has something to look at, so a quiet world costs nothing however long it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from services.api.sending import Sending
+from services.consumers.dispatch import Dispatcher
+from services.consumers.splitter import Splitter
+from services.webhooks.ingest import Ingest, IngestMetrics
+from services.webhooks.intake import Intake, IntakeMetrics
+from shared.acceptance import Acceptance
+from shared.background import Background
+from shared.config import ApiSettings, ProviderSettings, Settings, WebhookSettings
+from shared.errors import DependencyUnavailable
+from shared.handoff import HandOff
+from shared.http import ApiError
+from shared.metrics import ApiMetrics, DispatchMetrics
+from shared.outbox import Relay
+from shared.resources import topology_for
+from shared.settle import Delivery, Poison, run
+from simulation.broker import SimBroker, SimMessage
+from simulation.faults import Schedule
+from simulation.processes import Gate, Incarnation, Killed, Process
+from simulation.providers import Ledger, SimProvider
+from simulation.runtime import VirtualClock
+from tests.fakes.acceptance import FakeOutbox, FakeQuota
+from tests.fakes.account_stores import AccountTables, FakeIdempotencyStore
+from tests.fakes.stores import (
+    FakeAttempts,
+    FakeBatches,
+    FakeCassandra,
+    FakeRecipients,
+    FakeStats,
+    FakeSuppressions,
+    FakeTimeline,
+    FakeWebhookTokens,
+)
+
+log = logging.getLogger(__name__)
+
+#: The processes of a simulated deployment, in the order they boot.
+PROCESSES = ("api", "consumers-a", "consumers-b", "webhooks")
+
+
+@dataclass(frozen=True)
+class Config:
+    """What a scenario may set about the deployment."""
+
+    chain: str = "sg,mg"
+    max_attempts: int = 4
+    query_api: tuple[str, ...] = ("sg", "mg")
+    """Providers whose query API the account can use."""
+    event_delays: tuple[float, ...] = (1.0, 4.0, 8.0)
+    resolve_interval: int = 30
+    query_after: int = 300
+    webhook_window: int = 3600
+    deferred_deadline: int = 4 * 3600
+    quota: int = 100_000
+    scripts: dict[str, tuple[str | None, ...]] = field(default_factory=dict)
+    """How each provider's first calls go whatever the schedule (``send`` fault kinds)."""
+    duplicate_posts: bool = False
+    """Whether the providers deliver every webhook post twice."""
+    outages: tuple[tuple[float, float], ...] = ()
+    """Windows (start, seconds) in which Cassandra answers nothing."""
+
+
+@dataclass
+class Metrics:
+    """Prometheus metrics, made once per OS process (what they count is not judged)."""
+
+    api: ApiMetrics
+    dispatch: DispatchMetrics
+    ingest: IngestMetrics
+    intake: IntakeMetrics
+
+    @classmethod
+    def create(cls) -> Metrics:
+        registry = CollectorRegistry()
+        return cls(
+            ApiMetrics.create(registry),
+            DispatchMetrics.create(registry),
+            IngestMetrics.create(registry),
+            IntakeMetrics.create(registry),
+        )
+
+
+_METRICS: list[Metrics] = []
+
+
+def metrics() -> Metrics:
+    if not _METRICS:
+        _METRICS.append(Metrics.create())
+    return _METRICS[0]
+
+
+@dataclass
+class Reply:
+    """What a client heard: a status (0: the connection broke) and the body or error code."""
+
+    status: int
+    body: dict[str, Any] | None = None
+    code: str | None = None
+    retry_after: float | None = None
+
+
+@dataclass
+class ApiState:
+    sending: Sending
+    relay: Relay
+
+
+@dataclass
+class WebhookState:
+    intake: Intake
+
+
+class World:
+    def __init__(
+        self, schedule: Schedule, config: Config, clock: VirtualClock, *, record: bool
+    ) -> None:
+        self.schedule = schedule
+        self.config = config
+        self.clock = clock
+        self.gate = Gate(schedule, record=record)
+        skews = {s.target: s.seconds for s in schedule.skews}
+        cassandra_skew = timedelta(seconds=skews.get("cassandra", 0.0))
+        self.settings = _settings(config)
+        self.db = FakeCassandra(now=lambda: clock.now() + cassandra_skew, wire=self.gate)
+        self.stats = FakeStats(self.db, self.settings.stats.buckets)
+        self.batches = FakeBatches(self.db, self.stats)
+        self.recipients = FakeRecipients(self.db, self.stats)
+        self.attempts = FakeAttempts(self.db)
+        self.suppressions = FakeSuppressions(self.db)
+        self.timeline = FakeTimeline(self.db)
+        self.tokens = FakeWebhookTokens(self.db)
+        self.outbox = FakeOutbox(self.db, self.settings.amqp.exchange)
+        self.quota = FakeQuota(self.db, config.quota)
+        self.accounts = AccountTables(wire=self.gate)
+        self.idempotency = FakeIdempotencyStore(
+            self.accounts, lease=self.settings.api.idempotency_lease
+        )
+        self.broker = SimBroker(topology_for(self.settings), self.gate)
+        self.ledger = Ledger()
+        self.providers = {
+            code: SimProvider(
+                code,
+                self.gate,
+                self.ledger,
+                self.receive_webhook,
+                query_api=code in config.query_api,
+                timeout=self.settings.providers.timeout,
+                event_delays=config.event_delays,
+                script=list(config.scripts.get(code, ())),
+                duplicate_posts=config.duplicate_posts,
+            )
+            for code in self.settings.providers.chain_codes
+        }
+        self.gate.outages = config.outages
+        self.gate.on_disconnect = self.broker.disconnected
+        self.processes: dict[str, Process] = {}
+        starts: dict[str, Callable[[Incarnation], Awaitable[None]]] = {
+            "api": self._start_api,
+            "consumers-a": self._start_consumers,
+            "consumers-b": self._start_consumers,
+            "webhooks": self._start_webhooks,
+        }
+        for name in PROCESSES:
+            self.processes[name] = Process(
+                name, starts[name], skew=skews.get(name, 0.0), on_death=[self.broker.died]
+            )
+        self.api: dict[Incarnation, ApiState] = {}
+        self.webhooks: dict[Incarnation, WebhookState] = {}
+        self.requests_in_flight = 0
+        self.errors: list[str] = []
+        self._relay_due = 0.0
+
+    # -- processes ------------------------------------------------------------------------
+
+    async def boot(self) -> None:
+        for process in self.processes.values():
+            process.spawn(process.boot())
+        await asyncio.sleep(0)
+
+    def _now(self, process: Process) -> Callable[[], datetime]:
+        return lambda: self.clock.now() + timedelta(seconds=process.skew)
+
+    async def _start_api(self, inc: Incarnation) -> None:
+        m = metrics()
+        acceptance = Acceptance(self.batches, self.outbox, self.broker)  # type: ignore[arg-type]
+        sending = Sending(
+            settings=self.settings,
+            acceptance=acceptance,
+            batches=self.batches,  # type: ignore[arg-type]
+            suppressions=self.suppressions,  # type: ignore[arg-type]
+            idempotency=self.idempotency,  # type: ignore[arg-type]
+            quota=self.quota,  # type: ignore[arg-type]
+            metrics=m.api,
+            background=Background(),
+        )
+        relay = Relay(self.outbox, acceptance.finish, grace=self.settings.api.outbox_grace)  # type: ignore[arg-type]
+        self.api[inc] = ApiState(sending, relay)
+
+    async def _start_consumers(self, inc: Incarnation) -> None:
+        process = inc.process
+        dispatcher = Dispatcher(
+            broker=self.broker,  # type: ignore[arg-type]
+            batches=self.batches,  # type: ignore[arg-type]
+            attempts=self.attempts,  # type: ignore[arg-type]
+            providers=self.providers,
+            settings=self.settings.providers,
+            metrics=metrics().dispatch,
+            recipients=self.recipients,  # type: ignore[arg-type]
+            deferred_deadline=self.settings.webhooks.deferred_deadline,
+            now=self._now(process),
+        )
+        splitter = Splitter(
+            self.broker,  # type: ignore[arg-type]
+            self.batches,  # type: ignore[arg-type]
+            self.settings.providers.chain_codes[0],
+        )
+        t = self.broker.topology
+        self._consume(inc, t.batches_queue, splitter.process)
+        for code in self.settings.providers.chain_codes:
+            for queue in t.sender_queues(code):
+                self._consume(inc, queue, dispatcher.process)
+
+    async def _start_webhooks(self, inc: Incarnation) -> None:
+        handoff = HandOff(
+            self.attempts,  # type: ignore[arg-type]
+            self.recipients,  # type: ignore[arg-type]
+            self.broker,  # type: ignore[arg-type]
+            self.settings.providers.chain_codes,
+            self.settings.providers.max_attempts,
+        )
+        ingest = Ingest(
+            batches=self.batches,  # type: ignore[arg-type]
+            recipients=self.recipients,  # type: ignore[arg-type]
+            suppressions=self.suppressions,  # type: ignore[arg-type]
+            timeline=self.timeline,  # type: ignore[arg-type]
+            handoff=handoff,
+            broker=self.broker,  # type: ignore[arg-type]
+            settings=self.settings,
+            metrics=metrics().ingest,
+        )
+        intake = Intake(self.tokens, self.broker, ingest, metrics().intake)  # type: ignore[arg-type]
+        self.webhooks[inc] = WebhookState(intake)
+        self._consume(inc, self.broker.topology.webhooks_queue, intake.process, hold=None)
+
+    def _consume(
+        self,
+        inc: Incarnation,
+        queue: str,
+        process: Callable[[Any, Delivery], Awaitable[None]],
+        *,
+        hold: float | None = 600.0,
+    ) -> None:
+        async def handle(message: SimMessage) -> None:
+            await run(process, message, hold=hold)  # type: ignore[arg-type]
+
+        inc.process.spawn(self.broker.consume(queue, handle), inc)
+
+    # -- the outside world ----------------------------------------------------------------
+
+    async def receive_webhook(self, code: str, raw: bytes) -> tuple[int, str | None]:
+        """A provider posts ``raw`` to our webhook service: what it heard back."""
+        process = self.processes["webhooks"]
+
+        async def handle() -> tuple[int, str | None]:
+            fault = self.gate.enter(f"webhook:{code}", "webhook")
+            await self.gate.pause()
+            if fault in ("fail", "late"):
+                return 0, fault
+            self.gate.die_if(fault)
+            state = self.webhooks.get(process.current)
+            if state is None:
+                return 503, fault
+            try:
+                await state.intake.receive(code, raw)
+            except ApiError as exc:
+                return exc.status, fault
+            except DependencyUnavailable:
+                return 503, fault
+            return 200, fault
+
+        task = process.spawn(handle())
+        try:
+            answered: tuple[int, str | None] = await task
+        except (Killed, asyncio.CancelledError):
+            return 0, None
+        return answered
+
+    async def request(self, user_id: uuid.UUID, body: dict[str, Any], key: str | None) -> Reply:
+        """``POST /v1/batches`` as a client sees it."""
+        process = self.processes["api"]
+
+        async def handle() -> Reply:
+            state = self.api.get(process.current)
+            if state is None:
+                return Reply(0)
+            try:
+                answer = await state.sending.accept(user_id, body, key)
+                reply = Reply(202, answer)
+            except ApiError as exc:
+                after = (exc.headers or {}).get("Retry-After")
+                reply = Reply(exc.status, None, exc.code, float(after) if after else None)
+            except DependencyUnavailable:
+                reply = Reply(503, None, "unavailable")
+            fault = self.gate.enter("answer:POST /v1/batches", "answer")
+            await self.gate.pause()
+            if fault == "lost":
+                return Reply(0)
+            self.gate.die_if(fault)
+            return reply
+
+        self.requests_in_flight += 1
+        try:
+            reply: Reply = await process.spawn(handle())
+        except (Killed, asyncio.CancelledError):
+            return Reply(0)
+        finally:
+            self.requests_in_flight -= 1
+        return reply
+
+    # -- running until nothing is left ------------------------------------------------------
+
+    def faulted_processes(self) -> set[str]:
+        """Processes that met a fault in this run."""
+        return {s.process for s in self.gate.steps if s.fault is not None}
+
+    def busy(self) -> bool:
+        return bool(
+            self.broker.busy()
+            or self.requests_in_flight
+            or any(p.pending_posts for p in self.providers.values())
+            or any(p.restarting for p in self.processes.values())
+            or self.outbox.pending()
+        )
+
+    def _passes(self) -> None:
+        """Start the periodic work that is due and has something to look at."""
+        loop_now = asyncio.get_running_loop().time()
+        api = self.processes["api"]
+        if self.outbox.pending() and loop_now >= self._relay_due and api.current.alive:
+            state = self.api.get(api.current)
+            if state is not None:
+                self._relay_due = loop_now + self.settings.api.outbox_relay_interval
+                api.spawn(_quietly(state.relay.once()))
+
+    async def quiesce(self, horizon: float = 10 * 24 * 3600.0) -> bool:
+        """Run until nothing is left to do; False if something is still going at ``horizon``
+        seconds after the start."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self._passes()
+            if not self.busy():
+                await asyncio.sleep(0)
+                if not self.busy():
+                    return True
+            if loop.time() >= horizon:
+                return False
+            await asyncio.sleep(self._tick())
+
+    def _tick(self) -> float:
+        """How long the world can wait before it must look again."""
+        if self.requests_in_flight or self.broker.unacked or self.broker.leftovers():
+            return 0.5
+        now = asyncio.get_running_loop().time()
+        due = [d for d in (self.broker.next_due(),) if d is not None]
+        wait = min(due) - now if due else 60.0
+        if self.outbox.pending():
+            wait = min(wait, max(0.0, self._relay_due - now))
+        return max(0.05, min(wait, 600.0))
+
+
+async def _quietly(work: Awaitable[Any]) -> None:
+    try:
+        await work
+    except DependencyUnavailable as exc:
+        log.debug("periodic work: %s", exc)
+
+
+def _settings(config: Config) -> Settings:
+    return Settings(
+        providers=ProviderSettings(
+            chain=config.chain,
+            max_attempts=config.max_attempts,
+            backoff="5,30",
+            timeout=10.0,
+            resolve_interval=config.resolve_interval,
+            query_after=config.query_after,
+            webhook_window=config.webhook_window,
+        ),
+        webhooks=WebhookSettings(deferred_deadline=config.deferred_deadline),
+        api=ApiSettings(sender_domains="any", daily_recipient_quota=config.quota),
+    )
+
+
+def today() -> date:
+    return datetime.now(UTC).date()
+
+
+__all__ = ["Config", "Poison", "Reply", "World"]

@@ -1,0 +1,51 @@
+"""How a twin's round trip to its (in-memory) database travels: the seam where a simulator
+injects faults.
+
+Each twin operation makes one :meth:`Wire.trip` per round trip the real store makes, before
+its effect, and calls :meth:`Trip.landed` after it. A wire may fail the request before it
+applies (the trip raises), lose the answer after it applied (``landed`` raises), or end the
+calling process right after it (``landed`` raises a ``BaseException`` that nothing in the
+services handles). :data:`LOOPBACK`, every twin's default, only yields to the event loop, so
+concurrent callers interleave at every query as they do against Cassandra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Literal, Protocol
+
+#: What a round trip does, as far as its faults go: a read can only fail; a write can fail or
+#: land with its answer lost; a lightweight transaction likewise (whether it applied is then
+#: unknown to the caller).
+Kind = Literal["read", "write", "lwt"]
+
+
+class Trip(Protocol):
+    def landed(self) -> None:
+        """The effect is applied: raise if the answer must not reach the caller."""
+
+
+class Wire(Protocol):
+    async def trip(self, op: str, kind: Kind) -> Trip:
+        """Start round trip ``op``; raises if the request fails before it applies."""
+        ...
+
+
+class _Delivered:
+    def landed(self) -> None:
+        return None
+
+
+_DELIVERED = _Delivered()
+
+
+class Loopback:
+    """A wire that never fails: it yields once, as a round trip does."""
+
+    async def trip(self, op: str, kind: Kind) -> Trip:
+        await asyncio.sleep(0)
+        return _DELIVERED
+
+
+#: The wire every twin uses unless it is given another.
+LOOPBACK = Loopback()
