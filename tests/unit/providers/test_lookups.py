@@ -220,3 +220,17 @@ async def test_a_busy_sendgrid_account_answers_the_attempt_in_one_request(
     found = await provider.lookup(query(ANN, BOB, CAT, since=since))
 
     assert (found, account.requests) == ({ANN, BOB}, 1)
+
+
+async def test_a_full_activity_answer_missing_recipients_is_an_error_not_an_answer(
+    account: Account,
+) -> None:
+    """An answer listing its most (1,000) messages may be cut short: a pending recipient
+    missing from it is not proven unaccepted."""
+    since = datetime.now(UTC)
+    ours = {"batch_id": str(BATCH_ID), "chunk": "0", ATTEMPT_ARG: TAG}
+    account.index(noise("sendgrid", 1, time.time() - 1, to=ANN, args=ours))
+    account.index(noise("sendgrid", 1_000, time.time(), args=ours))
+
+    with pytest.raises(TransientProviderError, match="cut short"):
+        await account.sendgrid().lookup(query(ANN, since=since))
