@@ -55,7 +55,7 @@ class Account:
         )
 
     def index(self, entries: Iterator[Indexed]) -> None:
-        """Events of other mail, straight into the provider's index (as if sent earlier)."""
+        """Accepted recipients straight into the provider's index, as if sent before."""
         self.sandbox.state.index.add(entries)
 
 
@@ -89,7 +89,8 @@ def noise(
     to: str | None = None,
     args: dict[str, str] | None = None,
 ) -> Iterator[Indexed]:
-    """``count`` accepted recipients of other requests, each to its own address (or ``to``)."""
+    """``count`` accepted recipients, each its own address (or all ``to``), with ``args``
+    (by default another batch's)."""
     for n in range(count):
         yield Indexed(
             provider,
