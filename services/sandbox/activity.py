@@ -9,9 +9,12 @@
   ``user-variables``, filtered by ``event``, ``recipient``, ``begin``/``end`` (epoch seconds),
   ``ascending`` and ``limit`` (at most 300), paged through opaque ``paging.next`` URLs until a
   page comes back empty. Mailgun has no filter on user variables: clients filter those.
+  Mailgun's other filters (``tags``, ``message-id``, ``from``, ...) are refused with 400
+  rather than ignored, so a filter the sandbox does not apply never reads as "every event".
 
 Both index a message only :attr:`MessageIndex.delay` seconds after accepting it, as real
-providers do. Pure parsing here; the index is bounded.
+providers do. Pure parsing here; the index is bounded, and kept per recipient too so that a
+``recipient`` query costs what that address received, not what the account did.
 """
 
 from __future__ import annotations
@@ -47,22 +50,43 @@ class Indexed:
 
 
 class MessageIndex:
-    """Accepted recipients per provider, visible ``delay`` seconds after acceptance."""
+    """Accepted recipients per provider, visible ``delay`` seconds after acceptance; the
+    ``capacity`` most recent are kept."""
 
     def __init__(self, *, delay: float, capacity: int) -> None:
         self.delay = delay
-        self._entries: dict[str, deque[Indexed]] = {
-            "sendgrid": deque(maxlen=capacity),
-            "mailgun": deque(maxlen=capacity),
+        self._capacity = capacity
+        self._entries: dict[str, deque[Indexed]] = {"sendgrid": deque(), "mailgun": deque()}
+        self._by_recipient: dict[str, dict[str, deque[Indexed]]] = {
+            "sendgrid": {},
+            "mailgun": {},
         }
 
     def add(self, entries: Iterable[Indexed]) -> None:
+        if self._capacity <= 0:
+            return
         for entry in entries:
-            self._entries[entry.provider].append(entry)
+            kept = self._entries[entry.provider]
+            if len(kept) >= self._capacity:
+                self._forget(kept.popleft())
+            kept.append(entry)
+            self._by_recipient[entry.provider].setdefault(entry.recipient, deque()).append(entry)
 
-    def visible(self, provider: str, now: float) -> list[Indexed]:
+    def _forget(self, entry: Indexed) -> None:
+        by_recipient = self._by_recipient[entry.provider]
+        own = by_recipient[entry.recipient]
+        own.popleft()  # the oldest entry of all is the oldest of its recipient too
+        if not own:
+            del by_recipient[entry.recipient]
+
+    def visible(self, provider: str, now: float, recipient: str | None = None) -> list[Indexed]:
+        """The entries old enough to be shown, all or only ``recipient``'s (lower case)."""
         cutoff = now - self.delay
-        return [e for e in self._entries[provider] if e.accepted_at <= cutoff]
+        if recipient is None:
+            source: Iterable[Indexed] = self._entries[provider]
+        else:
+            source = self._by_recipient[provider].get(recipient, ())
+        return [e for e in source if e.accepted_at <= cutoff]
 
 
 # -- SendGrid's query language --------------------------------------------------------------
@@ -169,6 +193,10 @@ def search_messages(
 
 #: Most events in one page.
 MAILGUN_MAX_LIMIT = 300
+#: The query parameters the sandbox applies (``pretty`` only formats the answer).
+MAILGUN_PARAMETERS = frozenset(
+    {"begin", "end", "ascending", "limit", "event", "recipient", "pretty"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,13 +247,19 @@ class EventsQuery:
 
 def parse_events_query(params: Mapping[str, str], now: float) -> EventsQuery:
     """The query of ``GET /v3/<domain>/events``; raises QueryError with Mailgun's message."""
+    unapplied = sorted(set(params) - MAILGUN_PARAMETERS)
+    if unapplied:
+        raise QueryError(f"the sandbox does not filter on {unapplied[0]!r}")
     begin, end = _epoch(params.get("begin")), _epoch(params.get("end"))
     ascending_raw = params.get("ascending")
     if ascending_raw not in (None, "yes", "no"):
         raise QueryError("ascending must be yes or no")
     if end is None and ascending_raw is None and begin is not None:
         raise QueryError("ascending is required when end is not given")
-    ascending = ascending_raw == "yes"
+    if ascending_raw is None and begin is not None and end is not None:
+        ascending = begin < end  # Mailgun deduces the direction from the range
+    else:
+        ascending = ascending_raw == "yes"
     if begin is not None and end is not None and (begin < end) != ascending and begin != end:
         raise QueryError(f"Inconsistent range: begin={begin}, end={end}, ascending={ascending}")
     if begin is not None and end is not None and begin == end:

@@ -100,7 +100,8 @@ async def events(request: Request) -> Response:
         )
     except QueryError as exc:
         return json_response({"message": str(exc)}, 400)
-    own = [e for e in state.index.visible("mailgun", now) if e.domain == domain.lower()]
+    entries = state.index.visible("mailgun", now, query.recipient)
+    own = [e for e in entries if e.domain == domain.lower()]
     page, offset = activity.events_page(own, query)
     path = request.url.path
     # The last "/events": a domain may hold the word too (events.example.com).

@@ -22,13 +22,34 @@ repeat):
 
 The response's ``id`` (``<...@domain>``) is returned without its angle brackets, matching
 ``message.headers.message-id`` in Mailgun's events.
+
+Lookup (:meth:`MailgunProvider.lookup`: which recipients of an ambiguous attempt did Mailgun
+accept?) reads the Events API (``GET {base_url}/v3/{domain}/events``). Its documented filters
+are ``event``, ``recipient``, ``message-id``, ``from``, ``to``, ``subject``, ``tags`` and a
+few more, never ``user-variables``; and the attempt cannot be an ``o:tag``, as Mailgun allows
+20,000 distinct tags per domain by default and one per attempt would use them up. So the
+attempt is found through its own recipients: one walk per pending address,
+``event=accepted&recipient=<address>`` over the call's window (``begin``/``end``,
+``ascending=yes``, ``limit=300``), following ``paging.next`` until the attempt's event shows
+up (its ``user-variables`` carry our ``batch_id``, ``chunk`` and ``sd_attempt``) or a page
+comes back empty, which is how Mailgun ends a range.
+
+Cost, whatever the account's traffic: one request per pending recipient whose first page
+shows the attempt's event or is empty, two for one who received only other mail in the window
+(that page, then the empty one), more only for an address with over 300 ``accepted`` events
+in the call's window (about 2 x timeout + 10 s); :data:`LOOKUP_CONCURRENCY` walks at a time.
+At most :func:`lookup_budget` requests (2 per pending recipient plus :data:`LOOKUP_SLACK`:
+2,020 for 1,000 recipients); a lookup that would need more raises ``TransientProviderError``
+and concludes nothing, and the resolver looks again later.
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import time
 import urllib.parse
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,7 +58,7 @@ import orjson
 
 from shared.addresses import address_key
 from shared.config import ProviderSettings
-from shared.errors import TransientProviderError
+from shared.errors import ProviderError, TransientProviderError
 from shared.models import ATTEMPT_ARG, Chunk
 from shared.providers import envelope, responses, transport
 from shared.providers.base import Gate, LookupQuery, Receipt
@@ -52,8 +73,11 @@ MAX_RECIPIENTS = INFO.max_recipients
 MAX_TAGS = INFO.max_tags
 #: Events per page of the Events API (its maximum).
 EVENTS_PAGE = 300
-#: Pages one lookup may read before it gives up (and tries again later).
-MAX_EVENT_PAGES = 100
+#: Recipients a lookup walks at once.
+LOOKUP_CONCURRENCY = 4
+#: Requests a lookup may make beyond two per recipient: further pages for addresses with
+#: many accepted events in the window.
+LOOKUP_SLACK = 20
 #: Seconds added around a call's window when looking for its ``accepted`` events.
 LOOKUP_MARGIN = 5.0
 
@@ -217,33 +241,55 @@ class MailgunProvider:
         return Receipt(CODE, response.status_code, parse_message_id(response.content))
 
     async def lookup(self, query: LookupQuery) -> frozenset[str] | None:
-        """Recipients of the attempt among Mailgun's ``accepted`` events.
-
-        Mailgun cannot filter events by user variables, so this reads the ``accepted`` events
-        of the call's time window (it accepts during the call) page by page, following
-        ``paging.next`` until a page comes back empty, and matches our variables itself.
-        """
+        """Recipients of the attempt among Mailgun's ``accepted`` events, one walk of the
+        call's window per pending recipient (cost in the module docstring)."""
         since = query.since.timestamp()
-        params = {
+        window = {
             "event": "accepted",
             "begin": f"{since - LOOKUP_MARGIN:.3f}",
             "end": f"{since + 2 * self._seconds + LOOKUP_MARGIN:.3f}",
             "ascending": "yes",
             "limit": str(EVENTS_PAGE),
         }
-        url: str | None = self._events_url
+        budget = _Budget(lookup_budget(len(query.emails)), len(query.emails))
+        pending = deque(sorted(query.emails))
         found: set[str] = set()
-        for _ in range(MAX_EVENT_PAGES):
-            assert url is not None  # noqa: S101 - set below before looping again
+
+        async def walk() -> None:
+            while pending:
+                address = pending.popleft()
+                if await self._accepted(address, {**window, "recipient": address}, query, budget):
+                    found.add(address)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for _ in range(min(LOOKUP_CONCURRENCY, len(pending))):
+                    group.create_task(walk())
+        except* ProviderError as failed:
+            # The first failure says why; the other walks were cancelled with it.
+            raise failed.exceptions[0] from None
+        return frozenset(found)
+
+    async def _accepted(
+        self, address: str, params: dict[str, str], query: LookupQuery, budget: _Budget
+    ) -> bool:
+        """Whether ``address``'s ``accepted`` events in the window include the attempt's."""
+        url = self._events_url
+        while True:
+            budget.spend()
             page = await self._events_page(url, params)
             items = page.get("items")
-            if not isinstance(items, list) or not items:
-                return frozenset(found & query.emails)
-            found.update(_matching(items, query))
-            url, params = _next_page(page, self._events_url), {}
-            if url is None:
-                return frozenset(found & query.emails)
-        raise TransientProviderError(CODE, f"more than {MAX_EVENT_PAGES} pages of events")
+            if not isinstance(items, list):
+                raise TransientProviderError(CODE, "Events answer has no items list")
+            if not items:
+                return False
+            if address in _matching(items, query):
+                return True
+            nxt = _next_page(page, self._events_url)
+            if nxt is None:
+                # Only an empty page ends a range: without a way on, nothing is proven.
+                raise TransientProviderError(CODE, "Events page has no usable next link")
+            url, params = nxt, {}
 
     async def lookup_available(self) -> bool:
         return True  # every Mailgun account has the Events API
@@ -277,6 +323,29 @@ class MailgunProvider:
         await self._calls.drained(2 * self._seconds + 5)
         if self._owns_client:
             await self._client.aclose()
+
+
+def lookup_budget(recipients: int) -> int:
+    """Most Events requests one lookup of ``recipients`` pending addresses may make."""
+    return 2 * recipients + LOOKUP_SLACK
+
+
+class _Budget:
+    """The requests a lookup has left; spending past them raises ``TransientProviderError``."""
+
+    def __init__(self, limit: int, recipients: int) -> None:
+        self.limit = limit
+        self.spent = 0
+        self._recipients = recipients
+
+    def spend(self) -> None:
+        if self.spent >= self.limit:
+            raise TransientProviderError(
+                CODE,
+                f"Events lookup reached its cap of {self.limit} requests for "
+                f"{self._recipients} recipient(s) before checking every one; looking again later",
+            )
+        self.spent += 1
 
 
 def _matching(items: list[Any], query: LookupQuery) -> set[str]:

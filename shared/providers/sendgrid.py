@@ -228,7 +228,13 @@ class SendGridProvider:
             await self._client.aclose()
 
     async def lookup(self, query: LookupQuery) -> frozenset[str] | None:
-        """Recipients of the attempt in the Email Activity Feed; None without the add-on."""
+        """Recipients of the attempt in the Email Activity Feed; None without the add-on.
+
+        One request whatever the account's traffic: SendGrid filters on our custom args, so
+        the answer lists only the attempt's messages (one per recipient, at most 1,000, the
+        most one answer may list). An answer that is full yet lacks some of the recipients
+        may have been cut short, so it raises ``TransientProviderError`` instead of
+        concluding."""
         clauses = [
             f"(unique_args['batch_id']=\"{query.batch_id}\")",
             f"(unique_args['chunk']=\"{query.chunk}\")",
@@ -238,6 +244,12 @@ class SendGridProvider:
         if messages is None:
             return None
         found = {address_key(str(m.get("to_email", ""))) for m in messages if isinstance(m, dict)}
+        if len(messages) >= ACTIVITY_LIMIT and not query.emails <= found:
+            raise TransientProviderError(
+                CODE,
+                f"Email Activity listed {len(messages)} messages for the attempt, its most, "
+                "without all of its recipients: the answer may be cut short",
+            )
         return frozenset(found & query.emails)
 
     async def lookup_available(self) -> bool:

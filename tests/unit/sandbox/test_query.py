@@ -14,6 +14,7 @@ import httpx
 import orjson
 import pytest
 
+from services.sandbox.activity import Indexed, MessageIndex
 from services.sandbox.query import sendgrid_entries
 from tests.unit.sandbox.conftest import (
     FORM,
@@ -506,3 +507,68 @@ async def test_events_are_scoped_to_their_sending_domain(sandbox: Harness) -> No
     response = await _events(sandbox, url=_events_url("two.example.com"))
 
     assert response.json()["items"] == []
+
+
+@pytest.mark.parametrize("field", ["tags", "message-id", "from", "severity", "user-variables"])
+async def test_a_filter_the_sandbox_does_not_apply_is_400_not_every_event(
+    sandbox: Harness, field: str
+) -> None:
+    """Mailgun would apply these filters; the sandbox refuses them rather than ignore them."""
+    await _mailgun(sandbox, _address())
+
+    response = await _events(sandbox, **{field: "x"})
+
+    assert (response.status_code, response.json()) == (
+        400,
+        {"message": f"the sandbox does not filter on {field!r}"},
+    )
+
+
+async def test_a_recipients_events_page_past_other_recipients_mail(sandbox: Harness) -> None:
+    """A ``recipient`` query pages through that address's events only, oldest first."""
+    wanted = _address("wanted")
+    for _ in range(3):
+        await _mailgun(sandbox, _address())
+        await _mailgun(sandbox, wanted, _address())
+    now = time.time()
+
+    seen: list[dict[str, Any]] = []
+    page = await _events(
+        sandbox, recipient=wanted, begin=str(now - 60), end=str(now + 60), limit="2"
+    )
+    while page.json()["items"]:
+        seen += page.json()["items"]
+        page = await _events(sandbox, url=_local(page.json()["paging"]["next"]))
+
+    assert [item["recipient"] for item in seen] == [wanted] * 3
+    assert [item["timestamp"] for item in seen] == sorted(item["timestamp"] for item in seen)
+
+
+async def test_without_ascending_a_range_runs_from_begin_to_end(sandbox: Harness) -> None:
+    """As Mailgun documents, the direction of a range with both ends is deduced from them."""
+    first, second = _address(), _address()
+    await _mailgun(sandbox, first)
+    await _mailgun(sandbox, second)
+    now = time.time()
+
+    forward = await _events(sandbox, begin=str(now - 60), end=str(now + 60))
+    backward = await _events(sandbox, begin=str(now + 60), end=str(now - 60))
+
+    assert [item["recipient"] for item in forward.json()["items"]] == [first, second]
+    assert [item["recipient"] for item in backward.json()["items"]] == [second, first]
+
+
+def test_the_index_forgets_its_oldest_entries_for_recipient_queries_too() -> None:
+    """Past its capacity the oldest entry leaves both the whole list and its recipient's."""
+    index = MessageIndex(delay=0.0, capacity=2)
+    entries = [
+        Indexed("mailgun", f"m{n}", address, float(n), {}, "s", "f", DOMAIN)
+        for n, address in enumerate(["a@x.com", "b@x.com", "a@x.com"])
+    ]
+
+    index.add(entries)
+
+    assert index.visible("mailgun", 10.0) == entries[1:]
+    assert index.visible("mailgun", 10.0, "a@x.com") == entries[2:]
+    assert index.visible("mailgun", 10.0, "b@x.com") == entries[1:2]
+    assert index.visible("sendgrid", 10.0, "a@x.com") == []
