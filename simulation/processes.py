@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from shared.errors import DependencyUnavailable
-from simulation.faults import DISCONNECT, KILL, Schedule, StepKind
+from simulation.faults import DISCONNECT, KILL, Fault, Schedule, StepKind
 from tests.fakes.wire import Kind, Trip
 
 T = TypeVar("T")
@@ -183,7 +183,9 @@ class Gate:
         self.record = record
         self.count = 0
         self._jitter = random.Random(schedule.seed ^ 0x5EED) if schedule.jitter else None
-        self._planned = {f.step: f for f in schedule.faults}
+        self._planned = {f.step: f for f in schedule.faults if not f.where}
+        self._selected = [f for f in schedule.faults if f.where]
+        self._seen: dict[Fault, int] = {}
         self.outages: tuple[tuple[float, float], ...] = ()
         """Windows (loop time, seconds) in which every store round trip fails."""
         self.on_disconnect: Callable[[Incarnation], None] = lambda inc: None
@@ -197,6 +199,11 @@ class Gate:
         index = self.count
         self.count += 1
         planned = self._planned.get(index)
+        for selector in self._selected:
+            if selector.where in f"{inc.process.name}/{point}":
+                seen = self._seen[selector] = self._seen.get(selector, 0) + 1
+                if seen == selector.step:
+                    planned = selector
         fault = planned.resolve(kind) if planned is not None else None
         if self.record or fault is not None:
             self.steps.append(StepRecord(index, inc.process.name, point, kind, fault))

@@ -30,7 +30,7 @@ from typing import Any
 
 from simulation.faults import FAULTS, KILL, Schedule, decode, encode
 from simulation.scenarios import SCENARIOS
-from simulation.search import Outcome, describe, run, shrink, single_faults, swarm
+from simulation.search import Outcome, describe, run, shrink, single_faults, stable, swarm
 
 #: Swarm runs ``make simulate`` does by default (the long swarm is in the README).
 DEFAULT_SWARM = 300
@@ -119,6 +119,7 @@ def _report(failing: list[Result], limit: int = 5) -> None:
         for line in describe(smallest):
             print(f"  {line}")
         print(f"  replay: make simulate SCHEDULE='{encode(smallest.schedule)}'")
+        print(f"  as a regression test: {encode(stable(smallest))!r}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

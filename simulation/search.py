@@ -137,10 +137,23 @@ def swarm(scenario: str, seed: int, steps: int) -> Schedule:
 def resolved(outcome: Outcome) -> Schedule:
     """A swarm schedule with each fault as the step it hit turned out (``*n`` resolved), and
     the faults that hit no step (the run was shorter) left out."""
-    hit = {s.index: s.fault for s in outcome.steps if s.fault is not None}
+    faults = tuple(Fault(s.index, s.fault) for s in outcome.steps if s.fault is not None)
     s = outcome.schedule
-    faults = tuple(Fault(f.step, hit[f.step]) for f in s.faults if hit.get(f.step))
     return Schedule(s.scenario, faults, s.skews, s.seed, s.jitter)
+
+
+def stable(outcome: Outcome) -> Schedule:
+    """The same faults named by what each step is (its process and point, and how many such
+    steps came before) rather than by number: what regression tests keep."""
+    counts: dict[str, int] = {}
+    faults = []
+    for s in outcome.steps:
+        where = f"{s.process}/{s.point}"
+        counts[where] = counts.get(where, 0) + 1
+        if s.fault is not None:
+            faults.append(Fault(counts[where], s.fault, where))
+    sch = outcome.schedule
+    return Schedule(sch.scenario, tuple(faults), sch.skews, sch.seed, sch.jitter)
 
 
 def shrink(failing: Outcome, *, budget: int = 60) -> Outcome:

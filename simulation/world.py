@@ -405,7 +405,20 @@ async def _quietly(work: Awaitable[Any]) -> None:
         log.debug("periodic work: %s", exc)
 
 
+_SETTINGS: dict[str, Settings] = {}
+
+
 def _settings(config: Config) -> Settings:
+    """The deployment's settings (made once per configuration: validating them costs more
+    than a whole simulated run)."""
+    key = repr(config)
+    made = _SETTINGS.get(key)
+    if made is None:
+        made = _SETTINGS[key] = _make_settings(config)
+    return made
+
+
+def _make_settings(config: Config) -> Settings:
     return Settings(
         providers=ProviderSettings(
             chain=config.chain,
