@@ -21,7 +21,8 @@ cursor.
 
 While a campaign is paused the consumers hold its batches' chunks (``services.consumers``
 asks :meth:`CampaignStore.state` through a short cache), so a pause stops dispatch within
-about a second, and a resume lets the held work go with nothing sent twice.
+about a second (writing nothing while they wait: ``services.consumers.campaign_hold``), and
+a resume lets the held work go within two minutes with nothing sent twice.
 """
 
 from __future__ import annotations
