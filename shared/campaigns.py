@@ -1,5 +1,6 @@
 """Campaigns: a template sent to a contact list, now or at ``send_at``. The lifecycle (pure)
-and the one writer of ``campaigns``, ``campaign_runs`` and ``campaign_batches``.
+and the one writer of ``campaigns``, ``campaign_runs``, ``campaign_slices`` and
+``campaign_batches``.
 
 ``draft → scheduled → sending ⇄ paused → sent | cancelled``. Users schedule, pause, resume
 and cancel (:func:`next_state`); the runner (``services.api.campaign_runner``) starts a
@@ -8,14 +9,20 @@ Every move is a conditional update on the state the mover saw, so a pause racing
 either lands before the runner's next move or makes it fail, never both.
 
 A campaign goes out in slices, each one batch: the runner reads the next slice from the
-campaign's cursor, has it accepted under an Idempotency-Key of (campaign, slice), then moves
-the cursor and the slice count together, conditionally on the count it read. A runner that
-dies between the two accepts the same batch again (the key answers the first 202); two
-runners never both move the cursor.
+campaign's cursor and *stages* it (``campaign_slices``: the batch id it will get, the exact
+batch request, the cursor after it; ``IF NOT EXISTS``, so of two runners both use the first),
+has it accepted under an Idempotency-Key of (campaign, slice), records the batch, then moves
+the cursor and the slice count together, conditionally on the count it read, and closes the
+staged slice (drops its body). A runner that dies anywhere in between finds the slice staged
+and sends the same request again (the key answers the first 202), or finds its batch stored
+and records it without accepting anything; it never reads the slice from the list again, so
+a contact or template changed meanwhile changes nothing. Two runners never both move the
+cursor.
 
 While a campaign is paused the consumers hold its batches' chunks (``services.consumers``
 asks :meth:`CampaignStore.state` through a short cache), so a pause stops dispatch within
-about a second, and a resume lets the held work go with nothing sent twice.
+about a second (writing nothing while they wait: ``services.consumers.campaign_hold``), and
+a resume lets the held work go within two minutes with nothing sent twice.
 """
 
 from __future__ import annotations
@@ -89,6 +96,28 @@ class Slice:
     batch_id: uuid.UUID
     recipients: int
 
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A slice stored before its batch is accepted: what every retry of it sends, unchanged."""
+
+    slice: int
+    batch_id: uuid.UUID
+    """The id its batch gets (unless its key already named another)."""
+    body: dict[str, Any] | None
+    """The batch request, exactly as first built; None once closed (the cursor moved past)."""
+    contacts: int
+    """How many contacts of the list it covers (those left out are counted skipped)."""
+    end_bucket: int
+    end_after: str | None
+    """The cursor after it."""
+
+    @property
+    def closed(self) -> bool:
+        return self.body is None
+
+
+_STAGED_COLUMNS = "slice, batch_id, body, contacts, end_bucket, end_after"
 
 _COLUMNS = (
     "user_id, campaign_id, name, template_id, list_id, sender, data, rate, send_at, state, "
@@ -240,6 +269,43 @@ class CampaignStore:
         )
         return bool(row and row["[applied]"])
 
+    async def staged(self, campaign_id: uuid.UUID, number: int) -> Staged | None:
+        """Slice ``number`` as staged (read at SERIAL: a staging in progress is settled)."""
+        row = await self.db.one(
+            f"SELECT {_STAGED_COLUMNS} FROM campaign_slices WHERE campaign_id = ? AND slice = ?",  # noqa: S608 - fixed names
+            (campaign_id, number),
+            serial=True,
+        )
+        return _staged(row) if row else None
+
+    async def stage(self, campaign_id: uuid.UUID, part: Staged) -> Staged:
+        """Store ``part`` unless its slice is staged already; the slice as staged (``part``,
+        or the one staged first, which every runner then sends)."""
+        row = await self.db.one(
+            f"INSERT INTO campaign_slices (campaign_id, {_STAGED_COLUMNS}) "  # noqa: S608 - fixed names
+            "VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+            (
+                campaign_id,
+                part.slice,
+                part.batch_id,
+                None if part.body is None else orjson.dumps(part.body).decode(),
+                part.contacts,
+                part.end_bucket,
+                part.end_after,
+            ),
+        )
+        if row is None or row["[applied]"]:
+            return part
+        return _staged(row)
+
+    async def close(self, campaign_id: uuid.UUID, number: int) -> None:
+        """Drop a staged slice's body once the cursor moved past it (the row stays: a runner
+        that read the campaign before the move finds the slice closed and stops)."""
+        await self.db.execute(
+            "UPDATE campaign_slices SET body = null WHERE campaign_id = ? AND slice = ? IF EXISTS",
+            (campaign_id, number),
+        )
+
     async def slices(self, campaign_id: uuid.UUID) -> list[Slice]:
         rows = await self.db.all_pages(
             "SELECT slice, batch_id, recipients FROM campaign_batches WHERE campaign_id = ?",
@@ -268,4 +334,15 @@ def _campaign(row: Row) -> Campaign:
         slices=row["slices"] or 0,
         released=row["released"] or 0,
         skipped=row["skipped"] or 0,
+    )
+
+
+def _staged(row: Row) -> Staged:
+    return Staged(
+        slice=row["slice"],
+        batch_id=row["batch_id"],
+        body=orjson.loads(row["body"]) if row["body"] is not None else None,
+        contacts=row["contacts"] or 0,
+        end_bucket=row["end_bucket"] or 0,
+        end_after=row["end_after"],
     )

@@ -5,11 +5,20 @@ One runner works per namespace at a time (a lease); every API process runs one a
 others wait. Each pass looks at the campaigns on the runners' list (``shared.campaigns``):
 a scheduled one whose time came starts sending; a sending one gets its next slices (as many
 as its rate allows per pass, at least one): the next contacts from its cursor become one
-batch of the campaign's template, accepted by :class:`services.api.sending.Sending` under
-the Idempotency-Key ``campaign.<id>.<slice>`` (so every batch goes through the same checks,
-suppressions, quota and durability as any other, and a runner that dies before moving the
-cursor gets the first batch's answer back, not a second batch); then the cursor moves, by a
-conditional update. A list that has no contact left ends the campaign ``sent``.
+batch request of the campaign's template, staged before anything else (``Staged``: its batch
+id, the request, the cursor after it), then accepted by :class:`services.api.sending.Sending`
+under the Idempotency-Key ``campaign.<id>.<slice>`` with that batch id (so every batch goes
+through the same checks, suppressions, quota and durability as any other); the batch is
+recorded, the cursor moves by a conditional update, and the staged slice is closed. A list
+that has no contact left ends the campaign ``sent``.
+
+A runner that dies (or loses a race, or sees a write time out) anywhere in a slice leaves it
+staged, and whoever comes next finishes that slice from what was staged, never from the list
+again: if its batch is stored, it is recorded and the cursor moves without accepting
+anything; otherwise the same request is accepted again under the same key and batch id (the
+first answer, if there was one). A contact or template that changed meanwhile cannot make the
+retry a different request (a 409 that would pause the campaign for good) or, once the key has
+expired, a second batch.
 
 The batches go in the bulk lane (never in front of transactional mail) and name the list
 (``shared.engagement``): their copies carry a one-click unsubscribe scoped to the list, and
@@ -20,6 +29,7 @@ A slice the daily quota refuses pauses the campaign with that reason.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +38,8 @@ from typing import Any, Final
 
 from services.api.sending import Sending
 from shared import template_use
-from shared.campaigns import METADATA_KEY, Campaign, CampaignStore, Slice
+from shared.batchstore import new_batch_id
+from shared.campaigns import METADATA_KEY, Campaign, CampaignStore, Slice, Staged
 from shared.contact_lists import (
     BUCKETS,
     ContactLists,
@@ -133,10 +144,14 @@ class CampaignRunner:
                     log.warning("campaign %s waits: %s", campaign_id, exc.message)
                     continue
                 # The campaign cannot go on as it is (the quota is spent, its template has
-                # no live version, the list changed under a slice being retried): paused
-                # with the reason, for its owner to see and resume.
-                await self.campaigns.move(campaign, "paused", reason=exc.message)
-                log.warning("campaign %s paused: %s", campaign_id, exc.message)
+                # no live version): paused with the reason, for its owner to see and resume
+                # (the slice stays staged: a resume sends it as it was). Read again: the
+                # step may have moved it from scheduled to sending, and a move from the
+                # state read before would not apply.
+                now = await self.campaigns.get(user_id, campaign_id)
+                if now is not None and now.state == "sending":
+                    await self.campaigns.move(now, "paused", reason=exc.message)
+                    log.warning("campaign %s paused: %s", campaign_id, exc.message)
         return released
 
     async def step(self, campaign: Campaign) -> int:
@@ -151,54 +166,77 @@ class CampaignRunner:
             campaign = found
         if campaign.state != "sending":
             return 0  # paused: nothing is released
-        personal = await self._personal(campaign)
         released = 0
         slices, size = pace(campaign.rate)
         for _ in range(slices):
-            moved = await self.release(campaign, personal, size)
+            moved = await self.release(campaign, size)
             if moved is None:
                 return released
             released += 1
             campaign = moved
         return released
 
-    async def release(
-        self, campaign: Campaign, personal: frozenset[str], size: int
-    ) -> Campaign | None:
-        """Accept the campaign's next slice and move its cursor; the campaign after, or None
-        when nothing was released (the list is exhausted, or another runner moved it)."""
+    async def release(self, campaign: Campaign, size: int) -> Campaign | None:
+        """Send the campaign's next slice (the one staged, else the next ``size`` contacts,
+        staged first) and move its cursor; the campaign after, or None when nothing was
+        released (the list is exhausted, or another runner moved the cursor)."""
+        number = campaign.slices
+        staged = await self.campaigns.staged(campaign.campaign_id, number)
+        if staged is None:
+            staged = await self._stage(campaign, size)
+            if staged is None:
+                return None
+        if staged.body is None:
+            return None  # closed: another runner moved the cursor past it since we read it
+        batch_id, accepted = await self._accept(campaign, staged, staged.body)
+        log.info("campaign %s: slice %d accepted", campaign.campaign_id, number)
+        if batch_id is not None:
+            await self.campaigns.record(campaign.campaign_id, Slice(number, batch_id, accepted))
+        if not await self.campaigns.advance(
+            campaign, staged.end_bucket, staged.end_after, accepted, staged.contacts - accepted
+        ):
+            return None
+        await self.campaigns.close(campaign.campaign_id, number)
+        return await self.campaigns.get(campaign.user_id, campaign.campaign_id)
+
+    async def _stage(self, campaign: Campaign, size: int) -> Staged | None:
+        """Read the next slice from the cursor and stage it; the slice as staged (ours, or a
+        racing runner's), or None when the list is exhausted (the campaign is then sent)."""
         at = Position(campaign.cursor_bucket, campaign.cursor_after)
         contacts, after = await read_page(self.lists, campaign.list_id, at, size)
         if not contacts:
             if await self.campaigns.move(campaign, "sent"):
                 await self.campaigns.retire(campaign.campaign_id)
             return None
-        key = f"campaign.{campaign.campaign_id}.{campaign.slices}"
-        body = slice_body(campaign, recipients_of(contacts, personal))
-        batch_id, accepted = await self._accept(campaign, body, key)
-        log.info("campaign %s: slice %d accepted", campaign.campaign_id, campaign.slices)
-        if batch_id is not None:
-            await self.campaigns.record(
-                campaign.campaign_id, Slice(campaign.slices, batch_id, accepted)
-            )
+        personal = await self._personal(campaign)
         end = after or Position(BUCKETS, None)  # past the last bucket: exhausted next time
-        if not await self.campaigns.advance(
-            campaign, end.bucket, end.after, accepted, len(contacts) - accepted
-        ):
-            return None
-        return await self.campaigns.get(campaign.user_id, campaign.campaign_id)
+        part = Staged(
+            slice=campaign.slices,
+            batch_id=new_batch_id(time.time()),
+            body=slice_body(campaign, recipients_of(contacts, personal)),
+            contacts=len(contacts),
+            end_bucket=end.bucket,
+            end_after=end.after,
+        )
+        return await self.campaigns.stage(campaign.campaign_id, part)
 
     async def _accept(
-        self, campaign: Campaign, body: dict[str, Any], key: str
+        self, campaign: Campaign, staged: Staged, body: dict[str, Any]
     ) -> tuple[uuid.UUID | None, int]:
-        """The slice's batch and how many it mails; (None, 0) when every contact of the
-        slice was left out (suppressed, unsubscribed from the list, cooling down)."""
-        try:
-            answer = await self.sending.accept(campaign.user_id, body, key)
-        except ApiError as exc:
-            if exc.status == 422 and exc.code == "no_recipients":
-                return None, 0
-            raise
+        """The slice's batch and how many it mails: the staged batch if it is stored, else
+        the staged request accepted (or its first answer); (None, 0) when every contact of
+        the slice was left out (suppressed, unsubscribed from the list, cooling down)."""
+        answer = await self.sending.stored(campaign.user_id, staged.batch_id)
+        if answer is None:
+            key = f"campaign.{campaign.campaign_id}.{staged.slice}"
+            try:
+                answer = await self.sending.accept(
+                    campaign.user_id, body, key, batch_id=staged.batch_id
+                )
+            except ApiError as exc:
+                if exc.status == 422 and exc.code == "no_recipients":
+                    return None, 0
+                raise
         return uuid.UUID(answer["batch_id"]), int(answer["accepted"])
 
     async def _personal(self, campaign: Campaign) -> frozenset[str]:

@@ -79,10 +79,20 @@ class Sending:
     canaries: CanaryStore | None = None
     """Which batches carried a template's canary (for the rollout's judge)."""
 
-    async def accept(self, user_id: uuid.UUID, body: object, idem: str | None) -> dict[str, Any]:
+    async def accept(
+        self,
+        user_id: uuid.UUID,
+        body: object,
+        idem: str | None,
+        *,
+        batch_id: uuid.UUID | None = None,
+    ) -> dict[str, Any]:
         """Validate, drop suppressed recipients, honour the Idempotency-Key (a repeat gets
         the first answer), charge the daily quota and accept durably. Raises ApiError
-        409/422/429, and 503 when a dependency is down before the batch is stored."""
+        409/422/429, and 503 when a dependency is down before the batch is stored.
+
+        ``batch_id`` fixes the id the batch gets when this request is the first with its
+        key (a caller that stored it beforehand; see :meth:`stored`); default a new one."""
         original = body
         body, extra = await self._extra(user_id, body)
         if validation.is_large(body):
@@ -97,11 +107,28 @@ class Sending:
             return await self._accept_once(user_id, new_batch_id(time.time()), parsed, prefs, extra)
         owner = uuid.uuid4()
         claim = await self.idempotency.claim(
-            user_id, idem, validation.body_hash(original), new_batch_id(time.time()), owner
+            user_id,
+            idem,
+            validation.body_hash(original),
+            batch_id or new_batch_id(time.time()),
+            owner,
         )
         if isinstance(claim, Existing):
             return await self._repeat(user_id, idem, claim, owner, parsed, prefs, extra)
         return await self._accept_keyed(user_id, idem, claim.batch_id, owner, parsed, prefs, extra)
+
+    async def stored(self, user_id: uuid.UUID, batch_id: uuid.UUID) -> dict[str, Any] | None:
+        """The 202 of the user's batch ``batch_id`` if it is stored (finishing its acceptance
+        if that stopped part-way), else None. A caller that fixed a batch's id asks this
+        before accepting it, so a batch stored once is not accepted a second time (after its
+        key expired that would be a new acceptance: checked, charged and stored again)."""
+        header = await self.batches.header(batch_id)
+        if header is None or header.user_id != user_id or header.response is None:
+            return None
+        if header.status != "cancelled":
+            await self.acceptance.finish(batch_id)
+        answer: dict[str, Any] = orjson.loads(header.response)
+        return answer
 
     async def _extra(self, user_id: uuid.UUID, body: object) -> tuple[object, Extra]:
         """The body without ``send_at`` and with a template's content in place of its

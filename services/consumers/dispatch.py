@@ -163,6 +163,10 @@ class Dispatcher:
         if not 0 <= job.chunk < header.chunk_count:
             # Nothing to send, yet claiming it would record a phantom attempt as accepted.
             raise Poison(f"batch {job.batch_id} has no chunk {job.chunk}")
+        if self.campaigns is not None and await self.campaigns.held(
+            job, header.user_id, header.message, self.broker
+        ):
+            return  # its campaign is paused: the same job comes back later, nothing written
         # After a failure (this delivery's retry) or a lost race, read at SERIAL: an LWT of
         # ours whose outcome was unknown, or someone else's in progress, is then settled.
         serial = delivery.retries > 0

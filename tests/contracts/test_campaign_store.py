@@ -2,7 +2,9 @@
 (``tests/fakes/campaign_store.py``) and of the real store on Cassandra: a campaign moves only
 from the state it was read in (a stale move fails and changes nothing), campaigns moved into
 an active state are on the runners' list until retired, the cursor advances only from the
-slice count it was read with (of two advancers, one wins), and slices read back in order."""
+slice count it was read with (of two advancers, one wins), a slice is staged once (of two
+stagers, both get the first's) and closed without losing its batch, and slices read back in
+order."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from shared.campaigns import Campaign, CampaignStore, Slice
+from shared.campaigns import Campaign, CampaignStore, Slice, Staged
 from shared.db import Database
 from tests.contracts.conftest import IMPLEMENTATIONS
 from tests.fakes.campaign_store import FakeCampaigns
@@ -191,3 +193,66 @@ async def test_slices_are_recorded_in_order(store: Any) -> None:
 
     assert await store.slices(campaign_id) == [parts[1], again, parts[0]]
     assert await store.slices(uuid.uuid1()) == []
+
+
+def _staged(number: int, *, first: str = "Ann") -> Staged:
+    body = {
+        "from": {"email": "news@example.org", "name": "Névé"},
+        "to": [{"email": "a@example.org", "substitutions": {"first_name": first}}],
+        "template_id": str(uuid.uuid1()),
+        "data": {"depth": {"x": [1, 2.5]}, "flag": True, "none": None},
+        "unsubscribe": True,
+    }
+    return Staged(number, uuid.uuid1(), body, 3, 17, "m@example.org")
+
+
+async def test_a_staged_slice_reads_back_as_staged(store: Any) -> None:
+    """Its batch id, its request as JSON round-trips it, its count and the cursor after it."""
+    campaign_id = uuid.uuid1()
+    part = _staged(0)
+
+    answered = await store.stage(campaign_id, part)
+    last = await store.stage(campaign_id, replace(_staged(1), end_after=None, end_bucket=64))
+
+    assert answered == part
+    assert await store.staged(campaign_id, 0) == part
+    assert await store.staged(campaign_id, 1) == last
+    assert await store.staged(campaign_id, 2) is None
+    assert await store.staged(uuid.uuid1(), 0) is None
+
+
+async def test_a_slice_staged_again_keeps_the_first_and_answers_it(store: Any) -> None:
+    """A runner retrying after a lost answer, or one that read the list later: the first."""
+    campaign_id = uuid.uuid1()
+    first = await store.stage(campaign_id, _staged(4))
+
+    again = await store.stage(campaign_id, _staged(4, first="Changed"))
+
+    assert again == first
+    assert await store.staged(campaign_id, 4) == first
+
+
+async def test_of_two_stagers_of_one_slice_both_get_the_same(store: Any) -> None:
+    campaign_id = uuid.uuid1()
+    ours, theirs = _staged(0), _staged(0, first="Other")
+
+    results = await asyncio.gather(store.stage(campaign_id, ours), store.stage(campaign_id, theirs))
+
+    assert results[0] == results[1] in (ours, theirs)
+    assert await store.staged(campaign_id, 0) == results[0]
+
+
+async def test_closing_a_slice_drops_its_request_and_keeps_its_batch(store: Any) -> None:
+    """Closed for good: staged again (by a runner that read the campaign before) it stays
+    closed; closing a slice never staged stages nothing."""
+    campaign_id = uuid.uuid1()
+    part = await store.stage(campaign_id, _staged(0))
+
+    await store.close(campaign_id, 0)
+    await store.close(campaign_id, 1)
+    restaged = await store.stage(campaign_id, _staged(0, first="Late"))
+
+    closed = replace(part, body=None)
+    assert await store.staged(campaign_id, 0) == closed == restaged
+    assert closed.closed and not part.closed
+    assert await store.staged(campaign_id, 1) is None

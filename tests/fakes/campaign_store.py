@@ -1,15 +1,22 @@
 """In-memory twin of :class:`shared.campaigns.CampaignStore`: each user's campaigns, the
-namespace's list of campaigns a runner looks at, and each campaign's slices.
+namespace's list of campaigns a runner looks at, each campaign's staged slices and its
+recorded slices.
 
 It keeps what the API and the runner depend on: every round trip yields to the event loop;
 a move applies only while the campaign is still in the state it was read in (``IF state =
 ?``), an advance only while its slice count is still the one read (``IF slices = ?``), and
-neither applies to a campaign that does not exist; a move into an active state puts the
+neither applies to a campaign that does not exist; a slice is staged only if it is not
+already (``IF NOT EXISTS``, answering the one staged first) and closed only if it exists
+(``IF EXISTS``); a move into an active state puts the
 campaign on the runners' list first (even when the move then fails, as the real store's
 separate write does); rows read back in Cassandra's order (campaigns newest first, runs in
 ``timeuuid`` order, slices by number) with timestamps at Cassandra's precision (UTC,
 milliseconds) and ``sender``/``data`` as their JSON round-trips them.
 ``tests/contracts/test_campaign_store.py`` runs one suite over this twin and the real store.
+
+Faults: :meth:`CampaignTables.fail` makes the next call of an operation raise before (or, with
+``applied=True``, after) it takes effect: a write whose outcome is unknown, or a process
+killed there.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from shared.campaigns import ACTIVE, Campaign, Slice, State
+from shared.campaigns import ACTIVE, Campaign, Slice, Staged, State
 from shared.recipients import timeuuid_order
 from tests.fakes.schedule_store import ms
 
@@ -46,6 +53,16 @@ class CampaignTables:
     runs: dict[str, dict[uuid.UUID, uuid.UUID]] = field(default_factory=dict)
     """namespace -> campaign -> user."""
     slices: dict[uuid.UUID, dict[int, Slice]] = field(default_factory=dict)
+    staged: dict[uuid.UUID, dict[int, Staged]] = field(default_factory=dict)
+    """``campaign_slices``: campaign -> slice number -> the slice staged."""
+    failures: dict[str, list[tuple[BaseException, bool]]] = field(default_factory=dict)
+
+    def fail(self, operation: str, error: BaseException, *, applied: bool = False) -> None:
+        """Make the next call of ``operation`` (a store method's name, e.g. ``"advance"``)
+        raise ``error``, before it takes effect or (``applied``) after."""
+        if not callable(getattr(FakeCampaigns, operation, None)) or operation.startswith("_"):
+            raise ValueError(f"no operation {operation!r}")
+        self.failures.setdefault(operation, []).append((error, applied))
 
 
 class FakeCampaigns:
@@ -54,6 +71,22 @@ class FakeCampaigns:
     def __init__(self, namespace: str, tables: CampaignTables | None = None) -> None:
         self.namespace = namespace
         self.tables = tables or CampaignTables()
+
+    async def _before(self, operation: str) -> BaseException | None:
+        """One round trip; the error to raise once the operation took effect, if any."""
+        await _round_trip()
+        queue = self.tables.failures.get(operation)
+        if not queue:
+            return None
+        error, applied = queue.pop(0)
+        if not applied:
+            raise error
+        return error
+
+    @staticmethod
+    def _after(error: BaseException | None) -> None:
+        if error is not None:
+            raise error
 
     async def create(
         self,
@@ -72,7 +105,7 @@ class FakeCampaigns:
             user_id, uuid.uuid1(), name, template_id, list_id, sender, data, rate, send_at,
             "draft", None, now, now, 0, None, 0, 0, 0,
         )  # fmt: skip
-        await _round_trip()
+        failure = await self._before("create")
         self.tables.campaigns[(user_id, made.campaign_id)] = replace(
             made,
             sender=_json(sender),
@@ -81,19 +114,21 @@ class FakeCampaigns:
             created_at=ms(now),
             updated_at=ms(now),
         )
+        self._after(failure)
         return made
 
     async def get(self, user_id: uuid.UUID, campaign_id: uuid.UUID) -> Campaign | None:
-        await _round_trip()
+        self._after(await self._before("get"))
         return self.tables.campaigns.get((user_id, campaign_id))
 
     async def campaigns(self, user_id: uuid.UUID) -> list[Campaign]:
-        await _round_trip()
+        self._after(await self._before("campaigns"))
         mine = [c for (user, _), c in self.tables.campaigns.items() if user == user_id]
         return sorted(mine, key=lambda c: timeuuid_order(c.campaign_id), reverse=True)
 
     async def state(self, user_id: uuid.UUID, campaign_id: uuid.UUID) -> str | None:
-        found = await self.get(user_id, campaign_id)
+        self._after(await self._before("state"))
+        found = self.tables.campaigns.get((user_id, campaign_id))
         return found.state if found else None
 
     async def move(
@@ -104,14 +139,15 @@ class FakeCampaigns:
         reason: str | None = None,
         send_at: datetime | None = None,
     ) -> bool:
+        failure = await self._before("move")
         if to in ACTIVE:
-            await _round_trip()
             runs = self.tables.runs.setdefault(self.namespace, {})
             runs[campaign.campaign_id] = campaign.user_id
-        await _round_trip()
+            await _round_trip()
         key = (campaign.user_id, campaign.campaign_id)
         stored = self.tables.campaigns.get(key)
         if stored is None or stored.state != campaign.state:
+            self._after(failure)
             return False
         when = send_at or campaign.send_at
         self.tables.campaigns[key] = replace(
@@ -121,28 +157,32 @@ class FakeCampaigns:
             updated_at=ms(datetime.now(UTC)),
             send_at=when and ms(when),
         )
+        self._after(failure)
         return True
 
     async def runs(self) -> list[tuple[uuid.UUID, uuid.UUID]]:
-        await _round_trip()
+        self._after(await self._before("runs"))
         runs = self.tables.runs.get(self.namespace, {})
         return [(runs[c], c) for c in sorted(runs, key=timeuuid_order)]
 
     async def retire(self, campaign_id: uuid.UUID) -> None:
-        await _round_trip()
+        failure = await self._before("retire")
         self.tables.runs.get(self.namespace, {}).pop(campaign_id, None)
+        self._after(failure)
 
     async def record(self, campaign_id: uuid.UUID, part: Slice) -> None:
-        await _round_trip()
+        failure = await self._before("record")
         self.tables.slices.setdefault(campaign_id, {})[part.slice] = part
+        self._after(failure)
 
     async def advance(
         self, campaign: Campaign, bucket: int, after: str | None, released: int, skipped: int
     ) -> bool:
-        await _round_trip()
+        failure = await self._before("advance")
         key = (campaign.user_id, campaign.campaign_id)
         stored = self.tables.campaigns.get(key)
         if stored is None or stored.slices != campaign.slices:
+            self._after(failure)
             return False
         self.tables.campaigns[key] = replace(
             stored,
@@ -153,9 +193,31 @@ class FakeCampaigns:
             skipped=campaign.skipped + skipped,
             updated_at=ms(datetime.now(UTC)),
         )
+        self._after(failure)
         return True
 
+    async def staged(self, campaign_id: uuid.UUID, number: int) -> Staged | None:
+        self._after(await self._before("staged"))
+        return self.tables.staged.get(campaign_id, {}).get(number)
+
+    async def stage(self, campaign_id: uuid.UUID, part: Staged) -> Staged:
+        failure = await self._before("stage")
+        mine = self.tables.staged.setdefault(campaign_id, {})
+        if part.slice not in mine:  # IF NOT EXISTS
+            mine[part.slice] = replace(part, body=None if part.body is None else _json(part.body))
+            self._after(failure)
+            return part
+        self._after(failure)
+        return mine[part.slice]
+
+    async def close(self, campaign_id: uuid.UUID, number: int) -> None:
+        failure = await self._before("close")
+        mine = self.tables.staged.get(campaign_id, {})
+        if number in mine:  # IF EXISTS
+            mine[number] = replace(mine[number], body=None)
+        self._after(failure)
+
     async def slices(self, campaign_id: uuid.UUID) -> list[Slice]:
-        await _round_trip()
+        self._after(await self._before("slices"))
         found = self.tables.slices.get(campaign_id, {})
         return [found[n] for n in sorted(found)]

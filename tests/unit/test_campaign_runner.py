@@ -1,0 +1,449 @@
+"""The campaign runner over twins (campaigns, lists, templates, its lease; each slice
+accepted by the real ``Sending`` and sent by the World's splitter and dispatcher): every
+contact is mailed once and every slice recorded once, whatever happens at each await of a
+slice (the process killed there, a write timing out having applied or not, two runners
+racing after a lease lapsed), even when a contact or the template changed before the retry
+or the slice's Idempotency-Key expired meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from services.api.campaign_runner import CampaignRunner, pace
+from services.api.sending import Sending
+from services.api.templated import TemplateBatches
+from shared.background import Background
+from shared.batchstore import BatchHeader, NewBatch
+from shared.campaigns import METADATA_KEY, Campaign
+from shared.config import ApiSettings, Settings
+from shared.contacts_csv import Contact
+from shared.errors import DependencyUnavailable
+from shared.metrics import ApiMetrics
+from shared.models import BatchJob
+from shared.precedence import accepted_at
+from shared.ratelimit import Verdict
+from shared.topology import batch_key
+from tests.fakes.account_stores import AccountTables, FakeIdempotencyStore, FakeSuppressionStore
+from tests.fakes.campaign_store import FakeCampaigns
+from tests.fakes.contact_lists import FakeContactLists
+from tests.fakes.schedule_store import FakeSchedule
+from tests.fakes.template_store import FakeTemplates
+from tests.fakes.world import World
+
+#: Seconds past the runner's lease (15 s).
+LAPSE = 16
+
+
+class Killed(Exception):
+    """The runner's process dies here (nothing of the pass survives but what it wrote)."""
+
+
+class _Acceptance:
+    """:class:`shared.acceptance.Acceptance` over the World's batches and broker (no outbox
+    table: every publish is confirmed). ``failures``: the next stores fail, each with its
+    error, before its write or (True) after it landed."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.outbox = self
+        self.failures: list[tuple[BaseException, bool]] = []
+
+    async def store(self, batch: NewBatch, *, also: Sequence[object] = ()) -> None:
+        error, landed = self.failures.pop(0) if self.failures else (None, False)
+        if error is not None and not landed:
+            raise error
+        # The World's clock never runs behind a batch it stored (see World.accept).
+        stamp = accepted_at(batch.batch_id) + timedelta(milliseconds=1)
+        self.world.clock.now = max(self.world.clock.now, stamp)
+        await self.world.batches.write(batch)
+        await self.world.batches.index(batch)
+        if error is not None:
+            raise error
+
+    async def publish(self, batch_id: uuid.UUID) -> bool:
+        await self.world.broker.publish(batch_key(batch_id), BatchJob(batch_id=batch_id).encode())
+        return True
+
+    async def finish(self, batch_id: uuid.UUID) -> BatchHeader | None:
+        header = await self.world.batches.header(batch_id)
+        if header is None or header.status == "cancelled":
+            return None
+        if header.status == "accepted":
+            await self.publish(batch_id)  # the splitter makes a second publish harmless
+        return header
+
+    async def done(self, batch_id: uuid.UUID) -> None:
+        return None
+
+
+class _Quota:
+    """Allows every batch but the next ``refusals``."""
+
+    daily_limit = 1_000_000
+    refusals = 0
+
+    async def consume(self, user_id: uuid.UUID, recipients: int) -> tuple[Verdict, Any]:
+        if self.refusals:
+            self.refusals -= 1
+            return Verdict(False, 3600), None
+        return Verdict(True), None
+
+    async def refund(self, user_id: uuid.UUID, recipients: int, day: object) -> None:
+        return None
+
+
+@dataclass
+class Desk:
+    """A user's campaign of one list and one template, its runners, and what they sent."""
+
+    world: World = field(default_factory=World)
+    campaigns: FakeCampaigns = field(default_factory=lambda: FakeCampaigns("t"))
+    lists: FakeContactLists = field(default_factory=FakeContactLists)
+    templates: FakeTemplates = field(default_factory=FakeTemplates)
+    schedule: FakeSchedule = field(default_factory=lambda: FakeSchedule("t"))
+    keys: AccountTables = field(default_factory=AccountTables)
+    user: uuid.UUID = field(default_factory=uuid.uuid4)
+    key_lease: float = 0.0
+    """Seconds an Idempotency-Key claim is leased (0: a request that died can be taken over
+    at once, as if its lease had run out by the retry)."""
+
+    def __post_init__(self) -> None:
+        self.acceptance = _Acceptance(self.world)
+        self.quota = _Quota()
+        self.idempotency = FakeIdempotencyStore(self.keys, lease=self.key_lease)
+        self.sending = Sending(
+            settings=Settings(api=ApiSettings(sender_domains="any"), providers=self.world.settings),
+            acceptance=self.acceptance,  # type: ignore[arg-type]
+            batches=self.world.batches,  # type: ignore[arg-type]
+            suppressions=FakeSuppressionStore(self.world.db),  # type: ignore[arg-type]
+            idempotency=self.idempotency,  # type: ignore[arg-type]
+            quota=self.quota,  # type: ignore[arg-type]
+            metrics=ApiMetrics.create(CollectorRegistry()),
+            background=Background(),
+            templates=TemplateBatches(self.templates),  # type: ignore[arg-type]
+        )
+        self.runner = self.new_runner()
+
+    def new_runner(self) -> CampaignRunner:
+        return CampaignRunner(
+            self.campaigns,  # type: ignore[arg-type]
+            self.lists,  # type: ignore[arg-type]
+            self.templates,  # type: ignore[arg-type]
+            self.sending,
+            self.schedule,  # type: ignore[arg-type]
+        )
+
+    async def start(self, contacts: dict[str, str], *, per_slice: int) -> Campaign:
+        """A campaign of ``contacts`` (address -> first name), scheduled for now, sent in
+        slices of ``per_slice``."""
+        made = await self.lists.create(self.user, "members")
+        await self.put(made.list_id, contacts)
+        self.template = await self.templates.create(
+            self.user, "news", "News for {{ first_name }}", "<p>Hi {{ first_name }}</p>", None, {}
+        )
+        template = await self.templates.get(self.user, self.template)
+        assert template is not None
+        await self.templates.publish(template, 1)
+        rate = per_slice * 2  # a pass (half a second) releases one slice of ``per_slice``
+        assert pace(rate) == (1, per_slice)
+        campaign = await self.campaigns.create(
+            self.user, "autumn", self.template, made.list_id, {"email": "news@example.com"}, {},
+            rate, None,
+        )  # fmt: skip
+        assert await self.campaigns.move(campaign, "scheduled")
+        return await self.read(campaign)
+
+    async def put(self, list_id: uuid.UUID, contacts: dict[str, str]) -> None:
+        """Import ``contacts`` (again: a re-import replaces their fields)."""
+        await self.lists.put(
+            list_id,
+            [Contact(e, {"first_name": n} if n else {}) for e, n in contacts.items()],
+        )
+
+    async def publish(self, subject: str, html: str) -> None:
+        """Make a new version of the template live."""
+        template = await self.templates.get(self.user, self.template)
+        assert template is not None
+        number = await self.templates.add_version(template, subject, html, None, {})
+        await self.templates.publish(template, number)
+
+    async def read(self, campaign: Campaign) -> Campaign:
+        found = await self.campaigns.get(campaign.user_id, campaign.campaign_id)
+        assert found is not None
+        return found
+
+    def lapse(self) -> None:
+        """Time passes beyond a dead runner's lease."""
+        self.schedule.tables.clock.advance(LAPSE)
+
+    async def run(self, campaign: Campaign, *, passes: int = 20) -> Campaign:
+        """Passes of the runner until the campaign is no longer running. A pass that raised
+        ``Killed`` was a runner that died: another takes over once its lease lapsed; one that
+        raised ``DependencyUnavailable`` is retried by the same runner (as ``keep_running``
+        does)."""
+        for _ in range(passes):
+            try:
+                await self.runner.pass_once()
+            except Killed:
+                self.lapse()
+                self.runner = self.new_runner()
+            except DependencyUnavailable:
+                self.lapse()
+            found = await self.read(campaign)
+            if found.state not in ("scheduled", "sending"):
+                return found
+        return await self.read(campaign)
+
+    def mails(self) -> dict[str, int]:
+        """How many copies each address was sent, through every provider."""
+        counts: dict[str, int] = {}
+        for provider in self.world.providers.values():
+            for email in provider.emails():
+                counts[email] = counts.get(email, 0) + 1
+        return counts
+
+    def names(self) -> dict[str, str]:
+        """The first name each address's copy was given (its substitution's value, under
+        whatever marker the template's parts use)."""
+        return {
+            r.email: next(iter(set(r.substitutions.values())), "")
+            for provider in self.world.providers.values()
+            for chunk in provider.sent
+            for r in chunk.recipients
+        }
+
+    async def batches(self, campaign: Campaign) -> set[uuid.UUID]:
+        """The campaign's batches that were stored."""
+        found = set()
+        for batch_id in list(self.world.db.headers):
+            header = await self.world.batches.header(batch_id)
+            named = header.message.metadata.get(METADATA_KEY) if header else None
+            if named == str(campaign.campaign_id):
+                found.add(batch_id)
+        return found
+
+    async def recorded(self, campaign: Campaign) -> dict[int, uuid.UUID]:
+        return {s.slice: s.batch_id for s in await self.campaigns.slices(campaign.campaign_id)}
+
+
+@pytest.fixture
+async def desk() -> AsyncIterator[Desk]:
+    made = Desk()
+    yield made
+    await made.sending.background.drain()
+
+
+@pytest.fixture
+async def racing() -> AsyncIterator[Desk]:
+    """Claims leased for 30 s: a request in progress stays so for the whole test."""
+    made = Desk(key_lease=30.0)
+    yield made
+    await made.sending.background.drain()
+
+
+CONTACTS = {"ann@example.com": "Ann", "bob@example.com": "Bob", "cy@example.com": ""}
+SIX = {**CONTACTS, "dan@example.com": "Dan", "eve@example.com": "Eve", "fay@example.com": "Fay"}
+
+
+async def _sent_once(desk: Desk, campaign: Campaign, contacts: dict[str, str]) -> None:
+    """The campaign ended sent, each contact was mailed once, and each slice's stored batch
+    is recorded once, under its slice."""
+    done = await desk.read(campaign)
+    await desk.world.settle()
+    slices = -(-len(contacts) // pace(campaign.rate)[1])
+    assert (done.state, done.reason) == ("sent", None)
+    assert (done.slices, done.released, done.skipped) == (slices, len(contacts), 0)
+    assert desk.mails() == dict.fromkeys(contacts, 1)
+    recorded = await desk.recorded(campaign)
+    assert sorted(recorded) == list(range(slices))
+    assert set(recorded.values()) == await desk.batches(campaign)
+
+
+async def test_a_campaign_goes_out_slice_by_slice_each_contact_once(desk: Desk) -> None:
+    """Every staged slice is closed once the cursor moved past it (its request dropped)."""
+    campaign = await desk.start(SIX, per_slice=3)
+
+    await desk.run(campaign)
+
+    await _sent_once(desk, campaign, SIX)
+    staged = desk.campaigns.tables.staged[campaign.campaign_id]
+    assert sorted(staged) == [0, 1] and all(s.closed for s in staged.values())
+    assert desk.names() == SIX  # cy has no first name: it is sent empty
+
+
+async def test_a_slice_retried_after_its_contacts_changed_goes_out_as_first_built(
+    desk: Desk,
+) -> None:
+    """The runner dies after the slice's 202 and before moving the cursor; a re-import then
+    changes a contact and a new live version no longer wants ``first_name``: the retry gets
+    the first batch back (it used to be a 409 that paused the campaign on every resume)."""
+    campaign = await desk.start(CONTACTS, per_slice=3)
+    desk.campaigns.tables.fail("record", Killed())
+    await desk.run(campaign, passes=1)
+    await desk.put(campaign.list_id, {"ann@example.com": "Annie"})
+    await desk.publish("News", "<p>Hello</p>")
+
+    await desk.run(campaign)
+
+    await _sent_once(desk, campaign, CONTACTS)
+    assert desk.names()["ann@example.com"] == "Ann"
+
+
+async def test_a_slice_resumed_after_its_key_expired_is_recorded_not_sent_again(
+    desk: Desk,
+) -> None:
+    """Died after the 202, paused, resumed a day later with a contact changed: the slice's
+    batch is found stored and recorded; nothing is accepted again (it used to be sent twice:
+    three contacts, six mails, the first batch missing from the campaign's batches)."""
+    campaign = await desk.start(CONTACTS, per_slice=3)
+    desk.campaigns.tables.fail("record", Killed())
+    await desk.run(campaign, passes=1)
+    assert await desk.campaigns.move(await desk.read(campaign), "paused", reason="user")
+    key = f"campaign.{campaign.campaign_id}.0"
+    desk.idempotency.age(desk.user, key, remaining=0)
+    await desk.put(campaign.list_id, {"bob@example.com": "Robert"})
+
+    paused = await desk.read(campaign)
+    assert await desk.campaigns.move(paused, "sending")
+    await desk.run(campaign)
+
+    await _sent_once(desk, campaign, CONTACTS)
+
+
+async def test_a_campaign_whose_first_slice_the_quota_refuses_pauses_with_the_reason(
+    desk: Desk,
+) -> None:
+    """Its pass started it (scheduled to sending) before the refusal: the pause still lands
+    (it used to be tried from the state read before the start, and never applied)."""
+    campaign = await desk.start(CONTACTS, per_slice=3)
+    desk.quota.refusals = 1
+
+    after = await desk.run(campaign, passes=1)
+
+    assert (after.state, after.slices) == ("paused", 0)
+    assert "daily quota" in (after.reason or "")
+
+
+async def test_a_slice_the_quota_refused_is_sent_as_staged_when_resumed(desk: Desk) -> None:
+    """The campaign pauses with the reason; contacts changed while it waited do not change
+    the slice it resumes with."""
+    campaign = await desk.start(CONTACTS, per_slice=3)
+    desk.quota.refusals = 1
+
+    paused = await desk.run(campaign)
+    await desk.put(campaign.list_id, {"ann@example.com": "Annie"})
+    assert await desk.campaigns.move(paused, "sending")
+    await desk.run(campaign)
+
+    assert paused.state == "paused" and "quota" in (paused.reason or "")
+    await _sent_once(desk, campaign, CONTACTS)
+    assert desk.names()["ann@example.com"] == "Ann"
+
+
+#: Every await of a slice's release that can fail, as (twin, operation, applied): the
+#: process killed there or the write timing out, before it took effect or after.
+FAULTS = [
+    ("campaigns", "staged", False),
+    ("campaigns", "stage", False),
+    ("campaigns", "stage", True),
+    ("cassandra", "batches.header", False),
+    ("acceptance", "store", False),
+    ("acceptance", "store", True),
+    ("campaigns", "record", False),
+    ("campaigns", "record", True),
+    ("campaigns", "advance", False),
+    ("campaigns", "advance", True),
+    ("campaigns", "close", False),
+    ("campaigns", "close", True),
+    ("campaigns", "get", False),
+]
+
+
+@pytest.mark.parametrize("error", ["killed", "timeout"])
+@pytest.mark.parametrize(("twin", "operation", "applied"), FAULTS)
+async def test_a_slice_interrupted_at_any_await_is_sent_once_and_recorded_once(
+    desk: Desk, twin: str, operation: str, applied: bool, error: str
+) -> None:
+    """Whatever failed, and though a contact and the template changed before the retry."""
+    campaign = await desk.start(SIX, per_slice=3)
+    await desk.run(campaign, passes=1)  # slice 0 goes out untroubled
+    failure: BaseException = (
+        Killed() if error == "killed" else DependencyUnavailable("cassandra", "WriteTimeout")
+    )
+    if twin == "campaigns":
+        desk.campaigns.tables.fail(operation, failure, applied=applied)
+    elif twin == "cassandra":
+        desk.world.db.fail(operation, failure, applied=applied)
+    else:
+        desk.acceptance.failures.append((failure, applied))
+    with pytest.raises(type(failure)):
+        await desk.runner.pass_once()  # slice 1 fails part-way
+    await desk.put(campaign.list_id, {"dan@example.com": "Daniel", "fay@example.com": ""})
+    await desk.publish("Hello {{ first_name }}", "<p>Hello {{ first_name }}</p>")
+    desk.lapse()
+    if error == "killed":
+        desk.runner = desk.new_runner()
+
+    await desk.run(campaign)
+
+    await _sent_once(desk, campaign, SIX)
+
+
+async def test_two_runners_racing_on_one_slice_send_it_once(racing: Desk) -> None:
+    """The first runner's lease lapsed mid-slice and another took over: both release the
+    slice at once, interleaving at every round trip; one batch, recorded once, one move."""
+    desk = racing
+    campaign = await desk.start(SIX, per_slice=3)
+    await desk.run(campaign, passes=1)
+    read = await desk.read(campaign)
+    other = desk.new_runner()
+
+    results = await asyncio.gather(
+        desk.runner.release(read, 3), other.release(read, 3), return_exceptions=True
+    )
+
+    moved = [r for r in results if not isinstance(r, BaseException) and r is not None]
+    assert len(moved) <= 1, results
+    assert (await desk.read(campaign)).slices == 2
+    await desk.run(campaign)
+    await _sent_once(desk, campaign, SIX)
+
+
+async def test_a_runner_that_read_the_campaign_before_another_sent_the_slice_stops(
+    desk: Desk,
+) -> None:
+    """It finds the slice closed: nothing is staged, accepted or recorded again."""
+    campaign = await desk.start(SIX, per_slice=3)
+    await desk.run(campaign, passes=1)
+    stale = await desk.read(campaign)
+    await desk.run(campaign, passes=1)  # slice 1 goes out
+    await desk.put(campaign.list_id, {"dan@example.com": "Daniel"})
+
+    again = await desk.new_runner().release(stale, 3)
+
+    assert again is None
+    await desk.run(campaign)
+    await _sent_once(desk, campaign, SIX)
+
+
+async def test_a_slice_whose_contacts_were_all_left_out_moves_on_without_a_batch(
+    desk: Desk,
+) -> None:
+    """Counted skipped, and no batch recorded for it."""
+    campaign = await desk.start(CONTACTS, per_slice=3)
+    for email in CONTACTS:
+        await desk.sending.suppressions.add(desk.user, email, reason="bounce", source="test")
+
+    done = await desk.run(campaign)
+
+    assert (done.state, done.slices, done.released, done.skipped) == ("sent", 1, 0, 3)
+    assert await desk.recorded(campaign) == {}
+    assert await desk.batches(campaign) == set()
