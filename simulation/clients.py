@@ -34,6 +34,8 @@ class Request:
     replies: list[Reply] = field(default_factory=list)
     told_503: list[str] = field(default_factory=list)
     """The tries (``sim_try``) a keyless client was told 503 for: none of them may be sent."""
+    backoff: tuple[float, ...] = BACKOFF
+    """Seconds the client waits before each retry after a broken connection or a 5xx."""
 
     @property
     def batch_ids(self) -> set[str]:
@@ -66,6 +68,6 @@ async def send(world: World, request: Request) -> Request:
             if reply.status != 503:
                 return request  # a broken connection: a keyless client cannot know
             request.told_503.append(metadata["sim_try"])
-        wait = reply.retry_after or BACKOFF[min(attempt, len(BACKOFF) - 1)]
+        wait = reply.retry_after or request.backoff[min(attempt, len(request.backoff) - 1)]
         await asyncio.sleep(wait)
     return request

@@ -15,6 +15,7 @@ at-least-once windows allow are not violations; they are counted apart, with the
 * ``quota``: each user's quota holds exactly the recipients of their batches that were not
   cancelled;
 * ``queues``: no message is left in a queue, in flight or delayed, and none was dead-lettered;
+  no provider gave up posting an event (we answered errors for its whole retry horizon);
 * ``lines``: no attempt line grew past a bound;
 * ``errors``: no service logged an unexpected error.
 """
@@ -60,7 +61,7 @@ async def judge(world: World, requests: list[Request], *, quiet: bool) -> Verdic
     batches = await _batches(world)
     await _final(world, batches, verdict)
     _once(world, requests, verdict)
-    _clients(requests, verdict)
+    _clients(requests, batches, verdict)
     await _evidence(world, batches, verdict)
     await _stats(world, batches, verdict)
     _quota(world, batches, verdict)
@@ -75,6 +76,8 @@ class _Batch:
     user_id: uuid.UUID
     status: str
     rows: list[dict[str, object]]
+    request: str | None
+    """The client request it was stored for (``metadata.sim_request``)."""
 
 
 async def _batches(world: World) -> list[_Batch]:
@@ -84,7 +87,8 @@ async def _batches(world: World) -> list[_Batch]:
         if header is None:
             continue
         rows = await world.recipients.batch_rows(batch_id)
-        out.append(_Batch(batch_id, header.user_id, header.status, rows))
+        request = header.message.metadata.get("sim_request")
+        out.append(_Batch(batch_id, header.user_id, header.status, rows, request))
     return out
 
 
@@ -126,10 +130,33 @@ def _once(world: World, requests: list[Request], verdict: Verdict) -> None:
             verdict.add("told_503", f"{sim_try}: {a.email} was sent though the client was told 503")
 
 
-def _clients(requests: list[Request], verdict: Verdict) -> None:
+def _clients(requests: list[Request], batches: list[_Batch], verdict: Verdict) -> None:
+    """A keyed client's last answer says what happened: a 202 with the one batch stored
+    for its request, or an error and no batch of its request going out."""
+    stored: dict[str, set[str]] = defaultdict(set)
+    for b in batches:
+        if b.status != "cancelled" and b.request:
+            stored[b.request].add(str(b.batch_id))
     for r in requests:
-        if r.key is not None and len(r.batch_ids) > 1:
+        if r.key is None:
+            continue
+        if len(r.batch_ids) > 1:
             verdict.add("one_batch", f"{r.name}: key {r.key} answered {sorted(r.batch_ids)}")
+        last = r.final
+        if last is None or last.status == 0:
+            continue  # the client gave up without an answer
+        if last.status == 202:
+            if stored[r.name] != r.batch_ids:
+                verdict.add(
+                    "outcome",
+                    f"{r.name}: answered {sorted(r.batch_ids)}, stored {sorted(stored[r.name])}",
+                )
+        elif stored[r.name]:
+            verdict.add(
+                "outcome",
+                f"{r.name}: last answered {last.status} {last.code}, yet batch "
+                f"{sorted(stored[r.name])} goes out",
+            )
 
 
 async def _evidence(world: World, batches: list[_Batch], verdict: Verdict) -> None:
@@ -184,6 +211,8 @@ def _quota(world: World, batches: list[_Batch], verdict: Verdict) -> None:
 
 
 def _queues(world: World, verdict: Verdict) -> None:
+    for lost in world.ledger.webhooks_lost[:3]:
+        verdict.add("webhooks", f"a provider gave up posting an event: {lost}")
     broker = world.broker
     for queue, count in broker.leftovers().items():
         verdict.add("queues", f"{count} message(s) left in {queue}")

@@ -162,6 +162,8 @@ class StepRecord:
     point: str
     kind: StepKind
     fault: str | None
+    at: float = 0.0
+    """Seconds into the run."""
 
 
 class _Landing:
@@ -206,7 +208,8 @@ class Gate:
                     planned = selector
         fault = planned.resolve(kind) if planned is not None else None
         if self.record or fault is not None:
-            self.steps.append(StepRecord(index, inc.process.name, point, kind, fault))
+            at = asyncio.get_running_loop().time()
+            self.steps.append(StepRecord(index, inc.process.name, point, kind, fault, at))
         return fault
 
     async def pause(self) -> None:

@@ -221,7 +221,7 @@ class SimProvider:
         if fault == "duplicate":
             self._schedule(30.0, body, loop.time())
         elif fault == "late":
-            self._schedule(LATE, body, loop.time())
+            self._schedule(LATE, body, 0.0)  # it retries for its full horizon from then on
             return
         if 200 <= status < 300 or status == 406:
             return

@@ -191,7 +191,7 @@ def _replay(schedule: Schedule) -> int:
     outcome: Outcome = run(schedule, record=True)
     for s in outcome.steps:
         mark = f"  <- {s.fault}" if s.fault else ""
-        print(f"{s.index:5d} {s.process:<12} {s.point}{mark}")
+        print(f"{s.index:5d} {s.at:10.3f}s {s.process:<12} {s.point}{mark}")
     for line in describe(outcome):
         print(line)
     print(

@@ -4,7 +4,8 @@ and randomness drawn from a seed.
 The loop never waits: when every task is blocked, it moves the clock to the next timer at
 once, so an hour of retries and delays costs what their callbacks cost. Nothing in a run
 depends on the machine: ``datetime.now()`` and ``time.time()`` read the virtual clock
-(through time-machine), ``os.urandom`` (and with it ``uuid4``, ``secrets`` and
+(through time-machine), and so do ``time.monotonic()`` and ``time.perf_counter()``;
+``os.urandom`` (and with it ``uuid4``, ``secrets`` and
 ``SystemRandom``) and the ``random`` module draw from the run's seed, and work sent to a
 thread (``asyncio.to_thread``) runs inline. Two runs with the same seed and the same faults
 therefore take the same steps in the same order, which is what lets a fault be aimed at
@@ -21,6 +22,7 @@ import contextlib
 import os
 import random
 import selectors
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -67,6 +69,17 @@ class VirtualClock:
         finally:
             self._traveller = None
             travel.stop()
+
+    @contextlib.contextmanager
+    def as_monotonic(self) -> Iterator[None]:
+        """While inside, ``time.monotonic()`` and ``time.perf_counter()`` read this clock
+        (what the services time with: caches, leases, durations)."""
+        saved = time.monotonic, time.perf_counter
+        time.monotonic = time.perf_counter = lambda: 1_000.0 + self.elapsed
+        try:
+            yield
+        finally:
+            time.monotonic, time.perf_counter = saved
 
 
 class _Skewed(time_machine.Traveller):
@@ -179,7 +192,7 @@ def simulate(
     if task_factory is not None:
         loop.set_task_factory(task_factory)
     try:
-        with clock.as_wall_time(skew), Entropy(seed).installed():
+        with clock.as_wall_time(skew), clock.as_monotonic(), Entropy(seed).installed():
             return loop.run_until_complete(main(clock))
     finally:
         _cancel_everything(loop)

@@ -68,6 +68,15 @@ async def _deferred(world: World) -> list[Request]:
     return await _one(world, "sgdefer.ann@example.org", BOB)
 
 
+async def _retry_after_bounce(world: World) -> list[Request]:
+    # The 202 is lost; the client retries with its key a minute later, when the one
+    # recipient has bounced (and joined the suppression list) meanwhile.
+    request = Request(
+        "order", user(), body("bounce.ann@example.org"), key="k-order", backoff=(60.0,)
+    )
+    return [await send(world, request)]
+
+
 async def _two_clients(world: World) -> list[Request]:
     first = Request("first", user(1), body(ANN, BOB), key="k-1")
     second = Request("second", user(2), body(ANN, "cat@example.org"), key=None)

@@ -119,11 +119,25 @@ def single_faults(scenario: str, base: Outcome) -> Iterator[Schedule]:
 
 def swarm(scenario: str, seed: int, steps: int) -> Schedule:
     """A seeded schedule of two to four faults somewhere in a run of about ``steps`` steps,
-    sometimes with a skew, with jitter (so concurrent work interleaves in other orders)."""
-    rng = random.Random(seed)
+    sometimes with a skew, with jitter (so concurrent work interleaves in other orders).
+
+    Faults come in clusters more often than not (each next one a few steps after the one
+    before), as real ones do: one Cassandra pause times out a write and the cancel meant to
+    undo it; a broker restart loses a publish and the ack after it.
+    """
+    rng = random.Random(seed)  # noqa: S311 - reproducible, not secret
     n = rng.randint(2, 4)
     span = max(1, int(steps * 1.3))
-    faults = {rng.randrange(span): f"*{rng.randrange(64)}" for _ in range(n)}
+    at = rng.randrange(span)
+    faults = {at: f"*{rng.randrange(64)}"}
+    while len(faults) < n:
+        if rng.random() < 0.6:
+            at += 1
+            while rng.random() < 0.5:
+                at += 1
+        else:
+            at = rng.randrange(span)
+        faults.setdefault(at, f"*{rng.randrange(64)}")
     skews = (rng.choice(SKEWS),) if rng.random() < 0.2 else ()
     return Schedule(
         scenario,

@@ -88,6 +88,8 @@ class Config:
     """Whether the providers deliver every webhook post twice."""
     outages: tuple[tuple[float, float], ...] = ()
     """Windows (start, seconds) in which Cassandra answers nothing."""
+    answers_lost: int = 0
+    """How many of the API's first answers never reach their client, whatever the schedule."""
 
 
 @dataclass
@@ -197,6 +199,7 @@ class World:
         self.api: dict[Incarnation, ApiState] = {}
         self.webhooks: dict[Incarnation, WebhookState] = {}
         self.requests_in_flight = 0
+        self.answers_to_lose = config.answers_lost
         self.errors: list[str] = []
         self._relay_due = 0.0
 
@@ -333,6 +336,9 @@ class World:
                 reply = Reply(503, None, "unavailable")
             fault = self.gate.enter("answer:POST /v1/batches", "answer")
             await self.gate.pause()
+            if fault is None and self.answers_to_lose > 0:
+                self.answers_to_lose -= 1
+                fault = "lost"
             if fault == "lost":
                 return Reply(0)
             self.gate.die_if(fault)

@@ -1,6 +1,8 @@
-"""In-memory twins of what accepting a batch writes besides the batch: the outbox
-(:class:`shared.outbox.Outbox`) and the daily recipient quota
-(:class:`shared.ratelimit.RecipientQuota`).
+"""In-memory twins of what accepting a batch reads and writes besides the batch: the outbox
+(:class:`shared.outbox.Outbox`), the daily recipient quota
+(:class:`shared.ratelimit.RecipientQuota`), recent mail for the cooldown
+(:class:`shared.cooldown.RecentMail`) and the users' preferences
+(:class:`shared.preferences.PreferenceStore`).
 
 They live in the tables of :class:`tests.fakes.stores.FakeCassandra` and make the round trips
 the real stores make: an outbox row is written by the batch's own logged batch (its
@@ -13,12 +15,16 @@ store.
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Callable
-from datetime import UTC, date, datetime
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, date, datetime, timedelta
 from functools import partial
 
+from shared.addresses import address_key
+from shared.cooldown import LOOKUP_CHUNK, cooling
 from shared.outbox import Outbox, minute_of
+from shared.preferences import CACHE_SECONDS, Preferences
 from shared.ratelimit import Verdict, over_limit, seconds_until_midnight
 from tests.fakes.stores import FakeCassandra
 
@@ -104,3 +110,84 @@ class FakeQuota:
         done = await self.db._before("quota.add")
         self.db.quota[(user_id, day)] += delta
         self.db._after(done)
+
+
+class FakeRecentMail:
+    """Twin of :class:`shared.cooldown.RecentMail`: when each address was last accepted for,
+    per scope, each row living for its cooldown (the real rows' TTL)."""
+
+    def __init__(self, db: FakeCassandra) -> None:
+        self.db = db
+
+    async def cooling(
+        self,
+        user_id: uuid.UUID,
+        emails: Iterable[str],
+        scopes: Sequence[str],
+        seconds: int,
+        *,
+        exclude: uuid.UUID | None = None,
+        now: datetime | None = None,
+    ) -> set[str]:
+        now = now or datetime.now(UTC)
+        wanted = sorted({address_key(e) for e in emails})
+        found: set[str] = set()
+        for i in range(0, len(wanted), LOOKUP_CHUNK):
+            self.db._after(await self.db._before("recent.cooling"))
+            for email in wanted[i : i + LOOKUP_CHUNK]:
+                for scope in scopes:
+                    row = self.db.recent.get((user_id, email, scope))
+                    if row is None or row[2] <= self.db.now():
+                        continue  # expired: its TTL passed
+                    last_at, batch_id, _ = row
+                    if batch_id != exclude and cooling(last_at, now, seconds):
+                        found.add(email)
+        return found
+
+    async def record(
+        self,
+        user_id: uuid.UUID,
+        emails: Iterable[str],
+        scopes: Sequence[str],
+        seconds: int,
+        batch_id: uuid.UUID,
+        at: datetime | None = None,
+    ) -> None:
+        at = at or datetime.now(UTC)
+        for email in sorted({address_key(e) for e in emails}):
+            for scope in scopes:
+                done = await self.db._before("recent.record")
+                expires = self.db.now() + timedelta(seconds=seconds)
+                self.db.recent[(user_id, email, scope)] = (_ms(at), batch_id, expires)
+                self.db._after(done)
+
+
+class FakePreferences:
+    """Twin of :class:`shared.preferences.PreferenceStore` (read through the same short
+    per-process cache, so a change applies within its seconds)."""
+
+    def __init__(self, db: FakeCassandra) -> None:
+        self.db = db
+        self._cache: dict[uuid.UUID, tuple[float, Preferences]] = {}
+
+    async def get(self, user_id: uuid.UUID, *, fresh: bool = False) -> Preferences:
+        now = time.monotonic()
+        cached = self._cache.get(user_id)
+        if cached is not None and not fresh and now - cached[0] < CACHE_SECONDS:
+            return cached[1]
+        self.db._after(await self.db._before("preferences.get"))
+        prefs = self.db.preferences.get(user_id) or Preferences()
+        self._cache[user_id] = (now, prefs)
+        return prefs
+
+    async def put(self, user_id: uuid.UUID, prefs: Preferences) -> None:
+        done = await self.db._before("preferences.put")
+        self.db.preferences[user_id] = prefs
+        self.db._after(done)
+        self._cache[user_id] = (time.monotonic(), prefs)
+
+
+def _ms(value: datetime) -> datetime:
+    """As Cassandra keeps a timestamp: UTC, milliseconds."""
+    value = value.astimezone(UTC)
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)

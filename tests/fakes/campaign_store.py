@@ -21,7 +21,6 @@ killed there.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -32,11 +31,36 @@ import orjson
 from shared.campaigns import ACTIVE, Campaign, Slice, Staged, State
 from shared.recipients import timeuuid_order
 from tests.fakes.schedule_store import ms
+from tests.fakes.wire import LOOPBACK, Kind, Trip, Wire
+
+#: What each operation's round trip is (``tests.fakes.wire.Kind``).
+KINDS: dict[str, Kind] = {
+    "create": "write",
+    "get": "read",
+    "campaigns": "read",
+    "state": "read",
+    "list": "write",
+    "move": "lwt",
+    "runs": "read",
+    "retire": "write",
+    "record": "write",
+    "advance": "lwt",
+    "staged": "read",
+    "stage": "lwt",
+    "close": "lwt",
+    "slices": "read",
+}
 
 
-async def _round_trip() -> None:
-    # Concurrent callers interleave at every query, as they do against Cassandra.
-    await asyncio.sleep(0)
+@dataclass
+class _Landing:
+    trip: Trip
+    error: BaseException | None
+
+    def landed(self) -> None:
+        self.trip.landed()
+        if self.error is not None:
+            raise self.error
 
 
 def _json(value: dict[str, Any]) -> dict[str, Any]:
@@ -56,6 +80,8 @@ class CampaignTables:
     staged: dict[uuid.UUID, dict[int, Staged]] = field(default_factory=dict)
     """``campaign_slices``: campaign -> slice number -> the slice staged."""
     failures: dict[str, list[tuple[BaseException, bool]]] = field(default_factory=dict)
+    wire: Wire = LOOPBACK
+    """How each round trip travels (``tests.fakes.wire``)."""
 
     def fail(self, operation: str, error: BaseException, *, applied: bool = False) -> None:
         """Make the next call of ``operation`` (a store method's name, e.g. ``"advance"``)
@@ -72,21 +98,21 @@ class FakeCampaigns:
         self.namespace = namespace
         self.tables = tables or CampaignTables()
 
-    async def _before(self, operation: str) -> BaseException | None:
-        """One round trip; the error to raise once the operation took effect, if any."""
-        await _round_trip()
+    async def _before(self, operation: str) -> _Landing:
+        """One round trip, over the wire; what ends it once the operation took effect (the
+        wire's landing, then the injected error, if any)."""
+        trip = await self.tables.wire.trip(f"campaigns.{operation}", KINDS[operation])
         queue = self.tables.failures.get(operation)
         if not queue:
-            return None
+            return _Landing(trip, None)
         error, applied = queue.pop(0)
         if not applied:
             raise error
-        return error
+        return _Landing(trip, error)
 
     @staticmethod
-    def _after(error: BaseException | None) -> None:
-        if error is not None:
-            raise error
+    def _after(landing: _Landing) -> None:
+        landing.landed()
 
     async def create(
         self,
@@ -139,11 +165,13 @@ class FakeCampaigns:
         reason: str | None = None,
         send_at: datetime | None = None,
     ) -> bool:
-        failure = await self._before("move")
         if to in ACTIVE:
+            # Its own write, before the conditional update (as the real store's).
+            listed = await self.tables.wire.trip("campaigns.list", "write")
             runs = self.tables.runs.setdefault(self.namespace, {})
             runs[campaign.campaign_id] = campaign.user_id
-            await _round_trip()
+            listed.landed()
+        failure = await self._before("move")
         key = (campaign.user_id, campaign.campaign_id)
         stored = self.tables.campaigns.get(key)
         if stored is None or stored.state != campaign.state:

@@ -13,7 +13,6 @@ store.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -23,12 +22,7 @@ from shared.canary_store import Outcome, Rollout
 from shared.recipients import timeuuid_order
 from tests.fakes.schedule_store import ms
 from tests.fakes.stores import Write
-
-
-async def _round_trip() -> None:
-    # Concurrent callers interleave at every query, as they do against Cassandra.
-    await asyncio.sleep(0)
-
+from tests.fakes.wire import LOOPBACK, Wire, round_trip
 
 #: A rollout's key in ``canary_batches`` and ``canary_rollouts``: (template, since).
 _Key = tuple[uuid.UUID, datetime]
@@ -43,6 +37,8 @@ class CanaryTables:
     rollouts: dict[str, dict[_Key, Rollout]] = field(default_factory=dict)
     verdicts: dict[uuid.UUID, dict[datetime, Outcome]] = field(default_factory=dict)
     """template -> the rollout's start (exact: the row's key is a time UUID made of it)."""
+    wire: Wire = LOOPBACK
+    """How each round trip travels (``tests.fakes.wire``)."""
 
 
 class FakeCanary:
@@ -52,6 +48,10 @@ class FakeCanary:
     def __init__(self, namespace: str, tables: CanaryTables | None = None) -> None:
         self.namespace = namespace
         self.tables = tables or CanaryTables()
+
+    @property
+    def wire(self) -> Wire:
+        return self.tables.wire
 
     async def statements(self, rollout: Rollout, batch_id: uuid.UUID) -> list[Write]:
         key = (rollout.template_id, ms(rollout.since))
@@ -65,18 +65,18 @@ class FakeCanary:
 
         return [carried, listed]
 
+    @round_trip("canary.rollouts", "read")
     async def rollouts(self) -> list[Rollout]:
-        await _round_trip()
         waiting = self.tables.rollouts.get(self.namespace, {})
         return [waiting[k] for k in sorted(waiting, key=lambda k: (timeuuid_order(k[0]), k[1]))]
 
+    @round_trip("canary.batches", "read")
     async def batches(self, rollout: Rollout) -> list[uuid.UUID]:
-        await _round_trip()
         found = self.tables.batches.get((rollout.template_id, ms(rollout.since)), set())
         return sorted(found, key=timeuuid_order)
 
     async def judged(self, rollout: Rollout, outcome: Outcome) -> None:
-        await _round_trip()
+        trip = await self.wire.trip("canary.judged", "write")
         kept = replace(
             outcome,
             at=ms(outcome.at),
@@ -84,15 +84,16 @@ class FakeCanary:
             live=Counts(**_counts(outcome.live)),
         )
         self.tables.verdicts.setdefault(rollout.template_id, {})[rollout.since] = kept
+        trip.landed()
         await self.forget(rollout)
 
+    @round_trip("canary.forget", "write")
     async def forget(self, rollout: Rollout) -> None:
-        await _round_trip()
         waiting = self.tables.rollouts.get(self.namespace, {})
         waiting.pop((rollout.template_id, ms(rollout.since)), None)
 
+    @round_trip("canary.history", "read")
     async def history(self, template_id: uuid.UUID) -> list[Outcome]:
-        await _round_trip()
         verdicts = self.tables.verdicts.get(template_id, {})
         return [verdicts[s] for s in sorted(verdicts, reverse=True)]
 

@@ -5,7 +5,6 @@ import the list's latest. Timestamps at Cassandra's millisecond precision."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -15,6 +14,7 @@ from shared.addresses import address_key
 from shared.contact_lists import ContactList, ListContact, bucket_of, contact_name
 from shared.contacts_csv import Contact
 from shared.list_import import ImportJob
+from tests.fakes.wire import LOOPBACK, Wire, round_trip
 
 
 def _now() -> datetime:
@@ -22,69 +22,67 @@ def _now() -> datetime:
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
-async def _round_trip() -> None:
-    await asyncio.sleep(0)
-
-
 class FakeContactLists:
-    def __init__(self) -> None:
+    def __init__(self, wire: Wire = LOOPBACK) -> None:
+        self.wire = wire
+        """How each round trip travels (``tests.fakes.wire``)."""
         self.lists_by_user: dict[uuid.UUID, dict[uuid.UUID, ContactList]] = {}
         self.rows: dict[tuple[uuid.UUID, int], dict[str, ListContact]] = {}
         self.imports: dict[tuple[uuid.UUID, uuid.UUID], ImportJob] = {}
 
+    @round_trip("lists.create", "write")
     async def create(self, user_id: uuid.UUID, name: str) -> ContactList:
-        await _round_trip()
         made = ContactList(user_id, uuid.uuid1(), name, _now(), 0, None)
         self.lists_by_user.setdefault(user_id, {})[made.list_id] = made
         return made
 
+    @round_trip("lists.get", "read")
     async def get(self, user_id: uuid.UUID, list_id: uuid.UUID) -> ContactList | None:
-        await _round_trip()
         return self.lists_by_user.get(user_id, {}).get(list_id)
 
+    @round_trip("lists.lists", "read")
     async def lists(self, user_id: uuid.UUID) -> list[ContactList]:
-        await _round_trip()
         mine = self.lists_by_user.get(user_id, {}).values()
         return sorted(mine, key=lambda x: (x.list_id.time, x.list_id.bytes), reverse=True)
 
+    @round_trip("lists.set_count", "write")
     async def set_count(self, user_id: uuid.UUID, list_id: uuid.UUID, contacts: int) -> None:
-        await _round_trip()
         found = self.lists_by_user.get(user_id, {}).get(list_id)
         if found is not None:
             self.lists_by_user[user_id][list_id] = replace(found, contacts=contacts)
 
+    @round_trip("lists.contacts", "read")
     async def contacts(
         self, list_id: uuid.UUID, bucket: int, after: str | None, limit: int
     ) -> list[ListContact]:
-        await _round_trip()
         part = self.rows.get((list_id, bucket), {})
         keys = sorted(k for k in part if after is None or k > after)
         return [part[k] for k in keys[:limit]]
 
+    @round_trip("lists.existing", "read")
     async def existing(self, list_id: uuid.UUID, emails: Iterable[str]) -> set[str]:
-        await _round_trip()
         keys = {address_key(e) for e in emails}
         return {k for k in keys if k in self.rows.get((list_id, bucket_of(k)), {})}
 
+    @round_trip("lists.put", "write")
     async def put(self, list_id: uuid.UUID, contacts: Sequence[Contact]) -> None:
-        await _round_trip()
         now = _now()
         for c in contacts:
             key = address_key(c.email)
             stored = ListContact(key, contact_name(c.fields), dict(c.fields), now)
             self.rows.setdefault((list_id, bucket_of(key)), {})[key] = stored
 
+    @round_trip("lists.remove", "write")
     async def remove(self, list_id: uuid.UUID, email: str) -> bool:
-        await _round_trip()
         key = address_key(email)
         return self.rows.get((list_id, bucket_of(key)), {}).pop(key, None) is not None
 
+    @round_trip("lists.count", "read")
     async def count(self, list_id: uuid.UUID) -> int:
-        await _round_trip()
         return sum(len(part) for (lid, _), part in self.rows.items() if lid == list_id)
 
+    @round_trip("lists.begin_import", "lwt")
     async def begin_import(self, job: ImportJob, previous: uuid.UUID | None) -> bool:
-        await _round_trip()
         found = self.lists_by_user.get(job.user_id, {}).get(job.list_id)
         if found is None or found.latest_import != previous:
             return False
@@ -92,10 +90,10 @@ class FakeContactLists:
         self.imports[(job.list_id, job.import_id)] = job
         return True
 
+    @round_trip("lists.save_import", "write")
     async def save_import(self, job: ImportJob) -> None:
-        await _round_trip()
         self.imports[(job.list_id, job.import_id)] = job
 
+    @round_trip("lists.get_import", "read")
     async def get_import(self, list_id: uuid.UUID, import_id: uuid.UUID) -> ImportJob | None:
-        await _round_trip()
         return self.imports.get((list_id, import_id))

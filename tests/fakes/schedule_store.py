@@ -12,7 +12,6 @@ first, each minute's batches in ``timeuuid`` order) with timestamps at Cassandra
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -24,6 +23,7 @@ from shared.recipients import timeuuid_order
 from shared.schedule_store import MAX_MINUTES, Due
 from tests.fakes.account_stores import Clock
 from tests.fakes.stores import Write
+from tests.fakes.wire import LOOPBACK, Wire, round_trip
 
 #: ``scheduled_batches``' ``default_time_to_live`` (deploy/cql).
 ROW_TTL: Final = timedelta(seconds=3_196_800)
@@ -33,11 +33,6 @@ def ms(value: datetime) -> datetime:
     """A timestamp as the store reads it back: aware UTC, millisecond precision."""
     value = value.astimezone(UTC)
     return value.replace(microsecond=value.microsecond // 1000 * 1000)
-
-
-async def _round_trip() -> None:
-    # Concurrent callers interleave at every query, as they do against Cassandra.
-    await asyncio.sleep(0)
 
 
 @dataclass
@@ -57,6 +52,8 @@ class ScheduleTables:
     """(namespace, minute) -> batch -> (send_at, expires)."""
     leases: dict[str, _Lease] = field(default_factory=dict)
     cursors: dict[str, datetime] = field(default_factory=dict)
+    wire: Wire = LOOPBACK
+    """How each round trip travels (``tests.fakes.wire``)."""
 
 
 class FakeSchedule:
@@ -67,11 +64,15 @@ class FakeSchedule:
         self.namespace = namespace
         self.tables = tables or ScheduleTables()
 
+    @property
+    def wire(self) -> Wire:
+        return self.tables.wire
+
     def _now(self) -> datetime:
         return self.tables.clock.now()
 
+    @round_trip("schedule.add", "write")
     async def add(self, batch_id: uuid.UUID, at: datetime) -> None:
-        await _round_trip()
         self._put(batch_id, at)
 
     async def statement(self, batch_id: uuid.UUID, at: datetime) -> Write:
@@ -86,24 +87,31 @@ class FakeSchedule:
         return lease.owner if lease and self._now() < lease.expires else None
 
     async def take_lease(self, owner: uuid.UUID, seconds: int) -> bool:
-        await _round_trip()
+        trip = await self.wire.trip("schedule.take_lease", "lwt")
         holder = self._holder()
-        if holder is not None and holder != owner:
-            return False
-        if holder == owner:
-            await _round_trip()  # the renewal is a second transaction, IF owner = owner
-            if self._holder() != owner:
-                return False
-        self.tables.leases[self.namespace] = _Lease(owner, self._now() + timedelta(seconds=seconds))
-        return True
+        if holder is None:
+            self._lease(owner, seconds)
+        trip.landed()
+        if holder is None or holder != owner:
+            return holder is None
+        # The renewal is a second transaction, IF owner = owner.
+        trip = await self.wire.trip("schedule.renew_lease", "lwt")
+        renewed = self._holder() == owner
+        if renewed:
+            self._lease(owner, seconds)
+        trip.landed()
+        return renewed
 
+    def _lease(self, owner: uuid.UUID, seconds: int) -> None:
+        self.tables.leases[self.namespace] = _Lease(owner, self._now() + timedelta(seconds=seconds))
+
+    @round_trip("schedule.release_lease", "lwt")
     async def release_lease(self, owner: uuid.UUID) -> None:
-        await _round_trip()
         if self._holder() == owner:
             del self.tables.leases[self.namespace]
 
+    @round_trip("schedule.done_through", "read")
     async def done_through(self) -> datetime | None:
-        await _round_trip()
         return self.tables.cursors.get(self.namespace)
 
     async def due(self, now: datetime) -> tuple[list[Due], datetime | None]:
@@ -114,7 +122,8 @@ class FakeSchedule:
         while minute <= current and len(minutes) < MAX_MINUTES:
             minutes.append(minute)
             minute += BUCKET
-        await _round_trip()
+        trip = await self.wire.trip("schedule.due", "read")
+        trip.landed()
         found: list[Due] = []
         for at in minutes:
             rows = self.tables.rows.get((self.namespace, at), {})
@@ -124,8 +133,8 @@ class FakeSchedule:
                     found.append(Due(at, batch_id, send_at))
         return found, minutes[-1] if minutes else None
 
+    @round_trip("schedule.finish", "lwt")
     async def finish(self, owner: uuid.UUID, through: datetime) -> bool:
-        await _round_trip()
         if self._holder() != owner:
             return False
         self.tables.cursors[self.namespace] = ms(through)

@@ -218,6 +218,10 @@ OPERATION_KINDS: dict[str, Kind] = {
     "outbox.unpublished": "read",
     "quota.add": "write",
     "quota.read": "read",
+    "recent.cooling": "read",
+    "recent.record": "write",
+    "preferences.get": "read",
+    "preferences.put": "write",
     "recipients.accepted": "write",
     "recipients.batch_rows": "read",
     "recipients.call_failed": "write",
@@ -286,6 +290,10 @@ class FakeCassandra:
         """``outbox_minutes``: (namespace, minute, shard) -> batch -> row."""
         self.quota: dict[tuple[uuid.UUID, date], int] = defaultdict(int)
         """``recipient_quota``'s counters."""
+        self.recent: dict[tuple[uuid.UUID, str, str], tuple[datetime, uuid.UUID, datetime]] = {}
+        """``recent_mail``: (user, email, scope) -> (last_at, batch_id, expires)."""
+        self.preferences: dict[uuid.UUID, Any] = {}
+        """``user_preferences``: user -> ``shared.preferences.Preferences``."""
         self._failures: dict[str, list[_Failure]] = defaultdict(list)
         self.calls: list[str] = []
 

@@ -11,7 +11,6 @@ this twin and the real store.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -20,16 +19,12 @@ from typing import Any
 import orjson
 
 from shared.templates import Template, TemplateChanged, Version, VersionHeader
+from tests.fakes.wire import LOOPBACK, Wire, round_trip
 
 
 def _stored(value: datetime) -> datetime:
     """A timestamp as read back from Cassandra: UTC, millisecond precision."""
     return value.replace(microsecond=value.microsecond // 1000 * 1000)
-
-
-async def _round_trip() -> None:
-    # Concurrent callers interleave at every query, as they do against Cassandra.
-    await asyncio.sleep(0)
 
 
 @dataclass
@@ -41,9 +36,11 @@ class _Row:
 class FakeTemplates:
     """Twin of :class:`shared.templates.TemplateStore` (every operation)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wire: Wire = LOOPBACK) -> None:
         self.rows: dict[tuple[uuid.UUID, uuid.UUID], _Row] = {}
         self.version_rows: dict[uuid.UUID, dict[int, Version]] = {}
+        self.wire = wire
+        """How each round trip travels (``tests.fakes.wire``)."""
 
     async def create(
         self,
@@ -57,9 +54,10 @@ class FakeTemplates:
         template_id = uuid.uuid1()
         now = datetime.now(UTC)
         await self._write_version(template_id, 1, subject, html, text, sample, now)
-        await _round_trip()
+        trip = await self.wire.trip("templates.create", "lwt")
         made = Template(user_id, template_id, name, None, None, None, None, _stored(now))
         self.rows[(user_id, template_id)] = _Row(made, 2)
+        trip.landed()
         return template_id
 
     async def add_version(
@@ -72,12 +70,17 @@ class FakeTemplates:
     ) -> int:
         key = (template.user_id, template.template_id)
         while True:
-            await _round_trip()
+            trip = await self.wire.trip("templates.next_version", "read")
             row = self.rows.get(key)
             number = row.next_version if row else 2
-            await _round_trip()
-            if row is not None and row.next_version == number:
+            trip.landed()
+            trip = await self.wire.trip("templates.take_version", "lwt")
+            taken = row is not None and row.next_version == number
+            if taken:
+                assert row is not None
                 row.next_version = number + 1
+            trip.landed()
+            if taken:
                 break
         await self._write_version(
             template.template_id, number, subject, html, text, sample, datetime.now(UTC)
@@ -94,23 +97,24 @@ class FakeTemplates:
         sample: dict[str, Any],
         at: datetime,
     ) -> None:
-        await _round_trip()
+        trip = await self.wire.trip("templates.write_version", "write")
         kept = orjson.loads(orjson.dumps(sample))
         written = Version(number, subject, html, text, kept, _stored(at))
         self.version_rows.setdefault(template_id, {})[number] = written
+        trip.landed()
 
+    @round_trip("templates.get", "read")
     async def get(self, user_id: uuid.UUID, template_id: uuid.UUID) -> Template | None:
-        await _round_trip()
         row = self.rows.get((user_id, template_id))
         return row.template if row else None
 
+    @round_trip("templates.templates", "read")
     async def templates(self, user_id: uuid.UUID) -> list[Template]:
-        await _round_trip()
         found = [row.template for (user, _), row in self.rows.items() if user == user_id]
         return sorted(found, key=lambda t: (t.template_id.time, t.template_id.bytes))
 
+    @round_trip("templates.versions", "read")
     async def versions(self, template_id: uuid.UUID) -> list[Version]:
-        await _round_trip()
         found = self.version_rows.get(template_id, {})
         return [found[n] for n in sorted(found, reverse=True)]
 
@@ -120,8 +124,8 @@ class FakeTemplates:
             for v in await self.versions(template_id)
         ]
 
+    @round_trip("templates.version", "read")
     async def version(self, template_id: uuid.UUID, number: int) -> Version | None:
-        await _round_trip()
         return self.version_rows.get(template_id, {}).get(number)
 
     async def publish(
@@ -133,10 +137,11 @@ class FakeTemplates:
         else:
             values = (template.live_version, number, canary_percent, since)
         live, canary, percent, since = values
-        await _round_trip()
+        trip = await self.wire.trip("templates.publish", "lwt")
         row = self.rows.get((template.user_id, template.template_id))
         read = (template.live_version, template.canary_since)
         if row is None or (row.template.live_version, row.template.canary_since) != read:
+            trip.landed()
             raise TemplateChanged(f"template {template.template_id} changed while publishing")
         fields = {
             "live_version": live,
@@ -145,10 +150,11 @@ class FakeTemplates:
             "canary_since": since,
         }
         row.template = replace(row.template, **fields)
+        trip.landed()
         return replace(template, **fields)
 
+    @round_trip("templates.conclude", "lwt")
     async def conclude(self, template: Template, since: datetime, live: int, verdict: str) -> bool:
-        await _round_trip()
         row = self.rows.get((template.user_id, template.template_id))
         if row is None or row.template.canary_since != _stored(since):
             return False

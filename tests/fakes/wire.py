@@ -12,7 +12,9 @@ concurrent callers interleave at every query as they do against Cassandra.
 from __future__ import annotations
 
 import asyncio
-from typing import Literal, Protocol
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Concatenate, Literal, ParamSpec, Protocol, TypeVar
 
 #: What a round trip does, as far as its faults go: a read can only fail; a write can fail or
 #: land with its answer lost; a lightweight transaction likewise (whether it applied is then
@@ -49,3 +51,37 @@ class Loopback:
 
 #: The wire every twin uses unless it is given another.
 LOOPBACK = Loopback()
+
+
+class Traveller(Protocol):
+    """A twin whose round trips go over its ``wire``."""
+
+    wire: Wire
+
+
+S = TypeVar("S", bound=Traveller)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def round_trip(
+    op: str, kind: Kind
+) -> Callable[
+    [Callable[Concatenate[S, P], Awaitable[R]]], Callable[Concatenate[S, P], Awaitable[R]]
+]:
+    """Decorate a twin method that makes one round trip: ``op`` over ``self.wire``, its
+    effect applied between the trip and its landing."""
+
+    def wrap(
+        method: Callable[Concatenate[S, P], Awaitable[R]],
+    ) -> Callable[Concatenate[S, P], Awaitable[R]]:
+        @functools.wraps(method)
+        async def travelled(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
+            trip = await self.wire.trip(op, kind)
+            result = await method(self, *args, **kwargs)
+            trip.landed()
+            return result
+
+        return travelled
+
+    return wrap

@@ -20,7 +20,7 @@ from shared.suppressions import SuppressionStore
 from shared.templates import TemplateStore
 from shared.timeline import Timeline
 from shared.webhook_tokens import WebhookTokens
-from tests.fakes.acceptance import FakeOutbox, FakeQuota
+from tests.fakes.acceptance import FakeOutbox, FakePreferences, FakeQuota, FakeRecentMail
 from tests.fakes.campaign_store import FakeCampaigns
 from tests.fakes.canary_store import FakeCanary
 from tests.fakes.contact_lists import FakeContactLists
@@ -112,6 +112,8 @@ def test_every_fault_point_names_an_operation_of_a_twin() -> None:
         "tokens": FakeWebhookTokens,
         "outbox": FakeOutbox,
         "quota": FakeQuota,
+        "recent": FakeRecentMail,
+        "preferences": FakePreferences,
     }
     # The quota's round trips are its counter update and its read (``_add`` and ``used``).
     internal = {"quota.add": "_add", "quota.read": "used"}
