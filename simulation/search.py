@@ -125,7 +125,7 @@ def swarm(scenario: str, seed: int, steps: int) -> Schedule:
     before), as real ones do: one Cassandra pause times out a write and the cancel meant to
     undo it; a broker restart loses a publish and the ack after it.
     """
-    rng = random.Random(seed)  # noqa: S311 - reproducible, not secret
+    rng = random.Random(seed)
     n = rng.randint(2, 4)
     span = max(1, int(steps * 1.3))
     at = rng.randrange(span)
