@@ -26,6 +26,7 @@ import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from shared.campaigns import METADATA_KEY
 from shared.precedence import visible
 from shared.stats import batch_day
 from simulation.clients import Request
@@ -67,6 +68,7 @@ async def judge(world: World, requests: list[Request], *, quiet: bool) -> Verdic
     _quota(world, batches, verdict)
     _queues(world, verdict)
     _lines(world, verdict)
+    _campaigns(world, batches, verdict)
     return verdict
 
 
@@ -78,6 +80,8 @@ class _Batch:
     rows: list[dict[str, object]]
     request: str | None
     """The client request it was stored for (``metadata.sim_request``)."""
+    campaign: str | None
+    """The campaign it is a slice of."""
 
 
 async def _batches(world: World) -> list[_Batch]:
@@ -87,8 +91,17 @@ async def _batches(world: World) -> list[_Batch]:
         if header is None:
             continue
         rows = await world.recipients.batch_rows(batch_id)
-        request = header.message.metadata.get("sim_request")
-        out.append(_Batch(batch_id, header.user_id, header.status, rows, request))
+        metadata = header.message.metadata
+        out.append(
+            _Batch(
+                batch_id,
+                header.user_id,
+                header.status,
+                rows,
+                metadata.get("sim_request"),
+                metadata.get(METADATA_KEY),
+            )
+        )
     return out
 
 
@@ -106,7 +119,10 @@ async def _final(world: World, batches: list[_Batch], verdict: Verdict) -> None:
 
 
 def _request_of(metadata: tuple[tuple[str, str], ...], batch_id: uuid.UUID) -> str:
+    """Whose mail it was: a client request, or a campaign (each contact once per campaign)."""
     found = dict(metadata)
+    if METADATA_KEY in found:
+        return f"campaign {found[METADATA_KEY]}"
     return found.get("sim_request") or f"batch {batch_id}"
 
 
@@ -222,6 +238,31 @@ def _queues(world: World, verdict: Verdict) -> None:
         verdict.add("queues", f"{len(broker.delayed)} message(s) still delayed")
     for letter in broker.dead[:3]:
         verdict.add("queues", f"dead-lettered {letter.envelope.routing_key} ({letter.reason})")
+
+
+def _campaigns(world: World, batches: list[_Batch], verdict: Verdict) -> None:
+    """A campaign ends sent, each contact of its list in exactly one of its slices' batches,
+    and every batch it made recorded as one of its slices."""
+    tables = world.campaign_tables
+    for (_, campaign_id), campaign in tables.campaigns.items():
+        if campaign.state not in ("sent", "cancelled"):
+            verdict.add("campaign", f"campaign {campaign_id} ended {campaign.state}")
+            continue
+        mine = [b for b in batches if b.campaign == str(campaign_id) and b.status != "cancelled"]
+        slots = Counter(str(r["email"]).lower() for b in mine for r in b.rows)
+        contacts = {
+            email
+            for (list_id, _), part in world.lists.rows.items()
+            if list_id == campaign.list_id
+            for email in part
+        }
+        for email in sorted(contacts):
+            if campaign.state == "sent" and slots[email] != 1:
+                verdict.add("campaign", f"campaign {campaign_id}: {email} in {slots[email]} slices")
+        recorded = {str(s.batch_id) for s in tables.slices.get(campaign_id, {}).values()}
+        made = {str(b.batch_id) for b in mine}
+        if made - recorded:
+            verdict.add("campaign", f"campaign {campaign_id}: batches {sorted(made - recorded)} unrecorded")
 
 
 def _lines(world: World, verdict: Verdict) -> None:

@@ -8,13 +8,16 @@ it. Recipients' fates come from their addresses, as in the sandbox (``bounce…@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.campaigns import Action
+from shared.contacts_csv import Contact
 from simulation.clients import Request, send
-from simulation.world import Config, World
+from simulation.world import ApiState, Config, World
 
 Script = Callable[[World], Awaitable[list[Request]]]
 
@@ -75,6 +78,55 @@ async def _retry_after_bounce(world: World) -> list[Request]:
         "order", user(), body("bounce.ann@example.org"), key="k-order", backoff=(60.0,)
     )
     return [await send(world, request)]
+
+
+async def _act(world: World, user_id: uuid.UUID, campaign_id: uuid.UUID, action: Action) -> None:
+    """A campaign lifecycle step from the dashboard, clicked again until it is answered."""
+
+    async def step(state: ApiState) -> object:
+        return await state.campaigns.act(user_id, campaign_id, action, None)
+
+    for _ in range(20):
+        reply = await world.call(f"POST /v1/campaigns/{{id}}/{action}", step)
+        if reply.status == 200:
+            return
+        await asyncio.sleep(2.0)
+
+
+async def _campaign(world: World) -> list[Request]:
+    """Four contacts, one a second, paused after the first slices; meanwhile a contact's
+    field changes and the template gets a new live version; then resumed."""
+    owner = user()
+    template_id = await world.templates.create(
+        owner, "news", "Hi {{ first }}", None, "News for {{ first }}.", {"first": "Ann"}
+    )
+    template = await world.templates.get(owner, template_id)
+    assert template is not None  # noqa: S101
+    await world.templates.publish(template, 1)
+    contacts = world.lists
+    made = await contacts.create(owner, "customers")
+    people = ["ann", "bob", "cat", "dan"]
+    await contacts.put(
+        made.list_id,
+        [Contact(f"{p}@example.org", {"first": p.title()}) for p in people],
+    )
+    campaign = await world.campaign_store.create(
+        owner, "spring", template_id, made.list_id, {"email": "news@shop.example"}, {}, 2, None
+    )
+    await _act(world, owner, campaign.campaign_id, "schedule")
+    await asyncio.sleep(1.2)
+    await _act(world, owner, campaign.campaign_id, "pause")
+    # A change while paused: a contact's field, and the template's live version.
+    await contacts.put(made.list_id, [Contact("dan@example.org", {"first": "Daniel"})])
+    version = await world.templates.add_version(
+        template, "Hello {{ first }}", None, "More news for {{ first }}.", {"first": "Ann"}
+    )
+    current = await world.templates.get(owner, template_id)
+    assert current is not None  # noqa: S101
+    await world.templates.publish(current, version)
+    await asyncio.sleep(30.0)
+    await _act(world, owner, campaign.campaign_id, "resume")
+    return []
 
 
 async def _two_clients(world: World) -> list[Request]:
@@ -185,6 +237,12 @@ SCENARIOS: dict[str, Scenario] = {
             "Cassandra is down while the webhooks arrive: the intake queues them",
             _two_recipients,
             Config(outages=((1.5, 40.0),)),
+        ),
+        Scenario(
+            "campaign",
+            "a campaign of four contacts, one a second: paused after its first slices, a "
+            "contact and the template changed meanwhile, then resumed",
+            _campaign,
         ),
         Scenario(
             "two_clients",

@@ -29,12 +29,21 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from services.api.campaign_runner import CampaignRunner
+from services.api.campaigns import Campaigns
 from services.api.sending import Sending
+from services.api.templated import TemplateBatches
+from services.consumers.campaign_hold import CampaignHold
+from services.consumers.canary_judge import JUDGE_EVERY, CanaryJudge
 from services.consumers.dispatch import Dispatcher
+from services.consumers.scheduler import PASS_EVERY as SCHEDULER_EVERY
+from services.consumers.scheduler import Scheduler
 from services.consumers.splitter import Splitter
 from services.webhooks.ingest import Ingest, IngestMetrics
 from services.webhooks.intake import Intake, IntakeMetrics
+from services.api.campaign_runner import PASS_EVERY as RUNNER_EVERY
 from shared.acceptance import Acceptance
+from shared.canary import Margins
 from shared.background import Background
 from shared.config import ApiSettings, ProviderSettings, Settings, WebhookSettings
 from shared.errors import DependencyUnavailable
@@ -49,8 +58,13 @@ from simulation.faults import Schedule
 from simulation.processes import Gate, Incarnation, Killed, Process
 from simulation.providers import Ledger, SimProvider
 from simulation.runtime import VirtualClock
-from tests.fakes.acceptance import FakeOutbox, FakeQuota
+from tests.fakes.acceptance import FakeOutbox, FakePreferences, FakeQuota, FakeRecentMail
 from tests.fakes.account_stores import AccountTables, FakeIdempotencyStore
+from tests.fakes.campaign_store import CampaignTables, FakeCampaigns
+from tests.fakes.canary_store import CanaryTables, FakeCanary
+from tests.fakes.contact_lists import FakeContactLists
+from tests.fakes.schedule_store import FakeSchedule, ScheduleTables
+from tests.fakes.template_store import FakeTemplates
 from tests.fakes.stores import (
     FakeAttempts,
     FakeBatches,
@@ -135,11 +149,28 @@ class Reply:
 class ApiState:
     sending: Sending
     relay: Relay
+    campaigns: Campaigns
+    runner: CampaignRunner
+
+
+@dataclass
+class ConsumerState:
+    dispatcher: Dispatcher
+    scheduler: Scheduler
+    judge: CanaryJudge
 
 
 @dataclass
 class WebhookState:
     intake: Intake
+    ingest: Ingest
+
+
+class ServerClock:
+    """Cassandra's clock, for twins that keep server time (leases, TTLs)."""
+
+    def __init__(self, now: Callable[[], datetime]) -> None:
+        self.now = now
 
 
 class World:
@@ -163,10 +194,19 @@ class World:
         self.tokens = FakeWebhookTokens(self.db)
         self.outbox = FakeOutbox(self.db, self.settings.amqp.exchange)
         self.quota = FakeQuota(self.db, config.quota)
+        self.recent = FakeRecentMail(self.db)
         self.accounts = AccountTables(wire=self.gate)
         self.idempotency = FakeIdempotencyStore(
             self.accounts, lease=self.settings.api.idempotency_lease
         )
+        server = ServerClock(self.db.now)
+        self.schedule_tables = ScheduleTables(clock=server, wire=self.gate)  # type: ignore[arg-type]
+        self.campaign_tables = CampaignTables(wire=self.gate)
+        self.canary_tables = CanaryTables(wire=self.gate)
+        self.templates = FakeTemplates(wire=self.gate)
+        self.lists = FakeContactLists(wire=self.gate)
+        namespace = self.settings.amqp.exchange
+        self.campaign_store = FakeCampaigns(namespace, self.campaign_tables)
         self.broker = SimBroker(topology_for(self.settings), self.gate)
         self.ledger = Ledger()
         self.providers = {
@@ -197,11 +237,12 @@ class World:
                 name, starts[name], skew=skews.get(name, 0.0), on_death=[self.broker.died]
             )
         self.api: dict[Incarnation, ApiState] = {}
+        self.consumers: dict[Incarnation, ConsumerState] = {}
         self.webhooks: dict[Incarnation, WebhookState] = {}
+        self._due: dict[tuple[str, str], float] = {}
         self.requests_in_flight = 0
         self.answers_to_lose = config.answers_lost
         self.errors: list[str] = []
-        self._relay_due = 0.0
 
     # -- processes ------------------------------------------------------------------------
 
@@ -215,6 +256,7 @@ class World:
 
     async def _start_api(self, inc: Incarnation) -> None:
         m = metrics()
+        namespace = self.settings.amqp.exchange
         acceptance = Acceptance(self.batches, self.outbox, self.broker)  # type: ignore[arg-type]
         sending = Sending(
             settings=self.settings,
@@ -225,12 +267,33 @@ class World:
             quota=self.quota,  # type: ignore[arg-type]
             metrics=m.api,
             background=Background(),
+            preferences=FakePreferences(self.db),  # type: ignore[arg-type]
+            recent=self.recent,  # type: ignore[arg-type]
+            templates=TemplateBatches(self.templates),  # type: ignore[arg-type]
+            schedules=FakeSchedule(namespace, self.schedule_tables),  # type: ignore[arg-type]
+            canaries=FakeCanary(namespace, self.canary_tables),  # type: ignore[arg-type]
         )
         relay = Relay(self.outbox, acceptance.finish, grace=self.settings.api.outbox_grace)  # type: ignore[arg-type]
-        self.api[inc] = ApiState(sending, relay)
+        campaigns = Campaigns(
+            self.campaign_store,  # type: ignore[arg-type]
+            self.templates,  # type: ignore[arg-type]
+            self.lists,  # type: ignore[arg-type]
+            self.batches,  # type: ignore[arg-type]
+            sending,
+        )
+        runner = CampaignRunner(
+            self.campaign_store,  # type: ignore[arg-type]
+            self.lists,  # type: ignore[arg-type]
+            self.templates,  # type: ignore[arg-type]
+            sending,
+            FakeSchedule(f"{namespace}:campaigns", self.schedule_tables),  # type: ignore[arg-type]
+            clock=self._now(inc.process),
+        )
+        self.api[inc] = ApiState(sending, relay, campaigns, runner)
 
     async def _start_consumers(self, inc: Incarnation) -> None:
         process = inc.process
+        namespace = self.settings.amqp.exchange
         dispatcher = Dispatcher(
             broker=self.broker,  # type: ignore[arg-type]
             batches=self.batches,  # type: ignore[arg-type]
@@ -240,6 +303,7 @@ class World:
             metrics=metrics().dispatch,
             recipients=self.recipients,  # type: ignore[arg-type]
             deferred_deadline=self.settings.webhooks.deferred_deadline,
+            campaigns=CampaignHold(self.campaign_store),  # type: ignore[arg-type]
             now=self._now(process),
         )
         splitter = Splitter(
@@ -247,6 +311,29 @@ class World:
             self.batches,  # type: ignore[arg-type]
             self.settings.providers.chain_codes[0],
         )
+        scheduler = Scheduler(
+            FakeSchedule(namespace, self.schedule_tables),  # type: ignore[arg-type]
+            self.batches,  # type: ignore[arg-type]
+            self.broker,  # type: ignore[arg-type]
+            clock=self._now(process),
+        )
+        c = self.settings.consumers
+        judge = CanaryJudge(
+            FakeCanary(namespace, self.canary_tables),  # type: ignore[arg-type]
+            self.templates,  # type: ignore[arg-type]
+            self.batches,  # type: ignore[arg-type]
+            self.recipients,  # type: ignore[arg-type]
+            Margins(
+                provider_failures=c.canary_margin_failures,
+                hard_bounces=c.canary_margin_bounces,
+                complaints=c.canary_margin_complaints,
+                min_sent=c.canary_min_sent,
+            ),
+            timedelta(seconds=c.canary_window),
+            timedelta(seconds=c.canary_deadline),
+            clock=self._now(process),
+        )
+        self.consumers[inc] = ConsumerState(dispatcher, scheduler, judge)
         t = self.broker.topology
         self._consume(inc, t.batches_queue, splitter.process)
         for code in self.settings.providers.chain_codes:
@@ -272,7 +359,7 @@ class World:
             metrics=metrics().ingest,
         )
         intake = Intake(self.tokens, self.broker, ingest, metrics().intake)  # type: ignore[arg-type]
-        self.webhooks[inc] = WebhookState(intake)
+        self.webhooks[inc] = WebhookState(intake, ingest)
         self._consume(inc, self.broker.topology.webhooks_queue, intake.process, hold=None)
 
     def _consume(
@@ -320,6 +407,15 @@ class World:
 
     async def request(self, user_id: uuid.UUID, body: dict[str, Any], key: str | None) -> Reply:
         """``POST /v1/batches`` as a client sees it."""
+
+        async def accept(state: ApiState) -> dict[str, Any]:
+            return await state.sending.accept(user_id, body, key)
+
+        return await self.call("POST /v1/batches", accept)
+
+    async def call(self, what: str, handler: Callable[[ApiState], Awaitable[Any]]) -> Reply:
+        """One API request, handled in the ``api`` process, as its client sees it: the
+        answer (a 2xx with the handler's result) is a step that can be lost."""
         process = self.processes["api"]
 
         async def handle() -> Reply:
@@ -327,22 +423,51 @@ class World:
             if state is None:
                 return Reply(0)
             try:
-                answer = await state.sending.accept(user_id, body, key)
-                reply = Reply(202, answer)
+                answer = await handler(state)
+                reply = Reply(202 if what == "POST /v1/batches" else 200, _body(answer))
             except ApiError as exc:
                 after = (exc.headers or {}).get("Retry-After")
                 reply = Reply(exc.status, None, exc.code, float(after) if after else None)
             except DependencyUnavailable:
                 reply = Reply(503, None, "unavailable")
-            fault = self.gate.enter("answer:POST /v1/batches", "answer")
+            fault = self.gate.enter(f"answer:{what}", "answer")
             await self.gate.pause()
-            if fault is None and self.answers_to_lose > 0:
+            if fault is None and self.answers_to_lose > 0 and what == "POST /v1/batches":
                 self.answers_to_lose -= 1
                 fault = "lost"
             if fault == "lost":
                 return Reply(0)
             self.gate.die_if(fault)
             return reply
+
+        self.requests_in_flight += 1
+        try:
+            reply: Reply = await process.spawn(handle())
+        except (Killed, asyncio.CancelledError):
+            return Reply(0)
+        finally:
+            self.requests_in_flight -= 1
+        return reply
+
+    async def tracked(self, handler: Callable[[WebhookState], Awaitable[Any]]) -> Reply:
+        """A request to the tracking endpoint (the webhooks service), as a reader's mail
+        client sees it."""
+        process = self.processes["webhooks"]
+
+        async def handle() -> Reply:
+            state = self.webhooks.get(process.current)
+            if state is None:
+                return Reply(0)
+            try:
+                await handler(state)
+            except DependencyUnavailable:
+                return Reply(503, None, "unavailable")
+            fault = self.gate.enter("answer:POST /u/<token>", "answer")
+            await self.gate.pause()
+            if fault == "lost":
+                return Reply(0)
+            self.gate.die_if(fault)
+            return Reply(200)
 
         self.requests_in_flight += 1
         try:
@@ -365,18 +490,46 @@ class World:
             or self.requests_in_flight
             or any(p.pending_posts for p in self.providers.values())
             or any(p.restarting for p in self.processes.values())
-            or self.outbox.pending()
+            or self._periodic()
         )
+
+    def _periodic(self) -> list[tuple[str, str, float]]:
+        """The periodic work that has something to look at: (process, what, every)."""
+        work: list[tuple[str, str, float]] = []
+        if self.outbox.pending():
+            work.append(("api", "relay", self.settings.api.outbox_relay_interval))
+        if any(self.campaign_tables.runs.values()):
+            work.append(("api", "campaigns", RUNNER_EVERY))
+        if any(h.get("status") == "scheduled" for h in self.db.headers.values()):
+            for name in ("consumers-a", "consumers-b"):
+                work.append((name, "scheduler", SCHEDULER_EVERY))
+        if any(self.canary_tables.rollouts.values()):
+            for name in ("consumers-a", "consumers-b"):
+                work.append((name, "judge", JUDGE_EVERY))
+        return work
 
     def _passes(self) -> None:
         """Start the periodic work that is due and has something to look at."""
-        loop_now = asyncio.get_running_loop().time()
-        api = self.processes["api"]
-        if self.outbox.pending() and loop_now >= self._relay_due and api.current.alive:
-            state = self.api.get(api.current)
-            if state is not None:
-                self._relay_due = loop_now + self.settings.api.outbox_relay_interval
-                api.spawn(_quietly(state.relay.once()))
+        now = asyncio.get_running_loop().time()
+        for name, what, every in self._periodic():
+            process = self.processes[name]
+            if now < self._due.get((name, what), 0.0) or not process.current.alive:
+                continue
+            work = self._pass(process.current, what)
+            if work is not None:
+                self._due[(name, what)] = now + every
+                process.spawn(_quietly(work))
+
+    def _pass(self, inc: Incarnation, what: str) -> Awaitable[Any] | None:
+        if what in ("relay", "campaigns"):
+            api = self.api.get(inc)
+            if api is None:
+                return None
+            return api.relay.once() if what == "relay" else api.runner.pass_once()
+        consumer = self.consumers.get(inc)
+        if consumer is None:
+            return None
+        return consumer.scheduler.pass_once() if what == "scheduler" else consumer.judge.pass_once()
 
     async def quiesce(self, horizon: float = 10 * 24 * 3600.0) -> bool:
         """Run until nothing is left to do; False if something is still going at ``horizon``
@@ -399,16 +552,23 @@ class World:
         now = asyncio.get_running_loop().time()
         due = [d for d in (self.broker.next_due(),) if d is not None]
         wait = min(due) - now if due else 60.0
-        if self.outbox.pending():
-            wait = min(wait, max(0.0, self._relay_due - now))
+        for name, what, _ in self._periodic():
+            wait = min(wait, max(0.0, self._due.get((name, what), 0.0) - now))
         return max(0.05, min(wait, 600.0))
 
 
 async def _quietly(work: Awaitable[Any]) -> None:
+    """A periodic pass, as its loop runs it: a dependency down ends the pass, not the loop."""
     try:
         await work
     except DependencyUnavailable as exc:
         log.debug("periodic work: %s", exc)
+
+
+def _body(answer: Any) -> dict[str, Any] | None:
+    if isinstance(answer, dict):
+        return answer
+    return None
 
 
 _SETTINGS: dict[str, Settings] = {}
