@@ -20,6 +20,7 @@ from shared.suppressions import SuppressionStore
 from shared.templates import TemplateStore
 from shared.timeline import Timeline
 from shared.webhook_tokens import WebhookTokens
+from tests.fakes.acceptance_stores import FakeOutbox, FakeQuota
 from tests.fakes.campaign_store import FakeCampaigns
 from tests.fakes.canary_store import FakeCanary
 from tests.fakes.contact_lists import FakeContactLists
@@ -104,6 +105,8 @@ def test_every_fault_point_names_an_operation_of_a_twin() -> None:
     twins = {
         "attempts": FakeAttempts,
         "batches": FakeBatches,
+        "outbox": FakeOutbox,
+        "quota": FakeQuota,
         "recipients": FakeRecipients,
         "stats": FakeStats,
         "suppressions": FakeSuppressions,
