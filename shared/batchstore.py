@@ -12,11 +12,19 @@ Every id is deterministic: the batch id is fixed before anything is written (whe
 ``Idempotency-Key`` is claimed, with it) and each recipient's log id derives from the batch id
 and the address (``shared.recipients.log_id_for``), so writing the same batch twice writes the
 same rows.
+
+A batch's ``status`` moves only by lightweight transactions (``pending`` to ``accepted`` or
+``scheduled`` or ``cancelled``, ``scheduled`` to ``accepted`` or ``cancelled``). A transaction
+writes at its Paxos ballot's time, taken from a Cassandra node's clock, so the header's own
+write stamps ``status`` at :data:`STORED_STATUS_STAMP`, below any ballot: however far the
+API's clock runs ahead of Cassandra's, no plain write can shadow a transition (a transition
+that applied and was then read back as the old status stranded scheduled batches). The
+splitter's mark is a cell of its own (``dispatched``), which no transaction moves, and the
+header read shows it as the status ``dispatched``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import uuid
 from collections.abc import Sequence
@@ -58,6 +66,11 @@ class BatchHeader:
     send_at: datetime | None = None
     """When a scheduled batch is (or was) to go."""
 
+    @property
+    def mailed(self) -> int:
+        """Addresses it mails (recipients, cc and bcc): what the daily quota charged."""
+        return mailed(self.message, self.recipient_count)
+
 
 def new_batch_id(at: float) -> uuid.UUID:
     """A time UUID for a batch accepted at ``at`` (Unix seconds), its node and clock sequence
@@ -83,9 +96,25 @@ class NewBatch:
     send_at: datetime | None = None
     """When a scheduled batch is to go (None: now); it is stored ``scheduled`` until then."""
 
+    pending: bool = False
+    """Stored ``pending`` until its request commits it (:meth:`BatchStore.commit`): a request
+    without an Idempotency-Key, whose client may send again after an error, so the batch
+    must never go unless its 202 was decided."""
+
     @property
     def status(self) -> str:
+        """The status it is stored with."""
+        return "pending" if self.pending else self.committed
+
+    @property
+    def committed(self) -> str:
+        """Its status once accepted: ``scheduled`` until its ``send_at``, else ``accepted``."""
         return "scheduled" if self.send_at is not None else "accepted"
+
+    @property
+    def mailed(self) -> int:
+        """Addresses it mails (recipients, cc and bcc): what the daily quota charged."""
+        return mailed(self.message, len(self.recipients))
 
     @property
     def chunk_count(self) -> int:
@@ -110,13 +139,31 @@ _INSERT_CHUNK = (
 )
 _INSERT_HEADER = (
     "INSERT INTO batches (batch_id, user_id, created_at, subject, message, recipient_count, "
-    "chunk_size, chunk_count, status, updated_at, accept_response, send_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"
+    "chunk_size, chunk_count, accept_response, send_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"
+)
+#: The write timestamp of the status a batch is stored with (µs since the epoch): lower than
+#: any lightweight transaction's, which are taken from a clock, so every transition wins.
+STORED_STATUS_STAMP = 1
+_STORED_STATUS = "UPDATE batches USING TIMESTAMP ? SET status = ? WHERE batch_id = ?"
+_HEADER_COLUMNS = (
+    "batch_id, user_id, created_at, message, recipient_count, chunk_size, chunk_count, status, "
+    "dispatched, reason, accept_response, send_at"
 )
 _INSERT_LISTED = (
     "INSERT INTO batches_by_user (user_id, month, batch_id, subject, recipient_count) "
     "VALUES (?, ?, ?, ?, ?)"
 )
+
+
+def mailed(message: Message, recipients: int) -> int:
+    """Addresses a batch of ``recipients`` mails: the quota counts cc and bcc copies too."""
+    return recipients + len(message.cc) + len(message.bcc)
+
+
+def shown_status(status: str | None, dispatched: bool | None) -> str | None:
+    """The status a read shows: ``dispatched`` once the splitter marked an accepted batch."""
+    return "dispatched" if dispatched and status == "accepted" else status
 
 
 def _header_stamp(batch_id: uuid.UUID) -> int:
@@ -155,12 +202,15 @@ class BatchStore:
                     len(batch.recipients),
                     batch.chunk_size,
                     len(chunks),
-                    batch.status,
-                    created,
                     batch.response or UNSET_VALUE,
                     batch.send_at or UNSET_VALUE,
                     _header_stamp(batch.batch_id),
                 )
+            )
+        )
+        rows.append(
+            (await db.prepare(_STORED_STATUS)).bind(
+                (STORED_STATUS_STAMP, batch.status, batch.batch_id)
             )
         )
         await db.batch([*rows, *also])
@@ -190,24 +240,14 @@ class BatchStore:
         await self.db.batch([listed, *queued])
         await self.stats.activity(user_id, batch_id)
 
-    async def cancel(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> None:
-        """Mark a batch whose storing failed (its client got an error) as never to be sent,
-        and as counting nothing, even if the failed writes land later: both are written just
-        after the header's own timestamp."""
-        await asyncio.gather(
-            self.db.execute(
-                "UPDATE batches USING TIMESTAMP ? SET status = 'cancelled' WHERE batch_id = ?",
-                (_header_stamp(batch_id) + 1, batch_id),
-                idempotent=True,
-            ),
-            self.stats.cancelled(user_id, batch_id, _header_stamp(batch_id) + 1),
-        )
+    async def uncount(self, user_id: uuid.UUID, batch_id: uuid.UUID) -> None:
+        """A cancelled batch counts nothing in the stats (idempotent: written just above the
+        ``queued`` row's own timestamp, so it wins whichever lands last)."""
+        await self.stats.cancelled(user_id, batch_id, _header_stamp(batch_id) + 1)
 
     async def header(self, batch_id: uuid.UUID) -> BatchHeader | None:
         row = await self.db.one(
-            "SELECT batch_id, user_id, created_at, message, recipient_count, chunk_size, "
-            "chunk_count, status, reason, accept_response, send_at FROM batches WHERE batch_id = ? "
-            "LIMIT 1",
+            f"SELECT {_HEADER_COLUMNS} FROM batches WHERE batch_id = ? LIMIT 1",  # noqa: S608
             (batch_id,),
         )
         if row is None or row["message"] is None:
@@ -220,7 +260,7 @@ class BatchStore:
             recipient_count=row["recipient_count"],
             chunk_size=row["chunk_size"],
             chunk_count=row["chunk_count"],
-            status=row["status"],
+            status=shown_status(row["status"], row["dispatched"]) or "incomplete",
             reason=row["reason"],
             response=row["accept_response"],
             send_at=utc(row["send_at"]),
@@ -236,29 +276,50 @@ class BatchStore:
     async def status(self, batch_id: uuid.UUID) -> str | None:
         """The header's status alone (None when the batch does not exist)."""
         row = await self.db.one(
-            "SELECT status, created_at FROM batches WHERE batch_id = ? LIMIT 1", (batch_id,)
+            "SELECT status, dispatched, created_at FROM batches WHERE batch_id = ? LIMIT 1",
+            (batch_id,),
         )
-        return row["status"] if row and row["created_at"] is not None else None
+        if row is None or row["created_at"] is None:
+            return None
+        return shown_status(row["status"], row["dispatched"])
+
+    async def commit(
+        self, batch_id: uuid.UUID, status: str, *, timeout: float | None = None
+    ) -> str | None:
+        """Decide a ``pending`` batch's acceptance: ``status`` (``accepted`` or ``scheduled``)
+        unless it was cancelled first. The status after: ``status`` when this or an earlier
+        commit applied (the transaction reads at SERIAL, so repeating a commit whose outcome
+        was unknown tells what was decided). Raises DependencyUnavailable while unknown."""
+        return await self._transition(batch_id, "= 'pending'", status, timeout=timeout)
+
+    async def cancel(self, batch_id: uuid.UUID) -> str | None:
+        """Cancel a batch its request never committed (the request failed, or died): still
+        ``pending``, or not stored at all yet (a write that lands later then stays cancelled,
+        its status being stamped below this one). The status after: ``cancelled``, or the one
+        its commit decided first."""
+        return await self._transition(batch_id, "IN (null, 'pending')", "cancelled")
 
     async def start_scheduled(self, batch_id: uuid.UUID) -> str | None:
         """Move a scheduled batch to ``accepted`` (its time came), unless it was cancelled:
         a lightweight transaction, so a cancellation racing the scheduler either wins or
-        comes too late, never both. The status after (None: no such batch)."""
-        return await self._from_scheduled(batch_id, "accepted")
+        comes too late, never both. The status after (None: no such batch; ``pending``:
+        its request has not decided it yet)."""
+        return await self._transition(batch_id, "= 'scheduled'", "accepted")
 
-    async def cancel_scheduled(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> str | None:
-        """Cancel a batch still waiting for its ``send_at`` (and uncount it); the status
-        after: ``cancelled``, or the one that made it too late (None: no such batch)."""
-        status = await self._from_scheduled(batch_id, "cancelled")
-        if status == "cancelled":
-            await self.stats.cancelled(user_id, batch_id, _header_stamp(batch_id) + 1)
-        return status
+    async def cancel_scheduled(self, batch_id: uuid.UUID) -> str | None:
+        """Cancel a batch still waiting for its ``send_at``; the status after: ``cancelled``,
+        or the one that made it too late (None: no such batch). The caller settles what a
+        cancellation owes (``shared.acceptance.Acceptance.settle``)."""
+        return await self._transition(batch_id, "= 'scheduled'", "cancelled")
 
-    async def _from_scheduled(self, batch_id: uuid.UUID, status: str) -> str | None:
+    async def _transition(
+        self, batch_id: uuid.UUID, condition: str, status: str, *, timeout: float | None = None
+    ) -> str | None:
         row = await self.db.one(
-            "UPDATE batches SET status = ?, updated_at = ? WHERE batch_id = ? "
-            "IF status = 'scheduled'",
+            "UPDATE batches SET status = ?, updated_at = ? WHERE batch_id = ? "  # noqa: S608
+            f"IF status {condition}",
             (status, datetime.now(UTC), batch_id),
+            timeout=timeout,
         )
         if row is None:
             return None
@@ -267,9 +328,11 @@ class BatchStore:
         current: str | None = row.get("status")
         return current
 
-    async def set_status(self, batch_id: uuid.UUID, status: str, reason: str | None = None) -> None:
+    async def mark_dispatched(self, batch_id: uuid.UUID) -> None:
+        """The splitter published every chunk: reads show the batch ``dispatched`` (a cell no
+        transaction moves, so this plain write can neither shadow one nor be shadowed)."""
         await self.db.execute(
-            "UPDATE batches SET status = ?, reason = ?, updated_at = ? WHERE batch_id = ?",
-            (status, reason, datetime.now(UTC), batch_id),
+            "UPDATE batches SET dispatched = true WHERE batch_id = ?",
+            (batch_id,),
             idempotent=True,
         )

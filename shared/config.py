@@ -129,6 +129,11 @@ class ApiSettings(BaseSettings):
     """Seconds between two passes of the outbox relay."""
     outbox_grace: float = Field(30.0, ge=0)
     """Seconds a pending batch may stay unpublished before the relay publishes it."""
+    commit_budget: float = Field(15.0, gt=0)
+    """Seconds from the start of a request without an Idempotency-Key within which the API
+    decides its batch (a lightweight transaction, repeated while its outcome is unknown);
+    past it the answer is 503 ``acceptance_unknown`` naming the batch. The relay cancels a
+    batch still undecided this long plus ``outbox_grace`` after it was accepted."""
     idempotency_lease: float = Field(30.0, gt=0)
     """Seconds a request holds its Idempotency-Key; a retry after that takes the key over and
     finishes the same batch (the holder died or stalled)."""

@@ -1,6 +1,6 @@
 """HTTP plumbing shared by our Starlette services: the JSON error envelope
-``{"error": {"code", "message", "fields"?}}`` and request bodies read under a size cap that is
-enforced while they stream in (413 before buffering, not after)."""
+``{"error": {"code", "message", "fields"?, "batch_id"?}}`` and request bodies read under a
+size cap that is enforced while they stream in (413 before buffering, not after)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ class ApiError(Exception):
         *,
         fields: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
+        batch_id: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -48,12 +49,16 @@ class ApiError(Exception):
         self.message = message
         self.fields = fields
         self.headers = headers
+        self.batch_id = batch_id
+        """The batch the error is about, for the client to look up (an unknown outcome)."""
 
 
 def error_response(error: ApiError) -> JSON:
     body: dict[str, Any] = {"code": error.code, "message": error.message}
     if error.fields:
         body["fields"] = error.fields
+    if error.batch_id:
+        body["batch_id"] = error.batch_id
     return JSON({"error": body}, status_code=error.status, headers=error.headers)
 
 

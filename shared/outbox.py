@@ -7,10 +7,12 @@ marks it ``published`` once the broker confirms ``batch.<uuid>`` (rows are writt
 ``(namespace, minute of acceptance, shard)``, and are never deleted (they expire after a
 week): no tombstones, and no queue kept in a table. Every interval the relay reads its own
 namespace's minutes from the oldest that still held an unpublished row, up to the grace
-period, and finishes each unpublished acceptance: if the batch is stored it rewrites its
-indexes and publishes it (a duplicate of a publish that did succeed is harmless downstream)
-and marks the row; a cancelled batch's row is marked; a batch not (yet) stored is left alone,
-because its write may still land, until :data:`ABANDON_AFTER`.
+period, and finishes each unpublished acceptance (``shared.acceptance``): if the batch is
+accepted it rewrites its indexes and publishes it (a duplicate of a publish that did succeed
+is harmless downstream) and marks the row; a cancelled batch is settled and its row marked; a
+batch still ``pending`` (a request without an Idempotency-Key that never committed it) is
+cancelled once its request can no longer commit it, and never published; a batch not (yet)
+stored is left alone, because its write may still land, until :data:`ABANDON_AFTER`.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ SHARDS = 4
 ABANDON_AFTER = timedelta(hours=1)
 _MINUTE = timedelta(minutes=1)
 
-#: Finishes one batch's acceptance; returns None when the batch is not stored.
+#: Finishes one batch's acceptance; returns None when the batch is not stored (or not yet
+#: decided by its request): the row is looked at again.
 Finish = Callable[[uuid.UUID], Awaitable[Any]]
 
 

@@ -25,6 +25,12 @@ update plus one read:
   (so refused batches cost nothing). Take-backs never let the total pass the quota: an
   admitted batch read a value that already included every admitted batch before it. The
   quota is per user, so minting more keys does not buy more mail.
+* **Refunds.** A batch that is not sent after all (cancelled, or its store failed) gives its
+  recipients back as a row of ``quota_refunds`` keyed by the batch: a counter decrement
+  cannot be repeated safely, a row can, so whoever finds the batch cancelled may refund it
+  again and it still counts once. The day's use is the counter less its refunds; the
+  refunds are read only when the counter alone is over the quota (the common case costs
+  nothing more), and can only lower the use an admitted batch saw.
 
 Counter tables cannot carry a TTL, so both are partitioned by UTC day: :func:`purge_before`
 drops whole past-day partitions (the clean-up to schedule daily; a partition holds at
@@ -45,6 +51,7 @@ from datetime import UTC, date, datetime, timedelta
 
 from shared.db import Database
 from shared.errors import DependencyUnavailable
+from shared.precedence import accepted_at
 
 log = logging.getLogger(__name__)
 
@@ -153,9 +160,9 @@ class RecipientQuota:
     async def consume(
         self, user_id: uuid.UUID, recipients: int, *, now: datetime | None = None
     ) -> tuple[Verdict, date]:
-        """Reserve ``recipients`` of today's quota; refused (and nothing reserved) if over.
-
-        Returns the verdict and the day charged, for :meth:`refund` if the batch then fails.
+        """Reserve ``recipients`` of the quota of ``now``'s UTC day (a batch's: its acceptance
+        time, so a refund goes back to the day charged); refused (and nothing reserved) if
+        over. Returns the verdict and the day charged.
         """
         now = datetime.now(UTC) if now is None else now
         day = now.astimezone(UTC).date()
@@ -171,18 +178,35 @@ class RecipientQuota:
         used = int(row["recipients"]) if row and row["recipients"] is not None else 0
         if not over_limit(used, self.daily_limit):
             return Verdict(True), day
+        if not over_limit(used - await self._refunded(user_id, day), self.daily_limit):
+            return Verdict(True), day
         await self._add(user_id, day, -recipients)
         return Verdict(False, wait), day
 
-    async def refund(self, user_id: uuid.UUID, recipients: int, day: date) -> None:
-        """Give back a reservation whose batch was not accepted after all."""
-        await self._add(user_id, day, -recipients)
+    async def refund(self, user_id: uuid.UUID, batch_id: uuid.UUID, recipients: int) -> None:
+        """Give back the recipients of a batch that will not be sent, to the quota of the day
+        it was accepted (its id's). Idempotent: a repeat rewrites the batch's one row."""
+        await self._db.execute(
+            "INSERT INTO quota_refunds (user_id, day, batch_id, recipients) VALUES (?, ?, ?, ?)",
+            (user_id, accepted_at(batch_id).date(), batch_id, recipients),
+            idempotent=True,
+        )
 
     async def used(self, user_id: uuid.UUID, day: date) -> int:
+        """Recipients charged to the day, less those given back."""
         row = await self._db.one(
             "SELECT recipients FROM recipient_quota WHERE user_id = ? AND day = ?", (user_id, day)
         )
-        return int(row["recipients"]) if row and row["recipients"] is not None else 0
+        charged = int(row["recipients"]) if row and row["recipients"] is not None else 0
+        return charged - await self._refunded(user_id, day)
+
+    async def _refunded(self, user_id: uuid.UUID, day: date) -> int:
+        row = await self._db.one(
+            "SELECT SUM(recipients) AS refunded FROM quota_refunds WHERE user_id = ? AND day = ?",
+            (user_id, day),
+            idempotent=True,
+        )
+        return int(row["refunded"] or 0) if row else 0
 
     async def _add(self, user_id: uuid.UUID, day: date, delta: int) -> None:
         await self._db.execute(

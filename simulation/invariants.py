@@ -216,6 +216,8 @@ def _quota(world: World, batches: list[_Batch], verdict: Verdict) -> None:
     charged: Counter[uuid.UUID] = Counter()
     for (user_id, _), count in world.db.quota.items():
         charged[user_id] += count
+    for (user_id, _), refunds in world.db.refunds.items():
+        charged[user_id] -= sum(refunds.values())
     api_faulted = "api" in world.faulted_processes()
     for user_id in set(used) | set(charged):
         if charged[user_id] > used[user_id] and api_faulted:
@@ -262,7 +264,9 @@ def _campaigns(world: World, batches: list[_Batch], verdict: Verdict) -> None:
         recorded = {str(s.batch_id) for s in tables.slices.get(campaign_id, {}).values()}
         made = {str(b.batch_id) for b in mine}
         if made - recorded:
-            verdict.add("campaign", f"campaign {campaign_id}: batches {sorted(made - recorded)} unrecorded")
+            verdict.add(
+                "campaign", f"campaign {campaign_id}: batches {sorted(made - recorded)} unrecorded"
+            )
 
 
 def _lines(world: World, verdict: Verdict) -> None:

@@ -239,6 +239,13 @@ SCENARIOS: dict[str, Scenario] = {
             Config(outages=((1.5, 40.0),)),
         ),
         Scenario(
+            "retry_after_bounce",
+            "the 202 is lost; by the time the client retries with its key, its one recipient "
+            "has bounced: the retry still gets the batch that was sent",
+            _retry_after_bounce,
+            Config(answers_lost=1),
+        ),
+        Scenario(
             "campaign",
             "a campaign of four contacts, one a second: paused after its first slices, a "
             "contact and the template changed meanwhile, then resumed",

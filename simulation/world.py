@@ -29,6 +29,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from services.api.campaign_runner import PASS_EVERY as RUNNER_EVERY
 from services.api.campaign_runner import CampaignRunner
 from services.api.campaigns import Campaigns
 from services.api.sending import Sending
@@ -41,10 +42,9 @@ from services.consumers.scheduler import Scheduler
 from services.consumers.splitter import Splitter
 from services.webhooks.ingest import Ingest, IngestMetrics
 from services.webhooks.intake import Intake, IntakeMetrics
-from services.api.campaign_runner import PASS_EVERY as RUNNER_EVERY
 from shared.acceptance import Acceptance
-from shared.canary import Margins
 from shared.background import Background
+from shared.canary import Margins
 from shared.config import ApiSettings, ProviderSettings, Settings, WebhookSettings
 from shared.errors import DependencyUnavailable
 from shared.handoff import HandOff
@@ -58,13 +58,12 @@ from simulation.faults import Schedule
 from simulation.processes import Gate, Incarnation, Killed, Process
 from simulation.providers import Ledger, SimProvider
 from simulation.runtime import VirtualClock
-from tests.fakes.acceptance import FakeOutbox, FakePreferences, FakeQuota, FakeRecentMail
+from tests.fakes.acceptance_stores import FakeOutbox, FakePreferences, FakeQuota, FakeRecentMail
 from tests.fakes.account_stores import AccountTables, FakeIdempotencyStore
 from tests.fakes.campaign_store import CampaignTables, FakeCampaigns
 from tests.fakes.canary_store import CanaryTables, FakeCanary
 from tests.fakes.contact_lists import FakeContactLists
 from tests.fakes.schedule_store import FakeSchedule, ScheduleTables
-from tests.fakes.template_store import FakeTemplates
 from tests.fakes.stores import (
     FakeAttempts,
     FakeBatches,
@@ -75,6 +74,7 @@ from tests.fakes.stores import (
     FakeTimeline,
     FakeWebhookTokens,
 )
+from tests.fakes.template_store import FakeTemplates
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +257,14 @@ class World:
     async def _start_api(self, inc: Incarnation) -> None:
         m = metrics()
         namespace = self.settings.amqp.exchange
-        acceptance = Acceptance(self.batches, self.outbox, self.broker)  # type: ignore[arg-type]
+        api = self.settings.api
+        acceptance = Acceptance(
+            self.batches,  # type: ignore[arg-type]
+            self.outbox,  # type: ignore[arg-type]
+            self.broker,  # type: ignore[arg-type]
+            refunds=self.quota,
+            decide_within=timedelta(seconds=api.commit_budget + api.outbox_grace),
+        )
         sending = Sending(
             settings=self.settings,
             acceptance=acceptance,
@@ -311,10 +318,17 @@ class World:
             self.batches,  # type: ignore[arg-type]
             self.settings.providers.chain_codes[0],
         )
+        settle = Acceptance(
+            self.batches,  # type: ignore[arg-type]
+            self.outbox,  # type: ignore[arg-type]
+            self.broker,  # type: ignore[arg-type]
+            refunds=self.quota,
+        ).settle
         scheduler = Scheduler(
             FakeSchedule(namespace, self.schedule_tables),  # type: ignore[arg-type]
             self.batches,  # type: ignore[arg-type]
             self.broker,  # type: ignore[arg-type]
+            settle,
             clock=self._now(process),
         )
         c = self.settings.consumers
@@ -500,7 +514,7 @@ class World:
             work.append(("api", "relay", self.settings.api.outbox_relay_interval))
         if any(self.campaign_tables.runs.values()):
             work.append(("api", "campaigns", RUNNER_EVERY))
-        if any(h.get("status") == "scheduled" for h in self.db.headers.values()):
+        if any(h.get("status") in ("scheduled", "pending") for h in self.db.headers.values()):
             for name in ("consumers-a", "consumers-b"):
                 work.append((name, "scheduler", SCHEDULER_EVERY))
         if any(self.canary_tables.rollouts.values()):

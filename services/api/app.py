@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 
 import httpx
 from starlette.applications import Starlette
@@ -75,7 +76,16 @@ def create_app(settings: Settings) -> Starlette:
             state.stats = StatsStore(res.db, settings.stats.buckets)
             state.batches = BatchStore(res.db, state.stats)
             state.outbox = Outbox(res.db, settings.amqp.exchange)
-            state.acceptance = Acceptance(state.batches, state.outbox, res.broker)
+            state.quota = RecipientQuota(res.db, settings.api.daily_recipient_quota)
+            state.acceptance = Acceptance(
+                state.batches,
+                state.outbox,
+                res.broker,
+                refunds=state.quota,
+                decide_within=timedelta(
+                    seconds=settings.api.commit_budget + settings.api.outbox_grace
+                ),
+            )
             state.attempts = AttemptStore(res.db)
             state.idempotency = IdempotencyStore(res.db, lease=settings.api.idempotency_lease)
             state.suppressions = SuppressionStore(res.db)
@@ -84,7 +94,6 @@ def create_app(settings: Settings) -> Starlette:
             # Not ``templates``: that is the dashboard's Jinja2 environment.
             state.template_store = TemplateStore(res.db)
             state.canary_store = CanaryStore(res.db, settings.amqp.exchange)
-            state.quota = RecipientQuota(res.db, settings.api.daily_recipient_quota)
             state.dead_letters = DeadLetters(DeadLetterStore(res.db), res.broker)
             state.background = Background()
             state.managing = Managing(

@@ -14,9 +14,7 @@ from services.api.auth import require_key
 from services.api.sending import Sending
 from shared.batchstore import BatchHeader, BatchStore
 from shared.config import Settings
-from shared.errors import DependencyUnavailable
 from shared.http import JSON, ApiError, read_json
-from shared.ratelimit import RecipientQuota
 
 from . import answers, queries
 
@@ -63,32 +61,11 @@ async def get_batch(request: Request) -> Response:
 
 async def cancel_batch(request: Request) -> Response:
     """Cancel a batch still waiting for its ``send_at``; its recipients go back to the
-    quota of the day it was accepted."""
+    quota of the day it was accepted (``Sending.cancel``)."""
     header = await _own_batch(request, "send")
-    batch_id = header.batch_id
-    store: BatchStore = request.app.state.batches
-    status = header.status
-    if status == "scheduled":
-        status = await store.cancel_scheduled(batch_id, header.user_id) or status
-        if status == "cancelled":
-            await _refund(request, header)
-    if status != "cancelled":
-        raise ApiError(
-            409,
-            "batch_started",
-            f"the batch is {status}: only a scheduled batch can be cancelled",
-        )
-    return JSON({"batch_id": str(batch_id), "status": "cancelled"})
-
-
-async def _refund(request: Request, header: BatchHeader) -> None:
-    quota: RecipientQuota = request.app.state.quota
-    message = header.message
-    count = header.recipient_count + len(message.cc) + len(message.bcc)
-    try:
-        await quota.refund(header.user_id, count, header.created_at.date())
-    except DependencyUnavailable:
-        log.warning("batch %s cancelled; its quota was not given back", header.batch_id)
+    sending: Sending = request.app.state.sending
+    await sending.cancel(header)
+    return JSON({"batch_id": str(header.batch_id), "status": "cancelled"})
 
 
 async def batch_logs(request: Request) -> Response:

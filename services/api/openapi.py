@@ -39,7 +39,9 @@ ERRORS: dict[int, str] = {
     429: "Over the key's request rate or the user's daily recipient quota; retry after "
     "`Retry-After` seconds.",
     503: "Cassandra or RabbitMQ is unavailable, or the API is overloaded; nothing was "
-    "accepted: retry (with the same Idempotency-Key) after `Retry-After`.",
+    "accepted: retry (with the same Idempotency-Key) after `Retry-After`. Except "
+    "`acceptance_unknown` (a batch sent without an Idempotency-Key): the batch named by "
+    "`error.batch_id` may have been accepted; look it up before sending it again.",
 }
 _ALWAYS = (401, 403, 429, 503)
 

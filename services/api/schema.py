@@ -654,6 +654,13 @@ class ErrorDetail(_Out):
     fields: dict[str, str] | None = Field(
         None, description="Per-field messages, keyed like `to[3]` or `headers.X-Foo`."
     )
+    batch_id: str | None = Field(
+        None,
+        description="With `acceptance_unknown` (503): the batch that may or may not have been "
+        "accepted. `GET /v1/batches/{id}` tells: `cancelled` is never sent, `accepted`, "
+        "`scheduled` or `dispatched` is accepted, `pending` is not decided yet (look again: "
+        "the API cancels it within about a minute unless it was accepted).",
+    )
 
 
 class ErrorBody(_Out):

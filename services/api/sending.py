@@ -8,7 +8,13 @@ answers the 202 body as a dict, or raises :class:`~shared.http.ApiError` (409, 4
 
 A 202 means the batch, its chunks and their recipients are in Cassandra and either the
 broker confirmed ``batch.<uuid>`` or the outbox row guarantees the relay will publish it
-(``shared.acceptance``). Once a batch is stored, nothing turns its answer into an error.
+(``shared.acceptance``). Once a batch is accepted (stored with a key, committed without
+one), nothing turns its answer into an error. Without a key a plain 503 means the batch is
+never sent; ``acceptance_unknown`` (503, with the batch id) means the API could not learn
+whether its commit applied.
+
+It also cancels a scheduled batch (:meth:`Sending.cancel`), which gives back what
+accepting it charged.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec
 
 import orjson
@@ -32,7 +38,7 @@ from services.api.templated import TEMPLATE_FIELDS, Plan, TemplateBatches
 from shared import cooldown, lanes, template_use, validation
 from shared.acceptance import Acceptance
 from shared.background import Background
-from shared.batchstore import BatchStore, NewBatch, new_batch_id
+from shared.batchstore import BatchHeader, BatchStore, NewBatch, new_batch_id
 from shared.canary_store import CanaryStore, Rollout
 from shared.config import Settings
 from shared.cooldown import RecentMail
@@ -43,6 +49,7 @@ from shared.idempotency import Existing, IdempotencyStore
 from shared.logs import bound
 from shared.metrics import ApiMetrics
 from shared.models import Message
+from shared.precedence import accepted_at
 from shared.preferences import Preferences, PreferenceStore
 from shared.providers.limits import chunk_size
 from shared.ratelimit import RecipientQuota
@@ -87,35 +94,33 @@ class Sending:
         *,
         batch_id: uuid.UUID | None = None,
     ) -> dict[str, Any]:
-        """Validate, drop suppressed recipients, honour the Idempotency-Key (a repeat gets
-        the first answer), charge the daily quota and accept durably. Raises ApiError
-        409/422/429, and 503 when a dependency is down before the batch is stored.
+        """Honour the Idempotency-Key first, then validate, drop suppressed recipients, charge
+        the daily quota and accept durably. Raises ApiError 409/422/429, and 503 when a
+        dependency is down before the batch is decided.
+
+        A key is looked up before anything is judged: a repeat with the same body gets the
+        first answer (or the first request's batch, finished), whatever changed since (a
+        recipient suppressed, a ``send_at`` now past, a template published); another body
+        is a 409. Only a new key, or one taken over from a holder that died before storing
+        anything, is judged.
 
         ``batch_id`` fixes the id the batch gets when this request is the first with its
         key (a caller that stored it beforehand; see :meth:`stored`); default a new one."""
-        original = body
-        body, extra = await self._extra(user_id, body)
-        if validation.is_large(body):
-            parsed = await asyncio.to_thread(self._validated, body)
-        else:
-            parsed = self._validated(body)
-        await self.check_sender(user_id, parsed.message.sender.email)
-        prefs = await self.preferences.get(user_id) if self.preferences else Preferences()
-        parsed = _invalid_as_422(validation.with_engagement, parsed, prefs)
-        parsed = await self._drop_suppressed(user_id, parsed)
         if idem is None:
-            return await self._accept_once(user_id, new_batch_id(time.time()), parsed, prefs, extra)
+            batch_id = new_batch_id(time.time())
+            parsed, prefs, extra = await self._judged(user_id, body, accepted_at(batch_id))
+            return await self._accept_once(user_id, batch_id, parsed, prefs, extra)
         owner = uuid.uuid4()
         claim = await self.idempotency.claim(
             user_id,
             idem,
-            validation.body_hash(original),
+            validation.body_hash(body),
             batch_id or new_batch_id(time.time()),
             owner,
         )
         if isinstance(claim, Existing):
-            return await self._repeat(user_id, idem, claim, owner, parsed, prefs, extra)
-        return await self._accept_keyed(user_id, idem, claim.batch_id, owner, parsed, prefs, extra)
+            return await self._repeat(user_id, idem, claim, owner, body)
+        return await self._accept_keyed(user_id, idem, claim.batch_id, owner, body, fresh=True)
 
     async def stored(self, user_id: uuid.UUID, batch_id: uuid.UUID) -> dict[str, Any] | None:
         """The 202 of the user's batch ``batch_id`` if it is stored (finishing its acceptance
@@ -130,9 +135,28 @@ class Sending:
         answer: dict[str, Any] = orjson.loads(header.response)
         return answer
 
-    async def _extra(self, user_id: uuid.UUID, body: object) -> tuple[object, Extra]:
+    async def _judged(
+        self, user_id: uuid.UUID, body: object, at: datetime
+    ) -> tuple[validation.BatchRequest, Preferences, Extra]:
+        """Everything a request is judged by, as of ``at`` for its ``send_at`` (the first
+        claim of its key): its fields, template, sender, the user's preferences and
+        suppression list."""
+        body, extra = await self._extra(user_id, body, at)
+        if validation.is_large(body):
+            parsed = await asyncio.to_thread(self._validated, body)
+        else:
+            parsed = self._validated(body)
+        await self.check_sender(user_id, parsed.message.sender.email)
+        prefs = await self.preferences.get(user_id) if self.preferences else Preferences()
+        parsed = _invalid_as_422(validation.with_engagement, parsed, prefs)
+        parsed = await self._drop_suppressed(user_id, parsed)
+        return parsed, prefs, extra
+
+    async def _extra(self, user_id: uuid.UUID, body: object, at: datetime) -> tuple[object, Extra]:
         """The body without ``send_at`` and with a template's content in place of its
-        template fields, and what those asked for."""
+        template fields, and what those asked for. ``send_at`` is judged as of ``at`` (a
+        request taken over from a dead holder is judged as the first was); a time that has
+        come by now means now."""
         if not isinstance(body, dict):
             return body, Extra()
         when: datetime | None = None
@@ -146,9 +170,7 @@ class Sending:
                 )
             try:
                 when = lanes.send_at(
-                    body["send_at"],
-                    datetime.now(UTC),
-                    timedelta(days=self.settings.api.schedule_horizon_days),
+                    body["send_at"], at, timedelta(days=self.settings.api.schedule_horizon_days)
                 )
             except lanes.ScheduleError as exc:
                 raise ApiError(
@@ -157,6 +179,8 @@ class Sending:
                     "the request has invalid fields",
                     fields={"send_at": str(exc)},
                 ) from None
+            if when is not None and when <= datetime.now(UTC):
+                when = None
             body = {k: v for k, v in body.items() if k != "send_at"}
         plan: Plan | None = None
         if any(field in body for field in TEMPLATE_FIELDS):
@@ -193,14 +217,7 @@ class Sending:
         return parsed
 
     async def _repeat(
-        self,
-        user_id: uuid.UUID,
-        idem: str,
-        claim: Existing,
-        owner: uuid.UUID,
-        parsed: validation.BatchRequest,
-        prefs: Preferences,
-        extra: Extra,
+        self, user_id: uuid.UUID, idem: str, claim: Existing, owner: uuid.UUID, body: object
     ) -> dict[str, Any]:
         """A request whose key was claimed before: the stored answer, or finish the batch."""
         if not claim.same_body:
@@ -228,7 +245,7 @@ class Sending:
                 "a request with this Idempotency-Key is still being processed; retry",
                 headers={"Retry-After": str(max(1, math.ceil(wait)))},
             )
-        return await self._accept_keyed(user_id, idem, claim.batch_id, owner, parsed, prefs, extra)
+        return await self._accept_keyed(user_id, idem, claim.batch_id, owner, body, fresh=False)
 
     async def _accept_keyed(
         self,
@@ -236,18 +253,28 @@ class Sending:
         idem: str,
         batch_id: uuid.UUID,
         owner: uuid.UUID,
-        parsed: validation.BatchRequest,
-        prefs: Preferences,
-        extra: Extra,
+        body: object,
+        *,
+        fresh: bool,
     ) -> dict[str, Any]:
-        """Accept under a claimed key. The claim is released only when nothing can have been
-        stored (the quota refused the batch, or the cooldown left no recipient); after any
-        other failure it stays, so the client's retry finds the batch if it was stored, or
-        takes the claim over once its lease ends."""
+        """Judge and accept under a claimed key. A ``fresh`` claim (this request made it) is
+        released when nothing can have been stored (the request was refused, or a dependency
+        failed while judging it, or the quota or the cooldown refused the batch), so the
+        client may correct it and retry with the same key at once. A claim taken over is never
+        released: its first holder may have stored the batch after all (a write landing
+        late), and the key must keep naming that batch rather than let a second one be made.
+        After any other failure the claim stays: the client's retry finds the batch if it was
+        stored, or takes the claim over once its lease ends."""
+        try:
+            parsed, prefs, extra = await self._judged(user_id, body, accepted_at(batch_id))
+        except (ApiError, DependencyUnavailable):
+            if fresh:
+                await self._release_quietly(user_id, idem, owner)
+            raise
         try:
             response = await self._accept_once(user_id, batch_id, parsed, prefs, extra, keyed=True)
         except ApiError as exc:
-            if exc.status in (422, 429):
+            if fresh and exc.status in (422, 429):
                 await self._release_quietly(user_id, idem, owner)
             raise
         await self._complete_quietly(user_id, idem, orjson.dumps(response))
@@ -263,18 +290,20 @@ class Sending:
         *,
         keyed: bool = False,
     ) -> dict[str, Any]:
-        """Leave out the recipients inside the cooldown, charge the rest to today's quota
-        (429 when over), store, publish.
+        """Leave out the recipients inside the cooldown, charge the rest to the quota of the
+        batch's day (429 when over), store, decide, publish.
 
-        A failure while storing refunds the quota and answers 503. Without an
-        Idempotency-Key the batch is also cancelled, best effort, in case the failed write
-        lands later: the client was told it was not accepted. With a key the client's retry
-        finishes it instead.
+        Without an Idempotency-Key the batch is stored ``pending`` and committed before the
+        202 (``shared.acceptance``): a failure while storing cancels it (best effort: the
+        relay cancels it later otherwise; nothing else ever commits it) and answers 503, and
+        a 503 then means it is never sent. A commit whose outcome stays unknown until the
+        request's budget is spent answers 503 ``acceptance_unknown`` with the batch id. With
+        a key the batch is stored accepted, and the client's retry finishes it.
         """
         started = time.perf_counter()
         parsed = await self._drop_cooling(user_id, batch_id, parsed, prefs)
         count = parsed.mailed
-        verdict, day = await self.quota.consume(user_id, count)
+        verdict, _ = await self.quota.consume(user_id, count, now=accepted_at(batch_id))
         if not verdict.allowed:
             raise ApiError(
                 429,
@@ -282,26 +311,53 @@ class Sending:
                 f"this batch would pass the daily quota of {self.quota.daily_limit} recipients",
                 headers={"Retry-After": str(verdict.retry_after)},
             )
-        batch = build_batch(self.settings, user_id, batch_id, parsed, extra=extra)
+        batch = build_batch(
+            self.settings, user_id, batch_id, parsed, extra=extra, pending=not keyed
+        )
         response: dict[str, Any] = orjson.loads(batch.response)
         with bound(batch_id=batch_id):
             try:
                 await self.acceptance.store(batch, also=await self._also(batch))
             except DependencyUnavailable:
-                await self._after_failed_store(user_id, batch_id, count, day, cancel=not keyed)
+                await self._after_failed_store(batch, keyed=keyed)
                 raise
-            # Stored: from here on nothing may turn this into an error (the relay publishes
+            indexed = await self._commit(batch) if batch.pending else True
+            # Accepted: from here on nothing may turn this into an error (the relay publishes
             # if the broker does not confirm now; the scheduler publishes a scheduled one).
             await self._record_recent(user_id, batch_id, parsed, prefs)
             if batch.send_at is None:
-                if await self.acceptance.publish(batch_id):
-                    self.background.spawn(self.acceptance.outbox.done(batch_id))
-                else:
+                if not await self.acceptance.publish(batch_id):
                     self.metrics.deferred_publishes.inc()
+                elif indexed:
+                    self.background.spawn(self.acceptance.outbox.done(batch_id))
+            elif batch.pending and indexed:
+                # Its outbox row stood for it until it was committed; the schedule row now does.
+                self.background.spawn(self.acceptance.outbox.done(batch_id))
         self.metrics.batches.inc()
         self.metrics.recipients.inc(count)
         self.metrics.accept_seconds.observe(time.perf_counter() - started)
         return response
+
+    async def _commit(self, batch: NewBatch) -> bool:
+        """Decide a pending batch; whether its indexes were written. Raises ApiError 503
+        ``acceptance_unknown`` when the outcome is still unknown at the request's deadline,
+        and DependencyUnavailable (a plain 503: it is never sent) when it was cancelled."""
+        budget = timedelta(seconds=self.settings.api.commit_budget)
+        decision = await self.acceptance.commit(batch, until=accepted_at(batch.batch_id) + budget)
+        if decision.accepted:
+            return decision.indexed
+        if decision.status is None:
+            raise ApiError(
+                503,
+                "acceptance_unknown",
+                f"batch {batch.batch_id} may or may not have been accepted: GET "
+                f"/v1/batches/{batch.batch_id} tells (cancelled: it is never sent); do not send "
+                "it again unless it is cancelled",
+                batch_id=str(batch.batch_id),
+            )
+        # Cancelled first (the relay found it undecided past its time): never sent.
+        await self._settle_quietly(batch)
+        raise DependencyUnavailable("cassandra", f"batch {batch.batch_id} was not decided in time")
 
     async def _also(self, batch: NewBatch) -> list[Statement]:
         """The writes of other partitions that go in the batch's own request: its schedule
@@ -317,17 +373,46 @@ class Sending:
             )
         return also
 
-    async def _after_failed_store(
-        self, user_id: uuid.UUID, batch_id: uuid.UUID, count: int, day: date, *, cancel: bool
-    ) -> None:
+    async def _after_failed_store(self, batch: NewBatch, *, keyed: bool) -> None:
+        """Undo what a failed store charged, when that can be known. With a key nothing is
+        undone: the write may have landed (accepted: the relay sends it, and its charge is
+        owed), and the client's retry finishes it; a retry that takes the key over because
+        nothing landed is charged again, which the quota bears (it errs towards refusing,
+        never towards allowing more). Without a key, cancel the batch (it may have landed,
+        pending) and settle it; if that fails too, the relay does it once the request can no
+        longer commit it, and nothing ever commits it."""
+        if keyed:
+            return
         try:
-            if cancel:
-                await self.batches.cancel(batch_id, user_id)
-            await self.quota.refund(user_id, count, day)
+            if await self.batches.cancel(batch.batch_id) == "cancelled":
+                await self.acceptance.settle(batch.user_id, batch.batch_id, batch.mailed)
         except DependencyUnavailable:
             log.warning(
-                "batch %s: could not cancel it or refund its quota after a failure", batch_id
+                "batch %s: could not cancel it or refund its quota after a failure", batch.batch_id
             )
+
+    async def _settle_quietly(self, batch: NewBatch) -> None:
+        try:
+            await self.acceptance.settle(batch.user_id, batch.batch_id, batch.mailed)
+        except DependencyUnavailable:
+            log.warning("batch %s: cancelled; the relay will settle it", batch.batch_id)
+
+    async def cancel(self, header: BatchHeader) -> None:
+        """Cancel a batch still waiting for its ``send_at`` (409 ``batch_started`` once it
+        started) and settle what that owes: it counts nothing, and its recipients go back to
+        the quota of its day. Whoever finds the batch cancelled settles it (repeating a
+        settled one changes nothing), so a retry after a 503 completes a cancel that applied
+        and failed after, and answers only once that is done."""
+        status = header.status
+        if status == "scheduled":
+            status = await self.batches.cancel_scheduled(header.batch_id) or status
+        if status != "cancelled":
+            raise ApiError(
+                409,
+                "batch_started",
+                f"the batch is {status}: only a scheduled batch can be cancelled",
+            )
+        await self.acceptance.settle(header.user_id, header.batch_id, header.mailed)
 
     async def _drop_suppressed(
         self, user_id: uuid.UUID, parsed: validation.BatchRequest
@@ -471,9 +556,11 @@ def build_batch(
     parsed: validation.BatchRequest,
     *,
     extra: Extra = Extra(),
+    pending: bool = False,
 ) -> NewBatch:
-    """The batch a validated request stores under ``batch_id``, with the 202 it answers.
-    A template's canary recipients come first, in chunks of their own (pure)."""
+    """The batch a validated request stores under ``batch_id``, with the 202 it answers
+    (``pending``: to be committed before that). A template's canary recipients come first,
+    in chunks of their own (pure)."""
     message, recipients, split = parsed.message, parsed.recipients, 0
     size = chunk_size(settings.providers.chain_codes, copies=len(message.cc) + len(message.bcc))
     plan = extra.plan
@@ -495,4 +582,5 @@ def build_batch(
         response=orjson.dumps(answer(batch_id, parsed, message, extra.send_at)),
         split=split,
         send_at=extra.send_at,
+        pending=pending,
     )

@@ -42,6 +42,7 @@ from shared.provider_health import HealthStore
 from shared.provider_rates import ProviderLimiter
 from shared.providers.base import Provider
 from shared.providers.registry import build_providers, close_all
+from shared.ratelimit import RecipientQuota
 from shared.recipients import RecipientStore
 from shared.resources import Resources, open_resources, readiness_checks
 from shared.schedule_store import ScheduleStore
@@ -234,8 +235,12 @@ async def tidy_counters(res: Resources, dispatcher: Dispatcher, scope: str) -> N
 
 
 def scheduler_of(settings: Settings, res: Resources, batches: BatchStore) -> Scheduler:
-    """The scheduler of the namespace's scheduled batches (run it)."""
-    return Scheduler(ScheduleStore(res.db, settings.amqp.exchange), batches, res.broker)
+    """The scheduler of the namespace's scheduled batches (run it); it settles the cancelled
+    batches it finds (their stats, and their recipients back to the daily quota)."""
+    exchange = settings.amqp.exchange
+    quota = RecipientQuota(res.db, settings.api.daily_recipient_quota)
+    acceptance = Acceptance(batches, Outbox(res.db, exchange), res.broker, refunds=quota)
+    return Scheduler(ScheduleStore(res.db, exchange), batches, res.broker, acceptance.settle)
 
 
 def judge_of(

@@ -10,6 +10,12 @@ pass or the next holder: the transition is kept (``accepted`` is published again
 splitter and the senders make a repeated publish harmless. A broker or database down stops
 the pass, not the loop.
 
+A batch still ``pending`` (its request, without an Idempotency-Key, has not committed it
+yet: ``shared.acceptance``) is looked at again on the next pass, and its minute is kept
+open until it is decided (the outbox relay cancels it if its request never does). A batch
+found cancelled is settled (``Acceptance.settle``: its stats and quota), in case the cancel
+that applied failed before doing so and its client never retried.
+
 Passes run every :data:`PASS_EVERY` seconds: a few partition reads and, every few passes,
 the lease's renewal; batches go out within about that of their time.
 """
@@ -18,13 +24,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
 
 from shared.batchstore import BatchStore
 from shared.broker import Broker
+from shared.lanes import BUCKET
 from shared.leases import Lease, keep_running
 from shared.models import BatchJob
 from shared.schedule_store import ScheduleStore, finished_through
@@ -42,11 +49,17 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+#: Settles a cancelled batch: (user id, batch id, recipients mailed).
+Settle = Callable[[uuid.UUID, uuid.UUID, int], Awaitable[None]]
+
+
 @dataclass
 class Scheduler:
     store: ScheduleStore
     batches: BatchStore
     broker: Broker
+    settle: Settle | None = None
+    """What a cancelled batch owes (None: left to whoever cancelled it)."""
     owner: uuid.UUID = field(default_factory=uuid.uuid4)
     clock: Callable[[], datetime] = _now
     handed: dict[datetime, set[uuid.UUID]] = field(default_factory=dict)
@@ -69,16 +82,23 @@ class Scheduler:
         now = self.clock()
         found, last = await self.store.due(now)
         handed = 0
+        undecided: datetime | None = None
         for due in found:
             if due.send_at > now:
                 continue  # its second has not come: a later pass (its minute stays open)
             seen = self.handed.setdefault(due.minute, set())
             if due.batch_id in seen:
                 continue
-            if await self.hand_on(due.batch_id):
+            status = await self.hand_on(due.batch_id)
+            if status == "pending":
+                undecided = due.minute if undecided is None else min(undecided, due.minute)
+                continue
+            if status == "accepted":
                 handed += 1
             seen.add(due.batch_id)
         through = finished_through(last, now)
+        if through is not None and undecided is not None:
+            through = min(through, undecided - BUCKET)
         if through is not None and through != self._finished:
             if not await self.store.finish(self.owner, through):
                 self.lease.lost()
@@ -87,14 +107,24 @@ class Scheduler:
             self.handed = {m: s for m, s in self.handed.items() if m > through}
         return handed
 
-    async def hand_on(self, batch_id: uuid.UUID) -> bool:
-        """Start a batch whose time came; False when it was cancelled (or is gone)."""
+    async def hand_on(self, batch_id: uuid.UUID) -> str | None:
+        """Start a batch whose time came; its status after: ``accepted`` once handed on,
+        ``pending`` while its request may still decide it, ``cancelled`` (settled), None
+        when it is gone."""
         status = await self.batches.start_scheduled(batch_id)
+        if status == "cancelled":
+            await self._settle(batch_id)
         if status != "accepted":
-            # Cancelled, or started and split already (a pass that died after publishing).
-            return False
+            # Cancelled, undecided, or started and split already (a pass that died after
+            # publishing shows it accepted, and is published again: harmless).
+            return status
         await self.broker.publish(
             batch_key(batch_id), BatchJob(batch_id=batch_id).encode(), message_id=str(batch_id)
         )
         log.info("scheduled batch %s handed on", batch_id)
-        return True
+        return status
+
+    async def _settle(self, batch_id: uuid.UUID) -> None:
+        header = await self.batches.header(batch_id) if self.settle else None
+        if self.settle is not None and header is not None:
+            await self.settle(header.user_id, batch_id, header.mailed)

@@ -48,7 +48,9 @@ class Splitter:
         if header is None:
             raise Poison(f"batch {job.batch_id} does not exist")
         if header.status != "accepted":
-            return  # fanned out already (a redelivery or a relay duplicate), or cancelled
+            # Fanned out already (a redelivery or a relay duplicate), or cancelled; never one
+            # still pending or scheduled (nothing publishes it before it is accepted).
+            return
         window = asyncio.Semaphore(PUBLISH_WINDOW)
         # A batch that pins a provider starts there; any other at the running chain's head.
         message = header.message
@@ -63,4 +65,4 @@ class Splitter:
                 )
 
         await asyncio.gather(*(publish(i) for i in range(header.chunk_count)))
-        await self.batches.set_status(job.batch_id, "dispatched")
+        await self.batches.mark_dispatched(job.batch_id)

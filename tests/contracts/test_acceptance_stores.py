@@ -1,11 +1,14 @@
-"""The contract of what accepting a batch writes besides the batch, asserted identically of
-the twins (``tests/fakes/acceptance.py``) and the real stores on Cassandra: the outbox, the
-daily recipient quota, recent mail for the cooldown, and the users' preferences."""
+"""The acceptance side's store contract, asserted identically of the twins and of the real
+stores on Cassandra: a batch's status moves only by lightweight transactions, which no plain
+write stamped by a clock ahead of Cassandra's can shadow; the outbox; and the daily quota,
+whose refunds count once however often they are given; recent mail for the cooldown; and the
+users' preferences."""
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,102 +17,225 @@ import pytest
 from shared.batchstore import BatchStore, NewBatch, new_batch_id
 from shared.cooldown import RecentMail
 from shared.db import Database
-from shared.models import Address, Message, Recipient
 from shared.outbox import Outbox, minute_of, shard_of
 from shared.precedence import accepted_at
 from shared.preferences import Preferences, PreferenceStore
 from shared.ratelimit import RecipientQuota
-from shared.recipients import log_id_for
-from tests.contracts.conftest import IMPLEMENTATIONS
-from tests.fakes.acceptance import FakeOutbox, FakePreferences, FakeQuota, FakeRecentMail
+from tests.conftest import unique
+from tests.contracts.conftest import IMPLEMENTATIONS, Stores
+from tests.fakes.acceptance_stores import FakeOutbox, FakePreferences, FakeQuota, FakeRecentMail
 from tests.fakes.stores import FakeBatches, FakeCassandra
+from tests.fakes.world import new_batch
+
+A, B = "a@example.org", "b@example.org"
+#: How far ahead of Cassandra's clock the API that accepted a batch ran.
+AHEAD = timedelta(hours=1)
+
+
+def _ahead(*, send_at: datetime | None = None, pending: bool = False) -> NewBatch:
+    """A batch accepted by an API whose clock runs :data:`AHEAD` of Cassandra's: its id,
+    and so its header's write timestamp, an hour from now."""
+    batch_id = new_batch_id((datetime.now(UTC) + AHEAD).timestamp())
+    return replace(new_batch(A, B, batch_id=batch_id), send_at=send_at, pending=pending)
+
+
+Move = Callable[[Any, uuid.UUID], Awaitable[str | None]]
+
+MOVES: dict[str, tuple[bool, bool, Move, str]] = {
+    # name: (scheduled, pending, transition, status after)
+    "start": (True, False, lambda b, i: b.start_scheduled(i), "accepted"),
+    "cancel-scheduled": (True, False, lambda b, i: b.cancel_scheduled(i), "cancelled"),
+    "commit": (False, True, lambda b, i: b.commit(i, "accepted"), "accepted"),
+    "commit-scheduled": (True, True, lambda b, i: b.commit(i, "scheduled"), "scheduled"),
+    "cancel-pending": (False, True, lambda b, i: b.cancel(i), "cancelled"),
+}
+
+
+@pytest.mark.parametrize("move", sorted(MOVES))
+async def test_a_transition_shows_however_far_ahead_the_apis_clock_ran(
+    stores: Stores, move: str
+) -> None:
+    """Cassandra stamps a transaction with its own clock, an hour behind the batch's own
+    write: the transition applies and reads back all the same."""
+    scheduled, pending, transition, after = MOVES[move]
+    send_at = datetime.now(UTC) + AHEAD + timedelta(minutes=1) if scheduled else None
+    batch = _ahead(send_at=send_at, pending=pending)
+    await stores.batches.write(batch)
+
+    assert await transition(stores.batches, batch.batch_id) == after
+
+    header = await stores.batches.header(batch.batch_id)
+    assert header is not None and header.status == after
+    assert await stores.batches.status(batch.batch_id) == after
+
+
+async def test_a_plain_write_stamped_ahead_shadows_a_transaction(stores: Stores) -> None:
+    """Why the status is never written plainly after the header: a status written USING
+    TIMESTAMP an hour ahead (as the header and the cancel were) wins over a transaction that
+    applied, which then reads back as never having happened."""
+    batch = replace(new_batch(A), send_at=datetime.now(UTC) + timedelta(minutes=1))
+    await stores.batches.write(batch)
+    ahead = int((datetime.now(UTC) + AHEAD).timestamp() * 1_000_000)
+    if isinstance(stores.db, FakeCassandra):
+        stores.db.headers[batch.batch_id].put("status", "scheduled", ahead)
+    else:
+        await stores.db.execute(
+            "UPDATE batches USING TIMESTAMP ? SET status = 'scheduled' WHERE batch_id = ?",
+            (ahead, batch.batch_id),
+        )
+
+    assert await stores.batches.start_scheduled(batch.batch_id) == "accepted"
+
+    assert await stores.batches.status(batch.batch_id) == "scheduled"
+
+
+async def test_a_commit_repeated_tells_what_was_decided(stores: Stores) -> None:
+    """A commit whose outcome was unknown is repeated: the repeat reads the decision (and a
+    cancel after it comes too late)."""
+    batch = replace(new_batch(A), pending=True)
+    await stores.batches.write(batch)
+    assert await stores.batches.status(batch.batch_id) == "pending"
+
+    first = await stores.batches.commit(batch.batch_id, "accepted")
+    again = await stores.batches.commit(batch.batch_id, "accepted")
+    late = await stores.batches.cancel(batch.batch_id)
+
+    assert (first, again, late) == ("accepted", "accepted", "accepted")
+
+
+async def test_a_cancel_before_the_batch_lands_keeps_it_cancelled(stores: Stores) -> None:
+    """A request whose store failed cancels a batch that is not there (yet): its write,
+    landing later, stays cancelled and cannot be committed."""
+    batch = replace(new_batch(A), pending=True)
+
+    assert await stores.batches.cancel(batch.batch_id) == "cancelled"
+    assert await stores.batches.header(batch.batch_id) is None
+    await stores.batches.write(batch)
+
+    assert await stores.batches.status(batch.batch_id) == "cancelled"
+    assert await stores.batches.commit(batch.batch_id, "accepted") == "cancelled"
+
+
+async def test_no_transition_applies_to_an_unknown_batch(stores: Stores) -> None:
+    unknown = uuid.uuid1()
+    assert await stores.batches.start_scheduled(unknown) is None
+    assert await stores.batches.cancel_scheduled(unknown) is None
+    assert await stores.batches.commit(unknown, "accepted") is None
+    assert await stores.batches.header(unknown) is None
+
+
+async def test_a_transaction_leaves_the_dispatched_mark_alone(stores: Stores) -> None:
+    """A scheduled batch started and split: a late cancel does not apply, and it still
+    reads dispatched."""
+    batch = replace(new_batch(A), send_at=datetime.now(UTC))
+    await stores.batches.write(batch)
+    assert await stores.batches.start_scheduled(batch.batch_id) == "accepted"
+    await stores.batches.mark_dispatched(batch.batch_id)
+
+    assert await stores.batches.cancel_scheduled(batch.batch_id) == "accepted"
+    assert await stores.batches.status(batch.batch_id) == "dispatched"
+
+
+# -- the outbox and the quota --------------------------------------------------------------
 
 
 @dataclass
 class Side:
     outbox: Any
-    batches: Any
     quota: Any
+    batches: Any
     recent: Any
     preferences: Any
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)
 def side(request: pytest.FixtureRequest) -> Side:
-    namespace = f"n{uuid.uuid4().hex[:8]}"
     if request.param == "fake":
-        db = FakeCassandra()
+        fake = FakeCassandra()
         return Side(
-            FakeOutbox(db, namespace),
-            FakeBatches(db),
-            FakeQuota(db, 10),
-            FakeRecentMail(db),
-            FakePreferences(db),
+            FakeOutbox(fake, unique("ns")),
+            FakeQuota(fake, daily_limit=5),
+            FakeBatches(fake),
+            FakeRecentMail(fake),
+            FakePreferences(fake),
         )
-    real: Database = request.getfixturevalue("db")
+    db: Database = request.getfixturevalue("db")
     return Side(
-        Outbox(real, namespace),
-        BatchStore(real),
-        RecipientQuota(real, 10),
-        RecentMail(real),
-        PreferenceStore(real),
+        Outbox(db, unique("ns")),
+        RecipientQuota(db, 5),
+        BatchStore(db),
+        RecentMail(db),
+        PreferenceStore(db),
     )
 
 
-def _batch(*emails: str) -> NewBatch:
-    batch_id = new_batch_id(datetime.now(UTC).timestamp())
-    return NewBatch(
-        batch_id=batch_id,
-        user_id=uuid.uuid4(),
-        message=Message(sender=Address(email="news@example.com"), subject="Hi", text="Hello"),
-        recipients=[
-            Recipient(log_id=log_id_for(batch_id, e), email=e, name=None, substitutions={})
-            for e in emails
-        ],
-        chunk_size=10,
-    )
+async def test_an_outbox_row_is_unpublished_until_marked_done(side: Side) -> None:
+    first, second = uuid.uuid1(), uuid.uuid1()
+    for batch_id in (first, second):
+        await side.outbox.add(batch_id, uuid.uuid4())
+
+    async def unpublished() -> set[uuid.UUID]:
+        buckets = {Outbox.bucket(b) for b in (first, second)}
+        return {b for m, shard in buckets for b in await side.outbox.unpublished(m, shard)}
+
+    assert await unpublished() == {first, second}
+    await side.outbox.done(first)
+    assert await unpublished() == {second}
 
 
-async def _unpublished(side: Side, batch_id: uuid.UUID) -> list[uuid.UUID]:
-    minute = minute_of(accepted_at(batch_id))
-    return await side.outbox.unpublished(minute, shard_of(batch_id))
+def _today_batch() -> uuid.UUID:
+    return new_batch_id(datetime.now(UTC).timestamp())
 
 
-async def test_an_outbox_row_written_with_its_batch_is_unpublished_until_done(side: Side) -> None:
-    batch = _batch("a@example.org")
-    await side.batches.write(
-        batch, also=[await side.outbox.statement(batch.batch_id, batch.user_id)]
-    )
+async def test_a_refund_given_again_counts_once(side: Side) -> None:
+    user, batch_id = uuid.uuid4(), _today_batch()
+    verdict, day = await side.quota.consume(user, 3, now=accepted_at(batch_id))
+    assert verdict.allowed
 
-    assert await _unpublished(side, batch.batch_id) == [batch.batch_id]
-    await side.outbox.done(batch.batch_id)
-    assert await _unpublished(side, batch.batch_id) == []
+    for _ in range(3):
+        await side.quota.refund(user, batch_id, 3)
+
+    assert await side.quota.used(user, day) == 0
+
+
+async def test_refunds_make_room_the_counter_alone_would_refuse(side: Side) -> None:
+    """The counter still holds a refunded batch's recipients; the quota does not."""
+    user, first = uuid.uuid4(), _today_batch()
+    assert (await side.quota.consume(user, 5, now=accepted_at(first)))[0].allowed
+    refused, day = await side.quota.consume(user, 5)
+    await side.quota.refund(user, first, 5)
+
+    admitted, _ = await side.quota.consume(user, 5)
+    over, _ = await side.quota.consume(user, 1)
+
+    assert (refused.allowed, admitted.allowed, over.allowed) == (False, True, False)
+    assert await side.quota.used(user, day) == 5
+
+
+async def test_a_refund_goes_back_to_the_day_its_batch_was_accepted(side: Side) -> None:
+    user = uuid.uuid4()
+    yesterday = new_batch_id((datetime.now(UTC) - timedelta(days=1)).timestamp())
+    _, day = await side.quota.consume(user, 2, now=accepted_at(yesterday))
+    _, today = await side.quota.consume(user, 2)
+
+    await side.quota.refund(user, yesterday, 2)
+
+    assert (await side.quota.used(user, day), await side.quota.used(user, today)) == (0, 2)
 
 
 async def test_writing_a_batch_again_marks_its_outbox_row_unpublished_again(side: Side) -> None:
     """A retried acceptance writes the same rows: the relay looks at the batch once more."""
-    batch = _batch("a@example.org")
+    batch = new_batch(A, batch_id=_today_batch())
+    minute, shard = minute_of(accepted_at(batch.batch_id)), shard_of(batch.batch_id)
     row = await side.outbox.statement(batch.batch_id, batch.user_id)
     await side.batches.write(batch, also=[row])
     await side.outbox.done(batch.batch_id)
-    await side.batches.write(
-        batch, also=[await side.outbox.statement(batch.batch_id, batch.user_id)]
-    )
+    assert await side.outbox.unpublished(minute, shard) == []
 
-    assert await _unpublished(side, batch.batch_id) == [batch.batch_id]
+    again = await side.outbox.statement(batch.batch_id, batch.user_id)
+    await side.batches.write(batch, also=[again])
 
-
-async def test_the_quota_charges_up_to_its_limit_and_gives_back_what_is_refunded(
-    side: Side,
-) -> None:
-    user = uuid.uuid4()
-    first, day = await side.quota.consume(user, 6)
-    second, _ = await side.quota.consume(user, 6)
-
-    assert (first.allowed, second.allowed) == (True, False)
-    assert await side.quota.used(user, day) == 6  # the refused charge was taken back
-    await side.quota.refund(user, 6, day)
-    assert await side.quota.used(user, day) == 0
+    assert await side.outbox.unpublished(minute, shard) == [batch.batch_id]
 
 
 async def test_recent_mail_cools_an_address_for_other_batches_until_its_cooldown_passes(

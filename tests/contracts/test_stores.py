@@ -140,30 +140,34 @@ async def test_an_unknown_batch_has_no_header_owner_or_recipient(stores: Stores)
     assert await stores.recipients.one(unknown, 0, log_id_for(unknown, A)) is None
 
 
-async def test_set_status_changes_the_headers_status_and_reason(stores: Stores) -> None:
+async def test_a_dispatched_mark_shows_as_the_status_of_an_accepted_batch(
+    stores: Stores,
+) -> None:
     batch = await _stored(stores, A)
-    await stores.batches.set_status(batch.batch_id, "failed", "no provider")
-    header = await stores.batches.header(batch.batch_id)
-    assert header is not None and (header.status, header.reason) == ("failed", "no provider")
-    await stores.batches.set_status(batch.batch_id, "dispatched")
+    await stores.batches.mark_dispatched(batch.batch_id)
+    await stores.batches.mark_dispatched(batch.batch_id)  # a redelivery marks it again
     header = await stores.batches.header(batch.batch_id)
     assert header is not None and (header.status, header.reason) == ("dispatched", None)
+    assert await stores.batches.status(batch.batch_id) == "dispatched"
 
 
 @pytest.mark.parametrize("cancel_first", [True, False])
 async def test_a_cancelled_batch_stays_cancelled_and_counts_nothing(
     stores: Stores, cancel_first: bool
 ) -> None:
-    """A batch whose storing failed is cancelled, however late its failed writes land."""
-    batch = _batch(A, B)
+    """A pending batch whose storing failed is cancelled, however late its failed writes
+    land, and counts nothing once uncounted."""
+    batch = replace(_batch(A, B), pending=True)
     if cancel_first:
-        await stores.batches.cancel(batch.batch_id, batch.user_id)
+        assert await stores.batches.cancel(batch.batch_id) == "cancelled"
     await stores.batches.write(batch)
     await stores.batches.index(batch)
     if not cancel_first:
-        await stores.batches.cancel(batch.batch_id, batch.user_id)
+        assert await stores.batches.cancel(batch.batch_id) == "cancelled"
+    await stores.batches.uncount(batch.user_id, batch.batch_id)
     header = await stores.batches.header(batch.batch_id)
     assert header is not None and header.status == "cancelled"
+    assert await stores.batches.commit(batch.batch_id, "accepted") == "cancelled"
     assert await _counts(stores, batch) == {}
 
 

@@ -14,6 +14,11 @@ drift from what they stand in for.
 Faults: ``FakeCassandra.fail(operation, error, applied=...)`` makes the next call of a store
 operation raise ``error`` before (or, with ``applied=True``, after) it takes effect — a write
 whose outcome is unknown.
+
+Clocks: a plain write without ``USING TIMESTAMP`` is stamped by its client's clock (``now``,
+the driver's client-side timestamps), a lightweight transaction by a Cassandra node's (its
+Paxos ballot: :meth:`FakeCassandra.ballot`), which ``server_offset`` sets apart from the
+clients' — a node whose clock runs behind the API's, say.
 """
 
 from __future__ import annotations
@@ -30,7 +35,14 @@ from cassandra.util import SortedSet
 
 from shared import precedence
 from shared.attempts import COLUMNS, Attempt, from_row
-from shared.batchstore import BatchHeader, NewBatch, _header_stamp, month_of
+from shared.batchstore import (
+    STORED_STATUS_STAMP,
+    BatchHeader,
+    NewBatch,
+    _header_stamp,
+    month_of,
+    shown_status,
+)
 from shared.domain_capacity import HISTORY_DAYS, OUTCOMES, DayVolume
 from shared.errors import DependencyUnavailable
 from shared.models import Message
@@ -206,18 +218,23 @@ OPERATION_KINDS: dict[str, Kind] = {
     "attempts.transition": "lwt",
     "batches.cancel": "write",
     "batches.cancel_scheduled": "lwt",
+    "batches.commit": "lwt",
     "batches.header": "read",
     "batches.index": "write",
     "batches.index_stored": "write",
+    "batches.mark_dispatched": "write",
     "batches.owner": "read",
-    "batches.set_status": "write",
     "batches.start_scheduled": "lwt",
     "batches.status": "read",
+    "batches.uncount": "write",
     "batches.write": "write",
+    "outbox.add": "write",
     "outbox.done": "write",
     "outbox.unpublished": "read",
     "quota.add": "write",
     "quota.read": "read",
+    "quota.refund": "write",
+    "quota.refunded": "read",
     "recent.cooling": "read",
     "recent.record": "write",
     "preferences.get": "read",
@@ -290,12 +307,18 @@ class FakeCassandra:
         """``outbox_minutes``: (namespace, minute, shard) -> batch -> row."""
         self.quota: dict[tuple[uuid.UUID, date], int] = defaultdict(int)
         """``recipient_quota``'s counters."""
+        self.refunds: dict[tuple[uuid.UUID, date], dict[uuid.UUID, int]] = defaultdict(dict)
+        """``quota_refunds``: (user, day) -> batch -> recipients."""
         self.recent: dict[tuple[uuid.UUID, str, str], tuple[datetime, uuid.UUID, datetime]] = {}
         """``recent_mail``: (user, email, scope) -> (last_at, batch_id, expires)."""
         self.preferences: dict[uuid.UUID, Any] = {}
         """``user_preferences``: user -> ``shared.preferences.Preferences``."""
         self._failures: dict[str, list[_Failure]] = defaultdict(list)
         self.calls: list[str] = []
+        self.server_offset = timedelta()
+        """How far Cassandra's clock (which stamps lightweight transactions) is ahead of the
+        clients' (negative: behind)."""
+        self._ballot = 0
 
     def fail(self, operation: str, error: BaseException, *, applied: bool = False) -> None:
         """Make the next ``operation`` (e.g. ``"attempts.transition"``) raise ``error``."""
@@ -303,9 +326,20 @@ class FakeCassandra:
             raise ValueError(f"no fault point {operation!r}; known: {sorted(OPERATIONS)}")
         self._failures[operation].append(_Failure(error, applied))
 
+    def heal(self) -> None:
+        """Drop every fault that has not fired yet (the outage is over)."""
+        self._failures.clear()
+
     def stamp(self) -> int:
         """The write timestamp of a write without ``USING TIMESTAMP``: now, in µs."""
         return int(self.now().timestamp() * 1_000_000)
+
+    def ballot(self) -> int:
+        """The write timestamp of a lightweight transaction: its Paxos ballot, from the
+        server's clock, and above every ballot before it."""
+        server = int((self.now() + self.server_offset).timestamp() * 1_000_000)
+        self._ballot = max(self._ballot + 1, server)
+        return self._ballot
 
     def row(self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID) -> _Cells:
         """A ``batches`` row to write (an UPDATE creates it if it is missing, as in Cassandra)."""
@@ -382,14 +416,14 @@ class FakeBatches:
         """The batch's partition, with ``also`` (other twins' writes, as the real store sends
         other partitions' statements) in the same logged batch: all of it lands, or none."""
         failure = await self.db._before("batches.write")
-        self.db.apply(also)
         queued = precedence.queued_stamp(batch.batch_id)
         created = precedence.accepted_at(batch.batch_id)
         for i, part in enumerate(batch.chunks()):
             self.db.insert(
                 batch.batch_id, i, CHUNK_ROW, {"recipients": encode_recipients(part)}, queued
             )
-        self.db.headers.setdefault(batch.batch_id, _Cells()).insert(
+        header = self.db.headers.setdefault(batch.batch_id, _Cells())
+        header.insert(
             {
                 "user_id": batch.user_id,
                 "created_at": created,
@@ -398,13 +432,13 @@ class FakeBatches:
                 "recipient_count": len(batch.recipients),
                 "chunk_size": batch.chunk_size,
                 "chunk_count": batch.chunk_count,
-                "status": batch.status,
-                "updated_at": created,
                 "accept_response": batch.response or None,
                 "send_at": batch.send_at,
             },
             _header_stamp(batch.batch_id),
         )
+        header.put("status", batch.status, STORED_STATUS_STAMP)
+        self.db.apply(also)
         self.db._after(failure)
 
     async def index(self, batch: NewBatch) -> None:
@@ -430,11 +464,9 @@ class FakeBatches:
         }
         await self.stats.accepted(user_id, batch_id, recipients, _header_stamp(batch_id))
 
-    async def cancel(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> None:
-        failure = await self.db._before("batches.cancel")
-        cancelled = _header_stamp(batch_id) + 1
-        self.db.headers.setdefault(batch_id, _Cells()).put("status", "cancelled", cancelled)
-        await self.stats.cancelled(user_id, batch_id, cancelled)
+    async def uncount(self, user_id: uuid.UUID, batch_id: uuid.UUID) -> None:
+        failure = await self.db._before("batches.uncount")
+        await self.stats.cancelled(user_id, batch_id, _header_stamp(batch_id) + 1)
         self.db._after(failure)
 
     async def header(self, batch_id: uuid.UUID) -> BatchHeader | None:
@@ -450,32 +482,48 @@ class FakeBatches:
             recipient_count=h.get("recipient_count"),
             chunk_size=h.get("chunk_size"),
             chunk_count=h.get("chunk_count"),
-            status=h.get("status"),
+            status=shown_status(h.get("status"), h.get("dispatched")) or "incomplete",
             reason=h.get("reason"),
             response=h.get("accept_response"),
             send_at=h.get("send_at"),
         )
 
+    async def commit(
+        self, batch_id: uuid.UUID, status: str, *, timeout: float | None = None
+    ) -> str | None:
+        return await self._transition(batch_id, ("pending",), status, "batches.commit")
+
+    async def cancel(self, batch_id: uuid.UUID) -> str | None:
+        return await self._transition(batch_id, (None, "pending"), "cancelled", "batches.cancel")
+
     async def start_scheduled(self, batch_id: uuid.UUID) -> str | None:
-        return await self._from_scheduled(batch_id, "accepted", "batches.start_scheduled")
+        return await self._transition(
+            batch_id, ("scheduled",), "accepted", "batches.start_scheduled"
+        )
 
-    async def cancel_scheduled(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> str | None:
-        status = await self._from_scheduled(batch_id, "cancelled", "batches.cancel_scheduled")
-        if status == "cancelled":
-            await self.stats.cancelled(user_id, batch_id, _header_stamp(batch_id) + 1)
-        return status
+    async def cancel_scheduled(self, batch_id: uuid.UUID) -> str | None:
+        return await self._transition(
+            batch_id, ("scheduled",), "cancelled", "batches.cancel_scheduled"
+        )
 
-    async def _from_scheduled(self, batch_id: uuid.UUID, status: str, op: str) -> str | None:
+    async def _transition(
+        self, batch_id: uuid.UUID, expected: tuple[str | None, ...], status: str, op: str
+    ) -> str | None:
+        """``UPDATE ... IF status = ...``: applied when the status read at SERIAL is one of
+        ``expected`` (a missing partition reads null), written at the transaction's ballot;
+        it answers ``status`` when applied (whatever a read sees after), else the status
+        it read."""
         failure = await self.db._before(op)
         h = self.db.headers.get(batch_id)
-        if h is None or h.get("message") is None:
-            self.db._after(failure)
-            return None
-        if h.get("status") == "scheduled":
-            h.put("status", status, self.db.stamp())
+        current = h.get("status") if h is not None else None
+        applied = current in expected
+        if applied:
+            h = self.db.headers.setdefault(batch_id, _Cells())
+            stamp = self.db.ballot()
+            h.put("status", status, stamp)
+            h.put("updated_at", self.db.now() + self.db.server_offset, stamp)
         self.db._after(failure)
-        current: str = h.get("status")
-        return current
+        return status if applied else current
 
     async def owner(self, batch_id: uuid.UUID) -> uuid.UUID | None:
         self.db._after(await self.db._before("batches.owner"))
@@ -485,14 +533,13 @@ class FakeBatches:
     async def status(self, batch_id: uuid.UUID) -> str | None:
         self.db._after(await self.db._before("batches.status"))
         h = self.db.headers.get(batch_id)
-        return h.get("status") if h and h.get("created_at") is not None else None
+        if h is None or h.get("created_at") is None:
+            return None
+        return shown_status(h.get("status"), h.get("dispatched"))
 
-    async def set_status(self, batch_id: uuid.UUID, status: str, reason: str | None = None) -> None:
-        failure = await self.db._before("batches.set_status")
-        h, stamp = self.db.headers.setdefault(batch_id, _Cells()), self.db.stamp()
-        h.put("status", status, stamp)
-        h.put("reason", reason, stamp)
-        h.put("updated_at", self.db.now(), stamp)
+    async def mark_dispatched(self, batch_id: uuid.UUID) -> None:
+        failure = await self.db._before("batches.mark_dispatched")
+        self.db.headers.setdefault(batch_id, _Cells()).put("dispatched", True, self.db.stamp())
         self.db._after(failure)
 
 

@@ -33,7 +33,9 @@ async def stack(settings: Settings, db: Database) -> AsyncIterator[Stack]:
     fast = fast_settings(settings)
     fast = fast.model_copy(
         update={
-            "api": fast.api.model_copy(update={"outbox_grace": 0.3, "outbox_relay_interval": 0.2})
+            "api": fast.api.model_copy(
+                update={"outbox_grace": 0.3, "outbox_relay_interval": 0.2, "commit_budget": 3.0}
+            )
         }
     )
     async with full_stack(fast, db) as s:
@@ -180,6 +182,32 @@ async def test_a_503_without_a_key_is_never_sent(stack: Stack) -> None:
 
     assert status == 503
     await asyncio.sleep(1.5)  # several relay passes
+    async with stack.consuming():
+        await asyncio.sleep(2)
+    for email in to:
+        assert sum((await stack.accepted(email)).values()) == 0
+
+
+async def test_a_503_without_a_key_is_never_sent_even_if_its_cancel_fails_too(
+    stack: Stack,
+) -> None:
+    """The batch write applied but timed out, and the API's cancel fails in the same
+    Cassandra pause: the client was told 503, so the relay must never publish the batch
+    (it cancels it once its request can no longer commit it)."""
+    to = emails(2)
+    api = stack.api_app.state
+    api.acceptance.batches = _LostAnswer(api.resources.db)
+    faulty = FaultyDatabase(
+        api.resources.db, before("SET status = 'cancelled'"), before("IF status IN")
+    )
+    api.batches = BatchStore(faulty, api.stats)
+    api.sending = dataclasses.replace(api.sending, batches=api.batches)
+
+    status, _ = await _post(stack, _body(to), None)
+
+    assert status == 503
+    assert sum(rule.fired for rule in faulty.rules) == 1
+    await asyncio.sleep(5)  # relay passes past the request's budget and the grace
     async with stack.consuming():
         await asyncio.sleep(2)
     for email in to:

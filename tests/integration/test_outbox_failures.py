@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -59,7 +59,8 @@ class _Stack:
 @pytest.fixture
 async def stack(db: Database, broker: Broker) -> _Stack:
     outbox = Outbox(db, unique("ns"))
-    return _Stack(db, broker, outbox, Acceptance(BatchStore(db), outbox, broker))
+    acceptance = Acceptance(BatchStore(db), outbox, broker, decide_within=timedelta(0))
+    return _Stack(db, broker, outbox, acceptance)
 
 
 @pytest.fixture
@@ -108,12 +109,31 @@ async def test_an_acceptance_finished_twice_at_once_publishes_under_one_message_
 
 
 async def test_a_cancelled_batch_is_marked_and_never_published(stack: _Stack) -> None:
-    """Its client was told the request failed: the relay must not send it."""
-    batch = await stack.stored()
-    await stack.acceptance.batches.cancel(batch.batch_id, batch.user_id)
+    """Its client was told the request failed: the relay settles it and must not send it."""
+    batch = replace(new_batch(f"{uuid.uuid4().hex[:8]}@example.org"), pending=True)
+    await stack.acceptance.store(batch)
+    assert await stack.acceptance.batches.cancel(batch.batch_id) == "cancelled"
 
-    assert await stack.relay(since=batch.batch_id).once() == 0
+    assert await stack.relay(since=batch.batch_id).once() == 1
 
+    assert not await stack.pending(batch.batch_id)
+    assert await stack.batch_jobs() == []
+
+
+async def test_a_batch_its_request_never_committed_is_cancelled_not_published(
+    stack: _Stack,
+) -> None:
+    """Stored pending by a request without a key that then died: the relay leaves it while
+    the request could still commit it, then cancels it and never publishes it."""
+    batch = replace(new_batch(f"{uuid.uuid4().hex[:8]}@example.org"), pending=True)
+    await stack.acceptance.store(batch)
+    patient = replace(stack.acceptance, decide_within=timedelta(hours=1))
+
+    assert await stack.relay(patient, since=batch.batch_id).once() == 0
+    assert await stack.pending(batch.batch_id)
+    assert await stack.relay(since=batch.batch_id).once() == 1
+
+    assert await stack.acceptance.batches.status(batch.batch_id) == "cancelled"
     assert not await stack.pending(batch.batch_id)
     assert await stack.batch_jobs() == []
 

@@ -5,6 +5,7 @@ scheduler that dies part-way, and never sent twice by two schedulers."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -19,7 +20,9 @@ from shared.config import Settings
 from shared.db import Database
 from shared.errors import DependencyUnavailable
 from shared.schedule_store import ScheduleStore
+from shared.stats import StatsStore
 from tests.conftest import unique
+from tests.integration.faults import FaultyDatabase, before
 from tests.integration.harness import eventually
 from tests.integration.stack import Stack, emails, fast_settings, full_stack
 
@@ -85,6 +88,36 @@ async def test_a_cancelled_batch_is_never_sent_and_its_quota_comes_back(
     assert sent.json() == []
     quota = stack.api_app.state.quota
     assert await quota.used(stack.user_id, datetime.now(UTC).date()) == 0
+
+
+async def test_a_cancel_whose_stats_write_timed_out_is_finished_by_its_retry(
+    stack: Stack, db: Database
+) -> None:
+    """The cancel's transaction applies, then its stats write times out: 503. The retry
+    finds the batch cancelled and answers 200 only once the stats count nothing and the
+    quota has the recipients back (once, however often the cancel is repeated)."""
+    to = emails(3)
+    batch_id = await stack.submit(to, send_at=_at(600))
+    api = stack.api_app.state
+    faulty = FaultyDatabase(api.resources.db, before("SET queued = ?"))
+    faulty_batches = BatchStore(faulty, StatsStore(faulty, stack.settings.stats.buckets))
+    api.batches = faulty_batches
+    api.acceptance = dataclasses.replace(api.acceptance, batches=faulty_batches)
+    api.sending = dataclasses.replace(
+        api.sending, batches=faulty_batches, acceptance=api.acceptance
+    )
+    quota, today = api.quota, datetime.now(UTC).date()
+    assert await quota.used(stack.user_id, today) == 3
+
+    first = await stack.api.post(f"/v1/batches/{batch_id}/cancel", headers=stack.auth)
+    again = await stack.api.post(f"/v1/batches/{batch_id}/cancel", headers=stack.auth)
+    third = await stack.api.post(f"/v1/batches/{batch_id}/cancel", headers=stack.auth)
+
+    assert faulty.rules[0].fired == 1
+    assert (first.status_code, again.status_code, third.status_code) == (503, 200, 200)
+    assert (await _batch(stack, batch_id))["status"] == "cancelled"
+    assert (await stack.stats(str(today)))["queued"] == 0
+    assert await quota.used(stack.user_id, today) == 0
 
 
 async def test_a_batch_that_started_cannot_be_cancelled(stack: Stack) -> None:

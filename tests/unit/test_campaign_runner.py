@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -20,17 +20,15 @@ from prometheus_client import CollectorRegistry
 from services.api.campaign_runner import CampaignRunner, pace
 from services.api.sending import Sending
 from services.api.templated import TemplateBatches
+from shared.acceptance import Acceptance
 from shared.background import Background
-from shared.batchstore import BatchHeader, NewBatch
 from shared.campaigns import METADATA_KEY, Campaign
 from shared.config import ApiSettings, Settings
 from shared.contacts_csv import Contact
 from shared.errors import DependencyUnavailable
 from shared.metrics import ApiMetrics
-from shared.models import BatchJob
-from shared.precedence import accepted_at
 from shared.ratelimit import Verdict
-from shared.topology import batch_key
+from tests.fakes.acceptance_stores import FakeOutbox, FakeQuota
 from tests.fakes.account_stores import AccountTables, FakeIdempotencyStore, FakeSuppressionStore
 from tests.fakes.campaign_store import FakeCampaigns
 from tests.fakes.contact_lists import FakeContactLists
@@ -46,58 +44,18 @@ class Killed(Exception):
     """The runner's process dies here (nothing of the pass survives but what it wrote)."""
 
 
-class _Acceptance:
-    """:class:`shared.acceptance.Acceptance` over the World's batches and broker (no outbox
-    table: every publish is confirmed). ``failures``: the next stores fail, each with its
-    error, before its write or (True) after it landed."""
+class _Quota(FakeQuota):
+    """The quota twin, refusing the next ``refusals`` batches whatever it holds."""
 
-    def __init__(self, world: World) -> None:
-        self.world = world
-        self.outbox = self
-        self.failures: list[tuple[BaseException, bool]] = []
-
-    async def store(self, batch: NewBatch, *, also: Sequence[object] = ()) -> None:
-        error, landed = self.failures.pop(0) if self.failures else (None, False)
-        if error is not None and not landed:
-            raise error
-        # The World's clock never runs behind a batch it stored (see World.accept).
-        stamp = accepted_at(batch.batch_id) + timedelta(milliseconds=1)
-        self.world.clock.now = max(self.world.clock.now, stamp)
-        await self.world.batches.write(batch)
-        await self.world.batches.index(batch)
-        if error is not None:
-            raise error
-
-    async def publish(self, batch_id: uuid.UUID) -> bool:
-        await self.world.broker.publish(batch_key(batch_id), BatchJob(batch_id=batch_id).encode())
-        return True
-
-    async def finish(self, batch_id: uuid.UUID) -> BatchHeader | None:
-        header = await self.world.batches.header(batch_id)
-        if header is None or header.status == "cancelled":
-            return None
-        if header.status == "accepted":
-            await self.publish(batch_id)  # the splitter makes a second publish harmless
-        return header
-
-    async def done(self, batch_id: uuid.UUID) -> None:
-        return None
-
-
-class _Quota:
-    """Allows every batch but the next ``refusals``."""
-
-    daily_limit = 1_000_000
     refusals = 0
 
-    async def consume(self, user_id: uuid.UUID, recipients: int) -> tuple[Verdict, Any]:
+    async def consume(
+        self, user_id: uuid.UUID, recipients: int, *, now: datetime | None = None
+    ) -> tuple[Verdict, Any]:
         if self.refusals:
             self.refusals -= 1
-            return Verdict(False, 3600), None
-        return Verdict(True), None
-
-    async def refund(self, user_id: uuid.UUID, recipients: int, day: object) -> None:
-        return None
+            return Verdict(False, 3600), (now or datetime.now(UTC)).date()
+        return await super().consume(user_id, recipients, now=now)
 
 
 @dataclass
@@ -116,8 +74,13 @@ class Desk:
     at once, as if its lease had run out by the retry)."""
 
     def __post_init__(self) -> None:
-        self.acceptance = _Acceptance(self.world)
-        self.quota = _Quota()
+        self.quota = _Quota(self.world.db, daily_limit=1_000_000)
+        self.acceptance = Acceptance(
+            self.world.batches,  # type: ignore[arg-type]
+            FakeOutbox(self.world.db),  # type: ignore[arg-type]
+            self.world.broker,  # type: ignore[arg-type]
+            refunds=self.quota,
+        )
         self.idempotency = FakeIdempotencyStore(self.keys, lease=self.key_lease)
         self.sending = Sending(
             settings=Settings(api=ApiSettings(sender_domains="any"), providers=self.world.settings),
@@ -355,8 +318,8 @@ FAULTS = [
     ("campaigns", "stage", False),
     ("campaigns", "stage", True),
     ("cassandra", "batches.header", False),
-    ("acceptance", "store", False),
-    ("acceptance", "store", True),
+    ("acceptance", "batches.write", False),
+    ("acceptance", "batches.write", True),
     ("campaigns", "record", False),
     ("campaigns", "record", True),
     ("campaigns", "advance", False),
@@ -383,7 +346,7 @@ async def test_a_slice_interrupted_at_any_await_is_sent_once_and_recorded_once(
     elif twin == "cassandra":
         desk.world.db.fail(operation, failure, applied=applied)
     else:
-        desk.acceptance.failures.append((failure, applied))
+        desk.world.db.fail("batches.write", failure, applied=applied)
     with pytest.raises(type(failure)):
         await desk.runner.pass_once()  # slice 1 fails part-way
     await desk.put(campaign.list_id, {"dan@example.com": "Daniel", "fay@example.com": ""})

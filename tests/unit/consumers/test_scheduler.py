@@ -1,7 +1,8 @@
 """The scheduler's pass (``services.consumers.scheduler``) over the in-memory twins: a batch
 whose time came is handed on once, one whose second has not come waits, a cancelled one is
-never handed on, and a scheduler without the namespace's lease does nothing until the
-holder's lapses."""
+never handed on (and is settled), one its request has not decided yet keeps its minute open,
+a Cassandra clock behind the API's strands nothing, and a scheduler without the namespace's
+lease does nothing until the holder's lapses."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from services.consumers.scheduler import LEASE_SECONDS, Scheduler
+from services.consumers.splitter import Splitter
 from shared.lanes import BUCKET, bucket_of
+from shared.models import BatchJob
 from shared.schedule_store import OPEN_MINUTES, finished_through
-from shared.topology import batch_key
+from shared.topology import batch_key, dispatch_key
 from tests.fakes.broker import FakeBroker
 from tests.fakes.schedule_store import FakeSchedule, ScheduleTables
 from tests.fakes.stores import FakeBatches, FakeCassandra
@@ -31,17 +34,24 @@ class Setting:
     def __post_init__(self) -> None:
         self.store = FakeSchedule("ns", self.tables)
 
+    settled: list[tuple[uuid.UUID, uuid.UUID, int]] = field(default_factory=list)
+
     def scheduler(self) -> Scheduler:
         return Scheduler(
             self.store,  # type: ignore[arg-type]
             self.batches,  # type: ignore[arg-type]
             self.broker,  # type: ignore[arg-type]
+            self.settle,
             clock=lambda: self.now,
         )
 
-    async def scheduled(self, at: datetime) -> uuid.UUID:
-        """A batch stored ``scheduled`` for ``at``, with its row in the schedule."""
-        batch = replace(new_batch("a@example.org"), send_at=at)
+    async def settle(self, user_id: uuid.UUID, batch_id: uuid.UUID, mailed: int) -> None:
+        self.settled.append((user_id, batch_id, mailed))
+
+    async def scheduled(self, at: datetime, *, pending: bool = False) -> uuid.UUID:
+        """A batch stored ``scheduled`` for ``at`` (``pending`` until committed, with
+        ``pending``), with its row in the schedule."""
+        batch = replace(new_batch("a@example.org"), send_at=at, pending=pending)
         await self.batches.write(batch)
         await self.store.add(batch.batch_id, at)
         return batch.batch_id
@@ -99,18 +109,68 @@ async def test_the_next_holder_hands_on_again_what_a_dead_one_left_unfinished() 
     ]
 
 
-async def test_a_cancelled_batch_is_not_handed_on() -> None:
+async def test_a_cancelled_batch_is_not_handed_on_and_is_settled() -> None:
+    """Settled too, in case the cancel failed after its transaction and was never retried."""
     s = Setting()
     batch = await s.scheduled(s.now - timedelta(seconds=30))
     header = await s.batches.header(batch)
     assert header is not None
-    assert await s.batches.cancel_scheduled(batch, header.user_id) == "cancelled"
+    assert await s.batches.cancel_scheduled(batch) == "cancelled"
 
     handed = await s.scheduler().pass_once()
 
     assert handed == 0
     assert s.handed() == []
+    assert s.settled == [(header.user_id, batch, 1)]
     assert await s.store.done_through() == s.now - OPEN_MINUTES * BUCKET
+
+
+async def test_a_batch_its_request_has_not_decided_keeps_its_minute_open() -> None:
+    """Pending (a request without a key, still committing): not handed on, and the cursor
+    stays before its minute, so it goes once committed, however late."""
+    s = Setting()
+    batch = await s.scheduled(s.now - timedelta(minutes=10), pending=True)
+    scheduler = s.scheduler()
+
+    held = await scheduler.pass_once()
+    cursor = await s.store.done_through()
+    assert await s.batches.commit(batch, "scheduled") == "scheduled"
+    handed = await scheduler.pass_once()
+
+    assert (held, handed) == (0, 1)
+    assert cursor == bucket_of(s.now - timedelta(minutes=10)) - BUCKET
+    assert s.handed() == [batch_key(batch)]
+    assert await s.store.done_through() == s.now - OPEN_MINUTES * BUCKET
+
+
+async def test_a_cassandra_clock_behind_the_apis_strands_no_scheduled_batch() -> None:
+    """The API stamped the batch an hour ahead of the clock Cassandra stamps transactions
+    with: the scheduled-to-accepted transition still shows, and the splitter fans it out."""
+    s = Setting()
+    s.batches.db.server_offset = -timedelta(hours=1)
+    batch = await s.scheduled(s.now - timedelta(seconds=30))
+
+    handed = await s.scheduler().pass_once()
+    [job] = s.broker.take()
+    await Splitter(s.broker, s.batches, "sg").split(BatchJob.decode(job.body))  # type: ignore[arg-type]
+
+    assert handed == 1
+    assert await s.batches.status(batch) == "dispatched"
+    assert [m.routing_key for m in s.broker.take()] == [dispatch_key("sg", batch, 0)]
+
+
+async def test_a_cassandra_clock_behind_the_apis_still_cancels() -> None:
+    """The cancel's transaction shows however far behind Cassandra's clock is, so the
+    scheduler never sends a batch its user was told is cancelled."""
+    s = Setting()
+    s.batches.db.server_offset = -timedelta(hours=1)
+    batch = await s.scheduled(s.now - timedelta(seconds=30))
+
+    assert await s.batches.cancel_scheduled(batch) == "cancelled"
+    handed = await s.scheduler().pass_once()
+
+    assert handed == 0 and s.handed() == []
+    assert await s.batches.status(batch) == "cancelled"
 
 
 async def test_a_scheduler_without_the_lease_does_nothing() -> None:

@@ -34,6 +34,23 @@ FIXED = [
         "issue 32 defect 2: the caller died during its call; the redelivery waited for the "
         "lease (checks 0 -> 1) and its check's publish was lost: the attempt stayed calling",
     ),
+    (
+        "retry_after_bounce@0:",
+        "issue 32 defect 4: the 202 was lost and the one recipient bounced before the retry "
+        "with the key: the retry was judged again and got 422 no_recipients for a batch that "
+        "was sent",
+    ),
+    (
+        "keyless@0:api/store:batches.write#1=lands,api/store:batches.cancel#1=fail",
+        "issue 32 defect 5: a keyless store timed out having landed and the cancel failed in "
+        "the same pause: the client was told 503, the relay sent the batch, and its retry "
+        "sent it again",
+    ),
+    (
+        "plain@0:api/store:batches.write#1=lands",
+        "a keyed store timed out having landed: its quota was refunded, the relay sent the "
+        "batch anyway, and the user was charged nothing for it",
+    ),
 ]
 
 

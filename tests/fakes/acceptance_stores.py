@@ -1,5 +1,5 @@
 """In-memory twins of what accepting a batch reads and writes besides the batch: the outbox
-(:class:`shared.outbox.Outbox`), the daily recipient quota
+(:class:`shared.outbox.Outbox`), the daily recipient quota with its refunds
 (:class:`shared.ratelimit.RecipientQuota`), recent mail for the cooldown
 (:class:`shared.cooldown.RecentMail`) and the users' preferences
 (:class:`shared.preferences.PreferenceStore`).
@@ -8,33 +8,33 @@ They live in the tables of :class:`tests.fakes.stores.FakeCassandra` and make th
 the real stores make: an outbox row is written by the batch's own logged batch (its
 ``statement`` is applied by ``FakeBatches.write``), marked published by one write, and listed
 per (minute, shard) partition; the quota is a counter, added to and read back in separate
-round trips, so a counter update whose answer is lost stays counted, as in Cassandra.
-``tests/contracts/test_acceptance_stores.py`` runs one suite over each twin and its real
-store.
+round trips, so a counter update whose answer is lost stays counted, as in Cassandra, and a
+refund is a row per batch (a repeat rewrites it); recent mail rows live for their cooldown
+(their TTL). ``tests/contracts/test_acceptance_stores.py`` runs one suite over each twin and
+its real store.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, date, datetime, timedelta
 from functools import partial
 
 from shared.addresses import address_key
 from shared.cooldown import LOOKUP_CHUNK, cooling
 from shared.outbox import Outbox, minute_of
+from shared.precedence import accepted_at
 from shared.preferences import CACHE_SECONDS, Preferences
 from shared.ratelimit import Verdict, over_limit, seconds_until_midnight
-from tests.fakes.stores import FakeCassandra
-
-Write = Callable[[], None]
+from tests.fakes.stores import FakeCassandra, Write
 
 
 class FakeOutbox:
     """Twin of :class:`shared.outbox.Outbox`."""
 
-    def __init__(self, db: FakeCassandra, namespace: str) -> None:
+    def __init__(self, db: FakeCassandra, namespace: str = "ns") -> None:
         self.db = db
         self.namespace = namespace
 
@@ -52,7 +52,7 @@ class FakeOutbox:
         self.db.outbox[self._key(batch_id)][batch_id] = {"user_id": user_id, "published": False}
 
     async def add(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> None:
-        done = await self.db._before("outbox.done")
+        done = await self.db._before("outbox.add")
         self._put(batch_id, user_id)
         self.db._after(done)
 
@@ -66,21 +66,25 @@ class FakeOutbox:
         rows = self.db.outbox.get((self.namespace, minute_of(minute), shard), {})
         return [b for b in sorted(rows, key=lambda b: b.bytes) if rows[b].get("published") is False]
 
-    def pending(self) -> list[uuid.UUID]:
-        """Every unpublished row of this namespace (for the simulator: no round trip)."""
-        return [
+    def pending(self) -> set[uuid.UUID]:
+        """Every batch whose row is not marked published (what the relay still looks at; no
+        round trip: for tests and the simulator)."""
+        return {
             b
             for (namespace, _, _), rows in self.db.outbox.items()
             if namespace == self.namespace
             for b, row in rows.items()
             if row.get("published") is False
-        ]
+        }
 
 
 class FakeQuota:
-    """Twin of :class:`shared.ratelimit.RecipientQuota`."""
+    """Twin of :class:`shared.ratelimit.RecipientQuota`: the counter per (user, day), added
+    to and read back in separate round trips (an addition whose answer is lost stays
+    counted, as in Cassandra), and the refund rows per (user, day, batch), which a repeat
+    rewrites."""
 
-    def __init__(self, db: FakeCassandra, daily_limit: int) -> None:
+    def __init__(self, db: FakeCassandra, daily_limit: int = 1000) -> None:
         self.db = db
         self.daily_limit = daily_limit
 
@@ -93,18 +97,28 @@ class FakeQuota:
         if recipients > self.daily_limit:
             return Verdict(False, wait), day
         await self._add(user_id, day, recipients)
-        used = await self.used(user_id, day)
+        self.db._after(await self.db._before("quota.read"))
+        used = self.db.quota.get((user_id, day), 0)
         if not over_limit(used, self.daily_limit):
+            return Verdict(True), day
+        if not over_limit(used - await self._refunded(user_id, day), self.daily_limit):
             return Verdict(True), day
         await self._add(user_id, day, -recipients)
         return Verdict(False, wait), day
 
-    async def refund(self, user_id: uuid.UUID, recipients: int, day: date) -> None:
-        await self._add(user_id, day, -recipients)
+    async def refund(self, user_id: uuid.UUID, batch_id: uuid.UUID, recipients: int) -> None:
+        done = await self.db._before("quota.refund")
+        self.db.refunds[(user_id, accepted_at(batch_id).date())][batch_id] = recipients
+        self.db._after(done)
 
     async def used(self, user_id: uuid.UUID, day: date) -> int:
         self.db._after(await self.db._before("quota.read"))
-        return self.db.quota.get((user_id, day), 0)
+        charged = self.db.quota.get((user_id, day), 0)
+        return charged - await self._refunded(user_id, day)
+
+    async def _refunded(self, user_id: uuid.UUID, day: date) -> int:
+        self.db._after(await self.db._before("quota.refunded"))
+        return sum(self.db.refunds.get((user_id, day), {}).values())
 
     async def _add(self, user_id: uuid.UUID, day: date, delta: int) -> None:
         done = await self.db._before("quota.add")

@@ -1,0 +1,107 @@
+"""A ``Sending`` (``services.api.sending``) over the twins, as the API's lifespan builds it
+over Cassandra and RabbitMQ: the real :class:`~shared.acceptance.Acceptance` over the batch,
+outbox, quota and broker twins, the Idempotency-Key and suppression twins, and the relay
+that finishes what a request left behind."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from services.api.sending import Sending
+from shared.acceptance import Acceptance
+from shared.background import Background
+from shared.config import ApiSettings, ProviderSettings, Settings
+from shared.errors import DependencyUnavailable
+from shared.metrics import ApiMetrics
+from shared.outbox import Relay
+from tests.fakes.acceptance_stores import FakeOutbox, FakeQuota
+from tests.fakes.account_stores import FakeIdempotencyStore, FakeSuppressionStore
+from tests.fakes.broker import FakeBroker
+from tests.fakes.schedule_store import FakeSchedule, ScheduleTables
+from tests.fakes.stores import FakeBatches, FakeCassandra
+
+A, B = "ann@example.com", "bob@example.com"
+#: What a Cassandra request that times out raises (whether it applied or not).
+TIMEOUT = DependencyUnavailable("cassandra", "WriteTimeout (injected)")
+
+
+def body_of(*to: str, subject: str = "Hi", **more: Any) -> dict[str, Any]:
+    return {
+        "from": "shop@example.com",
+        "to": list(to),
+        "subject": subject,
+        "text": "Hello",
+        **more,
+    }
+
+
+@dataclass
+class Desk:
+    """A ``Sending`` over twins (the real :class:`Acceptance` over the batch, outbox, quota
+    and broker twins), and the twins to inspect."""
+
+    sending: Sending
+    acceptance: Acceptance
+    db: FakeCassandra
+    batches: FakeBatches
+    outbox: FakeOutbox
+    broker: FakeBroker
+    quota: FakeQuota
+    suppressions: FakeSuppressionStore
+    idempotency: FakeIdempotencyStore
+    user: uuid.UUID = field(default_factory=uuid.uuid4)
+
+    async def accept(self, body: dict[str, Any], key: str | None) -> dict[str, Any]:
+        return await self.sending.accept(self.user, body, key)
+
+    async def status(self, batch_id: str) -> str | None:
+        status: str | None = await self.batches.status(uuid.UUID(batch_id))
+        return status
+
+    async def used(self) -> int:
+        """Recipients charged to today's quota, less those given back."""
+        return await self.quota.used(self.user, datetime.now(UTC).date())
+
+    def published(self) -> list[str]:
+        """The batches published so far (taken)."""
+        return [m.routing_key.removeprefix("batch.") for m in self.broker.take()]
+
+    async def relay(self, *, after: float) -> int:
+        """One pass of the outbox relay, ``after`` seconds from now."""
+        relay = Relay(self.outbox, self.acceptance.finish, grace=0)  # type: ignore[arg-type]
+        now = datetime.now(UTC) + timedelta(seconds=after)
+        self.acceptance.clock = lambda: now
+        return await relay.once(now)
+
+
+async def new_desk(lease: float, **api: Any) -> Desk:
+    db = FakeCassandra()
+    batches, outbox, broker = FakeBatches(db), FakeOutbox(db), FakeBroker()
+    quota = FakeQuota(db)
+    acceptance = Acceptance(
+        batches,  # type: ignore[arg-type]
+        outbox,  # type: ignore[arg-type]
+        broker,  # type: ignore[arg-type]
+        refunds=quota,
+        decide_within=timedelta(seconds=60),
+    )
+    suppressions, idempotency = FakeSuppressionStore(db), FakeIdempotencyStore(lease=lease)
+    sending = Sending(
+        settings=Settings(
+            api=ApiSettings(sender_domains="any", **api), providers=ProviderSettings()
+        ),
+        acceptance=acceptance,
+        batches=batches,  # type: ignore[arg-type]
+        suppressions=suppressions,  # type: ignore[arg-type]
+        idempotency=idempotency,  # type: ignore[arg-type]
+        quota=quota,  # type: ignore[arg-type]
+        metrics=ApiMetrics.create(CollectorRegistry()),
+        background=Background(),
+        schedules=FakeSchedule("ns", ScheduleTables()),  # type: ignore[arg-type]
+    )
+    return Desk(sending, acceptance, db, batches, outbox, broker, quota, suppressions, idempotency)
