@@ -36,6 +36,8 @@ class Request:
     """The tries (``sim_try``) a keyless client was told 503 for: none of them may be sent."""
     backoff: tuple[float, ...] = BACKOFF
     """Seconds the client waits before each retry after a broken connection or a 5xx."""
+    cancelled: Reply | None = None
+    """What the client heard when it cancelled its (scheduled) batch, if it did."""
 
     @property
     def batch_ids(self) -> set[str]:

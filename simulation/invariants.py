@@ -139,6 +139,11 @@ def _once(world: World, requests: list[Request], verdict: Verdict) -> None:
             continue
         said = ", ".join(f"{a.provider} {a.tag}" for a in sends)
         verdict.add("once", f"{request}: {email} accepted {len(sends)} times ({said})")
+    cancelled = {r.name for r in requests if r.cancelled is not None and r.cancelled.status == 200}
+    for a in world.ledger.accepted:
+        request = _request_of(a.metadata, a.batch_id)
+        if request in cancelled:
+            verdict.add("cancelled", f"{request}: {a.email} sent though its cancel answered 200")
     told = {t for r in requests for t in r.told_503}
     for a in world.ledger.accepted:
         sim_try = dict(a.metadata).get("sim_try")
@@ -150,8 +155,9 @@ def _clients(requests: list[Request], batches: list[_Batch], verdict: Verdict) -
     """A keyed client's last answer says what happened: a 202 with the one batch stored
     for its request, or an error and no batch of its request going out."""
     stored: dict[str, set[str]] = defaultdict(set)
+    cancelled_by_client = {r.name for r in requests if r.cancelled and r.cancelled.status == 200}
     for b in batches:
-        if b.status != "cancelled" and b.request:
+        if b.request and (b.status != "cancelled" or b.request in cancelled_by_client):
             stored[b.request].add(str(b.batch_id))
     for r in requests:
         if r.key is None:

@@ -12,12 +12,14 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shared.campaigns import Action
 from shared.contacts_csv import Contact
+from shared.http import ApiError
 from simulation.clients import Request, send
-from simulation.world import ApiState, Config, World
+from simulation.world import ApiState, Config, Reply, World
 
 Script = Callable[[World], Awaitable[list[Request]]]
 
@@ -91,6 +93,39 @@ async def _act(world: World, user_id: uuid.UUID, campaign_id: uuid.UUID, action:
         if reply.status == 200:
             return
         await asyncio.sleep(2.0)
+
+
+async def _cancel(world: World, user_id: uuid.UUID, batch_id: str) -> Reply:
+    """``POST /v1/batches/{id}/cancel``, asked again after a broken connection or a 5xx."""
+
+    async def cancel(state: ApiState) -> object:
+        header = await state.sending.batches.header(uuid.UUID(batch_id))
+        if header is None or header.user_id != user_id:
+            raise ApiError(404, "not_found", "no such batch")
+        await state.sending.cancel(header)
+        return {"batch_id": batch_id, "status": "cancelled"}
+
+    reply = Reply(0)
+    for _ in range(20):
+        reply = await world.call("POST /v1/batches/{id}/cancel", cancel)
+        if reply.status in (200, 404, 409):
+            return reply
+        await asyncio.sleep(5.0)
+    return reply
+
+
+async def _scheduled(world: World) -> list[Request]:
+    """Two batches for two minutes from now; the first is cancelled half a minute later."""
+    when = (datetime.now(UTC) + timedelta(seconds=120)).isoformat()
+    later = Request("later", user(), body(ANN, BOB, send_at=when), key="k-later")
+    kept = Request("kept", user(), body("cat@example.org", send_at=when), key="k-kept")
+    await send(world, later)
+    await send(world, kept)
+    await asyncio.sleep(30.0)
+    if later.batch_ids:
+        (batch_id,) = later.batch_ids
+        later.cancelled = await _cancel(world, later.user_id, batch_id)
+    return [later, kept]
 
 
 async def _campaign(world: World) -> list[Request]:
@@ -244,6 +279,11 @@ SCENARIOS: dict[str, Scenario] = {
             "has bounced: the retry still gets the batch that was sent",
             _retry_after_bounce,
             Config(answers_lost=1),
+        ),
+        Scenario(
+            "scheduled",
+            "two batches for two minutes ahead; the first is cancelled after half a minute",
+            _scheduled,
         ),
         Scenario(
             "campaign",

@@ -514,13 +514,22 @@ class World:
             work.append(("api", "relay", self.settings.api.outbox_relay_interval))
         if any(self.campaign_tables.runs.values()):
             work.append(("api", "campaigns", RUNNER_EVERY))
-        if any(h.get("status") in ("scheduled", "pending") for h in self.db.headers.values()):
+        if self._schedule_open():
             for name in ("consumers-a", "consumers-b"):
                 work.append((name, "scheduler", SCHEDULER_EVERY))
         if any(self.canary_tables.rollouts.values()):
             for name in ("consumers-a", "consumers-b"):
                 work.append((name, "judge", JUDGE_EVERY))
         return work
+
+    def _schedule_open(self) -> bool:
+        """Whether the scheduler has minutes it has not finished (rows past its cursor)."""
+        namespace = self.settings.amqp.exchange
+        cursor = self.schedule_tables.cursors.get(namespace)
+        return any(
+            ns == namespace and rows and (cursor is None or minute > cursor)
+            for (ns, minute), rows in self.schedule_tables.rows.items()
+        )
 
     def _passes(self) -> None:
         """Start the periodic work that is due and has something to look at."""
