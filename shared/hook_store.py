@@ -8,7 +8,7 @@ queued for them and how it was delivered is ``shared.hook_queue``'s.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Final
@@ -69,6 +69,16 @@ def _endpoint(row: Row) -> Endpoint:
     )
 
 
+def endpoints_in(rows: Iterable[Row]) -> list[Endpoint]:
+    """The endpoints among rows of ``user_webhooks``, oldest first. A row is an endpoint when
+    ``create`` wrote it (its ``created_at``): an UPDATE of a deleted endpoint (the worker
+    recording the health of a delivery that was under way, a PATCH racing the DELETE) writes
+    its own cells back, and those are not an endpoint."""
+    return sorted(
+        (_endpoint(r) for r in rows if r["created_at"] is not None), key=lambda e: e.created_at
+    )
+
+
 _SELECT_ENDPOINTS = (
     "SELECT user_id, endpoint_id, url, events, secret, created_at, enabled, previous_secret, "
     "previous_until, disabled_at, disabled_reason, failing_since, failures FROM user_webhooks "
@@ -85,14 +95,15 @@ class HookStore:
 
     async def endpoints(self, user_id: uuid.UUID) -> list[Endpoint]:
         rows = await self.db.rows(_SELECT_ENDPOINTS + "WHERE user_id = ?", (user_id,))
-        return sorted((_endpoint(r) for r in rows), key=lambda e: e.created_at)
+        return endpoints_in(rows)
 
     async def endpoint(self, user_id: uuid.UUID, endpoint_id: uuid.UUID) -> Endpoint | None:
         row = await self.db.one(
             _SELECT_ENDPOINTS + "WHERE user_id = ? AND endpoint_id = ?",
             (user_id, endpoint_id),
         )
-        return _endpoint(row) if row and row["url"] is not None else None
+        found = endpoints_in([row] if row else [])
+        return found[0] if found else None
 
     async def create(
         self, user_id: uuid.UUID, url: str, events: frozenset[str], now: datetime
