@@ -73,6 +73,22 @@ def test_evidence_names_how_an_unclear_call_was_settled() -> None:
     hooks = _attempt("resolved", error=f"transient|no evidence from {NO_WEBHOOK} that it ...")
 
     assert (evidence_of(query), evidence_of(hooks)) == ("provider query", "webhook")
+
+
+@pytest.mark.parametrize(
+    ("verdict", "evidence"),
+    [
+        (f"sg no evidence from {NO_QUERY} that it accepted it", "provider query"),
+        (f"all 2 attempts failed; last: sg no evidence from {NO_QUERY} ...", "provider query"),
+        (f"sg no evidence from {NO_WEBHOOK} that it accepted it", "webhook"),
+    ],
+)
+def test_evidence_of_a_resolution_is_read_from_its_decision(verdict: str, evidence: str) -> None:
+    """The resolver keeps the call's own error (here a 503) and words its evidence in the
+    decision: the query API is named there."""
+    attempt = _attempt("resolved", error="transient|HTTP 503", verdict=verdict)
+
+    assert evidence_of(attempt) == evidence
     assert evidence_of(_attempt("rejected")) == "api"
 
 
