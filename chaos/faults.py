@@ -139,12 +139,14 @@ def cluster_schedule() -> list[Step]:
 
 def schedule(timeout: float) -> list[Step]:
     """The default schedule over about 60 seconds of load. ``timeout`` is the providers'
-    request timeout: an accepted call that answers later is ambiguous."""
+    request timeout: an accepted call that answers later is ambiguous, and so is any call
+    answered with a 5xx, whether the provider accepted it first (as Mailgun did, answering
+    504) or not: the query APIs settle them once ``SAFEDELIVR_PROVIDERS_QUERY_AFTER`` passed."""
     late = int((timeout + 5) * 1000)
     return [
         Step(
             4,
-            "SendGrid answers 500 forty times",
+            "SendGrid answers 500 forty times (accepting nothing)",
             provider(provider="sendgrid", status=500, count=40),
         ),
         Step(8, "kill -9 consumers", crash("consumers", 2)),
@@ -155,7 +157,17 @@ def schedule(timeout: float) -> list[Step]:
             provider(provider="sendgrid", status=200, accept=True, latency_ms=late, count=4),
         ),
         Step(22, "RabbitMQ stop_app for 5 s", rabbitmq_restart(5)),
+        Step(
+            28,
+            "Mailgun accepts, then answers 504 (x5)",
+            provider(provider="mailgun", status=504, accept=True, count=5),
+        ),
         Step(32, "kill -9 webhooks", crash("webhooks", 3)),
+        Step(
+            36,
+            "SendGrid accepts, then answers 503 (x5)",
+            provider(provider="sendgrid", status=503, accept=True, count=5),
+        ),
         Step(38, "Cassandra frozen for 3 s", cassandra_pause(3)),
         Step(
             43,
