@@ -17,10 +17,10 @@ anything else       ProviderMisconfigured     unexpected (a redirect, an odd 4xx
                                               endpoint we talk to is suspect
 ==================  ========================  ==============================================
 
-Only the 4xx answers are refusals the providers document as "not processed": a chunk they
-refuse goes to the next provider at once. A 5xx leaves the attempt ambiguous
-(``services.consumers.resolution``): its recipients move on once the provider's webhooks or
-query API show it did not accept them.
+Every answer below 500 that is not a success is a refusal (the providers document their 4xx
+as "not processed"; a redirect is never followed): the chunk moves on at once. A 5xx leaves
+the attempt ambiguous (``services.consumers.resolution``): its recipients move on only once
+the provider's webhooks or query API show it did not accept them.
 
 Error messages quote what the provider said (SendGrid's ``errors[].field/message``, Mailgun's
 ``message``), cut to :data:`MAX_MESSAGE_CHARS`, because they end up in the reason users see.
