@@ -48,20 +48,46 @@ def crash(service: str, down: float) -> Callable[[Stack], Awaitable[None]]:
     return go
 
 
-def provider(**fault: Any) -> Callable[[Stack], Awaitable[None]]:
-    """Make ``fault`` (a ``POST /_control/faults`` body) the provider's active fault."""
+def provider(*, used_within: float = 0.0, **fault: Any) -> Callable[[Stack], Awaitable[None]]:
+    """Make ``fault`` (a ``POST /_control/faults`` body) the provider's active fault, saying
+    so when it replaces one not used up (its calls never came: the step tested less). With
+    ``used_within`` the step lasts until the fault's calls have come (at most that many
+    seconds), so that no later step replaces it first."""
 
     async def go(stack: Stack) -> None:
         async with httpx.AsyncClient(base_url=stack.url("sandbox")) as client:
+            await _report_unused(client, stack.printer, fault["provider"])
             resp = await client.post("/_control/faults", json=fault)
             resp.raise_for_status()
+            for _ in range(int(used_within * 4)):
+                if not await _left(client, fault["provider"]):
+                    break
+                await asyncio.sleep(0.25)  # the sandbox is another process: poll it
 
     return go
 
 
+async def _left(client: httpx.AsyncClient, name: str) -> int:
+    """Calls left to the provider's active fault (0 once it is used up)."""
+    resp = await client.get("/_control/faults")
+    resp.raise_for_status()
+    return sum(f["count"] or 0 for f in resp.json() if f["provider"] == name)
+
+
 async def clear_provider_faults(stack: Stack) -> None:
     async with httpx.AsyncClient(base_url=stack.url("sandbox")) as client:
+        await _report_unused(client, stack.printer)
         (await client.delete("/_control/faults")).raise_for_status()
+
+
+async def _report_unused(client: httpx.AsyncClient, printer: Printer, name: str = "") -> None:
+    """Print the active faults (of provider ``name``, or all) that still have calls left."""
+    resp = await client.get("/_control/faults")
+    resp.raise_for_status()
+    for left in resp.json():
+        if left["count"] and left["provider"] in (name or left["provider"]):
+            printer(f"fault not used up: {left['provider']} status {left['status']}, "
+                    f"{left['count']} call(s) left")  # fmt: skip
 
 
 def rabbitmq_restart(down: float) -> Callable[[Stack], Awaitable[None]]:
@@ -139,13 +165,25 @@ def cluster_schedule() -> list[Step]:
 
 def schedule(timeout: float) -> list[Step]:
     """The default schedule over about 60 seconds of load. ``timeout`` is the providers'
-    request timeout: an accepted call that answers later is ambiguous."""
+    request timeout: an accepted call that answers later is ambiguous, and so is any call
+    answered with a 5xx, whether the provider accepted it first (as Mailgun did, answering
+    504) or not: the query APIs settle them once ``SAFEDELIVR_PROVIDERS_QUERY_AFTER`` passed."""
     late = int((timeout + 5) * 1000)
     return [
         Step(
+            2,
+            "SendGrid accepts, then answers 503 (x5)",
+            provider(provider="sendgrid", status=503, accept=True, count=5, used_within=15),
+        ),
+        Step(
             4,
-            "SendGrid answers 500 forty times",
+            "SendGrid answers 500 forty times (accepting nothing)",
             provider(provider="sendgrid", status=500, count=40),
+        ),
+        Step(
+            6,
+            "Mailgun accepts, then answers 504 (x5)",
+            provider(provider="mailgun", status=504, accept=True, count=5, used_within=20),
         ),
         Step(8, "kill -9 consumers", crash("consumers", 2)),
         Step(14, "kill -9 api", crash("api", 1)),

@@ -11,8 +11,8 @@ Usage: ``python -m chaos.run [--seconds 60] [--rate 4] [--recipients 50] [--soak
    ``--recipients`` unique addresses for ``--seconds``, each retrying with its own
    ``Idempotency-Key`` until it is told its batch id, while ``chaos.faults`` kills every
    service with SIGKILL, restarts RabbitMQ, freezes Cassandra and makes the providers fail,
-   time out after accepting and reset connections. Meanwhile a campaign is sent to a list
-   and paused and resumed every few seconds (``chaos.campaign``).
+   time out or answer 5xx after accepting and reset connections. Meanwhile a campaign is
+   sent to a list and paused and resumed every few seconds (``chaos.campaign``).
 3. Quiescence: the faults are cleared and the run waits until every accepted recipient is
    final (or ``--quiesce`` seconds pass).
 4. The verdict (``chaos.verdict``), and ``safedelivr check`` over the same data. The last line

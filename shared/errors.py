@@ -5,7 +5,9 @@
   + DependencyUnavailable       Cassandra or RabbitMQ cannot be reached right now (HTTP 503)
   + PublishError                the broker did not confirm, or returned, a publish
   + ProviderError               a provider call failed; ``retry_after`` says when to try again
-    x TransientProviderError    5xx, 429, timeouts, connection errors: another provider may work
+    x TransientProviderError    429, 5xx, timeouts, connection errors: another provider may work
+                                (``outcome_unknown`` for a 5xx, a timeout or a reset after the
+                                request was written: only evidence may send it elsewhere)
       x ProviderSkipped         not called (paused, at its rate limit): spill over, no attempt used
         x CapacityHeld          not called: the sending domain is at today's capacity, or its
                                 campaign is paused; held
@@ -52,8 +54,9 @@ class ProviderError(SafedelivrError):
         message: a human-readable reason, shown to users when recipients end ``failed``.
         status: the HTTP status, when there was a response.
         retry_after: seconds the provider asked us to wait, if it said.
-        outcome_unknown: the request went out but no answer came back (a read timeout): the
-            provider may have accepted it, so resending risks a duplicate.
+        outcome_unknown: the request went out and nothing proves it was not processed (a
+            read timeout, a connection lost after it was written, a 5xx answer): the provider
+            may have accepted it, so resending risks a duplicate.
     """
 
     #: Whether another provider (or a later attempt) might succeed.

@@ -62,7 +62,10 @@ def evidence_of(attempt: Attempt) -> Evidence:
     clear answer the evidence looked at (its query API, else its webhooks)."""
     if attempt.state != "resolved":
         return "api"
-    return "provider query" if NO_QUERY in (attempt.error or "") else "webhook"
+    # The resolution names its evidence in the decision's words (``verdict``); ``error``
+    # keeps what the call itself ended with (a timeout, a 5xx).
+    said = f"{attempt.error or ''}\n{attempt.verdict or ''}"
+    return "provider query" if NO_QUERY in said else "webhook"
 
 
 def attempt_events(

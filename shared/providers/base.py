@@ -41,7 +41,9 @@ Gate = Callable[[], Awaitable[None]]
 class Provider(Protocol):
     """Sends chunks. Raises subclasses of ``shared.errors.ProviderError`` on failure:
 
-    * ``TransientProviderError`` for 5xx, 429 (with ``retry_after``), timeouts, connection errors;
+    * ``TransientProviderError`` for 429 (with ``retry_after``), 5xx, timeouts, connection
+      errors; with ``outcome_unknown`` when the request was written and may have been accepted
+      (a 5xx, a read timeout, a connection lost after sending);
     * ``ProviderMisconfigured`` for 401/403/404 (bad key, unknown domain);
     * ``PermanentProviderError`` for requests no provider will take (400 on our payload, 413).
     """

@@ -7,11 +7,20 @@ status              error                     why
 400, 413, 422       PermanentProviderError    our payload is wrong; other providers refuse it too
 401, 402, 403,      ProviderMisconfigured     key, plan, sending domain or base URL is wrong;
 404, 405, 415                                 the next provider may work
-408, 425, 429, 5xx  TransientProviderError    busy or unhealthy; ``retry_after`` from
-                                              ``Retry-After`` or ``X-RateLimit-Reset``
+408, 425, 429       TransientProviderError    busy: nothing was processed; ``retry_after``
+                                              from ``Retry-After`` or ``X-RateLimit-Reset``
+5xx                 TransientProviderError    unhealthy, and ``outcome_unknown``: the whole
+                    (``outcome_unknown``)     request was written, and a 5xx does not prove
+                                              it was not processed (Mailgun accepts and
+                                              answers 504), so evidence decides a re-send
 anything else       ProviderMisconfigured     unexpected (a redirect, an odd 4xx): the
                                               endpoint we talk to is suspect
 ==================  ========================  ==============================================
+
+Every answer below 500 that is not a success is a refusal (the providers document their 4xx
+as "not processed"; a redirect is never followed): the chunk moves on at once. A 5xx leaves
+the attempt ambiguous (``services.consumers.resolution``): its recipients move on only once
+the provider's webhooks or query API show it did not accept them.
 
 Error messages quote what the provider said (SendGrid's ``errors[].field/message``, Mailgun's
 ``message``), cut to :data:`MAX_MESSAGE_CHARS`, because they end up in the reason users see.
@@ -65,7 +74,9 @@ def classify(
         return PermanentProviderError(provider, message, status=status)
     if status in _TRANSIENT or status >= 500:
         delay = retry_after(headers, now=now)
-        return TransientProviderError(provider, message, status=status, retry_after=delay)
+        return TransientProviderError(
+            provider, message, status=status, retry_after=delay, outcome_unknown=status >= 500
+        )
     if status in _MISCONFIGURED:
         return ProviderMisconfigured(provider, message, status=status)
     location = headers.get("location")

@@ -3,7 +3,8 @@
 What matters is whether the provider can have received the whole request: without a
 connection, or with the request not fully written, nothing can have been accepted (a clean
 failure); once it was sent, a timeout or a lost connection leaves the outcome unknown, and
-the attempt protocol then asks the provider (or waits for webhooks) before any re-send.
+the attempt protocol then asks the provider (or waits for webhooks) before any re-send. An
+answer that did arrive is judged by ``shared.providers.responses`` (a 5xx is unknown too).
 """
 
 from __future__ import annotations

@@ -28,7 +28,9 @@ from shared.lanes import Priority
 from shared.metrics import DispatchMetrics
 from shared.models import Address, BatchJob, Chunk, Message, Recipient
 from shared.precedence import accepted_at, visible
+from shared.providers import responses, transport
 from shared.providers.base import Gate, LookupQuery, Receipt
+from shared.providers.catalog import CATALOG
 from shared.recipients import log_id_for
 from shared.resources import topology_for
 from shared.settle import run
@@ -93,6 +95,21 @@ class ScriptedProvider:
     def emails(self) -> list[str]:
         """Every address it was asked to send to, in order."""
         return [r.email for c in self.sent for r in c.recipients]
+
+
+def refused(code: str) -> ProviderError:
+    """What an adapter raises when the provider cannot be reached (the request never went
+    out): a clean failure, which fails over at once."""
+    name = CATALOG[code].name if code in CATALOG else code
+    return transport.translate(code, name, httpx.ConnectError("connection refused"), 5.0)
+
+
+def answered(code: str, status: int, body: bytes = b"") -> ProviderError:
+    """What an adapter raises for an HTTP answer ``status`` (``shared.providers.responses``):
+    a 429 is a clean refusal, a 5xx leaves the outcome unknown."""
+    error = responses.classify(code, status, body, {}, now=0.0)
+    assert error is not None, f"HTTP {status} is no error"
+    return error
 
 
 def new_batch(

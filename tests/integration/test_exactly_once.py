@@ -122,10 +122,10 @@ async def test_accepted_then_no_answer_is_resolved_by_evidence(
     assert [(a.state, a.resolution) for a in line] == [("resolved", "accepted")]
 
 
-async def _attempt_resolved(stack: Stack, batch_id: str) -> None:
+async def _attempt_resolved(stack: Stack, batch_id: str, attempt: int = 0) -> None:
     async def settled() -> bool:
         line = await AttemptStore(stack.db).line(uuid.UUID(batch_id), chunk_line(0))
-        return bool(line) and line[0].state == "resolved"
+        return len(line) > attempt and line[attempt].state == "resolved"
 
     await eventually(settled, timeout=60)
 
@@ -138,6 +138,30 @@ async def test_accepted_then_connection_reset_is_not_sent_twice(stack: Stack) ->
     async with stack.consuming():
         batch_id = await stack.submit(to)
         await _sent_once_and_delivered(stack, batch_id, to)
+
+
+@pytest.mark.parametrize("webhooks", [True, False], ids=["webhook-evidence", "query-api"])
+@pytest.mark.parametrize(("provider", "status"), [("sendgrid", 500), ("mailgun", 504)])
+async def test_accepted_then_a_5xx_is_not_sent_twice(
+    stack: Stack, provider: str, status: int, webhooks: bool
+) -> None:
+    """The provider accepts the whole request and answers a 5xx (as Mailgun did with 504):
+    the outcome is unknown, not a refusal, and its webhooks or, without them, its query API
+    show it accepted: every recipient is accepted exactly once."""
+    to = emails(2)
+    if provider == "mailgun":
+        await stack.fault("sendgrid", status=429, count=1)  # refused: the chunk goes to Mailgun
+    await stack.fault(provider, accept=True, status=status, webhooks=webhooks, count=1)
+    async with stack.consuming():
+        batch_id = await stack.submit(to)
+        if webhooks:
+            await _sent_once_and_delivered(stack, batch_id, to)
+        await _attempt_resolved(stack, batch_id, attempt=1 if provider == "mailgun" else 0)
+    other = "mailgun" if provider == "sendgrid" else "sendgrid"
+    for email in to:
+        assert await stack.accepted(email) == {provider: 1, other: 0}
+    line = await AttemptStore(stack.db).line(uuid.UUID(batch_id), chunk_line(0))
+    assert (line[-1].state, line[-1].resolution) == ("resolved", "accepted")
 
 
 async def test_connection_broken_before_acceptance_fails_over_once(stack: Stack) -> None:

@@ -89,9 +89,9 @@ async def test_a_bulk_batch_is_announced_and_queued_in_the_bulk_lane(stack: Stac
 
 
 async def test_a_bulk_chunk_fails_over_within_the_bulk_lane(stack: Stack) -> None:
-    """SendGrid refuses the bulk chunk: its next attempt goes to Mailgun's bulk queue as
-    ``bulk.mg.<uuid>.retry.1``, not to Mailgun's transactional queue."""
-    await stack.fault("sendgrid", status=503, count=1)
+    """SendGrid refuses the bulk chunk (429): its next attempt goes to Mailgun's bulk queue
+    as ``bulk.mg.<uuid>.retry.1``, not to Mailgun's transactional queue."""
+    await stack.fault("sendgrid", status=429, count=1)
     batch_id = await stack.submit(emails(2), priority="bulk")
     await stack.split(batch_id)
     t = topology_for(stack.settings)

@@ -1,7 +1,8 @@
 """The cross-provider timeline, pushed, on real services: a user's webhook endpoint receives
 every attempt of a recipient and every provider report about it, signed, in the order they
-happened, so "SendGrid refused → failed over → Mailgun accepted → delivered" arrives without
-polling; opens and clicks from the tracking endpoint come the same way."""
+happened, so "SendGrid refused (or confirmed not sent) → failed over → Mailgun accepted →
+delivered" arrives without polling; opens and clicks from the tracking endpoint come the same
+way."""
 
 from __future__ import annotations
 
@@ -47,12 +48,19 @@ async def _received(stack: Stack, path: str, until: Any) -> list[dict[str, Any]]
     return found
 
 
+@pytest.mark.parametrize(
+    ("status", "outcome", "evidence"),
+    [(429, "refused", "api"), (503, "confirmed not sent", "provider query")],
+    ids=["refused", "server-error"],
+)
 async def test_a_recipients_path_across_providers_arrives_signed_and_in_order(
-    stack: Stack,
+    stack: Stack, status: int, outcome: str, evidence: str
 ) -> None:
+    """SendGrid refuses (429), or answers 503 and its query API then shows it sent nothing:
+    the user hears that, the hand-over to Mailgun, its acceptance and delivery, in order."""
     (ann,) = emails(1)
     await _endpoint(stack, "/timeline")
-    await stack.fault("sendgrid", status=503, count=1)
+    await stack.fault("sendgrid", status=status, count=1)
     async with stack.consuming():
         batch_id = await stack.submit([ann])
         got = await _received(
@@ -62,14 +70,15 @@ async def test_a_recipients_path_across_providers_arrives_signed_and_in_order(
     mine = [e for e in got if e["data"]["email"] == ann.lower()]
     steps = [(e["type"], e["data"]["provider"], e["data"]["outcome"]) for e in mine]
     assert steps[:3] == [
-        ("recipient.attempt", "sg", "refused"),
+        ("recipient.attempt", "sg", outcome),
         ("recipient.failed_over", "sg", "to mg"),
         ("recipient.attempt", "mg", "accepted"),
     ]
+    assert mine[0]["data"]["evidence"] == evidence
     assert [s[0] for s in steps[3:]] == ["recipient.sent", "recipient.delivered"]
     assert all(e["_verified"] for e in mine)
     assert {e["data"]["batch_id"] for e in mine} == {batch_id}
-    assert mine[0]["data"]["attempt_id"] == "c.0" and mine[0]["data"]["evidence"] == "api"
+    assert mine[0]["data"]["attempt_id"] == "c.0"
     assert mine[-1]["data"]["evidence"] == "webhook"
 
 

@@ -253,7 +253,7 @@ def test_timeline_tells_how_an_unclear_call_was_settled() -> None:
         "Attempt 1: confirmed not sent",
         "Attempt 2: confirmed sent",
         "Attempt 3: confirmed sent to some recipients only",
-        "Attempt 4: no clear answer (timed out or cut off): checking whether it was sent",
+        "Attempt 4: no clear answer (timed out, cut off, server error): checking if it was sent",
     ]
     assert entries[1].tone == views.tone("failed")
 

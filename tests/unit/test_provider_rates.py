@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from shared.errors import TransientProviderError
 from shared.provider_rates import in_window, slice_start, wait_for_room
-from tests.fakes.world import World
+from tests.fakes.world import World, refused
 
 A, B = "a@example.org", "b@example.org"
 
@@ -82,7 +82,7 @@ async def test_spilling_over_uses_up_no_attempt() -> None:
     calls (Mailgun failing, then Mailgun again after the backoff)."""
     w = World(max_attempts=2)
     w.dispatcher.limiter = FullProviders("sg")  # type: ignore[assignment]
-    w.providers["mg"].answers.append(TransientProviderError("mg", "503", status=503))
+    w.providers["mg"].answers.append(refused("mg"))
 
     batch = await w.accept(A)
     await w.settle()

@@ -77,13 +77,29 @@ def test_evidence_names_how_an_unclear_call_was_settled() -> None:
     assert evidence_of(_attempt("rejected")) == "api"
 
 
+@pytest.mark.parametrize(
+    ("verdict", "evidence"),
+    [
+        (f"sg no evidence from {NO_QUERY} that it accepted it", "provider query"),
+        (f"all 2 attempts failed; last: sg no evidence from {NO_QUERY} ...", "provider query"),
+        (f"sg no evidence from {NO_WEBHOOK} that it accepted it", "webhook"),
+    ],
+)
+def test_evidence_of_a_resolution_is_read_from_its_decision(verdict: str, evidence: str) -> None:
+    """The resolver keeps the call's own error (here a 503) and words its evidence in the
+    decision: the query API is named there."""
+    attempt = _attempt("resolved", error="transient|HTTP 503", verdict=verdict)
+
+    assert evidence_of(attempt) == evidence
+
+
 def test_a_refusal_handed_to_another_provider_is_also_a_failover() -> None:
     refused = _attempt(
         "rejected",
-        error="transient|503 service unavailable",
+        error="transient|429 too many requests",
         decision="retry",
         next_provider="mg",
-        verdict="sg 503 service unavailable",
+        verdict="sg 429 too many requests",
     )
 
     attempt, over = attempt_events(refused, BATCH, ROWS, outcome="refused", evidence="api")
@@ -91,13 +107,13 @@ def test_a_refusal_handed_to_another_provider_is_also_a_failover() -> None:
     assert (attempt.type, attempt.outcome, attempt.reason) == (
         "recipient.attempt",
         "refused",
-        "503 service unavailable",
+        "429 too many requests",
     )
     assert (attempt.provider, attempt.attempt_id, attempt.email) == ("sg", "c.0", "ann@example.com")
     assert (over.type, over.outcome, over.reason) == (
         "recipient.failed_over",
         "to mg",
-        "sg 503 service unavailable",
+        "sg 429 too many requests",
     )
 
 

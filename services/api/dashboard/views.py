@@ -319,7 +319,7 @@ _ATTEMPT_WORDS = {
     "calling": "calling",
     "accepted": "accepted",
     "rejected": "refused",
-    "ambiguous": "no clear answer (timed out or cut off): checking whether it was sent",
+    "ambiguous": "no clear answer (timed out, cut off, server error): checking if it was sent",
 }
 _RESOLUTION_WORDS = {
     "accepted": "confirmed sent",

@@ -26,7 +26,7 @@ from shared.recipients import Selection, log_id_for
 from shared.settle import Delivery, Poison
 from shared.topology import batch_key, dispatch_key, log_key, parse_routing_key
 from tests.fakes.broker import FakeMessage
-from tests.fakes.world import World
+from tests.fakes.world import World, answered, refused
 
 A, B, C = "a@example.org", "b@example.org", "c@example.org"
 
@@ -57,7 +57,7 @@ async def test_an_accepted_chunk_leaves_every_recipient_sent_through_the_first_p
 async def test_chunks_carry_their_attempt_tag_to_the_provider() -> None:
     w = World()
     await w.accept(A)
-    w.providers["sg"].answers.append(TransientProviderError("sg", "500", status=500))
+    w.providers["sg"].answers.append(refused("sg"))
     await w.settle()
     assert [c.attempt for c in w.providers["sg"].sent] == ["c.0"]
     assert [c.attempt for c in w.providers["mg"].sent] == ["c.1"]
@@ -66,11 +66,11 @@ async def test_chunks_carry_their_attempt_tag_to_the_provider() -> None:
 async def test_a_refused_call_fails_over_to_the_next_provider_once() -> None:
     w = World()
     batch = await w.accept(A, B)
-    w.providers["sg"].answers.append(TransientProviderError("sg", "server error", status=500))
+    w.providers["sg"].answers.append(answered("sg", 429))
     await w.settle()
     assert sorted(w.providers["mg"].emails()) == [A, B]
     rows = await w.rows(batch)
-    assert dict(rows[A]["providers"]) == {"sg": "failed: server error", "mg": "sent"}  # type: ignore[call-overload]
+    assert dict(rows[A]["providers"]) == {"sg": "failed: HTTP 429", "mg": "sent"}  # type: ignore[call-overload]
     keys = [m.routing_key for m in w.broker.take()]
     assert dispatch_key("mg", batch.batch_id, 1) in keys
     assert w.counter("attempts_failed", provider="sg", kind="transient") == 1
@@ -97,7 +97,7 @@ async def test_a_bulk_chunk_fails_over_and_is_checked_in_the_bulk_lane() -> None
     chunk in the bulk lane."""
     w = World()
     await w.accept(A, B, priority="bulk")
-    w.providers["sg"].answers.append(TransientProviderError("sg", "server error", status=500))
+    w.providers["sg"].answers.append(refused("sg"))
     w.providers["mg"].answers.append(
         TransientProviderError("mg", "read timeout", outcome_unknown=True)
     )
@@ -119,7 +119,7 @@ async def test_when_every_attempt_fails_the_recipients_end_failed_with_the_reaso
     w = World(max_attempts=3)
     batch = await w.accept(A, B)
     for code in ("sg", "mg"):
-        w.providers[code].answers += [TransientProviderError(code, "down", status=503)] * 3
+        w.providers[code].answers += [refused(code)] * 3
     await w.settle()
     assert len(w.providers["sg"].sent) + len(w.providers["mg"].sent) == 3
     rows = await w.rows(batch)
@@ -144,7 +144,7 @@ async def test_a_chunk_given_up_through_an_outage_counts_each_recipient_once(
     w = World(max_attempts=2)
     batch = await w.accept(A, B)
     for code in ("sg", "mg"):
-        w.providers[code].answers.append(TransientProviderError(code, "down", status=503))
+        w.providers[code].answers.append(refused(code))
     w.db.fail(operation, DependencyUnavailable("cassandra", "timeout"), applied=applied)
     await w.settle()
     # Retried until the state is in (a give-up that was stored finds nobody left to give up).
@@ -157,7 +157,7 @@ async def test_a_chunk_given_up_through_an_outage_counts_each_recipient_once(
 async def test_a_recipient_given_up_by_its_own_line_counts_once_through_an_outage() -> None:
     w = World(max_attempts=2)
     batch = await w.sent(A, B)
-    w.providers["mg"].answers += [TransientProviderError("mg", "503", status=503)] * 2
+    w.providers["mg"].answers += [refused("mg")] * 2
     w.db.fail("recipients.give_up", DependencyUnavailable("cassandra", "timeout"))
     await w.dispatcher.handoff(
         batch_id=batch.batch_id, user_id=batch.user_id, chunk=0,
@@ -365,7 +365,7 @@ async def test_a_late_answer_after_a_presumed_death_still_settles_the_attempt() 
 async def test_a_late_refusal_after_a_presumed_death_fails_over() -> None:
     w = World()
     batch = await w.accept(A)
-    w.providers["sg"].answers.append(TransientProviderError("sg", "503", status=503))
+    w.providers["sg"].answers.append(answered("sg", 429))
     await w.step()
     message = await w.broker.get(w.broker.topology.provider_queue("sg"))
     assert message is not None
@@ -503,7 +503,7 @@ async def test_a_resend_job_sends_one_recipient_through_its_planned_provider() -
 async def test_a_resend_refused_everywhere_gives_the_recipient_up() -> None:
     w = World(max_attempts=2)
     batch = await w.sent(A)
-    w.providers["mg"].answers += [TransientProviderError("mg", "503", status=503)] * 2
+    w.providers["mg"].answers += [refused("mg")] * 2
     a = log_id_for(batch.batch_id, A)
     await w.dispatcher.handoff(
         batch_id=batch.batch_id, user_id=batch.user_id, chunk=0, log_id=a,

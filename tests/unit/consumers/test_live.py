@@ -8,9 +8,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from services.consumers.live import ConsumerSettings, LiveMetrics
-from shared.errors import TransientProviderError
 from shared.livesettings import LiveSettings
-from tests.fakes.world import World
+from tests.fakes.world import World, refused
 
 A, B = "a@example.org", "b@example.org"
 
@@ -77,7 +76,7 @@ async def test_failover_follows_the_reordered_chain() -> None:
     """Mailgun first, failing: the work goes to SendGrid."""
     w = World()
     await _applier(w)(LiveSettings(chain=("mg", "sg")))
-    w.providers["mg"].answers.append(TransientProviderError("mg", "503", status=503))
+    w.providers["mg"].answers.append(refused("mg"))
 
     await w.accept(A)
     await w.settle()
@@ -89,7 +88,7 @@ async def test_max_attempts_bounds_the_decisions_made_after_it_changed() -> None
     w = World(max_attempts=6)
     await _applier(w)(LiveSettings(chain=("sg", "mg"), max_attempts=2))
     for code in ("sg", "mg"):
-        w.providers[code].answers += [TransientProviderError(code, "down", status=503)] * 6
+        w.providers[code].answers += [refused(code)] * 6
 
     batch = await w.accept(A)
     await w.settle()

@@ -1,10 +1,10 @@
 """The send path under faults, over the in-memory world (``tests/fakes/world.py``): each way a
-provider call can fail (transient with Retry-After, permanent refusal, a timeout whose outcome
-is unknown, rate limiting) on each attempt of the chain; every attempt failing; a job delivered
-twice at once or redelivered after the process died at an await; malformed and forged jobs;
-a provider that accepted only part of a chunk. Each test asserts outcomes: what every
-recipient ends as, the attempts recorded, what each provider was asked to send (every
-recipient accepted exactly once), and what was dead-lettered."""
+provider call can fail (unreachable, rate limiting with Retry-After, permanent refusal, a
+timeout or a 5xx answer whose outcome is unknown) on each attempt of the chain; every attempt
+failing; a job delivered twice at once or redelivered after the process died at an await;
+malformed and forged jobs; a provider that accepted only part of a chunk. Each test asserts
+outcomes: what every recipient ends as, the attempts recorded, what each provider was asked to
+send (every recipient accepted exactly once), and what was dead-lettered."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from shared.providers.base import Receipt
 from shared.recipients import log_id_for
 from shared.topology import batch_key, dispatch_key, log_key
 from tests.fakes.broker import FakeMessage
-from tests.fakes.world import World
+from tests.fakes.world import World, answered, refused
 
 A, B, C = "ann@example.org", "bob@example.org", "cat@example.org"
 CHAIN = ("sg", "mg")
@@ -34,7 +34,7 @@ Fault = Callable[[str], ProviderError]
 
 
 def _retry_after(code: str) -> ProviderError:
-    return TransientProviderError(code, "503 service unavailable", status=503, retry_after=20)
+    return TransientProviderError(code, "429 slow down", status=429, retry_after=20)
 
 
 def _permanent(code: str) -> ProviderError:
@@ -49,16 +49,24 @@ def _rate_limited(code: str) -> ProviderError:
     return TransientProviderError(code, "429 too many requests", status=429, retry_after=2)
 
 
-def _server_error(code: str) -> ProviderError:
-    return TransientProviderError(code, "500 internal error", status=500)
+def _refused(code: str) -> ProviderError:
+    """The provider could not be reached: nothing went out, a clean failure."""
+    return refused(code)
 
 
-#: Each fault, with the ``error`` column it leaves on its attempt.
+def _gateway_timeout(code: str) -> ProviderError:
+    """A 504 answer: the whole request was written, so the provider may have taken it."""
+    return answered(code, 504)
+
+
+#: Each fault, with the kind its attempt's ``error`` column records.
 FAULTS: dict[str, tuple[Fault, str]] = {
-    "transient-retry-after": (_retry_after, "transient|503 service unavailable"),
-    "permanent": (_permanent, "permanent|413 payload too large"),
-    "timeout-unknown": (_timeout, "transient|read timeout"),
-    "rate-limited": (_rate_limited, "transient|429 too many requests"),
+    "transient-retry-after": (_retry_after, "transient"),
+    "permanent": (_permanent, "permanent"),
+    "timeout-unknown": (_timeout, "transient"),
+    "rate-limited": (_rate_limited, "transient"),
+    "unreachable": (_refused, "transient"),
+    "http-504-unknown": (_gateway_timeout, "transient"),
 }
 
 
@@ -145,11 +153,13 @@ async def _crash_once(w: World, point: str, *, attempt: int | None = None) -> pr
 async def test_a_fault_on_any_attempt_moves_the_chunk_on_and_sends_each_recipient_once(
     fault: str, failed_attempt: int
 ) -> None:
-    """Attempts before it fail with a 500, the faulty one fails its way, the next accepts."""
+    """Attempts before it fail cleanly (the provider unreachable), the faulty one fails its
+    way (one whose outcome is unknown is resolved by the query API, which finds nothing),
+    the next accepts."""
     w = World(max_attempts=4)
     batch = await w.accept(A, B)
-    make, error = FAULTS[fault]
-    _script(w, *[_server_error] * failed_attempt, make)
+    make, kind = FAULTS[fault]
+    _script(w, *[_refused] * failed_attempt, make)
     await w.settle()
 
     accepted = failed_attempt + 1
@@ -157,8 +167,8 @@ async def test_a_fault_on_any_attempt_moves_the_chunk_on_and_sends_each_recipien
     line = await w.attempts.line(batch.batch_id, chunk_line(0))
     assert [a.provider for a in line] == [CHAIN[n % 2] for n in range(accepted + 1)]
     faulty = line[failed_attempt]
-    assert faulty.error == error
-    if fault == "timeout-unknown":
+    assert faulty.error == f"{kind}|{make(faulty.provider).message}"
+    if make(faulty.provider).outcome_unknown:
         assert (faulty.state, faulty.resolution) == ("resolved", "not_accepted")
     else:
         assert faulty.state == "rejected"
@@ -181,7 +191,7 @@ async def test_a_timeout_the_provider_did_accept_ends_the_chunk_without_a_resend
     """The query API shows the timed-out request was taken: nothing is sent again."""
     w = World(max_attempts=4)
     batch = await w.accept(A, B)
-    _script(w, *[_server_error] * failed_attempt, _timeout)
+    _script(w, *[_refused] * failed_attempt, _timeout)
     w.providers[CHAIN[failed_attempt % 2]].found = frozenset({A, B})
     await w.settle()
 
@@ -222,7 +232,7 @@ async def test_a_refusing_provider_is_skipped_for_the_rest_of_the_chunk() -> Non
     w = World(max_attempts=6)
     batch = await w.accept(A)
     w.providers["sg"].answers.append(_permanent("sg"))
-    w.providers["mg"].answers += [_server_error("mg"), _server_error("mg")]
+    w.providers["mg"].answers += [_refused("mg"), _refused("mg")]
     await w.settle()
 
     line = await w.attempts.line(batch.batch_id, chunk_line(0))
@@ -240,7 +250,7 @@ async def test_a_resend_line_skipping_an_excluded_provider_keeps_going() -> None
     w = World(max_attempts=6)
     batch = await w.sent(A)
     a = log_id_for(batch.batch_id, A)
-    w.providers["mg"].answers += [_server_error("mg"), _server_error("mg")]
+    w.providers["mg"].answers += [_refused("mg"), _refused("mg")]
     await w.recipients.reported(
         batch.batch_id, batch.user_id, 0, a, provider="sg", provider_result="dropped",
         message_id=None, stage_rank=5, rank=0, when=w.clock.now + timedelta(seconds=5),
@@ -284,8 +294,8 @@ async def test_a_provider_adapter_that_crashes_is_treated_as_an_unknown_outcome(
 @pytest.mark.parametrize(
     ("fault", "last"),
     [
-        ("transient-retry-after", "mg 503 service unavailable"),
         ("rate-limited", "mg 429 too many requests"),
+        ("unreachable", "mg could not reach Mailgun: ConnectError('connection refused')"),
     ],
 )
 async def test_when_every_attempt_fails_the_recipients_fail_with_a_visible_reason(
@@ -327,7 +337,7 @@ async def test_timeouts_on_every_attempt_give_up_after_the_evidence_says_no() ->
 async def test_the_reason_of_a_give_up_after_a_timeout_does_not_claim_a_resend() -> None:
     w = World(max_attempts=2)
     batch = await w.accept(A)
-    _script(w, _server_error, _timeout)
+    _script(w, _refused, _timeout)
     await w.settle()
 
     assert await w.states(batch) == {A: "failed"}
@@ -364,7 +374,7 @@ async def test_copies_of_one_job_delivered_at_once_call_the_provider_once(
     batch = await w.accept(A, B)
     await w.step()  # the splitter
     if first_answer == "refuses":
-        _script(w, _server_error)
+        _script(w, _refused)
     message = await w.broker.get(w.broker.topology.provider_queue("sg"))
     assert message is not None
     duplicates = [FakeMessage(message.routing_key, message.body) for _ in range(copies - 1)]
@@ -381,7 +391,7 @@ async def test_copies_of_one_job_delivered_at_once_call_the_provider_once(
 async def test_copies_of_a_retry_job_delivered_at_once_call_the_next_provider_once() -> None:
     w = World()
     batch = await w.accept(A)
-    _script(w, _server_error)
+    _script(w, _refused)
     while await w.step():
         if await w.broker.queue_depth(w.broker.topology.provider_queue("mg")):
             break
@@ -424,7 +434,7 @@ async def test_a_duplicate_arriving_at_any_point_of_a_refused_call_sends_nothing
     w = World()
     batch = await w.accept(A, B)
     await w.step()
-    _script(w, _server_error)
+    _script(w, _refused)
     message = await w.broker.get(w.broker.topology.provider_queue("sg"))
     assert message is not None
 
@@ -465,7 +475,7 @@ async def test_a_crash_anywhere_on_a_refused_attempt_still_fails_over_exactly_on
 ) -> None:
     w = World()
     batch = await w.accept(A, B)
-    _script(w, _server_error)
+    _script(w, _refused)
     job = await _crash_once(w, point, attempt=0)
 
     assert (job.provider, job.attempt) == ("sg", 0)
@@ -480,7 +490,7 @@ async def test_a_crash_anywhere_on_a_refused_attempt_still_fails_over_exactly_on
 async def test_a_crash_while_giving_up_fails_each_recipient_once(point: str) -> None:
     w = World(max_attempts=2)
     batch = await w.accept(A, B)
-    _script(w, _server_error, _server_error)
+    _script(w, _refused, _refused)
     await _crash_once(w, point, attempt=1)
 
     assert len(_calls(w)) == 2
@@ -508,6 +518,36 @@ async def test_a_crash_while_resolving_a_timeout_resends_only_the_unaccepted(poi
     assert (first.resolution, first.decision) == ("partial", "retry")
 
 
+#: Where a process may die on a 504 whose query API found ``took``: a call resolved as
+#: accepted by everyone has no effects or follow-up to die in.
+CRASHES_ON_5XX = [
+    (took, point)
+    for took in (frozenset({A, B}), frozenset({A}), frozenset())
+    for point in ("answered", "recorded", "looked", "resolved", "effects", "followed")
+    if took != {A, B} or point not in ("effects", "followed")
+]
+
+
+@pytest.mark.parametrize(("took", "point"), CRASHES_ON_5XX)
+async def test_a_crash_anywhere_on_a_5xx_call_sends_each_recipient_once(
+    took: frozenset[str], point: str
+) -> None:
+    """SendGrid answers 504 having taken ``took`` (its query API says so); wherever the
+    process dies, only the others go to Mailgun, once."""
+    w = World()
+    batch = await w.accept(A, B)
+    _script(w, _gateway_timeout)
+    w.providers["sg"].found = took
+    await _crash_once(w, point, attempt=0)
+
+    rest = sorted({A, B} - took)
+    assert _calls(w) == [("c.0", "sg", [A, B])] + ([("c.1", "mg", rest)] if rest else [])
+    assert await _evidence(w, batch.batch_id) == {
+        e: {"c.0" if e in took else "c.1"} for e in (A, B)
+    }
+    assert w.dead == []
+
+
 # -- partial acceptance ----------------------------------------------------------------------
 
 
@@ -516,7 +556,7 @@ async def test_a_provider_that_took_part_of_a_retried_chunk_leaves_the_rest_to_t
     (SendGrid again, after the backoff), the others are never sent again."""
     w = World(max_attempts=4)
     batch = await w.accept(A, B, C)
-    _script(w, _server_error, _timeout)
+    _script(w, _refused, _timeout)
     w.providers["mg"].found = frozenset({A, C})
     await w.settle()
 
@@ -533,7 +573,7 @@ async def test_a_provider_that_took_part_of_a_retried_chunk_leaves_the_rest_to_t
 async def test_when_the_rest_of_a_partly_taken_chunk_runs_out_of_attempts_only_it_fails() -> None:
     w = World(max_attempts=2)
     batch = await w.accept(A, B)
-    _script(w, _timeout, _server_error)
+    _script(w, _timeout, _refused)
     w.providers["sg"].found = frozenset({A})
     await w.settle()
 
@@ -541,7 +581,10 @@ async def test_when_the_rest_of_a_partly_taken_chunk_runs_out_of_attempts_only_i
     assert await w.states(batch) == {A: "queued", B: "failed"}
     reasons = await _reasons(w, batch.batch_id)
     assert reasons[A] is None
-    assert reasons[B] == "all 2 attempts failed across sg, mg; last: mg 500 internal error"
+    assert reasons[B] == (
+        "all 2 attempts failed across sg, mg; last: mg could not reach Mailgun: "
+        "ConnectError('connection refused')"
+    )
     assert (await w.rows(batch))[A]["event"] == "sent"
     assert await w.counts(batch) == {"queued": 2, "failed": 1}
 
@@ -655,7 +698,7 @@ async def test_replaying_every_job_of_a_finished_batch_sends_nothing_more() -> N
     """Everything the broker ever carried for a batch that failed over, delivered again."""
     w = World()
     batch = await w.accept(A, B)
-    _script(w, _server_error)
+    _script(w, _refused)
     await w.settle()
     before = _calls(w)
     carried = [m for m in w.broker.take() if not m.routing_key.startswith("hook.")]

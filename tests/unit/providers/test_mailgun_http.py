@@ -111,16 +111,16 @@ async def test_rate_limited_carries_retry_after(
     assert caught.value.retry_after == 12.0
 
 
-async def test_server_error_is_transient(
+async def test_server_error_is_transient_with_an_unknown_outcome(
     server: FakeProviderServer, provider: MailgunProvider
 ) -> None:
-    """A 503 is transient."""
+    """A 503 is transient, and may have been accepted: its outcome is unknown."""
     server.script(Reply(status=503))
 
     with pytest.raises(TransientProviderError) as caught:
         await provider.send(chunk())
 
-    assert caught.value.status == 503
+    assert (caught.value.status, caught.value.outcome_unknown) == (503, True)
 
 
 async def test_slow_response_times_out_as_transient(server: FakeProviderServer) -> None:

@@ -61,6 +61,28 @@ def test_status_table(status: int, kind: type[ProviderError]) -> None:
     assert error.provider == "sg"
 
 
+@pytest.mark.parametrize("status", [500, 501, 502, 503, 504, 599])
+def test_every_5xx_leaves_the_outcome_unknown(status: int) -> None:
+    """A 5xx comes after the whole request was written and does not prove it was not
+    processed (Mailgun accepts and answers 504): transient, outcome unknown, status kept."""
+    error = classify_with(status, {"retry-after": "9"})
+
+    assert type(error) is TransientProviderError
+    assert (error.outcome_unknown, error.status, error.retry_after) == (True, status, 9.0)
+
+
+@pytest.mark.parametrize(
+    "status", [400, 401, 402, 403, 404, 405, 408, 413, 415, 418, 422, 425, 429, 307]
+)
+def test_a_refusal_says_the_request_was_not_processed(status: int) -> None:
+    """Every non-5xx error is a refusal the provider documents as "not processed": a clean
+    failure that may move the chunk on at once."""
+    error = classify(status)
+
+    assert error is not None
+    assert error.outcome_unknown is False
+
+
 def test_permanent_error_is_not_retryable() -> None:
     """A 400 tells the failover logic that no provider will take the request."""
     error = classify(400)

@@ -9,19 +9,24 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 import pytest
 import uvicorn
+from starlette.applications import Starlette
 
 from services.sandbox.app import create_app
 from shared.config import SandboxSettings
-from shared.errors import ProviderMisconfigured
+from shared.errors import ProviderMisconfigured, TransientProviderError
 from shared.models import Address, Chunk
-from shared.providers.base import Provider
+from shared.providers.base import LookupQuery, Provider
 from shared.providers.mailgun import MailgunProvider
 from shared.providers.sendgrid import SendGridProvider
-from tests.unit.providers.fakes import FakeProviderServer, Reply, chunk, recipient
+from tests.unit.providers.fakes import BATCH_ID, FakeProviderServer, Reply, chunk, recipient
 
 PEOPLE = [
     recipient("ann@example.org", "Ann", {"-first-": "Ann"}),
@@ -29,12 +34,25 @@ PEOPLE = [
 ]
 
 
-@pytest.fixture
-async def sandbox_url() -> AsyncIterator[str]:
+@dataclass
+class Served:
+    """The sandbox at ``url``, posting its webhooks to ``receiver``."""
+
+    url: str
+    receiver: FakeProviderServer
+    app: Starlette
+
+    async def posted(self) -> None:
+        """Wait until every webhook of the accepted mail has been posted."""
+        assert await self.app.state.sandbox.dispatcher.wait_idle(5.0)
+
+
+@asynccontextmanager
+async def served(**settings: Any) -> AsyncIterator[Served]:
     # The sandbox posts signed webhooks after accepting mail; a fake receiver takes them.
     receiver = FakeProviderServer(default=Reply(status=200))
     await receiver.start()
-    app = create_app(SandboxSettings(webhook_url=receiver.url, webhook_delay=0))
+    app = create_app(SandboxSettings(webhook_url=receiver.url, webhook_delay=0, **settings))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
@@ -47,12 +65,18 @@ async def sandbox_url() -> AsyncIterator[str]:
     assert server.started, "the sandbox did not start"
     host, port = sock.getsockname()
     try:
-        yield f"http://{host}:{port}"
+        yield Served(f"http://{host}:{port}", receiver, app)
     finally:
         server.should_exit = True
         await task
         sock.close()
         await receiver.stop()
+
+
+@pytest.fixture
+async def sandbox_url() -> AsyncIterator[str]:
+    async with served() as sandbox:
+        yield sandbox.url
 
 
 def providers(url: str, key: str = "sandbox-key") -> list[Provider]:
@@ -111,3 +135,37 @@ async def test_sandbox_refuses_invalid_key(sandbox_url: str, index: int) -> None
         await provider.aclose()
 
     assert caught.value.status == 401
+
+
+@pytest.mark.parametrize(
+    ("index", "status"),
+    [(0, 500), (0, 503), (1, 502), (1, 504)],
+    ids=["sendgrid-500", "sendgrid-503", "mailgun-502", "mailgun-504"],
+)
+async def test_mail_accepted_before_a_5xx_answer_is_accepted_mail(index: int, status: int) -> None:
+    """A provider that accepts and then answers a 5xx (a sandbox fault with ``accept``): our
+    adapter reports an unknown outcome, and the mail is accepted like any other: recorded,
+    found by the adapter's query API lookup for the attempt, and reported by webhooks."""
+    async with served(query_delay=0.0) as sandbox:
+        provider = providers(sandbox.url)[index]
+        name = "sendgrid" if provider.code == "sg" else "mailgun"
+        fault = {"provider": name, "status": status, "accept": True, "count": 1}
+        async with httpx.AsyncClient(base_url=sandbox.url) as client:
+            (await client.post("/_control/faults", json=fault)).raise_for_status()
+            since = datetime.now(UTC)
+            try:
+                with pytest.raises(TransientProviderError) as caught:
+                    await provider.send(sample(bulk=True).model_copy(update={"attempt": "c.0"}))
+                emails = frozenset(p.email for p in PEOPLE)
+                query = LookupQuery(BATCH_ID, 0, "c.0", since, emails)
+                found = await provider.lookup(query)
+            finally:
+                await provider.aclose()
+            sends = (await client.get("/_control/sends")).json()[name]["by_recipient"]
+            await sandbox.posted()
+
+    assert (caught.value.status, caught.value.outcome_unknown) == (status, True)
+    assert found == emails
+    assert {e: sends.get(e) for e in emails} == dict.fromkeys(emails, 1)
+    hooks = b"".join(r.body for r in sandbox.receiver.received)
+    assert all(e.encode() in hooks for e in emails)

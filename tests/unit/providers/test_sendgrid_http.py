@@ -103,16 +103,16 @@ async def test_rate_limited_carries_reset_delay(
     assert 28 <= caught.value.retry_after <= 30
 
 
-async def test_server_error_is_transient(
+async def test_server_error_is_transient_with_an_unknown_outcome(
     server: FakeProviderServer, provider: SendGridProvider
 ) -> None:
-    """A 500 is transient."""
+    """A 500 is transient, and may have been accepted: its outcome is unknown."""
     server.script(Reply(status=500))
 
     with pytest.raises(TransientProviderError) as caught:
         await provider.send(chunk())
 
-    assert caught.value.status == 500
+    assert (caught.value.status, caught.value.outcome_unknown) == (500, True)
 
 
 async def test_slow_response_times_out_as_transient(server: FakeProviderServer) -> None:
