@@ -184,5 +184,9 @@ class Acceptance:
             await self.broker.publish(
                 batch_key(batch_id), BatchJob(batch_id=batch_id).encode(), message_id=str(batch_id)
             )
+        elif header.status == "dispatched":
+            # Published and split already (its request published it though its indexes
+            # failed): the indexes may still be missing.
+            await self.batches.index_stored(header)
         await self.outbox.done(batch_id)
         return header

@@ -51,6 +51,17 @@ FIXED = [
         "a keyed store timed out having landed: its quota was refunded, the relay sent the "
         "batch anyway, and the user was charged nothing for it",
     ),
+    (
+        "keyless@0:api/store:batches.index#1=fail",
+        "a keyless batch committed and published though its indexes failed; by the time the "
+        "relay came the batch was split, and the relay wrote no indexes for a dispatched "
+        "batch: its recipients never counted as queued in the stats",
+    ),
+    (
+        "plain@0:consumers-a/provider:sg.send#1=accept_5xx",
+        "issue 32: SendGrid accepted the chunk and answered 504; the attempt was recorded "
+        "rejected and the chunk sent again through Mailgun (every recipient twice)",
+    ),
 ]
 
 
