@@ -115,13 +115,13 @@ async def _cancel(world: World, user_id: uuid.UUID, batch_id: str) -> Reply:
 
 
 async def _scheduled(world: World) -> list[Request]:
-    """Two batches for two minutes from now; the first is cancelled half a minute later."""
-    when = (datetime.now(UTC) + timedelta(seconds=120)).isoformat()
+    """Two batches for 40 seconds from now; the first is cancelled 20 seconds later."""
+    when = (datetime.now(UTC) + timedelta(seconds=40)).isoformat()
     later = Request("later", user(), body(ANN, BOB, send_at=when), key="k-later")
     kept = Request("kept", user(), body("cat@example.org", send_at=when), key="k-kept")
     await send(world, later)
     await send(world, kept)
-    await asyncio.sleep(30.0)
+    await asyncio.sleep(20.0)
     if later.batch_ids:
         (batch_id,) = later.batch_ids
         later.cancelled = await _cancel(world, later.user_id, batch_id)
@@ -215,6 +215,7 @@ SCENARIOS: dict[str, Scenario] = {
                 scripts={"sg": ("accept_silent",)},
                 query_api=("mg",),
                 event_delays=(900.0, 920.0, 940.0),
+                resolve_interval=300,
             ),
         ),
         Scenario(
@@ -236,7 +237,7 @@ SCENARIOS: dict[str, Scenario] = {
             "SendGrid answers 500 having taken nothing; no query API: after the webhook "
             "window the chunk goes to Mailgun",
             _two_recipients,
-            Config(scripts={"sg": ("reject_5xx",)}, query_api=("mg",)),
+            Config(scripts={"sg": ("reject_5xx",)}, query_api=("mg",), resolve_interval=600),
         ),
         Scenario(
             "webhooks_early",
@@ -282,7 +283,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "scheduled",
-            "two batches for two minutes ahead; the first is cancelled after half a minute",
+            "two batches for 40 seconds ahead; the first is cancelled after 20 seconds",
             _scheduled,
         ),
         Scenario(

@@ -44,6 +44,7 @@ from services.webhooks.ingest import Ingest, IngestMetrics
 from services.webhooks.intake import Intake, IntakeMetrics
 from shared.acceptance import Acceptance
 from shared.background import Background
+from shared.batchstore import shown_status
 from shared.canary import Margins
 from shared.config import ApiSettings, ProviderSettings, Settings, WebhookSettings
 from shared.errors import DependencyUnavailable
@@ -523,13 +524,24 @@ class World:
         return work
 
     def _schedule_open(self) -> bool:
-        """Whether the scheduler has minutes it has not finished (rows past its cursor)."""
+        """Whether the scheduler has anything left to do: a batch in a minute past its
+        cursor that is not yet started, or started and not yet split (a pass that died after
+        starting it publishes it again). A quiet scheduler passing every second over minutes
+        it already handed on changes nothing, so the world does not run those passes."""
         namespace = self.settings.amqp.exchange
         cursor = self.schedule_tables.cursors.get(namespace)
-        return any(
-            ns == namespace and rows and (cursor is None or minute > cursor)
-            for (ns, minute), rows in self.schedule_tables.rows.items()
-        )
+        for (ns, minute), rows in self.schedule_tables.rows.items():
+            if ns != namespace or (cursor is not None and minute <= cursor):
+                continue
+            for batch_id in rows:
+                header = self.db.headers.get(batch_id)
+                status = shown_status(
+                    header.get("status") if header else None,
+                    header.get("dispatched") if header else None,
+                )
+                if status in ("scheduled", "pending", "accepted"):
+                    return True
+        return False
 
     def _passes(self) -> None:
         """Start the periodic work that is due and has something to look at."""
