@@ -22,12 +22,16 @@ at-least-once windows allow are not violations; they are counted apart, with the
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
+from services.hooks.schedule import occurred
 from shared.campaigns import METADATA_KEY
-from shared.precedence import visible
+from shared.models import Message
+from shared.precedence import accepted_at, visible
 from shared.stats import batch_day
 from simulation.clients import Request
 from simulation.providers import Acceptance
@@ -69,6 +73,9 @@ async def judge(world: World, requests: list[Request], *, quiet: bool) -> Verdic
     _queues(world, verdict)
     _lines(world, verdict)
     _campaigns(world, batches, verdict)
+    _canaries(world, batches, verdict)
+    await _audience(world, requests, batches, verdict)
+    _user_hooks(world, verdict)
     return verdict
 
 
@@ -82,6 +89,8 @@ class _Batch:
     """The client request it was stored for (``metadata.sim_request``)."""
     campaign: str | None
     """The campaign it is a slice of."""
+    message: Message | None = None
+    created: datetime | None = None
 
 
 async def _batches(world: World) -> list[_Batch]:
@@ -100,6 +109,8 @@ async def _batches(world: World) -> list[_Batch]:
                 rows,
                 metadata.get("sim_request"),
                 metadata.get(METADATA_KEY),
+                header.message,
+                header.created_at,
             )
         )
     return out
@@ -273,6 +284,122 @@ def _campaigns(world: World, batches: list[_Batch], verdict: Verdict) -> None:
             verdict.add(
                 "campaign", f"campaign {campaign_id}: batches {sorted(made - recorded)} unrecorded"
             )
+
+
+def _canaries(world: World, batches: list[_Batch], verdict: Verdict) -> None:
+    """Every canary is judged once (no rollout left waiting, one verdict each), and a batch
+    made after a verdict uses the version it left live."""
+    for namespace, waiting in world.canary_tables.rollouts.items():
+        for key in waiting:
+            verdict.add("canary", f"{namespace}: the rollout {key} was never judged")
+    for (_, template_id), row in world.templates.rows.items():
+        template = row.template
+        if template.canary_version is not None:
+            verdict.add("canary", f"template {template_id} still has a canary")
+        judged = world.canary_tables.verdicts.get(template_id, {})
+        for since, outcome in judged.items():
+            kept = outcome.live_version if outcome.decision == "rollback" else None
+            if kept is not None and template.live_version != kept and len(judged) == 1:
+                verdict.add(
+                    "canary",
+                    f"template {template_id}: rolled back to {kept}, yet {template.live_version}"
+                    " is live",
+                )
+            for b in batches:
+                use = b.message.template if b.message else None
+                if use is None or use.id != template_id or b.created is None:
+                    continue
+                if b.created <= outcome.at:
+                    continue
+                if use.canary is not None or use.version != template.live_version:
+                    verdict.add(
+                        "canary",
+                        f"batch {b.batch_id} after the verdict on {since} used version "
+                        f"{use.version} (canary {use.canary.version if use.canary else None})",
+                    )
+
+
+async def _audience(
+    world: World, requests: list[Request], batches: list[_Batch], verdict: Verdict
+) -> None:
+    """Nobody is mailed by a batch accepted after they unsubscribed; nobody is mailed twice
+    within their sender's cooldown (except when the record of the first mail was lost in a
+    failure of the API: the README's window)."""
+    created = {b.batch_id: b.created for b in batches}
+    owner = {b.batch_id: b.user_id for b in batches}
+    # When each batch's request was sent (by the true clock: a batch id's time is the API's).
+    asked = {
+        uuid.UUID(r.body["batch_id"]): r.asked_at
+        for request in requests
+        for r in request.replies
+        if r.status == 202 and r.body
+    }
+    for user_id, email, at in world.unsubscribed:
+        for a in world.ledger.accepted:
+            if a.email != email or owner.get(a.batch_id) != user_id:
+                continue
+            if asked.get(a.batch_id, -1.0) > at:
+                verdict.add("unsubscribed", f"{email} mailed by {a.batch_id} after unsubscribing")
+    api_faulted = "api" in world.faulted_processes()
+    mailed: dict[tuple[uuid.UUID, str], list[datetime]] = defaultdict(list)
+    for a in world.ledger.accepted:
+        when = created.get(a.batch_id)
+        if a.sent and when is not None:
+            mailed[(owner[a.batch_id], a.email)].append(when)
+    for (user_id, email), times in mailed.items():
+        prefs = world.db.preferences.get(user_id)
+        if prefs is None or prefs.cooldown_seconds <= 0:
+            continue
+        firsts = sorted(set(times))
+        for early, late in itertools.pairwise(firsts):
+            if (late - early).total_seconds() < prefs.cooldown_seconds:
+                if api_faulted:
+                    verdict.at_least_once["cooldown: the record of a mail lost in a failure"] += 1
+                else:
+                    verdict.add("cooldown", f"{email} mailed at {early} and again at {late}")
+
+
+def _user_hooks(world: World, verdict: Verdict) -> None:
+    """Every event queued for a user's endpoint reached it, and in order: no event arrived
+    before one that happened earlier and had been queued for the order window by then (the
+    worker's promise, ``services.hooks.schedule``: what is ready goes by occurrence)."""
+    window = timedelta(seconds=world.settings.hooks.order_window)
+    now = world.db.now()
+    for user_id, endpoints in world.hook_store.rows.items():
+        for endpoint_id, row in endpoints.items():
+            url = (row.read(now) or {}).get("url")
+            if url is None:
+                continue
+            events = []
+            for (e, _), rows in world.hook_queue.queue.items():
+                if e != endpoint_id:
+                    continue
+                for seq, r in rows.items():
+                    live = r.read(now) or {}
+                    if live.get("msg_id"):
+                        queued = accepted_at(seq)
+                        events.append(
+                            (occurred(_Item(queued, live["body"])), queued, live["msg_id"])
+                        )
+            got = world.endpoint.first_at
+            missing = [m for _, _, m in events if m not in got]
+            if missing:
+                verdict.add("hooks", f"user {user_id}: {len(missing)} event(s) never delivered")
+                continue
+            # Events of one second are ordered by the worker's guess at their stage; only a
+            # whole second apart is an order the invariant can hold it to.
+            for early, queued, first in events:
+                for late, _, second in events:
+                    later = early[0] < late[0]
+                    if later and got[second] < got[first] and queued + window <= got[second]:
+                        verdict.add("hooks", f"user {user_id}: {second} arrived before {first}")
+                        return
+
+
+@dataclass(frozen=True)
+class _Item:
+    at: datetime
+    body: bytes
 
 
 def _lines(world: World, verdict: Verdict) -> None:

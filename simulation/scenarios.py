@@ -16,10 +16,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shared.campaigns import Action
+from shared.canary import in_canary
 from shared.contacts_csv import Contact
+from shared.engagement import TRACKER
 from shared.http import ApiError
+from shared.preferences import Preferences
+from shared.recipients import log_id_for
+from shared.user_hooks import ALL, parse_events
+from shared.webhook_events import ProviderEvent
 from simulation.clients import Request, send
-from simulation.world import ApiState, Config, Reply, World
+from simulation.world import ApiState, Config, Reply, WebhookState, World
 
 Script = Callable[[World], Awaitable[list[Request]]]
 
@@ -126,6 +132,101 @@ async def _scheduled(world: World) -> list[Request]:
         (batch_id,) = later.batch_ids
         later.cancelled = await _cancel(world, later.user_id, batch_id)
     return [later, kept]
+
+
+async def _canary(world: World) -> list[Request]:
+    """Version 2 of a template goes out as a canary to half the recipients; its recipients
+    bounce, the live version's are delivered: the judge rolls it back, and a batch sent
+    after that goes out as version 1 only."""
+    owner = user()
+    template_id = await world.templates.create(
+        owner, "receipt", "Your receipt", None, "Thanks for your order.", {}
+    )
+    template = await world.templates.get(owner, template_id)
+    assert template is not None  # noqa: S101
+    template = await world.templates.publish(template, 1)
+    await world.templates.add_version(template, "Your receipt!", None, "Thanks!", {})
+    template = await world.templates.publish(template, 2, canary_percent=50)
+    canary = [e for e in _pool("bounce") if in_canary(template_id, e, 50)][:2]
+    live = [e for e in _pool("ok") if not in_canary(template_id, e, 50)][:2]
+    first = Request("first", owner, _templated(template_id, *canary, *live), key="k-first")
+    await send(world, first)
+    await asyncio.sleep(world.settings.consumers.canary_window + 60)
+    after = Request("after", owner, _templated(template_id, "late@example.org"), key="k-after")
+    await send(world, after)
+    return [first, after]
+
+
+def _pool(prefix: str) -> list[str]:
+    return [f"{prefix}.{n}@example.org" for n in range(40)]
+
+
+def _templated(template_id: uuid.UUID, *to: str) -> dict[str, Any]:
+    return {"from": "shop@shop.example", "to": list(to), "template_id": str(template_id)}
+
+
+async def _unsubscribe(world: World, owner: uuid.UUID, batch_id: str, email: str) -> Reply:
+    """A reader's mail client posts the one-click unsubscribe of ``email``'s copy (RFC
+    8058), again after a broken connection or a 503, as a reader clicking again would."""
+    log_id = log_id_for(uuid.UUID(batch_id), email)
+
+    async def one_click(state: WebhookState) -> None:
+        event = ProviderEvent(
+            provider=TRACKER,
+            event_id=f"unsubscribe:{log_id}:",
+            kind="unsubscribed",
+            raw_event="one-click unsubscribe",
+            email=email,
+            occurred_at=datetime.now(UTC),
+            batch_id=uuid.UUID(batch_id),
+            chunk=0,
+            log_id=log_id,
+            attempt=None,
+            message_id=None,
+            reason=None,
+            provider_side=False,
+            suppress=True,
+        )
+        await state.ingest.apply(event)
+
+    reply = Reply(0)
+    for _ in range(10):
+        reply = await world.tracked(one_click)
+        if reply.status == 200:
+            world.unsubscribed.append((owner, email, asyncio.get_running_loop().time()))
+            return reply
+        await asyncio.sleep(10.0)
+    return reply
+
+
+async def _unsubscribe_cooldown(world: World) -> list[Request]:
+    """A user with an hour's cooldown mails Ann and Bob; Ann unsubscribes (one click); then
+    a second batch to Ann, Bob and Cat: Ann is suppressed, Bob cools down, Cat is sent."""
+    owner = user()
+    await world.preferences.put(owner, Preferences(cooldown_seconds=3600))
+    first = Request("first", owner, body(ANN, BOB), key="k-first")
+    await send(world, first)
+    await asyncio.sleep(20.0)
+    if first.batch_ids:
+        (batch_id,) = first.batch_ids
+        await _unsubscribe(world, owner, batch_id, ANN)
+    await asyncio.sleep(20.0)
+    second = Request("second", owner, body(ANN, BOB, "cat@example.org"), key="k-second")
+    await send(world, second)
+    return [first, second]
+
+
+async def _user_webhooks(world: World) -> list[Request]:
+    """A user with a webhook endpoint for every event: a delivery, a hard bounce and a
+    provider-side drop handed over to Mailgun, each event reaching the endpoint in order."""
+    owner = user()
+    await world.hook_store.create(
+        owner, "https://hooks.shop.example/safedelivr", parse_events([ALL]), datetime.now(UTC)
+    )
+    request = Request(
+        "order", owner, body(ANN, "bounce.bob@example.org", "sgdrop.cat@example.org"), "k"
+    )
+    return [await send(world, request)]
 
 
 async def _campaign(world: World) -> list[Request]:
@@ -285,6 +386,24 @@ SCENARIOS: dict[str, Scenario] = {
             "scheduled",
             "two batches for 40 seconds ahead; the first is cancelled after 20 seconds",
             _scheduled,
+        ),
+        Scenario(
+            "canary",
+            "a template's canary bounces where its live version is delivered: rolled back, "
+            "and the next batch goes out as the live version",
+            _canary,
+        ),
+        Scenario(
+            "unsubscribe_cooldown",
+            "a recipient unsubscribes (one click) between two batches of a user with a "
+            "cooldown: the second skips her (suppressed) and the other (cooling down)",
+            _unsubscribe_cooldown,
+        ),
+        Scenario(
+            "user_webhooks",
+            "a user's webhook endpoint gets every event of a delivery, a bounce and a "
+            "hand-off, in order",
+            _user_webhooks,
         ),
         Scenario(
             "campaign",

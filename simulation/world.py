@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -40,20 +40,23 @@ from services.consumers.dispatch import Dispatcher
 from services.consumers.scheduler import PASS_EVERY as SCHEDULER_EVERY
 from services.consumers.scheduler import Scheduler
 from services.consumers.splitter import Splitter
+from services.hooks.worker import Worker
 from services.webhooks.ingest import Ingest, IngestMetrics
 from services.webhooks.intake import Intake, IntakeMetrics
 from shared.acceptance import Acceptance
 from shared.background import Background
 from shared.batchstore import shown_status
 from shared.canary import Margins
-from shared.config import ApiSettings, ProviderSettings, Settings, WebhookSettings
+from shared.config import ApiSettings, ConsumerSettings, ProviderSettings, Settings, WebhookSettings
 from shared.errors import DependencyUnavailable
 from shared.handoff import HandOff
+from shared.hook_delivery import Outcome
 from shared.http import ApiError
 from shared.metrics import ApiMetrics, DispatchMetrics
 from shared.outbox import Relay
 from shared.resources import topology_for
 from shared.settle import Delivery, Poison, run
+from shared.user_hooks import HookEmitter, wake
 from simulation.broker import SimBroker, SimMessage
 from simulation.faults import Schedule
 from simulation.processes import Gate, Incarnation, Killed, Process
@@ -64,6 +67,7 @@ from tests.fakes.account_stores import AccountTables, FakeIdempotencyStore
 from tests.fakes.campaign_store import CampaignTables, FakeCampaigns
 from tests.fakes.canary_store import CanaryTables, FakeCanary
 from tests.fakes.contact_lists import FakeContactLists
+from tests.fakes.hooks import FakeHookQueue, FakeHookStore, emitter_over
 from tests.fakes.schedule_store import FakeSchedule, ScheduleTables
 from tests.fakes.stores import (
     FakeAttempts,
@@ -80,7 +84,7 @@ from tests.fakes.template_store import FakeTemplates
 log = logging.getLogger(__name__)
 
 #: The processes of a simulated deployment, in the order they boot.
-PROCESSES = ("api", "consumers-a", "consumers-b", "webhooks")
+PROCESSES = ("api", "consumers-a", "consumers-b", "webhooks", "hooks")
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,8 @@ class Reply:
     body: dict[str, Any] | None = None
     code: str | None = None
     retry_after: float | None = None
+    asked_at: float = 0.0
+    """When (seconds into the run, by the true clock) the client sent the request."""
 
 
 @dataclass
@@ -165,6 +171,34 @@ class ConsumerState:
 class WebhookState:
     intake: Intake
     ingest: Ingest
+
+
+@dataclass
+class Endpoint:
+    """A user's webhook endpoint, as the hooks worker's deliveries reach it (a ``hook`` step:
+    it may answer 503 having taken nothing, or take the event and lose its answer)."""
+
+    gate: Gate
+    received: dict[str, list[str]] = field(default_factory=dict)
+    """url -> webhook-ids in the order they first arrived (each once)."""
+    first_at: dict[str, datetime] = field(default_factory=dict)
+    """webhook-id -> when it first arrived."""
+
+    async def send(
+        self, url: str, msg_id: str, body: bytes, secrets: Sequence[str], now: float
+    ) -> Outcome:
+        fault = self.gate.enter(f"hook:{url.rsplit('/', 1)[-1]}", "hook")
+        await self.gate.pause()
+        if fault == "fail":
+            return Outcome(503, None, 5)
+        got = self.received.setdefault(url, [])
+        if msg_id not in got:
+            got.append(msg_id)
+            self.first_at[msg_id] = datetime.now(UTC)
+        if fault == "accept_fail":
+            return Outcome(None, "read timeout (the endpoint took it)", 10_000)
+        self.gate.die_if(fault)
+        return Outcome(200, None, 5)
 
 
 class ServerClock:
@@ -196,6 +230,11 @@ class World:
         self.outbox = FakeOutbox(self.db, self.settings.amqp.exchange)
         self.quota = FakeQuota(self.db, config.quota)
         self.recent = FakeRecentMail(self.db)
+        self.preferences = FakePreferences(self.db)
+        """The users' preferences as a scenario sets them (each API process reads them
+        through its own cache)."""
+        self.unsubscribed: list[tuple[uuid.UUID, str, float]] = []
+        """(user, address, when) of each one-click unsubscribe a reader was answered."""
         self.accounts = AccountTables(wire=self.gate)
         self.idempotency = FakeIdempotencyStore(
             self.accounts, lease=self.settings.api.idempotency_lease
@@ -208,6 +247,9 @@ class World:
         self.lists = FakeContactLists(wire=self.gate)
         namespace = self.settings.amqp.exchange
         self.campaign_store = FakeCampaigns(namespace, self.campaign_tables)
+        self.hook_store = FakeHookStore(self.db.now, self.gate)
+        self.hook_queue = FakeHookQueue(self.db.now, self.gate)
+        self.endpoint = Endpoint(self.gate)
         self.broker = SimBroker(topology_for(self.settings), self.gate)
         self.ledger = Ledger()
         self.providers = {
@@ -232,6 +274,7 @@ class World:
             "consumers-a": self._start_consumers,
             "consumers-b": self._start_consumers,
             "webhooks": self._start_webhooks,
+            "hooks": self._start_hooks,
         }
         for name in PROCESSES:
             self.processes[name] = Process(
@@ -239,6 +282,7 @@ class World:
             )
         self.api: dict[Incarnation, ApiState] = {}
         self.consumers: dict[Incarnation, ConsumerState] = {}
+        self.hook_workers: dict[Incarnation, Worker] = {}
         self.webhooks: dict[Incarnation, WebhookState] = {}
         self._due: dict[tuple[str, str], float] = {}
         self.requests_in_flight = 0
@@ -312,6 +356,7 @@ class World:
             recipients=self.recipients,  # type: ignore[arg-type]
             deferred_deadline=self.settings.webhooks.deferred_deadline,
             campaigns=CampaignHold(self.campaign_store),  # type: ignore[arg-type]
+            user_hooks=self._emitter(),
             now=self._now(process),
         )
         splitter = Splitter(
@@ -372,10 +417,33 @@ class World:
             broker=self.broker,  # type: ignore[arg-type]
             settings=self.settings,
             metrics=metrics().ingest,
+            hooks=self._emitter(),
         )
         intake = Intake(self.tokens, self.broker, ingest, metrics().intake)  # type: ignore[arg-type]
         self.webhooks[inc] = WebhookState(intake, ingest)
         self._consume(inc, self.broker.topology.webhooks_queue, intake.process, hold=None)
+
+    def _emitter(self) -> HookEmitter:
+        """An incarnation's emitter of users' webhook events (its endpoint cache its own)."""
+        return emitter_over(self.hook_store, self.hook_queue, self.broker, cache_seconds=5.0)
+
+    async def _start_hooks(self, inc: Incarnation) -> None:
+        worker = Worker(
+            store=self.hook_store,  # type: ignore[arg-type]
+            queue=self.hook_queue,  # type: ignore[arg-type]
+            broker=self.broker,  # type: ignore[arg-type]
+            deliverer=self.endpoint,  # type: ignore[arg-type]
+            settings=self.settings.hooks,
+            lease_seconds=max(30, int(self.settings.hooks.timeout * 3)),
+        )
+        self.hook_workers[inc] = worker
+        self._consume(inc, self.broker.topology.hooks_queue, worker.handle)
+
+    async def _sweep(self, worker: Worker) -> None:
+        """One pass of the hooks process's sweep (``services.hooks.main.sweep``)."""
+        async for user_id, endpoint_id in worker.store.every_endpoint():
+            if await worker.has_work(endpoint_id):
+                await wake(worker.broker, user_id, endpoint_id)
 
     def _consume(
         self,
@@ -456,12 +524,14 @@ class World:
             return reply
 
         self.requests_in_flight += 1
+        asked_at = asyncio.get_running_loop().time()
         try:
             reply: Reply = await process.spawn(handle())
         except (Killed, asyncio.CancelledError):
-            return Reply(0)
+            reply = Reply(0)
         finally:
             self.requests_in_flight -= 1
+        reply.asked_at = asked_at
         return reply
 
     async def tracked(self, handler: Callable[[WebhookState], Awaitable[Any]]) -> Reply:
@@ -518,6 +588,8 @@ class World:
         if self._schedule_open():
             for name in ("consumers-a", "consumers-b"):
                 work.append((name, "scheduler", SCHEDULER_EVERY))
+        if self._hooks_waiting():
+            work.append(("hooks", "sweep", self.settings.hooks.sweep_interval))
         if any(self.canary_tables.rollouts.values()):
             for name in ("consumers-a", "consumers-b"):
                 work.append((name, "judge", JUDGE_EVERY))
@@ -555,16 +627,29 @@ class World:
                 self._due[(name, what)] = now + every
                 process.spawn(_quietly(work))
 
-    def _pass(self, inc: Incarnation, what: str) -> Awaitable[Any] | None:
+    def _hooks_waiting(self) -> bool:
+        """Whether an event waits in a user's endpoint queue (not yet delivered)."""
+        now = self.db.now()
+        return any(
+            (row.read(now) or {}).get("done") is False
+            for rows in self.hook_queue.queue.values()
+            for row in rows.values()
+        )
+
+    def _pass(self, inc: Incarnation, what: str) -> Callable[[], Awaitable[Any]] | None:
+        """The pass ``what`` of the incarnation's service (None: it has not started)."""
+        if what == "sweep":
+            worker = self.hook_workers.get(inc)
+            return None if worker is None else lambda: self._sweep(worker)
         if what in ("relay", "campaigns"):
             api = self.api.get(inc)
             if api is None:
                 return None
-            return api.relay.once() if what == "relay" else api.runner.pass_once()
+            return api.relay.once if what == "relay" else api.runner.pass_once
         consumer = self.consumers.get(inc)
         if consumer is None:
             return None
-        return consumer.scheduler.pass_once() if what == "scheduler" else consumer.judge.pass_once()
+        return consumer.scheduler.pass_once if what == "scheduler" else consumer.judge.pass_once
 
     async def quiesce(self, horizon: float = 10 * 24 * 3600.0) -> bool:
         """Run until nothing is left to do; False if something is still going at ``horizon``
@@ -592,10 +677,10 @@ class World:
         return max(0.05, min(wait, 600.0))
 
 
-async def _quietly(work: Awaitable[Any]) -> None:
+async def _quietly(work: Callable[[], Awaitable[Any]]) -> None:
     """A periodic pass, as its loop runs it: a dependency down ends the pass, not the loop."""
     try:
-        await work
+        await work()
     except DependencyUnavailable as exc:
         log.debug("periodic work: %s", exc)
 
@@ -632,6 +717,8 @@ def _make_settings(config: Config) -> Settings:
         ),
         webhooks=WebhookSettings(deferred_deadline=config.deferred_deadline),
         api=ApiSettings(sender_domains="any", daily_recipient_quota=config.quota),
+        # A canary is judged on a few recipients, soon (the defaults want 100 and an hour).
+        consumers=ConsumerSettings(canary_min_sent=2, canary_window=60.0, canary_deadline=600.0),
     )
 
 
