@@ -15,7 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from simulation.world import Reply, World
+from simulation.front import Reply
+from simulation.world import World
 
 #: How often a client tries before it gives up.
 TRIES = 40

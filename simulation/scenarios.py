@@ -25,7 +25,9 @@ from shared.recipients import log_id_for
 from shared.user_hooks import ALL, parse_events
 from shared.webhook_events import ProviderEvent
 from simulation.clients import Request, send
-from simulation.world import ApiState, Config, Reply, WebhookState, World
+from simulation.config import Config
+from simulation.front import Reply
+from simulation.world import ApiState, WebhookState, World
 
 Script = Callable[[World], Awaitable[list[Request]]]
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from simulation.clients import Request, send
+from simulation.config import Config
 from simulation.faults import Schedule
 from simulation.scenarios import SCENARIOS, Scenario, body, user
 from simulation.search import run
-from simulation.world import Config, World
+from simulation.world import World
 
 
 def _with(monkeypatch: pytest.MonkeyPatch, scenario: Scenario) -> None:
