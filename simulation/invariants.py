@@ -148,6 +148,11 @@ def _once(world: World, requests: list[Request], verdict: Verdict) -> None:
         if any(a.deferred for a in sends[:-1]):
             verdict.at_least_once["a deferral outlived its deadline and was handed over"] += 1
             continue
+        if any(_unproven(world, a) for a in sends[:-1]):
+            verdict.at_least_once[
+                "no query API, and no webhook within the window, for an accepted request"
+            ] += 1
+            continue
         said = ", ".join(f"{a.provider} {a.tag}" for a in sends)
         verdict.add("once", f"{request}: {email} accepted {len(sends)} times ({said})")
     cancelled = {r.name for r in requests if r.cancelled is not None and r.cancelled.status == 200}
@@ -160,6 +165,24 @@ def _once(world: World, requests: list[Request], verdict: Verdict) -> None:
         sim_try = dict(a.metadata).get("sim_try")
         if sim_try in told:
             verdict.add("told_503", f"{sim_try}: {a.email} was sent though the client was told 503")
+
+
+def _unproven(world: World, a: Acceptance) -> bool:
+    """Whether an acceptance was concluded unaccepted for want of evidence, through no fault
+    of ours: its provider has no query API and reported nothing within the webhook window
+    (the README's window (1))."""
+    if a.provider in world.config.query_api or "." not in a.tag:
+        return False
+    kind, _, number = a.tag.partition(".")
+    lines = [
+        rows
+        for (batch_id, line), rows in world.db.attempts.items()
+        if batch_id == a.batch_id and line[0] == kind
+    ]
+    return any(
+        (row := rows.get(int(number))) is not None and row.get("resolution") == "not_accepted"
+        for rows in lines
+    )
 
 
 def _clients(requests: list[Request], batches: list[_Batch], verdict: Verdict) -> None:
@@ -363,39 +386,53 @@ def _user_hooks(world: World, verdict: Verdict) -> None:
     """Every event queued for a user's endpoint reached it, and in order: no event arrived
     before one that happened earlier and had been queued for the order window by then (the
     worker's promise, ``services.hooks.schedule``: what is ready goes by occurrence)."""
-    window = timedelta(seconds=world.settings.hooks.order_window)
     now = world.db.now()
     for user_id, endpoints in world.hook_store.rows.items():
         for endpoint_id, row in endpoints.items():
-            url = (row.read(now) or {}).get("url")
-            if url is None:
+            if (row.read(now) or {}).get("url") is None:
                 continue
-            events = []
-            for (e, _), rows in world.hook_queue.queue.items():
-                if e != endpoint_id:
-                    continue
-                for seq, r in rows.items():
-                    live = r.read(now) or {}
-                    if live.get("msg_id"):
-                        queued = accepted_at(seq)
-                        events.append(
-                            (occurred(_Item(queued, live["body"])), queued, live["msg_id"])
-                        )
+            events = _queued_events(world, endpoint_id)
             got = world.endpoint.first_at
             missing = [m for _, _, m in events if m not in got]
             if missing:
                 verdict.add("hooks", f"user {user_id}: {len(missing)} event(s) never delivered")
-                continue
-            # Events of one second are ordered by the worker's guess at their stage; only a
-            # whole second apart is an order the invariant can hold it to.
-            if world.schedule.skews:
-                continue  # queue times are the emitters' clocks: no order to hold them to
-            for early, queued, first in events:
-                for late, _, second in events:
-                    later = early[0] < late[0]
-                    if later and got[second] < got[first] and queued + window <= got[second]:
-                        verdict.add("hooks", f"user {user_id}: {second} arrived before {first}")
-                        return
+            elif not world.schedule.skews:  # queue times are the emitters' skewed clocks
+                _in_order(world, user_id, events, verdict)
+
+
+def _queued_events(
+    world: World, endpoint_id: uuid.UUID
+) -> list[tuple[tuple[str, int], datetime, str]]:
+    """Each event queued for the endpoint: (when it happened, when queued, webhook-id)."""
+    now = world.db.now()
+    events = []
+    for (e, _), rows in world.hook_queue.queue.items():
+        if e != endpoint_id:
+            continue
+        for seq, r in rows.items():
+            live = r.read(now) or {}
+            if live.get("msg_id"):
+                queued = accepted_at(seq)
+                events.append((occurred(_Item(queued, live["body"])), queued, live["msg_id"]))
+    return events
+
+
+def _in_order(
+    world: World,
+    user_id: uuid.UUID,
+    events: list[tuple[tuple[str, int], datetime, str]],
+    verdict: Verdict,
+) -> None:
+    # Events of one second are ordered by the worker's guess at their stage; only a whole
+    # second apart is an order it can be held to.
+    window = timedelta(seconds=world.settings.hooks.order_window)
+    got = world.endpoint.first_at
+    for early, queued, first in events:
+        for late, _, second in events:
+            later = early[0] < late[0]
+            if later and got[second] < got[first] and queued + window <= got[second]:
+                verdict.add("hooks", f"user {user_id}: {second} arrived before {first}")
+                return
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from simulation.faults import FAULTS, KILL, Schedule, decode, encode
+from simulation.faults import FAULTS, Schedule, decode, encode
 from simulation.scenarios import SCENARIOS
 from simulation.search import Outcome, describe, run, shrink, single_faults, stable, swarm
 
@@ -201,7 +201,7 @@ def _replay(schedule: Schedule) -> int:
                 "ok": outcome.ok,
                 "steps": outcome.count,
                 "violations": outcome.verdict.violations,
-                "kill": KILL,
+                "at_least_once": dict(outcome.verdict.at_least_once),
             }
         )
     )

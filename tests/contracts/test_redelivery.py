@@ -34,7 +34,7 @@ class Consumers(Protocol):
 
     async def publish(self, body: bytes) -> None: ...
     async def take(self, consumer: str) -> Any:
-        """The next message for ``consumer`` (``a`` or ``b``), or None within a second."""
+        """The next message for ``consumer`` (``a`` or ``b``), or None within ten seconds."""
 
     async def drop(self, consumer: str) -> None:
         """``consumer``'s broker connection is lost (its process goes on)."""
@@ -56,7 +56,7 @@ class SimConsumers:
 
     async def take(self, consumer: str) -> Any:
         task = self.process[consumer].spawn(self.broker.take(self.queue))
-        done, _ = await asyncio.wait({task}, timeout=1.0)
+        done, _ = await asyncio.wait({task}, timeout=10.0)
         if not done:
             task.cancel()
             return None
@@ -103,7 +103,8 @@ class RealConsumers:
         )
 
     async def take(self, consumer: str) -> Any:
-        for _ in range(10):
+        # A loaded broker may take a while to requeue what a closed channel held.
+        for _ in range(100):
             message = await self.queues[consumer].get(no_ack=False, fail=False)
             if message is not None:
                 return message
@@ -112,7 +113,6 @@ class RealConsumers:
 
     async def drop(self, consumer: str) -> None:
         await self.connections[consumer].close()
-        await asyncio.sleep(0.3)  # the queue notices the channel is gone
 
     async def ack(self, message: Any) -> None:
         with contextlib.suppress(Exception):  # its channel is closed: the ack goes nowhere
