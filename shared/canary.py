@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from shared.addresses import address_key
+from shared.config import ConsumerSettings
 
 #: Buckets a share is counted in (a share of 0.01 % is one bucket).
 BUCKETS: Final = 10_000
@@ -59,6 +60,16 @@ class Margins:
     complaints: float = 0.002
     min_sent: int = 100
     """Recipients each side needs before the rates say anything."""
+
+    @classmethod
+    def of(cls, settings: ConsumerSettings) -> Margins:
+        """The margins the consumers' settings give."""
+        return cls(
+            provider_failures=settings.canary_margin_failures,
+            hard_bounces=settings.canary_margin_bounces,
+            complaints=settings.canary_margin_complaints,
+            min_sent=settings.canary_min_sent,
+        )
 
 
 METRICS: Final = ("provider_failures", "hard_bounces", "complaints")

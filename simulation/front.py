@@ -109,23 +109,61 @@ async def request(world: World, user_id: uuid.UUID, body: dict[str, Any], key: s
 async def call(world: World, what: str, handler: Callable[[ApiState], Awaitable[Any]]) -> Reply:
     """One API request, handled in the ``api`` process, as its client sees it: the answer
     (a 2xx with the handler's result) is a step that can be lost."""
-    process = world.processes["api"]
+    api = world.processes["api"]
 
-    async def handle() -> Reply:
-        state = world.api.get(process.current)
+    async def answer() -> Reply:
+        state = world.api.get(api.current)
         if state is None:
             return Reply(0)
         try:
-            answer = await handler(state)
-            reply = Reply(202 if what == "POST /v1/batches" else 200, _body(answer))
+            result = await handler(state)
         except ApiError as exc:
             after = (exc.headers or {}).get("Retry-After")
-            reply = Reply(exc.status, None, exc.code, float(after) if after else None)
+            return Reply(exc.status, None, exc.code, float(after) if after else None)
         except DependencyUnavailable:
-            reply = Reply(503, None, "unavailable")
+            return Reply(503, None, "unavailable")
+        return Reply(202 if what == "POST /v1/batches" else 200, _body(result))
+
+    lose_first = what == "POST /v1/batches"
+    return await _handled(world, "api", what, answer, lose_first=lose_first)
+
+
+async def tracked(world: World, handler: Callable[[WebhookState], Awaitable[Any]]) -> Reply:
+    """A request to the tracking endpoint (the webhooks service), as a reader's mail client
+    sees it."""
+    webhooks = world.processes["webhooks"]
+
+    async def answer() -> Reply:
+        state = world.webhooks.get(webhooks.current)
+        if state is None:
+            return Reply(0)
+        try:
+            await handler(state)
+        except DependencyUnavailable:
+            return Reply(503, None, "unavailable")
+        return Reply(200)
+
+    return await _handled(world, "webhooks", "POST /u/<token>", answer, lose_first=False)
+
+
+async def _handled(
+    world: World,
+    process_name: str,
+    what: str,
+    answer: Callable[[], Awaitable[Reply]],
+    *,
+    lose_first: bool,
+) -> Reply:
+    """Handle a request in ``process_name`` and send back its answer, a step that can be
+    lost (so can the scenario's first answers, with ``lose_first``); a process killed while
+    it handles the request answers nothing."""
+    process = world.processes[process_name]
+
+    async def handle() -> Reply:
+        reply = await answer()
         fault = world.gate.enter(f"answer:{what}", "answer")
         await world.gate.pause()
-        if fault is None and world.answers_to_lose > 0 and what == "POST /v1/batches":
+        if fault is None and lose_first and world.answers_to_lose > 0:
             world.answers_to_lose -= 1
             fault = "lost"
         if fault == "lost":
@@ -142,36 +180,6 @@ async def call(world: World, what: str, handler: Callable[[ApiState], Awaitable[
     finally:
         world.requests_in_flight -= 1
     reply.asked_at = asked_at
-    return reply
-
-
-async def tracked(world: World, handler: Callable[[WebhookState], Awaitable[Any]]) -> Reply:
-    """A request to the tracking endpoint (the webhooks service), as a reader's mail client
-    sees it."""
-    process = world.processes["webhooks"]
-
-    async def handle() -> Reply:
-        state = world.webhooks.get(process.current)
-        if state is None:
-            return Reply(0)
-        try:
-            await handler(state)
-        except DependencyUnavailable:
-            return Reply(503, None, "unavailable")
-        fault = world.gate.enter("answer:POST /u/<token>", "answer")
-        await world.gate.pause()
-        if fault == "lost":
-            return Reply(0)
-        world.gate.die_if(fault)
-        return Reply(200)
-
-    world.requests_in_flight += 1
-    try:
-        reply: Reply = await process.spawn(handle())
-    except (Killed, asyncio.CancelledError):
-        return Reply(0)
-    finally:
-        world.requests_in_flight -= 1
     return reply
 
 

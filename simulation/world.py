@@ -284,12 +284,7 @@ class World:
             self.templates,  # type: ignore[arg-type]
             self.batches,  # type: ignore[arg-type]
             self.recipients,  # type: ignore[arg-type]
-            Margins(
-                provider_failures=c.canary_margin_failures,
-                hard_bounces=c.canary_margin_bounces,
-                complaints=c.canary_margin_complaints,
-                min_sent=c.canary_min_sent,
-            ),
+            Margins.of(c),
             timedelta(seconds=c.canary_window),
             timedelta(seconds=c.canary_deadline),
             clock=self._now(process),

@@ -257,12 +257,7 @@ def judge_of(
         TemplateStore(res.db),
         batches,
         recipients,
-        Margins(
-            provider_failures=c.canary_margin_failures,
-            hard_bounces=c.canary_margin_bounces,
-            complaints=c.canary_margin_complaints,
-            min_sent=c.canary_min_sent,
-        ),
+        Margins.of(c),
         timedelta(seconds=c.canary_window),
         timedelta(seconds=c.canary_deadline),
         alerter,
