@@ -520,3 +520,35 @@ def test_no_limit_and_a_limit_of_zero_are_the_same_setting() -> None:
         "sendgrid": {"paused": False, "rate_limit_per_s": 0.0},
         "mailgun": {"paused": True, "rate_limit_per_s": 0.0},
     }
+
+
+def test_the_limiter_ceilings_fail_only_above_1_1_times_the_limit() -> None:
+    """Both ratios pass at 1.1 x the limit and fail above it."""
+    judged = targets.evaluate({"rate_limit_busiest_ratio": 1.1, "rate_limit_steady_ratio": 1.11})
+
+    assert judged["rate_limit_busiest_vs_limit"]["pass"] is True
+    assert judged["rate_limit_steady_vs_limit"]["pass"] is False
+
+
+def test_limiter_work_adds_up_the_three_consumer_processes_and_cassandra() -> None:
+    """CPU per call of the limiter's processes: every consumer process and Cassandra."""
+    usage = _usage(
+        "call", consumers=5.0, **{"consumers-b": 6.0, "consumers-c": 7.0}, cassandra=10.0
+    )
+    usage["rabbitmq"] = {"cpu_us_per_call": 100.0}
+
+    assert report.work_per_unit(usage, report.LIMITER_PROCESSES, "call") == 28.0
+
+
+def test_the_summary_says_loudly_when_the_limiter_let_too_many_calls_through() -> None:
+    """A defect adds its own line to the rate limit summary; a failed phase adds none."""
+    phase = limit_figures(_steady(25, 10), [], limit=20) | {"unlimited": {"offered_per_s": 60.0}}
+
+    lines = report.rate_limit_lines({"rate_limit": phase}, {})
+    clean = report.rate_limit_lines(
+        {"rate_limit": limit_figures(_steady(20, 10), [], limit=20)}, {}
+    )
+
+    assert len(lines) == 2 and lines[1].startswith("LIMITER DEFECT")
+    assert len(clean) == 1 and "1.00 x the limit" in clean[0]
+    assert report.rate_limit_lines({"rate_limit": {"error": "boom"}}, {}) == []
