@@ -50,6 +50,17 @@ class BenchConfig:
     """Longest bulk drain; transactional batches stop then."""
     lanes_target_p99: float = 2.0
     """Transactional p99 time to provider (seconds) the lanes must keep during a bulk drain."""
+    rate_limit_per_s: float = 20.0
+    """SendGrid's limit (calls/s, all consumer processes together) in the ``rate_limit`` phase."""
+    rate_limit_spill_per_s: float = 10_000.0
+    """Mailgun's limit meanwhile: far above what the consumers reach, so the spill never waits."""
+    rate_limit_batches: int = 4_000
+    """Single-recipient batches in the ``rate_limit`` flood: more than the consumers send in
+    its two parts, so a backlog remains throughout (far above the limit times its length)."""
+    rate_limit_baseline_seconds: float = 10.0
+    """The flood's first part, without limits: the rate it offers and its CPU per call."""
+    rate_limit_seconds: float = 30.0
+    """The flood's limited part, once the limits are in force everywhere."""
 
     def quick_version(self) -> BenchConfig:
         return replace(

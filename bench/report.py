@@ -35,6 +35,8 @@ def _get(results: Results, *path: str) -> Any:
 ACCEPT_PROCESSES = ("api", "cassandra", "rabbitmq")
 E2E_PROCESSES = ("consumers", "cassandra", "rabbitmq")
 WEBHOOK_PROCESSES = ("webhooks", "cassandra", "rabbitmq")
+#: The shared rate limiter's processes: the consumers take the slots, Cassandra counts them.
+LIMITER_PROCESSES = ("consumers", "consumers-b", "consumers-c", "cassandra")
 
 #: The headline figures ``bench/results/latest.json`` carries (issue: data model v2).
 LATEST_KEYS = (
@@ -116,6 +118,14 @@ def figures(results: Results, sampler: ProcessSampler) -> dict[str, float | None
     )
     out["stats_read_ms_10m"] = _get(results, "stats_read", "ms_10m")
     out["lanes_tx_p99_s"] = _get(results, "lanes", "time_to_provider_s", "p99")
+    out["rate_limit_busiest_ratio"] = _get(results, "rate_limit", "busiest_ratio")
+    out["rate_limit_steady_ratio"] = _get(results, "rate_limit", "steady_ratio")
+    out["rate_limit_cpu_us_per_call"] = work_per_unit(
+        _get(results, "rate_limit", "usage"), LIMITER_PROCESSES, "call"
+    )
+    out["rate_limit_unlimited_cpu_us_per_call"] = work_per_unit(
+        _get(results, "rate_limit", "unlimited", "usage"), LIMITER_PROCESSES, "call"
+    )
     return out
 
 
@@ -346,6 +356,31 @@ def _drift(phases: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def rate_limit_lines(phases: Mapping[str, Any], figures: Mapping[str, Any]) -> list[str]:
+    """The ``rate_limit`` phase's summary, and a loud line when the limiter let more calls
+    through than its limit allows."""
+    r = phases.get("rate_limit")
+    if not isinstance(r, Mapping) or "busiest_ratio" not in r:
+        return []
+    steady = r.get("sendgrid_steady_per_s")
+    offered = _get(r, "unlimited", "offered_per_s")
+    lines = [
+        f"Rate limit (SendGrid at {r['limit_per_s']:g} calls/s, three consumer processes, "
+        f"the flood offering {_fmt(offered, ',.1f')}/s unlimited): busiest second "
+        f"{r['sendgrid_busiest_second']} ({_fmt(r['busiest_ratio'], '.2f')} x the limit), "
+        f"steady {_fmt(steady, '.1f')}/s ({_fmt(r.get('steady_ratio'), '.2f')} x), "
+        f"{_fmt(r.get('spilled_share'), '.0%')} of the calls spilled to Mailgun; consumers + "
+        f"Cassandra {_fmt(figures.get('rate_limit_cpu_us_per_call'), ',.0f')} CPU-µs per "
+        f"call (unlimited {_fmt(figures.get('rate_limit_unlimited_cpu_us_per_call'), ',.0f')})"
+    ]
+    if r.get("defect"):
+        lines.append(
+            "LIMITER DEFECT: SendGrid got more calls than its limit allows (above 1.1 x): "
+            "see shared/provider_rates.py"
+        )
+    return lines
+
+
 def table(report: Mapping[str, Any]) -> str:
     """The summary printed at the end of a run."""
     out = [
@@ -369,6 +404,7 @@ def table(report: Mapping[str, Any]) -> str:
                 f"{gc['total_ms']:,.0f} ms stopped, longest {gc['max_ms']:,.0f} ms "
                 f"(see the per-second timeline in the JSON)"
             )
+    out.extend(rate_limit_lines(report["phases"], report["figures"]))
     out.append("Targets:")
     for name, t in report["targets"].items():
         verdict = {True: "PASS", False: "FAIL", None: "n/a "}[t["pass"]]

@@ -40,6 +40,8 @@ SERVICES: dict[str, ServiceSpec] = {
     "webhooks": ServiceSpec("webhooks", "/readyz"),
     # A second consumer process (``make chaos`` runs two, so one job can reach both).
     "consumers-b": ServiceSpec("consumers", "/readyz"),
+    # A third (the ``rate_limit`` phase: three processes share one provider's limit).
+    "consumers-c": ServiceSpec("consumers", "/readyz"),
 }
 
 

@@ -78,6 +78,18 @@ def window_count(times: Iterable[float], start: float, end: float) -> int:
     return sum(1 for t in times if start <= t < end)
 
 
+def busiest_second(times: Iterable[float]) -> int:
+    """The most events in any one-second window, sliding over the events (a window opens at
+    each event, so no fixed grid splits a burst in two)."""
+    ordered = sorted(times)
+    best = start = 0
+    for end, at in enumerate(ordered):
+        while at - ordered[start] >= 1.0:
+            start += 1
+        best = max(best, end - start + 1)
+    return best
+
+
 def spread_window(sorted_times: Sequence[float], low: float, high: float) -> tuple[float, float]:
     """The times at which the ``low`` and ``high`` fractions of events had happened.
 

@@ -90,6 +90,20 @@ GOALS: dict[str, Goal] = {
         False,
         "transactional p99 time to provider (s) while a large bulk batch drains <= 2",
     ),
+    # Ceilings, not goals of speed: the limit is the raw baseline, and more calls than it
+    # allows (beyond the window's edges) is a defect of the limiter.
+    "rate_limit_busiest_vs_limit": Goal(
+        "rate_limit_busiest_ratio",
+        1.1,
+        False,
+        "SendGrid's busiest second in a flood <= 1.1 x its rate limit (three processes)",
+    ),
+    "rate_limit_steady_vs_limit": Goal(
+        "rate_limit_steady_ratio",
+        1.1,
+        False,
+        "SendGrid's steady calls/s in a flood <= 1.1 x its rate limit (three processes)",
+    ),
     "stats_read_ms_10m": Goal(
         "stats_read_ms_10m", 50.0, False, "a day's stats of a 10M-recipient user read in <= 50 ms"
     ),

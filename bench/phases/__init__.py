@@ -32,6 +32,7 @@ MODULES = (
     "bench.phases.webhooks",
     "bench.phases.statsread",
     "bench.phases.lanes",
+    "bench.phases.ratelimit",
 )
 GROUPS = ("A", "B", "C")
 

@@ -15,6 +15,7 @@ from bench.experiments import NAMES, sitecustomize
 from bench.phases import Phase, plan
 from bench.phases.dispatch import corpus_batches
 from bench.phases.lanes import time_to_provider, transactional_body
+from bench.phases.ratelimit import in_force, limit_figures
 from bench.sampler import value_at
 from bench.schedule import RateSchedule
 from bench.workload import LOG_ID_NODE, log_ids
@@ -452,3 +453,102 @@ def test_a_run_of_some_phases_leaves_the_last_full_headline_alone() -> None:
     assert not report.complete(full | {"stats_read_ms_10m": None})  # measured since v2
     assert not report.complete(full | {"e2e_cpu_us_per_rcpt": None})
     assert not report.complete(full | {"rss_mb": {"api": 1.0, "consumers": None}})
+
+
+# -- the shared rate limit under a flood ------------------------------------------------------
+
+
+def test_busiest_second_counts_a_burst_across_a_second_boundary_whole() -> None:
+    """The window slides over the calls: four calls within 0.9 s count as four, though a
+    grid of whole seconds would split them two and three."""
+    assert stats.busiest_second([0.0, 0.9, 1.0, 1.05, 1.8]) == 4
+
+
+def test_busiest_second_leaves_out_a_call_a_whole_second_later() -> None:
+    """A call exactly one second after another is in the next window."""
+    assert stats.busiest_second([5.0, 6.0, 7.0]) == 1
+    assert stats.busiest_second([]) == 0
+
+
+def _steady(rate: float, seconds: float, start: float = 1_800_000_000.0) -> list[float]:
+    return [start + i / rate for i in range(int(rate * seconds))]
+
+
+def test_a_flood_held_to_its_limit_uses_all_of_it_and_no_more() -> None:
+    """SendGrid at exactly 20 calls/s and the rest at Mailgun: ratios of 1, no defect."""
+    figures = limit_figures(_steady(20, 10), _steady(30, 10), limit=20)
+
+    assert (figures["sendgrid_busiest_second"], figures["busiest_ratio"]) == (20, 1.0)
+    assert figures["steady_ratio"] == pytest.approx(1.0, abs=0.02)
+    assert figures["mailgun_steady_per_s"] == pytest.approx(30, abs=0.5)
+    assert figures["spilled_share"] == pytest.approx(0.6)
+    assert figures["defect"] is False
+
+
+def test_two_calls_over_the_limit_are_the_window_edges_three_a_defect() -> None:
+    """At 20/s, 22 calls in a second are within 1.1 x the limit; 23 are a limiter defect."""
+    edges = limit_figures(_steady(20, 10) + _steady(1000, 0.002, 1_800_000_003.01), [], 20)
+    over = limit_figures(_steady(20, 10) + _steady(1000, 0.003, 1_800_000_003.01), [], 20)
+
+    assert (edges["sendgrid_busiest_second"], edges["defect"]) == (22, False)
+    assert (over["sendgrid_busiest_second"], over["defect"]) == (23, True)
+
+
+def test_a_steady_rate_above_the_limit_is_a_defect() -> None:
+    """SendGrid held at 25/s under a limit of 20 is recorded with its ratio, as a defect."""
+    figures = limit_figures(_steady(25, 10), [], limit=20)
+
+    assert figures["steady_ratio"] == pytest.approx(1.25, abs=0.03)
+    assert figures["defect"] is True
+
+
+def test_a_flood_with_no_calls_gives_no_ratios_and_no_verdict() -> None:
+    """Nothing arrived: nothing is measured, and nothing is called a defect."""
+    figures = limit_figures([], [], limit=20)
+
+    assert (figures["busiest_ratio"], figures["steady_ratio"]) == (0.0, None)
+    assert figures["defect"] is False
+
+
+def test_no_limit_and_a_limit_of_zero_are_the_same_setting() -> None:
+    """The settings put back are those in force: none and 0 both mean no limit."""
+    shown = {
+        "sendgrid": {"code": "sg", "paused": False, "rate_limit_per_s": None},
+        "mailgun": {"code": "mg", "paused": True, "rate_limit_per_s": 0},
+    }
+    assert in_force(shown) == {
+        "sendgrid": {"paused": False, "rate_limit_per_s": 0.0},
+        "mailgun": {"paused": True, "rate_limit_per_s": 0.0},
+    }
+
+
+def test_the_limiter_ceilings_fail_only_above_1_1_times_the_limit() -> None:
+    """Both ratios pass at 1.1 x the limit and fail above it."""
+    judged = targets.evaluate({"rate_limit_busiest_ratio": 1.1, "rate_limit_steady_ratio": 1.11})
+
+    assert judged["rate_limit_busiest_vs_limit"]["pass"] is True
+    assert judged["rate_limit_steady_vs_limit"]["pass"] is False
+
+
+def test_limiter_work_adds_up_the_three_consumer_processes_and_cassandra() -> None:
+    """CPU per call of the limiter's processes: every consumer process and Cassandra."""
+    usage = _usage(
+        "call", consumers=5.0, **{"consumers-b": 6.0, "consumers-c": 7.0}, cassandra=10.0
+    )
+    usage["rabbitmq"] = {"cpu_us_per_call": 100.0}
+
+    assert report.work_per_unit(usage, report.LIMITER_PROCESSES, "call") == 28.0
+
+
+def test_the_summary_says_loudly_when_the_limiter_let_too_many_calls_through() -> None:
+    """A defect adds its own line to the rate limit summary; a failed phase adds none."""
+    phase = limit_figures(_steady(25, 10), [], limit=20) | {"unlimited": {"offered_per_s": 60.0}}
+
+    lines = report.rate_limit_lines({"rate_limit": phase}, {})
+    clean = report.rate_limit_lines(
+        {"rate_limit": limit_figures(_steady(20, 10), [], limit=20)}, {}
+    )
+
+    assert len(lines) == 2 and lines[1].startswith("LIMITER DEFECT")
+    assert len(clean) == 1 and "1.00 x the limit" in clean[0]
+    assert report.rate_limit_lines({"rate_limit": {"error": "boom"}}, {}) == []
