@@ -92,6 +92,7 @@ class Process:
         task = asyncio.get_running_loop().create_task(coro, context=ctx)
         inc.tasks.add(task)
         task.add_done_callback(inc.tasks.discard)
+        task.add_done_callback(_seen)
         if not inc.alive:
             task.cancel()
         return task
@@ -121,6 +122,13 @@ class Process:
         self.current = Incarnation(self, self.current.number + 1)
         self.restarting = False
         self.spawn(self.boot())
+
+
+def _seen(task: asyncio.Task[Any]) -> None:
+    """Mark a task's end as seen: one ended by its process's death ends with ``Killed``,
+    which nobody awaits (the process is gone) and asyncio need not report."""
+    if not task.cancelled():
+        task.exception()
 
 
 def task_factory(

@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from simulation.faults import FAULTS, Schedule, decode, encode
@@ -133,6 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, help="replay swarm run SEED")
     parser.add_argument("--schedule", help="replay one schedule")
     parser.add_argument("--no-single", action="store_true", help="skip the single-fault pass")
+    parser.add_argument(
+        "--failures",
+        default=".state/simulate-failures.txt",
+        help="where to list every violating schedule",
+    )
     args = parser.parse_args(argv)
     names = [n for n in args.scenarios.split(",") if n]
     unknown = [n for n in names if n not in SCENARIOS]
@@ -166,6 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for result in _map(args.jobs, _swarm_one, seeds):
         totals.add(result)
     print(f"swarm: {len(seeds)} runs, {len(totals.violations) - before} violating", flush=True)
+    if totals.violations and args.failures:
+        Path(args.failures).write_text("".join(f"{r.schedule}\n" for r in totals.violations))
+        print(f"every violating schedule: {args.failures}")
     _report(totals.violations)
     kinds: dict[str, int] = {}
     for base in bases.values():

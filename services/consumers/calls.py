@@ -180,18 +180,18 @@ class Caller:
                 error=TransientProviderError(job.provider, "answer lost", outcome_unknown=True)
             )
         values = await self._values(job, line, current, answer)
+        expect: dict[str, Any] = {"state": "calling", "owner": delivery.owner}
+        if answer.unknown:
+            # Whether a chain of checks already runs (see _values) must still hold as read.
+            expect["checks"] = current.checks
         stored = await self._durably(
             lambda: self.d.attempts.transition(
-                job.batch_id,
-                job.line,
-                job.attempt,
-                expect={"state": "calling", "owner": delivery.owner},
-                values=values,
+                job.batch_id, job.line, job.attempt, expect=expect, values=values
             )
         )
         if stored:
             await self.d.hooks("recorded", job)
-            return await self._settled(job, replace(current, **values), answer)
+            return await self._settled(job, replace(current, **values), answer, values)
         return await self._late(job, delivery, answer)
 
     async def _values(
@@ -208,13 +208,19 @@ class Caller:
             }
         assert answer.error is not None  # noqa: S101 - an answer has one or the other
         if answer.unknown:
-            return {
+            unknown = {
                 "state": "ambiguous",
-                "checks": current.checks + 1,
-                "checked_by": job.origin,
                 "finished_at": now,
                 "error": encode_error(answer.error),
             }
+            if current.checks > 0:
+                # A check of this call is already on its way (another delivery of the job
+                # waited for our lease): it finds the attempt ambiguous and resolves it. A
+                # check of our own would only be a second chain, and this delivery may no
+                # longer hold its message (its connection dropped, another copy acked it):
+                # should it die before publishing, nothing would publish that check again.
+                return unknown
+            return {**unknown, "checks": 1, "checked_by": job.origin}
         return {
             "state": "rejected",
             "finished_at": now,
@@ -254,11 +260,14 @@ class Caller:
             }
         return {"decision": "give_up", "verdict": verdict.reason[:1000]}
 
-    async def _settled(self, job: protocol.Job, attempt: Attempt, answer: Answer) -> bool:
+    async def _settled(
+        self, job: protocol.Job, attempt: Attempt, answer: Answer, values: dict[str, Any]
+    ) -> bool:
         d = self.d
         if attempt.state == "ambiguous":
             d.metrics.ambiguous.labels(job.provider).inc()
-            await d.follow.check(job, attempt.checks, d.settings.resolve_interval)
+            if "checks" in values:  # we numbered the first check: it is ours to publish
+                await d.follow.check(job, attempt.checks, d.settings.resolve_interval)
             return True
         if answer.receipt is not None and answer.receipt.status:
             d.metrics.chunks_sent.labels(job.provider).inc()

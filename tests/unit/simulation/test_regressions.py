@@ -62,6 +62,15 @@ FIXED = [
         "issue 32: SendGrid accepted the chunk and answered 504; the attempt was recorded "
         "rejected and the chunk sent again through Mailgun (every recipient twice)",
     ),
+    (
+        "lost_request@14658~:consumers-a/store:attempts.line#1=disconnect,"
+        "consumers-a/ack:batch.*#1=lost,consumers-a/store:attempts.transition#2=lands,"
+        "consumers-a/store:attempts.transition#3=kill",
+        "found by the swarm: the caller's connection dropped, another delivery of its job "
+        "waited for its lease (check 1) and acked the job; the caller then recorded its "
+        "unknown answer as check 2 and died before publishing it: check 1 was stale, nothing "
+        "held a message that could publish check 2, and the mail was never sent",
+    ),
 ]
 
 
