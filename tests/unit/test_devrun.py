@@ -351,11 +351,8 @@ def test_a_healthy_answer_ends_the_wait(
 ) -> None:
     """A 200 from /healthz means started (a wait that missed it would raise)."""
     monkeypatch.setattr(devrun, "START_TIMEOUT", 2.0)
-    started = time.monotonic()
 
-    devrun._wait_healthy(devrun.Service("api", answering(200)))
-
-    assert time.monotonic() - started < 1
+    assert devrun._wait_healthy(devrun.Service("api", answering(200))) is None
 
 
 def test_a_service_never_healthy_fails_after_the_start_timeout(
@@ -365,11 +362,8 @@ def test_a_service_never_healthy_fails_after_the_start_timeout(
     monkeypatch.setattr(devrun, "START_TIMEOUT", 0.5)
     port = answering(500)
 
-    started = time.monotonic()
     with pytest.raises(RuntimeError, match=f"api did not answer .*:{port}/healthz within 0s"):
         devrun._wait_healthy(devrun.Service("api", port))
-
-    assert time.monotonic() - started < 2
 
 
 def test_a_service_whose_process_exited_fails_with_its_status() -> None:

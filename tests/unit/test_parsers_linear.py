@@ -1,14 +1,16 @@
-"""Every parser of untrusted text takes time linear in its input: a megabyte of adversarial
-repetition (the shapes that make backtracking regexes, nested scans and repeated
-concatenation quadratic) is parsed in well under a second, where a quadratic parser takes
-minutes. The bound is generous on purpose (these machines are noisy); what it catches is
-growth with the square of the length, which no amount of noise hides at 1 MB.
+"""Every parser of untrusted text gets through a megabyte of adversarial repetition (the
+shapes that make backtracking regexes, nested scans and repeated concatenation quadratic)
+and answers it: a value or a refusal, never another error.
+
+No test here reads a clock: how the time grows with the input is a figure, measured by
+`make hostile` at 1x and 10x of these same shapes. What a test can still see without a clock
+is a parser that never finishes: a quadratic one takes about 17 minutes for 1 MB, far past
+the suite's per-test timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 
 import orjson
@@ -23,9 +25,6 @@ from shared.http import ApiError
 from shared.providers import mailgun_events, sendgrid_events
 
 MEGABYTE = 1024 * 1024
-#: Seconds for one parser over 1 MB; the linear parsers take 0.01-0.3 s here, the quadratic
-#: one this replaces took 3.2 s for 56 KB (about 17 minutes for 1 MB).
-BOUND = 3.0
 
 # The characters parsers branch on: encoded-word delimiters, quotes, escapes, brackets,
 # separators and whitespace.
@@ -64,11 +63,10 @@ def _megabyte(unit: str) -> str:
     return unit * (MEGABYTE // len(unit.encode()) + 1)
 
 
-def _timed(parse: Callable[[str], object], text: str) -> float:
-    start = time.perf_counter()
-    with contextlib.suppress(ValueError, ApiError):  # refusing is fine, taking minutes is not
+def _answers(parse: Callable[[str], object], text: str) -> bool:
+    with contextlib.suppress(ValueError, ApiError):  # refusing is an answer
         parse(text)
-    return time.perf_counter() - start
+    return True
 
 
 @pytest.mark.parametrize("name", sorted(TEXT_PARSERS))
@@ -77,13 +75,13 @@ def _timed(parse: Callable[[str], object], text: str) -> float:
 @example(unit=KNOWN_BAD[0])
 @example(unit=KNOWN_BAD[1])
 @example(unit=KNOWN_BAD[2])
-def test_a_megabyte_of_repetition_parses_in_linear_time(name: str, unit: str) -> None:
-    assert _timed(TEXT_PARSERS[name], _megabyte(unit)) < BOUND
+def test_a_megabyte_of_repetition_is_answered(name: str, unit: str) -> None:
+    assert _answers(TEXT_PARSERS[name], _megabyte(unit))
 
 
 @pytest.mark.parametrize("unit", KNOWN_BAD)
-def test_an_encoded_word_check_of_a_megabyte_is_linear(unit: str) -> None:
-    assert _timed(addresses.text_problem, _megabyte(unit)) < BOUND
+def test_an_encoded_word_check_of_a_megabyte_is_answered(unit: str) -> None:
+    assert _answers(addresses.text_problem, _megabyte(unit))
 
 
 def test_header_injection_is_still_found_at_the_end_of_a_megabyte() -> None:
@@ -108,30 +106,26 @@ def test_encoded_text_may_hold_a_question_mark_as_decoders_allow() -> None:
 
 
 def test_a_quadratic_codec_named_as_the_charset_is_not_used() -> None:
-    # punycode's decoder is quadratic; a hostile label must not select it.
-    text = "=?punycode?q?" + "a" * 200_000 + "-" + "b" * 200_000 + "?="
-
-    assert _timed(addresses.text_problem, text) < BOUND
+    # punycode's decoder is quadratic; a hostile label must not select it: its words are
+    # read as UTF-8, where punycode would have decoded "bcher-kva" to "bücher".
+    assert addresses._decode_charset(b"bcher-kva", "punycode") == "bcher-kva"
 
 
 @given(unit=units)
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @example(unit=KNOWN_BAD[1])
-def test_a_megabyte_webhook_body_of_repetition_parses_in_linear_time(unit: str) -> None:
+def test_a_megabyte_webhook_body_of_repetition_is_answered(unit: str) -> None:
     body = orjson.dumps([{"email": _megabyte(unit), "event": unit, "sg_event_id": unit}])
 
-    start = time.perf_counter()
     sendgrid_events.parse_events(body)
     with pytest.raises(mailgun_events.MalformedPayload):
         mailgun_events.parse_envelope(body)  # a list is not Mailgun's envelope
-
-    assert time.perf_counter() - start < BOUND
 
 
 @given(unit=units)
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @example(unit=KNOWN_BAD[0])
-def test_a_batch_with_megabyte_fields_is_refused_in_linear_time(unit: str) -> None:
+def test_a_batch_with_megabyte_fields_is_refused(unit: str) -> None:
     big = _megabyte(unit)
     body = {
         "from": big,
@@ -142,11 +136,8 @@ def test_a_batch_with_megabyte_fields_is_refused_in_linear_time(unit: str) -> No
         "headers": {"X-Note": big},
     }
 
-    start = time.perf_counter()
     with pytest.raises(validation.InvalidRequest):
         validation.parse_batch_request(body, max_recipients=10)
-
-    assert time.perf_counter() - start < BOUND
 
 
 def test_a_batch_with_many_recipients_is_validated_off_the_event_loop() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import time
 import urllib.parse
 from collections.abc import AsyncIterator
 
@@ -129,13 +128,10 @@ async def test_slow_response_times_out_as_transient(server: FakeProviderServer) 
     provider = MailgunProvider(api_key="k", domain="d", base_url=server.url, timeout=0.2)
 
     try:
-        started = time.monotonic()
         with pytest.raises(TransientProviderError, match="may have accepted"):
-            await provider.send(chunk())
+            await provider.send(chunk())  # a wait past the timeout would get the 200
     finally:
         await provider.aclose()
-
-    assert time.monotonic() - started < 0.9
 
 
 async def test_refused_connection_is_transient(server: FakeProviderServer) -> None:
