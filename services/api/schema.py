@@ -119,7 +119,11 @@ class BatchIn(_In):
     headers: dict[str, str] | None = Field(
         None,
         max_length=validation.MAX_HEADERS,
-        description="Extra headers; those we set ourselves are refused.",
+        description="Extra headers. Refused (422 under `headers.<name>`, in any case): "
+        "those we set ourselves (`From`, `Sender`, `Return-Path`, `Message-ID`, "
+        "`List-Unsubscribe`, `List-Unsubscribe-Post`: ask for ours with `unsubscribe`, ...), "
+        "those that steer a provider (`X-Mailgun-*`, `X-SG-*`, `X-SMTPAPI`, `X-Twilio-*`), "
+        "`Resent-*`, `Authentication-Results` and `ARC-*`.",
     )
     provider: str | None = Field(
         None,
