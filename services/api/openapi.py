@@ -353,8 +353,10 @@ OPERATIONS: tuple[Operation, ...] = (
         description="Events are signed per Standard Webhooks (`webhook-id`, "
         "`webhook-timestamp`, `webhook-signature`) and delivered in order per endpoint, "
         "retried for about a day. The URL must be https and resolve to public addresses "
-        "(422 naming why not); an unknown event type is a 422 naming it; 409 over the cap of "
-        "endpoints per user.",
+        "(422 naming why not; for a host name, the one reason `the host does not resolve, or "
+        "resolves to an address that is not publicly routable`, never what it resolved "
+        "to); an unknown event type is a 422 naming it; 409 over the cap of endpoints per "
+        "user.",
     ),
     Operation(
         "get_webhook",
