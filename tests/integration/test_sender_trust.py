@@ -1,19 +1,29 @@
-"""What a sender may not do to their recipients, through the real API, Cassandra and RabbitMQ:
-set headers that are ours or that pass for another sender or a receiver's verdict."""
+"""What a sender may not do, through the real API, Cassandra and RabbitMQ: set headers that
+are ours or that pass for another sender or a receiver's verdict; send from a dashboard
+session faster than a key may."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
+from shared import ratelimit
 from shared.config import CassandraSettings
 from shared.db import Database
+from shared.ratelimit import RatePolicy
+from shared.sessions import SESSION_COOKIE, SessionStore
 from shared.validation import HEADER_RESERVED
 from tests.conftest import stack_settings, unique
-from tests.integration.unhappy import Account, api_client, new_account
+from tests.integration.unhappy import Account, api_client, new_account, with_api
+
+#: One request per 50-second window: a second one within a test is always over the limit.
+SLOW = RatePolicy(per_second=0.02, burst=1)
 
 GOOD: dict[str, Any] = {
     "from": "Shop <shop@example.com>",
@@ -27,6 +37,15 @@ GOOD: dict[str, Any] = {
 async def client(migrated: CassandraSettings) -> AsyncIterator[httpx.AsyncClient]:
     """One API app for the module: tests never share data (each makes its own users)."""
     async with api_client(stack_settings(migrated, unique("t").replace("_", "-"))) as pair:
+        yield pair[1]
+
+
+@pytest.fixture(scope="module")
+async def slow(migrated: CassandraSettings) -> AsyncIterator[httpx.AsyncClient]:
+    """An API whose request rate is :data:`SLOW` (per key, and per user on a session)."""
+    settings = stack_settings(migrated, unique("t").replace("_", "-"))
+    limited = with_api(settings, rate_limit_per_second=SLOW.per_second, rate_burst=SLOW.burst)
+    async with api_client(limited) as pair:
         yield pair[1]
 
 
@@ -67,3 +86,77 @@ async def test_a_newly_reserved_header_is_a_422_naming_it(
     assert answer.status_code == 422
     assert answer.json()["error"]["fields"] == {f"headers.{name}": HEADER_RESERVED}
     assert await batches_of(client, me) == []
+
+
+# --- a dashboard session's request rate --------------------------------------------------------
+
+
+async def session_of(client: httpx.AsyncClient, db: Database, user_id: uuid.UUID) -> str:
+    """A new dashboard session of the user, its cookie set on ``client``; its CSRF token."""
+    session_id, csrf = await SessionStore(db).create(user_id)
+    client.cookies.set(SESSION_COOKIE, session_id, domain="api.test")
+    return csrf
+
+
+async def fresh_window(margin: float = 10.0) -> None:
+    """Wait for the next window of :data:`SLOW` when this one has less than ``margin`` s left."""
+    now_ms = time.time_ns() // 1_000_000
+    end = (ratelimit.window_index(now_ms, SLOW.window_ms) + 1) * SLOW.window_ms
+    if end - now_ms < margin * 1000:
+        await asyncio.sleep((end - now_ms) / 1000 + 0.05)
+
+
+def compose(csrf: str, subject: str) -> dict[str, str]:
+    return {
+        "csrf_token": csrf,
+        "idempotency_key": uuid.uuid4().hex,
+        "from": "shop@example.com",
+        "to": "ann@example.com",
+        "subject": subject,
+        "text": "Hello",
+    }
+
+
+async def test_the_send_form_over_the_users_request_rate_is_a_429_saying_how_long_to_wait(
+    slow: httpx.AsyncClient, db: Database
+) -> None:
+    """The dashboard's send is limited like a key: the second batch within the window is a
+    429 with Retry-After, the form says to wait and keeps the message, and nothing is sent."""
+    me = await new_account(db, "dash_rate")
+    csrf = await session_of(slow, db, me.user_id)
+    await fresh_window()
+
+    first = await slow.post("/send", data=compose(csrf, "First"), follow_redirects=False)
+    second = await slow.post("/send", data=compose(csrf, "Second one"), follow_redirects=False)
+    listed = await batches_of(slow, me)
+
+    assert first.status_code == 303
+    assert second.status_code == 429
+    assert 1 <= int(second.headers["Retry-After"]) <= 50
+    assert f"wait {second.headers['Retry-After']} second" in second.text
+    assert "Second one" in second.text  # the message is kept in the form
+    assert len(listed) == 1
+
+
+async def test_a_session_on_the_originals_api_shares_the_users_rate_with_the_dashboard(
+    slow: httpx.AsyncClient, db: Database
+) -> None:
+    """``POST /api/batch`` on a session cookie is limited per user: after a send from the
+    dashboard, another session of the same user gets 429 with Retry-After in the
+    original's error shape; the user's API key keeps its own budget."""
+    me = await new_account(db, "api_rate")
+    csrf = await session_of(slow, db, me.user_id)
+    await fresh_window()
+    sent = await slow.post("/send", data=compose(csrf, "Dashboard"), follow_redirects=False)
+    await session_of(slow, db, me.user_id)  # another browser of the same user
+
+    form = {"from": "shop@example.com", "to": "bob@example.com", "subject": "Hi", "body": "x"}
+    refused = await slow.post("/api/batch", data=form, headers={"Origin": "http://api.test"})
+    slow.cookies.clear()
+    by_key = await slow.post("/v1/batches", json=GOOD, headers=me.auth)
+
+    assert sent.status_code == 303
+    assert refused.status_code == 429
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert "too many requests" in refused.json()["error"]
+    assert by_key.status_code == 202

@@ -382,6 +382,15 @@ def test_send_errors_sentence_case_other_messages() -> None:
     assert errors == {"form": ["This batch would pass the daily quota"]}
 
 
+def test_send_errors_say_how_long_to_wait_over_the_request_rate() -> None:
+    """A 429 for the request rate says the batch was not sent, that the message is kept,
+    and how many seconds to wait (the answer's Retry-After)."""
+    errors = views.send_errors("rate_limited", "too many requests", None, wait="37")
+
+    (text,) = errors["form"]
+    assert "not accepted" in text and "kept" in text and "wait 37 seconds" in text
+
+
 def test_send_errors_prefer_field_errors() -> None:
     """With field errors, they are what the form shows."""
     errors = views.send_errors("invalid_fields", "2 invalid", {"subject": "is required"})

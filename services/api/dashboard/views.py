@@ -562,12 +562,27 @@ _SEND_FAILURES = {
 
 
 def send_errors(
-    code: str, message: str, fields: Mapping[str, str] | None, entries: Sequence[str] = ()
+    code: str,
+    message: str,
+    fields: Mapping[str, str] | None,
+    entries: Sequence[str] = (),
+    *,
+    wait: str | None = None,
 ) -> dict[str, list[str]]:
     """What the send form shows for a refused batch: field errors beside their fields, or
-    one form-level explanation (idempotency replays, quota, an outage)."""
+    one form-level explanation (idempotency replays, the request rate, quota, an outage);
+    ``wait`` is the answer's Retry-After."""
     if fields:
         return form_errors(fields, entries)
+    if code == "rate_limited":
+        seconds = natural(wait or "") or 1
+        return {
+            "form": [
+                "You are sending faster than your account's request rate allows, so this "
+                f"batch was not accepted. Your message is kept below: wait "
+                f"{plural(seconds, 'second')}, then send it again."
+            ]
+        }
     text = _SEND_FAILURES.get(code) or (message[:1].upper() + message[1:])
     return {"form": [text]}
 
