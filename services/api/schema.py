@@ -490,6 +490,13 @@ class Suppression(_Out):
     source: str | None = None
     event_id: str | None = None
     created_at: str | None = None
+    by_recipient: Literal["unsubscribed", "complained", "provider_list"] | None = Field(
+        None,
+        description="The recipient's own act that put the address here: their "
+        "`unsubscribed` or `complained`, or `provider_list` (a provider dropped mail for its "
+        "own list and did not say which). Only an operator key may lift such an entry; "
+        "null for bounces and the addresses you added, which you may delete.",
+    )
 
 
 class SuppressionList(_Out):

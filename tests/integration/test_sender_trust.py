@@ -1,6 +1,7 @@
 """What a sender may not do, through the real API, Cassandra and RabbitMQ: set headers that
-are ours or that pass for another sender or a receiver's verdict; send from a dashboard
-session faster than a key may."""
+are ours or that pass for another sender or a receiver's verdict; lift a suppression the
+recipient made (their unsubscribe, their complaint); send from a dashboard session faster
+than a key may."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from typing import Any
 import httpx
 import pytest
 
-from shared import ratelimit
+from shared import accounts, ratelimit
 from shared.config import CassandraSettings
 from shared.db import Database
 from shared.ratelimit import RatePolicy
 from shared.sessions import SESSION_COOKIE, SessionStore
+from shared.suppressions import SuppressionStore
 from shared.validation import HEADER_RESERVED
 from tests.conftest import stack_settings, unique
 from tests.integration.unhappy import Account, api_client, new_account, with_api
@@ -86,6 +88,129 @@ async def test_a_newly_reserved_header_is_a_422_naming_it(
     assert answer.status_code == 422
     assert answer.json()["error"]["fields"] == {f"headers.{name}": HEADER_RESERVED}
     assert await batches_of(client, me) == []
+
+
+# --- suppressions the recipient made ---------------------------------------------------------
+
+
+async def recipients_own(db: Database, me: Account) -> None:
+    """Entries as the webhook ingest writes them: an unsubscribe and a complaint (marked),
+    one from before marks, a list's one-click unsubscribe, and a bounce."""
+    store = SuppressionStore(db)
+    await store.add(
+        me.user_id,
+        "unsub@example.com",
+        reason="unsubscribe",
+        source="sg",
+        by_recipient="unsubscribed",
+    )
+    await store.add(
+        me.user_id,
+        "spam@example.com",
+        reason="complained",
+        source="mg",
+        by_recipient="complained",
+    )
+    await store.add(me.user_id, "old@example.com", reason="spamreport", source="sg")
+    await store.add(
+        me.user_id,
+        "news@example.com",
+        reason="one-click unsubscribe",
+        source="tracking",
+        scope="news",
+        by_recipient="unsubscribed",
+    )
+    await store.add(me.user_id, "bounce@example.com", reason="bounce/bounce", source="sg")
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("unsub@example.com", "unsubscribed"),
+        ("spam@example.com", "spam"),
+        ("old@example.com", "spam"),
+        ("news@example.com?list=news", "unsubscribed"),
+    ],
+)
+async def test_a_send_key_deleting_a_suppression_the_recipient_made_is_a_403_naming_why(
+    client: httpx.AsyncClient, db: Database, me: Account, path: str, why: str
+) -> None:
+    """403 ``suppressed_by_recipient`` naming the address and why; it stays listed, marked."""
+    await recipients_own(db, me)
+
+    answer = await client.delete(f"/v1/suppressions/{path}", headers=me.auth)
+
+    email, _, query = path.partition("?")
+    assert answer.status_code == 403
+    error = answer.json()["error"]
+    assert error["code"] == "suppressed_by_recipient"
+    assert email in error["message"] and why in error["message"]
+    listed = await client.get(f"/v1/suppressions?{query}", headers=me.auth)
+    (row,) = [r for r in listed.json()["data"] if r["email"] == email]
+    assert row["by_recipient"] in ("unsubscribed", "complained")
+
+
+async def test_a_sender_deletes_their_own_suppressions_and_bounces_an_operator_any(
+    client: httpx.AsyncClient, db: Database, me: Account
+) -> None:
+    """204 for a bounce and an address the sender added; an operator key lifts an
+    unsubscribe and a list's too."""
+    await recipients_own(db, me)
+    added = await client.post(
+        "/v1/suppressions", json={"email": "mine@example.com"}, headers=me.auth
+    )
+    operator = await accounts.create_key(db, me.user_id, "ops", scopes=["send", "operator"])
+    as_operator = {"Authorization": f"Bearer {operator}"}
+
+    bounce = await client.delete("/v1/suppressions/bounce@example.com", headers=me.auth)
+    mine = await client.delete("/v1/suppressions/mine@example.com", headers=me.auth)
+    unsub = await client.delete("/v1/suppressions/unsub@example.com", headers=as_operator)
+    listed = await client.delete("/v1/suppressions/news@example.com?list=news", headers=as_operator)
+
+    assert added.status_code == 201
+    assert [a.status_code for a in (bounce, mine, unsub, listed)] == [204, 204, 204, 204]
+    left = (await client.get("/v1/suppressions", headers=me.auth)).json()["data"]
+    assert sorted(r["email"] for r in left) == ["old@example.com", "spam@example.com"]
+
+
+async def test_re_adding_an_unsubscribed_address_does_not_let_the_sender_lift_it(
+    client: httpx.AsyncClient, db: Database, me: Account
+) -> None:
+    """POST /v1/suppressions over the recipient's entry, then DELETE: still 403."""
+    await recipients_own(db, me)
+
+    again = await client.post(
+        "/v1/suppressions", json={"email": "old@example.com"}, headers=me.auth
+    )
+    answer = await client.delete("/v1/suppressions/old@example.com", headers=me.auth)
+
+    assert again.status_code == 201
+    assert answer.status_code == 403
+
+
+async def test_the_dashboard_refuses_to_remove_the_recipients_own_and_says_why(
+    client: httpx.AsyncClient, db: Database, me: Account
+) -> None:
+    """The list shows who may lift it instead of a Remove button; a forged remove is a 403
+    page naming why, and the address stays."""
+    await recipients_own(db, me)
+    csrf = await session_of(client, db, me.user_id)
+
+    page = await client.get("/suppressions")
+    answer = await client.post(
+        "/suppressions/remove", data={"csrf_token": csrf, "email": "unsub@example.com"}
+    )
+    client.cookies.clear()
+
+    unsub_row = page.text.split('data-email="unsub@example.com"')[1].split("</tr>")[0]
+    bounce_row = page.text.split('data-email="bounce@example.com"')[1].split("</tr>")[0]
+    assert "only an operator" in unsub_row and "Remove" not in unsub_row
+    assert "Remove" in bounce_row
+    assert answer.status_code == 403
+    assert "unsub@example.com unsubscribed" in answer.text
+    assert "unsub@example.com" in [
+        r["email"] for r in (await client.get("/v1/suppressions", headers=me.auth)).json()["data"]
+    ]
 
 
 # --- a dashboard session's request rate --------------------------------------------------------

@@ -565,6 +565,7 @@ async def _suppressions_page(
         "paged": after is not None,
         "errors": {},
         "values": {"email": "", "reason": ""},
+        "problem": None,
     }
     context.update(extra)
     return render(request, "suppressions.html", context, status=status)
@@ -594,7 +595,13 @@ async def remove_suppression(request: Request) -> Response:
     user = await _user(request)
     form = await _checked_form(request, user)
     email = form.get("email", "").strip()
-    if await _managing(request).unsuppress(user.user_id, email):
+    try:
+        removed = await _managing(request).unsuppress(user.user_id, email)
+    except ApiError as exc:
+        if exc.status != 403:
+            raise
+        return await _suppressions_page(request, user, status=403, problem=f"{exc.message}.")
+    if removed:
         return see_other("/suppressions", removed=address_key(email))
     return see_other("/suppressions", absent=address_key(email))
 

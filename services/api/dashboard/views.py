@@ -22,6 +22,7 @@ from shared.addresses import AddressError, normalize_email, split_address_list
 from shared.digits import natural
 from shared.providers.catalog import CATALOG
 from shared.sessions import safe_next
+from shared.suppressions import made_by_recipient
 from shared.webhook_events import KIND_RANK
 
 if TYPE_CHECKING:
@@ -705,6 +706,16 @@ class SuppressionRow:
     source: str
     added: str
     added_iso: str
+    by_recipient: str = ""
+    """Why the user cannot remove it (the recipient made it), in words; empty: they can."""
+
+
+#: What stands in for the Remove button of an entry the recipient made.
+_BY_RECIPIENT = {
+    "unsubscribed": "The recipient unsubscribed: only an operator can lift it",
+    "complained": "The recipient reported spam: only an operator can lift it",
+    "provider_list": "On a provider's own list: only an operator can lift it",
+}
 
 
 def suppression_rows(rows: Iterable[Mapping[str, Any]]) -> list[SuppressionRow]:
@@ -716,6 +727,7 @@ def suppression_rows(rows: Iterable[Mapping[str, Any]]) -> list[SuppressionRow]:
             source=suppression_source(str(r.get("source") or "")),
             added=fmt_time(r.get("created_at")),
             added_iso=iso(r.get("created_at")),
+            by_recipient=_BY_RECIPIENT.get(made_by_recipient(r) or "", ""),
         )
         for r in rows
     ]
