@@ -138,9 +138,11 @@ class ApiSettings(BaseSettings):
     """Seconds a request holds its Idempotency-Key; a retry after that takes the key over and
     finishes the same batch (the holder died or stalled)."""
     rate_limit_per_second: float = Field(50.0, gt=0)
-    """Sustained requests per second allowed per API key (see shared.ratelimit)."""
+    """Sustained requests per second allowed per API key, and per user on a dashboard
+    session (see shared.ratelimit)."""
     rate_burst: int = Field(100, ge=1)
-    """Requests one key may make at once; with the rate it sets the window (burst / rate s)."""
+    """Requests one key (or one dashboard user) may make at once; with the rate it sets the
+    window (burst / rate s)."""
     sender_domains: Literal["verified", "any"] = "verified"
     """``verified``: a batch's ``from`` must be in a domain its user verified (``/v1/domains``);
     ``any`` turns that check off (tests of other things; refused in production)."""

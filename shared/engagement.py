@@ -14,8 +14,10 @@ List-Unsubscribe header. Tokens travel the way every per-recipient value already
   List-Unsubscribe=One-Click`` (RFC 8058) is the same for all.
 
 Only copies made per recipient can carry them: a shared message (one copy seen by every
-recipient of a chunk) is sent as it is. A message whose own headers set List-Unsubscribe
-keeps the sender's. A link holding a substitution key (it differs per recipient) is tracked
+recipient of a chunk) is sent as it is. The unsubscribe headers are ours alone: requests may
+not set them (``shared.models.UNSUBSCRIBE_HEADERS``), and a message stored before that rule
+loses its sender's when it gets ours, so a recipient's unsubscribe always reaches the
+suppression list. A link holding a substitution key (it differs per recipient) is tracked
 only when its host is one the operator allows (``SAFEDELIVR_TRACKING_REDIRECT_HOSTS``): its
 token then carries the recipient's own URL. Links are tracked up to
 :data:`MAX_TRACKED_LINKS` per message (each costs a token per recipient, and SendGrid caps a
@@ -37,7 +39,7 @@ from typing import Final
 from shared.config import TrackingSettings
 from shared.engagement_tokens import Claim, KeyRing, host_of, ring_from, sign
 from shared.link_rewrite import rewrite, trackable
-from shared.models import Chunk, Engagement, Message, Recipient
+from shared.models import UNSUBSCRIBE_HEADERS, Chunk, Engagement, Message, Recipient
 from shared.providers.envelope import replace_keys
 
 #: The ``provider`` of the events our tracking endpoint reports (opens, clicks, unsubscribes).
@@ -159,8 +161,9 @@ def personalize(chunk: Chunk, tracker: Tracker | None) -> Chunk:
     if opens and body:
         body = _with_pixel(body, tracker.url("o", OPEN_KEY))
     headers = dict(message.headers)
-    unsubscribe = engagement.unsubscribe and not _has_header(headers, "list-unsubscribe")
+    unsubscribe = engagement.unsubscribe
     if unsubscribe:
+        headers = {k: v for k, v in headers.items() if k.lower() not in UNSUBSCRIBE_HEADERS}
         headers["List-Unsubscribe-Post"] = ONE_CLICK
     recipients = tuple(
         _recipient(r, chunk, engagement, tracker, tracked, opens=opens, unsubscribe=unsubscribe)
@@ -230,10 +233,6 @@ def list_unsubscribe(tracker: Tracker, token: str) -> str:
         subject = urllib.parse.quote(f"unsubscribe {token}")
         value += f", <mailto:{tracker.mailto}?subject={subject}>"
     return value
-
-
-def _has_header(headers: dict[str, str], name: str) -> bool:
-    return any(k.lower() == name for k in headers)
 
 
 def _with_pixel(body: str, src: str) -> str:

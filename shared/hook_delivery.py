@@ -53,19 +53,30 @@ async def resolve(host: str, port: int) -> list[IPAddress]:
 
 
 async def vet(target: Target, allowed: Sequence[Network], resolver: Resolve = resolve) -> IPAddress:
-    """The address to connect to, or TargetError saying why none may be."""
+    """The address to connect to, or TargetError saying why none may be (for a name, never
+    what it resolved to, nor the resolver's error: see ``shared.ssrf``)."""
     literal = ssrf.literal(target.host)
     if literal is not None:
-        found = [literal]
-    else:
-        try:
-            found = await resolver(target.host, target.port)
-        except OSError as exc:
-            raise TargetError(f"{target.host} does not resolve ({exc})") from exc
+        problem = ssrf.address_problem(literal, allowed)
+        if problem:
+            raise TargetError(problem)
+        return literal
+    try:
+        found = await resolver(target.host, target.port)
+    except OSError:
+        raise TargetError(ssrf.NAME_REFUSED) from None
     problem = ssrf.resolved_problem(found, allowed)
     if problem:
         raise TargetError(problem)
     return found[0]
+
+
+def _unnamed(error: str, target: Target, address: IPAddress) -> str:
+    """A transport error's text without the vetted address of a name (the connection went
+    to it, so errors name it): the user sees the host they wrote instead."""
+    if ssrf.literal(target.host) is not None:
+        return error
+    return error.replace(str(address), target.host)
 
 
 def pinned_url(target: Target, address: IPAddress, url: str) -> str:
@@ -136,5 +147,6 @@ class Deliverer:
         except TimeoutError:
             return Outcome(None, f"no answer within {self.timeout:g}s", took())
         except httpx.HTTPError as exc:
-            return Outcome(None, f"{type(exc).__name__}: {exc}"[:300], took())
+            error = _unnamed(f"{type(exc).__name__}: {exc}", target, address)
+            return Outcome(None, error[:300], took())
         return Outcome(answer.status_code, None, took())

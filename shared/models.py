@@ -40,18 +40,45 @@ RESERVED_HEADERS: frozenset[str] = frozenset(
         "sender",  # an address header: it would bypass the check on ``from``
         "return-path",  # where bounces go: a sender's own would lose them
         "x-smtpapi",
+        # A receiving server's verdict on SPF/DKIM/DMARC (RFC 8601): one the sender wrote
+        # could pass for a verdict of a hop the message never took.
+        "authentication-results",
     }
 )
 #: Header families that steer a provider (Mailgun's ``X-Mailgun-Variables``/``-Tag``/...,
 #: SendGrid's ``X-SG-*`` and its legacy ``X-SMTPAPI`` JSON): a request setting one could turn
-#: tracking on, re-tag or re-route the message behind the API's back.
-RESERVED_HEADER_PREFIXES: tuple[str, ...] = ("x-mailgun-", "x-sg-", "x-smtpapi", "x-twilio-")
+#: tracking on, re-tag or re-route the message behind the API's back. ``Resent-*`` (RFC 5322
+#: 3.6.6: ``Resent-From``, ``-Sender``, ``-To``...) are address and identity fields that mail
+#: clients show as who sent the message, around the check on ``from``; ``ARC-*`` (RFC 8617:
+#: ``ARC-Seal``, ``ARC-Message-Signature``, ``ARC-Authentication-Results``) are the
+#: authentication chain of the hops a message took, only theirs to add.
+RESERVED_HEADER_PREFIXES: tuple[str, ...] = (
+    "x-mailgun-",
+    "x-sg-",
+    "x-smtpapi",
+    "x-twilio-",
+    "resent-",
+    "arc-",
+)
+#: Headers we set ourselves on each recipient's copy (``shared.engagement``): a request may
+#: not set them, so ours always win (a sender's own List-Unsubscribe would take the
+#: recipients' unsubscribes away from the suppression list, and RFC 8058 allows one HTTPS URI
+#: in it, so the two cannot be merged). Unlike :data:`RESERVED_HEADERS`, a chunk on its way to
+#: a provider does carry them.
+UNSUBSCRIBE_HEADERS: frozenset[str] = frozenset({"list-unsubscribe", "list-unsubscribe-post"})
 
 
 def is_reserved_header(name: str) -> bool:
-    """Whether a message may not set the header ``name`` (any case)."""
+    """Whether a message on its way to a provider may not carry the header ``name`` (any
+    case): nobody sets these but us or the provider."""
     lower = name.lower()
     return lower in RESERVED_HEADERS or lower.startswith(RESERVED_HEADER_PREFIXES)
+
+
+def is_request_reserved_header(name: str) -> bool:
+    """Whether a request may not set the header ``name`` (any case): the reserved ones, and
+    the unsubscribe headers we add at send time."""
+    return is_reserved_header(name) or name.lower() in UNSUBSCRIBE_HEADERS
 
 
 #: Summary states of a recipient (as in the original): an outcome ends ``queued``.

@@ -1,4 +1,5 @@
-"""Per-key request rate limits and per-user daily recipient quotas, shared by all API processes.
+"""Per-key (and per dashboard user) request rate limits and per-user daily recipient quotas,
+shared by all API processes.
 
 Why fixed windows on Cassandra counters (and not a token bucket)
 ----------------------------------------------------------------
@@ -104,13 +105,21 @@ def seconds_until_midnight(now: datetime) -> int:
     return max(1, math.ceil((midnight - now).total_seconds()))
 
 
+def user_bucket(user_id: uuid.UUID) -> str:
+    """The counter of a user's dashboard-session requests (``/send``, ``/api/*`` on a
+    cookie): one per user, whichever session asks, beside their keys' own. Never a key id
+    (12 base32 characters, no colon)."""
+    return f"user:{user_id}"
+
+
 def over_limit(count_after_increment: int, limit: int) -> bool:
     """Increment-then-check: a request is refused when the counter it saw exceeds the limit."""
     return count_after_increment > limit
 
 
 class RateLimiter:
-    """Per-key request counters in ``rate_windows``; one per process, shared by its requests."""
+    """Per-key (and per-user, :func:`user_bucket`) request counters in ``rate_windows``; one
+    per process, shared by its requests."""
 
     def __init__(self, db: Database, policy: RatePolicy) -> None:
         self._db = db

@@ -10,6 +10,13 @@ is then made to a vetted address (no second lookup a rebinding DNS could answer
 differently). Operators may allow networks explicitly (``allowed``), e.g. for an internal
 receiver.
 
+A refusal says why in words the user may see (the API's 422, the delivery log), so it
+never tells what a *name* resolved to: naming the address, or even its kind (loopback,
+private, link-local), would let anyone with an API key map our internal DNS one name at a
+time. A name is refused with the one :data:`NAME_REFUSED`, whether it does not resolve or
+resolves to an address we may not call; an address the user typed (an IP literal) may be
+named, since it tells them nothing they did not write.
+
 Pure: resolving is the caller's (an adapter); this decides on what it found.
 """
 
@@ -26,6 +33,8 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 #: Longest endpoint URL we store.
 MAX_URL = 2000
+#: Why a host *name* may not be a target: the same words for every reason, and no address.
+NAME_REFUSED = "the host does not resolve, or resolves to an address that is not publicly routable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,15 +102,11 @@ def address_problem(address: IPAddress, allowed: Sequence[Network] = ()) -> str 
 
 
 def resolved_problem(addresses: Iterable[IPAddress], allowed: Sequence[Network] = ()) -> str | None:
-    """Why a host that resolved to ``addresses`` may not be a target (None: every one
-    passes). No address at all is a problem too."""
+    """Why a host name that resolved to ``addresses`` may not be a target (None: every one
+    passes): :data:`NAME_REFUSED`, naming none of them. No address at all is a problem too."""
     found = list(addresses)
-    if not found:
-        return "the host does not resolve"
-    for address in found:
-        problem = address_problem(address, allowed)
-        if problem:
-            return problem
+    if not found or any(address_problem(a, allowed) for a in found):
+        return NAME_REFUSED
     return None
 
 

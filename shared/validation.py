@@ -50,7 +50,7 @@ from shared.addresses import (
     text_problem,
 )
 from shared.errors import SafedelivrError
-from shared.models import Address, Engagement, Message, is_reserved_header
+from shared.models import Address, Engagement, Message, is_request_reserved_header
 from shared.preferences import Preferences
 from shared.providers.catalog import CATALOG, CODES, code_of
 
@@ -579,6 +579,10 @@ def _headers(value: object, errors: Errors) -> dict[str, str]:
     return headers
 
 
+#: Why a header a request may not set is refused (``shared.models``' reserved headers).
+HEADER_RESERVED: Final = "is reserved: set it through the request's own field, or not at all"
+
+
 def _header_name_problem(name: object, seen: set[str]) -> str | None:
     if (
         not isinstance(name, str)
@@ -589,8 +593,8 @@ def _header_name_problem(name: object, seen: set[str]) -> str | None:
             f"is not a header field name (1 to {MAX_HEADER_NAME_LENGTH} printable ASCII "
             "characters, no space or colon)"
         )
-    if is_reserved_header(name):
-        return "is reserved: set it through the request's own field, or not at all"
+    if is_request_reserved_header(name):
+        return HEADER_RESERVED
     if name.lower() in seen:
         return "is given twice (header names are case-insensitive)"
     return None

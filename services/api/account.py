@@ -14,7 +14,7 @@ from services.api.schema import KeyIn, SuppressionIn, checked
 from shared import accounts, validation
 from shared.http import JSON, ApiError, read_json
 from shared.stats import MAX_RANGE_DAYS, StatsStore, zero_filled
-from shared.suppressions import SuppressionStore
+from shared.suppressions import SuppressionStore, made_by_recipient
 
 #: Small JSON bodies only on these endpoints.
 SMALL_BODY = 16 * 1024
@@ -34,6 +34,7 @@ async def list_suppressions(request: Request) -> Response:
             "source": r["source"],
             "event_id": r["event_id"] or None,
             "created_at": r["created_at"].replace(tzinfo=UTC).isoformat(),
+            "by_recipient": made_by_recipient(r),
         }
         for r in rows[:limit]
     ]
@@ -56,7 +57,10 @@ async def delete_suppression(request: Request) -> Response:
     key = await require_key(request, "send")
     managing: Managing = request.app.state.managing
     scope = list_param(request)
-    if not await managing.unsuppress(key.user_id, request.path_params["email"], scope):
+    operator = "operator" in key.scopes  # the one who may lift a recipient's own
+    if not await managing.unsuppress(
+        key.user_id, request.path_params["email"], scope, operator=operator
+    ):
         raise ApiError(404, "not_found", "that address is not suppressed")
     return Response(status_code=204)
 

@@ -1,6 +1,10 @@
 """API-key authentication for ``/v1``: one 401 body for every way a key can be wrong, then the
 key's request rate limit (429 with ``Retry-After``) and a cheap ``last_used_at`` update.
 
+The one owner of request rate limits: a dashboard session's requests that send
+(``/send``, ``/api/batch``) are limited here too (:func:`limit_user`), by the same limiter
+and policy, per user.
+
 Revocation takes effect at once: every request reads the key's row (there is no cache of
 valid keys). ``last_used_at`` is written at most once a minute per key per process, in the
 background, so the hot path gains no write for it.
@@ -9,16 +13,17 @@ background, so the hot path gains no write for it.
 from __future__ import annotations
 
 import time
+import uuid
 
 from starlette.requests import Request
 
-from shared import accounts
+from shared import accounts, ratelimit
 from shared.accounts import ApiKeyRecord
 from shared.background import Background
 from shared.config import Settings
 from shared.db import Database
 from shared.http import ApiError
-from shared.ratelimit import RateLimiter, RatePolicy
+from shared.ratelimit import RateLimiter, RatePolicy, Verdict
 
 _UNAUTHORIZED = ApiError(
     401,
@@ -72,15 +77,23 @@ async def admit_key(request: Request, token: str) -> ApiKeyRecord | None:
     if record is None:
         return None
     verdict = await rate_limiter(request).hit(record.key_id)
-    if not verdict.allowed:
-        raise ApiError(
-            429,
-            "rate_limited",
-            "too many requests for this API key; retry after the Retry-After seconds",
-            headers={"Retry-After": str(verdict.retry_after)},
-        )
+    _within(verdict, "too many requests for this API key; retry after the Retry-After seconds")
     _touch(request, db, record.key_id)
     return record
+
+
+async def limit_user(request: Request, user_id: uuid.UUID) -> None:
+    """Count one request of a dashboard session's user: the keys' limit and policy, one
+    budget per user across their sessions. Over the limit: 429 ``rate_limited``."""
+    verdict = await rate_limiter(request).hit(ratelimit.user_bucket(user_id))
+    _within(verdict, "too many requests from this account; retry after the Retry-After seconds")
+
+
+def _within(verdict: Verdict, message: str) -> None:
+    if not verdict.allowed:
+        raise ApiError(
+            429, "rate_limited", message, headers={"Retry-After": str(verdict.retry_after)}
+        )
 
 
 def rate_limiter(request: Request) -> RateLimiter:

@@ -14,7 +14,7 @@ from shared.accounts import ApiKeyRecord
 from shared.addresses import AddressError, address_key, normalize_email
 from shared.db import Database
 from shared.http import ApiError
-from shared.suppressions import SuppressionStore
+from shared.suppressions import SuppressionStore, lift_refusal, made_by_recipient
 
 MAX_KEY_NAME = 100
 MAX_REASON = 200
@@ -59,12 +59,30 @@ class Managing:
             fields["reason"] = f"must be at most {MAX_REASON} characters"
         if fields:
             raise ApiError(422, "invalid_fields", "the suppression is not valid", fields=fields)
-        await self.suppressions.add(user_id, normalized, reason=reason, source=source)
+        earlier = await self.suppressions.entry(user_id, normalized)
+        # The recipient's mark stays (a sender's own entry over theirs is not a way to lift
+        # it); written out for an entry from before marks, which a new write would lose.
+        mark = made_by_recipient(earlier) if earlier is not None else None
+        await self.suppressions.add(
+            user_id, normalized, reason=reason, source=source, by_recipient=mark
+        )
         return Suppressed(address_key(normalized), reason)
 
-    async def unsuppress(self, user_id: uuid.UUID, email: str, scope: str | None = None) -> bool:
-        """Take an address off the list (or off ``scope``'s); False when it was not on it."""
-        return bool(email.strip()) and await self.suppressions.remove(user_id, email.strip(), scope)
+    async def unsuppress(
+        self, user_id: uuid.UUID, email: str, scope: str | None = None, *, operator: bool = False
+    ) -> bool:
+        """Take an address off the list (or off ``scope``'s); False when it was not on it.
+        403 ``suppressed_by_recipient`` for an entry the recipient made, unless ``operator``
+        (``shared.suppressions``)."""
+        email = email.strip()
+        found = await self.suppressions.entry(user_id, email, scope) if email else None
+        if found is None:
+            return False
+        refusal = lift_refusal(found, operator=operator)
+        if refusal is not None:
+            raise ApiError(403, "suppressed_by_recipient", refusal)
+        await self.suppressions.forget(user_id, email, scope, version=int(found["version"]))
+        return True
 
     async def create_key(
         self,

@@ -27,7 +27,8 @@ ERRORS: dict[int, str] = {
     "case).",
     403: "The API key lacks the scope this operation needs (`send`, `read`, `keys` or "
     "`operator`), or "
-    "would grant a scope it does not hold.",
+    "would grant a scope it does not hold; or (`suppressed_by_recipient`) the suppression to "
+    "delete is the recipient's own, which only an operator key may lift.",
     404: "No such resource, or not yours.",
     409: "The Idempotency-Key was used with another body, or its first request is still "
     "in progress (retry after `Retry-After`); for a new key or domain, the user holds the "
@@ -206,6 +207,11 @@ OPERATIONS: tuple[Operation, ...] = (
         status=204,
         params=(Param("email", "path", "The suppressed address.", required=True), _LIST),
         errors=(404, 422),
+        description="You may delete the addresses you added and bounces (a bounce that "
+        "happens again suppresses the address again). An unsubscribe or a complaint is the "
+        "recipient's own (`by_recipient` in the listing): deleting it is a 403 "
+        "`suppressed_by_recipient` naming the address and why, unless the key holds the "
+        "`operator` scope.",
     ),
     Operation(
         "get_preferences",
@@ -353,8 +359,10 @@ OPERATIONS: tuple[Operation, ...] = (
         description="Events are signed per Standard Webhooks (`webhook-id`, "
         "`webhook-timestamp`, `webhook-signature`) and delivered in order per endpoint, "
         "retried for about a day. The URL must be https and resolve to public addresses "
-        "(422 naming why not); an unknown event type is a 422 naming it; 409 over the cap of "
-        "endpoints per user.",
+        "(422 naming why not; for a host name, the one reason `the host does not resolve, or "
+        "resolves to an address that is not publicly routable`, never what it resolved "
+        "to); an unknown event type is a 422 naming it; 409 over the cap of endpoints per "
+        "user.",
     ),
     Operation(
         "get_webhook",

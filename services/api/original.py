@@ -4,7 +4,8 @@ Same routes, field names and answer shapes (``services.api.original_form``), min
 defects; README "The original's API" lists each difference. In short: real status codes
 (it answered every JSON error with 200); ``api_key`` is one of our API keys (or a ``Bearer``
 header), ``user_id`` optional but checked when given; a dashboard session works where it
-did, and a POST on a session must come from our own origin; a bad batch id is a 400, another
+did (limited per user as the dashboard's sends are, as keys are per key), and a POST on a
+session must come from our own origin; a bad batch id is a 400, another
 user's batch a 404 (as a missing one: no existence oracle); ``page`` pages the logs;
 ``/api/user`` is read-only and never shows a key.
 """
@@ -24,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from services.api import queries
-from services.api.auth import admit_key, bearer_token
+from services.api.auth import admit_key, bearer_token, limit_user
 from services.api.original_form import (
     Fields,
     batch_body,
@@ -132,6 +133,7 @@ async def _caller(request: Request, fields: Fields, *, denied: str) -> uuid.UUID
         raise Refused(403, denied)
     if request.method == "POST" and not _from_our_origin(request):
         raise Refused(403, "Action Forbidden")
+    await limit_user(request, user.user_id)  # as a key is limited, by admit_key
     return user.user_id
 
 

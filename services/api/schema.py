@@ -119,7 +119,11 @@ class BatchIn(_In):
     headers: dict[str, str] | None = Field(
         None,
         max_length=validation.MAX_HEADERS,
-        description="Extra headers; those we set ourselves are refused.",
+        description="Extra headers. Refused (422 under `headers.<name>`, in any case): "
+        "those we set ourselves (`From`, `Sender`, `Return-Path`, `Message-ID`, "
+        "`List-Unsubscribe`, `List-Unsubscribe-Post`: ask for ours with `unsubscribe`, ...), "
+        "those that steer a provider (`X-Mailgun-*`, `X-SG-*`, `X-SMTPAPI`, `X-Twilio-*`), "
+        "`Resent-*`, `Authentication-Results` and `ARC-*`.",
     )
     provider: str | None = Field(
         None,
@@ -486,6 +490,13 @@ class Suppression(_Out):
     source: str | None = None
     event_id: str | None = None
     created_at: str | None = None
+    by_recipient: Literal["unsubscribed", "complained", "provider_list"] | None = Field(
+        None,
+        description="The recipient's own act that put the address here: their "
+        "`unsubscribed` or `complained`, or `provider_list` (a provider dropped mail for its "
+        "own list and did not say which). Only an operator key may lift such an entry; "
+        "null for bounces and the addresses you added, which you may delete.",
+    )
 
 
 class SuppressionList(_Out):

@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from prometheus_client import CollectorRegistry, Counter
 
 from services.webhooks import transitions
-from shared import recipient_events
+from shared import recipient_events, suppressions
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchStore
 from shared.broker import Broker
@@ -203,6 +203,8 @@ class Ingest:
                 at=ev.occurred_at,
                 # An unsubscribe from mail that named a list leaves that list only.
                 scope=facts.list if facts else None,
+                # The recipient's own: only an operator may lift it (shared.suppressions).
+                by_recipient=suppressions.by_recipient(ev.kind, ev.raw_event, ev.reason),
             )
         if eff.hand_off:
             await self._hand_off(target, ev)

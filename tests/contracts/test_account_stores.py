@@ -830,6 +830,7 @@ async def test_a_suppression_is_listed_with_its_reason_source_event_and_time(
         "source": "sg",
         "event_id": "ev-1",
         "created_at": at.replace(tzinfo=None, microsecond=891_000),  # naive UTC, in ms
+        "by_recipient": None,
     }
     assert (rows[1]["email"], rows[1]["event_id"]) == ("bob@example.org", "")
     assert _near_now(rows[1]["created_at"]) and len(rows) == 2
@@ -859,6 +860,67 @@ async def test_removal_ignores_case_and_says_whether_the_address_was_listed(
     assert await side.suppressions.remove(user, "ann@example.org") is False
     assert await side.suppressions.suppressed(user, ["ann@example.org"]) == {}
     assert await side.suppressions.remove(user, "never@example.org") is False
+
+
+@pytest.mark.parametrize("scope", [None, "news"])
+async def test_a_recipients_mark_survives_later_writes_without_one(
+    side: AccountSide, scope: str | None
+) -> None:
+    """An unsubscribe's ``by_recipient`` stays through a sender's own write and a bounce
+    (neither may turn the entry into one the sender can lift)."""
+    user = uuid.uuid4()
+    await side.suppressions.add(
+        user,
+        "ann@example.org",
+        reason="unsubscribe",
+        source="sg",
+        scope=scope,
+        by_recipient="unsubscribed",
+    )
+    await side.suppressions.add(user, "ann@example.org", reason="manual", source="api", scope=scope)
+    await side.suppressions.add(user, "ann@example.org", reason="bounce", source="mg", scope=scope)
+
+    found = await side.suppressions.entry(user, "ANN@example.org", scope)
+    (listed,) = await side.suppressions.page(user, 10, None, scope)
+
+    assert found is not None
+    assert (found["reason"], found["source"], found["by_recipient"]) == (
+        "bounce",
+        "mg",
+        "unsubscribed",
+    )
+    assert listed["by_recipient"] == "unsubscribed"
+    assert await side.suppressions.entry(user, "bob@example.org", scope) is None
+
+
+@pytest.mark.parametrize("scope", [None, "news"])
+async def test_forgetting_the_version_read_deletes_it_but_not_a_newer_write(
+    side: AccountSide, scope: str | None
+) -> None:
+    """A delete of what was read leaves a write made after the read (an unsubscribe landing
+    between a sender's check and their delete) in place, mark and all."""
+    user = uuid.uuid4()
+    await side.suppressions.add(user, "ann@example.org", reason="manual", source="api", scope=scope)
+    await side.suppressions.add(user, "bob@example.org", reason="manual", source="api", scope=scope)
+    ann = await side.suppressions.entry(user, "ann@example.org", scope)
+    bob = await side.suppressions.entry(user, "bob@example.org", scope)
+    assert ann is not None and bob is not None
+    await side.suppressions.add(
+        user,
+        "ann@example.org",
+        reason="unsubscribe",
+        source="tracking",
+        scope=scope,
+        by_recipient="unsubscribed",
+    )
+
+    await side.suppressions.forget(user, "ann@example.org", scope, version=ann["version"])
+    await side.suppressions.forget(user, "bob@example.org", scope, version=bob["version"])
+
+    kept = await side.suppressions.entry(user, "ann@example.org", scope)
+    assert kept is not None and kept["by_recipient"] == "unsubscribed"
+    assert kept["version"] > ann["version"]
+    assert await side.suppressions.entry(user, "bob@example.org", scope) is None
 
 
 async def test_a_suppression_list_belongs_to_one_user(side: AccountSide) -> None:

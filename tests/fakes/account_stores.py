@@ -465,12 +465,44 @@ class FakeSuppressionStore(FakeSuppressions):
         event_id: str | None = None,
         at: datetime | None = None,
         scope: str | None = None,
+        by_recipient: str | None = None,
     ) -> None:
         await super().add(
-            user_id, email, reason=reason, source=source, event_id=event_id, at=at, scope=scope
+            user_id,
+            email,
+            reason=reason,
+            source=source,
+            event_id=event_id,
+            at=at,
+            scope=scope,
+            by_recipient=by_recipient,
         )
         created = stored(at or self.db.now())
         self._table(scope)[self._key(user_id, email, scope)]["created_at"] = created
+
+    async def entry(
+        self, user_id: uuid.UUID, email: str, scope: str | None = None
+    ) -> dict[str, Any] | None:
+        await _round_trip()
+        row = self._table(scope).get(self._key(user_id, email, scope))
+        if row is None:
+            return None
+        return {**_suppression(address_key(email), row), "version": row["version"]}
+
+    async def forget(
+        self, user_id: uuid.UUID, email: str, scope: str | None = None, *, version: int
+    ) -> None:
+        """``DELETE ... USING TIMESTAMP version``: the cells written at or before it go; a
+        row written since keeps its own (and its mark, if that too is newer)."""
+        await _round_trip()
+        table, key = self._table(scope), self._key(user_id, email, scope)
+        row = table.get(key)
+        if row is None:
+            return
+        if row["version"] <= version:
+            del table[key]
+        elif row["by_recipient_at"] <= version:
+            row |= {"by_recipient": None, "by_recipient_at": 0}
 
     def _table(self, scope: str | None) -> dict[Any, dict[str, Any]]:
         return self.db.suppressions if scope is None else self.db.list_suppressions  # type: ignore[return-value]
@@ -482,8 +514,11 @@ class FakeSuppressionStore(FakeSuppressions):
         return (user_id, scope, address_key(email))
 
     async def remove(self, user_id: uuid.UUID, email: str, scope: str | None = None) -> bool:
-        await _round_trip()
-        return self._table(scope).pop(self._key(user_id, email, scope), None) is not None
+        found = await self.entry(user_id, email, scope)
+        if found is None:
+            return False
+        await self.forget(user_id, email, scope, version=found["version"])
+        return True
 
     async def page(
         self, user_id: uuid.UUID, limit: int, after: str | None, scope: str | None = None
@@ -509,4 +544,5 @@ def _suppression(email: str, row: dict[str, Any]) -> dict[str, Any]:
         "source": row["source"],
         "event_id": row["event_id"],
         "created_at": row.get("created_at"),
+        "by_recipient": row.get("by_recipient"),
     }

@@ -1085,7 +1085,9 @@ class FakeAttempts:
 
 
 class FakeSuppressions:
-    """Twin of :class:`shared.suppressions.SuppressionStore` (add and lookup)."""
+    """Twin of :class:`shared.suppressions.SuppressionStore` (add and lookup). A row keeps
+    its write time (``version``, the driver's client-side timestamp: above the row's last
+    one) and its ``by_recipient`` mark's own, which a write without a mark leaves as it is."""
 
     def __init__(self, db: FakeCassandra) -> None:
         self.db = db
@@ -1100,13 +1102,21 @@ class FakeSuppressions:
         event_id: str | None = None,
         at: datetime | None = None,
         scope: str | None = None,
+        by_recipient: str | None = None,
     ) -> None:
         failure = await self.db._before("suppressions.add")
-        row = {"reason": reason, "source": source, "event_id": event_id or ""}
-        if scope is None:
-            self.db.suppressions[(user_id, email.lower())] = row
-        else:
-            self.db.list_suppressions[(user_id, scope, email.lower())] = row
+        key: Any = (user_id, email.lower()) if scope is None else (user_id, scope, email.lower())
+        table: dict[Any, dict[str, Any]] = (
+            self.db.suppressions if scope is None else self.db.list_suppressions
+        )
+        earlier = table.get(key, {})
+        version = max(self.db.stamp(), earlier.get("version", 0) + 1)
+        row: dict[str, Any] = {"reason": reason, "source": source, "event_id": event_id or ""}
+        row |= {"version": version, "by_recipient": earlier.get("by_recipient")}
+        row["by_recipient_at"] = earlier.get("by_recipient_at", 0)
+        if by_recipient is not None:
+            row |= {"by_recipient": by_recipient, "by_recipient_at": version}
+        table[key] = row
         self.db._after(failure)
 
     async def suppressed(

@@ -15,6 +15,7 @@ from shared.alerts import SYSTEM_LOGIN
 from shared.config import Settings
 from shared.db import Database
 from shared.sessions import SESSION_COOKIE, SessionStore
+from shared.ssrf import NAME_REFUSED
 from tests.integration.harness import client_for, eventually
 from tests.integration.hookstack import event, hook_stack, hooks_settings
 
@@ -195,6 +196,27 @@ async def test_an_internal_url_is_refused_at_creation(settings: Settings, db: Da
     assert "not a public address" in answer.json()["error"]["fields"]["url"]
     assert unknown.status_code == 422
     assert "recipient.exploded" in unknown.json()["error"]["fields"]["events"]
+
+
+async def test_a_name_resolving_inside_is_refused_without_telling_where(
+    settings: Settings, db: Database
+) -> None:
+    """``https://localhost/`` is a 422 that names neither the address the name resolved to
+    nor its kind (no DNS oracle), in the same words as a name that does not resolve."""
+    closed = hooks_settings(allowed_networks="")
+    async with hook_stack(settings, db, hooks=closed, worker=False) as stack:
+        inside = await stack.api.post(
+            "/v1/webhooks", json={"url": "https://localhost/hook"}, headers=stack.auth
+        )
+        nowhere = await stack.api.post(
+            "/v1/webhooks", json={"url": "https://no-such-host.invalid/hook"}, headers=stack.auth
+        )
+
+    assert inside.status_code == 422 and nowhere.status_code == 422
+    why = inside.json()["error"]["fields"]["url"]
+    assert why == nowhere.json()["error"]["fields"]["url"] == NAME_REFUSED
+    for revealing in ("127.0.0.1", "::1", "loopback", "private", "not a public"):
+        assert revealing not in inside.text
 
 
 async def test_the_secret_is_shown_at_creation_and_rotation_only(

@@ -382,6 +382,32 @@ def test_send_errors_sentence_case_other_messages() -> None:
     assert errors == {"form": ["This batch would pass the daily quota"]}
 
 
+def test_send_errors_say_how_long_to_wait_over_the_request_rate() -> None:
+    """A 429 for the request rate says the batch was not sent, that the message is kept,
+    and how many seconds to wait (the answer's Retry-After)."""
+    errors = views.send_errors("rate_limited", "too many requests", None, wait="37")
+
+    (text,) = errors["form"]
+    assert "not accepted" in text and "kept" in text and "wait 37 seconds" in text
+
+
+def test_a_suppression_the_recipient_made_says_so_instead_of_offering_removal() -> None:
+    """An unsubscribe (marked, or from before marks) shows who may lift it; a sender's own
+    entry and a bounce stay removable."""
+    rows = views.suppression_rows(
+        [
+            {"email": "a@x.org", "reason": "unsubscribe", "source": "sg", "by_recipient": None},
+            {"email": "b@x.org", "reason": "manual", "source": "api", "by_recipient": "complained"},
+            {"email": "c@x.org", "reason": "manual", "source": "api", "by_recipient": None},
+            {"email": "d@x.org", "reason": "bounce/bounce", "source": "sg", "by_recipient": None},
+        ]
+    )
+
+    assert [bool(r.by_recipient) for r in rows] == [True, True, False, False]
+    assert "unsubscribed" in rows[0].by_recipient and "operator" in rows[0].by_recipient
+    assert "spam" in rows[1].by_recipient
+
+
 def test_send_errors_prefer_field_errors() -> None:
     """With field errors, they are what the form shows."""
     errors = views.send_errors("invalid_fields", "2 invalid", {"subject": "is required"})

@@ -93,14 +93,22 @@ def test_unsubscribe_headers_carry_the_recipients_own_token_and_the_list() -> No
     assert mailto.startswith("<mailto:unsub@t.example?subject=unsubscribe%20")
 
 
-def test_a_senders_own_list_unsubscribe_is_kept() -> None:
+def test_our_unsubscribe_headers_replace_a_stored_senders_own() -> None:
+    """A message stored before the headers were reserved goes out with ours, not theirs."""
     chunk = _chunk(Engagement(unsubscribe=True))
-    own = chunk.message.model_copy(update={"headers": {"list-unsubscribe": "<mailto:x@y.z>"}})
+    theirs = {
+        "list-unsubscribe": "<https://sender.example/u>",
+        "LIST-UNSUBSCRIBE-POST": "List-Unsubscribe=One-Click",
+        "X-Campaign": "spring",
+    }
+    own = chunk.message.model_copy(update={"headers": theirs})
 
     out = personalize(chunk.model_copy(update={"message": own}), TRACKER)
 
-    assert out.message.headers == {"list-unsubscribe": "<mailto:x@y.z>"}
-    assert all(not r.headers for r in out.recipients)
+    assert out.message.headers == {"X-Campaign": "spring", "List-Unsubscribe-Post": ONE_CLICK}
+    assert all(
+        r.headers["List-Unsubscribe"].startswith("<https://t.example/u/") for r in out.recipients
+    )
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 
 from shared import outbound_signing
 from shared.hook_delivery import Deliverer, host_header, pinned_url, vet
-from shared.ssrf import IPAddress, Target, TargetError
+from shared.ssrf import NAME_REFUSED, IPAddress, Target, TargetError
 
 SECRET = outbound_signing.new_secret()
 PUBLIC = ipaddress.ip_address("93.184.216.34")
@@ -32,8 +32,10 @@ async def test_a_name_resolving_to_a_private_address_is_refused() -> None:
     """One private address among the answers is enough (a rebinding name)."""
     target = Target("https", "hooks.example", 443)
 
-    with pytest.raises(TargetError, match="not a public"):
+    with pytest.raises(TargetError) as refused:
         await vet(target, (), _resolver("93.184.216.34", "10.0.0.7"))
+
+    assert str(refused.value) == NAME_REFUSED
 
 
 async def test_an_operator_allowed_network_passes() -> None:
@@ -87,7 +89,8 @@ async def test_a_delivery_is_signed_and_sent_to_the_pinned_address() -> None:
 
 
 async def test_a_refused_target_is_never_called() -> None:
-    """The guard's reason is the outcome's error; no request is made."""
+    """The guard's reason is the outcome's error (the delivery log's, shown to the user),
+    naming neither what the name resolved to nor its kind; no request is made."""
     seen: list[httpx.Request] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -99,7 +102,41 @@ async def test_a_refused_target_is_never_called() -> None:
     )
 
     assert seen == []
-    assert outcome.status is None and outcome.error and "loopback" in outcome.error
+    assert outcome.status is None and outcome.error == f"refused: {NAME_REFUSED}"
+
+
+async def test_a_name_that_does_not_resolve_is_refused_without_the_resolvers_words() -> None:
+    """A resolver error reads like any other refusal of a name (its text could tell which
+    internal names exist)."""
+
+    async def failing(host: str, port: int) -> list[IPAddress]:
+        raise OSError(-2, "Name or service not known")
+
+    with pytest.raises(TargetError) as refused:
+        await vet(Target("https", "db.internal", 443), (), failing)
+
+    assert str(refused.value) == NAME_REFUSED
+
+
+async def test_an_ip_literal_the_user_typed_is_named_in_its_refusal() -> None:
+    """The user wrote the address: saying what is wrong with it reveals nothing."""
+    with pytest.raises(TargetError, match=r"127\.0\.0\.1 is a loopback address"):
+        await vet(Target("https", "127.0.0.1", 443), (), _resolver())
+
+
+async def test_a_connection_failure_names_the_host_not_the_address_it_resolved_to() -> None:
+    """Transport errors name the pinned address; the outcome says the user's host instead."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connect to ('10.20.3.4', 443) failed", request=request)
+
+    deliverer = _deliverer(handler, "10.20.3.4", allowed=(ipaddress.ip_network("10.20.0.0/16"),))
+    outcome = await deliverer.send(
+        "https://hooks.example/in", "msg_1", b"{}", [SECRET], 1_700_000_000
+    )
+
+    assert outcome.error is not None
+    assert "10.20.3.4" not in outcome.error and "hooks.example" in outcome.error
 
 
 async def test_http_is_refused_unless_allowed() -> None:

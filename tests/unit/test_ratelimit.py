@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, date, datetime, timedelta
 
-from shared import ratelimit, sessions
+from shared import apikeys, ratelimit, sessions
 from shared.ratelimit import RatePolicy
 
 
@@ -41,6 +42,16 @@ def test_retry_after_rounds_up_to_the_window_end() -> None:
 def test_retry_after_is_at_least_one_second() -> None:
     """Retry-After is never 0, even at a window's last millisecond."""
     assert ratelimit.window_retry_after(999, 1000) == 1
+
+
+def test_a_users_session_counter_is_one_per_user_and_never_a_keys() -> None:
+    """Every session of a user counts in one bucket, which no API key id can name."""
+    ann, bob = uuid.UUID(int=1), uuid.UUID(int=2)
+    key_id = apikeys.parse(apikeys.generate().plaintext)
+
+    assert ratelimit.user_bucket(ann) == ratelimit.user_bucket(uuid.UUID(str(ann)))
+    assert ratelimit.user_bucket(ann) != ratelimit.user_bucket(bob)
+    assert key_id is not None and ":" not in key_id[0] and ":" in ratelimit.user_bucket(ann)
 
 
 def test_increment_then_check_admits_exactly_the_limit() -> None:

@@ -6,7 +6,14 @@ import ipaddress
 
 import pytest
 
-from shared.ssrf import TargetError, address_problem, literal, parse_target, resolved_problem
+from shared.ssrf import (
+    NAME_REFUSED,
+    TargetError,
+    address_problem,
+    literal,
+    parse_target,
+    resolved_problem,
+)
 
 
 @pytest.mark.parametrize(
@@ -49,7 +56,37 @@ def test_every_address_a_host_resolves_to_must_pass() -> None:
 
     assert resolved_problem([public]) is None
     assert resolved_problem([public, private]) is not None
-    assert resolved_problem([]) == "the host does not resolve"
+    assert resolved_problem([]) is not None
+
+
+@pytest.mark.parametrize(
+    "addresses",
+    [
+        [],
+        ["127.0.0.1"],
+        ["::1"],
+        ["10.0.0.1"],
+        ["169.254.169.254"],
+        ["93.184.215.14", "192.168.1.1"],
+        ["::ffff:127.0.0.1"],
+        ["224.0.0.1"],
+    ],
+)
+def test_a_refused_name_is_told_in_the_same_words_naming_no_address(addresses: list[str]) -> None:
+    """What a name resolved to (or that it resolved at all) is never told: no address and
+    no kind of address, the one message for every refusal (no internal DNS oracle)."""
+    problem = resolved_problem([ipaddress.ip_address(a) for a in addresses])
+
+    assert problem == NAME_REFUSED
+    assert not any(a in problem for a in addresses)
+    assert not any(w in problem for w in ("loopback", "link-local", "private", "multicast"))
+
+
+def test_an_address_the_user_typed_may_be_named() -> None:
+    """A literal tells the user nothing they did not write: its refusal may name it."""
+    problem = address_problem(ipaddress.ip_address("127.0.0.1"))
+
+    assert problem is not None and "127.0.0.1" in problem
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import pytest
 from shared.errors import SafedelivrError
 from shared.models import RESERVED_HEADERS, Address, Message
 from shared.validation import (
+    HEADER_RESERVED,
     MAX_METADATA_BYTES,
     MAX_REJECTED_LENGTH,
     BatchRequest,
@@ -137,7 +138,7 @@ def test_optional_fields_are_carried_into_the_message() -> None:
     message = _parse(
         _body(
             html="<p>Hi</p>",
-            headers={"X-Campaign": "spring", "List-Unsubscribe": "<mailto:u@x.org>"},
+            headers={"X-Campaign": "spring", "X-Entity-Ref-ID": "42"},
             categories=["news", "spring"],
             metadata={"order_id": "42", "tenant-1": "a"},
             bulk=True,
@@ -145,7 +146,7 @@ def test_optional_fields_are_carried_into_the_message() -> None:
     ).message
     assert message.html == "<p>Hi</p>"
     assert message.text == "Hi there"
-    assert message.headers == {"X-Campaign": "spring", "List-Unsubscribe": "<mailto:u@x.org>"}
+    assert message.headers == {"X-Campaign": "spring", "X-Entity-Ref-ID": "42"}
     assert message.categories == ("news", "spring")
     assert message.metadata == {"order_id": "42", "tenant-1": "a"}
     assert message.bulk is True
@@ -392,6 +393,37 @@ def test_provider_control_headers_are_refused(name: str) -> None:
     """Headers that steer a provider (tracking, tags, routing) are not the sender's to set."""
     errors = _field_errors(_body(headers={name: "x"}))
     assert "reserved" in errors[f"headers.{name}"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Resent-From",
+        "resent-sender",
+        "RESENT-TO",
+        "Resent-Message-ID",
+        "Authentication-Results",
+        "authentication-results",
+        "ARC-Seal",
+        "arc-message-signature",
+        "ARC-Authentication-Results",
+    ],
+)
+def test_identity_and_authentication_headers_are_refused(name: str) -> None:
+    """Resent-*, Authentication-Results and ARC-* are reserved in any case, with the error of
+    every reserved header (a sender's own would pass for another sender or a verdict)."""
+    errors = _field_errors(_body(headers={name: "x"}))
+    assert errors == {f"headers.{name}": HEADER_RESERVED}
+
+
+@pytest.mark.parametrize(
+    "name", ["List-Unsubscribe", "list-unsubscribe", "List-Unsubscribe-Post", "LIST-UNSUBSCRIBE"]
+)
+def test_a_senders_own_unsubscribe_headers_are_refused(name: str) -> None:
+    """Ours must win: the request's own List-Unsubscribe(-Post) is reserved like the others
+    (``unsubscribe: true`` asks for ours)."""
+    errors = _field_errors(_body(headers={name: "<https://sender.example/u>"}))
+    assert errors == {f"headers.{name}": HEADER_RESERVED}
 
 
 def test_a_header_that_merely_starts_like_a_provider_family_is_allowed() -> None:

@@ -32,6 +32,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from services.api import openapi, queries
+from services.api.auth import limit_user
 from services.api.dashboard import views
 from services.api.domains import SendingDomains
 from services.api.managing import Managing
@@ -438,11 +439,15 @@ async def send(request: Request) -> Response:
     raw_key = form.get("idempotency_key") or ""
     idem = f"dashboard-{raw_key}" if _IDEMPOTENCY_KEY.match(raw_key) else None
     try:
+        # Counted once the form is read and its CSRF token checked: a cross-site page cannot
+        # spend the user's budget, and a refused form keeps what they typed.
+        await limit_user(request, user.user_id)
         result = await accept_body(request, user.user_id, body, idem)
     except ApiError as exc:
         if exc.status not in (409, 422, 429):
             raise
-        errors = views.send_errors(exc.code, exc.message, exc.fields, body["to"])
+        wait = (exc.headers or {}).get("Retry-After")
+        errors = views.send_errors(exc.code, exc.message, exc.fields, body["to"], wait=wait)
         if exc.code == "idempotency_conflict":  # the form changed since: a new batch
             form = {**form, "idempotency_key": ""}
         return _send_form(request, form, errors=errors, status=exc.status, headers=exc.headers)
@@ -560,6 +565,7 @@ async def _suppressions_page(
         "paged": after is not None,
         "errors": {},
         "values": {"email": "", "reason": ""},
+        "problem": None,
     }
     context.update(extra)
     return render(request, "suppressions.html", context, status=status)
@@ -589,7 +595,13 @@ async def remove_suppression(request: Request) -> Response:
     user = await _user(request)
     form = await _checked_form(request, user)
     email = form.get("email", "").strip()
-    if await _managing(request).unsuppress(user.user_id, email):
+    try:
+        removed = await _managing(request).unsuppress(user.user_id, email)
+    except ApiError as exc:
+        if exc.status != 403:
+            raise
+        return await _suppressions_page(request, user, status=403, problem=f"{exc.message}.")
+    if removed:
         return see_other("/suppressions", removed=address_key(email))
     return see_other("/suppressions", absent=address_key(email))
 

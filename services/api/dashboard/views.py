@@ -22,6 +22,7 @@ from shared.addresses import AddressError, normalize_email, split_address_list
 from shared.digits import natural
 from shared.providers.catalog import CATALOG
 from shared.sessions import safe_next
+from shared.suppressions import made_by_recipient
 from shared.webhook_events import KIND_RANK
 
 if TYPE_CHECKING:
@@ -562,12 +563,27 @@ _SEND_FAILURES = {
 
 
 def send_errors(
-    code: str, message: str, fields: Mapping[str, str] | None, entries: Sequence[str] = ()
+    code: str,
+    message: str,
+    fields: Mapping[str, str] | None,
+    entries: Sequence[str] = (),
+    *,
+    wait: str | None = None,
 ) -> dict[str, list[str]]:
     """What the send form shows for a refused batch: field errors beside their fields, or
-    one form-level explanation (idempotency replays, quota, an outage)."""
+    one form-level explanation (idempotency replays, the request rate, quota, an outage);
+    ``wait`` is the answer's Retry-After."""
     if fields:
         return form_errors(fields, entries)
+    if code == "rate_limited":
+        seconds = natural(wait or "") or 1
+        return {
+            "form": [
+                "You are sending faster than your account's request rate allows, so this "
+                f"batch was not accepted. Your message is kept below: wait "
+                f"{plural(seconds, 'second')}, then send it again."
+            ]
+        }
     text = _SEND_FAILURES.get(code) or (message[:1].upper() + message[1:])
     return {"form": [text]}
 
@@ -690,6 +706,16 @@ class SuppressionRow:
     source: str
     added: str
     added_iso: str
+    by_recipient: str = ""
+    """Why the user cannot remove it (the recipient made it), in words; empty: they can."""
+
+
+#: What stands in for the Remove button of an entry the recipient made.
+_BY_RECIPIENT = {
+    "unsubscribed": "The recipient unsubscribed: only an operator can lift it",
+    "complained": "The recipient reported spam: only an operator can lift it",
+    "provider_list": "On a provider's own list: only an operator can lift it",
+}
 
 
 def suppression_rows(rows: Iterable[Mapping[str, Any]]) -> list[SuppressionRow]:
@@ -701,6 +727,7 @@ def suppression_rows(rows: Iterable[Mapping[str, Any]]) -> list[SuppressionRow]:
             source=suppression_source(str(r.get("source") or "")),
             added=fmt_time(r.get("created_at")),
             added_iso=iso(r.get("created_at")),
+            by_recipient=_BY_RECIPIENT.get(made_by_recipient(r) or "", ""),
         )
         for r in rows
     ]

@@ -64,12 +64,31 @@ def test_recipient_limit_ignores_cc_on_later_chunks() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["To", "from", "BCC", "Reply-To", "Content-Type", "X-SG-ID", "X-Mailgun-Tag", "X-SMTPAPI"],
+    [
+        "To",
+        "from",
+        "BCC",
+        "Reply-To",
+        "Content-Type",
+        "X-SG-ID",
+        "X-Mailgun-Tag",
+        "X-SMTPAPI",
+        "Resent-From",
+        "authentication-results",
+        "ARC-Seal",
+    ],
 )
 def test_reserved_header_is_refused(name: str) -> None:
     """Headers SendGrid reserves are refused for every provider, case-insensitively."""
     with pytest.raises(PermanentProviderError, match="may not be set"):
         envelope.check_chunk("mg", chunk(headers={name: "x"}), 1000)
+
+
+def test_our_unsubscribe_headers_pass_the_last_line_of_defence() -> None:
+    """Requests may not set List-Unsubscribe(-Post), but the copies we personalise carry them."""
+    ours = chunk(headers={"List-Unsubscribe-Post": "List-Unsubscribe=One-Click"})
+
+    assert envelope.check_chunk("sg", ours, 1000) is None
 
 
 def test_header_value_with_newline_is_refused() -> None:

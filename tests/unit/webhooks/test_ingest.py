@@ -77,6 +77,29 @@ async def test_a_hard_bounce_fails_the_recipient_and_suppresses_the_address() ->
     assert dict(row["providers"]) == {"sg": "bounced: 550 no such user"}  # type: ignore[call-overload]
 
 
+@pytest.mark.parametrize(
+    ("kind", "raw", "reason", "mark"),
+    [
+        ("complained", "spamreport", None, "complained"),
+        ("unsubscribed", "unsubscribe", None, "unsubscribed"),
+        ("dropped", "dropped", "Unsubscribed Address", "unsubscribed"),
+        ("dropped", "failed/permanent/suppress-complaint", None, "complained"),
+        ("bounced", "bounce", "550 no such user", None),
+        ("dropped", "dropped", "Bounced Address", None),
+    ],
+)
+async def test_a_suppression_is_marked_as_the_recipients_own_when_they_made_it(
+    kind: str, raw: str, reason: str | None, mark: str | None
+) -> None:
+    """A complaint or an unsubscribe (or a provider's drop for one) marks the suppression
+    ``by_recipient``, so only an operator can lift it; a bounce does not."""
+    w = World()
+    batch = await w.sent(A)
+    await w.ingest.apply(event(batch, kind, raw_event=raw, reason=reason, suppress=True))
+
+    assert w.db.suppressions[(batch.user_id, A)]["by_recipient"] == mark
+
+
 async def test_an_event_for_an_unknown_batch_is_kept_as_an_orphan() -> None:
     w = World()
     batch = await w.sent(A)
