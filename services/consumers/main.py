@@ -300,7 +300,11 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with (
             open_resources(settings, name="safedelivr-consumers") as res,
-            httpx.AsyncClient() as alert_http,
+            # Posts go to the vetted address of the sink (shared.alerts): no proxy from the
+            # environment, no connection kept for a host the sink may no longer resolve to.
+            httpx.AsyncClient(
+                trust_env=False, limits=httpx.Limits(max_keepalive_connections=0)
+            ) as alert_http,
         ):
             app.state.resources = res
             # Configured from the live settings once start_consumers has loaded them.
@@ -313,6 +317,8 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
                 alert_http,
                 no_alerts,
                 mail=AlertMail(res.db, acceptance, exchange),
+                allow_http=settings.alerts.allow_http,
+                allowed=settings.alerts.networks,
             )
             started = await start_consumers(
                 settings,

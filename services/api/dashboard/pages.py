@@ -41,6 +41,7 @@ from services.api.sessions import (
     SessionUser,
     clear_session_cookie,
     current_user,
+    is_operator,
     login_required_response,
     require_user,
     verify_csrf,
@@ -149,10 +150,9 @@ def render(
 ) -> Response:
     user = getattr(request.state, "user", None)
     settings: Settings | None = getattr(request.app.state, "settings", None)
-    operators = settings.operator_logins if settings is not None else frozenset()
     base: dict[str, Any] = {
         "user": user,
-        "operator": user is not None and user.login.lower() in operators,
+        "operator": settings is not None and is_operator(settings, user),
         "active": None,
         "notice": None,
         "title": "",
