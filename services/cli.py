@@ -167,6 +167,7 @@ def _workers(value: str) -> int:
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     from shared.db import Database
+    from shared.domains import DomainStore
     from shared.migrations import migrate
     from shared.stats import StatsStore, fix_layout
     from shared.upgrade import upgrade
@@ -179,12 +180,14 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
         try:
             await fix_layout(db, settings.stats.buckets)
             report = await upgrade(db, StatsStore(db, settings.stats.buckets))
+            # Domains added before domain_claims existed (idempotent, like the rest).
+            claims = await DomainStore(db).index_all()
         finally:
             await db.close()
         print(
             f"data model v2: {report.upgraded} batch(es) upgraded ({report.recipients} "
             f"recipients), {report.already} already v2, {report.kept_v1} kept in the v1 layout; "
-            f"{report.outbox_moved} outbox row(s) moved"
+            f"{report.outbox_moved} outbox row(s) moved; {claims} sending domain(s) indexed"
         )
         return 0
 

@@ -148,6 +148,12 @@ class ApiSettings(BaseSettings):
     dns_url: str = "http://127.0.0.1:8090/dns-query"
     """A DNS-over-HTTPS JSON endpoint for domain verification (the sandbox's by default;
     e.g. https://cloudflare-dns.com/dns-query or https://dns.google/resolve)."""
+    domain_recheck_every: float = Field(21_600.0, ge=1)
+    """Seconds between two look-ups of a verified domain's TXT record (by the consumers): a
+    domain stays verified only while its record stays published."""
+    domain_grace: float = Field(259_200.0, ge=0)
+    """Seconds a verified domain's record may be missing before the domain is unverified (at
+    the first look-up after; two look-ups must have missed it)."""
     max_keys_per_user: int = Field(50, ge=1)
     """Live API keys one user may hold; creating another answers 409 ``too_many_keys``."""
     daily_recipient_quota: int = Field(100_000, ge=1)

@@ -600,11 +600,13 @@ async def remove_suppression(request: Request) -> Response:
 async def _domains_page(
     request: Request, user: SessionUser, *, status: int = 200, **extra: Any
 ) -> Response:
-    found = await SendingDomains.of(request).store.all(user.user_id)
+    use = SendingDomains.of(request)
+    found = await use.store.all(user.user_id)
+    others = await use.others(user.user_id, found)
     context: dict[str, Any] = {
         "title": "Sending domains",
         "active": "domains",
-        "rows": views.domain_rows(found),
+        "rows": views.domain_rows(found, use.rules, others),
         "errors": {},
         "values": {"domain": ""},
         "problem": None,
