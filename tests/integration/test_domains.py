@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from starlette.applications import Starlette
 
 from services.api.app import create_app
 from services.consumers.domain_checks import DomainChecker
@@ -29,7 +30,7 @@ from tests.integration.harness import client_for, running, served
 class World:
     api: httpx.AsyncClient
     sandbox: httpx.AsyncClient
-    settings: Settings
+    app: Starlette
     dns_url: str
 
     async def publish(self, record: dict[str, str]) -> None:
@@ -57,7 +58,7 @@ async def world(settings: Settings) -> AsyncIterator[World]:
         ):
             await app.state.resources.broker.declare()
             try:
-                yield World(client, dns, app.state.settings, f"{sandbox_url}/dns-query")
+                yield World(client, dns, app, f"{sandbox_url}/dns-query")
             finally:
                 await app.state.resources.broker.delete()
 
@@ -320,3 +321,24 @@ async def test_operators_see_every_claim_in_full(world: World, db: Database) -> 
         (f"news.{name}", str(other), "pending"),
     ]
     assert claims[0]["login"] and claims[0]["last_seen_at"]
+
+
+async def test_the_operations_page_looks_up_who_claims_a_domain(world: World, db: Database) -> None:
+    (owner, owner_auth), operator_id = await user_key(db), 40_000_000 + uuid.uuid4().int % 10**7
+    name = domain()
+    await verified(world, owner_auth, name)
+    profile = {"login": unique("op").replace("_", "-"), "name": None, "email": None}
+    operator = await accounts.upsert_github_user(
+        db, github_id=operator_id, avatar_url=None, **profile
+    )
+    settings = world.app.state.settings
+    world.app.state.settings = settings.model_copy(update={"operators": str(operator_id)})
+    session, _ = await SessionStore(db).create(operator)
+    cookie = {"Cookie": f"{SESSION_COOKIE}={session}"}
+    try:
+        page = await world.api.get("/operations", params={"claims": name}, headers=cookie)
+    finally:
+        world.app.state.settings = settings
+
+    assert page.status_code == 200
+    assert f'data-claims="{name}"' in page.text and str(owner) in page.text
