@@ -167,6 +167,7 @@ def _workers(value: str) -> int:
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     from shared.db import Database
+    from shared.domains import DomainStore
     from shared.migrations import migrate
     from shared.stats import StatsStore, fix_layout
     from shared.upgrade import upgrade
@@ -179,12 +180,14 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
         try:
             await fix_layout(db, settings.stats.buckets)
             report = await upgrade(db, StatsStore(db, settings.stats.buckets))
+            # Domains added before domain_claims existed (idempotent, like the rest).
+            claims = await DomainStore(db).index_all()
         finally:
             await db.close()
         print(
             f"data model v2: {report.upgraded} batch(es) upgraded ({report.recipients} "
             f"recipients), {report.already} already v2, {report.kept_v1} kept in the v1 layout; "
-            f"{report.outbox_moved} outbox row(s) moved"
+            f"{report.outbox_moved} outbox row(s) moved; {claims} sending domain(s) indexed"
         )
         return 0
 
@@ -417,18 +420,27 @@ def cmd_signups(settings: Settings, args: argparse.Namespace) -> int:
                 waiting = await requests.all()
                 for r in waiting:
                     print(
-                        f"{r.login}\t{r.state}\t{r.email or '-'}\t"
+                        f"{r.github_id}\t{r.login}\t{r.state}\t{r.email or '-'}\t"
                         f"{r.requested_at:%Y-%m-%d %H:%M}Z\t{r.name or ''}"
                     )
                 print(f"{len(waiting)} sign-up request(s) (policy: {settings.signup_policy})")
                 return 0
             state: RequestState = "approved" if args.signups_command == "approve" else "refused"
-            if not await requests.answer(args.login, state, f"cli:{getpass.getuser()}"):
-                print(f"safedelivr signups: no sign-up request from {args.login}", file=sys.stderr)
+            account: str = args.account
+            if not account.isascii() or not account.isdecimal():
+                # By id only: two requests may carry one login (one renamed after asking).
+                ids = [str(r.github_id) for r in await requests.all() if r.login == account]
+                hint = f": its request's id is {', '.join(ids)}" if ids else ""
+                print(
+                    f"safedelivr signups: name the request by its GitHub id (the first column "
+                    f"of `safedelivr signups list`), not by login{hint}",
+                    file=sys.stderr,
+                )
+                return 2
+            if not await requests.answer(int(account), state, f"cli:{getpass.getuser()}"):
+                print(f"safedelivr signups: no sign-up request from {account}", file=sys.stderr)
                 return 1
-            print(
-                f"{args.login}: {state}" + (" (they can log in now)" if state == "approved" else "")
-            )
+            print(f"{account}: {state}" + (" (they can log in now)" if state == "approved" else ""))
             return 0
         finally:
             await db.close()
@@ -517,11 +529,13 @@ def build_parser() -> argparse.ArgumentParser:
         func=cmd_signups
     )
     for name, help_ in (
-        ("approve", "let this GitHub login sign up at its next login"),
-        ("refuse", "keep this GitHub login out"),
+        ("approve", "let this GitHub account sign up at its next login"),
+        ("refuse", "keep this GitHub account out"),
     ):
         answer = signups.add_parser(name, help=help_)
-        answer.add_argument("login", help="the GitHub login that asked")
+        answer.add_argument(
+            "account", help="the GitHub id of the account that asked (see `signups list`)"
+        )
         answer.set_defaults(func=cmd_signups)
     stats_parser = sub.add_parser("stats", help="your daily stats (and `stats reconcile`)")
     stats = stats_parser.add_subparsers(dest="stats_command", required=False)

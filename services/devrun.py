@@ -112,6 +112,9 @@ def run(settings: Settings) -> int:
         "SAFEDELIVR_HOOKS_ALLOW_HTTP": "true",
         "SAFEDELIVR_HOOKS_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
         "SAFEDELIVR_HOOKS_MAIL_FROM": f"Safedelivr <noreply@{DEMO_DOMAIN}>",
+        # So may the operators' alerts (the sandbox records what is posted to it).
+        "SAFEDELIVR_ALERTS_ALLOW_HTTP": "true",
+        "SAFEDELIVR_ALERTS_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
         **os.environ,
         **_signing_env(),
         "SAFEDELIVR_WEBHOOKS_MAILGUN_SIGNING_KEY": (

@@ -2,7 +2,8 @@
 
 Dashboard users are keyed by their GitHub account id (never by e-mail or login, which can
 change hands): ``users_by_github`` is claimed once with ``INSERT ... IF NOT EXISTS`` and the
-profile in ``users`` is refreshed at every login. ``users_by_login`` serves the CLI's
+profile in ``users`` is refreshed at every login, so a renamed account stays its user and an
+account that registers a released login gets a user of its own. ``users_by_login`` serves the CLI's
 ``keys create --user LOGIN`` for accounts made without GitHub.
 """
 
@@ -28,6 +29,9 @@ class UserProfile:
     avatar_url: str | None
     sessions_after: datetime | None = None
     """Sessions started at or before this are over ("log out everywhere")."""
+    github_id: int | None = None
+    """The GitHub account it signed up with (None: made by the CLI); what operators are
+    named by, never the login."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +113,7 @@ async def upsert_github_user(
 
 async def get_user(db: Database, user_id: uuid.UUID) -> UserProfile | None:
     row = await db.one(
-        "SELECT user_id, login, name, email, avatar_url, sessions_after FROM users "
+        "SELECT user_id, login, name, email, avatar_url, sessions_after, github_id FROM users "
         "WHERE user_id = ?",
         (user_id,),
     )
@@ -122,6 +126,7 @@ async def get_user(db: Database, user_id: uuid.UUID) -> UserProfile | None:
         email=row["email"],
         avatar_url=row["avatar_url"],
         sessions_after=utc(row["sessions_after"]),
+        github_id=row["github_id"],
     )
 
 

@@ -9,6 +9,13 @@ owned by the system account :data:`SYSTEM_LOGIN`, whose batches and logs are the
 like anyone's. That login cannot be a GitHub login (``:`` is not allowed in one), so nobody
 can sign in as it.
 
+The sink is an operator's setting, but whoever holds an operator key or session can change it
+live, so it is guarded like users' webhook endpoints (``shared.ssrf``): https only (http
+where ``SAFEDELIVR_ALERTS_ALLOW_HTTP`` allows it), no credentials, and every address its host
+resolves to public (or in ``SAFEDELIVR_ALERTS_ALLOWED_NETWORKS``), checked when it is set
+(:func:`vet_sink`) and again at every post, which connects to the address vetted (no second
+lookup a rebinding name server could answer differently) without following redirects.
+
 An alert is a kind and a subject (``circuit_open`` / ``sg``) with a sentence. The same alert is
 sent at most once per cool-off (``alerts.cool_off``) across every process: the first to claim
 it in ``alerts_sent`` (a lightweight transaction whose row lives as long as the cool-off)
@@ -18,21 +25,25 @@ posts it; the others find it claimed. The body carries both ``text`` (Slack) and
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 
+from shared import ssrf
 from shared.acceptance import Acceptance
 from shared.accounts import ensure_user
 from shared.batchstore import NewBatch, new_batch_id
 from shared.db import Database
 from shared.errors import DependencyUnavailable
+from shared.hook_delivery import Resolve, host_header, pinned_url, resolve, vet
+from shared.ssrf import IPAddress, Network, Target, TargetError
 from shared.validation import InvalidRequest, parse_batch_request
 
 log = logging.getLogger(__name__)
@@ -139,6 +150,22 @@ def body(alert: Alert, scope: str, at: datetime) -> dict[str, Any]:
     }
 
 
+async def vet_sink(
+    url: str,
+    *,
+    allow_http: bool = False,
+    allowed: Sequence[Network] = (),
+    resolver: Resolve = resolve,
+) -> tuple[Target, IPAddress]:
+    """Where a post to the sink ``url`` may connect; TargetError saying why it may not."""
+    target = ssrf.parse_target(url, allow_http=allow_http)
+    try:
+        async with asyncio.timeout(POST_TIMEOUT):
+            return target, await vet(target, allowed, resolver)
+    except TimeoutError:
+        raise TargetError(f"{target.host} did not resolve within {POST_TIMEOUT:g}s") from None
+
+
 @dataclass
 class Alerter:
     db: Database
@@ -146,6 +173,11 @@ class Alerter:
     http: httpx.AsyncClient
     config: Callable[[], AlertConfig]
     mail: MailAlert | None = None
+    allow_http: bool = False
+    """Whether the sink may be plain http (``SAFEDELIVR_ALERTS_ALLOW_HTTP``)."""
+    allowed: Sequence[Network] = ()
+    """Networks the sink may resolve to although not public."""
+    resolver: Resolve = resolve
     _recent: dict[str, float] = field(default_factory=dict, repr=False)
     """Alerts this process raised (or found claimed) within their cool-off: not asked again."""
 
@@ -180,9 +212,23 @@ class Alerter:
         if not config.url:
             return False
         try:
-            answer = await self.http.post(
-                config.url, json=body(alert, self.scope, now), timeout=POST_TIMEOUT
+            target, address = await vet_sink(
+                config.url, allow_http=self.allow_http, allowed=self.allowed, resolver=self.resolver
             )
+        except TargetError as exc:
+            # Not the URL itself: an incoming webhook's URL is its secret.
+            log.warning("alert not posted: the sink (alerts.webhook_url) is refused: %s", exc)
+            return False
+        request = self.http.build_request(
+            "POST",
+            pinned_url(target, address, config.url),
+            json=body(alert, self.scope, now),
+            headers={"host": host_header(target)},
+            extensions={"sni_hostname": target.host} if target.scheme == "https" else {},
+            timeout=POST_TIMEOUT,
+        )
+        try:
+            answer = await self.http.send(request, follow_redirects=False)
         except httpx.HTTPError as exc:
             log.warning("alert not delivered to the sink: %s", exc)
             return False

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared import github_accounts
 from shared.engagement_tokens import ring_from
 from shared.errors import ConfigError
 from shared.production import DEV_TRACKING_KEYS, production_problems
@@ -149,6 +150,12 @@ class ApiSettings(BaseSettings):
     dns_url: str = "http://127.0.0.1:8090/dns-query"
     """A DNS-over-HTTPS JSON endpoint for domain verification (the sandbox's by default;
     e.g. https://cloudflare-dns.com/dns-query or https://dns.google/resolve)."""
+    domain_recheck_every: float = Field(21_600.0, ge=1)
+    """Seconds between two look-ups of a verified domain's TXT record (by the consumers): a
+    domain stays verified only while its record stays published."""
+    domain_grace: float = Field(259_200.0, ge=0)
+    """Seconds a verified domain's record may be missing before the domain is unverified (at
+    the first look-up after; two look-ups must have missed it)."""
     max_keys_per_user: int = Field(50, ge=1)
     """Live API keys one user may hold; creating another answers 409 ``too_many_keys``."""
     daily_recipient_quota: int = Field(100_000, ge=1)
@@ -468,12 +475,7 @@ class HooksSettings(BaseSettings):
     @field_validator("allowed_networks")
     @classmethod
     def _networks(cls, value: str) -> str:
-        for part in value.split(","):
-            if part.strip():
-                try:
-                    ipaddress.ip_network(part.strip(), strict=False)
-                except ValueError:
-                    raise ValueError(f"{part.strip()!r} is not a network (CIDR)") from None
+        networks_of(value)
         return value
 
     @property
@@ -482,11 +484,44 @@ class HooksSettings(BaseSettings):
 
     @property
     def networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-        return tuple(
-            ipaddress.ip_network(p.strip(), strict=False)
-            for p in self.allowed_networks.split(",")
-            if p.strip()
-        )
+        return networks_of(self.allowed_networks)
+
+
+class AlertSettings(BaseSettings):
+    """Where operators' alerts may be posted (the live setting ``alerts.webhook_url``)."""
+
+    model_config = _config("ALERTS")
+
+    allow_http: bool = False
+    """Whether the alert sink may be a plain http:// URL (the sandbox's receiver under
+    ``make run``); never in production."""
+    allowed_networks: str = ""
+    """Comma-separated networks (CIDR) the sink may resolve to although not public, e.g.
+    ``10.1.0.0/16`` for an internal chat server (``127.0.0.0/8`` for the sandbox). Apart from
+    ``SAFEDELIVR_HOOKS_ALLOWED_NETWORKS``: allowing an internal sink must not let every user's
+    webhook endpoint reach it."""
+
+    @field_validator("allowed_networks")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        networks_of(value)
+        return value
+
+    @property
+    def networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        return networks_of(self.allowed_networks)
+
+
+def networks_of(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """The networks of a comma-separated CIDR list; ValueError naming one that is not."""
+    found = []
+    for part in (p.strip() for p in text.split(",")):
+        if part:
+            try:
+                found.append(ipaddress.ip_network(part, strict=False))
+            except ValueError:
+                raise ValueError(f"{part!r} is not a network (CIDR)") from None
+    return tuple(found)
 
 
 class ListSettings(BaseSettings):
@@ -522,11 +557,14 @@ class Settings(BaseSettings):
     (``allowlist``), or whoever an operator approves (``approval``). Unset: ``closed`` in
     production, ``open`` otherwise (the sandbox)."""
     signup_allow: str = ""
-    """Comma-separated GitHub logins and ``org:NAME`` organisations admitted by
-    ``allowlist`` (compared case-insensitively)."""
+    """Comma-separated GitHub accounts admitted by ``allowlist``, by numeric id: ``ID`` or
+    ``LOGIN:ID`` (the login is a reminder, never compared), and organisations as ``org:ID``
+    or ``org:NAME:ID``. A bare login is refused: renamed, it could be anyone's."""
     operators: str = ""
-    """Comma-separated GitHub logins who see the dashboard's Operations pages (providers,
-    live settings, dead letters, sign-up requests). API operator routes take operator keys."""
+    """Comma-separated GitHub accounts who see the dashboard's Operations pages (providers,
+    live settings, dead letters, sign-up requests), by numeric id: ``ID`` or ``LOGIN:ID``
+    (``octocat:583231``; the "id" of https://api.github.com/users/LOGIN). A bare login is
+    refused. API operator routes take operator keys."""
     metrics_token: SecretStr | None = None
     """When set, ``GET /metrics`` on every service answers only requests carrying
     ``Authorization: Bearer <token>`` (Prometheus: ``authorization: {credentials: ...}``);
@@ -548,10 +586,24 @@ class Settings(BaseSettings):
     client: ClientSettings = Field(default_factory=ClientSettings)
     hooks: HooksSettings = Field(default_factory=HooksSettings)
     lists: ListSettings = Field(default_factory=ListSettings)
+    alerts: AlertSettings = Field(default_factory=AlertSettings)
+
+    @field_validator("operators")
+    @classmethod
+    def _operators(cls, value: str) -> str:
+        github_accounts.parse_accounts(value)
+        return value
+
+    @field_validator("signup_allow")
+    @classmethod
+    def _signup_allow(cls, value: str) -> str:
+        github_accounts.parse_accounts(value, orgs=True)
+        return value
 
     @property
-    def operator_logins(self) -> frozenset[str]:
-        return frozenset(x.strip().lower() for x in self.operators.split(",") if x.strip())
+    def operator_ids(self) -> frozenset[int]:
+        """The GitHub ids of ``operators``."""
+        return github_accounts.ids(github_accounts.parse_accounts(self.operators))
 
     @property
     def signup_policy(self) -> Literal["open", "closed", "allowlist", "approval"]:
@@ -576,6 +628,7 @@ SECTIONS: dict[str, type[BaseSettings]] = {
     "CLIENT": ClientSettings,
     "HOOKS": HooksSettings,
     "LISTS": ListSettings,
+    "ALERTS": AlertSettings,
 }
 
 

@@ -157,13 +157,16 @@ class GitHubClient:
             email=email,
         )
 
-    async def orgs(self, token: str) -> list[str]:
-        """The logins of the user's organisations (``GET /user/orgs``, first 100)."""
+    async def orgs(self, token: str) -> list[int]:
+        """The ids of the user's organisations (``GET /user/orgs``, first 100): an
+        organisation's name, like a login, can be renamed and then registered by anyone."""
         found = await self._api(token, "/user/orgs?per_page=100")
         if not isinstance(found, list):
             raise LoginFailed("GitHub returned no organisation list")
         return [
-            o["login"] for o in found if isinstance(o, dict) and isinstance(o.get("login"), str)
+            o["id"]
+            for o in found
+            if isinstance(o, dict) and type(o.get("id")) is int and o["id"] > 0
         ]
 
     async def _api(self, token: str, path: str) -> Any:

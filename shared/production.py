@@ -61,6 +61,8 @@ def production_problems(settings: Settings) -> list[str]:
         problems.append(
             f"{_PREFIX}HOOKS_ALLOW_HTTP: users' webhook events would travel unencrypted"
         )
+    if settings.alerts.allow_http:
+        problems.append(f"{_PREFIX}ALERTS_ALLOW_HTTP: alerts would travel unencrypted")
     if w.sendgrid_insecure_basic_only:
         problems.append(
             f"{_PREFIX}WEBHOOKS_SENDGRID_INSECURE_BASIC_ONLY: accepts unsigned SendGrid events; "

@@ -15,54 +15,51 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
+from shared import github_accounts
 from shared.db import Database
 
 Policy = Literal["open", "closed", "allowlist", "approval"]
 Decision = Literal["admit", "pending", "refuse"]
 RequestState = Literal["pending", "approved", "refused"]
 
-#: The prefix of an organisation in ``SAFEDELIVR_SIGNUP_ALLOW``.
-ORG_PREFIX = "org:"
-
 
 @dataclass(frozen=True, slots=True)
 class Allowlist:
-    """GitHub logins and organisations admitted under ``allowlist`` (lower case)."""
+    """GitHub accounts and organisations admitted under ``allowlist``, by id: a login or an
+    organisation's name can be renamed and then registered by anyone."""
 
-    logins: frozenset[str] = frozenset()
-    orgs: frozenset[str] = frozenset()
+    accounts: frozenset[int] = frozenset()
+    orgs: frozenset[int] = frozenset()
 
     @classmethod
     def parse(cls, text: str) -> Allowlist:
-        """``"alice, Bob, org:acme"``: logins, and organisations after ``org:``."""
-        entries = [e.strip().lower() for e in text.split(",") if e.strip()]
-        return cls(
-            logins=frozenset(e for e in entries if not e.startswith(ORG_PREFIX)),
-            orgs=frozenset(e[len(ORG_PREFIX) :] for e in entries if e.startswith(ORG_PREFIX)),
-        )
+        """``"583231, alice:1001, org:9919, org:acme:77"`` (see ``shared.github_accounts``;
+        the settings refuse anything else at start-up)."""
+        found = github_accounts.parse_accounts(text, orgs=True)
+        return cls(github_accounts.ids(found), github_accounts.ids(found, org=True))
 
-    def admits(self, login: str, orgs: Iterable[str]) -> bool:
-        return login.lower() in self.logins or any(o.lower() in self.orgs for o in orgs)
+    def admits(self, github_id: int, org_ids: Iterable[int]) -> bool:
+        return github_id in self.accounts or any(o in self.orgs for o in org_ids)
 
 
 def decide(
     policy: Policy,
     *,
     existing: bool,
-    login: str,
-    orgs: Iterable[str] = (),
+    github_id: int,
+    orgs: Iterable[int] = (),
     allowlist: Allowlist = Allowlist(),
     request: RequestState | None = None,
 ) -> Decision:
     """Whether a GitHub account that just logged in gets (or keeps) an account.
 
-    ``existing``: the account already has a user; ``request``: the state of its sign-up
-    request, if it made one (only ``approval`` reads it).
+    ``existing``: the account already has a user; ``orgs``: the ids of its organisations;
+    ``request``: the state of its sign-up request, if it made one (only ``approval`` reads it).
     """
     if existing or policy == "open":
         return "admit"
     if policy == "allowlist":
-        return "admit" if allowlist.admits(login, orgs) else "refuse"
+        return "admit" if allowlist.admits(github_id, orgs) else "refuse"
     if policy == "approval":
         if request == "approved":
             return "admit"
@@ -106,18 +103,16 @@ class SignupRequests:
             (github_id, login, name, email, datetime.now(UTC)),
         )
 
-    async def answer(self, login: str, state: RequestState, operator: str) -> bool:
-        """Approve or refuse the request of ``login``; False when there is none."""
-        found = [r for r in await self.all() if r.login.lower() == login.lower()]
-        if not found:
-            return False
-        await self.db.execute(
+    async def answer(self, github_id: int, state: RequestState, operator: str) -> bool:
+        """Approve or refuse the request of the account ``github_id``; False when there is
+        none. By id: two requests may carry one login (an account renamed after asking, and
+        another that took the name), and the operator answers the one they looked at."""
+        row = await self.db.one(
             "UPDATE signup_requests SET state = ?, decided_at = ?, decided_by = ? "
-            "WHERE github_id = ?",
-            (state, datetime.now(UTC), operator, found[0].github_id),
-            idempotent=True,
+            "WHERE github_id = ? IF EXISTS",
+            (state, datetime.now(UTC), operator, github_id),
         )
-        return True
+        return bool(row and row["[applied]"])
 
     async def done(self, github_id: int) -> None:
         """The approved account signed up: the request has served its purpose."""

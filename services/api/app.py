@@ -177,6 +177,7 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/domains/{domain}", domains.get_domain, methods=["GET"]),
         Route("/v1/domains/{domain}", domains.delete_domain, methods=["DELETE"]),
         Route("/v1/domains/{domain}/verify", domains.verify_domain, methods=["POST"]),
+        Route("/v1/domain-claims/{domain}", domains.list_claims, methods=["GET"]),
         Route("/v1/webhooks", hooks.list_webhooks, methods=["GET"]),
         Route("/v1/webhooks", hooks.create_webhook, methods=["POST"]),
         Route("/v1/webhooks/{endpoint_id}", hooks.get_webhook, methods=["GET"]),

@@ -1,7 +1,9 @@
 """``/v1/domains``: add a sending domain, show the TXT record that proves it is yours, verify
-it, list and remove, and see its sending capacity today; :class:`SendingDomains` holds the use
-cases the dashboard's Domains page shares. Batches are sent only from verified domains
-(``shared.domains``)."""
+it, list and remove, and see its sending capacity today, the state of its periodic checks
+(``shared.domain_checks``) and what may be said of other accounts' claims on it
+(``shared.domain_claims``); :class:`SendingDomains` holds the use cases the dashboard's Domains
+page shares. ``/v1/domain-claims/{domain}`` (operator keys) lists every claim in full.
+Batches are sent only from verified domains (``shared.domains``)."""
 
 from __future__ import annotations
 
@@ -17,31 +19,76 @@ from starlette.responses import Response
 from services.api.auth import require_key
 from services.api.schema import DomainIn, checked
 from services.api.settings import settings_store
-from shared import domains
+from shared import domain_claims, domains
+from shared.accounts import get_user
 from shared.config import Settings
+from shared.db import Database
 from shared.domain_capacity import DayVolume, DomainVolumes, capacity
-from shared.domains import DohResolver, DomainError, DomainStore, SendingDomain
+from shared.domain_checks import CheckRules, unverified_after
+from shared.domain_claims import OtherClaims, state_of
+from shared.domains import Claim, DohResolver, DomainError, DomainStore, SendingDomain
 from shared.http import JSON, ApiError, read_json
 from shared.livesettings import resolve
 
 SMALL_BODY = 4 * 1024
+#: Claims an operator is shown of one domain.
+OPERATOR_CLAIMS = 1000
 
 
-def view(d: SendingDomain, capacity: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What users see of a domain: its state, the record to publish, and its sending
+def view(
+    d: SendingDomain,
+    capacity: dict[str, Any] | None = None,
+    *,
+    rules: CheckRules,
+    others: OtherClaims | None = None,
+) -> dict[str, Any]:
+    """What users see of a domain: its state and the checks behind it, the record to publish,
+    what they may know of other accounts' claims (``shared.domain_claims``), and its sending
     capacity today (None while capacity is off)."""
     return {
         "capacity": capacity,
         "domain": d.domain,
+        "state": state_of(d),
         "verified": d.verified,
-        "verified_at": d.verified_at.isoformat() if d.verified_at else None,
+        "verified_at": _iso(d.verified_at),
         "created_at": d.created_at.isoformat(),
         "record": {
             "type": "TXT",
             "name": domains.record_name(d.domain),
             "value": domains.record_value(d.token),
         },
+        "checks": {
+            "last_seen_at": _iso(d.seen_at),
+            "last_checked_at": _iso(d.checked_at),
+            "missing_since": _iso(d.missing_since),
+            "unverified_after": _iso(unverified_after(d, rules)),
+            "unverified_at": _iso(d.unverified_at),
+            "reason": d.unverified_reason,
+        },
+        "other_claims": others.view() if others is not None else None,
     }
+
+
+def claim_view(claim: Claim, login: str | None) -> dict[str, Any]:
+    """What operators see of a claim: everything, the account included."""
+    d = claim.domain
+    return {
+        "domain": d.domain,
+        "user_id": str(claim.user_id),
+        "login": login,
+        "state": state_of(d),
+        "created_at": d.created_at.isoformat(),
+        "verified_at": _iso(d.verified_at),
+        "last_seen_at": _iso(d.seen_at),
+        "last_checked_at": _iso(d.checked_at),
+        "missing_since": _iso(d.missing_since),
+        "unverified_at": _iso(d.unverified_at),
+        "reason": d.unverified_reason,
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +98,12 @@ class SendingDomains:
 
     store: DomainStore
     resolver: DohResolver
+    rules: CheckRules
 
     @classmethod
     def of(cls, request: Request) -> SendingDomains:
-        return cls(request.app.state.domains, request.app.state.resolver)
+        state = request.app.state
+        return cls(state.domains, state.resolver, CheckRules.of(state.settings.api))
 
     async def add(self, user_id: uuid.UUID, raw: str) -> SendingDomain:
         """Add ``raw`` (again: the same record stays), up to :data:`domains.MAX_DOMAINS`."""
@@ -79,9 +128,10 @@ class SendingDomains:
 
     async def verify(self, user_id: uuid.UUID, raw: str) -> SendingDomain:
         """Look the TXT record up now: the verified domain, or 422 naming what to publish
-        (503 via DependencyUnavailable when DNS cannot be asked)."""
+        (503 via DependencyUnavailable when DNS cannot be asked). A domain verified and whose
+        record was found at its last check is answered as it is."""
         found = await self.owned(user_id, raw)
-        if found.verified:
+        if found.verified and found.missing_since is None:
             return found
         name = domains.record_name(found.domain)
         if not domains.proven(await self.resolver.txt(name), found.token):
@@ -92,12 +142,35 @@ class SendingDomains:
                 "(DNS changes can take a while to be seen)",
                 fields={"domain": "the TXT record was not found"},
             )
-        await self.store.mark_verified(user_id, found.domain)
+        if not await self.store.mark_verified(user_id, found.domain):
+            raise ApiError(404, "not_found", "no such domain")
         return await self.owned(user_id, found.domain)
 
     async def remove(self, user_id: uuid.UUID, raw: str) -> None:
         if not await self.store.remove(user_id, _name_or_404(raw)):
             raise ApiError(404, "not_found", "no such domain")
+
+    async def others(
+        self, user_id: uuid.UUID, found: list[SendingDomain]
+    ) -> dict[str, OtherClaims | None]:
+        """What the user may know of other accounts' claims, for each of ``found``."""
+
+        async def one(d: SendingDomain) -> OtherClaims | None:
+            if not d.verified:
+                return None  # unread: nothing is shown before the user proves control
+            return domain_claims.others(user_id, d, await self.store.claims(d.domain))
+
+        shown = await asyncio.gather(*(one(d) for d in found))
+        return dict(zip((d.domain for d in found), shown, strict=True))
+
+    async def views(
+        self, user_id: uuid.UUID, found: list[SendingDomain], caps: dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        others = await self.others(user_id, found)
+        caps = caps or {}
+        return [
+            view(d, caps.get(d.domain), rules=self.rules, others=others[d.domain]) for d in found
+        ]
 
 
 def _name_or_404(raw: str) -> str:
@@ -129,35 +202,62 @@ async def capacities(request: Request, names: list[str]) -> dict[str, dict[str, 
 
 async def list_domains(request: Request) -> Response:
     key = await require_key(request, "read")
-    owned = await SendingDomains.of(request).store.all(key.user_id)
+    use = SendingDomains.of(request)
+    owned = await use.store.all(key.user_id)
     caps = await capacities(request, [d.domain for d in owned])
-    return JSON({"data": [view(d, caps[d.domain]) for d in owned]})
+    return JSON({"data": await use.views(key.user_id, owned, caps)})
 
 
 async def add_domain(request: Request) -> Response:
     key = await require_key(request, "send")
     _, body = await read_json(request, SMALL_BODY)
     wanted = checked(DomainIn, body)
-    added = await SendingDomains.of(request).add(key.user_id, wanted.domain)
-    return JSON(view(added), status_code=201)
+    use = SendingDomains.of(request)
+    added = await use.add(key.user_id, wanted.domain)
+    return JSON((await use.views(key.user_id, [added]))[0], status_code=201)
 
 
 async def get_domain(request: Request) -> Response:
     key = await require_key(request, "read")
-    found = await SendingDomains.of(request).owned(key.user_id, request.path_params["domain"])
+    use = SendingDomains.of(request)
+    found = await use.owned(key.user_id, request.path_params["domain"])
     caps = await capacities(request, [found.domain])
-    return JSON(view(found, caps[found.domain]))
+    return JSON((await use.views(key.user_id, [found], caps))[0])
 
 
 async def verify_domain(request: Request) -> Response:
     """200 when the TXT record holds the token (the domain is verified), 422 naming what to
     publish when it does not, 503 when DNS cannot be asked."""
     key = await require_key(request, "send")
-    found = await SendingDomains.of(request).verify(key.user_id, request.path_params["domain"])
-    return JSON(view(found))
+    use = SendingDomains.of(request)
+    found = await use.verify(key.user_id, request.path_params["domain"])
+    return JSON((await use.views(key.user_id, [found]))[0])
 
 
 async def delete_domain(request: Request) -> Response:
     key = await require_key(request, "send")
     await SendingDomains.of(request).remove(key.user_id, request.path_params["domain"])
     return Response(status_code=204)
+
+
+async def operator_claims(store: DomainStore, db: Database, domain: str) -> list[dict[str, Any]]:
+    """Every account's claim on ``domain``, its parents and subdomains, in full (the
+    operators' view, for the API and the Operations page)."""
+    found = await store.claims(domain, limit=OPERATOR_CLAIMS)
+    users = {c.user_id for c in found}
+    profiles = dict(
+        zip(users, await asyncio.gather(*(get_user(db, u) for u in users)), strict=True)
+    )
+    return [
+        claim_view(c, p.login if (p := profiles[c.user_id]) is not None else None)
+        for c in sorted(found, key=lambda c: (c.domain.domain, str(c.user_id)))
+    ]
+
+
+async def list_claims(request: Request) -> Response:
+    """``GET /v1/domain-claims/{domain}`` (operator keys): who claims the domain."""
+    await require_key(request, "operator")
+    name = _name_or_404(request.path_params["domain"])
+    store: DomainStore = request.app.state.domains
+    claims = await operator_claims(store, request.app.state.resources.db, name)
+    return JSON({"domain": name, "data": claims})

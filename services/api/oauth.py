@@ -107,7 +107,7 @@ async def _finish(request: Request, login: loginstate.PendingLogin) -> Response:
     decision = signup.decide(
         policy,
         existing=existing is not None,
-        login=profile.login,
+        github_id=profile.github_id,
         orgs=orgs,
         allowlist=allowlist,
         request=asked,

@@ -286,6 +286,15 @@ OPERATIONS: tuple[Operation, ...] = (
         errors=(404,),
     ),
     Operation(
+        "list_domain_claims",
+        "get",
+        "/v1/domain-claims/{domain}",
+        "Every account's claim on a domain, its parents and subdomains (operator keys)",
+        schema.DomainClaimList,
+        params=(_DOMAIN,),
+        errors=(404,),
+    ),
+    Operation(
         "create_campaign",
         "post",
         "/v1/campaigns",

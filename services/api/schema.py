@@ -540,20 +540,83 @@ class DomainCapacity(_Out):
     why: str = Field(examples=["hard-bounce rate 7.5% over 5.0% today"])
 
 
+DomainState = Literal["pending", "verified", "record_missing", "unverified"]
+
+
+class DomainChecks(_Out):
+    last_seen_at: str | None = Field(
+        description="The last check that found the record (verifying is one)."
+    )
+    last_checked_at: str | None = Field(description="The last periodic look-up.")
+    missing_since: str | None = Field(
+        description="The first look-up of the current run that did not find the record."
+    )
+    unverified_after: str | None = Field(
+        description="When a domain whose record is missing is unverified, at the first "
+        "look-up after (publish the record again before)."
+    )
+    unverified_at: str | None
+    reason: str | None = Field(description="Why the domain was unverified.")
+
+
+class OtherClaim(_Out):
+    domain: str = Field(description="The name claimed: this domain, a parent or a subdomain.")
+    state: DomainState
+
+
+class OtherClaims(_Out):
+    accounts: int = Field(description="Other accounts holding these claims (never who).")
+    verified: int = Field(description="How many of the claims are verified: they can send.")
+    claims: list[OtherClaim]
+    more: bool = Field(description="More claims than listed.")
+
+
 class DomainView(_Out):
     domain: str = Field(examples=["example.com"])
     capacity: DomainCapacity | None = Field(
         description="Its sending capacity today (mail from exactly this domain); null while "
         "the operators have capacity off."
     )
+    state: DomainState = Field(
+        description="`pending` until verified; `verified`; `record_missing` (still verified: "
+        "the record was not found since `checks.missing_since`); `unverified` (it stayed "
+        "missing: sending from it is refused until it is verified again)."
+    )
     verified: bool
     verified_at: str | None
     created_at: str
     record: DomainRecord = Field(description="Publish this record, then verify the domain.")
+    checks: DomainChecks = Field(
+        description="The record is looked up again periodically: it must stay published."
+    )
+    other_claims: OtherClaims | None = Field(
+        description="Other accounts' claims on this domain, its parents and its subdomains "
+        "(null until yours is verified). A verified one can send as it: remove the "
+        "`_safedelivr` TXT values that are not yours, and it is unverified after the grace."
+    )
 
 
 class DomainList(_Out):
     data: list[DomainView]
+
+
+class DomainClaim(_Out):
+    domain: str
+    user_id: str
+    login: str | None
+    state: DomainState
+    created_at: str
+    verified_at: str | None
+    last_seen_at: str | None
+    last_checked_at: str | None
+    missing_since: str | None
+    unverified_at: str | None
+    reason: str | None
+
+
+class DomainClaimList(_Out):
+    domain: str
+    data: list[DomainClaim]
 
 
 class ProviderView(_Out):

@@ -48,6 +48,18 @@ class SessionUser:
     avatar_url: str | None
     csrf_token: str
     session_id: str
+    github_id: int | None = None
+    """The GitHub account behind the user (None: an account made by the CLI)."""
+
+
+def is_operator(settings: Settings, user: SessionUser | None) -> bool:
+    """Whether ``user`` is one of ``SAFEDELIVR_OPERATORS``: by GitHub id, which no rename can
+    take over (a login can be registered by anyone once its owner lets it go)."""
+    return (
+        user is not None
+        and user.github_id is not None
+        and (user.github_id in settings.operator_ids)
+    )
 
 
 class LoginRequired(Exception):
@@ -185,6 +197,7 @@ async def _load_user(request: Request) -> SessionUser | None:
         avatar_url=profile.avatar_url,
         csrf_token=session.csrf_token,
         session_id=session_id,
+        github_id=profile.github_id,
     )
 
 

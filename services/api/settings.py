@@ -9,12 +9,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from services.api.auth import require_key
+from shared.alerts import vet_sink
 from shared.config import Settings
 from shared.http import JSON, ApiError, read_json
 from shared.livesettings import SettingsError, SettingsStore, announce, flatten_patch, resolve, view
 from shared.resources import Resources
+from shared.ssrf import TargetError
 
 SMALL_BODY = 8 * 1024
+#: The live setting naming where alerts are posted.
+ALERT_SINK = "alerts.webhook_url"
 
 
 def settings_store(request: Request) -> SettingsStore:
@@ -51,6 +55,19 @@ async def patch_settings(request: Request) -> Response:
 
 async def change_settings(request: Request, changes: dict[str, str], *, by: str) -> bool:
     """Store and announce ``changes`` (the API's and the dashboard's use case); False when
-    the announcement could not be sent (every process still applies them within 30 s)."""
+    the announcement could not be sent (every process still applies them within 30 s).
+    An alert sink our servers may not post to is a 422 (``shared.alerts.vet_sink``)."""
     resources: Resources = request.app.state.resources
+    sink = changes.get(ALERT_SINK)
+    if sink:
+        guard = request.app.state.settings.alerts
+        try:
+            await vet_sink(sink, allow_http=guard.allow_http, allowed=guard.networks)
+        except TargetError as exc:
+            raise ApiError(
+                422,
+                "invalid_fields",
+                f"{ALERT_SINK} is refused: {exc}",
+                fields={ALERT_SINK: str(exc)},
+            ) from None
     return await announce(resources.broker, await settings_store(request).change(changes, by=by))

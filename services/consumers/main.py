@@ -18,6 +18,7 @@ from starlette.applications import Starlette
 from services.consumers.campaign_hold import CampaignHold
 from services.consumers.canary_judge import CanaryJudge
 from services.consumers.dispatch import Dispatcher, Hooks, no_hooks
+from services.consumers.domain_checks import DomainChecker
 from services.consumers.live import ConsumerSettings, LiveMetrics
 from services.consumers.scheduler import Scheduler
 from services.consumers.splitter import Splitter
@@ -31,6 +32,8 @@ from shared.canary_store import CanaryStore
 from shared.config import Settings
 from shared.deadletters import DeadLetterStore, Letter, archiver
 from shared.domain_capacity import CapacityGate, DomainVolumes
+from shared.domain_checks import CheckRules
+from shared.domains import DohResolver, DomainStore
 from shared.engagement import tracker_of
 from shared.errors import DependencyUnavailable, ProviderError
 from shared.health import health_routes
@@ -57,6 +60,8 @@ log = logging.getLogger(__name__)
 DRAIN_TIMEOUT = 30.0
 #: Seconds between two counts of the dead letters waiting for an operator.
 DEAD_COUNT_EVERY = 30.0
+#: Seconds a DNS-over-HTTPS look-up of a sending domain may take.
+DNS_TIMEOUT = 10.0
 
 
 def build_dispatcher(
@@ -243,6 +248,16 @@ def scheduler_of(settings: Settings, res: Resources, batches: BatchStore) -> Sch
     return Scheduler(ScheduleStore(res.db, exchange), batches, res.broker, acceptance.settle)
 
 
+def domain_checker_of(settings: Settings, res: Resources, dns: httpx.AsyncClient) -> DomainChecker:
+    """The periodic look-ups of verified sending domains (run it)."""
+    return DomainChecker(
+        DomainStore(res.db),
+        DohResolver(dns, settings.api.dns_url),
+        CheckRules.of(settings.api),
+        ScheduleStore(res.db, f"{settings.amqp.exchange}:domains"),
+    )
+
+
 def judge_of(
     settings: Settings,
     res: Resources,
@@ -300,7 +315,12 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with (
             open_resources(settings, name="safedelivr-consumers") as res,
-            httpx.AsyncClient() as alert_http,
+            # Posts go to the vetted address of the sink (shared.alerts): no proxy from the
+            # environment, no connection kept for a host the sink may no longer resolve to.
+            httpx.AsyncClient(
+                trust_env=False, limits=httpx.Limits(max_keepalive_connections=0)
+            ) as alert_http,
+            httpx.AsyncClient(timeout=DNS_TIMEOUT, follow_redirects=False) as dns_http,
         ):
             app.state.resources = res
             # Configured from the live settings once start_consumers has loaded them.
@@ -313,6 +333,8 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
                 alert_http,
                 no_alerts,
                 mail=AlertMail(res.db, acceptance, exchange),
+                allow_http=settings.alerts.allow_http,
+                allowed=settings.alerts.networks,
             )
             started = await start_consumers(
                 settings,
@@ -336,6 +358,7 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
                 asyncio.create_task(watch_queues(res, started.applier, alerter)),
                 asyncio.create_task(tidy_counters(res, dispatcher, exchange)),
                 asyncio.create_task(scheduler_of(settings, res, dispatcher.batches).run()),
+                asyncio.create_task(domain_checker_of(settings, res, dns_http).run()),
                 asyncio.create_task(
                     judge_of(
                         settings, res, dispatcher.batches, dispatcher.recipients, alerter

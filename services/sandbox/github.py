@@ -36,8 +36,10 @@ def routes() -> list[BaseRoute]:
 async def authorize(request: Request) -> Response:
     """Approve at once as the chosen user and redirect back with ``code`` and ``state``.
 
-    ``login=<name>`` picks the user; ``orgs=a,b`` makes them a member of those organisations;
-    ``deny=1`` plays a user who refuses access.
+    ``login=<name>`` picks the user; ``id=<n>`` gives them that account id instead of the
+    login's own (an account renamed to ``login`` keeps its id; one that registered a released
+    login has another); ``orgs=a,b:77`` makes them a member of those organisations (``b``
+    with the id 77); ``deny=1`` plays a user who refuses access.
     """
     query = request.query_params
     client_id = query.get("client_id", "")
@@ -66,6 +68,11 @@ async def authorize(request: Request) -> Response:
     user = oauth.find_user(query.get("login") or sandbox.tuning.github_default_login)
     if user is None:
         return json_response({"error": "invalid_request", "error_description": "bad login"}, 400)
+    account = query.get("id", "")
+    if account:
+        if not account.isascii() or not account.isdecimal() or not 0 < int(account) < 2**63:
+            return json_response({"error": "invalid_request", "error_description": "bad id"}, 400)
+        user = replace(user, id=int(account))
     if query.get("orgs"):
         user = replace(user, orgs=tuple(o for o in query["orgs"].split(",") if o))
     grant = oauth.Grant(
@@ -129,7 +136,7 @@ async def api_user_orgs(request: Request) -> Response:
         return _bad_credentials()
     user, scopes = found
     orgs = user.orgs if "read:org" in scopes or "admin:org" in scopes else ()
-    return json_response([oauth.org_json(login, i) for i, login in enumerate(orgs)])
+    return json_response([oauth.org_json(entry) for entry in orgs])
 
 
 def _authenticate(request: Request) -> tuple[oauth.GitHubUser, tuple[str, ...]] | None:

@@ -62,7 +62,8 @@ class GitHubUser:
     """The ``email`` of ``GET /user``: null unless the user made an address public."""
     emails: tuple[GitHubEmail, ...]
     orgs: tuple[str, ...] = ()
-    """Logins of the organisations the user belongs to (``GET /user/orgs``)."""
+    """The organisations the user belongs to (``GET /user/orgs``), each ``NAME`` or
+    ``NAME:ID`` (:func:`org_json`)."""
 
     def as_json(self) -> dict[str, Any]:
         """GitHub's ``GET /user`` document for this user."""
@@ -162,9 +163,16 @@ def parse_scopes(scope: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(s for s in re.split(r"[\s,]+", scope or "") if s))
 
 
-def org_json(login: str, index: int) -> dict[str, Any]:
-    """An item of GitHub's ``GET /user/orgs``."""
-    org_id = 9_000_000 + index
+def default_org_id(name: str) -> int:
+    """The id of the organisation ``name`` when none is given: stable, like GitHub's."""
+    return 9_000_000 + zlib.crc32(name.lower().encode()) % 1_000_000
+
+
+def org_json(entry: str) -> dict[str, Any]:
+    """An item of GitHub's ``GET /user/orgs`` for ``NAME`` or ``NAME:ID`` (an organisation
+    renamed, or a new one that took a released name, has the id it is given)."""
+    login, _, given = entry.partition(":")
+    org_id = int(given) if given.isascii() and given.isdecimal() else default_org_id(login)
     return {
         "login": login,
         "id": org_id,

@@ -36,6 +36,7 @@ from services.api.dashboard import dashboard_routes
 from services.consumers.main import create_app as create_consumers
 from services.sandbox import signing
 from services.sandbox.app import create_app as create_sandbox
+from services.sandbox.oauth import find_user
 from services.webhooks.app import create_app as create_webhooks
 from shared.config import (
     CassandraSettings,
@@ -153,7 +154,7 @@ async def _stack(migrated: CassandraSettings) -> AsyncIterator[Stack]:
                 # URL (used for cookie flags and origin checks) are read per request.
                 api.state.settings = settings.model_copy(
                     update={
-                        "operators": ",".join(OPERATORS),
+                        "operators": ",".join(f"{o}:{github_id(o)}" for o in OPERATORS),
                         "api": settings.api.model_copy(update={"public_url": api_url}),
                         "github": settings.github.model_copy(
                             update={"redirect_uri": f"{api_url}/auth/github/callback"}
@@ -169,8 +170,16 @@ async def _stack(migrated: CassandraSettings) -> AsyncIterator[Stack]:
                     await broker.delete()
 
 
-#: GitHub logins the stack's dashboard treats as operators (one per test that needs one).
+#: GitHub logins of the accounts the stack's dashboard treats as operators (by their ids; one
+#: per test that needs one).
 OPERATORS = ("sd-operator-settings", "sd-operator-dead-letters")
+
+
+def github_id(login: str) -> int:
+    """The id of the sandbox's account ``login``."""
+    user = find_user(login)
+    assert user is not None, login
+    return user.id
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The Operations page in a real browser, as an operator (a login in SAFEDELIVR_OPERATORS):
+"""The Operations page in a real browser, as an operator (an account in SAFEDELIVR_OPERATORS):
 providers with health and circuit, pausing one (applied and audited), and a dead letter
 replayed from the page; anyone else gets a 404."""
 

@@ -208,7 +208,8 @@ async def test_an_unknown_user_has_no_profile(side: AccountSide) -> None:
 async def test_a_github_user_keeps_its_id_across_a_rename_and_its_profile_follows(
     side: AccountSide,
 ) -> None:
-    """Users are keyed by the GitHub id; login, name, e-mail and avatar are GitHub's latest."""
+    """Users are keyed by the GitHub id, which the profile carries; login, name, e-mail and
+    avatar are GitHub's latest."""
     github_id = 60_000_000 + uuid.uuid4().int % 10_000_000
     first = await side.accounts.upsert_github_user(
         github_id=github_id,
@@ -224,7 +225,9 @@ async def test_a_github_user_keeps_its_id_across_a_rename_and_its_profile_follow
     )
 
     assert again == first
-    assert await side.accounts.get_user(first) == UserProfile(first, new_login, None, None, None)
+    assert await side.accounts.get_user(first) == UserProfile(
+        first, new_login, None, None, None, github_id=github_id
+    )
 
 
 async def test_distinct_github_accounts_are_distinct_users(side: AccountSide) -> None:

@@ -183,6 +183,7 @@ class FakeAccounts:
             email=row.get("email"),
             avatar_url=row.get("avatar_url"),
             sessions_after=utc(row.get("sessions_after")),
+            github_id=row.get("github_id"),
         )
 
     async def end_sessions(self, user_id: uuid.UUID) -> None:

@@ -34,7 +34,13 @@ from services.webhooks.app import create_app as create_webhooks
 from shared import accounts
 from shared.batchstore import BatchStore
 from shared.broker import Broker
-from shared.config import ProviderSettings, SandboxSettings, Settings, WebhookSettings
+from shared.config import (
+    AlertSettings,
+    ProviderSettings,
+    SandboxSettings,
+    Settings,
+    WebhookSettings,
+)
 from shared.db import Database
 from shared.domain_capacity import CapacityRules
 from shared.models import BatchJob, ChunkJob
@@ -275,7 +281,9 @@ async def full_stack(
                 sendgrid_public_key=public_b64,
                 mailgun_signing_key=SecretStr(MG_KEY),
                 **(webhooks or {}),
-            )
+            ),
+            # Alerts may be posted to the sandbox's receiver (plain http on loopback).
+            "alerts": AlertSettings(allow_http=True, allowed_networks="127.0.0.0/8,::1/128"),
         }
     )
     async with served(create_webhooks(s)) as hooks_url:

@@ -3,17 +3,25 @@ a batch is accepted only ``from`` a domain its user verified by publishing a TXT
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from starlette.applications import Starlette
 
 from services.api.app import create_app
+from services.consumers.domain_checks import DomainChecker
 from services.sandbox.app import create_app as create_sandbox
 from shared import accounts
 from shared.config import SandboxSettings, Settings
 from shared.db import Database
+from shared.domain_checks import CheckRules
+from shared.domains import DohResolver, DomainStore, SendingDomain
+from shared.schedule_store import ScheduleStore
+from shared.sessions import SESSION_COOKIE, SessionStore
 from tests.conftest import unique
 from tests.integration.harness import client_for, running, served
 
@@ -22,10 +30,17 @@ from tests.integration.harness import client_for, running, served
 class World:
     api: httpx.AsyncClient
     sandbox: httpx.AsyncClient
+    app: Starlette
+    dns_url: str
 
     async def publish(self, record: dict[str, str]) -> None:
         body = {"name": record["name"], "value": record["value"]}
         assert (await self.sandbox.post("/_control/dns", json=body)).status_code == 200
+
+    async def unpublish(self, name: str) -> None:
+        """Every TXT value at ``name`` gone (the domain expired, or changed hands)."""
+        answer = await self.sandbox.delete("/_control/dns", params={"name": name})
+        assert answer.status_code == 200
 
 
 @pytest.fixture
@@ -43,7 +58,7 @@ async def world(settings: Settings) -> AsyncIterator[World]:
         ):
             await app.state.resources.broker.declare()
             try:
-                yield World(client, dns)
+                yield World(client, dns, app, f"{sandbox_url}/dns-query")
             finally:
                 await app.state.resources.broker.delete()
 
@@ -186,3 +201,144 @@ async def test_a_dns_resolver_that_cannot_answer_is_a_503(settings: Settings, db
 
     assert answer.status_code == 503
     assert "Retry-After" in answer.headers
+
+
+# --------------------------------------------------------------------------- periodic checks
+
+
+class OwnDomains(DomainStore):
+    """The real store, its scan narrowed to some users (the keyspace is the whole run's)."""
+
+    def __init__(self, db: Database, users: set[uuid.UUID]) -> None:
+        super().__init__(db)
+        self.users = users
+
+    async def every(self) -> AsyncIterator[tuple[uuid.UUID, SendingDomain]]:
+        async for user_id, d in super().every():
+            if user_id in self.users:
+                yield user_id, d
+
+
+async def user_key(db: Database, *scopes: str) -> tuple[uuid.UUID, dict[str, str]]:
+    user = await accounts.ensure_user(db, unique("domains"))
+    key = await accounts.create_key(db, user, "k", scopes=scopes or ("send", "read", "keys"))
+    return user, {"Authorization": f"Bearer {key}"}
+
+
+async def test_a_domain_whose_record_is_removed_is_unverified_after_the_grace(
+    world: World, db: Database
+) -> None:
+    """The consumers' checker, on a clock the test moves, looks the record up in the
+    sandbox's DNS: missing, the domain stays verified through the grace (its owner sees since
+    when); past it, it is unverified with the reason and sending from it is refused until it
+    is verified again."""
+    user, auth = await user_key(db)
+    name = domain()
+    await verified(world, auth, name)
+    rules = CheckRules(every=timedelta(hours=6), grace=timedelta(days=3))
+    clock = datetime.now(UTC) + timedelta(hours=6, seconds=1)
+    async with httpx.AsyncClient() as http:
+        checker = DomainChecker(
+            OwnDomains(db, {user}),
+            DohResolver(http, world.dns_url),
+            rules,
+            ScheduleStore(db, unique("domains")),
+            clock=lambda: clock,
+        )
+        await world.unpublish(f"_safedelivr.{name}")
+
+        first = await checker.pass_once()
+        missing = (await world.api.get(f"/v1/domains/{name}", headers=auth)).json()
+        during = await world.api.post("/v1/batches", json=batch(f"shop@{name}"), headers=auth)
+        clock += rules.grace
+        last = await checker.pass_once()
+
+    unverified = (await world.api.get(f"/v1/domains/{name}", headers=auth)).json()
+    refused = await world.api.post("/v1/batches", json=batch(f"shop@{name}"), headers=auth)
+    assert (first.missing, last.unverified) == (1, 1)
+    assert (missing["state"], missing["verified"], during.status_code) == (
+        "record_missing",
+        True,
+        202,
+    )
+    assert missing["checks"]["missing_since"] and missing["checks"]["unverified_after"]
+    assert (unverified["state"], unverified["verified"]) == ("unverified", False)
+    assert f"_safedelivr.{name} was not found" in unverified["checks"]["reason"]
+    assert unverified["checks"]["last_seen_at"] == missing["checks"]["last_seen_at"] is not None
+    assert refused.status_code == 422
+    assert f"{name} is not a verified sending domain" in refused.json()["error"]["fields"]["from"]
+
+    await verified(world, auth, name)  # the way back: publish it again and verify
+    again = await world.api.post("/v1/batches", json=batch(f"shop@{name}"), headers=auth)
+    assert again.status_code == 202
+
+
+async def test_a_second_claimant_is_shown_to_the_first_never_who_they_are(
+    world: World, db: Database
+) -> None:
+    (owner, owner_auth), (other, other_auth) = await user_key(db), await user_key(db)
+    name = domain()
+    await verified(world, owner_auth, name)
+    alone = (await world.api.get(f"/v1/domains/{name}", headers=owner_auth)).json()
+    added = await world.api.post("/v1/domains", json={"domain": name}, headers=other_auth)
+    pending = (await world.api.get(f"/v1/domains/{name}", headers=owner_auth)).json()
+    await world.publish(added.json()["record"])  # beside the owner's value
+    proven = await world.api.post(f"/v1/domains/{name}/verify", headers=other_auth)
+    both = (await world.api.get("/v1/domains", headers=owner_auth)).json()["data"]
+    session, _ = await SessionStore(db).create(owner)
+    page = await world.api.get("/domains", headers={"Cookie": f"{SESSION_COOKIE}={session}"})
+
+    assert alone["other_claims"] == {"accounts": 0, "verified": 0, "claims": [], "more": False}
+    assert added.json()["other_claims"] is None  # nothing before one's own claim is verified
+    assert pending["other_claims"]["claims"] == [{"domain": name, "state": "pending"}]
+    assert proven.json()["other_claims"]["claims"] == [{"domain": name, "state": "verified"}]
+    assert [d["other_claims"] for d in both] == [
+        {
+            "accounts": 1,
+            "verified": 1,
+            "claims": [{"domain": name, "state": "verified"}],
+            "more": False,
+        }
+    ]
+    assert str(other) not in str(both) and str(owner) not in proven.text
+    assert page.status_code == 200 and "Also claimed by 1 other account" in page.text
+
+
+async def test_operators_see_every_claim_in_full(world: World, db: Database) -> None:
+    (owner, owner_auth), (other, other_auth) = await user_key(db), await user_key(db)
+    _, ops = await user_key(db, "operator")
+    name = domain()
+    await verified(world, owner_auth, name)
+    await world.api.post("/v1/domains", json={"domain": f"news.{name}"}, headers=other_auth)
+
+    listed = await world.api.get(f"/v1/domain-claims/{name.upper()}", headers=ops)
+    refused = await world.api.get(f"/v1/domain-claims/{name}", headers=owner_auth)
+
+    assert listed.status_code == 200 and refused.status_code == 403
+    claims = listed.json()["data"]
+    assert [(c["domain"], c["user_id"], c["state"]) for c in claims] == [
+        (name, str(owner), "verified"),
+        (f"news.{name}", str(other), "pending"),
+    ]
+    assert claims[0]["login"] and claims[0]["last_seen_at"]
+
+
+async def test_the_operations_page_looks_up_who_claims_a_domain(world: World, db: Database) -> None:
+    (owner, owner_auth), operator_id = await user_key(db), 40_000_000 + uuid.uuid4().int % 10**7
+    name = domain()
+    await verified(world, owner_auth, name)
+    profile = {"login": unique("op").replace("_", "-"), "name": None, "email": None}
+    operator = await accounts.upsert_github_user(
+        db, github_id=operator_id, avatar_url=None, **profile
+    )
+    settings = world.app.state.settings
+    world.app.state.settings = settings.model_copy(update={"operators": str(operator_id)})
+    session, _ = await SessionStore(db).create(operator)
+    cookie = {"Cookie": f"{SESSION_COOKIE}={session}"}
+    try:
+        page = await world.api.get("/operations", params={"claims": name}, headers=cookie)
+    finally:
+        world.app.state.settings = settings
+
+    assert page.status_code == 200
+    assert f'data-claims="{name}"' in page.text and str(owner) in page.text

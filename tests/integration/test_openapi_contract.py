@@ -151,6 +151,9 @@ async def test_every_operation_answers_its_documented_shape(
     await call("list_dead_letters", "GET", "/v1/dead-letters")
     await call("replay_dead_letter", "POST", f"/v1/dead-letters/{letter.id}/replay")
     await call("delete_dead_letter", "DELETE", f"/v1/dead-letters/{letter.id}")
+    await DomainStore(db).add(user_id, "doc.example.net")  # a claim to list
+    claims = await call("list_domain_claims", "GET", "/v1/domain-claims/doc.example.net")
+    assert [c["user_id"] for c in claims.json()["data"]] == [str(user_id)]
 
     assert seen == {op.operation_id for op in OPERATIONS}
 

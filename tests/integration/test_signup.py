@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from services.sandbox.app import create_app as create_sandbox
+from services.sandbox.oauth import default_org_id, find_user
 from shared.config import CassandraSettings, SandboxSettings
 from shared.db import Database
 from shared.signup import SignupRequests
@@ -25,6 +26,13 @@ async def github_url() -> AsyncIterator[str]:
     app = create_sandbox(SandboxSettings(webhook_url="http://127.0.0.1:9", webhook_delay=60))
     async with served(app) as url:
         yield url
+
+
+def github_id(login: str) -> int:
+    """The id the sandbox's GitHub gives the account ``login``."""
+    user = find_user(login)
+    assert user is not None
+    return user.id
 
 
 async def log_in(
@@ -77,7 +85,7 @@ async def test_allowlist_admits_a_listed_login_and_refuses_another(
     migrated: CassandraSettings, github_url: str, db: Database
 ) -> None:
     listed, other = gh_login(), gh_login()
-    policy = {"signup": "allowlist", "signup_allow": f"someone,{listed.upper()}"}
+    policy = {"signup": "allowlist", "signup_allow": f"1,{listed}:{github_id(listed)}"}
 
     admitted = await log_in(migrated, github_url, listed, **policy)
     refused = await log_in(migrated, github_url, other, **policy)
@@ -90,7 +98,7 @@ async def test_allowlist_admits_members_of_a_listed_organisation(
     migrated: CassandraSettings, github_url: str, db: Database
 ) -> None:
     member, outsider = gh_login(), gh_login()
-    policy = {"signup": "allowlist", "signup_allow": "org:acme"}
+    policy = {"signup": "allowlist", "signup_allow": f"org:acme:{default_org_id('acme')}"}
 
     admitted = await log_in(migrated, github_url, member, orgs="beta,acme", **policy)
     refused = await log_in(migrated, github_url, outsider, orgs="beta", **policy)
@@ -112,7 +120,7 @@ async def test_approval_keeps_a_request_until_an_operator_approves_it(
 
     requests = SignupRequests(db)
     assert [r.state for r in await requests.all(100_000) if r.login == login] == ["pending"]
-    assert await requests.answer(login, "approved", "test-operator")
+    assert await requests.answer(github_id(login), "approved", "test-operator")
     admitted = await log_in(migrated, github_url, login, signup="approval")
 
     assert admitted.status_code == 302
@@ -125,7 +133,7 @@ async def test_a_refused_request_stays_refused(
 ) -> None:
     login = gh_login()
     await log_in(migrated, github_url, login, signup="approval")
-    assert await SignupRequests(db).answer(login, "refused", "test-operator")
+    assert await SignupRequests(db).answer(github_id(login), "refused", "test-operator")
 
     answer = await log_in(migrated, github_url, login, signup="approval")
 
@@ -176,11 +184,13 @@ async def test_the_cli_approves_a_request(
         )
 
     listed = cli("list")
-    approved = cli("approve", login)
-    unknown = cli("approve", gh_login())
+    by_login = cli("approve", login)
+    approved = cli("approve", str(github_id(login)))
+    unknown = cli("approve", str(github_id(gh_login())))
 
-    assert listed.returncode == 0 and login in listed.stdout, listed.stderr
-    assert approved.returncode == 0 and f"{login}: approved" in approved.stdout
+    assert listed.returncode == 0 and f"{github_id(login)}\t{login}" in listed.stdout
+    assert by_login.returncode == 2 and f"id is {github_id(login)}" in by_login.stderr
+    assert approved.returncode == 0 and f"{github_id(login)}: approved" in approved.stdout
     assert unknown.returncode == 1 and "no sign-up request" in unknown.stderr
     assert [r.state for r in await SignupRequests(db).all(100_000) if r.login == login] == [
         "approved"

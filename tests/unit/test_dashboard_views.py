@@ -10,8 +10,12 @@ import pytest
 
 from services.api.dashboard import charts, views
 from shared import domains, validation
+from shared.domain_checks import CheckRules
+from shared.domain_claims import OtherClaims
 from shared.domains import SendingDomain
 from tests.unit import readmodels
+
+RULES = CheckRules(every=timedelta(hours=6), grace=timedelta(days=3))
 
 SVG = "{http://www.w3.org/2000/svg}"
 DAYS = [date(2026, 11, 2) + timedelta(days=i) for i in range(3)]
@@ -531,12 +535,33 @@ def test_domain_notice_names_the_normalised_domain() -> None:
 def test_domain_rows_carry_the_record_to_publish() -> None:
     """Each row shows the TXT record's name and value, and whether it is verified."""
     found = SendingDomain("example.com", "tok", datetime(2026, 11, 1, tzinfo=UTC), None)
-    (row,) = views.domain_rows([found])
+    (row,) = views.domain_rows([found], RULES)
     assert (row.record_name, row.record_value) == (
         "_safedelivr.example.com",
         domains.record_value("tok"),
     )
-    assert row.verified is False and row.verified_when == "—"
+    assert row.verified is False and row.verified_when == "—" and row.state == "pending"
+
+
+def test_domain_rows_say_since_when_a_record_is_missing_and_when_it_unverifies() -> None:
+    at = datetime(2026, 11, 1, tzinfo=UTC)
+    found = SendingDomain("example.com", "tok", at, at, seen_at=at, missing_since=at)
+    (row,) = views.domain_rows([found], RULES)
+    assert (row.state, row.missing_since, row.unverified_after) == (
+        "record_missing",
+        "2026-11-01 00:00:00 UTC",
+        "2026-11-04 00:00:00 UTC",
+    )
+
+
+def test_domain_rows_say_how_many_others_claim_a_domain() -> None:
+    at = datetime(2026, 11, 1, tzinfo=UTC)
+    found = SendingDomain("example.com", "tok", at, at)
+    theirs = OtherClaims(2, 1, (("example.com", "verified"), ("example.com", "pending")), False)
+    (row,) = views.domain_rows([found], RULES, {"example.com": theirs})
+    (alone,) = views.domain_rows([found], RULES, {"example.com": None})
+    assert row.others == "Also claimed by 2 other accounts: 1 claim is verified."
+    assert row.other_claims == theirs.claims and alone.others is None
 
 
 def test_suppression_source_names_the_provider() -> None:

@@ -225,6 +225,11 @@ class Client:
     def remove_domain(self, domain: str) -> None:
         self._call(Request("DELETE", f"/v1/domains/{quoted(domain)}"))
 
+    def domain_claims(self, domain: str) -> list[dict[str, Any]]:
+        """Every account's claim on ``domain``, its parents and subdomains (an operator key)."""
+        request = Request("GET", f"/v1/domain-claims/{quoted(domain)}")
+        return cast(list[dict[str, Any]], self._call(request)["data"])
+
     def create_campaign(
         self,
         name: str,
@@ -614,6 +619,11 @@ class AsyncClient:
 
     async def remove_domain(self, domain: str) -> None:
         await self._call(Request("DELETE", f"/v1/domains/{quoted(domain)}"))
+
+    async def domain_claims(self, domain: str) -> list[dict[str, Any]]:
+        """See :meth:`Client.domain_claims`."""
+        request = Request("GET", f"/v1/domain-claims/{quoted(domain)}")
+        return cast(list[dict[str, Any]], (await self._call(request))["data"])
 
     async def create_campaign(
         self,

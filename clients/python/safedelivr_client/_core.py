@@ -32,6 +32,7 @@ OPERATIONS: Mapping[str, str] = {
     "get_domain": "domain",
     "verify_domain": "verify_domain",
     "delete_domain": "remove_domain",
+    "list_domain_claims": "domain_claims",
     "create_campaign": "create_campaign",
     "list_campaigns": "campaigns",
     "get_campaign": "campaign",

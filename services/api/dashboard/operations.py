@@ -1,8 +1,8 @@
-"""The dashboard's Operations page, for the GitHub logins in ``SAFEDELIVR_OPERATORS``: each
-provider's health, circuit and pause, the live settings and their audit, dead letters and
-sign-up requests, each with the action an operator takes at 2 a.m. from a phone. Every action
-is the same use case as its API route or CLI command; to anyone else the page does not exist
-(404)."""
+"""The dashboard's Operations page, for the GitHub accounts (by id) of
+``SAFEDELIVR_OPERATORS``: each provider's health, circuit and pause, the live settings and
+their audit, dead letters, sign-up requests and who claims a sending domain, each with the
+action an operator takes at 2 a.m. from a phone. Every action is the same use case as its API
+route or CLI command; to anyone else the page does not exist (404)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from services.api.dashboard.pages import page, read_form, render, see_other
+from services.api.domains import operator_claims
 from services.api.providers import provider_rows
-from services.api.sessions import SessionUser, require_user, verify_csrf
+from services.api.sessions import SessionUser, is_operator, require_user, verify_csrf
 from services.api.settings import change_settings, settings_store
-from shared import signup
+from shared import domains, signup
 from shared.alerts import SYSTEM_LOGIN
 from shared.config import Settings
 from shared.deadletters import DeadLetters, ReplayRefused, view
@@ -27,8 +28,9 @@ from shared.providers.catalog import CATALOG, CODES
 DEAD_SHOWN = 50
 
 
-def is_operator(settings: Settings, user: SessionUser | None) -> bool:
-    return user is not None and user.login.lower() in settings.operator_logins
+def by(user: SessionUser) -> str:
+    """Who an audit names: the GitHub id, which stays theirs, and the login they had then."""
+    return f"dashboard:{user.login}#{user.github_id}"
 
 
 async def _operator(request: Request) -> tuple[SessionUser, dict[str, str] | None]:
@@ -53,6 +55,10 @@ async def operations(request: Request) -> Response:
     live = resolve(await store.stored(), settings.providers)
     letters: DeadLetters = request.app.state.dead_letters
     requests = await signup.SignupRequests(db).all(200)
+    claims_domain = _domain_asked(request.query_params.get("claims", ""))
+    claims = (
+        await operator_claims(request.app.state.domains, db, claims_domain) if claims_domain else []
+    )
     context: dict[str, Any] = {
         "title": "Operations",
         "active": "operations",
@@ -66,9 +72,18 @@ async def operations(request: Request) -> Response:
         "changes": await store.audit(20),
         "letters": [view(x) for x in await letters.store.page(DEAD_SHOWN)],
         "signups": [r for r in requests if r.state == "pending"],
+        "claims_domain": claims_domain,
+        "claims": claims,
         "notice": _NOTICES.get(request.query_params.get("done", "")),
     }
     return render(request, "operations.html", context)
+
+
+def _domain_asked(raw: str) -> str | None:
+    try:
+        return domains.normalize_domain(raw) if raw.strip() else None
+    except domains.DomainError:
+        return None
 
 
 _NOTICES = {
@@ -125,7 +140,7 @@ async def change(request: Request) -> Response:
     changes = {k: v for k, v in changes.items() if in_force.get(k) != v}
     if not changes:
         return see_other("/operations", done="unchanged")
-    await change_settings(request, changes, by=f"dashboard:{user.login}")
+    await change_settings(request, changes, by=by(user))
     return see_other("/operations", done="settings")
 
 
@@ -157,7 +172,10 @@ async def answer_signup(request: Request) -> Response:
     if answer is None:
         raise ApiError(400, "bad_form", "approve or refuse?")
     requests = signup.SignupRequests(request.app.state.resources.db)
-    if not await requests.answer(form.get("login", ""), answer, f"dashboard:{user.login}"):
+    account = form.get("github_id", "")
+    if not account.isascii() or not account.isdecimal() or len(account) > 19:
+        raise ApiError(404, "not_found", "There is no such sign-up request.")
+    if not await requests.answer(int(account), answer, by(user)):
         raise ApiError(404, "not_found", "There is no such sign-up request.")
     return see_other("/operations", done=answer)
 

@@ -42,6 +42,7 @@ from services.api.sessions import (
     SessionUser,
     clear_session_cookie,
     current_user,
+    is_operator,
     login_required_response,
     require_user,
     verify_csrf,
@@ -150,10 +151,9 @@ def render(
 ) -> Response:
     user = getattr(request.state, "user", None)
     settings: Settings | None = getattr(request.app.state, "settings", None)
-    operators = settings.operator_logins if settings is not None else frozenset()
     base: dict[str, Any] = {
         "user": user,
-        "operator": user is not None and user.login.lower() in operators,
+        "operator": settings is not None and is_operator(settings, user),
         "active": None,
         "notice": None,
         "title": "",
@@ -612,11 +612,13 @@ async def remove_suppression(request: Request) -> Response:
 async def _domains_page(
     request: Request, user: SessionUser, *, status: int = 200, **extra: Any
 ) -> Response:
-    found = await SendingDomains.of(request).store.all(user.user_id)
+    use = SendingDomains.of(request)
+    found = await use.store.all(user.user_id)
+    others = await use.others(user.user_id, found)
     context: dict[str, Any] = {
         "title": "Sending domains",
         "active": "domains",
-        "rows": views.domain_rows(found),
+        "rows": views.domain_rows(found, use.rules, others),
         "errors": {},
         "values": {"domain": ""},
         "problem": None,

@@ -20,6 +20,8 @@ from services.api.dashboard.charts import Series, stacked_bars
 from shared import domains
 from shared.addresses import AddressError, normalize_email, split_address_list
 from shared.digits import natural
+from shared.domain_checks import unverified_after
+from shared.domain_claims import state_of
 from shared.providers.catalog import CATALOG
 from shared.sessions import safe_next
 from shared.suppressions import made_by_recipient
@@ -27,6 +29,8 @@ from shared.webhook_events import KIND_RANK
 
 if TYPE_CHECKING:
     from services.api.queries import BatchOverview, BatchSummary, RecipientLog, Step
+    from shared.domain_checks import CheckRules
+    from shared.domain_claims import OtherClaims
     from shared.domains import SendingDomain
 
 #: Provider codes as people know them.
@@ -737,29 +741,69 @@ def suppression_rows(rows: Iterable[Mapping[str, Any]]) -> list[SuppressionRow]:
 class DomainRow:
     domain: str
     verified: bool
+    state: str
+    """``pending``, ``verified``, ``record_missing`` or ``unverified``."""
     verified_when: str
     verified_iso: str
     added: str
     added_iso: str
     record_name: str
     record_value: str
+    last_seen: str
+    last_seen_iso: str
+    missing_since: str
+    missing_since_iso: str
+    unverified_after: str
+    unverified_after_iso: str
+    reason: str
+    others: str | None
+    """Other accounts' claims, in a sentence (None: none, or not shown)."""
+    other_claims: tuple[tuple[str, str], ...]
 
 
-def domain_rows(found: Iterable[SendingDomain]) -> list[DomainRow]:
-    """A user's sending domains, each with the TXT record that proves it."""
-    return [
-        DomainRow(
-            domain=d.domain,
-            verified=d.verified,
-            verified_when=fmt_time(d.verified_at),
-            verified_iso=iso(d.verified_at),
-            added=fmt_time(d.created_at),
-            added_iso=iso(d.created_at),
-            record_name=domains.record_name(d.domain),
-            record_value=domains.record_value(d.token),
+def domain_rows(
+    found: Iterable[SendingDomain],
+    rules: CheckRules,
+    others: Mapping[str, OtherClaims | None] | None = None,
+) -> list[DomainRow]:
+    """A user's sending domains, each with the TXT record that proves it, the state of its
+    checks and what may be said of other accounts' claims on it."""
+    rows = []
+    for d in found:
+        after = unverified_after(d, rules)
+        theirs = (others or {}).get(d.domain)
+        rows.append(
+            DomainRow(
+                domain=d.domain,
+                verified=d.verified,
+                state=state_of(d),
+                verified_when=fmt_time(d.verified_at),
+                verified_iso=iso(d.verified_at),
+                added=fmt_time(d.created_at),
+                added_iso=iso(d.created_at),
+                record_name=domains.record_name(d.domain),
+                record_value=domains.record_value(d.token),
+                last_seen=fmt_time(d.seen_at),
+                last_seen_iso=iso(d.seen_at),
+                missing_since=fmt_time(d.missing_since),
+                missing_since_iso=iso(d.missing_since),
+                unverified_after=fmt_time(after),
+                unverified_after_iso=iso(after),
+                reason=d.unverified_reason or "",
+                others=others_sentence(theirs),
+                other_claims=theirs.claims if theirs else (),
+            )
         )
-        for d in found
-    ]
+    return rows
+
+
+def others_sentence(theirs: OtherClaims | None) -> str | None:
+    """``Also claimed by 2 other accounts (1 claim verified).``; None when there is none."""
+    if theirs is None or not theirs.claims:
+        return None
+    accounts = f"{theirs.accounts} other account" + ("s" if theirs.accounts != 1 else "")
+    verified = f"{theirs.verified} claim" + (" is" if theirs.verified == 1 else "s are")
+    return f"Also claimed by {accounts}: {verified} verified."
 
 
 def domain_notice(params: Mapping[str, str]) -> str | None:

@@ -76,3 +76,34 @@ async def test_start_up_names_each_provider_without_a_query_api(
     assert any("SendGrid (sg) has no query API" in m for m in messages)
     assert any("could not check Mailgun's query API" in m for m in messages)
     assert not any("Mailgun (mg) has no query API" in m for m in messages)
+
+
+async def test_the_domain_checks_ask_the_configured_resolver_on_the_configured_schedule() -> None:
+    """The consumers look verified domains up through ``SAFEDELIVR_API_DNS_URL``, every
+    ``_DOMAIN_RECHECK_EVERY`` with ``_DOMAIN_GRACE``, under a lease of their namespace."""
+    import httpx
+
+    from services.consumers.main import domain_checker_of
+    from shared.config import AmqpSettings, ApiSettings
+    from shared.domain_checks import CheckRules
+
+    asked: list[str] = []
+
+    def resolver(request: httpx.Request) -> httpx.Response:
+        asked.append(str(request.url))
+        return httpx.Response(200, json={"Status": 3})
+
+    settings = Settings(
+        amqp=AmqpSettings(exchange="shop"),
+        api=ApiSettings(
+            dns_url="https://dns.test/dns-query", domain_recheck_every=60, domain_grace=600
+        ),
+    )
+    async with httpx.AsyncClient(transport=httpx.MockTransport(resolver)) as http:
+        checker = domain_checker_of(settings, Resources(None, None), http)  # type: ignore[arg-type]
+        found = await checker.resolver.txt("_safedelivr.example.com")
+
+    assert checker.rules == CheckRules.of(settings.api)
+    assert checker.rules.every.total_seconds() == 60 and checker.rules.grace.total_seconds() == 600
+    assert found == [] and asked[0].startswith("https://dns.test/dns-query?name=_safedelivr.")
+    assert checker.leases.namespace == "shop:domains"  # type: ignore[attr-defined]

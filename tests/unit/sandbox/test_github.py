@@ -199,3 +199,33 @@ async def test_plain_pkce_method_is_refused(sandbox: Harness) -> None:
     redirect = await _authorize(sandbox, code_challenge_method="plain")
 
     assert redirect["error"] == "invalid_request"
+
+
+async def test_an_account_id_plays_a_renamed_account_or_one_that_took_a_login(
+    sandbox: Harness,
+) -> None:
+    """``id=<n>`` keeps the login asked for and gives the account that id."""
+    redirect = await _authorize(sandbox, login="departed", id="4242")
+    token = (await _exchange(sandbox, redirect["code"])).json()["access_token"]
+
+    user = (
+        await sandbox.client.get("/github/api/user", headers={"Authorization": f"token {token}"})
+    ).json()
+
+    assert (user["login"], user["id"]) == ("departed", 4242)
+
+
+async def test_organisations_have_stable_ids_or_the_ids_given(sandbox: Harness) -> None:
+    """``orgs=acme,beta:77``: acme with the id its name gives, beta with 77."""
+    ids = []
+    for _ in range(2):
+        redirect = await _authorize(
+            sandbox, orgs="acme,beta:77", scope="read:user user:email read:org"
+        )
+        token = (await _exchange(sandbox, redirect["code"])).json()["access_token"]
+        auth = {"Authorization": f"token {token}"}
+        orgs = (await sandbox.client.get("/github/api/user/orgs", headers=auth)).json()
+        ids.append([(o["login"], o["id"]) for o in orgs])
+
+    assert ids[0] == ids[1]
+    assert ids[0][1] == ("beta", 77) and ids[0][0][0] == "acme"
