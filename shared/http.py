@@ -1,5 +1,5 @@
 """HTTP plumbing shared by our Starlette services: the JSON error envelope
-``{"error": {"code", "message", "fields"?, "batch_id"?}}`` and request bodies read
+``{"error": {"code", "message", "fields"?, "batch_id"?, "limit"?}}`` and request bodies read
 under a size cap that is enforced while they stream in (413 before buffering, not after),
 into memory or, for large uploads, into a temporary file."""
 
@@ -46,6 +46,7 @@ class ApiError(Exception):
         fields: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
         batch_id: str | None = None,
+        limit: tuple[str, int] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -55,6 +56,8 @@ class ApiError(Exception):
         self.headers = headers
         self.batch_id = batch_id
         """The batch the error is about, for the client to look up (an unknown outcome)."""
+        self.limit = limit
+        """The cap a refusal is about: its name and value (``{"name", "value"}``)."""
 
 
 def error_response(error: ApiError) -> JSON:
@@ -63,6 +66,8 @@ def error_response(error: ApiError) -> JSON:
         body["fields"] = error.fields
     if error.batch_id:
         body["batch_id"] = error.batch_id
+    if error.limit:
+        body["limit"] = {"name": error.limit[0], "value": error.limit[1]}
     return JSON({"error": body}, status_code=error.status, headers=error.headers)
 
 
