@@ -257,6 +257,10 @@ class Client:
     def cancel_campaign(self, campaign_id: str) -> dict[str, Any]:
         return self._campaign_step(campaign_id, "cancel")
 
+    def remove_campaign(self, campaign_id: str) -> None:
+        """Delete a draft, or a campaign that was sent or cancelled (frees its place)."""
+        self._call(Request("DELETE", f"/v1/campaigns/{quoted(campaign_id)}"))
+
     def _campaign_step(
         self, campaign_id: str, step: str, send_at: str | None = None
     ) -> dict[str, Any]:
@@ -320,6 +324,10 @@ class Client:
     def get_list(self, list_id: str) -> dict[str, Any]:
         return cast(dict[str, Any], self._call(Request("GET", f"/v1/lists/{quoted(list_id)}")))
 
+    def remove_list(self, list_id: str) -> None:
+        """Delete a list with its contacts and imports (frees its place)."""
+        self._call(Request("DELETE", f"/v1/lists/{quoted(list_id)}"))
+
     def list_contacts(
         self, list_id: str, *, limit: int | None = None, cursor: str | None = None
     ) -> Page:
@@ -363,6 +371,14 @@ class Client:
         """A template and its versions, newest first."""
         request = Request("GET", f"/v1/templates/{quoted(template_id)}")
         return cast(dict[str, Any], self._call(request))
+
+    def remove_template(self, template_id: str) -> None:
+        """Delete a template with its versions (frees its place)."""
+        self._call(Request("DELETE", f"/v1/templates/{quoted(template_id)}"))
+
+    def remove_template_version(self, template_id: str, version: int) -> None:
+        """Delete a version that is neither live nor in canary (frees its place)."""
+        self._call(Request("DELETE", f"/v1/templates/{quoted(template_id)}/versions/{version}"))
 
     def add_template_version(
         self,
@@ -649,6 +665,9 @@ class AsyncClient:
     async def cancel_campaign(self, campaign_id: str) -> dict[str, Any]:
         return await self._campaign_step(campaign_id, "cancel")
 
+    async def remove_campaign(self, campaign_id: str) -> None:
+        await self._call(Request("DELETE", f"/v1/campaigns/{quoted(campaign_id)}"))
+
     async def _campaign_step(
         self, campaign_id: str, step: str, send_at: str | None = None
     ) -> dict[str, Any]:
@@ -720,6 +739,9 @@ class AsyncClient:
         )
         return cast(Page, await self._call(request))
 
+    async def remove_list(self, list_id: str) -> None:
+        await self._call(Request("DELETE", f"/v1/lists/{quoted(list_id)}"))
+
     async def remove_list_contact(self, list_id: str, email: str) -> None:
         path = f"/v1/lists/{quoted(list_id)}/contacts/{quoted(email)}"
         await self._call(Request("DELETE", path))
@@ -755,6 +777,13 @@ class AsyncClient:
     async def template(self, template_id: str) -> dict[str, Any]:
         request = Request("GET", f"/v1/templates/{quoted(template_id)}")
         return cast(dict[str, Any], await self._call(request))
+
+    async def remove_template(self, template_id: str) -> None:
+        await self._call(Request("DELETE", f"/v1/templates/{quoted(template_id)}"))
+
+    async def remove_template_version(self, template_id: str, version: int) -> None:
+        path = f"/v1/templates/{quoted(template_id)}/versions/{version}"
+        await self._call(Request("DELETE", path))
 
     async def add_template_version(
         self,
