@@ -40,6 +40,8 @@ State = Literal["draft", "scheduled", "sending", "paused", "sent", "cancelled"]
 Action = Literal["schedule", "pause", "resume", "cancel"]
 #: States a runner looks at.
 ACTIVE: Final[frozenset[str]] = frozenset({"scheduled", "sending", "paused"})
+#: States a campaign may be deleted in (nothing of it runs).
+DELETABLE: Final[tuple[str, ...]] = ("draft", "sent", "cancelled")
 #: The metadata key naming a campaign's batches (echoed in webhooks; the consumers' hold).
 METADATA_KEY: Final = "campaign_id"
 
@@ -140,12 +142,14 @@ class CampaignStore:
         data: dict[str, Any],
         rate: int,
         send_at: datetime | None,
+        campaign_id: uuid.UUID | None = None,
     ) -> Campaign:
+        """A new draft (``campaign_id``: the id its place under the cap was claimed for)."""
         now = datetime.now(UTC)
         now = now.replace(microsecond=now.microsecond // 1000 * 1000)  # as Cassandra keeps it
         made = Campaign(
-            user_id, uuid.uuid1(), name, template_id, list_id, sender, data, rate, send_at,
-            "draft", None, now, now, 0, None, 0, 0, 0,
+            user_id, campaign_id or uuid.uuid1(), name, template_id, list_id, sender, data, rate,
+            send_at, "draft", None, now, now, 0, None, 0, 0, 0,
         )  # fmt: skip
         await self.db.execute(
             "INSERT INTO campaigns (user_id, campaign_id, name, template_id, list_id, sender, "
@@ -167,6 +171,26 @@ class CampaignStore:
             idempotent=True,
         )
         return made
+
+    async def delete(self, campaign: Campaign) -> bool:
+        """Delete ``campaign`` if it is in a state of :data:`DELETABLE` (a conditional
+        delete, so a schedule racing it cannot start what is being deleted), then its staged
+        and recorded slices and its place on the runners' list; False, deleting nothing,
+        when it is in another state or gone."""
+        row = await self.db.one(
+            "DELETE FROM campaigns WHERE user_id = ? AND campaign_id = ? IF state IN ?",
+            (campaign.user_id, campaign.campaign_id, list(DELETABLE)),
+        )
+        if not (row and row["[applied]"]):
+            return False
+        for table in ("campaign_slices", "campaign_batches"):
+            await self.db.execute(
+                f"DELETE FROM {table} WHERE campaign_id = ?",  # noqa: S608 - fixed names
+                (campaign.campaign_id,),
+                idempotent=True,
+            )
+        await self.retire(campaign.campaign_id)
+        return True
 
     async def get(self, user_id: uuid.UUID, campaign_id: uuid.UUID) -> Campaign | None:
         row = await self.db.one(

@@ -543,6 +543,34 @@ class ListSettings(BaseSettings):
     process stopped: a restart or a crash)."""
 
 
+class CapSettings(BaseSettings):
+    """Per-user caps on what a user may create and run at once (``shared.caps``)."""
+
+    model_config = _config("CAPS")
+
+    lists: int = Field(100, ge=1, le=10_000)
+    """Contact lists one user may have; another is refused with 409 ``too_many_lists``
+    (deleting one frees its place)."""
+    templates: int = Field(200, ge=1, le=10_000)
+    """Templates one user may have (409 ``too_many_templates``)."""
+    versions: int = Field(100, ge=1, le=10_000)
+    """Versions one template may have (409 ``too_many_versions``; deleting a version that is
+    neither live nor in canary frees its place)."""
+    campaigns: int = Field(1_000, ge=1, le=10_000)
+    """Campaigns one user may have, ended ones included (409 ``too_many_campaigns``)."""
+    imports: int = Field(2, ge=1, le=100)
+    """CSV imports of one user in progress at once, their uploads included (409
+    ``too_many_imports``)."""
+    contacts_per_import: int = Field(1_000_000, ge=1)
+    """Rows one CSV import may carry (the header aside); a file with more is refused with 413
+    ``too_many_contacts`` before anything of it is imported."""
+    claim_grace: float = Field(120.0, ge=10)
+    """Seconds a place taken for something being created is kept although the thing is not
+    found (its creation is still under way); after that a place whose thing is missing (its
+    process died between the two steps) is given back the next time the user is at the cap.
+    An import's place is kept this plus the upload's time limit."""
+
+
 class Settings(BaseSettings):
     """Every section, validated together at start-up."""
 
@@ -587,6 +615,7 @@ class Settings(BaseSettings):
     hooks: HooksSettings = Field(default_factory=HooksSettings)
     lists: ListSettings = Field(default_factory=ListSettings)
     alerts: AlertSettings = Field(default_factory=AlertSettings)
+    caps: CapSettings = Field(default_factory=CapSettings)
 
     @field_validator("operators")
     @classmethod
@@ -629,6 +658,7 @@ SECTIONS: dict[str, type[BaseSettings]] = {
     "HOOKS": HooksSettings,
     "LISTS": ListSettings,
     "ALERTS": AlertSettings,
+    "CAPS": CapSettings,
 }
 
 

@@ -15,7 +15,8 @@ A list's unsubscribes are the suppressions scoped by its id (:func:`list_scope`)
 name: two lists may share a name.
 
 Only one import runs per list: :meth:`ContactLists.begin_import` takes the list's
-``latest_import`` by a lightweight transaction from the one the caller saw.
+``latest_import`` by a lightweight transaction from the one the caller saw. Deleting a list
+deletes its row by a lightweight transaction too, then its contacts and imports.
 """
 
 from __future__ import annotations
@@ -144,8 +145,11 @@ class ContactLists:
 
     # ------------------------------------------------------------------ lists
 
-    async def create(self, user_id: uuid.UUID, name: str) -> ContactList:
-        made = ContactList(user_id, uuid.uuid1(), name, _now(), 0, None)
+    async def create(
+        self, user_id: uuid.UUID, name: str, list_id: uuid.UUID | None = None
+    ) -> ContactList:
+        """A new empty list (``list_id``: the id its place under the cap was claimed for)."""
+        made = ContactList(user_id, list_id or uuid.uuid1(), name, _now(), 0, None)
         await self.db.execute(
             "INSERT INTO contact_lists (user_id, list_id, name, created_at, contacts) "
             "VALUES (?, ?, ?, ?, 0)",
@@ -159,7 +163,7 @@ class ContactLists:
             f"SELECT {_LIST_COLUMNS} FROM contact_lists WHERE user_id = ? AND list_id = ?",  # noqa: S608 - fixed names
             (user_id, list_id),
         )
-        return _list(row) if row else None
+        return _list(row) if row and _kept(row) else None
 
     async def lists(self, user_id: uuid.UUID) -> list[ContactList]:
         """Newest first."""
@@ -167,7 +171,33 @@ class ContactLists:
             f"SELECT {_LIST_COLUMNS} FROM contact_lists WHERE user_id = ?",  # noqa: S608 - fixed names
             (user_id,),
         )
-        return [_list(r) for r in rows]
+        return [_list(r) for r in rows if _kept(r)]
+
+    async def delete(self, user_id: uuid.UUID, list_id: uuid.UUID) -> bool:
+        """Delete the list, then its contacts and imports; False when there was no such list
+        (its contents are deleted all the same: a deletion that died part-way is finished).
+        The list's row goes by a lightweight transaction, as ``begin_import`` takes it: an
+        import can no longer begin, and no clock skew lets a later transaction's cell
+        outlive the deletion."""
+        gone = await self.db.one(
+            "DELETE FROM contact_lists WHERE user_id = ? AND list_id = ? IF EXISTS",
+            (user_id, list_id),
+        )
+        window = asyncio.Semaphore(WRITE_WINDOW)
+
+        async def bucket(number: int) -> None:
+            async with window:
+                await self.db.execute(
+                    "DELETE FROM list_contacts WHERE list_id = ? AND bucket = ?",
+                    (list_id, number),
+                    idempotent=True,
+                )
+
+        await asyncio.gather(*(bucket(b) for b in range(BUCKETS)))
+        await self.db.execute(
+            "DELETE FROM list_imports WHERE list_id = ?", (list_id,), idempotent=True
+        )
+        return bool(gone and gone["[applied]"])
 
     async def set_count(self, user_id: uuid.UUID, list_id: uuid.UUID, contacts: int) -> None:
         await self.db.execute(
@@ -348,6 +378,12 @@ def _now() -> datetime:
     """Now, at Cassandra's precision (milliseconds)."""
     now = datetime.now(UTC)
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+def _kept(row: Row) -> bool:
+    """Whether a row is a list: a deleted list's row brought back by a late update of its
+    count (an import or a removal racing the deletion) has no name, and is none."""
+    return row["name"] is not None
 
 
 def _list(row: Row) -> ContactList:

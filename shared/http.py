@@ -1,13 +1,15 @@
 """HTTP plumbing shared by our Starlette services: the JSON error envelope
-``{"error": {"code", "message", "fields"?, "batch_id"?}}`` and request bodies read under a
-size cap that is enforced while they stream in (413 before buffering, not after)."""
+``{"error": {"code", "message", "fields"?, "batch_id"?, "limit"?}}`` and request bodies read
+under a size cap that is enforced while they stream in (413 before buffering, not after),
+into memory or, for large uploads, into a temporary file."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -19,6 +21,8 @@ from shared.errors import DependencyUnavailable
 
 #: Seconds a request body may take to arrive, whatever its size (408 after).
 BODY_TIMEOUT = 30.0
+#: Bytes of an upload held in memory before they are written to its temporary file.
+SPOOL_FLUSH = 1024 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,7 @@ class ApiError(Exception):
         fields: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
         batch_id: str | None = None,
+        limit: tuple[str, int] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -51,6 +56,8 @@ class ApiError(Exception):
         self.headers = headers
         self.batch_id = batch_id
         """The batch the error is about, for the client to look up (an unknown outcome)."""
+        self.limit = limit
+        """The cap a refusal is about: its name and value (``{"name", "value"}``)."""
 
 
 def error_response(error: ApiError) -> JSON:
@@ -59,6 +66,8 @@ def error_response(error: ApiError) -> JSON:
         body["fields"] = error.fields
     if error.batch_id:
         body["batch_id"] = error.batch_id
+    if error.limit:
+        body["limit"] = {"name": error.limit[0], "value": error.limit[1]}
     return JSON({"error": body}, status_code=error.status, headers=error.headers)
 
 
@@ -66,10 +75,7 @@ async def read_capped(request: Request, limit: int, *, timeout: float = BODY_TIM
     """The raw body, or 413 as soon as it (or its declared length) passes ``limit``; 408 when
     it has not all arrived within ``timeout`` seconds (a client trickling a body a byte at a
     time would otherwise hold a request slot for as long as it likes)."""
-    declared = request.headers.get("content-length")
-    size_declared = natural(declared, max_digits=40)  # any length: a huge one is a 413
-    if size_declared is not None and size_declared > limit:
-        raise _too_large(limit)
+    _refuse_declared(request, limit)
     chunks: list[bytes] = []
     size = 0
     try:
@@ -80,10 +86,55 @@ async def read_capped(request: Request, limit: int, *, timeout: float = BODY_TIM
                     raise _too_large(limit)
                 chunks.append(chunk)
     except TimeoutError:
-        raise ApiError(
-            408, "body_timeout", f"the request body did not arrive within {timeout:g} s"
-        ) from None
+        raise _late(timeout) from None
     return b"".join(chunks)
+
+
+async def spool_capped(request: Request, limit: int, *, timeout: float = BODY_TIMEOUT) -> BinaryIO:
+    """The raw body in a temporary file (gone once closed: the caller closes it), rewound,
+    under :func:`read_capped`'s limit and time limit. It is written as it arrives, at most
+    :data:`SPOOL_FLUSH` bytes at a time, in a worker thread: an upload of any size holds
+    about that much memory, and is never joined into one ``bytes``."""
+    _refuse_declared(request, limit)
+    spool = await asyncio.to_thread(tempfile.TemporaryFile)
+    try:
+        pending: list[bytes] = []
+        held = size = 0
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(limit)
+                pending.append(chunk)
+                held += len(chunk)
+                if held >= SPOOL_FLUSH:
+                    await asyncio.to_thread(spool.writelines, pending)
+                    pending, held = [], 0
+        await asyncio.to_thread(_rewound, spool, pending)
+    except TimeoutError:
+        spool.close()
+        raise _late(timeout) from None
+    except BaseException:
+        spool.close()
+        raise
+    return spool
+
+
+def _rewound(spool: BinaryIO, rest: list[bytes]) -> None:
+    spool.writelines(rest)
+    spool.flush()
+    spool.seek(0)
+
+
+def _refuse_declared(request: Request, limit: int) -> None:
+    declared = request.headers.get("content-length")
+    size_declared = natural(declared, max_digits=40)  # any length: a huge one is a 413
+    if size_declared is not None and size_declared > limit:
+        raise _too_large(limit)
+
+
+def _late(timeout: float) -> ApiError:
+    return ApiError(408, "body_timeout", f"the request body did not arrive within {timeout:g} s")
 
 
 async def read_json(

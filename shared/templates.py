@@ -3,8 +3,9 @@
 
 A template is created with its first version. A new version takes the next number by a
 lightweight transaction on the template's ``next_version`` (two at once never share one),
-then its row is written: a writer that dies in between leaves a gap in the numbers, never a
-half-written version (versions are immutable, written once). Publishing names the live
+then its row is written: a writer that dies in between (or is refused a place under the
+cap) leaves a gap in the numbers, never a half-written version (versions are immutable,
+written once, and deleted whole). Publishing names the live
 version, or a canary with its share beside the live one; whether a version renders with its
 sample data is checked before (``shared.template_render``), not here. Publishing and the
 canary judge's conclusion are conditional updates on what their writer read, so neither
@@ -26,6 +27,10 @@ from shared.db import Database, Row, utc
 class TemplateChanged(Exception):
     """The template's live version or canary changed since it was read (another publish,
     or the canary judge's verdict): nothing was written; read it again and decide."""
+
+
+class TemplateGone(LookupError):
+    """The template was deleted while a version was being added to it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,11 +78,13 @@ class TemplateStore:
         html: str | None,
         text: str | None,
         sample: dict[str, Any],
+        template_id: uuid.UUID | None = None,
     ) -> uuid.UUID:
-        """A new template with its version 1 (not yet live: publishing makes it so)."""
-        template_id = uuid.uuid1()
+        """A new template with its version 1 (not yet live: publishing makes it so);
+        ``template_id``: the id its place under the cap was claimed for."""
+        template_id = template_id or uuid.uuid1()
         now = datetime.now(UTC)
-        await self._write_version(template_id, 1, subject, html, text, sample, now)
+        await self.write_version(template_id, 1, subject, html, text, sample, now)
         await self.db.execute(
             "INSERT INTO templates (user_id, template_id, name, next_version, created_at) "
             "VALUES (?, ?, ?, 2, ?)",
@@ -94,28 +101,36 @@ class TemplateStore:
         text: str | None,
         sample: dict[str, Any],
     ) -> int:
-        """The number of the new version (taken by a conditional update, retried on a
-        race)."""
+        """The number of the new version (:meth:`take_number`, then
+        :meth:`write_version`)."""
+        number = await self.take_number(template)
+        await self.write_version(
+            template.template_id, number, subject, html, text, sample, datetime.now(UTC)
+        )
+        return number
+
+    async def take_number(self, template: Template) -> int:
+        """The next version's number, taken by a conditional update (retried on a race):
+        nobody else gets it, whether or not its version is then written. Raises
+        :class:`TemplateGone` when the template was deleted meanwhile."""
         while True:
             row = await self.db.one(
                 "SELECT next_version FROM templates WHERE user_id = ? AND template_id = ?",
                 (template.user_id, template.template_id),
                 serial=True,
             )
-            number = int(row["next_version"]) if row else 2
+            if row is None or row["next_version"] is None:
+                raise TemplateGone(f"template {template.template_id} was deleted")
+            number = int(row["next_version"])
             taken = await self.db.one(
                 "UPDATE templates SET next_version = ? WHERE user_id = ? AND template_id = ? "
                 "IF next_version = ?",
                 (number + 1, template.user_id, template.template_id, number),
             )
             if taken is not None and taken["[applied]"]:
-                break
-        await self._write_version(
-            template.template_id, number, subject, html, text, sample, datetime.now(UTC)
-        )
-        return number
+                return number
 
-    async def _write_version(
+    async def write_version(
         self,
         template_id: uuid.UUID,
         number: int,
@@ -132,6 +147,29 @@ class TemplateStore:
             idempotent=True,
         )
 
+    async def delete(self, template: Template) -> bool:
+        """Delete the template, then its versions; False when there was no such template
+        (its versions are deleted all the same). The template's row goes by a lightweight
+        transaction, as its other changes do."""
+        gone = await self.db.one(
+            "DELETE FROM templates WHERE user_id = ? AND template_id = ? IF EXISTS",
+            (template.user_id, template.template_id),
+        )
+        await self.db.execute(
+            "DELETE FROM template_versions WHERE template_id = ?",
+            (template.template_id,),
+            idempotent=True,
+        )
+        return bool(gone and gone["[applied]"])
+
+    async def delete_version(self, template_id: uuid.UUID, number: int) -> None:
+        """Delete one version (whether it is live or in canary is the caller's to check)."""
+        await self.db.execute(
+            "DELETE FROM template_versions WHERE template_id = ? AND version = ?",
+            (template_id, number),
+            idempotent=True,
+        )
+
     async def get(self, user_id: uuid.UUID, template_id: uuid.UUID) -> Template | None:
         row = await self.db.one(
             "SELECT user_id, template_id, name, live_version, canary_version, canary_percent, "
@@ -139,7 +177,7 @@ class TemplateStore:
             "WHERE user_id = ? AND template_id = ?",
             (user_id, template_id),
         )
-        return _template(row) if row else None
+        return _template(row) if row and _kept(row) else None
 
     async def templates(self, user_id: uuid.UUID) -> list[Template]:
         rows = await self.db.all_pages(
@@ -147,7 +185,7 @@ class TemplateStore:
             "canary_since, created_at, verdict FROM templates WHERE user_id = ?",
             (user_id,),
         )
-        return [_template(r) for r in rows]
+        return [_template(r) for r in rows if _kept(r)]
 
     async def versions(self, template_id: uuid.UUID) -> list[Version]:
         """Newest first."""
@@ -226,6 +264,13 @@ class TemplateStore:
             (live, verdict, template.user_id, template.template_id, since),
         )
         return bool(row and row["[applied]"])
+
+
+def _kept(row: Row) -> bool:
+    """Whether a row is a template: a deleted template's row brought back by a publish
+    racing the deletion (its conditions on an unpublished template's empty cells hold on a
+    missing row) has no name, and is none."""
+    return row["name"] is not None
 
 
 def _template(row: Row) -> Template:

@@ -29,6 +29,7 @@ from typing import Any
 
 from services.api.campaign_runner import CampaignRunner
 from services.api.campaigns import Campaigns
+from services.api.capping import Caps
 from services.api.sending import Sending
 from services.api.templated import TemplateBatches
 from services.consumers.campaign_hold import CampaignHold
@@ -59,6 +60,7 @@ from tests.fakes.acceptance_stores import FakeOutbox, FakePreferences, FakeQuota
 from tests.fakes.account_stores import AccountTables, FakeIdempotencyStore
 from tests.fakes.campaign_store import CampaignTables, FakeCampaigns
 from tests.fakes.canary_store import CanaryTables, FakeCanary
+from tests.fakes.cap_store import FakeCapStore
 from tests.fakes.contact_lists import FakeContactLists
 from tests.fakes.hooks import FakeHookQueue, FakeHookStore, emitter_over
 from tests.fakes.schedule_store import FakeSchedule, ScheduleTables
@@ -145,6 +147,7 @@ class World:
         self.canary_tables = CanaryTables(wire=self.gate)
         self.templates = FakeTemplates(wire=self.gate)
         self.lists = FakeContactLists(wire=self.gate)
+        self.caps = FakeCapStore(wire=self.gate)
         namespace = self.settings.amqp.exchange
         self.campaign_store = FakeCampaigns(namespace, self.campaign_tables)
         self.hook_store = FakeHookStore(self.db.now, self.gate)
@@ -233,6 +236,7 @@ class World:
             self.lists,  # type: ignore[arg-type]
             self.batches,  # type: ignore[arg-type]
             sending,
+            Caps(self.caps, self.settings.caps, clock=self._now(inc.process)),
         )
         runner = CampaignRunner(
             self.campaign_store,  # type: ignore[arg-type]

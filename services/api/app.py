@@ -30,6 +30,7 @@ from services.api import (
 from services.api import settings as live
 from services.api.campaign_runner import CampaignRunner
 from services.api.campaigns import Campaigns
+from services.api.capping import Caps
 from services.api.dashboard import create_templates, dashboard_routes
 from services.api.managing import Managing
 from services.api.openapi import openapi_json
@@ -44,6 +45,7 @@ from shared.background import Background
 from shared.batchstore import BatchStore
 from shared.campaigns import CampaignStore
 from shared.canary_store import CanaryStore
+from shared.cap_store import CapStore
 from shared.config import Settings
 from shared.contact_lists import ContactLists
 from shared.cooldown import RecentMail
@@ -94,6 +96,7 @@ def create_app(settings: Settings) -> Starlette:
             # Not ``templates``: that is the dashboard's Jinja2 environment.
             state.template_store = TemplateStore(res.db)
             state.canary_store = CanaryStore(res.db, settings.amqp.exchange)
+            state.caps = Caps(CapStore(res.db), settings.caps)
             state.dead_letters = DeadLetters(DeadLetterStore(res.db), res.broker)
             state.background = Background()
             state.managing = Managing(
@@ -121,6 +124,7 @@ def create_app(settings: Settings) -> Starlette:
                 ContactLists(res.db),
                 state.batches,
                 state.sending,
+                state.caps,
             )
             runner = asyncio.create_task(
                 CampaignRunner(
@@ -193,6 +197,7 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/campaigns", campaigns.list_campaigns, methods=["GET"]),
         Route("/v1/campaigns", campaigns.create_campaign, methods=["POST"]),
         Route("/v1/campaigns/{campaign_id}", campaigns.get_campaign, methods=["GET"]),
+        Route("/v1/campaigns/{campaign_id}", campaigns.delete_campaign, methods=["DELETE"]),
         Route(
             "/v1/campaigns/{campaign_id}/schedule",
             campaigns.schedule_campaign,
@@ -204,6 +209,7 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/lists", lists.list_lists, methods=["GET"]),
         Route("/v1/lists", lists.create_list, methods=["POST"]),
         Route("/v1/lists/{list_id}", lists.get_list, methods=["GET"]),
+        Route("/v1/lists/{list_id}", lists.delete_list, methods=["DELETE"]),
         Route("/v1/lists/{list_id}/contacts", lists.list_contacts, methods=["GET"]),
         Route("/v1/lists/{list_id}/contacts/{email}", lists.delete_contact, methods=["DELETE"]),
         Route("/v1/lists/{list_id}/imports", lists.import_contacts, methods=["POST"]),
@@ -211,7 +217,13 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/templates", templates.list_templates, methods=["GET"]),
         Route("/v1/templates", templates.create_template, methods=["POST"]),
         Route("/v1/templates/{template_id}", templates.get_template, methods=["GET"]),
+        Route("/v1/templates/{template_id}", templates.delete_template, methods=["DELETE"]),
         Route("/v1/templates/{template_id}/versions", templates.add_version, methods=["POST"]),
+        Route(
+            "/v1/templates/{template_id}/versions/{version}",
+            templates.delete_version,
+            methods=["DELETE"],
+        ),
         Route("/v1/templates/{template_id}/publish", templates.publish_template, methods=["POST"]),
         Route("/v1/templates/{template_id}/preview", templates.preview_template, methods=["POST"]),
         Route("/v1/providers", providers.list_providers, methods=["GET"]),

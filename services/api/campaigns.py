@@ -1,9 +1,12 @@
 """``/v1/campaigns``: a template sent to a contact list, now or later. Create (a draft),
-list, read (with its progress), schedule, pause, resume and cancel; the runner
+list, read (with its progress), schedule, pause, resume, cancel and delete; the runner
 (``services.api.campaign_runner``) does the sending, ``shared.campaigns`` owns the lifecycle.
 
 A lifecycle step the campaign's state does not allow is a 409 naming the state; a step that
 raced another (the runner starting it, a second click) is answered from the state it found.
+A user's campaigns are capped (``services.api.capping``): a place is claimed before one is
+made and given back once it is deleted (a draft, or one that ended). A list or template a
+campaign that has not ended uses cannot be deleted (409 ``in_use``).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,13 +23,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from services.api.auth import require_key
+from services.api.capping import Caps, Census
 from services.api.queries import batch_counts, path_uuid
 from services.api.schema import CampaignIn, CampaignScheduleIn, checked
 from services.api.sending import Sending
 from shared import lanes
 from shared.addresses import parse_address
 from shared.batchstore import BatchStore
-from shared.campaigns import Action, Campaign, CampaignStore, LifecycleError, next_state
+from shared.campaigns import (
+    DELETABLE,
+    Action,
+    Campaign,
+    CampaignStore,
+    LifecycleError,
+    next_state,
+)
 from shared.contact_lists import ContactLists
 from shared.http import JSON, ApiError, read_json
 from shared.templates import TemplateStore
@@ -71,8 +83,10 @@ class Campaigns:
     lists: ContactLists
     batches: BatchStore
     sending: Sending
+    caps: Caps
 
     async def create(self, user_id: uuid.UUID, body: CampaignIn) -> Campaign:
+        """A new draft, if the user has room for one (409 ``too_many_campaigns``)."""
         template_id = _uuid(body.template_id, "template_id")
         list_id = _uuid(body.list_id, "list_id")
         template = await self.templates.get(user_id, template_id)
@@ -82,6 +96,9 @@ class Campaigns:
             raise _invalid("list_id", "no such list of yours")
         sender = _sender(body.from_)
         await self.sending.check_sender(user_id, sender["email"])
+        send_at = self._send_at(body.send_at)
+        campaign_id = uuid.uuid1()
+        await self.caps.claim(user_id, "campaigns", str(campaign_id), self._campaigns_of(user_id))
         return await self.store.create(
             user_id,
             body.name,
@@ -90,8 +107,56 @@ class Campaigns:
             sender,
             body.data or {},
             body.rate or DEFAULT_RATE,
-            self._send_at(body.send_at),
+            send_at,
+            campaign_id,
         )
+
+    async def delete(self, user_id: uuid.UUID, campaign_id: uuid.UUID) -> None:
+        """Delete a draft or a campaign that ended (409 ``campaign_state`` while it is
+        scheduled, sending or paused: cancel it first) and give its place back."""
+        for _ in range(5):
+            campaign = await self.store.get(user_id, campaign_id)
+            if campaign is None:
+                break  # deleted meanwhile: as asked
+            if campaign.state not in DELETABLE:
+                raise ApiError(
+                    409,
+                    "campaign_state",
+                    f"the campaign is {campaign.state}: cancel it before deleting it",
+                )
+            if await self.store.delete(campaign):
+                break
+            # Raced (scheduled or deleted meanwhile): look again.
+        else:
+            raise ApiError(409, "campaign_busy", "the campaign keeps changing; try again")
+        await self.caps.release_quietly(user_id, "campaigns", str(campaign_id))
+
+    async def refuse_if_used(
+        self,
+        user_id: uuid.UUID,
+        *,
+        list_id: uuid.UUID | None = None,
+        template_id: uuid.UUID | None = None,
+    ) -> None:
+        """409 ``in_use`` naming a campaign that has not ended (a draft included) and sends
+        the list or template: deleting it would leave the campaign nothing to send."""
+        for c in await self.store.campaigns(user_id):
+            if c.state in ("sent", "cancelled"):
+                continue
+            if c.list_id == list_id or c.template_id == template_id:
+                what = "list" if c.list_id == list_id else "template"
+                raise ApiError(
+                    409,
+                    "in_use",
+                    f"the campaign “{c.name}” ({c.campaign_id}, {c.state}) sends this {what}: "
+                    "cancel or delete it first",
+                )
+
+    def _campaigns_of(self, user_id: uuid.UUID) -> Census:
+        async def census(_: Collection[str]) -> set[str]:
+            return {str(c.campaign_id) for c in await self.store.campaigns(user_id)}
+
+        return census
 
     def _send_at(self, value: str | None) -> datetime | None:
         horizon = timedelta(days=self.sending.settings.api.schedule_horizon_days)
@@ -188,6 +253,14 @@ async def get_campaign(request: Request) -> Response:
     campaigns = _campaigns(request)
     campaign = await campaigns.get(key.user_id, path_uuid(request, "campaign_id"))
     return JSON(view(campaign, await campaigns.counts(campaign)))
+
+
+async def delete_campaign(request: Request) -> Response:
+    key = await require_key(request, "send")
+    campaigns = _campaigns(request)
+    found = await campaigns.get(key.user_id, path_uuid(request, "campaign_id"))
+    await campaigns.delete(key.user_id, found.campaign_id)
+    return Response(status_code=204)
 
 
 async def _act(request: Request, action: Action) -> Response:

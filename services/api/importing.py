@@ -1,11 +1,12 @@
 """Running a contact list's CSV import in the API process, in the background: the shell
 around :mod:`shared.list_import`'s decisions.
 
-The file is read a slice of rows at a time (in a thread: parsing never holds the event
-loop); each slice's addresses are looked up (suppressed for the user, unsubscribed from this
-list, already in the list), decided, written, and the import's progress saved with a new
-heartbeat, so a reader sees it advance and a dead process shows as a stale import. When the
-file ends the list's count is recounted.
+The file is read a slice of rows at a time, as a stream (in a thread: parsing never holds the
+event loop, and only the slice at hand is in memory, whatever the file's size); each slice's
+addresses are looked up (suppressed for the user, unsubscribed from this list, already in
+the list), decided, written, and the import's progress saved with a new heartbeat, so a
+reader sees it advance and a dead process shows as a stale import. When the file ends the
+list's count is recounted.
 
 A list's unsubscribes are its ``list_suppressions`` under the scope of the list's id (as a
 string): mail sent to the list names it with ``list`` = its id, so its one-click
@@ -24,7 +25,7 @@ from datetime import UTC, datetime
 from shared.addresses import address_key
 from shared.config import ListSettings
 from shared.contact_lists import ContactLists, list_scope
-from shared.contacts_csv import Contact, CsvError, Rejected, scan
+from shared.contacts_csv import Contact, CsvError, Rejected, Source, scan
 from shared.errors import DependencyUnavailable
 from shared.list_import import ImportJob, Sorted, advance, finish, sort_slice
 from shared.suppressions import SuppressionStore
@@ -43,14 +44,14 @@ class Importer:
     suppressions: SuppressionStore
     settings: ListSettings
 
-    async def run(self, job: ImportJob, data: bytes, *, base: int) -> ImportJob:
-        """Import ``data`` into ``job``'s list, which held ``base`` contacts; the job as it
-        ended (also saved). Never raises for a bad file, an outage or any other error: the
-        job fails with the reason."""
+    async def run(self, job: ImportJob, source: Source, *, base: int) -> ImportJob:
+        """Import ``source`` (the file, or its bytes) into ``job``'s list, which held
+        ``base`` contacts; the job as it ended (also saved). Never raises for a bad file, an
+        outage or any other error: the job fails with the reason."""
         job = replace(job, state="running", heartbeat=_now())
         try:
             await self.lists.save_import(job)
-            rows = scan(data, max_rows=self.settings.import_max_rows)
+            rows = scan(source, max_rows=self.settings.import_max_rows)
             while True:
                 part, broken = await asyncio.to_thread(_next, rows, self.settings.import_slice)
                 if part:

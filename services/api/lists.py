@@ -1,25 +1,33 @@
 """``/v1/lists``: contact lists: create, list, read (with counts and the latest import), page
-through contacts, remove one, import a CSV file (in the background, 202) and follow the
-import's progress and report.
+through contacts, remove one, delete a list, import a CSV file (in the background, 202) and
+follow the import's progress and report.
 
 :class:`Lists` holds the use cases (the dashboard shares them); the handlers parse, call
 and answer. Another user's list is a 404, as a missing one is. One import runs per list at a
 time (409 while one does); an import whose process died reads as failed once its heartbeat
 is stale, and another may then begin.
+
+A user's lists and imports in progress are capped (``services.api.capping``): a list's
+place is claimed before it is made and given back once it is deleted; an import's is claimed
+before its upload and given back when it ends. An upload is spooled to a temporary file as it
+arrives, counted (413 past the contacts one import may carry), then read back a slice at a
+time: an import holds about a slice of the file in memory, whatever its size.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import IO, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from services.api.auth import require_key
+from services.api.capping import Caps, Census
 from services.api.importing import Importer
 from services.api.queries import decode_cursor, encode_cursor, page_limit, path_uuid
 from services.api.schema import ListIn, checked
@@ -34,7 +42,7 @@ from shared.contact_lists import (
     Position,
     read_page,
 )
-from shared.http import JSON, ApiError, read_capped, read_json
+from shared.http import JSON, ApiError, read_json, spool_capped
 from shared.list_import import ImportJob, live, shown
 from shared.suppressions import SuppressionStore
 
@@ -106,6 +114,7 @@ class Lists:
     suppressions: SuppressionStore
     background: Background
     settings: ListSettings
+    caps: Caps
 
     @classmethod
     def of(cls, request: Request) -> Lists:
@@ -115,7 +124,48 @@ class Lists:
             state.suppressions,
             state.background,
             state.settings.lists,
+            state.caps,
         )
+
+    async def create(self, user_id: uuid.UUID, name: str) -> ContactList:
+        """A new list, if the user has room for one (409 ``too_many_lists``)."""
+        list_id = uuid.uuid1()
+        await self.caps.claim(user_id, "lists", str(list_id), self._lists_of(user_id))
+        return await self.store.create(user_id, name, list_id)
+
+    async def delete(self, found: ContactList) -> None:
+        """Delete ``found`` with its contacts and imports (409 while an import of it runs)
+        and give its place back."""
+        previous = await self.latest(found)
+        if previous is not None and live(previous, datetime.now(UTC), self.stale_after):
+            raise _busy()
+        await self.store.delete(found.user_id, found.list_id)
+        await self.caps.release_quietly(found.user_id, "lists", str(found.list_id))
+
+    def _lists_of(self, user_id: uuid.UUID) -> Census:
+        async def census(_: Collection[str]) -> set[str]:
+            return {str(x.list_id) for x in await self.store.lists(user_id)}
+
+        return census
+
+    def _running(self, user_id: uuid.UUID) -> Census:
+        """Which of the holders (``<list id>/<import id>``) are imports still running."""
+
+        async def census(holders: Collection[str]) -> set[str]:
+            now = datetime.now(UTC)
+
+            async def one(holder: str) -> str | None:
+                list_id, _, import_id = holder.partition("/")
+                try:
+                    job = await self.store.get_import(uuid.UUID(list_id), uuid.UUID(import_id))
+                except ValueError:
+                    return None
+                return holder if job is not None and live(job, now, self.stale_after) else None
+
+            found = await asyncio.gather(*(one(h) for h in holders))
+            return {h for h in found if h is not None}
+
+        return census
 
     @property
     def stale_after(self) -> timedelta:
@@ -146,25 +196,63 @@ class Lists:
         latest = await asyncio.gather(*(one(x) for x in mine))
         return list(zip(mine, latest, strict=True))
 
-    async def begin_import(self, found: ContactList, data: bytes) -> ImportJob:
-        """Check ``data``'s layout (422 when it cannot be imported at all), take the list's
-        import (409 while another runs) and start it in the background."""
+    async def claim_import(self, found: ContactList) -> uuid.UUID:
+        """An id for a new import of ``found``, its place among the user's imports in
+        progress claimed (409 ``too_many_imports``): it is kept through the upload."""
+        import_id = uuid.uuid1()
+        await self.caps.claim(
+            found.user_id,
+            "imports",
+            _holder(found.list_id, import_id),
+            self._running(found.user_id),
+            extra_grace=UPLOAD_TIMEOUT,
+        )
+        return import_id
+
+    async def release_import(self, found: ContactList, import_id: uuid.UUID) -> None:
+        await self.caps.release_quietly(found.user_id, "imports", _holder(found.list_id, import_id))
+
+    async def begin_import(
+        self, found: ContactList, source: IO[bytes], import_id: uuid.UUID
+    ) -> ImportJob:
+        """Check the file's layout and count its rows (422 when it cannot be imported at
+        all, 413 past the contacts one import may carry), take the list's import (409 while
+        another runs) and start it in the background, which then owns ``source`` and the
+        import's place (it closes the one and gives back the other when it ends)."""
+        limit = self.caps.settings.contacts_per_import
         try:
-            await asyncio.to_thread(contacts_csv.check, data)
+            rows = await asyncio.to_thread(contacts_csv.count, source, limit=limit)
+            await asyncio.to_thread(source.seek, 0)
         except contacts_csv.CsvError as exc:
             raise ApiError(
                 422, "invalid_csv", f"the file cannot be imported: {exc}", fields={"body": str(exc)}
             ) from None
+        if rows > limit:
+            raise ApiError(
+                413,
+                "too_many_contacts",
+                f"the file has more than {limit:,} contacts, the most one import may carry: "
+                "split it",
+                limit=("contacts_per_import", limit),
+            )
         now = datetime.now(UTC)
         previous = await self.latest(found)
         if previous is not None and live(previous, now, self.stale_after):
             raise _busy()
-        job = ImportJob(found.list_id, uuid.uuid1(), found.user_id, "queued", now, now)
+        job = ImportJob(found.list_id, import_id, found.user_id, "queued", now, now)
         if not await self.store.begin_import(job, found.latest_import):
             raise _busy()
-        importer = Importer(self.store, self.suppressions, self.settings)
-        self.background.spawn(importer.run(job, data, base=found.contacts))
+        self.background.spawn(self._run(job, source, found.contacts))
         return job
+
+    async def _run(self, job: ImportJob, source: IO[bytes], base: int) -> None:
+        try:
+            await Importer(self.store, self.suppressions, self.settings).run(job, source, base=base)
+        finally:
+            await asyncio.to_thread(source.close)
+            await self.caps.release_quietly(
+                job.user_id, "imports", _holder(job.list_id, job.import_id)
+            )
 
     async def remove_contact(self, found: ContactList, email: str) -> None:
         if not email.strip() or not await self.store.remove(found.list_id, email.strip()):
@@ -177,6 +265,11 @@ def _busy() -> ApiError:
     return ApiError(409, "import_running", "an import of this list is in progress; wait for it")
 
 
+def _holder(list_id: uuid.UUID, import_id: uuid.UUID) -> str:
+    """An import's holder among its user's imports in progress."""
+    return f"{list_id}/{import_id}"
+
+
 # ------------------------------------------------------------------------------ handlers
 
 
@@ -186,8 +279,17 @@ async def create_list(request: Request) -> Response:
     name = checked(ListIn, body).name.strip()
     if not name:
         raise ApiError(422, "invalid_fields", "bad name", fields={"name": "must not be blank"})
-    made = await Lists.of(request).store.create(key.user_id, name)
+    made = await Lists.of(request).create(key.user_id, name)
     return JSON(list_view(made, None), status_code=201)
+
+
+async def delete_list(request: Request) -> Response:
+    key = await require_key(request, "send")
+    lists = Lists.of(request)
+    found = await lists.owned(key.user_id, path_uuid(request, "list_id"))
+    await request.app.state.campaigns.refuse_if_used(key.user_id, list_id=found.list_id)
+    await lists.delete(found)
+    return Response(status_code=204)
 
 
 async def list_lists(request: Request) -> Response:
@@ -247,12 +349,23 @@ async def import_contacts(request: Request) -> Response:
     if ctype not in CSV_TYPES:
         raise ApiError(415, "unsupported_media_type", "send the file as text/csv")
     lists = Lists.of(request)
-    list_id = (await lists.owned(key.user_id, path_uuid(request, "list_id"))).list_id
-    data = await read_capped(request, lists.settings.import_max_bytes, timeout=UPLOAD_TIMEOUT)
-    # Read again: the upload may have taken minutes, and an import that ended meanwhile
-    # changed the list's latest import (taking it from the stale one is a false 409) and
-    # its count (the new import's base).
-    job = await lists.begin_import(await lists.owned(key.user_id, list_id), data)
+    found = await lists.owned(key.user_id, path_uuid(request, "list_id"))
+    import_id = await lists.claim_import(found)
+    source: IO[bytes] | None = None
+    try:
+        limit = lists.settings.import_max_bytes
+        source = await spool_capped(request, limit, timeout=UPLOAD_TIMEOUT)
+        # Read again: the upload may have taken minutes, and an import that ended meanwhile
+        # changed the list's latest import (taking it from the stale one is a false 409) and
+        # its count (the new import's base).
+        job = await lists.begin_import(
+            await lists.owned(key.user_id, found.list_id), source, import_id
+        )
+    except BaseException:
+        if source is not None:
+            await asyncio.to_thread(source.close)
+        await lists.release_import(found, import_id)
+        raise
     answer = {"import_id": str(job.import_id), "list_id": str(job.list_id), "state": job.state}
     return JSON(answer, status_code=202)
 

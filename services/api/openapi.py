@@ -32,8 +32,12 @@ ERRORS: dict[int, str] = {
     404: "No such resource, or not yours.",
     409: "The Idempotency-Key was used with another body, or its first request is still "
     "in progress (retry after `Retry-After`); for a new key or domain, the user holds the "
-    "most allowed; for a list import, another import of the list is in progress.",
-    413: "The body is over the size cap (refused while it streams in).",
+    "most allowed; for a list import, another import of the list is in progress. A cap "
+    "reached (`too_many_lists`, `too_many_templates`, `too_many_versions`, "
+    "`too_many_campaigns`, `too_many_imports`) names it and its value in `error.limit`; "
+    "deleting one (or an import ending) frees its place.",
+    413: "The body is over the size cap (refused while it streams in); for a list import, "
+    "also `too_many_contacts`: more rows than one import may carry (`error.limit`).",
     415: "The body is not JSON (for a CSV import: not `text/csv`).",
     422: "Invalid fields: `error.fields` names each one (a `from` outside your verified "
     "domains included).",
@@ -302,7 +306,9 @@ OPERATIONS: tuple[Operation, ...] = (
         schema.CampaignOut,
         status=201,
         body=schema.CampaignIn,
-        errors=(400, 413, 415, 422),
+        errors=(400, 409, 413, 415, 422),
+        description="409 `too_many_campaigns` when you have as many campaigns as you may, "
+        "ended ones included (`error.limit`); deleting one frees its place.",
     ),
     Operation(
         "list_campaigns",
@@ -319,6 +325,18 @@ OPERATIONS: tuple[Operation, ...] = (
         schema.CampaignOut,
         params=(_CAMPAIGN_ID,),
         errors=(404,),
+    ),
+    Operation(
+        "delete_campaign",
+        "delete",
+        "/v1/campaigns/{campaign_id}",
+        "Delete a draft, or a campaign that was sent or cancelled",
+        None,
+        status=204,
+        params=(_CAMPAIGN_ID,),
+        errors=(404, 409),
+        description="409 `campaign_state` while it is scheduled, sending or paused: cancel "
+        "it first. Its batches stay.",
     ),
     _campaign_step(
         "schedule_campaign",
@@ -452,7 +470,9 @@ OPERATIONS: tuple[Operation, ...] = (
         schema.ContactListView,
         status=201,
         body=schema.ListIn,
-        errors=(400, 413, 415, 422),
+        errors=(400, 409, 413, 415, 422),
+        description="409 `too_many_lists` when you have as many lists as you may "
+        "(`error.limit`); deleting one frees its place.",
     ),
     Operation(
         "list_lists",
@@ -469,6 +489,18 @@ OPERATIONS: tuple[Operation, ...] = (
         schema.ContactListView,
         params=(_LIST_ID,),
         errors=(404,),
+    ),
+    Operation(
+        "delete_list",
+        "delete",
+        "/v1/lists/{list_id}",
+        "Delete a contact list with its contacts and imports",
+        None,
+        status=204,
+        params=(_LIST_ID,),
+        errors=(404, 409),
+        description="409 `import_running` while an import of it runs; `in_use` while a "
+        "campaign that has not ended (a draft included) sends it.",
     ),
     Operation(
         "list_list_contacts",
@@ -505,7 +537,10 @@ OPERATIONS: tuple[Operation, ...] = (
         "fields; addresses suppressed for all of your mail, or unsubscribed from this list "
         "(`/v1/suppressions?list=<list id>`), are not added; every such row, invalid rows "
         "and duplicates are reported with their row. One import per list at a time: 409 "
-        "while one runs.",
+        "while one runs; `too_many_imports` when as many of your imports as you may run at "
+        "once are in progress (their uploads included). 413 `too_many_contacts` for a file "
+        "of more rows than one import may carry. The upload is spooled to disk as it "
+        "arrives and read back a slice at a time.",
         extra=_CSV_BODY,
     ),
     Operation(
@@ -532,10 +567,11 @@ OPERATIONS: tuple[Operation, ...] = (
         schema.TemplateCreated,
         status=201,
         body=schema.TemplateIn,
-        errors=(400, 413, 415, 422),
+        errors=(400, 409, 413, 415, 422),
         description="Subject, html and text are Jinja2 templates, rendered in a sandbox "
         "(no access to internals, undefined names are errors, html autoescaped). Without a "
-        "text part, the text is derived from the html.",
+        "text part, the text is derived from the html. 409 `too_many_templates` when you "
+        "have as many templates as you may (`error.limit`).",
     ),
     Operation(
         "get_template",
@@ -547,6 +583,18 @@ OPERATIONS: tuple[Operation, ...] = (
         errors=(404,),
     ),
     Operation(
+        "delete_template",
+        "delete",
+        "/v1/templates/{template_id}",
+        "Delete a template with all of its versions",
+        None,
+        status=204,
+        params=(_TEMPLATE_ID,),
+        errors=(404, 409),
+        description="409 `in_use` while a campaign that has not ended (a draft included) "
+        "sends it. Batches already accepted keep what they rendered.",
+    ),
+    Operation(
         "add_template_version",
         "post",
         "/v1/templates/{template_id}/versions",
@@ -555,7 +603,25 @@ OPERATIONS: tuple[Operation, ...] = (
         status=201,
         body=schema.TemplateVersionIn,
         params=(_TEMPLATE_ID,),
-        errors=(400, 404, 413, 415, 422),
+        errors=(400, 404, 409, 413, 415, 422),
+        description="409 `too_many_versions` when the template has as many versions as it "
+        "may (`error.limit`); deleting one that is neither live nor in canary frees its "
+        "place.",
+    ),
+    Operation(
+        "delete_template_version",
+        "delete",
+        "/v1/templates/{template_id}/versions/{version}",
+        "Delete a version that is neither live nor in canary",
+        None,
+        status=204,
+        params=(
+            _TEMPLATE_ID,
+            Param("version", "path", "The version's number.", "integer", required=True),
+        ),
+        errors=(404, 409),
+        description="409 `version_in_use` for the live version or the one in canary: "
+        "publish another first.",
     ),
     Operation(
         "publish_template",
@@ -707,7 +773,7 @@ def document(server_url: str = "/") -> dict[str, Any]:
             "version": "1",
             "description": "Multi-provider email delivery: submit a batch, follow each "
             "recipient's fate, keep suppressions, read daily stats. Every error is "
-            '`{"error": {"code", "message", "fields"?}}`.',
+            '`{"error": {"code", "message", "fields"?, "limit"?}}`.',
         },
         "servers": [{"url": server_url}],
         "security": [{"bearer": []}],

@@ -722,6 +722,17 @@ class DeadLetterList(_Out):
     next_cursor: str | None
 
 
+class LimitView(_Out):
+    """The cap a refusal is about."""
+
+    name: str = Field(
+        examples=["lists"],
+        description="`lists`, `templates`, `versions` (per template), `campaigns`, `imports` "
+        "(in progress at once) or `contacts_per_import`.",
+    )
+    value: int = Field(description="The cap: the most allowed.")
+
+
 class ErrorDetail(_Out):
     code: str = Field(examples=["invalid_fields"])
     message: str
@@ -734,6 +745,11 @@ class ErrorDetail(_Out):
         "accepted. `GET /v1/batches/{id}` tells: `cancelled` is never sent, `accepted`, "
         "`scheduled` or `dispatched` is accepted, `pending` is not decided yet (look again: "
         "the API cancels it within about a minute unless it was accepted).",
+    )
+    limit: LimitView | None = Field(
+        None,
+        description="With a refusal at a cap (409 `too_many_…`, 413 `too_many_contacts`): "
+        "which cap, and its value.",
     )
 
 

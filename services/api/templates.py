@@ -1,6 +1,13 @@
 """``/v1/templates``: each user's versioned templates: create, add an immutable version,
 publish one (live, or a canary beside the live one), list, read (with its canary rollouts'
-audited verdicts), preview.
+audited verdicts), preview, and delete a template or one of its versions.
+
+A user's templates and each template's versions are capped (``services.api.capping``): a
+place is claimed before one is made and given back once it is deleted. A version's number is
+taken before its place (there must be room first), so one refused at the edge of the cap by a
+concurrent one leaves a gap in the numbers. A version that is live or in canary cannot be
+deleted (409 ``version_in_use``), nor a template a campaign that has not ended sends (409
+``in_use``).
 
 :class:`Templates` holds the use cases (the dashboard reads through it too); the handlers
 parse, call and answer. Publishing is refused (422 ``template_does_not_render``, naming each
@@ -19,21 +26,34 @@ limits, and the event loop keeps serving other requests meanwhile.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from services.api.auth import require_key
+from services.api.capping import Caps, Census
 from services.api.schema import PreviewIn, PublishIn, TemplateIn, TemplateVersionIn, checked
 from shared.canary import Counts
 from shared.canary_store import CanaryStore, Outcome
+from shared.errors import DependencyUnavailable
 from shared.http import JSON, ApiError, read_json
 from shared.template_render import Rendered, RenderError, render, render_part
-from shared.templates import Template, TemplateChanged, TemplateStore, Version, VersionHeader
+from shared.templates import (
+    Template,
+    TemplateChanged,
+    TemplateGone,
+    TemplateStore,
+    Version,
+    VersionHeader,
+)
+
+log = logging.getLogger(__name__)
 
 #: Two parts at their longest, JSON-escaped, with a subject and sample data.
 BODY_LIMIT = 3 * 1024 * 1024
@@ -149,6 +169,10 @@ def rendered(v: Version, data: Mapping[str, Any], *, with_what: str) -> Rendered
     )
 
 
+def _no_template() -> ApiError:
+    return ApiError(404, "not_found", "no such template")
+
+
 def _no_version(template: Template, number: int) -> ApiError:
     return ApiError(
         422,
@@ -167,28 +191,99 @@ class Templates:
 
     store: TemplateStore
     canaries: CanaryStore
+    caps: Caps
 
     @classmethod
     def of(cls, request: Request) -> Templates:
         state = request.app.state
-        return cls(state.template_store, state.canary_store)
+        return cls(state.template_store, state.canary_store, state.caps)
 
     async def create(self, user_id: uuid.UUID, wanted: TemplateIn) -> Template:
-        template_id = await self.store.create(
-            user_id, wanted.name, wanted.subject, wanted.html, wanted.text, wanted.sample
+        """A new template with its version 1, if the user has room for one (409
+        ``too_many_templates``)."""
+        template_id = uuid.uuid1()
+        await self.caps.claim(user_id, "templates", str(template_id), self._templates_of(user_id))
+        await self.store.create(
+            user_id,
+            wanted.name,
+            wanted.subject,
+            wanted.html,
+            wanted.text,
+            wanted.sample,
+            template_id=template_id,
         )
         return await self.owned(user_id, str(template_id))
+
+    async def add_version(self, template: Template, v: TemplateVersionIn) -> int:
+        """The number of a new version of ``template``, if it has room for one (409
+        ``too_many_versions``; 404 when it was deleted meanwhile)."""
+        user_id, scope = template.user_id, template.template_id
+        census = self._versions_of(template)
+        await self.caps.check(user_id, "versions", census, scope=scope)
+        try:
+            number = await self.store.take_number(template)
+        except TemplateGone:
+            raise _no_template() from None
+        await self.caps.claim(user_id, "versions", str(number), census, scope=scope)
+        await self.store.write_version(
+            template.template_id, number, v.subject, v.html, v.text, v.sample, datetime.now(UTC)
+        )
+        return number
+
+    async def delete(self, template: Template) -> None:
+        """Delete ``template`` with its versions, and give their places back."""
+        await self.store.delete(template)
+        await self.caps.release_quietly(template.user_id, "templates", str(template.template_id))
+        try:
+            await self.caps.forget(template.user_id, "versions", template.template_id)
+        except (DependencyUnavailable, ApiError) as exc:
+            log.warning(
+                "versions of deleted template %s not forgotten: %s", template.template_id, exc
+            )
+
+    async def delete_version(self, template: Template, number: int) -> None:
+        """Delete version ``number`` of ``template`` (404 when it has none; 409 while it is
+        live or in canary) and give its place back."""
+        await self.version(template, number, missing=404)
+        if number in (template.live_version, template.canary_version):
+            role = "live" if number == template.live_version else "in canary"
+            raise ApiError(
+                409,
+                "version_in_use",
+                f"version {number} is {role}: publish another version first",
+            )
+        await self.store.delete_version(template.template_id, number)
+        await self.caps.release_quietly(
+            template.user_id, "versions", str(number), scope=template.template_id
+        )
+
+    def _templates_of(self, user_id: uuid.UUID) -> Census:
+        async def census(_: Collection[str]) -> set[str]:
+            return {str(t.template_id) for t in await self.store.templates(user_id)}
+
+        return census
+
+    def _versions_of(self, template: Template) -> Census:
+        async def census(_: Collection[str]) -> set[str]:
+            headers = await self.store.version_headers(template.template_id)
+            return {str(v.version) for v in headers}
+
+        return census
 
     async def owned(self, user_id: uuid.UUID, raw_id: str) -> Template:
         template_id = template_id_of(raw_id)
         found = None if template_id is None else await self.store.get(user_id, template_id)
         if found is None:
-            raise ApiError(404, "not_found", "no such template")
+            raise _no_template()
         return found
 
-    async def version(self, template: Template, number: int) -> Version:
+    async def version(self, template: Template, number: int, *, missing: int = 422) -> Version:
+        """Version ``number``; when it has none, a 422 naming the field ``version`` (a
+        number in a body), or with ``missing=404`` a 404 (a number in the path)."""
         found = await self.store.version(template.template_id, number)
         if found is None:
+            if missing == 404:
+                raise ApiError(404, "not_found", f"the template has no version {number}")
             raise _no_version(template, number)
         return found
 
@@ -262,9 +357,32 @@ async def add_version(request: Request) -> Response:
     templates = Templates.of(request)
     found = await templates.owned(key.user_id, request.path_params["template_id"])
     _, body = await read_json(request, BODY_LIMIT)
-    v = checked(TemplateVersionIn, body)
-    number = await templates.store.add_version(found, v.subject, v.html, v.text, v.sample)
+    number = await templates.add_version(found, checked(TemplateVersionIn, body))
     return JSON({"id": str(found.template_id), "version": number}, status_code=201)
+
+
+async def delete_template(request: Request) -> Response:
+    key = await require_key(request, "send")
+    templates = Templates.of(request)
+    found = await templates.owned(key.user_id, request.path_params["template_id"])
+    await request.app.state.campaigns.refuse_if_used(key.user_id, template_id=found.template_id)
+    await templates.delete(found)
+    return Response(status_code=204)
+
+
+async def delete_version(request: Request) -> Response:
+    key = await require_key(request, "send")
+    templates = Templates.of(request)
+    found = await templates.owned(key.user_id, request.path_params["template_id"])
+    await templates.delete_version(found, _version_number(request))
+    return Response(status_code=204)
+
+
+def _version_number(request: Request) -> int:
+    raw = request.path_params["version"]
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 10 or not 1 <= int(raw) < 2**31:
+        raise ApiError(404, "not_found", "no such version")
+    return int(raw)
 
 
 async def publish_template(request: Request) -> Response:

@@ -256,3 +256,55 @@ async def test_closing_a_slice_drops_its_request_and_keeps_its_batch(store: Any)
     assert await store.staged(campaign_id, 0) == closed == restaged
     assert closed.closed and not part.closed
     assert await store.staged(campaign_id, 1) is None
+
+
+async def test_a_campaign_is_made_with_the_id_it_is_given(store: Any) -> None:
+    """The id its place under the cap was claimed for."""
+    user, campaign_id = uuid.uuid4(), uuid.uuid1()
+
+    made = await store.create(
+        user, "c", uuid.uuid1(), uuid.uuid1(), {"email": "a@example.org"}, {}, 5, None, campaign_id
+    )
+
+    assert made.campaign_id == campaign_id
+    assert await store.get(user, campaign_id) is not None
+
+
+@pytest.mark.parametrize("state", ["draft", "sent", "cancelled"])
+async def test_a_campaign_that_does_not_run_is_deleted_with_its_slices(
+    store: Any, state: str
+) -> None:
+    """Its staged and recorded slices, and its place on the runners' list, go with it."""
+    campaign = await made(store, uuid.uuid4())
+    if state != "draft":
+        assert await store.move(campaign, "scheduled")
+        scheduled = await store.get(campaign.user_id, campaign.campaign_id)
+        assert await store.move(scheduled, state)
+    await store.stage(campaign.campaign_id, _staged(0))
+    await store.record(campaign.campaign_id, Slice(0, uuid.uuid1(), 3))
+    found = await store.get(campaign.user_id, campaign.campaign_id)
+
+    deleted = await store.delete(found)
+
+    assert deleted
+    assert await store.get(campaign.user_id, campaign.campaign_id) is None
+    assert await store.staged(campaign.campaign_id, 0) is None
+    assert await store.slices(campaign.campaign_id) == []
+    assert campaign.campaign_id not in {c for _, c in await store.runs()}
+    assert not await store.delete(found)
+
+
+@pytest.mark.parametrize("state", ["scheduled", "sending", "paused"])
+async def test_a_campaign_that_runs_is_not_deleted(store: Any, state: str) -> None:
+    """Whatever state its caller read it in: the condition is the stored state."""
+    campaign = await made(store, uuid.uuid4())
+    assert await store.move(campaign, "scheduled")
+    if state != "scheduled":
+        scheduled = await store.get(campaign.user_id, campaign.campaign_id)
+        assert await store.move(scheduled, state)
+
+    deleted = await store.delete(campaign)  # read as a draft, before it was scheduled
+
+    assert not deleted
+    found = await store.get(campaign.user_id, campaign.campaign_id)
+    assert found is not None and found.state == state

@@ -184,3 +184,45 @@ async def test_wide_contacts_sharing_a_bucket_are_all_written(store: Any) -> Non
     found = await store.contacts(made.list_id, bucket, None, 100)
     assert sorted(c.email for c in found) == sorted(emails[:20])
     assert all(c.fields == wide for c in found)
+
+
+async def test_a_list_is_made_with_the_id_it_is_given(store: Any) -> None:
+    """The id its place under the cap was claimed for."""
+    user, list_id = uuid.uuid4(), uuid.uuid1()
+
+    made = await store.create(user, "claimed", list_id)
+
+    assert made.list_id == list_id
+    assert await store.get(user, list_id) == made
+
+
+async def test_a_deleted_list_takes_its_contacts_and_imports_with_it(store: Any) -> None:
+    """Another of the user's lists is untouched; deleting again answers False."""
+    user = uuid.uuid4()
+    gone, kept = await store.create(user, "gone"), await store.create(user, "kept")
+    for made in (gone, kept):
+        await store.put(made.list_id, [Contact("ann@example.com", {"n": "1"})])
+    job = _job(user, gone.list_id)
+    assert await store.begin_import(job, None)
+
+    assert await store.delete(user, gone.list_id)
+    assert not await store.delete(user, gone.list_id)
+    assert await store.get(user, gone.list_id) is None
+    assert [x.list_id for x in await store.lists(user)] == [kept.list_id]
+    assert await store.existing(gone.list_id, ["ann@example.com"]) == set()
+    assert await store.get_import(gone.list_id, job.import_id) is None
+    assert await store.existing(kept.list_id, ["ann@example.com"]) == {"ann@example.com"}
+
+
+async def test_a_deleted_list_stays_gone_when_its_count_is_set_after(store: Any) -> None:
+    """An import or a removal racing the deletion sets the count of a list that is gone:
+    no list comes back, and no import can begin on it."""
+    user = uuid.uuid4()
+    made = await store.create(user, "gone")
+    await store.delete(user, made.list_id)
+
+    await store.set_count(user, made.list_id, 5)
+
+    assert await store.get(user, made.list_id) is None
+    assert await store.lists(user) == []
+    assert not await store.begin_import(_job(user, made.list_id), None)

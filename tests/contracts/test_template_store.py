@@ -6,13 +6,15 @@ beside it, only from what its caller read; a user sees only their own templates.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from shared.db import Database
-from shared.templates import Template, TemplateChanged, TemplateStore
+from shared.templates import Template, TemplateChanged, TemplateGone, TemplateStore
 from tests.contracts.conftest import IMPLEMENTATIONS
 from tests.fakes.template_store import FakeTemplates
 
@@ -179,3 +181,67 @@ async def test_a_publish_racing_a_promotion_does_not_undo_it(store: Any) -> None
     after = await store.get(template.user_id, template.template_id)
     assert after is not None
     assert (after.live_version, after.canary_version) == (2, None)
+
+
+async def test_a_template_is_made_with_the_id_it_is_given(store: Any) -> None:
+    """The id its place under the cap was claimed for."""
+    user, template_id = uuid.uuid4(), uuid.uuid1()
+
+    made = await store.create(user, "w", "S", None, "t", {}, template_id=template_id)
+
+    assert made == template_id
+    assert await store.get(user, template_id) is not None
+
+
+async def test_a_number_taken_and_its_version_written_apart_are_as_add_version(
+    store: Any,
+) -> None:
+    """A number taken but never written (a refused place) is a gap: the next is after it."""
+    template = await made(store, uuid.uuid4())
+
+    gap = await store.take_number(template)
+    number = await store.take_number(template)
+    await store.write_version(template.template_id, number, "S3", None, "t", {}, datetime.now(UTC))
+
+    assert (gap, number) == (2, 3)
+    assert [h.version for h in await store.version_headers(template.template_id)] == [3, 1]
+
+
+async def test_a_deleted_template_takes_its_versions_with_it(store: Any) -> None:
+    """Another template is untouched; deleting again answers False; no number can be taken
+    of it any more."""
+    user = uuid.uuid4()
+    gone, kept = await made(store, user), await made(store, user)
+    await store.add_version(gone, "S2", None, "t", {})
+
+    assert await store.delete(gone)
+    assert not await store.delete(gone)
+    assert await store.get(user, gone.template_id) is None
+    assert await store.version_headers(gone.template_id) == []
+    assert [t.template_id for t in await store.templates(user)] == [kept.template_id]
+    with pytest.raises(TemplateGone):
+        await store.take_number(gone)
+
+
+async def test_a_publish_racing_a_deletion_brings_no_template_back(store: Any) -> None:
+    """The publish read an unpublished template (its conditions hold of a missing row)."""
+    user = uuid.uuid4()
+    template = await made(store, user)
+    await store.delete(template)
+
+    with contextlib.suppress(TemplateChanged):
+        await store.publish(template, 1)
+
+    assert await store.get(user, template.template_id) is None
+    assert await store.templates(user) == []
+
+
+async def test_a_deleted_version_is_gone_and_the_others_stay(store: Any) -> None:
+    template = await made(store, uuid.uuid4())
+    await store.add_version(template, "S2", None, "t", {})
+
+    await store.delete_version(template.template_id, 1)
+    await store.delete_version(template.template_id, 1)
+
+    assert await store.version(template.template_id, 1) is None
+    assert [h.version for h in await store.version_headers(template.template_id)] == [2]

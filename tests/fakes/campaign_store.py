@@ -7,7 +7,8 @@ a move applies only while the campaign is still in the state it was read in (``I
 ?``), an advance only while its slice count is still the one read (``IF slices = ?``), and
 neither applies to a campaign that does not exist; a slice is staged only if it is not
 already (``IF NOT EXISTS``, answering the one staged first) and closed only if it exists
-(``IF EXISTS``); a move into an active state puts the
+(``IF EXISTS``); a campaign is deleted only in a deletable state (``IF state IN``), then
+its slices and its place on the runners' list; a move into an active state puts the
 campaign on the runners' list first (even when the move then fails, as the real store's
 separate write does); rows read back in Cassandra's order (campaigns newest first, runs in
 ``timeuuid`` order, slices by number) with timestamps at Cassandra's precision (UTC,
@@ -28,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from shared.campaigns import ACTIVE, Campaign, Slice, Staged, State
+from shared.campaigns import ACTIVE, DELETABLE, Campaign, Slice, Staged, State
 from shared.recipients import timeuuid_order
 from tests.fakes.schedule_store import ms
 from tests.fakes.wire import LOOPBACK, Kind, Trip, Wire
@@ -49,6 +50,8 @@ KINDS: dict[str, Kind] = {
     "stage": "lwt",
     "close": "lwt",
     "slices": "read",
+    "delete": "lwt",
+    "delete_contents": "write",
 }
 
 
@@ -124,12 +127,13 @@ class FakeCampaigns:
         data: dict[str, Any],
         rate: int,
         send_at: datetime | None,
+        campaign_id: uuid.UUID | None = None,
     ) -> Campaign:
         now = datetime.now(UTC)
         now = now.replace(microsecond=now.microsecond // 1000 * 1000)
         made = Campaign(
-            user_id, uuid.uuid1(), name, template_id, list_id, sender, data, rate, send_at,
-            "draft", None, now, now, 0, None, 0, 0, 0,
+            user_id, campaign_id or uuid.uuid1(), name, template_id, list_id, sender, data, rate,
+            send_at, "draft", None, now, now, 0, None, 0, 0, 0,
         )  # fmt: skip
         failure = await self._before("create")
         self.tables.campaigns[(user_id, made.campaign_id)] = replace(
@@ -142,6 +146,22 @@ class FakeCampaigns:
         )
         self._after(failure)
         return made
+
+    async def delete(self, campaign: Campaign) -> bool:
+        failure = await self._before("delete")
+        key = (campaign.user_id, campaign.campaign_id)
+        stored = self.tables.campaigns.get(key)
+        if stored is None or stored.state not in DELETABLE:
+            self._after(failure)
+            return False
+        del self.tables.campaigns[key]
+        self._after(failure)
+        failure = await self._before("delete_contents")
+        self.tables.staged.pop(campaign.campaign_id, None)
+        self.tables.slices.pop(campaign.campaign_id, None)
+        self._after(failure)
+        await self.retire(campaign.campaign_id)
+        return True
 
     async def get(self, user_id: uuid.UUID, campaign_id: uuid.UUID) -> Campaign | None:
         self._after(await self._before("get"))

@@ -1,7 +1,8 @@
 """In-memory twin of :class:`shared.contact_lists.ContactLists` (held to it by
 ``tests/contracts/test_contact_lists.py``): lists per user newest first, contacts per list
-bucket in address order, imports per list, and the lightweight transaction that makes one
-import the list's latest. Timestamps at Cassandra's millisecond precision."""
+bucket in address order, imports per list, the lightweight transaction that makes one
+import the list's latest, and a deletion (its row, then its contents). Timestamps at
+Cassandra's millisecond precision."""
 
 from __future__ import annotations
 
@@ -31,10 +32,24 @@ class FakeContactLists:
         self.imports: dict[tuple[uuid.UUID, uuid.UUID], ImportJob] = {}
 
     @round_trip("lists.create", "write")
-    async def create(self, user_id: uuid.UUID, name: str) -> ContactList:
-        made = ContactList(user_id, uuid.uuid1(), name, _now(), 0, None)
+    async def create(
+        self, user_id: uuid.UUID, name: str, list_id: uuid.UUID | None = None
+    ) -> ContactList:
+        made = ContactList(user_id, list_id or uuid.uuid1(), name, _now(), 0, None)
         self.lists_by_user.setdefault(user_id, {})[made.list_id] = made
         return made
+
+    async def delete(self, user_id: uuid.UUID, list_id: uuid.UUID) -> bool:
+        trip = await self.wire.trip("lists.delete", "lwt")
+        gone = self.lists_by_user.get(user_id, {}).pop(list_id, None) is not None
+        trip.landed()
+        trip = await self.wire.trip("lists.delete_contents", "write")
+        for part in [k for k in self.rows if k[0] == list_id]:
+            del self.rows[part]
+        for job in [k for k in self.imports if k[0] == list_id]:
+            del self.imports[job]
+        trip.landed()
+        return gone
 
     @round_trip("lists.get", "read")
     async def get(self, user_id: uuid.UUID, list_id: uuid.UUID) -> ContactList | None:

@@ -3,7 +3,8 @@ immutable versions.
 
 It keeps what the store's callers depend on: every round trip yields to the event loop, and a
 new version's number is taken by compare-and-set on the template's ``next_version`` (retried
-when another caller took it first), so concurrent callers never share a number; versions come
+when another caller took it first), so concurrent callers never share a number; a deleted
+template takes its versions with it, and a deleted version is gone for good; versions come
 back newest first, samples as JSON round-trips them, timestamps as Cassandra returns them
 (UTC, millisecond precision). ``tests/contracts/test_template_store.py`` runs one suite over
 this twin and the real store.
@@ -18,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from shared.templates import Template, TemplateChanged, Version, VersionHeader
+from shared.templates import Template, TemplateChanged, TemplateGone, Version, VersionHeader
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
 
 
@@ -50,10 +51,11 @@ class FakeTemplates:
         html: str | None,
         text: str | None,
         sample: dict[str, Any],
+        template_id: uuid.UUID | None = None,
     ) -> uuid.UUID:
-        template_id = uuid.uuid1()
+        template_id = template_id or uuid.uuid1()
         now = datetime.now(UTC)
-        await self._write_version(template_id, 1, subject, html, text, sample, now)
+        await self.write_version(template_id, 1, subject, html, text, sample, now)
         trip = await self.wire.trip("templates.create", "lwt")
         made = Template(user_id, template_id, name, None, None, None, None, _stored(now))
         self.rows[(user_id, template_id)] = _Row(made, 2)
@@ -68,12 +70,21 @@ class FakeTemplates:
         text: str | None,
         sample: dict[str, Any],
     ) -> int:
+        number = await self.take_number(template)
+        await self.write_version(
+            template.template_id, number, subject, html, text, sample, datetime.now(UTC)
+        )
+        return number
+
+    async def take_number(self, template: Template) -> int:
         key = (template.user_id, template.template_id)
         while True:
             trip = await self.wire.trip("templates.next_version", "read")
             row = self.rows.get(key)
-            number = row.next_version if row else 2
             trip.landed()
+            if row is None:
+                raise TemplateGone(f"template {template.template_id} was deleted")
+            number = row.next_version
             trip = await self.wire.trip("templates.take_version", "lwt")
             taken = row is not None and row.next_version == number
             if taken:
@@ -81,13 +92,9 @@ class FakeTemplates:
                 row.next_version = number + 1
             trip.landed()
             if taken:
-                break
-        await self._write_version(
-            template.template_id, number, subject, html, text, sample, datetime.now(UTC)
-        )
-        return number
+                return number
 
-    async def _write_version(
+    async def write_version(
         self,
         template_id: uuid.UUID,
         number: int,
@@ -102,6 +109,19 @@ class FakeTemplates:
         written = Version(number, subject, html, text, kept, _stored(at))
         self.version_rows.setdefault(template_id, {})[number] = written
         trip.landed()
+
+    async def delete(self, template: Template) -> bool:
+        trip = await self.wire.trip("templates.delete", "lwt")
+        gone = self.rows.pop((template.user_id, template.template_id), None) is not None
+        trip.landed()
+        trip = await self.wire.trip("templates.delete_versions", "write")
+        self.version_rows.pop(template.template_id, None)
+        trip.landed()
+        return gone
+
+    @round_trip("templates.delete_version", "write")
+    async def delete_version(self, template_id: uuid.UUID, number: int) -> None:
+        self.version_rows.get(template_id, {}).pop(number, None)
 
     @round_trip("templates.get", "read")
     async def get(self, user_id: uuid.UUID, template_id: uuid.UUID) -> Template | None:

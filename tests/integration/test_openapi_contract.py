@@ -129,6 +129,8 @@ async def test_every_operation_answers_its_documented_shape(
     await call("pause_campaign", "POST", f"{campaign_path}/pause")
     await call("resume_campaign", "POST", f"{campaign_path}/resume")
     await call("cancel_campaign", "POST", f"{campaign_path}/cancel")
+    await call("delete_campaign", "DELETE", campaign_path)
+    await call("delete_list", "DELETE", lists_path)
     template = {"name": "doc", "subject": "Hi {{ n }}", "text": "t", "sample": {"n": "A"}}
     made = (await call("create_template", "POST", "/v1/templates", json=template)).json()["id"]
     await call("list_templates", "GET", "/v1/templates")
@@ -139,6 +141,9 @@ async def test_every_operation_answers_its_documented_shape(
     await call("publish_template", "POST", f"/v1/templates/{made}/publish", json=canary)
     await call("get_template", "GET", f"/v1/templates/{made}")
     await call("preview_template", "POST", f"/v1/templates/{made}/preview", json={})
+    await call("add_template_version", "POST", f"/v1/templates/{made}/versions", json=version)
+    await call("delete_template_version", "DELETE", f"/v1/templates/{made}/versions/3")
+    await call("delete_template", "DELETE", f"/v1/templates/{made}")
     await call("list_providers", "GET", "/v1/providers")
     operator = await accounts.create_key(db, user_id, "ops", scopes=("operator",))
     auth = {"Authorization": f"Bearer {operator}"}

@@ -75,6 +75,22 @@ def test_an_error_carries_the_apis_code_and_fields() -> None:
     assert caught.value.fields == {"to[0]": "nope"}
 
 
+def test_a_refusal_at_a_cap_carries_the_cap_and_its_value() -> None:
+    body = {
+        "error": {
+            "code": "too_many_lists",
+            "message": "the limit of 100 contact lists is reached",
+            "limit": {"name": "lists", "value": 100},
+        }
+    }
+    transport, _ = scripted(httpx.Response(409, json=body))
+    with _client(transport) as sd, pytest.raises(ApiError) as caught:
+        sd.create_list("news")
+
+    assert (caught.value.status, caught.value.code) == (409, "too_many_lists")
+    assert caught.value.limit == ("lists", 100)
+
+
 def test_making_a_key_is_not_repeated_after_a_503() -> None:
     transport, seen = scripted(
         httpx.Response(503, json={"error": {"code": "unavailable", "message": "down"}}),

@@ -1,12 +1,25 @@
-"""Reading contact lists' CSV imports (``shared.contacts_csv``)."""
+"""Reading contact lists' CSV imports (``shared.contacts_csv``), as a stream."""
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field
 
 import pytest
 
-from shared.contacts_csv import Contact, CsvError, Rejected, check, delimiter, scan
+from shared.contacts_csv import (
+    MAX_LINE,
+    READ_CHUNK,
+    Contact,
+    CsvError,
+    Rejected,
+    RowError,
+    _lines,
+    check,
+    count,
+    delimiter,
+    scan,
+)
 
 
 @dataclass
@@ -179,3 +192,127 @@ def test_a_line_end_inside_quotes_stays_in_its_cell() -> None:
 
     assert [c.fields for c in out.contacts] == [{"address": "1 Main St\r\nOslo"}, {"address": "x"}]
     assert [c.row for c in out.contacts] == [2, 3]
+
+
+# -- reading as a stream: a chunk of the file at a time ---------------------------------------
+
+
+class Reading(io.BytesIO):
+    """A file that remembers how far it has been read."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.furthest = 0
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        out = super().read(size)
+        self.furthest = max(self.furthest, self.tell())
+        return out
+
+
+def _rows(n: int) -> bytes:
+    return b"email,name\n" + b"".join(b"r%07d@example.com,Person %d\n" % (i, i) for i in range(n))
+
+
+def test_rows_are_read_from_the_file_as_they_are_taken() -> None:
+    """Taking the first rows of a 3 MB file reads about a chunk of it, not all of it: the
+    file is never held whole, as bytes or as text."""
+    data = _rows(100_000)
+    source = Reading(data)
+
+    rows = scan(source, max_rows=200_000)
+    first = [next(rows) for _ in range(10)]
+    after_ten = source.furthest
+    rest = sum(1 for _ in rows)
+
+    assert [c.row for c in first] == list(range(2, 12))
+    assert after_ten <= 2 * READ_CHUNK < len(data) // 10
+    assert (rest, source.furthest) == (100_000 - 10, len(data))
+
+
+def test_a_file_is_read_the_same_however_its_chunks_fall() -> None:
+    """Line ends of every kind, a CRLF cut by a chunk's end, quoted line ends, a BOM."""
+    data = (
+        '\ufeffemail;name\r\nann@example.com;"Ann\r\nSmith"\rbob@example.com;Bob\r\n\r\n'
+        'ché@example.com;Ché\ncat@example.com;"a;b"\r\n'
+    ).encode()
+    whole = list(scan(data, max_rows=10))
+
+    for size in (1, 2, 3, 5, 7):
+        assert list(scan(_chunked(data, size), max_rows=10)) == whole
+
+    assert [(c.email, c.row) for c in whole if isinstance(c, Contact)] == [
+        ("ann@example.com", 2),
+        ("bob@example.com", 3),
+        ("ché@example.com", 5),
+        ("cat@example.com", 6),
+    ]
+
+
+def _chunked(data: bytes, size: int) -> Reading:
+    """A file read ``size`` bytes at a time, whatever it is asked for."""
+
+    class Small(Reading):
+        def read(self, n: int | None = -1, /) -> bytes:
+            return super().read(size)
+
+    return Small(data)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 64])
+def test_lines_are_cut_as_a_file_opened_without_newline_translation_cuts_them(
+    size: int,
+) -> None:
+    text = 'a\r\nb\rc\n\n\r\r\nd"\r"e\r'
+    parts = [text[i : i + size] for i in range(0, len(text), size)]
+
+    assert list(_lines(parts)) == io.StringIO(text, newline="").readlines()
+
+
+def test_a_line_longer_than_the_limit_is_a_row_that_is_not_csv() -> None:
+    data = b"email\na@example.com\n" + b"x" * (MAX_LINE + 10)
+
+    with pytest.raises(RowError, match="row 3 is not CSV: a line is longer"):
+        read(data)
+
+
+def test_a_byte_that_is_not_utf8_past_the_first_chunk_is_told_at_its_offset() -> None:
+    head = _rows(10_000)
+    data = head + b"bad\xffrow@example.com\n"
+
+    with pytest.raises(CsvError, match=f"byte {len(head) + 3}"):
+        count(data, limit=100_000)
+
+
+def test_the_count_is_of_rows_past_the_header_blank_ones_aside() -> None:
+    assert count(b"email\na@example.com\n\n,\nnot an address\n", limit=10) == 2
+    assert count(b"a@example.com\nb@example.com\n", limit=10) == 2
+
+
+def test_the_count_stops_past_the_limit_reading_no_further() -> None:
+    source = Reading(_rows(100_000))
+
+    assert count(source, limit=10) == 11
+    assert source.furthest <= 2 * READ_CHUNK
+
+
+def test_a_row_that_is_not_csv_ends_the_count_and_is_left_to_the_import() -> None:
+    assert count(b'email\na@example.com\n"' + b"x" * 200_000 + b'"\nb@example.com\n', limit=9) == 1
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [(b"", "empty"), (b"name,city\nAnn,Oslo\n", "no column"), (b"\xff\xfe\x00", "not UTF-8")],
+)
+def test_a_file_that_cannot_be_imported_cannot_be_counted(data: bytes, problem: str) -> None:
+    with pytest.raises(CsvError, match=problem):
+        count(data, limit=10)
+
+
+def test_duplicates_are_found_among_many_addresses() -> None:
+    """Past the table's growth: every address of the second pass is a duplicate."""
+    first = b"".join(b"a%d@example.com\n" % i for i in range(20_000))
+
+    out = read(b"email\n" + first + first.upper(), max_rows=100_000)
+
+    assert (len(out.contacts), len(out.duplicates)) == (20_000, 20_000)

@@ -4,6 +4,8 @@ import that cannot finish ends failed with its reason instead of running forever
 
 from __future__ import annotations
 
+import io
+import itertools
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -15,7 +17,7 @@ from cassandra import InvalidRequest
 from services.api.importing import STORE_FAILED, UNEXPECTED, Importer
 from shared.config import ListSettings
 from shared.contact_lists import ContactLists, list_scope
-from shared.contacts_csv import Contact
+from shared.contacts_csv import READ_CHUNK, Contact
 from shared.errors import DependencyUnavailable
 from shared.list_import import ImportJob
 from shared.suppressions import SuppressionStore
@@ -136,3 +138,52 @@ async def test_an_unexpected_error_ends_the_import_failed_and_is_logged(
     assert listed.contacts == 2
     (record,) = [r for r in caplog.records if r.name == "services.api.importing"]
     assert record.exc_info is not None and "Batch too large" in str(record.exc_info[1])
+
+
+class Watched(io.BytesIO):
+    """The import's file, remembering how far it had been read at each progress write."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.furthest = 0
+        self.read_by_save: list[int] = []
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        out = super().read(size)
+        self.furthest = max(self.furthest, self.tell())
+        return out
+
+
+class Tracking(Recording):
+    file: Watched | None = None
+
+    async def save_import(self, job: ImportJob) -> None:
+        if self.file is not None:
+            self.file.read_by_save.append(self.file.furthest)
+        await super().save_import(job)
+
+
+async def test_the_file_is_read_as_the_import_goes_never_whole() -> None:
+    """Each slice reads about one more chunk of the file: what the import holds does not
+    grow with the file."""
+    store = Tracking()
+    body = b"email\n" + b"".join(b"r%06d@example.com\n" % i for i in range(40_000))
+    store.file = Watched(body)
+    user = uuid.uuid4()
+    made = await store.create(user, "l")
+    now = datetime.now(UTC)
+    job = ImportJob(made.list_id, uuid.uuid1(), user, "queued", now, now)
+    assert await store.begin_import(job, None)
+    importer = Importer(
+        cast(ContactLists, store),
+        cast(SuppressionStore, FakeSuppressionStore()),
+        ListSettings(import_slice=1_000),
+    )
+
+    ended = await importer.run(job, store.file, base=0)
+
+    assert (ended.state, ended.progress.added) == ("done", 40_000)
+    read = store.file.read_by_save
+    assert read[1] <= 2 * READ_CHUNK < len(body) // 4  # after the first slice
+    steps = [b - a for a, b in itertools.pairwise(read[1:-1])]
+    assert max(steps) <= 2 * READ_CHUNK

@@ -9,6 +9,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import cast
 
+from services.api.capping import Caps
 from services.api.lists import LATEST_WINDOW, Lists
 from shared.background import Background
 from shared.config import ListSettings
@@ -48,6 +49,7 @@ async def test_every_lists_latest_import_is_read_a_window_at_a_time() -> None:
         cast(SuppressionStore, None),
         cast(Background, None),
         ListSettings(),
+        cast(Caps, None),
     )
 
     found = await lists.overview(user)

@@ -262,6 +262,10 @@ class Client:
     def cancel_campaign(self, campaign_id: str) -> dict[str, Any]:
         return self._campaign_step(campaign_id, "cancel")
 
+    def remove_campaign(self, campaign_id: str) -> None:
+        """Delete a draft, or a campaign that was sent or cancelled (frees its place)."""
+        self._call(Request("DELETE", f"/v1/campaigns/{quoted(campaign_id)}"))
+
     def _campaign_step(
         self, campaign_id: str, step: str, send_at: str | None = None
     ) -> dict[str, Any]:
@@ -325,6 +329,10 @@ class Client:
     def get_list(self, list_id: str) -> dict[str, Any]:
         return cast(dict[str, Any], self._call(Request("GET", f"/v1/lists/{quoted(list_id)}")))
 
+    def remove_list(self, list_id: str) -> None:
+        """Delete a list with its contacts and imports (frees its place)."""
+        self._call(Request("DELETE", f"/v1/lists/{quoted(list_id)}"))
+
     def list_contacts(
         self, list_id: str, *, limit: int | None = None, cursor: str | None = None
     ) -> Page:
@@ -368,6 +376,14 @@ class Client:
         """A template and its versions, newest first."""
         request = Request("GET", f"/v1/templates/{quoted(template_id)}")
         return cast(dict[str, Any], self._call(request))
+
+    def remove_template(self, template_id: str) -> None:
+        """Delete a template with its versions (frees its place)."""
+        self._call(Request("DELETE", f"/v1/templates/{quoted(template_id)}"))
+
+    def remove_template_version(self, template_id: str, version: int) -> None:
+        """Delete a version that is neither live nor in canary (frees its place)."""
+        self._call(Request("DELETE", f"/v1/templates/{quoted(template_id)}/versions/{version}"))
 
     def add_template_version(
         self,
@@ -659,6 +675,9 @@ class AsyncClient:
     async def cancel_campaign(self, campaign_id: str) -> dict[str, Any]:
         return await self._campaign_step(campaign_id, "cancel")
 
+    async def remove_campaign(self, campaign_id: str) -> None:
+        await self._call(Request("DELETE", f"/v1/campaigns/{quoted(campaign_id)}"))
+
     async def _campaign_step(
         self, campaign_id: str, step: str, send_at: str | None = None
     ) -> dict[str, Any]:
@@ -730,6 +749,9 @@ class AsyncClient:
         )
         return cast(Page, await self._call(request))
 
+    async def remove_list(self, list_id: str) -> None:
+        await self._call(Request("DELETE", f"/v1/lists/{quoted(list_id)}"))
+
     async def remove_list_contact(self, list_id: str, email: str) -> None:
         path = f"/v1/lists/{quoted(list_id)}/contacts/{quoted(email)}"
         await self._call(Request("DELETE", path))
@@ -765,6 +787,13 @@ class AsyncClient:
     async def template(self, template_id: str) -> dict[str, Any]:
         request = Request("GET", f"/v1/templates/{quoted(template_id)}")
         return cast(dict[str, Any], await self._call(request))
+
+    async def remove_template(self, template_id: str) -> None:
+        await self._call(Request("DELETE", f"/v1/templates/{quoted(template_id)}"))
+
+    async def remove_template_version(self, template_id: str, version: int) -> None:
+        path = f"/v1/templates/{quoted(template_id)}/versions/{version}"
+        await self._call(Request("DELETE", path))
 
     async def add_template_version(
         self,

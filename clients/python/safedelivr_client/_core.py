@@ -40,6 +40,7 @@ OPERATIONS: Mapping[str, str] = {
     "pause_campaign": "pause_campaign",
     "resume_campaign": "resume_campaign",
     "cancel_campaign": "cancel_campaign",
+    "delete_campaign": "remove_campaign",
     "list_webhooks": "webhooks",
     "create_webhook": "add_webhook",
     "get_webhook": "webhook",
@@ -51,6 +52,7 @@ OPERATIONS: Mapping[str, str] = {
     "create_list": "create_list",
     "list_lists": "lists",
     "get_list": "get_list",
+    "delete_list": "remove_list",
     "list_list_contacts": "list_contacts",
     "delete_list_contact": "remove_list_contact",
     "import_list_contacts": "import_contacts",
@@ -58,7 +60,9 @@ OPERATIONS: Mapping[str, str] = {
     "list_templates": "templates",
     "create_template": "create_template",
     "get_template": "template",
+    "delete_template": "remove_template",
     "add_template_version": "add_template_version",
+    "delete_template_version": "remove_template_version",
     "publish_template": "publish_template",
     "preview_template": "preview_template",
     "list_providers": "providers",
@@ -162,7 +166,9 @@ def import_request(list_id: str, csv: bytes | str) -> Request:
 
 
 class ApiError(Exception):
-    """An error answer of the API: ``{"error": {"code", "message", "fields"?}}``."""
+    """An error answer of the API: ``{"error": {"code", "message", "fields"?, "limit"?}}``
+    (``limit``: the cap a 409 ``too_many_…`` or 413 ``too_many_contacts`` is about, as
+    ``(name, value)``)."""
 
     def __init__(
         self,
@@ -171,6 +177,7 @@ class ApiError(Exception):
         message: str,
         fields: Mapping[str, str] | None = None,
         retry_after: float | None = None,
+        limit: tuple[str, int] | None = None,
     ) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
@@ -178,15 +185,19 @@ class ApiError(Exception):
         self.message = message
         self.fields = dict(fields or {})
         self.retry_after = retry_after
+        self.limit = limit
 
     @classmethod
     def from_response(cls, response: httpx.Response) -> ApiError:
+        limit = None
         try:
             error = response.json()["error"]
             code, message, fields = error["code"], error["message"], error.get("fields")
+            if isinstance(error.get("limit"), dict):
+                limit = (str(error["limit"]["name"]), int(error["limit"]["value"]))
         except (ValueError, KeyError, TypeError):
             code, message, fields = "http_error", response.text[:200], None
-        return cls(response.status_code, code, message, fields, retry_after(response))
+        return cls(response.status_code, code, message, fields, retry_after(response), limit)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,91 @@
+"""Spooling an upload to a temporary file as it arrives (``shared.http.spool_capped``, the
+CSV import's body): the same caps as any body, and never the whole upload in memory."""
+
+from __future__ import annotations
+
+import asyncio
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from starlette.requests import Request
+
+from shared.http import SPOOL_FLUSH, ApiError, spool_capped
+
+CHUNK = 64 * 1024
+
+
+def request(
+    parts: int, *, make: Callable[[int], bytes], delay: float = 0.0, length: str | None = None
+) -> tuple[Request, list[int]]:
+    """A request whose body is ``parts`` chunks, each made only when it is asked for; the
+    list counts the chunks asked for."""
+    headers = [(b"content-length", length.encode())] if length is not None else []
+    asked = [0]
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.sleep(delay)
+        asked[0] += 1
+        n = asked[0]
+        body = make(n) if n <= parts else b""
+        return {"type": "http.request", "body": body, "more_body": n < parts}
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": headers}
+    return Request(scope, receive), asked
+
+
+def _chunk(n: int) -> bytes:
+    return bytes([n % 251]) * CHUNK
+
+
+async def test_the_body_is_in_the_file_rewound() -> None:
+    req, _ = request(40, make=_chunk)
+
+    spool = await spool_capped(req, 40 * CHUNK)
+
+    with spool:
+        assert spool.read() == b"".join(_chunk(n) for n in range(1, 41))
+
+
+async def test_an_upload_many_times_the_flush_size_holds_about_the_flush_size() -> None:
+    """16 MB in: the memory allocated at the peak is a few flushes, not the upload (which
+    joined would be 16 MB, and its chunks kept 16 MB more)."""
+    req, _ = request(256, make=_chunk)
+    tracemalloc.start()
+    try:
+        spool = await spool_capped(req, 256 * CHUNK)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    spool.close()
+    assert peak < 3 * SPOOL_FLUSH
+
+
+async def test_a_body_over_the_cap_is_a_413_read_no_further() -> None:
+    req, asked = request(1000, make=_chunk)
+
+    with pytest.raises(ApiError) as caught:
+        await spool_capped(req, 10 * CHUNK)
+
+    assert (caught.value.status, caught.value.code) == (413, "body_too_large")
+    assert asked[0] == 11
+
+
+async def test_a_declared_length_over_the_cap_is_a_413_before_reading() -> None:
+    req, asked = request(2, make=_chunk, length=str(10 * CHUNK))
+
+    with pytest.raises(ApiError) as caught:
+        await spool_capped(req, CHUNK)
+
+    assert (caught.value.status, asked[0]) == (413, 0)
+
+
+async def test_a_body_that_trickles_in_past_the_timeout_is_a_408() -> None:
+    req, _ = request(3, make=_chunk, delay=0.1)
+
+    with pytest.raises(ApiError) as caught:
+        await spool_capped(req, 10 * CHUNK, timeout=0.15)
+
+    assert (caught.value.status, caught.value.code) == (408, "body_timeout")
