@@ -9,8 +9,10 @@ one interval from the truth at most. Exported on the service's own registry (its
 
 * ``safedelivr_event_loop_stall_seconds``: a histogram of every callback's lag;
 * ``safedelivr_event_loop_stall_max_seconds``: the longest lag since the monitor started;
-* ``safedelivr_peak_rss_bytes``: the process's peak resident memory (``getrusage``'s
-  ``ru_maxrss``), read when scraped.
+* ``safedelivr_peak_rss_bytes``: the process's peak resident memory, read when scraped:
+  ``VmHWM`` of ``/proc/self/status`` on Linux, else ``getrusage``'s ``ru_maxrss``. Linux
+  keeps ``ru_maxrss`` across ``exec``: a service started by a process of 300 MB reads 300 MB
+  from its first instant, where ``VmHWM`` belongs to the process alone (measured).
 
 Each service starts a monitor in its lifespan once it is serving, and stops it there
 (:func:`watching`); the sandbox, a test double, has none. The cost is one callback and one
@@ -27,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
@@ -37,11 +40,27 @@ INTERVAL: Final = 0.02
 BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: ``ru_maxrss`` is in kilobytes on Linux, in bytes on macOS.
 _RSS_UNIT: Final = 1 if sys.platform == "darwin" else 1024
+_STATUS: Final = Path("/proc/self/status")
 
 
-def peak_rss_bytes() -> float:
+def peak_rss_bytes(status: Path = _STATUS) -> float:
     """The most resident memory this process has held so far, in bytes."""
+    try:
+        text = status.read_text()
+    except OSError:
+        text = ""
+    found = hwm_bytes(text)
+    if found is not None:
+        return found
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _RSS_UNIT)
+
+
+def hwm_bytes(status: str) -> float | None:
+    """``VmHWM`` of a ``/proc/<pid>/status`` text, in bytes (None when it has none)."""
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return float(int(line.split()[1]) * 1024)
+    return None
 
 
 @dataclass(frozen=True)
@@ -56,7 +75,7 @@ class StallMetrics:
     ) -> StallMetrics:
         gauge = Gauge(
             "safedelivr_peak_rss_bytes",
-            "Peak resident memory of this process (getrusage ru_maxrss)",
+            "Peak resident memory of this process (VmHWM, else getrusage ru_maxrss)",
             registry=registry,
         )
         gauge.set_function(peak_rss)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from shared.stall_monitor import StallMetrics, StallMonitor, watching
+from shared.stall_monitor import StallMetrics, StallMonitor, hwm_bytes, peak_rss_bytes, watching
 
 
 class Clock:
@@ -163,3 +164,15 @@ def test_watching_measures_on_the_running_loop_until_the_block_ends() -> None:
 
     assert (sample(registry, "safedelivr_event_loop_stall_seconds_count") or 0) >= 2
     assert not monitor.running
+
+
+def test_peak_rss_is_the_processs_own_high_water_mark() -> None:
+    """The peak RSS is VmHWM of the status text, in bytes."""
+    status = "Name:\tpython\nVmPeak:\t 900000 kB\nVmHWM:\t   51200 kB\nVmRSS:\t 40000 kB\n"
+
+    assert hwm_bytes(status) == 51200 * 1024
+
+
+def test_without_a_status_file_the_peak_rss_comes_from_getrusage() -> None:
+    """Where /proc is absent, ru_maxrss stands in: some positive figure, never an error."""
+    assert peak_rss_bytes(Path("/nonexistent/status")) > 0
