@@ -107,7 +107,7 @@ topology: install ## declare exchanges, queues and bindings
 bench: install services-up ## the benchmark; JSON results in bench/results/
 	$(PY) -m bench.run $(BENCH_ARGS)
 
-hostile: install services-up ## every parser on hostile input at 1x and 10x, then issue 33's inputs against a stack: each service's longest loop stall and peak RSS (last line JSON)
+hostile: install services-up ## parsers at 1x/10x, then hostile input against a stack: loop stalls, peak RSS (last line JSON)
 	$(PY) -m bench.hostile.run $(HOSTILE_ARGS)
 
 FUZZ_EXAMPLES ?= 30
