@@ -35,6 +35,9 @@ class Attack:
     statuses: Counter[str] = field(default_factory=Counter)
     slowest_s: float = 0.0
     errors: list[str] = field(default_factory=list)
+    """Requests that got no answer."""
+    server_errors: list[str] = field(default_factory=list)
+    """Answers of 500 and above, with their requests."""
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -42,6 +45,7 @@ class Attack:
             "statuses": dict(sorted(self.statuses.items())),
             "slowest_s": round(self.slowest_s, 3),
             "errors": self.errors[:10],
+            "server_errors": self.server_errors[:10],
         }
 
 
@@ -79,6 +83,10 @@ class Attacker:
         finally:
             attack.slowest_s = max(attack.slowest_s, time.monotonic() - started)
         attack.statuses[str(response.status_code)] += 1
+        if response.status_code >= 500:
+            attack.server_errors.append(
+                f"{method} {url.split('?')[0][:80]}: {response.status_code} {response.text[:200]}"
+            )
         return response
 
     async def api(

@@ -77,6 +77,7 @@ async def fuzz_all(
 
 
 async def _counted(attack: Attack, request: Any) -> None:
+    """Count the answer by status class; a 5xx is also listed with its request."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     try:
@@ -87,6 +88,11 @@ async def _counted(attack: Attack, request: Any) -> None:
     finally:
         attack.slowest_s = max(attack.slowest_s, loop.time() - started)
     attack.statuses[f"{response.status_code // 100}xx"] += 1
+    if response.status_code >= 500:
+        attack.server_errors.append(
+            f"{response.request.method} {response.request.url.path[:80]}: "
+            f"{response.status_code} {response.text[:200]}"
+        )
 
 
 async def _schemathesis(target: Target, examples: int, seed: int, attack: Attack) -> Counter[str]:

@@ -195,6 +195,8 @@ def table(report: Mapping[str, Any]) -> str:
         ]
     if stack.get("attacks"):
         lines += ["", "== hostile requests ==", *attack_lines(stack["attacks"])]
+        for name, found in stack["attacks"].items():
+            lines += [f"  {name}: {error}" for error in found.get("server_errors", [])[:3]]
     busy = report.get("machine", {}).get("busy_before")
     if busy is not None and busy > BUSY:
         lines.append(

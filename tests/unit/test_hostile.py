@@ -247,3 +247,12 @@ def test_each_hostile_request_fits_the_limit_it_is_sent_to() -> None:
     assert all(len(t["html"]) <= MAX_SOURCE for t in templates)
     assert all(len(orjson.dumps(t)) <= BODY_LIMIT for t in templates)
     assert len(payloads.csv_file()) <= 50 * 1024 * 1024
+
+
+def test_the_table_lists_the_server_errors_of_a_hostile_request() -> None:
+    """A 5xx answer to a hostile request is listed under the requests with its route."""
+    found = _report()
+    attacks = found["stack"]["attacks"]  # type: ignore[index]
+    attacks["click tracking"]["server_errors"] = ["POST /v1/batches: 500 Batch too large"]
+
+    assert "  click tracking: POST /v1/batches: 500 Batch too large" in report.table(found)
