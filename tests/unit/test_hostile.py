@@ -252,7 +252,7 @@ def test_each_hostile_request_fits_the_limit_it_is_sent_to() -> None:
 def test_the_table_lists_the_server_errors_of_a_hostile_request() -> None:
     """A 5xx answer to a hostile request is listed under the requests with its route."""
     found = _report()
-    attacks = found["stack"]["attacks"]  # type: ignore[index]
+    attacks = found["stack"]["attacks"]
     attacks["click tracking"]["server_errors"] = ["POST /v1/batches: 500 Batch too large"]
 
     assert "  click tracking: POST /v1/batches: 500 Batch too large" in report.table(found)
