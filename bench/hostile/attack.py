@@ -85,7 +85,8 @@ class Attacker:
         attack.statuses[str(response.status_code)] += 1
         if response.status_code >= 500:
             attack.server_errors.append(
-                f"{method} {url.split('?')[0][:80]}: {response.status_code} {response.text[:200]}"
+                f"{method} {response.request.url.path[:80]}: {response.status_code} "
+                f"{response.text[:200]}"
             )
         return response
 
