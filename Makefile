@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 export PYTHON := $(PY)
 
 .PHONY: help install run test test-unit test-integration env-example openapi docs lint fmt typecheck all services-up \
-        services-down services-status migrate topology bench chaos cluster-up cluster-down cluster-test \
+        services-down services-status migrate topology bench hostile chaos cluster-up cluster-down cluster-test \
         cov cov-decisions mutate clean fuzz simulate
 
 help: ## list the targets
@@ -106,6 +106,9 @@ topology: install ## declare exchanges, queues and bindings
 
 bench: install services-up ## the benchmark; JSON results in bench/results/
 	$(PY) -m bench.run $(BENCH_ARGS)
+
+hostile: install services-up ## parsers at 1x/10x, then hostile input against a stack: loop stalls, peak RSS (last line JSON)
+	$(PY) -m bench.hostile.run $(HOSTILE_ARGS)
 
 FUZZ_EXAMPLES ?= 30
 FUZZ_SEED ?= 20261125

@@ -12,4 +12,8 @@ request body and batches), :mod:`bench.sampler`, :mod:`bench.procfs` and :mod:`b
 (CPU, memory and GC pauses), :mod:`bench.stats`, :mod:`bench.schedule` and
 :mod:`bench.targets` (pure figures), :mod:`bench.report` (JSON and table),
 :mod:`bench.cleanup` (leftovers of interrupted runs), :mod:`bench.experiments` (what-ifs).
+
+:mod:`bench.hostile` is ``make hostile``: every parser on hostile input at 1x and 10x, and
+the hostile inputs of issue 33 against the same stack, judged by each service's event-loop
+stalls and peak RSS.
 """

@@ -42,6 +42,10 @@ SERVICES: dict[str, ServiceSpec] = {
     "consumers-b": ServiceSpec("consumers", "/readyz"),
     # A third (the ``rate_limit`` phase: three processes share one provider's limit).
     "consumers-c": ServiceSpec("consumers", "/readyz"),
+    # The tracking endpoint and the users' webhook worker (``make hostile`` runs every
+    # service).
+    "tracking": ServiceSpec("tracking", "/readyz"),
+    "hooks": ServiceSpec("hooks", "/readyz"),
 }
 
 

@@ -142,6 +142,13 @@ class Stack:
             "SAFEDELIVR_API_PUBLIC_URL": self.url("api"),
             "SAFEDELIVR_WEBHOOKS_PORT": str(self.ports["webhooks"]),
             "SAFEDELIVR_CONSUMERS_PORT": str(self.ports["consumers"]),
+            "SAFEDELIVR_TRACKING_PORT": str(self.ports["tracking"]),
+            "SAFEDELIVR_TRACKING_PUBLIC_URL": self.url("tracking"),
+            "SAFEDELIVR_HOOKS_PORT": str(self.ports["hooks"]),
+            # The sandbox answers the API's DNS questions and plays GitHub, as in make run.
+            "SAFEDELIVR_API_DNS_URL": f"{self.url('sandbox')}/dns-query",
+            "SAFEDELIVR_GITHUB_OAUTH_BASE_URL": f"{self.url('sandbox')}/github",
+            "SAFEDELIVR_GITHUB_API_BASE_URL": f"{self.url('sandbox')}/github/api",
             "SAFEDELIVR_SANDBOX_PORT": str(self.ports["sandbox"]),
             "SAFEDELIVR_LOG_LEVEL": "WARNING",
             "SAFEDELIVR_WEBHOOKS_SENDGRID_PUBLIC_KEY": self.sendgrid_public_key,

@@ -60,6 +60,7 @@ from shared.preferences import PreferenceStore
 from shared.ratelimit import RecipientQuota
 from shared.resources import open_resources, readiness_checks
 from shared.schedule_store import ScheduleStore
+from shared.stall_monitor import StallMetrics, watching
 from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
 from shared.templates import TemplateStore
@@ -69,6 +70,7 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings) -> Starlette:
     registry = new_registry()
+    stalls = StallMetrics.create(registry)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -147,7 +149,8 @@ def create_app(settings: Settings) -> Starlette:
             )
             purge = asyncio.create_task(ratelimit.purge_forever(res.db))
             try:
-                yield
+                with watching(stalls):
+                    yield
             finally:
                 await state.github_http.aclose()
                 purge.cancel()

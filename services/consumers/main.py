@@ -50,6 +50,7 @@ from shared.recipients import RecipientStore
 from shared.resources import Resources, open_resources, readiness_checks
 from shared.schedule_store import ScheduleStore
 from shared.settle import InFlight, settling
+from shared.stall_monitor import StallMetrics, watching
 from shared.stats import StatsStore
 from shared.templates import TemplateStore
 from shared.user_hooks import HookEmitter
@@ -309,6 +310,7 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
     metrics = DispatchMetrics.create(registry)
     dead_metrics = DeadLetterMetrics.create(registry)
     live_metrics = LiveMetrics.create(registry)
+    stalls = StallMetrics.create(registry)
     inflight = InFlight()
 
     @asynccontextmanager
@@ -366,7 +368,8 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
                 ),
             ]
             try:
-                yield
+                with watching(stalls):
+                    yield
             finally:
                 for task in tasks:
                     task.cancel()

@@ -28,6 +28,7 @@ from shared.metrics import HookMetrics, new_registry
 from shared.outbox import Outbox
 from shared.resources import Resources, open_resources, readiness_checks
 from shared.settle import InFlight, settling
+from shared.stall_monitor import StallMetrics, watching
 from shared.stats import StatsStore
 from shared.user_hooks import wake
 
@@ -76,6 +77,7 @@ async def sweep(worker: Worker, interval: float) -> None:
 def create_app(settings: Settings) -> Starlette:
     registry = new_registry()
     metrics = HookMetrics.create(registry)
+    stalls = StallMetrics.create(registry)
     inflight = InFlight()
 
     @asynccontextmanager
@@ -101,7 +103,8 @@ def create_app(settings: Settings) -> Starlette:
             )
             swept = asyncio.create_task(sweep(worker, settings.hooks.sweep_interval))
             try:
-                yield
+                with watching(stalls):
+                    yield
             finally:
                 swept.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

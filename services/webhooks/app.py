@@ -13,6 +13,7 @@ from starlette.routing import Route
 from services.webhooks import receivers
 from services.webhooks.ingest import Ingest, IngestMetrics
 from services.webhooks.intake import Intake, IntakeMetrics
+from shared import stall_monitor
 from shared.config import Settings
 from shared.errors import ConfigError
 from shared.health import health_routes
@@ -33,6 +34,7 @@ def create_app(settings: Settings) -> Starlette:
     registry = new_registry()
     metrics = IngestMetrics.create(registry)
     intake_metrics = IntakeMetrics.create(registry)
+    stalls = stall_monitor.StallMetrics.create(registry)
     inflight = InFlight()
     sendgrid_key = None
     if settings.webhooks.sendgrid_public_key:
@@ -72,7 +74,8 @@ def create_app(settings: Settings) -> Starlette:
                 prefetch=8,
             )
             try:
-                yield
+                with stall_monitor.watching(stalls):
+                    yield
             finally:
                 watching.cancel()
                 reporting.cancel()

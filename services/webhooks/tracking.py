@@ -49,6 +49,7 @@ from shared.http import AdmissionLimit, ApiError, error_handlers, read_capped
 from shared.metrics import new_registry
 from shared.prefetch import machine
 from shared.resources import open_resources, readiness_checks
+from shared.stall_monitor import StallMetrics, watching
 from shared.webhook_events import Kind, ProviderEvent
 
 log = logging.getLogger(__name__)
@@ -262,6 +263,7 @@ def _page(status: int, title: str, body: str, *, form: bool = False) -> HTMLResp
 def create_app(settings: Settings) -> Starlette:
     registry = new_registry()
     metrics = IngestMetrics.create(registry)
+    stalls = StallMetrics.create(registry)
     ring = ring_from(settings.tracking.keys.get_secret_value())
 
     @asynccontextmanager
@@ -270,7 +272,8 @@ def create_app(settings: Settings) -> Starlette:
             app.state.resources = res
             ingest = Ingest.over(res.db, res.broker, settings, metrics)
             app.state.tracking = Tracking(ingest, ring, settings.tracking.allowed_hosts)
-            yield
+            with watching(stalls):
+                yield
 
     routes = [
         Route("/o/{token}", open_pixel, methods=["GET"]),

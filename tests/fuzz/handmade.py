@@ -264,9 +264,8 @@ def _enveloped(body: object) -> bool:
     return isinstance(error, dict) and {"code", "message"} <= set(error)
 
 
-async def fuzz_handmade(settings: Settings, examples: int, seed: int) -> dict[str, Any]:
-    """``examples`` requests to each route."""
-    who = await _credentials(settings)
+def draw_calls(who: Who, examples: int, seed: int) -> list[Call]:
+    """``examples`` requests to each route, carrying ``who``'s credentials (or not)."""
     drawn: list[Call] = []
     for route in ORIGINAL + DASHBOARD + V1:
 
@@ -276,6 +275,13 @@ async def fuzz_handmade(settings: Settings, examples: int, seed: int) -> dict[st
             drawn.append(call)
 
         collect()
+    return drawn
+
+
+async def fuzz_handmade(settings: Settings, examples: int, seed: int) -> dict[str, Any]:
+    """``examples`` requests to each route."""
+    who = await credentials(settings)
+    drawn = draw_calls(who, examples, seed)
     sandbox = create_sandbox(SandboxSettings(webhook_url="http://127.0.0.1:9", webhook_delay=60))
     problems: list[str] = []
     async with served(sandbox) as sandbox_url:
@@ -290,7 +296,7 @@ async def fuzz_handmade(settings: Settings, examples: int, seed: int) -> dict[st
         tally = Tally(app)
         async with served(tally) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
             for call in drawn:
-                response = await _send(client, call)
+                response = await send(client, call)
                 problem = envelope_problem(call, response)
                 if problem is not None:
                     problems.append(f"{call.method} {call.path}: {problem}")
@@ -298,7 +304,7 @@ async def fuzz_handmade(settings: Settings, examples: int, seed: int) -> dict[st
     return {**summary, "envelope_failures": len(problems), "first_envelope_failures": problems[:20]}
 
 
-async def _send(client: httpx.AsyncClient, call: Call) -> httpx.Response:
+async def send(client: httpx.AsyncClient, call: Call) -> httpx.Response:
     client.cookies.clear()
     headers, content = dict(call.headers), call.content
     if call.data is not None and not call.multipart:
@@ -316,7 +322,7 @@ async def _send(client: httpx.AsyncClient, call: Call) -> httpx.Response:
     return await client.send(request, follow_redirects=False)
 
 
-async def _credentials(settings: Settings) -> Who:
+async def credentials(settings: Settings) -> Who:
     db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
     try:
         user, key = await new_sender(db, "fuzz-pages")

@@ -51,7 +51,7 @@ from shared.config import (
     WebhookSettings,
 )
 from shared.db import Database
-from shared.engagement_tokens import Claim, ring_from, sign
+from shared.engagement_tokens import Claim, KeyRing, ring_from, sign
 from shared.migrations import migrate
 from shared.resources import declare_topology
 from tests.fuzz.handmade import fuzz_handmade
@@ -157,6 +157,37 @@ event_fields = st.fixed_dictionaries(
 )
 
 
+def webhook_bodies(
+    private: Any, mailgun_key: str, examples: int, seed: int
+) -> list[tuple[str, bytes, dict[str, str]]]:
+    """Hypothesis bodies for both receivers (path, body, headers), signed with these keys
+    and not: ``examples`` for each receiver."""
+    bodies: list[tuple[str, bytes, dict[str, str]]] = []
+
+    @settings_for(examples, seed)
+    @given(
+        st.one_of(
+            st.binary(max_size=2048),
+            json_values.map(orjson.dumps),
+            st.lists(event_fields, max_size=5).map(orjson.dumps),
+        ),
+        st.booleans(),
+    )
+    def sendgrid(body: bytes, sign: bool) -> None:
+        bodies.append(("/webhooks/sendgrid", body, _sendgrid_headers(private, body, sign=sign)))
+
+    @settings_for(examples, seed)
+    @given(event_fields, st.booleans(), json_values)
+    def mailgun(event: dict[str, Any], sign: bool, junk: Any) -> None:
+        signature = signing.mailgun_signature(mailgun_key if sign else "wrong", int(time.time()))
+        body = orjson.dumps({"signature": signature, "event-data": event, "junk": junk})
+        bodies.append(("/webhooks/mailgun", body, {"Content-Type": "application/json"}))
+
+    sendgrid()
+    mailgun()
+    return bodies
+
+
 async def fuzz_webhooks(settings: Settings, examples: int, seed: int) -> dict[str, Any]:
     """Hypothesis bodies to both receivers, signed and not."""
     private = signing.generate_private_key()
@@ -171,70 +202,52 @@ async def fuzz_webhooks(settings: Settings, examples: int, seed: int) -> dict[st
     app = create_webhooks(webhooks)
     tally = Tally(app)
     async with served(tally) as url, httpx.AsyncClient(base_url=url) as client:
-        bodies: list[tuple[str, bytes, dict[str, str]]] = []
-
-        @settings_for(examples, seed)
-        @given(
-            st.one_of(
-                st.binary(max_size=2048),
-                json_values.map(orjson.dumps),
-                st.lists(event_fields, max_size=5).map(orjson.dumps),
-            ),
-            st.booleans(),
-        )
-        def sendgrid(body: bytes, sign: bool) -> None:
-            bodies.append(("/webhooks/sendgrid", body, _sendgrid_headers(private, body, sign=sign)))
-
-        @settings_for(examples, seed)
-        @given(event_fields, st.booleans(), json_values)
-        def mailgun(event: dict[str, Any], sign: bool, junk: Any) -> None:
-            signature = signing.mailgun_signature(MG_KEY if sign else "wrong", int(time.time()))
-            body = orjson.dumps({"signature": signature, "event-data": event, "junk": junk})
-            bodies.append(("/webhooks/mailgun", body, {"Content-Type": "application/json"}))
-
-        sendgrid()
-        mailgun()
-        for path, body, headers in bodies:
+        for path, body, headers in webhook_bodies(private, MG_KEY, examples, seed):
             await client.post(path, content=body, headers=headers)
     return tally.summary()
 
 
+def tracking_calls(ring: KeyRing, examples: int, seed: int) -> list[tuple[str, str, bytes]]:
+    """Hostile requests to the tracking endpoint (method, path, body): tokens forged,
+    truncated, re-signed with other keys, signed for unknown batches."""
+    calls: list[tuple[str, str, bytes]] = []
+    signed = st.builds(
+        lambda purpose, link, scope: sign(
+            Claim(purpose, uuid.uuid1(), uuid.uuid4(), link=link, scope=scope), ring
+        ),
+        st.sampled_from(["click", "open", "unsubscribe"]),
+        st.none() | st.integers(0, 65535),
+        st.none() | st.text(max_size=50).filter(lambda t: len(t.encode()) <= 200),
+    )
+    tokens = st.one_of(
+        st.text(max_size=300),
+        signed,
+        signed.map(lambda t: t[:-1] + ("A" if t[-1] != "A" else "B")),
+    )
+
+    @settings_for(examples, seed)
+    @given(
+        st.sampled_from(["GET /o/", "GET /c/", "GET /u/", "POST /u/"]),
+        tokens,
+        st.binary(max_size=512),
+    )
+    def hit(route: str, token: str, body: bytes) -> None:
+        method, path = route.split(" ")
+        calls.append((method, path + urllib.parse.quote(token, safe=""), body))
+
+    hit()
+    return calls
+
+
 async def fuzz_tracking(settings: Settings, examples: int, seed: int) -> dict[str, Any]:
-    """Hostile tokens and bodies to the tracking endpoint: forged, truncated, re-signed with
-    other keys, signed for unknown batches; every answer a 404 page, a pixel or a 200, never a
-    5xx and never a redirect."""
+    """Hostile tokens and bodies to the tracking endpoint (:func:`tracking_calls`): every
+    answer a 404 page, a pixel or a 200, never a 5xx and never a redirect."""
     app = create_tracking(settings)
     ring = ring_from(settings.tracking.keys.get_secret_value())
     tally = Tally(app)
     redirects = 0
     async with served(tally) as url, httpx.AsyncClient(base_url=url) as client:
-        calls: list[tuple[str, str, bytes]] = []
-        signed = st.builds(
-            lambda purpose, link, scope: sign(
-                Claim(purpose, uuid.uuid1(), uuid.uuid4(), link=link, scope=scope), ring
-            ),
-            st.sampled_from(["click", "open", "unsubscribe"]),
-            st.none() | st.integers(0, 65535),
-            st.none() | st.text(max_size=50).filter(lambda t: len(t.encode()) <= 200),
-        )
-        tokens = st.one_of(
-            st.text(max_size=300),
-            signed,
-            signed.map(lambda t: t[:-1] + ("A" if t[-1] != "A" else "B")),
-        )
-
-        @settings_for(examples, seed)
-        @given(
-            st.sampled_from(["GET /o/", "GET /c/", "GET /u/", "POST /u/"]),
-            tokens,
-            st.binary(max_size=512),
-        )
-        def hit(route: str, token: str, body: bytes) -> None:
-            method, path = route.split(" ")
-            calls.append((method, path + urllib.parse.quote(token, safe=""), body))
-
-        hit()
-        for method, path, body in calls:
+        for method, path, body in tracking_calls(ring, examples, seed):
             resp = await client.request(method, path, content=body or None)
             redirects += resp.is_redirect
     summary = tally.summary()

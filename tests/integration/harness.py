@@ -38,7 +38,7 @@ async def served(app: Any) -> AsyncIterator[str]:
         app, host="127.0.0.1", port=0, lifespan="on", log_level="warning", loop="none"
     )
     server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    server.install_signal_handlers = lambda: None  # type: ignore[attr-defined]
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

@@ -1,0 +1,103 @@
+"""What ``make hostile`` judges its figures by, in one place (pure).
+
+* A parser's time may grow at most :data:`RATIO_TARGET` times for ten times the input
+  (issue 33: linear time, "a figure with its ratio, not a timed test"). A parse that takes
+  under :data:`NOISE_FLOOR` seconds at 10x passes whatever its ratio (a refusal in
+  microseconds has no meaningful ratio, and cannot stall anything); one that outlives its
+  timeout fails with a ratio of at least timeout / its 1x time.
+* No service's event loop may stall longer than :data:`STALL_TARGET` seconds.
+* No service's peak RSS may pass its limit in :data:`RSS_LIMIT_MB`.
+
+Every verdict is ``{"value", "target", "pass"}``; ``pass`` is None when there is no figure
+to judge (the harness failed), never a pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from bench.targets import GOALS
+
+#: 10x the input may take at most this many times as long (issue 33, "Deliver" 1).
+RATIO_TARGET: Final = 15.0
+#: CPU seconds at 10x under which a parser passes whatever its ratio.
+NOISE_FLOOR: Final = 0.05
+#: The longest event-loop stall allowed (issue 33, "Deliver" 3).
+STALL_TARGET: Final = 0.1
+#: The service processes measured against a running stack (the sandbox is a test double).
+SERVICES: Final = ("api", "consumers", "webhooks", "tracking", "hooks")
+#: Peak RSS allowed per process, in MB. No setting limits a service's memory; the figure is
+#: make bench's memory goal for every Python service (``bench/targets.py``,
+#: ``rss_mb_*``: peak VmHWM <= 100 MB), applied as well to the two processes it does not
+#: run (tracking, hooks).
+RSS_LIMIT_MB: Final[Mapping[str, float]] = dict.fromkeys(SERVICES, GOALS["rss_mb_api"].bound)
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """One parse as the child reported it, or why there is no figure."""
+
+    seconds: float | None
+    outcome: str
+    """``ok``, ``refused (...)``, ``timeout``, ``not run`` or ``error: ...``."""
+
+    @classmethod
+    def of(cls, message: Mapping[str, Any] | None, fallback: str) -> Timing:
+        if message is None:
+            return cls(None, fallback)
+        return cls(float(message["seconds"]), str(message["outcome"]))
+
+
+def judge_parser(one: Timing, ten: Timing, timeout: float) -> dict[str, Any]:
+    """The ratio of ten to one and whether it passes (see the module docstring)."""
+    if one.seconds is None:
+        return {
+            "ratio": None,
+            "ratio_at_least": False,
+            "target": RATIO_TARGET,
+            "pass": _failed(one),
+        }
+    if ten.seconds is None:
+        if ten.outcome != "timeout":
+            return {"ratio": None, "ratio_at_least": False, "target": RATIO_TARGET, "pass": None}
+        bound = timeout / max(one.seconds, 1e-6)
+        return {"ratio": bound, "ratio_at_least": True, "target": RATIO_TARGET, "pass": False}
+    ratio = ten.seconds / max(one.seconds, 1e-6)
+    passed = ten.seconds <= NOISE_FLOOR or ratio <= RATIO_TARGET
+    return {"ratio": ratio, "ratio_at_least": False, "target": RATIO_TARGET, "pass": passed}
+
+
+def _failed(timing: Timing) -> bool | None:
+    """A 1x that timed out failed; one that has no figure for another reason is not judged."""
+    return False if timing.outcome == "timeout" else None
+
+
+def judge_service(
+    name: str, stall: float | None, rss_mb: float | None, *, answered: bool
+) -> dict[str, dict[str, Any]]:
+    """The stall and memory verdicts of one service. A service that did not answer its
+    metrics within the scrape's timeout was stalled (or gone) at least that long: a failed
+    stall, with no figure."""
+    limit = RSS_LIMIT_MB.get(name)
+    stalled: bool | None
+    if not answered:
+        stalled = False
+    elif stall is None:
+        stalled = None
+    else:
+        stalled = stall <= STALL_TARGET
+    return {
+        "stall_s": {"value": stall, "target": STALL_TARGET, "pass": stalled},
+        "rss_mb": {
+            "value": rss_mb,
+            "target": limit,
+            "pass": None if rss_mb is None or limit is None else rss_mb <= limit,
+        },
+    }
+
+
+def violations(verdicts: Iterable[Mapping[str, Any]]) -> int:
+    """How many verdicts failed (those without a figure are not counted either way)."""
+    return sum(1 for v in verdicts if v.get("pass") is False)

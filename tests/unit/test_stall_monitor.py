@@ -1,0 +1,178 @@
+"""The event-loop stall monitor: its arithmetic over a clock and a scheduler the test owns,
+its metrics as a scrape reads them, and its life on a real loop (no wall-clock figure)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from shared.stall_monitor import StallMetrics, StallMonitor, hwm_bytes, peak_rss_bytes, watching
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Handle:
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Scheduler:
+    """Keeps what was scheduled; the test runs it when it says the loop got to it."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[float, Callable[[], None], Handle]] = []
+
+    def __call__(self, delay: float, callback: Callable[[], None]) -> Handle:
+        handle = Handle()
+        self.pending.append((delay, callback, handle))
+        return handle
+
+    def run_next(self) -> None:
+        _, callback, handle = self.pending.pop(0)
+        if not handle.cancelled:
+            callback()
+
+
+def started(clock: Clock, *, rss: float = 0.0) -> tuple[StallMonitor, Scheduler, CollectorRegistry]:
+    registry = CollectorRegistry()
+    monitor = StallMonitor(
+        StallMetrics.create(registry, peak_rss=lambda: rss), interval=0.02, clock=clock
+    )
+    scheduler = Scheduler()
+    monitor.start(scheduler)
+    return monitor, scheduler, registry
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+def test_a_callback_run_on_time_records_no_stall() -> None:
+    """A callback that runs when it was due records a lag of zero."""
+    clock = Clock()
+    monitor, scheduler, registry = started(clock)
+
+    clock.now += 0.02
+    scheduler.run_next()
+
+    assert monitor.longest == 0.0
+    assert sample(registry, "safedelivr_event_loop_stall_seconds_count") == 1.0
+    assert sample(registry, "safedelivr_event_loop_stall_max_seconds") == 0.0
+
+
+def test_a_held_loop_records_how_late_the_callback_ran() -> None:
+    """A loop held 1.5 s past a callback's due time records a stall of 1.5 s in the histogram
+    and the max gauge."""
+    clock = Clock()
+    monitor, scheduler, registry = started(clock)
+
+    clock.now += 0.02 + 1.5
+    scheduler.run_next()
+
+    assert abs(monitor.longest - 1.5) < 1e-9
+    assert sample(registry, "safedelivr_event_loop_stall_seconds_bucket", le="1.0") == 0.0
+    assert sample(registry, "safedelivr_event_loop_stall_seconds_bucket", le="2.5") == 1.0
+    assert abs((sample(registry, "safedelivr_event_loop_stall_max_seconds") or 0) - 1.5) < 1e-9
+
+
+def test_the_max_gauge_keeps_the_longest_stall_since_start() -> None:
+    """A shorter stall after a longer one leaves the max at the longer one."""
+    clock = Clock()
+    _, scheduler, registry = started(clock)
+
+    clock.now += 0.02 + 0.3
+    scheduler.run_next()
+    clock.now += 0.02 + 0.1
+    scheduler.run_next()
+
+    assert abs((sample(registry, "safedelivr_event_loop_stall_max_seconds") or 0) - 0.3) < 1e-9
+    assert sample(registry, "safedelivr_event_loop_stall_seconds_count") == 2.0
+
+
+def test_each_callback_is_due_one_interval_after_the_previous_one_ran() -> None:
+    """The next due time counts from when the previous callback ran, so one stall is
+    recorded once and not again by the callbacks after it."""
+    clock = Clock()
+    monitor, scheduler, _ = started(clock)
+
+    clock.now += 0.02 + 2.0
+    scheduler.run_next()
+    clock.now += 0.02
+    scheduler.run_next()
+
+    assert [delay for delay, _, _ in scheduler.pending] == [0.02]
+    assert abs(monitor.longest - 2.0) < 1e-9
+
+
+def test_a_callback_run_early_counts_as_no_stall() -> None:
+    """A timer that fires a little before its due time records zero, never a negative lag."""
+    clock = Clock()
+    monitor, scheduler, registry = started(clock)
+
+    clock.now += 0.019
+    scheduler.run_next()
+
+    assert monitor.longest == 0.0
+    assert sample(registry, "safedelivr_event_loop_stall_seconds_sum") == 0.0
+
+
+def test_stop_cancels_the_pending_callback_and_schedules_no_more() -> None:
+    """After stop, the pending callback is cancelled and nothing further is scheduled."""
+    clock = Clock()
+    monitor, scheduler, registry = started(clock)
+
+    monitor.stop()
+    scheduler.run_next()
+
+    assert not monitor.running
+    assert scheduler.pending == []
+    assert sample(registry, "safedelivr_event_loop_stall_seconds_count") == 0.0
+
+
+def test_peak_rss_is_read_when_scraped() -> None:
+    """The peak RSS gauge reports what its source says at scrape time."""
+    _, _, registry = started(Clock(), rss=123456789.0)
+
+    assert "safedelivr_peak_rss_bytes 1.23456789e+08" in generate_latest(registry).decode()
+
+
+def test_watching_measures_on_the_running_loop_until_the_block_ends() -> None:
+    """Inside ``watching`` the monitor's callbacks run on the loop; after it, none is left."""
+    registry = CollectorRegistry()
+    metrics = StallMetrics.create(registry)
+
+    async def serve() -> StallMonitor:
+        with watching(metrics) as monitor:
+            # Each sleep ends no earlier than the monitor's callback due before it.
+            for _ in range(3):
+                await asyncio.sleep(monitor.interval)
+        return monitor
+
+    monitor = asyncio.run(serve())
+
+    assert (sample(registry, "safedelivr_event_loop_stall_seconds_count") or 0) >= 2
+    assert not monitor.running
+
+
+def test_peak_rss_is_the_processs_own_high_water_mark() -> None:
+    """The peak RSS is VmHWM of the status text, in bytes."""
+    status = "Name:\tpython\nVmPeak:\t 900000 kB\nVmHWM:\t   51200 kB\nVmRSS:\t 40000 kB\n"
+
+    assert hwm_bytes(status) == 51200 * 1024
+
+
+def test_without_a_status_file_the_peak_rss_comes_from_getrusage() -> None:
+    """Where /proc is absent, ru_maxrss stands in: some positive figure, never an error."""
+    assert peak_rss_bytes(Path("/nonexistent/status")) > 0
