@@ -10,6 +10,13 @@ a click is attributed to the one clicked). The stored link is the URL as the bro
 have followed it (HTML entities decoded); the redirect goes there and nowhere else
 (``engagement_tokens``).
 
+A tag is ``<a`` or ``<area`` (any case, then a non-word character) up to the first ``>``, and
+tags do not overlap. That is all the parsing there is, and it must not change: the tracking
+endpoint numbers the links of messages sent before it was deployed with the same rules
+(:func:`tags`). The scan reads each character at most twice, once looking for ``<`` and once
+looking for the ``>`` that closes a tag: when no ``>`` is left, no tag is, and it stops (a
+regular expression rescans the rest of the text for each unclosed ``<a``: quadratic).
+
 Pure.
 """
 
@@ -17,10 +24,10 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
-_TAG: Final = re.compile(r"<(?:a|area)\b[^>]*>", re.IGNORECASE)
+_NAME: Final = re.compile(r"(?:a|area)\b", re.IGNORECASE)
 _HREF: Final = re.compile(
     r"""((?<![\w-])href\s*=\s*)("([^"]*)"|'([^']*)'|([^\s"'>]+))""", re.IGNORECASE
 )
@@ -32,6 +39,20 @@ MAX_LINKS: Final = 500
 def trackable(url: str, keys: Sequence[str] = ()) -> bool:
     """Whether a (decoded) link is rewritten: absolute http(s), no substitution key."""
     return bool(_TRACKABLE.match(url)) and not any(k and k in url for k in keys)
+
+
+def tags(source: str) -> Iterator[tuple[int, int]]:
+    """The ``(start, end)`` of each ``<a>`` and ``<area>`` tag of ``source``, in order."""
+    at = source.find("<")
+    while at >= 0:
+        if _NAME.match(source, at + 1) is None:
+            at = source.find("<", at + 1)
+            continue
+        end = source.find(">", at + 2)
+        if end < 0:
+            return  # no tag can close after here
+        yield at, end + 1
+        at = source.find("<", end + 1)
 
 
 def rewrite(
@@ -47,8 +68,7 @@ def rewrite(
     replaced = rewritable or (lambda url: trackable(url, keys))
     links: list[str] = []
 
-    def tag(match: re.Match[str]) -> str:
-        text = match.group(0)
+    def tag(text: str) -> str:
         found = _HREF.search(text)
         if found is None or len(links) >= limit:
             return text
@@ -63,4 +83,10 @@ def rewrite(
         replacement = f'{found.group(1)}"{html.escape(tracked_url(index), quote=True)}"'
         return text[: found.start()] + replacement + text[found.end() :]
 
-    return _TAG.sub(tag, source), links
+    parts: list[str] = []
+    done = 0
+    for start, end in tags(source):
+        parts += (source[done:start], tag(source[start:end]))
+        done = end
+    parts.append(source[done:])
+    return "".join(parts), links
