@@ -27,6 +27,8 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
+from shared.substitution import Substitution
+
 _NAME: Final = re.compile(r"(?:a|area)\b", re.IGNORECASE)
 _HREF: Final = re.compile(
     r"""((?<![\w-])href\s*=\s*)("([^"]*)"|'([^']*)'|([^\s"'>]+))""", re.IGNORECASE
@@ -65,12 +67,14 @@ def rewrite(
     """``source`` with each trackable link (the first ``limit`` absolute ones, less those
     holding one of ``keys``; or those ``rewritable`` says) replaced by ``tracked_url(index)``,
     and every absolute link among the first ``limit`` in index order."""
-    replaced = rewritable or (lambda url: trackable(url, keys))
+    # One scan of a link finds any of the keys (a chunk has up to 100,000), not one per key.
+    holding = Substitution(dict.fromkeys(keys, ""))
+    replaced = rewritable or (lambda url: not holding.found_in(url))
     links: list[str] = []
 
     def tag(text: str) -> str:
         found = _HREF.search(text)
-        if found is None or len(links) >= limit:
+        if found is None:
             return text
         raw = next(g for g in found.group(3, 4, 5) if g is not None)
         url = html.unescape(raw).strip()
@@ -86,6 +90,8 @@ def rewrite(
     parts: list[str] = []
     done = 0
     for start, end in tags(source):
+        if len(links) >= limit:
+            break  # no later tag changes
         parts += (source[done:start], tag(source[start:end]))
         done = end
     parts.append(source[done:])

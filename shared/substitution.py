@@ -80,6 +80,16 @@ class Substitution:
         parts.append(text[done:])
         return "".join(parts)
 
+    def found_in(self, text: str) -> bool:
+        """Whether any key occurs in ``text`` (the scan finds one wherever one occurs: it
+        either reaches its position or passed it by replacing one that started earlier)."""
+        at = self._next_start(text, 0) if len(self._keys) > 1 else -1
+        while at >= 0:
+            if self._longest_at(text, at):
+                return True
+            at = self._next_start(text, at + 1)
+        return False
+
     def _next_start(self, text: str, at: int) -> int:
         """The first position from ``at`` where some key starts with the character; -1 if none."""
         starts = self._starts
