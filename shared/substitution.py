@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 #: Distinct first characters up to which candidate positions are found by a character class
@@ -89,6 +89,20 @@ class Substitution:
                 return True
             at = self._next_start(text, at + 1)
         return False
+
+    def occurring(self, texts: Iterable[str]) -> set[str]:
+        """Every key that occurs anywhere in ``texts``, overlapping ones included: at each
+        position, the longest key there and its chain of prefixes (each key marked once)."""
+        seen = [True] + [False] * (len(self._keys) - 1)
+        for text in texts:
+            at = self._next_start(text, 0) if len(self._keys) > 1 else -1
+            while at >= 0:
+                index = self._longest_at(text, at)
+                while not seen[index]:
+                    seen[index] = True
+                    index = self._parent[index]
+                at = self._next_start(text, at + 1)
+        return {key for key, found in zip(self._keys, seen, strict=True) if found and key}
 
     def _next_start(self, text: str, at: int) -> int:
         """The first position from ``at`` where some key starts with the character; -1 if none."""

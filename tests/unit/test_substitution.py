@@ -38,6 +38,23 @@ def test_the_result_is_the_longest_first_alternation(
     assert replace_keys(text, replacements) == _as_was(text, replacements)
 
 
+@given(texts=st.lists(st.text(alphabet=_CHARS, max_size=20), max_size=3), replacements=_keys)
+def test_every_key_occurring_is_found_overlapping_ones_too(
+    texts: list[str], replacements: dict[str, str]
+) -> None:
+    """The keys occurring in texts are every key found anywhere in them, however they
+    overlap."""
+    expected = {k for k in replacements if k and any(k in t for t in texts)}
+
+    assert Substitution(replacements).occurring(texts) == expected
+
+
+@given(text=st.text(alphabet=_CHARS, max_size=40), replacements=_keys)
+def test_a_key_is_found_in_a_text_where_one_occurs(text: str, replacements: dict[str, str]) -> None:
+    """A text holds a key exactly when one of the keys occurs in it."""
+    assert Substitution(replacements).found_in(text) == any(k and k in text for k in replacements)
+
+
 def test_of_keys_that_are_prefixes_of_each_other_the_longest_wins() -> None:
     """Where keys that are prefixes of each other start, the longest that fits is replaced."""
     keys = {"a": "1", "ab": "2", "abc": "3", "abcde": "5"}
