@@ -57,6 +57,13 @@ def tags(source: str) -> Iterator[tuple[int, int]]:
         at = source.find("<", end + 1)
 
 
+def _holding_none_of(keys: Sequence[str]) -> Callable[[str], bool]:
+    """Whether a link holds none of ``keys``: one scan of it finds any of them (a chunk has
+    up to 100,000), where a search per key took keys x link."""
+    holding = Substitution(dict.fromkeys(keys, ""))
+    return lambda url: not holding.found_in(url)
+
+
 def rewrite(
     source: str,
     tracked_url: Callable[[int], str],
@@ -67,9 +74,7 @@ def rewrite(
     """``source`` with each trackable link (the first ``limit`` absolute ones, less those
     holding one of ``keys``; or those ``rewritable`` says) replaced by ``tracked_url(index)``,
     and every absolute link among the first ``limit`` in index order."""
-    # One scan of a link finds any of the keys (a chunk has up to 100,000), not one per key.
-    holding = Substitution(dict.fromkeys(keys, ""))
-    replaced = rewritable or (lambda url: not holding.found_in(url))
+    replaced = rewritable or _holding_none_of(keys)
     links: list[str] = []
 
     def tag(text: str) -> str:

@@ -4,17 +4,21 @@ never scanned again); where no key starts, the character stays.
 
 Keys are any non-empty strings (``-name-``, ``{{first}}``, ``%a%``, ``a``), up to 100,000 of
 them in a Mailgun chunk, so the text has no marker syntax to look for: the keys themselves
-are what is looked for. One alternation of every key, as a regular expression, tries each key
-at each position (text x keys); this takes time in proportion to the text and the keys:
+are what is looked for. One alternation of every key, as a regular expression, tried each key
+at each position (text x keys). Here:
 
 * the keys are sorted once, and each gets the longest other key that is a prefix of it (its
   parent) and a skip pointer up that chain (Myers' skew-binary jump pointers), so that the
-  longest key that is a prefix of a given one, no longer than a length, takes a few steps;
+  longest of a key's prefixes no longer than a given length takes a few steps;
 * a text position is looked at only where some key starts with its character (found by a
   character class, in C), and there the longest key starting at it is found by one binary
-  search among the sorted keys for the text ahead (the longest key's length of it): the
-  greatest key not above it is either that key, or shares with it exactly as much as the key
-  wanted is long, which its chain of prefixes gives.
+  search among the sorted keys for the text ahead: the greatest key not above that text is
+  either the key wanted, or the key wanted is the longest of that key's prefixes no longer
+  than what it shares with the text.
+
+So the time is the keys' length once, and per position looked at, a binary search and a few
+steps: the text x log(keys), each step reading at most the longest key's length of it (128
+characters for the API's keys). The structure holds one entry per key.
 
 Pure.
 """
