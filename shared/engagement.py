@@ -30,6 +30,7 @@ Pure.
 
 from __future__ import annotations
 
+import functools
 import html
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -38,9 +39,9 @@ from typing import Final
 
 from shared.config import TrackingSettings
 from shared.engagement_tokens import Claim, KeyRing, host_of, ring_from, sign
-from shared.link_rewrite import rewrite, trackable
+from shared.link_rewrite import rewrite
 from shared.models import UNSUBSCRIBE_HEADERS, Chunk, Engagement, Message, Recipient
-from shared.providers.envelope import replace_keys
+from shared.substitution import Substitution
 
 #: The ``provider`` of the events our tracking endpoint reports (opens, clicks, unsubscribes).
 TRACKER: Final = "tracking"
@@ -111,11 +112,16 @@ def links_of(message: Message) -> list[str]:
     return rewrite(message.html, str, limit=MAX_TRACKED_LINKS)[1]
 
 
-def _user_keys(recipients: Sequence[Recipient]) -> list[str]:
-    keys: set[str] = set()
-    for recipient in recipients:
-        keys.update(recipient.substitutions)
-    return sorted(keys)
+class _OwnKeys:
+    """Each recipient's own substitutions, prepared on the first personal link for all of
+    them (a link is replaced in once per recipient)."""
+
+    def __init__(self, recipients: Sequence[Recipient]) -> None:
+        self._recipients = recipients
+
+    @functools.cached_property
+    def each(self) -> list[Substitution]:
+        return [Substitution(r.substitutions) for r in self._recipients]
 
 
 def personalize(chunk: Chunk, tracker: Tracker | None) -> Chunk:
@@ -127,6 +133,7 @@ def personalize(chunk: Chunk, tracker: Tracker | None) -> Chunk:
         return chunk
     body = message.html
     tracked: dict[int, str | None] = {}
+    own = _OwnKeys(chunk.recipients)
     # What the recipients' own substitutions already take of SendGrid's 10 kB: tokens are
     # added while they fit (a link that does not stays as it is; so does the pixel).
     spent = max((_substitutions_bytes(r.substitutions) for r in chunk.recipients), default=0)
@@ -138,17 +145,17 @@ def personalize(chunk: Chunk, tracker: Tracker | None) -> Chunk:
         # Links holding a substitution key differ per recipient: they stay as they are
         # (they get an index, but no token is ever made for it), unless the operator allows
         # their host: then each recipient's token carries their own URL.
-        keys = _user_keys(chunk.recipients)
+        keys = Substitution({k: "" for r in chunk.recipients for k in r.substitutions})
         decided: list[str | bool | None] = []  # per link index: False, or what its token holds
 
         def rewritable(link: str) -> bool:
             nonlocal spent
-            personal = not trackable(link, keys)
+            personal = keys.found_in(link)  # rewrite asks only of absolute http(s) links
             if personal and not tracker.personal_link(link):
                 decided.append(False)
                 return False
-            own = max(len(replace_keys(link, r.substitutions)) for r in chunk.recipients)
-            cost = _token_bytes(tracker, own if personal else 0) + len(click_key(len(decided)))
+            url = max(len(k.apply(link)) for k in own.each) if personal else 0
+            cost = _token_bytes(tracker, url) + len(click_key(len(decided)))
             if spent + cost > SUBSTITUTION_BUDGET:
                 decided.append(False)
                 return False
@@ -165,9 +172,19 @@ def personalize(chunk: Chunk, tracker: Tracker | None) -> Chunk:
     if unsubscribe:
         headers = {k: v for k, v in headers.items() if k.lower() not in UNSUBSCRIBE_HEADERS}
         headers["List-Unsubscribe-Post"] = ONE_CLICK
+    personal_links = any(tracked.values())
     recipients = tuple(
-        _recipient(r, chunk, engagement, tracker, tracked, opens=opens, unsubscribe=unsubscribe)
-        for r in chunk.recipients
+        _recipient(
+            r,
+            chunk,
+            engagement,
+            tracker,
+            tracked,
+            own.each[index] if personal_links else None,
+            opens=opens,
+            unsubscribe=unsubscribe,
+        )
+        for index, r in enumerate(chunk.recipients)
     )
     changed = message.model_copy(update={"html": body, "headers": headers})
     return chunk.model_copy(update={"message": changed, "recipients": recipients})
@@ -189,10 +206,14 @@ def _recipient(
     engagement: Engagement,
     tracker: Tracker,
     tracked: Mapping[int, str | None],
+    keys: Substitution | None,
     *,
     opens: bool,
     unsubscribe: bool,
 ) -> Recipient:
+    """The recipient with their tokens; ``keys`` are their own substitutions, prepared
+    (None when no personal link is tracked)."""
+
     def token(
         purpose: str, link: int | None = None, scope: str | None = None, url: str | None = None
     ) -> str:
@@ -211,7 +232,7 @@ def _recipient(
     for index, template in tracked.items():
         # A personal link's URL is this recipient's, substituted as the provider would; one
         # too long for a token goes untracked.
-        own = replace_keys(template, recipient.substitutions) if template else None
+        own = keys.apply(template) if template and keys is not None else None
         if own is not None and len(own.encode()) > MAX_PERSONAL_URL:
             substitutions[click_key(index)] = html.escape(own, quote=True)
         else:

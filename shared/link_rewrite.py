@@ -10,6 +10,13 @@ a click is attributed to the one clicked). The stored link is the URL as the bro
 have followed it (HTML entities decoded); the redirect goes there and nowhere else
 (``engagement_tokens``).
 
+A tag is ``<a`` or ``<area`` (any case, then a non-word character) up to the first ``>``, and
+tags do not overlap. That is all the parsing there is, and it must not change: the tracking
+endpoint numbers the links of messages sent before it was deployed with the same rules
+(:func:`tags`). The scan reads each character at most twice, once looking for ``<`` and once
+looking for the ``>`` that closes a tag: when no ``>`` is left, no tag is, and it stops (a
+regular expression rescans the rest of the text for each unclosed ``<a``: quadratic).
+
 Pure.
 """
 
@@ -17,10 +24,12 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
-_TAG: Final = re.compile(r"<(?:a|area)\b[^>]*>", re.IGNORECASE)
+from shared.substitution import Substitution
+
+_NAME: Final = re.compile(r"(?:a|area)\b", re.IGNORECASE)
 _HREF: Final = re.compile(
     r"""((?<![\w-])href\s*=\s*)("([^"]*)"|'([^']*)'|([^\s"'>]+))""", re.IGNORECASE
 )
@@ -34,6 +43,27 @@ def trackable(url: str, keys: Sequence[str] = ()) -> bool:
     return bool(_TRACKABLE.match(url)) and not any(k and k in url for k in keys)
 
 
+def tags(source: str) -> Iterator[tuple[int, int]]:
+    """The ``(start, end)`` of each ``<a>`` and ``<area>`` tag of ``source``, in order."""
+    at = source.find("<")
+    while at >= 0:
+        if _NAME.match(source, at + 1) is None:
+            at = source.find("<", at + 1)
+            continue
+        end = source.find(">", at + 2)
+        if end < 0:
+            return  # no tag can close after here
+        yield at, end + 1
+        at = source.find("<", end + 1)
+
+
+def _holding_none_of(keys: Sequence[str]) -> Callable[[str], bool]:
+    """Whether a link holds none of ``keys``: one scan of it finds any of them (a chunk has
+    up to 100,000), where a search per key took keys x link."""
+    holding = Substitution(dict.fromkeys(keys, ""))
+    return lambda url: not holding.found_in(url)
+
+
 def rewrite(
     source: str,
     tracked_url: Callable[[int], str],
@@ -44,13 +74,12 @@ def rewrite(
     """``source`` with each trackable link (the first ``limit`` absolute ones, less those
     holding one of ``keys``; or those ``rewritable`` says) replaced by ``tracked_url(index)``,
     and every absolute link among the first ``limit`` in index order."""
-    replaced = rewritable or (lambda url: trackable(url, keys))
+    replaced = rewritable or _holding_none_of(keys)
     links: list[str] = []
 
-    def tag(match: re.Match[str]) -> str:
-        text = match.group(0)
+    def tag(text: str) -> str:
         found = _HREF.search(text)
-        if found is None or len(links) >= limit:
+        if found is None:
             return text
         raw = next(g for g in found.group(3, 4, 5) if g is not None)
         url = html.unescape(raw).strip()
@@ -63,4 +92,12 @@ def rewrite(
         replacement = f'{found.group(1)}"{html.escape(tracked_url(index), quote=True)}"'
         return text[: found.start()] + replacement + text[found.end() :]
 
-    return _TAG.sub(tag, source), links
+    parts: list[str] = []
+    done = 0
+    for start, end in tags(source):
+        if len(links) >= limit:
+            break  # no later tag changes
+        parts += (source[done:start], tag(source[start:end]))
+        done = end
+    parts.append(source[done:])
+    return "".join(parts), links

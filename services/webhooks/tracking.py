@@ -47,6 +47,7 @@ from shared.errors import DependencyUnavailable
 from shared.health import health_routes
 from shared.http import AdmissionLimit, ApiError, error_handlers, read_capped
 from shared.metrics import new_registry
+from shared.models import Message
 from shared.prefetch import machine
 from shared.resources import open_resources, readiness_checks
 from shared.stall_monitor import StallMetrics, watching
@@ -97,11 +98,8 @@ class Tracking:
                 return []
             message, use = header.message, header.message.template
             canary = use.canary_chunks if use and use.canary else 0
-            known = (
-                links_of(message),
-                links_of(template_use.message_for(message, 0)) if canary else [],
-                canary,
-            )
+            # Finding a message's links reads all of its html (up to megabytes): off the loop.
+            known = await asyncio.to_thread(_links_of, message, canary)
             self._links[batch_id] = known
             if len(self._links) > LINKS_CACHE:
                 self._links.popitem(last=False)
@@ -148,6 +146,16 @@ class Tracking:
             await asyncio.wait_for(apply(), RECORD_BUDGET)
         except (DependencyUnavailable, TimeoutError) as exc:
             log.warning("%s of %s/%s not recorded: %s", kind, claim.batch_id, claim.log_id, exc)
+
+
+def _links_of(message: Message, canary: int) -> tuple[list[str], list[str], int]:
+    """The message's tracked links, its canary's (when ``canary`` chunks carry one), and
+    ``canary``."""
+    return (
+        links_of(message),
+        links_of(template_use.message_for(message, 0)) if canary else [],
+        canary,
+    )
 
 
 def _event(

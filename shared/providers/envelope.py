@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from shared.addresses import address_key
 from shared.errors import PermanentProviderError
 from shared.models import Address, Chunk, Recipient, is_reserved_header
+from shared.substitution import Substitution
 
 # A header name is printable ASCII without ':' (RFC 5322 section 2.2).
 _HEADER_NAME = re.compile(r"^[!-9;-~]+$")
@@ -66,13 +67,11 @@ def shared_substitutions(recipients: Sequence[Recipient]) -> dict[str, str]:
 
 
 def replace_keys(text: str, replacements: Mapping[str, str]) -> str:
-    """Replace each key literally, in one pass, preferring the longest key at a position."""
-    # Longest first, so "-first-name-" wins over "-first-" where both match.
-    keys = sorted((k for k in replacements if k), key=len, reverse=True)
-    if not keys or not text:
+    """Replace each key literally, in one pass, preferring the longest key at a position
+    (``shared.substitution``; prepare a :class:`Substitution` to replace in several texts)."""
+    if not text or not replacements:
         return text
-    pattern = re.compile("|".join(re.escape(k) for k in keys))
-    return pattern.sub(lambda m: replacements[m.group(0)], text)
+    return Substitution(replacements).apply(text)
 
 
 def _unseen(addresses: Iterable[Address], seen: set[str]) -> tuple[Address, ...]:

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+import re
+from typing import SupportsIndex
+
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.link_rewrite import MAX_LINKS, rewrite
+from shared.link_rewrite import MAX_LINKS, rewrite, tags
 
 
 def _t(i: int) -> str:
@@ -76,3 +80,53 @@ def test_text_without_links_is_untouched(text: str) -> None:
     source = text.replace("<", "&lt;")
 
     assert rewrite(source, _t) == (source, [])
+
+
+# The tag the rewriter always matched, as a regular expression: the scanner must find exactly
+# these (the tracking endpoint numbers the links of mail already sent by them).
+_TAG_AS_WAS = re.compile(r"<(?:a|area)\b[^>]*>", re.IGNORECASE)
+
+
+@settings(deadline=None)  # a loaded machine is no failure
+@given(st.text(alphabet="<>aArReE h=\"'/_1é\n", max_size=60))
+def test_the_scanner_finds_the_tags_the_regular_expression_found(text: str) -> None:
+    """The scanner finds exactly the tags ``<(?:a|area)\\b[^>]*>`` finds, in order."""
+    assert list(tags(text)) == [m.span() for m in _TAG_AS_WAS.finditer(text)]
+
+
+class _CountedText(str):
+    """A text that counts the characters its ``find`` calls read."""
+
+    read = 0
+
+    def find(
+        self, sub: str, start: SupportsIndex | None = None, *rest: SupportsIndex | None
+    ) -> int:
+        found = super().find(sub, start, *rest)
+        begin = 0 if start is None else int(start)
+        self.read += (found + len(sub) if found >= 0 else len(self)) - begin
+        return found
+
+
+@pytest.mark.parametrize(
+    "unit", ["<a ", "<a", "<area ", "<A\t", "<a <", "<abc <a", "<a href='x", "<<", "<a>"]
+)
+def test_scanning_reads_each_character_at_most_twice(unit: str) -> None:
+    """However tags are left unclosed, finding them reads each character at most twice."""
+    text = _CountedText(unit * 20_000)
+
+    found = list(tags(text))
+
+    assert 0 < text.read <= 2 * len(text)
+    assert len(found) == (20_000 if unit == "<a>" else 0)
+
+
+def test_a_megabyte_of_unclosed_tags_after_a_link_keeps_the_link() -> None:
+    """A link before a megabyte of unclosed ``<a`` is rewritten and the rest kept as it is."""
+    tail = "<a " * 350_000
+    source = '<a href="https://s.example/">x</a>' + tail
+
+    out, links = rewrite(source, _t)
+
+    assert links == ["https://s.example/"]
+    assert out == '<a href="https://t.example/c/0">x</a>' + tail

@@ -155,3 +155,31 @@ def test_a_batch_with_a_large_body_text_is_validated_off_the_event_loop() -> Non
 @pytest.mark.parametrize("body", [None, [], "text", {"to": "not a list", "html": 5}])
 def test_a_body_of_the_wrong_shape_is_not_large(body: object) -> None:
     assert not validation.is_large(body)
+
+
+def test_a_batch_with_large_substitutions_is_validated_off_the_event_loop() -> None:
+    """Substitution values count: 4 recipients with 10 KB values each make a large body
+    (1,000 of them kept the loop busy for seconds), 4 with short ones do not."""
+    big = [{"email": f"r{i}@example.com", "substitutions": {"-v-": "x" * 10_000}} for i in range(4)]
+    small = [{"email": f"r{i}@example.com", "substitutions": {"-v-": "x"}} for i in range(4)]
+
+    assert validation.is_large({"to": big})
+    assert not validation.is_large({"to": small})
+
+
+def test_a_batch_with_many_substitution_keys_is_validated_off_the_event_loop() -> None:
+    """Each substitution counts for its checks: 1,000 recipients with 100 short keys each
+    make a large body though no text in it is long."""
+    entries = [
+        {"email": f"r{i}@example.com", "substitutions": {f"k{j}": "v" for j in range(100)}}
+        for i in range(validation.LARGE_RECIPIENT_ENTRIES)
+    ]
+
+    assert validation.is_large({"to": entries})
+
+
+def test_a_substitution_map_over_its_limit_is_large_without_being_read() -> None:
+    """A map with more keys than allowed makes the body large (validation refuses it)."""
+    entry = {"email": "r@example.com", "substitutions": dict.fromkeys(map(str, range(101)), "")}
+
+    assert validation.is_large({"to": [entry]})

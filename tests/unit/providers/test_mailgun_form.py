@@ -92,6 +92,35 @@ def test_bulk_missing_substitution_keeps_key_text() -> None:
     assert variables["c@example.org"]["s0"] == "-first-"
 
 
+def test_bulk_keys_the_texts_do_not_hold_get_no_variable() -> None:
+    """bulk: a key found in no text gets no recipient variable (each would be one per
+    recipient for nothing)."""
+    people = [
+        recipient("a@example.org", substitutions={"-first-": "A", "-unused-": "x"}),
+        recipient("b@example.org", substitutions={"-other-": "y"}),
+    ]
+
+    form = build_form(chunk(people, bulk=True, subject="Hi", text="Dear -first-"))
+
+    variables = orjson.loads(values(form, "recipient-variables")[0])
+    assert values(form, "text") == ["Dear %recipient.s0%"]
+    assert variables["a@example.org"] == {"log_id": str(people[0].log_id), "s0": "A"}
+    assert variables["b@example.org"] == {"log_id": str(people[1].log_id), "s0": "-first-"}
+
+
+def test_bulk_variables_over_the_largest_message_are_refused_before_they_are_built() -> None:
+    """bulk: 1,000 recipients with 3 keys each, all in the html, would carry 3,000 variables
+    each (over 25 MB together): refused as unsendable by Mailgun."""
+    people = [
+        recipient(f"r{i}@example.org", substitutions={f"-k{i}-{j}-": "v" for j in range(3)})
+        for i in range(1000)
+    ]
+    html = " ".join(key for r in people for key in r.substitutions)
+
+    with pytest.raises(PermanentProviderError, match="over Mailgun's 25,000,000"):
+        build_form(chunk(people, bulk=True, html=html))
+
+
 def test_shared_common_substitutions_are_applied() -> None:
     """shared: substitutions common to every recipient are replaced in the text."""
     people = [

@@ -9,9 +9,15 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from shared.errors import PermanentProviderError, ProviderMisconfigured, TransientProviderError
+from shared.errors import (
+    PermanentProviderError,
+    ProviderMisconfigured,
+    ProviderSkipped,
+    TransientProviderError,
+)
 from shared.providers.base import Receipt
 from shared.providers.mailgun import MailgunProvider
+from tests.unit.loop_turns import MANY, turns_during
 from tests.unit.providers.fakes import FakeProviderServer, Reply, chunk, recipient
 
 QUEUED = Reply(
@@ -176,3 +182,21 @@ async def test_injected_client_is_used_and_left_open() -> None:
         assert receipt.message_id == "m1@d"
         assert str(seen[0].url) == "https://api.mailgun.net/v3/d/messages"
         assert not client.is_closed
+
+
+async def test_a_large_form_is_built_off_the_event_loop(provider: MailgunProvider) -> None:
+    """The event loop goes on with other work while the form of 500 recipients, each with
+    a variable for each of 500 keys, is built (stopped at the gate, before any request)."""
+    people = [recipient(f"r{i}@example.org", substitutions={f"-k{i}-": "v"}) for i in range(500)]
+    large = chunk(people, bulk=True, html=" ".join(f"-k{i}-" for i in range(500)))
+
+    async def stop() -> None:
+        raise ProviderSkipped("mg", "stopped at the gate")
+
+    async def built() -> None:
+        with pytest.raises(ProviderSkipped):
+            await provider.send(large, stop)
+
+    _, turns = await turns_during(built())
+
+    assert turns >= MANY

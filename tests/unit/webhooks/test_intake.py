@@ -25,6 +25,7 @@ from shared.http import ApiError
 from shared.recipients import log_id_for
 from tests.fakes.broker import FakeMessage
 from tests.fakes.world import World
+from tests.unit.loop_turns import MANY, turns_during
 
 A, B = "a@example.org", "b@example.org"
 SG_KEY = signing.generate_private_key()
@@ -414,3 +415,14 @@ async def test_webhook_posts_beyond_the_concurrency_limit_get_a_503(
         second = await client.post("/webhooks/sendgrid", content=body, headers=sg_headers(body))
         assert (second.status_code, second.headers["Retry-After"]) == (503, "1")
         assert (await first).status_code == 200
+
+
+async def test_a_large_sendgrid_delivery_is_parsed_off_the_event_loop() -> None:
+    """The event loop goes on with other work while a 3 MB delivery's events are parsed."""
+    w = World()
+    body = orjson.dumps([{"event": "delivered", "email": None}] * 100_000)
+
+    answer, turns = await turns_during(w.intake.receive("sg", body))
+
+    assert answer == {"received": 100_000, "applied": 0, "orphans": 0}
+    assert turns >= MANY
