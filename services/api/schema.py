@@ -26,7 +26,7 @@ from pydantic import (
 from shared import validation
 from shared.http import ApiError
 from shared.preferences import MAX_COOLDOWN
-from shared.template_render import MAX_SOURCE as MAX_TEMPLATE_PART
+from shared.template_limits import MAX_SOURCE as MAX_TEMPLATE_PART
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -660,6 +660,13 @@ class ErrorDetail(_Out):
         "accepted. `GET /v1/batches/{id}` tells: `cancelled` is never sent, `accepted`, "
         "`scheduled` or `dispatched` is accepted, `pending` is not decided yet (look again: "
         "the API cancels it within about a minute unless it was accepted).",
+    )
+    limit: str | None = Field(
+        None,
+        examples=["memory"],
+        description="With `template_does_not_render` (422): the limit the template passed "
+        "(`time`, `cpu_time`, `memory`, `integer_size`, `result_size`, `format_width`, "
+        "`output_size`, `source_size`, `range`, `nesting`).",
     )
 
 
