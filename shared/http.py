@@ -42,6 +42,7 @@ class ApiError(Exception):
         fields: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
         batch_id: str | None = None,
+        limit: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -51,6 +52,8 @@ class ApiError(Exception):
         self.headers = headers
         self.batch_id = batch_id
         """The batch the error is about, for the client to look up (an unknown outcome)."""
+        self.limit = limit
+        """The limit the request passed, by name (a template's ``memory``, ``time``...)."""
 
 
 def error_response(error: ApiError) -> JSON:
@@ -59,6 +62,8 @@ def error_response(error: ApiError) -> JSON:
         body["fields"] = error.fields
     if error.batch_id:
         body["batch_id"] = error.batch_id
+    if error.limit:
+        body["limit"] = error.limit
     return JSON({"error": body}, status_code=error.status, headers=error.headers)
 
 
