@@ -303,7 +303,8 @@ class TemplatePool:
         try:
             return self._start_worker()
         except (OSError, EOFError, RendererUnavailable) as exc:
-            log.error("a template renderer could not be started: %s", exc)
+            if not self._closed:  # else the pool killed it as it started
+                log.error("a template renderer could not be started: %s", exc)
             return None
 
     def _start_worker(self) -> _Worker:
