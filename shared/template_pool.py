@@ -198,7 +198,8 @@ class TemplatePool:
 
     def _put_back(self, running: asyncio.Future[_Outcome]) -> None:
         self._busy -= 1
-        worker = running.result().worker
+        # _exchange never raises; were it to, its slot is refilled rather than lost.
+        worker = None if running.exception() is not None else running.result().worker
         if worker is not None and worker.alive():
             self._idle.put_nowait(worker)
             return
@@ -243,6 +244,8 @@ class TemplatePool:
             reply = worker.conn.recv()
         except (EOFError, OSError):
             return _Outcome(None, error=self._death(worker))
+        except Exception as exc:  # noqa: BLE001 - an answer we cannot read (its type) is a bug of ours; the worker is fine
+            return _Outcome(worker, error=RuntimeError(f"a template job's answer: {exc}"))
         return self._outcome(worker, reply)
 
     def _deliver(self, slot: _Worker | None, payload: memoryview) -> _Worker:
