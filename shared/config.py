@@ -311,6 +311,27 @@ class StatsSettings(BaseSettings):
     records it and the services refuse to start with another value."""
 
 
+class TemplateSettings(BaseSettings):
+    """Users' templates: the worker processes they are compiled and rendered in."""
+
+    model_config = _config("TEMPLATES")
+
+    workers: int = Field(2, ge=1, le=64)
+    """Worker processes per API process; a render waits for a free one."""
+    memory_mb: int = Field(512, ge=128)
+    """Address space of a worker (RLIMIT_AS, MiB): a template needing more is refused
+    (``memory``) and its worker replaced."""
+    cpu_seconds: int = Field(6, ge=1)
+    """CPU seconds one job may use (RLIMIT_CPU; the worker is killed past it: ``cpu_time``).
+    A backstop for the deadline: it holds even when the API process cannot kill the worker."""
+    deadline: float = Field(5.0, gt=0)
+    """Seconds of wall time to compile and render one version (or a batch's copies); past
+    them the worker is killed and replaced (``time``)."""
+    wait: float = Field(10.0, gt=0)
+    """Seconds a render may wait for a free worker before it is refused (503
+    ``renderer_unavailable``)."""
+
+
 class SandboxSettings(BaseSettings):
     """The local SendGrid/Mailgun/GitHub stand-ins."""
 
@@ -604,6 +625,7 @@ class Settings(BaseSettings):
     cassandra: CassandraSettings = Field(default_factory=CassandraSettings)
     amqp: AmqpSettings = Field(default_factory=AmqpSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    templates: TemplateSettings = Field(default_factory=TemplateSettings)
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     providers: ProviderSettings = Field(default_factory=ProviderSettings)
     consumers: ConsumerSettings = Field(default_factory=ConsumerSettings)
@@ -647,6 +669,7 @@ SECTIONS: dict[str, type[BaseSettings]] = {
     "CASSANDRA": CassandraSettings,
     "AMQP": AmqpSettings,
     "API": ApiSettings,
+    "TEMPLATES": TemplateSettings,
     "WEBHOOKS": WebhookSettings,
     "PROVIDERS": ProviderSettings,
     "CONSUMERS": ConsumerSettings,

@@ -46,7 +46,7 @@ class ApiError(Exception):
         fields: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
         batch_id: str | None = None,
-        limit: tuple[str, int] | None = None,
+        limit: tuple[str, int | None] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -57,7 +57,9 @@ class ApiError(Exception):
         self.batch_id = batch_id
         """The batch the error is about, for the client to look up (an unknown outcome)."""
         self.limit = limit
-        """The cap a refusal is about: its name and value (``{"name", "value"}``)."""
+        """The limit a refusal is about: its name and value (``{"name", "value"}``; the value
+        is ``None`` where it is a server setting rather than one number, as a template's
+        memory and time)."""
 
 
 def error_response(error: ApiError) -> JSON:

@@ -1,15 +1,24 @@
-"""What a user's template may ask of the sandbox in one step: the size checks on operators,
-formats, string methods and filters whose result can be far larger than what they are given.
+"""The limits of users' templates: their values, their names (:class:`Limit`, what a refusal
+tells), and the size checks on operators, formats, methods and filters whose result can be far
+larger than what they are given.
 
 A render's output and time are limited by ``shared.template_render`` between steps, but one
-step (``"x" * n``, ``"{:>n}".format(...)``, ``s.ljust(n)``, ``sep.join(items)``,
-``s|replace(a, b)``, ``s|center(n)``) runs in C and can ask for gigabytes before any check
-runs again. These refuse such a step *before* it runs, with
-:class:`jinja2.exceptions.SecurityError` naming it; what they let through is at most about
-:data:`MAX_RESULT` characters (or list items). A format whose width is itself a replacement
+step (``"x" * n``, ``a + a``, ``n * n`` of integers, ``"{:>n}".format(...)``, ``s.ljust(n)``,
+``sep.join(items)``, ``(1).to_bytes(n)``, ``s|replace(a, b)``, a ``{% set %}`` block or macro
+printing its argument twice) runs in C and can ask for gigabytes or minutes of CPU before any
+check runs again. These refuse such a step *before* it runs, with :class:`Exceeded` (a
+:class:`jinja2.exceptions.SecurityError`) naming it and its limit; what they let through is at
+most about :data:`MAX_RESULT` characters (or list items), and integers of at most
+:data:`MAX_INT_BITS` bits (each further squaring would triple the time: 14 squarings of
+``2**49999`` took 6.3 s). A format whose width is itself a replacement
 field (``'{0:{1}}'``) is refused outright: its width is only known once it is formatted. A
 list that repeats a long string is small to hold and huge as text, so printing a value
 (``{{ v }}``), ``~`` and the filters that make text of their value count its text first.
+
+What builds up over many steps (1,500 strings of a megabyte each) is not counted here: the
+process a template renders in has a memory and a CPU limit of its own
+(``shared.template_pool``, whose values are settings), and breaching one is told with its
+:class:`Limit` as well.
 
 Pure.
 """
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
+from enum import StrEnum
 from types import BuiltinMethodType
 from typing import Any, Final
 
@@ -27,12 +37,20 @@ from jinja2 import runtime as jinja_runtime
 from jinja2.exceptions import SecurityError
 from jinja2.nodes import EvalContext
 
+#: Longest output of one part (subject, html or text) of one render.
+MAX_OUTPUT: Final = 1_000_000
+#: Longest a render may run (seconds of wall time, checked between steps).
+MAX_SECONDS: Final = 0.5
+#: Longest template source accepted.
+MAX_SOURCE: Final = 500_000
+#: ``range`` in templates stops here (Jinja2's sandbox default is 100,000).
+MAX_RANGE: Final = 10_000
 #: Largest result of one step.
 MAX_RESULT: Final = 1_000_000
 #: Widest field (or longest precision) a format may pad to.
 MAX_WIDTH: Final = 10_000
-#: Largest integer ``**`` may compute, in bits.
-MAX_POWER_BITS: Final = 100_000
+#: Largest integer ``*`` and ``**`` may compute, in bits (30,103 decimal digits).
+MAX_INT_BITS: Final = 100_000
 #: Most pieces ``batch`` and ``slice`` may cut a sequence into.
 MAX_PIECES: Final = 10_000
 #: Widest indent ``tojson`` may use.
@@ -40,6 +58,8 @@ MAX_JSON_INDENT: Final = 8
 #: How deep :func:`text_size` looks into nested containers before it gives up.
 _MAX_DEPTH: Final = 20
 
+#: What ``+`` joins into something longer.
+_SIZED: Final = (str, bytes, list, tuple)
 #: A printf-style conversion: its width and precision (``*``: taken from the arguments).
 _PERCENT: Final = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?")
 #: A ``str.format`` replacement field's spec, nested fields included.
@@ -49,9 +69,56 @@ _FIELD: Final = re.compile(r"\{[^{}]*\}")
 _NUMBER: Final = re.compile(r"\d+")
 
 
+class Limit(StrEnum):
+    """The limits a template can breach, as a refusal names them."""
+
+    TIME = "time"
+    """Wall time of a render (checked between steps) or of compiling and rendering."""
+    CPU_TIME = "cpu_time"
+    """CPU time of the process rendering it."""
+    MEMORY = "memory"
+    """Address space of the process rendering it."""
+    INTEGER_SIZE = "integer_size"
+    RESULT_SIZE = "result_size"
+    """What one step makes: repeating, joining, padding, replacing, printing a value."""
+    FORMAT_WIDTH = "format_width"
+    OUTPUT_SIZE = "output_size"
+    SOURCE_SIZE = "source_size"
+    RANGE = "range"
+    """Items of a ``range``, pieces of ``batch`` and ``slice``."""
+    NESTING = "nesting"
+    """How deeply a source nests, or a render recurses."""
+
+
+_VALUES: Final[dict[str, int]] = {
+    Limit.INTEGER_SIZE: MAX_INT_BITS,
+    Limit.RESULT_SIZE: MAX_RESULT,
+    Limit.FORMAT_WIDTH: MAX_WIDTH,
+    Limit.OUTPUT_SIZE: MAX_OUTPUT,
+    Limit.SOURCE_SIZE: MAX_SOURCE,
+    Limit.RANGE: MAX_RANGE,
+    Limit.NESTING: _MAX_DEPTH,
+}
+
+
+def value_of(limit: str) -> int | None:
+    """The number ``limit`` allows; ``None`` for those set per server (time, CPU, memory)."""
+    return _VALUES.get(limit)
+
+
+class Exceeded(SecurityError):
+    """A step refused before it runs: it would pass ``limit``."""
+
+    def __init__(self, limit: Limit, message: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
 def _too_wide(numbers: Iterable[int], what: str) -> None:
     if any(n > MAX_WIDTH for n in numbers):
-        raise SecurityError(f"{what}: widths and precisions are limited to {MAX_WIDTH}")
+        raise Exceeded(
+            Limit.FORMAT_WIDTH, f"{what}: widths and precisions are limited to {MAX_WIDTH}"
+        )
 
 
 def _ints(values: Iterable[Any]) -> list[int]:
@@ -82,7 +149,7 @@ def _formatted(what: str, fields: int, widths: list[int], args: Iterable[Any]) -
     _too_wide(widths, what)
     longest = max((text_size(a) for a in args), default=0)
     if fields * max(longest, max(widths, default=0)) > MAX_RESULT:
-        raise SecurityError(f"{what}: the result would pass {MAX_RESULT} characters")
+        raise Exceeded(Limit.RESULT_SIZE, f"{what}: the result would pass {MAX_RESULT} characters")
 
 
 def check_percent_format(fmt: str, args: Iterable[Any]) -> None:
@@ -102,7 +169,7 @@ def check_brace_format(fmt: str, args: Iterable[Any]) -> None:
     specs = _BRACES.findall(fmt)
     if any("{" in spec for spec in specs):
         # '{0:{1}{2}}' puts two fields' values side by side as one width: refuse the form.
-        raise SecurityError("a format: a width or precision cannot be another field")
+        raise Exceeded(Limit.FORMAT_WIDTH, "a format: a width or precision cannot be another field")
     widths = [int(n) for spec in specs for n in _NUMBER.findall(spec)]
     fields = len(_FIELD.findall(fmt.replace("{{", "").replace("}}", "")))
     _formatted("a format", fields, widths, args)
@@ -117,19 +184,42 @@ def _values(right: Any) -> list[Any]:
 
 
 def check_binop(operator: str, left: Any, right: Any) -> None:
-    """Refuse ``*``, ``**`` and ``%`` whose result would pass the limits."""
+    """Refuse ``*``, ``**``, ``+`` and ``%`` whose result would pass the limits."""
     if operator == "*":
-        for seq, times in ((left, right), (right, left)):
-            repeated = isinstance(seq, str | bytes | list | tuple) and isinstance(times, int)
-            if repeated and len(seq) * times > MAX_RESULT:
-                raise SecurityError(f"repeating {len(seq)} items {times} times is too much")
+        _check_product(left, right)
     elif operator == "**":
         powers = isinstance(left, int) and isinstance(right, int) and right > 0
-        if powers and left.bit_length() * right > MAX_POWER_BITS:
-            raise SecurityError("the power is too large")
+        if powers and left.bit_length() * right > MAX_INT_BITS:
+            raise Exceeded(
+                Limit.INTEGER_SIZE,
+                f"the power is too large: integers are limited to {MAX_INT_BITS} bits",
+            )
+    elif operator == "+":
+        if (
+            isinstance(left, _SIZED)
+            and isinstance(right, _SIZED)
+            and len(left) + len(right) > MAX_RESULT
+        ):
+            raise Exceeded(Limit.RESULT_SIZE, f"+ is limited to {MAX_RESULT} items")
     elif operator == "%" and isinstance(left, str | bytes):
         fmt = left if isinstance(left, str) else left.decode("latin-1")
         check_percent_format(fmt, _values(right))
+
+
+def _check_product(left: Any, right: Any) -> None:
+    if isinstance(left, int) and isinstance(right, int):
+        if left.bit_length() + right.bit_length() > MAX_INT_BITS:
+            raise Exceeded(
+                Limit.INTEGER_SIZE,
+                f"the product is too large: integers are limited to {MAX_INT_BITS} bits",
+            )
+        return
+    for seq, times in ((left, right), (right, left)):
+        repeated = isinstance(seq, str | bytes | list | tuple) and isinstance(times, int)
+        if repeated and len(seq) * times > MAX_RESULT:
+            raise Exceeded(
+                Limit.RESULT_SIZE, f"repeating {len(seq)} items {times} times is too much"
+            )
 
 
 def _width_of(
@@ -168,20 +258,27 @@ def _longest_value(table: Any) -> int:
 
 
 def checked_call(method: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
-    """Refuse a call of a ``str`` or ``bytes`` method whose result would pass
-    :data:`MAX_RESULT` (``ljust``, ``rjust``, ``center``, ``zfill``, ``expandtabs``,
-    ``replace``, ``translate``, ``join``); the arguments to call it with (``join``'s items
-    listed, to be counted before they are joined)."""
+    """Refuse a call of a ``str`` or ``bytes`` method (``ljust``, ``rjust``, ``center``,
+    ``zfill``, ``expandtabs``, ``replace``, ``translate``, ``join``) or of ``int.to_bytes``
+    whose result would pass :data:`MAX_RESULT`; the arguments to call it with (``join``'s
+    items listed, to be counted before they are joined)."""
     text = getattr(method, "__self__", None)
-    if not isinstance(method, BuiltinMethodType) or not isinstance(text, str | bytes):
+    if not isinstance(method, BuiltinMethodType):
         return args
     name = method.__name__
+    if isinstance(text, int) and name == "to_bytes":
+        length = args[0] if args else kwargs.get("length", 1)
+        if isinstance(length, int) and length > MAX_RESULT:
+            raise Exceeded(Limit.RESULT_SIZE, f"to_bytes is limited to {MAX_RESULT} bytes")
+        return args
+    if not isinstance(text, str | bytes):
+        return args
     if name == "join" and len(args) == 1 and not kwargs:
         items = list(args[0])
         _joined(name, text, items)
         return (items,)
     if _width_of(name, text, args, kwargs) > MAX_RESULT:
-        raise SecurityError(f"{name} is limited to {MAX_RESULT} characters")
+        raise Exceeded(Limit.RESULT_SIZE, f"{name} is limited to {MAX_RESULT} characters")
     return args
 
 
@@ -190,27 +287,27 @@ def _joined(what: str, sep: str | bytes, items: list[Any]) -> None:
     for item in items:
         size += text_size(item)
         if size > MAX_RESULT:
-            raise SecurityError(f"{what} is limited to {MAX_RESULT} characters")
+            raise Exceeded(Limit.RESULT_SIZE, f"{what} is limited to {MAX_RESULT} characters")
 
 
 def check_printed(value: Any) -> Any:
     """``value`` as it is, unless printing it (``{{ value }}``) would pass the limit: a list
     repeating one long string is small to hold and huge as text."""
     if not isinstance(value, str) and text_size(value) > MAX_RESULT:
-        raise SecurityError(f"printing this value would pass {MAX_RESULT} characters")
+        raise Exceeded(Limit.RESULT_SIZE, f"printing this value would pass {MAX_RESULT} characters")
     return value
 
 
 def _center(value: Any, width: int = 80) -> str:
     if isinstance(width, int) and width > MAX_RESULT:
-        raise SecurityError(f"center is limited to {MAX_RESULT} characters")
+        raise Exceeded(Limit.RESULT_SIZE, f"center is limited to {MAX_RESULT} characters")
     return jinja_filters.do_center(value, width)
 
 
 def _indent(s: Any, width: int | str = 4, first: bool = False, blank: bool = False) -> str:
     step = width if isinstance(width, int) else len(str(width))
     if step * (str(s).count("\n") + 1) > MAX_RESULT:
-        raise SecurityError(f"indent is limited to {MAX_RESULT} characters")
+        raise Exceeded(Limit.RESULT_SIZE, f"indent is limited to {MAX_RESULT} characters")
     return jinja_filters.do_indent(s, width, first, blank)
 
 
@@ -229,7 +326,7 @@ def _wordwrap(environment: Any, s: Any, width: int = 79, *args: Any, **kwargs: A
     wrap = kwargs.get("wrapstring", args[1] if len(args) > 1 else None)
     # Each line may end with the wrap string; there are at most as many lines as characters.
     if wrap is not None and len(str(s)) * len(str(wrap)) > MAX_RESULT:
-        raise SecurityError(f"wordwrap is limited to {MAX_RESULT} characters")
+        raise Exceeded(Limit.RESULT_SIZE, f"wordwrap is limited to {MAX_RESULT} characters")
     return jinja_filters.do_wordwrap(environment, s, width, *args, **kwargs)
 
 
@@ -237,7 +334,7 @@ def _wordwrap(environment: Any, s: Any, width: int = 79, *args: Any, **kwargs: A
 def _tojson(eval_ctx: EvalContext, value: Any, indent: Any = None) -> Any:
     wide = isinstance(indent, int) and indent > MAX_JSON_INDENT
     if wide or (isinstance(indent, str) and len(indent) > MAX_JSON_INDENT):
-        raise SecurityError(f"tojson's indent is limited to {MAX_JSON_INDENT}")
+        raise Exceeded(Limit.FORMAT_WIDTH, f"tojson's indent is limited to {MAX_JSON_INDENT}")
     return jinja_filters.do_tojson(eval_ctx, value, indent)
 
 
@@ -251,14 +348,14 @@ def _replace(eval_ctx: EvalContext, s: Any, old: Any, new: Any, count: int | Non
     text, found = str(s), str(old)
     times = text.count(found) if count is None else min(count, text.count(found))
     if len(text) + times * len(str(new)) > MAX_RESULT:
-        raise SecurityError(f"replace is limited to {MAX_RESULT} characters")
+        raise Exceeded(Limit.RESULT_SIZE, f"replace is limited to {MAX_RESULT} characters")
     return jinja_filters.do_replace(eval_ctx, s, old, new, count)
 
 
 def _pieces(name: str, cut: Callable[..., Any]) -> Callable[..., Any]:
     def cut_at_most(value: Any, pieces: int, fill_with: Any = None) -> Any:
         if isinstance(pieces, int) and pieces > MAX_PIECES:
-            raise SecurityError(f"{name} is limited to {MAX_PIECES} pieces")
+            raise Exceeded(Limit.RANGE, f"{name} is limited to {MAX_PIECES} pieces")
         return cut(value, pieces, fill_with)
 
     return cut_at_most
@@ -285,6 +382,24 @@ def concat(eval_ctx: EvalContext, *parts: Any) -> str:
     if eval_ctx.autoescape or eval_ctx.volatile:
         return jinja_runtime.markup_join(parts)  # Markup when a part is: kept unescaped
     return jinja_runtime.str_join(parts)
+
+
+def joined(parts: Iterable[str]) -> str:
+    """What a ``{% set %}`` block, a macro or a ``{% call %}`` makes of its output (Jinja2's
+    ``environment.concat``), refused when it would pass the limit: a block printing a value
+    twice doubles it, and blocks can nest."""
+    items = list(parts)
+    if sum(len(item) for item in items) > MAX_RESULT:
+        raise Exceeded(Limit.RESULT_SIZE, f"a block or macro is limited to {MAX_RESULT} characters")
+    return "".join(items)
+
+
+def checked_range(*args: int) -> range:
+    """``range`` of at most :data:`MAX_RANGE` items."""
+    found = range(*args)
+    if len(found) > MAX_RANGE:
+        raise Exceeded(Limit.RANGE, f"range is limited to {MAX_RANGE} items")
+    return found
 
 
 #: Filters that make text of their value first: a list repeating a long string is refused.

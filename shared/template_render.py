@@ -2,9 +2,15 @@
 limits, the plain-text part derived from the html when a version has none, and the compiled
 parts kept for the next render (:class:`CompiledParts`).
 
+Errors::
+
+    RenderError                a user's template does not compile or render (a 422)
+     +-- LimitError            ... because it passes a limit, named by its ``limit``
+     +-- RendererCrashed       ... because the process rendering it died otherwise
+
 Templates come from users, so they run in Jinja2's immutable sandbox: no attribute access to
 internals (``__class__``, ``mro``, function globals), no mutation of the data, ``range``
-capped, autoescaping in html. A render stops with :class:`RenderError` once it has produced
+capped, autoescaping in html. A render stops with :class:`LimitError` once it has produced
 more than :data:`MAX_OUTPUT` characters or run longer than :data:`MAX_SECONDS`. The time is
 checked between the chunks Jinja2 yields, at every step of every ``{% for %}`` and at every
 call the template makes (macros, ``loop(...)``), so loops nested to do a lot of work without
@@ -16,8 +22,13 @@ gaining a new long string at each step) is bounded by the time limit only: each 
 checked, their sum is not (about half a gigabyte in 0.5 s, measured). A template too
 large to compile or nested too deep is refused as well, and so is any other exception a
 template raises (a filter's assertion, a missing attribute): whatever goes wrong in a user's
-template is a :class:`RenderError`. The error names what went wrong and where, for the 422
-that refuses publishing a version that does not render with its sample data.
+template is a :class:`RenderError`, and one that passes a limit a :class:`LimitError` naming
+it (:class:`shared.template_limits.Limit`). The error names what went wrong and where, for
+the 422 that refuses publishing a version that does not render with its sample data.
+
+These limits are checked between Python steps; a step running in C (compiling a huge source,
+arithmetic) is stopped only by the process it runs in: users' templates are compiled and
+rendered in ``shared.template_pool``'s worker processes, under memory, CPU and time limits.
 
 The text derived from html is read in one linear pass (no pattern scans ahead of an unclosed
 tag), under a time limit of its own.
@@ -44,15 +55,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
 from shared import template_limits
+from shared.template_limits import MAX_OUTPUT, MAX_SECONDS, MAX_SOURCE, Limit
 
-#: Longest output of one part (subject, html or text) of one render.
-MAX_OUTPUT: Final = 1_000_000
-#: Longest a render may run (seconds of wall time, checked between output chunks).
-MAX_SECONDS: Final = 0.5
-#: Longest template source accepted.
-MAX_SOURCE: Final = 500_000
-#: ``range`` in templates stops here (Jinja2's sandbox default is 100,000).
-MAX_RANGE: Final = 10_000
 #: Names of our own in the sandbox; a template may not use (or shadow) any of them.
 _RESERVED: Final = "__safedelivr"
 #: The name every ``{% for %}``'s iterable is passed through, to check the time at each step.
@@ -62,7 +66,27 @@ _CONCAT: Final = f"{_RESERVED}_concat"
 
 
 class RenderError(ValueError):
-    """A template that does not render; the message says why (and the line, when known)."""
+    """A template that does not render; the message says why (and the line, when known),
+    ``fields`` each part's own error when they are known apart."""
+
+    def __init__(self, message: str, *, fields: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.fields = dict(fields) if fields else None
+
+
+class LimitError(RenderError):
+    """A template that passes ``limit``."""
+
+    def __init__(
+        self, limit: Limit, message: str, *, fields: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(message, fields=fields)
+        self.limit = limit
+
+
+class RendererCrashed(RenderError):
+    """The process rendering a template died of something other than a limit (a signal, an
+    abort): the template was running, so it is the template's failure too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,13 +94,6 @@ class Rendered:
     subject: str
     html: str | None
     text: str | None
-
-
-def _range(*args: int) -> range:
-    found = range(*args)
-    if len(found) > MAX_RANGE:
-        raise SecurityError(f"range is limited to {MAX_RANGE} items")
-    return found
 
 
 def _never() -> None:
@@ -98,7 +115,7 @@ class _Deadline:
 
     def check(self) -> None:
         if self.started is not None and self.clock() - self.started > self.seconds:
-            raise RenderError(f"{self.what} took longer than {self.seconds:g} s")
+            raise LimitError(Limit.TIME, f"{self.what} took longer than {self.seconds:g} s")
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
@@ -106,14 +123,16 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     variables are errors (a missing substitution is a bug to show, not a blank to send).
     ``check`` is called at every loop step and call, and raises to stop the render."""
 
-    intercepted_binops = frozenset({"*", "**", "%"})
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
 
     def __init__(self, *, html_part: bool, check: Callable[[], None]) -> None:
         super().__init__(
             autoescape=html_part, undefined=StrictUndefined, finalize=template_limits.check_printed
         )
         self.check = check
-        self.globals["range"] = _range
+        # What a block set, a macro or a call block makes of its output: checked joins.
+        self.concat = template_limits.joined  # type: ignore[method-assign]
+        self.globals["range"] = template_limits.checked_range
         self.globals[_STEPS] = self._steps
         self.globals[_CONCAT] = template_limits.concat
         self.globals.pop("lipsum", None)  # loops in Python for as long as it is asked to
@@ -190,7 +209,7 @@ class Compiled:
 def compile_part(source: str, *, html_part: bool) -> Compiled:
     """``source`` parsed and compiled in the sandbox; RenderError when it cannot be."""
     if len(source) > MAX_SOURCE:
-        raise RenderError(f"the template is longer than {MAX_SOURCE} characters")
+        raise LimitError(Limit.SOURCE_SIZE, f"the template is longer than {MAX_SOURCE} characters")
     env = _Sandbox(html_part=html_part, check=_never)
     try:
         tree = env.parse(source)
@@ -199,24 +218,38 @@ def compile_part(source: str, *, html_part: bool) -> Compiled:
     except TemplateSyntaxError as exc:
         raise RenderError(f"line {exc.lineno}: {exc.message}") from None
     except RecursionError:
-        raise RenderError("the template is nested too deeply") from None
+        raise LimitError(Limit.NESTING, "the template is nested too deeply") from None
     except MemoryError:
-        raise RenderError("the template is too large to compile") from None
+        raise LimitError(Limit.MEMORY, "the template is too large to compile") from None
     except Exception as exc:  # noqa: BLE001 - the parser and Python's compiler may refuse a user's source in ways of their own (too many nested blocks): that is the template's fault
         raise RenderError(f"the template does not compile: {_named(exc)}") from None
     return Compiled(code, frozenset(names))
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """A source that does not compile, kept to refuse it again the same way."""
+
+    message: str
+    limit: Limit | None = None
+
+    def error(self) -> RenderError:
+        if self.limit is not None:
+            return LimitError(self.limit, self.message)
+        return RenderError(self.message)
 
 
 class CompiledParts:
     """The parts compiled lately, kept by their source (a stored version never changes, so a
     batch naming it compiles nothing): the most recently used first, at most
     ``max_entries`` of them and ``max_chars`` characters of source, failures included.
-    Shared by the worker threads rendering batches, so it locks."""
+    Each worker process of ``shared.template_pool`` keeps its own; it locks, for threads
+    sharing one."""
 
     def __init__(self, max_entries: int = 256, max_chars: int = 8_000_000) -> None:
         self.max_entries = max_entries
         self.max_chars = max_chars
-        self._kept: OrderedDict[tuple[str, bool], Compiled | str] = OrderedDict()
+        self._kept: OrderedDict[tuple[str, bool], Compiled | _Failed] = OrderedDict()
         self._chars = 0
         self._lock = threading.Lock()
 
@@ -230,14 +263,16 @@ class CompiledParts:
         if found is None:
             try:
                 found = compile_part(source, html_part=html_part)
+            except LimitError as exc:
+                found = _Failed(str(exc), exc.limit)
             except RenderError as exc:
-                found = str(exc)
+                found = _Failed(str(exc))
             self._keep(key, found)
-        if isinstance(found, str):
-            raise RenderError(found)
+        if isinstance(found, _Failed):
+            raise found.error()
         return found
 
-    def _keep(self, key: tuple[str, bool], compiled: Compiled | str) -> None:
+    def _keep(self, key: tuple[str, bool], compiled: Compiled | _Failed) -> None:
         if len(key[0]) > min(MAX_SOURCE, self.max_chars):
             return
         with self._lock:
@@ -284,19 +319,21 @@ def render_part(
         for chunk in template.generate(**dict(data)):
             size += len(chunk)
             if size > max_output:
-                raise RenderError(f"the output passes {max_output} characters")
+                raise LimitError(Limit.OUTPUT_SIZE, f"the output passes {max_output} characters")
             deadline.check()
             out.append(chunk)
     except RenderError:
         raise
     except MemoryError:
-        raise RenderError("the template needs too much memory") from None
+        raise LimitError(Limit.MEMORY, "the template needs too much memory") from None
+    except template_limits.Exceeded as exc:
+        raise LimitError(exc.limit, str(exc)) from None
     except SecurityError as exc:
         raise RenderError(f"not allowed: {exc}") from None
     except TemplateError as exc:
         raise RenderError(str(exc) or type(exc).__name__) from None
     except RecursionError:
-        raise RenderError("the template recurses too deeply") from None
+        raise LimitError(Limit.NESTING, "the template recurses too deeply") from None
     except Exception as exc:  # noqa: BLE001 - a user's template can make Python raise anything (truncate's assertion, xmlattr's AttributeError): it is a template that does not render, not our failure
         raise RenderError(_named(exc)) from None
     return "".join(out)
@@ -327,6 +364,47 @@ def render(
     return Rendered(
         render_part(subject, data, parts=parts, clock=clock).strip(), rendered_html, text
     )
+
+
+def render_version(
+    subject: str,
+    html_source: str | None,
+    text_source: str | None,
+    data: Mapping[str, Any],
+    *,
+    parts: CompiledParts | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Rendered:
+    """A version rendered as :func:`render` renders it, its failure told part by part: a
+    RenderError whose ``fields`` name each part that does not render with why, or, at the
+    first limit a part passes, that LimitError with its part (the rest is not tried: a part
+    that ran out of time would only run out again)."""
+    out: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    for name, source, html_part in (
+        ("html", html_source, True),
+        ("text", text_source, False),
+        ("subject", subject, False),
+    ):
+        if not source:
+            continue
+        try:
+            out[name] = render_part(source, data, html_part=html_part, parts=parts, clock=clock)
+        except LimitError as exc:
+            raise LimitError(exc.limit, f"{name}: {exc}", fields={name: str(exc)}) from None
+        except RenderError as exc:
+            errors[name] = str(exc)
+    if errors:
+        told = "; ".join(f"{name}: {why}" for name, why in errors.items())
+        raise RenderError(told, fields=errors)
+    text = out.get("text")
+    if text is None and out.get("html"):
+        deadline = _Deadline(clock, MAX_SECONDS, "deriving the text part").start()
+        try:
+            text = text_of(out["html"], check=deadline.check)
+        except LimitError as exc:
+            raise LimitError(exc.limit, f"text: {exc}", fields={"text": str(exc)}) from None
+    return Rendered(out.get("subject", "").strip(), out.get("html"), text)
 
 
 #: Anything between ``<`` and ``>``; ``[^<>]`` keeps a match from scanning past the next

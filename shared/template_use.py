@@ -13,6 +13,9 @@ the value, so a template that transforms one or decides on one (``{% if vip %}``
 ``first_name|length``, ``plan == "pro"``) is refused with the variable's name rather than
 rendering the same wrong text for everyone.
 
+A batch's copies are rendered in one job (:func:`render_batch`), run in
+``shared.template_pool``'s worker processes like every render of a user's template.
+
 A canary rollout sends its version to a stable share of the recipients
 (``shared.canary.in_canary``): they are stored first, in chunks of their own, and the batch
 remembers how many of its chunks carry the canary (:func:`message_for`).
@@ -152,6 +155,29 @@ def render_once(
     copy = TemplateCopy(version=source.version, subject=rendered_text.subject, html=html, text=text)
     _check_markers(copy, frozenset(names))
     return copy
+
+
+@dataclass(frozen=True, slots=True)
+class Rendering:
+    """A batch's copies rendered, and the variables its recipients fill."""
+
+    live: TemplateCopy
+    canary: TemplateCopy | None
+    personal: frozenset[str]
+
+
+def render_batch(
+    live: Source,
+    canary: Source | None,
+    data: Mapping[str, Any],
+    parts: CompiledParts | None = None,
+) -> Rendering:
+    """The copies of ``live`` (and ``canary``) rendered once with ``data``: one job of the
+    renderer per batch. Raises RenderError."""
+    sources = [s for s in (live, canary) if s is not None]
+    personal = frozenset[str]().union(*(per_recipient(s, data, parts) for s in sources))
+    copies = [render_once(s, data, personal, parts) for s in sources]
+    return Rendering(copies[0], copies[1] if len(copies) > 1 else None, personal)
 
 
 def _check_markers(copy: TemplateCopy, names: frozenset[str]) -> None:

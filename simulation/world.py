@@ -63,6 +63,7 @@ from tests.fakes.canary_store import CanaryTables, FakeCanary
 from tests.fakes.cap_store import FakeCapStore
 from tests.fakes.contact_lists import FakeContactLists
 from tests.fakes.hooks import FakeHookQueue, FakeHookStore, emitter_over
+from tests.fakes.renderer import InlineRenderer
 from tests.fakes.schedule_store import FakeSchedule, ScheduleTables
 from tests.fakes.stores import (
     FakeAttempts,
@@ -225,7 +226,7 @@ class World:
             background=Background(),
             preferences=FakePreferences(self.db),  # type: ignore[arg-type]
             recent=self.recent,  # type: ignore[arg-type]
-            templates=TemplateBatches(self.templates),  # type: ignore[arg-type]
+            templates=TemplateBatches(self.templates, InlineRenderer()),  # type: ignore[arg-type]
             schedules=FakeSchedule(namespace, self.schedule_tables),  # type: ignore[arg-type]
             canaries=FakeCanary(namespace, self.canary_tables),  # type: ignore[arg-type]
         )

@@ -63,6 +63,7 @@ from shared.schedule_store import ScheduleStore
 from shared.stall_monitor import StallMetrics, watching
 from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
+from shared.template_pool import TemplatePool
 from shared.templates import TemplateStore
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,9 @@ def create_app(settings: Settings) -> Starlette:
             state.domains = DomainStore(res.db)
             # Not ``templates``: that is the dashboard's Jinja2 environment.
             state.template_store = TemplateStore(res.db)
+            # Users' templates are compiled and rendered in worker processes of their own
+            # (started below, closed last).
+            state.template_pool = TemplatePool(settings.templates)
             state.canary_store = CanaryStore(res.db, settings.amqp.exchange)
             state.caps = Caps(CapStore(res.db), settings.caps)
             state.dead_letters = DeadLetters(DeadLetterStore(res.db), res.broker)
@@ -116,7 +120,7 @@ def create_app(settings: Settings) -> Starlette:
                 domains=state.domains,
                 preferences=state.preferences,
                 recent=RecentMail(res.db),
-                templates=TemplateBatches(state.template_store),
+                templates=TemplateBatches(state.template_store, state.template_pool),
                 schedules=ScheduleStore(res.db, settings.amqp.exchange),
                 canaries=state.canary_store,
             )
@@ -128,6 +132,7 @@ def create_app(settings: Settings) -> Starlette:
                 state.sending,
                 state.caps,
             )
+            await state.template_pool.start()
             runner = asyncio.create_task(
                 CampaignRunner(
                     state.campaigns.store,
@@ -162,6 +167,7 @@ def create_app(settings: Settings) -> Starlette:
                 with contextlib.suppress(asyncio.CancelledError):
                     await relay
                 await state.background.drain()
+                await state.template_pool.close()
 
     routes = [
         Route("/v1/openapi.json", openapi_json, methods=["GET"]),

@@ -23,7 +23,8 @@ expired, a second batch.
 The batches go in the bulk lane (never in front of transactional mail) and name the list
 (``shared.engagement``): their copies carry a one-click unsubscribe scoped to the list, and
 the list's own unsubscribes are left out.
-A slice the daily quota refuses pauses the campaign with that reason.
+A slice the daily quota refuses pauses the campaign with that reason, and so does a live
+version that does not render (or passes a template limit): the staged slice stays for a resume.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from services.api.sending import Sending
-from shared import template_use
 from shared.batchstore import new_batch_id
 from shared.campaigns import METADATA_KEY, Campaign, CampaignStore, Slice, Staged
 from shared.contact_lists import (
@@ -249,5 +249,8 @@ class CampaignRunner:
         version = await self.templates.version(campaign.template_id, template.live_version)
         if version is None:
             raise ApiError(422, "template_unavailable", "the campaign's template version is gone")
-        source = template_use.Source(version.version, version.subject, version.html, version.text)
-        return template_use.per_recipient(source, campaign.data)
+        if self.sending.templates is None:
+            raise ApiError(503, "renderer_unavailable", "templates are not available")
+        # Parsed by the renderer, off the event loop: a 422 (the version does not parse, or
+        # passes a limit) pauses the campaign with why, a 503 waits for the next pass.
+        return await self.sending.templates.personal(version, campaign.data)

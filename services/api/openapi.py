@@ -43,7 +43,8 @@ ERRORS: dict[int, str] = {
     "domains included).",
     429: "Over the key's request rate or the user's daily recipient quota; retry after "
     "`Retry-After` seconds.",
-    503: "Cassandra or RabbitMQ is unavailable, or the API is overloaded; nothing was "
+    503: "Cassandra or RabbitMQ is unavailable, or the API is overloaded (for a template: "
+    "`renderer_unavailable`, every template renderer busy); nothing was "
     "accepted: retry (with the same Idempotency-Key) after `Retry-After`. Except "
     "`acceptance_unknown` (a batch sent without an Idempotency-Key): the batch named by "
     "`error.batch_id` may have been accepted; look it up before sending it again.",
@@ -569,7 +570,9 @@ OPERATIONS: tuple[Operation, ...] = (
         body=schema.TemplateIn,
         errors=(400, 409, 413, 415, 422),
         description="Subject, html and text are Jinja2 templates, rendered in a sandbox "
-        "(no access to internals, undefined names are errors, html autoescaped). Without a "
+        "(no access to internals, undefined names are errors, html autoescaped) under "
+        "limits of time, memory, CPU, integer size and output; a render that passes one is "
+        "a 422 `template_does_not_render` naming it in `error.limit`. Without a "
         "text part, the text is derived from the html. 409 `too_many_templates` when you "
         "have as many templates as you may (`error.limit`).",
     ),
@@ -636,7 +639,8 @@ OPERATIONS: tuple[Operation, ...] = (
         "(rolling back is publishing an older version). With it, that share of the "
         "template's mail uses the version and the rest the live one. 422 "
         "`template_does_not_render` when the version does not render with its own sample "
-        "data (`error.fields` names each part and its error, with the line); `cannot_publish` "
+        "data (`error.fields` names each part and its error, with the line, and "
+        "`error.limit` the limit it passed, if any); `cannot_publish` "
         "for a canary with nothing live yet or of the live version itself; `invalid_fields` "
         "naming `version` when the template has no such version. 409 `template_changed` "
         "when the live version or canary changed while publishing (another publish, or the "
@@ -651,7 +655,8 @@ OPERATIONS: tuple[Operation, ...] = (
         body=schema.PreviewIn,
         params=(_TEMPLATE_ID,),
         errors=(400, 404, 413, 415, 422),
-        description="422 `template_does_not_render` naming each part's error (and line); "
+        description="422 `template_does_not_render` naming each part's error (and line), "
+        "and in `error.limit` the limit it passed, if any; "
         "`no_live_version` when none is live and no version is named; `invalid_fields` "
         "naming `version` when the template has no such version.",
     ),

@@ -26,7 +26,7 @@ from pydantic import (
 from shared import validation
 from shared.http import ApiError
 from shared.preferences import MAX_COOLDOWN
-from shared.template_render import MAX_SOURCE as MAX_TEMPLATE_PART
+from shared.template_limits import MAX_SOURCE as MAX_TEMPLATE_PART
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -723,14 +723,19 @@ class DeadLetterList(_Out):
 
 
 class LimitView(_Out):
-    """The cap a refusal is about."""
+    """The limit a refusal is about."""
 
     name: str = Field(
         examples=["lists"],
-        description="`lists`, `templates`, `versions` (per template), `campaigns`, `imports` "
-        "(in progress at once) or `contacts_per_import`.",
+        description="A cap: `lists`, `templates`, `versions` (per template), `campaigns`, "
+        "`imports` (in progress at once) or `contacts_per_import`; or a template's limit: "
+        "`time`, `cpu_time`, `memory`, `integer_size`, `result_size`, `format_width`, "
+        "`output_size`, `source_size`, `range` or `nesting`.",
     )
-    value: int = Field(description="The cap: the most allowed.")
+    value: int | None = Field(
+        description="The most allowed; null for a template's `time`, `cpu_time` and `memory`, "
+        "which are the server's settings (the message says how much)."
+    )
 
 
 class ErrorDetail(_Out):
@@ -748,8 +753,8 @@ class ErrorDetail(_Out):
     )
     limit: LimitView | None = Field(
         None,
-        description="With a refusal at a cap (409 `too_many_…`, 413 `too_many_contacts`): "
-        "which cap, and its value.",
+        description="With a refusal at a cap (409 `too_many_…`, 413 `too_many_contacts`) or "
+        "with `template_does_not_render` (422): which limit, and its value.",
     )
 
 

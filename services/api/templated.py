@@ -9,26 +9,33 @@ version, and a canary beside it when one is rolling out. The answer of every ref
 Only the live copy goes on through the ordinary validation, so the canary's copy is checked
 here by the same rules (its subject is a header: no line break, at most 998 characters), and
 a per-recipient variable used in either copy's subject is header-bound: its values may not
-break a line. Parsing and rendering run in a worker thread (a large template takes a while),
-and the compiled parts of the versions lately used are kept (:class:`CompiledParts`).
+break a line.
+
+Parsing and rendering are one job of the renderer (``shared.template_pool``: worker
+processes under memory, CPU and time limits, each keeping the parts it compiled lately), so a
+hostile template never stalls the API's event loop. A template that passes a limit is a 422
+``template_does_not_render`` naming it in ``limit``; a renderer that cannot take the job now
+(every worker busy, shutting down) a 503 ``renderer_unavailable``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
-from shared import template_use, validation
+from shared import template_limits, template_use, validation
 from shared.addresses import text_problem
 from shared.http import ApiError
 from shared.models import TemplateCopy
-from shared.template_render import CompiledParts, RenderError
+from shared.template_pool import Renderer, RendererUnavailable
+from shared.template_render import LimitError, RenderError
 from shared.templates import Template, TemplateStore, Version
+
+T = TypeVar("T")
 
 #: Fields of a batch request that only a template batch has.
 TEMPLATE_FIELDS: Final = ("template_id", "version", "data")
@@ -36,6 +43,8 @@ TEMPLATE_FIELDS: Final = ("template_id", "version", "data")
 CONTENT_FIELDS: Final = ("subject", "html", "text")
 #: What a body may not hold (as ``shared.validation`` refuses it in a request's own bodies).
 _BODY_FORBIDDEN: Final = re.compile("[\x00\ud800-\udfff]")
+#: Longest render error told (one can quote a name from the template or the data).
+MAX_ERROR: Final = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,30 @@ def _data(value: object) -> dict[str, Any]:
     return value
 
 
+def shortened(message: str) -> str:
+    return message if len(message) <= MAX_ERROR else message[: MAX_ERROR - 1] + "…"
+
+
+def render_refusal(exc: RenderError, what: str) -> ApiError:
+    """The 422 of a template that does not render: ``what`` and why, each part's error as a
+    field when they are known apart, and the limit it passed by name (pure)."""
+    limit = str(exc.limit) if isinstance(exc, LimitError) else None
+    told = f"{what}: {shortened(str(exc))}" + (f" (the {limit} limit)" if limit else "")
+    fields = {part: shortened(why) for part, why in (exc.fields or {}).items()}
+    named = (limit, template_limits.value_of(limit)) if limit else None
+    return ApiError(422, "template_does_not_render", told, fields=fields or None, limit=named)
+
+
+def renderer_refusal(exc: RendererUnavailable) -> ApiError:
+    """The 503 of a renderer that cannot take a job now (pure)."""
+    return ApiError(
+        503,
+        "renderer_unavailable",
+        f"templates cannot be rendered right now ({exc}): try again",
+        headers={"Retry-After": "1"},
+    )
+
+
 def _source(version: Version) -> template_use.Source:
     return template_use.Source(version.version, version.subject, version.html, version.text)
 
@@ -115,19 +148,10 @@ def copy_problems(copy: TemplateCopy) -> dict[str, str]:
 
 
 @dataclass(frozen=True, slots=True)
-class Rendering:
-    """A batch's copies rendered, and the variables its recipients fill."""
-
-    live: TemplateCopy
-    canary: TemplateCopy | None
-    personal: frozenset[str]
-
-
-@dataclass(frozen=True, slots=True)
 class TemplateBatches:
     store: TemplateStore
-    parts: CompiledParts = field(default_factory=CompiledParts)
-    """The versions' parts compiled lately (each app builds its own)."""
+    renderer: Renderer
+    """Where versions are compiled and rendered (the app's pool of worker processes)."""
 
     async def prepare(
         self, user_id: uuid.UUID, body: Mapping[str, Any]
@@ -146,13 +170,13 @@ class TemplateBatches:
         if template is None:
             raise _invalid("template_id", "no such template of yours")
         live, canary = await self._versions(template, requested)
-        try:
-            # Off the event loop: parsing a large source takes a while.
-            done = await asyncio.to_thread(self.rendering, live, canary, data)
-        except RenderError as exc:
-            raise ApiError(
-                422, "template_does_not_render", f"the template does not render: {exc}"
-            ) from None
+        done = await self._run(
+            "the template does not render",
+            template_use.render_batch,
+            _source(live),
+            _source(canary) if canary is not None else None,
+            data,
+        )
         for copy in (done.live, done.canary):
             if copy is not None and (problems := copy_problems(copy)):
                 raise ApiError(
@@ -175,17 +199,23 @@ class TemplateBatches:
             template.canary_since or datetime.now(UTC),
         )
 
-    def rendering(
-        self, live: Version, canary: Version | None, data: Mapping[str, Any]
-    ) -> Rendering:
-        """The copies of ``live`` (and ``canary``) rendered once with ``data``: blocking, for
-        a worker thread. Raises RenderError."""
-        sources = [_source(v) for v in (live, canary) if v is not None]
-        personal = frozenset[str]().union(
-            *(template_use.per_recipient(s, data, self.parts) for s in sources)
+    async def personal(self, version: Version, data: Mapping[str, Any]) -> frozenset[str]:
+        """The variables of ``version`` that ``data`` does not fill (each recipient's own).
+        Raises ApiError 422 when it does not parse, 503 when it cannot be parsed now."""
+        return await self._run(
+            f"version {version.version} does not render",
+            template_use.per_recipient,
+            _source(version),
+            data,
         )
-        copies = [template_use.render_once(s, data, personal, self.parts) for s in sources]
-        return Rendering(copies[0], copies[1] if len(copies) > 1 else None, personal)
+
+    async def _run(self, what: str, job: Callable[..., T], *args: Any) -> T:
+        try:
+            return await self.renderer.run(job, *args)
+        except RenderError as exc:
+            raise render_refusal(exc, what) from None
+        except RendererUnavailable as exc:
+            raise renderer_refusal(exc) from None
 
     async def _versions(
         self, template: Template, requested: int | None

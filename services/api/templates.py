@@ -19,8 +19,10 @@ A version named in a body that the template does not have is a 422 naming ``vers
 template in the path exists; the field is wrong). Another user's template, or an id that is
 not a template id, is a 404.
 
-Renders run in a worker thread: they are CPU-bound and bounded by ``shared.template_render``'s
-limits, and the event loop keeps serving other requests meanwhile.
+Renders run in the app's renderer (``shared.template_pool``: worker processes under memory,
+CPU and time limits), so the event loop keeps serving other requests meanwhile; a version
+that passes a limit is refused naming it (``limit`` in the 422), and a renderer that cannot
+take the job now is a 503 ``renderer_unavailable``.
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ from starlette.responses import Response
 from services.api.auth import require_key
 from services.api.capping import Caps, Census
 from services.api.schema import PreviewIn, PublishIn, TemplateIn, TemplateVersionIn, checked
+from services.api.templated import render_refusal, renderer_refusal
 from shared.canary import Counts
 from shared.canary_store import CanaryStore, Outcome
 from shared.errors import DependencyUnavailable
 from shared.http import JSON, ApiError, read_json
-from shared.template_render import Rendered, RenderError, render, render_part
+from shared.template_pool import Renderer, RendererUnavailable
+from shared.template_render import Rendered, RenderError, render_version
 from shared.templates import (
     Template,
     TemplateChanged,
@@ -59,8 +63,6 @@ log = logging.getLogger(__name__)
 BODY_LIMIT = 3 * 1024 * 1024
 #: A preview's data (and a publish) are small.
 SMALL_BODY = 256 * 1024
-#: Longest render error told (one can quote a name from the template or the data).
-MAX_ERROR = 500
 
 
 # --------------------------------------------------------------------------- pure decisions
@@ -136,37 +138,18 @@ def rollout_view(o: Outcome) -> dict[str, Any]:
     }
 
 
-def render_errors(v: Version, data: Mapping[str, Any]) -> dict[str, str]:
-    """Each part of ``v`` that does not render with ``data``, with why (and where)."""
-    errors: dict[str, str] = {}
-    for part, source in (("subject", v.subject), ("html", v.html), ("text", v.text)):
-        if not source:
-            continue
-        try:
-            render_part(source, data, html_part=part == "html")
-        except RenderError as exc:
-            errors[part] = _shortened(str(exc))
-    return errors
-
-
-def _shortened(message: str) -> str:
-    return message if len(message) <= MAX_ERROR else message[: MAX_ERROR - 1] + "…"
-
-
-def rendered(v: Version, data: Mapping[str, Any], *, with_what: str) -> Rendered:
-    """``v`` rendered with ``data``; a 422 ``template_does_not_render`` naming each part that
-    does not (found part by part only once the whole render failed)."""
+async def rendered(
+    renderer: Renderer, v: Version, data: Mapping[str, Any], *, with_what: str
+) -> Rendered:
+    """``v`` rendered with ``data`` by ``renderer``; a 422 ``template_does_not_render``
+    naming each part that does not render (with ``limit`` when one passed a limit), or a 503
+    when the renderer cannot take it now."""
     try:
-        return render(v.subject, v.html, v.text, data)
+        return await renderer.run(render_version, v.subject, v.html, v.text, data)
     except RenderError as exc:
-        errors = render_errors(v, data) or {"body": _shortened(str(exc))}
-    told = "; ".join(f"{part}: {why}" for part, why in errors.items())
-    raise ApiError(
-        422,
-        "template_does_not_render",
-        f"version {v.version} does not render with {with_what}: {told}",
-        fields=errors,
-    )
+        raise render_refusal(exc, f"version {v.version} does not render with {with_what}") from None
+    except RendererUnavailable as exc:
+        raise renderer_refusal(exc) from None
 
 
 def _no_template() -> ApiError:
@@ -192,11 +175,12 @@ class Templates:
     store: TemplateStore
     canaries: CanaryStore
     caps: Caps
+    renderer: Renderer
 
     @classmethod
     def of(cls, request: Request) -> Templates:
         state = request.app.state
-        return cls(state.template_store, state.canary_store, state.caps)
+        return cls(state.template_store, state.canary_store, state.caps, state.template_pool)
 
     async def create(self, user_id: uuid.UUID, wanted: TemplateIn) -> Template:
         """A new template with its version 1, if the user has room for one (409
@@ -293,7 +277,7 @@ class Templates:
         refusal = publish_refusal(template, wanted.version, wanted.canary_percent)
         if refusal is not None:
             raise ApiError(422, "cannot_publish", refusal)
-        await asyncio.to_thread(rendered, version, version.sample, with_what="its sample data")
+        await rendered(self.renderer, version, version.sample, with_what="its sample data")
         try:
             return await self.store.publish(template, wanted.version, wanted.canary_percent)
         except TemplateChanged:
@@ -314,7 +298,7 @@ class Templates:
         version = await self.version(template, number)
         data = wanted.data if wanted.data is not None else version.sample
         what = "this data" if wanted.data is not None else "its sample data"
-        out = await asyncio.to_thread(rendered, version, data, with_what=what)
+        out = await rendered(self.renderer, version, data, with_what=what)
         return {"version": number, "subject": out.subject, "html": out.html, "text": out.text}
 
     async def detail(self, template: Template) -> dict[str, Any]:

@@ -28,10 +28,14 @@ from shared.contacts_csv import Contact
 from shared.errors import DependencyUnavailable
 from shared.metrics import ApiMetrics
 from shared.ratelimit import Verdict
+from shared.template_limits import Limit
+from shared.template_pool import RendererBusy
+from shared.template_render import LimitError, RendererCrashed
 from tests.fakes.acceptance_stores import FakeOutbox, FakeQuota
 from tests.fakes.account_stores import AccountTables, FakeIdempotencyStore, FakeSuppressionStore
 from tests.fakes.campaign_store import FakeCampaigns
 from tests.fakes.contact_lists import FakeContactLists
+from tests.fakes.renderer import InlineRenderer
 from tests.fakes.schedule_store import FakeSchedule
 from tests.fakes.template_store import FakeTemplates
 from tests.fakes.world import World
@@ -66,6 +70,7 @@ class Desk:
     campaigns: FakeCampaigns = field(default_factory=lambda: FakeCampaigns("t"))
     lists: FakeContactLists = field(default_factory=FakeContactLists)
     templates: FakeTemplates = field(default_factory=FakeTemplates)
+    renderer: InlineRenderer = field(default_factory=InlineRenderer)
     schedule: FakeSchedule = field(default_factory=lambda: FakeSchedule("t"))
     keys: AccountTables = field(default_factory=AccountTables)
     user: uuid.UUID = field(default_factory=uuid.uuid4)
@@ -91,7 +96,7 @@ class Desk:
             quota=self.quota,  # type: ignore[arg-type]
             metrics=ApiMetrics.create(CollectorRegistry()),
             background=Background(),
-            templates=TemplateBatches(self.templates),  # type: ignore[arg-type]
+            templates=TemplateBatches(self.templates, self.renderer),  # type: ignore[arg-type]
         )
         self.runner = self.new_runner()
 
@@ -410,3 +415,63 @@ async def test_a_slice_whose_contacts_were_all_left_out_moves_on_without_a_batch
     assert (done.state, done.slices, done.released, done.skipped) == ("sent", 1, 0, 3)
     assert await desk.recorded(campaign) == {}
     assert await desk.batches(campaign) == set()
+
+
+async def test_a_live_version_past_a_template_limit_pauses_the_campaign_naming_it(
+    desk: Desk,
+) -> None:
+    """The slice's render is refused by a limit: the campaign pauses with the limit named
+    (visible to its owner), is not retried pass after pass, and nothing was sent."""
+    campaign = await desk.start(CONTACTS, per_slice=3)
+    await desk.publish("News", "<p>{{ (1).to_bytes(10**9, 'big') }}</p>")
+
+    paused = await desk.run(campaign)
+    jobs = len(desk.renderer.jobs)
+    await desk.run(paused)
+
+    assert paused.state == "paused"
+    assert "result_size" in (paused.reason or "")
+    assert len(desk.renderer.jobs) == jobs  # a paused campaign renders nothing more
+    assert desk.mails() == {}
+
+
+@pytest.mark.parametrize("job", ["per_recipient", "render_batch"])
+@pytest.mark.parametrize(
+    "breach",
+    [
+        LimitError(Limit.MEMORY, "the template needs too much memory"),
+        LimitError(Limit.TIME, "compiling and rendering took longer than 5 s"),
+        RendererCrashed("the process rendering the template died (signal SIGKILL)"),
+    ],
+)
+async def test_a_breach_in_a_worker_pauses_the_campaign_and_a_resume_sends_the_slice_once(
+    desk: Desk, job: str, breach: Exception
+) -> None:
+    """A worker killed over a limit, or dying mid-render, while the slice is staged or
+    rendered: paused with why; resumed, the slice goes out as staged, each contact once."""
+    campaign = await desk.start(CONTACTS, per_slice=3)
+    desk.renderer.fail(breach, job=job)
+
+    paused = await desk.run(campaign)
+    assert paused.state == "paused"
+    assert str(breach) in (paused.reason or "")
+    assert await desk.campaigns.move(paused, "sending")
+    await desk.run(campaign)
+
+    await _sent_once(desk, campaign, CONTACTS)
+
+
+@pytest.mark.parametrize("job", ["per_recipient", "render_batch"])
+async def test_a_renderer_that_cannot_take_the_slice_now_leaves_the_campaign_sending(
+    desk: Desk, job: str
+) -> None:
+    """Every worker busy (or the pool closing) is not the template's fault: the campaign
+    keeps sending and the next pass sends the slice, each contact once."""
+    campaign = await desk.start(CONTACTS, per_slice=3)
+    desk.renderer.fail(RendererBusy("every template renderer stayed busy for 10 s"), job=job)
+
+    waited = await desk.run(campaign, passes=1)
+    await desk.run(campaign)
+
+    assert (waited.state, waited.reason) == ("sending", None)
+    await _sent_once(desk, campaign, CONTACTS)

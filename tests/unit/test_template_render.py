@@ -9,8 +9,8 @@ import time
 import pytest
 from markupsafe import Markup
 
+from shared.template_limits import MAX_RANGE
 from shared.template_render import (
-    MAX_RANGE,
     CompiledParts,
     RenderError,
     compile_part,

@@ -11,6 +11,10 @@ import pytest
 
 from services.api.templated import TemplateBatches
 from shared.http import ApiError
+from shared.template_limits import Limit
+from shared.template_pool import RendererBusy
+from shared.template_render import LimitError, RendererCrashed
+from tests.fakes.renderer import InlineRenderer
 from tests.fakes.template_store import FakeTemplates
 
 HTML = "<p>Hello {{ first_name }}</p>"
@@ -29,7 +33,7 @@ async def _batches(*subjects: str, canary: bool = False) -> tuple[TemplateBatche
     template = await store.publish(template, 1)
     if canary:
         await store.publish(template, 2, canary_percent=50.0)
-    return TemplateBatches(store), tid  # type: ignore[arg-type]
+    return TemplateBatches(store, InlineRenderer()), tid  # type: ignore[arg-type]
 
 
 def _user(batches: TemplateBatches) -> uuid.UUID:
@@ -66,6 +70,50 @@ async def test_a_template_raising_any_exception_is_a_422() -> None:
     refused = await _refusal(batches, _body(tid, version=2))
 
     assert refused.code == "template_does_not_render"
+
+
+async def test_a_template_past_a_limit_is_a_422_naming_the_limit() -> None:
+    """Integers past their cap are refused in the sandbox, the 422 naming ``integer_size``."""
+    squarings = "{% set v = 2**49999 %}{% set w = v * v %}{{ (w * w) % 7 }}"
+    batches, tid = await _batches("Hi", squarings)
+
+    refused = await _refusal(batches, _body(tid, version=2))
+
+    assert (refused.code, refused.limit) == ("template_does_not_render", "integer_size")
+    assert "integers are limited" in refused.message
+
+
+@pytest.mark.parametrize(
+    ("breach", "limit"),
+    [
+        (LimitError(Limit.MEMORY, "the template needs too much memory"), "memory"),
+        (LimitError(Limit.CPU_TIME, "the template used more than 6 s of CPU"), "cpu_time"),
+        (RendererCrashed("the process rendering the template died (signal SIGSEGV)"), None),
+    ],
+)
+async def test_a_worker_killed_over_the_template_is_a_422(
+    breach: Exception, limit: str | None
+) -> None:
+    """A breach only a worker's limits catch (or its death) refuses the batch, naming it."""
+    batches, tid = await _batches("Hi")
+    batches.renderer.fail(breach)  # type: ignore[attr-defined]
+
+    refused = await _refusal(batches, _body(tid))
+
+    assert (refused.code, refused.limit) == ("template_does_not_render", limit)
+    assert str(breach) in refused.message
+
+
+async def test_a_renderer_that_cannot_take_the_batch_now_is_a_503() -> None:
+    """Every worker busy is not the template's fault: a 503 to retry, not a 422."""
+    batches, tid = await _batches("Hi")
+    batches.renderer.fail(RendererBusy("every template renderer stayed busy for 10 s"))  # type: ignore[attr-defined]
+
+    with pytest.raises(ApiError) as caught:
+        await batches.prepare(_user(batches), _body(tid))
+
+    assert (caught.value.status, caught.value.code) == (503, "renderer_unavailable")
+    assert caught.value.headers == {"Retry-After": "1"}
 
 
 @pytest.mark.parametrize("tid", [str(uuid.uuid4()), str(uuid.UUID(int=0))])
@@ -120,10 +168,22 @@ async def test_a_recipient_value_used_only_in_bodies_may_break_lines() -> None:
 async def test_a_version_s_parts_are_compiled_once_for_many_batches() -> None:
     """A second batch naming the same version renders from the parts kept by the first."""
     batches, tid = await _batches("Hi {{ shop }}")
+    renderer = batches.renderer
+    assert isinstance(renderer, InlineRenderer)
 
     first, _ = await batches.prepare(_user(batches), _body(tid, data={"shop": "A"}))
-    kept = len(batches.parts)
+    kept = len(renderer.parts)
     second, _ = await batches.prepare(_user(batches), _body(tid, data={"shop": "B"}))
 
     assert (first["subject"], second["subject"]) == ("Hi A", "Hi B")
-    assert kept == len(batches.parts) > 0
+    assert kept == len(renderer.parts) > 0
+
+
+async def test_a_batch_is_one_job_of_the_renderer_whatever_its_recipients() -> None:
+    """All of a batch's rendering is one job: its cost in IPC is per batch, not per recipient."""
+    batches, tid = await _batches("Hi {{ first_name }}", "Hello {{ first_name }}", canary=True)
+    to = [{"email": f"r{i}@example.com", "substitutions": {"first_name": "A"}} for i in range(50)]
+
+    await batches.prepare(_user(batches), {**_body(tid), "to": to})
+
+    assert batches.renderer.jobs == ["render_batch"]  # type: ignore[attr-defined]

@@ -22,11 +22,15 @@ from services.api.schema import (
     TemplateVersionIn,
     checked,
 )
+from services.api.templated import render_refusal
 from services.api.templates import publish_refusal, rendered, template_id_of
 from shared.canary import Counts
 from shared.canary_store import Outcome
 from shared.http import ApiError, error_response
+from shared.template_pool import RendererUnavailable
+from shared.template_render import RenderError, render_version
 from shared.templates import Template, Version, VersionHeader
+from tests.fakes.renderer import InlineRenderer
 
 NOW = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)
 
@@ -78,17 +82,41 @@ def test_a_time_uuid_is_a_template_id() -> None:
     assert template_id_of(str(made)) == made
 
 
-def test_a_render_failure_names_every_part_that_fails() -> None:
+async def test_a_render_failure_names_every_part_that_fails() -> None:
     """Each failing part is a field of the 422, with its error and line."""
     broken = version(subject="{{ missing }}", html="<p>\n{% if %}</p>", text="fine")
 
     with pytest.raises(ApiError) as caught:
-        rendered(broken, {}, with_what="its sample data")
+        await rendered(InlineRenderer(), broken, {}, with_what="its sample data")
 
     assert (caught.value.status, caught.value.code) == (422, "template_does_not_render")
     assert set(caught.value.fields or {}) == {"subject", "html"}
     assert "line 2" in (caught.value.fields or {})["html"]
     assert caught.value.message.startswith("version 1 does not render with its sample data")
+
+
+async def test_a_version_past_a_limit_is_a_422_naming_the_limit_and_the_part() -> None:
+    """The 422 of a preview or publish names the limit (``error.limit``) and the part."""
+    hostile = version(html="{% set s = 'x' * 1000000 %}{% set s = s + s %}{{ s }}")
+
+    with pytest.raises(ApiError) as caught:
+        await rendered(InlineRenderer(), hostile, {}, with_what="its sample data")
+
+    body = orjson.loads(error_response(caught.value).body)["error"]
+    assert (body["code"], body["limit"]) == ("template_does_not_render", "result_size")
+    assert list(body["fields"]) == ["html"]
+    assert "result_size" in body["message"]
+
+
+async def test_a_renderer_that_cannot_take_a_preview_now_is_a_503() -> None:
+    """The pool shutting down (or every worker busy) is a 503 to retry."""
+    renderer = InlineRenderer()
+    renderer.fail(RendererUnavailable("the template renderer is shutting down"))
+
+    with pytest.raises(ApiError) as caught:
+        await rendered(renderer, version(), {}, with_what="this data")
+
+    assert (caught.value.status, caught.value.code) == (503, "renderer_unavailable")
 
 
 def test_the_dashboard_marks_the_live_and_the_canary_version() -> None:
@@ -182,7 +210,7 @@ TOKENS = st.sampled_from(
 )
 
 
-@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     source=st.lists(TOKENS, max_size=24).map("".join),
     data=st.dictionaries(st.text(max_size=3), JSON),
@@ -190,20 +218,22 @@ TOKENS = st.sampled_from(
 def test_any_source_renders_or_is_a_render_error_naming_it(
     source: str, data: dict[str, object]
 ) -> None:
-    """A 422 for whatever a user writes, never another exception (a 500)."""
+    """A 422 for whatever a user writes, never another exception (a 500): what a renderer
+    runs (``render_version``) and how its refusal is told (``render_refusal``)."""
     try:
-        rendered(
-            version(subject=source, html=source, text=source), {"n": 1, **data}, with_what="it"
-        )
-    except ApiError as exc:
-        assert exc.code == "template_does_not_render"
-        assert exc.fields
+        render_version(source, source, source, {"n": 1, **data})
+    except RenderError as exc:
+        refused = render_refusal(exc, "it")
+        assert refused.code == "template_does_not_render"
+        assert refused.fields
 
 
-def test_a_render_error_quoting_a_huge_name_is_told_shortened() -> None:
+async def test_a_render_error_quoting_a_huge_name_is_told_shortened() -> None:
     """An error quoting a megabyte-long name from the template stays a short 422."""
+    huge = version(subject="{{ " + "n" * 100_000 + " }}")
+
     with pytest.raises(ApiError) as caught:
-        rendered(version(subject="{{ " + "n" * 100_000 + " }}"), {}, with_what="it")
+        await rendered(InlineRenderer(), huge, {}, with_what="it")
 
     assert len((caught.value.fields or {})["subject"]) <= 500
     assert len(caught.value.message) < 1000
