@@ -108,7 +108,7 @@ async def test_a_hostile_template_is_refused_naming_its_limit_while_a_batch_goes
 
     assert refused.status_code == 422, refused.text
     error = refused.json()["error"]
-    assert (error["code"], error["limit"]) == ("template_does_not_render", limit)
+    assert (error["code"], error["limit"]["name"]) == ("template_does_not_render", limit)
     assert limit in error["message"]
     assert {r["state"] for r in logs.values()} == {"success"}
     assert (await stack.received(to[0]))["subject"] == f"Hi {to[0][:3]}"

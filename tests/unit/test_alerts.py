@@ -158,7 +158,7 @@ async def test_an_internal_sink_is_allowed_where_the_operator_allows_its_network
 
 async def test_a_sink_is_vetted_when_it_is_set() -> None:
     """What the API checks before storing ``alerts.webhook_url``."""
-    with pytest.raises(TargetError, match="link-local"):
+    with pytest.raises(TargetError, match="not publicly routable"):
         await vet_sink(
             "https://metadata.internal/", resolver=resolving(metadata_internal="169.254.169.254")
         )

@@ -79,20 +79,23 @@ async def test_a_template_past_a_limit_is_a_422_naming_the_limit() -> None:
 
     refused = await _refusal(batches, _body(tid, version=2))
 
-    assert (refused.code, refused.limit) == ("template_does_not_render", "integer_size")
+    assert (refused.code, refused.limit) == ("template_does_not_render", ("integer_size", 100_000))
     assert "integers are limited" in refused.message
 
 
 @pytest.mark.parametrize(
     ("breach", "limit"),
     [
-        (LimitError(Limit.MEMORY, "the template needs too much memory"), "memory"),
-        (LimitError(Limit.CPU_TIME, "the template used more than 6 s of CPU"), "cpu_time"),
+        (LimitError(Limit.MEMORY, "the template needs too much memory"), ("memory", None)),
+        (
+            LimitError(Limit.CPU_TIME, "the template used more than 6 s of CPU"),
+            ("cpu_time", None),
+        ),
         (RendererCrashed("the process rendering the template died (signal SIGSEGV)"), None),
     ],
 )
 async def test_a_worker_killed_over_the_template_is_a_422(
-    breach: Exception, limit: str | None
+    breach: Exception, limit: tuple[str, None] | None
 ) -> None:
     """A breach only a worker's limits catch (or its death) refuses the batch, naming it."""
     batches, tid = await _batches("Hi")

@@ -103,7 +103,10 @@ async def test_a_version_past_a_limit_is_a_422_naming_the_limit_and_the_part() -
         await rendered(InlineRenderer(), hostile, {}, with_what="its sample data")
 
     body = orjson.loads(error_response(caught.value).body)["error"]
-    assert (body["code"], body["limit"]) == ("template_does_not_render", "result_size")
+    assert (body["code"], body["limit"]) == (
+        "template_does_not_render",
+        {"name": "result_size", "value": 1_000_000},
+    )
     assert list(body["fields"]) == ["html"]
     assert "result_size" in body["message"]
 
