@@ -100,6 +100,12 @@ def _never() -> None:
     return None
 
 
+def _monotonic() -> float:
+    # Looked up at each call, not bound once at import as a default ``time.monotonic`` is: a
+    # clock put in its place later (the simulator's virtual one) is the clock a render reads.
+    return time.monotonic()
+
+
 class _Deadline:
     """The time a render may take, counted from :meth:`start` (not compile time)."""
 
@@ -297,7 +303,7 @@ def render_part(
     data: Mapping[str, Any],
     *,
     html_part: bool = False,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = _monotonic,
     max_output: int = MAX_OUTPUT,
     max_seconds: float = MAX_SECONDS,
     parts: CompiledParts | None = None,
@@ -346,7 +352,7 @@ def render(
     data: Mapping[str, Any],
     *,
     parts: CompiledParts | None = None,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = _monotonic,
 ) -> Rendered:
     """Every part of a version for one recipient; the text is derived from the html when
     the version has no text of its own (within a time limit of its own)."""

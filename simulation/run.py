@@ -115,8 +115,17 @@ def _report(failing: list[Result], limit: int = 5) -> None:
         if len(shown) > limit:
             print(f"... and more violations ({len(failing)} failing runs in all)")
             return
-        smallest = shrink(run(decode(result.schedule), record=True))
+        again = run(decode(result.schedule), record=True)
         print("VIOLATION")
+        for violation in result.violations:
+            print(f"  {violation}")
+        if again.ok:
+            # A run is a function of its schedule; one that passes when replayed depended on
+            # something else (state a worker process kept from its earlier runs): a defect of
+            # the simulator's determinism, or of code that keeps state across runs.
+            print(f"  did not recur when replayed: {result.schedule}")
+            continue
+        smallest = shrink(again)
         for line in describe(smallest):
             print(f"  {line}")
         print(f"  replay: make simulate SCHEDULE='{encode(smallest.schedule)}'")

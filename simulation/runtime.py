@@ -4,7 +4,9 @@ and randomness drawn from a seed.
 The loop never waits: when every task is blocked, it moves the clock to the next timer at
 once, so an hour of retries and delays costs what their callbacks cost. Nothing in a run
 depends on the machine: ``datetime.now()`` and ``time.time()`` read the virtual clock
-(through time-machine), and so do ``time.monotonic()`` and ``time.perf_counter()``;
+(through time-machine), and so do ``time.monotonic()`` and ``time.perf_counter()`` (looked up
+when called: a function bound before the run, such as a ``clock=time.monotonic`` default,
+still reads real time, and makes a run depend on how fast the machine is);
 ``os.urandom`` (and with it ``uuid4``, ``secrets`` and
 ``SystemRandom``) and the ``random`` module draw from the run's seed, and work sent to a
 thread (``asyncio.to_thread``) runs inline. Two runs with the same seed and the same faults

@@ -80,10 +80,16 @@ def again(job: protocol.Job) -> tuple[str, bytes, str]:
     return log_key(job.provider, job.log_id, job.attempt), body, f"{job.log_id}:{job.attempt}"
 
 
+def _monotonic() -> float:
+    # Looked up at each call, not bound once at import as a default ``time.monotonic`` is: a
+    # clock put in its place later (the simulator's virtual one) is the clock the hold reads.
+    return time.monotonic()
+
+
 @dataclass
 class CampaignHold:
     store: CampaignStore
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], float] = _monotonic
     _seen: dict[tuple[uuid.UUID, uuid.UUID], tuple[float, str | None]] = field(default_factory=dict)
     _paused: dict[tuple[uuid.UUID, uuid.UUID], float] = field(default_factory=dict)
     """When this process first saw each campaign paused (since it last saw it otherwise)."""
