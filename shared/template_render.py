@@ -379,7 +379,7 @@ def render_version(
     data: Mapping[str, Any],
     *,
     parts: CompiledParts | None = None,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = _monotonic,
 ) -> Rendered:
     """A version rendered as :func:`render` renders it, its failure told part by part: a
     RenderError whose ``fields`` name each part that does not render with why, or, at the
