@@ -10,7 +10,9 @@ from shared.models import BatchJob, Recipient
 from shared.recipients import log_id_for
 from shared.topology import batch_key
 from tests.fakes.world import World, new_batch
-from tests.unit.loop_turns import MANY, turns_during
+from tests.unit.loop_turns import turns_during
+
+ON_LOOP_TURNS = 18
 
 
 def test_a_chunk_is_heavy_by_its_recipients_and_their_substitutions() -> None:
@@ -46,4 +48,6 @@ async def test_a_large_chunk_is_built_off_the_event_loop() -> None:
     (sent,) = w.providers["sg"].sent
     assert [r.email for r in sent.recipients] == emails
     assert sent.recipients[999].substitutions == people[999].substitutions
-    assert turns >= MANY
+    # Built on the loop, the chunk left only the turns of settle's own awaits (18); in a
+    # thread it leaves many more (about 2,000 on an idle machine, 37 on a loaded one).
+    assert turns > ON_LOOP_TURNS
