@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.template_limits import percent_specs
+from shared.template_limits import Exceeded, check_percent_format, percent_specs
 from shared.template_render import RenderError, render_part
 
 NESTED = "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}ok"
@@ -194,8 +194,14 @@ def test_the_conversions_are_those_the_regular_expression_read(fmt: str) -> None
     assert percent_specs(fmt) == _PERCENT_AS_WAS.findall(fmt)
 
 
-def test_a_megabyte_of_unclosed_mapping_keys_is_read_as_conversions() -> None:
-    """Half a million ``%(`` with no ``)`` are read as that many conversions without a width,
-    within the suite's per-test timeout (the regular expression read the rest of the text
-    for each: hours)."""
-    assert percent_specs("%(" * 500_000 + "%7d") == [("", "")] * 500_000 + [("7", "")]
+def test_a_megabyte_of_unclosed_mapping_keys_then_a_wide_conversion_is_refused() -> None:
+    """Half a million ``%(`` that no ``)`` closes are read as conversions without a width,
+    and the too wide one after them is refused naming the width, within the suite's per-test
+    timeout (the regular expression read the rest of the text for each ``%(``: hours)."""
+    fmt = "%(" * 500_000 + "%99999d"
+
+    with pytest.raises(Exceeded) as refused:
+        check_percent_format(fmt, [1])
+
+    assert refused.value.limit == "format_width"
+    assert percent_specs(fmt)[-2:] == [("", ""), ("99999", "")]
