@@ -62,6 +62,8 @@ _MAX_DEPTH: Final = 20
 _SIZED: Final = (str, bytes, list, tuple)
 #: A printf-style conversion: its width and precision (``*``: taken from the arguments).
 _PERCENT: Final = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?")
+#: The same without a mapping key, for a ``%(`` that no ``)`` closes.
+_PERCENT_UNKEYED: Final = re.compile(r"%[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?")
 #: A ``str.format`` replacement field's spec, nested fields included.
 _BRACES: Final = re.compile(r"\{[^{}:]*:((?:[^{}]|\{[^{}]*\})*)\}")
 #: A ``str.format`` replacement field (escaped braces are taken out first).
@@ -152,11 +154,30 @@ def _formatted(what: str, fields: int, widths: list[int], args: Iterable[Any]) -
         raise Exceeded(Limit.RESULT_SIZE, f"{what}: the result would pass {MAX_RESULT} characters")
 
 
+def percent_specs(fmt: str) -> list[tuple[str, str]]:
+    """The width and precision (each "" when not given) of every conversion of ``fmt``, in
+    order: what ``_PERCENT.findall`` finds, reading each character about once.
+
+    ``_PERCENT`` reads from a ``%(`` to the next ``)``; with none left, that is the end of
+    the text, for every ``%(`` after the last ``)``: quadratic. After the last ``)`` the
+    mapping key cannot close, so those conversions are read without it."""
+    last = fmt.rfind(")")
+    specs = []
+    at = fmt.find("%")
+    while at >= 0:
+        spec = (_PERCENT if at + 2 <= last else _PERCENT_UNKEYED).match(fmt, at)
+        if spec is None:  # pragma: no cover - both patterns match at any "%"
+            break
+        specs.append((spec.group(1) or "", spec.group(2) or ""))
+        at = fmt.find("%", spec.end())
+    return specs
+
+
 def check_percent_format(fmt: str, args: Iterable[Any]) -> None:
     """``fmt % args`` (and the ``format`` filter) pads to no more than :data:`MAX_WIDTH`,
     and its result is no longer than about :data:`MAX_RESULT`."""
     given = list(args)
-    specs = _PERCENT.findall(fmt)
+    specs = percent_specs(fmt)
     widths = [int(n) for spec in specs for n in spec if n.isdigit()]
     if any("*" in spec for spec in specs):
         widths += _ints(given)

@@ -416,7 +416,10 @@ def render_version(
 #: Anything between ``<`` and ``>``; ``[^<>]`` keeps a match from scanning past the next
 #: ``<``, so a page of unclosed tags is read in linear time.
 _TAG: Final = re.compile(r"<([^<>]*)>")
-_TAG_NAME: Final = re.compile(r"\s*(/?)\s*([A-Za-z][A-Za-z0-9]*)")
+#: A tag's name after its ``<``, and whether it ends an element. Possessive: ``\s*(/?)\s*``
+#: backtracking over a run of blanks (``/?`` empty lets either ``\s*`` take any share of it)
+#: read a tag of blanks in quadratic time; only the greedy reading can match anyway.
+_TAG_NAME: Final = re.compile(r"\s*+(/?+)\s*+([A-Za-z][A-Za-z0-9]*+)")
 _HREF: Final = re.compile(r"""(?<![\w-])href\s*=\s*["']?([^"'\s>]+)""", re.IGNORECASE)
 #: Elements whose content is not text, and the end tag each one's content runs to.
 _DROPPED: Final = {

@@ -26,7 +26,7 @@ from __future__ import annotations
 import html as html_lib
 import re
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, NoReturn
@@ -37,7 +37,9 @@ from shared.template_render import CompiledParts, RenderError, compile_part, ren
 
 #: Markers of per-recipient variables: ``[[sd.h.name]]`` in html, ``[[sd.t.name]]`` elsewhere.
 _MARKER: Final = "[[sd.{part}.{name}]]"
-_ANY_MARKER: Final = re.compile(r"\[\[sd\.([a-z])\.([^\]]*)\]\]", re.IGNORECASE)
+#: The head of a marker: ``[[sd.``, its part's letter and a dot (any case, as ever).
+_MARKER_HEAD: Final = re.compile(r"\[\[sd\.([a-z])\.", re.IGNORECASE)
+#: What a marker starts with, whole or cut short.
 _MARKER_START: Final = re.compile(r"\[\[sd\.", re.IGNORECASE)
 #: Variable names a recipient may fill (Jinja2 identifiers of a sane length).
 _NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -45,6 +47,41 @@ _NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 def marker(name: str, *, html_part: bool) -> str:
     return _MARKER.format(part="h" if html_part else "t", name=name)
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerFound:
+    """A marker found in a text: where it is, its part's letter and the name it holds."""
+
+    start: int
+    end: int
+    part: str
+    name: str
+
+
+def markers_of(text: str) -> Iterator[MarkerFound]:
+    """The markers of ``text`` in order: what ``\\[\\[sd\\.([a-z])\\.([^\\]]*)\\]\\]`` (any
+    case) finds, as it always has, reading each character at most twice.
+
+    That regular expression read to the next ``]`` from every head and, when that ``]``
+    was alone, tried again at the next head, which reads to the same ``]``: quadratic in a
+    run of unclosed markers. Every head before a lone ``]`` meets it first (a head holds no
+    ``]``), so none of them closes and the scan goes on after it; when no ``]`` is left, no
+    marker is."""
+    at = text.find("[[")
+    while at >= 0:
+        head = _MARKER_HEAD.match(text, at)
+        if head is None:
+            at = text.find("[[", at + 1)
+            continue
+        close = text.find("]", head.end())
+        if close < 0:
+            return
+        if text.startswith("]", close + 1):
+            yield MarkerFound(at, close + 2, head.group(1), text[head.end() : close])
+            at = text.find("[[", close + 2)
+        else:
+            at = text.find("[[", close + 1)
 
 
 class Personal:
@@ -113,10 +150,7 @@ def subject_variables(copies: Iterable[TemplateCopy | None]) -> frozenset[str]:
     """The per-recipient variables whose values go into a subject of ``copies`` (a mail
     header: their values may not break a line)."""
     return frozenset(
-        match.group(2)
-        for copy in copies
-        if copy is not None
-        for match in _ANY_MARKER.finditer(copy.subject)
+        found.name for copy in copies if copy is not None for found in markers_of(copy.subject)
     )
 
 
@@ -181,9 +215,13 @@ def render_batch(
 
 
 def _check_markers(copy: TemplateCopy, names: frozenset[str]) -> None:
-    for part, text in (("subject", copy.subject), ("html", copy.html), ("text", copy.text)):
-        whole = len(_ANY_MARKER.findall(text or ""))
-        if _MARKER_START.subn("", text or "")[1] != whole:
+    for part, text in (
+        ("subject", copy.subject),
+        ("html", copy.html or ""),
+        ("text", copy.text or ""),
+    ):
+        found = list(markers_of(text))
+        if _MARKER_START.subn("", text)[1] != len(found):
             # A marker cut short (``truncate``, a slice of the printed text): the provider
             # would leave the fragment in the mail.
             raise RenderError(
@@ -191,12 +229,12 @@ def _check_markers(copy: TemplateCopy, names: frozenset[str]) -> None:
                 "a recipient's own value can only be inserted as it is ({{ name }}); put "
                 "values to transform in data"
             )
-        for match in _ANY_MARKER.finditer(text or ""):
-            kind, name = match.group(1), match.group(2)
-            expected = "h" if part == "html" else "t"
-            if kind != expected or name not in names:
+        expected = "h" if part == "html" else "t"
+        for one in found:
+            if one.part != expected or one.name not in names:
                 raise RenderError(
-                    f"the per-recipient variable in {match.group(0)!r} ({part}) is transformed "
+                    f"the per-recipient variable in {text[one.start : one.end]!r} ({part}) "
+                    "is transformed "
                     "by a filter or an expression: a recipient's own value can only be "
                     "inserted as it is ({{ name }}); put values to transform in data"
                 )

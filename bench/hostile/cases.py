@@ -36,6 +36,7 @@ from shared import (
     link_rewrite,
     list_import,
     prefetch,
+    template_limits,
     template_render,
     template_use,
     validation,
@@ -77,6 +78,8 @@ OPEN_WORD = "=?a?q? "
 ENCODED_WORD = "=?utf-8?q?x?= "
 #: A template marker without its close.
 OPEN_MARKER = "[[sd.h.x"
+#: A printf mapping key without its close.
+OPEN_KEY = "%("
 #: What every substitution key of :func:`mailgun_chunk` starts with: the html repeats it.
 KEY_PREFIX = "-name_0"
 
@@ -342,6 +345,20 @@ CASES: tuple[Case, ...] = (
         template_render.text_of,
     ),
     Case(
+        "template text from html: a tag of blanks",
+        "shared.template_render.text_of (_TAG_NAME)",
+        "one tag of 5,000 blanks with a slash in their middle (5 KB)",
+        lambda scale: "x<" + " " * 2_500 * scale + "/" + " " * 2_500 * scale + ">y",
+        template_render.text_of,
+    ),
+    Case(
+        "template % format",
+        "shared.template_limits.check_percent_format (% and the format filter)",
+        '"%(" x 5,000 (10 KB): mapping keys no ")" closes',
+        _repeat(OPEN_KEY, 5_000),
+        lambda fmt: template_limits.check_percent_format(fmt, ()),
+    ),
+    Case(
         "template markers",
         "shared.template_use.render_once (_check_markers)",
         f'"{OPEN_MARKER}" x 1,250 (10 KB) in a template\'s html',
@@ -393,8 +410,8 @@ CASES: tuple[Case, ...] = (
     Case(
         "DNS TXT answer",
         "shared.domains.txt_strings (domain verification)",
-        "a TXT record of 6.5 KB: an open quote and escapes (65 KB at 10x: a DNS message)",
-        lambda scale: {"Answer": [{"type": 16, "data": '"' + "a\\" * 3_250 * scale}]},
+        "a TXT record of 6.5 KB: an open quote and escaped quotes (65 KB at 10x: a DNS message)",
+        lambda scale: {"Answer": [{"type": 16, "data": '"' + '\\"' * 3_250 * scale}]},
         domains.txt_strings,
     ),
 )

@@ -3,8 +3,12 @@ TXT record that proves control, and the DNS JSON answers it is read from."""
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.sandbox import dns
 from services.sandbox.zone import TxtRecords
@@ -140,3 +144,24 @@ async def test_a_resolver_that_cannot_answer_is_a_dependency_failure(
     async with httpx.AsyncClient(transport=httpx.MockTransport(resolver)) as http:
         with pytest.raises(DependencyUnavailable):
             await DohResolver(http, "https://dns.test/dns-query").txt("x.example.com")
+
+
+# The character-strings a record's data always gave, as a regular expression: the scanner must
+# give exactly these (a domain is verified or not as it was).
+_QUOTED_AS_WAS = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+@settings(deadline=None)  # a loaded machine is no failure
+@given(st.text(alphabet='"\\a \n', max_size=60))
+def test_the_quoted_strings_are_those_the_regular_expression_found(data: str) -> None:
+    """The scanner finds the contents ``"((?:[^"\\\\]|\\\\.)*)"`` found, in order."""
+    assert domains.quoted_strings(data) == _QUOTED_AS_WAS.findall(data)
+
+
+def test_a_record_of_a_megabyte_of_escaped_quotes_is_read_as_it_is() -> None:
+    """A record's data of an open quote and half a million escaped quotes (the domain
+    owner writes it) has no quoted string and is taken as it is, within the suite's per-test
+    timeout (the regular expression read the rest of the data for each quote: hours)."""
+    data = '"' + '\\"' * 500_000
+
+    assert domains.txt_strings({"Answer": [{"type": 16, "data": data}]}) == [data]

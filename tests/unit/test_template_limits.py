@@ -5,10 +5,14 @@ time, and one step that would ask for gigabytes is refused before it runs."""
 from __future__ import annotations
 
 import itertools
+import re
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from shared.template_limits import Exceeded, check_percent_format, percent_specs
 from shared.template_render import RenderError, render_part
 
 NESTED = "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}ok"
@@ -176,3 +180,28 @@ def test_a_hostile_expression_is_refused_naming_the_limit_it_passes(
         render_part(source, {})
 
     assert getattr(caught.value, "limit", None) == limit
+
+
+# The conversions the width check always read, as a regular expression: the scanner must
+# read exactly these (a format is refused or let through as it was).
+_PERCENT_AS_WAS = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?")
+
+
+@settings(deadline=None)  # a loaded machine is no failure
+@given(st.text(alphabet="%()#0- +*.12a", max_size=60))
+def test_the_conversions_are_those_the_regular_expression_read(fmt: str) -> None:
+    """The scanner reads the widths and precisions ``_PERCENT.findall`` read, in order."""
+    assert percent_specs(fmt) == _PERCENT_AS_WAS.findall(fmt)
+
+
+def test_a_megabyte_of_unclosed_mapping_keys_then_a_wide_conversion_is_refused() -> None:
+    """Half a million ``%(`` that no ``)`` closes are read as conversions without a width,
+    and the too wide one after them is refused naming the width, within the suite's per-test
+    timeout (the regular expression read the rest of the text for each ``%(``: hours)."""
+    fmt = "%(" * 500_000 + "%99999d"
+
+    with pytest.raises(Exceeded) as refused:
+        check_percent_format(fmt, [1])
+
+    assert refused.value.limit == "format_width"
+    assert percent_specs(fmt)[-2:] == [("", ""), ("99999", "")]

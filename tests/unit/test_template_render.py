@@ -4,11 +4,15 @@ part derived from the html."""
 from __future__ import annotations
 
 import itertools
+import re
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from markupsafe import Markup
 
+from shared import template_render
 from shared.template_limits import MAX_RANGE
 from shared.template_render import (
     CompiledParts,
@@ -168,3 +172,27 @@ def test_concatenation_escapes_in_html_as_jinja_does() -> None:
     )
 
     assert out == "<i>&lt;1|&lt;&gt;"
+
+
+# The tag name text derivation always read, as a regular expression: the possessive one must
+# read exactly it (a derived text part is the same).
+_TAG_NAME_AS_WAS = re.compile(r"\s*(/?)\s*([A-Za-z][A-Za-z0-9]*)")
+
+
+@settings(deadline=None)  # a loaded machine is no failure
+@given(st.text(alphabet=" \t\n/aZ1-<>", max_size=40))
+def test_a_tag_name_is_read_as_the_regular_expression_read_it(inside: str) -> None:
+    """The tag name pattern matches what ``\\s*(/?)\\s*([A-Za-z][A-Za-z0-9]*)`` matched."""
+    was, now = _TAG_NAME_AS_WAS.match(inside), template_render._TAG_NAME.match(inside)
+
+    assert (was and (was.span(), was.groups())) == (now and (now.span(), now.groups()))
+
+
+HALF = 500_000
+
+
+@pytest.mark.parametrize("blanks", [" " * 2 * HALF, "\t\n" * HALF, " " * HALF + "/" + " " * HALF])
+def test_a_tag_of_a_megabyte_of_blanks_is_read_and_derives_no_text(blanks: str) -> None:
+    """A tag of a megabyte of blanks (a slash among them or not) is read within the suite's
+    per-test timeout and derives no text (``\\s*(/?)\\s*`` backtracked over them: days)."""
+    assert text_of("x<" + blanks + ">y") == "xy"
