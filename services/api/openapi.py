@@ -32,7 +32,9 @@ ERRORS: dict[int, str] = {
     409: "The Idempotency-Key was used with another body, or its first request is still "
     "in progress (retry after `Retry-After`); for a new key or domain, the user holds the "
     "most allowed; for a list import, another import of the list is in progress.",
-    413: "The body is over the size cap (refused while it streams in).",
+    413: "The body is over the size cap (refused while it streams in); for a batch, also "
+    "`batch_too_large`: what it would store is more than one batch may hold (the message names "
+    "the limit), and nothing was charged or stored.",
     415: "The body is not JSON (for a CSV import: not `text/csv`).",
     422: "Invalid fields: `error.fields` names each one (a `from` outside your verified "
     "domains included).",
