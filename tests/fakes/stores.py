@@ -457,14 +457,12 @@ class FakeBatches:
         writes, as the real store sends other partitions' statements) in one logged batch
         (``batches.write``): all of that lands, or none."""
         content = content if content is not None else content_of(batch)
-        values = [(None, content.message, content.response), *enumerate(content.chunks)]
         sizes = [len(content.message) + len(content.response), *map(len, content.chunks)]
-        queued = precedence.queued_stamp(batch.batch_id)
         for run in slices(sizes, STATEMENT_BYTES):
             failure = await self.db._before("batches.content")
             self.db.refuse_oversized([sum(sizes[i] for i in run)])
             for i in run:
-                self._content(batch, values[i], queued)
+                self._content(batch, content, i)
             self.db._after(failure)
         failure = await self.db._before("batches.write")
         self.db.refuse_oversized(
@@ -487,17 +485,17 @@ class FakeBatches:
         self.db.apply(also)
         self.db._after(failure)
 
-    def _content(self, batch: NewBatch, value: tuple[Any, ...], queued: int) -> None:
-        """One value of the content: the message and 202 (``(None, message, response)``), or
-        a chunk's list (``(chunk, recipients)``)."""
-        if value[0] is None:
-            _, message, response = value
+    def _content(self, batch: NewBatch, content: Content, index: int) -> None:
+        """The ``index``-th value of the content: 0 the message and 202, then each chunk's
+        list."""
+        if index == 0:
             header = self.db.headers.setdefault(batch.batch_id, _Cells())
-            stored = {"message": message, "accept_response": response or None}
+            stored = {"message": content.message, "accept_response": content.response or None}
             header.insert(stored, _header_stamp(batch.batch_id))
             return
-        chunk, recipients = value
-        self.db.insert(batch.batch_id, chunk, CHUNK_ROW, {"recipients": recipients}, queued)
+        queued = precedence.queued_stamp(batch.batch_id)
+        listed = {"recipients": content.chunks[index - 1]}
+        self.db.insert(batch.batch_id, index - 1, CHUNK_ROW, listed, queued)
 
     async def index(self, batch: NewBatch) -> None:
         failure = await self.db._before("batches.index")
