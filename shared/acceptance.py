@@ -3,9 +3,11 @@ cancelled batch.
 
 The order is what makes a crash at any point safe:
 
-1. an outbox row (``shared.outbox``): from here on the relay will look after the batch;
-2. the batch partition, header and chunks, as one mutation: the batch exists or not
-   (sent in one request with (1));
+1. the batch's content (its message, every chunk's recipient list) on its partition, in
+   statements Cassandra takes whatever the batch's size (``shared.batchstore``): nothing
+   reads it until (2), so a crash here leaves nothing that exists;
+2. the batch's header with its status, and its outbox row (``shared.outbox``), in one logged
+   batch: the batch exists, and the relay will look after it, or neither;
 3. the indexes (the user's list, the batch's ``queued`` stat row), rewritable from (2);
 4. a confirmed publish of ``batch.<uuid>``, then the outbox row marked published.
 
@@ -40,7 +42,7 @@ from typing import Final, Protocol
 
 from cassandra.query import Statement
 
-from shared.batchstore import BatchHeader, BatchStore, NewBatch
+from shared.batchstore import BatchHeader, BatchStore, Content, NewBatch
 from shared.broker import Broker
 from shared.errors import DependencyUnavailable, PublishError
 from shared.models import BatchJob
@@ -94,16 +96,24 @@ class Acceptance:
     cancels one still pending after that."""
     clock: Callable[[], datetime] = field(default=_now)
 
-    async def store(self, batch: NewBatch, *, also: Sequence[Statement] = ()) -> None:
+    async def store(
+        self,
+        batch: NewBatch,
+        *,
+        also: Sequence[Statement] = (),
+        content: Content | None = None,
+    ) -> None:
         """Steps 1-3 (1-2 for a pending batch: :meth:`commit` writes 3), with the writes
-        ``also`` of other partitions in (2)'s request. A scheduled batch stored as accepted
-        has no outbox row: its schedule row (in ``also``) stands for it. Raises
-        DependencyUnavailable if any fails (the batch may or may not be stored then: a retry
-        with the same id and body writes the same rows)."""
+        ``also`` of other partitions in (2)'s request (``content``: the batch's, if the
+        caller encoded it already). A scheduled batch stored as accepted has no outbox row:
+        its schedule row (in ``also``) stands for it. Raises DependencyUnavailable if any
+        fails (the batch may or may not be stored then: a retry with the same id and body
+        writes the same rows), TooLargeToStore if Cassandra refused its content for its size
+        (it is not stored)."""
         own = []
         if batch.pending or batch.send_at is None:
             own.append(await self.outbox.statement(batch.batch_id, batch.user_id))
-        await self.batches.write(batch, also=[*own, *also])
+        await self.batches.write(batch, also=[*own, *also], content=content)
         if not batch.pending:
             await self.batches.index(batch)
 

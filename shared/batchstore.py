@@ -2,11 +2,30 @@
 
 Layout (``deploy/cql``): one ``batches`` partition per batch holds the header in static
 columns and one row per chunk (at most a provider request's worth of recipients) with the
-chunk's recipient list, so storing a batch is one single-partition mutation whose size grows
-with its recipients but whose row count grows with its chunks (``shared.recipients`` owns the
+chunk's recipient list, so its row count grows with its chunks (``shared.recipients`` owns the
 chunk rows' state and the recipient rows written when fates diverge). The user's batch list
 and the batch's ``queued`` stat row are written after it and can be rewritten from it at any
 time (:meth:`BatchStore.index_stored`), which is what finishing an interrupted acceptance does.
+
+Storing a batch is two steps (:meth:`BatchStore.write`), because Cassandra refuses a batch of
+statements over several partitions whose data passes ``batch_size_fail_threshold`` (640 KiB
+in ``deploy/``, 50 KiB upstream) with "Batch too large", and a batch's content reaches
+megabytes (1,000 recipients with 10 kB of substitutions each make one chunk's list 10 MB):
+
+1. its *content* (the message, the stored 202, every chunk's recipient list), in statements
+   on the batch's partition alone, each of at most :data:`STATEMENT_BYTES` (a single value
+   larger than that goes alone): a single-partition write is not held to the batch threshold,
+   only to ``max_mutation_size`` (16 MiB by default), and the API refuses a batch whose content
+   would pass that (:func:`too_large`, 413) before anything is written;
+2. its *header* (owner, time, counts, status) in one logged batch with the rows of other
+   partitions that look after it (its outbox row, its schedule row, a canary's record):
+   a few kilobytes, all of which land or none.
+
+The header is what makes a batch exist (every read asks for ``created_at``), so content
+written by a request that died before step 2, or whose step 2 failed, is invisible: nothing
+reads it, nothing sends it, and a retry (same batch id, same values, same write timestamps)
+writes the same rows again. A recipient is never half-accepted: step 2 is sent only once
+every content statement was acknowledged.
 
 Every id is deterministic: the batch id is fixed before anything is written (when an
 ``Idempotency-Key`` is claimed, with it) and each recipient's log id derives from the batch id
@@ -25,17 +44,19 @@ header read shows it as the status ``dispatched``.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Final
 
 from cassandra.query import UNSET_VALUE, Statement
 from cassandra.util import uuid_from_time
 
 from shared import precedence
-from shared.db import Database, utc
+from shared.db import Database, slices, utc
 from shared.models import Message
 from shared.recipients import CHUNK_ROW, Addressee, encode_recipients
 from shared.stats import StatsStore
@@ -133,14 +154,65 @@ class NewBatch:
         return first + [everyone[i : i + size] for i in range(split, len(everyone), size)]
 
 
+#: Content bytes one statement of step 1 carries at most; a single value larger than this
+#: (a message, a chunk's recipient list) goes alone. Cassandra holds a single-partition
+#: write to ``max_mutation_size`` only, not to its batch thresholds: this keeps each request
+#: small all the same (a 10 MB batch of small chunks is some forty writes, not one).
+STATEMENT_BYTES: Final = 256 * 1024
+#: Statements of step 1 in flight at once.
+STATEMENT_WINDOW: Final = 4
+#: Bytes of a mutation that are not our values (keys, clustering, write timestamps, cell
+#: headers, the commit log entry's own), kept free below ``max_mutation_size``.
+MUTATION_HEADROOM: Final = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """What step 1 writes, encoded once: measured before anything is accepted
+    (:func:`too_large`), then written (:meth:`BatchStore.write`)."""
+
+    message: bytes
+    response: bytes
+    chunks: tuple[bytes, ...]
+    """Each chunk's recipient list (``shared.recipients.encode_recipients``)."""
+
+    @property
+    def size(self) -> int:
+        """Bytes of the values it writes."""
+        return len(self.message) + len(self.response) + sum(map(len, self.chunks))
+
+
+def content_of(batch: NewBatch) -> Content:
+    """``batch``'s content as its partition stores it (pure; some 10 ms per 10 MB)."""
+    return Content(
+        batch.message.encode(),
+        batch.response,
+        tuple(encode_recipients(part) for part in batch.chunks()),
+    )
+
+
+def most_stored(max_mutation_bytes: int) -> int:
+    """The most content one batch may store: Cassandra's ``max_mutation_size``
+    (``max_mutation_bytes``) less :data:`MUTATION_HEADROOM`."""
+    return max_mutation_bytes - MUTATION_HEADROOM
+
+
+def too_large(content: Content, max_mutation_bytes: int) -> bool:
+    """Whether a batch's content passes :func:`most_stored`. The whole content counts, so
+    that any one of its statements fits, and so does a read of its whole partition."""
+    return content.size > most_stored(max_mutation_bytes)
+
+
 _INSERT_CHUNK = (
     "INSERT INTO batches (batch_id, chunk, log_id, recipients) VALUES (?, ?, ?, ?) "
     "USING TIMESTAMP ?"
 )
+_INSERT_BODY = (
+    "INSERT INTO batches (batch_id, message, accept_response) VALUES (?, ?, ?) USING TIMESTAMP ?"
+)
 _INSERT_HEADER = (
-    "INSERT INTO batches (batch_id, user_id, created_at, subject, message, recipient_count, "
-    "chunk_size, chunk_count, accept_response, send_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"
+    "INSERT INTO batches (batch_id, user_id, created_at, subject, recipient_count, "
+    "chunk_size, chunk_count, send_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"
 )
 #: The write timestamp of the status a batch is stored with (µs since the epoch): lower than
 #: any lightweight transaction's, which are taken from a clock, so every transition wins.
@@ -179,41 +251,70 @@ class BatchStore:
         self.db = db
         self.stats = stats or StatsStore(db)
 
-    async def write(self, batch: NewBatch, *, also: Sequence[Statement] = ()) -> None:
-        """The batch partition, header and chunks, as one single-partition mutation (sent in
-        one request with the writes ``also`` of other partitions, e.g. its outbox row)."""
+    async def write(
+        self,
+        batch: NewBatch,
+        *,
+        also: Sequence[Statement] = (),
+        content: Content | None = None,
+    ) -> None:
+        """Store ``batch`` (``content``: its :func:`content_of`, when the caller has it):
+        its content, then its header in one logged batch with the writes ``also`` of other
+        partitions (its outbox row, its schedule row). Raises DependencyUnavailable when a
+        step fails, and TooLargeToStore when Cassandra refuses a statement for its size:
+        either way the batch exists as a whole or not at all (its content alone is never
+        read), and a retry writes the same rows."""
+        await self._write_content(batch, content if content is not None else content_of(batch))
+        await self.db.batch([*await self._header(batch), *also], logged=bool(also))
+
+    async def _write_content(self, batch: NewBatch, content: Content) -> None:
+        """Step 1: the message, the stored 202 and the chunks' lists, on the batch's partition
+        alone, in statements of at most :data:`STATEMENT_BYTES` (a larger value alone)."""
         db = self.db
-        insert = await db.prepare(_INSERT_CHUNK)
-        created = precedence.accepted_at(batch.batch_id)
+        chunk = await db.prepare(_INSERT_CHUNK)
         queued = precedence.queued_stamp(batch.batch_id)
-        chunks = batch.chunks()
-        rows = [
-            insert.bind((batch.batch_id, i, CHUNK_ROW, encode_recipients(part), queued))
-            for i, part in enumerate(chunks)
+        body = (await db.prepare(_INSERT_BODY)).bind(
+            (
+                batch.batch_id,
+                content.message,
+                content.response or UNSET_VALUE,
+                _header_stamp(batch.batch_id),
+            )
+        )
+        writes: list[tuple[int, Statement]] = [(len(content.message) + len(content.response), body)]
+        writes += [
+            (len(part), chunk.bind((batch.batch_id, i, CHUNK_ROW, part, queued)))
+            for i, part in enumerate(content.chunks)
         ]
-        rows.append(
-            (await db.prepare(_INSERT_HEADER)).bind(
-                (
-                    batch.batch_id,
-                    batch.user_id,
-                    created,
-                    batch.message.subject,
-                    batch.message.encode(),
-                    len(batch.recipients),
-                    batch.chunk_size,
-                    len(chunks),
-                    batch.response or UNSET_VALUE,
-                    batch.send_at or UNSET_VALUE,
-                    _header_stamp(batch.batch_id),
-                )
+        window = asyncio.Semaphore(STATEMENT_WINDOW)
+
+        async def one(run: range) -> None:
+            async with window:
+                await db.batch([writes[i][1] for i in run])
+
+        sizes = [size for size, _ in writes]
+        await asyncio.gather(*(one(run) for run in slices(sizes, STATEMENT_BYTES)))
+
+    async def _header(self, batch: NewBatch) -> list[Statement]:
+        """Step 2's writes of the batch's partition: the header, and the status it is stored
+        with."""
+        header = (await self.db.prepare(_INSERT_HEADER)).bind(
+            (
+                batch.batch_id,
+                batch.user_id,
+                precedence.accepted_at(batch.batch_id),
+                batch.message.subject,
+                len(batch.recipients),
+                batch.chunk_size,
+                batch.chunk_count,
+                batch.send_at or UNSET_VALUE,
+                _header_stamp(batch.batch_id),
             )
         )
-        rows.append(
-            (await db.prepare(_STORED_STATUS)).bind(
-                (STORED_STATUS_STAMP, batch.status, batch.batch_id)
-            )
+        status = (await self.db.prepare(_STORED_STATUS)).bind(
+            (STORED_STATUS_STAMP, batch.status, batch.batch_id)
         )
-        await db.batch([*rows, *also])
+        return [header, status]
 
     async def index(self, batch: NewBatch) -> None:
         """The user's batch list and the batch's ``queued`` stat row (idempotent)."""
@@ -250,8 +351,8 @@ class BatchStore:
             f"SELECT {_HEADER_COLUMNS} FROM batches WHERE batch_id = ? LIMIT 1",  # noqa: S608
             (batch_id,),
         )
-        if row is None or row["message"] is None:
-            return None
+        if row is None or row["created_at"] is None or row["message"] is None:
+            return None  # not stored, or only its content (step 1) was
         return BatchHeader(
             batch_id=row["batch_id"],
             user_id=row["user_id"],

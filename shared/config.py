@@ -59,6 +59,11 @@ class CassandraSettings(BaseSettings):
     """Seconds a CQL request may take before it fails (503 on the API)."""
     connect_timeout: float = Field(10.0, gt=0)
     """Seconds to wait for a connection to a node."""
+    max_mutation_bytes: int = Field(16 * 1024 * 1024, ge=1024 * 1024)
+    """The cluster's ``max_mutation_size`` (half its ``commitlog_segment_size``, 32 MiB, unless
+    set): the most one batch may store (its message, recipients with their substitutions, its
+    202 answer). A batch that would store more is refused (413 ``batch_too_large``) before
+    anything is accepted; never set it above the cluster's."""
 
     @field_validator("keyspace")
     @classmethod

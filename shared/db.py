@@ -5,6 +5,9 @@ driver's ``ResponseFuture`` callbacks back to the event loop with ``call_soon_th
 no coroutine ever blocks. Driver exceptions become :class:`~shared.errors.DependencyUnavailable`
 here, at the boundary, and so does the server's "CAS operation result is unknown" (protocol v5
 error 0x1700, which the driver does not know): like a CAS write timeout, the caller re-reads.
+A request Cassandra refuses for its size (a batch past ``batch_size_fail_threshold``, a
+mutation past ``max_mutation_size``) becomes :class:`~shared.errors.TooLargeToStore`: the
+same request would be refused again, so it is no outage.
 
 A batch of prepared statements that a node no longer knows is re-prepared here: the driver
 re-prepares single statements itself, but for a batch it looks the statement up by the id the
@@ -52,7 +55,7 @@ from cassandra.query import (
 )
 
 from shared.config import CassandraSettings
-from shared.errors import DependencyUnavailable
+from shared.errors import DependencyUnavailable, TooLargeToStore
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,8 @@ _OUTAGE: tuple[type[BaseException], ...] = (
 )
 #: Protocol v5 CAS_WRITE_UNKNOWN: a lightweight transaction may or may not have applied.
 _CAS_WRITE_UNKNOWN = 0x1700
+#: What Cassandra's refusals of a request for its size say (``_refused_for_size``).
+_SIZE_REFUSALS = ("Batch too large", "oversized mutation", "is too large for the maximum size")
 Params = Sequence[Any] | Mapping[str, Any] | None
 
 
@@ -220,10 +225,12 @@ class Database:
         future.add_callbacks(on_ok, on_err)
         try:
             return await result
-        except _OUTAGE as exc:
-            raise DependencyUnavailable("cassandra", _describe(exc)) from exc
-        except ErrorMessage as exc:
-            if exc.code == _CAS_WRITE_UNKNOWN:
+        except Exception as exc:
+            if _refused_for_size(exc):
+                raise TooLargeToStore(_describe(exc)) from exc
+            if isinstance(exc, _OUTAGE) or (
+                isinstance(exc, ErrorMessage) and exc.code == _CAS_WRITE_UNKNOWN
+            ):
                 raise DependencyUnavailable("cassandra", _describe(exc)) from exc
             raise
 
@@ -286,12 +293,40 @@ class Database:
             state = page.paging_state
 
 
+def slices(sizes: Sequence[int], limit: int, *, count: int | None = None) -> list[range]:
+    """``sizes`` (bytes of each write) cut, in order, into runs of at most ``limit`` bytes
+    together (an item larger than ``limit`` alone) and at most ``count`` items (None: any
+    number): how writes are grouped so that each request stays within Cassandra's limits
+    (pure)."""
+    out: list[range] = []
+    start, total = 0, 0
+    for i, size in enumerate(sizes):
+        full = count is not None and i - start >= count
+        if i > start and (full or total + size > limit):
+            out.append(range(start, i))
+            start, total = i, 0
+        total += size
+    if start < len(sizes):
+        out.append(range(start, len(sizes)))
+    return out
+
+
 def _batch(statements: Sequence[Statement], logged: bool) -> BatchStatement:
     batch = BatchStatement(batch_type=BatchType.LOGGED if logged else BatchType.UNLOGGED)
     batch.is_idempotent = True
     for stmt in statements:
         batch.add(stmt)
     return batch
+
+
+def _refused_for_size(exc: BaseException) -> bool:
+    """Whether Cassandra refused a request for its size, before applying it: a batch over
+    several partitions past ``batch_size_fail_threshold`` (an invalid request, "Batch too
+    large"), or a mutation past ``max_mutation_size`` (the coordinator's "oversized
+    mutation", or a replica's commit log refusing it, which reaches us as a write failure:
+    not an outage, since the same write fails every time)."""
+    text = str(exc)
+    return any(sign in text for sign in _SIZE_REFUSALS)
 
 
 def _lost_prepared(exc: BaseException) -> bool:

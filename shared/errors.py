@@ -4,6 +4,7 @@
   + ConfigError                 bad or missing configuration, found at start-up
   + DependencyUnavailable       Cassandra or RabbitMQ cannot be reached right now (HTTP 503)
   + PublishError                the broker did not confirm, or returned, a publish
+  + TooLargeToStore             Cassandra refused a write for its size; nothing of it applied
   + ProviderError               a provider call failed; ``retry_after`` says when to try again
     x TransientProviderError    429, 5xx, timeouts, connection errors: another provider may work
                                 (``outcome_unknown`` for a 5xx, a timeout or a reset after the
@@ -44,6 +45,17 @@ class PublishError(DependencyUnavailable):
 
     def __init__(self, detail: str) -> None:
         super().__init__("rabbitmq", detail)
+
+
+class TooLargeToStore(SafedelivrError):
+    """Cassandra refused a write for its size: a batch of statements over several partitions
+    past ``batch_size_fail_threshold`` ("Batch too large"), or a mutation of one partition
+    past ``max_mutation_size``. It was refused before it applied anywhere, and the same write
+    will be refused again (the API answers 413: what it would store is too large)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"cassandra refused a write for its size: {detail}")
+        self.detail = detail
 
 
 class ProviderError(SafedelivrError):

@@ -24,10 +24,15 @@ from typing import Any, Final
 
 from cassandra.util import min_uuid_from_time, unix_time_from_uuid1
 
-from shared.db import Database, utc
+from shared.db import Database, slices, utc
 
 #: Events queued per logged batch (each is about 1 kB with its message row).
 ENQUEUE_SLICE = 25
+#: Body bytes one logged batch carries at most (a body is written twice, in its queue row and
+#: its message row; a longer one goes alone): a slice of events with long reasons or click
+#: URLs (up to 1,000 characters each) stays under Cassandra's ``batch_size_fail_threshold``
+#: even at its upstream default (50 KiB), which refuses the whole slice.
+ENQUEUE_BYTES = 32 * 1024
 #: Slices written at once.
 ENQUEUE_WINDOW = 8
 
@@ -50,6 +55,13 @@ class Queued:
     type: str
     body: bytes
     replay: bool = False
+
+
+def enqueued(rows: Sequence[Queued]) -> list[range]:
+    """The slices :meth:`HookQueue.enqueue` writes ``rows`` in, each one logged batch: at
+    most :data:`ENQUEUE_SLICE` events and :data:`ENQUEUE_BYTES` of bodies (pure)."""
+    sizes = [len(row.body) * (1 if row.replay else 2) for row in rows]
+    return slices(sizes, ENQUEUE_BYTES, count=ENQUEUE_SLICE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,11 +114,12 @@ class HookQueue:
 
     async def enqueue(self, rows: Sequence[Queued]) -> None:
         """Queue events, in the order given (their ``seq``, taken here in that order): each
-        slice of :data:`ENQUEUE_SLICE` atomically (a logged batch), up to
-        :data:`ENQUEUE_WINDOW` slices at once, so a chunk's thousand events neither make one
-        huge batch nor wait on each other (the order is the ``seq``'s, and the worker reads
-        them in that order). A failure part-way leaves some slices queued; the caller's retry
-        queues them again (same ``webhook-id``s: at least once)."""
+        slice of at most :data:`ENQUEUE_SLICE` events and :data:`ENQUEUE_BYTES` of bodies
+        atomically (a logged batch), up to :data:`ENQUEUE_WINDOW` slices at once, so a
+        chunk's thousand events neither make one huge batch nor wait on each other (the
+        order is the ``seq``'s, and the worker reads them in that order). A failure part-way
+        leaves some slices queued; the caller's retry queues them again (same
+        ``webhook-id``s: at least once)."""
         numbered = [(uuid.uuid1(), row) for row in rows]  # increasing within this process
         window = asyncio.Semaphore(ENQUEUE_WINDOW)
 
@@ -114,12 +127,7 @@ class HookQueue:
             async with window:
                 await self._enqueue(part)
 
-        await asyncio.gather(
-            *(
-                one(numbered[start : start + ENQUEUE_SLICE])
-                for start in range(0, len(numbered), ENQUEUE_SLICE)
-            )
-        )
+        await asyncio.gather(*(one(numbered[run.start : run.stop]) for run in enqueued(rows)))
 
     async def _enqueue(self, rows: Sequence[tuple[uuid.UUID, Queued]]) -> None:
         if not rows:

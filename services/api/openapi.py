@@ -37,7 +37,9 @@ ERRORS: dict[int, str] = {
     "`too_many_campaigns`, `too_many_imports`) names it and its value in `error.limit`; "
     "deleting one (or an import ending) frees its place.",
     413: "The body is over the size cap (refused while it streams in); for a list import, "
-    "also `too_many_contacts`: more rows than one import may carry (`error.limit`).",
+    "also `too_many_contacts`: more rows than one import may carry (`error.limit`); for a "
+    "batch, also `batch_too_large`: what it would store is more than one batch may hold "
+    "(`error.limit`), and nothing was charged or stored.",
     415: "The body is not JSON (for a CSV import: not `text/csv`).",
     422: "Invalid fields: `error.fields` names each one (a `from` outside your verified "
     "domains included).",

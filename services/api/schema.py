@@ -728,13 +728,15 @@ class LimitView(_Out):
     name: str = Field(
         examples=["lists"],
         description="A cap: `lists`, `templates`, `versions` (per template), `campaigns`, "
-        "`imports` (in progress at once) or `contacts_per_import`; or a template's limit: "
-        "`time`, `cpu_time`, `memory`, `integer_size`, `result_size`, `format_width`, "
-        "`output_size`, `source_size`, `range` or `nesting`.",
+        "`imports` (in progress at once) or `contacts_per_import`; `batch_bytes`, what one "
+        "batch may store; or a template's limit: `time`, `cpu_time`, `memory`, "
+        "`integer_size`, `result_size`, `format_width`, `output_size`, `source_size`, `range` "
+        "or `nesting`.",
     )
     value: int | None = Field(
         description="The most allowed; null for a template's `time`, `cpu_time` and `memory`, "
-        "which are the server's settings (the message says how much)."
+        "which are the server's settings (the message says how much), and for a batch the "
+        "cluster refused below the size this server was told it holds."
     )
 
 

@@ -3,8 +3,8 @@ and the original's ``POST /api/batch``.
 
 It works on plain data: a user id, the request body as decoded JSON-shaped values (each
 interface builds that from its own wire format), and an optional Idempotency-Key. It
-answers the 202 body as a dict, or raises :class:`~shared.http.ApiError` (409, 422, 429,
-503) for the interface to render in its own shape.
+answers the 202 body as a dict, or raises :class:`~shared.http.ApiError` (409, 413, 422,
+429, 503) for the interface to render in its own shape.
 
 A 202 means the batch, its chunks and their recipients are in Cassandra and either the
 broker confirmed ``batch.<uuid>`` or the outbox row guarantees the relay will publish it
@@ -38,12 +38,21 @@ from services.api.templated import TEMPLATE_FIELDS, Plan, TemplateBatches
 from shared import cooldown, lanes, template_use, validation
 from shared.acceptance import Acceptance
 from shared.background import Background
-from shared.batchstore import BatchHeader, BatchStore, NewBatch, new_batch_id
+from shared.batchstore import (
+    BatchHeader,
+    BatchStore,
+    Content,
+    NewBatch,
+    content_of,
+    most_stored,
+    new_batch_id,
+    too_large,
+)
 from shared.canary_store import CanaryStore, Rollout
 from shared.config import Settings
 from shared.cooldown import RecentMail
 from shared.domains import DomainStore, covers, domain_of
-from shared.errors import DependencyUnavailable
+from shared.errors import DependencyUnavailable, TooLargeToStore
 from shared.http import ApiError
 from shared.idempotency import Existing, IdempotencyStore
 from shared.logs import bound
@@ -59,6 +68,11 @@ from shared.suppressions import SuppressionStore
 log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
+
+#: From these many recipients, or characters of html and text, encoding what a batch stores
+#: is worth a worker thread (milliseconds and more: 10 MB takes some 10 ms).
+_LARGE_RECIPIENTS = 100
+_LARGE_TEXT = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +109,7 @@ class Sending:
         batch_id: uuid.UUID | None = None,
     ) -> dict[str, Any]:
         """Honour the Idempotency-Key first, then validate, drop suppressed recipients, charge
-        the daily quota and accept durably. Raises ApiError 409/422/429, and 503 when a
+        the daily quota and accept durably. Raises ApiError 409/413/422/429, and 503 when a
         dependency is down before the batch is decided.
 
         A key is looked up before anything is judged: a repeat with the same body gets the
@@ -259,12 +273,12 @@ class Sending:
     ) -> dict[str, Any]:
         """Judge and accept under a claimed key. A ``fresh`` claim (this request made it) is
         released when nothing can have been stored (the request was refused, or a dependency
-        failed while judging it, or the quota or the cooldown refused the batch), so the
-        client may correct it and retry with the same key at once. A claim taken over is never
-        released: its first holder may have stored the batch after all (a write landing
-        late), and the key must keep naming that batch rather than let a second one be made.
-        After any other failure the claim stays: the client's retry finds the batch if it was
-        stored, or takes the claim over once its lease ends."""
+        failed while judging it, or the quota or the cooldown refused the batch, or it was too
+        large to store), so the client may correct it and retry with the same key at once. A
+        claim taken over is never released: its first holder may have stored the batch after
+        all (a write landing late), and the key must keep naming that batch rather than let a
+        second one be made. After any other failure the claim stays: the client's retry finds
+        the batch if it was stored, or takes the claim over once its lease ends."""
         try:
             parsed, prefs, extra = await self._judged(user_id, body, accepted_at(batch_id))
         except (ApiError, DependencyUnavailable):
@@ -274,7 +288,7 @@ class Sending:
         try:
             response = await self._accept_once(user_id, batch_id, parsed, prefs, extra, keyed=True)
         except ApiError as exc:
-            if fresh and exc.status in (422, 429):
+            if fresh and exc.status in (413, 422, 429):
                 await self._release_quietly(user_id, idem, owner)
             raise
         await self._complete_quietly(user_id, idem, orjson.dumps(response))
@@ -290,7 +304,8 @@ class Sending:
         *,
         keyed: bool = False,
     ) -> dict[str, Any]:
-        """Leave out the recipients inside the cooldown, charge the rest to the quota of the
+        """Leave out the recipients inside the cooldown, measure what the batch would store
+        (413 when it is more than one batch may hold), charge the rest to the quota of the
         batch's day (429 when over), store, decide, publish.
 
         Without an Idempotency-Key the batch is stored ``pending`` and committed before the
@@ -302,6 +317,10 @@ class Sending:
         """
         started = time.perf_counter()
         parsed = await self._drop_cooling(user_id, batch_id, parsed, prefs)
+        batch = build_batch(
+            self.settings, user_id, batch_id, parsed, extra=extra, pending=not keyed
+        )
+        content = await self._content(batch)
         count = parsed.mailed
         verdict, _ = await self.quota.consume(user_id, count, now=accepted_at(batch_id))
         if not verdict.allowed:
@@ -311,16 +330,21 @@ class Sending:
                 f"this batch would pass the daily quota of {self.quota.daily_limit} recipients",
                 headers={"Retry-After": str(verdict.retry_after)},
             )
-        batch = build_batch(
-            self.settings, user_id, batch_id, parsed, extra=extra, pending=not keyed
-        )
         response: dict[str, Any] = orjson.loads(batch.response)
         with bound(batch_id=batch_id):
             try:
-                await self.acceptance.store(batch, also=await self._also(batch))
+                await self.acceptance.store(batch, also=await self._also(batch), content=content)
             except DependencyUnavailable:
                 await self._after_failed_store(batch, keyed=keyed)
                 raise
+            except TooLargeToStore as exc:
+                # Refused before its header was written: it does not exist, and never will.
+                # The cluster holds batches to less than this API was told it does.
+                log.error("batch %s refused by Cassandra for its size: %s", batch_id, exc)
+                await self._refund_quietly(batch)
+                raise _too_large(
+                    content.size, "the store refused a batch this large", None
+                ) from exc
             indexed = await self._commit(batch) if batch.pending else True
             # Accepted: from here on nothing may turn this into an error (the relay publishes
             # if the broker does not confirm now; the scheduler publishes a scheduled one).
@@ -337,6 +361,28 @@ class Sending:
         self.metrics.recipients.inc(count)
         self.metrics.accept_seconds.observe(time.perf_counter() - started)
         return response
+
+    async def _content(self, batch: NewBatch) -> Content:
+        """What the batch would store, encoded once (off the event loop when it may take
+        milliseconds); 413 ``batch_too_large`` when it is more than one batch may hold, so
+        nothing is charged or written for it."""
+        message = batch.message
+        text = len(message.html or "") + len(message.text or "")
+        if len(batch.recipients) >= _LARGE_RECIPIENTS or text >= _LARGE_TEXT:
+            content = await asyncio.to_thread(content_of, batch)
+        else:
+            content = content_of(batch)
+        limit = self.settings.cassandra.max_mutation_bytes
+        if too_large(content, limit):
+            most = most_stored(limit)
+            raise _too_large(content.size, f"one batch may store at most {most:,} bytes", most)
+        return content
+
+    async def _refund_quietly(self, batch: NewBatch) -> None:
+        try:
+            await self.quota.refund(batch.user_id, batch.batch_id, batch.mailed)
+        except DependencyUnavailable:
+            log.warning("batch %s: not stored, and its quota not given back", batch.batch_id)
 
     async def _commit(self, batch: NewBatch) -> bool:
         """Decide a pending batch; whether its indexes were written. Raises ApiError 503
@@ -501,6 +547,19 @@ class Sending:
             await self.idempotency.release(user_id, idem, owner)
         except DependencyUnavailable:
             log.warning("could not release Idempotency-Key %r after a refused request", idem)
+
+
+def _too_large(size: int, limit: str, most: int | None) -> ApiError:
+    """The 413 of a batch of ``size`` bytes too large to store, the ``limit`` it passed, and
+    the most a batch may store (``error.limit``: ``batch_bytes``; no value when the cluster
+    refused less than this API was told it holds)."""
+    return ApiError(
+        413,
+        "batch_too_large",
+        f"this batch would store {size:,} bytes (its message, and its recipients with their "
+        f"substitutions): {limit}; send its recipients in several batches",
+        limit=("batch_bytes", most),
+    )
 
 
 def _invalid_as_422(

@@ -11,13 +11,18 @@ from typing import Any
 
 import pytest
 
-from shared.batchstore import NewBatch
+from shared.batchstore import NewBatch, content_of
+from shared.errors import DependencyUnavailable, TooLargeToStore
+from shared.outbox import Outbox
 from shared.precedence import STATE_CELLS, accepted_at, provider_stamp, stamp_column, visible
 from shared.recipients import CHUNK_ROW, Selection, log_id_for, merged_chunk
 from shared.stats import batch_day
 from shared.validation import RecipientInput
 from shared.webhook_events import ProviderEvent
+from tests.conftest import unique
 from tests.contracts.conftest import Stores
+from tests.fakes.acceptance_stores import FakeOutbox
+from tests.fakes.stores import FakeCassandra
 from tests.fakes.world import new_batch
 
 A, B, C, D = "a@example.org", "b@example.org", "c@example.org", "d@example.org"
@@ -138,6 +143,95 @@ async def test_an_unknown_batch_has_no_header_owner_or_recipient(stores: Stores)
     assert await stores.recipients.batch_rows(unknown) == []
     assert await stores.recipients.chunk_rows(unknown, 0) == []
     assert await stores.recipients.one(unknown, 0, log_id_for(unknown, A)) is None
+
+
+# -- batches larger than one batch of statements over several partitions may be -----------
+
+#: A substitution value of this many characters makes a recipient's substitutions about
+#: 10 kB, the API's most.
+VALUE = 9_900
+
+
+def _large(recipients: int, *, html: int, chunk_size: int = 50) -> NewBatch:
+    """A batch of ``recipients`` recipients with 10 kB of substitutions each and ``html``
+    characters of html."""
+    batch = _batch(*(f"r{i}@example.org" for i in range(recipients)), chunk_size=chunk_size)
+    return replace(
+        batch,
+        message=batch.message.model_copy(update={"html": "<p>" + "y" * html + "</p>"}),
+        recipients=[
+            r.model_copy(update={"substitutions": {"-v-": f"{i:05d}" + "x" * (VALUE - 5)}})
+            for i, r in enumerate(batch.recipients)
+        ],
+    )
+
+
+def _outbox(stores: Stores) -> Any:
+    if isinstance(stores.db, FakeCassandra):
+        return FakeOutbox(stores.db, unique("ns"))
+    return Outbox(stores.db, unique("ns"))
+
+
+async def test_a_batch_of_megabytes_is_stored_whole_with_its_outbox_row(stores: Stores) -> None:
+    """800 kB of html and 1 MB of substitutions, with its outbox row (another partition):
+    past Cassandra's batch size threshold as one request, it is stored whole all the same:
+    its message, every recipient with their substitutions, the row the relay reads."""
+    batch = _large(100, html=800_000)
+    outbox = _outbox(stores)
+
+    await stores.batches.write(batch, also=[await outbox.statement(batch.batch_id, batch.user_id)])
+
+    header = await stores.batches.header(batch.batch_id)
+    assert header is not None
+    assert (header.message, header.recipient_count, header.chunk_count) == (batch.message, 100, 2)
+    rows = await stores.recipients.batch_rows(batch.batch_id)
+    assert [(r["email"], r["substitutions"]) for r in rows] == [
+        (r.email, r.substitutions) for r in batch.recipients
+    ]
+    assert batch.batch_id in await outbox.unpublished(*Outbox.bucket(batch.batch_id))
+
+
+async def test_content_past_the_mutation_limit_is_refused_and_leaves_no_batch(
+    stores: Stores,
+) -> None:
+    """A message of 17 MB, past ``max_mutation_size`` (16 MiB): refused as too large to
+    store, and nothing of the batch exists, nor its outbox row."""
+    batch = _large(1, html=17 * 1024 * 1024)
+    outbox = _outbox(stores)
+
+    with pytest.raises(TooLargeToStore):
+        await stores.batches.write(
+            batch, also=[await outbox.statement(batch.batch_id, batch.user_id)]
+        )
+
+    assert await stores.batches.header(batch.batch_id) is None
+    assert await stores.batches.status(batch.batch_id) is None
+    assert await stores.batches.owner(batch.batch_id) is None
+    assert batch.batch_id not in await outbox.unpublished(*Outbox.bucket(batch.batch_id))
+
+
+async def test_content_whose_header_never_came_is_no_batch_until_written_again(
+    stores: Stores,
+) -> None:
+    """Its writer stopped between the content and the header: the batch does not exist (no
+    header, owner or status); writing it again stores it whole."""
+    batch = _large(60, html=1_000)
+    if isinstance(stores.db, FakeCassandra):
+        stores.db.fail("batches.write", DependencyUnavailable("cassandra", "WriteTimeout"))
+        with pytest.raises(DependencyUnavailable):
+            await stores.batches.write(batch)
+    else:
+        await stores.batches._write_content(batch, content_of(batch))
+
+    assert await stores.batches.header(batch.batch_id) is None
+    assert await stores.batches.owner(batch.batch_id) is None
+    assert await stores.batches.status(batch.batch_id) is None
+
+    await stores.batches.write(batch)
+
+    header = await stores.batches.header(batch.batch_id)
+    assert header is not None and header.recipient_count == 60
+    assert len(await stores.recipients.batch_rows(batch.batch_id)) == 60
 
 
 async def test_a_dispatched_mark_shows_as_the_status_of_an_accepted_batch(

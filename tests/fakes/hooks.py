@@ -47,7 +47,6 @@ from shared import outbound_signing
 from shared.db import utc
 from shared.hook_delivery import Outcome
 from shared.hook_queue import (
-    ENQUEUE_SLICE,
     ENQUEUE_WINDOW,
     LOG_DAYS,
     REPLAY_MARK_SECONDS,
@@ -55,6 +54,7 @@ from shared.hook_queue import (
     Delivery,
     Pending,
     Queued,
+    enqueued,
     hour_of,
 )
 from shared.hook_store import PREVIOUS_SECRET_FOR, Endpoint, endpoints_in
@@ -392,12 +392,7 @@ class FakeHookQueue(_Twin):
             async with window:
                 await self._enqueue(part)
 
-        await asyncio.gather(
-            *(
-                one(numbered[start : start + ENQUEUE_SLICE])
-                for start in range(0, len(numbered), ENQUEUE_SLICE)
-            )
-        )
+        await asyncio.gather(*(one(numbered[run.start : run.stop]) for run in enqueued(rows)))
 
     async def _enqueue(self, rows: Sequence[tuple[uuid.UUID, Queued]]) -> None:
         """One slice, with the ``seq`` each event was given: one logged batch (all or none)."""

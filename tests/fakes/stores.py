@@ -15,6 +15,11 @@ Faults: ``FakeCassandra.fail(operation, error, applied=...)`` makes the next cal
 operation raise ``error`` before (or, with ``applied=True``, after) it takes effect — a write
 whose outcome is unknown.
 
+Sizes: Cassandra refuses, before applying it, a batch of statements over several partitions
+whose data passes ``batch_size_fail_threshold`` and a mutation of one partition past
+``max_mutation_size`` (:meth:`FakeCassandra.refuse_oversized`, with ``deploy/``'s settings by
+default): a twin that wrote a large batch as one request would fail as the real store did.
+
 Clocks: a plain write without ``USING TIMESTAMP`` is stamped by its client's clock (``now``,
 the driver's client-side timestamps), a lightweight transaction by a Cassandra node's (its
 Paxos ballot: :meth:`FakeCassandra.ballot`), which ``server_offset`` sets apart from the
@@ -36,22 +41,25 @@ from cassandra.util import SortedSet
 from shared import precedence
 from shared.attempts import COLUMNS, Attempt, from_row
 from shared.batchstore import (
+    STATEMENT_BYTES,
     STORED_STATUS_STAMP,
     BatchHeader,
+    Content,
     NewBatch,
     _header_stamp,
+    content_of,
     month_of,
     shown_status,
 )
+from shared.db import slices
 from shared.domain_capacity import HISTORY_DAYS, OUTCOMES, DayVolume
-from shared.errors import DependencyUnavailable
+from shared.errors import DependencyUnavailable, TooLargeToStore
 from shared.models import Message
 from shared.recipients import (
     CHUNK_ROW,
     Selection,
     by_chunk,
     decode_recipients,
-    encode_recipients,
     log_id_for,
     merged_chunk,
     merged_one,
@@ -78,6 +86,13 @@ from tests.fakes.wire import LOOPBACK, Kind, Trip, Wire
 
 #: A clustering row of ``batches``: (chunk, log_id).
 Clustering = tuple[int, uuid.UUID]
+#: ``batch_size_fail_threshold`` of the node ``deploy/local/cassandra.sh`` runs.
+BATCH_FAIL_BYTES = 640 * 1024
+#: ``max_mutation_size``: half of ``commitlog_segment_size`` (32 MiB there).
+MAX_MUTATION_BYTES = 16 * 1024 * 1024
+#: What a row another store hands over to be written with a batch (``Write``) weighs: an
+#: outbox or schedule row, a canary's record (keys and a few small cells).
+OTHER_ROW_BYTES = 100
 #: A write a store hands to another to apply with its own (the twin of a bound statement).
 Write = Callable[[], None]
 
@@ -219,6 +234,7 @@ OPERATION_KINDS: dict[str, Kind] = {
     "batches.cancel": "write",
     "batches.cancel_scheduled": "lwt",
     "batches.commit": "lwt",
+    "batches.content": "write",
     "batches.header": "read",
     "batches.index": "write",
     "batches.index_stored": "write",
@@ -276,9 +292,18 @@ class FakeCassandra:
     """The tables the twins share (as one keyspace is shared by the real stores)."""
 
     def __init__(
-        self, now: Callable[[], datetime] = lambda: datetime.now(UTC), wire: Wire = LOOPBACK
+        self,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        wire: Wire = LOOPBACK,
+        *,
+        batch_fail_bytes: int = BATCH_FAIL_BYTES,
+        max_mutation_bytes: int = MAX_MUTATION_BYTES,
     ) -> None:
         self.now = now
+        self.batch_fail_bytes = batch_fail_bytes
+        """``batch_size_fail_threshold``: the most data a batch over several partitions holds."""
+        self.max_mutation_bytes = max_mutation_bytes
+        """``max_mutation_size``: the most data one request writes to one partition."""
         """The clock of server-side times (write timestamps, ``created_at``): the World's."""
         self.wire = wire
         """How each round trip travels (``tests.fakes.wire``): where a simulator's faults go."""
@@ -366,6 +391,18 @@ class FakeCassandra:
         )
         return [_selected(k, rows[k]) for k in keys]
 
+    def refuse_oversized(self, partitions: Sequence[int]) -> None:
+        """Cassandra's checks of a request's size, before it applies anything: ``partitions``
+        are the bytes it writes to each partition it touches. Raises TooLargeToStore as the
+        real store does (``shared.db``)."""
+        largest = max(partitions, default=0)
+        if largest > self.max_mutation_bytes:
+            raise TooLargeToStore(
+                f"Encountered an oversized mutation ({largest}/{self.max_mutation_bytes})"
+            )
+        if len(partitions) > 1 and sum(partitions) > self.batch_fail_bytes:
+            raise TooLargeToStore("Batch too large")
+
     @staticmethod
     def apply(writes: Iterable[Write]) -> None:
         """Apply writes as one batch (the twin of ``Database.batch``)."""
@@ -412,27 +449,34 @@ class FakeBatches:
         self.db = db
         self.stats = stats or FakeStats(db)
 
-    async def write(self, batch: NewBatch, *, also: Sequence[Write] = ()) -> None:
-        """The batch's partition, with ``also`` (other twins' writes, as the real store sends
-        other partitions' statements) in the same logged batch: all of it lands, or none."""
+    async def write(
+        self, batch: NewBatch, *, also: Sequence[Write] = (), content: Content | None = None
+    ) -> None:
+        """As the real store: the batch's content in statements on its partition alone (one
+        round trip each, ``batches.content``), then its header with ``also`` (other twins'
+        writes, as the real store sends other partitions' statements) in one logged batch
+        (``batches.write``): all of that lands, or none."""
+        content = content if content is not None else content_of(batch)
+        sizes = [len(content.message) + len(content.response), *map(len, content.chunks)]
+        for run in slices(sizes, STATEMENT_BYTES):
+            failure = await self.db._before("batches.content")
+            self.db.refuse_oversized([sum(sizes[i] for i in run)])
+            for i in run:
+                self._content(batch, content, i)
+            self.db._after(failure)
         failure = await self.db._before("batches.write")
-        queued = precedence.queued_stamp(batch.batch_id)
-        created = precedence.accepted_at(batch.batch_id)
-        for i, part in enumerate(batch.chunks()):
-            self.db.insert(
-                batch.batch_id, i, CHUNK_ROW, {"recipients": encode_recipients(part)}, queued
-            )
+        self.db.refuse_oversized(
+            [len(batch.message.subject.encode()) + 64] + [OTHER_ROW_BYTES] * len(also)
+        )
         header = self.db.headers.setdefault(batch.batch_id, _Cells())
         header.insert(
             {
                 "user_id": batch.user_id,
-                "created_at": created,
+                "created_at": precedence.accepted_at(batch.batch_id),
                 "subject": batch.message.subject,
-                "message": batch.message.encode(),
                 "recipient_count": len(batch.recipients),
                 "chunk_size": batch.chunk_size,
                 "chunk_count": batch.chunk_count,
-                "accept_response": batch.response or None,
                 "send_at": batch.send_at,
             },
             _header_stamp(batch.batch_id),
@@ -440,6 +484,18 @@ class FakeBatches:
         header.put("status", batch.status, STORED_STATUS_STAMP)
         self.db.apply(also)
         self.db._after(failure)
+
+    def _content(self, batch: NewBatch, content: Content, index: int) -> None:
+        """The ``index``-th value of the content: 0 the message and 202, then each chunk's
+        list."""
+        if index == 0:
+            header = self.db.headers.setdefault(batch.batch_id, _Cells())
+            stored = {"message": content.message, "accept_response": content.response or None}
+            header.insert(stored, _header_stamp(batch.batch_id))
+            return
+        queued = precedence.queued_stamp(batch.batch_id)
+        listed = {"recipients": content.chunks[index - 1]}
+        self.db.insert(batch.batch_id, index - 1, CHUNK_ROW, listed, queued)
 
     async def index(self, batch: NewBatch) -> None:
         failure = await self.db._before("batches.index")
@@ -472,7 +528,7 @@ class FakeBatches:
     async def header(self, batch_id: uuid.UUID) -> BatchHeader | None:
         self.db._after(await self.db._before("batches.header"))
         h = self.db.headers.get(batch_id)
-        if h is None or h.get("message") is None:
+        if h is None or h.get("created_at") is None or h.get("message") is None:
             return None
         return BatchHeader(
             batch_id=batch_id,

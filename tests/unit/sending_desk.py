@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from services.api.sending import Sending
 from shared.acceptance import Acceptance
 from shared.background import Background
-from shared.config import ApiSettings, ProviderSettings, Settings
+from shared.config import ApiSettings, CassandraSettings, ProviderSettings, Settings
 from shared.errors import DependencyUnavailable
 from shared.metrics import ApiMetrics
 from shared.outbox import Relay
@@ -79,7 +79,8 @@ class Desk:
         return await relay.once(now)
 
 
-async def new_desk(lease: float, **api: Any) -> Desk:
+async def new_desk(lease: float, *, cassandra: CassandraSettings | None = None, **api: Any) -> Desk:
+    """``cassandra``: the limits the API holds batches to (default: Cassandra's own)."""
     db = FakeCassandra()
     batches, outbox, broker = FakeBatches(db), FakeOutbox(db), FakeBroker()
     quota = FakeQuota(db)
@@ -93,7 +94,9 @@ async def new_desk(lease: float, **api: Any) -> Desk:
     suppressions, idempotency = FakeSuppressionStore(db), FakeIdempotencyStore(lease=lease)
     sending = Sending(
         settings=Settings(
-            api=ApiSettings(sender_domains="any", **api), providers=ProviderSettings()
+            api=ApiSettings(sender_domains="any", **api),
+            providers=ProviderSettings(),
+            cassandra=cassandra or CassandraSettings(),
         ),
         acceptance=acceptance,
         batches=batches,  # type: ignore[arg-type]

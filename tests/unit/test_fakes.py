@@ -115,8 +115,14 @@ def test_every_fault_point_names_an_operation_of_a_twin() -> None:
         "recent": FakeRecentMail,
         "preferences": FakePreferences,
     }
-    # The quota's round trips: its counter's update, its reads, its refunds' sum.
-    internal = {"quota.add": "_add", "quota.read": "used", "quota.refunded": "_refunded"}
+    # The quota's round trips: its counter's update, its reads, its refunds' sum; a batch's
+    # content, written before its header.
+    internal = {
+        "quota.add": "_add",
+        "quota.read": "used",
+        "quota.refunded": "_refunded",
+        "batches.content": "_content",
+    }
     for point in OPERATIONS:
         store, _, name = point.partition(".")
         method = internal.get(point, name)

@@ -1,4 +1,5 @@
-"""Users' webhook events: filters, webhook-ids, payloads and what is queued for whom (pure)."""
+"""Users' webhook events: filters, webhook-ids, payloads, what is queued for whom, and in
+which slices (pure)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
+from shared.hook_queue import ENQUEUE_BYTES, ENQUEUE_SLICE, Queued, enqueued
 from shared.hook_store import Endpoint
 from shared.user_hooks import (
     EVENT_TYPES,
@@ -164,3 +166,20 @@ def test_an_event_needs_an_aware_time() -> None:
     """Naive datetimes are refused (timestamps are UTC on the wire)."""
     with pytest.raises(ValueError, match="timezone"):
         _event(occurred_at=datetime(2026, 11, 26, 12, 0))  # noqa: DTZ001
+
+
+def test_webhook_events_with_long_bodies_are_queued_in_slices_under_the_threshold() -> None:
+    """A chunk's thousand events with 4 kB bodies (1,000-character reasons) are queued in
+    logged batches of at most ENQUEUE_BYTES of bodies (each written twice), in order, under
+    the 50 KiB ``batch_size_fail_threshold`` Cassandra has by default; short ones 25 at a
+    time."""
+    endpoint = uuid.uuid4()
+    long = [Queued(endpoint, f"msg_{i}", "recipient.bounced", b"x" * 4_000) for i in range(1_000)]
+    short = [Queued(endpoint, f"msg_{i}", "recipient.sent", b"x" * 400) for i in range(1_000)]
+
+    cut = enqueued(long)
+
+    assert [i for run in cut for i in run] == list(range(1_000))
+    assert all(sum(2 * len(long[i].body) for i in run) <= ENQUEUE_BYTES for run in cut)
+    assert ENQUEUE_BYTES < 50 * 1024
+    assert {len(run) for run in enqueued(short)} == {ENQUEUE_SLICE}
