@@ -73,7 +73,12 @@ _OUTAGE: tuple[type[BaseException], ...] = (
 #: Protocol v5 CAS_WRITE_UNKNOWN: a lightweight transaction may or may not have applied.
 _CAS_WRITE_UNKNOWN = 0x1700
 #: What Cassandra's refusals of a request for its size say (``_refused_for_size``).
-_SIZE_REFUSALS = ("Batch too large", "oversized mutation", "is too large for the maximum size")
+_SIZE_REFUSALS = (
+    "Batch too large",
+    "oversized mutation",
+    "is too large for the maximum size",
+    "exceeds allowed maximum",
+)
 Params = Sequence[Any] | Mapping[str, Any] | None
 
 
@@ -324,7 +329,9 @@ def _refused_for_size(exc: BaseException) -> bool:
     several partitions past ``batch_size_fail_threshold`` (an invalid request, "Batch too
     large"), or a mutation past ``max_mutation_size`` (the coordinator's "oversized
     mutation", or a replica's commit log refusing it, which reaches us as a write failure:
-    not an outage, since the same write fails every time)."""
+    not an outage, since the same write fails every time), or a request past the native
+    protocol's ``native_transport_max_message_size`` (16 MiB too: "CQL Message of size ...
+    exceeds allowed maximum", refused whole before it is read as a query)."""
     text = str(exc)
     return any(sign in text for sign in _SIZE_REFUSALS)
 
