@@ -106,9 +106,9 @@ async def test_one_failing_task_does_not_stop_the_others() -> None:
 
 
 async def test_drain_with_nothing_spawned_returns_at_once() -> None:
-    started = time.monotonic()
-    await Background().drain(timeout=5)
-    assert time.monotonic() - started < 1
+    """Nothing to wait for: drain returns without waiting out its timeout (an hour here, so
+    waiting would fail by the suite's per-test timeout)."""
+    await Background().drain(timeout=3600)
 
 
 async def test_drain_gives_up_after_its_timeout_and_leaves_the_task_running() -> None:
@@ -126,7 +126,7 @@ async def test_drain_gives_up_after_its_timeout_and_leaves_the_task_running() ->
 
     await background.drain(timeout=0.05)
 
-    assert 0.04 <= time.monotonic() - started < 2
+    assert time.monotonic() - started >= 0.05
     assert done == []
     release.set()
     await background.drain(timeout=1)  # it was still alive: it finishes now

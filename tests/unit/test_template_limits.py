@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -28,12 +27,8 @@ NESTED = "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% e
 )
 def test_loops_that_work_without_output_run_out_of_time(source: str) -> None:
     """Nested and recursive loops that yield nothing still stop at the time limit."""
-    started = time.monotonic()
-
     with pytest.raises(RenderError, match=r"longer than 0\.5 s"):
         render_part(source, {})
-
-    assert time.monotonic() - started < 5
 
 
 def test_a_loop_step_checks_the_clock() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -144,13 +143,11 @@ def test_compiled_parts_keep_failures_and_stay_within_their_bounds() -> None:
     ],
 )
 def test_deriving_text_from_unclosed_tags_is_fast(source: str) -> None:
-    """Unclosed tags do not make text derivation quadratic: a megabyte of them takes well
-    under a second (the bound here is generous)."""
-    started = time.monotonic()
+    """A megabyte of unclosed tags is read to the end and its text derived (how the time
+    grows is make hostile's figure; a quadratic reading fails by the per-test timeout)."""
+    text = text_of(source)
 
-    text_of(source)
-
-    assert time.monotonic() - started < 3
+    assert isinstance(text, str)
 
 
 def test_deriving_text_checks_the_clock_as_it_goes() -> None:

@@ -3,7 +3,6 @@ parameters: non-JSON fault bodies, unknown providers, and malformed ``recent`` a
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
@@ -111,11 +110,9 @@ async def test_wait_must_be_a_finite_number_of_seconds(sandbox: Harness, wait: s
 
 
 async def test_a_negative_wait_answers_at_once(sandbox: Harness) -> None:
-    """A negative wait is no wait: the counters come straight back."""
-    started = time.monotonic()
-
-    response = await sandbox.client.get("/_control/webhooks", params={"wait": "-30"})
+    """A negative wait is no wait: the counters come straight back (waiting an hour would
+    fail by the per-test timeout)."""
+    response = await sandbox.client.get("/_control/webhooks", params={"wait": "-3600"})
 
     assert response.status_code == 200
-    assert time.monotonic() - started < 1
     assert set(response.json()) >= {"sendgrid", "mailgun"}
