@@ -1,7 +1,9 @@
 """HTTP plumbing shared by our Starlette services: the JSON error envelope
 ``{"error": {"code", "message", "fields"?, "batch_id"?, "limit"?}}`` and request bodies read
 under a size cap that is enforced while they stream in (413 before buffering, not after),
-into memory or, for large uploads, into a temporary file."""
+into memory or, for large uploads, into a temporary file. A body read into memory first
+takes its size from the process's body budget (:class:`BodyBudget`,
+:mod:`shared.byte_budget`) and holds it until its answer is sent."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from shared.byte_budget import BudgetExhausted, ByteBudget, Lease
 from shared.digits import natural
 from shared.errors import DependencyUnavailable
 
@@ -23,6 +26,13 @@ from shared.errors import DependencyUnavailable
 BODY_TIMEOUT = 30.0
 #: Bytes of an upload held in memory before they are written to its temporary file.
 SPOOL_FLUSH = 1024 * 1024
+#: Bytes of JSON above which it is parsed in a worker thread (about 1 ms a 500 KB: a 10 MB
+#: body would hold the event loop for tens of milliseconds).
+LARGE_JSON = 512 * 1024
+#: Where :class:`BodyBudget` puts a request's :class:`~shared.byte_budget.Lease` in its scope.
+LEASE = "safedelivr.body_lease"
+#: Bodies up to this many bytes take nothing from the body budget (they never wait).
+SMALL_BODY = 64 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +87,10 @@ async def read_capped(request: Request, limit: int, *, timeout: float = BODY_TIM
     """The raw body, or 413 as soon as it (or its declared length) passes ``limit``; 408 when
     it has not all arrived within ``timeout`` seconds (a client trickling a body a byte at a
     time would otherwise hold a request slot for as long as it likes)."""
-    _refuse_declared(request, limit)
+    declared = _refuse_declared(request, limit)
+    lease: Lease | None = request.scope.get(LEASE)
+    if lease is not None and declared is not None:
+        await _cover(lease, declared)
     chunks: list[bytes] = []
     size = 0
     try:
@@ -86,10 +99,25 @@ async def read_capped(request: Request, limit: int, *, timeout: float = BODY_TIM
                 size += len(chunk)
                 if size > limit:
                     raise _too_large(limit)
+                if lease is not None:
+                    await _cover(lease, size)  # a body longer than it said, or unsaid
                 chunks.append(chunk)
     except TimeoutError:
         raise _late(timeout) from None
     return b"".join(chunks)
+
+
+async def _cover(lease: Lease, size: int) -> None:
+    try:
+        await lease.cover(size)
+    except BudgetExhausted as exc:
+        raise ApiError(
+            503,
+            "overloaded",
+            "too many large request bodies in progress; retry shortly",
+            headers={"Retry-After": "2"},
+            limit=("body_budget_bytes", exc.total),
+        ) from None
 
 
 async def spool_capped(request: Request, limit: int, *, timeout: float = BODY_TIMEOUT) -> BinaryIO:
@@ -128,11 +156,13 @@ def _rewound(spool: BinaryIO, rest: list[bytes]) -> None:
     spool.seek(0)
 
 
-def _refuse_declared(request: Request, limit: int) -> None:
+def _refuse_declared(request: Request, limit: int) -> int | None:
+    """The declared length, or 413 when it passes ``limit``."""
     declared = request.headers.get("content-length")
     size_declared = natural(declared, max_digits=40)  # any length: a huge one is a 413
     if size_declared is not None and size_declared > limit:
         raise _too_large(limit)
+    return size_declared
 
 
 def _late(timeout: float) -> ApiError:
@@ -152,6 +182,8 @@ async def read_json(
             return raw, None
         _json_type(request)
     try:
+        if len(raw) > LARGE_JSON:
+            return raw, await asyncio.to_thread(orjson.loads, raw)
         return raw, orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from exc
@@ -237,6 +269,31 @@ class AdmissionLimit:
             await self.app(scope, receive, send)
         finally:
             self.active -= 1
+
+
+class BodyBudget:
+    """ASGI middleware: each HTTP request gets a :class:`~shared.byte_budget.Lease` on the
+    process's body budget (``scope[LEASE]``), which :func:`read_capped` grows to the size of
+    the body it reads (a body over :data:`SMALL_BODY` waits up to ``wait`` seconds for room,
+    then is answered 503 with ``Retry-After``, unread) and which is given back when the
+    request ends, however it ends (answered, failed, or its client gone): the bytes of the
+    bodies a process holds, and of what it makes of them until it answers, stay bounded."""
+
+    def __init__(self, app: Any, budget: ByteBudget, *, wait: float) -> None:
+        self.app = app
+        self.budget = budget
+        self.wait = wait
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        lease = Lease(self.budget, self.wait, small=SMALL_BODY)
+        try:
+            scope[LEASE] = lease
+            await self.app(scope, receive, send)
+        finally:
+            lease.release()
 
 
 class StrictTransportSecurity:

@@ -43,6 +43,7 @@ from shared.acceptance import Acceptance
 from shared.attempts import AttemptStore
 from shared.background import Background
 from shared.batchstore import BatchStore
+from shared.byte_budget import ByteBudget
 from shared.campaigns import CampaignStore
 from shared.canary_store import CanaryStore
 from shared.cap_store import CapStore
@@ -52,7 +53,7 @@ from shared.cooldown import RecentMail
 from shared.deadletters import DeadLetters, DeadLetterStore
 from shared.domains import DohResolver, DomainStore
 from shared.health import health_routes
-from shared.http import AdmissionLimit, StrictTransportSecurity, error_handlers
+from shared.http import AdmissionLimit, BodyBudget, StrictTransportSecurity, error_handlers
 from shared.idempotency import IdempotencyStore
 from shared.metrics import ApiMetrics, new_registry
 from shared.outbox import Outbox, Relay, relay_forever
@@ -257,7 +258,14 @@ def create_app(settings: Settings) -> Starlette:
         ),
         *dashboard_routes(),  # last: its / and /static shadow nothing above
     ]
-    middleware = [Middleware(AdmissionLimit, limit=settings.api.max_concurrency)]
+    middleware = [
+        Middleware(AdmissionLimit, limit=settings.api.max_concurrency),
+        Middleware(
+            BodyBudget,
+            budget=ByteBudget(settings.api.body_budget_bytes),
+            wait=settings.api.body_wait,
+        ),
+    ]
     if cookie_secure(settings):
         # Outermost, so that even a 503 from the admission limit carries it.
         middleware.insert(0, Middleware(StrictTransportSecurity))

@@ -14,10 +14,11 @@ from services.webhooks import receivers
 from services.webhooks.ingest import Ingest, IngestMetrics
 from services.webhooks.intake import Intake, IntakeMetrics
 from shared import stall_monitor
+from shared.byte_budget import ByteBudget
 from shared.config import Settings
 from shared.errors import ConfigError
 from shared.health import health_routes
-from shared.http import AdmissionLimit, error_handlers
+from shared.http import AdmissionLimit, BodyBudget, error_handlers
 from shared.livesettings import LiveSettings, SettingsStore, Watcher
 from shared.metrics import new_registry
 from shared.provider_health import HealthStore
@@ -93,7 +94,14 @@ def create_app(settings: Settings) -> Starlette:
         ),
     ]
     app = Starlette(
-        middleware=[Middleware(AdmissionLimit, limit=settings.webhooks.max_concurrency)],
+        middleware=[
+            Middleware(AdmissionLimit, limit=settings.webhooks.max_concurrency),
+            Middleware(
+                BodyBudget,
+                budget=ByteBudget(settings.webhooks.body_budget_bytes),
+                wait=settings.webhooks.body_wait,
+            ),
+        ],
         routes=routes,
         lifespan=lifespan,
         exception_handlers=error_handlers(),
