@@ -131,6 +131,17 @@ class ApiSettings(BaseSettings):
     """How far ahead a batch's ``send_at`` may be."""
     max_concurrency: int = Field(256, ge=1)
     """HTTP requests in progress per API process before new ones get 503 + Retry-After."""
+    body_budget_bytes: int = Field(16 * 1024 * 1024, ge=1024 * 1024)
+    """Bytes of request bodies one API process holds at once, from the moment a body is read
+    until its answer is sent (``shared.byte_budget``): a body over 64 KiB waits for room, then
+    gets 503 + Retry-After unread. A body larger than this runs alone."""
+    body_wait: float = Field(5.0, ge=0)
+    """Seconds a large body waits for room in the body budget before its 503."""
+    memory_max_mb: int = Field(192, ge=32)
+    """The most memory (RSS, MB) one API process may hold: the deploy's systemd unit sets it
+    (MemoryMax, per worker) and ``make hostile`` judges the process by it. The body budget is
+    what keeps a process under it whatever arrives (measured: a few times the budget above
+    the idle process's 85 MB)."""
     outbox_relay_interval: float = Field(5.0, gt=0)
     """Seconds between two passes of the outbox relay."""
     outbox_grace: float = Field(30.0, ge=0)
@@ -195,6 +206,15 @@ class WebhookSettings(BaseSettings):
     max_concurrency: int = Field(64, ge=1)
     """Webhook posts in progress per process before new ones get 503 + Retry-After (the
     providers retry), so a flood cannot queue without bound."""
+    body_budget_bytes: int = Field(8 * 1024 * 1024, ge=1024 * 1024)
+    """Bytes of webhook bodies one process holds at once (as
+    ``SAFEDELIVR_API_BODY_BUDGET_BYTES``; over it a post waits, then gets 503 + Retry-After,
+    and the provider retries it)."""
+    body_wait: float = Field(5.0, ge=0)
+    """Seconds a large body waits for room in the body budget before its 503."""
+    memory_max_mb: int = Field(160, ge=32)
+    """The most memory (RSS, MB) one webhook process may hold (as
+    ``SAFEDELIVR_API_MEMORY_MAX_MB``)."""
     deferred_deadline: int = Field(4 * 3600, ge=1)
     """Seconds a recipient may stay deferred before we try another provider."""
 
@@ -284,6 +304,13 @@ class ConsumerSettings(BaseSettings):
     """Where the consumer process serves /healthz, /readyz and /metrics."""
     prefetch: int = Field(4, ge=1, le=1000)
     """Chunks (of up to 1,000 recipients) in flight per provider queue."""
+    work_budget_bytes: int = Field(16 * 1024 * 1024, ge=1024 * 1024)
+    """Bytes of recipients' data (addresses and substitutions) whose provider calls one
+    process builds and sends at once (``shared.byte_budget``); a chunk waits for room (a
+    prefetch counts messages, not bytes). A chunk larger than this runs alone."""
+    memory_max_mb: int = Field(224, ge=32)
+    """The most memory (RSS, MB) one consumer process may hold (as
+    ``SAFEDELIVR_API_MEMORY_MAX_MB``)."""
     bulk_prefetch: int = Field(1, ge=1, le=1000)
     """Chunks in flight per provider's bulk-lane queue: fewer than ``prefetch``, so a draining
     bulk batch leaves this process's calls and the provider's rate to transactional mail (the
@@ -420,6 +447,9 @@ class TrackingSettings(BaseSettings):
     stored message's own links)."""
     max_concurrency: int = Field(256, ge=1)
     """Requests in progress per process before new ones get 503."""
+    memory_max_mb: int = Field(128, ge=32)
+    """The most memory (RSS, MB) one tracking process may hold (as
+    ``SAFEDELIVR_API_MEMORY_MAX_MB``; its bodies are at most 4 KB)."""
 
     @property
     def allowed_hosts(self) -> frozenset[str]:
@@ -459,6 +489,9 @@ class HooksSettings(BaseSettings):
     """Address to listen on."""
     port: int = Field(8084, ge=1, le=65535)
     """Where the delivery worker serves /healthz, /readyz and /metrics."""
+    memory_max_mb: int = Field(128, ge=32)
+    """The most memory (RSS, MB) one hooks process may hold (as
+    ``SAFEDELIVR_API_MEMORY_MAX_MB``)."""
     timeout: float = Field(10.0, gt=0, le=60)
     """Seconds one delivery may take (connect, send, answer) before it counts as failed."""
     allow_http: bool = False
