@@ -74,6 +74,11 @@ class ByteBudget:
             raise
         return size
 
+    @property
+    def waiting(self) -> int:
+        """Takers waiting for room."""
+        return len(self._queue)
+
     def give(self, size: int) -> None:
         """Return bytes taken with :meth:`take`."""
         self.free += size

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from services.consumers import failover, protocol
 from shared import recipient_events, template_use
 from shared.attempts import Attempt, find, tag
+from shared.byte_budget import BudgetExhausted, ByteBudget
 from shared.db import Row
 from shared.domains import domain_of
 from shared.engagement import Tracker, personalize
@@ -85,21 +86,34 @@ class Caller:
             answer = Answer(receipt=Receipt(job.provider, 0, None))  # nothing left to send
         else:
             message = template_use.message_for(header.message, job.chunk)
-            tracker = d.tracker if header.message.engagement is not None else None
-            build = (job, message, to_send, tracker)
-            # A token per recipient and link, or a large chunk's models: CPU work (34 ms for
-            # 1,000 recipients with 100 substitutions each), kept off the event loop.
-            if tracker is not None or heavy(to_send):
-                chunk = await asyncio.to_thread(_chunk, *build)
-            else:
-                chunk = _chunk(*build)
-            await d.hooks("before_call", job)
-            held = (
-                await d.campaigns.check(header.user_id, header.message, job.provider)
-                if d.campaigns is not None
-                else None
-            )
-            sent = Answer(error=held) if held is not None else await self._send(job, chunk)
+            large = heavy(to_send)
+            weight = await asyncio.to_thread(weigh, to_send) if large else weigh(to_send)
+            # Building and sending a chunk holds its data a few times over (models, the
+            # provider's payload, its encoding): the process's work budget bounds how much of
+            # that it holds at once. The wait is at most one call's length, so the attempt
+            # this delivery holds as calling cannot outlive its lease (2 calls + 5 s) by it;
+            # past it the chunk goes anyway, over budget, rather than be held.
+            taken = await _room(d.work, weight, wait=d.settings.timeout)
+            try:
+                tracker = d.tracker if header.message.engagement is not None else None
+                build = (job, message, to_send, tracker)
+                # A token per recipient and link, or a large chunk's models: CPU work (34 ms
+                # for 1,000 recipients with 100 substitutions each), kept off the event loop.
+                if tracker is not None or large:
+                    chunk = await asyncio.to_thread(_chunk, *build)
+                else:
+                    chunk = _chunk(*build)
+                await d.hooks("before_call", job)
+                held = (
+                    await d.campaigns.check(header.user_id, header.message, job.provider)
+                    if d.campaigns is not None
+                    else None
+                )
+                sent = Answer(error=held) if held is not None else await self._send(job, chunk)
+                del chunk  # its payload is not held past the budget it took
+            finally:
+                if d.work is not None:
+                    d.work.give(taken)
             answer = replace(sent, recipients=len(to_send))
         delivery.scratch["answer"] = answer
         await d.hooks("answered", job)
@@ -353,6 +367,28 @@ def heavy(rows: Sequence[Row]) -> bool:
         if weight > HEAVY_CHUNK:
             return True
     return False
+
+
+def weigh(rows: Sequence[Row]) -> int:
+    """The bytes of recipients' data in ``rows`` (addresses, names, substitutions): what a
+    chunk of them takes from the work budget."""
+    total = 0
+    for row in rows:
+        total += len(row["email"]) + len(row.get("name") or "")
+        for key, value in (row.get("substitutions") or {}).items():
+            total += len(key) + len(value)
+    return total
+
+
+async def _room(budget: ByteBudget | None, size: int, *, wait: float) -> int:
+    """``size`` bytes of ``budget`` (what was taken), or none once ``wait`` is over."""
+    if budget is None:
+        return 0
+    try:
+        return await budget.take(size, wait=wait)
+    except BudgetExhausted:
+        log.warning("work budget full for %.0f s: sending a chunk of %d bytes over it", wait, size)
+        return 0
 
 
 def _chunk(

@@ -30,6 +30,7 @@ from services.consumers.resolution import Resolver
 from shared.attempts import AttemptStore, chunk_line, recipient_line
 from shared.batchstore import BatchStore
 from shared.broker import Broker
+from shared.byte_budget import ByteBudget
 from shared.config import ProviderSettings
 from shared.domain_capacity import CapacityGate
 from shared.engagement import Tracker
@@ -123,6 +124,9 @@ class Dispatcher:
     tracker: Tracker | None = None
     """Where tracked links, the open pixel and one-click unsubscribe point (None: nowhere,
     so mail goes without them)."""
+    work: ByteBudget | None = None
+    """The process's budget of recipients' bytes in provider calls being built and sent
+    (``services.consumers.calls``; None: unbounded)."""
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
     def __post_init__(self) -> None:

@@ -26,6 +26,7 @@ from shared.acceptance import Acceptance
 from shared.alerts import Alert, AlertConfig, Alerter, AlertMail
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchStore
+from shared.byte_budget import ByteBudget
 from shared.campaigns import CampaignStore
 from shared.canary import Margins
 from shared.canary_store import CanaryStore
@@ -89,6 +90,7 @@ def build_dispatcher(
         tracker=tracker_of(settings.tracking),
         user_hooks=HookEmitter(res.db, res.broker),
         campaigns=CampaignHold(CampaignStore(res.db, settings.amqp.exchange)),
+        work=ByteBudget(settings.consumers.work_budget_bytes),
     )
 
 
