@@ -128,7 +128,7 @@ class Sending:
         claim = await self.idempotency.claim(
             user_id,
             idem,
-            validation.body_hash(body),
+            await _hashed(body),
             batch_id or new_batch_id(time.time()),
             owner,
         )
@@ -643,3 +643,10 @@ def build_batch(
         send_at=extra.send_at,
         pending=pending,
     )
+
+
+async def _hashed(body: object) -> bytes:
+    """:func:`validation.body_hash`, off the event loop for a large body (it encodes it)."""
+    if validation.is_large(body):
+        return await asyncio.to_thread(validation.body_hash, body)
+    return validation.body_hash(body)
