@@ -6,7 +6,8 @@ the figure is the ratio of the two times (target: at most 15). Part (b), against
 stack (:class:`bench.stack.Stack`, as ``make bench`` starts it, with the sandbox
 providers): the hostile inputs of issue 33 and those of ``make fuzz``, then each service's
 longest event-loop stall and peak RSS from its ``/metrics`` (``shared.stall_monitor``;
-targets: 100 ms, and the limit of :data:`bench.hostile.targets.RSS_LIMIT_MB`).
+targets: 100 ms, and each service's configured memory limit,
+:func:`bench.hostile.targets.rss_limits`).
 
 Modules: :mod:`bench.hostile.run` (entry point), :mod:`bench.hostile.cases` (the parser
 table), :mod:`bench.hostile.measure` (the child that times one case) and

@@ -16,18 +16,23 @@ BUSY = 0.2
 
 
 def services(
-    scraped: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Mapping[str, Any]]
+    scraped: Mapping[str, Mapping[str, Any]],
+    baseline: Mapping[str, Mapping[str, Any]],
+    limits: Mapping[str, float],
 ) -> dict[str, dict[str, Any]]:
     """Each service's verdicts from its scrape after the attacks (``stall_s``, ``rss_mb``,
     ``answered``, ``problem``; ``sampled_hwm_mb`` from /proc stands in for a missing RSS),
-    with the figures it had before them."""
+    judged against its memory limit in ``limits``, with the figures it had before them."""
     out: dict[str, dict[str, Any]] = {}
     for name, found in scraped.items():
         rss = found.get("rss_mb")
         if rss is None:
             rss = found.get("sampled_hwm_mb")
         judged = targets.judge_service(
-            name, found.get("stall_s"), rss, answered=bool(found.get("answered"))
+            found.get("stall_s"),
+            rss,
+            answered=bool(found.get("answered")),
+            limit=limits.get(name),
         )
         out[name] = {
             **judged,

@@ -142,7 +142,8 @@ async def against_stack(
             after = await _scrape_all(client, stack, sampler, timeout=args.scrape_timeout)
             printer("after: " + _figures_line(after))
         out["attacks"] = {name: a.summary() for name, a in sent}
-        out["services"] = report.services(after, before)
+        out["rss_limits_mb"] = targets.rss_limits(stack.settings)
+        out["services"] = report.services(after, before, out["rss_limits_mb"])
     finally:
         out["not_cleaned_up"] = await stack.teardown()
     return out
@@ -233,7 +234,7 @@ async def run(args: argparse.Namespace) -> int:
             "ratio": targets.RATIO_TARGET,
             "noise_floor_s": targets.NOISE_FLOOR,
             "stall_s": targets.STALL_TARGET,
-            "rss_mb": dict(targets.RSS_LIMIT_MB),
+            "rss_mb": "each service's memory_max_mb setting (stack.rss_limits_mb)",
         },
         "logs": str(log_dir),
     }

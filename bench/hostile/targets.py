@@ -6,7 +6,10 @@
   microseconds has no meaningful ratio, and cannot stall anything); one that outlives its
   timeout fails with a ratio of at least timeout / its 1x time.
 * No service's event loop may stall longer than :data:`STALL_TARGET` seconds.
-* No service's peak RSS may pass its limit in :data:`RSS_LIMIT_MB`.
+* No service's peak RSS may pass its memory limit: the one its settings give it
+  (``SAFEDELIVR_<SERVICE>_MEMORY_MAX_MB``, which the deploy's systemd unit enforces as
+  ``MemoryMax``), read by :func:`rss_limits` from the settings the stack runs with. ``make
+  bench``'s 100 MB is the steady-state goal of a process at ordinary load, not this.
 
 Every verdict is ``{"value", "target", "pass"}``; ``pass`` is None when there is no figure
 to judge (the harness failed), never a pass.
@@ -18,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from bench.targets import GOALS
+from shared.config import Settings
 
 #: 10x the input may take at most this many times as long (issue 33, "Deliver" 1).
 RATIO_TARGET: Final = 15.0
@@ -28,11 +31,17 @@ NOISE_FLOOR: Final = 0.05
 STALL_TARGET: Final = 0.1
 #: The service processes measured against a running stack (the sandbox is a test double).
 SERVICES: Final = ("api", "consumers", "webhooks", "tracking", "hooks")
-#: Peak RSS allowed per process, in MB. No setting limits a service's memory; the figure is
-#: make bench's memory goal for every Python service (``bench/targets.py``,
-#: ``rss_mb_*``: peak VmHWM <= 100 MB), applied as well to the two processes it does not
-#: run (tracking, hooks).
-RSS_LIMIT_MB: Final[Mapping[str, float]] = dict.fromkeys(SERVICES, GOALS["rss_mb_api"].bound)
+
+
+def rss_limits(settings: Settings) -> dict[str, float]:
+    """Each service's memory limit in MB, as its settings configure it."""
+    return {
+        "api": settings.api.memory_max_mb,
+        "consumers": settings.consumers.memory_max_mb,
+        "webhooks": settings.webhooks.memory_max_mb,
+        "tracking": settings.tracking.memory_max_mb,
+        "hooks": settings.hooks.memory_max_mb,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +84,11 @@ def _failed(timing: Timing) -> bool | None:
 
 
 def judge_service(
-    name: str, stall: float | None, rss_mb: float | None, *, answered: bool
+    stall: float | None, rss_mb: float | None, *, answered: bool, limit: float | None
 ) -> dict[str, dict[str, Any]]:
-    """The stall and memory verdicts of one service. A service that did not answer its
-    metrics within the scrape's timeout was stalled (or gone) at least that long: a failed
-    stall, with no figure."""
-    limit = RSS_LIMIT_MB.get(name)
+    """The stall and memory verdicts of one service (``limit``: its memory limit in MB). A
+    service that did not answer its metrics within the scrape's timeout was stalled (or
+    gone) at least that long: a failed stall, with no figure."""
     stalled: bool | None
     if not answered:
         stalled = False

@@ -11,9 +11,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from bench.hostile import cases, measure, parsers, payloads, report, scrape, targets
 from services.api.templates import BODY_LIMIT
 from services.webhooks.receivers import MAILGUN_MAX_BODY, MAX_BODY
-from shared.config import ApiSettings
+from shared.config import ApiSettings, Settings
 from shared.stall_monitor import StallMetrics
 from shared.template_render import MAX_SOURCE
+
+#: The memory limits of the default settings.
+LIMITS = targets.rss_limits(Settings())
 
 Timing = targets.Timing
 
@@ -59,31 +62,37 @@ def test_a_1x_that_timed_out_fails_and_one_that_errored_is_not_judged() -> None:
 
 
 def test_a_service_over_its_stall_target_and_rss_limit_fails_both() -> None:
-    """A 3.2 s stall and 1.5 GB fail the 100 ms and 100 MB targets."""
-    verdict = targets.judge_service("api", 3.2, 1500.0, answered=True)
+    """A 3.2 s stall and 1.5 GB fail the 100 ms target and a 192 MB limit."""
+    verdict = targets.judge_service(3.2, 1500.0, answered=True, limit=192)
 
     assert verdict["stall_s"]["pass"] is False
-    assert verdict["rss_mb"] == {"value": 1500.0, "target": 100.0, "pass": False}
+    assert verdict["rss_mb"] == {"value": 1500.0, "target": 192, "pass": False}
 
 
 def test_a_service_within_its_targets_passes() -> None:
     """A 40 ms stall and 80 MB pass."""
-    verdict = targets.judge_service("consumers", 0.04, 80.0, answered=True)
+    verdict = targets.judge_service(0.04, 80.0, answered=True, limit=100)
 
     assert (verdict["stall_s"]["pass"], verdict["rss_mb"]["pass"]) == (True, True)
 
 
 def test_a_service_that_never_answered_fails_its_stall_without_a_figure() -> None:
     """No answer within the scrape's timeout is a failed stall with no value."""
-    verdict = targets.judge_service("tracking", None, None, answered=False)
+    verdict = targets.judge_service(None, None, answered=False, limit=128)
 
     assert verdict["stall_s"] == {"value": None, "target": 0.1, "pass": False}
     assert verdict["rss_mb"]["pass"] is None
 
 
-def test_every_service_measured_has_an_rss_limit() -> None:
-    """Each service of the stack is judged against a limit."""
-    assert set(targets.RSS_LIMIT_MB) == set(targets.SERVICES)
+def test_every_service_is_judged_by_the_memory_limit_its_settings_configure() -> None:
+    """Each service of the stack has a limit, and it is its own memory_max_mb setting."""
+    settings = Settings(api=ApiSettings(memory_max_mb=300))
+
+    limits = targets.rss_limits(settings)
+
+    assert set(limits) == set(targets.SERVICES)
+    assert limits["api"] == 300
+    assert limits["hooks"] == settings.hooks.memory_max_mb
 
 
 def test_violations_count_only_failures() -> None:
@@ -134,7 +143,7 @@ def _report() -> dict[str, object]:
         "run_id": "hostile-x",
         "parsers": [row],
         "stack": {
-            "services": report.services(scraped, {"api": {"stall_s": 0.01}}),
+            "services": report.services(scraped, {"api": {"stall_s": 0.01}}, LIMITS),
             "attacks": {
                 "click tracking": {
                     "requests": 2,
@@ -160,6 +169,7 @@ def test_a_service_without_the_rss_gauge_is_judged_on_the_sampled_peak() -> None
     services = report.services(
         {"hooks": {"stall_s": 0.02, "rss_mb": None, "answered": True, "sampled_hwm_mb": 70.0}},
         {},
+        LIMITS,
     )
 
     assert services["hooks"]["rss_mb"]["value"] == 70.0
