@@ -19,6 +19,7 @@ chunk's row last, so a retry (the recipients still look queued) writes both agai
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
 from collections import OrderedDict
@@ -37,6 +38,9 @@ from shared.stats import StatsStore
 
 #: Chunks whose log ids a store remembers (reads of a chunk, :meth:`RecipientStore.member`).
 MEMBER_CACHE = 32
+
+#: Bytes of a chunk's stored recipient list above which reading it is done in a worker thread.
+LARGE_CHUNK_ROW = 256 * 1024
 
 #: The ``log_id`` of a chunk's own row: time 0, so it sorts before every recipient's.
 CHUNK_ROW = uuid.UUID("00000000-0000-1000-8000-000000000000")
@@ -265,17 +269,30 @@ class RecipientStore:
         rows = await self.stored_chunk(batch_id, chunk)
         if not rows or rows[0]["log_id"] != CHUNK_ROW:
             return merged_chunk(batch_id, chunk, rows)
-        return merged_chunk(batch_id, chunk, rows, self._ids(batch_id, chunk, rows[0])[0])
+        if len(rows[0]["recipients"] or b"") <= LARGE_CHUNK_ROW:
+            return merged_chunk(batch_id, chunk, rows, self._ids(batch_id, chunk, rows[0])[0])
+        # Decoding megabytes of recipients, hashing their log ids and merging their rows is
+        # tens of milliseconds of CPU: done in a worker thread, not on the event loop.
+        computed = None
+        if (batch_id, chunk) not in self._members:
+            computed = await asyncio.to_thread(chunk_log_ids, batch_id, rows[0])
+        ids = self._ids(batch_id, chunk, rows[0], computed)[0]
+        return await asyncio.to_thread(merged_chunk, batch_id, chunk, rows, ids)
 
     def _ids(
-        self, batch_id: uuid.UUID, chunk: int, chunk_row: Row
+        self,
+        batch_id: uuid.UUID,
+        chunk: int,
+        chunk_row: Row,
+        computed: tuple[uuid.UUID, ...] | None = None,
     ) -> tuple[tuple[uuid.UUID, ...], frozenset[int]]:
         """A chunk's log ids (remembered: a chunk is read again and again while it is sent
-        and while its events arrive, and its list never changes)."""
+        and while its events arrive, and its list never changes); ``computed``: those of
+        ``chunk_row`` already worked out by the caller."""
         key = (batch_id, chunk)
         known = self._members.get(key)
         if known is None:
-            ids = chunk_log_ids(batch_id, chunk_row)
+            ids = computed if computed is not None else chunk_log_ids(batch_id, chunk_row)
             known = (ids, frozenset(i.int for i in ids))
             self._members[key] = known
             if len(self._members) > MEMBER_CACHE:

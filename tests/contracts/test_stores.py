@@ -337,6 +337,22 @@ async def test_names_and_substitutions_are_kept_with_their_recipient(stores: Sto
     assert found is not None and (found["email"], found["name"]) == (A, "Ann")
 
 
+async def test_a_large_chunk_reads_back_as_a_small_one_does(stores: Stores) -> None:
+    """A chunk whose stored list passes LARGE_CHUNK_ROW (read in a worker thread) reads back
+    every recipient with its log id, name and substitutions, the first read and the next."""
+    people = [
+        RecipientInput(f"r{i}@example.org", f"R {i}", {"-v-": "x" * 1000}) for i in range(300)
+    ]
+    batch = replace(_batch(), recipients=people, chunk_size=300)
+    await stores.batches.write(batch)
+
+    for _ in range(2):
+        rows = await stores.recipients.chunk_rows(batch.batch_id, 0)
+        assert [(r["email"], r["name"], r["substitutions"], r["log_id"]) for r in rows] == [
+            (p.email, p.name, p.substitutions, _log(batch, p.email)) for p in people
+        ]
+
+
 async def test_one_finds_a_recipient_only_in_a_chunk_that_lists_it(stores: Stores) -> None:
     batch = await _stored(stores, A, B, C)
     mine = await stores.recipients.one(batch.batch_id, 0, _log(batch, B), addresses=True)
