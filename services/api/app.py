@@ -31,8 +31,9 @@ from services.api import settings as live
 from services.api.campaign_runner import CampaignRunner
 from services.api.campaigns import Campaigns
 from services.api.capping import Caps
-from services.api.dashboard import create_templates, dashboard_routes
+from services.api.dashboard import compile_pages, create_templates, dashboard_routes
 from services.api.managing import Managing
+from services.api.openapi import document as openapi_document
 from services.api.openapi import openapi_json
 from services.api.original import original_routes
 from services.api.sending import Sending
@@ -154,6 +155,10 @@ def create_app(settings: Settings) -> Starlette:
                 )
             )
             purge = asyncio.create_task(ratelimit.purge_forever(res.db))
+            # Built before serving, off the event loop: the first request for the API docs
+            # or a dashboard page held the loop for 50-100 ms while one was built.
+            state.openapi = await asyncio.to_thread(openapi_document)
+            await asyncio.to_thread(compile_pages, state.templates)
             try:
                 with watching(stalls):
                     yield

@@ -1,7 +1,8 @@
 """The dashboard: server-rendered pages of the API service (no separate front-end build).
 
 ``dashboard_routes()`` gives the pages and the ``/static`` mount to add to the API app;
-``create_templates()`` the Jinja2 environment they render with (also made on first use).
+``create_templates()`` the Jinja2 environment they render with (also made on first use),
+and ``compile_pages()`` compiles its pages ahead of their first request.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from services.api.dashboard import pages
 from services.api.dashboard.campaign_pages import campaign_routes
 from services.api.dashboard.lists import lists_routes
 from services.api.dashboard.operations import operations_routes
-from services.api.dashboard.pages import create_templates
+from services.api.dashboard.pages import compile_pages, create_templates
 from services.api.dashboard.template_pages import template_routes
 
-__all__ = ["create_templates", "dashboard_routes"]
+__all__ = ["compile_pages", "create_templates", "dashboard_routes"]
 
 
 def dashboard_routes() -> list[BaseRoute]:
