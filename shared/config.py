@@ -138,9 +138,11 @@ class ApiSettings(BaseSettings):
     body_wait: float = Field(5.0, ge=0)
     """Seconds a large body waits for room in the body budget before its 503."""
     memory_max_mb: int = Field(192, ge=32)
-    """The most memory (RSS, MB) one API process is to hold whatever arrives: ``make hostile``
-    judges the process by it. The body budget is what keeps a process under it (measured: an
-    idle process holds about 85 MB, and a 10 MB batch about 65 MB more until answered)."""
+    """The most memory (RSS, MB) one API process may hold: over it, the process retires itself
+    (``shared.memory_guard``: it finishes what it holds, and a fresh one takes its place), and
+    ``make hostile`` judges the process by it. The body budget is what keeps a process under
+    it whatever arrives (measured: an idle process holds about 85 MB, and a 10 MB batch about
+    65 MB more until it is answered)."""
     outbox_relay_interval: float = Field(5.0, gt=0)
     """Seconds between two passes of the outbox relay."""
     outbox_grace: float = Field(30.0, ge=0)

@@ -75,7 +75,7 @@ def create_app(settings: Settings) -> Starlette:
                 prefetch=8,
             )
             try:
-                with stall_monitor.watching(stalls):
+                with stall_monitor.watching(stalls, settings.webhooks.memory_max_mb):
                     yield
             finally:
                 watching.cancel()
