@@ -7,8 +7,8 @@
   timeout fails with a ratio of at least timeout / its 1x time.
 * No service's event loop may stall longer than :data:`STALL_TARGET` seconds.
 * No service's peak RSS may pass its memory limit: the one its settings give it
-  (``SAFEDELIVR_<SERVICE>_MEMORY_MAX_MB``, which the deploy's systemd unit enforces as
-  ``MemoryMax``), read by :func:`rss_limits` from the settings the stack runs with. ``make
+  (``SAFEDELIVR_<SERVICE>_MEMORY_MAX_MB``, which the process enforces:
+  ``shared.memory_guard``), read by :func:`rss_limits` from the settings the stack runs with. ``make
   bench``'s 100 MB is the steady-state goal of a process at ordinary load, not this.
 
 Every verdict is ``{"value", "target", "pass"}``; ``pass`` is None when there is no figure

@@ -263,13 +263,10 @@ def create_app(settings: Settings) -> Starlette:
         ),
         *dashboard_routes(),  # last: its / and /static shadow nothing above
     ]
+    body_budget = ByteBudget(settings.api.body_budget_bytes)
     middleware = [
         Middleware(AdmissionLimit, limit=settings.api.max_concurrency),
-        Middleware(
-            BodyBudget,
-            budget=ByteBudget(settings.api.body_budget_bytes),
-            wait=settings.api.body_wait,
-        ),
+        Middleware(BodyBudget, budget=body_budget, wait=settings.api.body_wait),
     ]
     if cookie_secure(settings):
         # Outermost, so that even a 503 from the admission limit carries it.
@@ -281,6 +278,7 @@ def create_app(settings: Settings) -> Starlette:
         exception_handlers={**error_handlers(), LoginRequired: login_required_response},
     )
     app.state.settings = settings
+    app.state.body_budget = body_budget
     app.state.templates = create_templates()
     app.state.metrics = ApiMetrics.create(registry)
     return app
