@@ -48,14 +48,23 @@ class ByteBudget:
     def __post_init__(self) -> None:
         self.free = self.total
 
+    def try_take(self, size: int) -> int | None:
+        """Take ``size`` bytes (at most the whole budget) if there is room now and nobody is
+        waiting; what was taken, or None."""
+        size = max(0, min(size, self.total))
+        if self._queue or size > self.free:
+            return None
+        self.free -= size
+        return size
+
     async def take(self, size: int, *, wait: float) -> int:
         """Take ``size`` bytes (at most the whole budget), waiting up to ``wait`` seconds;
         returns what was taken (give exactly that back). Raises BudgetExhausted, holding
         nothing, when the wait ends first."""
+        taken = self.try_take(size)
+        if taken is not None:
+            return taken
         size = max(0, min(size, self.total))
-        if not self._queue and size <= self.free:
-            self.free -= size
-            return size
         waiter = _Waiter(size, asyncio.get_running_loop().create_future())
         self._queue.append(waiter)
         try:

@@ -79,27 +79,18 @@ class Caller:
         """Call the provider for the attempt this delivery holds, then record the answer."""
         d = self.d
         header = await d.follow.header(job.batch_id)
-        rows = await d.follow.rows(job)
-        to_send = protocol.pending(rows, own_line=job.own_line, tag=tag(job.line, job.attempt))
-        delivery.scratch["called"] = True
-        if not to_send:
-            answer = Answer(receipt=Receipt(job.provider, 0, None))  # nothing left to send
-        else:
-            message = template_use.message_for(header.message, job.chunk)
-            large = heavy(to_send)
-            weight = await asyncio.to_thread(weigh, to_send) if large else weigh(to_send)
-            # Building and sending a chunk holds its data a few times over (models, the
-            # provider's payload, its encoding): the process's work budget bounds how much of
-            # that it holds at once. The wait is at most one call's length, so the attempt
-            # this delivery holds as calling cannot outlive its lease (2 calls + 5 s) by it;
-            # past it the chunk goes anyway, over budget, rather than be held.
-            taken = await _room(d.work, weight, wait=d.settings.timeout)
-            try:
+        to_send, taken = await self._pending_with_room(job)
+        try:
+            delivery.scratch["called"] = True
+            if not to_send:
+                answer = Answer(receipt=Receipt(job.provider, 0, None))  # nothing left to send
+            else:
+                message = template_use.message_for(header.message, job.chunk)
                 tracker = d.tracker if header.message.engagement is not None else None
                 build = (job, message, to_send, tracker)
                 # A token per recipient and link, or a large chunk's models: CPU work (34 ms
                 # for 1,000 recipients with 100 substitutions each), kept off the event loop.
-                if tracker is not None or large:
+                if tracker is not None or heavy(to_send):
                     chunk = await asyncio.to_thread(_chunk, *build)
                 else:
                     chunk = _chunk(*build)
@@ -110,14 +101,43 @@ class Caller:
                     else None
                 )
                 sent = Answer(error=held) if held is not None else await self._send(job, chunk)
-                del chunk  # its payload is not held past the budget it took
-            finally:
-                if d.work is not None:
-                    d.work.give(taken)
-            answer = replace(sent, recipients=len(to_send))
+                answer = replace(sent, recipients=len(to_send))
+                del chunk, build, to_send  # not held past the budget they took
+        finally:
+            if d.work is not None:
+                d.work.give(taken)
         delivery.scratch["answer"] = answer
         await d.hooks("answered", job)
         return await self.record(job, delivery)
+
+    async def _pending(self, job: protocol.Job) -> list[Row]:
+        rows = await self.d.follow.rows(job)
+        return protocol.pending(rows, own_line=job.own_line, tag=tag(job.line, job.attempt))
+
+    async def _pending_with_room(self, job: protocol.Job) -> tuple[list[Row], int]:
+        """The recipients the call is for, and the bytes of the work budget taken for them.
+
+        Building and sending a chunk holds its data a few times over (models, the provider's
+        payload, its encoding): the process's work budget bounds how much of that it holds
+        at once. Recipients that find no room are let go while their chunk waits, and read
+        again once there is room, so a waiting chunk holds nothing. The wait is at most one
+        call's length, so the attempt this delivery holds as calling cannot outlive its
+        lease (2 calls + 5 s) by it; past it the chunk goes anyway, over budget."""
+        d = self.d
+        to_send = await self._pending(job)
+        if d.work is None or not to_send:
+            return to_send, 0
+        weight = await asyncio.to_thread(weigh, to_send) if heavy(to_send) else weigh(to_send)
+        taken = d.work.try_take(weight)
+        if taken is not None:
+            return to_send, taken
+        del to_send
+        taken = await _room(d.work, weight, wait=d.settings.timeout)
+        try:
+            return await self._pending(job), taken
+        except BaseException:
+            d.work.give(taken)
+            raise
 
     async def _send(self, job: protocol.Job, chunk: Chunk) -> Answer:
         d = self.d
