@@ -56,8 +56,9 @@ def _create(command: str, settings: Settings) -> Any:
 
 def _worker_app(command: str) -> Any:
     """The app of one uvicorn worker process: settings and logging are its own to set up."""
-    from shared.heap import settle_when_started
+    from shared.heap import settle_when_started, tune_malloc
 
+    tune_malloc()
     settings = load_settings()
     configure_logging(settings.log_level, service=command, fmt=settings.log_format)
     return settle_when_started(_create(command, settings))
@@ -86,7 +87,9 @@ def hooks_app() -> Any:
 def _serve(command: str, settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from shared.heap import settle_when_started
+    from shared.heap import settle_when_started, tune_malloc
+
+    tune_malloc()
 
     host, port = {
         "api": (settings.api.host, settings.api.port),

@@ -1,8 +1,10 @@
-"""A service's start-up objects are frozen out of the collector's walks once it is ready."""
+"""A service's start-up objects are frozen out of the collector's walks once it is ready, and
+its C allocator runs with the policy measured for it."""
 
 from __future__ import annotations
 
 import gc
+import platform
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,3 +53,9 @@ async def test_requests_pass_through_untouched(restored_gc: None) -> None:
 
     assert calls == ["http"]
     assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.skipif(not platform.libc_ver()[0].startswith("glibc"), reason="mallopt is glibc's")
+def test_the_allocator_policy_is_applied_on_glibc() -> None:
+    """On glibc both mallopt values are accepted (a process elsewhere runs with its defaults)."""
+    assert heap.tune_malloc() is True
