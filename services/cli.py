@@ -54,14 +54,27 @@ def _create(command: str, settings: Settings) -> Any:
     return sandbox(settings.sandbox)
 
 
+def _served(command: str, settings: Settings) -> Any:
+    """The app a service process serves: settled once started, and held to its memory
+    limit (``SAFEDELIVR_<SERVICE>_MEMORY_MAX_MB``; the sandbox, a test double, has none)."""
+    from shared.heap import settle_when_started
+    from shared.memory_guard import MemoryGuard, guarded
+
+    app = settle_when_started(_create(command, settings))
+    if command == "sandbox":
+        return app
+    limit: int = getattr(settings, command).memory_max_mb
+    return guarded(app, MemoryGuard(limit))
+
+
 def _worker_app(command: str) -> Any:
     """The app of one uvicorn worker process: settings and logging are its own to set up."""
-    from shared.heap import settle_when_started, tune_malloc
+    from shared.heap import tune_malloc
 
     tune_malloc()
     settings = load_settings()
     configure_logging(settings.log_level, service=command, fmt=settings.log_format)
-    return settle_when_started(_create(command, settings))
+    return _served(command, settings)
 
 
 def api_app() -> Any:
@@ -87,7 +100,7 @@ def hooks_app() -> Any:
 def _serve(command: str, settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from shared.heap import settle_when_started, tune_malloc
+    from shared.heap import tune_malloc
 
     tune_malloc()
 
@@ -111,7 +124,7 @@ def _serve(command: str, settings: Settings, args: argparse.Namespace) -> int:
     }
     workers: int = getattr(args, "workers", 1)
     if workers == 1:
-        uvicorn.run(settle_when_started(_create(command, settings)), **options)
+        uvicorn.run(_served(command, settings), **options)
         return 0
     return _supervise(f"services.cli:{command}_app", workers, options)
 

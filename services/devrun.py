@@ -153,10 +153,21 @@ def run(settings: Settings) -> int:
             print(f"  {s.name:<10} http://127.0.0.1:{s.port}  (pid {s.process.pid})")
         _banner(settings, key)
         running = True
-        while not stopping and all(s.process and s.process.poll() is None for s in services):
+        while not stopping:
+            exited = [s for s in services if s.process is None or s.process.poll() is not None]
+            # A service that ended on its own with status 0 retired itself (over its memory
+            # limit, shared.memory_guard): a fresh one takes its place, as systemd would.
+            retired = [s for s in exited if s.process is not None and s.process.returncode == 0]
+            if len(retired) < len(exited):
+                died = [s.name for s in exited if s not in retired]
+                break
+            for s in retired:
+                print(f"  {s.name} retired itself: starting a fresh one")
+                s.process = subprocess.Popen(
+                    [sys.executable, "-m", "services.cli", s.name], env=env, process_group=0
+                )
+                _wait_healthy(s)
             time.sleep(0.5)
-        if not stopping:
-            died = [s.name for s in services if s.process and s.process.poll() is not None]
     except KeyboardInterrupt:
         stopping = True
     finally:

@@ -139,7 +139,8 @@ class ApiSettings(BaseSettings):
     """Seconds a large body waits for room in the body budget before its 503."""
     memory_max_mb: int = Field(192, ge=32)
     """The most memory (RSS, MB) one API process may hold: over it, the process retires itself
-    (``shared.memory_guard``: it finishes what it holds, and a fresh one takes its place), and
+    (``shared.memory_guard``, armed by ``safedelivr api``: it finishes what it holds, and a fresh
+    one takes its place), and
     ``make hostile`` judges the process by it. The body budget is what keeps a process under
     it whatever arrives (measured: an idle process holds about 85 MB, and a 10 MB batch about
     65 MB more until it is answered)."""

@@ -46,8 +46,9 @@ def tune_malloc() -> bool:
     mallopt = getattr(ctypes.CDLL(name), "mallopt", None)
     if mallopt is None:
         return False
-    applied = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
-    return mallopt(M_ARENA_MAX, ARENA_MAX) == 1 and applied
+    threshold: bool = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+    arenas: bool = mallopt(M_ARENA_MAX, ARENA_MAX) == 1
+    return threshold and arenas
 
 
 def settle() -> None:

@@ -15,10 +15,9 @@ one interval from the truth at most. Exported on the service's own registry (its
   from its first instant, where ``VmHWM`` belongs to the process alone (measured).
 
 Each service starts a monitor in its lifespan once it is serving, and stops it there
-(:func:`watching`), with the memory guard of its ``memory_max_mb`` (``shared.memory_guard``)
-checked every :data:`GUARD_EVERY` ticks; the sandbox, a test double, has none. The cost is
-one callback and one histogram observation every 20 ms. The clock and the scheduler are
-injectable, so the arithmetic is tested without a loop.
+(:func:`watching`); the sandbox, a test double, has none. The cost is one callback and one
+histogram observation every 20 ms. The clock and the scheduler are injectable, so the
+arithmetic is tested without a loop.
 """
 
 from __future__ import annotations
@@ -35,12 +34,8 @@ from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-from shared.memory_guard import MemoryGuard
-
 #: Seconds between two callbacks: finer than the 100 ms a stall is judged by, and cheap.
 INTERVAL: Final = 0.02
-#: Ticks between two checks of a memory guard (``shared.memory_guard``): about a second.
-GUARD_EVERY: Final = 50
 #: Histogram buckets (seconds): from a few milliseconds to the length of a heartbeat.
 BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: ``ru_maxrss`` is in kilobytes on Linux, in bytes on macOS.
@@ -117,12 +112,9 @@ class StallMonitor:
         *,
         interval: float = INTERVAL,
         clock: Callable[[], float] = time.monotonic,
-        guard: MemoryGuard | None = None,
     ) -> None:
         self.metrics = metrics
         self.interval = interval
-        self.guard = guard
-        self.ticks = 0
         self.longest = 0.0
         self._clock = clock
         self._schedule: Schedule | None = None
@@ -163,18 +155,13 @@ class StallMonitor:
         if lag > self.longest:
             self.longest = lag
             self.metrics.longest.set(lag)
-        self.ticks += 1
-        if self.guard is not None and self.ticks % GUARD_EVERY == 0:
-            self.guard.check()
         self._arm()
 
 
 @contextlib.contextmanager
-def watching(metrics: StallMetrics, memory_max_mb: int | None = None) -> Iterator[StallMonitor]:
-    """A monitor on the running loop for the duration of the block (a lifespan's serving),
-    enforcing the process's memory limit when it is given (``shared.memory_guard``)."""
-    guard = None if memory_max_mb is None else MemoryGuard(memory_max_mb)
-    monitor = StallMonitor(metrics, guard=guard)
+def watching(metrics: StallMetrics) -> Iterator[StallMonitor]:
+    """A monitor on the running loop for the duration of the block (a lifespan's serving)."""
+    monitor = StallMonitor(metrics)
     monitor.start()
     try:
         yield monitor

@@ -160,7 +160,7 @@ def create_app(settings: Settings) -> Starlette:
             state.openapi = await asyncio.to_thread(openapi_document)
             await asyncio.to_thread(compile_pages, state.templates)
             try:
-                with watching(stalls, settings.api.memory_max_mb):
+                with watching(stalls):
                     yield
             finally:
                 await state.github_http.aclose()

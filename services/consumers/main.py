@@ -370,7 +370,7 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
                 ),
             ]
             try:
-                with watching(stalls, settings.consumers.memory_max_mb):
+                with watching(stalls):
                     yield
             finally:
                 for task in tasks:

@@ -103,7 +103,7 @@ def create_app(settings: Settings) -> Starlette:
             )
             swept = asyncio.create_task(sweep(worker, settings.hooks.sweep_interval))
             try:
-                with watching(stalls, settings.hooks.memory_max_mb):
+                with watching(stalls):
                     yield
             finally:
                 swept.cancel()

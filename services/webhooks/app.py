@@ -75,7 +75,7 @@ def create_app(settings: Settings) -> Starlette:
                 prefetch=8,
             )
             try:
-                with stall_monitor.watching(stalls, settings.webhooks.memory_max_mb):
+                with stall_monitor.watching(stalls):
                     yield
             finally:
                 watching.cancel()

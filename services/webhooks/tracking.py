@@ -280,7 +280,7 @@ def create_app(settings: Settings) -> Starlette:
             app.state.resources = res
             ingest = Ingest.over(res.db, res.broker, settings, metrics)
             app.state.tracking = Tracking(ingest, ring, settings.tracking.allowed_hosts)
-            with watching(stalls, settings.tracking.memory_max_mb):
+            with watching(stalls):
                 yield
 
     routes = [

@@ -58,9 +58,15 @@ if behaviour == "fail-to-start":
     "own_group": os.getpgid(0) == os.getpid(),
 }}))
 (records / (name + ".ready")).touch()
+with (records / (name + ".starts")).open("a") as starts:
+    starts.write("started\\n")
 if behaviour == "crash":
     time.sleep(0.2)
     sys.exit(4)
+if behaviour == "retire-once" and not (records / (name + ".retired")).exists():
+    (records / (name + ".retired")).touch()  # ends 0 on its own, as a retiring service does
+    time.sleep(0.2)
+    sys.exit(0)
 deadline = time.monotonic() + 10
 while not received and time.monotonic() < deadline:
     time.sleep(0.01)
@@ -218,6 +224,30 @@ def test_a_crashed_service_stops_the_others(
         "hooks": 1,
         "api": 1,
     }
+
+
+def test_a_service_that_retired_itself_is_replaced_and_the_others_run_on(
+    supervised: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service that ends on its own with status 0 (over its memory limit) is started
+    again; the run goes on until stopped, and each service, the fresh one included, gets
+    one SIGINT."""
+    monkeypatch.setenv("DEVRUN_TEST_CONSUMERS", "retire-once")
+    starts = supervised.records / "consumers.starts"
+
+    def stop_once_replaced() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(starts.read_text().splitlines()) < 2:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    _once_started(supervised, stop_once_replaced)
+
+    code = devrun.run(supervised.settings)
+
+    assert code == 0
+    assert len(starts.read_text().splitlines()) == 2
+    assert supervised.signals() == dict.fromkeys(ORDER, 1)
 
 
 def test_a_crashed_service_makes_the_run_fail(

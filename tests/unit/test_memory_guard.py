@@ -1,17 +1,17 @@
 """A process's memory limit, enforced by the process: over it, the process retires itself
-once (a fresh one takes its place); under it, nothing happens. Checked from the stall
-monitor's tick."""
+once (a fresh one takes its place); under it, nothing happens. Armed only around an app a
+service process serves."""
 
 from __future__ import annotations
 
+import asyncio
 import resource
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.memory_guard import MemoryGuard, rss_bytes
-from shared.stall_monitor import GUARD_EVERY, StallMetrics, StallMonitor
-from tests.unit.test_stall_monitor import Clock, Scheduler
+from shared.memory_guard import MemoryGuard, guarded, rss_bytes
 
 MB = 1024 * 1024
 
@@ -69,25 +69,69 @@ def test_the_resident_memory_is_read_from_statm(tmp_path: Path) -> None:
     assert rss_bytes(tmp_path / "absent") is None
 
 
-def test_the_stall_monitor_checks_its_guard_about_once_a_second() -> None:
-    """The guard is checked every GUARD_EVERY ticks of the monitor, not at each."""
-    memory = Memory(500)
-    guard = MemoryGuard(100, read=memory.read, retire=memory.retire)
-    clock = Clock()
-    monitor = StallMonitor(
-        StallMetrics.create(CollectorRegistry(), peak_rss=lambda: 0.0),
-        interval=0.02,
-        clock=clock,
-        guard=guard,
-    )
-    scheduler = Scheduler()
-    monitor.start(scheduler)
+async def _lifespan(app: ASGIApp, while_serving: Callable[[], Awaitable[None]]) -> list[str]:
+    """Run ``app``'s lifespan: start-up, ``while_serving()``, shut-down; the messages sent."""
+    inbox: asyncio.Queue[Message] = asyncio.Queue()
+    sent: list[str] = []
+    started = asyncio.Event()
 
-    for _ in range(GUARD_EVERY - 1):
-        clock.now += 0.02
-        scheduler.run_next()
-    assert memory.retired == 0
+    async def receive() -> Message:
+        return await inbox.get()
 
-    clock.now += 0.02
-    scheduler.run_next()
+    async def send(message: Message) -> None:
+        sent.append(message["type"])
+        if message["type"] == "lifespan.startup.complete":
+            started.set()
+
+    await inbox.put({"type": "lifespan.startup"})
+    running = asyncio.create_task(app({"type": "lifespan"}, receive, send))
+    await started.wait()
+    await while_serving()
+    await inbox.put({"type": "lifespan.shutdown"})
+    await running
+    return sent
+
+
+async def _app(scope: Scope, receive: Receive, send: Send) -> None:
+    """A lifespan that starts and stops when told."""
+    assert (await receive())["type"] == "lifespan.startup"
+    await send({"type": "lifespan.startup.complete"})
+    assert (await receive())["type"] == "lifespan.shutdown"
+    await send({"type": "lifespan.shutdown.complete"})
+
+
+async def test_a_served_app_retires_its_process_once_over_the_limit() -> None:
+    """Wrapped by guarded, a serving app's process is retired once its memory passes the
+    limit, and its lifespan still shuts down."""
+    memory = Memory(50)
+    retiring = asyncio.Event()
+
+    def retire() -> None:
+        memory.retire()
+        retiring.set()
+
+    guard = MemoryGuard(100, read=memory.read, retire=retire)
+
+    async def grow() -> None:
+        memory.mb = 150
+        await retiring.wait()
+
+    sent = await _lifespan(guarded(_app, guard, every=0.001), grow)
+
     assert memory.retired == 1
+    assert sent[-1] == "lifespan.shutdown.complete"
+
+
+async def test_an_app_not_wrapped_never_retires_its_process() -> None:
+    """The factories' apps are not guarded: a process holding many (the suite) is never
+    retired by one of them."""
+    memory = Memory(500)
+    MemoryGuard(100, read=memory.read, retire=memory.retire)
+
+    async def serve() -> None:
+        for _ in range(10):
+            await asyncio.sleep(0.001)
+
+    await _lifespan(_app, serve)
+
+    assert memory.retired == 0
