@@ -18,7 +18,7 @@ from cassandra.util import uuid_from_time
 from services.api.sending import build_batch
 from shared import validation
 from shared.acceptance import Acceptance
-from shared.batchstore import BatchStore, NewBatch
+from shared.batchstore import BatchStore, Content, NewBatch
 from shared.config import Settings
 from shared.db import Database
 from shared.errors import DependencyUnavailable
@@ -142,17 +142,29 @@ class _SlowWrite(BatchStore):
         super().__init__(db)
         self.delay = delay
 
-    async def write(self, batch: NewBatch, *, also: Sequence[Statement] = ()) -> None:
+    async def write(
+        self,
+        batch: NewBatch,
+        *,
+        also: Sequence[Statement] = (),
+        content: Content | None = None,
+    ) -> None:
         await self.db.batch(also)
         await asyncio.sleep(self.delay)
-        await super().write(batch)
+        await super().write(batch, content=content)
 
 
 class _LostAnswer(BatchStore):
     """The batch partition's write applies, but the client hears a timeout."""
 
-    async def write(self, batch: NewBatch, *, also: Sequence[Statement] = ()) -> None:
-        await super().write(batch, also=also)
+    async def write(
+        self,
+        batch: NewBatch,
+        *,
+        also: Sequence[Statement] = (),
+        content: Content | None = None,
+    ) -> None:
+        await super().write(batch, also=also, content=content)
         raise DependencyUnavailable("cassandra", "WriteTimeout (injected)")
 
 
