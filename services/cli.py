@@ -69,9 +69,11 @@ def _served(command: str, settings: Settings) -> Any:
 
 def _worker_app(command: str) -> Any:
     """The app of one uvicorn worker process: settings and logging are its own to set up."""
+    from shared.gil import shorten_switch_interval
     from shared.heap import tune_malloc
 
     tune_malloc()
+    shorten_switch_interval()
     settings = load_settings()
     configure_logging(settings.log_level, service=command, fmt=settings.log_format)
     return _served(command, settings)
@@ -100,9 +102,11 @@ def hooks_app() -> Any:
 def _serve(command: str, settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
+    from shared.gil import shorten_switch_interval
     from shared.heap import tune_malloc
 
     tune_malloc()
+    shorten_switch_interval()
 
     host, port = {
         "api": (settings.api.host, settings.api.port),
