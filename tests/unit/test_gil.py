@@ -1,5 +1,5 @@
-"""A service process hands the GIL to a waiting thread (its event loop) within half a
-millisecond, not CPython's 5 ms (``shared.gil``)."""
+"""A service process hands the GIL to a waiting thread (its event loop) within a fraction of
+a millisecond, not CPython's 5 ms (``shared.gil``)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ def interval_restored() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("interval_restored")
-def test_a_service_process_switches_threads_ten_times_as_often() -> None:
-    """After the entry point's call, the interval is a tenth of CPython's default."""
+def test_a_service_process_switches_threads_at_least_ten_times_as_often() -> None:
+    """After the entry point's call, the interval is at most a tenth of CPython's default."""
     shorten_switch_interval()
 
     assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL)
-    assert sys.getswitchinterval() == pytest.approx(0.005 / 10)
+    assert sys.getswitchinterval() <= 0.005 / 10
