@@ -140,6 +140,30 @@ async def test_campaigns_moved_into_an_active_state_are_run_until_retired(store:
     assert await store.runs() == []
 
 
+async def test_an_advance_counts_however_far_ahead_the_creators_clock_ran(
+    store: Any,
+) -> None:
+    """The API that created the campaign stamped its writes with a clock a minute ahead of
+    Cassandra's (or a few microseconds, within one millisecond): the first advance, stamped
+    by Cassandra's own clock, still moves the cursor and counts its slice."""
+    if isinstance(store, FakeCampaigns):
+        campaign = await made(store, uuid.uuid4())
+    else:
+        cluster = store.db.cluster
+        honest = cluster.timestamp_generator
+        cluster.timestamp_generator = lambda: honest() + 60_000_000
+        try:
+            campaign = await made(store, uuid.uuid4())
+        finally:
+            cluster.timestamp_generator = honest
+
+    assert await store.advance(campaign, 7, "m@example.org", 100, 3)
+
+    found = await store.get(campaign.user_id, campaign.campaign_id)
+    assert found is not None
+    assert (found.cursor_bucket, found.slices, found.released, found.skipped) == (7, 1, 100, 3)
+
+
 async def test_an_advance_moves_the_cursor_and_counts_one_slice_on(store: Any) -> None:
     campaign = await made(store, uuid.uuid4())
 
