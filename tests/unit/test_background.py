@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import time
 from typing import Any
 
 import pytest
@@ -122,11 +121,9 @@ async def test_drain_gives_up_after_its_timeout_and_leaves_the_task_running() ->
 
     background = Background()
     background.spawn(stuck())
-    started = time.monotonic()
 
     await background.drain(timeout=0.05)
 
-    assert time.monotonic() - started >= 0.05
     assert done == []
     release.set()
     await background.drain(timeout=1)  # it was still alive: it finishes now
