@@ -34,7 +34,7 @@ from cassandra.query import BoundStatement
 
 from shared.addresses import address_key
 from shared.contacts_csv import Contact
-from shared.db import Database, Row, utc
+from shared.db import Database, Row, slices, utc
 from shared.list_import import ImportJob, Problem, Progress
 
 #: Partitions per list: a list of a million contacts is about 16,000 rows per partition.
@@ -73,17 +73,8 @@ def write_slices(
     sizes: Sequence[int], *, count: int = WRITE_SLICE, limit: int = WRITE_BYTES
 ) -> list[range]:
     """``sizes`` cut, in order, into runs of at most ``count`` items of at most ``limit``
-    bytes together (an item larger than ``limit`` alone)."""
-    out: list[range] = []
-    start, total = 0, 0
-    for i, size in enumerate(sizes):
-        if i > start and (i - start >= count or total + size > limit):
-            out.append(range(start, i))
-            start, total = i, 0
-        total += size
-    if start < len(sizes):
-        out.append(range(start, len(sizes)))
-    return out
+    bytes together (an item larger than ``limit`` alone): :func:`shared.db.slices`."""
+    return slices(sizes, limit, count=count)
 
 
 def list_scope(list_id: uuid.UUID) -> str:
