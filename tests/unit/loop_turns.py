@@ -4,15 +4,22 @@ of work kept off the loop count turns, never time."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable
 from typing import TypeVar
 
 T = TypeVar("T")
 
 #: Turns another task gets while CPU work of tens of milliseconds or more runs in a worker
-#: thread (the interpreter hands the GIL back every 5 ms, and each hand-back is many turns);
-#: work on the loop itself leaves it a handful (one per await that suspends).
+#: thread: while counting, the interpreter hands the GIL back every :data:`SWITCH` seconds,
+#: and each hand-back is at least one turn (the loop's poll releases the GIL again). Work on
+#: the loop itself leaves it a handful (one per await that suspends), however fast the machine.
 MANY = 100
+
+#: The GIL switch interval while turns are counted: 50 us, so 10 ms of off-loop work is
+#: about 200 turns, where the interpreter's default 5 ms made it 2 and the count a measure
+#: of the machine's speed.
+SWITCH = 0.00005
 
 
 async def turns_during(work: Awaitable[T]) -> tuple[T, int]:
@@ -29,9 +36,12 @@ async def turns_during(work: Awaitable[T]) -> tuple[T, int]:
     task = asyncio.create_task(other())
     await asyncio.sleep(0)
     start = turns
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH)
     try:
         result = await work
     finally:
+        sys.setswitchinterval(interval)
         done = True
         await task
     return result, turns - start
