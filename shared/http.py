@@ -21,6 +21,7 @@ from starlette.responses import Response
 from shared.byte_budget import BudgetExhausted, ByteBudget, Lease
 from shared.digits import natural
 from shared.errors import DependencyUnavailable
+from shared.gil import CpuLane
 
 #: Seconds a request body may take to arrive, whatever its size (408 after).
 BODY_TIMEOUT = 30.0
@@ -173,7 +174,8 @@ async def read_json(
     request: Request, limit: int, *, timeout: float = BODY_TIMEOUT, optional: bool = False
 ) -> tuple[bytes, Any]:
     """The raw body and its JSON (415 for another media type, 400 when it does not parse).
-    ``optional``: a blank body is ``None``, whatever its content type."""
+    ``optional``: a blank body is ``None``, whatever its content type. A large body is
+    parsed on the app's CPU lane (``app.state.cpu``, :class:`shared.gil.CpuLane`)."""
     if not optional:
         _json_type(request)
     raw = await read_capped(request, limit, timeout=timeout)
@@ -183,7 +185,8 @@ async def read_json(
         _json_type(request)
     try:
         if len(raw) > LARGE_JSON:
-            return raw, await asyncio.to_thread(orjson.loads, raw)
+            cpu: CpuLane = request.app.state.cpu
+            return raw, await cpu.run(orjson.loads, raw)
         return raw, orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from exc

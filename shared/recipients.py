@@ -19,7 +19,6 @@ chunk's row last, so a retry (the recipients still look queued) writes both agai
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import uuid
 from collections import OrderedDict
@@ -34,6 +33,7 @@ from cassandra.query import BoundStatement, Statement
 from shared import precedence
 from shared.addresses import address_key
 from shared.db import Database, Row
+from shared.gil import CpuLane
 from shared.stats import StatsStore
 
 #: Chunks whose log ids a store remembers (reads of a chunk, :meth:`RecipientStore.member`).
@@ -243,9 +243,12 @@ class Selection:
 class RecipientStore:
     """Reads and writes of recipient state in ``batches`` (and its stat rows)."""
 
-    def __init__(self, db: Database, stats: StatsStore | None = None) -> None:
+    def __init__(
+        self, db: Database, stats: StatsStore | None = None, cpu: CpuLane | None = None
+    ) -> None:
         self.db = db
         self.stats = stats or StatsStore(db)
+        self.cpu = cpu or CpuLane()
         self._members: OrderedDict[
             tuple[uuid.UUID, int], tuple[tuple[uuid.UUID, ...], frozenset[int]]
         ] = OrderedDict()
@@ -272,12 +275,12 @@ class RecipientStore:
         if len(rows[0]["recipients"] or b"") <= LARGE_CHUNK_ROW:
             return merged_chunk(batch_id, chunk, rows, self._ids(batch_id, chunk, rows[0])[0])
         # Decoding megabytes of recipients, hashing their log ids and merging their rows is
-        # tens of milliseconds of CPU: done in a worker thread, not on the event loop.
+        # tens of milliseconds of CPU: done on the CPU lane, not on the event loop.
         computed = None
         if (batch_id, chunk) not in self._members:
-            computed = await asyncio.to_thread(chunk_log_ids, batch_id, rows[0])
+            computed = await self.cpu.run(chunk_log_ids, batch_id, rows[0])
         ids = self._ids(batch_id, chunk, rows[0], computed)[0]
-        return await asyncio.to_thread(merged_chunk, batch_id, chunk, rows, ids)
+        return await self.cpu.run(merged_chunk, batch_id, chunk, rows, ids)
 
     def _ids(
         self,

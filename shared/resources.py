@@ -1,4 +1,5 @@
-"""Opening and closing a service's connections: Cassandra session and RabbitMQ broker."""
+"""Opening and closing a service's connections (Cassandra session and RabbitMQ broker) and
+its CPU lane (``shared.gil``): what every service process holds once."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import logging
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tenacity import (
     AsyncRetrying,
@@ -20,6 +21,7 @@ from shared.broker import Broker
 from shared.config import Settings
 from shared.db import Database
 from shared.errors import DependencyUnavailable
+from shared.gil import CpuLane
 from shared.health import Check
 from shared.stats import fix_layout
 from shared.topology import Topology
@@ -61,6 +63,8 @@ async def declare_topology(settings: Settings) -> Topology:
 class Resources:
     db: Database
     broker: Broker
+    cpu: CpuLane = field(default_factory=CpuLane)
+    """The process's one thread for long pure-Python work (its first use starts it)."""
 
 
 async def connect_with_retry(settings: Settings, *, name: str, wait: float = 60.0) -> Resources:
@@ -109,6 +113,7 @@ async def open_resources(settings: Settings, *, name: str) -> AsyncIterator[Reso
         await fix_layout(res.db, settings.stats.buckets)
         yield res
     finally:
+        await res.cpu.aclose()
         await res.broker.close()
         await res.db.close()
 

@@ -80,6 +80,8 @@ def create_app(settings: Settings) -> Starlette:
         async with open_resources(settings, name="safedelivr-api") as res:
             state = app.state
             state.resources = res
+            # Large batches' validation, CSV scans, large JSON: on one thread (shared.gil).
+            state.cpu = res.cpu
             state.stats = StatsStore(res.db, settings.stats.buckets)
             state.batches = BatchStore(res.db, state.stats)
             state.outbox = Outbox(res.db, settings.amqp.exchange)
@@ -125,6 +127,7 @@ def create_app(settings: Settings) -> Starlette:
                 templates=TemplateBatches(state.template_store, state.template_pool),
                 schedules=ScheduleStore(res.db, settings.amqp.exchange),
                 canaries=state.canary_store,
+                cpu=res.cpu,
             )
             state.campaigns = Campaigns(
                 CampaignStore(res.db, settings.amqp.exchange),

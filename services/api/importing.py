@@ -1,12 +1,12 @@
 """Running a contact list's CSV import in the API process, in the background: the shell
 around :mod:`shared.list_import`'s decisions.
 
-The file is read a slice of rows at a time, as a stream (in a thread: parsing never holds the
-event loop, and only the slice at hand is in memory, whatever the file's size); each slice's
-addresses are looked up (suppressed for the user, unsubscribed from this list, already in
-the list), decided, written, and the import's progress saved with a new heartbeat, so a
-reader sees it advance and a dead process shows as a stale import. When the file ends the
-list's count is recounted.
+The file is read a slice of rows at a time, as a stream (on the API's CPU lane: parsing
+never holds the event loop, and only the slice at hand is in memory, whatever the file's
+size); each slice's addresses are looked up (suppressed for the user, unsubscribed from
+this list, already in the list), decided, written, and the import's progress saved with a
+new heartbeat, so a reader sees it advance and a dead process shows as a stale import.
+When the file ends the list's count is recounted.
 
 A list's unsubscribes are its ``list_suppressions`` under the scope of the list's id (as a
 string): mail sent to the list names it with ``list`` = its id, so its one-click
@@ -15,7 +15,6 @@ unsubscribes land there.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from shared.config import ListSettings
 from shared.contact_lists import ContactLists, list_scope
 from shared.contacts_csv import Contact, CsvError, Rejected, Source, scan
 from shared.errors import DependencyUnavailable
+from shared.gil import CpuLane
 from shared.list_import import ImportJob, Sorted, advance, finish, sort_slice
 from shared.suppressions import SuppressionStore
 
@@ -43,6 +43,7 @@ class Importer:
     lists: ContactLists
     suppressions: SuppressionStore
     settings: ListSettings
+    cpu: CpuLane
 
     async def run(self, job: ImportJob, source: Source, *, base: int) -> ImportJob:
         """Import ``source`` (the file, or its bytes) into ``job``'s list, which held
@@ -53,7 +54,7 @@ class Importer:
             await self.lists.save_import(job)
             rows = scan(source, max_rows=self.settings.import_max_rows)
             while True:
-                part, broken = await asyncio.to_thread(_next, rows, self.settings.import_slice)
+                part, broken = await self.cpu.run(_next, rows, self.settings.import_slice)
                 if part:
                     room = self.settings.max_contacts - base - job.progress.added
                     done = await self._sort(job, part, room)

@@ -42,6 +42,7 @@ from shared.contact_lists import (
     Position,
     read_page,
 )
+from shared.gil import CpuLane
 from shared.http import JSON, ApiError, read_json, spool_capped
 from shared.list_import import ImportJob, live, shown
 from shared.suppressions import SuppressionStore
@@ -115,6 +116,7 @@ class Lists:
     background: Background
     settings: ListSettings
     caps: Caps
+    cpu: CpuLane
 
     @classmethod
     def of(cls, request: Request) -> Lists:
@@ -125,6 +127,7 @@ class Lists:
             state.background,
             state.settings.lists,
             state.caps,
+            state.cpu,
         )
 
     async def create(self, user_id: uuid.UUID, name: str) -> ContactList:
@@ -221,7 +224,7 @@ class Lists:
         import's place (it closes the one and gives back the other when it ends)."""
         limit = self.caps.settings.contacts_per_import
         try:
-            rows = await asyncio.to_thread(contacts_csv.count, source, limit=limit)
+            rows = await self.cpu.run(contacts_csv.count, source, limit=limit)
             await asyncio.to_thread(source.seek, 0)
         except contacts_csv.CsvError as exc:
             raise ApiError(
@@ -247,7 +250,8 @@ class Lists:
 
     async def _run(self, job: ImportJob, source: IO[bytes], base: int) -> None:
         try:
-            await Importer(self.store, self.suppressions, self.settings).run(job, source, base=base)
+            importer = Importer(self.store, self.suppressions, self.settings, self.cpu)
+            await importer.run(job, source, base=base)
         finally:
             await asyncio.to_thread(source.close)
             await self.caps.release_quietly(

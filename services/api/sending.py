@@ -19,13 +19,12 @@ accepting it charged.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec
 
@@ -53,6 +52,7 @@ from shared.config import Settings
 from shared.cooldown import RecentMail
 from shared.domains import DomainStore, covers, domain_of
 from shared.errors import DependencyUnavailable, TooLargeToStore
+from shared.gil import CpuLane
 from shared.http import ApiError
 from shared.idempotency import Existing, IdempotencyStore
 from shared.logs import bound
@@ -99,6 +99,8 @@ class Sending:
     """Batches waiting for their ``send_at`` (without it: scheduling is refused)."""
     canaries: CanaryStore | None = None
     """Which batches carried a template's canary (for the rollout's judge)."""
+    cpu: CpuLane = field(default_factory=CpuLane)
+    """The API's thread for long pure-Python work (``shared.gil``)."""
 
     async def accept(
         self,
@@ -128,7 +130,7 @@ class Sending:
         claim = await self.idempotency.claim(
             user_id,
             idem,
-            await _hashed(body),
+            await _hashed(self.cpu, body),
             batch_id or new_batch_id(time.time()),
             owner,
         )
@@ -157,7 +159,7 @@ class Sending:
         suppression list."""
         body, extra = await self._extra(user_id, body, at)
         if validation.is_large(body):
-            parsed = await asyncio.to_thread(self._validated, body)
+            parsed = await self.cpu.run(self._validated, body)
         else:
             parsed = self._validated(body)
         await self.check_sender(user_id, parsed.message.sender.email)
@@ -369,7 +371,7 @@ class Sending:
         message = batch.message
         text = len(message.html or "") + len(message.text or "")
         if len(batch.recipients) >= _LARGE_RECIPIENTS or text >= _LARGE_TEXT:
-            content = await asyncio.to_thread(content_of, batch)
+            content = await self.cpu.run(content_of, batch)
         else:
             content = content_of(batch)
         limit = self.settings.cassandra.max_mutation_bytes
@@ -645,8 +647,8 @@ def build_batch(
     )
 
 
-async def _hashed(body: object) -> bytes:
+async def _hashed(cpu: CpuLane, body: object) -> bytes:
     """:func:`validation.body_hash`, off the event loop for a large body (it encodes it)."""
     if validation.is_large(body):
-        return await asyncio.to_thread(validation.body_hash, body)
+        return await cpu.run(validation.body_hash, body)
     return validation.body_hash(body)

@@ -91,7 +91,7 @@ class Caller:
                 # A token per recipient and link, or a large chunk's models: CPU work (34 ms
                 # for 1,000 recipients with 100 substitutions each), kept off the event loop.
                 if tracker is not None or heavy(to_send):
-                    chunk = await asyncio.to_thread(_chunk, *build)
+                    chunk = await d.cpu.run(_chunk, *build)
                 else:
                     chunk = _chunk(*build)
                 await d.hooks("before_call", job)
@@ -127,7 +127,7 @@ class Caller:
         to_send = await self._pending(job)
         if d.work is None or not to_send:
             return to_send, 0
-        weight = await asyncio.to_thread(weigh, to_send) if heavy(to_send) else weigh(to_send)
+        weight = await d.cpu.run(weigh, to_send) if heavy(to_send) else weigh(to_send)
         taken = d.work.try_take(weight)
         if taken is not None:
             return to_send, taken

@@ -35,6 +35,7 @@ from shared.config import ProviderSettings
 from shared.domain_capacity import CapacityGate
 from shared.engagement import Tracker
 from shared.errors import DependencyUnavailable
+from shared.gil import CpuLane
 from shared.handoff import HandOff
 from shared.logs import bound
 from shared.metrics import DispatchMetrics
@@ -128,6 +129,8 @@ class Dispatcher:
     """The process's budget of recipients' bytes in provider calls being built and sent
     (``services.consumers.calls``; None: unbounded)."""
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    cpu: CpuLane = field(default_factory=CpuLane)
+    """The process's thread for long pure-Python work (``shared.gil``)."""
 
     def __post_init__(self) -> None:
         self.handoff = HandOff(

@@ -79,10 +79,10 @@ def build_dispatcher(
         broker=res.broker,
         batches=BatchStore(res.db, stats),
         attempts=AttemptStore(res.db),
-        providers=build_providers(settings.providers),
+        providers=build_providers(settings.providers, res.cpu),
         settings=settings.providers,
         metrics=metrics or DispatchMetrics.create(new_registry()),
-        recipients=RecipientStore(res.db, stats),
+        recipients=RecipientStore(res.db, stats, res.cpu),
         hooks=hooks,
         deferred_deadline=settings.webhooks.deferred_deadline,
         limiter=ProviderLimiter(res.db, settings.amqp.exchange),
@@ -91,6 +91,7 @@ def build_dispatcher(
         user_hooks=HookEmitter(res.db, res.broker),
         campaigns=CampaignHold(CampaignStore(res.db, settings.amqp.exchange)),
         work=ByteBudget(settings.consumers.work_budget_bytes),
+        cpu=res.cpu,
     )
 
 

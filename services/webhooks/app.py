@@ -50,7 +50,9 @@ def create_app(settings: Settings) -> Starlette:
             app.state.resources = res
             ingest = Ingest.over(res.db, res.broker, settings, metrics)
             tokens = WebhookTokens(res.db)
-            app.state.intake = intake = Intake(tokens, res.broker, ingest, intake_metrics)
+            app.state.intake = intake = Intake(
+                tokens, res.broker, ingest, intake_metrics, cpu=res.cpu
+            )
             await res.broker.declare()
             configured = settings.providers.chain_codes
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import aio_pika.abc
@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter
 from services.webhooks.ingest import Ingest
 from shared.broker import Broker
 from shared.errors import DependencyUnavailable
+from shared.gil import CpuLane
 from shared.http import ApiError
 from shared.logs import bound
 from shared.providers import mailgun_events, sendgrid_events
@@ -85,6 +86,8 @@ class Intake:
     ingest: Ingest
     metrics: IntakeMetrics
     budget: float = DIRECT_BUDGET
+    cpu: CpuLane = field(default_factory=CpuLane)
+    """The service's thread for long pure-Python work (``shared.gil``)."""
 
     async def receive(self, provider: str, raw: bytes) -> dict[str, object]:
         """Make one verified, well-formed delivery durable; the answer's JSON body.
@@ -136,9 +139,7 @@ class Intake:
             when = datetime.fromtimestamp(received_at, UTC)
             if len(raw) > LARGE_DELIVERY:
                 # ~80 us an event: a 768 KB batch is 75 ms of CPU, 5 MB of small ones 2.6 s.
-                parsed = await asyncio.to_thread(
-                    sendgrid_events.parse_events, raw, received_at=when
-                )
+                parsed = await self.cpu.run(sendgrid_events.parse_events, raw, received_at=when)
             else:
                 parsed = sendgrid_events.parse_events(raw, received_at=when)
             counts = await self.ingest.apply_all(parsed.events)

@@ -44,6 +44,7 @@ from shared.config import Settings
 from shared.engagement import TRACKER, links_of
 from shared.engagement_tokens import Claim, KeyRing, read, redirect_target, ring_from
 from shared.errors import DependencyUnavailable
+from shared.gil import CpuLane
 from shared.health import health_routes
 from shared.http import AdmissionLimit, ApiError, error_handlers, read_capped
 from shared.metrics import new_registry
@@ -75,11 +76,16 @@ class Tracking:
     """What the routes need, built by the lifespan."""
 
     def __init__(
-        self, ingest: Ingest, ring: KeyRing, allowed_hosts: frozenset[str] = frozenset()
+        self,
+        ingest: Ingest,
+        ring: KeyRing,
+        allowed_hosts: frozenset[str] = frozenset(),
+        cpu: CpuLane | None = None,
     ) -> None:
         self.ingest = ingest
         self.ring = ring
         self.allowed_hosts = allowed_hosts
+        self.cpu = cpu or CpuLane()
         self._links: OrderedDict[uuid.UUID, tuple[list[str], list[str], int]] = OrderedDict()
         self._emails: OrderedDict[tuple[uuid.UUID, int], dict[uuid.UUID, str]] = OrderedDict()
         self._recent: OrderedDict[tuple[uuid.UUID, str, int | None, int], None] = OrderedDict()
@@ -99,7 +105,7 @@ class Tracking:
             message, use = header.message, header.message.template
             canary = use.canary_chunks if use and use.canary else 0
             # Finding a message's links reads all of its html (up to megabytes): off the loop.
-            known = await asyncio.to_thread(_links_of, message, canary)
+            known = await self.cpu.run(_links_of, message, canary)
             self._links[batch_id] = known
             if len(self._links) > LINKS_CACHE:
                 self._links.popitem(last=False)
@@ -279,7 +285,9 @@ def create_app(settings: Settings) -> Starlette:
         async with open_resources(settings, name="safedelivr-tracking") as res:
             app.state.resources = res
             ingest = Ingest.over(res.db, res.broker, settings, metrics)
-            app.state.tracking = Tracking(ingest, ring, settings.tracking.allowed_hosts)
+            app.state.tracking = Tracking(
+                ingest, ring, settings.tracking.allowed_hosts, cpu=res.cpu
+            )
             with watching(stalls):
                 yield
 

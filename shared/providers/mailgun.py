@@ -61,6 +61,7 @@ import orjson
 from shared.addresses import address_key
 from shared.config import ProviderSettings
 from shared.errors import PermanentProviderError, ProviderError, TransientProviderError
+from shared.gil import CpuLane
 from shared.models import ATTEMPT_ARG, Chunk
 from shared.providers import envelope, responses, transport
 from shared.providers.base import Gate, LookupQuery, Receipt
@@ -224,10 +225,12 @@ class MailgunProvider:
         base_url: str,
         timeout: float,
         client: httpx.AsyncClient | None = None,
+        cpu: CpuLane | None = None,
     ) -> None:
         """Args:
         client: an HTTP client to use instead of our own; the caller keeps ownership and
             closes it (``aclose`` leaves it open). Auth and timeout are set per request.
+        cpu: the process's CPU lane, where payloads are built (default: one of its own).
         """
         root = f"{base_url.rstrip('/')}/v3/{urllib.parse.quote(domain, safe='')}"
         self._url = f"{root}/messages"
@@ -236,22 +239,26 @@ class MailgunProvider:
         self._seconds = timeout
         self._timeout = httpx.Timeout(timeout)
         self._owns_client = client is None
+        self._cpu = cpu or CpuLane()
         self._calls = transport.Calls()
         self._client = client or httpx.AsyncClient(timeout=self._timeout, follow_redirects=False)
 
     @classmethod
-    def from_settings(cls, settings: ProviderSettings) -> MailgunProvider:
+    def from_settings(
+        cls, settings: ProviderSettings, cpu: CpuLane | None = None
+    ) -> MailgunProvider:
         return cls(
             api_key=settings.mailgun_api_key.get_secret_value(),
             domain=settings.mailgun_domain,
             base_url=settings.mailgun_base_url,
             timeout=settings.timeout,
+            cpu=cpu,
         )
 
     async def send(self, chunk: Chunk, gate: Gate | None = None) -> Receipt:
         # Substitution, recipient variables and encoding take milliseconds of CPU for a
         # large chunk (seconds for a hostile one): off the loop, like SendGrid's payload.
-        body = await asyncio.to_thread(encoded_form, chunk)
+        body = await self._cpu.run(encoded_form, chunk)
         if gate is not None:
             await gate()
         try:

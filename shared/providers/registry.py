@@ -11,19 +11,21 @@ from collections.abc import Callable, Mapping
 
 from shared.config import ProviderSettings
 from shared.errors import ConfigError
+from shared.gil import CpuLane
 from shared.providers.base import Provider
 from shared.providers.mailgun import MailgunProvider
 from shared.providers.sendgrid import SendGridProvider
 
 #: How to build each provider from the settings, by code.
-FACTORIES: Mapping[str, Callable[[ProviderSettings], Provider]] = {
+FACTORIES: Mapping[str, Callable[[ProviderSettings, CpuLane | None], Provider]] = {
     SendGridProvider.code: SendGridProvider.from_settings,
     MailgunProvider.code: MailgunProvider.from_settings,
 }
 
 
-def build_providers(settings: ProviderSettings) -> dict[str, Provider]:
-    """One provider per code in ``settings.chain_codes``, keyed by code, in that order."""
+def build_providers(settings: ProviderSettings, cpu: CpuLane | None = None) -> dict[str, Provider]:
+    """One provider per code in ``settings.chain_codes``, keyed by code, in that order,
+    building their payloads on ``cpu`` (the process's CPU lane; default: one each)."""
     providers: dict[str, Provider] = {}
     for code in settings.chain_codes:
         factory = FACTORIES.get(code)
@@ -32,7 +34,7 @@ def build_providers(settings: ProviderSettings) -> dict[str, Provider]:
                 f"SAFEDELIVR_PROVIDERS_CHAIN: unknown provider code {code!r}; "
                 f"known: {sorted(FACTORIES)}"
             )
-        providers[code] = factory(settings)
+        providers[code] = factory(settings, cpu)
     return providers
 
 

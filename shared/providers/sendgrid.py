@@ -24,7 +24,6 @@ writing and to each read.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -51,6 +50,7 @@ from sendgrid.helpers.mail.exceptions import ApiKeyIncludedException
 from shared.addresses import address_key
 from shared.config import ProviderSettings
 from shared.errors import PermanentProviderError, ProviderError, TransientProviderError
+from shared.gil import CpuLane
 from shared.models import ATTEMPT_ARG, Chunk, Recipient
 from shared.providers import envelope, responses, transport
 from shared.providers.base import Gate, LookupQuery, Receipt
@@ -177,10 +177,12 @@ class SendGridProvider:
         base_url: str,
         timeout: float,
         client: httpx.AsyncClient | None = None,
+        cpu: CpuLane | None = None,
     ) -> None:
         """Args:
         client: an HTTP client to use instead of our own; the caller keeps ownership and
             closes it (``aclose`` leaves it open). Auth and timeout are set per request.
+        cpu: the process's CPU lane, where payloads are built (default: one of its own).
         """
         root = base_url.rstrip("/")
         self._send_url = f"{root}/v3/mail/send"
@@ -189,20 +191,24 @@ class SendGridProvider:
         self._seconds = timeout
         self._timeout = httpx.Timeout(timeout)
         self._owns_client = client is None
+        self._cpu = cpu or CpuLane()
         self._calls = transport.Calls()
         self._client = client or httpx.AsyncClient(timeout=self._timeout, follow_redirects=False)
 
     @classmethod
-    def from_settings(cls, settings: ProviderSettings) -> SendGridProvider:
+    def from_settings(
+        cls, settings: ProviderSettings, cpu: CpuLane | None = None
+    ) -> SendGridProvider:
         return cls(
             api_key=settings.sendgrid_api_key.get_secret_value(),
             base_url=settings.sendgrid_base_url,
             timeout=settings.timeout,
+            cpu=cpu,
         )
 
     async def send(self, chunk: Chunk, gate: Gate | None = None) -> Receipt:
         # The helpers build a 1,000-recipient payload in up to ~8 ms of CPU: off the loop.
-        body = await asyncio.to_thread(encoded_payload, chunk)
+        body = await self._cpu.run(encoded_payload, chunk)
         if gate is not None:
             await gate()
         try:

@@ -197,6 +197,25 @@ def test_the_summary_line_is_json_with_the_headline_figures() -> None:
     assert found["parsers_over_ratio"] == 1
 
 
+def test_a_parser_under_the_noise_floor_does_not_make_the_worst_ratio() -> None:
+    """1 us at 1x and 400 us at 10x reads 400 and passes: the headline keeps the judged 80."""
+    found = _report()
+    quick = parsers.row(
+        cases.by_name("webhook email"),
+        {
+            1: {"seconds": 1e-6, "outcome": "ok", "peak_mb": 96.0},
+            10: {"seconds": 4e-4, "outcome": "ok", "peak_mb": 96.0},
+        },
+        {1: 100_000, 10: 1_000_000},
+        timeout=20,
+        missing="timeout",
+    )
+    found["parsers"] = [*found["parsers"], quick]  # type: ignore[misc]
+
+    assert quick["pass"] is True
+    assert report.summary(found, None)["worst_ratio"] == 80.0
+
+
 def test_the_figures_are_read_from_a_services_metrics_page() -> None:
     """The longest stall and the peak RSS (in MB) come from the monitor's metrics."""
     registry = CollectorRegistry()

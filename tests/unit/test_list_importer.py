@@ -19,6 +19,7 @@ from shared.config import ListSettings
 from shared.contact_lists import ContactLists, list_scope
 from shared.contacts_csv import READ_CHUNK, Contact
 from shared.errors import DependencyUnavailable
+from shared.gil import CpuLane
 from shared.list_import import ImportJob
 from shared.suppressions import SuppressionStore
 from tests.fakes.account_stores import FakeSuppressionStore
@@ -57,6 +58,7 @@ async def _run(store: Recording, body: bytes, suppressions: Any = None) -> Impor
         cast(ContactLists, store),
         cast(SuppressionStore, suppressions or FakeSuppressionStore()),
         ListSettings(import_slice=2),
+        CpuLane(),
     )
     return await importer.run(job, body, base=0)
 
@@ -90,7 +92,7 @@ async def test_only_this_lists_unsubscribes_keep_an_address_out() -> None:
     )
     assert await store.begin_import(job, ended.import_id)
     importer = Importer(
-        cast(ContactLists, store), cast(SuppressionStore, suppressions), ListSettings()
+        cast(ContactLists, store), cast(SuppressionStore, suppressions), ListSettings(), CpuLane()
     )
 
     done = await importer.run(job, b"email\na@example.com\nb@example.com\n", base=0)
@@ -178,6 +180,7 @@ async def test_the_file_is_read_as_the_import_goes_never_whole() -> None:
         cast(ContactLists, store),
         cast(SuppressionStore, FakeSuppressionStore()),
         ListSettings(import_slice=1_000),
+        CpuLane(),
     )
 
     ended = await importer.run(job, store.file, base=0)

@@ -14,6 +14,7 @@ from services.api.lists import LATEST_WINDOW, Lists
 from shared.background import Background
 from shared.config import ListSettings
 from shared.contact_lists import ContactLists
+from shared.gil import CpuLane
 from shared.list_import import ImportJob
 from shared.suppressions import SuppressionStore
 from tests.fakes.contact_lists import FakeContactLists
@@ -50,6 +51,7 @@ async def test_every_lists_latest_import_is_read_a_window_at_a_time() -> None:
         cast(Background, None),
         ListSettings(),
         cast(Caps, None),
+        CpuLane(),
     )
 
     found = await lists.overview(user)
