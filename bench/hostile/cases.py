@@ -258,6 +258,67 @@ def _text_cases() -> list[Case]:
     ]
 
 
+def _json_array(item: bytes, size: int) -> bytes:
+    return b"[" + b",".join([item] * (size // (len(item) + 1))) + b"]"
+
+
+#: Shapes of a SendGrid delivery that attack its size rather than its text, each built at
+#: a given size in bytes (they were timed in a unit test; a time is this harness's to judge).
+SENDGRID_SHAPES: Final[dict[str, Callable[[int], bytes]]] = {
+    "empty objects": lambda n: _json_array(b"{}", n),
+    "address-less events": lambda n: _json_array(b'{"event":"bounce","email":null,"type":"x"}', n),
+    "one huge address": lambda n: b'[{"email":"' + b"a" * n + b'@x.com"}]',
+    "one huge reason": lambda n: (
+        b'[{"email":"a@x.com","event":"dropped","reason":"' + b"r" * n + b'"}]'
+    ),
+    "escaped text": lambda n: b'[{"email":"a@x.com","reason":"' + b"\\u00e9" * (n // 6) + b'"}]',
+    "a key repeated": lambda n: b"[{" + b",".join([b'"email":"a@x.com"'] * (n // 18)) + b"}]",
+    "many keys": lambda n: (
+        b'[{"email":"a@x.com",' + b",".join(b'"k%d":1' % i for i in range(n // 10)) + b"}]"
+    ),
+    "deep nesting": lambda n: b"[" * n,
+    "whitespace": lambda n: b" " * n,
+    "a long number": lambda n: b"[" + b"1" * n + b"]",
+}
+
+
+def mailgun_fields_body(scale: int) -> bytes:
+    """A Mailgun envelope whose id-less event-data is 100 KB of fields at scale 1, the same
+    fields as its user variables."""
+    fields = {f"k{i}": [i, str(i)] for i in range(100_000 * scale // 22)}
+    return orjson.dumps(
+        {
+            "signature": {"timestamp": "1", "token": "t", "signature": "s"},
+            "event-data": {"recipient": "a@x.com", "user-variables": fields, **fields},
+        }
+    )
+
+
+def _webhook_shape_cases() -> list[Case]:
+    """Each SendGrid shape at 100 KB (1 MB at 10x), and Mailgun's many fields."""
+    where = "shared.providers.sendgrid_events.parse_events"
+    found = [
+        Case(
+            f"SendGrid webhook: {name}",
+            where,
+            f"{name} (100 KB)",
+            lambda scale, make=make: make(100_000 * scale),
+            sendgrid_events.parse_events,
+        )
+        for name, make in SENDGRID_SHAPES.items()
+    ]
+    found.append(
+        Case(
+            "Mailgun webhook: many fields",
+            "shared.providers.mailgun_events.parse_envelope + parse_event",
+            "100 KB of event-data fields and as many user variables, no ids",
+            mailgun_fields_body,
+            mailgun_event,
+        )
+    )
+    return found
+
+
 CASES: tuple[Case, ...] = (
     Case(
         "link rewrite",
@@ -315,6 +376,7 @@ CASES: tuple[Case, ...] = (
         lambda body: validation.parse_batch_request(body, max_recipients=1_000),
     ),
     *_text_cases(),
+    *_webhook_shape_cases(),
     Case(
         "template compile",
         "shared.template_render.compile_part",

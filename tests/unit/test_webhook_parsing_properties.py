@@ -9,13 +9,9 @@ our correlation ids; and parsing a 1 MB hostile body takes time linear in its si
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import re
-import time
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.hostile.cases import SENDGRID_SHAPES, mailgun_fields_body
 from shared.models import ATTEMPT_ARG
 from shared.providers import mailgun_events, sendgrid_events
 from shared.webhook_events import KINDS, MAX_TEXT, MalformedPayload, ParseResult, ProviderEvent
@@ -497,79 +494,34 @@ def _array(item: bytes, size: int) -> bytes:
     return b"[" + b",".join([item] * (size // (len(item) + 1))) + b"]"
 
 
-HOSTILE_1MB: dict[str, Callable[[], bytes]] = {
-    "empty-objects": lambda: _array(b"{}", MB),
-    "address-less-events": lambda: _array(b'{"event":"bounce","email":null,"type":"x"}', MB),
-    "one-huge-address": lambda: b'[{"email":"' + b"a" * MB + b'@x.com"}]',
-    "one-huge-reason": lambda: (
-        b'[{"email":"a@x.com","event":"dropped","reason":"' + b"r" * MB + b'"}]'
-    ),
-    "escaped-text": lambda: b'[{"email":"a@x.com","reason":"' + b"\\u00e9" * (MB // 6) + b'"}]',
-    "repeated-key": lambda: b"[{" + b",".join([b'"email":"a@x.com"'] * (MB // 18)) + b"}]",
-    "many-keys": lambda: (
-        b'[{"email":"a@x.com",' + b",".join(b'"k%d":1' % i for i in range(MB // 10)) + b"}]"
-    ),
-    "deep-nesting": lambda: b"[" * MB,
-    "whitespace": lambda: b" " * MB,
-    "long-number": lambda: b"[" + b"1" * MB + b"]",
-}
+# How long these take is `make hostile`'s to measure (bench/hostile/cases.py has each shape
+# at 100 KB and 1 MB): a test here says only what the parser answers.
 
 
-def _cpu_seconds(parse: Callable[[bytes], object], body: bytes) -> float:
-    """The best of three CPU times (not wall time: other processes share the machine)."""
-    best = float("inf")
-    for _ in range(3):
-        started = time.process_time()
-        with contextlib.suppress(MalformedPayload):
-            parse(body)
-        best = min(best, time.process_time() - started)
-    return best
-
-
-@functools.cache
-def _ordinary_mb() -> float:
-    """CPU seconds to parse 1 MB of ordinary SendGrid events on this machine, now (a yardstick
-    rather than a fixed time: CI machines, and coverage, differ several times over)."""
-    item = (
-        b'{"email":"a@x.com","event":"delivered","timestamp":1700000000,'
-        b'"sg_event_id":"e","batch_id":"x","chunk":1}'
-    )
-    return _cpu_seconds(sendgrid_parse, _array(item, MB))
-
-
-@pytest.mark.parametrize("make", HOSTILE_1MB.values(), ids=HOSTILE_1MB.keys())
-def test_a_1mb_hostile_sendgrid_body_parses_well_under_a_second(make: Callable[[], bytes]) -> None:
-    """Size attacks cost the parser little: a 1 MB hostile body costs no more than a few
-    times 1 MB of ordinary events (about 0.1 s on these machines)."""
-    body = make()
+@pytest.mark.parametrize("shape", SENDGRID_SHAPES, ids=list(SENDGRID_SHAPES))
+def test_a_1mb_hostile_sendgrid_body_is_answered_with_events_or_a_malformed_payload(
+    shape: str,
+) -> None:
+    """Size attacks end in an answer: the items read (as events, or skipped for want of an
+    address) or the MalformedPayload the receiver turns into a 400, never another
+    exception."""
+    body = SENDGRID_SHAPES[shape](MB)
     assert len(body) >= MB - 64
 
-    assert _cpu_seconds(sendgrid_parse, body) < 4 * _ordinary_mb() + 0.05
+    try:
+        parsed = sendgrid_parse(body)
+    except MalformedPayload:
+        return
+    assert len(parsed.events) + parsed.skipped >= 1  # every item accounted for
+    assert {event.email for event in parsed.events} <= {"a@x.com"}
 
 
-def test_a_1mb_mailgun_event_data_parses_well_under_a_second() -> None:
-    """A Mailgun envelope whose id-less event-data is 1 MB of fields parses fast."""
-    fields = {f"k{i}": [i, str(i)] for i in range(MB // 22)}
-    body = orjson.dumps(
-        {
-            "signature": {"timestamp": "1", "token": "t", "signature": "s"},
-            "event-data": {"recipient": "a@x.com", "user-variables": fields, **fields},
-        }
-    )
+def test_a_mailgun_envelope_of_1mb_of_fields_gives_its_recipient() -> None:
+    """An id-less event-data of 1 MB of fields parses to its recipient's event."""
+    body = mailgun_fields_body(10)
     assert len(body) >= MB
 
-    def parse(raw: bytes) -> object:
-        return mailgun_events.parse_event(mailgun_events.parse_envelope(raw).event_data)
+    event = mailgun_events.parse_event(mailgun_events.parse_envelope(body).event_data)
 
-    assert _cpu_seconds(parse, body) < 4 * _ordinary_mb() + 0.05
-
-
-def test_parsing_many_small_events_is_linear_in_the_body_size() -> None:
-    """Eight times the id-less events take about eight times as long, not sixty-four."""
-    item = b'{"email":"a@x.com","event":"open","batch_id":"x","chunk":1}'
-    small, large = _array(item, MB // 16), _array(item, MB // 2)
-
-    ratio = _cpu_seconds(sendgrid_parse, large) / max(_cpu_seconds(sendgrid_parse, small), 1e-3)
-
-    assert len(sendgrid_parse(large).events) > 8_000
-    assert ratio < 16
+    assert event is not None
+    assert event.email == "a@x.com"
