@@ -15,6 +15,7 @@ Sizes are in the :data:`CASES` entries' descriptions; the scale multiplies every
 
 from __future__ import annotations
 
+import functools
 import math
 import uuid
 from collections.abc import Callable
@@ -294,6 +295,10 @@ def mailgun_fields_body(scale: int) -> bytes:
     )
 
 
+def _at_100kb(make: Callable[[int], bytes], scale: int) -> bytes:
+    return make(100_000 * scale)
+
+
 def _webhook_shape_cases() -> list[Case]:
     """Each SendGrid shape at 100 KB (1 MB at 10x; its receiver reads up to 5 MB), and
     Mailgun's many fields."""
@@ -303,7 +308,7 @@ def _webhook_shape_cases() -> list[Case]:
             f"SendGrid webhook: {name}",
             where,
             f"{name} (100 KB)",
-            lambda scale, make=make: make(100_000 * scale),
+            functools.partial(_at_100kb, make),
             sendgrid_events.parse_events,
         )
         for name, make in SENDGRID_SHAPES.items()

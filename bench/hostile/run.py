@@ -13,7 +13,11 @@ service as a real process: API, consumers, webhooks, tracking, hooks); the hosti
 (:mod:`bench.hostile.attack`) are sent at once, then the fuzzing cases
 (:mod:`bench.hostile.fuzzed`); once the queues are empty (or ``--settle`` seconds passed) they
 are purged and every service's ``/metrics`` is read, waiting up to ``--scrape-timeout`` for a
-service whose loop is held. Then the stack is torn down as ``make bench`` does.
+service whose loop is held. Then the stack is torn down as ``make bench`` does. Once the
+stack's processes are started, the harness lowers its own scheduling priority (nice
+:data:`HARNESS_NICE`, inherited by the fuzzers it starts): it builds and sends the attack,
+10 MB bodies encoded in Python among them, on the same two cores as the services, and an
+attacker's CPU is not the server's (the services, Cassandra and RabbitMQ keep theirs).
 
 Prints a table and, last, one JSON line with the headline figures and ``violations``; writes
 ``bench/results/hostile/<run>.json`` and ``latest.json``. Exit status: 0 when everything ran,
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import platform
 import signal
 import sys
@@ -95,6 +100,10 @@ def selected(names: str | None) -> list[cases.Case]:
     return [cases.by_name(name.strip()) for name in names.split(",") if name.strip()]
 
 
+#: How far the harness lowers its priority once the stack runs (see the module docstring).
+HARNESS_NICE = 10
+
+
 async def against_stack(
     args: argparse.Namespace,
     *,
@@ -114,6 +123,8 @@ async def against_stack(
                 f"the stack could not be set up: {type(exc).__name__}: {exc}"
             ) from exc
         assert stack.db is not None  # noqa: S101 - set up above
+        # After the services started (they would inherit it): see the module docstring.
+        out["harness_nice"] = os.nice(HARNESS_NICE)
         _, key = await new_sender(stack.db, "hostile")
         target = attack.Target(
             api=stack.url("api"),
