@@ -9,6 +9,11 @@ one interval from the truth at most. Exported on the service's own registry (its
 
 * ``safedelivr_event_loop_stall_seconds``: a histogram of every callback's lag;
 * ``safedelivr_event_loop_stall_max_seconds``: the longest lag since the monitor started;
+* ``safedelivr_event_loop_stall_max_cpu_wait_seconds``: how much of that longest lag the
+  loop's thread spent runnable but waiting for a CPU (the kernel's run-queue delay,
+  ``/proc/thread-self/schedstat``; 0 where there is none): a stall that is mostly this was
+  the machine's cores all busy, one that is not was the process itself (its loop, the GIL,
+  a collection);
 * ``safedelivr_peak_rss_bytes``: the process's peak resident memory, read when scraped:
   ``VmHWM`` of ``/proc/self/status`` on Linux, else ``getrusage``'s ``ru_maxrss``. Linux
   keeps ``ru_maxrss`` across ``exec``: a service started by a process of 300 MB reads 300 MB
@@ -41,6 +46,7 @@ BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 #: ``ru_maxrss`` is in kilobytes on Linux, in bytes on macOS.
 _RSS_UNIT: Final = 1 if sys.platform == "darwin" else 1024
 _STATUS: Final = Path("/proc/self/status")
+_SCHEDSTAT: Final = Path("/proc/thread-self/schedstat")
 
 
 def peak_rss_bytes(status: Path = _STATUS) -> float:
@@ -63,11 +69,26 @@ def hwm_bytes(status: str) -> float | None:
     return None
 
 
+def cpu_wait_seconds(schedstat: Path = _SCHEDSTAT) -> float:
+    """Seconds the calling thread has spent runnable, waiting for a CPU (0 where the kernel
+    does not say)."""
+    try:
+        return run_delay_seconds(schedstat.read_text())
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def run_delay_seconds(schedstat: str) -> float:
+    """The run-queue delay of a ``schedstat`` text (on-CPU ns, run-queue ns, timeslices)."""
+    return int(schedstat.split()[1]) / 1e9
+
+
 @dataclass(frozen=True)
 class StallMetrics:
     stalls: Histogram
     longest: Gauge
     peak_rss: Gauge
+    longest_cpu_wait: Gauge
 
     @classmethod
     def create(
@@ -92,6 +113,11 @@ class StallMetrics:
                 registry=registry,
             ),
             gauge,
+            Gauge(
+                "safedelivr_event_loop_stall_max_cpu_wait_seconds",
+                "Of the longest stall, the time the loop's thread waited for a CPU",
+                registry=registry,
+            ),
         )
 
 
@@ -112,11 +138,14 @@ class StallMonitor:
         *,
         interval: float = INTERVAL,
         clock: Callable[[], float] = time.monotonic,
+        cpu_wait: Callable[[], float] = cpu_wait_seconds,
     ) -> None:
         self.metrics = metrics
         self.interval = interval
         self.longest = 0.0
         self._clock = clock
+        self._cpu_wait = cpu_wait
+        self._waited = 0.0
         self._schedule: Schedule | None = None
         self._handle: Cancellable | None = None
         self._due = 0.0
@@ -131,6 +160,7 @@ class StallMonitor:
 
             schedule = on_loop
         self._schedule = schedule
+        self._waited = self._cpu_wait()
         self._arm()
 
     @property
@@ -151,10 +181,14 @@ class StallMonitor:
         if self._schedule is None:
             return  # stopped after this callback was already on its way
         lag = max(0.0, self._clock() - self._due)
+        # Read on the loop's thread, whose callback this is: its wait since the last tick
+        # (while it slept in the poll it was not runnable, so this is the stall's).
+        waited, self._waited = self._waited, self._cpu_wait()
         self.metrics.stalls.observe(lag)
         if lag > self.longest:
             self.longest = lag
             self.metrics.longest.set(lag)
+            self.metrics.longest_cpu_wait.set(min(lag, max(0.0, self._waited - waited)))
         self._arm()
 
 

@@ -37,6 +37,7 @@ def services(
         out[name] = {
             **judged,
             "answered": bool(found.get("answered")),
+            "stall_cpu_wait_s": found.get("stall_cpu_wait_s"),
             "problem": found.get("problem"),
             "before_attacks": dict(baseline.get(name, {})),
         }
@@ -148,12 +149,14 @@ def parser_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def service_lines(found: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    header = ["service", "stall s before", "max stall s", "target", "peak RSS MB", "limit"]
+    header = ["service", "stall s before", "max stall s", "of it CPU wait", "target"]
+    header += ["peak RSS MB", "limit"]
     header += ["verdict", "note"]
     cells = []
     for name, s in found.items():
         stall, rss = s["stall_s"], s["rss_mb"]
         before = s.get("before_attacks", {}).get("stall_s")
+        waited = s.get("stall_cpu_wait_s")
         failed = [what for what, v in (("stall", stall), ("RSS", rss)) if v["pass"] is False]
         unjudged = stall["pass"] is None or rss["pass"] is None
         verdict = "FAIL: " + ", ".join(failed) if failed else ("-" if unjudged else "pass")
@@ -162,6 +165,7 @@ def service_lines(found: Mapping[str, Mapping[str, Any]]) -> list[str]:
                 name,
                 "-" if before is None else f"{before:.3f}",
                 "-" if stall["value"] is None else f"{stall['value']:.3f}",
+                "-" if waited is None else f"{waited:.3f}",
                 f"<= {stall['target']}",
                 "-" if rss["value"] is None else f"{rss['value']:.0f}",
                 "-" if rss["target"] is None else f"<= {rss['target']:.0f}",

@@ -15,6 +15,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 STALL_MAX = "safedelivr_event_loop_stall_max_seconds"
+STALL_CPU_WAIT = "safedelivr_event_loop_stall_max_cpu_wait_seconds"
 PEAK_RSS = "safedelivr_peak_rss_bytes"
 
 
@@ -27,6 +28,8 @@ class Scraped:
     answered: bool
     problem: str | None = None
     waited_s: float = 0.0
+    stall_cpu_wait_s: float | None = None
+    """Of the longest stall, the time the loop's thread waited for a CPU."""
 
 
 def figures(text: str) -> tuple[float | None, float | None]:
@@ -41,6 +44,16 @@ def figures(text: str) -> tuple[float | None, float | None]:
     return values.get(STALL_MAX), None if rss is None else round(rss / 1024 / 1024, 1)
 
 
+def cpu_wait(text: str) -> float | None:
+    """Of the longest stall on a metrics page, the seconds its thread waited for a CPU (None
+    for a page without it)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == STALL_CPU_WAIT and not sample.labels:
+                return float(sample.value)
+    return None
+
+
 async def scrape(client: httpx.AsyncClient, base_url: str, timeout: float) -> Scraped:
     started = time.monotonic()
     try:
@@ -53,4 +66,5 @@ async def scrape(client: httpx.AsyncClient, base_url: str, timeout: float) -> Sc
         waited = time.monotonic() - started
         return Scraped(None, None, False, f"{type(exc).__name__}: {exc}", waited)
     stall, rss = figures(response.text)
-    return Scraped(stall, rss, True, waited_s=time.monotonic() - started)
+    waited = time.monotonic() - started
+    return Scraped(stall, rss, True, waited_s=waited, stall_cpu_wait_s=cpu_wait(response.text))

@@ -225,6 +225,22 @@ def test_the_figures_are_read_from_a_services_metrics_page() -> None:
     assert scrape.figures(generate_latest(registry).decode()) == (2.5, 150.0)
 
 
+def test_the_longest_stalls_wait_for_a_cpu_is_read_and_shown_beside_it() -> None:
+    """The monitor's CPU wait of the longest stall reaches the service's row in the table."""
+    registry = CollectorRegistry()
+    metrics = StallMetrics.create(registry)
+    metrics.longest.set(0.12)
+    metrics.longest_cpu_wait.set(0.09)
+    waited = scrape.cpu_wait(generate_latest(registry).decode())
+    scraped = {"api": {"stall_s": 0.12, "rss_mb": 150.0, "answered": True}}
+    scraped["api"]["stall_cpu_wait_s"] = waited
+
+    row = report.service_lines(report.services(scraped, {}, {"api": 192.0}))[-1]
+
+    assert waited == 0.09
+    assert row.split()[:4] == ["api", "-", "0.120", "0.090"]
+
+
 def test_a_page_without_the_monitor_gives_no_figures() -> None:
     """A service without the monitor gives None for both."""
     assert scrape.figures("process_resident_memory_bytes 1e+07\n") == (None, None)

@@ -9,7 +9,15 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from shared.stall_monitor import StallMetrics, StallMonitor, hwm_bytes, peak_rss_bytes, watching
+from shared.stall_monitor import (
+    StallMetrics,
+    StallMonitor,
+    cpu_wait_seconds,
+    hwm_bytes,
+    peak_rss_bytes,
+    run_delay_seconds,
+    watching,
+)
 
 
 class Clock:
@@ -45,10 +53,15 @@ class Scheduler:
             callback()
 
 
-def started(clock: Clock, *, rss: float = 0.0) -> tuple[StallMonitor, Scheduler, CollectorRegistry]:
+def started(
+    clock: Clock, *, rss: float = 0.0, cpu_wait: Clock | None = None
+) -> tuple[StallMonitor, Scheduler, CollectorRegistry]:
     registry = CollectorRegistry()
     monitor = StallMonitor(
-        StallMetrics.create(registry, peak_rss=lambda: rss), interval=0.02, clock=clock
+        StallMetrics.create(registry, peak_rss=lambda: rss),
+        interval=0.02,
+        clock=clock,
+        cpu_wait=cpu_wait or (lambda: 0.0),
     )
     scheduler = Scheduler()
     monitor.start(scheduler)
@@ -85,6 +98,58 @@ def test_a_held_loop_records_how_late_the_callback_ran() -> None:
     assert sample(registry, "safedelivr_event_loop_stall_seconds_bucket", le="1.0") == 0.0
     assert sample(registry, "safedelivr_event_loop_stall_seconds_bucket", le="2.5") == 1.0
     assert abs((sample(registry, "safedelivr_event_loop_stall_max_seconds") or 0) - 1.5) < 1e-9
+
+
+def test_the_longest_stall_says_how_much_of_it_the_thread_waited_for_a_cpu() -> None:
+    """A 0.3 s stall during which the loop's thread waited 0.2 s in the run queue."""
+    clock, waited = Clock(), Clock()
+    _, scheduler, registry = started(clock, cpu_wait=waited)
+
+    clock.now += 0.02 + 0.3
+    waited.now += 0.2
+    scheduler.run_next()
+
+    found = sample(registry, "safedelivr_event_loop_stall_max_cpu_wait_seconds") or 0
+    assert abs(found - 0.2) < 1e-9
+
+
+def test_the_cpu_wait_is_that_of_the_longest_stall() -> None:
+    """A shorter stall that waited longer for a CPU leaves the longest stall's wait."""
+    clock, waited = Clock(), Clock()
+    _, scheduler, registry = started(clock, cpu_wait=waited)
+
+    clock.now += 0.02 + 0.3
+    waited.now += 0.01
+    scheduler.run_next()
+    clock.now += 0.02 + 0.1
+    waited.now += 0.1
+    scheduler.run_next()
+
+    found = sample(registry, "safedelivr_event_loop_stall_max_cpu_wait_seconds") or 0
+    assert abs(found - 0.01) < 1e-9
+
+
+def test_a_wait_for_a_cpu_longer_than_the_stall_counts_as_the_whole_stall() -> None:
+    """Waits before the callback was due (its interval) are not the stall's: at most all of it."""
+    clock, waited = Clock(), Clock()
+    _, scheduler, registry = started(clock, cpu_wait=waited)
+
+    clock.now += 0.02 + 0.05
+    waited.now += 0.06
+    scheduler.run_next()
+
+    found = sample(registry, "safedelivr_event_loop_stall_max_cpu_wait_seconds") or 0
+    assert abs(found - 0.05) < 1e-9
+
+
+def test_schedstat_gives_the_run_queue_delay_in_seconds() -> None:
+    """The second of schedstat's three numbers, in nanoseconds."""
+    assert run_delay_seconds("812345678 250000000 1234\n") == 0.25
+
+
+def test_a_thread_without_schedstat_waited_nothing(tmp_path: Path) -> None:
+    """Where the kernel gives no schedstat the wait reads 0, not an error."""
+    assert cpu_wait_seconds(tmp_path / "missing") == 0.0
 
 
 def test_the_max_gauge_keeps_the_longest_stall_since_start() -> None:
