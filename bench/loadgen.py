@@ -9,7 +9,11 @@ needed, however slow the earlier ones are. Latency is measured from the *schedul
 a stalled server is charged for every request it delayed (no coordinated omission); the gap
 between scheduled and actual send (``lag``) shows whether this generator kept up.
 
-Both count only requests started after ``warmup`` seconds, for ``duration`` seconds.
+Both count only requests started after ``warmup`` seconds, for ``duration`` seconds, and
+only answers that are the expected one: a 202 whose body says how many recipients it
+accepted (``services.api.sending.answer``). Recipients are what those bodies accepted, not
+requests times N: an answer that accepted fewer (or none) did less work, and counting it
+whole is how a headline can outrun its own raw baseline (issue 34).
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import asyncio
 import os
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
 from bench import child
 from bench.schedule import RateSchedule
@@ -31,10 +37,61 @@ from bench.workload import encoded_bodies
 REPORT_EVERY = 2.0
 #: Connections the open-loop generator may hold; beyond that, requests wait (and it shows).
 OPEN_LOOP_CONNECTIONS = 1024
+#: The status of an answer that counts: the batch is stored and will be sent.
+ACCEPTED = "202"
+#: The label of a 202 whose body does not say how many recipients it accepted.
+UNCOUNTED = "202 without a count"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What one request's answer counts as: its status label and the recipients it accepted
+    (0 unless the label is :data:`ACCEPTED`)."""
+
+    status: str
+    accepted: int = 0
+
+
+def answer_of(status: int, body: bytes) -> Answer:
+    """Read one answer (pure): a 202 counts with the ``accepted`` of its body; a 202 that
+    does not say what it accepted showed no work, so it is labelled apart and counts none."""
+    if str(status) != ACCEPTED:
+        return Answer(str(status))
+    try:
+        decoded = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return Answer(UNCOUNTED)
+    accepted = decoded.get("accepted") if isinstance(decoded, dict) else None
+    if type(accepted) is not int or accepted < 0:
+        return Answer(UNCOUNTED)
+    return Answer(ACCEPTED, accepted)
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """Answers so far, in the window or not: the progress lines' counts."""
+
+    accepted: int = 0
+    recipients: int = 0
+    other: int = 0
+
+
+def progress_line(
+    label: str, phase: str, before: Tally, after: Tally, seconds: float, p99_ms: float
+) -> str:
+    """One progress line: accepted requests and recipients per second between two tallies,
+    and how many other answers came meanwhile (they are no throughput)."""
+    seconds = max(seconds, 1e-9)
+    accepted = (after.accepted - before.accepted) / seconds
+    recipients = (after.recipients - before.recipients) / seconds
+    return (
+        f"{label} {phase}: {accepted:,.0f} accepted/s ({recipients:,.0f} recipients/s), "
+        f"{after.other - before.other:,} other answers, p99 {p99_ms:.1f} ms"
+    )
 
 
 class Recorder:
-    """Latencies and statuses of the requests that started inside the measured window."""
+    """Latencies and answers of the requests that started inside the measured window."""
 
     def __init__(self, window_start: float, window_end: float) -> None:
         self.window_start = window_start
@@ -43,32 +100,41 @@ class Recorder:
         self.by_second: dict[int, list[float]] = {}
         self.lags_ms: list[float] = []
         self.statuses: Counter[str] = Counter()
-        self.completed = 0
+        self.recipients = 0
+        self.tally = Tally()
         self.outstanding = 0
         self.max_outstanding = 0
 
     def counts(self, started: float) -> bool:
         return self.window_start <= started < self.window_end
 
-    def record(self, started: float, latency: float, status: str, lag: float = 0.0) -> None:
-        self.completed += 1
+    def record(self, started: float, latency: float, answer: Answer, lag: float = 0.0) -> None:
+        ok = answer.status == ACCEPTED
+        self.tally = Tally(
+            self.tally.accepted + int(ok),
+            self.tally.recipients + answer.accepted,
+            self.tally.other + int(not ok),
+        )
         if self.counts(started):
-            self.statuses[status] += 1
-            if status == "202":
+            self.statuses[answer.status] += 1
+            self.recipients += answer.accepted
+            if ok:
                 self.latencies_ms.append(latency * 1000)
                 second = int(started - self.window_start)
                 self.by_second.setdefault(second, []).append(latency * 1000)
             self.lags_ms.append(lag * 1000)
 
     def result(self, duration: float) -> dict[str, Any]:
-        ok = self.statuses.get("202", 0)
+        ok = self.statuses.get(ACCEPTED, 0)
         return {
             "window_start": self.window_start,
             "window_end": self.window_end,
             "ok": ok,
             "statuses": dict(self.statuses),
-            "errors": sum(v for k, v in self.statuses.items() if k != "202"),
+            "errors": sum(v for k, v in self.statuses.items() if k != ACCEPTED),
             "ok_per_s": ok / duration,
+            "recipients": self.recipients,
+            "recipients_per_s": self.recipients / duration,
             "latency_ms": latency_summary(self.latencies_ms),
             "lag_ms": latency_summary(self.lags_ms),
             "max_outstanding": self.max_outstanding,
@@ -94,28 +160,25 @@ class Recorder:
 
 async def _post(
     session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]
-) -> str:
+) -> Answer:
     try:
         async with session.post(url, data=body, headers=headers) as resp:
-            await resp.read()
-            return str(resp.status)
+            return answer_of(resp.status, await resp.read())
     except (aiohttp.ClientError, TimeoutError) as exc:
-        return type(exc).__name__
+        return Answer(type(exc).__name__)
 
 
 async def _progress(rec: Recorder, label: str) -> None:
-    last, last_t = 0, time.time()
+    last, last_t = rec.tally, time.time()
     while True:
         await asyncio.sleep(REPORT_EVERY)
-        now = time.time()
-        rate = (rec.completed - last) / (now - last_t)
+        now, tally = time.time(), rec.tally
         recent = rec.latencies_ms[-2000:]
         p99 = sorted(recent)[int(len(recent) * 0.99)] if recent else float("nan")
         phase = "warm-up" if now < rec.window_start else "measuring"
-        child.progress(
-            f"{label} {phase}: {rate:,.0f} req/s, p99 {p99:.1f} ms, in flight {rec.outstanding}"
-        )
-        last, last_t = rec.completed, now
+        line = progress_line(label, phase, last, tally, now - last_t, p99)
+        child.progress(f"{line}, in flight {rec.outstanding}")
+        last, last_t = tally, now
 
 
 async def closed(
@@ -131,9 +194,9 @@ async def closed(
             body = bodies[next(counter) % len(bodies)]
             t0 = time.time()
             rec.outstanding += 1
-            status = await _post(session, url, body, headers)
+            answer = await _post(session, url, body, headers)
             rec.outstanding -= 1
-            rec.record(t0, time.time() - t0, status)
+            rec.record(t0, time.time() - t0, answer)
 
     rec.max_outstanding = int(spec["concurrency"])
     reporter = asyncio.create_task(_progress(rec, f"closed c={spec['concurrency']}"))
@@ -157,9 +220,9 @@ async def open_loop(
         lag = time.time() - due
         rec.outstanding += 1
         rec.max_outstanding = max(rec.max_outstanding, rec.outstanding)
-        status = await _post(session, url, bodies[index % len(bodies)], headers)
+        answer = await _post(session, url, bodies[index % len(bodies)], headers)
         rec.outstanding -= 1
-        rec.record(due, time.time() - due, status, lag)
+        rec.record(due, time.time() - due, answer, lag)
 
     reporter = asyncio.create_task(_progress(rec, f"open {spec['rate']:.0f}/s"))
     sent = 0
