@@ -10,8 +10,10 @@ processes), :mod:`bench.raw`, :mod:`bench.loadgen` and :mod:`bench.feeder` (chil
 that make the load), :mod:`bench.child` (their line protocol), :mod:`bench.workload` (the
 request body and batches), :mod:`bench.sampler`, :mod:`bench.procfs` and :mod:`bench.gclog`
 (CPU, memory and GC pauses), :mod:`bench.stats`, :mod:`bench.schedule` and
-:mod:`bench.targets` (pure figures), :mod:`bench.report` (JSON and table),
-:mod:`bench.cleanup` (leftovers of interrupted runs), :mod:`bench.experiments` (what-ifs).
+:mod:`bench.targets` (pure figures), :mod:`bench.headline` (each headline figure beside its
+raw baseline; a figure its baseline makes impossible refused), :mod:`bench.report` (JSON and
+table), :mod:`bench.cleanup` (leftovers of interrupted runs), :mod:`bench.experiments`
+(what-ifs).
 
 :mod:`bench.hostile` is ``make hostile``: every parser on hostile input at 1x and 10x, and
 the hostile inputs of issue 33 against the same stack, judged by each service's event-loop

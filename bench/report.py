@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from bench import procfs, targets
+from bench import headline, procfs, targets
 from bench.sampler import SYSTEM, ProcessSampler
 from bench.targets import PYTHON_SERVICES
 
@@ -37,18 +37,12 @@ E2E_PROCESSES = ("consumers", "cassandra", "rabbitmq")
 WEBHOOK_PROCESSES = ("webhooks", "cassandra", "rabbitmq")
 #: The shared rate limiter's processes: the consumers take the slots, Cassandra counts them.
 LIMITER_PROCESSES = ("consumers", "consumers-b", "consumers-c", "cassandra")
-
-#: The headline figures ``bench/results/latest.json`` carries (issue: data model v2).
-LATEST_KEYS = (
-    "accept_cpu_us_per_rcpt",
-    "api_max_rcpt_per_s",
-    "p99_ms_at_50",
-    "p99_ms_at_80",
-    "rss_mb",
-    "e2e_cpu_us_per_rcpt",
-    "webhook_cpu_us_per_event",
-    "stats_read_ms_10m",
-)
+#: The same work done by the raw loops (phases ``l_accept``/``l_accept_end``, ``l_e2e``,
+#: ``l_webhook``): the loop's own process in place of the service's.
+RAW_ACCEPT_PROCESSES = ("raw-accept", "cassandra", "rabbitmq")
+RAW_ACCEPT_END_PROCESSES = ("raw-accept-end", "cassandra", "rabbitmq")
+RAW_E2E_PROCESSES = ("raw-e2e", "cassandra", "rabbitmq")
+RAW_WEBHOOK_PROCESSES = ("L_webhook", "cassandra", "rabbitmq")
 
 
 def work_per_unit(
@@ -78,6 +72,10 @@ def figures(results: Results, sampler: ProcessSampler) -> dict[str, float | None
     )
     out: dict[str, float | None] = {
         "l_accept_batches_per_s": l_accept,
+        "l_accept_rcpt_per_s": targets.reference(
+            _get(results, "l_accept", "recipients_per_s"),
+            _get(results, "l_accept_end", "recipients_per_s"),
+        ),
         "api_max_batches_per_s": _get(results, "api_max", "batches_per_s"),
         "l_e2e_recipients_per_s": _get(results, "l_e2e", "recipients_per_s"),
         "e2e_recipients_per_s": _get(results, "e2e", "recipients_per_s"),
@@ -86,7 +84,6 @@ def figures(results: Results, sampler: ProcessSampler) -> dict[str, float | None
         "p99_ms_at_50pct": _get(results, "api_open", "steps", "50%", "latency_ms", "p99"),
         "p99_ms_at_80pct": _get(results, "api_open", "steps", "80%", "latency_ms", "p99"),
     }
-    out["acceptance_ratio"] = targets.ratio(out["api_max_batches_per_s"], l_accept)
     out["e2e_ratio"] = targets.ratio(out["e2e_recipients_per_s"], out["l_e2e_recipients_per_s"])
     out["e2e_1000_ratio"] = targets.ratio(
         out["e2e_1000_recipients_per_s"], out["l_e2e_1000_recipients_per_s"]
@@ -107,6 +104,8 @@ def figures(results: Results, sampler: ProcessSampler) -> dict[str, float | None
         level.get("usage") if level else None, ACCEPT_PROCESSES, "recipient"
     )
     out["api_max_rcpt_per_s"] = _get(results, "api_max", "recipients_per_s")
+    # Recipients the API's answers accepted, not requests times N (issue 34).
+    out["acceptance_ratio"] = targets.ratio(out["api_max_rcpt_per_s"], out["l_accept_rcpt_per_s"])
     out["e2e_cpu_us_per_rcpt"] = work_per_unit(
         _get(results, "e2e", "usage"), E2E_PROCESSES, "recipient"
     )
@@ -115,6 +114,14 @@ def figures(results: Results, sampler: ProcessSampler) -> dict[str, float | None
     )
     out["webhook_single_cpu_us_per_event"] = work_per_unit(
         _get(results, "webhooks_single", "usage"), WEBHOOK_PROCESSES, "event"
+    )
+    out.update(raw_work(results))
+    out["accept_cpu_ratio"] = targets.ratio(
+        out["accept_cpu_us_per_rcpt"], out["l_accept_cpu_us_per_rcpt"]
+    )
+    out["e2e_cpu_ratio"] = targets.ratio(out["e2e_cpu_us_per_rcpt"], out["l_e2e_cpu_us_per_rcpt"])
+    out["webhook_cpu_ratio"] = targets.ratio(
+        out["webhook_cpu_us_per_event"], out["l_webhook_cpu_us_per_event"]
     )
     out["stats_read_ms_10m"] = _get(results, "stats_read", "ms_10m")
     out["lanes_tx_p99_s"] = _get(results, "lanes", "time_to_provider_s", "p99")
@@ -129,21 +136,22 @@ def figures(results: Results, sampler: ProcessSampler) -> dict[str, float | None
     return out
 
 
-def latest(report: Mapping[str, Any]) -> dict[str, Any]:
-    """``bench/results/latest.json``: the headline figures at the top level, then the rest."""
-    figs = report["figures"]
+def raw_work(results: Results) -> dict[str, float | None]:
+    """CPU-µs per recipient (event) of the raw loops, the baselines of the pipeline's work:
+    L_accept's is the mean of phases A and C, as its rate is."""
     return {
-        "accept_cpu_us_per_rcpt": figs.get("accept_cpu_us_per_rcpt"),
-        "api_max_rcpt_per_s": figs.get("api_max_rcpt_per_s"),
-        "p99_ms_at_50": figs.get("p99_ms_at_50pct"),
-        "p99_ms_at_80": figs.get("p99_ms_at_80pct"),
-        "rss_mb": {name: figs.get(f"rss_mb_{name}") for name in PYTHON_SERVICES},
-        "e2e_cpu_us_per_rcpt": figs.get("e2e_cpu_us_per_rcpt"),
-        "webhook_cpu_us_per_event": figs.get("webhook_cpu_us_per_event"),
-        "stats_read_ms_10m": figs.get("stats_read_ms_10m"),
-        "run_id": report["run_id"],
-        "stable": report.get("stable"),
-        "targets": report.get("targets"),
+        "l_accept_cpu_us_per_rcpt": targets.reference(
+            work_per_unit(_get(results, "l_accept", "usage"), RAW_ACCEPT_PROCESSES, "recipient"),
+            work_per_unit(
+                _get(results, "l_accept_end", "usage"), RAW_ACCEPT_END_PROCESSES, "recipient"
+            ),
+        ),
+        "l_e2e_cpu_us_per_rcpt": work_per_unit(
+            _get(results, "l_e2e", "usage"), RAW_E2E_PROCESSES, "recipient"
+        ),
+        "l_webhook_cpu_us_per_event": work_per_unit(
+            _get(results, "l_webhook", "usage"), RAW_WEBHOOK_PROCESSES, "event"
+        ),
     }
 
 
@@ -158,7 +166,8 @@ def build(
     finished: float,
 ) -> dict[str, Any]:
     figs = figures(results, sampler)
-    judged = targets.evaluate(figs)
+    refused = headline.refusals(figs)
+    judged = targets.evaluate(figs, refused)
     stability = _get(results, "l_accept_end", "stability")
     return {
         "run_id": run_id,
@@ -173,6 +182,7 @@ def build(
         "stack": dict(stack_info),
         "stable": None if stability is None else stability["stable"],
         "figures": figs,
+        "refused": refused,
         "targets": judged,
         "all_targets_pass": targets.all_passed(judged),
         "peak_hwm_mb": {label: sampler.peak_hwm_mb(label) for label in sampler.labels()},
@@ -181,26 +191,16 @@ def build(
 
 
 def write(report: Mapping[str, Any], directory: Path) -> Path:
-    """The full report as ``<run_id>.json``, and its headline as ``latest.json``."""
+    """The full report as ``<run_id>.json``, and its headline as ``latest.json`` unless
+    :func:`bench.headline.kept` says why the last valid full run's stays."""
     directory.mkdir(parents=True, exist_ok=True)
     options = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
     path = directory / f"{report['run_id']}.json"
     path.write_bytes(orjson.dumps(report, option=options))
-    headline = latest(report)
-    if complete(headline):  # a subset of the phases leaves the last full run's headline
-        (directory / "latest.json").write_bytes(orjson.dumps(headline, option=options))
+    if headline.kept(report) is None:
+        latest = headline.latest(report)
+        (directory / "latest.json").write_bytes(orjson.dumps(latest, option=options))
     return path
-
-
-#: Headline figures no phase measures yet.
-NOT_YET_MEASURED: frozenset[str] = frozenset()
-
-
-def complete(headline: Mapping[str, Any]) -> bool:
-    """Whether a run produced every headline figure its phases can measure."""
-    return all(
-        headline.get(key) is not None for key in LATEST_KEYS if key not in NOT_YET_MEASURED
-    ) and all(v is not None for v in headline["rss_mb"].values())
 
 
 def cpu_cells(usage: Mapping[str, Mapping[str, Any]] | None) -> list[str]:
@@ -294,7 +294,7 @@ def rows(report: Mapping[str, Any]) -> list[list[str]]:
     api = p.get("api_max")
     if api is not None and "levels" in api:
         for level in api["levels"]:
-            ratio = targets.ratio(level["ok_per_s"], f["l_accept_batches_per_s"])
+            ratio = targets.ratio(level["recipients_per_s"], f["l_accept_rcpt_per_s"])
             out.append(_latency_row(f"API closed c={level['concurrency']}", level, ratio))
     elif api is not None:
         out.append(_row("API closed", api))
@@ -393,8 +393,11 @@ def table(report: Mapping[str, Any]) -> str:
     best = report["phases"].get("api_max")
     if best and "batches_per_s" in best:
         out.append(
-            f"API maximum: {best['batches_per_s']:,.1f} batches/s at c={best['best_concurrency']}"
+            f"API maximum: {best['batches_per_s']:,.1f} batches/s, "
+            f"{best['recipients_per_s']:,.0f} recipients accepted/s at "
+            f"c={best['best_concurrency']}"
         )
+    out.extend(headline.lines(report["figures"]))
     steps = _get(report["phases"], "api_open", "steps") or {}
     for step, r in steps.items():
         gc = r.get("cassandra_gc")
@@ -408,8 +411,9 @@ def table(report: Mapping[str, Any]) -> str:
     out.append("Targets:")
     for name, t in report["targets"].items():
         verdict = {True: "PASS", False: "FAIL", None: "n/a "}[t["pass"]]
+        verdict = "INVALID" if t.get("invalid") else verdict
         value = "-" if t["value"] is None else f"{t['value']:,.3g}"
-        out.append(f"  {verdict}  {name:<24} {value:>9} (target {t['target']:g}): {t['rule']}")
+        out.append(f"  {verdict:<7}  {name:<24} {value:>9} (target {t['target']:g}): {t['rule']}")
     stable = report.get("stable")
     verdict = (
         "not measured"

@@ -10,9 +10,17 @@ printing one line per step with its running figures; then drops the keyspace, de
 topology, writes ``bench/results/<UTC timestamp>.json`` and prints a summary table.
 Service and child logs go to a temporary directory, named at the start.
 
+Every headline figure is printed beside its raw baseline from the same run; a pipeline figure
+its baseline makes impossible (faster than it, or acceptance cheaper in CPU) is printed as
+INVALID with the reason (:mod:`bench.headline`). ``bench/results/latest.json`` takes this
+run's headline only when no figure was refused and every headline figure and raw baseline
+was measured; the summary says why it was kept otherwise.
+
 Exit status: 0 when every phase ran (whatever the targets say), 1 if a phase failed, 2 if
-the setup failed, 130 when interrupted (Ctrl-C or SIGTERM; the run still cleans up). What an
-interrupted or crashed run leaves behind, ``python -m bench.cleanup`` removes.
+the setup failed, 3 when a figure was refused as impossible (whether or not a phase failed:
+the run measured something that cannot be, and that comes first), 130 when interrupted
+(Ctrl-C or SIGTERM; the run still cleans up). What an interrupted or crashed run leaves
+behind, ``python -m bench.cleanup`` removes.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import phases, procfs, report
+from bench import headline, phases, procfs, report
 from bench.config import BenchConfig
 from bench.experiments import NAMES as KNOWN_EXPERIMENTS
 from bench.phases import Context
@@ -45,6 +53,16 @@ NOISY = 15.0
 QUIET = 0.15
 #: Longest wait for the machine to become quiet before a phase (seconds).
 QUIET_WAIT = 45.0
+#: Exit status of a run that refused a figure as impossible (see the module docstring).
+REFUSED = 3
+
+
+def exit_status(*, failed: bool, refused: bool) -> int:
+    """The status of a run that got past its setup: a refused figure outranks a failed phase,
+    which outranks missed targets (0)."""
+    if refused:
+        return REFUSED
+    return 1 if failed else 0
 
 
 class Printer:
@@ -167,7 +185,12 @@ async def run(config: BenchConfig, only: list[str] | None, experiments: Sequence
     path = report.write(result, RESULTS_DIR)
     print(report.table(result))
     print(f"\nJSON: {path}")
-    return 1 if failed else 0
+    kept = headline.kept(result)
+    print(f"latest.json: {'this run' if kept is None else 'kept, ' + kept}")
+    if result["refused"]:
+        refused = ", ".join(sorted(result["refused"]))
+        print(f"INVALID RUN (exit status {REFUSED}): refused {refused}; see Headline above")
+    return exit_status(failed=failed, refused=bool(result["refused"]))
 
 
 def _stack_info(stack: Stack, log_dir: Path, busy: float) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 recipient and per event, latency and memory.
 
 Every target becomes ``{"value", "target", "pass", "rule"}``; a figure the run did not produce
-(a phase was skipped or failed) gives ``value: None`` and ``pass: None`` rather than a pass.
+(a phase was skipped or failed) gives ``value: None`` and ``pass: None`` rather than a pass,
+and a figure :mod:`bench.headline` refused gives ``pass: None`` and ``invalid``, the reason:
+a goal met by an impossible figure is not met.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ class Goal:
     at_least: bool
     rule: str
 
-    def judge(self, value: float | None) -> dict[str, object]:
+    def judge(self, value: float | None, refused: str | None = None) -> dict[str, object]:
+        if refused is not None:
+            return {
+                "value": value,
+                "target": self.bound,
+                "pass": None,
+                "rule": self.rule,
+                "invalid": refused,
+            }
         passed = (
             None
             if value is None
@@ -35,7 +45,10 @@ class Goal:
 #: The goals of the brief, keyed by the name used in the JSON.
 GOALS: dict[str, Goal] = {
     "acceptance_vs_l_accept": Goal(
-        "acceptance_ratio", 0.6, True, "API max batches/s (N=100) >= 0.6 x L_accept batches/s"
+        "acceptance_ratio",
+        0.6,
+        True,
+        "API max recipients/s (N=100) >= 0.6 x L_accept recipients/s",
     ),
     "e2e_vs_l_e2e": Goal(
         "e2e_ratio", 0.6, True, "end-to-end recipients/s (N=100) >= 0.6 x L_e2e recipients/s"
@@ -126,9 +139,16 @@ def reference(first: float | None, last: float | None) -> float | None:
     return (first + last) / 2
 
 
-def evaluate(figures: Mapping[str, float | None]) -> dict[str, dict[str, object]]:
-    """Judge every goal against ``figures`` (missing figures are not judged)."""
-    return {name: goal.judge(figures.get(goal.figure)) for name, goal in GOALS.items()}
+def evaluate(
+    figures: Mapping[str, float | None], refused: Mapping[str, str] | None = None
+) -> dict[str, dict[str, object]]:
+    """Judge every goal against ``figures`` (missing figures are not judged, and ``refused``
+    ones, figure to reason, are judged invalid)."""
+    refused = refused or {}
+    return {
+        name: goal.judge(figures.get(goal.figure), refused.get(goal.figure))
+        for name, goal in GOALS.items()
+    }
 
 
 def all_passed(results: Mapping[str, Mapping[str, object]]) -> bool | None:

@@ -409,25 +409,6 @@ def test_acceptance_work_is_read_at_the_level_that_reached_the_maximum() -> None
     assert report.best_level(results) == levels[1]
 
 
-def test_latest_json_carries_the_headline_figures_at_the_top_level() -> None:
-    figures = {
-        "accept_cpu_us_per_rcpt": 199.0,
-        "api_max_rcpt_per_s": 8950.0,
-        "p99_ms_at_50pct": 290.0,
-        "p99_ms_at_80pct": 1630.0,
-        "rss_mb_api": 107.0,
-        "rss_mb_consumers": 111.0,
-        "rss_mb_webhooks": 84.0,
-        "e2e_cpu_us_per_rcpt": 319.0,
-        "webhook_cpu_us_per_event": 1100.0,
-        "stats_read_ms_10m": None,
-    }
-    latest = report.latest({"run_id": "r", "figures": figures, "targets": {}})
-    assert set(report.LATEST_KEYS) <= set(latest)
-    assert latest["rss_mb"] == {"api": 107.0, "consumers": 111.0, "webhooks": 84.0}
-    assert (latest["p99_ms_at_50"], latest["stats_read_ms_10m"]) == (290.0, None)
-
-
 @pytest.mark.parametrize(
     ("goal", "value", "passed"),
     [
@@ -443,16 +424,6 @@ def test_latest_json_carries_the_headline_figures_at_the_top_level() -> None:
 def test_absolute_work_goals_hold_at_their_bound(goal: str, value: float, passed: bool) -> None:
     figure = targets.GOALS[goal].figure
     assert targets.evaluate({figure: value})[goal]["pass"] is passed
-
-
-def test_a_run_of_some_phases_leaves_the_last_full_headline_alone() -> None:
-    full = dict.fromkeys(report.LATEST_KEYS, 1.0) | {
-        "rss_mb": {"api": 1.0, "consumers": 1.0, "webhooks": 1.0},
-    }
-    assert report.complete(full)
-    assert not report.complete(full | {"stats_read_ms_10m": None})  # measured since v2
-    assert not report.complete(full | {"e2e_cpu_us_per_rcpt": None})
-    assert not report.complete(full | {"rss_mb": {"api": 1.0, "consumers": None}})
 
 
 # -- the shared rate limit under a flood ------------------------------------------------------
