@@ -51,7 +51,7 @@ docs: install ## rewrite the README's provider table from shared/providers/catal
 env-example: install ## rewrite .env.example from the settings model and the deploy scripts
 	$(PY) -c "from shared.envexample import render; print(render(), end='')" > .env.example
 
-COV_PACKAGES := --cov=services --cov=shared --cov-report=
+COV_PACKAGES := -m "not offloop" --cov=services --cov=shared --cov-report=
 COV_UNIT := $(STATE)/coverage-unit
 COV_ALL := $(STATE)/coverage-all
 
@@ -66,7 +66,7 @@ cov: install services-up ## coverage per package: the unit suite alone (bar: 70 
 DECISIONS := services.consumers.protocol services.consumers.failover services.webhooks.transitions shared.precedence
 
 cov-decisions: install ## branch coverage of the pure decision modules by unit tests alone (CI: must be 100 %)
-	$(PY) -m pytest tests/unit -q -p no:randomly --no-header $(addprefix --cov=,$(DECISIONS)) \
+	$(PY) -m pytest tests/unit -q -p no:randomly --no-header -m "not offloop" $(addprefix --cov=,$(DECISIONS)) \
 		--cov-branch --cov-report=term-missing --cov-fail-under=100
 
 mutate: install ## mutation testing of the decision modules (not in CI; slow)

@@ -60,6 +60,7 @@ async def test_work_given_to_the_lane_runs_one_at_a_time_in_the_order_given() ->
     await cpu.aclose()
 
 
+@pytest.mark.offloop
 async def test_the_loop_keeps_turning_while_the_lane_works() -> None:
     """CPU work on the lane leaves the event loop free to run other tasks."""
     cpu = CpuLane()

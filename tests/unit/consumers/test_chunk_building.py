@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from services.consumers.calls import HEAVY_CHUNK, heavy
 from shared.models import BatchJob, Recipient
 from shared.recipients import log_id_for
@@ -23,6 +25,7 @@ def test_a_chunk_is_heavy_by_its_recipients_and_their_substitutions() -> None:
     assert not heavy([{"substitutions": {"k": "v"}}] * (HEAVY_CHUNK // 2))
 
 
+@pytest.mark.offloop
 async def test_a_large_chunk_is_built_off_the_event_loop() -> None:
     """The event loop goes on with other work while 1,000 recipients with 100 substitutions
     each are made into the chunk sent, and the chunk holds them all."""

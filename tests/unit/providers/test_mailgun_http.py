@@ -184,6 +184,7 @@ async def test_injected_client_is_used_and_left_open() -> None:
         assert not client.is_closed
 
 
+@pytest.mark.offloop
 async def test_a_large_form_is_built_off_the_event_loop(provider: MailgunProvider) -> None:
     """The event loop goes on with other work while the form of 500 recipients, each with
     a variable for each of 500 keys, is built (stopped at the gate, before any request)."""

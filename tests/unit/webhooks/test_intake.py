@@ -417,6 +417,7 @@ async def test_webhook_posts_beyond_the_concurrency_limit_get_a_503(
         assert (await first).status_code == 200
 
 
+@pytest.mark.offloop
 async def test_a_large_sendgrid_delivery_is_parsed_off_the_event_loop() -> None:
     """The event loop goes on with other work while a 3 MB delivery's events are parsed."""
     w = World()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from services.webhooks.tracking import Tracking
 from shared.engagement_tokens import KeyRing
 from shared.models import Engagement
@@ -14,6 +16,7 @@ from tests.unit.loop_turns import MANY, turns_during
 RING = KeyRing((("k1", b"k" * 32),))
 
 
+@pytest.mark.offloop
 async def test_a_large_messages_links_are_found_off_the_event_loop() -> None:
     """The event loop goes on with other work while a megabyte of tags is read for links,
     and the links found are the message's."""
