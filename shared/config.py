@@ -59,6 +59,13 @@ class CassandraSettings(BaseSettings):
     """Seconds a CQL request may take before it fails (503 on the API)."""
     connect_timeout: float = Field(10.0, gt=0)
     """Seconds to wait for a connection to a node."""
+    speculative_delay: float = Field(0.5, ge=0)
+    """Seconds after which a read or idempotent write still unanswered is also sent to the
+    next replica (the first answer wins); 0 turns speculative execution off. Never applies to
+    lightweight transactions or counters."""
+    heartbeat_interval: float = Field(5.0, gt=0)
+    """Seconds between heartbeats on an idle connection, and to wait for the answer: a node
+    that died without closing its connections is dropped within twice this."""
     max_mutation_bytes: int = Field(16 * 1024 * 1024, ge=1024 * 1024)
     """The cluster's ``max_mutation_size`` (half its ``commitlog_segment_size``, 32 MiB, unless
     set): the most one batch may store (its message, recipients with their substitutions, its

@@ -39,11 +39,18 @@ from cassandra.cluster import (
 )
 from cassandra.connection import ConnectionException
 from cassandra.policies import (
+    ConstantSpeculativeExecutionPolicy,
     DCAwareRoundRobinPolicy,
     ExponentialReconnectionPolicy,
+    RetryPolicy,
     TokenAwarePolicy,
 )
-from cassandra.protocol import ErrorMessage, PreparedQueryNotFound
+from cassandra.protocol import (
+    ErrorMessage,
+    IsBootstrappingErrorMessage,
+    OverloadedErrorMessage,
+    PreparedQueryNotFound,
+)
 from cassandra.query import (
     BatchStatement,
     BatchType,
@@ -54,6 +61,7 @@ from cassandra.query import (
     dict_factory,
 )
 
+from shared import idempotence
 from shared.config import CassandraSettings
 from shared.errors import DependencyUnavailable, TooLargeToStore
 
@@ -80,6 +88,84 @@ _SIZE_REFUSALS = (
     "exceeds allowed maximum",
 )
 Params = Sequence[Any] | Mapping[str, Any] | None
+#: Tries of a repeatable statement after the first: on each other replica of RF=3 once.
+_NEXT_HOST_RETRIES = 2
+#: Speculative executions of a slow repeatable statement: one more replica, not all.
+_SPECULATIVE_EXECUTIONS = 1
+
+
+class ReplicaRetryPolicy(RetryPolicy):  # type: ignore[misc]  # the driver is untyped
+    """Retries what may run twice on the next replica, and nothing else.
+
+    A repeatable statement (``Statement.is_idempotent``, decided by :mod:`shared.idempotence`)
+    that timed out, found too few replicas alive, or lost its connection is sent to the next
+    host of its plan, up to :data:`_NEXT_HOST_RETRIES` times: a restarting node costs a retry,
+    not the request. Any statement refused before it ran (too few replicas, an overloaded or
+    bootstrapping coordinator) is tried once on the next host: nothing was applied. The rest,
+    lightweight transactions above all, fail to the caller, which resolves an unknown outcome
+    by a SERIAL read. (The driver's default policy re-sends *any* statement whose connection
+    broke, LWTs included: a repeat of an applied claim would then read "not applied".)
+    """
+
+    def on_read_timeout(
+        self,
+        query: Statement,
+        consistency: int,
+        required_responses: int,
+        received_responses: int,
+        data_retrieved: bool,
+        retry_num: int,
+    ) -> tuple[int, int | None]:
+        if query.is_idempotent:
+            return self._next_host(retry_num)
+        return self.RETHROW, None
+
+    def on_write_timeout(
+        self,
+        query: Statement,
+        consistency: int,
+        write_type: int,
+        required_responses: int,
+        received_responses: int,
+        retry_num: int,
+    ) -> tuple[int, int | None]:
+        if query.is_idempotent:
+            return self._next_host(retry_num)
+        return self.RETHROW, None
+
+    def on_unavailable(
+        self,
+        query: Statement,
+        consistency: int,
+        required_replicas: int,
+        alive_replicas: int,
+        retry_num: int,
+    ) -> tuple[int, int | None]:
+        if query.is_idempotent:
+            return self._next_host(retry_num)
+        return (self.RETRY_NEXT_HOST, None) if retry_num == 0 else (self.RETHROW, None)
+
+    def on_request_error(
+        self, query: Statement, consistency: int | None, error: BaseException, retry_num: int
+    ) -> tuple[int, int | None]:
+        if query.is_idempotent:
+            return self._next_host(retry_num)
+        if retry_num == 0 and isinstance(
+            error, (OverloadedErrorMessage, IsBootstrappingErrorMessage)
+        ):
+            return self.RETRY_NEXT_HOST, None
+        return self.RETHROW, None
+
+    def _next_host(self, retry_num: int) -> tuple[int, int | None]:
+        if retry_num < _NEXT_HOST_RETRIES:
+            return self.RETRY_NEXT_HOST, None
+        return self.RETHROW, None
+
+
+def mark_repeatable(stmt: Statement, *, marked: bool, serial: bool = False) -> None:
+    """Set ``stmt.is_idempotent`` from what it does (:func:`idempotence.repeatable`): the
+    driver retries and speculatively runs only statements so marked."""
+    stmt.is_idempotent = idempotence.repeatable(_cql(stmt), marked=marked, serial=serial)
 
 
 @overload
@@ -128,10 +214,22 @@ class Database:
             load_balancing_policy=TokenAwarePolicy(
                 DCAwareRoundRobinPolicy(local_dc=settings.local_dc)
             ),
+            retry_policy=ReplicaRetryPolicy(),
             consistency_level=ConsistencyLevel.LOCAL_QUORUM,
             serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
             request_timeout=settings.request_timeout,
             row_factory=dict_factory,
+            # A repeatable statement still unanswered after the delay also goes to the next
+            # replica, and the first answer wins: a node that stalls (restarting, in a long
+            # GC pause) costs the delay, not the request timeout. Only statements marked
+            # idempotent are ever run twice (the driver checks).
+            speculative_execution_policy=(
+                ConstantSpeculativeExecutionPolicy(
+                    settings.speculative_delay, _SPECULATIVE_EXECUTIONS
+                )
+                if settings.speculative_delay > 0
+                else None
+            ),
         )
         auth = None
         if settings.username and settings.password:
@@ -147,6 +245,13 @@ class Database:
             # Retry a lost node every 0.5-10 s (the default backs off to 10 minutes, which
             # keeps a service answering 503 long after Cassandra is back).
             reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0),
+            # A connection to a node that died without closing it (kill -9, a lost host) is
+            # found out by the next heartbeat and dropped, the node marked down until the
+            # reconnection policy opens a connection again, which a restarting node accepts
+            # only once it serves CQL. The driver's default (30 s, then 30 s for the answer)
+            # kept sending requests to a dead node for up to a minute.
+            idle_heartbeat_interval=settings.heartbeat_interval,
+            idle_heartbeat_timeout=settings.heartbeat_interval,
             # The driver leaves Nagle's algorithm on: a multi-kB batch then waits ~40 ms for
             # the server's delayed ACK. Measured by `make bench` (bench/experiments).
             sockopts=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
@@ -186,8 +291,11 @@ class Database:
     ) -> Page:
         """Run one statement and return one page of rows.
 
-        Plain strings are prepared once and cached. Mark ``idempotent=True`` only for
-        statements that are safe to run twice (the driver then retries them). ``serial=True``
+        Plain strings are prepared once and cached. Mark ``idempotent=True`` only for writes
+        that are safe to run twice (the driver then retries them on the next replica, and runs
+        them speculatively on a second one when the first is slow); reads are repeatable
+        without it, and lightweight transactions, counters and ``now()`` never are, whatever
+        the mark (:mod:`shared.idempotence`). ``serial=True``
         reads at (LOCAL_)SERIAL consistency, as our LWTs are: a Paxos read that sees (and
         completes) any lightweight transaction in progress, which is how an LWT whose outcome
         is unknown is resolved.
@@ -198,9 +306,11 @@ class Database:
                 if prepare
                 else SimpleStatement(query)
             )
-            stmt.is_idempotent = idempotent
+            mark_repeatable(stmt, marked=idempotent, serial=serial)
         else:
             stmt = query
+            if not isinstance(stmt, BatchStatement):
+                mark_repeatable(stmt, marked=idempotent or stmt.is_idempotent, serial=serial)
         if page_size is not None:
             stmt.fetch_size = page_size
         if serial:
@@ -318,10 +428,18 @@ def slices(sizes: Sequence[int], limit: int, *, count: int | None = None) -> lis
 
 def _batch(statements: Sequence[Statement], logged: bool) -> BatchStatement:
     batch = BatchStatement(batch_type=BatchType.LOGGED if logged else BatchType.UNLOGGED)
-    batch.is_idempotent = True
     for stmt in statements:
         batch.add(stmt)
+    # Every statement of a batch is safe to repeat (the contract of Database.batch), unless
+    # it is one that never is (a conditional batch, a counter).
+    batch.is_idempotent = idempotence.all_repeatable((_cql(stmt), True) for stmt in statements)
     return batch
+
+
+def _cql(stmt: Statement) -> str:
+    if isinstance(stmt, BoundStatement):
+        return str(stmt.prepared_statement.query_string)
+    return str(getattr(stmt, "query_string", ""))
 
 
 def _refused_for_size(exc: BaseException) -> bool:

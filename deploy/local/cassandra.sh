@@ -20,6 +20,7 @@
 #   SAFEDELIVR_CASSANDRA_HEAP           -Xms/-Xmx (default 1G)
 #   SAFEDELIVR_CASSANDRA_START_TIMEOUT  seconds to wait for CQL (default 240)
 #   SAFEDELIVR_CASSANDRA_JVM_OPTS       extra JVM flags, whitespace-separated
+#   SAFEDELIVR_CASSANDRA_PAXOS_STATE_PURGING  gc_grace, or repaired when paxos repairs run regularly (default gc_grace)
 #   SAFEDELIVR_CACHE_DIR                jar cache (default ~/.cache/safedelivr)
 #   SAFEDELIVR_STATE_DIR                state dir (default <repo>/.state)
 #   JAVA_HOME                           Java 17 to use (default: java on PATH)
@@ -46,6 +47,7 @@ STORAGE_PORT="${SAFEDELIVR_CASSANDRA_STORAGE_PORT:-7000}"
 JMX_PORT="${SAFEDELIVR_CASSANDRA_JMX_PORT:-7199}"
 HEAP="${SAFEDELIVR_CASSANDRA_HEAP:-1G}"
 START_TIMEOUT="${SAFEDELIVR_CASSANDRA_START_TIMEOUT:-240}"
+PAXOS_STATE_PURGING="${SAFEDELIVR_CASSANDRA_PAXOS_STATE_PURGING:-gc_grace}"
 SEEDS="${SAFEDELIVR_CASSANDRA_SEEDS:-$HOST:$STORAGE_PORT}"
 CACHE_DIR="${SAFEDELIVR_CACHE_DIR:-${HOME:?HOME is not set; set SAFEDELIVR_CACHE_DIR}/.cache/safedelivr}"
 
@@ -57,9 +59,12 @@ CASS_DIR="$STATE_DIR/cassandra"
 CONF_DIR="$CASS_DIR/conf"
 LOG_DIR="$CASS_DIR/logs"
 PID_FILE="$CASS_DIR/cassandra.pid"
+# Written once this node has run with paxos_variant v2 (see paxos_purging).
+PAXOS_MARKER="$CASS_DIR/paxos-v2"
 INSTANCE_FILE="$CASS_DIR/instance.env"
 STDOUT_LOG="$LOG_DIR/stdout.log"
 JAVA=""
+PAXOS_PURGING=""
 
 usage() {
     sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"
@@ -77,6 +82,20 @@ validate_settings() {
     [[ "$CLUSTER_NAME" =~ ^[A-Za-z0-9_.-]+$ ]] || die "SAFEDELIVR_CASSANDRA_CLUSTER_NAME may hold only letters, digits and _.-, got '$CLUSTER_NAME'"
     [[ "$HEAP" =~ ^[0-9]+[kKmMgG]$ ]] || die "SAFEDELIVR_CASSANDRA_HEAP must look like 512M or 1G, got '$HEAP'"
     [[ "$VERSION" =~ ^[0-9A-Za-z.+-]+$ ]] || die "SAFEDELIVR_CASSANDRA_VERSION looks wrong: '$VERSION'"
+    [[ "$PAXOS_STATE_PURGING" == gc_grace || "$PAXOS_STATE_PURGING" == repaired ]] || die "SAFEDELIVR_CASSANDRA_PAXOS_STATE_PURGING must be gc_grace or repaired, got '$PAXOS_STATE_PURGING'"
+}
+
+# paxos_purging: the paxos_state_purging this start renders. A node whose data
+# was written with paxos_variant v1 (data but no $PAXOS_MARKER: started before
+# v2 was configured here) first starts with v2 and legacy purging, since
+# Cassandra allows changing the purging only once the node runs v2; the start
+# after that moves to $PAXOS_STATE_PURGING. A new node starts with both.
+paxos_purging() {
+    if [[ -d "$CASS_DIR/data/system" && ! -f "$PAXOS_MARKER" ]]; then
+        printf 'legacy\n'
+    else
+        printf '%s\n' "$PAXOS_STATE_PURGING"
+    fi
 }
 
 cql_ok() {
@@ -183,6 +202,7 @@ write_config() {
         -e "s|\${TOKEN_RF}|$TOKEN_RF|g" \
         -e "s|\${STORAGE_PORT}|$STORAGE_PORT|g" \
         -e "s|\${NATIVE_PORT}|$NATIVE_PORT|g" \
+        -e "s|\${PAXOS_STATE_PURGING}|$PAXOS_PURGING|g" \
         "$TEMPLATE_DIR/cassandra.yaml.template" >"$out.tmp"
     # shellcheck disable=SC2016 # a literal ${NAME} is what we look for
     if grep -nE '^[^#]*[$][{][A-Za-z_]+[}]' "$out.tmp" >&2; then
@@ -368,6 +388,10 @@ cmd_up() {
 
     find_java
     fetch_jars
+    PAXOS_PURGING="$(paxos_purging)"
+    if [[ "$PAXOS_PURGING" == legacy ]]; then
+        log "this node's data was written with Paxos v1: starting it with paxos_variant v2 and legacy purging once; the next start moves to $PAXOS_STATE_PURGING"
+    fi
     write_config
     build_jvm_args
 
@@ -388,6 +412,7 @@ cmd_up() {
     log "started Cassandra $VERSION (pid $pid, $kind, heap $HEAP); waiting up to ${START_TIMEOUT}s for CQL on $HOST:$NATIVE_PORT"
     log "logs: $LOG_DIR/system.log, $STDOUT_LOG, $LOG_DIR/gc.log"
     wait_ready "$pid" "$t_jvm"
+    printf 'paxos_variant=v2\npaxos_state_purging=%s\nat=%s\n' "$PAXOS_PURGING" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$PAXOS_MARKER"
     log "Cassandra up in $(elapsed "$t0")s in total ($kind); JMX on $HOST:$JMX_PORT"
 }
 

@@ -14,7 +14,7 @@ from cassandra.protocol import ErrorMessage
 from cassandra.query import BoundStatement
 from cassandra.util import uuid_from_time
 
-from shared.db import Database
+from shared.db import Database, ReplicaRetryPolicy
 from shared.errors import DependencyUnavailable
 from tests.conftest import unique
 
@@ -76,3 +76,29 @@ async def test_other_server_errors_stay_loud(db: Database) -> None:
 
     with pytest.raises(ErrorMessage):
         await failing.execute(await _bound(db))
+
+
+async def test_reads_writes_lwts_and_batches_run_under_the_replica_retry_settings(
+    db: Database,
+) -> None:
+    """With speculative execution, the replica retry policy and short heartbeats, every kind of
+    statement still runs: an LWT applies once and a repeat reads "not applied"."""
+    namespace, minute = unique("ns"), datetime.now(UTC).replace(second=0, microsecond=0)
+    key = (namespace, minute, 0, uuid_from_time(datetime.now(UTC)), uuid.uuid4())
+    lwt = _INSERT + " IF NOT EXISTS"
+    select = "SELECT batch_id FROM outbox_minutes WHERE namespace = ? AND minute = ? AND shard = ?"
+
+    first = await db.one(lwt, key)
+    again = await db.one(lwt, key)
+    serial = await db.one(select, (namespace, minute, 0), serial=True)
+    await db.execute(_INSERT, (namespace, minute, 1, key[3], key[4]), idempotent=True)
+    await db.batch([(await db.prepare(_INSERT)).bind((namespace, minute, 2, key[3], key[4]))])
+    written = [await db.one(select, (namespace, minute, shard)) for shard in (1, 2)]
+
+    profile = db.cluster.profile_manager.default
+    assert isinstance(profile.retry_policy, ReplicaRetryPolicy)
+    assert profile.speculative_execution_policy is not None
+    assert first is not None and first["[applied]"] is True
+    assert again is not None and again["[applied]"] is False
+    assert serial is not None and serial["batch_id"] == key[3]
+    assert [key[3], key[3]] == [row["batch_id"] if row else None for row in written]
