@@ -33,6 +33,31 @@ update plus one read:
   refunds are read only when the counter alone is over the quota (the common case costs
   nothing more), and can only lower the use an admitted batch saw.
 
+* **Leases, not a round trip per batch** (:class:`QuotaLedger`). Each API process charges
+  batches against a *lease*: recipients it has already added to the day's counter, by the
+  rule above, and not yet spent. A batch its lease covers costs no round trip; one it does
+  not takes a new lease (:meth:`RecipientQuota.lease`: add, read back, and if over take back
+  only the excess, all of it when what is left would not cover the batch) of the batch
+  plus a share of what the counter says is left (:func:`lease_size`), shrinking to exactly
+  the batch near the limit, so there a process charges synchronously, batch by batch.
+
+  *Overshoot: none, across any number of processes.* Every accepted recipient was counted
+  in Cassandra before its batch was accepted, and a lease is kept only as far as the total
+  it read back (every lease and batch counted before it, less refunds) stays within the
+  quota, so the argument for batches above holds for leases: order the additions as they
+  land; the last lease kept read a total that included every kept lease before it in full
+  and itself less the excess it gave back, hence at most the quota. (The issue allowed one
+  batch per process; reading back before spending makes it zero.) *Undershoot*: a process
+  may refuse while others hold unspent leases, at most ``LEASE_MOST`` recipients each per
+  (user, day); each gives them back after ``LEASE_IDLE`` seconds unused and on shutdown
+  (:meth:`QuotaLedger.reconcile`, every ``RECONCILE_INTERVAL``).
+
+  *A process that dies* loses its unspent leases: they stay counted, so the day errs
+  towards refusing (by at most ``LEASE_MOST`` per (user, day) per death), never towards
+  sending; a crash loop grants nothing extra. A give-back is a counter decrement and is
+  never retried (applied twice it would under-count); one that fails is forgotten, the same
+  over-count.
+
 Counter tables cannot carry a TTL, so both are partitioned by UTC day: :func:`purge_before`
 drops whole past-day partitions (the clean-up to schedule daily; a partition holds at
 most one row per window). Counter updates are not idempotent, so they are never retried by the
@@ -47,8 +72,10 @@ import math
 import random
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
+from typing import Protocol
 
 from shared.db import Database
 from shared.errors import DependencyUnavailable
@@ -159,6 +186,44 @@ class RateLimiter:
         self._over[key_id] = index
 
 
+#: Most recipients a lease holds beyond the batch that asked for it.
+LEASE_MOST = 1000
+#: Seconds a lease may sit unspent before its process gives the rest back.
+LEASE_IDLE = 5.0
+#: Seconds between a process's give-backs of idle (and past days') leases.
+RECONCILE_INTERVAL = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A lease taken: the recipients kept (0: the batch is refused, nothing kept) and the
+    day's use it read back (every process's leases and batches, less refunds)."""
+
+    kept: int
+    used: int
+
+
+def lease_size(batch: int, seen_used: int, limit: int, most: int = LEASE_MOST) -> int:
+    """The lease to ask for a batch of ``batch`` recipients when the day's use was last seen
+    at ``seen_used``: the batch plus a quarter of what would be left after it, at most
+    ``most`` more; only the batch within four batches of the limit (there a process charges
+    synchronously, batch by batch)."""
+    left = max(0, limit - seen_used - batch)
+    if left < 4 * batch:
+        return batch
+    return batch + min(most, left // 4)
+
+
+def kept_of(want: int, batch: int, used_after: int, limit: int) -> int:
+    """What a lease of ``want`` keeps when the use read back after adding it is
+    ``used_after``: all of it within the limit, less the excess above it, none when what is
+    left would not cover the batch."""
+    excess = used_after - limit
+    if excess <= 0:
+        return want
+    return want - excess if want - excess >= batch else 0
+
+
 class RecipientQuota:
     """Recipients accepted per user per UTC day in ``recipient_quota``."""
 
@@ -192,6 +257,28 @@ class RecipientQuota:
         await self._add(user_id, day, -recipients)
         return Verdict(False, wait), day
 
+    async def lease(self, user_id: uuid.UUID, day: date, batch: int, want: int) -> Grant:
+        """Add ``want`` (at least ``batch``) recipients to the day's counter and keep what
+        :func:`kept_of` allows, giving the rest back in one more write."""
+        await self._add(user_id, day, want)
+        row = await self._db.one(
+            "SELECT recipients FROM recipient_quota WHERE user_id = ? AND day = ?",
+            (user_id, day),
+            idempotent=True,
+        )
+        used = int(row["recipients"]) if row and row["recipients"] is not None else 0
+        if over_limit(used, self.daily_limit):
+            used -= await self._refunded(user_id, day)
+        kept = kept_of(want, batch, used, self.daily_limit)
+        if kept < want:
+            await self._add(user_id, day, kept - want)
+        return Grant(kept, used - (want - kept))
+
+    async def give_back(self, user_id: uuid.UUID, day: date, recipients: int) -> None:
+        """Take an unspent lease off the day's counter. Never retried: a decrement applied
+        twice would under-count."""
+        await self._add(user_id, day, -recipients)
+
     async def refund(self, user_id: uuid.UUID, batch_id: uuid.UUID, recipients: int) -> None:
         """Give back the recipients of a batch that will not be sent, to the quota of the day
         it was accepted (its id's). Idempotent: a repeat rewrites the batch's one row."""
@@ -222,6 +309,122 @@ class RecipientQuota:
             "UPDATE recipient_quota SET recipients = recipients + ? WHERE user_id = ? AND day = ?",
             (delta, user_id, day),
         )
+
+
+class QuotaStore(Protocol):
+    """Where leases are taken and given back (:class:`RecipientQuota`, or its twin)."""
+
+    daily_limit: int
+
+    async def lease(self, user_id: uuid.UUID, day: date, batch: int, want: int) -> Grant: ...
+
+    async def give_back(self, user_id: uuid.UUID, day: date, recipients: int) -> None: ...
+
+    async def refund(self, user_id: uuid.UUID, batch_id: uuid.UUID, recipients: int) -> None: ...
+
+    async def used(self, user_id: uuid.UUID, day: date) -> int: ...
+
+
+@dataclass(slots=True)
+class _Lease:
+    left: int
+    seen_used: int
+    touched: float
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class QuotaLedger:
+    """One API process's daily recipient quota: batches charged against its leases in
+    memory, a lease taken from ``store`` when one does not cover a batch, unspent leases
+    given back when idle, past their day, or on :meth:`close` (the bounds: module
+    docstring). Same calls as :class:`RecipientQuota` for the API."""
+
+    def __init__(
+        self,
+        store: QuotaStore,
+        *,
+        most: int = LEASE_MOST,
+        idle: float = LEASE_IDLE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self._most = most
+        self._idle = idle
+        self._clock = clock
+        self._leases: dict[tuple[uuid.UUID, date], _Lease] = {}
+
+    @property
+    def daily_limit(self) -> int:
+        return self.store.daily_limit
+
+    def unspent(self, user_id: uuid.UUID, day: date) -> int:
+        """Recipients this process holds counted but not yet spent on the day."""
+        held = self._leases.get((user_id, day))
+        return held.left if held else 0
+
+    async def consume(
+        self, user_id: uuid.UUID, recipients: int, *, now: datetime | None = None
+    ) -> tuple[Verdict, date]:
+        """Charge ``recipients`` to ``now``'s UTC day (as :meth:`RecipientQuota.consume`):
+        from this process's lease when it covers them, else from a new lease."""
+        now = datetime.now(UTC) if now is None else now
+        day = now.astimezone(UTC).date()
+        refused = Verdict(False, seconds_until_midnight(now))
+        if recipients > self.daily_limit:
+            return refused, day
+        held = self._leases.setdefault((user_id, day), _Lease(0, 0, self._clock()))
+        async with held.lock:
+            held.touched = self._clock()
+            if held.left < recipients:
+                want = lease_size(recipients, held.seen_used, self.daily_limit, self._most)
+                grant = await self.store.lease(user_id, day, recipients, want)
+                held.seen_used = grant.used
+                if grant.kept == 0:
+                    return refused, day
+                held.left += grant.kept
+            held.left -= recipients
+        return Verdict(True), day
+
+    async def refund(self, user_id: uuid.UUID, batch_id: uuid.UUID, recipients: int) -> None:
+        """A refund row, as :meth:`RecipientQuota.refund` (idempotent, any process)."""
+        await self.store.refund(user_id, batch_id, recipients)
+
+    async def used(self, user_id: uuid.UUID, day: date) -> int:
+        """The day's use less what this process holds unspent (others' unspent leases
+        included)."""
+        return await self.store.used(user_id, day) - self.unspent(user_id, day)
+
+    async def reconcile(self, *, today: date | None = None, every: bool = False) -> int:
+        """Give back the unspent leases idle for ``LEASE_IDLE`` or of days before ``today``
+        (``every``: all of them); return how many recipients went back. A lease is dropped
+        before its give-back is sent: if that fails it stays counted (an over-count)."""
+        today = datetime.now(UTC).date() if today is None else today
+        now = self._clock()
+        returned = 0
+        for (user_id, day), held in list(self._leases.items()):
+            if held.lock.locked():
+                continue
+            if not (every or day < today or now - held.touched >= self._idle):
+                continue
+            del self._leases[(user_id, day)]
+            if held.left <= 0 or day < today:
+                # A past day's leftover cannot be spent, and its counter is no longer read.
+                continue
+            try:
+                await self.store.give_back(user_id, day, held.left)
+                returned += held.left
+            except DependencyUnavailable as exc:
+                log.warning("quota lease of %d not given back: %s", held.left, exc)
+        return returned
+
+    async def close(self) -> None:
+        """Give every unspent lease back (on shutdown)."""
+        await self.reconcile(every=True)
+
+    async def reconcile_forever(self, interval: float = RECONCILE_INTERVAL) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await self.reconcile()
 
 
 #: (partition listing, partition delete, owner column) of each day-partitioned counter table.

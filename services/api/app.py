@@ -59,7 +59,7 @@ from shared.idempotency import IdempotencyStore
 from shared.metrics import ApiMetrics, new_registry
 from shared.outbox import Outbox, Relay, relay_forever
 from shared.preferences import PreferenceStore
-from shared.ratelimit import RecipientQuota
+from shared.ratelimit import QuotaLedger, RecipientQuota
 from shared.resources import open_resources, readiness_checks
 from shared.schedule_store import ScheduleStore
 from shared.stall_monitor import StallMetrics, watching
@@ -85,7 +85,8 @@ def create_app(settings: Settings) -> Starlette:
             state.stats = StatsStore(res.db, settings.stats.buckets)
             state.batches = BatchStore(res.db, state.stats)
             state.outbox = Outbox(res.db, settings.amqp.exchange)
-            state.quota = RecipientQuota(res.db, settings.api.daily_recipient_quota)
+            # Charged in process against leases of the shared counter (shared.ratelimit).
+            state.quota = QuotaLedger(RecipientQuota(res.db, settings.api.daily_recipient_quota))
             state.acceptance = Acceptance(
                 state.batches,
                 state.outbox,
@@ -158,6 +159,7 @@ def create_app(settings: Settings) -> Starlette:
                 )
             )
             purge = asyncio.create_task(ratelimit.purge_forever(res.db))
+            leases = asyncio.create_task(state.quota.reconcile_forever())
             # Built before serving, off the event loop: the first request for the API docs
             # or a dashboard page held the loop for 50-100 ms while one was built.
             state.openapi = await asyncio.to_thread(openapi_document)
@@ -176,6 +178,11 @@ def create_app(settings: Settings) -> Starlette:
                 with contextlib.suppress(asyncio.CancelledError):
                     await relay
                 await state.background.drain()
+                leases.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await leases
+                # Unspent leases back to the day's counter, after the last batch is charged.
+                await state.quota.close()
                 await state.template_pool.close()
 
     routes = [

@@ -61,7 +61,7 @@ from shared.models import Message
 from shared.precedence import accepted_at
 from shared.preferences import Preferences, PreferenceStore
 from shared.providers.limits import chunk_size
-from shared.ratelimit import RecipientQuota
+from shared.ratelimit import QuotaLedger
 from shared.schedule_store import ScheduleStore
 from shared.suppressions import SuppressionStore
 
@@ -84,7 +84,7 @@ class Sending:
     batches: BatchStore
     suppressions: SuppressionStore
     idempotency: IdempotencyStore
-    quota: RecipientQuota
+    quota: QuotaLedger
     metrics: ApiMetrics
     background: Background
     domains: DomainStore | None = None

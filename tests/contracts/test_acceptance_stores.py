@@ -6,6 +6,7 @@ users' preferences."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -20,7 +21,7 @@ from shared.db import Database
 from shared.outbox import Outbox, minute_of, shard_of
 from shared.precedence import accepted_at
 from shared.preferences import Preferences, PreferenceStore
-from shared.ratelimit import RecipientQuota
+from shared.ratelimit import QuotaLedger, RecipientQuota
 from tests.conftest import unique
 from tests.contracts.conftest import IMPLEMENTATIONS, Stores
 from tests.fakes.acceptance_stores import FakeOutbox, FakePreferences, FakeQuota, FakeRecentMail
@@ -221,6 +222,45 @@ async def test_a_refund_goes_back_to_the_day_its_batch_was_accepted(side: Side) 
     await side.quota.refund(user, yesterday, 2)
 
     assert (await side.quota.used(user, day), await side.quota.used(user, today)) == (0, 2)
+
+
+async def test_a_lease_over_the_quota_keeps_only_what_fits(side: Side) -> None:
+    """A lease that reads the counter past the quota gives the excess back and keeps the
+    rest when it still covers its batch; otherwise it keeps nothing."""
+    user, today = uuid.uuid4(), datetime.now(UTC).date()
+    first = await side.quota.lease(user, today, 1, 4)
+    second = await side.quota.lease(user, today, 1, 3)
+    third = await side.quota.lease(user, today, 1, 1)
+
+    assert (first.kept, second.kept, third.kept) == (4, 1, 0)
+    assert await side.quota.used(user, today) == 5
+
+
+async def test_a_given_back_lease_leaves_the_counter(side: Side) -> None:
+    """An unspent lease given back no longer counts against the day."""
+    user, today = uuid.uuid4(), datetime.now(UTC).date()
+    await side.quota.lease(user, today, 1, 5)
+
+    await side.quota.give_back(user, today, 4)
+
+    assert await side.quota.used(user, today) == 1
+
+
+async def test_processes_leasing_at_once_never_pass_the_quota(side: Side) -> None:
+    """Three processes' ledgers accepting one user's batches at once accept at most the
+    quota, and the counter holds exactly that once their leases are given back."""
+    user, today = uuid.uuid4(), datetime.now(UTC).date()
+    ledgers = [QuotaLedger(side.quota) for _ in range(3)]
+
+    async def accepted(ledger: QuotaLedger) -> int:
+        return sum([2 for _ in range(3) if (await ledger.consume(user, 2))[0].allowed])
+
+    total = sum(await asyncio.gather(*(accepted(ledger) for ledger in ledgers)))
+    for ledger in ledgers:
+        await ledger.close()
+
+    assert total <= 5
+    assert await side.quota.used(user, today) == total
 
 
 async def test_writing_a_batch_again_marks_its_outbox_row_unpublished_again(side: Side) -> None:

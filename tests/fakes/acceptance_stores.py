@@ -27,7 +27,7 @@ from shared.cooldown import LOOKUP_CHUNK, cooling
 from shared.outbox import Outbox, minute_of
 from shared.precedence import accepted_at
 from shared.preferences import CACHE_SECONDS, Preferences
-from shared.ratelimit import Verdict, over_limit, seconds_until_midnight
+from shared.ratelimit import Grant, Verdict, kept_of, over_limit, seconds_until_midnight
 from tests.fakes.stores import FakeCassandra, Write
 
 
@@ -105,6 +105,20 @@ class FakeQuota:
             return Verdict(True), day
         await self._add(user_id, day, -recipients)
         return Verdict(False, wait), day
+
+    async def lease(self, user_id: uuid.UUID, day: date, batch: int, want: int) -> Grant:
+        await self._add(user_id, day, want)
+        self.db._after(await self.db._before("quota.read"))
+        used = self.db.quota.get((user_id, day), 0)
+        if over_limit(used, self.daily_limit):
+            used -= await self._refunded(user_id, day)
+        kept = kept_of(want, batch, used, self.daily_limit)
+        if kept < want:
+            await self._add(user_id, day, kept - want)
+        return Grant(kept, used - (want - kept))
+
+    async def give_back(self, user_id: uuid.UUID, day: date, recipients: int) -> None:
+        await self._add(user_id, day, -recipients)
 
     async def refund(self, user_id: uuid.UUID, batch_id: uuid.UUID, recipients: int) -> None:
         done = await self.db._before("quota.refund")

@@ -252,3 +252,18 @@ async def test_purge_drops_past_days_only(db: Database) -> None:
         )
     }
     assert remaining == {new_key_id}
+
+
+async def test_an_api_that_stops_gives_its_unspent_quota_lease_back(
+    migrated: CassandraSettings, db: Database
+) -> None:
+    """While serving, a process holds a lease beyond what it accepted; once it stops, the
+    day's counter holds only what it accepted."""
+    user = await accounts.ensure_user(db, unique("rl"))
+    key = await accounts.create_key(db, user, "rl")
+    quota, today = ratelimit.RecipientQuota(db, 10_000), datetime.now(UTC).date()
+    async with api_clients(make_settings(migrated, daily_recipient_quota=10_000), 1) as apis:
+        answer = await apis[0].post("/v1/batches", json=batch(3), headers=bearer(key))
+        held = await quota.used(user, today)
+
+    assert (answer.status_code, held > 3, await quota.used(user, today)) == (202, True, 3)

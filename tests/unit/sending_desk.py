@@ -19,6 +19,7 @@ from shared.config import ApiSettings, CassandraSettings, ProviderSettings, Sett
 from shared.errors import DependencyUnavailable
 from shared.metrics import ApiMetrics
 from shared.outbox import Relay
+from shared.ratelimit import QuotaLedger
 from tests.fakes.acceptance_stores import FakeOutbox, FakeQuota
 from tests.fakes.account_stores import FakeIdempotencyStore, FakeSuppressionStore
 from tests.fakes.broker import FakeBroker
@@ -65,7 +66,7 @@ class Desk:
 
     async def used(self) -> int:
         """Recipients charged to today's quota, less those given back."""
-        return await self.quota.used(self.user, datetime.now(UTC).date())
+        return await self.sending.quota.used(self.user, datetime.now(UTC).date())
 
     def published(self) -> list[str]:
         """The batches published so far (taken)."""
@@ -102,7 +103,7 @@ async def new_desk(lease: float, *, cassandra: CassandraSettings | None = None, 
         batches=batches,  # type: ignore[arg-type]
         suppressions=suppressions,  # type: ignore[arg-type]
         idempotency=idempotency,  # type: ignore[arg-type]
-        quota=quota,  # type: ignore[arg-type]
+        quota=QuotaLedger(quota),
         metrics=ApiMetrics.create(CollectorRegistry()),
         background=Background(),
         schedules=FakeSchedule("ns", ScheduleTables()),  # type: ignore[arg-type]
