@@ -25,13 +25,12 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final
+from typing import Final, Protocol
 
 import orjson
 
 from shared import apikeys
 from shared.accounts import ApiKeyRecord, StoredKey
-from shared.broker import Broker
 from shared.errors import DependencyUnavailable
 
 log = logging.getLogger(__name__)
@@ -142,11 +141,17 @@ def revoked_in(body: bytes) -> tuple[str, ...]:
     return tuple(i for i in ids if isinstance(i, str))
 
 
+class Announcer(Protocol):
+    """What publishes on the settings fanout exchange (``shared.broker.Broker``)."""
+
+    async def announce(self, body: bytes) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Revocations:
     """Tells every process (this one's cache at once) that keys were revoked in the store."""
 
-    broker: Broker
+    broker: Announcer
     cache: KeyCache | None = None
 
     async def announce(self, key_ids: Iterable[str]) -> bool:
