@@ -50,6 +50,14 @@ class ApiKeyRecord:
         return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
 
 
+@dataclass(frozen=True, slots=True)
+class StoredKey:
+    """A key's row as authentication needs it: its record and its secret's digest."""
+
+    record: ApiKeyRecord
+    secret_hash: bytes
+
+
 async def ensure_user(db: Database, login: str) -> uuid.UUID:
     """The user with this login, created once even when two callers race (LWT)."""
     existing = await db.one("SELECT user_id FROM users_by_login WHERE login = ?", (login,))
@@ -175,6 +183,12 @@ async def authenticate(db: Database, presented: str) -> ApiKeyRecord | None:
         return None
     record = key_record(row)
     return record if record.live(datetime.now(UTC)) else None
+
+
+async def read_key(db: Database, key_id: str) -> StoredKey | None:
+    """The row of ``key_id`` (live or not), for a cache to verify presented keys against."""
+    row = await db.one("SELECT * FROM api_keys WHERE key_id = ?", (key_id,))
+    return StoredKey(key_record(row), bytes(row["secret_hash"])) if row else None
 
 
 async def list_keys(db: Database, user_id: uuid.UUID) -> list[ApiKeyRecord]:

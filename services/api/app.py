@@ -44,6 +44,7 @@ from shared.acceptance import Acceptance
 from shared.attempts import AttemptStore
 from shared.background import Background
 from shared.batchstore import BatchStore
+from shared.broker import Broker
 from shared.byte_budget import ByteBudget
 from shared.campaigns import CampaignStore
 from shared.canary_store import CanaryStore
@@ -53,9 +54,11 @@ from shared.contact_lists import ContactLists
 from shared.cooldown import RecentMail
 from shared.deadletters import DeadLetters, DeadLetterStore
 from shared.domains import DohResolver, DomainStore
+from shared.errors import DependencyUnavailable
 from shared.health import health_routes
 from shared.http import AdmissionLimit, BodyBudget, StrictTransportSecurity, error_handlers
 from shared.idempotency import IdempotencyStore
+from shared.keycache import KeyCache, Revocations
 from shared.metrics import ApiMetrics, new_registry
 from shared.outbox import Outbox, Relay, relay_forever
 from shared.preferences import PreferenceStore
@@ -69,6 +72,15 @@ from shared.template_pool import TemplatePool
 from shared.templates import TemplateStore
 
 log = logging.getLogger(__name__)
+
+
+async def _hear_revocations(broker: Broker, keys: KeyCache) -> None:
+    """Drop keys from this process's cache as soon as any process announces them revoked;
+    with the broker down, cached keys still expire within ``shared.keycache.TTL``."""
+    try:
+        await broker.listen(keys.hear)
+    except DependencyUnavailable as exc:
+        log.warning("not hearing key revocations (cached keys expire on their own): %s", exc)
 
 
 def create_app(settings: Settings) -> Starlette:
@@ -110,9 +122,14 @@ def create_app(settings: Settings) -> Starlette:
             state.caps = Caps(CapStore(res.db), settings.caps)
             state.dead_letters = DeadLetters(DeadLetterStore(res.db), res.broker)
             state.background = Background()
+            state.keys = KeyCache()
             state.managing = Managing(
-                res.db, state.suppressions, max_keys=settings.api.max_keys_per_user
+                res.db,
+                state.suppressions,
+                max_keys=settings.api.max_keys_per_user,
+                revocations=Revocations(res.broker, state.keys),
             )
+            await _hear_revocations(res.broker, state.keys)
             state.sending = Sending(
                 settings=settings,
                 acceptance=state.acceptance,

@@ -5,8 +5,10 @@ The one owner of request rate limits: a dashboard session's requests that send
 (``/send``, ``/api/batch``) are limited here too (:func:`limit_user`), by the same limiter
 and policy, per user.
 
-Revocation takes effect at once: every request reads the key's row (there is no cache of
-valid keys). ``last_used_at`` is written at most once a minute per key per process, in the
+Keys are looked up through this process's :class:`shared.keycache.KeyCache`: a row read
+less than a second ago is used again, and a revoked key is dropped from every process's cache
+by a broadcast (and refused everywhere within ``shared.keycache.TTL`` without one).
+``last_used_at`` is written at most once a minute per key per process, in the
 background, so the hot path gains no write for it.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import UTC, datetime
 
 from starlette.requests import Request
 
@@ -23,6 +26,7 @@ from shared.background import Background
 from shared.config import Settings
 from shared.db import Database
 from shared.http import ApiError
+from shared.keycache import KeyCache
 from shared.ratelimit import RateLimiter, RatePolicy, Verdict
 
 _UNAUTHORIZED = ApiError(
@@ -73,7 +77,9 @@ async def admit_key(request: Request, token: str) -> ApiKeyRecord | None:
     """The record of a presented key within its rate limit; None when the key is not valid
     (unknown, revoked, wrong secret). Over the limit: 429 ``rate_limited``."""
     db: Database = request.app.state.resources.db
-    record = await accounts.authenticate(db, token)
+    record = await key_cache(request).authenticate(
+        token, lambda key_id: accounts.read_key(db, key_id), datetime.now(UTC)
+    )
     if record is None:
         return None
     verdict = await rate_limiter(request).hit(record.key_id)
@@ -94,6 +100,15 @@ def _within(verdict: Verdict, message: str) -> None:
         raise ApiError(
             429, "rate_limited", message, headers={"Retry-After": str(verdict.retry_after)}
         )
+
+
+def key_cache(request: Request) -> KeyCache:
+    """This process's key cache (made on first use where the lifespan made none)."""
+    state = request.app.state
+    cache: KeyCache | None = getattr(state, "keys", None)
+    if cache is None:
+        cache = state.keys = KeyCache()
+    return cache
 
 
 def rate_limiter(request: Request) -> RateLimiter:

@@ -14,6 +14,7 @@ from shared.accounts import ApiKeyRecord
 from shared.addresses import AddressError, address_key, normalize_email
 from shared.db import Database
 from shared.http import ApiError
+from shared.keycache import Revocations
 from shared.suppressions import SuppressionStore, lift_refusal, made_by_recipient
 
 MAX_KEY_NAME = 100
@@ -41,6 +42,8 @@ class Managing:
     suppressions: SuppressionStore
     max_keys: int = 50
     """Live (not revoked, not expired) keys one user may hold."""
+    revocations: Revocations | None = None
+    """Who tells every API process's key cache that a key was revoked (none: no cache)."""
 
     async def suppress(
         self, user_id: uuid.UUID, email: str, reason: str | None, *, source: str
@@ -139,4 +142,11 @@ class Managing:
         return await accounts.list_keys(self.db, user_id)
 
     async def revoke_key(self, user_id: uuid.UUID, key_id: str) -> bool:
-        return await accounts.revoke_key(self.db, user_id, key_id)
+        """Revoke the user's key in the store, then announce it to every process's cache
+        (lost: each still refuses it within ``shared.keycache.TTL``); False when the user
+        has no such key."""
+        if not await accounts.revoke_key(self.db, user_id, key_id):
+            return False
+        if self.revocations is not None:
+            await self.revocations.announce([key_id])
+        return True

@@ -751,7 +751,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "revoke_key",
         "delete",
         "/v1/keys/{key_id}",
-        "Revoke an API key (at once)",
+        "Revoke an API key (refused everywhere within 1 s)",
         None,
         status=204,
         params=(Param("key_id", "path", "The key's id (`key_id` in the list).", required=True),),

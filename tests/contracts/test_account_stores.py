@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from shared import accounts, apikeys
-from shared.accounts import ApiKeyRecord, UserProfile
+from shared.accounts import ApiKeyRecord, StoredKey, UserProfile
 from shared.db import Database
 from shared.idempotency import Claimed, Existing, IdempotencyStore
 from shared.sessions import SessionStore, session_hash
@@ -56,6 +56,9 @@ class RealAccounts:
 
     async def authenticate(self, presented: str) -> ApiKeyRecord | None:
         return await accounts.authenticate(self.db, presented)
+
+    async def read_key(self, key_id: str) -> StoredKey | None:
+        return await accounts.read_key(self.db, key_id)
 
     async def list_keys(self, user_id: uuid.UUID) -> list[ApiKeyRecord]:
         return await accounts.list_keys(self.db, user_id)
@@ -405,6 +408,23 @@ async def test_a_revoked_key_stops_authenticating_but_stays_listed(side: Account
     assert listed.key_id == key_id and listed.revoked_at is not None
     assert _near_now(listed.revoked_at)
     assert accounts.key_view(listed)["revoked"] is True
+
+
+async def test_reading_a_key_gives_its_record_and_digest_revoked_or_not(
+    side: AccountSide,
+) -> None:
+    user = await side.accounts.ensure_user(unique("readkey"))
+    plaintext = await side.accounts.create_key(user, "cached")
+    key_id, secret = apikeys.parse(plaintext) or ("", "")
+
+    live = await side.accounts.read_key(key_id)
+    await side.accounts.revoke_key(user, key_id)
+    revoked = await side.accounts.read_key(key_id)
+
+    assert live is not None and live.record.key_id == key_id and live.record.user_id == user
+    assert live.secret_hash == apikeys.hash_secret(secret) and live.record.revoked_at is None
+    assert revoked is not None and revoked.record.revoked_at is not None
+    assert await side.accounts.read_key("abcdefghijkl") is None
 
 
 async def test_a_user_cannot_revoke_another_users_key(side: AccountSide) -> None:

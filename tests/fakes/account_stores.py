@@ -34,7 +34,7 @@ from typing import Any
 from cassandra import InvalidRequest
 
 from shared import apikeys, sessions
-from shared.accounts import ApiKeyRecord, UserProfile, key_record
+from shared.accounts import ApiKeyRecord, StoredKey, UserProfile, key_record
 from shared.addresses import address_key
 from shared.db import utc
 from shared.idempotency import Claimed, Existing
@@ -225,6 +225,12 @@ class FakeAccounts:
             return None
         record = key_record(row)
         return record if record.live(self.tables.now()) else None
+
+    async def read_key(self, key_id: str) -> StoredKey | None:
+        await _round_trip()
+        _not_empty(key_id)
+        row = self.tables.api_keys.get(key_id)
+        return StoredKey(key_record(row), bytes(row["secret_hash"])) if row else None
 
     async def list_keys(self, user_id: uuid.UUID) -> list[ApiKeyRecord]:
         await _round_trip()

@@ -35,9 +35,10 @@ from shared.config import (
     Settings,
 )
 from shared.db import Database
+from shared.keycache import TTL
 from shared.sessions import LOGIN_COOKIE, SESSION_COOKIE, SessionStore, new_token, session_hash
 from tests.conftest import unique
-from tests.integration.harness import running, served
+from tests.integration.harness import client_for, eventually, running, served
 
 
 @pytest.fixture(scope="module")
@@ -662,6 +663,41 @@ async def test_revoked_key_stops_working_at_once(browser: Browser, key: str) -> 
 
     assert revoked.status_code == 204
     assert after.status_code == 401
+
+
+async def test_a_key_revoked_through_one_api_process_is_refused_by_another_within_the_ttl(
+    migrated: CassandraSettings, github_url: str, db: Database
+) -> None:
+    """Two API processes on one deployment: a key revoked through the first leaves the
+    second's warm cache by the broadcast, and is refused there, within keycache.TTL."""
+    settings = make_settings(migrated, github_url)
+    user_id = await accounts.ensure_user(db, unique("twoapps"))
+    manager = await accounts.create_key(db, user_id, "manager")
+    doomed = await accounts.create_key(db, user_id, "doomed")
+    key_id = doomed.removeprefix("sd_live_").split("_", 1)[0]
+    loop = asyncio.get_running_loop()
+    async with (
+        api_app(settings) as first,
+        running(create_app(settings)) as second,
+        client_for(first) as one,
+        client_for(second) as two,
+    ):
+        assert (await two.get("/v1/keys", headers=bearer(doomed))).status_code == 200
+        assert key_id in second.state.keys
+
+        async def dropped() -> bool:
+            return key_id not in second.state.keys
+
+        started = loop.time()
+        revoked = await one.delete(f"/v1/keys/{key_id}", headers=bearer(manager))
+        await eventually(dropped, timeout=TTL - (loop.time() - started), interval=0.001)
+        heard_after = loop.time() - started
+        after = await two.get("/v1/keys", headers=bearer(doomed))
+
+    assert revoked.status_code == 204
+    # Gone without a request to the second process: only the broadcast removes an entry.
+    assert after.status_code == 401
+    print(f"revocation heard by the other process {heard_after * 1000:.1f} ms after the DELETE")
 
 
 async def test_use_records_last_used(browser: Browser, key: str, db: Database) -> None:

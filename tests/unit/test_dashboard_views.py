@@ -497,7 +497,7 @@ def test_revoked_notice_names_a_revoked_key_of_the_user() -> None:
     """The notice names the key by name and prefix."""
     rows = views.key_rows([_key("a", "2026-11-01T00:00:00+00:00", revoked=True)])
     assert views.revoked_notice(rows, "a") == (
-        "Key “ka” (sd_live_a_…) revoked: requests with it now get 401."
+        "Key “ka” (sd_live_a_…) revoked: requests with it get 401 within a second."
     )
 
 

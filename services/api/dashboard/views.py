@@ -682,7 +682,7 @@ def revoked_notice(rows: Sequence[KeyRow], key_id: str | None) -> str | None:
     row = next((r for r in rows if key_id and r.key_id == key_id and r.revoked), None)
     if row is None:
         return None
-    return f"Key “{row.name}” ({row.prefix}…) revoked: requests with it now get 401."
+    return f"Key “{row.name}” ({row.prefix}…) revoked: requests with it get 401 within a second."
 
 
 def suppression_notice(params: Mapping[str, str]) -> str | None:
