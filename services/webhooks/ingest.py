@@ -45,7 +45,7 @@ from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
 from shared.timeline import Timeline
 from shared.topology import log_key
-from shared.user_hooks import HookEmitter, UserHooks
+from shared.user_hooks import HookEmitter, HookEvent, UserHooks
 from shared.webhook_events import ENGAGEMENT, ProviderEvent
 
 log = logging.getLogger(__name__)
@@ -171,11 +171,33 @@ class Ingest:
             async with window:
                 await self._finish(p)
 
+        await self._warm(events)
         planned = await asyncio.gather(*(plan(ev) for ev in events))
         applied = [p for p in planned if p is not None]
         await self.recipients.reported_many([p.report for p in applied])
         await asyncio.gather(*(finish(p) for p in applied))
+        told: dict[uuid.UUID, list[HookEvent]] = {}
+        for p in applied:
+            if p.told is not None:
+                told.setdefault(p.target.user_id, []).append(p.told)
+        if self.hooks is not None:
+            # Before the provider hears 200: a failure here makes it deliver again, and the
+            # same event is the same webhook message (at least once, never lost).
+            hooks = self.hooks
+            await asyncio.gather(*(hooks.emit(user, evs) for user, evs in told.items()))
         return ["orphan" if p is None else "applied" for p in planned]
+
+    async def _warm(self, events: list[ProviderEvent]) -> None:
+        """Look up each batch's owner and each chunk's members once for a round, before its
+        events ask for them all at once (they are remembered)."""
+        batches = {ev.batch_id for ev in events if ev.batch_id is not None}
+        owners = await asyncio.gather(*(self._owner(b) for b in batches))
+        known = {b for b, owner in zip(batches, owners, strict=True) if owner is not None}
+        chunks: dict[tuple[uuid.UUID, int], uuid.UUID] = {}
+        for ev in events:
+            if ev.batch_id in known and ev.chunk is not None and ev.log_id is not None:
+                chunks.setdefault((ev.batch_id, ev.chunk), ev.log_id)
+        await asyncio.gather(*(self.recipients.member(b, c, i) for (b, c), i in chunks.items()))
 
     async def apply(self, ev: ProviderEvent) -> str:
         """Apply one event (its state and stat row in one logged batch)."""
@@ -202,6 +224,8 @@ class Ingest:
             also=r.also,
         )
         await self._finish(p)
+        if p.told is not None and self.hooks is not None:
+            await self.hooks.emit(p.target.user_id, [p.told])
         return "applied"
 
     async def _plan(self, ev: ProviderEvent) -> Planned | None:
@@ -239,11 +263,13 @@ class Ingest:
             metrics=eff.metrics,
             also=[line],
         )
-        return Planned(ev, target, eff, report)
+        told = recipient_events.reported_event(ev, target.batch_id, target.log_id, ev.email)
+        return Planned(ev, target, eff, report, told)
 
     async def _finish(self, p: Planned) -> None:
         """What an event does once its state is written: engagement totals, suppressions,
-        hand-offs or deadline checks, domain counts, and the users' webhooks."""
+        hand-offs or deadline checks, and domain counts (its users' webhook event is the
+        caller's to emit, :attr:`Planned.told`)."""
         ev, target, eff = p.event, p.target, p.effects
         if ev.kind in ENGAGEMENT:
             await self.recipients.stats.hit(
@@ -278,11 +304,6 @@ class Ingest:
             )
         if self.count_outcomes:
             await self._count_outcome(target, ev, eff)
-        told = recipient_events.reported_event(ev, target.batch_id, target.log_id, ev.email)
-        if told is not None and self.hooks is not None:
-            # Before the provider hears 200: a failure here makes it deliver again, and the
-            # same event is the same webhook message (at least once, never lost).
-            await self.hooks.emit(target.user_id, [told])
 
     async def count_hit(self, batch_id: uuid.UUID, kind: str, *, machine: bool) -> bool:
         """Count one more open or click in the totals only (a repeat of one just recorded:
@@ -395,6 +416,8 @@ class Planned:
     target: Target
     effects: transitions.Effects
     report: Report
+    told: HookEvent | None
+    """What the users' webhooks hear of it (None: nothing)."""
 
 
 def rounds(events: Iterable[ProviderEvent]) -> list[list[ProviderEvent]]:
