@@ -1,7 +1,8 @@
 """Applying normalised provider events to Cassandra (and hand-offs to RabbitMQ).
 
 Every write here is idempotent: the timeline row is keyed by the provider's event id and
-written in one batch with the recipient's state and stat row, the
+written in one batch with the recipient's state (a delivery's events: in rounds, a few
+single-partition batches each, stat rows before states, ``RecipientStore.reported_many``), the
 recipient's row is written through ``shared.recipients`` with timestamps from the event (so
 replays and out-of-order arrivals merge to the same result) together with its stat row,
 suppressions are upserts, and hand-offs are planned once per failed attempt
