@@ -14,16 +14,20 @@ Every write carries a timestamp from :mod:`shared.precedence`, so writes from th
 from the webhook intake merge by last-write-wins however they interleave or repeat. An outcome
 is mirrored in the recipient's stat row (``shared.stats``) at the same timestamp: for one
 recipient in the same logged batch as its state; for a chunk, the stat rows first and the
-chunk's row last, so a retry (the recipients still look queued) writes both again.
+chunk's row last, so a retry (the recipients still look queued) writes both again. Many
+recipients' reports at once (a webhook delivery, :meth:`RecipientStore.reported_many`) go the
+same way: stat rows first in one unlogged batch per stat partition, then states and timeline
+rows in one unlogged batch per batch partition.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -238,6 +242,41 @@ class Selection:
     @classmethod
     def one(cls, chunk: int, log_id: uuid.UUID) -> Selection:
         return cls(chunk, (log_id,))
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One provider report on one recipient: the arguments of
+    :meth:`RecipientStore.reported`, for :meth:`RecipientStore.reported_many`."""
+
+    batch_id: uuid.UUID
+    user_id: uuid.UUID
+    chunk: int
+    log_id: uuid.UUID
+    provider: str
+    provider_result: str
+    message_id: str | None
+    stage_rank: int
+    rank: int
+    when: datetime
+    event: str | None
+    state: str | None
+    reason: str | None
+    evidence: str | None
+    metrics: Sequence[str] = ()
+    also: Sequence[Any] = field(default=())
+    """Writes of the batch's partition to send with the state (its timeline row)."""
+
+
+def by_partition(statements: Iterable[BoundStatement]) -> list[list[BoundStatement]]:
+    """Statements grouped by the partition they write (their routing key), each group once
+    per distinct write: an unlogged batch of one group is one mutation, atomic and cheap."""
+    groups: dict[object, dict[tuple[str, tuple[object, ...]], BoundStatement]] = {}
+    for i, stmt in enumerate(statements):
+        key: object = stmt.routing_key if stmt.routing_key is not None else ("alone", i)
+        same = (stmt.prepared_statement.query_string, tuple(stmt.values))
+        groups.setdefault(key, {})[same] = stmt
+    return [list(g.values()) for g in groups.values()]
 
 
 class RecipientStore:
@@ -492,43 +531,93 @@ class RecipientStore:
         earns go to the recipient's stat row in the same logged batch, with the writes
         ``also`` of the batch's partition (the event's timeline row).
         """
-        one = Selection.one(chunk, log_id)
-        stage = precedence.provider_stamp(batch_id, when, stage_rank)
-        stmts: list[BoundStatement] = []
-        if provider_result:  # our own tracking endpoint is no provider: no entry of its own
-            sets = "providers[?] = ?"
-            values: list[object] = [provider, provider_result[:300]]
-            if message_id:
-                sets += ", message_ids[?] = ?"
-                values += [provider, message_id]
-            if evidence is not None:
-                sets += ", evidence = evidence + ?"
-                values.append({evidence})
-            stmts = await self._updates(batch_id, one, stage, sets, values)
-        stamp = precedence.provider_stamp(batch_id, when, rank)
-        if event is not None:
-            sets = "event = ?, last_update = ?"
-            values = [event, when]
-            if state is not None:
-                sets += ", state = ?"
-                values.append(state)
-            if state == "failed" and reason:
-                sets += ", reason_detail = ?"
-                values.append(reason[:1000])
-            stmts += await self._updates(batch_id, one, stamp, sets, values)
-        outcome = state if state in ("success", "failed") else None
-        counted = await self.stats.outcome_statements(
-            user_id,
+        report = Report(
             batch_id,
+            user_id,
+            chunk,
             log_id,
-            outcome=outcome,
-            stamp=stamp,
-            metrics=metrics,
-            now=datetime.now(UTC),
+            provider,
+            provider_result,
+            message_id,
+            stage_rank,
+            rank,
+            when,
+            event,
+            state,
+            reason,
+            evidence,
+            metrics,
+            also,
         )
+        stmts, counted = await self._report(report, datetime.now(UTC))
         await self.db.batch([*also, *stmts, *counted], logged=bool(counted))
         if counted:
             await self.stats.activity(user_id, batch_id)
+
+    async def reported_many(self, reports: Sequence[Report]) -> None:
+        """Many reports at once (a webhook delivery's events, at most one per recipient: a
+        recipient's second report must be decided after its first is written).
+
+        The stat rows go first, one unlogged batch per stat partition, then the states with
+        their ``also`` writes, one unlogged batch per batch partition: each batch is one
+        mutation (atomic), so a failure between or within them leaves some stat rows without
+        their states, never a state without its stat row, and the provider's retry of the
+        delivery writes the same cells again (fixed stamps, boolean marks), counted once.
+        """
+        now = datetime.now(UTC)
+        counted: list[BoundStatement] = []
+        states: dict[uuid.UUID, list[Statement]] = {}
+        active: set[tuple[uuid.UUID, uuid.UUID]] = set()
+        for report in reports:
+            stmts, stats = await self._report(report, now)
+            states.setdefault(report.batch_id, []).extend([*report.also, *stmts])
+            if stats:
+                counted += stats
+                active.add((report.user_id, report.batch_id))
+        await asyncio.gather(*(self.db.batch(group) for group in by_partition(counted)))
+        for user_id, batch_id in active:
+            await self.stats.activity(user_id, batch_id)
+        await asyncio.gather(*(self.db.batch(group) for group in states.values()))
+
+    async def _report(
+        self, r: Report, now: datetime
+    ) -> tuple[list[BoundStatement], list[BoundStatement]]:
+        """The writes of one report: the recipient's state, and its stat row's."""
+        one = Selection.one(r.chunk, r.log_id)
+        stage = precedence.provider_stamp(r.batch_id, r.when, r.stage_rank)
+        stmts: list[BoundStatement] = []
+        if r.provider_result:  # our own tracking endpoint is no provider: no entry of its own
+            sets = "providers[?] = ?"
+            values: list[object] = [r.provider, r.provider_result[:300]]
+            if r.message_id:
+                sets += ", message_ids[?] = ?"
+                values += [r.provider, r.message_id]
+            if r.evidence is not None:
+                sets += ", evidence = evidence + ?"
+                values.append({r.evidence})
+            stmts = await self._updates(r.batch_id, one, stage, sets, values)
+        stamp = precedence.provider_stamp(r.batch_id, r.when, r.rank)
+        if r.event is not None:
+            sets = "event = ?, last_update = ?"
+            values = [r.event, r.when]
+            if r.state is not None:
+                sets += ", state = ?"
+                values.append(r.state)
+            if r.state == "failed" and r.reason:
+                sets += ", reason_detail = ?"
+                values.append(r.reason[:1000])
+            stmts += await self._updates(r.batch_id, one, stamp, sets, values)
+        outcome = r.state if r.state in ("success", "failed") else None
+        counted = await self.stats.outcome_statements(
+            r.user_id,
+            r.batch_id,
+            r.log_id,
+            outcome=outcome,
+            stamp=stamp,
+            metrics=r.metrics,
+            now=now,
+        )
+        return stmts, counted
 
     async def _updates(
         self,

@@ -1,7 +1,8 @@
 """Applying normalised provider events to Cassandra (and hand-offs to RabbitMQ).
 
 Every write here is idempotent: the timeline row is keyed by the provider's event id and
-written in one batch with the recipient's state and stat row, the
+written in one batch with the recipient's state (a delivery's events: in rounds, a few
+single-partition batches each, stat rows before states, ``RecipientStore.reported_many``), the
 recipient's row is written through ``shared.recipients`` with timestamps from the event (so
 replays and out-of-order arrivals merge to the same result) together with its stat row,
 suppressions are upserts, and hand-offs are planned once per failed attempt
@@ -28,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from services.webhooks import transitions
 from shared import recipient_events, suppressions
+from shared.addresses import address_key
 from shared.attempts import AttemptStore
 from shared.batchstore import BatchStore
 from shared.broker import Broker
@@ -39,18 +41,21 @@ from shared.engagement import TRACKER
 from shared.handoff import HandOff
 from shared.models import LogJob
 from shared.provider_health import Reports
-from shared.recipients import RecipientStore
+from shared.recipients import RecipientStore, Report
 from shared.stats import StatsStore
 from shared.suppressions import SuppressionStore
 from shared.timeline import Timeline
 from shared.topology import log_key
-from shared.user_hooks import HookEmitter, UserHooks
+from shared.user_hooks import HookEmitter, HookEvent, UserHooks
 from shared.webhook_events import ENGAGEMENT, ProviderEvent
 
 log = logging.getLogger(__name__)
 
 #: Events of one delivery applied concurrently.
 CONCURRENCY = 32
+#: Most events written together (a round of a delivery: its state writes are one batch per
+#: batch partition, one mutation each).
+ROUND = 250
 #: Batch owners remembered (a batch's owner never changes).
 OWNER_CACHE = 50_000
 
@@ -145,20 +150,91 @@ class Ingest:
         )
 
     async def apply_all(self, events: Iterable[ProviderEvent]) -> dict[str, int]:
-        window = asyncio.Semaphore(CONCURRENCY)
-
-        async def one(ev: ProviderEvent) -> str:
-            async with window:
-                return await self.apply(ev)
-
-        results = await asyncio.gather(*(one(ev) for ev in events))
+        """Apply a delivery's events in rounds: each round holds at most one event per
+        recipient (the k-th event of a recipient is in round k, so it is decided on the row
+        its earlier events left), its writes grouped into a few single-partition batches
+        (``RecipientStore.reported_many``), then each event's hand-offs, suppressions and
+        hooks. A failure anywhere fails the delivery; the provider's retry (or the intake's
+        queue) applies it again, which rewrites the same cells."""
+        results: list[str] = []
+        for round_ in rounds(events):
+            results += await self._apply_round(round_)
         return {"applied": results.count("applied"), "orphans": results.count("orphan")}
 
+    async def _apply_round(self, events: list[ProviderEvent]) -> list[str]:
+        window = asyncio.Semaphore(CONCURRENCY)
+
+        async def plan(ev: ProviderEvent) -> Planned | None:
+            async with window:
+                return await self._plan(ev)
+
+        async def finish(p: Planned) -> None:
+            async with window:
+                await self._finish(p)
+
+        await self._warm(events)
+        planned = await asyncio.gather(*(plan(ev) for ev in events))
+        applied = [p for p in planned if p is not None]
+        await self.recipients.reported_many([p.report for p in applied])
+        await asyncio.gather(*(finish(p) for p in applied))
+        told: dict[uuid.UUID, list[HookEvent]] = {}
+        for p in applied:
+            if p.told is not None:
+                told.setdefault(p.target.user_id, []).append(p.told)
+        if self.hooks is not None:
+            # Before the provider hears 200: a failure here makes it deliver again, and the
+            # same event is the same webhook message (at least once, never lost).
+            hooks = self.hooks
+            await asyncio.gather(*(hooks.emit(user, evs) for user, evs in told.items()))
+        return ["orphan" if p is None else "applied" for p in planned]
+
+    async def _warm(self, events: list[ProviderEvent]) -> None:
+        """Look up each batch's owner and each chunk's members once for a round, before its
+        events ask for them all at once (they are remembered)."""
+        batches = {ev.batch_id for ev in events if ev.batch_id is not None}
+        owners = await asyncio.gather(*(self._owner(b) for b in batches))
+        known = {b for b, owner in zip(batches, owners, strict=True) if owner is not None}
+        chunks: dict[tuple[uuid.UUID, int], uuid.UUID] = {}
+        for ev in events:
+            if ev.batch_id in known and ev.chunk is not None and ev.log_id is not None:
+                chunks.setdefault((ev.batch_id, ev.chunk), ev.log_id)
+        await asyncio.gather(*(self.recipients.member(b, c, i) for (b, c), i in chunks.items()))
+
     async def apply(self, ev: ProviderEvent) -> str:
+        """Apply one event (its state and stat row in one logged batch)."""
+        p = await self._plan(ev)
+        if p is None:
+            return "orphan"
+        r = p.report
+        await self.recipients.reported(
+            r.batch_id,
+            r.user_id,
+            r.chunk,
+            r.log_id,
+            provider=r.provider,
+            provider_result=r.provider_result,
+            message_id=r.message_id,
+            stage_rank=r.stage_rank,
+            rank=r.rank,
+            when=r.when,
+            event=r.event,
+            state=r.state,
+            reason=r.reason,
+            evidence=r.evidence,
+            metrics=r.metrics,
+            also=r.also,
+        )
+        await self._finish(p)
+        if p.told is not None and self.hooks is not None:
+            await self.hooks.emit(p.target.user_id, [p.told])
+        return "applied"
+
+    async def _plan(self, ev: ProviderEvent) -> Planned | None:
+        """Where an event lands and what it does (None: an orphan, recorded as one)."""
         target = await self._locate(ev)
         if target is None:
             await self._orphan(ev)
-            return "orphan"
+            return None
         self.metrics.events.labels(ev.provider, ev.kind).inc()
         self.reports.count(
             ev.provider, datetime.now(UTC), ev.kind, provider_side=bool(ev.provider_side)
@@ -170,7 +246,7 @@ class Ingest:
         line = await self.timeline.statement(
             target.batch_id, target.log_id, ev, counted=eff.counted
         )
-        await self.recipients.reported(
+        report = Report(
             target.batch_id,
             target.user_id,
             target.chunk,
@@ -188,6 +264,14 @@ class Ingest:
             metrics=eff.metrics,
             also=[line],
         )
+        told = recipient_events.reported_event(ev, target.batch_id, target.log_id, ev.email)
+        return Planned(ev, target, eff, report, told)
+
+    async def _finish(self, p: Planned) -> None:
+        """What an event does once its state is written: engagement totals, suppressions,
+        hand-offs or deadline checks, and domain counts (its users' webhook event is the
+        caller's to emit, :attr:`Planned.told`)."""
+        ev, target, eff = p.event, p.target, p.effects
         if ev.kind in ENGAGEMENT:
             await self.recipients.stats.hit(
                 target.user_id, target.batch_id, ev.kind, machine=ev.machine is not None
@@ -221,12 +305,6 @@ class Ingest:
             )
         if self.count_outcomes:
             await self._count_outcome(target, ev, eff)
-        told = recipient_events.reported_event(ev, target.batch_id, target.log_id, ev.email)
-        if told is not None and self.hooks is not None:
-            # Before the provider hears 200: a failure here makes it deliver again, and the
-            # same event is the same webhook message (at least once, never lost).
-            await self.hooks.emit(target.user_id, [told])
-        return "applied"
 
     async def count_hit(self, batch_id: uuid.UUID, kind: str, *, machine: bool) -> bool:
         """Count one more open or click in the totals only (a repeat of one just recorded:
@@ -329,6 +407,43 @@ class Ingest:
     async def _orphan(self, ev: ProviderEvent) -> None:
         self.metrics.orphans.labels(ev.provider).inc()
         await self.timeline.orphan(ev)
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """An event located and decided, not yet written."""
+
+    event: ProviderEvent
+    target: Target
+    effects: transitions.Effects
+    report: Report
+    told: HookEvent | None
+    """What the users' webhooks hear of it (None: nothing)."""
+
+
+def rounds(events: Iterable[ProviderEvent]) -> list[list[ProviderEvent]]:
+    """A delivery's events in rounds of at most :data:`ROUND` events, each naming a recipient
+    at most once, in delivery order: a recipient's k-th event is in a later round than its
+    (k-1)-th, so it is decided on the row that one left."""
+    out: list[list[ProviderEvent]] = []
+    seen: dict[object, int] = {}
+    for ev in events:
+        key = _recipient_key(ev)
+        k = seen.get(key, -1) + 1
+        while k < len(out) and len(out[k]) >= ROUND:
+            k += 1
+        if k == len(out):
+            out.append([])
+        out[k].append(ev)
+        seen[key] = k
+    return out
+
+
+def _recipient_key(ev: ProviderEvent) -> object:
+    """Who an event concerns, as far as it says (before it is located)."""
+    if ev.log_id is not None:
+        return (ev.batch_id, ev.log_id)
+    return (ev.batch_id, address_key(ev.email))
 
 
 @dataclass(frozen=True, slots=True)

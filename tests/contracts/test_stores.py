@@ -15,7 +15,7 @@ from shared.batchstore import NewBatch, content_of
 from shared.errors import DependencyUnavailable, TooLargeToStore
 from shared.outbox import Outbox
 from shared.precedence import STATE_CELLS, accepted_at, provider_stamp, stamp_column, visible
-from shared.recipients import CHUNK_ROW, Selection, log_id_for, merged_chunk
+from shared.recipients import CHUNK_ROW, Report, Selection, log_id_for, merged_chunk
 from shared.stats import batch_day
 from shared.validation import RecipientInput
 from shared.webhook_events import ProviderEvent
@@ -813,3 +813,64 @@ async def test_a_webhook_token_goes_with_one_body(stores: Stores) -> None:
     assert await stores.tokens.accept_once(token, b"body-1")
     assert await stores.tokens.accept_once(token, b"body-1")  # a replay
     assert not await stores.tokens.accept_once(token, b"body-2")  # a forgery
+
+
+def _report(batch: NewBatch, email: str, **fields: Any) -> Report:
+    """A provider's ``delivered`` for ``email`` of chunk 0 (``fields`` change it)."""
+    values: dict[str, Any] = {
+        "provider": "sg",
+        "provider_result": "delivered",
+        "message_id": "sg-1",
+        "stage_rank": 3,
+        "rank": 3,
+        "when": _at(batch, 2),
+        "event": "delivered",
+        "state": "success",
+        "reason": None,
+        "evidence": "c.0",
+    }
+    values.update(fields)
+    return Report(batch.batch_id, batch.user_id, 0, _log(batch, email), **values)
+
+
+async def test_many_reports_over_several_batches_land_and_count_once(stores: Stores) -> None:
+    first, second = await _stored(stores, A, B), await _stored(stores, C, D)
+    ev = _event(first, "delivered")
+    line = await stores.timeline.statement(first.batch_id, _log(first, A), ev, counted=True)
+    reports = [
+        _report(first, A, also=[line]),
+        _report(first, B, provider_result="bounced: 550", event="bounced", state="failed",
+                reason="550", metrics=("bounced",)),
+        _report(second, C),
+        _report(second, D, provider_result="opened", stage_rank=0, rank=0, event=None,
+                state=None, evidence=None, metrics=("opened",)),
+    ]  # fmt: skip
+    for _ in range(3):  # the provider retried the delivery
+        await stores.recipients.reported_many(reports)
+    states = {
+        e: visible(row).state
+        for b, emails in ((first, (A, B)), (second, (C, D)))
+        for e in emails
+        if (row := await stores.recipients.one(b.batch_id, 0, _log(b, e))) is not None
+    }
+    assert states == {A: "success", B: "failed", C: "success", D: "queued"}
+    assert await _counts(stores, first) == {"queued": 2, "success": 1, "failed": 1, "bounced": 1}
+    assert await _counts(stores, second) == {"queued": 2, "success": 1, "opened": 1}
+    assert await stores.events(first.batch_id, _log(first, A)) == [(ev.event_id, True)]
+    b = await stores.recipients.one(first.batch_id, 0, _log(first, B))
+    assert b is not None and b["reason_detail"] == "550"
+
+
+async def test_many_reports_write_what_one_report_at_a_time_writes(stores: Stores) -> None:
+    one_by_one, together = await _stored(stores, A, B), await _stored(stores, A, B)
+    fields: dict[str, Any] = {"when": _at(one_by_one, 2)}
+    await _reported(stores, one_by_one, A, **fields)
+    await stores.recipients.reported_many([_report(together, A, message_id=None, **fields)])
+    mine = await stores.recipients.one(one_by_one.batch_id, 0, _log(one_by_one, A))
+    theirs = await stores.recipients.one(together.batch_id, 0, _log(together, A))
+    assert mine is not None and theirs is not None
+    cells = set(STATE_CELLS)
+    assert {k: v for k, v in _state(mine).items() if k in cells} == {
+        k: v for k, v in _state(theirs).items() if k in cells
+    }
+    assert await _counts(stores, one_by_one) == await _counts(stores, together)

@@ -57,6 +57,7 @@ from shared.errors import DependencyUnavailable, TooLargeToStore
 from shared.models import Message
 from shared.recipients import (
     CHUNK_ROW,
+    Report,
     Selection,
     by_chunk,
     decode_recipients,
@@ -264,6 +265,8 @@ OPERATION_KINDS: dict[str, Kind] = {
     "recipients.member": "read",
     "recipients.one": "read",
     "recipients.reported": "write",
+    "recipients.reported_many.stats": "write",
+    "recipients.reported_many.states": "write",
     "recipients.stored_chunk": "read",
     "recipients.supersede": "write",
     "stats.accepted": "write",
@@ -1036,35 +1039,77 @@ class FakeRecipients:
         also: Sequence[Write] = (),
     ) -> None:
         failure = await self.db._before("recipients.reported")
-        stamp = precedence.provider_stamp(batch_id, when, rank)
-        outcome = state if state in ("success", "failed") else None
-        counted = await self.stats.outcome_statements(
-            user_id,
+        report = Report(
             batch_id,
+            user_id,
+            chunk,
             log_id,
-            outcome=outcome,
-            stamp=stamp,
-            metrics=metrics,
-            now=self.db.now(),
+            provider,
+            provider_result,
+            message_id,
+            stage_rank,
+            rank,
+            when,
+            event,
+            state,
+            reason,
+            evidence,
+            metrics,
+            also,
         )
-        c = self.db.row(batch_id, chunk, log_id)
-        stage = precedence.provider_stamp(batch_id, when, stage_rank)
-        c.put_entry("providers", provider, provider_result[:300], stage)
-        if message_id:
-            c.put_entry("message_ids", provider, message_id, stage)
-        if evidence is not None:
-            c.add("evidence", [evidence], stage)
-        if event is not None:
-            c.put("event", event, stamp)
-            c.put("last_update", when, stamp)
-            if state is not None:
-                c.put("state", state, stamp)
-            if state == "failed" and reason:
-                c.put("reason_detail", reason[:1000], stamp)
+        counted = await self._counted(report)
+        self._state(report)
         self.db.apply([*also, *counted])  # in the same logged batch as the state
         if counted:
             await self.stats.activity(user_id, batch_id)
         self.db._after(failure)
+
+    async def reported_many(self, reports: Sequence[Report]) -> None:
+        """Stat rows first (fault point ``recipients.reported_many.stats``), then states with
+        their timeline rows (``recipients.reported_many.states``), as the real store sends
+        them: a failure between leaves stat rows without their states."""
+        counted = [await self._counted(r) for r in reports]
+        failure = await self.db._before("recipients.reported_many.stats")
+        self.db.apply([w for writes in counted for w in writes])
+        for r, writes in zip(reports, counted, strict=True):
+            if writes:
+                await self.stats.activity(r.user_id, r.batch_id)
+        self.db._after(failure)
+        failure = await self.db._before("recipients.reported_many.states")
+        for r in reports:
+            self._state(r)
+            self.db.apply(list(r.also))
+        self.db._after(failure)
+
+    async def _counted(self, r: Report) -> list[Write]:
+        stamp = precedence.provider_stamp(r.batch_id, r.when, r.rank)
+        outcome = r.state if r.state in ("success", "failed") else None
+        return await self.stats.outcome_statements(
+            r.user_id,
+            r.batch_id,
+            r.log_id,
+            outcome=outcome,
+            stamp=stamp,
+            metrics=r.metrics,
+            now=self.db.now(),
+        )
+
+    def _state(self, r: Report) -> None:
+        stamp = precedence.provider_stamp(r.batch_id, r.when, r.rank)
+        c = self.db.row(r.batch_id, r.chunk, r.log_id)
+        stage = precedence.provider_stamp(r.batch_id, r.when, r.stage_rank)
+        c.put_entry("providers", r.provider, r.provider_result[:300], stage)
+        if r.message_id:
+            c.put_entry("message_ids", r.provider, r.message_id, stage)
+        if r.evidence is not None:
+            c.add("evidence", [r.evidence], stage)
+        if r.event is not None:
+            c.put("event", r.event, stamp)
+            c.put("last_update", r.when, stamp)
+            if r.state is not None:
+                c.put("state", r.state, stamp)
+            if r.state == "failed" and r.reason:
+                c.put("reason_detail", r.reason[:1000], stamp)
 
 
 _ATTEMPT_COLUMNS = [c.strip() for c in COLUMNS.split(",")]

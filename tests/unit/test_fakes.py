@@ -116,12 +116,14 @@ def test_every_fault_point_names_an_operation_of_a_twin() -> None:
         "preferences": FakePreferences,
     }
     # The quota's round trips: its counter's update, its reads, its refunds' sum; a batch's
-    # content, written before its header.
+    # content, written before its header; a delivery's stat rows, written before its states.
     internal = {
         "quota.add": "_add",
         "quota.read": "used",
         "quota.refunded": "_refunded",
         "batches.content": "_content",
+        "recipients.reported_many.stats": "reported_many",
+        "recipients.reported_many.states": "reported_many",
     }
     for point in OPERATIONS:
         store, _, name = point.partition(".")

@@ -275,3 +275,124 @@ async def test_an_event_applied_through_an_outage_counts_once() -> None:
     assert await w.ingest.apply(ev) == "applied"
     assert await w.states(batch) == {A: "queued", B: "failed"}
     assert await w.counts(batch) == {"queued": 2, "failed": 1, "bounced": 1}
+
+
+C, D = "c@example.org", "d@example.org"
+
+
+async def _snapshot(w: World, *batches: NewBatch) -> object:
+    """Everything a delivery's events write: rows with their stamps, timelines, stat rows,
+    stats, suppressions and the resends handed over."""
+    out: list[object] = [
+        dict(w.db.events),
+        # a suppression's version is its write time: rewritten, the same suppression
+        {
+            k: {c: v for c, v in row.items() if c != "version"}
+            for k, row in w.db.suppressions.items()
+        },
+        w.ingest.metrics.resends.labels("sg")._value.get(),
+    ]
+    for b in batches:
+        rows = await w.rows(b)
+        out += [rows, await w.counts(b), [await w.stat_row(b, e) for e in sorted(rows)]]
+    return out
+
+
+def _marks(row: dict[str, object] | None) -> dict[str, object]:
+    """What a stat row counts (not whose it is)."""
+    return {k: v for k, v in (row or {}).items() if k != "log_id"}
+
+
+def _post(first: NewBatch, second: NewBatch) -> list[ProviderEvent]:
+    """One SendGrid delivery over two batches, some recipients reported on more than once."""
+    return [
+        event(first, "sent", email=A, raw_event="processed"),
+        event(first, "delivered", email=A),
+        event(first, "bounced", email=B, reason="550 no such user", suppress=True),
+        event(second, "delivered", email=C),
+        event(second, "opened", email=C),
+        event(second, "delivered", email=D, chunk=None, log_id=None),
+        event(first, "opened", email=A),
+    ]
+
+
+async def test_a_delivery_over_several_batches_lands_every_outcome_and_counts_each_once() -> None:
+    w = World()
+    first, second = await w.sent(A, B), await w.sent(C, D)
+    answer = await w.ingest.apply_all(_post(first, second))
+    assert answer == {"applied": 7, "orphans": 0}
+    assert await w.states(first) == {A: "success", B: "failed"}
+    assert await w.states(second) == {C: "success", D: "success"}
+    assert await w.counts(first) == {
+        "queued": 2,
+        "success": 1,
+        "failed": 1,
+        "bounced": 1,
+        "opened": 1,
+    }
+    assert await w.counts(second) == {"queued": 2, "success": 2, "opened": 1}
+    assert await w.suppressions.suppressed(first.user_id, [B]) == {B: "bounced"}
+    assert len(timeline(w, first.batch_id, log_id_for(first.batch_id, A))) == 3
+
+
+async def test_a_replayed_delivery_changes_nothing() -> None:
+    w = World()
+    first, second = await w.sent(A, B), await w.sent(C, D)
+    post = _post(first, second)
+    await w.ingest.apply_all(post)
+    before = await _snapshot(w, first, second)
+    await w.ingest.apply_all(post)
+    assert await _snapshot(w, first, second) == before
+
+
+@pytest.mark.parametrize(
+    ("point", "applied"),
+    [
+        ("recipients.reported_many.stats", False),
+        ("recipients.reported_many.stats", True),
+        ("recipients.reported_many.states", False),
+        ("recipients.reported_many.states", True),
+        ("suppressions.add", False),
+    ],
+)
+async def test_a_delivery_failed_half_way_then_replayed_converges_and_counts_once(
+    point: str, applied: bool
+) -> None:
+    """A delivery whose writes fail part way (a stat or state batch lost or landed unconfirmed,
+    or a suppression after the first round's states are in), twice: the provider's next retry
+    converges to what one clean delivery leaves, each outcome counted once."""
+    clean = World()
+    c1, c2 = await clean.sent(A, B), await clean.sent(C, D)
+    await clean.ingest.apply_all(_post(c1, c2))
+
+    w = World()
+    first, second = await w.sent(A, B), await w.sent(C, D)
+    post = _post(first, second)
+    w.db.fail(point, DependencyUnavailable("cassandra", "timeout"), applied=applied)
+    w.db.fail(point, DependencyUnavailable("cassandra", "timeout"), applied=applied)
+    with pytest.raises(DependencyUnavailable):
+        await w.ingest.apply_all(post)
+    with pytest.raises(DependencyUnavailable):
+        await w.ingest.apply_all(post)
+    assert await w.ingest.apply_all(post) == {"applied": 7, "orphans": 0}
+    for mine, theirs in ((first, c1), (second, c2)):
+        assert await w.states(mine) == await clean.states(theirs)
+        assert await w.counts(mine) == await clean.counts(theirs)
+        for email in await w.states(mine):
+            assert _marks(await w.stat_row(mine, email)) == _marks(
+                await clean.stat_row(theirs, email)
+            )
+    assert len(w.db.events) == len(clean.db.events)
+
+
+async def test_a_later_event_in_one_delivery_is_decided_on_the_row_the_earlier_left() -> None:
+    """A delivery reporting a recipient delivered, then a provider-side drop of the same
+    attempt, hands nothing over: the drop is decided once the delivery is written."""
+    w = World()
+    batch = await w.sent(A)
+    drop = event(batch, "dropped", provider_side=True, reason="provider blocklist")
+    await w.ingest.apply_all([event(batch, "delivered"), drop])
+    await w.settle()
+    assert await w.states(batch) == {A: "success"}
+    assert w.providers["mg"].emails() == []
+    assert w.ingest.metrics.resends.labels("sg")._value.get() == 0
