@@ -143,3 +143,38 @@ async def test_a_closed_days_counts_take_a_late_outcome(stores: Stores) -> None:
     assert await stores.stats.range(batch.user_id, day, day) == {day: {"queued": 2, "success": 1}}
     later = day + timedelta(days=1), day + timedelta(days=3)
     assert await stores.stats.range(batch.user_id, *later) == {}
+
+
+async def test_a_changed_bucket_too_large_to_count_in_a_read_is_rolled_up_behind_it(
+    stores: Stores,
+) -> None:
+    """A changed bucket holding more rows than a read may count is served from its last
+    rollup (the read never recounts it) while a background roll-up brings it current."""
+    stores.stats.buckets, stores.stats.inline_rows = 1, 1
+    batch = await _stored(stores, A, B)
+    assert await _day(stores, batch) == {"queued": 2}  # one row: counted in the read
+    await _report(stores, batch, A, "delivered", "success", 2, 3)
+
+    assert await _day(stores, batch) == {"queued": 2}  # two rows now: the last rollup
+    await stores.stats.rolled()
+
+    assert await _day(stores, batch) == {"queued": 2, "success": 1}
+    await stores.stats.rolled()
+    assert await _day(stores, batch) == {"queued": 2, "success": 1}
+
+
+async def test_a_closed_day_keeps_no_totals_from_a_read_behind_a_roll_up(stores: Stores) -> None:
+    """A closed day read while a bucket is behind its roll-up keeps no totals: once rolled
+    up, the range shows every outcome."""
+    stores.stats.buckets, stores.stats.inline_rows = 1, 1
+    accepted = datetime.now(UTC) - timedelta(days=3)
+    batch = new_batch(A, B, chunk_size=2, batch_id=uuid_from_time(accepted))
+    await stores.batches.write(batch)
+    await stores.batches.index(batch)
+    day = batch_day(batch.batch_id)
+    await _report(stores, batch, A, "delivered", "success", 60, 3)
+
+    assert await stores.stats.range(batch.user_id, day, day) == {day: {}}  # never counted yet
+    await stores.stats.rolled()
+
+    assert await stores.stats.range(batch.user_id, day, day) == {day: {"queued": 2, "success": 1}}

@@ -68,6 +68,7 @@ from shared.recipients import (
 from shared.stats import (
     DEFAULT_BUCKETS,
     EVENT_METRICS,
+    INLINE_ROWS,
     SETTLE,
     Drift,
     Rollup,
@@ -603,10 +604,16 @@ class FakeStats:
     """Twin of :class:`shared.stats.StatsStore`: ``stat_rows`` partitions of cells, counted
     and judged by the production functions."""
 
-    def __init__(self, db: FakeCassandra, buckets: int = DEFAULT_BUCKETS) -> None:
+    def __init__(
+        self, db: FakeCassandra, buckets: int = DEFAULT_BUCKETS, *, inline_rows: int = INLINE_ROWS
+    ) -> None:
         self.db = db
         self.buckets = buckets
+        self.inline_rows = inline_rows
+        self.rows_counted = 0
         self._active_memo: set[tuple[uuid.UUID, date]] = set()
+        # Background roll-ups not yet run (the real store's tasks; :meth:`rolled` runs them).
+        self._rolls: dict[tuple[uuid.UUID, date, int], None] = {}
 
     # -- cells ---------------------------------------------------------------------------
 
@@ -750,18 +757,42 @@ class FakeStats:
     def _recount(self, user_id: uuid.UUID, day: date, bucket: int) -> Rollup:
         started = self.db.now()
         rows = self._rows(user_id, day, bucket)
+        self.rows_counted += len(rows)
         fresh = Rollup(count_rows(rows), started, len(rows))
         self._static(user_id, day, bucket, "rollup", fresh.encode())
         return fresh
 
-    def _bucket(self, user_id: uuid.UUID, day: date, bucket: int) -> dict[str, int]:
+    def _bucket(self, user_id: uuid.UUID, day: date, bucket: int) -> tuple[dict[str, int], bool]:
         stored, dirty_at = self._rollup(user_id, day, bucket)
+        served = stored.counts if stored else {}
         if current(stored, dirty_at) or fresh_enough(stored, self.db.now()):
-            return stored.counts if stored else {}
-        return self._recount(user_id, day, bucket).counts
+            return served, False
+        key = (user_id, day, bucket)
+        if key in self._rolls or (stored is not None and stored.rows > self.inline_rows):
+            self._rolls[key] = None
+            return served, True
+        # One page of inline_rows + 1: the whole bucket when it holds no more than that.
+        page = self._rows(user_id, day, bucket)[: self.inline_rows + 1]
+        self.rows_counted += len(page)
+        if len(page) > self.inline_rows:
+            self._rolls[key] = None
+            return served, True
+        fresh = Rollup(count_rows(page), self.db.now(), len(page))
+        self._static(user_id, day, bucket, "rollup", fresh.encode())
+        return fresh.counts, False
 
-    def _day(self, user_id: uuid.UUID, day: date) -> dict[str, int]:
-        return add(self._bucket(user_id, day, b) for b in range(self.buckets))
+    def _day(self, user_id: uuid.UUID, day: date) -> tuple[dict[str, int], bool]:
+        parts = [self._bucket(user_id, day, b) for b in range(self.buckets)]
+        return add(p[0] for p in parts), any(p[1] for p in parts)
+
+    async def rolled(self) -> None:
+        """Run the background roll-ups the reads started (the real store's are tasks)."""
+        while self._rolls:
+            key = next(iter(self._rolls))
+            failure = await self.db._before("stats.recount")
+            del self._rolls[key]
+            self._recount(*key)
+            self.db._after(failure)
 
     async def bucket_rows(self, user_id: uuid.UUID, day: date, bucket: int) -> list[dict[str, Any]]:
         self.db._after(await self.db._before("stats.bucket_rows"))
@@ -781,13 +812,13 @@ class FakeStats:
 
     async def bucket(self, user_id: uuid.UUID, day: date, bucket: int) -> dict[str, int]:
         failure = await self.db._before("stats.bucket")
-        counts = self._bucket(user_id, day, bucket)
+        counts = self._bucket(user_id, day, bucket)[0]
         self.db._after(failure)
         return counts
 
     async def day(self, user_id: uuid.UUID, day: date) -> dict[str, int]:
         failure = await self.db._before("stats.day")
-        counts = self._day(user_id, day)
+        counts = self._day(user_id, day)[0]
         self.db._after(failure)
         return counts
 
@@ -806,8 +837,8 @@ class FakeStats:
                 out[d] = kept.counts
                 continue
             started = self.db.now()
-            out[d] = self._day(user_id, d)
-            if is_closed(d, started - SETTLE):
+            out[d], behind = self._day(user_id, d)
+            if not behind and is_closed(d, started - SETTLE):
                 self._day_put(user_id, d, "totals", Rollup(out[d], started).encode())
         for d, totals in (await self.hits(user_id, start, end)).items():
             out[d] = {**out.get(d, {}), **totals}
