@@ -13,10 +13,15 @@ partition carries its own rollup (static columns: the counts and when they were 
 ``dirty_at``, stamped by every write that changes a count. A rollup scanned more than
 :data:`SETTLE` after the bucket's last change is current and served. A changed bucket whose
 rows fit one small page (:data:`INLINE_ROWS`) is counted from that page in the request; a
-larger one is served from its stored rollup while a background roll-up (one per bucket per
-process) recounts it and stores the result for the next read, at most once a minute for a
-bucket whose last count read more than :data:`LARGE_BUCKET` rows (issue 34: the first read of
-a 10 M-row day recounted 64 buckets inside the request, 94-118 s).
+larger one is served from its stored rollup (issue 34: the first read of a 10 M-row day
+recounted 64 buckets inside the request, 94-118 s). Rollups are kept current ahead of reads:
+every write that changes a bucket also marks it in ``stat_dirty`` in the same logged batch,
+and the consumers' roll-up pass (:meth:`StatsStore.roll_due`, every :data:`ROLL_EVERY`)
+recounts each marked bucket, a large one (its last count read more than
+:data:`LARGE_BUCKET` rows) at most once per :data:`LARGE_STALE`, and drops the mark once the
+rollup is current. A read therefore lags the writes by at most a pass and a recount
+(:data:`LARGE_STALE` and a recount for a large bucket) and is exact once caught up; a read
+that finds a large bucket behind also starts its roll-up in the background.
 A closed day's totals are kept in ``stat_days`` and stand until a late outcome marks the day
 dirty. ``reconcile`` recounts every bucket and repairs rollups from outcome rows, never the
 reverse. The bucket count is fixed per keyspace (``layout``): a recipient's bucket never moves.
@@ -62,6 +67,10 @@ SETTLE = timedelta(seconds=30)
 #: Rows above which a changed bucket may be served from a count up to LARGE_STALE old.
 LARGE_BUCKET = 20_000
 LARGE_STALE = timedelta(seconds=60)
+#: Partitions per marking day of the index of changed buckets (``stat_dirty``).
+DIRTY_SHARDS = 4
+#: How often the roll-up pass (:meth:`StatsStore.roll_due`) looks for changed buckets.
+ROLL_EVERY = timedelta(seconds=10)
 #: Rows a read may count itself: a changed bucket that holds at most this many rows is counted
 #: from one page in the request; a larger one is rolled up in the background.
 INLINE_ROWS = 100
@@ -116,6 +125,21 @@ def closing(day: date, now: datetime) -> bool:
 def user_bucket(user_id: uuid.UUID, buckets: int = ACTIVE_BUCKETS) -> int:
     """The ``active_user_buckets`` partition of a user (stable: from the id alone)."""
     return user_id.int % buckets
+
+
+def dirty_shard(user_id: uuid.UUID) -> int:
+    """The ``stat_dirty`` shard of a user's marks."""
+    return user_id.int % DIRTY_SHARDS
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """A bucket marked changed in ``stat_dirty``, and the write time of its mark."""
+
+    user_id: uuid.UUID
+    day: date
+    bucket: int
+    stamp: int
 
 
 def bucket_of(key: uuid.UUID, buckets: int) -> int:
@@ -214,6 +238,10 @@ _QUEUED = (
     "WHERE user_id = ? AND day = ? AND bucket = ? AND batch_id = ? AND log_id = ?"
 )
 _DIRTY = "UPDATE stat_rows SET dirty_at = ? WHERE user_id = ? AND day = ? AND bucket = ?"
+_MARK = (
+    "UPDATE stat_dirty SET at = ? "
+    "WHERE marked_on = ? AND shard = ? AND user_id = ? AND day = ? AND bucket = ?"
+)
 _DAY_DIRTY = "UPDATE stat_days SET dirty_at = ? WHERE user_id = ? AND day = ?"
 
 
@@ -320,8 +348,12 @@ class StatsStore:
     async def _dirty(
         self, user_id: uuid.UUID, day: date, buckets: Iterable[int], now: datetime
     ) -> list[BoundStatement]:
-        stmt = await self.db.prepare(_DIRTY)
-        out = [stmt.bind((now, user_id, day, b)) for b in buckets]
+        stmt, mark = await self.db.prepare(_DIRTY), await self.db.prepare(_MARK)
+        marked_on, shard = day_of(now), dirty_shard(user_id)
+        out = []
+        for b in buckets:
+            out.append(stmt.bind((now, user_id, day, b)))
+            out.append(mark.bind((now, marked_on, shard, user_id, day, b)))
         if closing(day, now):
             out.append((await self.db.prepare(_DAY_DIRTY)).bind((now, user_id, day)))
         return out
@@ -432,6 +464,44 @@ class StatsStore:
         if not task.cancelled() and task.exception() is not None:
             # The bucket stays changed: the next read starts another roll-up.
             log.warning("stats roll-up of %s failed: %r", key, task.exception())
+
+    async def marks(self, marked_on: date, shard: int) -> list[Mark]:
+        """The buckets marked changed on ``marked_on`` in ``shard``."""
+        rows = await self.db.all_pages(
+            "SELECT user_id, day, bucket, WRITETIME(at) AS stamp FROM stat_dirty "
+            "WHERE marked_on = ? AND shard = ?",
+            (marked_on, shard),
+        )
+        return [Mark(r["user_id"], _date(r["day"]), r["bucket"], r["stamp"]) for r in rows]
+
+    async def unmark(self, marked_on: date, shard: int, mark: Mark) -> None:
+        """Delete a mark as of its own write time: a mark written again since survives."""
+        await self.db.execute(
+            "DELETE FROM stat_dirty USING TIMESTAMP ? WHERE marked_on = ? AND shard = ? "
+            "AND user_id = ? AND day = ? AND bucket = ?",
+            (mark.stamp, marked_on, shard, mark.user_id, mark.day, mark.bucket),
+            idempotent=True,
+        )
+
+    async def roll_due(self, now: datetime) -> int:
+        """One roll-up pass: recount every bucket marked changed today or yesterday whose
+        rollup is not current (a large one at most once per :data:`LARGE_STALE`), and drop
+        the marks of buckets now current. Idempotent: any number of processes may run it.
+        Returns the buckets recounted."""
+        recounted = 0
+        for marked_on in (day_of(now) - timedelta(days=1), day_of(now)):
+            for shard in range(DIRTY_SHARDS):
+                for mark in await self.marks(marked_on, shard):
+                    key = (mark.user_id, mark.day, mark.bucket)
+                    stored, dirty_at = await self.rollup(*key)
+                    if not current(stored, dirty_at):
+                        if fresh_enough(stored, now):
+                            continue
+                        stored = await self.recount(*key)
+                        recounted += 1
+                    if current(stored, dirty_at):
+                        await self.unmark(marked_on, shard, mark)
+        return recounted
 
     async def rolled(self) -> None:
         """Wait for the background roll-ups running now (tests, the bench, a clean stop)."""

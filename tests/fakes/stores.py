@@ -67,10 +67,12 @@ from shared.recipients import (
 )
 from shared.stats import (
     DEFAULT_BUCKETS,
+    DIRTY_SHARDS,
     EVENT_METRICS,
     INLINE_ROWS,
     SETTLE,
     Drift,
+    Mark,
     Rollup,
     add,
     batch_day,
@@ -78,6 +80,8 @@ from shared.stats import (
     closing,
     count_rows,
     current,
+    day_of,
+    dirty_shard,
     fresh_enough,
     is_closed,
     user_bucket,
@@ -277,6 +281,8 @@ OPERATION_KINDS: dict[str, Kind] = {
     "stats.outcomes": "write",
     "stats.range": "read",
     "stats.hit": "write",
+    "stats.marks": "read",
+    "stats.unmark": "write",
     "stats.reconcile": "write",
     "stats.recount": "write",
     "stats.rollup": "write",
@@ -320,6 +326,10 @@ class FakeCassandra:
             _StatPartition
         )
         self.stat_days: dict[tuple[uuid.UUID, date], _Cells] = defaultdict(_Cells)
+        #: ``stat_dirty``: by (marked_on, shard), each mark's cells by (user, day, bucket).
+        self.stat_dirty: dict[tuple[date, int], dict[tuple[uuid.UUID, date, int], _Cells]] = (
+            defaultdict(lambda: defaultdict(_Cells))
+        )
         self.active: dict[tuple[date, int], set[uuid.UUID]] = defaultdict(set)
         self.suppressions: dict[tuple[uuid.UUID, str], dict[str, Any]] = {}
         self.list_suppressions: dict[tuple[uuid.UUID, str, str], dict[str, Any]] = {}
@@ -637,15 +647,20 @@ class FakeStats:
     def _static(self, user_id: uuid.UUID, day: date, bucket: int, column: str, value: Any) -> None:
         self.db.stat_rows[(user_id, day, bucket)].static.put(column, value, self.db.stamp())
 
+    def _mark(self, user_id: uuid.UUID, day: date, bucket: int, now: datetime) -> None:
+        marks = self.db.stat_dirty[(day_of(now), dirty_shard(user_id))]
+        marks[(user_id, day, bucket)].put("at", now, self.db.stamp())
+
     def _day_put(self, user_id: uuid.UUID, day: date, column: str, value: Any) -> None:
         self.db.stat_days[(user_id, day)].put(column, value, self.db.stamp())
 
     def _dirty(
         self, user_id: uuid.UUID, day: date, buckets: Iterable[int], now: datetime
     ) -> list[Write]:
-        out: list[Write] = [
-            partial(self._static, user_id, day, b, "dirty_at", now) for b in buckets
-        ]
+        out: list[Write] = []
+        for b in buckets:
+            out.append(partial(self._static, user_id, day, b, "dirty_at", now))
+            out.append(partial(self._mark, user_id, day, b, now))
         if closing(day, now):
             out.append(partial(self._day_put, user_id, day, "dirty_at", now))
         return out
@@ -784,6 +799,37 @@ class FakeStats:
     def _day(self, user_id: uuid.UUID, day: date) -> tuple[dict[str, int], bool]:
         parts = [self._bucket(user_id, day, b) for b in range(self.buckets)]
         return add(p[0] for p in parts), any(p[1] for p in parts)
+
+    async def marks(self, marked_on: date, shard: int) -> list[Mark]:
+        self.db._after(await self.db._before("stats.marks"))
+        found = self.db.stat_dirty.get((marked_on, shard), {})
+        return [
+            Mark(user, day, bucket, stamp)
+            for (user, day, bucket), cells in sorted(found.items(), key=lambda i: str(i[0]))
+            if (stamp := cells.stamp("at")) is not None
+        ]
+
+    async def unmark(self, marked_on: date, shard: int, mark: Mark) -> None:
+        failure = await self.db._before("stats.unmark")
+        cells = self.db.stat_dirty[(marked_on, shard)][(mark.user_id, mark.day, mark.bucket)]
+        cells.put("at", None, mark.stamp)
+        self.db._after(failure)
+
+    async def roll_due(self, now: datetime) -> int:
+        recounted = 0
+        for marked_on in (day_of(now) - timedelta(days=1), day_of(now)):
+            for shard in range(DIRTY_SHARDS):
+                for mark in await self.marks(marked_on, shard):
+                    key = (mark.user_id, mark.day, mark.bucket)
+                    stored, dirty_at = self._rollup(*key)
+                    if not current(stored, dirty_at):
+                        if fresh_enough(stored, now):
+                            continue
+                        stored = await self.recount(*key)
+                        recounted += 1
+                    if current(stored, dirty_at):
+                        await self.unmark(marked_on, shard, mark)
+        return recounted
 
     async def rolled(self) -> None:
         """Run the background roll-ups the reads started (the real store's are tasks)."""
