@@ -33,7 +33,7 @@ import asyncio
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -249,9 +249,16 @@ class StatsStore:
     """The one writer of ``stat_rows``, ``stat_days`` and ``active_user_buckets``."""
 
     def __init__(
-        self, db: Database, buckets: int = DEFAULT_BUCKETS, *, inline_rows: int = INLINE_ROWS
+        self,
+        db: Database,
+        buckets: int = DEFAULT_BUCKETS,
+        *,
+        inline_rows: int = INLINE_ROWS,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.db = db
+        #: When this process writes, counts and judges a rollup current (tests set it).
+        self.now: Callable[[], datetime] = clock or _utcnow
         self.buckets = buckets
         self.inline_rows = inline_rows
         #: Stat rows read by counts, in requests and roll-ups alike (what a read cost).
@@ -302,7 +309,7 @@ class StatsStore:
         stamp: int,
     ) -> None:
         """Outcome rows of many recipients (a chunk given up): one write per bucket."""
-        now = datetime.now(UTC)
+        now = self.now()
         day = batch_day(batch_id)
         by_bucket: dict[int, list[uuid.UUID]] = {}
         for log_id in log_ids:
@@ -343,7 +350,7 @@ class StatsStore:
         stmt = (await self.db.prepare(_QUEUED)).bind(
             (stamp, recipients, user_id, day, bucket, batch_id, batch_id)
         )
-        return [stmt, *await self._dirty(user_id, day, [bucket], datetime.now(UTC))]
+        return [stmt, *await self._dirty(user_id, day, [bucket], self.now())]
 
     async def _dirty(
         self, user_id: uuid.UUID, day: date, buckets: Iterable[int], now: datetime
@@ -406,7 +413,7 @@ class StatsStore:
 
     async def recount(self, user_id: uuid.UUID, day: date, bucket: int) -> Rollup:
         """Count a bucket's rows and store the result as its rollup."""
-        started = datetime.now(UTC)
+        started = self.now()
         rows = await self.bucket_rows(user_id, day, bucket)
         self.rows_counted += len(rows)
         return await self._store(user_id, day, bucket, Rollup(count_rows(rows), started, len(rows)))
@@ -431,13 +438,13 @@ class StatsStore:
         """:meth:`bucket`, and whether its counts are behind a roll-up still to run."""
         stored, dirty_at = await self.rollup(user_id, day, bucket)
         served = stored.counts if stored else {}
-        if current(stored, dirty_at) or fresh_enough(stored, datetime.now(UTC)):
+        if current(stored, dirty_at) or fresh_enough(stored, self.now()):
             return served, False
         key = (user_id, day, bucket)
         if key in self._rolls or (stored is not None and stored.rows > self.inline_rows):
             self._roll(key)
             return served, True
-        started = datetime.now(UTC)
+        started = self.now()
         page = await self.db.execute(
             "SELECT log_id, queued, outcome, bounced, complained, opened, clicked "
             "FROM stat_rows WHERE user_id = ? AND day = ? AND bucket = ?",
@@ -535,7 +542,7 @@ class StatsStore:
                 and current(kept, row["dirty_at"])
             ):
                 return d, kept.counts
-            started = datetime.now(UTC)
+            started = self.now()
             counts, behind = await self._day(user_id, d)
             # A day's totals are kept only from buckets all counted (none behind a roll-up).
             if not behind and is_closed(d, started - SETTLE):
@@ -627,7 +634,7 @@ class StatsStore:
         if fix and drifts:
             await self.db.execute(
                 "UPDATE stat_days SET totals = null, dirty_at = ? WHERE user_id = ? AND day = ?",
-                (datetime.now(UTC), user_id, day),
+                (self.now(), user_id, day),
                 idempotent=True,
             )
         return drifts
@@ -649,6 +656,10 @@ async def fix_layout(db: Database, buckets: int) -> None:
             f"SAFEDELIVR_STATS_BUCKETS is {buckets} but this keyspace's stats were written "
             f"with {recorded} buckets; set it back to {recorded}"
         )
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
 
 
 def _date(value: Any) -> date:
