@@ -9,7 +9,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -52,7 +52,7 @@ from shared.resources import Resources, open_resources, readiness_checks
 from shared.schedule_store import ScheduleStore
 from shared.settle import InFlight, settling
 from shared.stall_monitor import StallMetrics, watching
-from shared.stats import StatsStore
+from shared.stats import ROLL_EVERY, StatsStore
 from shared.templates import TemplateStore
 from shared.user_hooks import HookEmitter
 
@@ -243,6 +243,19 @@ async def tidy_counters(res: Resources, dispatcher: Dispatcher, scope: str) -> N
         await asyncio.sleep(TIDY_EVERY)
 
 
+async def roll_stats(res: Resources, buckets: int) -> None:
+    """Keep every changed stats bucket's rollup current (``StatsStore.roll_due``) so that no
+    stats read recounts rows: a pass every ``ROLL_EVERY``. Idempotent (every consumer process
+    may run it); runs until cancelled."""
+    stats = StatsStore(res.db, buckets)
+    while True:
+        try:
+            await stats.roll_due(datetime.now(UTC))
+        except DependencyUnavailable as exc:
+            log.warning("stats roll-up pass failed: %s", exc)
+        await asyncio.sleep(ROLL_EVERY.total_seconds())
+
+
 def scheduler_of(settings: Settings, res: Resources, batches: BatchStore) -> Scheduler:
     """The scheduler of the namespace's scheduled batches (run it); it settles the cancelled
     batches it finds (their stats, and their recipients back to the daily quota)."""
@@ -362,6 +375,7 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
                 ),
                 asyncio.create_task(watch_queues(res, started.applier, alerter)),
                 asyncio.create_task(tidy_counters(res, dispatcher, exchange)),
+                asyncio.create_task(roll_stats(res, settings.stats.buckets)),
                 asyncio.create_task(scheduler_of(settings, res, dispatcher.batches).run()),
                 asyncio.create_task(domain_checker_of(settings, res, dns_http).run()),
                 asyncio.create_task(

@@ -12,7 +12,7 @@ from cassandra.util import uuid_from_time
 from shared.batchstore import NewBatch
 from shared.precedence import accepted_at
 from shared.recipients import log_id_for
-from shared.stats import Drift, Rollup, batch_day, bucket_of, current
+from shared.stats import Drift, Mark, Rollup, batch_day, bucket_of, current, day_of, dirty_shard
 from tests.contracts.conftest import Stores
 from tests.fakes.world import new_batch
 
@@ -143,3 +143,90 @@ async def test_a_closed_days_counts_take_a_late_outcome(stores: Stores) -> None:
     assert await stores.stats.range(batch.user_id, day, day) == {day: {"queued": 2, "success": 1}}
     later = day + timedelta(days=1), day + timedelta(days=3)
     assert await stores.stats.range(batch.user_id, *later) == {}
+
+
+async def test_a_changed_bucket_too_large_to_count_in_a_read_is_rolled_up_behind_it(
+    stores: Stores,
+) -> None:
+    """A changed bucket holding more rows than a read may count is served from its last
+    rollup (the read never recounts it) while a background roll-up brings it current."""
+    stores.stats.buckets, stores.stats.inline_rows = 1, 1
+    batch = await _stored(stores, A, B)
+    assert await _day(stores, batch) == {"queued": 2}  # one row: counted in the read
+    await _report(stores, batch, A, "delivered", "success", 2, 3)
+
+    assert await _day(stores, batch) == {"queued": 2}  # two rows now: the last rollup
+    await stores.stats.rolled()
+
+    assert await _day(stores, batch) == {"queued": 2, "success": 1}
+    await stores.stats.rolled()
+    assert await _day(stores, batch) == {"queued": 2, "success": 1}
+
+
+async def test_a_closed_day_keeps_no_totals_from_a_read_behind_a_roll_up(stores: Stores) -> None:
+    """A closed day read while a bucket is behind its roll-up keeps no totals: once rolled
+    up, the range shows every outcome."""
+    stores.stats.buckets, stores.stats.inline_rows = 1, 1
+    accepted = datetime.now(UTC) - timedelta(days=3)
+    batch = new_batch(A, B, chunk_size=2, batch_id=uuid_from_time(accepted))
+    await stores.batches.write(batch)
+    await stores.batches.index(batch)
+    day = batch_day(batch.batch_id)
+    await _report(stores, batch, A, "delivered", "success", 60, 3)
+
+    assert await stores.stats.range(batch.user_id, day, day) == {day: {}}  # never counted yet
+    await stores.stats.rolled()
+
+    assert await stores.stats.range(batch.user_id, day, day) == {day: {"queued": 2, "success": 1}}
+
+
+async def _marks(stores: Stores, batch: NewBatch) -> list[Mark]:
+    """The user's buckets marked changed (today's and yesterday's marks)."""
+    today = day_of(datetime.now(UTC))
+    shard = dirty_shard(batch.user_id)
+    found = []
+    for marked_on in (today - timedelta(days=1), today):
+        found += [
+            m for m in await stores.stats.marks(marked_on, shard) if m.user_id == batch.user_id
+        ]
+    return found
+
+
+async def test_the_roll_up_pass_brings_a_changed_bucket_current_before_any_read(
+    stores: Stores,
+) -> None:
+    """Every change marks its bucket, and the roll-up pass recounts it, so that a read that
+    counts nothing itself shows every outcome."""
+    stores.stats.inline_rows = 0  # reads count no rows at all
+    batch = await _stored(stores, A, B)
+    await _report(stores, batch, A, "delivered", "success", 2, 3)
+    bucket = bucket_of(log_id_for(batch.batch_id, A), stores.stats.buckets)
+    assert bucket in {m.bucket for m in await _marks(stores, batch)}
+    assert await _day(stores, batch) == {}  # never rolled up yet
+
+    assert await stores.stats.roll_due(datetime.now(UTC)) >= 2
+
+    counted = stores.stats.rows_counted
+    assert await _day(stores, batch) == {"queued": 2, "success": 1}
+    assert stores.stats.rows_counted == counted  # the read recounted nothing
+
+
+async def test_a_mark_is_dropped_once_its_bucket_is_current_and_a_newer_mark_survives(
+    stores: Stores,
+) -> None:
+    """The pass drops the mark of a bucket whose rollup is current; deleting a mark as of
+    its own write time leaves a mark written again since."""
+    batch = await _stored(stores, A)
+    user, day = batch.user_id, batch_day(batch.batch_id)
+    (queued,) = await _marks(stores, batch)
+    settled = Rollup({"queued": 1}, datetime.now(UTC) + timedelta(minutes=5))
+    await stores.store_rollup(user, day, queued.bucket, settled)
+    await stores.stats.roll_due(datetime.now(UTC))
+    assert await _marks(stores, batch) == []
+
+    await _report(stores, batch, A, "delivered", "success", 2, 3)
+    (old,) = await _marks(stores, batch)
+    await _report(stores, batch, A, "bounced", "failed", 5, 4)  # marks it again, later
+    today = day_of(datetime.now(UTC))
+    await stores.stats.unmark(today, dirty_shard(user), old)
+    assert [m.bucket for m in await _marks(stores, batch)] == [old.bucket]

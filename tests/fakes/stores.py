@@ -68,9 +68,12 @@ from shared.recipients import (
 )
 from shared.stats import (
     DEFAULT_BUCKETS,
+    DIRTY_SHARDS,
     EVENT_METRICS,
+    INLINE_ROWS,
     SETTLE,
     Drift,
+    Mark,
     Rollup,
     add,
     batch_day,
@@ -78,6 +81,8 @@ from shared.stats import (
     closing,
     count_rows,
     current,
+    day_of,
+    dirty_shard,
     fresh_enough,
     is_closed,
     user_bucket,
@@ -279,6 +284,8 @@ OPERATION_KINDS: dict[str, Kind] = {
     "stats.outcomes": "write",
     "stats.range": "read",
     "stats.hit": "write",
+    "stats.marks": "read",
+    "stats.unmark": "write",
     "stats.reconcile": "write",
     "stats.recount": "write",
     "stats.rollup": "write",
@@ -322,6 +329,10 @@ class FakeCassandra:
             _StatPartition
         )
         self.stat_days: dict[tuple[uuid.UUID, date], _Cells] = defaultdict(_Cells)
+        #: ``stat_dirty``: by (marked_on, shard), each mark's cells by (user, day, bucket).
+        self.stat_dirty: dict[tuple[date, int], dict[tuple[uuid.UUID, date, int], _Cells]] = (
+            defaultdict(lambda: defaultdict(_Cells))
+        )
         self.active: dict[tuple[date, int], set[uuid.UUID]] = defaultdict(set)
         self.suppressions: dict[tuple[uuid.UUID, str], dict[str, Any]] = {}
         self.list_suppressions: dict[tuple[uuid.UUID, str, str], dict[str, Any]] = {}
@@ -606,10 +617,16 @@ class FakeStats:
     """Twin of :class:`shared.stats.StatsStore`: ``stat_rows`` partitions of cells, counted
     and judged by the production functions."""
 
-    def __init__(self, db: FakeCassandra, buckets: int = DEFAULT_BUCKETS) -> None:
+    def __init__(
+        self, db: FakeCassandra, buckets: int = DEFAULT_BUCKETS, *, inline_rows: int = INLINE_ROWS
+    ) -> None:
         self.db = db
         self.buckets = buckets
+        self.inline_rows = inline_rows
+        self.rows_counted = 0
         self._active_memo: set[tuple[uuid.UUID, date]] = set()
+        # Background roll-ups not yet run (the real store's tasks; :meth:`rolled` runs them).
+        self._rolls: dict[tuple[uuid.UUID, date, int], None] = {}
 
     # -- cells ---------------------------------------------------------------------------
 
@@ -633,15 +650,20 @@ class FakeStats:
     def _static(self, user_id: uuid.UUID, day: date, bucket: int, column: str, value: Any) -> None:
         self.db.stat_rows[(user_id, day, bucket)].static.put(column, value, self.db.stamp())
 
+    def _mark(self, user_id: uuid.UUID, day: date, bucket: int, now: datetime) -> None:
+        marks = self.db.stat_dirty[(day_of(now), dirty_shard(user_id))]
+        marks[(user_id, day, bucket)].put("at", now, self.db.stamp())
+
     def _day_put(self, user_id: uuid.UUID, day: date, column: str, value: Any) -> None:
         self.db.stat_days[(user_id, day)].put(column, value, self.db.stamp())
 
     def _dirty(
         self, user_id: uuid.UUID, day: date, buckets: Iterable[int], now: datetime
     ) -> list[Write]:
-        out: list[Write] = [
-            partial(self._static, user_id, day, b, "dirty_at", now) for b in buckets
-        ]
+        out: list[Write] = []
+        for b in buckets:
+            out.append(partial(self._static, user_id, day, b, "dirty_at", now))
+            out.append(partial(self._mark, user_id, day, b, now))
         if closing(day, now):
             out.append(partial(self._day_put, user_id, day, "dirty_at", now))
         return out
@@ -753,18 +775,73 @@ class FakeStats:
     def _recount(self, user_id: uuid.UUID, day: date, bucket: int) -> Rollup:
         started = self.db.now()
         rows = self._rows(user_id, day, bucket)
+        self.rows_counted += len(rows)
         fresh = Rollup(count_rows(rows), started, len(rows))
         self._static(user_id, day, bucket, "rollup", fresh.encode())
         return fresh
 
-    def _bucket(self, user_id: uuid.UUID, day: date, bucket: int) -> dict[str, int]:
+    def _bucket(self, user_id: uuid.UUID, day: date, bucket: int) -> tuple[dict[str, int], bool]:
         stored, dirty_at = self._rollup(user_id, day, bucket)
+        served = stored.counts if stored else {}
         if current(stored, dirty_at) or fresh_enough(stored, self.db.now()):
-            return stored.counts if stored else {}
-        return self._recount(user_id, day, bucket).counts
+            return served, False
+        key = (user_id, day, bucket)
+        if key in self._rolls or (stored is not None and stored.rows > self.inline_rows):
+            self._rolls[key] = None
+            return served, True
+        # One page of inline_rows + 1: the whole bucket when it holds no more than that.
+        page = self._rows(user_id, day, bucket)[: self.inline_rows + 1]
+        self.rows_counted += len(page)
+        if len(page) > self.inline_rows:
+            self._rolls[key] = None
+            return served, True
+        fresh = Rollup(count_rows(page), self.db.now(), len(page))
+        self._static(user_id, day, bucket, "rollup", fresh.encode())
+        return fresh.counts, False
 
-    def _day(self, user_id: uuid.UUID, day: date) -> dict[str, int]:
-        return add(self._bucket(user_id, day, b) for b in range(self.buckets))
+    def _day(self, user_id: uuid.UUID, day: date) -> tuple[dict[str, int], bool]:
+        parts = [self._bucket(user_id, day, b) for b in range(self.buckets)]
+        return add(p[0] for p in parts), any(p[1] for p in parts)
+
+    async def marks(self, marked_on: date, shard: int) -> list[Mark]:
+        self.db._after(await self.db._before("stats.marks"))
+        found = self.db.stat_dirty.get((marked_on, shard), {})
+        return [
+            Mark(user, day, bucket, stamp)
+            for (user, day, bucket), cells in sorted(found.items(), key=lambda i: str(i[0]))
+            if (stamp := cells.stamp("at")) is not None
+        ]
+
+    async def unmark(self, marked_on: date, shard: int, mark: Mark) -> None:
+        failure = await self.db._before("stats.unmark")
+        cells = self.db.stat_dirty[(marked_on, shard)][(mark.user_id, mark.day, mark.bucket)]
+        cells.put("at", None, mark.stamp)
+        self.db._after(failure)
+
+    async def roll_due(self, now: datetime) -> int:
+        recounted = 0
+        for marked_on in (day_of(now) - timedelta(days=1), day_of(now)):
+            for shard in range(DIRTY_SHARDS):
+                for mark in await self.marks(marked_on, shard):
+                    key = (mark.user_id, mark.day, mark.bucket)
+                    stored, dirty_at = self._rollup(*key)
+                    if not current(stored, dirty_at):
+                        if fresh_enough(stored, now):
+                            continue
+                        stored = await self.recount(*key)
+                        recounted += 1
+                    if current(stored, dirty_at):
+                        await self.unmark(marked_on, shard, mark)
+        return recounted
+
+    async def rolled(self) -> None:
+        """Run the background roll-ups the reads started (the real store's are tasks)."""
+        while self._rolls:
+            key = next(iter(self._rolls))
+            failure = await self.db._before("stats.recount")
+            del self._rolls[key]
+            self._recount(*key)
+            self.db._after(failure)
 
     async def bucket_rows(self, user_id: uuid.UUID, day: date, bucket: int) -> list[dict[str, Any]]:
         self.db._after(await self.db._before("stats.bucket_rows"))
@@ -784,13 +861,13 @@ class FakeStats:
 
     async def bucket(self, user_id: uuid.UUID, day: date, bucket: int) -> dict[str, int]:
         failure = await self.db._before("stats.bucket")
-        counts = self._bucket(user_id, day, bucket)
+        counts = self._bucket(user_id, day, bucket)[0]
         self.db._after(failure)
         return counts
 
     async def day(self, user_id: uuid.UUID, day: date) -> dict[str, int]:
         failure = await self.db._before("stats.day")
-        counts = self._day(user_id, day)
+        counts = self._day(user_id, day)[0]
         self.db._after(failure)
         return counts
 
@@ -809,8 +886,8 @@ class FakeStats:
                 out[d] = kept.counts
                 continue
             started = self.db.now()
-            out[d] = self._day(user_id, d)
-            if is_closed(d, started - SETTLE):
+            out[d], behind = self._day(user_id, d)
+            if not behind and is_closed(d, started - SETTLE):
                 self._day_put(user_id, d, "totals", Rollup(out[d], started).encode())
         for d, totals in (await self.hits(user_id, start, end)).items():
             out[d] = {**out.get(d, {}), **totals}

@@ -419,6 +419,8 @@ def test_acceptance_work_is_read_at_the_level_that_reached_the_maximum() -> None
         ("e2e_cpu_us_per_rcpt", 51.0, False),
         ("webhook_cpu_us_per_event", 150.0, True),
         ("stats_read_ms_10m", 50.1, False),
+        ("stats_read_cold_ms_10m", 50.0, True),
+        ("stats_read_cold_ms_10m", 50.1, False),
     ],
 )
 def test_absolute_work_goals_hold_at_their_bound(goal: str, value: float, passed: bool) -> None:

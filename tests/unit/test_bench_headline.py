@@ -33,6 +33,7 @@ FULL: dict[str, float | None] = {
     "webhook_cpu_us_per_event": 150.0,
     "l_webhook_cpu_us_per_event": 100.0,
     "stats_read_ms_10m": 20.0,
+    "stats_read_cold_ms_10m": 30.0,
     "rss_mb_api": 80.0,
     "rss_mb_consumers": 90.0,
     "rss_mb_webhooks": 70.0,
@@ -216,7 +217,10 @@ def test_a_run_without_its_baselines_leaves_the_last_valid_headline_alone(
     assert _write(FULL | {baseline: None}, tmp_path) == b"the last valid run"
 
 
-@pytest.mark.parametrize("figure", ["stats_read_ms_10m", "e2e_cpu_us_per_rcpt", "rss_mb_api"])
+@pytest.mark.parametrize(
+    "figure",
+    ["stats_read_ms_10m", "stats_read_cold_ms_10m", "e2e_cpu_us_per_rcpt", "rss_mb_api"],
+)
 def test_a_run_of_some_phases_leaves_the_last_valid_headline_alone(
     tmp_path: Path, figure: str
 ) -> None:
