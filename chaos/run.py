@@ -275,6 +275,11 @@ async def _verdict(
         for email, n in record["by_recipient"].items():
             accepted.setdefault(email, {})[provider] = n
     stats = StatsStore(db)
+    # A read serves a busy bucket from its last rollup and recounts it behind the read (the
+    # stated lag): the verdict judges the counts once those recounts are in.
+    for day in days:
+        await stats.day(stack.user_id, day)
+    await stats.rolled()
     totals: dict[str, int] = {}
     for day in days:
         for metric, n in (await stats.day(stack.user_id, day)).items():
