@@ -130,6 +130,8 @@ HEADLINES: tuple[Headline, ...] = (
         ratio="webhook_cpu_ratio",
     ),
     Headline("stats_read_ms_10m", "stats_read_ms_10m", "ms"),
+    # The stack with no mail: nothing to compare it with but zero.
+    Headline("idle_cores", "idle_cores", "cores"),
 )
 
 

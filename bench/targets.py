@@ -120,6 +120,12 @@ GOALS: dict[str, Goal] = {
     "stats_read_ms_10m": Goal(
         "stats_read_ms_10m", 50.0, False, "a day's stats of a 10M-recipient user read in <= 50 ms"
     ),
+    "idle_cores": Goal(
+        "idle_cores",
+        0.03,
+        False,
+        "the stack with no mail (services + Cassandra + RabbitMQ, sandbox excluded) <= 0.03 cores",
+    ),
 }
 
 
