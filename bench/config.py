@@ -61,6 +61,8 @@ class BenchConfig:
     """The flood's first part, without limits: the rate it offers and its CPU per call."""
     rate_limit_seconds: float = 30.0
     """The flood's limited part, once the limits are in force everywhere."""
+    idle_seconds: float = 60.0
+    """How long the ``idle`` phase samples the stack with no mail."""
 
     def quick_version(self) -> BenchConfig:
         return replace(
@@ -78,4 +80,5 @@ class BenchConfig:
             e2e_timeout=60.0,
             lanes_bulk_recipients=200_000,
             lanes_timeout=300.0,
+            idle_seconds=20.0,
         )

@@ -50,6 +50,8 @@ class Headline:
     """The side of the baseline it cannot be on; None: the pair is shown, never refused."""
     ratio: str | None = None
     """The report's figure of their ratio (a goal reads it), refused along with the figure."""
+    spec: str = ",.1f"
+    """How the summary prints it."""
 
 
 #: Every headline figure, in the summary's order. Figures without a raw counterpart (latency,
@@ -132,6 +134,8 @@ HEADLINES: tuple[Headline, ...] = (
     Headline("stats_read_ms_10m", "stats_read_ms_10m", "ms"),
     # The first read after the writes (issue 34: 94-118 s when it recounted in the request).
     Headline("stats_read_cold_ms_10m", "stats_read_cold_ms_10m", "ms"),
+    # The stack with no mail: nothing to compare it with but zero.
+    Headline("idle_cores", "idle_cores", "cores", spec=",.3f"),
 )
 
 
@@ -230,7 +234,7 @@ def lines(figures: Mapping[str, float | None]) -> list[str]:
     out = ["Headline (each beside its raw baseline from this run):"]
     for headline in HEADLINES:
         pair = entry(figures, headline)
-        value = _number(pair["value"])
+        value = _number(pair["value"], headline.spec)
         if headline.baseline is None:
             beside = "no raw baseline measures it"
         else:

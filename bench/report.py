@@ -125,6 +125,7 @@ def figures(results: Results, sampler: ProcessSampler) -> dict[str, float | None
     )
     out["stats_read_ms_10m"] = _get(results, "stats_read", "ms_10m")
     out["stats_read_cold_ms_10m"] = _get(results, "stats_read", "cold_ms_10m")
+    out["idle_cores"] = _get(results, "idle", "idle_cores")
     out["lanes_tx_p99_s"] = _get(results, "lanes", "time_to_provider_s", "p99")
     out["rate_limit_busiest_ratio"] = _get(results, "rate_limit", "busiest_ratio")
     out["rate_limit_steady_ratio"] = _get(results, "rate_limit", "steady_ratio")

@@ -126,6 +126,12 @@ GOALS: dict[str, Goal] = {
         False,
         "the first read of that day after its writes, rolled up, in <= 50 ms",
     ),
+    "idle_cores": Goal(
+        "idle_cores",
+        0.03,
+        False,
+        "the stack with no mail (services + Cassandra + RabbitMQ, sandbox excluded) <= 0.03 cores",
+    ),
 }
 
 

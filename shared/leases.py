@@ -1,11 +1,18 @@
 """Work that one process of many does at a time: a lease in Cassandra (the rows of
 ``shared.schedule_store``'s ``scheduler_state``, one per name), renewed a third of the way
 through so that a holder that stalls past the rest loses it, and the loop that runs a pass
-after pass, releasing the lease on the way out."""
+after pass, releasing the lease on the way out.
+
+Between passes the loop waits on an :class:`Alarm`: until the pass's own next due time (the
+lease's renewal at the latest, for its holder) or a nudge, whichever comes first. Nudges
+travel as wake-ups on the settings fanout exchange (:func:`wake`, :func:`woken`): a process
+that changes what a loop works on (the API scheduling a batch) wakes every process's loop
+of that name, so an idle loop need not poll to be on time."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -13,9 +20,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import orjson
+
 from shared.errors import DependencyUnavailable
 
 log = logging.getLogger(__name__)
+
+#: The wake-up of the scheduled batches' scheduler (sent by the API, heard by consumers).
+SCHEDULER_WAKE = "scheduler"
 
 
 class LeaseRows(Protocol):
@@ -40,6 +52,10 @@ class Lease:
         self._renew_at = time.monotonic() + self.seconds / 3
         return True
 
+    def renew_in(self) -> float:
+        """Seconds until the lease is due for renewal (0: now, or not held)."""
+        return max(0.0, self._renew_at - time.monotonic())
+
     def lost(self) -> None:
         """A conditional write under the lease failed: ask for it again next time."""
         self._renew_at = 0.0
@@ -51,21 +67,74 @@ class Lease:
             log.warning("a lease was not released; it lapses by itself")
 
 
+@dataclass
+class Alarm:
+    """What an idle loop waits on: a nudge, or the time it asked for."""
+
+    _rung: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def nudge(self) -> None:
+        """Work may be waiting: end the current (or the next) wait now."""
+        self._rung.set()
+
+    async def wait(self, seconds: float) -> bool:
+        """Wait ``seconds`` or until nudged; whether it was a nudge (then consumed)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._rung.wait(), max(0.0, seconds))
+        nudged = self._rung.is_set()
+        self._rung.clear()
+        return nudged
+
+
 async def keep_running(
-    step: Callable[[], Awaitable[object]], every: float, lease: Lease, what: str
+    step: Callable[[], Awaitable[object]],
+    every: float,
+    lease: Lease,
+    what: str,
+    *,
+    alarm: Alarm | None = None,
+    next_in: Callable[[], float] | None = None,
 ) -> None:
-    """``step()`` every ``every`` seconds until cancelled (an outage or a failure stops a
-    pass, not the loop); the lease is released on the way out."""
+    """``step()`` again and again until cancelled (an outage or a failure stops a pass, not
+    the loop), waiting ``next_in()`` seconds between passes (``every`` when a pass failed,
+    or without ``next_in``), or until ``alarm`` is nudged; the lease is released on the
+    way out."""
+    alarm = alarm or Alarm()
     try:
         while True:
+            wait = every
             try:
                 await step()
+                wait = next_in() if next_in is not None else every
             except DependencyUnavailable as exc:
                 log.warning("%s pass stopped: %s", what, exc)
             except Exception:
                 # A bug in one pass must not end the loop: work left to it (scheduled
                 # batches, campaigns) would wait forever without a sign.
                 log.exception("%s pass failed", what)
-            await asyncio.sleep(every)
+            await alarm.wait(wait)
     finally:
         await lease.release()
+
+
+class Announcer(Protocol):
+    async def announce(self, body: bytes) -> None: ...
+
+
+async def wake(broker: Announcer, name: str) -> None:
+    """Nudge the loop ``name`` of every process (a lost nudge costs that loop's own next due
+    time, at worst: no caller may wait for it)."""
+    try:
+        await broker.announce(orjson.dumps({"wake": name}))
+    except DependencyUnavailable as exc:
+        log.warning("%s not woken: %s", name, exc)
+
+
+def woken(body: bytes) -> str | None:
+    """The loop an announcement wakes, or None when it is not a wake-up (a settings change)."""
+    try:
+        decoded = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    name = decoded.get("wake") if isinstance(decoded, dict) else None
+    return name if isinstance(name, str) else None

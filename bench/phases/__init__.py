@@ -33,6 +33,7 @@ MODULES = (
     "bench.phases.statsread",
     "bench.phases.lanes",
     "bench.phases.ratelimit",
+    "bench.phases.idle",
 )
 GROUPS = ("A", "B", "C")
 

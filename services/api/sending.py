@@ -55,6 +55,7 @@ from shared.errors import DependencyUnavailable, TooLargeToStore
 from shared.gil import CpuLane
 from shared.http import ApiError
 from shared.idempotency import Existing, IdempotencyStore
+from shared.leases import SCHEDULER_WAKE, wake
 from shared.logs import bound
 from shared.metrics import ApiMetrics
 from shared.models import Message
@@ -356,9 +357,14 @@ class Sending:
                     self.metrics.deferred_publishes.inc()
                 elif indexed:
                     self.background.spawn(self.acceptance.outbox.done(batch_id))
-            elif batch.pending and indexed:
-                # Its outbox row stood for it until it was committed; the schedule row now does.
-                self.background.spawn(self.acceptance.outbox.done(batch_id))
+            else:
+                if batch.pending and indexed:
+                    # Its outbox row stood for it until it was committed; the schedule row
+                    # now does.
+                    self.background.spawn(self.acceptance.outbox.done(batch_id))
+                # An idle scheduler waits for its own next due time: one due within seconds
+                # is read at once (a lost nudge costs its renewal period, 5 s at most).
+                self.background.spawn(wake(self.acceptance.broker, SCHEDULER_WAKE))
         self.metrics.batches.inc()
         self.metrics.recipients.inc(count)
         self.metrics.accept_seconds.observe(time.perf_counter() - started)

@@ -39,6 +39,7 @@ from shared.engagement import tracker_of
 from shared.errors import DependencyUnavailable, ProviderError
 from shared.health import health_routes
 from shared.lanes import PRIORITIES
+from shared.leases import woken
 from shared.livesettings import SettingsStore, Watcher
 from shared.metrics import DeadLetterMetrics, DispatchMetrics, new_registry
 from shared.outbox import Outbox
@@ -137,7 +138,8 @@ async def start_consumers(
     dispatcher.capacity.on_held = applier.capacity_held
     watcher = Watcher(SettingsStore(res.db, settings.amqp.exchange), settings.providers, applier)
     await watcher.load()  # before any work is taken: a paused provider is paused from the start
-    await res.broker.listen(lambda _: watcher.nudge())
+    # Wake-ups are for the loops that asked for them (``shared.leases``), not a change.
+    await res.broker.listen(lambda body: None if woken(body) else watcher.nudge())
     topology = res.broker.topology
     await res.broker.consume(
         topology.batches_queue, settling(splitter.process, inflight), prefetch=16
@@ -366,6 +368,8 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
             )
             alerter.config = started.applier.alert_config
             dispatcher = started.dispatcher
+            scheduler = scheduler_of(settings, res, dispatcher.batches)
+            await res.broker.listen(scheduler.heard)
             log.info("consuming %s", ", ".join(settings.providers.chain_codes))
             tasks = [
                 asyncio.create_task(count_dead_letters(res, dead_metrics)),
@@ -376,7 +380,7 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
                 asyncio.create_task(watch_queues(res, started.applier, alerter)),
                 asyncio.create_task(tidy_counters(res, dispatcher, exchange)),
                 asyncio.create_task(roll_stats(res, settings.stats.buckets)),
-                asyncio.create_task(scheduler_of(settings, res, dispatcher.batches).run()),
+                asyncio.create_task(scheduler.run()),
                 asyncio.create_task(domain_checker_of(settings, res, dns_http).run()),
                 asyncio.create_task(
                     judge_of(

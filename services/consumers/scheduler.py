@@ -16,8 +16,15 @@ open until it is decided (the outbox relay cancels it if its request never does)
 found cancelled is settled (``Acceptance.settle``: its stats and quota), in case the cancel
 that applied failed before doing so and its client never retried.
 
-Passes run every :data:`PASS_EVERY` seconds: a few partition reads and, every few passes,
-the lease's renewal; batches go out within about that of their time.
+A pass costs a few partition reads. While a pass finds work (a batch handed on, one
+undecided) the next follows :data:`PASS_EVERY` seconds later; an idle holder waits instead
+for its own next due time: the earliest ``send_at`` it read that has not come, the next
+minute's start (when a new minute's batches become readable), or the lease's renewal
+(a third of :data:`LEASE_SECONDS`), whichever is first, and the API nudges every scheduler
+when it stores a scheduled batch (``shared.leases.wake``), so a batch due within seconds is
+read at once. Batches go out within about :data:`PASS_EVERY` of their time; one whose nudge
+was lost (the holder was cut off from RabbitMQ when it was scheduled) within the renewal
+period, 5 s. A scheduler without the lease asks for it every :data:`PASS_EVERY` seconds.
 """
 
 from __future__ import annotations
@@ -31,8 +38,8 @@ from typing import Final
 
 from shared.batchstore import BatchStore
 from shared.broker import Broker
-from shared.lanes import BUCKET
-from shared.leases import Lease, keep_running
+from shared.lanes import BUCKET, bucket_of
+from shared.leases import SCHEDULER_WAKE, Alarm, Lease, keep_running, woken
 from shared.models import BatchJob
 from shared.schedule_store import ScheduleStore, finished_through
 from shared.topology import batch_key
@@ -43,6 +50,20 @@ log = logging.getLogger(__name__)
 PASS_EVERY: Final = 1.0
 #: Seconds a lease lasts without renewal (a dead scheduler's successor waits this long).
 LEASE_SECONDS: Final = 15
+#: The name its wake-ups carry (``shared.leases.wake``).
+WAKE: Final = SCHEDULER_WAKE
+
+
+def next_wait(now: datetime, next_due: datetime | None, renew_in: float, *, busy: bool) -> float:
+    """Seconds until the next pass (pure): :data:`PASS_EVERY` while there is work, else until
+    the first of the earliest ``send_at`` read and not come, the next minute's start and the
+    lease's renewal (``renew_in``)."""
+    if busy:
+        return PASS_EVERY
+    waits = [renew_in, (bucket_of(now) + BUCKET - now).total_seconds()]
+    if next_due is not None:
+        waits.append((next_due - now).total_seconds())
+    return max(0.0, min(waits))
 
 
 def _now() -> datetime:
@@ -64,6 +85,12 @@ class Scheduler:
     clock: Callable[[], datetime] = _now
     handed: dict[datetime, set[uuid.UUID]] = field(default_factory=dict)
     """Batches of minutes not yet finished that this scheduler handed on already."""
+    alarm: Alarm = field(default_factory=Alarm)
+    """Rung by a wake-up: a batch was scheduled (:meth:`heard`)."""
+    next_due: datetime | None = None
+    """The earliest ``send_at`` the last pass read that had not come."""
+    busy: bool = True
+    """Whether the last pass found work (or had no lease): the next follows soon."""
     _finished: datetime | None = None
 
     def __post_init__(self) -> None:
@@ -71,10 +98,27 @@ class Scheduler:
 
     async def run(self) -> None:
         """Pass after pass until cancelled; the lease is released on the way out."""
-        await keep_running(self.pass_once, PASS_EVERY, self.lease, "scheduler")
+        await keep_running(
+            self.pass_once,
+            PASS_EVERY,
+            self.lease,
+            "scheduler",
+            alarm=self.alarm,
+            next_in=self.next_in,
+        )
+
+    def next_in(self) -> float:
+        """Seconds until the next pass is due (see :func:`next_wait`)."""
+        return next_wait(self.clock(), self.next_due, self.lease.renew_in(), busy=self.busy)
+
+    def heard(self, body: bytes) -> None:
+        """An announcement: a wake-up for schedulers rings the alarm."""
+        if woken(body) == WAKE:
+            self.alarm.nudge()
 
     async def pass_once(self) -> int:
         """One pass; how many batches it handed on (0 without the lease)."""
+        self.busy = True
         if not await self.lease.held():
             self.handed.clear()  # another holds it: what it hands on is its business
             self._finished = None
@@ -83,9 +127,12 @@ class Scheduler:
         found, last = await self.store.due(now)
         handed = 0
         undecided: datetime | None = None
+        self.next_due = None
         for due in found:
             if due.send_at > now:
-                continue  # its second has not come: a later pass (its minute stays open)
+                # Its second has not come: a later pass (its minute stays open).
+                self.next_due = min(self.next_due or due.send_at, due.send_at)
+                continue
             seen = self.handed.setdefault(due.minute, set())
             if due.batch_id in seen:
                 continue
@@ -105,6 +152,7 @@ class Scheduler:
                 return handed
             self._finished = through
             self.handed = {m: s for m, s in self.handed.items() if m > through}
+        self.busy = handed > 0 or undecided is not None
         return handed
 
     async def hand_on(self, batch_id: uuid.UUID) -> str | None:

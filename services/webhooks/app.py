@@ -19,6 +19,7 @@ from shared.config import Settings
 from shared.errors import ConfigError
 from shared.health import health_routes
 from shared.http import AdmissionLimit, BodyBudget, error_handlers
+from shared.leases import woken
 from shared.livesettings import LiveSettings, SettingsStore, Watcher
 from shared.metrics import new_registry
 from shared.provider_health import HealthStore
@@ -66,7 +67,7 @@ def create_app(settings: Settings) -> Starlette:
                 SettingsStore(res.db, settings.amqp.exchange), settings.providers, apply
             )
             await watcher.load()
-            await res.broker.listen(lambda _: watcher.nudge())
+            await res.broker.listen(lambda body: None if woken(body) else watcher.nudge())
             watching = asyncio.create_task(watcher.run())
             reporting = asyncio.create_task(
                 ingest.reports.keep_adding(HealthStore(res.db, settings.amqp.exchange))

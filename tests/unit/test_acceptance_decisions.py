@@ -19,6 +19,7 @@ from shared.batchstore import new_batch_id
 from shared.errors import DependencyUnavailable
 from shared.http import ApiError, error_response
 from shared.idempotency import Existing
+from shared.leases import SCHEDULER_WAKE, woken
 from shared.precedence import accepted_at
 from shared.stats import batch_day
 from tests.unit.sending_desk import TIMEOUT, A, B, Desk, body_of, new_desk
@@ -356,3 +357,23 @@ def test_the_answer_of_an_unknown_outcome_carries_the_batch_id() -> None:
     made = ApiError(503, "acceptance_unknown", "may or may not", batch_id="b-1")
 
     assert orjson.loads(error_response(made).body)["error"]["batch_id"] == "b-1"
+
+
+# -- waking the schedulers ------------------------------------------------------------------------
+
+
+async def test_a_scheduled_batch_wakes_every_scheduler_and_a_sent_one_does_not(
+    desk: Desk,
+) -> None:
+    """Storing a scheduled batch announces a scheduler wake-up (an idle scheduler waits for
+    its own next due time otherwise); a batch sent at once announces nothing."""
+    heard: list[str | None] = []
+    await desk.broker.listen(lambda body: heard.append(woken(body)))
+
+    await desk.accept(body_of(A), None)
+    await desk.sending.background.drain()
+    after_plain = list(heard)
+    await desk.accept(body_of(B, send_at=_iso(datetime.now(UTC) + timedelta(seconds=3))), None)
+    await desk.sending.background.drain()
+
+    assert (after_plain, heard) == ([], [SCHEDULER_WAKE])

@@ -34,6 +34,7 @@ FULL: dict[str, float | None] = {
     "l_webhook_cpu_us_per_event": 100.0,
     "stats_read_ms_10m": 20.0,
     "stats_read_cold_ms_10m": 30.0,
+    "idle_cores": 0.02,
     "rss_mb_api": 80.0,
     "rss_mb_consumers": 90.0,
     "rss_mb_webhooks": 70.0,
@@ -183,6 +184,7 @@ def test_latest_json_carries_each_headline_figure_beside_its_baseline(tmp_path: 
     assert latest["accept_cpu_us_per_rcpt"] == {"value": 45.0, "baseline": 30.0, "ratio": 1.5}
     assert latest["p99_ms_at_50"] == {"value": 12.0, "baseline": None, "ratio": None}
     assert latest["rss_mb"]["api"] == {"value": 80.0, "baseline": None, "ratio": None}
+    assert latest["idle_cores"] == {"value": 0.02, "baseline": None, "ratio": None}
 
 
 def test_the_summary_prints_each_headline_figure_beside_its_baseline() -> None:
@@ -219,7 +221,13 @@ def test_a_run_without_its_baselines_leaves_the_last_valid_headline_alone(
 
 @pytest.mark.parametrize(
     "figure",
-    ["stats_read_ms_10m", "stats_read_cold_ms_10m", "e2e_cpu_us_per_rcpt", "rss_mb_api"],
+    [
+        "stats_read_ms_10m",
+        "stats_read_cold_ms_10m",
+        "e2e_cpu_us_per_rcpt",
+        "rss_mb_api",
+        "idle_cores",
+    ],
 )
 def test_a_run_of_some_phases_leaves_the_last_valid_headline_alone(
     tmp_path: Path, figure: str

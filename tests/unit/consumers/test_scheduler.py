@@ -2,17 +2,21 @@
 whose time came is handed on once, one whose second has not come waits, a cancelled one is
 never handed on (and is settled), one its request has not decided yet keeps its minute open,
 a Cassandra clock behind the API's strands nothing, and a scheduler without the namespace's
-lease does nothing until the holder's lapses."""
+lease does nothing until the holder's lapses; an idle one waits for its own next due time
+(a send_at it read, the next minute, its lease's renewal) or the API's wake-up."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from services.consumers.scheduler import LEASE_SECONDS, Scheduler
+from services.consumers.scheduler import LEASE_SECONDS, PASS_EVERY, Scheduler, next_wait
 from services.consumers.splitter import Splitter
 from shared.lanes import BUCKET, bucket_of
+from shared.leases import SCHEDULER_WAKE, Alarm, Lease, keep_running, wake
 from shared.models import BatchJob
 from shared.schedule_store import OPEN_MINUTES, finished_through
 from shared.topology import batch_key, dispatch_key
@@ -209,3 +213,90 @@ def test_the_last_minutes_are_never_finished() -> None:
     assert finished_through(bucket_of(now), now) == bucket_of(now) - OPEN_MINUTES * BUCKET
     assert finished_through(bucket_of(now) - 3 * BUCKET, now) == bucket_of(now) - 3 * BUCKET
     assert finished_through(None, now) is None
+
+
+# -- waking: an idle scheduler waits for its own next due time or a nudge ----------------------
+
+
+async def test_an_idle_scheduler_waits_for_the_lease_renewal_not_a_short_poll() -> None:
+    """With nothing scheduled, the holder's next pass is its lease's renewal (or the next
+    minute's start, if sooner), not a pass a second."""
+    s = Setting(now=bucket_of(datetime.now(UTC)) + timedelta(seconds=10))
+    scheduler = s.scheduler()
+
+    await scheduler.pass_once()
+
+    assert scheduler.busy is False
+    assert scheduler.next_in() > PASS_EVERY
+    assert next_wait(s.now, None, LEASE_SECONDS / 3, busy=False) == LEASE_SECONDS / 3
+
+
+async def test_an_idle_scheduler_wakes_at_the_send_at_it_read() -> None:
+    """A batch read whose second has not come sets the next pass at that second."""
+    s = Setting(now=bucket_of(datetime.now(UTC)) + timedelta(seconds=10))
+    scheduler = s.scheduler()
+    await s.scheduled(s.now + timedelta(seconds=2))
+
+    await scheduler.pass_once()
+
+    assert scheduler.next_due == s.now + timedelta(seconds=2)
+    assert next_wait(s.now, scheduler.next_due, LEASE_SECONDS / 3, busy=False) == 2.0
+
+
+def test_an_idle_scheduler_wakes_when_a_new_minute_becomes_readable() -> None:
+    """Batches of the next minute are read at its start, not at the renewal after it."""
+    now = bucket_of(datetime.now(UTC)) + timedelta(seconds=58)
+
+    assert next_wait(now, None, LEASE_SECONDS / 3, busy=False) == 2.0
+
+
+async def test_a_scheduler_with_work_passes_again_soon() -> None:
+    """A pass that handed a batch on (or found one undecided) is followed within PASS_EVERY."""
+    s = Setting()
+    scheduler = s.scheduler()
+    await s.scheduled(s.now - timedelta(seconds=1))
+
+    await scheduler.pass_once()
+
+    assert scheduler.busy is True
+    assert scheduler.next_in() == PASS_EVERY
+
+
+async def test_a_wake_up_for_the_scheduler_ends_its_wait() -> None:
+    """The API's wake-up, heard over the fanout, rings the alarm; a settings change does not."""
+    s = Setting()
+    scheduler = s.scheduler()
+    await s.broker.listen(scheduler.heard)
+
+    await s.broker.announce(b'{"changed": ["providers.chain"]}')
+    not_woken = await scheduler.alarm.wait(0)
+    await wake(s.broker, SCHEDULER_WAKE)
+    woken_up = await scheduler.alarm.wait(3600)
+
+    assert (not_woken, woken_up) == (False, True)
+
+
+async def test_the_loop_does_nothing_while_idle_and_passes_when_nudged() -> None:
+    """keep_running waits as long as its pass asks; a nudge brings the next pass at once."""
+    s = Setting()
+    passes: list[int] = []
+    alarm = Alarm()
+
+    async def step() -> None:
+        passes.append(len(passes))
+
+    lease = Lease(s.store, LEASE_SECONDS)
+    loop = asyncio.create_task(
+        keep_running(step, PASS_EVERY, lease, "test", alarm=alarm, next_in=lambda: 3600.0)
+    )
+    for _ in range(20):
+        await asyncio.sleep(0)
+    idle = len(passes)
+    alarm.nudge()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    loop.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await loop
+
+    assert (idle, len(passes)) == (1, 2)
