@@ -131,6 +131,15 @@ HEADLINES: tuple[Headline, ...] = (
         "L_webhook",
         ratio="webhook_cpu_ratio",
     ),
+    # Acceptance, dispatch and two webhook events: a recipient's whole cost to the machine.
+    Headline(
+        "pipeline_cpu_us_per_rcpt",
+        "pipeline_cpu_us_per_rcpt",
+        "CPU-µs/recipient",
+        "l_pipeline_cpu_us_per_rcpt",
+        "raw loops",
+        ratio="pipeline_cpu_ratio",
+    ),
     Headline("stats_read_ms_10m", "stats_read_ms_10m", "ms"),
     # The first read after the writes (issue 34: 94-118 s when it recounted in the request).
     Headline("stats_read_cold_ms_10m", "stats_read_cold_ms_10m", "ms"),

@@ -44,6 +44,10 @@ RAW_ACCEPT_END_PROCESSES = ("raw-accept-end", "cassandra", "rabbitmq")
 RAW_E2E_PROCESSES = ("raw-e2e", "cassandra", "rabbitmq")
 RAW_WEBHOOK_PROCESSES = ("L_webhook", "cassandra", "rabbitmq")
 
+#: Webhook events per delivered recipient: each provider posts two (SendGrid processed and
+#: delivered, Mailgun accepted and delivered), as the sandbox does.
+EVENTS_PER_RECIPIENT = 2
+
 
 def work_per_unit(
     usage: Mapping[str, Mapping[str, Any]] | None, processes: Sequence[str], unit: str
@@ -56,6 +60,16 @@ def work_per_unit(
     if any(v is None for v in values):
         return None
     return round(float(sum(v for v in values if v is not None)), 2)
+
+
+def pipeline_per_recipient(
+    accept: float | None, dispatch: float | None, webhook: float | None
+) -> float | None:
+    """Machine CPU-µs per recipient of the whole pipeline: accepting it, dispatching it and
+    ingesting its webhook events; None when a part was not measured."""
+    if accept is None or dispatch is None or webhook is None:
+        return None
+    return round(accept + dispatch + EVENTS_PER_RECIPIENT * webhook, 2)
 
 
 def best_level(results: Results) -> Mapping[str, Any] | None:
@@ -122,6 +136,17 @@ def figures(results: Results, sampler: ProcessSampler) -> dict[str, float | None
     out["e2e_cpu_ratio"] = targets.ratio(out["e2e_cpu_us_per_rcpt"], out["l_e2e_cpu_us_per_rcpt"])
     out["webhook_cpu_ratio"] = targets.ratio(
         out["webhook_cpu_us_per_event"], out["l_webhook_cpu_us_per_event"]
+    )
+    out["pipeline_cpu_us_per_rcpt"] = pipeline_per_recipient(
+        out["accept_cpu_us_per_rcpt"], out["e2e_cpu_us_per_rcpt"], out["webhook_cpu_us_per_event"]
+    )
+    out["l_pipeline_cpu_us_per_rcpt"] = pipeline_per_recipient(
+        out["l_accept_cpu_us_per_rcpt"],
+        out["l_e2e_cpu_us_per_rcpt"],
+        out["l_webhook_cpu_us_per_event"],
+    )
+    out["pipeline_cpu_ratio"] = targets.ratio(
+        out["pipeline_cpu_us_per_rcpt"], out["l_pipeline_cpu_us_per_rcpt"]
     )
     out["stats_read_ms_10m"] = _get(results, "stats_read", "ms_10m")
     out["stats_read_cold_ms_10m"] = _get(results, "stats_read", "cold_ms_10m")

@@ -117,6 +117,13 @@ GOALS: dict[str, Goal] = {
         False,
         "SendGrid's steady calls/s in a flood <= 1.1 x its rate limit (three processes)",
     ),
+    "pipeline_cpu_us_per_rcpt": Goal(
+        "pipeline_cpu_us_per_rcpt",
+        150.0,
+        False,
+        "machine CPU-µs per recipient, acceptance + dispatch + its two webhook events "
+        "(sandbox excluded) <= 150",
+    ),
     "stats_read_ms_10m": Goal(
         "stats_read_ms_10m", 50.0, False, "a day's stats of a 10M-recipient user read in <= 50 ms"
     ),

@@ -525,3 +525,13 @@ def test_the_summary_says_loudly_when_the_limiter_let_too_many_calls_through() -
     assert len(lines) == 2 and lines[1].startswith("LIMITER DEFECT")
     assert len(clean) == 1 and "1.00 x the limit" in clean[0]
     assert report.rate_limit_lines({"rate_limit": {"error": "boom"}}, {}) == []
+
+
+def test_pipeline_cpu_adds_acceptance_dispatch_and_two_webhook_events() -> None:
+    """A recipient's pipeline CPU is its acceptance, its dispatch and its two events."""
+    assert report.pipeline_per_recipient(40.0, 60.0, 100.0) == 300.0
+
+
+def test_pipeline_cpu_is_not_judged_without_each_part() -> None:
+    """A pipeline figure missing one of its parts is no figure."""
+    assert report.pipeline_per_recipient(40.0, None, 100.0) is None

@@ -32,6 +32,8 @@ FULL: dict[str, float | None] = {
     "l_webhook_events_per_s": 9_000.0,
     "webhook_cpu_us_per_event": 150.0,
     "l_webhook_cpu_us_per_event": 100.0,
+    "pipeline_cpu_us_per_rcpt": 405.0,
+    "l_pipeline_cpu_us_per_rcpt": 270.0,
     "stats_read_ms_10m": 20.0,
     "stats_read_cold_ms_10m": 30.0,
     "idle_cores": 0.02,
