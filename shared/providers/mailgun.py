@@ -200,7 +200,8 @@ def _recipient_variables(chunk: Chunk, keys: Mapping[str, str], headers: Mapping
     the recipients' own headers, to variable names."""
     variables = {
         r.email: {
-            "log_id": str(r.log_id),
+            # orjson writes a UUID as str() would, at a fraction of its cost.
+            "log_id": r.log_id,
             # A key this recipient lacks keeps its own text, as SendGrid leaves it unreplaced.
             **{var: r.substitutions.get(key, key) for key, var in keys.items()},
             **{var: r.headers.get(name, "") for name, var in headers.items()},
