@@ -45,11 +45,16 @@ class CampaignRun:
     pauses: int = 0
 
 
-async def _call(
-    client: httpx.AsyncClient, api_key: str, path: str, body: Any, deadline: float
-) -> dict[str, Any]:
+#: Seconds one call of the campaign's may take through the faults. Each call has its own:
+#: a deadline shared from the campaign's start ran out on a loaded machine while the
+#: campaign's list was still being written (a cluster node restarting for minutes).
+CALL_PATIENCE = 120.0
+
+
+async def _call(client: httpx.AsyncClient, api_key: str, path: str, body: Any) -> dict[str, Any]:
     """POST until the API answers 2xx (or a 409 naming the state), through the faults."""
     headers = {"Authorization": f"Bearer {api_key}"}
+    deadline = time.monotonic() + CALL_PATIENCE
     wait = 0.25
     while time.monotonic() < deadline:
         try:
@@ -88,7 +93,6 @@ async def run_campaign(
     emails = addresses(run, 1_000_000, CONTACTS)
     await lists.put(made.list_id, [Contact(e, {"first_name": e[:6]}) for e in emails])
     await lists.set_count(stack.user_id, made.list_id, CONTACTS)
-    deadline = time.monotonic() + seconds + 120
     async with httpx.AsyncClient(base_url=stack.url("api")) as client:
         body = {
             "name": f"chaos {run}",
@@ -97,19 +101,19 @@ async def run_campaign(
             "from": "Chaos <chaos@example.com>",
             "rate": RATE,
         }
-        campaign = await _call(client, stack.api_key, "/v1/campaigns", body, deadline)
+        campaign = await _call(client, stack.api_key, "/v1/campaigns", body)
         path = f"/v1/campaigns/{campaign['id']}"
         started = time.time()
-        await _call(client, stack.api_key, f"{path}/schedule", None, deadline)
+        await _call(client, stack.api_key, f"{path}/schedule", None)
         printer(f"campaign {campaign['id']}: {CONTACTS} contacts at {RATE}/s, scheduled")
         result = CampaignRun(campaign["id"], CONTACTS, started)
         ends = time.monotonic() + seconds
         while time.monotonic() < ends:
             await asyncio.sleep(random.uniform(2, 4))
-            await _call(client, stack.api_key, f"{path}/pause", None, deadline)
+            await _call(client, stack.api_key, f"{path}/pause", None)
             result.pauses += 1
             await asyncio.sleep(random.uniform(1, 3))
-            await _call(client, stack.api_key, f"{path}/resume", None, deadline)
+            await _call(client, stack.api_key, f"{path}/resume", None)
         printer(f"campaign {campaign['id']}: paused and resumed {result.pauses} times")
         return result
 
