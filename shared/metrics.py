@@ -49,6 +49,7 @@ class DispatchMetrics:
     ambiguous: Counter
     resolutions: Counter
     lookups: Counter
+    recipients_suppressed: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> DispatchMetrics:
@@ -90,6 +91,11 @@ class DispatchMetrics:
                 "safedelivr_provider_lookups",
                 "Questions to a provider's query API about ambiguous attempts, by result",
                 ["provider", "result"],
+                registry=registry,
+            ),
+            Counter(
+                "safedelivr_recipients_suppressed",
+                "Recipients dropped at send time: on the suppression list since acceptance",
                 registry=registry,
             ),
         )

@@ -8,6 +8,11 @@ last-write-wins without reading first:
 * our own give-up ("every provider and retry failed") comes next, still below the acceptance
   second, so *any* provider evidence outranks it, however late it arrives: a ``delivered``
   event that turns up after we gave up makes the recipient ``success``;
+* our own drop of a recipient found on the suppression list at send time comes next, also
+  below the acceptance second: it says only that *this* attempt did not mail the address, so
+  whatever a provider says about an earlier attempt (one whose outcome was unknown when the
+  drop was decided) still outranks it; and being fixed per batch, a rerun of the drop (a
+  redelivered job) writes the very same cells;
 * everything a provider said (and our record of a provider accepting a request) is stamped
   with its own time in whole seconds, never earlier than the acceptance second (a provider
   clock running behind ours must not lose to ``queued``), plus the kind's rank so the later
@@ -15,7 +20,8 @@ last-write-wins without reading first:
 
 Give-ups are written to columns of their own; :func:`visible` merges them with the provider
 columns for every reader: a provider outcome if there is one, else ``failed`` if we gave up,
-else ``queued``.
+else ``queued``. A drop at send time is written to the provider columns (``dropped``,
+``failed``), as the outcome it is, at its own stamp.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ _US = 1_000_000
 _QUEUED_OFFSET = -1000
 #: Below the acceptance second too, above ``queued``: our give-up.
 _GIVE_UP_OFFSET = -500
+#: Above the give-up, still below the acceptance second: our drop at send time (suppressed).
+_SUPPRESSED_OFFSET = -250
 
 #: RFC 4122 time of a time-based UUID: 100 ns intervals since 1582-10-15.
 _UUID_EPOCH = 0x01B21DD213814000
@@ -58,6 +66,12 @@ def queued_stamp(batch_id: uuid.UUID) -> int:
 def give_up_stamp(batch_id: uuid.UUID) -> int:
     """The write timestamp of our give-up: above ``queued``, below any provider evidence."""
     return _accepted_second(batch_id) * _US + _GIVE_UP_OFFSET
+
+
+def suppressed_stamp(batch_id: uuid.UUID) -> int:
+    """The write timestamp of our drop of a suppressed recipient at send time: above
+    ``queued`` and the give-up, below any provider evidence."""
+    return _accepted_second(batch_id) * _US + _SUPPRESSED_OFFSET
 
 
 def provider_stamp(batch_id: uuid.UUID, when: datetime, rank: int) -> int:

@@ -478,6 +478,44 @@ class RecipientStore:
         await self.stats.outcomes(user_id, batch_id, chosen.log_ids, "failed", stamp)
         await self.db.batch(state)
 
+    async def suppressed(
+        self,
+        batch_id: uuid.UUID,
+        user_id: uuid.UUID,
+        chunk: int,
+        reasons: Mapping[uuid.UUID, str],
+        *,
+        when: datetime,
+    ) -> None:
+        """These recipients (log id -> why) were found on the suppression list at send time:
+        each ends ``dropped`` and ``failed`` on a row of its own, never sent, counted
+        ``failed`` once (at :func:`shared.precedence.suppressed_stamp`, fixed per batch, so a
+        rerun writes the same cells and any provider evidence still outranks it)."""
+        if not reasons:
+            return
+        stamp = precedence.suppressed_stamp(batch_id)
+        stmt = await self.db.prepare(
+            "UPDATE batches USING TIMESTAMP ? SET event = ?, state = ?, reason_detail = ?, "
+            "last_update = ? WHERE batch_id = ? AND chunk = ? AND log_id = ?"
+        )
+        state = [
+            stmt.bind((stamp, "dropped", "failed", why[:1000], when, batch_id, chunk, log_id))
+            for log_id, why in reasons.items()
+        ]
+        if len(reasons) == 1:
+            (log_id,) = reasons
+            outcome = await self.stats.outcome_statements(
+                user_id, batch_id, log_id, outcome="failed", stamp=stamp, now=datetime.now(UTC)
+            )
+            await self.db.batch([*state, *outcome], logged=True)
+            await self.stats.activity(user_id, batch_id)
+            return
+        # As a give-up: the outcome rows first, the states last (one partition: one
+        # mutation), so until the states are in the recipients still look queued and a rerun
+        # writes both again.
+        await self.stats.outcomes(user_id, batch_id, list(reasons), "failed", stamp)
+        await self.db.batch(state)
+
     async def supersede(
         self,
         batch_id: uuid.UUID,

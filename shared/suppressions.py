@@ -38,6 +38,9 @@ from shared.engagement import TRACKER
 
 #: Addresses looked up per query when checking a batch's recipients.
 LOOKUP_CHUNK = 100
+#: Addresses looked up per query at send time: a provider request's most (to, cc and bcc
+#: together, ``shared.providers.limits``), so one chunk's check is one read of one partition.
+SEND_LOOKUP = 1000
 #: Sources of the entries a sender made by hand.
 SENDER_SOURCES: Final = frozenset({"api", "dashboard"})
 #: What each recipient-made mark means, in a refusal to lift it.
@@ -164,14 +167,20 @@ class SuppressionStore:
         return True
 
     async def suppressed(
-        self, user_id: uuid.UUID, emails: Iterable[str], scope: str | None = None
+        self,
+        user_id: uuid.UUID,
+        emails: Iterable[str],
+        scope: str | None = None,
+        *,
+        per_query: int = LOOKUP_CHUNK,
     ) -> dict[str, str]:
         """The subset of ``emails`` (compared lower-case) on the list, or on the list of
-        ``scope``, with their reasons."""
+        ``scope``, with their reasons; ``per_query`` addresses are asked per query (of the
+        user's partition; a second query per part for ``scope``)."""
         wanted = sorted({address_key(e) for e in emails})
         found: dict[str, str] = {}
-        for i in range(0, len(wanted), LOOKUP_CHUNK):
-            part = wanted[i : i + LOOKUP_CHUNK]
+        for i in range(0, len(wanted), per_query):
+            part = wanted[i : i + per_query]
             rows = await self.db.rows(
                 "SELECT email, reason FROM suppressions WHERE user_id = ? AND email IN ?",
                 (user_id, part),

@@ -260,6 +260,7 @@ class World:
             settings=self.settings.providers,
             metrics=metrics().dispatch,
             recipients=self.recipients,  # type: ignore[arg-type]
+            suppressions=self.suppressions,  # type: ignore[arg-type]
             deferred_deadline=self.settings.webhooks.deferred_deadline,
             campaigns=CampaignHold(self.campaign_store),  # type: ignore[arg-type]
             user_hooks=self._emitter(),

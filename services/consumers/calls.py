@@ -81,11 +81,15 @@ class Caller:
         header = await d.follow.header(job.batch_id)
         to_send, taken = await self._pending_with_room(job)
         try:
+            message = template_use.message_for(header.message, job.chunk)
+            if to_send:
+                # The last look at the suppression list (``services.consumers.screening``),
+                # before "called" is set: a read that fails is retried, never sent unchecked.
+                to_send, message = await d.screen(job, header, to_send, message)
             delivery.scratch["called"] = True
             if not to_send:
                 answer = Answer(receipt=Receipt(job.provider, 0, None))  # nothing left to send
             else:
-                message = template_use.message_for(header.message, job.chunk)
                 tracker = d.tracker if header.message.engagement is not None else None
                 build = (job, message, to_send, tracker)
                 # A token per recipient and link, or a large chunk's models: CPU work (34 ms

@@ -27,6 +27,7 @@ from services.consumers.calls import Caller
 from services.consumers.campaign_hold import CampaignHold
 from services.consumers.followup import FollowUps
 from services.consumers.resolution import Resolver
+from services.consumers.screening import Screen
 from shared.attempts import AttemptStore, chunk_line, recipient_line
 from shared.batchstore import BatchStore
 from shared.broker import Broker
@@ -45,6 +46,7 @@ from shared.provider_rates import ProviderLimiter
 from shared.providers.base import Provider
 from shared.recipients import RecipientStore
 from shared.settle import Delivery, Poison
+from shared.suppressions import SuppressionStore
 from shared.topology import parse_routing_key
 from shared.user_hooks import UserHooks
 
@@ -108,6 +110,8 @@ class Dispatcher:
     settings: ProviderSettings
     metrics: DispatchMetrics
     recipients: RecipientStore
+    suppressions: SuppressionStore
+    """Looked up again before every provider call (``services.consumers.screening``)."""
     hooks: Hooks = no_hooks
     deferred_deadline: int = 4 * 3600
     paused: frozenset[str] = frozenset()
@@ -142,6 +146,7 @@ class Dispatcher:
         )
         self.follow = FollowUps(self)
         self.caller = Caller(self)
+        self.screen = Screen(self)
         self.resolver = Resolver(self)
 
     @property

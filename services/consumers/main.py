@@ -54,6 +54,7 @@ from shared.schedule_store import ScheduleStore
 from shared.settle import InFlight, settling
 from shared.stall_monitor import StallMetrics, watching
 from shared.stats import ROLL_EVERY, StatsStore
+from shared.suppressions import SuppressionStore
 from shared.templates import TemplateStore
 from shared.user_hooks import HookEmitter
 
@@ -84,6 +85,7 @@ def build_dispatcher(
         settings=settings.providers,
         metrics=metrics or DispatchMetrics.create(new_registry()),
         recipients=RecipientStore(res.db, stats, res.cpu),
+        suppressions=SuppressionStore(res.db),
         hooks=hooks,
         deferred_deadline=settings.webhooks.deferred_deadline,
         limiter=ProviderLimiter(res.db, settings.amqp.exchange),

@@ -17,6 +17,7 @@ from shared.outbox import Outbox
 from shared.precedence import STATE_CELLS, accepted_at, provider_stamp, stamp_column, visible
 from shared.recipients import CHUNK_ROW, Report, Selection, log_id_for, merged_chunk
 from shared.stats import batch_day
+from shared.suppressions import SEND_LOOKUP
 from shared.validation import RecipientInput
 from shared.webhook_events import ProviderEvent
 from tests.conftest import unique
@@ -620,6 +621,70 @@ async def test_a_give_up_of_nobody_writes_nothing(stores: Stores) -> None:
     assert await _counts(stores, batch) == {"queued": 1}
 
 
+@pytest.mark.parametrize("legacy", [False, True])
+async def test_a_drop_at_send_time_fails_each_recipient_on_its_own_row_once(
+    stores: Stores, legacy: bool
+) -> None:
+    """One recipient alone (one logged batch) and two at once (outcome rows, then states):
+    each ends dropped and failed with its own reason, the others stay queued, and a replay
+    writes the same cells and counts nothing more."""
+    if legacy:
+        batch = _batch(A, B, C, D)
+        await stores.legacy(batch)
+        await stores.stats.accepted(batch.user_id, batch.batch_id, 4, 0)
+    else:
+        batch = await _stored(stores, A, B, C, D)
+    for _ in range(2):
+        await stores.recipients.suppressed(
+            batch.batch_id, batch.user_id, 0, {_log(batch, A): "suppressed: bounced"},
+            when=_at(batch, 5),
+        )  # fmt: skip
+        await stores.recipients.suppressed(
+            batch.batch_id, batch.user_id, 1,
+            {_log(batch, C): "suppressed: bounced", _log(batch, D): "suppressed: complained"},
+            when=_at(batch, 6),
+        )  # fmt: skip
+    await stores.recipients.suppressed(batch.batch_id, batch.user_id, 1, {}, when=_at(batch, 7))
+    rows = {r["email"]: r for r in await stores.recipients.batch_rows(batch.batch_id)}
+    shown = {e: (visible(r).state, visible(r).event, visible(r).reason) for e, r in rows.items()}
+    assert shown == {
+        A: ("failed", "dropped", "suppressed: bounced"),
+        B: ("queued", "queued", None),
+        C: ("failed", "dropped", "suppressed: bounced"),
+        D: ("failed", "dropped", "suppressed: complained"),
+    }
+    assert rows[A]["own"] and rows[A]["providers"] is None
+    assert await _counts(stores, batch) == {"queued": 4, "failed": 3}
+
+
+@pytest.mark.parametrize("whole", [True, False])
+async def test_provider_evidence_outranks_a_drop_at_send_time(stores: Stores, whole: bool) -> None:
+    """A delivery a provider reports (even stamped at the acceptance second) wins over our
+    drop, and the stats follow it; a give-up of the chunk does not undo the drop."""
+    batch = await _stored(stores, A, B)
+    await stores.recipients.suppressed(
+        batch.batch_id, batch.user_id, 0, {_log(batch, A): "suppressed: bounced"},
+        when=_at(batch, 9),
+    )  # fmt: skip
+    await stores.recipients.suppressed(
+        batch.batch_id, batch.user_id, 0, {_log(batch, B): "suppressed: bounced"},
+        when=_at(batch, 9),
+    )  # fmt: skip
+    await _reported(stores, batch, A, when=_at(batch, 0))
+    chosen = await _whole(stores, batch, 0) if whole else Selection.one(0, _log(batch, B))
+    await stores.recipients.give_up(
+        batch.batch_id, batch.user_id, chosen, reason="all failed", when=_at(batch, 10)
+    )
+    a, b = await stores.recipients.chunk_rows(batch.batch_id, 0)
+    assert (visible(a).state, visible(a).event) == ("success", "delivered")
+    assert (visible(b).state, visible(b).event, visible(b).reason) == (
+        "failed",
+        "dropped",
+        "suppressed: bounced",
+    )
+    assert await _counts(stores, batch) == {"queued": 2, "success": 1, "failed": 1}
+
+
 async def test_at_the_same_moment_the_higher_rank_decides(stores: Stores) -> None:
     batch = await _stored(stores, A)
     common: dict[str, Any] = {"when": _at(batch, 3), "reason": "mailbox full"}
@@ -775,6 +840,29 @@ async def test_suppressions_are_found_case_insensitively(stores: Stores) -> None
     found = await stores.suppressions.suppressed(user, ["ANN@example.org", "bob@example.org"])
     assert found == {"ann@example.org": "bounce"}
     assert await stores.suppressions.suppressed(uuid.uuid4(), ["ann@example.org"]) == {}
+
+
+async def test_a_send_time_lookup_reads_a_whole_request_and_its_list_at_once(
+    stores: Stores,
+) -> None:
+    """A provider request's most addresses in one query (and one of the list's own):
+    found whichever table lists them, the user's list first."""
+    user = uuid.uuid4()
+    wanted = [f"r{i:04d}@example.org" for i in range(SEND_LOOKUP)]
+    await stores.suppressions.add(user, wanted[0], reason="bounced", source="sg")
+    await stores.suppressions.add(user, wanted[-1], reason="manual", source="api")
+    for email in (wanted[-1], wanted[500]):
+        await stores.suppressions.add(
+            user, email, reason="unsubscribed", source="tracker", scope="news"
+        )
+    found = await stores.suppressions.suppressed(
+        user, [e.upper() for e in wanted], "news", per_query=SEND_LOOKUP
+    )
+    assert found == {
+        wanted[0]: "bounced",
+        wanted[500]: "unsubscribed (news)",
+        wanted[-1]: "manual",
+    }
 
 
 async def test_a_replayed_event_is_one_timeline_entry(stores: Stores) -> None:

@@ -87,6 +87,7 @@ from shared.stats import (
     is_closed,
     user_bucket,
 )
+from shared.suppressions import LOOKUP_CHUNK
 from shared.webhook_events import ProviderEvent
 from tests.fakes.wire import LOOPBACK, Kind, Trip, Wire
 
@@ -274,6 +275,7 @@ OPERATION_KINDS: dict[str, Kind] = {
     "recipients.reported_many.states": "write",
     "recipients.stored_chunk": "read",
     "recipients.supersede": "write",
+    "recipients.suppressed": "write",
     "stats.accepted": "write",
     "stats.active_users": "read",
     "stats.activity": "write",
@@ -291,6 +293,7 @@ OPERATION_KINDS: dict[str, Kind] = {
     "stats.rollup": "write",
     "stats.user_days": "read",
     "suppressions.add": "write",
+    "suppressions.suppressed": "read",
     "timeline.orphan": "write",
     "timeline.record": "write",
     "tokens.accept_once": "lwt",
@@ -1077,6 +1080,45 @@ class FakeRecipients:
             state()
         self.db._after(failure)
 
+    async def suppressed(
+        self,
+        batch_id: uuid.UUID,
+        user_id: uuid.UUID,
+        chunk: int,
+        reasons: Mapping[uuid.UUID, str],
+        *,
+        when: datetime,
+    ) -> None:
+        if not reasons:
+            return
+        stamp = precedence.suppressed_stamp(batch_id)
+
+        def state() -> None:
+            for log_id, why in reasons.items():
+                c = self.db.row(batch_id, chunk, log_id)
+                c.put("event", "dropped", stamp)
+                c.put("state", "failed", stamp)
+                c.put("reason_detail", why[:1000], stamp)
+                c.put("last_update", when, stamp)
+
+        if len(reasons) == 1:
+            (log_id,) = reasons
+            outcome = await self.stats.outcome_statements(
+                user_id, batch_id, log_id, outcome="failed", stamp=stamp, now=self.db.now()
+            )
+            failure = await self.db._before("recipients.suppressed")
+            self.db.apply([state, *outcome])  # one logged batch
+            self.db._after(failure)
+            await self.stats.activity(user_id, batch_id)
+            return
+        # The outcome rows first (fault point ``stats.outcomes``), the states last (fault
+        # point ``recipients.suppressed``: one mutation of the batch's partition), as the real
+        # store sends them.
+        await self.stats.outcomes(user_id, batch_id, list(reasons), "failed", stamp)
+        failure = await self.db._before("recipients.suppressed")
+        state()
+        self.db._after(failure)
+
     async def supersede(
         self,
         batch_id: uuid.UUID,
@@ -1298,17 +1340,32 @@ class FakeSuppressions:
         self.db._after(failure)
 
     async def suppressed(
-        self, user_id: uuid.UUID, emails: Iterable[str], scope: str | None = None
+        self,
+        user_id: uuid.UUID,
+        emails: Iterable[str],
+        scope: str | None = None,
+        *,
+        per_query: int = LOOKUP_CHUNK,
     ) -> dict[str, str]:
+        """One round trip (fault point ``suppressions.suppressed``) per ``per_query``
+        addresses and table, as the real store reads them."""
+        wanted = sorted({e.lower() for e in emails})
         found: dict[str, str] = {}
-        for e in {e.lower() for e in emails}:
-            if (row := self.db.suppressions.get((user_id, e))) is not None:
-                found[e] = row["reason"]
-            elif (
-                scope is not None
-                and (row := self.db.list_suppressions.get((user_id, scope, e))) is not None
-            ):
-                found[e] = f"{row['reason']} ({scope})"
+        for i in range(0, len(wanted), per_query):
+            part = wanted[i : i + per_query]
+            failure = await self.db._before("suppressions.suppressed")
+            for e in part:
+                if (row := self.db.suppressions.get((user_id, e))) is not None:
+                    found[e] = row["reason"]
+            self.db._after(failure)
+            if scope is None:
+                continue
+            failure = await self.db._before("suppressions.suppressed")
+            for e in part:
+                row = self.db.list_suppressions.get((user_id, scope, e))
+                if e not in found and row is not None:
+                    found[e] = f"{row['reason']} ({scope})"
+            self.db._after(failure)
         return found
 
 

@@ -192,6 +192,7 @@ class World:
             settings=self.settings,
             metrics=self.metrics,
             recipients=self.recipients,  # type: ignore[arg-type]
+            suppressions=self.suppressions,  # type: ignore[arg-type]
             hooks=self._hook,
             deferred_deadline=3600,
             now=self.clock,

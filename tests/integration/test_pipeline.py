@@ -25,6 +25,7 @@ from shared.models import BatchJob
 from shared.providers.registry import close_all
 from shared.resources import Resources, topology_for
 from shared.settle import Delivery
+from shared.suppressions import SuppressionStore
 from tests.conftest import unique
 from tests.integration.faults import start_rabbitmq_app, stop_rabbitmq_app
 from tests.integration.harness import client_for, eventually, running, served
@@ -235,6 +236,39 @@ async def test_redelivery_after_the_provider_accepted_does_not_send_again(
     assert sends["sendgrid"]["requests"] == 1
     attempts = await AttemptStore(db).line(batch_id, chunk_line(0))
     assert [(a.attempt, a.state) for a in attempts] == [(0, "accepted")]
+
+
+async def test_an_address_suppressed_after_acceptance_is_not_mailed(
+    parts: tuple[Settings, httpx.AsyncClient, httpx.AsyncClient, str], db: Database
+) -> None:
+    """Accepted while the consumers are down; a recipient and a cc address are suppressed
+    before they start: the consumers drop the recipient (failed, counted once), leave the cc
+    out, and mail the rest once."""
+    s, client, sandbox, key = parts
+    to, cc = _emails(3), _emails(2)
+    batch_id = await Pipeline(client, sandbox, key, s, db).submit(to, cc=cc, shared=True)
+    header = await BatchStore(db).header(uuid.UUID(batch_id))
+    assert header is not None
+    suppressions = SuppressionStore(db)
+    await suppressions.add(header.user_id, to[1], reason="bounced", source="sg")
+    await suppressions.add(header.user_id, cc[1], reason="manual", source="api")
+
+    consumers = create_consumers(s)
+    async with running(consumers):
+        pipe = Pipeline(client, sandbox, key, s, db, consumers)
+        logs = await pipe.settled(batch_id, 3, lambda r: r["event"] in ("sent", "dropped"))
+        metrics = await pipe.consumer_metrics()
+
+    shown = {r["email"]: (r["state"], r["event"], r["reason"]) for r in logs}
+    assert shown[to[1]] == ("failed", "dropped", "suppressed: bounced")
+    assert shown[to[0]][:2] == shown[to[2]][:2] == ("queued", "sent")
+    mailed = (await pipe.sends())["sendgrid"]["by_recipient"]
+    assert {e: mailed.get(e, 0) for e in to + cc} == {
+        to[0]: 1, to[1]: 0, to[2]: 1, cc[0]: 1, cc[1]: 0,
+    }  # fmt: skip
+    stats = (await client.get("/v1/stats", headers=pipe.auth)).json()["data"][-1]
+    assert (stats["queued"], stats["failed"]) == (3, 1)
+    assert "safedelivr_recipients_suppressed_total 1.0" in metrics
 
 
 async def _queue_empty(s: Settings, queue: str) -> bool:
