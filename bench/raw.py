@@ -173,27 +173,21 @@ async def e2e(spec: dict[str, Any]) -> dict[str, Any]:
         job = ChunkJob.decode(message.body)
         batch_time, seq = by_id[job.batch_id]
         chunk = factory.chunk(seq, job.batch_id, batch_time, job.chunk)
-        # The protocol's minimum: claim, calling, call, accepted (three LWTs), recipients.
+        # The protocol's minimum: claim as calling, call, accepted (two LWTs), recipients.
         line, owner = chunk_line(job.chunk), uuid.uuid4()
+        started = datetime.now(UTC)
         claimed = await attempts.create(
             job.batch_id,
             line,
             job.attempt,
             chunk=job.chunk,
             provider=provider.code,
-            state="claimed",
+            state="calling",
             owner=owner,
+            calling_at=started,
         )
         if not claimed:
             raise RuntimeError(f"attempt of {job.batch_id}/{job.chunk} already claimed")
-        started = datetime.now(UTC)
-        await attempts.transition(
-            job.batch_id,
-            line,
-            job.attempt,
-            expect={"state": "claimed", "owner": owner},
-            values={"state": "calling", "calling_at": started},
-        )
         receipt = await provider.send(chunk)
         await attempts.transition(
             job.batch_id,

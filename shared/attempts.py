@@ -8,7 +8,8 @@ batch (``c<chunk>``), or one recipient re-sent after a provider-side failure
 States (see ``services.consumers.protocol`` for who moves them)::
 
     planned ──▶ calling                     (a hand-off made it; a consumer takes it)
-    claimed ──▶ calling                     (a consumer claimed it; it or another calls)
+    (none)  ──▶ calling                     (a consumer claims it and starts its call)
+    claimed ──▶ calling                     (written only by versions before 2026-11-29)
     calling ──▶ accepted | rejected | ambiguous
     ambiguous ─▶ resolved                   (by evidence: webhooks, the provider's query API)
 
@@ -167,16 +168,18 @@ class AttemptStore:
         owner: uuid.UUID | None = None,
         cause: str | None = None,
         reason: str | None = None,
+        calling_at: datetime | None = None,
     ) -> bool:
-        """Insert attempt ``attempt`` in ``state`` (``claimed`` or ``planned``) unless it exists.
+        """Insert attempt ``attempt`` in ``state`` (``calling``, with ``owner`` and
+        ``calling_at``, or ``planned``) unless it exists.
 
         Returns whether this call created it. Raises DependencyUnavailable when the outcome
         is unknown; the caller re-reads the line at SERIAL consistency.
         """
         row = await self.db.one(
             "INSERT INTO send_attempts (batch_id, line, attempt, chunk, provider, state, owner, "
-            "cause, reason, created_at, checks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) "
-            "IF NOT EXISTS",
+            "cause, reason, created_at, calling_at, checks) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) IF NOT EXISTS",
             (
                 batch_id,
                 line,
@@ -188,6 +191,7 @@ class AttemptStore:
                 cause,
                 reason,
                 datetime.now(UTC),
+                calling_at,
             ),
         )
         return bool(row and row["[applied]"])

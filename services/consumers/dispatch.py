@@ -200,25 +200,27 @@ class Dispatcher:
                 return
             if await self._take(step, job, delivery):
                 return
-            # Read again at SERIAL (settling any LWT in progress), unless the step was our
-            # own claim and it applied: then nobody else's write can be in flight on it.
-            serial = not delivery.scratch.pop("claim_applied", False)
+            # Read again at SERIAL: an LWT in progress (ours or another's) is then settled.
+            serial = True
         raise DependencyUnavailable("cassandra", f"{job.line}/{job.attempt}: no progress")
 
     async def _take(self, step: protocol.Step, job: protocol.Job, delivery: Delivery) -> bool:
         """Carry out one step; True when the delivery is finished."""
         if isinstance(step, protocol.Claim):
-            delivery.scratch["claim_applied"] = await self.attempts.create(
+            claimed = await self.attempts.create(
                 job.batch_id,
                 job.line,
                 job.attempt,
                 chunk=job.chunk,
                 provider=job.provider,
-                state="claimed",
+                state="calling",
                 owner=delivery.owner,
+                calling_at=self.now(),
             )
-            await self.hooks("claimed", job)
-            return False  # read back: ours, or someone else's claim
+            if not claimed:
+                return False  # someone else's: read it back at SERIAL
+            await self.hooks("calling", job)
+            return await self.caller.call(job, delivery)
         if isinstance(step, protocol.StartCall):
             started = await self.attempts.transition(
                 job.batch_id,

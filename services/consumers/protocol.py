@@ -69,12 +69,15 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """Create the attempt as ``claimed`` by this delivery."""
+    """Create the attempt as ``calling`` by this delivery and call: one conditional write
+    claims the attempt and starts its call (a separate claim would cost an LWT per chunk
+    and protect nothing, since the call's lease starts before its preparation anyway)."""
 
 
 @dataclass(frozen=True, slots=True)
 class StartCall:
-    """Move the attempt from ``state`` (held by ``owner``) to ``calling`` by this delivery."""
+    """Move the attempt from ``state`` (``planned`` by a hand-off, or ``claimed`` by an older
+    version, held by ``owner``) to ``calling`` by this delivery."""
 
     state: str
     owner: uuid.UUID | None

@@ -785,6 +785,17 @@ async def test_an_attempt_is_created_once(stores: Stores) -> None:
     assert attempt.created_at.tzinfo is not None
 
 
+async def test_an_attempt_created_calling_keeps_its_owner_and_call_start(stores: Stores) -> None:
+    batch_id, owner, now = uuid.uuid1(), uuid.uuid4(), datetime.now(UTC)
+    assert await stores.attempts.create(
+        batch_id, "c0", 0, chunk=0, provider="sg", state="calling", owner=owner, calling_at=now
+    )
+    (attempt,) = await stores.attempts.line(batch_id, "c0", serial=True)
+    assert (attempt.state, attempt.owner, attempt.checks) == ("calling", owner, 0)
+    assert attempt.calling_at is not None
+    assert abs((attempt.calling_at - now).total_seconds()) < 0.002
+
+
 async def test_a_transition_applies_only_when_its_condition_holds(stores: Stores) -> None:
     batch_id, owner = uuid.uuid1(), uuid.uuid4()
     await stores.attempts.create(

@@ -1264,6 +1264,7 @@ class FakeAttempts:
         owner: uuid.UUID | None = None,
         cause: str | None = None,
         reason: str | None = None,
+        calling_at: datetime | None = None,
     ) -> bool:
         failure = await self.db._before("attempts.create")
         rows = self.db.attempts[(batch_id, line)]
@@ -1279,6 +1280,7 @@ class FakeAttempts:
                 cause=cause,
                 reason=reason,
                 created_at=_stored(self.db.now()),
+                calling_at=_stored(calling_at) if calling_at else None,
                 checks=0,
             )
             rows[attempt] = row

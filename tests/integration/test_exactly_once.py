@@ -32,7 +32,6 @@ from tests.integration.stack import Stack, crash_at, emails, fast_settings, full
 #: Every point of the send path where a consumer can die, in order.
 POINTS = (
     "read",
-    "claimed",
     "calling",
     "before_call",
     "admitted",

@@ -4,6 +4,7 @@ providers answer and wherever a delivery stops."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 
@@ -200,7 +201,7 @@ async def test_a_redelivered_job_after_acceptance_calls_no_provider_again() -> N
     assert w.broker.take()[-1].routing_key == dispatch_key("sg", batch.batch_id, 0)
 
 
-@pytest.mark.parametrize("point", ["read", "claimed", "calling", "before_call"])
+@pytest.mark.parametrize("point", ["read", "calling", "before_call"])
 async def test_a_process_dying_before_the_provider_answers_sends_once_later(point: str) -> None:
     w = World()
     batch = await w.accept(A)
@@ -424,7 +425,32 @@ async def test_the_answer_is_stored_through_a_cassandra_outage() -> None:
     (attempt,) = await w.attempts.line(batch.batch_id, chunk_line(0))
     assert attempt.state == "accepted"
     assert (await w.rows(batch))[A]["event"] == "sent"
-    assert w.db.calls.count("attempts.transition") == 4  # calling, then three tries to record
+    assert w.db.calls.count("attempts.transition") == 3  # three tries to record
+
+
+async def test_a_chunk_accepted_on_its_first_call_takes_two_attempt_writes() -> None:
+    """The claim starts the call in one conditional write, and the outcome is the second."""
+    w = World()
+    await w.accept(A, B)
+    await w.settle()
+    assert w.providers["sg"].emails() == [A, B]
+    writes = [c for c in w.db.calls if c in ("attempts.create", "attempts.transition")]
+    assert writes == ["attempts.create", "attempts.transition"]
+
+
+async def test_a_claim_that_lost_to_another_delivery_never_calls() -> None:
+    """Two deliveries of one job race for the claim: one call, one accepted attempt."""
+    w = World()
+    batch = await w.accept(A)
+    await w.step()  # the splitter
+    message = await w.broker.get(w.broker.topology.provider_queue("sg"))
+    assert message is not None
+    copy = FakeMessage(message.routing_key, message.body)
+    await asyncio.gather(w.deliver(message), w.deliver(copy))
+    await w.settle()
+    assert w.providers["sg"].emails() == [A]
+    (attempt,) = await w.attempts.line(batch.batch_id, chunk_line(0))
+    assert attempt.state == "accepted"
 
 
 async def test_a_claim_whose_outcome_is_unknown_is_read_back_and_honoured() -> None:

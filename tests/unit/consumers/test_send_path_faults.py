@@ -425,7 +425,7 @@ async def test_copies_of_a_resend_job_delivered_at_once_send_the_recipient_once(
 
 
 @pytest.mark.parametrize(
-    "point", ["read", "claimed", "calling", "before_call", "answered", "recorded", "effects"]
+    "point", ["read", "calling", "before_call", "answered", "recorded", "effects"]
 )
 async def test_a_duplicate_arriving_at_any_point_of_a_refused_call_sends_nothing_twice(
     point: str,
@@ -461,7 +461,6 @@ async def test_a_duplicate_arriving_at_any_point_of_a_refused_call_sends_nothing
     ("point", "sg_calls"),
     [
         ("read", 1),
-        ("claimed", 1),
         ("calling", 0),  # marked calling, never called: resolved as not accepted
         ("before_call", 0),
         ("answered", 1),  # the refusal died with the process: resolved as not accepted

@@ -64,8 +64,8 @@ FIXED = [
     ),
     (
         "lost_request@14658~:consumers-a/store:attempts.line#1=disconnect,"
-        "consumers-a/ack:batch.*#1=lost,consumers-a/store:attempts.transition#2=lands,"
-        "consumers-a/store:attempts.transition#3=kill",
+        "consumers-a/ack:batch.*#1=lost,consumers-a/store:attempts.transition#1=lands,"
+        "consumers-a/store:attempts.transition#2=kill",
         "found by the swarm: the caller's connection dropped, another delivery of its job "
         "waited for its lease (check 1) and acked the job; the caller then recorded its "
         "unknown answer as check 2 and died before publishing it: check 1 was stale, nothing "
