@@ -321,9 +321,7 @@ class RateLimiter:
         held = self._windows.get(key_id)
         if held is None or held.index != index:
             held = self._window(key_id, index, held)
-        if held.left:
-            held.left -= 1
-            held.served += 1
+        if _grant(held):
             return _ALLOWED
         if not held.over:
             async with held.lock:
