@@ -11,16 +11,36 @@ update plus one read:
 * **Requests.** A key may make ``burst`` requests per window of ``burst / rate`` seconds
   (windows aligned to the epoch), so the average is ``rate`` per second and no more than
   ``burst`` arrive within one window (at most twice that across a window edge, the usual
-  fixed-window slack). Each request *increments first, then reads* the window's counter and
-  is refused when the value exceeds ``burst``. Counter increments are atomic, so when ``n``
-  requests race, the one whose increment lands ``k``-th reads at least ``k``: at most
-  ``burst`` requests per window are ever admitted, however many processes serve the key.
-  The race can only err the safe way: when more than ``burst`` requests arrive at the same
-  instant, some that would have fitted may read a count already past the limit and be
-  refused too. Refused requests stay counted, which only makes the limit stricter for a key
-  that keeps hammering within the same window (``Retry-After`` says when it ends). A process
-  that has seen a key over its limit refuses the key's further requests in that window
-  without asking Cassandra.
+  fixed-window slack). Every slot is *added first, then read back*: a window's counter
+  holds the slots every process has taken of it, and a slot is granted only when the total
+  read back stays within ``burst``. Counter increments are atomic, so when additions race,
+  the one that lands ``k``-th reads at least the ``k`` first: at most ``burst`` requests per
+  window are ever admitted, however many processes serve the key. Slots taken over the limit
+  stay counted (harmless: past ``burst`` the window is full either way), and a process that
+  has seen a key's window full refuses the key's further requests in that window without
+  asking Cassandra (``Retry-After``: until the window ends).
+* **Slots leased, not a round trip per request** (:class:`RateLimiter`). A process takes a
+  key's slots of a window a *lease* at a time (:meth:`RateWindows.take`: add, read back, two
+  round trips) and grants the key's next requests in that window from memory. A lease is
+  the request plus as many slots as the process served of the key in this window or the one
+  before (so it doubles while a key is busy), at most :data:`RATE_LEASE_MOST` and a quarter
+  of what the window has left, only the request within four of the burst
+  (:func:`rate_lease_size`); it keeps what the read-back allows (:func:`kept_of`, as a quota
+  lease). A lease belongs to its window: a request is granted only slots of the window it
+  arrived in, and slots a process leaves unspent are never given back but expire with their
+  window (no background work, no decrement to lose).
+
+  *Overshoot: none, across any number of processes*, by the quota leases' argument below:
+  every slot granted was counted before it was granted, and a lease is kept only as far as
+  the total it read back (every lease before it) stays within ``burst``. *Undershoot*: a
+  process may refuse a key while others hold slots of its window unspent (or lost to a lease
+  that read the counter past the limit at the same time as another), at most one lease per
+  process per (key, window), a lease being at most ``1 + min(RATE_LEASE_MOST, (burst - 1)
+  // 4)`` slots and one more than that process served of the key in this window or the one
+  before; the next window (``burst / rate`` seconds later, 2 s by default) starts afresh.
+  *A process that dies* leaves its unspent slots counted until their window ends, so a crash
+  loop grants nothing extra. A lease whose counter update times out answers 503 and stays
+  counted if it landed (refusing early in that window, never admitting more).
 * **Recipients.** ``recipients`` per (user, UTC day) is incremented by a batch's accepted
   recipients, then read; above the quota the batch is refused and its increment taken back
   (so refused batches cost nothing). Take-backs never let the total pass the quota: an
@@ -85,8 +105,6 @@ log = logging.getLogger(__name__)
 
 #: Shortest window we use; a burst below rate/10 is rounded up to it.
 MIN_WINDOW_MS = 100
-#: Keys remembered as over their limit in this process before the memo is pruned.
-_MEMO_LIMIT = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,48 +162,6 @@ def over_limit(count_after_increment: int, limit: int) -> bool:
     return count_after_increment > limit
 
 
-class RateLimiter:
-    """Per-key (and per-user, :func:`user_bucket`) request counters in ``rate_windows``; one
-    per process, shared by its requests."""
-
-    def __init__(self, db: Database, policy: RatePolicy) -> None:
-        self._db = db
-        self.policy = policy
-        self._over: dict[str, int] = {}
-        """key_id -> the window in which this process saw the key over its limit."""
-
-    async def hit(self, key_id: str, *, now_ms: int | None = None) -> Verdict:
-        """Count one request of ``key_id``; refused with a Retry-After once over the limit."""
-        now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        window_ms = self.policy.window_ms
-        index = window_index(now_ms, window_ms)
-        if self._over.get(key_id) == index:
-            return Verdict(False, window_retry_after(now_ms, window_ms))
-        params = (key_id, window_day(index, window_ms), index)
-        await self._db.execute(
-            "UPDATE rate_windows SET hits = hits + 1 "
-            "WHERE key_id = ? AND day = ? AND window_index = ?",
-            params,
-        )
-        row = await self._db.one(
-            "SELECT hits FROM rate_windows WHERE key_id = ? AND day = ? AND window_index = ?",
-            params,
-            idempotent=True,
-        )
-        hits = int(row["hits"]) if row and row["hits"] is not None else 0
-        if not over_limit(hits, self.policy.burst):
-            return Verdict(True)
-        self._remember_over(key_id, index)
-        return Verdict(False, window_retry_after(now_ms, window_ms))
-
-    def _remember_over(self, key_id: str, index: int) -> None:
-        if len(self._over) >= _MEMO_LIMIT:
-            self._over = {k: v for k, v in self._over.items() if v == index}
-            if len(self._over) >= _MEMO_LIMIT:
-                self._over.clear()
-        self._over[key_id] = index
-
-
 #: Most recipients a lease holds beyond the batch that asked for it.
 LEASE_MOST = 1000
 #: Seconds a lease may sit unspent before its process gives the rest back.
@@ -222,6 +198,167 @@ def kept_of(want: int, batch: int, used_after: int, limit: int) -> int:
     if excess <= 0:
         return want
     return want - excess if want - excess >= batch else 0
+
+
+def grant_of(want: int, batch: int, used_after: int, limit: int) -> Grant:
+    """The grant of a lease of ``want`` whose read-back (refunds taken off) is
+    ``used_after``: what :func:`kept_of` keeps, and the day's use once the rest
+    (``want - kept``) is given back."""
+    kept = kept_of(want, batch, used_after, limit)
+    return Grant(kept, used_after - (want - kept))
+
+
+#: Most slots a rate-limit lease holds beyond the request that took it.
+RATE_LEASE_MOST = 100
+#: Keys (and dashboard users) a process holds window state for before it forgets past ones.
+KEYS_HELD = 10_000
+
+
+def rate_lease_size(demand: int, seen: int, burst: int, most: int = RATE_LEASE_MOST) -> int:
+    """The slots to take for one request of a key whose window was last seen at ``seen``
+    slots taken, when this process served ``demand`` of the key's requests in this window
+    or the one before (the more of the two): the request plus as many more as that, within
+    the quota's rule (:func:`lease_size`: at most a quarter of what is left and ``most``,
+    only the request within four of the burst). A key's first request in a while takes one
+    slot, and a busy key's lease doubles until it covers the process's share."""
+    return min(lease_size(1, seen, burst, most), 1 + demand)
+
+
+class RateStore(Protocol):
+    """Where a window's slots are counted (:class:`RateWindows`, or its twin)."""
+
+    async def take(self, key_id: str, day: date, index: int, slots: int) -> int: ...
+
+
+class RateWindows:
+    """``rate_windows``: the slots every process has taken of each (key, window)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def take(self, key_id: str, day: date, index: int, slots: int) -> int:
+        """Add ``slots`` to the window's counter and return its total after (every process's
+        slots that landed before the read; at least ``slots``). Never retried: a counter
+        update applied twice over-counts (refusing early, never admitting more)."""
+        params = (key_id, day, index)
+        await self._db.execute(
+            "UPDATE rate_windows SET hits = hits + ? "
+            "WHERE key_id = ? AND day = ? AND window_index = ?",
+            (slots, *params),
+        )
+        row = await self._db.one(
+            "SELECT hits FROM rate_windows WHERE key_id = ? AND day = ? AND window_index = ?",
+            params,
+            idempotent=True,
+        )
+        hits = int(row["hits"]) if row and row["hits"] is not None else 0
+        return max(hits, slots)
+
+
+@dataclass(slots=True)
+class _Window:
+    """A key's window as this process holds it."""
+
+    index: int
+    last: int = 0
+    """Requests this process served of the key in the window before (the lease hint)."""
+    served: int = 0
+    left: int = 0
+    """Slots leased and not yet granted: of this window only."""
+    seen: int = 0
+    """The window's total slots taken, as last read back."""
+    over: bool = False
+    """A lease kept nothing: the window is full, its further requests are refused."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+_ALLOWED = Verdict(True)
+
+
+def _grant(held: _Window) -> bool:
+    """Grant one of the window's leased slots, if it holds one."""
+    if not held.left:
+        return False
+    held.left -= 1
+    held.served += 1
+    return True
+
+
+class RateLimiter:
+    """One process's request rate limits per key (and per user, :func:`user_bucket`):
+    requests granted from slots leased of each window's counter in ``store`` (the bounds:
+    module docstring); one per process, shared by its requests."""
+
+    def __init__(
+        self,
+        store: RateStore,
+        policy: RatePolicy,
+        *,
+        most: int = RATE_LEASE_MOST,
+        keys: int = KEYS_HELD,
+    ) -> None:
+        self.store = store
+        self.policy = policy
+        self._most = most
+        self._keys = keys
+        self._windows: dict[str, _Window] = {}
+
+    @property
+    def held(self) -> int:
+        """Keys this process holds window state for."""
+        return len(self._windows)
+
+    def unspent(self, key_id: str) -> int:
+        """Slots this process holds leased and not yet granted in the key's latest window."""
+        held = self._windows.get(key_id)
+        return held.left if held else 0
+
+    async def hit(self, key_id: str, *, now_ms: int | None = None) -> Verdict:
+        """Count one request of ``key_id``; refused with a Retry-After once over the limit."""
+        now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        window_ms = self.policy.window_ms
+        index = window_index(now_ms, window_ms)
+        held = self._windows.get(key_id)
+        if held is None or held.index != index:
+            held = self._window(key_id, index, held)
+        if _grant(held):
+            return _ALLOWED
+        if not held.over:
+            async with held.lock:
+                if not held.left and not held.over:
+                    await self._lease(key_id, held)
+                if _grant(held):
+                    return _ALLOWED
+        return Verdict(False, window_retry_after(now_ms, window_ms))
+
+    def _window(self, key_id: str, index: int, held: _Window | None) -> _Window:
+        """The state of the key's window ``index``: a new one when the key moved on to it
+        (the old window's leftover slots are dropped with it), a throwaway for a request
+        stamped before the window this process already holds (the clock stepped back)."""
+        if held is not None and held.index > index:
+            return _Window(index)
+        last = held.served if held is not None and held.index == index - 1 else 0
+        if len(self._windows) >= self._keys:
+            self._prune(index)
+        fresh = self._windows[key_id] = _Window(index, last)
+        return fresh
+
+    async def _lease(self, key_id: str, held: _Window) -> None:
+        want = rate_lease_size(
+            max(held.served, held.last), held.seen, self.policy.burst, self._most
+        )
+        day = window_day(held.index, self.policy.window_ms)
+        taken = await self.store.take(key_id, day, held.index, want)
+        held.seen = taken
+        kept = kept_of(want, 1, taken, self.policy.burst)
+        held.left += kept
+        held.over = kept == 0
+
+    def _prune(self, index: int) -> None:
+        # Only the current and the previous window serve a request or a hint.
+        self._windows = {k: w for k, w in self._windows.items() if w.index >= index - 1}
+        if len(self._windows) >= self._keys:
+            self._windows.clear()
 
 
 class RecipientQuota:
@@ -269,10 +406,10 @@ class RecipientQuota:
         used = int(row["recipients"]) if row and row["recipients"] is not None else 0
         if over_limit(used, self.daily_limit):
             used -= await self._refunded(user_id, day)
-        kept = kept_of(want, batch, used, self.daily_limit)
-        if kept < want:
-            await self._add(user_id, day, kept - want)
-        return Grant(kept, used - (want - kept))
+        grant = grant_of(want, batch, used, self.daily_limit)
+        if grant.kept < want:
+            await self._add(user_id, day, grant.kept - want)
+        return grant
 
     async def give_back(self, user_id: uuid.UUID, day: date, recipients: int) -> None:
         """Take an unspent lease off the day's counter. Never retried: a decrement applied

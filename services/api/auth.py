@@ -27,7 +27,7 @@ from shared.config import Settings
 from shared.db import Database
 from shared.http import ApiError
 from shared.keycache import KeyCache
-from shared.ratelimit import RateLimiter, RatePolicy, Verdict
+from shared.ratelimit import RateLimiter, RatePolicy, RateWindows, Verdict
 
 _UNAUTHORIZED = ApiError(
     401,
@@ -118,7 +118,7 @@ def rate_limiter(request: Request) -> RateLimiter:
     if limiter is None:
         settings: Settings = state.settings
         policy = RatePolicy(settings.api.rate_limit_per_second, settings.api.rate_burst)
-        limiter = RateLimiter(state.resources.db, policy)
+        limiter = RateLimiter(RateWindows(state.resources.db), policy)
         state.rate_limiter = limiter
     return limiter
 

@@ -1,17 +1,18 @@
 """In-memory twins of what accepting a batch reads and writes besides the batch: the outbox
 (:class:`shared.outbox.Outbox`), the daily recipient quota with its refunds
-(:class:`shared.ratelimit.RecipientQuota`), recent mail for the cooldown
+(:class:`shared.ratelimit.RecipientQuota`), the request rate limits' windows
+(:class:`shared.ratelimit.RateWindows`), recent mail for the cooldown
 (:class:`shared.cooldown.RecentMail`) and the users' preferences
 (:class:`shared.preferences.PreferenceStore`).
 
 They live in the tables of :class:`tests.fakes.stores.FakeCassandra` and make the round trips
 the real stores make: an outbox row is written by the batch's own logged batch (its
 ``statement`` is applied by ``FakeBatches.write``), marked published by one write, and listed
-per (minute, shard) partition; the quota is a counter, added to and read back in separate
-round trips, so a counter update whose answer is lost stays counted, as in Cassandra, and a
-refund is a row per batch (a repeat rewrites it); recent mail rows live for their cooldown
-(their TTL). ``tests/contracts/test_acceptance_stores.py`` runs one suite over each twin and
-its real store.
+per (minute, shard) partition; the quota and a rate window are counters, added to and read
+back in separate round trips, so a counter update whose answer is lost stays counted, as in
+Cassandra, and a refund is a row per batch (a repeat rewrites it); recent mail rows live for
+their cooldown (their TTL). ``tests/contracts/test_acceptance_stores.py`` (the rate windows:
+``tests/contracts/test_rate_windows.py``) runs one suite over each twin and its real store.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from shared.cooldown import LOOKUP_CHUNK, cooling
 from shared.outbox import Outbox, minute_of
 from shared.precedence import accepted_at
 from shared.preferences import CACHE_SECONDS, Preferences
-from shared.ratelimit import Grant, Verdict, kept_of, over_limit, seconds_until_midnight
+from shared.ratelimit import Grant, Verdict, grant_of, over_limit, seconds_until_midnight
 from tests.fakes.stores import FakeCassandra, Write
 
 
@@ -112,10 +113,10 @@ class FakeQuota:
         used = self.db.quota.get((user_id, day), 0)
         if over_limit(used, self.daily_limit):
             used -= await self._refunded(user_id, day)
-        kept = kept_of(want, batch, used, self.daily_limit)
-        if kept < want:
-            await self._add(user_id, day, kept - want)
-        return Grant(kept, used - (want - kept))
+        grant = grant_of(want, batch, used, self.daily_limit)
+        if grant.kept < want:
+            await self._add(user_id, day, grant.kept - want)
+        return grant
 
     async def give_back(self, user_id: uuid.UUID, day: date, recipients: int) -> None:
         await self._add(user_id, day, -recipients)
@@ -138,6 +139,22 @@ class FakeQuota:
         done = await self.db._before("quota.add")
         self.db.quota[(user_id, day)] += delta
         self.db._after(done)
+
+
+class FakeRateWindows:
+    """Twin of :class:`shared.ratelimit.RateWindows`: a counter per (key, day, window), added
+    to and read back in separate round trips (an addition whose answer is lost stays
+    counted, as in Cassandra)."""
+
+    def __init__(self, db: FakeCassandra) -> None:
+        self.db = db
+
+    async def take(self, key_id: str, day: date, index: int, slots: int) -> int:
+        done = await self.db._before("rate.add")
+        self.db.rate_windows[(key_id, day, index)] += slots
+        self.db._after(done)
+        self.db._after(await self.db._before("rate.read"))
+        return max(self.db.rate_windows[(key_id, day, index)], slots)
 
 
 class FakeRecentMail:

@@ -258,6 +258,8 @@ OPERATION_KINDS: dict[str, Kind] = {
     "quota.read": "read",
     "quota.refund": "write",
     "quota.refunded": "read",
+    "rate.add": "write",
+    "rate.read": "read",
     "recent.cooling": "read",
     "recent.record": "write",
     "preferences.get": "read",
@@ -351,6 +353,8 @@ class FakeCassandra:
         """``recipient_quota``'s counters."""
         self.refunds: dict[tuple[uuid.UUID, date], dict[uuid.UUID, int]] = defaultdict(dict)
         """``quota_refunds``: (user, day) -> batch -> recipients."""
+        self.rate_windows: dict[tuple[str, date, int], int] = defaultdict(int)
+        """``rate_windows``' counters: (key, day, window) -> slots taken."""
         self.recent: dict[tuple[uuid.UUID, str, str], tuple[datetime, uuid.UUID, datetime]] = {}
         """``recent_mail``: (user, email, scope) -> (last_at, batch_id, expires)."""
         self.preferences: dict[uuid.UUID, Any] = {}

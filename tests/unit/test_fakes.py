@@ -13,6 +13,7 @@ from shared.campaigns import CampaignStore
 from shared.canary_store import CanaryStore
 from shared.contact_lists import ContactLists
 from shared.errors import DependencyUnavailable
+from shared.ratelimit import RateWindows
 from shared.recipients import RecipientStore
 from shared.schedule_store import ScheduleStore
 from shared.stats import StatsStore
@@ -20,7 +21,13 @@ from shared.suppressions import SuppressionStore
 from shared.templates import TemplateStore
 from shared.timeline import Timeline
 from shared.webhook_tokens import WebhookTokens
-from tests.fakes.acceptance_stores import FakeOutbox, FakePreferences, FakeQuota, FakeRecentMail
+from tests.fakes.acceptance_stores import (
+    FakeOutbox,
+    FakePreferences,
+    FakeQuota,
+    FakeRateWindows,
+    FakeRecentMail,
+)
 from tests.fakes.campaign_store import FakeCampaigns
 from tests.fakes.canary_store import FakeCanary
 from tests.fakes.contact_lists import FakeContactLists
@@ -56,6 +63,7 @@ PARTIAL: list[tuple[type, type]] = [
     (SuppressionStore, FakeSuppressions),
     (Timeline, FakeTimeline),
     (WebhookTokens, FakeWebhookTokens),
+    (RateWindows, FakeRateWindows),
 ]
 
 
@@ -107,6 +115,7 @@ def test_every_fault_point_names_an_operation_of_a_twin() -> None:
         "batches": FakeBatches,
         "outbox": FakeOutbox,
         "quota": FakeQuota,
+        "rate": FakeRateWindows,
         "recipients": FakeRecipients,
         "stats": FakeStats,
         "suppressions": FakeSuppressions,
@@ -115,12 +124,15 @@ def test_every_fault_point_names_an_operation_of_a_twin() -> None:
         "recent": FakeRecentMail,
         "preferences": FakePreferences,
     }
-    # The quota's round trips: its counter's update, its reads, its refunds' sum; a batch's
+    # The quota's round trips: its counter's update, its reads, its refunds' sum; a rate
+    # window's update and read back, both in one take; a batch's
     # content, written before its header; a delivery's stat rows, written before its states.
     internal = {
         "quota.add": "_add",
         "quota.read": "used",
         "quota.refunded": "_refunded",
+        "rate.add": "take",
+        "rate.read": "take",
         "batches.content": "_content",
         "recipients.reported_many.stats": "reported_many",
         "recipients.reported_many.states": "reported_many",
