@@ -740,6 +740,8 @@ class FakeStats:
         self.db.apply(self._dirty(user_id, day, [bucket], self.db.now()))
 
     async def activity(self, user_id: uuid.UUID, batch_id: uuid.UUID) -> None:
+        if (user_id, batch_day(batch_id)) in self._active_memo:
+            return  # remembered: no round trip, as in the real store
         failure = await self.db._before("stats.activity")
         self._active(user_id, batch_day(batch_id))
         self.db._after(failure)
