@@ -74,6 +74,7 @@ from shared.stats import (
     SETTLE,
     Drift,
     Mark,
+    Roll,
     Rollup,
     add,
     batch_day,
@@ -85,6 +86,7 @@ from shared.stats import (
     dirty_shard,
     fresh_enough,
     is_closed,
+    roll_step,
     user_bucket,
 )
 from shared.webhook_events import ProviderEvent
@@ -827,12 +829,12 @@ class FakeStats:
                 for mark in await self.marks(marked_on, shard):
                     key = (mark.user_id, mark.day, mark.bucket)
                     stored, dirty_at = self._rollup(*key)
-                    if not current(stored, dirty_at):
-                        if fresh_enough(stored, now):
-                            continue
+                    step = roll_step(stored, dirty_at, now)
+                    if step is Roll.RECOUNT:
                         stored = await self.recount(*key)
                         recounted += 1
-                    if current(stored, dirty_at):
+                        step = roll_step(stored, dirty_at, now)
+                    if step is Roll.DROP:
                         await self.unmark(marked_on, shard, mark)
         return recounted
 
