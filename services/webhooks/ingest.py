@@ -6,8 +6,8 @@ single-partition batches each, stat rows before states, ``RecipientStore.reporte
 round of one event: one logged batch), the recipient's row is written through
 ``shared.recipients`` with timestamps from the event (so replays and out-of-order arrivals
 merge to the same result) together with its stat row, suppressions are upserts, and hand-offs
-are planned once per failed attempt (``shared.handoff``). Replaying a whole delivery is therefore harmless, which is what lets
-the intake retry it until it is applied.
+are planned once per failed attempt (``shared.handoff``). Replaying a whole delivery is
+therefore harmless, which is what lets the intake retry it until it is applied.
 
 The attempt tag an event carries (``c.<n>``, ``r.<n>``) is evidence that the provider accepted
 that attempt, which is what resolves an ambiguous call (``services.consumers.resolution``).
