@@ -1,7 +1,8 @@
 """In-process micro-measurement of webhook ingest against the real Cassandra: CPU µs of this
 process and Cassandra round trips per event, one SendGrid delivery at a time, applied event by
-event (``Ingest.apply``, one logged batch each: the path before issue 34) and as a delivery
-(``Ingest.apply_all``: grouped single-partition batches), in one run on a fresh keyspace.
+event (``Ingest.apply``, one logged batch each: the path before issue 34), each event as a
+delivery of its own (``single``: a Mailgun post) and as a delivery (``Ingest.apply_all``:
+grouped single-partition batches), in one run on a fresh keyspace.
 
     python -m bench.ingest_micro [--events 1000] [--posts 5]
 
@@ -101,6 +102,17 @@ async def _one_by_one(ingest: Ingest, events: list[ProviderEvent]) -> None:
     await asyncio.gather(*(one(ev) for ev in events))
 
 
+async def _singly(ingest: Ingest, events: list[ProviderEvent]) -> None:
+    """Each event a delivery of its own (Mailgun posts one event at a time)."""
+    window = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(ev: ProviderEvent) -> None:
+        async with window:
+            await ingest.apply_all([ev])
+
+    await asyncio.gather(*(one(ev) for ev in events))
+
+
 async def main(events: int, posts: int) -> None:
     settings = load_settings()
     cassandra = CassandraSettings(
@@ -112,19 +124,20 @@ async def main(events: int, posts: int) -> None:
         ingest = Ingest.over(
             db, Broker.__new__(Broker), settings, IngestMetrics.create(CollectorRegistry())
         )
-        ways = {"per event": _one_by_one, "grouped": None}
+        ways = {"per event": _one_by_one, "single": _singly, "grouped": None}
         prepared = {
             way: [_post(await _batches(db, events // 2)) for _ in range(posts + 1)] for way in ways
         }
         for way, deliveries in prepared.items():
             warm, *measured = deliveries
-            await (ingest.apply_all(warm) if ways[way] is None else _one_by_one(ingest, warm))
+            run = ways[way]
+            await (ingest.apply_all(warm) if run is None else run(ingest, warm))
             trips, cpu, wall = CountingDatabase.trips, time.process_time(), time.perf_counter()
             for post in measured:
-                if ways[way] is None:
+                if run is None:
                     await ingest.apply_all(post)
                 else:
-                    await _one_by_one(ingest, post)
+                    await run(ingest, post)
             n = sum(len(p) for p in measured)
             print(
                 f"{way:>9}: {1e6 * (time.process_time() - cpu) / n:7.1f} CPU µs/event, "

@@ -30,6 +30,7 @@ reverse. The bucket count is fixed per keyspace (``layout``): a recipient's buck
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import uuid
 from collections import Counter
@@ -209,6 +210,28 @@ def fresh_enough(rollup: Rollup | None, now: datetime) -> bool:
     return (
         rollup is not None and rollup.rows > LARGE_BUCKET and now - rollup.scanned_at < LARGE_STALE
     )
+
+
+class Roll(enum.Enum):
+    """What the roll-up pass does with a marked bucket (:func:`roll_step`)."""
+
+    DROP = "drop"
+    """Its rollup is current: drop the mark."""
+    RECOUNT = "recount"
+    """Recount it (then drop the mark if the recount is current)."""
+    KEEP = "keep"
+    """Leave it marked for a later pass (a large bucket counted less than LARGE_STALE ago, or
+    a recount still within SETTLE of the last change)."""
+
+
+def roll_step(stored: Rollup | None, dirty_at: datetime | None, now: datetime) -> Roll:
+    """The roll-up pass's decision for one marked bucket from its rollup and last change
+    (pure; asked again with the fresh rollup after a recount, whose RECOUNT means KEEP)."""
+    if current(stored, dirty_at):
+        return Roll.DROP
+    if fresh_enough(stored, now):
+        return Roll.KEEP
+    return Roll.RECOUNT
 
 
 def add(totals: Iterable[Mapping[str, int]]) -> dict[str, int]:
@@ -501,12 +524,12 @@ class StatsStore:
                 for mark in await self.marks(marked_on, shard):
                     key = (mark.user_id, mark.day, mark.bucket)
                     stored, dirty_at = await self.rollup(*key)
-                    if not current(stored, dirty_at):
-                        if fresh_enough(stored, now):
-                            continue
+                    step = roll_step(stored, dirty_at, now)
+                    if step is Roll.RECOUNT:
                         stored = await self.recount(*key)
                         recounted += 1
-                    if current(stored, dirty_at):
+                        step = roll_step(stored, dirty_at, now)
+                    if step is Roll.DROP:
                         await self.unmark(marked_on, shard, mark)
         return recounted
 

@@ -2,12 +2,12 @@
 
 Every write here is idempotent: the timeline row is keyed by the provider's event id and
 written in one batch with the recipient's state (a delivery's events: in rounds, a few
-single-partition batches each, stat rows before states, ``RecipientStore.reported_many``), the
-recipient's row is written through ``shared.recipients`` with timestamps from the event (so
-replays and out-of-order arrivals merge to the same result) together with its stat row,
-suppressions are upserts, and hand-offs are planned once per failed attempt
-(``shared.handoff``). Replaying a whole delivery is therefore harmless, which is what lets
-the intake retry it until it is applied.
+single-partition batches each, stat rows before states, ``RecipientStore.reported_many``; a
+round of one event: one logged batch), the recipient's row is written through
+``shared.recipients`` with timestamps from the event (so replays and out-of-order arrivals
+merge to the same result) together with its stat row, suppressions are upserts, and hand-offs
+are planned once per failed attempt (``shared.handoff``). Replaying a whole delivery is
+therefore harmless, which is what lets the intake retry it until it is applied.
 
 The attempt tag an event carries (``c.<n>``, ``r.<n>``) is evidence that the provider accepted
 that attempt, which is what resolves an ambiguous call (``services.consumers.resolution``).
@@ -172,7 +172,8 @@ class Ingest:
             async with window:
                 await self._finish(p)
 
-        await self._warm(events)
+        if len(events) > 1:  # one event asks for its owner and chunk once anyway
+            await self._warm(events)
         planned = await asyncio.gather(*(plan(ev) for ev in events))
         applied = [p for p in planned if p is not None]
         await self.recipients.reported_many([p.report for p in applied])
@@ -201,33 +202,10 @@ class Ingest:
         await asyncio.gather(*(self.recipients.member(b, c, i) for (b, c), i in chunks.items()))
 
     async def apply(self, ev: ProviderEvent) -> str:
-        """Apply one event (its state and stat row in one logged batch)."""
-        p = await self._plan(ev)
-        if p is None:
-            return "orphan"
-        r = p.report
-        await self.recipients.reported(
-            r.batch_id,
-            r.user_id,
-            r.chunk,
-            r.log_id,
-            provider=r.provider,
-            provider_result=r.provider_result,
-            message_id=r.message_id,
-            stage_rank=r.stage_rank,
-            rank=r.rank,
-            when=r.when,
-            event=r.event,
-            state=r.state,
-            reason=r.reason,
-            evidence=r.evidence,
-            metrics=r.metrics,
-            also=r.also,
-        )
-        await self._finish(p)
-        if p.told is not None and self.hooks is not None:
-            await self.hooks.emit(p.target.user_id, [p.told])
-        return "applied"
+        """Apply one event (a one-event round: its state and stat row in one logged batch,
+        ``RecipientStore.reported_many``): ``applied`` or ``orphan``."""
+        (result,) = await self._apply_round([ev])
+        return result
 
     async def _plan(self, ev: ProviderEvent) -> Planned | None:
         """Where an event lands and what it does (None: an orphan, recorded as one)."""

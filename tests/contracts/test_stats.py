@@ -11,7 +11,7 @@ from cassandra.util import uuid_from_time
 
 from shared.batchstore import NewBatch
 from shared.precedence import accepted_at
-from shared.recipients import log_id_for
+from shared.recipients import Report, log_id_for
 from shared.stats import Drift, Mark, Rollup, batch_day, bucket_of, current, day_of, dirty_shard
 from tests.contracts.conftest import Stores
 from tests.fakes.world import new_batch
@@ -30,21 +30,23 @@ async def _report(
     stores: Stores, batch: NewBatch, email: str, kind: str, state: str, seconds: float, rank: int
 ) -> None:
     await stores.recipients.reported(
-        batch.batch_id,
-        batch.user_id,
-        0,
-        log_id_for(batch.batch_id, email),
-        provider="sg",
-        provider_result=kind,
-        message_id=None,
-        stage_rank=rank,
-        rank=rank,
-        when=accepted_at(batch.batch_id) + timedelta(seconds=seconds),
-        event=kind,
-        state=state,
-        reason=None,
-        evidence="c.0",
-        metrics=("bounced",) if kind == "bounced" else (),
+        Report(
+            batch.batch_id,
+            batch.user_id,
+            0,
+            log_id_for(batch.batch_id, email),
+            provider="sg",
+            provider_result=kind,
+            message_id=None,
+            stage_rank=rank,
+            rank=rank,
+            when=accepted_at(batch.batch_id) + timedelta(seconds=seconds),
+            event=kind,
+            state=state,
+            reason=None,
+            evidence="c.0",
+            metrics=("bounced",) if kind == "bounced" else (),
+        )
     )
 
 

@@ -12,18 +12,26 @@ from typing import Any
 import pytest
 
 from shared.batchstore import NewBatch, content_of
+from shared.db import Database
 from shared.errors import DependencyUnavailable, TooLargeToStore
 from shared.outbox import Outbox
 from shared.precedence import STATE_CELLS, accepted_at, provider_stamp, stamp_column, visible
-from shared.recipients import CHUNK_ROW, Report, Selection, log_id_for, merged_chunk
-from shared.stats import batch_day
+from shared.recipients import (
+    CHUNK_ROW,
+    RecipientStore,
+    Report,
+    Selection,
+    log_id_for,
+    merged_chunk,
+)
+from shared.stats import StatsStore, batch_day
 from shared.suppressions import SEND_LOOKUP
 from shared.validation import RecipientInput
 from shared.webhook_events import ProviderEvent
 from tests.conftest import unique
 from tests.contracts.conftest import Stores
 from tests.fakes.acceptance_stores import FakeOutbox
-from tests.fakes.stores import FakeCassandra
+from tests.fakes.stores import OPERATION_KINDS, FakeCassandra
 from tests.fakes.world import new_batch
 
 A, B, C, D = "a@example.org", "b@example.org", "c@example.org", "d@example.org"
@@ -100,7 +108,7 @@ async def _reported(
     }
     values.update(fields)
     await stores.recipients.reported(
-        batch.batch_id, batch.user_id, chunk, _log(batch, email), **values
+        Report(batch.batch_id, batch.user_id, chunk, _log(batch, email), **values)
     )
 
 
@@ -958,6 +966,41 @@ async def test_many_reports_over_several_batches_land_and_count_once(stores: Sto
     assert await stores.events(first.batch_id, _log(first, A)) == [(ev.event_id, True)]
     b = await stores.recipients.one(first.batch_id, 0, _log(first, B))
     assert b is not None and b["reason_detail"] == "550"
+
+
+class _Counting(Database):
+    """The contract's real session, counting the requests it sends (each a round trip)."""
+
+    sent = 0
+
+    async def execute(self, *args: Any, **kw: Any) -> Any:
+        self.sent += 1
+        return await super().execute(*args, **kw)
+
+
+async def test_a_report_alone_is_one_request_with_its_stat_and_timeline_rows(
+    stores: Stores,
+) -> None:
+    """A delivery of one report (a Mailgun post) writes its state, its stat row and its
+    timeline row in one request (one logged batch), as :meth:`reported` does."""
+    batch = await _stored(stores, A, B)
+    ev = _event(batch, "delivered")
+    line = await stores.timeline.statement(batch.batch_id, _log(batch, A), ev, counted=True)
+    report = _report(batch, A, also=[line])
+    if isinstance(stores.db, FakeCassandra):
+        recipients, before = stores.recipients, len(stores.db.calls)
+        await recipients.reported_many([report])
+        sent = sum(OPERATION_KINDS[op] != "read" for op in stores.db.calls[before:])
+    else:
+        counting = _Counting(stores.db.cluster, stores.db.session, stores.db.keyspace)
+        stats = StatsStore(counting, stores.stats.buckets)
+        await stats.activity(batch.user_id, batch.batch_id)  # remembered, as after acceptance
+        counting.sent = 0
+        await RecipientStore(counting, stats).reported_many([report])
+        sent = counting.sent
+    assert sent == 1
+    assert await _counts(stores, batch) == {"queued": 2, "success": 1}
+    assert await stores.events(batch.batch_id, _log(batch, A)) == [(ev.event_id, True)]
 
 
 async def test_many_reports_write_what_one_report_at_a_time_writes(stores: Stores) -> None:

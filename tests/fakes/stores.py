@@ -28,6 +28,7 @@ clients' — a node whose clock runs behind the API's, say.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -74,6 +75,7 @@ from shared.stats import (
     SETTLE,
     Drift,
     Mark,
+    Roll,
     Rollup,
     add,
     batch_day,
@@ -85,6 +87,7 @@ from shared.stats import (
     dirty_shard,
     fresh_enough,
     is_closed,
+    roll_step,
     user_bucket,
 )
 from shared.suppressions import LOOKUP_CHUNK
@@ -747,6 +750,8 @@ class FakeStats:
         self.db.apply(self._dirty(user_id, day, [bucket], self.db.now()))
 
     async def activity(self, user_id: uuid.UUID, batch_id: uuid.UUID) -> None:
+        if (user_id, batch_day(batch_id)) in self._active_memo:
+            return  # remembered: no round trip, as in the real store
         failure = await self.db._before("stats.activity")
         self._active(user_id, batch_day(batch_id))
         self.db._after(failure)
@@ -832,12 +837,12 @@ class FakeStats:
                 for mark in await self.marks(marked_on, shard):
                     key = (mark.user_id, mark.day, mark.bucket)
                     stored, dirty_at = self._rollup(*key)
-                    if not current(stored, dirty_at):
-                        if fresh_enough(stored, now):
-                            continue
+                    step = roll_step(stored, dirty_at, now)
+                    if step is Roll.RECOUNT:
                         stored = await self.recount(*key)
                         recounted += 1
-                    if current(stored, dirty_at):
+                        step = roll_step(stored, dirty_at, now)
+                    if step is Roll.DROP:
                         await self.unmark(marked_on, shard, mark)
         return recounted
 
@@ -1141,63 +1146,33 @@ class FakeRecipients:
         c.put_entry("providers", provider, result[:300], stamp)
         self.db._after(failure)
 
-    async def reported(
-        self,
-        batch_id: uuid.UUID,
-        user_id: uuid.UUID,
-        chunk: int,
-        log_id: uuid.UUID,
-        *,
-        provider: str,
-        provider_result: str,
-        message_id: str | None,
-        stage_rank: int,
-        rank: int,
-        when: datetime,
-        event: str | None,
-        state: str | None,
-        reason: str | None,
-        evidence: str | None,
-        metrics: Sequence[str] = (),
-        also: Sequence[Write] = (),
-    ) -> None:
+    async def reported(self, report: Report) -> None:
         failure = await self.db._before("recipients.reported")
-        report = Report(
-            batch_id,
-            user_id,
-            chunk,
-            log_id,
-            provider,
-            provider_result,
-            message_id,
-            stage_rank,
-            rank,
-            when,
-            event,
-            state,
-            reason,
-            evidence,
-            metrics,
-            also,
-        )
         counted = await self._counted(report)
         self._state(report)
-        self.db.apply([*also, *counted])  # in the same logged batch as the state
+        self.db.apply([*report.also, *counted])  # in the same logged batch as the state
         if counted:
-            await self.stats.activity(user_id, batch_id)
+            await self.stats.activity(report.user_id, report.batch_id)
         self.db._after(failure)
 
     async def reported_many(self, reports: Sequence[Report]) -> None:
-        """Stat rows first (fault point ``recipients.reported_many.stats``), then states with
-        their timeline rows (``recipients.reported_many.states``), as the real store sends
-        them: a failure between leaves stat rows without their states."""
+        """One report as :meth:`reported`; more: stat rows first (fault point
+        ``recipients.reported_many.stats``), then states with their timeline rows
+        (``recipients.reported_many.states``), as the real store sends them: a failure
+        between leaves stat rows without their states."""
+        if len(reports) == 1:
+            await self.reported(reports[0])
+            return
         counted = [await self._counted(r) for r in reports]
         failure = await self.db._before("recipients.reported_many.stats")
         self.db.apply([w for writes in counted for w in writes])
-        for r, writes in zip(reports, counted, strict=True):
-            if writes:
-                await self.stats.activity(r.user_id, r.batch_id)
         self.db._after(failure)
+        active = {
+            (r.user_id, batch_day(r.batch_id)): r.batch_id
+            for r, writes in zip(reports, counted, strict=True)
+            if writes
+        }
+        await asyncio.gather(*(self.stats.activity(u, b) for (u, _), b in active.items()))
         failure = await self.db._before("recipients.reported_many.states")
         for r in reports:
             self._state(r)
@@ -1221,11 +1196,12 @@ class FakeRecipients:
         stamp = precedence.provider_stamp(r.batch_id, r.when, r.rank)
         c = self.db.row(r.batch_id, r.chunk, r.log_id)
         stage = precedence.provider_stamp(r.batch_id, r.when, r.stage_rank)
-        c.put_entry("providers", r.provider, r.provider_result[:300], stage)
-        if r.message_id:
-            c.put_entry("message_ids", r.provider, r.message_id, stage)
-        if r.evidence is not None:
-            c.add("evidence", [r.evidence], stage)
+        if r.provider_result:  # our own tracking endpoint is no provider: no entry of its own
+            c.put_entry("providers", r.provider, r.provider_result[:300], stage)
+            if r.message_id:
+                c.put_entry("message_ids", r.provider, r.message_id, stage)
+            if r.evidence is not None:
+                c.add("evidence", [r.evidence], stage)
         if r.event is not None:
             c.put("event", r.event, stamp)
             c.put("last_update", r.when, stamp)

@@ -15,7 +15,7 @@ from shared import accounts
 from shared.batchstore import BatchStore, NewBatch
 from shared.db import Database
 from shared.precedence import accepted_at
-from shared.recipients import RecipientStore, log_id_for
+from shared.recipients import RecipientStore, Report, log_id_for
 from shared.reconcile import reconcile_day
 from shared.stats import Rollup, StatsStore, batch_day, bucket_of, user_bucket
 from tests.conftest import private_keyspace, unique
@@ -40,12 +40,12 @@ async def _delivered_batch(db: Database) -> tuple[uuid.UUID, NewBatch]:
     store = BatchStore(db)
     await store.write(batch)
     await store.index(batch)
-    await RecipientStore(db).reported(
+    await RecipientStore(db).reported(Report(
         batch_id, user_id, 0, log_id_for(batch_id, "a@example.org"), provider="sg",
         provider_result="delivered", message_id=None, stage_rank=3, rank=3,
         when=accepted_at(batch_id) + timedelta(seconds=5), event="delivered", state="success",
         reason=None, evidence="c.0",
-    )  # fmt: skip
+    ))  # fmt: skip
     return user_id, batch
 
 

@@ -13,7 +13,7 @@ from cassandra.util import uuid_from_time
 from shared.batchstore import BatchStore, NewBatch
 from shared.db import Database
 from shared.precedence import accepted_at
-from shared.recipients import RecipientStore, log_id_for
+from shared.recipients import RecipientStore, Report, log_id_for
 from shared.reconcile import day_batches, reconcile_day
 from shared.stats import Rollup, StatsStore, batch_day, bucket_of
 from tests.fakes.world import new_batch
@@ -88,12 +88,12 @@ async def _delivered(db: Database) -> tuple[NewBatch, int]:
     await store.write(batch)
     await store.index(batch)
     log_id = log_id_for(batch.batch_id, A)
-    await RecipientStore(db).reported(
+    await RecipientStore(db).reported(Report(
         batch.batch_id, batch.user_id, 0, log_id, provider="sg",
         provider_result="delivered", message_id=None, stage_rank=3, rank=3,
         when=accepted_at(batch.batch_id) + timedelta(seconds=5), event="delivered",
         state="success", reason=None, evidence="c.0",
-    )  # fmt: skip
+    ))  # fmt: skip
     stats = StatsStore(db)
     day = batch_day(batch.batch_id)
     assert (await stats.day(batch.user_id, day)).get("success") == 1

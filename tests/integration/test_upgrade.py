@@ -18,7 +18,7 @@ from shared.db import Database
 from shared.migrations import migrate
 from shared.models import Address, Message
 from shared.outbox import Outbox, Relay
-from shared.recipients import CHUNK_ROW, RecipientStore
+from shared.recipients import CHUNK_ROW, RecipientStore, Report
 from shared.stats import StatsStore, batch_day
 from shared.upgrade import upgrade
 from tests.conftest import unique
@@ -132,20 +132,22 @@ async def test_an_upgraded_recipient_takes_new_outcomes_through_the_v2_writer(
     waiting = next(r for r in await store.batch_rows(batch_id) if r["email"] == "wait@example.com")
 
     await store.reported(
-        batch_id,
-        user_id,
-        waiting["chunk"],
-        waiting["log_id"],
-        provider="sg",
-        provider_result="delivered",
-        message_id=None,
-        stage_rank=5,
-        rank=5,
-        when=datetime.now(UTC),
-        event="delivered",
-        state="success",
-        reason=None,
-        evidence=None,
+        Report(
+            batch_id,
+            user_id,
+            waiting["chunk"],
+            waiting["log_id"],
+            provider="sg",
+            provider_result="delivered",
+            message_id=None,
+            stage_rank=5,
+            rank=5,
+            when=datetime.now(UTC),
+            event="delivered",
+            state="success",
+            reason=None,
+            evidence=None,
+        )
     )
 
     rows = {r["email"]: r for r in await store.batch_rows(batch_id)}

@@ -13,7 +13,7 @@ import pytest
 from shared.attempts import recipient_line
 from shared.errors import PublishError
 from shared.precedence import visible
-from shared.recipients import log_id_for
+from shared.recipients import Report, log_id_for
 from tests.fakes.broker import FakeMessage
 from tests.fakes.world import World
 
@@ -57,11 +57,11 @@ async def test_a_recipient_already_delivered_is_not_handed_over() -> None:
     w = World()
     batch = await w.sent(A)
     log_id = log_id_for(batch.batch_id, A)
-    await w.recipients.reported(
+    await w.recipients.reported(Report(
         batch.batch_id, batch.user_id, 0, log_id, provider="sg", provider_result="delivered",
         message_id=None, stage_rank=3, rank=3, when=w.clock.now + timedelta(seconds=1),
         event="delivered", state="success", reason=None, evidence="c.0",
-    )  # fmt: skip
+    ))  # fmt: skip
     w.broker.take()
 
     await _report(w, batch.batch_id, log_id, cause="c.0")

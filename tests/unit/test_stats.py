@@ -13,12 +13,14 @@ from shared.stats import (
     LARGE_STALE,
     METRICS,
     SETTLE,
+    Roll,
     Rollup,
     add,
     bucket_of,
     count_rows,
     current,
     fresh_enough,
+    roll_step,
 )
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -96,6 +98,25 @@ def test_only_a_large_recently_counted_bucket_may_serve_a_stale_count() -> None:
     assert not fresh_enough(Rollup({}, NOW - LARGE_STALE, LARGE_BUCKET + 1), NOW)
     assert not fresh_enough(Rollup({}, NOW, LARGE_BUCKET), NOW)
     assert not fresh_enough(None, NOW)
+
+
+@pytest.mark.parametrize(
+    ("stored", "dirty_at", "step"),
+    [
+        (None, None, Roll.DROP),  # nothing ever changed
+        (Rollup({"success": 1}, NOW), NOW - SETTLE - timedelta(seconds=1), Roll.DROP),
+        (None, NOW, Roll.RECOUNT),  # changed, never counted
+        (Rollup({"success": 1}, NOW - timedelta(minutes=5), 10), NOW, Roll.RECOUNT),
+        (Rollup({}, NOW - LARGE_STALE, LARGE_BUCKET + 1), NOW, Roll.RECOUNT),
+        (Rollup({}, NOW - timedelta(seconds=1), LARGE_BUCKET + 1), NOW, Roll.KEEP),
+    ],
+)
+def test_the_roll_up_pass_drops_current_marks_recounts_changed_buckets_and_waits_on_large_ones(
+    stored: Rollup | None, dirty_at: datetime | None, step: Roll
+) -> None:
+    """A marked bucket's mark is dropped once its rollup is current, the bucket recounted when
+    it changed since, unless it is large and was counted less than LARGE_STALE ago."""
+    assert roll_step(stored, dirty_at, NOW) is step
 
 
 def test_a_rollup_survives_its_encoding() -> None:

@@ -15,7 +15,7 @@ from shared.alerts import Alert
 from shared.canary import Counts, Margins
 from shared.canary_store import Outcome, Rollout, verdict_of, verdict_text
 from shared.models import TemplateCopy, TemplateUse
-from shared.recipients import Selection, log_id_for
+from shared.recipients import Report, Selection, log_id_for
 from shared.templates import Template
 from tests.fakes.canary_store import FakeCanary
 from tests.fakes.stores import FakeBatches, FakeCassandra, FakeRecipients
@@ -91,20 +91,22 @@ class Setting:
             )
         if canary_event != "sent":
             await self.recipients.reported(
-                batch.batch_id,
-                batch.user_id,
-                0,
-                log_id_for(batch.batch_id, CANARY),
-                provider="sg",
-                provider_result=canary_event,
-                message_id=None,
-                stage_rank=1,
-                rank=5,
-                when=self.now + timedelta(seconds=1),
-                event=canary_event,
-                state="failed",
-                reason="mailbox unknown",
-                evidence=None,
+                Report(
+                    batch.batch_id,
+                    batch.user_id,
+                    0,
+                    log_id_for(batch.batch_id, CANARY),
+                    provider="sg",
+                    provider_result=canary_event,
+                    message_id=None,
+                    stage_rank=1,
+                    rank=5,
+                    when=self.now + timedelta(seconds=1),
+                    event=canary_event,
+                    state="failed",
+                    reason="mailbox unknown",
+                    evidence=None,
+                )
             )
         return batch.batch_id
 

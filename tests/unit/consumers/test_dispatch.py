@@ -23,7 +23,7 @@ from shared.errors import (
 )
 from shared.models import ChunkJob, LogJob
 from shared.providers.base import Receipt
-from shared.recipients import Selection, log_id_for
+from shared.recipients import Report, Selection, log_id_for
 from shared.settle import Delivery, Poison
 from shared.topology import batch_key, dispatch_key, log_key, parse_routing_key
 from tests.fakes.broker import FakeMessage
@@ -542,11 +542,11 @@ async def test_a_resend_refused_everywhere_gives_the_recipient_up() -> None:
 
 
 async def _deferred(w: World, batch_id: uuid.UUID, log_id: uuid.UUID, user_id: uuid.UUID) -> None:
-    await w.recipients.reported(
+    await w.recipients.reported(Report(
         batch_id, user_id, 0, log_id, provider="sg", provider_result="deferred",
         message_id=None, stage_rank=2, rank=2, when=w.clock.now, event="deferred",
         state=None, reason="mailbox busy", evidence="c.0",
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 async def test_a_recipient_still_deferred_at_its_deadline_is_handed_to_the_next_provider() -> None:
@@ -663,11 +663,11 @@ async def test_a_deadline_hand_off_whose_confirm_was_lost_is_marked_by_the_check
     await w.settle()  # the re-send job was out: Mailgun sends it
     assert w.providers["mg"].emails() == [A]
     assert (await w.rows(batch))[A]["superseded"] is None
-    await w.recipients.reported(
+    await w.recipients.reported(Report(
         batch.batch_id, batch.user_id, 0, a, provider="mg", provider_result="delivered",
         message_id=None, stage_rank=3, rank=3, when=w.clock.now + timedelta(seconds=5),
         event="delivered", state="success", reason=None, evidence="r.0",
-    )  # fmt: skip  # Mailgun delivered it before the check came back
+    ))  # fmt: skip  # Mailgun delivered it before the check came back
     await w.deliver(FakeMessage(log_key("sg", a), check))  # the check, redelivered
     await w.settle()
     assert (await w.rows(batch))[A]["superseded"] == frozenset({"c.0"})
@@ -689,11 +689,11 @@ async def test_a_deadline_hand_off_that_never_went_out_is_sent_when_its_check_re
     w.broker.fail(PublishError("connection lost"))
     with pytest.raises(PublishError):
         await w.dispatcher.deferral_check(job, cause)
-    await w.recipients.reported(
+    await w.recipients.reported(Report(
         batch.batch_id, batch.user_id, 0, a, provider="sg", provider_result="dropped",
         message_id=None, stage_rank=5, rank=0, when=w.clock.now + timedelta(seconds=5),
         event="dropped", state=None, reason="provider blocklist", evidence=None,
-    )  # fmt: skip
+    ))  # fmt: skip
     await w.deliver(FakeMessage(log_key("sg", a), check))
     await w.settle()
     assert w.providers["mg"].emails() == [A]

@@ -22,7 +22,7 @@ from shared.errors import PermanentProviderError, ProviderError, TransientProvid
 from shared.models import BatchJob, Chunk, ChunkJob, LogJob
 from shared.precedence import visible
 from shared.providers.base import Receipt
-from shared.recipients import log_id_for
+from shared.recipients import Report, log_id_for
 from shared.topology import batch_key, dispatch_key, log_key
 from tests.fakes.broker import FakeMessage
 from tests.fakes.world import World, answered, refused
@@ -251,11 +251,11 @@ async def test_a_resend_line_skipping_an_excluded_provider_keeps_going() -> None
     batch = await w.sent(A)
     a = log_id_for(batch.batch_id, A)
     w.providers["mg"].answers += [_refused("mg"), _refused("mg")]
-    await w.recipients.reported(
+    await w.recipients.reported(Report(
         batch.batch_id, batch.user_id, 0, a, provider="sg", provider_result="dropped",
         message_id=None, stage_rank=5, rank=0, when=w.clock.now + timedelta(seconds=5),
         event="dropped", state=None, reason="provider blocklist", evidence=None,
-    )  # fmt: skip  # what ingest writes for SendGrid's drop
+    ))  # fmt: skip  # what ingest writes for SendGrid's drop
     await w.dispatcher.handoff(
         batch_id=batch.batch_id, user_id=batch.user_id, chunk=0, log_id=a,
         cause="c.0", failed="sg", why="dropped: provider blocklist",

@@ -16,6 +16,7 @@ from shared.precedence import accepted_at
 from shared.recipients import log_id_for
 from shared.topology import log_key
 from shared.webhook_events import ProviderEvent
+from tests.fakes.stores import OPERATION_KINDS
 from tests.fakes.world import World
 
 A, B = "a@example.org", "b@example.org"
@@ -383,6 +384,19 @@ async def test_a_delivery_failed_half_way_then_replayed_converges_and_counts_onc
                 await clean.stat_row(theirs, email)
             )
     assert len(w.db.events) == len(clean.db.events)
+
+
+async def test_a_one_event_delivery_is_one_write() -> None:
+    """A delivery of one event (a Mailgun post) writes its state, its stat row and its
+    timeline row as one logged batch, as applying the event alone does: one write."""
+    w = World()
+    batch = await w.sent(A, B)
+    await w.ingest.apply_all([event(batch, "delivered")])  # the batch's day is known active
+    before = len(w.db.calls)
+    answer = await w.ingest.apply_all([event(batch, "delivered", email=B)])
+    writes = [op for op in w.db.calls[before:] if OPERATION_KINDS[op] != "read"]
+    assert (answer, writes) == ({"applied": 1, "orphans": 0}, ["recipients.reported"])
+    assert await w.counts(batch) == {"queued": 2, "success": 2}
 
 
 async def test_a_later_event_in_one_delivery_is_decided_on_the_row_the_earlier_left() -> None:
