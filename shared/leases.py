@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 #: The wake-up of the scheduled batches' scheduler (sent by the API, heard by consumers).
 SCHEDULER_WAKE = "scheduler"
+#: The wake-up of the campaign runner (sent and heard by the API processes).
+CAMPAIGNS_WAKE = "campaigns"
 
 
 class LeaseRows(Protocol):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
 
@@ -83,6 +83,15 @@ async def _hear_revocations(broker: Broker, keys: KeyCache) -> None:
         log.warning("not hearing key revocations (cached keys expire on their own): %s", exc)
 
 
+async def _hear(broker: Broker, on_message: Callable[[bytes], None], what: str) -> None:
+    """Listen to the announcements for a loop's wake-ups; with the broker down the loop
+    keeps its own next due times (a wake-up lost costs its lease's renewal period)."""
+    try:
+        await broker.listen(on_message)
+    except DependencyUnavailable as exc:
+        log.warning("not hearing %s (loops keep their own times): %s", what, exc)
+
+
 def create_app(settings: Settings) -> Starlette:
     registry = new_registry()
     stalls = StallMetrics.create(registry)
@@ -156,15 +165,15 @@ def create_app(settings: Settings) -> Starlette:
                 state.caps,
             )
             await state.template_pool.start()
-            runner = asyncio.create_task(
-                CampaignRunner(
-                    state.campaigns.store,
-                    state.campaigns.lists,
-                    state.template_store,
-                    state.sending,
-                    ScheduleStore(res.db, f"{settings.amqp.exchange}:campaigns"),
-                ).run()
+            campaign_runner = CampaignRunner(
+                state.campaigns.store,
+                state.campaigns.lists,
+                state.template_store,
+                state.sending,
+                ScheduleStore(res.db, f"{settings.amqp.exchange}:campaigns"),
             )
+            await _hear(res.broker, campaign_runner.heard, "campaign wake-ups")
+            runner = asyncio.create_task(campaign_runner.run())
             state.github_http = httpx.AsyncClient(
                 timeout=httpx.Timeout(settings.github.timeout), follow_redirects=False
             )
