@@ -66,7 +66,7 @@ from shared.ratelimit import QuotaLedger, RecipientQuota
 from shared.resources import open_resources, readiness_checks
 from shared.schedule_store import ScheduleStore
 from shared.stall_monitor import StallMetrics, watching
-from shared.stats import StatsStore
+from shared.stats import StatsStore, tell_rollups
 from shared.suppressions import SuppressionStore
 from shared.template_pool import TemplatePool
 from shared.templates import TemplateStore
@@ -103,7 +103,7 @@ def create_app(settings: Settings) -> Starlette:
             state.resources = res
             # Large batches' validation, CSV scans, large JSON: on one thread (shared.gil).
             state.cpu = res.cpu
-            state.stats = StatsStore(res.db, settings.stats.buckets)
+            state.stats = tell_rollups(StatsStore(res.db, settings.stats.buckets), res.broker)
             state.batches = BatchStore(res.db, state.stats)
             state.outbox = Outbox(res.db, settings.amqp.exchange)
             # Charged in process against leases of the shared counter (shared.ratelimit).
