@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 SCHEDULER_WAKE = "scheduler"
 #: The wake-up of the campaign runner (sent and heard by the API processes).
 CAMPAIGNS_WAKE = "campaigns"
+#: The wake-up of the outbox relays (sent by every process that writes an outbox row).
+OUTBOX_WAKE = "outbox"
 #: The wake-up of the stats roll-up (sent by every process that marks a bucket changed).
 STATS_WAKE = "stats"
 

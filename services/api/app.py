@@ -60,7 +60,7 @@ from shared.http import AdmissionLimit, BodyBudget, StrictTransportSecurity, err
 from shared.idempotency import IdempotencyStore
 from shared.keycache import KeyCache, Revocations
 from shared.metrics import ApiMetrics, new_registry
-from shared.outbox import Outbox, Relay, relay_forever
+from shared.outbox import Outbox, Relay, relay_forever, tell_relays
 from shared.preferences import PreferenceStore
 from shared.ratelimit import QuotaLedger, RecipientQuota
 from shared.resources import open_resources, readiness_checks
@@ -178,12 +178,13 @@ def create_app(settings: Settings) -> Starlette:
                 timeout=httpx.Timeout(settings.github.timeout), follow_redirects=False
             )
             state.resolver = DohResolver(state.github_http, settings.api.dns_url)
-            relay = asyncio.create_task(
-                relay_forever(
-                    Relay(state.outbox, state.acceptance.finish, grace=settings.api.outbox_grace),
-                    interval=settings.api.outbox_relay_interval,
-                )
+            interval = settings.api.outbox_relay_interval
+            outbox_relay = Relay(
+                state.outbox, state.acceptance.finish, grace=settings.api.outbox_grace
             )
+            tell_relays(state.outbox, res.broker, interval, outbox_relay)
+            await _hear(res.broker, outbox_relay.heard, "outbox wake-ups")
+            relay = asyncio.create_task(relay_forever(outbox_relay, interval=interval))
             purge = asyncio.create_task(ratelimit.purge_forever(res.db))
             leases = asyncio.create_task(state.quota.reconcile_forever())
             # Built before serving, off the event loop: the first request for the API docs

@@ -43,7 +43,7 @@ from shared.lanes import PRIORITIES
 from shared.leases import woken
 from shared.livesettings import SettingsStore, Watcher
 from shared.metrics import DeadLetterMetrics, DispatchMetrics, new_registry
-from shared.outbox import Outbox
+from shared.outbox import Outbox, tell_relays
 from shared.provider_health import HealthStore
 from shared.provider_rates import ProviderLimiter
 from shared.providers.base import Provider
@@ -336,7 +336,11 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
             batches = BatchStore(
                 res.db, tell_rollups(StatsStore(res.db, settings.stats.buckets), res.broker)
             )
-            acceptance = Acceptance(batches, Outbox(res.db, exchange), res.broker)
+            # Alert mails are batches: every API's relay is told of their outbox rows.
+            outbox = tell_relays(
+                Outbox(res.db, exchange), res.broker, settings.api.outbox_relay_interval
+            )
+            acceptance = Acceptance(batches, outbox, res.broker)
             alerter = Alerter(
                 res.db,
                 exchange,
