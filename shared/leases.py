@@ -28,6 +28,12 @@ log = logging.getLogger(__name__)
 
 #: The wake-up of the scheduled batches' scheduler (sent by the API, heard by consumers).
 SCHEDULER_WAKE = "scheduler"
+#: The wake-up of the campaign runner (sent and heard by the API processes).
+CAMPAIGNS_WAKE = "campaigns"
+#: The wake-up of the outbox relays (sent by every process that writes an outbox row).
+OUTBOX_WAKE = "outbox"
+#: The wake-up of the stats roll-up (sent by every process that marks a bucket changed).
+STATS_WAKE = "stats"
 
 
 class LeaseRows(Protocol):
@@ -128,6 +134,30 @@ async def wake(broker: Announcer, name: str) -> None:
         await broker.announce(orjson.dumps({"wake": name}))
     except DependencyUnavailable as exc:
         log.warning("%s not woken: %s", name, exc)
+
+
+@dataclass
+class Notice:
+    """Tells every process's loop ``name`` that this process writes what the loop works on:
+    a wake-up at the first write and at most one per ``every`` seconds after it, so a
+    listener that stays awake ``every`` seconds past each wake-up it hears misses no write
+    (a process that writes nothing sends nothing)."""
+
+    broker: Announcer
+    name: str
+    every: float
+    _sent_at: float = float("-inf")
+    _sending: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def touch(self) -> None:
+        """A write is about to be made (synchronous: called where statements are built)."""
+        now = time.monotonic()
+        if now - self._sent_at < self.every:
+            return
+        self._sent_at = now
+        task = asyncio.get_running_loop().create_task(wake(self.broker, self.name))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
 
 def woken(body: bytes) -> str | None:

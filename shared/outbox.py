@@ -17,8 +17,8 @@ stored is left alone, because its write may still land, until :data:`ABANDON_AFT
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import time
 import uuid
 import zlib
 from collections.abc import Awaitable, Callable
@@ -29,6 +29,7 @@ from cassandra.query import BoundStatement
 
 from shared.db import Database
 from shared.errors import DependencyUnavailable
+from shared.leases import OUTBOX_WAKE, Alarm, Announcer, Notice, woken
 from shared.precedence import accepted_at
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ SHARDS = 4
 #: finishes it through the API): the relay stops looking at it.
 ABANDON_AFTER = timedelta(hours=1)
 _MINUTE = timedelta(minutes=1)
+#: Seconds an idle relay waits for a wake-up before looking anyway.
+IDLE_EVERY = 30.0
 
 #: Finishes one batch's acceptance; returns None when the batch is not stored (or not yet
 #: decided by its request): the row is looked at again.
@@ -67,6 +70,8 @@ class Outbox:
     def __init__(self, db: Database, namespace: str) -> None:
         self.db = db
         self.namespace = namespace
+        #: Called as a row's write is built (the relays are told: :func:`tell_relays`).
+        self.written: Callable[[], None] = _unheard
 
     @staticmethod
     def bucket(batch_id: uuid.UUID) -> tuple[datetime, int]:
@@ -81,6 +86,7 @@ class Outbox:
 
     async def statement(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> BoundStatement:
         """The outbox row's write, for a caller to send with the batch's own."""
+        self.written()
         insert = await self.db.prepare(
             "INSERT INTO outbox_minutes (namespace, minute, shard, batch_id, user_id, published) "
             "VALUES (?, ?, ?, ?, ?, false)"
@@ -116,11 +122,49 @@ class Relay:
     """Finishes the acceptances the API could not (the broker did not confirm, or the process
     died): one per process, remembering the oldest minute that still held work."""
 
-    def __init__(self, outbox: Outbox, finish: Finish, *, grace: float) -> None:
+    def __init__(
+        self,
+        outbox: Outbox,
+        finish: Finish,
+        *,
+        grace: float,
+        every: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.outbox = outbox
         self.finish = finish
         self.grace = timedelta(seconds=grace)
         self.since: datetime | None = None
+        #: Seconds between passes while there may be work (``relay_forever`` sets it).
+        self.every = every
+        self.clock = clock
+        self.alarm = Alarm()
+        #: Whether the last pass left work (or none ran yet): the next follows soon.
+        self.found = True
+        #: Until when rows written (heard of) may still become due.
+        self.awake_until = 0.0
+        #: Whether the loop waits as idle (a wake-up then ends the wait at once).
+        self.idle = False
+
+    def awake(self) -> None:
+        """A row was (or is about to be) written: pass every interval until it is due and
+        looked at (a grace period, an interval for the next wake-up and one for the write)."""
+        linger = self.grace.total_seconds() + 2 * self.every
+        self.awake_until = max(self.awake_until, self.clock() + linger)
+        if self.idle:
+            self.alarm.nudge()
+
+    def heard(self, body: bytes) -> None:
+        """An announcement: a writer's wake-up keeps the relay awake."""
+        if woken(body) == OUTBOX_WAKE:
+            self.awake()
+
+    def next_in(self) -> float:
+        """Seconds until the next pass: the interval while there may be work, else
+        :data:`IDLE_EVERY` (pure but for the clock)."""
+        if self.found or self.clock() < self.awake_until:
+            return self.every
+        return max(IDLE_EVERY, self.every)
 
     async def once(self, now: datetime | None = None) -> int:
         """One pass; returns how many acceptances it finished."""
@@ -143,15 +187,45 @@ class Relay:
                         continue
                     oldest = minute if oldest is None else min(oldest, minute)
         self.since = oldest or minute_of(cutoff)
+        self.found = oldest is not None
         return finished
 
 
 async def relay_forever(relay: Relay, *, interval: float) -> None:
+    """Pass after pass until cancelled (an outage stops a pass, a bug the loop), ``interval``
+    apart while there may be work, else until a wake-up (:meth:`Relay.next_in`)."""
+    relay.every = interval
+    relay.awake()  # rows written before it started are looked at by its first passes
     while True:
+        wait = interval
         try:
             count = await relay.once()
             if count:
                 log.info("outbox relay finished %d acceptance(s)", count)
+            wait = relay.next_in()
         except DependencyUnavailable as exc:
             log.warning("outbox relay: %s", exc)
-        await asyncio.sleep(interval)
+        relay.idle = wait > interval
+        await relay.alarm.wait(wait)
+        relay.idle = False
+
+
+def tell_relays(
+    outbox: Outbox, broker: Announcer, every: float, own: Relay | None = None
+) -> Outbox:
+    """``outbox``, telling every process's relay when it writes a row (a wake-up on the
+    settings fanout at its first row and at most one per ``every`` seconds after) and
+    ``own``, this process's relay, at every row (whether the broker is reachable or not)."""
+    notice = Notice(broker, OUTBOX_WAKE, every)
+
+    def written() -> None:
+        if own is not None:
+            own.awake()
+        notice.touch()
+
+    outbox.written = written
+    return outbox
+
+
+def _unheard() -> None:
+    """No relay is told of rows (tools, tests)."""

@@ -307,6 +307,8 @@ class Reports:
     """What this webhook process was told of each provider, not yet added to the windows."""
 
     counts: dict[tuple[str, datetime], list[int]] = field(default_factory=dict)
+    _counted: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    """Set while something counted waits to be added (the flush loop sleeps until then)."""
 
     def count(self, provider: str, at: datetime, kind: str, *, provider_side: bool) -> None:
         if kind not in FATE_KINDS:
@@ -315,16 +317,20 @@ class Reports:
         entry[0] += 1
         entry[1] += int(kind == "dropped" and provider_side)
         entry[2] += int(kind == "deferred")
+        self._counted.set()
 
     def take(self) -> dict[tuple[str, datetime], list[int]]:
         taken, self.counts = self.counts, {}
         return taken
 
-    async def keep_adding(self, store: HealthStore) -> None:
-        """Every FLUSH_EVERY seconds add what was counted to the shared windows (what cannot
-        be added now is added with the next round). Runs until cancelled."""
+    async def keep_adding(self, store: HealthStore, every: float = FLUSH_EVERY) -> None:
+        """Add what was counted to the shared windows ``every`` seconds after the first
+        count of a round (what cannot be added now is added with the next round); with
+        nothing counted, sleep (issue 34: a quiet idle). Runs until cancelled."""
         while True:
-            await asyncio.sleep(FLUSH_EVERY)
+            await self._counted.wait()
+            await asyncio.sleep(every)
+            self._counted.clear()  # what is counted from here on is the next round's
             taken = self.take()
             for (provider, start), (events, drops, deferrals) in taken.items():
                 try:
@@ -334,6 +340,7 @@ class Reports:
                     entry = self.counts.setdefault((provider, start), [0, 0, 0])
                     for i, value in enumerate((events, drops, deferrals)):
                         entry[i] += value
+                    self._counted.set()
 
 
 def draw() -> float:

@@ -16,10 +16,11 @@ rows fit one small page (:data:`INLINE_ROWS`) is counted from that page in the r
 larger one is served from its stored rollup (issue 34: the first read of a 10 M-row day
 recounted 64 buckets inside the request, 94-118 s). Rollups are kept current ahead of reads:
 every write that changes a bucket also marks it in ``stat_dirty`` in the same logged batch,
-and the consumers' roll-up pass (:meth:`StatsStore.roll_due`, every :data:`ROLL_EVERY`)
-recounts each marked bucket, a large one (its last count read more than
-:data:`LARGE_BUCKET` rows) at most once per :data:`LARGE_STALE`, and drops the mark once the
-rollup is current. A read therefore lags the writes by at most a pass and a recount
+and the consumers' roll-up pass (:meth:`StatsStore.roll_due`, every :data:`ROLL_EVERY` while
+buckets are marked; a writer wakes the roll-ups when it starts marking: :func:`tell_rollups`,
+``services.consumers.rollups``) recounts each marked bucket, a large one (its last count read
+more than :data:`LARGE_BUCKET` rows) at most once per :data:`LARGE_STALE`, and drops the
+mark once the rollup is current. A read therefore lags the writes by at most a pass and a recount
 (:data:`LARGE_STALE` and a recount for a large bucket) and is exact once caught up; a read
 that finds a large bucket behind also starts its roll-up in the background.
 A closed day's totals are kept in ``stat_days`` and stand until a late outcome marks the day
@@ -44,6 +45,7 @@ from cassandra.query import BoundStatement
 
 from shared import precedence
 from shared.db import Database, Row, utc
+from shared.leases import STATS_WAKE, Announcer, Notice
 
 log = logging.getLogger(__name__)
 
@@ -284,6 +286,11 @@ class StatsStore:
         self.now: Callable[[], datetime] = clock or _utcnow
         self.buckets = buckets
         self.inline_rows = inline_rows
+        #: Called as a bucket is marked changed (the services tell the roll-up with it:
+        #: ``shared.leases.Notice``).
+        self.marked: Callable[[], None] = _unheard
+        #: Marks the last :meth:`roll_due` pass found (0: nothing was changed).
+        self.marks_seen = 0
         #: Stat rows read by counts, in requests and roll-ups alike (what a read cost).
         self.rows_counted = 0
         self._active_memo: set[tuple[uuid.UUID, date]] = set()
@@ -380,6 +387,7 @@ class StatsStore:
     ) -> list[BoundStatement]:
         stmt, mark = await self.db.prepare(_DIRTY), await self.db.prepare(_MARK)
         marked_on, shard = day_of(now), dirty_shard(user_id)
+        self.marked()
         out = []
         for b in buckets:
             out.append(stmt.bind((now, user_id, day, b)))
@@ -518,10 +526,11 @@ class StatsStore:
         rollup is not current (a large one at most once per :data:`LARGE_STALE`), and drop
         the marks of buckets now current. Idempotent: any number of processes may run it.
         Returns the buckets recounted."""
-        recounted = 0
+        recounted = seen = 0
         for marked_on in (day_of(now) - timedelta(days=1), day_of(now)):
             for shard in range(DIRTY_SHARDS):
                 for mark in await self.marks(marked_on, shard):
+                    seen += 1
                     key = (mark.user_id, mark.day, mark.bucket)
                     stored, dirty_at = await self.rollup(*key)
                     step = roll_step(stored, dirty_at, now)
@@ -531,6 +540,7 @@ class StatsStore:
                         step = roll_step(stored, dirty_at, now)
                     if step is Roll.DROP:
                         await self.unmark(marked_on, shard, mark)
+        self.marks_seen = seen
         return recounted
 
     async def rolled(self) -> None:
@@ -679,6 +689,17 @@ async def fix_layout(db: Database, buckets: int) -> None:
             f"SAFEDELIVR_STATS_BUCKETS is {buckets} but this keyspace's stats were written "
             f"with {recorded} buckets; set it back to {recorded}"
         )
+
+
+def tell_rollups(stats: StatsStore, broker: Announcer) -> StatsStore:
+    """``stats``, telling every process's roll-up when it marks buckets changed (a wake-up
+    at its first mark and at most one per :data:`ROLL_EVERY` after: ``shared.leases``)."""
+    stats.marked = Notice(broker, STATS_WAKE, ROLL_EVERY.total_seconds()).touch
+    return stats
+
+
+def _unheard() -> None:
+    """No one is told of marks (tools, tests)."""
 
 
 def _utcnow() -> datetime:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
 
@@ -60,13 +60,13 @@ from shared.http import AdmissionLimit, BodyBudget, StrictTransportSecurity, err
 from shared.idempotency import IdempotencyStore
 from shared.keycache import KeyCache, Revocations
 from shared.metrics import ApiMetrics, new_registry
-from shared.outbox import Outbox, Relay, relay_forever
+from shared.outbox import Outbox, Relay, relay_forever, tell_relays
 from shared.preferences import PreferenceStore
 from shared.ratelimit import QuotaLedger, RecipientQuota
 from shared.resources import open_resources, readiness_checks
 from shared.schedule_store import ScheduleStore
 from shared.stall_monitor import StallMetrics, watching
-from shared.stats import StatsStore
+from shared.stats import StatsStore, tell_rollups
 from shared.suppressions import SuppressionStore
 from shared.template_pool import TemplatePool
 from shared.templates import TemplateStore
@@ -83,6 +83,15 @@ async def _hear_revocations(broker: Broker, keys: KeyCache) -> None:
         log.warning("not hearing key revocations (cached keys expire on their own): %s", exc)
 
 
+async def _hear(broker: Broker, on_message: Callable[[bytes], None], what: str) -> None:
+    """Listen to the announcements for a loop's wake-ups; with the broker down the loop
+    keeps its own next due times (a wake-up lost costs its lease's renewal period)."""
+    try:
+        await broker.listen(on_message)
+    except DependencyUnavailable as exc:
+        log.warning("not hearing %s (loops keep their own times): %s", what, exc)
+
+
 def create_app(settings: Settings) -> Starlette:
     registry = new_registry()
     stalls = StallMetrics.create(registry)
@@ -94,7 +103,7 @@ def create_app(settings: Settings) -> Starlette:
             state.resources = res
             # Large batches' validation, CSV scans, large JSON: on one thread (shared.gil).
             state.cpu = res.cpu
-            state.stats = StatsStore(res.db, settings.stats.buckets)
+            state.stats = tell_rollups(StatsStore(res.db, settings.stats.buckets), res.broker)
             state.batches = BatchStore(res.db, state.stats)
             state.outbox = Outbox(res.db, settings.amqp.exchange)
             # Charged in process against leases of the shared counter (shared.ratelimit).
@@ -156,25 +165,26 @@ def create_app(settings: Settings) -> Starlette:
                 state.caps,
             )
             await state.template_pool.start()
-            runner = asyncio.create_task(
-                CampaignRunner(
-                    state.campaigns.store,
-                    state.campaigns.lists,
-                    state.template_store,
-                    state.sending,
-                    ScheduleStore(res.db, f"{settings.amqp.exchange}:campaigns"),
-                ).run()
+            campaign_runner = CampaignRunner(
+                state.campaigns.store,
+                state.campaigns.lists,
+                state.template_store,
+                state.sending,
+                ScheduleStore(res.db, f"{settings.amqp.exchange}:campaigns"),
             )
+            await _hear(res.broker, campaign_runner.heard, "campaign wake-ups")
+            runner = asyncio.create_task(campaign_runner.run())
             state.github_http = httpx.AsyncClient(
                 timeout=httpx.Timeout(settings.github.timeout), follow_redirects=False
             )
             state.resolver = DohResolver(state.github_http, settings.api.dns_url)
-            relay = asyncio.create_task(
-                relay_forever(
-                    Relay(state.outbox, state.acceptance.finish, grace=settings.api.outbox_grace),
-                    interval=settings.api.outbox_relay_interval,
-                )
+            interval = settings.api.outbox_relay_interval
+            outbox_relay = Relay(
+                state.outbox, state.acceptance.finish, grace=settings.api.outbox_grace
             )
+            tell_relays(state.outbox, res.broker, interval, outbox_relay)
+            await _hear(res.broker, outbox_relay.heard, "outbox wake-ups")
+            relay = asyncio.create_task(relay_forever(outbox_relay, interval=interval))
             purge = asyncio.create_task(ratelimit.purge_forever(res.db))
             leases = asyncio.create_task(state.quota.reconcile_forever())
             # Built before serving, off the event loop: the first request for the API docs

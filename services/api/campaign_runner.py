@@ -25,6 +25,16 @@ The batches go in the bulk lane (never in front of transactional mail) and name 
 the list's own unsubscribes are left out.
 A slice the daily quota refuses pauses the campaign with that reason, and so does a live
 version that does not render (or passes a template limit): the staged slice stays for a resume.
+
+A pass costs a read of the runners' list. While a campaign is sending (or a pass waits on a
+dependency) the next pass follows :data:`PASS_EVERY` later, the period its pace is counted
+in; an idle holder (nothing listed, or only paused campaigns and scheduled ones whose time
+has not come) waits instead until the earliest ``send_at`` it read or its lease's renewal (a
+third of :data:`LEASE_SECONDS`), whichever is first, and the API wakes every runner
+(``shared.leases.wake``, :data:`WAKE`) when a campaign is scheduled or resumed, so it starts
+within about :data:`PASS_EVERY` as before; one whose wake-up was lost (the broker was
+unreachable) within the renewal period, 5 s. A runner without the lease asks for it every
+:data:`PASS_EVERY` seconds.
 """
 
 from __future__ import annotations
@@ -49,7 +59,7 @@ from shared.contact_lists import (
     read_page,
 )
 from shared.http import ApiError
-from shared.leases import Lease, keep_running
+from shared.leases import CAMPAIGNS_WAKE, Alarm, Lease, keep_running, woken
 from shared.schedule_store import ScheduleStore
 from shared.templates import TemplateStore
 
@@ -61,6 +71,8 @@ PASS_EVERY: Final = 0.5
 SLICE: Final = 500
 #: Seconds a runner's lease lasts without renewal.
 LEASE_SECONDS: Final = 15
+#: The name its wake-ups carry (``shared.leases.wake``).
+WAKE: Final = CAMPAIGNS_WAKE
 
 
 def _now() -> datetime:
@@ -73,6 +85,17 @@ def pace(rate: int, every: float = PASS_EVERY) -> tuple[int, int]:
     size depends on the rate alone, so a slice read again after a crash is the same (pure)."""
     size = min(SLICE, max(1, round(rate * every)))
     return max(1, round(rate * every / size)), size
+
+
+def next_wait(now: datetime, next_due: datetime | None, renew_in: float, *, busy: bool) -> float:
+    """Seconds until the next pass (pure): :data:`PASS_EVERY` while a campaign sends, else
+    until the first of the earliest ``send_at`` read and not come and the lease's renewal."""
+    if busy:
+        return PASS_EVERY
+    waits = [renew_in]
+    if next_due is not None:
+        waits.append((next_due - now).total_seconds())
+    return max(0.0, min(waits))
 
 
 def recipients_of(contacts: list[ListContact], personal: frozenset[str]) -> list[dict[str, Any]]:
@@ -113,19 +136,44 @@ class CampaignRunner:
     """Where the runner's lease is kept."""
     owner: uuid.UUID = field(default_factory=uuid.uuid4)
     clock: Callable[[], datetime] = _now
+    alarm: Alarm = field(default_factory=Alarm)
+    """Rung by a wake-up: a campaign was scheduled or resumed (:meth:`heard`)."""
+    next_due: datetime | None = None
+    """The earliest ``send_at`` the last pass read that had not come."""
+    busy: bool = True
+    """Whether the last pass found work (or had no lease): the next follows soon."""
 
     def __post_init__(self) -> None:
         self.lease = Lease(self.leases, LEASE_SECONDS, self.owner)
 
     async def run(self) -> None:
-        await keep_running(self.pass_once, PASS_EVERY, self.lease, "campaign runner")
+        await keep_running(
+            self.pass_once,
+            PASS_EVERY,
+            self.lease,
+            "campaign runner",
+            alarm=self.alarm,
+            next_in=self.next_in,
+        )
+
+    def next_in(self) -> float:
+        """Seconds until the next pass is due (see :func:`next_wait`)."""
+        return next_wait(self.clock(), self.next_due, self.lease.renew_in(), busy=self.busy)
+
+    def heard(self, body: bytes) -> None:
+        """An announcement: a wake-up for campaign runners rings the alarm."""
+        if woken(body) == WAKE:
+            self.alarm.nudge()
 
     async def pass_once(self) -> int:
         """One pass; the slices it released (0 without the lease)."""
+        self.busy = True  # until this pass finds nothing to do soon
         if not await self.lease.held():
             log.debug("campaign runner %s: another holds the lease", self.owner)
             return 0
         released = 0
+        busy = False
+        self.next_due = None
         for user_id, campaign_id in await self.campaigns.runs():
             campaign = await self.campaigns.get(user_id, campaign_id)
             if campaign is None or campaign.state in ("sent", "cancelled"):
@@ -134,7 +182,11 @@ class CampaignRunner:
             if campaign.state == "draft":
                 # Listed by a schedule whose conditional update has not landed yet (or
                 # failed): retiring it now could leave it scheduled and never looked at.
+                busy = True
                 continue
+            if self._waiting(campaign):
+                continue
+            busy = True
             try:
                 released += await self.step(campaign)
             except ApiError as exc:
@@ -152,7 +204,19 @@ class CampaignRunner:
                 if now is not None and now.state == "sending":
                     await self.campaigns.move(now, "paused", reason=exc.message)
                     log.warning("campaign %s paused: %s", campaign_id, exc.message)
+        self.busy = busy
         return released
+
+    def _waiting(self, campaign: Campaign) -> bool:
+        """Whether the campaign has nothing to send now (paused, or scheduled for a time that
+        has not come: remembered as the next due time)."""
+        if campaign.state == "paused":
+            return True
+        at = campaign.send_at
+        if campaign.state != "scheduled" or at is None or at <= self.clock():
+            return False
+        self.next_due = at if self.next_due is None else min(self.next_due, at)
+        return True
 
     async def step(self, campaign: Campaign) -> int:
         if campaign.state == "scheduled":

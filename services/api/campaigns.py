@@ -40,6 +40,7 @@ from shared.campaigns import (
 )
 from shared.contact_lists import ContactLists
 from shared.http import JSON, ApiError, read_json
+from shared.leases import CAMPAIGNS_WAKE, wake
 from shared.templates import TemplateStore
 
 SMALL_BODY = 64 * 1024
@@ -199,6 +200,12 @@ class Campaigns:
                     return campaign  # a repeated click: the same answer
                 raise ApiError(409, "campaign_state", str(exc)) from None
             if await self.store.move(campaign, to, send_at=when):
+                if to in ("scheduled", "sending"):
+                    # An idle runner waits for its own next due time: wake them all (a lost
+                    # wake-up costs its lease's renewal period, 5 s at most).
+                    self.sending.background.spawn(
+                        wake(self.sending.acceptance.broker, CAMPAIGNS_WAKE)
+                    )
                 return await self.get(user_id, campaign_id)
             # Raced (the runner started or finished it): look again.
         raise ApiError(409, "campaign_busy", "the campaign keeps changing; try again")

@@ -9,7 +9,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -20,6 +20,7 @@ from services.consumers.canary_judge import CanaryJudge
 from services.consumers.dispatch import Dispatcher, Hooks, no_hooks
 from services.consumers.domain_checks import DomainChecker
 from services.consumers.live import ConsumerSettings, LiveMetrics
+from services.consumers.rollups import RollUp
 from services.consumers.scheduler import Scheduler
 from services.consumers.splitter import Splitter
 from shared.acceptance import Acceptance
@@ -42,7 +43,7 @@ from shared.lanes import PRIORITIES
 from shared.leases import woken
 from shared.livesettings import SettingsStore, Watcher
 from shared.metrics import DeadLetterMetrics, DispatchMetrics, new_registry
-from shared.outbox import Outbox
+from shared.outbox import Outbox, tell_relays
 from shared.provider_health import HealthStore
 from shared.provider_rates import ProviderLimiter
 from shared.providers.base import Provider
@@ -53,7 +54,7 @@ from shared.resources import Resources, open_resources, readiness_checks
 from shared.schedule_store import ScheduleStore
 from shared.settle import InFlight, settling
 from shared.stall_monitor import StallMetrics, watching
-from shared.stats import ROLL_EVERY, StatsStore
+from shared.stats import StatsStore, tell_rollups
 from shared.suppressions import SuppressionStore
 from shared.templates import TemplateStore
 from shared.user_hooks import HookEmitter
@@ -76,7 +77,7 @@ def build_dispatcher(
     hooks: Hooks = no_hooks,
 ) -> Dispatcher:
     """The provider senders' dispatcher, with its own provider adapters (close them)."""
-    stats = StatsStore(res.db, settings.stats.buckets)
+    stats = tell_rollups(StatsStore(res.db, settings.stats.buckets), res.broker)
     return Dispatcher(
         broker=res.broker,
         batches=BatchStore(res.db, stats),
@@ -247,19 +248,6 @@ async def tidy_counters(res: Resources, dispatcher: Dispatcher, scope: str) -> N
         await asyncio.sleep(TIDY_EVERY)
 
 
-async def roll_stats(res: Resources, buckets: int) -> None:
-    """Keep every changed stats bucket's rollup current (``StatsStore.roll_due``) so that no
-    stats read recounts rows: a pass every ``ROLL_EVERY``. Idempotent (every consumer process
-    may run it); runs until cancelled."""
-    stats = StatsStore(res.db, buckets)
-    while True:
-        try:
-            await stats.roll_due(datetime.now(UTC))
-        except DependencyUnavailable as exc:
-            log.warning("stats roll-up pass failed: %s", exc)
-        await asyncio.sleep(ROLL_EVERY.total_seconds())
-
-
 def scheduler_of(settings: Settings, res: Resources, batches: BatchStore) -> Scheduler:
     """The scheduler of the namespace's scheduled batches (run it); it settles the cancelled
     batches it finds (their stats, and their recipients back to the daily quota)."""
@@ -347,8 +335,14 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
             app.state.resources = res
             # Configured from the live settings once start_consumers has loaded them.
             exchange = settings.amqp.exchange
-            batches = BatchStore(res.db, StatsStore(res.db, settings.stats.buckets))
-            acceptance = Acceptance(batches, Outbox(res.db, exchange), res.broker)
+            batches = BatchStore(
+                res.db, tell_rollups(StatsStore(res.db, settings.stats.buckets), res.broker)
+            )
+            # Alert mails are batches: every API's relay is told of their outbox rows.
+            outbox = tell_relays(
+                Outbox(res.db, exchange), res.broker, settings.api.outbox_relay_interval
+            )
+            acceptance = Acceptance(batches, outbox, res.broker)
             alerter = Alerter(
                 res.db,
                 exchange,
@@ -372,6 +366,8 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
             dispatcher = started.dispatcher
             scheduler = scheduler_of(settings, res, dispatcher.batches)
             await res.broker.listen(scheduler.heard)
+            roll_up = RollUp(StatsStore(res.db, settings.stats.buckets))
+            await res.broker.listen(roll_up.heard)
             log.info("consuming %s", ", ".join(settings.providers.chain_codes))
             tasks = [
                 asyncio.create_task(count_dead_letters(res, dead_metrics)),
@@ -381,7 +377,7 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
                 ),
                 asyncio.create_task(watch_queues(res, started.applier, alerter)),
                 asyncio.create_task(tidy_counters(res, dispatcher, exchange)),
-                asyncio.create_task(roll_stats(res, settings.stats.buckets)),
+                asyncio.create_task(roll_up.run()),
                 asyncio.create_task(scheduler.run()),
                 asyncio.create_task(domain_checker_of(settings, res, dns_http).run()),
                 asyncio.create_task(

@@ -25,11 +25,11 @@ from shared.hook_delivery import Deliverer
 from shared.hook_queue import HookQueue
 from shared.hook_store import HookStore
 from shared.metrics import HookMetrics, new_registry
-from shared.outbox import Outbox
+from shared.outbox import Outbox, tell_relays
 from shared.resources import Resources, open_resources, readiness_checks
 from shared.settle import InFlight, settling
 from shared.stall_monitor import StallMetrics, watching
-from shared.stats import StatsStore
+from shared.stats import StatsStore, tell_rollups
 from shared.user_hooks import wake
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,12 @@ def build_worker(
     metrics: HookMetrics | None = None,
 ) -> Worker:
     hooks = settings.hooks
-    batches = BatchStore(res.db, StatsStore(res.db, settings.stats.buckets))
-    acceptance = Acceptance(batches, Outbox(res.db, settings.amqp.exchange), res.broker)
+    # Its mails (an endpoint disabled) are batches: the roll-ups and relays are told of them.
+    stats = tell_rollups(StatsStore(res.db, settings.stats.buckets), res.broker)
+    outbox = tell_relays(
+        Outbox(res.db, settings.amqp.exchange), res.broker, settings.api.outbox_relay_interval
+    )
+    acceptance = Acceptance(BatchStore(res.db, stats), outbox, res.broker)
     return Worker(
         store=HookStore(res.db),
         queue=HookQueue(res.db),

@@ -42,7 +42,7 @@ from shared.handoff import HandOff
 from shared.models import LogJob
 from shared.provider_health import Reports
 from shared.recipients import RecipientStore, Report
-from shared.stats import StatsStore
+from shared.stats import StatsStore, tell_rollups
 from shared.suppressions import SuppressionStore
 from shared.timeline import Timeline
 from shared.topology import log_key
@@ -127,7 +127,7 @@ class Ingest:
         cls, db: Database, broker: Broker, settings: Settings, metrics: IngestMetrics
     ) -> Ingest:
         """The production ingest: every store on ``db``."""
-        stats = StatsStore(db, settings.stats.buckets)
+        stats = tell_rollups(StatsStore(db, settings.stats.buckets), broker)
         recipients = RecipientStore(db, stats)
         handoff = HandOff(
             AttemptStore(db),

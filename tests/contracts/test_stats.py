@@ -232,3 +232,20 @@ async def test_a_mark_is_dropped_once_its_bucket_is_current_and_a_newer_mark_sur
     today = day_of(datetime.now(UTC))
     await stores.stats.unmark(today, dirty_shard(user), old)
     assert [m.bucket for m in await _marks(stores, batch)] == [old.bucket]
+
+
+async def test_every_mark_tells_the_roll_ups_and_a_pass_counts_the_marks_it_found(
+    stores: Stores,
+) -> None:
+    """A write that marks a bucket calls ``marked`` (the roll-ups' wake-up) as it is built, and
+    a pass reports in ``marks_seen`` the marks it found, this user's among them."""
+    told: list[None] = []
+    stores.stats.marked = lambda: told.append(None)
+
+    batch = await _stored(stores, A)
+    await _report(stores, batch, A, "delivered", "success", 2, 3)
+    mine = await _marks(stores, batch)
+    await stores.stats.roll_due(datetime.now(UTC))
+
+    assert len(told) >= 2
+    assert stores.stats.marks_seen >= len(mine) >= 1

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, date, datetime, timedelta
 from functools import partial
 
@@ -38,6 +38,7 @@ class FakeOutbox:
     def __init__(self, db: FakeCassandra, namespace: str = "ns") -> None:
         self.db = db
         self.namespace = namespace
+        self.written: Callable[[], None] = lambda: None
 
     bucket = staticmethod(Outbox.bucket)
 
@@ -46,6 +47,7 @@ class FakeOutbox:
         return self.namespace, minute, shard
 
     async def statement(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> Write:
+        self.written()
         return partial(self._put, batch_id, user_id)
 
     def _put(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> None:

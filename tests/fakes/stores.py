@@ -634,6 +634,8 @@ class FakeStats:
         self.buckets = buckets
         self.inline_rows = inline_rows
         self.rows_counted = 0
+        self.marked: Callable[[], None] = lambda: None
+        self.marks_seen = 0
         self._active_memo: set[tuple[uuid.UUID, date]] = set()
         # Background roll-ups not yet run (the real store's tasks; :meth:`rolled` runs them).
         self._rolls: dict[tuple[uuid.UUID, date, int], None] = {}
@@ -670,6 +672,7 @@ class FakeStats:
     def _dirty(
         self, user_id: uuid.UUID, day: date, buckets: Iterable[int], now: datetime
     ) -> list[Write]:
+        self.marked()
         out: list[Write] = []
         for b in buckets:
             out.append(partial(self._static, user_id, day, b, "dirty_at", now))
@@ -831,10 +834,11 @@ class FakeStats:
         self.db._after(failure)
 
     async def roll_due(self, now: datetime) -> int:
-        recounted = 0
+        recounted = seen = 0
         for marked_on in (day_of(now) - timedelta(days=1), day_of(now)):
             for shard in range(DIRTY_SHARDS):
                 for mark in await self.marks(marked_on, shard):
+                    seen += 1
                     key = (mark.user_id, mark.day, mark.bucket)
                     stored, dirty_at = self._rollup(*key)
                     step = roll_step(stored, dirty_at, now)
@@ -844,6 +848,7 @@ class FakeStats:
                         step = roll_step(stored, dirty_at, now)
                     if step is Roll.DROP:
                         await self.unmark(marked_on, shard, mark)
+        self.marks_seen = seen
         return recounted
 
     async def rolled(self) -> None:

@@ -10,14 +10,21 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.api.campaign_runner import CampaignRunner, pace
+from services.api.campaign_runner import (
+    LEASE_SECONDS,
+    PASS_EVERY,
+    CampaignRunner,
+    next_wait,
+    pace,
+)
+from services.api.campaigns import Campaigns
 from services.api.sending import Sending
 from services.api.templated import TemplateBatches
 from shared.acceptance import Acceptance
@@ -26,6 +33,7 @@ from shared.campaigns import METADATA_KEY, Campaign
 from shared.config import ApiSettings, Settings
 from shared.contacts_csv import Contact
 from shared.errors import DependencyUnavailable
+from shared.leases import SCHEDULER_WAKE, wake
 from shared.metrics import ApiMetrics
 from shared.ratelimit import Verdict
 from shared.template_limits import Limit
@@ -475,3 +483,89 @@ async def test_a_renderer_that_cannot_take_the_slice_now_leaves_the_campaign_sen
 
     assert (waited.state, waited.reason) == ("sending", None)
     await _sent_once(desk, campaign, CONTACTS)
+
+
+# -- waking: an idle runner waits for its own next due time or a wake-up -----------------------
+
+
+async def test_an_idle_runner_waits_for_its_lease_renewal_not_a_short_poll(desk: Desk) -> None:
+    """With no campaign listed, the holder's next pass is its lease's renewal."""
+    await desk.runner.pass_once()
+
+    assert desk.runner.busy is False
+    assert desk.runner.next_in() > PASS_EVERY
+    assert next_wait(datetime.now(UTC), None, LEASE_SECONDS / 3, busy=False) == LEASE_SECONDS / 3
+
+
+async def test_an_idle_runner_wakes_at_the_send_at_of_a_scheduled_campaign(desk: Desk) -> None:
+    """A campaign scheduled for a time that has not come sets the next pass at that time, and
+    the pass then starts it."""
+    now = datetime(2026, 11, 29, 12, tzinfo=UTC)
+    desk.runner.clock = lambda: now
+    campaign = await desk.read(await desk.start(CONTACTS, per_slice=3))
+    desk.campaigns.tables.campaigns[(campaign.user_id, campaign.campaign_id)] = replace(
+        campaign, send_at=now + timedelta(seconds=2)
+    )
+
+    waited = await desk.runner.pass_once()
+    wait = next_wait(now, desk.runner.next_due, LEASE_SECONDS / 3, busy=desk.runner.busy)
+    now += timedelta(seconds=2)
+    started = await desk.runner.pass_once()
+
+    assert (waited, wait, started) == (0, 2.0, 1)
+    assert (await desk.read(campaign)).state == "sending"
+
+
+async def test_a_runner_with_a_sending_campaign_passes_again_soon(desk: Desk) -> None:
+    """While a campaign sends, passes follow PASS_EVERY apart (its pace is counted so)."""
+    await desk.start(SIX, per_slice=3)
+
+    await desk.runner.pass_once()
+
+    assert desk.runner.busy is True
+    assert desk.runner.next_in() == PASS_EVERY
+
+
+async def test_a_paused_campaign_leaves_the_runner_idle(desk: Desk) -> None:
+    """A paused campaign has nothing to send until resumed: no short poll for it."""
+    campaign = await desk.start(SIX, per_slice=3)
+    await desk.campaigns.move(campaign, "sending")
+    assert await desk.campaigns.move(await desk.read(campaign), "paused")
+
+    await desk.runner.pass_once()
+
+    assert desk.runner.busy is False
+
+
+async def test_scheduling_or_resuming_a_campaign_wakes_every_runner(desk: Desk) -> None:
+    """The use case announces a wake-up when a campaign becomes due to run; a pause does not."""
+    campaign = await desk.start(SIX, per_slice=3)
+    await desk.world.broker.listen(desk.runner.heard)
+    use = Campaigns(
+        desk.campaigns,  # type: ignore[arg-type]
+        desk.templates,  # type: ignore[arg-type]
+        desk.lists,  # type: ignore[arg-type]
+        desk.world.batches,  # type: ignore[arg-type]
+        desk.sending,
+        None,  # type: ignore[arg-type]
+    )
+    await desk.campaigns.move(campaign, "sending")
+
+    await use.act(desk.user, campaign.campaign_id, "pause", None)
+    await desk.sending.background.drain()
+    after_pause = await desk.runner.alarm.wait(0)
+    await use.act(desk.user, campaign.campaign_id, "resume", None)
+    await desk.sending.background.drain()
+    after_resume = await desk.runner.alarm.wait(3600)
+
+    assert (after_pause, after_resume) == (False, True)
+
+
+async def test_a_wake_up_for_another_loop_does_not_ring_the_runner(desk: Desk) -> None:
+    """Only the runners' own wake-up ends their wait."""
+    await desk.world.broker.listen(desk.runner.heard)
+
+    await wake(desk.world.broker, SCHEDULER_WAKE)
+    await desk.world.broker.announce(b'{"changed": ["providers.chain"]}')
+
+    assert await desk.runner.alarm.wait(0) is False

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import uuid
@@ -15,7 +16,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.errors import DependencyUnavailable, PublishError
-from shared.outbox import SHARDS, Outbox, Relay, minute_of, minutes, relay_forever, shard_of
+from shared.outbox import (
+    IDLE_EVERY,
+    SHARDS,
+    Outbox,
+    Relay,
+    minute_of,
+    minutes,
+    relay_forever,
+    shard_of,
+    tell_relays,
+)
+from tests.fakes.acceptance_stores import FakeOutbox
+from tests.fakes.stores import FakeCassandra
 
 T0 = datetime(2026, 6, 30, 23, 59, 41, tzinfo=UTC)
 
@@ -96,15 +109,16 @@ async def test_a_failing_batch_older_than_the_abandon_limit_still_stops_the_pass
     assert table.pending() == {old}
 
 
-class _ScriptedRelay:
-    """Stands in for a Relay: each pass raises or returns what the script says."""
+class _ScriptedRelay(Relay):
+    """A Relay whose passes raise or return what the script says (and that always has work)."""
 
     def __init__(self, *script: int | BaseException) -> None:
+        super().__init__(_Table(), _Finisher(_Table()), grace=0)  # type: ignore[arg-type]
         self.script = list(script)
         self.passes = 0
         self.exhausted = asyncio.Event()
 
-    async def once(self) -> int:
+    async def once(self, now: datetime | None = None) -> int:
         self.passes += 1
         step = self.script.pop(0) if self.script else 0
         if not self.script:
@@ -121,7 +135,7 @@ async def test_the_relay_loop_survives_an_outage_and_goes_on(
         DependencyUnavailable("cassandra", "timeout"), PublishError("not confirmed"), 2, 0
     )
     with caplog.at_level(logging.INFO, "shared.outbox"):
-        task = asyncio.create_task(relay_forever(relay, interval=0.001))  # type: ignore[arg-type]
+        task = asyncio.create_task(relay_forever(relay, interval=0.001))
         await asyncio.wait_for(relay.exhausted.wait(), 2)
         await asyncio.sleep(0.01)
         task.cancel()
@@ -142,10 +156,136 @@ async def test_an_unexpected_error_ends_the_relay_loop_loudly() -> None:
     relay = _ScriptedRelay(1, TypeError("bug"))
     with pytest.raises(TypeError, match="bug"):
         await asyncio.wait_for(
-            relay_forever(relay, interval=0.001),  # type: ignore[arg-type]
+            relay_forever(relay, interval=0.001),
             2,
         )
     assert relay.passes == 2
+
+
+# -- waking: an idle relay reads nothing until a row is written ------------------------------
+
+
+class _Ticks:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Announcer:
+    """The settings fanout: every relay hears what is announced (``lost``: nothing is)."""
+
+    def __init__(self, *relays: Relay, lost: bool = False) -> None:
+        self.relays, self.lost = relays, lost
+        self.sent = 0
+
+    async def announce(self, body: bytes) -> None:
+        if self.lost:
+            raise DependencyUnavailable("rabbitmq", "unreachable")
+        self.sent += 1
+        for relay in self.relays:
+            relay.heard(body)
+
+
+def _idle_relay(table: _Table, ticks: _Ticks, *, grace: float = 30) -> Relay:
+    relay = Relay(table, _Finisher(table), grace=grace, every=5, clock=ticks)  # type: ignore[arg-type]
+    relay.found = False
+    return relay
+
+
+async def _spin() -> None:
+    for _ in range(30):
+        await asyncio.sleep(0)
+
+
+async def test_a_relay_with_nothing_written_waits_idle_and_a_writer_elsewhere_wakes_it() -> None:
+    """No row left and none written for a grace period: IDLE_EVERY; a row written by another
+    process (its wake-up heard over the fanout) brings passes every interval again."""
+    table, ticks = _Table(), _Ticks()
+    relay = _idle_relay(table, ticks)
+    idle = relay.next_in()
+    writer = FakeOutbox(FakeCassandra())
+    tell_relays(writer, _Announcer(relay), 5)  # type: ignore[arg-type]
+
+    await writer.statement(uuid_from_time(T0.timestamp()), uuid.uuid4())
+    await _spin()
+
+    assert (idle, relay.next_in()) == (IDLE_EVERY, 5)
+
+
+async def test_a_row_written_is_relayed_at_its_grace_by_passes_every_interval() -> None:
+    """After a row is written the relay passes every interval until the row is due and then
+    finishes it, its grace after it was written at the latest plus an interval, as before;
+    then it goes idle."""
+    table, ticks = _Table(), _Ticks()
+    relay = _idle_relay(table, ticks)
+    writer = FakeOutbox(FakeCassandra())
+    tell_relays(writer, _Announcer(lost=True), 5, own=relay)  # type: ignore[arg-type]
+    row = table.add(T0)
+    await writer.statement(row, uuid.uuid4())
+
+    waits: list[float] = []
+    seconds, finished_at = 0.0, None
+    while not waits or waits[-1] != IDLE_EVERY:
+        await relay.once(T0 + timedelta(seconds=seconds))
+        if finished_at is None and not table.pending():
+            finished_at = seconds
+        waits.append(relay.next_in())
+        ticks.now += waits[-1]
+        seconds += waits[-1]
+        assert seconds < 120
+
+    assert finished_at is not None and 30 <= finished_at <= 30 + 5
+    assert set(waits[:-1]) == {5}
+
+
+async def test_the_relay_loop_waits_idle_and_passes_at_once_when_woken() -> None:
+    """relay_forever does nothing while idle and passes as soon as a wake-up is heard."""
+    table, ticks = _Table(), _Ticks()
+    relay = _idle_relay(table, ticks)
+    passes: list[int] = []
+    once = relay.once
+
+    async def counted(now: datetime | None = None) -> int:
+        passes.append(1)
+        return await once(now)
+
+    relay.once = counted  # type: ignore[method-assign]
+    loop = asyncio.create_task(relay_forever(relay, interval=5))
+    await _spin()
+    ticks.now += 3600  # the start's own linger is over: the next wait is idle
+    relay.alarm.nudge()
+    await _spin()
+    asleep = len(passes)
+    await _Announcer(relay).announce(b'{"wake":"outbox"}')
+    await _spin()
+    loop.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await loop
+
+    assert (asleep, len(passes)) == (2, 3)
+
+
+async def test_a_writer_wakes_the_relays_once_per_interval_and_other_wake_ups_do_not() -> None:
+    """Many rows within an interval send one wake-up; a scheduler's wake-up or a settings
+    change keeps an idle relay idle."""
+    table, ticks = _Table(), _Ticks()
+    relay = _idle_relay(table, ticks)
+    fanout = _Announcer(relay)
+    writer = FakeOutbox(FakeCassandra())
+    tell_relays(writer, fanout, 5)  # type: ignore[arg-type]
+    relay.heard(b'{"wake":"scheduler"}')
+    relay.heard(b'{"changed": ["providers.chain"]}')
+    before = relay.next_in()
+
+    for _ in range(5):
+        await writer.statement(uuid_from_time(T0.timestamp()), uuid.uuid4())
+    await _spin()
+
+    assert (before, fanout.sent) == (IDLE_EVERY, 1)
 
 
 # -- buckets ----------------------------------------------------------------------------------

@@ -3,12 +3,15 @@ circuit's state machine and the order it all gives the chain."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shared.errors import DependencyUnavailable
 from shared.provider_health import (
     COOL_DOWN,
     LATENCY_WEIGHT,
@@ -177,3 +180,55 @@ def test_the_thresholds_are_the_operators() -> None:
     assert next_circuit(CircuitState(), 0.6, NOW).state == "closed"
     assert order(("sg", "mg"), {"sg": 0.9}, {}, 0.9, strict) == ("mg", "sg")
     assert order(("sg", "mg"), {"sg": 0.9}, {}, 0.4, strict) == ("sg", "mg")  # a probe
+
+
+class _Windows:
+    """The shared windows' reported counts, as ``HealthStore.add_reported`` adds them; the
+    next ``failures`` adds raise as Cassandra down."""
+
+    def __init__(self) -> None:
+        self.added: list[tuple[str, datetime, int, int, int]] = []
+        self.failures = 0
+
+    async def add_reported(
+        self, provider: str, start: datetime, events: int, drops: int, deferrals: int
+    ) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise DependencyUnavailable("cassandra", "timeout")
+        self.added.append((provider, start, events, drops, deferrals))
+
+
+class _Rounds(Reports):
+    """Reports that count the flush loop's rounds (each round takes what was counted)."""
+
+    rounds = 0
+
+    def take(self) -> dict[tuple[str, datetime], list[int]]:
+        self.rounds += 1
+        return super().take()
+
+
+async def _for(seconds: float) -> None:
+    """Let the flush loop run for ``seconds``."""
+    await asyncio.sleep(seconds)
+
+
+async def test_reports_are_added_a_flush_after_the_first_count_and_nothing_is_done_idle() -> None:
+    """With nothing counted the flush loop sleeps (no round, no write); the first count
+    brings a round ``every`` later that adds it, a failed add is retried the next round."""
+    reports, windows = _Rounds(), _Windows()
+    loop = asyncio.create_task(reports.keep_adding(windows, every=0.01))  # type: ignore[arg-type]
+    await _for(0.05)
+    idle = reports.rounds
+
+    windows.failures = 1
+    reports.count("sg", NOW, "dropped", provider_side=True)
+    await _for(0.1)
+    loop.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await loop
+
+    assert idle == 0
+    assert windows.added == [("sg", window_start(NOW), 1, 1, 0)]
+    assert reports.take() == {}
