@@ -20,7 +20,7 @@ from shared.hook_store import Endpoint
 from shared.models import Address, BatchJob, Chunk, Engagement, Message, Recipient
 from shared.precedence import accepted_at, visible
 from shared.providers.base import Receipt
-from shared.recipients import log_id_for
+from shared.recipients import Report, log_id_for
 from shared.topology import batch_key
 from shared.user_hooks import FakeUserHooks
 from tests.fakes.broker import FakeMessage
@@ -222,11 +222,11 @@ async def test_a_resend_of_one_recipient_checks_the_list_again() -> None:
     w = World()
     batch = await w.sent(A)
     a = log_id_for(batch.batch_id, A)
-    await w.recipients.reported(
+    await w.recipients.reported(Report(
         batch.batch_id, batch.user_id, 0, a, provider="sg", provider_result="dropped",
         message_id=None, stage_rank=5, rank=0, when=w.clock.now + timedelta(seconds=5),
         event="dropped", state=None, reason="provider blocklist", evidence=None,
-    )  # fmt: skip  # what ingest writes for SendGrid's own drop
+    ))  # fmt: skip  # what ingest writes for SendGrid's own drop
     await _suppress(w, batch, A, reason="unsubscribed")
     await w.dispatcher.handoff(
         batch_id=batch.batch_id, user_id=batch.user_id, chunk=0, log_id=a,
@@ -249,11 +249,11 @@ async def test_a_delivery_reported_later_for_an_earlier_attempt_outranks_the_dro
     await _suppress(w, batch, B)
     await w.settle()
     b = log_id_for(batch.batch_id, B)
-    await w.recipients.reported(
+    await w.recipients.reported(Report(
         batch.batch_id, batch.user_id, 0, b, provider="sg", provider_result="delivered",
         message_id=None, stage_rank=6, rank=6, when=accepted_at(batch.batch_id),
         event="delivered", state="success", reason=None, evidence=None,
-    )  # fmt: skip
+    ))  # fmt: skip
 
     assert (await _outcomes(w, batch))[B][:2] == ("success", "delivered")
     assert await w.counts(batch) == {"queued": 2, "success": 1}
