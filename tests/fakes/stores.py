@@ -291,6 +291,7 @@ OPERATION_KINDS: dict[str, Kind] = {
     "stats.rollup": "write",
     "stats.user_days": "read",
     "suppressions.add": "write",
+    "suppressions.suppressed": "read",
     "timeline.orphan": "write",
     "timeline.record": "write",
     "tokens.accept_once": "lwt",
@@ -1300,6 +1301,7 @@ class FakeSuppressions:
     async def suppressed(
         self, user_id: uuid.UUID, emails: Iterable[str], scope: str | None = None
     ) -> dict[str, str]:
+        failure = await self.db._before("suppressions.suppressed")
         found: dict[str, str] = {}
         for e in {e.lower() for e in emails}:
             if (row := self.db.suppressions.get((user_id, e))) is not None:
@@ -1309,6 +1311,7 @@ class FakeSuppressions:
                 and (row := self.db.list_suppressions.get((user_id, scope, e))) is not None
             ):
                 found[e] = f"{row['reason']} ({scope})"
+        self.db._after(failure)
         return found
 
 
