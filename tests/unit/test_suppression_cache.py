@@ -402,3 +402,18 @@ async def test_a_single_suppressing_event_is_announced() -> None:
     await w.ingest.apply(event(batch, "unsubscribed", email=A, suppress=True))
 
     assert [changed_in(body) for body in heard] == [(batch.user_id,)]
+
+
+async def test_a_delivery_is_applied_though_its_announcement_cannot_be_sent() -> None:
+    """RabbitMQ away: the delivery still applies (its suppressions stored), and the API
+    processes see them within their TTL."""
+    w = World()
+    w.ingest.changes = Changes(BrokerDown())
+    batch = await w.sent(A, B)
+
+    result = await w.ingest.apply_all(
+        [event(batch, "bounced", email=e, suppress=True) for e in (A, B)]
+    )
+
+    assert result == {"applied": 2, "orphans": 0}
+    assert await w.suppressions.suppressed(batch.user_id, [A, B]) == {A: "bounced", B: "bounced"}
