@@ -185,6 +185,13 @@ class ApiSettings(BaseSettings):
     """Live API keys one user may hold; creating another answers 409 ``too_many_keys``."""
     daily_recipient_quota: int = Field(100_000, ge=1)
     """Recipients one user may have accepted per UTC day, across all of their keys."""
+    suppression_cache_ttl: float = Field(5.0, ge=0)
+    """Seconds an API process uses a user's suppression list after reading it
+    (``shared.suppression_cache``): how late it sees a change made through another process
+    whose broadcast it missed (with the broadcast: milliseconds). 0 reads it for every batch."""
+    suppression_cache_small: int = Field(2_000, ge=0)
+    """Entries a user's suppression list may hold to be kept whole by each API process; the
+    addresses of a batch of a user with a longer list are looked up for each batch."""
     session_idle_ttl: int = Field(7 * 86_400, ge=1)
     """Seconds a dashboard session survives without use (sliding; refreshed while in use)."""
     session_max_age: int = Field(30 * 86_400, ge=1)

@@ -201,6 +201,21 @@ class SuppressionStore:
                 )
         return found
 
+    async def listed(
+        self, user_id: uuid.UUID, most: int, scope: str | None = None
+    ) -> dict[str, str] | None:
+        """The whole list (or ``scope``'s): address key -> reason, read in one query of at
+        most ``most + 1`` rows; None when it holds more than ``most`` entries."""
+        table, where, key = _where(user_id, scope)
+        rows = await self.db.rows(
+            f"SELECT email, reason FROM {table} WHERE {where} LIMIT ?",  # noqa: S608
+            (*key, most + 1),
+            page_size=most + 1,
+        )
+        if len(rows) > most:
+            return None
+        return {r["email"]: r["reason"] for r in rows}
+
     async def page(
         self, user_id: uuid.UUID, limit: int, after: str | None, scope: str | None = None
     ) -> list[dict[str, Any]]:

@@ -67,6 +67,7 @@ from shared.resources import open_resources, readiness_checks
 from shared.schedule_store import ScheduleStore
 from shared.stall_monitor import StallMetrics, watching
 from shared.stats import StatsStore, tell_rollups
+from shared.suppression_cache import Changes, SuppressionCache
 from shared.suppressions import SuppressionStore
 from shared.template_pool import TemplatePool
 from shared.templates import TemplateStore
@@ -74,13 +75,23 @@ from shared.templates import TemplateStore
 log = logging.getLogger(__name__)
 
 
-async def _hear_revocations(broker: Broker, keys: KeyCache) -> None:
-    """Drop keys from this process's cache as soon as any process announces them revoked;
-    with the broker down, cached keys still expire within ``shared.keycache.TTL``."""
+async def _hear_changes(broker: Broker, keys: KeyCache, lists: SuppressionCache) -> None:
+    """Drop keys and users' suppression lists from this process's caches as soon as any
+    process announces them revoked or changed; with the broker down, cached ones still expire
+    within their TTL (``shared.keycache``, ``shared.suppression_cache``)."""
+
+    def hear(body: bytes) -> None:
+        keys.hear(body)
+        lists.hear(body)
+
     try:
-        await broker.listen(keys.hear)
+        await broker.listen(hear)
     except DependencyUnavailable as exc:
-        log.warning("not hearing key revocations (cached keys expire on their own): %s", exc)
+        log.warning(
+            "not hearing key revocations or suppression changes (cached ones expire "
+            "on their own): %s",
+            exc,
+        )
 
 
 async def _hear(broker: Broker, on_message: Callable[[bytes], None], what: str) -> None:
@@ -132,13 +143,19 @@ def create_app(settings: Settings) -> Starlette:
             state.dead_letters = DeadLetters(DeadLetterStore(res.db), res.broker)
             state.background = Background()
             state.keys = KeyCache()
+            state.suppression_cache = SuppressionCache(
+                state.suppressions,
+                small=settings.api.suppression_cache_small,
+                ttl=settings.api.suppression_cache_ttl,
+            )
             state.managing = Managing(
                 res.db,
                 state.suppressions,
                 max_keys=settings.api.max_keys_per_user,
                 revocations=Revocations(res.broker, state.keys),
+                changes=Changes(res.broker, state.suppression_cache),
             )
-            await _hear_revocations(res.broker, state.keys)
+            await _hear_changes(res.broker, state.keys, state.suppression_cache)
             state.sending = Sending(
                 settings=settings,
                 acceptance=state.acceptance,
@@ -155,6 +172,7 @@ def create_app(settings: Settings) -> Starlette:
                 schedules=ScheduleStore(res.db, settings.amqp.exchange),
                 canaries=state.canary_store,
                 cpu=res.cpu,
+                suppression_cache=state.suppression_cache,
             )
             state.campaigns = Campaigns(
                 CampaignStore(res.db, settings.amqp.exchange),

@@ -15,6 +15,7 @@ from shared.addresses import AddressError, address_key, normalize_email
 from shared.db import Database
 from shared.http import ApiError
 from shared.keycache import Revocations
+from shared.suppression_cache import Changes
 from shared.suppressions import SuppressionStore, lift_refusal, made_by_recipient
 
 MAX_KEY_NAME = 100
@@ -44,6 +45,9 @@ class Managing:
     """Live (not revoked, not expired) keys one user may hold."""
     revocations: Revocations | None = None
     """Who tells every API process's key cache that a key was revoked (none: no cache)."""
+    changes: Changes | None = None
+    """Who tells every API process's suppression cache that a user's list changed (none: no
+    cache)."""
 
     async def suppress(
         self, user_id: uuid.UUID, email: str, reason: str | None, *, source: str
@@ -69,6 +73,7 @@ class Managing:
         await self.suppressions.add(
             user_id, normalized, reason=reason, source=source, by_recipient=mark
         )
+        await self._changed(user_id)
         return Suppressed(address_key(normalized), reason)
 
     async def unsuppress(
@@ -85,7 +90,14 @@ class Managing:
         if refusal is not None:
             raise ApiError(403, "suppressed_by_recipient", refusal)
         await self.suppressions.forget(user_id, email, scope, version=int(found["version"]))
+        await self._changed(user_id)
         return True
+
+    async def _changed(self, user_id: uuid.UUID) -> None:
+        """After a write of the user's list: this process's cache drops it at once, the
+        others on the broadcast (lost: within their TTL)."""
+        if self.changes is not None:
+            await self.changes.announce([user_id])
 
     async def create_key(
         self,

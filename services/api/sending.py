@@ -64,6 +64,7 @@ from shared.preferences import Preferences, PreferenceStore
 from shared.providers.limits import chunk_size
 from shared.ratelimit import QuotaLedger
 from shared.schedule_store import ScheduleStore
+from shared.suppression_cache import SuppressionCache
 from shared.suppressions import SuppressionStore
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class Sending:
     """Which batches carried a template's canary (for the rollout's judge)."""
     cpu: CpuLane = field(default_factory=CpuLane)
     """The API's thread for long pure-Python work (``shared.gil``)."""
+    suppression_cache: SuppressionCache | None = None
+    """This process's copy of the users' suppression lists (without it: read per batch)."""
 
     async def accept(
         self,
@@ -472,9 +475,13 @@ class Sending:
         self, user_id: uuid.UUID, parsed: validation.BatchRequest
     ) -> validation.BatchRequest:
         """Remove addresses (to, cc, bcc) on the user's suppression list (and on the list's
-        own, for a batch naming a list); no recipient left is a 422."""
+        own, for a batch naming a list); no recipient left is a 422. The lists come from
+        this process's cache when it has one (``shared.suppression_cache``: a change made
+        through another process may be seen up to its TTL late, and the consumers' check at
+        send time is the one that keeps a suppressed address from being mailed)."""
         engagement = parsed.message.engagement
-        listed = await self.suppressions.suppressed(
+        lists = self.suppressions if self.suppression_cache is None else self.suppression_cache
+        listed = await lists.suppressed(
             user_id, validation.addresses_of(parsed), engagement.list if engagement else None
         )
         return _invalid_as_422(validation.drop_suppressed, parsed, listed)

@@ -5,7 +5,8 @@ written in one batch with the recipient's state (a delivery's events: in rounds,
 single-partition batches each, stat rows before states, ``RecipientStore.reported_many``; a
 round of one event: one logged batch), the recipient's row is written through
 ``shared.recipients`` with timestamps from the event (so replays and out-of-order arrivals
-merge to the same result) together with its stat row, suppressions are upserts, and hand-offs
+merge to the same result) together with its stat row, suppressions are upserts (announced to
+the API processes' caches once per delivery, ``shared.suppression_cache``), and hand-offs
 are planned once per failed attempt (``shared.handoff``). Replaying a whole delivery is
 therefore harmless, which is what lets the intake retry it until it is applied.
 
@@ -43,6 +44,7 @@ from shared.models import LogJob
 from shared.provider_health import Reports
 from shared.recipients import RecipientStore, Report
 from shared.stats import StatsStore, tell_rollups
+from shared.suppression_cache import Changes
 from shared.suppressions import SuppressionStore
 from shared.timeline import Timeline
 from shared.topology import log_key
@@ -118,6 +120,8 @@ class Ingest:
     """Where each applied event goes for the users' webhooks (None: nowhere)."""
     reports: Reports = field(default_factory=Reports)
     """Provider-side drops and deferrals, for the providers' health."""
+    changes: Changes | None = None
+    """Who tells the API processes that users' suppression lists changed (None: no one)."""
     _owners: OrderedDict[uuid.UUID, uuid.UUID | None] = field(default_factory=OrderedDict)
     _senders: OrderedDict[uuid.UUID, BatchFacts] = field(default_factory=OrderedDict)
     """Per batch: what events of its recipients need to know of it."""
@@ -147,6 +151,7 @@ class Ingest:
             metrics=metrics,
             volumes=DomainVolumes(db),
             hooks=HookEmitter(db, broker),
+            changes=Changes(broker),
         )
 
     async def apply_all(self, events: Iterable[ProviderEvent]) -> dict[str, int]:
@@ -155,13 +160,19 @@ class Ingest:
         its earlier events left), its writes grouped into a few single-partition batches
         (``RecipientStore.reported_many``), then each event's hand-offs, suppressions and
         hooks. A failure anywhere fails the delivery; the provider's retry (or the intake's
-        queue) applies it again, which rewrites the same cells."""
+        queue) applies it again, which rewrites the same cells. The users whose lists it
+        changed are announced once, after the delivery is applied."""
         results: list[str] = []
+        suppressed: set[uuid.UUID] = set()
         for round_ in rounds(events):
-            results += await self._apply_round(round_)
+            results += await self._apply_round(round_, suppressed)
+        await self._announce(suppressed)
         return {"applied": results.count("applied"), "orphans": results.count("orphan")}
 
-    async def _apply_round(self, events: list[ProviderEvent]) -> list[str]:
+    async def _apply_round(
+        self, events: list[ProviderEvent], suppressed: set[uuid.UUID]
+    ) -> list[str]:
+        """Apply one round; the users it suppressed an address of join ``suppressed``."""
         window = asyncio.Semaphore(CONCURRENCY)
 
         async def plan(ev: ProviderEvent) -> Planned | None:
@@ -178,6 +189,7 @@ class Ingest:
         applied = [p for p in planned if p is not None]
         await self.recipients.reported_many([p.report for p in applied])
         await asyncio.gather(*(finish(p) for p in applied))
+        suppressed.update(p.target.user_id for p in applied if p.effects.suppress)
         told: dict[uuid.UUID, list[HookEvent]] = {}
         for p in applied:
             if p.told is not None:
@@ -204,8 +216,16 @@ class Ingest:
     async def apply(self, ev: ProviderEvent) -> str:
         """Apply one event (a one-event round: its state and stat row in one logged batch,
         ``RecipientStore.reported_many``): ``applied`` or ``orphan``."""
-        (result,) = await self._apply_round([ev])
+        suppressed: set[uuid.UUID] = set()
+        (result,) = await self._apply_round([ev], suppressed)
+        await self._announce(suppressed)
         return result
+
+    async def _announce(self, users: Iterable[uuid.UUID]) -> None:
+        """Tell the API processes these users' suppression lists changed (best effort: each
+        sees it within its cache's TTL without the broadcast, ``shared.suppression_cache``)."""
+        if self.changes is not None:
+            await self.changes.announce(users)
 
     async def _plan(self, ev: ProviderEvent) -> Planned | None:
         """Where an event lands and what it does (None: an orphan, recorded as one)."""

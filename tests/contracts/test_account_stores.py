@@ -985,3 +985,34 @@ async def test_pages_walk_the_list_in_address_order(side: AccountSide) -> None:
 
     assert seen == expected
     assert [r["email"] for r in await side.suppressions.page(user, 2, "b")] == expected[1:3]
+
+
+@pytest.mark.parametrize("scope", [None, "news"])
+async def test_a_whole_list_is_read_at_once_when_it_holds_at_most_the_most_asked(
+    side: AccountSide, scope: str | None
+) -> None:
+    """``listed`` gives every entry of the list (or of ``scope``'s) with its reason, and an
+    empty list as empty; another user's entries, or the other list's, are not in it."""
+    user = uuid.uuid4()
+    await side.suppressions.add(user, "Ann@example.org", reason="bounce", source="sg", scope=scope)
+    await side.suppressions.add(user, "bob@example.org", reason="manual", source="api", scope=scope)
+    await side.suppressions.add(user, "carl@example.org", reason="x", source="t", scope="other")
+    await side.suppressions.add(
+        uuid.uuid4(), "dan@example.org", reason="x", source="t", scope=scope
+    )
+
+    listed = await side.suppressions.listed(user, 2, scope)
+
+    assert listed == {"ann@example.org": "bounce", "bob@example.org": "manual"}
+    assert await side.suppressions.listed(uuid.uuid4(), 2, scope) == {}
+
+
+async def test_a_list_longer_than_the_most_asked_is_not_read_whole(side: AccountSide) -> None:
+    """``listed`` answers None for a list of more than ``most`` entries (the caller looks its
+    addresses up instead)."""
+    user = uuid.uuid4()
+    for i in range(4):
+        await side.suppressions.add(user, f"r{i}@example.org", reason="bounce", source="sg")
+
+    assert await side.suppressions.listed(user, 3) is None
+    assert await side.suppressions.listed(user, 4) is not None

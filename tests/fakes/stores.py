@@ -298,6 +298,7 @@ OPERATION_KINDS: dict[str, Kind] = {
     "stats.rollup": "write",
     "stats.user_days": "read",
     "suppressions.add": "write",
+    "suppressions.listed": "read",
     "suppressions.suppressed": "read",
     "timeline.orphan": "write",
     "timeline.record": "write",
@@ -1354,6 +1355,21 @@ class FakeSuppressions:
                     found[e] = f"{row['reason']} ({scope})"
             self.db._after(failure)
         return found
+
+    async def listed(
+        self, user_id: uuid.UUID, most: int, scope: str | None = None
+    ) -> dict[str, str] | None:
+        failure = await self.db._before("suppressions.listed")
+        if scope is None:
+            rows = [(k[1], r) for k, r in self.db.suppressions.items() if k[0] == user_id]
+        else:
+            rows = [
+                (k[2], r) for k, r in self.db.list_suppressions.items() if k[:2] == (user_id, scope)
+            ]
+        self.db._after(failure)
+        if len(rows) > most:
+            return None
+        return {email: row["reason"] for email, row in rows}
 
 
 class FakeTimeline:
