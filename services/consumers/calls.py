@@ -34,7 +34,7 @@ from shared.errors import (
     ProviderSkipped,
     TransientProviderError,
 )
-from shared.models import Chunk, Message, Recipient, chain_for
+from shared.models import Chunk, Message, chain_for
 from shared.providers.base import Receipt
 from shared.settle import MAX_OUTAGE_BACKOFF, MAX_OUTAGE_HOLD, Delivery
 
@@ -131,7 +131,10 @@ class Caller:
         to_send = await self._pending(job)
         if d.work is None or not to_send:
             return to_send, 0
-        weight = await d.cpu.run(weigh, to_send) if heavy(to_send) else weigh(to_send)
+        if heavy(to_send, HEAVY_WEIGHING):
+            weight = await d.cpu.run(weigh, to_send)
+        else:
+            weight = weigh(to_send)
         taken = d.work.try_take(weight)
         if taken is not None:
             return to_send, taken
@@ -381,14 +384,20 @@ class Caller:
 #: Recipients of a chunk, each substitution counted as one more, above which building the
 #: chunk is worth a worker thread (a millisecond of CPU or more).
 HEAVY_CHUNK = 200
+#: The same count above which even weighing the chunk (:func:`weigh`) is: weighing costs
+#: about a sixth of building per item (45 µs for 100 recipients with two substitutions each,
+#: building 280 µs), and a trip to the CPU lane costs about 80 µs of CPU of its own, more than
+#: weighing such a chunk where it is.
+HEAVY_WEIGHING = 2000
 
 
-def heavy(rows: Sequence[Row]) -> bool:
-    """Whether building a chunk of ``rows`` is CPU work to keep off the event loop."""
+def heavy(rows: Sequence[Row], bound: int = HEAVY_CHUNK) -> bool:
+    """Whether building a chunk of ``rows`` (or the work ``bound`` stands for) is CPU work
+    to keep off the event loop."""
     weight = len(rows)
     for row in rows:
         weight += len(row.get("substitutions") or ())
-        if weight > HEAVY_CHUNK:
+        if weight > bound:
             return True
     return False
 
@@ -420,20 +429,24 @@ def _chunk(
 ) -> Chunk:
     """The chunk the provider is sent: ``rows`` as recipients, personalized when the
     batch's message asks for engagement (``tracker``)."""
-    chunk = Chunk(
-        batch_id=job.batch_id,
-        index=job.chunk,
-        message=message,
-        recipients=tuple(_recipient(r) for r in rows),
-        attempt=tag(job.line, job.attempt),
+    # One validation of the whole chunk, its recipients as plain data (pydantic's core walks
+    # them), rather than a model built per recipient: a third less CPU for 100 recipients.
+    chunk = Chunk.model_validate(
+        {
+            "batch_id": job.batch_id,
+            "index": job.chunk,
+            "message": message,
+            "recipients": [_recipient(r) for r in rows],
+            "attempt": tag(job.line, job.attempt),
+        }
     )
     return chunk if tracker is None else personalize(chunk, tracker)
 
 
-def _recipient(row: Row) -> Recipient:
-    return Recipient(
-        log_id=row["log_id"],
-        email=row["email"],
-        name=row.get("name"),
-        substitutions=row.get("substitutions") or {},
-    )
+def _recipient(row: Row) -> dict[str, Any]:
+    return {
+        "log_id": row["log_id"],
+        "email": row["email"],
+        "name": row.get("name"),
+        "substitutions": row.get("substitutions") or {},
+    }

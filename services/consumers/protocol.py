@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from shared.attempts import Attempt, find
 from shared.db import Row
 from shared.lanes import Priority
-from shared.precedence import visible
+from shared.precedence import queued, visible
 from shared.recipients import CHUNK, OWN, accepted_by_line
 
 
@@ -255,7 +255,7 @@ def pending(rows: Sequence[Row], *, own_line: bool, tag: str) -> list[Row]:
     """
     out = []
     for row in rows:
-        if visible(row).state != "queued":
+        if not queued(row):
             continue
         accepted = _accepted_on_own_line(row, tag) if own_line else accepted_by_line(row, CHUNK)
         if not accepted:

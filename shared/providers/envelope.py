@@ -112,6 +112,8 @@ def _headers_problem(chunk: Chunk) -> str | None:
     if message.reply_to:
         addresses.append(message.reply_to.email)
     fields = [message.subject, *message.categories, *addresses, *(n for n in names if n)]
-    if any(_UNSAFE.search(field) for field in fields):
+    # One search over them all (the separator is safe, so a match is in one of them): two
+    # searches per recipient cost more than the rest of the check.
+    if _UNSAFE.search(" ".join(fields)):
         return "a subject, name, address or category contains CR, LF or NUL"
     return None

@@ -184,3 +184,15 @@ def test_merge_of_both_rows_is_what_one_row_would_hold() -> None:
         merged = precedence.merge(*rows)
         for cell in ("event", "state", "last_update"):
             assert merged[cell] == one[cell], (split, cell)
+
+
+@pytest.mark.parametrize("state", [None, "", "queued", "success", "failed"])
+@pytest.mark.parametrize("gave_up", [None, "", "every provider failed"])
+@pytest.mark.parametrize("event", [None, "deferred", "delivered"])
+def test_queued_agrees_with_what_readers_see(
+    state: str | None, gave_up: str | None, event: str | None
+) -> None:
+    """The send path's cheap ``queued`` says queued exactly when ``visible`` does."""
+    row = {"state": state, "gave_up_reason": gave_up, "event": event}
+
+    assert (precedence.visible(row).state == "queued") == precedence.queued(row)

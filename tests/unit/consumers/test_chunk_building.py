@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from services.consumers.calls import HEAVY_CHUNK, heavy
+from services.consumers.calls import HEAVY_CHUNK, HEAVY_WEIGHING, heavy
 from shared.models import BatchJob, Recipient
 from shared.recipients import log_id_for
 from shared.topology import batch_key
@@ -23,6 +23,15 @@ def test_a_chunk_is_heavy_by_its_recipients_and_their_substitutions() -> None:
     assert heavy([{"substitutions": None}] * (HEAVY_CHUNK + 1))
     assert heavy([{"substitutions": {f"k{i}": "v" for i in range(HEAVY_CHUNK)}}])
     assert not heavy([{"substitutions": {"k": "v"}}] * (HEAVY_CHUNK // 2))
+
+
+def test_weighing_a_chunk_is_heavy_only_past_its_own_larger_bound() -> None:
+    """A chunk too heavy to build on the loop may still be weighed there: weighing costs
+    less than a trip to the CPU lane up to :data:`HEAVY_WEIGHING`."""
+    typical = [{"substitutions": {"a": "1", "b": "2"}}] * 100  # make bench's chunk
+    assert heavy(typical)
+    assert not heavy(typical, HEAVY_WEIGHING)
+    assert heavy([{"substitutions": None}] * (HEAVY_WEIGHING + 1), HEAVY_WEIGHING)
 
 
 @pytest.mark.offloop

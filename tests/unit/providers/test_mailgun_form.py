@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import urllib.parse
+
 import orjson
 import pytest
 
 from shared.errors import PermanentProviderError
 from shared.models import Address
-from shared.providers.mailgun import build_form, format_address, parse_message_id
+from shared.providers.mailgun import (
+    build_form,
+    encoded_form,
+    format_address,
+    parse_message_id,
+    urlencode,
+)
 from tests.unit.providers.fakes import BATCH_ID, chunk, recipient
 
 ANN = recipient("ann@example.org", "Ann", {"-first-": "Ann"})
@@ -216,3 +224,23 @@ def test_invalid_chunk_is_refused_before_building() -> None:
 def test_parse_message_id(body: bytes, expected: str | None) -> None:
     """The 200 body's id loses its angle brackets; anything else gives None."""
     assert parse_message_id(body) == expected
+
+
+def test_the_form_body_is_the_standard_librarys_encoding_byte_for_byte() -> None:
+    """Every byte value, spaces, reserved and non-ASCII characters are quoted exactly as
+    ``urllib.parse.urlencode`` quotes them, and so is a real bulk form."""
+    every_byte = "".join(map(chr, range(256)))
+    form = [
+        ("h:X-Note", every_byte),
+        ("subject", "Prix: 10 € & plus = 100% {{first_name}} ~_.-"),
+        ("to", '"Zoë, Ltd" <zoe@example.org>'),
+        ("", ""),
+        ("emoji", "\U0001f4e7 mail"),
+    ]
+    assert urlencode(form) == urllib.parse.urlencode(form).encode()
+    bulk = chunk(
+        [recipient("a@example.org", "Ä B", {"{{n}}": "x&y=z"}), recipient("b@example.org")],
+        bulk=True,
+        text="Hi {{n}}\r\n<b>",
+    )
+    assert encoded_form(bulk) == urllib.parse.urlencode(build_form(bulk)).encode()
