@@ -86,6 +86,8 @@ async def accept(spec: dict[str, Any]) -> dict[str, Any]:
     reporter = asyncio.create_task(_report(done, w_start, "batches/s", factory.size))
     try:
         await asyncio.gather(*(worker() for _ in range(int(spec["window"]))))
+        reporter.cancel()
+        await child.hold()
     finally:
         reporter.cancel()
         await broker.close()

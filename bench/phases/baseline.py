@@ -6,6 +6,7 @@ consumer takes the messages they leave behind; those are purged afterwards.
 
 from __future__ import annotations
 
+from bench import cqlops
 from bench.phases import Context, Result, phase
 from bench.stats import stability
 
@@ -21,14 +22,23 @@ async def _l_accept(ctx: Context, label: str) -> Result:
         "window": cfg.accept_window,
     }
     runner = ctx.child(label, "bench.raw", spec)
+    before = await ctx.cassandra_ops()
     await runner.start()
-    result = await runner.finish(timeout=cfg.accept_warmup + cfg.accept_duration + 120)
+    await runner.measured(timeout=cfg.accept_warmup + cfg.accept_duration + 120)
+    after = await ctx.cassandra_ops(settled=True)
+    await runner.go()
+    result = await runner.finish(timeout=60)
+    # Warm-up included, as the snapshots are: the loop's own minimum per batch.
+    result["cassandra_ops_per_batch"] = ops = cqlops.per_unit(
+        before, after, int(result["total_batches"])
+    )
     result["usage"] = ctx.usage(result["window_start"], result["window_end"], result["recipients"])
     result["purged"] = await ctx.stack.purge(ctx.stack.topology.batches_queue)
     ctx.printer(
         f"L_accept: {result['batches_per_s']:,.1f} batches/s, "
         f"{result['recipients_per_s']:,.0f} recipients/s (window {cfg.accept_window})"
     )
+    ctx.printer(f"L_accept: Cassandra {cqlops.summary(ops)}")
     return result
 
 
