@@ -423,8 +423,9 @@ def ops_lines(phases: Mapping[str, Any]) -> list[str]:
     for name, r in phases.items():
         if not isinstance(r, Mapping):
             continue
-        if isinstance(r.get("cassandra_ops_per_batch"), Mapping):
-            found.append((name, r["cassandra_ops_per_batch"]))
+        for key in ("cassandra_ops_per_batch", "cassandra_ops_per_s"):
+            if isinstance(r.get(key), Mapping):
+                found.append((name, r[key]))
         for level in r.get("levels") or []:
             if isinstance(level, Mapping) and "cassandra_ops_per_batch" in level:
                 found.append(
@@ -437,7 +438,8 @@ def ops_lines(phases: Mapping[str, Any]) -> list[str]:
         return []
     width = max(len(name) for name, _ in found)
     return [
-        "Cassandra operations per batch (system_views, the run's keyspace; webhooks per post):",
+        "Cassandra operations per batch (system_views, the run's keyspace; webhooks per post, "
+        "idle per second):",
         *(f"  {name:<{width}}  {cqlops.summary(ops)}" for name, ops in found),
     ]
 

@@ -177,18 +177,21 @@ def test_the_table_shows_round_trips_per_batch_of_each_phase() -> None:
 
 
 def test_the_summary_lists_the_operations_of_every_step() -> None:
-    """API levels and open-loop steps each get their own line, as do whole phases."""
+    """API levels and open-loop steps each get their own line, as do whole phases and the
+    idle stack's operations per second; a phase without them gets none."""
     ops = cqlops.per_unit(BEFORE, AFTER, 100)
     phases = {
         "api_max": {"levels": [{"concurrency": 16, "cassandra_ops_per_batch": ops}]},
         "api_open": {"steps": {"50%": {"cassandra_ops_per_batch": ops}}},
         "e2e": {"cassandra_ops_per_batch": ops},
-        "idle": {"idle_cores": 0.01},
+        "stats_read": {"ms_10m": 3.0},
+        "idle": {"cassandra_ops_per_s": cqlops.per_unit(BEFORE, AFTER, 60, "second")},
     }
 
     lines = report.ops_lines(phases)
 
-    assert [line.split()[0] for line in lines[1:]] == ["api_max", "api_open", "e2e"]
+    assert [line.split()[0] for line in lines[1:]] == ["api_max", "api_open", "e2e", "idle"]
+    assert "per second" in lines[4]
     assert "c=16" in lines[1]
     assert "50%" in lines[2]
 
