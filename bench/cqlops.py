@@ -190,8 +190,8 @@ def per_unit(
 
 
 def summary(ops: Mapping[str, Any] | None) -> str:
-    """One phase's figures as the summary prints them: ``6.0 (r 2.0 w 3.0 lwt 0.0 scan 0.0)``
-    per unit, or ``n/a`` and why."""
+    """One phase's figures as the summary prints them (``6.0 round trips per batch (reads
+    1.0, writes 3.0, lwt 2.0, scans 0.0; 100 batches)``), or ``n/a`` and why."""
     if not ops:
         return "not measured"
     if ops.get("round_trips") is None and ops.get("reads") is None:
