@@ -9,7 +9,8 @@ phases), :mod:`bench.stack` and :mod:`bench.services` (keyspace, topology, servi
 processes), :mod:`bench.raw`, :mod:`bench.loadgen` and :mod:`bench.feeder` (child processes
 that make the load), :mod:`bench.child` (their line protocol), :mod:`bench.workload` (the
 request body and batches), :mod:`bench.sampler`, :mod:`bench.procfs` and :mod:`bench.gclog`
-(CPU, memory and GC pauses), :mod:`bench.stats`, :mod:`bench.schedule` and
+(CPU, memory and GC pauses), :mod:`bench.cqlops` (Cassandra operations per batch, from
+``system_views``), :mod:`bench.stats`, :mod:`bench.schedule` and
 :mod:`bench.targets` (pure figures), :mod:`bench.headline` (each headline figure beside its
 raw baseline; a figure its baseline makes impossible refused), :mod:`bench.report` (JSON and
 table), :mod:`bench.cleanup` (leftovers of interrupted runs), :mod:`bench.experiments`

@@ -3,8 +3,10 @@
 Load generators, raw loops and feeders run as separate processes (``python -m bench.<x>``) so
 their CPU is accounted separately and they never share an event loop with what they measure.
 A child writes one JSON object per line on stdout: ``{"kind": "progress", "text": ...}``
-while it runs, ``{"kind": "ready", ...}`` when it waits for ``go`` on stdin, and finally
-``{"kind": "result", ...}``. Its stderr goes to a log file.
+while it runs, ``{"kind": "ready", ...}`` when it waits for ``go`` on stdin,
+``{"kind": "measured"}`` when its work is done and it waits for ``go`` again before closing
+its connections (raw loops and webhook load: the parent reads Cassandra's counters first),
+and finally ``{"kind": "result", ...}``. Its stderr goes to a log file.
 """
 
 from __future__ import annotations
@@ -47,6 +49,14 @@ async def wait_for_go() -> None:
     """Block until the parent writes a line (``go``) on our stdin."""
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, sys.stdin.readline)
+
+
+async def hold() -> None:
+    """Say ``measured`` once the work is done and wait for ``go`` before closing anything:
+    the parent reads the Cassandra counters meanwhile, and a connection closed before that
+    would take its request count with it (:mod:`bench.cqlops`)."""
+    emit("measured")
+    await wait_for_go()
 
 
 def spec_from_argv() -> dict[str, Any]:
@@ -144,6 +154,11 @@ class Child:
         assert self.proc is not None and self.proc.stdin is not None  # noqa: S101
         self.proc.stdin.write(b"go\n")
         await self.proc.stdin.drain()
+
+    async def measured(self, timeout: float) -> None:
+        """Wait until the child has done its work (it :func:`hold` s); :meth:`go` lets it
+        close and report."""
+        await self.next_message("measured", timeout)
 
     async def finish(self, timeout: float) -> dict[str, Any]:
         """Wait for the result, then for the process to exit."""

@@ -5,13 +5,15 @@ acceptance: a bare loop (no HTTP, no validation, no outbox, no indexes) that, pe
 one single-partition mutation of the batch with its recipients (:meth:`BatchStore.write`, the
 data the API would build) and one confirmed publish of ``batch.<uuid>``, with ``window``
 batches in flight. Everything the API does beyond this is overhead the ratio shows.
+Both modes :func:`bench.child.hold` once their work is done, before closing their connections.
 
 ``python -m bench.raw '{"mode": "e2e", ...}'`` -- **L_e2e**: seeds a corpus of batches
-(untimed), publishes one ``sg.<uuid>`` chunk job per chunk and consumes them with ``prefetch``:
-per job, the attempt claim (LWT), the SendGrid adapter's request to the sandbox for the same
-chunk, ``finish`` and the recipient-row update, then the ack. It skips what the real
-dispatcher also does (reading attempts, the header and the chunk's rows; the splitter hop),
-which is the overhead the end-to-end ratio shows.
+(untimed; then ``ready``, and it waits for ``go``), publishes one ``sg.<uuid>`` chunk job
+per chunk and consumes them with ``prefetch``: per job, the attempt claim (LWT), the
+SendGrid adapter's request to the sandbox for the same chunk, ``finish`` and the
+recipient-row update, then the ack. It skips what the real dispatcher also does (reading
+attempts, the header and the chunk's rows; the splitter hop), which is the overhead the
+end-to-end ratio shows.
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ async def accept(spec: dict[str, Any]) -> dict[str, Any]:
     reporter = asyncio.create_task(_report(done, w_start, "batches/s", factory.size))
     try:
         await asyncio.gather(*(worker() for _ in range(int(spec["window"]))))
+        reporter.cancel()
+        await child.hold()
     finally:
         reporter.cancel()
         await broker.close()
@@ -230,6 +234,9 @@ async def e2e(spec: dict[str, Any]) -> dict[str, Any]:
                 message_id=f"{batch_id}:{chunk}:0",
             )
 
+    # Seeded: the parent reads Cassandra's counters now, and again at hold().
+    child.emit("ready")
+    await child.wait_for_go()
     t_first = time.time()
     reporter = asyncio.create_task(_report_acks(acked, t_first))
     await asyncio.gather(*(publish(b, c) for b, c in jobs))
@@ -238,6 +245,7 @@ async def e2e(spec: dict[str, Any]) -> dict[str, Any]:
         why = f"no ack for {STALL:.0f}s" if stalled else f"{spec['max_seconds']}s passed"
         child.progress(f"stopped ({why}) with {len(acked):,}/{len(jobs):,} chunks done")
     reporter.cancel()
+    await child.hold()
     await connection.close()
     t_last = max((t for t, _ in acked), default=time.time())
     recipients = sum(n for _, n in acked)

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from bench import headline, procfs, targets
+from bench import cqlops, headline, procfs, targets
 from bench.sampler import SYSTEM, ProcessSampler
 from bench.targets import PYTHON_SERVICES
 
@@ -256,8 +256,15 @@ def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def round_trips_cell(result: Mapping[str, Any]) -> str:
+    """Cassandra round trips per batch (or post) of a phase or step, ``-`` when unknown."""
+    ops = result.get("cassandra_ops_per_batch")
+    value = ops.get("round_trips") if isinstance(ops, Mapping) else None
+    return "-" if value is None else f"{value:,.1f}"
+
+
 def _row(name: str, result: Mapping[str, Any], **cols: Any) -> list[str]:
-    width = 6 + len(CPU_COLUMNS) + 3
+    width = 7 + len(CPU_COLUMNS) + 3
     if "error" in result:
         first_line = str(result["error"]).splitlines()[0][:70]
         return [name, f"FAILED: {first_line}", *[""] * (width - 1)]
@@ -269,6 +276,7 @@ def _row(name: str, result: Mapping[str, Any], **cols: Any) -> list[str]:
         _fmt(cols.get("p50"), ".1f"),
         _fmt(cols.get("p99"), ".1f"),
         _fmt(cols.get("p999"), ".1f"),
+        round_trips_cell(result),
         *cpu_cells(result.get("usage")),
     ]
 
@@ -300,6 +308,7 @@ def rows(report: Mapping[str, Any]) -> list[list[str]]:
             "p50 ms",
             "p99 ms",
             "p99.9 ms",
+            "C* rt/b",
             *(f"{c} µs/r" for c in CPU_COLUMNS),
             "other µs/r",
             "machine µs/r",
@@ -408,12 +417,40 @@ def rate_limit_lines(phases: Mapping[str, Any], figures: Mapping[str, Any]) -> l
     return lines
 
 
+def ops_lines(phases: Mapping[str, Any]) -> list[str]:
+    """Each phase's (and step's) Cassandra operations per batch, from ``system_views``."""
+    found: list[tuple[str, Mapping[str, Any]]] = []
+    for name, r in phases.items():
+        if not isinstance(r, Mapping):
+            continue
+        for key in ("cassandra_ops_per_batch", "cassandra_ops_per_s"):
+            if isinstance(r.get(key), Mapping):
+                found.append((name, r[key]))
+        for level in r.get("levels") or []:
+            if isinstance(level, Mapping) and "cassandra_ops_per_batch" in level:
+                found.append(
+                    (f"{name} c={level.get('concurrency')}", level["cassandra_ops_per_batch"])
+                )
+        for step, sr in (r.get("steps") or {}).items():
+            if isinstance(sr, Mapping) and "cassandra_ops_per_batch" in sr:
+                found.append((f"{name} {step}", sr["cassandra_ops_per_batch"]))
+    if not found:
+        return []
+    width = max(len(name) for name, _ in found)
+    return [
+        "Cassandra operations per batch (system_views, the run's keyspace; webhooks per post, "
+        "idle per second):",
+        *(f"  {name:<{width}}  {cqlops.summary(ops)}" for name, ops in found),
+    ]
+
+
 def table(report: Mapping[str, Any]) -> str:
     """The summary printed at the end of a run."""
     out = [
         "",
-        "Summary: µs/r = CPU-µs per recipient by process; other = CPU of processes outside "
-        "the run; busy = share of all CPUs in use",
+        "Summary: C* rt/b = Cassandra round trips per batch (webhooks: per post); µs/r = "
+        "CPU-µs per recipient by process; other = CPU of processes outside the run; busy = "
+        "share of all CPUs in use",
         *_align(rows(report)),
         "",
     ]
@@ -425,6 +462,7 @@ def table(report: Mapping[str, Any]) -> str:
             f"c={best['best_concurrency']}"
         )
     out.extend(headline.lines(report["figures"]))
+    out.extend(ops_lines(report["phases"]))
     steps = _get(report["phases"], "api_open", "steps") or {}
     for step, r in steps.items():
         gc = r.get("cassandra_gc")

@@ -22,6 +22,7 @@ import aio_pika.abc
 import aiohttp
 
 from bench import procfs
+from bench.cqlops import OpsProbe, Snapshot
 from bench.sampler import ProcessSampler
 from bench.services import SERVICES, ServiceProcesses, free_port
 from services.sandbox import signing
@@ -100,6 +101,7 @@ class Stack:
             printer=printer,
         )
         self.db: Database | None = None
+        self.ops: OpsProbe | None = None
         self.broker: Broker | None = None
         self.user_id: Any = None
         self.api_key = ""
@@ -177,6 +179,7 @@ class Stack:
         self._keyspace_created = True
         await migrate(self.settings.cassandra)
         self.db = await Database.connect(self.settings.cassandra, keyspace=self.keyspace)
+        self.ops = await OpsProbe.connect(self.settings.cassandra, self.keyspace)
         self.broker = Broker(
             self.settings.amqp.url.get_secret_value(),
             topology_for(self.settings),
@@ -240,6 +243,13 @@ class Stack:
             return f"rabbitmq ({type(exc).__name__})"
         return None
 
+    async def cassandra_ops(self, *, settled: bool = False) -> Snapshot | None:
+        """The keyspace's Cassandra counters now (:mod:`bench.cqlops`); ``settled``: once
+        its round trips stopped moving. None when they cannot be read."""
+        if self.ops is None:
+            return None
+        return await (self.ops.settled() if settled else self.ops.snapshot())
+
     def track_infra(self) -> None:
         """(Re)find RabbitMQ and Cassandra: either may have been restarted since the last
         phase (by this machine's other users), and a new pid must be sampled."""
@@ -262,6 +272,9 @@ class Stack:
         problems = await self.processes.stop_all()
         if self._http is not None:
             await self._http.close()
+        if self.ops is not None:
+            with contextlib.suppress(Exception):
+                await self.ops.close()
         if self._admin is not None:
             with contextlib.suppress(Exception):
                 await self._admin.close()

@@ -21,6 +21,7 @@ from typing import Any
 from bench import gclog
 from bench.child import Child
 from bench.config import BenchConfig
+from bench.cqlops import Snapshot
 from bench.sampler import SYSTEM, ProcessSampler
 from bench.stack import Stack
 
@@ -79,6 +80,12 @@ class Context:
                 share * float(system["cpu_pct_of_machine"]), 1
             )
         return window
+
+    async def cassandra_ops(self, *, settled: bool = False) -> Snapshot | None:
+        """The run keyspace's Cassandra counters now (:mod:`bench.cqlops`): one before a
+        window, one ``settled`` after it (once the work trailing the window has stopped), and
+        :func:`bench.cqlops.per_unit` of the two is the phase's ``cassandra_ops_per_batch``."""
+        return await self.stack.cassandra_ops(settled=settled)
 
     def cassandra_gc(self, start: float, end: float) -> Result:
         """Cassandra's GC pauses within ``[start, end]``: count, total and longest (ms)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench import cqlops
 from bench.phases import Context, Result, phase
 
 
@@ -29,8 +30,14 @@ async def _drive(ctx: Context, label: str, spec: dict[str, Any]) -> Result:
         },
         BENCH_API_KEY=ctx.stack.api_key,
     )
+    before = await ctx.cassandra_ops()
     await runner.start()
     result = await runner.finish(timeout=float(spec["warmup"]) + float(spec["duration"]) + 120)
+    # Over the whole run, warm-up included: the snapshots cannot bracket the window exactly.
+    after = await ctx.cassandra_ops(settled=True)
+    result["cassandra_ops_per_batch"] = ops = cqlops.per_unit(
+        before, after, int(result["accepted_all"])
+    )
     result["recipients_not_accepted"] = result["ok"] * cfg.recipients - result["recipients"]
     result["usage"] = ctx.usage(result["window_start"], result["window_end"], result["recipients"])
     result["cassandra_gc"] = gc = ctx.cassandra_gc(result["window_start"], result["window_end"])
@@ -44,6 +51,7 @@ async def _drive(ctx: Context, label: str, spec: dict[str, Any]) -> Result:
         f"p50 {_ms(lat['p50'])} p99 {_ms(lat['p99'])} p99.9 {_ms(lat['p999'])} ms; "
         f"Cassandra GC: {gc['pauses']} pauses, {gc['total_ms']:.0f} ms, longest {gc['max_ms']:.0f}"
     )
+    ctx.printer(f"{label}: Cassandra {cqlops.summary(ops)}")
     return result
 
 

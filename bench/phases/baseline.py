@@ -6,6 +6,7 @@ consumer takes the messages they leave behind; those are purged afterwards.
 
 from __future__ import annotations
 
+from bench import cqlops
 from bench.phases import Context, Result, phase
 from bench.stats import stability
 
@@ -21,14 +22,23 @@ async def _l_accept(ctx: Context, label: str) -> Result:
         "window": cfg.accept_window,
     }
     runner = ctx.child(label, "bench.raw", spec)
+    before = await ctx.cassandra_ops()
     await runner.start()
-    result = await runner.finish(timeout=cfg.accept_warmup + cfg.accept_duration + 120)
+    await runner.measured(timeout=cfg.accept_warmup + cfg.accept_duration + 120)
+    after = await ctx.cassandra_ops(settled=True)
+    await runner.go()
+    result = await runner.finish(timeout=60)
+    # Warm-up included, as the snapshots are: the loop's own minimum per batch.
+    result["cassandra_ops_per_batch"] = ops = cqlops.per_unit(
+        before, after, int(result["total_batches"])
+    )
     result["usage"] = ctx.usage(result["window_start"], result["window_end"], result["recipients"])
     result["purged"] = await ctx.stack.purge(ctx.stack.topology.batches_queue)
     ctx.printer(
         f"L_accept: {result['batches_per_s']:,.1f} batches/s, "
         f"{result['recipients_per_s']:,.0f} recipients/s (window {cfg.accept_window})"
     )
+    ctx.printer(f"L_accept: Cassandra {cqlops.summary(ops)}")
     return result
 
 
@@ -77,9 +87,19 @@ async def _l_e2e(ctx: Context, recipients: int, label: str, prefetch: int | None
     }
     runner = ctx.child(label, "bench.raw", spec)
     await runner.start()
-    result = await runner.finish(timeout=cfg.e2e_timeout + 600)
+    await runner.next_message("ready", timeout=600)
+    before = await ctx.cassandra_ops()
+    await runner.go()
+    await runner.measured(timeout=cfg.e2e_timeout + 120)
+    after = await ctx.cassandra_ops(settled=True)
+    await runner.go()
+    result = await runner.finish(timeout=60)
     if not result["chunks"]:
         raise RuntimeError(f"no chunk was dispatched within {cfg.e2e_timeout:.0f}s")
+    chunks_per_batch = -(-recipients // int(result["chunk_size"]))
+    result["cassandra_ops_per_batch"] = ops = cqlops.per_unit(
+        before, after, int(result["chunks"]) // chunks_per_batch
+    )
     result["batch_recipients"] = recipients
     result["usage"] = ctx.usage(result["window_start"], result["window_end"], result["recipients"])
     result["purged"] = await ctx.stack.purge(*ctx.stack.work_queues())
@@ -87,6 +107,7 @@ async def _l_e2e(ctx: Context, recipients: int, label: str, prefetch: int | None
         f"L_e2e (N={recipients}): {result['recipients_per_s']:,.0f} recipients/s, "
         f"{result['chunks_per_s']:,.1f} chunks/s (prefetch {prefetch})"
     )
+    ctx.printer(f"L_e2e (N={recipients}): Cassandra {cqlops.summary(ops)}")
     return result
 
 

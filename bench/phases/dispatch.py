@@ -19,6 +19,7 @@ import time
 import uuid
 from datetime import UTC
 
+from bench import cqlops
 from bench.phases import Context, Result, phase
 from bench.stats import per_second, spread_window
 from shared.recipients import RecipientStore
@@ -57,10 +58,13 @@ async def _drain(ctx: Context, recipients: int, baseline: str) -> Result:
     ids = {uuid.UUID(b) for b in ready["batch_ids"]}
     expected, chunks = int(ready["recipients"]), int(ready["chunks"])
     before = (await stack.sandbox_sends())["sendgrid"]
+    ops_before = await ctx.cassandra_ops()
     await feeder.go()
     finished = asyncio.create_task(feeder.finish(timeout=cfg.e2e_timeout + 60))
     sent, depths = await _watch(ctx, before, expected, time.time())
     feed = await finished
+    # Before the checks below: their reads are the bench's, not the drain's.
+    ops_after = await ctx.cassandra_ops(settled=True)
     attempts = await _sent_attempts(ctx, ids, chunks)
     t0 = float(feed["first_publish"])
     done_at = sorted(attempts.values())
@@ -89,6 +93,11 @@ async def _drain(ctx: Context, recipients: int, baseline: str) -> Result:
     if len(done_at) >= 10:
         lo, hi = spread_window(done_at, 0.1, 0.9)
         result["steady_recipients_per_s"] = per_second(0.8 * len(done_at) * per_chunk, hi - lo)
+    result["cassandra_ops_per_batch"] = ops = cqlops.per_unit(
+        ops_before, ops_after, whole_batches(attempts, chunks // batches)
+    )
+    if not complete:
+        ops.setdefault("why", []).append("drain incomplete: the part-sent batches are left out")
     result["rows_checked"], result["rows_sent"] = await _check_rows(ctx, ids)
     result["usage"] = ctx.usage(t0, t_end, len(done_at) * per_chunk)
     result["purged"] = await stack.purge(*stack.work_queues())
@@ -97,7 +106,17 @@ async def _drain(ctx: Context, recipients: int, baseline: str) -> Result:
         f"{seconds:.1f}s, {len(done_at):,}/{chunks:,} chunks sent, sampled rows "
         f"{result['rows_sent']:,}/{result['rows_checked']:,} sent"
     )
+    ctx.printer(f"e2e (N={recipients}): Cassandra {cqlops.summary(ops)}")
     return result
+
+
+def whole_batches(attempts: dict[tuple[uuid.UUID, int], float], chunks_per_batch: int) -> int:
+    """Batches every chunk of which was sent: what a drain's Cassandra operations are divided
+    by (a batch half sent did only part of its work)."""
+    sent: dict[uuid.UUID, int] = {}
+    for batch_id, _ in attempts:
+        sent[batch_id] = sent.get(batch_id, 0) + 1
+    return sum(1 for n in sent.values() if n >= chunks_per_batch)
 
 
 async def _watch(

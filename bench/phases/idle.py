@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from bench import cqlops
 from bench.phases import Context, Result, phase
 from bench.sampler import SYSTEM
 
@@ -48,9 +49,12 @@ async def idle(ctx: Context) -> Result:
     seconds = ctx.config.idle_seconds
     ctx.printer(f"settling {SETTLE:.0f}s, then sampling {seconds:.0f}s with no mail")
     await asyncio.sleep(SETTLE)
+    before = await ctx.cassandra_ops()
     start = time.time()
     await asyncio.sleep(seconds)
     end = time.time()
+    # What the background loops ask of Cassandra with no mail: their polls, per second.
+    ops = cqlops.per_unit(before, await ctx.cassandra_ops(), round(end - start), "second")
     usage = ctx.usage(start, end, 0)
     cores, per_process = stack_cores(usage, end - start)
     ctx.printer(
@@ -58,4 +62,11 @@ async def idle(ctx: Context) -> Result:
         + ", ".join(f"{k} {v:.3f}" for k, v in per_process.items())
         + ")"
     )
-    return {"idle_cores": cores, "per_process": per_process, "seconds": end - start, "usage": usage}
+    ctx.printer(f"idle: Cassandra {cqlops.summary(ops)}")
+    return {
+        "idle_cores": cores,
+        "per_process": per_process,
+        "seconds": end - start,
+        "usage": usage,
+        "cassandra_ops_per_s": ops,
+    }

@@ -4,6 +4,7 @@ webhook service, as events/s with the per-process CPU of each."""
 
 from __future__ import annotations
 
+from bench import cqlops
 from bench.phases import Context, Result, phase
 
 #: Events per SendGrid-style post (SendGrid batches up to 768 kB; ≥ 100 per the brief).
@@ -24,12 +25,22 @@ async def _hooks(ctx: Context, label: str, spec: dict[str, object]) -> Result:
     )
     await runner.start()
     await runner.next_message("ready", timeout=300)
+    before = await ctx.cassandra_ops()
     await runner.go()
-    result = await runner.finish(timeout=cfg.accept_warmup + cfg.accept_duration + 120)
+    await runner.measured(timeout=cfg.accept_warmup + cfg.accept_duration + 120)
+    after = await ctx.cassandra_ops(settled=True)
+    await runner.go()
+    result = await runner.finish(timeout=60)
+    # Per post (a SendGrid post is a batch of events; raw: per event), warm-up included.
+    unit = "event" if spec["mode"] == "raw" else "post"
+    result["cassandra_ops_per_batch"] = ops = cqlops.per_unit(
+        before, after, int(result["calls"]), unit
+    )
     result["usage"] = ctx.usage(
         result["window_start"], result["window_end"], result["events"], unit="event"
     )
     ctx.printer(f"{label}: {result['events_per_s']:,.0f} events/s")
+    ctx.printer(f"{label}: Cassandra {cqlops.summary(ops)}")
     return result
 
 
