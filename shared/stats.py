@@ -293,6 +293,9 @@ class StatsStore:
         self.marks_seen = 0
         #: Stat rows read by counts, in requests and roll-ups alike (what a read cost).
         self.rows_counted = 0
+        #: Of those, the rows reads counted in their callers' time (never more than a page
+        #: per bucket); the rest were counted by roll-ups, in the background.
+        self.rows_counted_inline = 0
         self._active_memo: set[tuple[uuid.UUID, date]] = set()
         # Background roll-ups in flight, one per bucket: a strong reference keeps each alive.
         self._rolls: dict[tuple[uuid.UUID, date, int], asyncio.Task[Rollup]] = {}
@@ -483,6 +486,7 @@ class StatsStore:
             page_size=self.inline_rows + 1,
         )
         self.rows_counted += len(page.rows)
+        self.rows_counted_inline += len(page.rows)
         if page.paging_state is not None or len(page.rows) > self.inline_rows:
             self._roll(key)
             return served, True

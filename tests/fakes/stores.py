@@ -635,6 +635,7 @@ class FakeStats:
         self.buckets = buckets
         self.inline_rows = inline_rows
         self.rows_counted = 0
+        self.rows_counted_inline = 0
         self.marked: Callable[[], None] = lambda: None
         self.marks_seen = 0
         self._active_memo: set[tuple[uuid.UUID, date]] = set()
@@ -808,6 +809,7 @@ class FakeStats:
         # One page of inline_rows + 1: the whole bucket when it holds no more than that.
         page = self._rows(user_id, day, bucket)[: self.inline_rows + 1]
         self.rows_counted += len(page)
+        self.rows_counted_inline += len(page)
         if len(page) > self.inline_rows:
             self._rolls[key] = None
             return served, True

@@ -71,7 +71,9 @@ async def test_after_a_roll_up_pass_the_first_read_of_a_busy_day_counts_no_row(
 
     behind = StatsStore(own_db, BUCKETS)
     assert await behind.day(user_id, day) == {}  # not rolled up yet: nothing recounted in it
-    assert behind.rows_counted <= BUCKETS * (behind.inline_rows + 1)
+    # In the read's own time: a page per bucket at most. The background recounts it started
+    # may already have run while the read awaited its other buckets (CI saw 917 in all).
+    assert behind.rows_counted_inline <= BUCKETS * (behind.inline_rows + 1)
     await behind.rolled()  # its background roll-ups, as a busy API process would run them
     assert await _marked(writer, user_id, then) == BUCKETS
 
