@@ -10,7 +10,8 @@ The order is what makes a crash at any point safe:
    (the user's list, the batch's ``queued`` stat row), with a small batch's content (the
    common case: then this is the only write), in one logged batch: the batch exists, is
    listed and counted, and the relay will look after it, or none of that;
-3. a confirmed publish of ``batch.<uuid>``, then the outbox row marked published.
+3. a confirmed publish of ``batch.<uuid>``, then the outbox row marked published (the marks
+   of a moment written together: :meth:`Acceptance.published`).
 
 A batch whose request has no ``Idempotency-Key`` is stored ``pending`` in (2) and committed
 (:meth:`Acceptance.commit`: a lightweight transaction, ``pending`` to ``accepted`` or
@@ -52,7 +53,7 @@ from shared.batchstore import BatchHeader, BatchStore, Content, NewBatch
 from shared.broker import Broker
 from shared.errors import DependencyUnavailable, PublishError
 from shared.models import BatchJob
-from shared.outbox import Outbox
+from shared.outbox import MARK_WINDOW, Marks, Outbox
 from shared.precedence import accepted_at
 from shared.topology import batch_key
 
@@ -99,6 +100,19 @@ class Acceptance:
     """How long after its acceptance a pending batch's request may still commit it; the relay
     cancels one still pending after that."""
     clock: Callable[[], datetime] = field(default=_now)
+    mark_window: float = MARK_WINDOW
+    """Seconds the outbox marks of published batches are gathered (``shared.outbox.Marks``)."""
+
+    marks: Marks = field(init=False)
+    """The outbox marks this process gathers (:meth:`published`)."""
+
+    def __post_init__(self) -> None:
+        self.marks = Marks(self.outbox, self.mark_window)
+
+    async def published(self, batch_id: uuid.UUID) -> None:
+        """Step 3's mark, gathered with this process's others of the moment and written with
+        them; returns once written (or its failure logged: the relay finishes the row)."""
+        await self.marks.mark(batch_id)
 
     async def store(
         self,

@@ -360,12 +360,12 @@ class Sending:
                 if not await self.acceptance.publish(batch_id):
                     self.metrics.deferred_publishes.inc()
                 else:
-                    self.background.spawn(self.acceptance.outbox.done(batch_id))
+                    self.background.spawn(self.acceptance.published(batch_id))
             else:
                 if batch.pending:
                     # Its outbox row stood for it until it was committed; the schedule row
                     # now does.
-                    self.background.spawn(self.acceptance.outbox.done(batch_id))
+                    self.background.spawn(self.acceptance.published(batch_id))
                 # An idle scheduler waits for its own next due time: one due within seconds
                 # is read at once (a lost nudge costs its renewal period, 5 s at most).
                 self.background.spawn(wake(self.acceptance.broker, SCHEDULER_WAKE))

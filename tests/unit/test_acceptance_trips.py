@@ -4,6 +4,7 @@ outbox row, listing and ``queued`` count land together or not at all (issue 34).
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -12,6 +13,7 @@ import pytest
 
 from shared.batchstore import INLINE_BYTES, month_of
 from shared.errors import DependencyUnavailable
+from shared.outbox import SHARDS, Outbox
 from shared.stats import batch_day
 from tests.unit.sending_desk import TIMEOUT, Desk, body_of, new_desk
 
@@ -38,7 +40,7 @@ async def _trips_per_batch(desk: Desk, key: str | None, batches: int = 10) -> di
     for n in range(batches):
         key_n = None if key is None else f"{key}-{n}"
         await desk.accept(body_of(*HUNDRED, subject=f"batch {n}"), key_n)
-    await desk.sending.background.drain()
+        await desk.sending.background.drain()  # alone: its outbox mark written by itself
     mine = Counter(op for op in desk.db.calls if not op.startswith(ELSEWHERE))
     return {op: count / batches for op, count in sorted(mine.items())}
 
@@ -62,6 +64,35 @@ async def test_a_keyed_batch_costs_its_write_and_its_outbox_mark(desk: Desk) -> 
     trips = await _trips_per_batch(desk, "key")
 
     assert trips == {"batches.write": 1.0, "outbox.done": 1.0}
+
+
+async def test_batches_accepted_together_share_their_outbox_marks(desk: Desk) -> None:
+    """Sixteen batches accepted at once (as sixteen clients send them) have their outbox rows
+    marked published in one write per outbox partition, not one each."""
+    desk.acceptance.marks.window = 0.5  # however slow the machine, all sixteen in one window
+
+    answers = await asyncio.gather(
+        *(desk.accept(body_of(*HUNDRED, subject=f"client {n}"), f"c{n}") for n in range(16))
+    )
+    await desk.sending.background.drain()
+
+    partitions = {Outbox.bucket(uuid.UUID(a["batch_id"])) for a in answers}
+    assert desk.db.calls.count("outbox.done") == len(partitions) <= 2 * SHARDS
+    assert desk.outbox.pending() == set()
+
+
+async def test_a_lost_mark_leaves_its_row_to_the_relay(desk: Desk) -> None:
+    """A write of gathered marks that fails leaves the 202 as it was and the row unmarked;
+    the relay publishes the batch again (a duplicate the splitter absorbs) and marks it."""
+    desk.db.fail("outbox.done", TIMEOUT)
+    answer = await desk.accept(body_of(*HUNDRED), "lost-mark")
+    await desk.sending.background.drain()
+    first = desk.published()
+
+    await desk.relay(after=600)
+
+    assert (first, desk.published()) == ([answer["batch_id"]], [answer["batch_id"]])
+    assert desk.outbox.pending() == set()
 
 
 async def test_a_large_batchs_content_goes_ahead_of_its_header(desk: Desk) -> None:
