@@ -113,9 +113,11 @@ class Outbox:
         parts: dict[tuple[datetime, int], list[uuid.UUID]] = defaultdict(list)
         for batch_id in batch_ids:
             parts[self.bucket(batch_id)].append(batch_id)
-        await asyncio.gather(
-            *(self.db.batch([mark.bind(self._key(b)) for b in ids]) for ids in parts.values())
-        )
+        writes = [self.db.batch([mark.bind(self._key(b)) for b in ids]) for ids in parts.values()]
+        if len(writes) == 1:
+            await writes[0]  # in the caller's task: no task started for one request
+            return
+        await asyncio.gather(*writes)
 
     async def unpublished(self, minute: datetime, shard: int) -> list[uuid.UUID]:
         """The batches of one bucket not (yet) marked published, oldest first.
@@ -157,7 +159,11 @@ class Marks:
 
     async def mark(self, batch_id: uuid.UUID) -> None:
         """Mark the batch's row published with the others of its window; returns once that
-        write was answered (a failed one is logged: the relay finishes those rows again)."""
+        write was answered (a failed one is logged: the relay finishes those rows again).
+        With no window, each is written at once by its caller."""
+        if self.window <= 0:
+            await self._written({batch_id})
+            return
         self._gathered.add(batch_id)
         if self._write is None:
             self._write = asyncio.ensure_future(self._written_later())
@@ -168,6 +174,9 @@ class Marks:
     async def _written_later(self) -> None:
         await asyncio.sleep(self.window)
         taken, self._gathered, self._write = self._gathered, set(), None
+        await self._written(taken)
+
+    async def _written(self, taken: set[uuid.UUID]) -> None:
         try:
             await self.outbox.done_many(taken)
         except DependencyUnavailable as exc:
