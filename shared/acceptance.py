@@ -3,26 +3,33 @@ cancelled batch.
 
 The order is what makes a crash at any point safe:
 
-1. the batch's content (its message, every chunk's recipient list) on its partition, in
+1. a large batch's content (its message, every chunk's recipient list) on its partition, in
    statements Cassandra takes whatever the batch's size (``shared.batchstore``): nothing
    reads it until (2), so a crash here leaves nothing that exists;
-2. the batch's header with its status, and its outbox row (``shared.outbox``), in one logged
-   batch: the batch exists, and the relay will look after it, or neither;
-3. the indexes (the user's list, the batch's ``queued`` stat row), rewritable from (2);
-4. a confirmed publish of ``batch.<uuid>``, then the outbox row marked published.
+2. the batch's header with its status, its outbox row (``shared.outbox``) and its indexes
+   (the user's list, the batch's ``queued`` stat row), with a small batch's content (the
+   common case: then this is the only write), in one logged batch: the batch exists, is
+   listed and counted, and the relay will look after it, or none of that;
+3. a confirmed publish of ``batch.<uuid>``, then the outbox row marked published (the marks
+   of a moment written together: :meth:`Acceptance.published`).
 
 A batch whose request has no ``Idempotency-Key`` is stored ``pending`` in (2) and committed
 (:meth:`Acceptance.commit`: a lightweight transaction, ``pending`` to ``accepted`` or
-``scheduled``) before its 202, alongside (3). Its client may send again after any error, so
-whether it goes must be decided durably, once: the request that stored it is the only one that
-ever commits it, a failed request cancels it (the same kind of transaction), and the relay
-cancels one still pending past :attr:`Acceptance.decide_within` and publishes only committed
-batches. A commit whose outcome is unknown is repeated (its transaction reads at SERIAL, so a
-repeat tells what was decided) until the request's deadline.
+``scheduled``) before its 202. Its client may send again after any error, so whether it goes
+must be decided durably, once: the request that stored it is the only one that ever commits
+it, a failed request cancels it (the same kind of transaction), and the relay cancels one
+still pending past :attr:`Acceptance.decide_within` and publishes only committed batches. A
+commit whose outcome is unknown is repeated (its transaction reads at SERIAL, so a repeat
+tells what was decided) until the request's deadline. (Two may decide, the request and the
+relay, so the decision is a transaction: plain writes ordered by timestamps would let a
+commit that lands late, after a relay read it pending, be both cancelled and sent.) Its
+indexes are written while it is pending, as a cancelled batch's are: a cancellation's
+settling uncounts it.
 
-:meth:`Acceptance.finish` redoes (3) and (4) for a stored batch from what (2) stored. The
-relay calls it for outbox rows left behind; the API calls it when a retried request (same
-``Idempotency-Key``) finds the batch stored, and answers with the 202 stored in (2).
+:meth:`Acceptance.finish` redoes (3) for a stored batch, and its indexes (which an earlier
+release wrote after (2)) from what (2) stored. The relay calls it for outbox rows left
+behind; the API calls it when a retried request (same ``Idempotency-Key``) finds the batch
+stored, and answers with the 202 stored in (2).
 
 :meth:`Acceptance.settle` does what a cancellation owes: the batch counts nothing in the
 stats and its recipients go back to the quota of its day. Both are idempotent (the refund is a
@@ -46,7 +53,7 @@ from shared.batchstore import BatchHeader, BatchStore, Content, NewBatch
 from shared.broker import Broker
 from shared.errors import DependencyUnavailable, PublishError
 from shared.models import BatchJob
-from shared.outbox import Outbox
+from shared.outbox import MARK_WINDOW, Marks, Outbox
 from shared.precedence import accepted_at
 from shared.topology import batch_key
 
@@ -76,8 +83,6 @@ class Decision:
 
     status: str | None
     """The status decided (``accepted``/``scheduled``, or ``cancelled``); None while unknown."""
-    indexed: bool
-    """Whether (3) was written (if not, the outbox row is left for the relay to finish)."""
 
     @property
     def accepted(self) -> bool:
@@ -95,6 +100,19 @@ class Acceptance:
     """How long after its acceptance a pending batch's request may still commit it; the relay
     cancels one still pending after that."""
     clock: Callable[[], datetime] = field(default=_now)
+    mark_window: float = MARK_WINDOW
+    """Seconds the outbox marks of published batches are gathered (``shared.outbox.Marks``)."""
+
+    marks: Marks = field(init=False)
+    """The outbox marks this process gathers (:meth:`published`)."""
+
+    def __post_init__(self) -> None:
+        self.marks = Marks(self.outbox, self.mark_window)
+
+    async def published(self, batch_id: uuid.UUID) -> None:
+        """Step 3's mark, gathered with this process's others of the moment and written with
+        them; returns once written (or its failure logged: the relay finishes the row)."""
+        await self.marks.mark(batch_id)
 
     async def store(
         self,
@@ -103,33 +121,21 @@ class Acceptance:
         also: Sequence[Statement] = (),
         content: Content | None = None,
     ) -> None:
-        """Steps 1-3 (1-2 for a pending batch: :meth:`commit` writes 3), with the writes
-        ``also`` of other partitions in (2)'s request (``content``: the batch's, if the
-        caller encoded it already). A scheduled batch stored as accepted has no outbox row:
-        its schedule row (in ``also``) stands for it. Raises DependencyUnavailable if any
-        fails (the batch may or may not be stored then: a retry with the same id and body
-        writes the same rows), TooLargeToStore if Cassandra refused its content for its size
-        (it is not stored)."""
+        """Steps 1-2, with the writes ``also`` of other partitions in (2)'s request
+        (``content``: the batch's, if the caller encoded it already). A scheduled batch
+        stored as accepted has no outbox row: its schedule row (in ``also``) stands for it.
+        Raises DependencyUnavailable if any fails (the batch may or may not be stored then:
+        a retry with the same id and body writes the same rows), TooLargeToStore if
+        Cassandra refused its content for its size (it is not stored)."""
         own = []
         if batch.pending or batch.send_at is None:
             own.append(await self.outbox.statement(batch.batch_id, batch.user_id))
-        await self.batches.write(batch, also=[*own, *also], content=content)
-        if not batch.pending:
-            await self.batches.index(batch)
+        await self.batches.write(batch, also=[*own, *also], content=content, indexed=True)
 
     async def commit(self, batch: NewBatch, *, until: datetime) -> Decision:
-        """Step 3 and the decision of a pending batch, at once. The commit is repeated while
-        its outcome is unknown, until ``until`` (at least once)."""
-        indexed, status = await asyncio.gather(self._indexed(batch), self._decided(batch, until))
-        return Decision(status, indexed)
-
-    async def _indexed(self, batch: NewBatch) -> bool:
-        try:
-            await self.batches.index(batch)
-        except DependencyUnavailable as exc:
-            log.warning("batch %s: indexes not written (%s); the relay will", batch.batch_id, exc)
-            return False
-        return True
+        """The decision of a pending batch. The commit is repeated while its outcome is
+        unknown, until ``until`` (at least once)."""
+        return Decision(await self._decided(batch, until))
 
     async def _decided(self, batch: NewBatch, until: datetime) -> str | None:
         while True:

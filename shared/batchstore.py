@@ -4,10 +4,14 @@ Layout (``deploy/cql``): one ``batches`` partition per batch holds the header in
 columns and one row per chunk (at most a provider request's worth of recipients) with the
 chunk's recipient list, so its row count grows with its chunks (``shared.recipients`` owns the
 chunk rows' state and the recipient rows written when fates diverge). The user's batch list
-and the batch's ``queued`` stat row are written after it and can be rewritten from it at any
-time (:meth:`BatchStore.index_stored`), which is what finishing an interrupted acceptance does.
+and the batch's ``queued`` stat row (its *indexes*) are written with its header when it is
+accepted (``indexed``), and can be rewritten from it at any time
+(:meth:`BatchStore.index_stored`), which is what finishing an acceptance stored by an earlier
+release, whose indexes came after its header, does.
 
-Storing a batch is two steps (:meth:`BatchStore.write`), because Cassandra refuses a batch of
+A batch whose content is small (at most :data:`INLINE_BYTES`, the common case) is stored in
+one logged batch: its content, its header and the rows below, all of it or none. A larger one
+is stored in two steps (:meth:`BatchStore.write`), because Cassandra refuses a batch of
 statements over several partitions whose data passes ``batch_size_fail_threshold`` (640 KiB
 in ``deploy/``, 50 KiB upstream) with "Batch too large", and a batch's content reaches
 megabytes (1,000 recipients with 10 kB of substitutions each make one chunk's list 10 MB):
@@ -18,8 +22,8 @@ megabytes (1,000 recipients with 10 kB of substitutions each make one chunk's li
    only to ``max_mutation_size`` (16 MiB by default), and the API refuses a batch whose content
    would pass that (:func:`too_large`, 413) before anything is written;
 2. its *header* (owner, time, counts, status) in one logged batch with the rows of other
-   partitions that look after it (its outbox row, its schedule row, a canary's record):
-   a few kilobytes, all of which land or none.
+   partitions that look after it (its outbox row, its schedule row, a canary's record, its
+   indexes): a few kilobytes, all of which land or none.
 
 The header is what makes a batch exist (every read asks for ``created_at``), so content
 written by a request that died before step 2, or whose step 2 failed, is invisible: nothing
@@ -159,6 +163,13 @@ class NewBatch:
 #: write to ``max_mutation_size`` only, not to its batch thresholds: this keeps each request
 #: small all the same (a 10 MB batch of small chunks is some forty writes, not one).
 STATEMENT_BYTES: Final = 256 * 1024
+#: Content bytes (:attr:`Content.size`) small enough to travel in step 2's logged batch
+#: instead of ahead of it, making the whole write one request (``make bench``'s 100-recipient
+#: batch is some 5 kB). A batch over several partitions is held to
+#: ``batch_size_fail_threshold`` (50 KiB upstream, 640 KiB in ``deploy/``): this leaves the
+#: header, outbox, schedule and index rows room below either. Cassandra logs a warning for
+#: a batch over ``batch_size_warn_threshold`` (5 KiB upstream, 64 KiB in ``deploy/``).
+INLINE_BYTES: Final = 32 * 1024
 #: Statements of step 1 in flight at once.
 STATEMENT_WINDOW: Final = 4
 #: Bytes of a mutation that are not our values (keys, clustering, write timestamps, cell
@@ -257,19 +268,33 @@ class BatchStore:
         *,
         also: Sequence[Statement] = (),
         content: Content | None = None,
+        indexed: bool = False,
     ) -> None:
         """Store ``batch`` (``content``: its :func:`content_of`, when the caller has it):
         its content, then its header in one logged batch with the writes ``also`` of other
-        partitions (its outbox row, its schedule row). Raises DependencyUnavailable when a
-        step fails, and TooLargeToStore when Cassandra refuses a statement for its size:
-        either way the batch exists as a whole or not at all (its content alone is never
-        read), and a retry writes the same rows."""
-        await self._write_content(batch, content if content is not None else content_of(batch))
-        await self.db.batch([*await self._header(batch), *also], logged=bool(also))
+        partitions (its outbox row, its schedule row) and, when ``indexed``, its indexes
+        (:meth:`index`). Content of at most :data:`INLINE_BYTES` travels in that same logged
+        batch: one request. Raises DependencyUnavailable when a step fails, and
+        TooLargeToStore when Cassandra refuses a statement for its size: either way the
+        batch exists as a whole or not at all (its content alone is never read), and a retry
+        writes the same rows."""
+        content = content if content is not None else content_of(batch)
+        writes = await self._header(batch)
+        if content.size <= INLINE_BYTES:
+            writes = [*(w for _, w in await self._content(batch, content)), *writes]
+        else:
+            await self._write_content(batch, content)
+        if indexed:
+            writes += await self._indexes(
+                batch.batch_id, batch.user_id, batch.message.subject, len(batch.recipients)
+            )
+        await self.db.batch([*writes, *also], logged=bool(also) or indexed)
+        if indexed:
+            self.stats.recorded(batch.user_id, batch.batch_id)
 
-    async def _write_content(self, batch: NewBatch, content: Content) -> None:
-        """Step 1: the message, the stored 202 and the chunks' lists, on the batch's partition
-        alone, in statements of at most :data:`STATEMENT_BYTES` (a larger value alone)."""
+    async def _content(self, batch: NewBatch, content: Content) -> list[tuple[int, Statement]]:
+        """The content's writes, each with the bytes of its values: the message and the
+        stored 202, then each chunk's list."""
         db = self.db
         chunk = await db.prepare(_INSERT_CHUNK)
         queued = precedence.queued_stamp(batch.batch_id)
@@ -286,6 +311,13 @@ class BatchStore:
             (len(part), chunk.bind((batch.batch_id, i, CHUNK_ROW, part, queued)))
             for i, part in enumerate(content.chunks)
         ]
+        return writes
+
+    async def _write_content(self, batch: NewBatch, content: Content) -> None:
+        """Step 1: the message, the stored 202 and the chunks' lists, on the batch's partition
+        alone, in statements of at most :data:`STATEMENT_BYTES` (a larger value alone)."""
+        db = self.db
+        writes = await self._content(batch, content)
         window = asyncio.Semaphore(STATEMENT_WINDOW)
 
         async def one(run: range) -> None:
@@ -332,14 +364,21 @@ class BatchStore:
     async def _index(
         self, batch_id: uuid.UUID, user_id: uuid.UUID, subject: str, recipients: int
     ) -> None:
+        await self.db.batch(await self._indexes(batch_id, user_id, subject, recipients))
+        self.stats.recorded(user_id, batch_id)
+
+    async def _indexes(
+        self, batch_id: uuid.UUID, user_id: uuid.UUID, subject: str, recipients: int
+    ) -> list[Statement]:
+        """The indexes' writes: the user's list, the ``queued`` stat row with its dirty
+        marks, and the day's activity unless this process recorded it already."""
         listed = (await self.db.prepare(_INSERT_LISTED)).bind(
             (user_id, month_of(batch_id), batch_id, subject, recipients)
         )
         queued = await self.stats.accepted_statements(
             user_id, batch_id, recipients, _header_stamp(batch_id)
         )
-        await self.db.batch([listed, *queued])
-        await self.stats.activity(user_id, batch_id)
+        return [listed, *queued, *await self.stats.activity_statements(user_id, batch_id)]
 
     async def uncount(self, user_id: uuid.UUID, batch_id: uuid.UUID) -> None:
         """A cancelled batch counts nothing in the stats (idempotent: written just above the

@@ -3,27 +3,34 @@ them.
 
 Acceptance (``shared.acceptance``) writes an outbox row in the same request as the batch and
 marks it ``published`` once the broker confirms ``batch.<uuid>`` (rows are written with
-``published = false``, which the relay's reads select on). Rows live in time buckets,
-``(namespace, minute of acceptance, shard)``, and are never deleted (they expire after a
-week): no tombstones, and no queue kept in a table. Every interval the relay reads its own
-namespace's minutes from the oldest that still held an unpublished row, up to the grace
-period, and finishes each unpublished acceptance (``shared.acceptance``): if the batch is
-accepted it rewrites its indexes and publishes it (a duplicate of a publish that did succeed
-is harmless downstream) and marks the row; a cancelled batch is settled and its row marked; a
-batch still ``pending`` (a request without an Idempotency-Key that never committed it) is
-cancelled once its request can no longer commit it, and never published; a batch not (yet)
-stored is left alone, because its write may still land, until :data:`ABANDON_AFTER`.
+``published = false``, which the relay's reads select on). The marks of one API process are
+gathered for :data:`MARK_WINDOW` and written in one request per outbox partition
+(:class:`Marks`): a busy process marks tens of rows per request instead of one each. A mark
+saves the relay work and nothing else: a row whose mark is lost (a failed write, a process
+that died with it gathered) is finished again by the relay, a duplicate publish.
+
+Rows live in time buckets, ``(namespace, minute of acceptance, shard)``, and are never deleted
+(they expire after a week): no tombstones, and no queue kept in a table. Every interval the
+relay reads its own namespace's minutes from the oldest that still held an unpublished row, up
+to the grace period, and finishes each unpublished acceptance (``shared.acceptance``): if the
+batch is accepted it rewrites its indexes and publishes it (a duplicate of a publish that did
+succeed is harmless downstream) and marks the row; a cancelled batch is settled and its row
+marked; a batch still ``pending`` (a request without an Idempotency-Key that never committed
+it) is cancelled once its request can no longer commit it, and never published; a batch not
+(yet) stored is left alone, because its write may still land, until :data:`ABANDON_AFTER`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Final, Protocol
 
 from cassandra.query import BoundStatement
 
@@ -43,6 +50,9 @@ ABANDON_AFTER = timedelta(hours=1)
 _MINUTE = timedelta(minutes=1)
 #: Seconds an idle relay waits for a wake-up before looking anyway.
 IDLE_EVERY = 30.0
+#: Seconds the marks of published rows are gathered before they are written together (far
+#: below any relay grace period, so the relay does not finish a row whose mark is on its way).
+MARK_WINDOW: Final = 0.05
 
 #: Finishes one batch's acceptance; returns None when the batch is not stored (or not yet
 #: decided by its request): the row is looked at again.
@@ -95,12 +105,19 @@ class Outbox:
 
     async def done(self, batch_id: uuid.UUID) -> None:
         """The batch was published (or will never be): the relay skips its row from now on."""
-        await self.db.execute(
-            "UPDATE outbox_minutes SET published = true "
-            "WHERE namespace = ? AND minute = ? AND shard = ? AND batch_id = ?",
-            self._key(batch_id),
-            idempotent=True,
-        )
+        await self.db.execute(_MARK, self._key(batch_id), idempotent=True)
+
+    async def done_many(self, batch_ids: Iterable[uuid.UUID]) -> None:
+        """:meth:`done` for many batches: one request per outbox partition, all at once."""
+        mark = await self.db.prepare(_MARK)
+        parts: dict[tuple[datetime, int], list[uuid.UUID]] = defaultdict(list)
+        for batch_id in batch_ids:
+            parts[self.bucket(batch_id)].append(batch_id)
+        writes = [self.db.batch([mark.bind(self._key(b)) for b in ids]) for ids in parts.values()]
+        if len(writes) == 1:
+            await writes[0]  # in the caller's task: no task started for one request
+            return
+        await asyncio.gather(*writes)
 
     async def unpublished(self, minute: datetime, shard: int) -> list[uuid.UUID]:
         """The batches of one bucket not (yet) marked published, oldest first.
@@ -116,6 +133,58 @@ class Outbox:
             (self.namespace, minute, shard),
         )
         return [row["batch_id"] for row in rows]
+
+
+_MARK = (
+    "UPDATE outbox_minutes SET published = true "
+    "WHERE namespace = ? AND minute = ? AND shard = ? AND batch_id = ?"
+)
+
+
+class Marked(Protocol):
+    """What :class:`Marks` writes through (:class:`Outbox` and its twin)."""
+
+    async def done_many(self, batch_ids: Iterable[uuid.UUID]) -> None: ...
+
+
+class Marks:
+    """Outbox rows to mark published, gathered for ``window`` seconds from the first and
+    written together (:meth:`Outbox.done_many`)."""
+
+    def __init__(self, outbox: Marked, window: float = MARK_WINDOW) -> None:
+        self.outbox = outbox
+        self.window = window
+        self._gathered: set[uuid.UUID] = set()
+        self._write: asyncio.Future[None] | None = None
+
+    async def mark(self, batch_id: uuid.UUID) -> None:
+        """Mark the batch's row published with the others of its window; returns once that
+        write was answered (a failed one is logged: the relay finishes those rows again).
+        With no window, each is written at once by its caller."""
+        if self.window <= 0:
+            await self._written({batch_id})
+            return
+        self._gathered.add(batch_id)
+        if self._write is None:
+            self._write = asyncio.ensure_future(self._written_later())
+            self._write.add_done_callback(_retrieved)
+        # Shielded: a caller cancelled (its request's task ended) leaves the others' write.
+        await asyncio.shield(self._write)
+
+    async def _written_later(self) -> None:
+        await asyncio.sleep(self.window)
+        taken, self._gathered, self._write = self._gathered, set(), None
+        await self._written(taken)
+
+    async def _written(self, taken: set[uuid.UUID]) -> None:
+        try:
+            await self.outbox.done_many(taken)
+        except DependencyUnavailable as exc:
+            log.warning(
+                "of %d outbox row(s), some not marked published (%s); the relay finishes them",
+                len(taken),
+                exc,
+            )
 
 
 class Relay:
@@ -229,3 +298,10 @@ def tell_relays(
 
 def _unheard() -> None:
     """No relay is told of rows (tools, tests)."""
+
+
+def _retrieved(write: asyncio.Future[None]) -> None:
+    """Its callers hear how a write of marks ended; one left with none (all cancelled) does
+    not leave asyncio to report an exception nobody retrieved."""
+    if not write.cancelled():
+        write.exception()

@@ -403,6 +403,25 @@ class StatsStore:
         """Record that the user has stats on the batch's day (idempotent, remembered)."""
         await self._active(user_id, batch_day(batch_id))
 
+    async def activity_statements(
+        self, user_id: uuid.UUID, batch_id: uuid.UUID
+    ) -> list[BoundStatement]:
+        """The writes of :meth:`activity`, for a caller to send with its own (none when this
+        process recorded the day already); once they landed, the caller says so
+        (:meth:`recorded`)."""
+        day = batch_day(batch_id)
+        if (user_id, day) in self._active_memo:
+            return []
+        active = await self.db.prepare(
+            "INSERT INTO active_user_buckets (day, bucket, user_id) VALUES (?, ?, ?)"
+        )
+        listed = await self.db.prepare("INSERT INTO stat_days (user_id, day) VALUES (?, ?)")
+        return [active.bind((day, user_bucket(user_id), user_id)), listed.bind((user_id, day))]
+
+    def recorded(self, user_id: uuid.UUID, batch_id: uuid.UUID) -> None:
+        """The writes of :meth:`activity_statements` landed: remembered, not written again."""
+        self._remember(user_id, batch_day(batch_id))
+
     async def _active(self, user_id: uuid.UUID, day: date) -> None:
         if (user_id, day) in self._active_memo:
             return
@@ -418,6 +437,9 @@ class StatsStore:
                 idempotent=True,
             ),
         )
+        self._remember(user_id, day)
+
+    def _remember(self, user_id: uuid.UUID, day: date) -> None:
         if len(self._active_memo) >= ACTIVE_MEMO:
             self._active_memo.clear()
         self._active_memo.add((user_id, day))

@@ -351,20 +351,21 @@ class Sending:
                 raise _too_large(
                     content.size, "the store refused a batch this large", None
                 ) from exc
-            indexed = await self._commit(batch) if batch.pending else True
+            if batch.pending:
+                await self._commit(batch)
             # Accepted: from here on nothing may turn this into an error (the relay publishes
             # if the broker does not confirm now; the scheduler publishes a scheduled one).
             await self._record_recent(user_id, batch_id, parsed, prefs)
             if batch.send_at is None:
                 if not await self.acceptance.publish(batch_id):
                     self.metrics.deferred_publishes.inc()
-                elif indexed:
-                    self.background.spawn(self.acceptance.outbox.done(batch_id))
+                else:
+                    self.background.spawn(self.acceptance.published(batch_id))
             else:
-                if batch.pending and indexed:
+                if batch.pending:
                     # Its outbox row stood for it until it was committed; the schedule row
                     # now does.
-                    self.background.spawn(self.acceptance.outbox.done(batch_id))
+                    self.background.spawn(self.acceptance.published(batch_id))
                 # An idle scheduler waits for its own next due time: one due within seconds
                 # is read at once (a lost nudge costs its renewal period, 5 s at most).
                 self.background.spawn(wake(self.acceptance.broker, SCHEDULER_WAKE))
@@ -395,14 +396,14 @@ class Sending:
         except DependencyUnavailable:
             log.warning("batch %s: not stored, and its quota not given back", batch.batch_id)
 
-    async def _commit(self, batch: NewBatch) -> bool:
-        """Decide a pending batch; whether its indexes were written. Raises ApiError 503
-        ``acceptance_unknown`` when the outcome is still unknown at the request's deadline,
-        and DependencyUnavailable (a plain 503: it is never sent) when it was cancelled."""
+    async def _commit(self, batch: NewBatch) -> None:
+        """Decide a pending batch. Raises ApiError 503 ``acceptance_unknown`` when the
+        outcome is still unknown at the request's deadline, and DependencyUnavailable (a
+        plain 503: it is never sent) when it was cancelled."""
         budget = timedelta(seconds=self.settings.api.commit_budget)
         decision = await self.acceptance.commit(batch, until=accepted_at(batch.batch_id) + budget)
         if decision.accepted:
-            return decision.indexed
+            return
         if decision.status is None:
             raise ApiError(
                 503,

@@ -184,6 +184,21 @@ async def test_an_outbox_row_is_unpublished_until_marked_done(side: Side) -> Non
     assert await unpublished() == {second}
 
 
+async def test_marks_written_together_mark_every_row_named_and_no_other(side: Side) -> None:
+    """Rows of several outbox partitions marked in one call are all marked published; a row
+    not named stays unpublished."""
+    batches = [uuid.uuid1() for _ in range(12)]
+    for batch_id in batches:
+        await side.outbox.add(batch_id, uuid.uuid4())
+    buckets = {Outbox.bucket(b) for b in batches}
+    assert len(buckets) > 1
+
+    await side.outbox.done_many(batches[1:])
+
+    left = {b for m, shard in buckets for b in await side.outbox.unpublished(m, shard)}
+    assert left == {batches[0]}
+
+
 def _today_batch() -> uuid.UUID:
     return new_batch_id(datetime.now(UTC).timestamp())
 

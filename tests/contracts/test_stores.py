@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from shared.batchstore import NewBatch, content_of
+from shared.batchstore import NewBatch, content_of, month_of
 from shared.db import Database
 from shared.errors import DependencyUnavailable, TooLargeToStore
 from shared.outbox import Outbox
@@ -198,6 +198,38 @@ async def test_a_batch_of_megabytes_is_stored_whole_with_its_outbox_row(stores: 
         (r.email, r.substitutions) for r in batch.recipients
     ]
     assert batch.batch_id in await outbox.unpublished(*Outbox.bucket(batch.batch_id))
+
+
+async def test_a_small_batch_written_indexed_is_whole_listed_and_counted(stores: Stores) -> None:
+    """A small batch written with its outbox row and its indexes (one logged batch): its
+    header and recipients, its place in the user's list of the month, its ``queued`` count,
+    its day among the user's stats days and its outbox row are all there."""
+    batch = _batch(A, B, C)
+    outbox = _outbox(stores)
+
+    await stores.batches.write(
+        batch, also=[await outbox.statement(batch.batch_id, batch.user_id)], indexed=True
+    )
+
+    header = await stores.batches.header(batch.batch_id)
+    assert header is not None and header.recipient_count == 3
+    assert len(await stores.recipients.batch_rows(batch.batch_id)) == 3
+    assert batch.batch_id in await _listed(stores, batch)
+    assert await _counts(stores, batch) == {"queued": 3}
+    assert batch_day(batch.batch_id) in await stores.stats.user_days(batch.user_id)
+    assert batch.batch_id in await outbox.unpublished(*Outbox.bucket(batch.batch_id))
+
+
+async def _listed(stores: Stores, batch: NewBatch) -> set[uuid.UUID]:
+    """The batches in the user's list of the batch's month."""
+    month = month_of(batch.batch_id)
+    if isinstance(stores.db, FakeCassandra):
+        return set(stores.db.by_user.get((batch.user_id, month), {}))
+    rows = await stores.db.rows(
+        "SELECT batch_id FROM batches_by_user WHERE user_id = ? AND month = ?",
+        (batch.user_id, month),
+    )
+    return {r["batch_id"] for r in rows}
 
 
 async def test_content_past_the_mutation_limit_is_refused_and_leaves_no_batch(

@@ -17,6 +17,7 @@ their cooldown (their TTL). ``tests/contracts/test_acceptance_stores.py`` (the r
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -61,8 +62,33 @@ class FakeOutbox:
 
     async def done(self, batch_id: uuid.UUID) -> None:
         done = await self.db._before("outbox.done")
-        self.db.outbox[self._key(batch_id)].setdefault(batch_id, {})["published"] = True
+        self._mark(batch_id)
         self.db._after(done)
+
+    async def done_many(self, batch_ids: Iterable[uuid.UUID]) -> None:
+        """As the real store: one write per partition (``outbox.done`` each), all at once."""
+        parts: dict[tuple[str, datetime, int], list[uuid.UUID]] = {}
+        for batch_id in batch_ids:
+            parts.setdefault(self._key(batch_id), []).append(batch_id)
+
+        async def one(ids: list[uuid.UUID]) -> None:
+            done = await self.db._before("outbox.done")
+            for batch_id in ids:
+                self._mark(batch_id)
+            self.db._after(done)
+
+        if len(parts) == 1:  # as the real store: one partition written in the caller's task
+            await one(next(iter(parts.values())))
+            return
+        results = await asyncio.gather(
+            *(one(ids) for ids in parts.values()), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    def _mark(self, batch_id: uuid.UUID) -> None:
+        self.db.outbox[self._key(batch_id)].setdefault(batch_id, {})["published"] = True
 
     async def unpublished(self, minute: datetime, shard: int) -> list[uuid.UUID]:
         self.db._after(await self.db._before("outbox.unpublished"))

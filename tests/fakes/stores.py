@@ -42,6 +42,7 @@ from cassandra.util import SortedSet
 from shared import precedence
 from shared.attempts import COLUMNS, Attempt, from_row
 from shared.batchstore import (
+    INLINE_BYTES,
     STATEMENT_BYTES,
     STORED_STATUS_STAMP,
     BatchHeader,
@@ -475,24 +476,34 @@ class FakeBatches:
         self.stats = stats or FakeStats(db)
 
     async def write(
-        self, batch: NewBatch, *, also: Sequence[Write] = (), content: Content | None = None
+        self,
+        batch: NewBatch,
+        *,
+        also: Sequence[Write] = (),
+        content: Content | None = None,
+        indexed: bool = False,
     ) -> None:
-        """As the real store: the batch's content in statements on its partition alone (one
-        round trip each, ``batches.content``), then its header with ``also`` (other twins'
-        writes, as the real store sends other partitions' statements) in one logged batch
-        (``batches.write``): all of that lands, or none."""
+        """As the real store: a large batch's content in statements on its partition alone
+        (one round trip each, ``batches.content``), then its header with ``also`` (other
+        twins' writes, as the real store sends other partitions' statements), its indexes
+        when ``indexed`` and a small batch's content (at most ``INLINE_BYTES``) in one
+        logged batch (``batches.write``): all of that lands, or none."""
         content = content if content is not None else content_of(batch)
         sizes = [len(content.message) + len(content.response), *map(len, content.chunks)]
-        for run in slices(sizes, STATEMENT_BYTES):
+        inline = content.size <= INLINE_BYTES
+        for run in [] if inline else slices(sizes, STATEMENT_BYTES):
             failure = await self.db._before("batches.content")
             self.db.refuse_oversized([sum(sizes[i] for i in run)])
             for i in run:
                 self._content(batch, content, i)
             self.db._after(failure)
         failure = await self.db._before("batches.write")
-        self.db.refuse_oversized(
-            [len(batch.message.subject.encode()) + 64] + [OTHER_ROW_BYTES] * len(also)
-        )
+        own = len(batch.message.subject.encode()) + 64 + (content.size if inline else 0)
+        others = len(also) + (3 if indexed else 0)
+        self.db.refuse_oversized([own] + [OTHER_ROW_BYTES] * others)
+        if inline:
+            for i in range(len(sizes)):
+                self._content(batch, content, i)
         header = self.db.headers.setdefault(batch.batch_id, _Cells())
         header.insert(
             {
@@ -507,8 +518,23 @@ class FakeBatches:
             _header_stamp(batch.batch_id),
         )
         header.put("status", batch.status, STORED_STATUS_STAMP)
+        if indexed:
+            self._listed(
+                batch.batch_id, batch.user_id, batch.message.subject, len(batch.recipients)
+            )
+            self.db.apply(
+                await self.stats.accepted_statements(
+                    batch.user_id,
+                    batch.batch_id,
+                    len(batch.recipients),
+                    _header_stamp(batch.batch_id),
+                )
+            )
+            self.db.apply(await self.stats.activity_statements(batch.user_id, batch.batch_id))
         self.db.apply(also)
         self.db._after(failure)
+        if indexed:
+            self.stats.recorded(batch.user_id, batch.batch_id)
 
     def _content(self, batch: NewBatch, content: Content, index: int) -> None:
         """The ``index``-th value of the content: 0 the message and 202, then each chunk's
@@ -539,11 +565,16 @@ class FakeBatches:
     async def _index(
         self, batch_id: uuid.UUID, user_id: uuid.UUID, subject: str, recipients: int
     ) -> None:
+        self._listed(batch_id, user_id, subject, recipients)
+        await self.stats.accepted(user_id, batch_id, recipients, _header_stamp(batch_id))
+
+    def _listed(
+        self, batch_id: uuid.UUID, user_id: uuid.UUID, subject: str, recipients: int
+    ) -> None:
         self.db.by_user[(user_id, month_of(batch_id))][batch_id] = {
             "subject": subject,
             "recipient_count": recipients,
         }
-        await self.stats.accepted(user_id, batch_id, recipients, _header_stamp(batch_id))
 
     async def uncount(self, user_id: uuid.UUID, batch_id: uuid.UUID) -> None:
         failure = await self.db._before("batches.uncount")
@@ -761,12 +792,25 @@ class FakeStats:
         self._active(user_id, batch_day(batch_id))
         self.db._after(failure)
 
+    async def activity_statements(self, user_id: uuid.UUID, batch_id: uuid.UUID) -> list[Write]:
+        day = batch_day(batch_id)
+        if (user_id, day) in self._active_memo:
+            return []
+        return [partial(self._record, user_id, day)]
+
+    def recorded(self, user_id: uuid.UUID, batch_id: uuid.UUID) -> None:
+        self._active_memo.add((user_id, batch_day(batch_id)))
+
     def _active(self, user_id: uuid.UUID, day: date) -> None:
         if (user_id, day) in self._active_memo:
             return
+        self._record(user_id, day)
+        self._active_memo.add((user_id, day))
+
+    def _record(self, user_id: uuid.UUID, day: date) -> None:
+        """The day's activity rows (``active_user_buckets``, ``stat_days``)."""
         self.db.active[(day, user_bucket(user_id))].add(user_id)
         self.db.stat_days[(user_id, day)].insert({}, self.db.stamp())
-        self._active_memo.add((user_id, day))
 
     # -- reads ---------------------------------------------------------------------------
 

@@ -2,7 +2,12 @@
 code it was found in (``make simulate`` prints it): every one must now run clean.
 
 The faults are named by what each step is (``<process>/<point>#<n>``: the n-th such step), so
-a schedule keeps naming the same step when code elsewhere takes a step more or less.
+a schedule keeps naming the same step when code elsewhere takes a step more or less. A
+swarm schedule (``@seed~``: jittered) also depends on when steps are taken: when code before
+its faults changes, its seed is chosen again among those whose faults all hit, in the same
+order, and that still break the code as it was before the fix. A defect made impossible by
+construction leaves the list with the step it aimed at (a keyless batch's indexes failing
+alone after its header: they are written in the header's own logged batch since issue 34).
 """
 
 from __future__ import annotations
@@ -52,18 +57,12 @@ FIXED = [
         "batch anyway, and the user was charged nothing for it",
     ),
     (
-        "keyless@0:api/store:batches.index#1=fail",
-        "a keyless batch committed and published though its indexes failed; by the time the "
-        "relay came the batch was split, and the relay wrote no indexes for a dispatched "
-        "batch: its recipients never counted as queued in the stats",
-    ),
-    (
         "plain@0:consumers-a/provider:sg.send#1=accept_5xx",
         "issue 32: SendGrid accepted the chunk and answered 504; the attempt was recorded "
         "rejected and the chunk sent again through Mailgun (every recipient twice)",
     ),
     (
-        "lost_request@14658~:consumers-a/store:attempts.line#1=disconnect,"
+        "lost_request@14650~:consumers-a/store:attempts.line#1=disconnect,"
         "consumers-a/ack:batch.*#1=lost,consumers-a/store:attempts.transition#1=lands,"
         "consumers-a/store:attempts.transition#2=kill",
         "found by the swarm: the caller's connection dropped, another delivery of its job "
