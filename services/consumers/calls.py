@@ -280,7 +280,7 @@ class Caller:
         # capacity were never called: those hops do not use up the chunk's attempts.
         skipped = sum(1 for a in line if (a.error or "").startswith(("skipped|", "held|")))
         skipped += isinstance(error, ProviderSkipped)
-        rows = await self.d.follow.rows(job)
+        excluded = await self.d.follow.excluded(job)
         header = await self.d.follow.header(job.batch_id)
         verdict = failover.decide(
             chain=chain_for(header.message, settings.chain_codes),
@@ -289,7 +289,7 @@ class Caller:
             max_attempts=settings.max_attempts + skipped,
             backoff=settings.backoff_tiers,
             permanent_from=refused,
-            excluded=self.d.follow.excluded(job, rows),
+            excluded=excluded,
         )
         if isinstance(verdict, failover.Retry):
             return {
