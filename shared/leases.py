@@ -123,6 +123,35 @@ async def keep_running(
         await lease.release()
 
 
+@dataclass
+class LeasedLoop:
+    """A loop that one process of many runs at a time: ``step`` pass after pass under
+    ``lease`` (:func:`keep_running`), waiting ``next_in()`` seconds between passes (its
+    owner's own timing) or until a wake-up named ``wake`` rings its alarm."""
+
+    what: str
+    """Names the loop in its logs."""
+    wake: str
+    """The wake-ups it hears (:func:`wake`)."""
+    lease: Lease
+    every: float
+    """Seconds to the next pass after one that failed."""
+    step: Callable[[], Awaitable[object]]
+    next_in: Callable[[], float]
+    alarm: Alarm = field(default_factory=Alarm)
+
+    async def run(self) -> None:
+        """Pass after pass until cancelled; the lease is released on the way out."""
+        await keep_running(
+            self.step, self.every, self.lease, self.what, alarm=self.alarm, next_in=self.next_in
+        )
+
+    def heard(self, body: bytes) -> None:
+        """An announcement: a wake-up of this loop's name rings its alarm."""
+        if woken(body) == self.wake:
+            self.alarm.nudge()
+
+
 class Announcer(Protocol):
     async def announce(self, body: bytes) -> None: ...
 

@@ -190,8 +190,8 @@ def create_app(settings: Settings) -> Starlette:
                 state.sending,
                 ScheduleStore(res.db, f"{settings.amqp.exchange}:campaigns"),
             )
-            await _hear(res.broker, campaign_runner.heard, "campaign wake-ups")
-            runner = asyncio.create_task(campaign_runner.run())
+            await _hear(res.broker, campaign_runner.loop.heard, "campaign wake-ups")
+            runner = asyncio.create_task(campaign_runner.loop.run())
             state.github_http = httpx.AsyncClient(
                 timeout=httpx.Timeout(settings.github.timeout), follow_redirects=False
             )

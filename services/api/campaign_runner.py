@@ -59,7 +59,7 @@ from shared.contact_lists import (
     read_page,
 )
 from shared.http import ApiError
-from shared.leases import CAMPAIGNS_WAKE, Alarm, Lease, keep_running, woken
+from shared.leases import CAMPAIGNS_WAKE, Lease, LeasedLoop
 from shared.schedule_store import ScheduleStore
 from shared.templates import TemplateStore
 
@@ -136,8 +136,6 @@ class CampaignRunner:
     """Where the runner's lease is kept."""
     owner: uuid.UUID = field(default_factory=uuid.uuid4)
     clock: Callable[[], datetime] = _now
-    alarm: Alarm = field(default_factory=Alarm)
-    """Rung by a wake-up: a campaign was scheduled or resumed (:meth:`heard`)."""
     next_due: datetime | None = None
     """The earliest ``send_at`` the last pass read that had not come."""
     busy: bool = True
@@ -145,25 +143,15 @@ class CampaignRunner:
 
     def __post_init__(self) -> None:
         self.lease = Lease(self.leases, LEASE_SECONDS, self.owner)
-
-    async def run(self) -> None:
-        await keep_running(
-            self.pass_once,
-            PASS_EVERY,
-            self.lease,
-            "campaign runner",
-            alarm=self.alarm,
-            next_in=self.next_in,
+        # Run it with ``loop.run()``; a wake-up heard by ``loop.heard`` (a campaign was
+        # scheduled or resumed) rings ``loop.alarm``.
+        self.loop = LeasedLoop(
+            "campaign runner", WAKE, self.lease, PASS_EVERY, self.pass_once, self.next_in
         )
 
     def next_in(self) -> float:
         """Seconds until the next pass is due (see :func:`next_wait`)."""
         return next_wait(self.clock(), self.next_due, self.lease.renew_in(), busy=self.busy)
-
-    def heard(self, body: bytes) -> None:
-        """An announcement: a wake-up for campaign runners rings the alarm."""
-        if woken(body) == WAKE:
-            self.alarm.nudge()
 
     async def pass_once(self) -> int:
         """One pass; the slices it released (0 without the lease)."""

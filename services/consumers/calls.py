@@ -131,7 +131,7 @@ class Caller:
         to_send = await self._pending(job)
         if d.work is None or not to_send:
             return to_send, 0
-        if heavy(to_send, HEAVY_WEIGHING):
+        if heavy(to_send, WEIGH_US):
             weight = await d.cpu.run(weigh, to_send)
         else:
             weight = weigh(to_send)
@@ -280,7 +280,7 @@ class Caller:
         # capacity were never called: those hops do not use up the chunk's attempts.
         skipped = sum(1 for a in line if (a.error or "").startswith(("skipped|", "held|")))
         skipped += isinstance(error, ProviderSkipped)
-        rows = await self.d.follow.rows(job)
+        excluded = await self.d.follow.excluded(job)
         header = await self.d.follow.header(job.batch_id)
         verdict = failover.decide(
             chain=chain_for(header.message, settings.chain_codes),
@@ -289,7 +289,7 @@ class Caller:
             max_attempts=settings.max_attempts + skipped,
             backoff=settings.backoff_tiers,
             permanent_from=refused,
-            excluded=self.d.follow.excluded(job, rows),
+            excluded=excluded,
         )
         if isinstance(verdict, failover.Retry):
             return {
@@ -381,25 +381,50 @@ class Caller:
                 delay = min(delay * 2, MAX_OUTAGE_BACKOFF)
 
 
-#: Recipients of a chunk, each substitution counted as one more, above which building the
-#: chunk is worth a worker thread (a millisecond of CPU or more).
-HEAVY_CHUNK = 200
-#: The same count above which even weighing the chunk (:func:`weigh`) is: weighing costs
-#: about a sixth of building per item (45 µs for 100 recipients with two substitutions each,
-#: building 280 µs), and a trip to the CPU lane costs about 80 µs of CPU of its own, more than
-#: weighing such a chunk where it is.
-HEAVY_WEIGHING = 2000
+#: CPU of one trip to the CPU lane (``shared.gil.CpuLane``) of its own, in µs: handing the
+#: work to its thread, waking it, and the answer's way back to the event loop (79.5 µs
+#: measured for work that does nothing).
+LANE_TRIP_US = 80.0
+#: How many trips' worth of CPU a piece of work must cost before it leaves the event loop:
+#: below that the trip's own CPU is too large a share of what the loop is spared.
+LANE_WORTH = 3
+#: CPU per item of building a chunk (:func:`_chunk`), in µs; an item is a recipient or one of
+#: its substitutions (:func:`count_items`). Measured near the bound it sets (200 items: 0.9 to 1.4
+#: µs per item, from 67 recipients with two substitutions each to 200 without any).
+BUILD_US = 1.2
+#: CPU per item of weighing a chunk (:func:`weigh`), in µs. Measured near its bound (2,000
+#: items: 0.09 to 0.27 µs per item), and 0.12 for make bench's chunk (100 recipients with two
+#: substitutions each).
+WEIGH_US = 0.12
 
 
-def heavy(rows: Sequence[Row], bound: int = HEAVY_CHUNK) -> bool:
-    """Whether building a chunk of ``rows`` (or the work ``bound`` stands for) is CPU work
-    to keep off the event loop."""
-    weight = len(rows)
+def lane_bound(per_item_us: float) -> int:
+    """The most items that work of ``per_item_us`` each may have and stay on the event loop
+    (pure): 200 for building a chunk, 2,000 for weighing one."""
+    return round(LANE_WORTH * LANE_TRIP_US / per_item_us)
+
+
+def worth_the_lane(items: int, per_item_us: float) -> bool:
+    """Whether work on ``items`` items at ``per_item_us`` each costs enough CPU to go to the CPU
+    lane (more than :data:`LANE_WORTH` trips there) rather than be done on the event loop (pure)."""
+    return items > lane_bound(per_item_us)
+
+
+def count_items(rows: Sequence[Row], most: int | None = None) -> int:
+    """A chunk's items: each recipient, and each of its substitutions (pure). Counting may
+    stop once past ``most``."""
+    count = 0
     for row in rows:
-        weight += len(row.get("substitutions") or ())
-        if weight > bound:
-            return True
-    return False
+        count += 1 + len(row.get("substitutions") or ())
+        if most is not None and count > most:
+            break
+    return count
+
+
+def heavy(rows: Sequence[Row], per_item_us: float = BUILD_US) -> bool:
+    """Whether building a chunk of ``rows`` (or the work ``per_item_us`` stands for) is CPU
+    work to keep off the event loop."""
+    return worth_the_lane(count_items(rows, lane_bound(per_item_us)), per_item_us)
 
 
 def weigh(rows: Sequence[Row]) -> int:

@@ -81,10 +81,16 @@ class FollowUps:
             return Selection(job.chunk, tuple(r["log_id"] for r in chosen))
         return Selection.of(job.chunk, everyone, chosen)
 
-    def excluded(self, job: protocol.Job, rows: list[Row]) -> frozenset[str]:
+    async def excluded(self, job: protocol.Job) -> frozenset[str]:
         """Providers a re-send line must not use: those that failed its recipient on their
-        side. A chunk's line may use any."""
-        return excluded_providers(rows[0]) if job.own_line and rows else frozenset()
+        side, as its row says now. A chunk's line may use any (nothing is read for it)."""
+        if not job.own_line:
+            return frozenset()
+        # Read when asked, not taken from the rows the call was built from: a webhook may
+        # have recorded a provider-side failure of this recipient during the call, and the
+        # decision must not hand it to that provider. One row by its key, on a rare line.
+        rows = await self.rows(job)
+        return excluded_providers(rows[0]) if rows else frozenset()
 
     async def carry_out(self, job: protocol.Job, attempt: Attempt) -> None:
         """The effects of a settled attempt: its events on the user's webhooks, recipients'

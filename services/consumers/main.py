@@ -365,7 +365,7 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
             alerter.config = started.applier.alert_config
             dispatcher = started.dispatcher
             scheduler = scheduler_of(settings, res, dispatcher.batches)
-            await res.broker.listen(scheduler.heard)
+            await res.broker.listen(scheduler.loop.heard)
             roll_up = RollUp(StatsStore(res.db, settings.stats.buckets))
             await res.broker.listen(roll_up.heard)
             log.info("consuming %s", ", ".join(settings.providers.chain_codes))
@@ -378,7 +378,7 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
                 asyncio.create_task(watch_queues(res, started.applier, alerter)),
                 asyncio.create_task(tidy_counters(res, dispatcher, exchange)),
                 asyncio.create_task(roll_up.run()),
-                asyncio.create_task(scheduler.run()),
+                asyncio.create_task(scheduler.loop.run()),
                 asyncio.create_task(domain_checker_of(settings, res, dns_http).run()),
                 asyncio.create_task(
                     judge_of(

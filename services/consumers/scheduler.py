@@ -39,7 +39,7 @@ from typing import Final
 from shared.batchstore import BatchStore
 from shared.broker import Broker
 from shared.lanes import BUCKET, bucket_of
-from shared.leases import SCHEDULER_WAKE, Alarm, Lease, keep_running, woken
+from shared.leases import SCHEDULER_WAKE, Lease, LeasedLoop
 from shared.models import BatchJob
 from shared.schedule_store import ScheduleStore, finished_through
 from shared.topology import batch_key
@@ -85,8 +85,6 @@ class Scheduler:
     clock: Callable[[], datetime] = _now
     handed: dict[datetime, set[uuid.UUID]] = field(default_factory=dict)
     """Batches of minutes not yet finished that this scheduler handed on already."""
-    alarm: Alarm = field(default_factory=Alarm)
-    """Rung by a wake-up: a batch was scheduled (:meth:`heard`)."""
     next_due: datetime | None = None
     """The earliest ``send_at`` the last pass read that had not come."""
     busy: bool = True
@@ -95,26 +93,15 @@ class Scheduler:
 
     def __post_init__(self) -> None:
         self.lease = Lease(self.store, LEASE_SECONDS, self.owner)
-
-    async def run(self) -> None:
-        """Pass after pass until cancelled; the lease is released on the way out."""
-        await keep_running(
-            self.pass_once,
-            PASS_EVERY,
-            self.lease,
-            "scheduler",
-            alarm=self.alarm,
-            next_in=self.next_in,
+        # Run it with ``loop.run()``; a wake-up heard by ``loop.heard`` (a batch was
+        # scheduled) rings ``loop.alarm``.
+        self.loop = LeasedLoop(
+            "scheduler", WAKE, self.lease, PASS_EVERY, self.pass_once, self.next_in
         )
 
     def next_in(self) -> float:
         """Seconds until the next pass is due (see :func:`next_wait`)."""
         return next_wait(self.clock(), self.next_due, self.lease.renew_in(), busy=self.busy)
-
-    def heard(self, body: bytes) -> None:
-        """An announcement: a wake-up for schedulers rings the alarm."""
-        if woken(body) == WAKE:
-            self.alarm.nudge()
 
     async def pass_once(self) -> int:
         """One pass; how many batches it handed on (0 without the lease)."""

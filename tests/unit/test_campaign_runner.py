@@ -540,7 +540,7 @@ async def test_a_paused_campaign_leaves_the_runner_idle(desk: Desk) -> None:
 async def test_scheduling_or_resuming_a_campaign_wakes_every_runner(desk: Desk) -> None:
     """The use case announces a wake-up when a campaign becomes due to run; a pause does not."""
     campaign = await desk.start(SIX, per_slice=3)
-    await desk.world.broker.listen(desk.runner.heard)
+    await desk.world.broker.listen(desk.runner.loop.heard)
     use = Campaigns(
         desk.campaigns,  # type: ignore[arg-type]
         desk.templates,  # type: ignore[arg-type]
@@ -553,19 +553,19 @@ async def test_scheduling_or_resuming_a_campaign_wakes_every_runner(desk: Desk) 
 
     await use.act(desk.user, campaign.campaign_id, "pause", None)
     await desk.sending.background.drain()
-    after_pause = await desk.runner.alarm.wait(0)
+    after_pause = await desk.runner.loop.alarm.wait(0)
     await use.act(desk.user, campaign.campaign_id, "resume", None)
     await desk.sending.background.drain()
-    after_resume = await desk.runner.alarm.wait(3600)
+    after_resume = await desk.runner.loop.alarm.wait(3600)
 
     assert (after_pause, after_resume) == (False, True)
 
 
 async def test_a_wake_up_for_another_loop_does_not_ring_the_runner(desk: Desk) -> None:
     """Only the runners' own wake-up ends their wait."""
-    await desk.world.broker.listen(desk.runner.heard)
+    await desk.world.broker.listen(desk.runner.loop.heard)
 
     await wake(desk.world.broker, SCHEDULER_WAKE)
     await desk.world.broker.announce(b'{"changed": ["providers.chain"]}')
 
-    assert await desk.runner.alarm.wait(0) is False
+    assert await desk.runner.loop.alarm.wait(0) is False

@@ -7,7 +7,16 @@ import dataclasses
 
 import pytest
 
-from services.consumers.calls import HEAVY_CHUNK, HEAVY_WEIGHING, heavy
+from services.consumers.calls import (
+    BUILD_US,
+    LANE_TRIP_US,
+    LANE_WORTH,
+    WEIGH_US,
+    count_items,
+    heavy,
+    lane_bound,
+    worth_the_lane,
+)
 from shared.models import BatchJob, Recipient
 from shared.recipients import log_id_for
 from shared.topology import batch_key
@@ -19,19 +28,53 @@ ON_LOOP_TURNS = 18
 
 def test_a_chunk_is_heavy_by_its_recipients_and_their_substitutions() -> None:
     """Each recipient counts, and each of its substitutions counts as one more."""
-    assert not heavy([{"substitutions": {}}] * HEAVY_CHUNK)
-    assert heavy([{"substitutions": None}] * (HEAVY_CHUNK + 1))
-    assert heavy([{"substitutions": {f"k{i}": "v" for i in range(HEAVY_CHUNK)}}])
-    assert not heavy([{"substitutions": {"k": "v"}}] * (HEAVY_CHUNK // 2))
+    assert not heavy([{"substitutions": {}}] * 200)
+    assert heavy([{"substitutions": None}] * 201)
+    assert heavy([{"substitutions": {f"k{i}": "v" for i in range(200)}}])
+    assert not heavy([{"substitutions": {"k": "v"}}] * 100)
 
 
 def test_weighing_a_chunk_is_heavy_only_past_its_own_larger_bound() -> None:
     """A chunk too heavy to build on the loop may still be weighed there: weighing costs
-    less than a trip to the CPU lane up to :data:`HEAVY_WEIGHING`."""
+    less than a trip to the CPU lane up to 2,000 items."""
     typical = [{"substitutions": {"a": "1", "b": "2"}}] * 100  # make bench's chunk
     assert heavy(typical)
-    assert not heavy(typical, HEAVY_WEIGHING)
-    assert heavy([{"substitutions": None}] * (HEAVY_WEIGHING + 1), HEAVY_WEIGHING)
+    assert not heavy(typical, WEIGH_US)
+    assert not heavy([{"substitutions": None}] * 2000, WEIGH_US)
+    assert heavy([{"substitutions": None}] * 2001, WEIGH_US)
+
+
+def test_the_lane_bounds_are_the_ones_chosen_before_the_cost_model() -> None:
+    """Building goes off the loop above 200 items and weighing above 2,000, as before the two
+    bounds became one cost model."""
+    assert (lane_bound(BUILD_US), lane_bound(WEIGH_US)) == (200, 2000)
+
+
+def test_work_goes_to_the_lane_once_it_costs_more_than_its_worth_in_trips() -> None:
+    """Work of N items at c µs each goes to the lane exactly when N x c exceeds
+    LANE_WORTH trips of LANE_TRIP_US: not at the bound, at one item past it."""
+    budget = LANE_WORTH * LANE_TRIP_US
+    for per_item in (BUILD_US, WEIGH_US, 2.8, 0.45, budget):
+        bound = lane_bound(per_item)
+        assert bound * per_item == pytest.approx(budget, rel=0.01)
+        assert not worth_the_lane(bound, per_item)
+        assert worth_the_lane(bound + 1, per_item)
+    assert not worth_the_lane(0, BUILD_US)
+
+
+def test_a_cheaper_operation_stays_on_the_loop_for_more_items() -> None:
+    """The same count of items can be worth the lane for building and not for weighing."""
+    assert worth_the_lane(1000, BUILD_US)
+    assert not worth_the_lane(1000, WEIGH_US)
+
+
+def test_counting_items_may_stop_past_a_bound() -> None:
+    """A chunk's items are its recipients plus their substitutions; a count told where to
+    stop may stop as soon as it is past it."""
+    rows = [{"substitutions": {"a": "1", "b": "2"}}, {"substitutions": None}, {}]
+    assert count_items(rows) == 5
+    assert count_items(rows, most=2) == 3  # past 2 after the first recipient
+    assert count_items(rows, most=5) == 5
 
 
 @pytest.mark.offloop

@@ -698,3 +698,19 @@ async def test_a_deadline_hand_off_that_never_went_out_is_sent_when_its_check_re
     await w.settle()
     assert w.providers["mg"].emails() == [A]
     assert (await w.rows(batch))[A]["superseded"] == frozenset({"c.0"})
+
+
+async def test_a_refused_chunk_reads_its_recipients_to_send_them_and_to_carry_out_only() -> None:
+    """A chunk whose call is refused reads its recipients' rows twice: for the call, and for
+    the events and the next job once the decision is stored; deciding reads none."""
+    w = World()
+    batch = await w.accept(A, B)
+    w.providers["sg"].answers.append(refused("sg"))
+    await w.step()  # the split
+    before = w.db.calls.count("recipients.chunk_rows")
+    await w.step()  # the call to SendGrid, refused
+    assert w.db.calls.count("recipients.chunk_rows") - before == 2
+    (attempt,) = await w.attempts.line(batch.batch_id, chunk_line(0))
+    assert (attempt.state, attempt.decision, attempt.next_provider) == ("rejected", "retry", "mg")
+    await w.settle()
+    assert sorted(w.providers["mg"].emails()) == [A, B]

@@ -266,12 +266,12 @@ async def test_a_wake_up_for_the_scheduler_ends_its_wait() -> None:
     """The API's wake-up, heard over the fanout, rings the alarm; a settings change does not."""
     s = Setting()
     scheduler = s.scheduler()
-    await s.broker.listen(scheduler.heard)
+    await s.broker.listen(scheduler.loop.heard)
 
     await s.broker.announce(b'{"changed": ["providers.chain"]}')
-    not_woken = await scheduler.alarm.wait(0)
+    not_woken = await scheduler.loop.alarm.wait(0)
     await wake(s.broker, SCHEDULER_WAKE)
-    woken_up = await scheduler.alarm.wait(3600)
+    woken_up = await scheduler.loop.alarm.wait(3600)
 
     assert (not_woken, woken_up) == (False, True)
 
