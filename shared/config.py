@@ -189,6 +189,11 @@ class ApiSettings(BaseSettings):
     """Seconds an API process uses a user's suppression list after reading it
     (``shared.suppression_cache``): how late it sees a change made through another process
     whose broadcast it missed (with the broadcast: milliseconds). 0 reads it for every batch."""
+    domain_cache_ttl: float = Field(5.0, ge=0)
+    """Seconds an API process uses a user's verified sending domains after reading them
+    (``shared.user_cache``): how late it sees a domain removed or unverified through another
+    process whose broadcast it missed (with the broadcast: milliseconds). 0 reads them for
+    every batch."""
     suppression_cache_small: int = Field(2_000, ge=0)
     """Entries a user's suppression list may hold to be kept whole by each API process; the
     addresses of a batch of a user with a longer list are looked up for each batch."""

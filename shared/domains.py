@@ -21,6 +21,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Final
 
 import httpx
 
@@ -31,6 +32,8 @@ from shared.errors import DependencyUnavailable
 RECORD_LABEL = "_safedelivr"
 #: What the record's value starts with; the token follows.
 RECORD_PREFIX = "safedelivr-verification="
+#: The announcement (``shared.user_cache``) that users' verified domains changed.
+WAKE: Final = "domains"
 #: Domains one user may have (verified or not).
 MAX_DOMAINS = 100
 _LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")

@@ -48,11 +48,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-import orjson
-
+from shared import user_cache
 from shared.addresses import address_key
-from shared.errors import DependencyUnavailable
-from shared.leases import Announcer, woken
+from shared.user_cache import UserChanges
 
 log = logging.getLogger(__name__)
 
@@ -201,44 +199,17 @@ class SuppressionCache:
 
 def announcement(user_ids: Iterable[uuid.UUID]) -> bytes:
     """The announcement that these users' suppressions changed (their ids only)."""
-    return orjson.dumps({"wake": WAKE, "users": sorted(str(u) for u in user_ids)})
+    return user_cache.announcement(WAKE, user_ids)
 
 
 def changed_in(body: bytes) -> tuple[uuid.UUID, ...]:
     """The users an announcement says changed; none for any other announcement."""
-    if woken(body) != WAKE:
-        return ()
-    users = orjson.loads(body).get("users")
-    if not isinstance(users, list):
-        return ()
-    found = []
-    for text in users:
-        try:
-            found.append(uuid.UUID(text))
-        except (TypeError, ValueError, AttributeError):
-            continue
-    return tuple(found)
+    return user_cache.changed_in(body, WAKE)
 
 
 @dataclass(frozen=True, slots=True)
-class Changes:
+class Changes(UserChanges):
     """Tells every API process (this one's cache at once) that users' suppressions changed in
-    the store."""
+    the store (:meth:`~shared.user_cache.UserChanges.announce`)."""
 
-    broker: Announcer
-    cache: SuppressionCache | None = None
-
-    async def announce(self, user_ids: Iterable[uuid.UUID]) -> bool:
-        """Call after the store's write. False when the broadcast could not be sent: every
-        process still sees the change within its cache's TTL of the write."""
-        users = set(user_ids)
-        if not users:
-            return True
-        if self.cache is not None:
-            self.cache.forget(users)
-        try:
-            await self.broker.announce(announcement(users))
-        except DependencyUnavailable as exc:
-            log.warning("suppressions changed but not announced (seen within the TTL): %s", exc)
-            return False
-        return True
+    wake: str = WAKE

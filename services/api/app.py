@@ -53,6 +53,7 @@ from shared.config import Settings
 from shared.contact_lists import ContactLists
 from shared.cooldown import RecentMail
 from shared.deadletters import DeadLetters, DeadLetterStore
+from shared.domains import WAKE as DOMAINS_WAKE
 from shared.domains import DohResolver, DomainStore
 from shared.errors import DependencyUnavailable
 from shared.health import health_routes
@@ -71,18 +72,26 @@ from shared.suppression_cache import Changes, SuppressionCache
 from shared.suppressions import SuppressionStore
 from shared.template_pool import TemplatePool
 from shared.templates import TemplateStore
+from shared.user_cache import UserCache, UserChanges
 
 log = logging.getLogger(__name__)
 
 
-async def _hear_changes(broker: Broker, keys: KeyCache, lists: SuppressionCache) -> None:
-    """Drop keys and users' suppression lists from this process's caches as soon as any
-    process announces them revoked or changed; with the broker down, cached ones still expire
-    within their TTL (``shared.keycache``, ``shared.suppression_cache``)."""
+async def _hear_changes(
+    broker: Broker,
+    keys: KeyCache,
+    lists: SuppressionCache,
+    domains: UserCache[frozenset[str]],
+) -> None:
+    """Drop keys, users' suppression lists and verified domains from this process's caches as
+    soon as any process announces them revoked or changed; with the broker down, cached ones
+    still expire within their TTL (``shared.keycache``, ``shared.suppression_cache``,
+    ``shared.user_cache``)."""
 
     def hear(body: bytes) -> None:
         keys.hear(body)
         lists.hear(body)
+        domains.hear(body)
 
     try:
         await broker.listen(hear)
@@ -148,6 +157,10 @@ def create_app(settings: Settings) -> Starlette:
                 small=settings.api.suppression_cache_small,
                 ttl=settings.api.suppression_cache_ttl,
             )
+            state.domain_cache = UserCache(
+                state.domains.verified, wake=DOMAINS_WAKE, ttl=settings.api.domain_cache_ttl
+            )
+            state.domain_changes = UserChanges(res.broker, state.domain_cache, DOMAINS_WAKE)
             state.managing = Managing(
                 res.db,
                 state.suppressions,
@@ -155,7 +168,7 @@ def create_app(settings: Settings) -> Starlette:
                 revocations=Revocations(res.broker, state.keys),
                 changes=Changes(res.broker, state.suppression_cache),
             )
-            await _hear_changes(res.broker, state.keys, state.suppression_cache)
+            await _hear_changes(res.broker, state.keys, state.suppression_cache, state.domain_cache)
             state.sending = Sending(
                 settings=settings,
                 acceptance=state.acceptance,
@@ -166,6 +179,7 @@ def create_app(settings: Settings) -> Starlette:
                 metrics=state.metrics,
                 background=state.background,
                 domains=state.domains,
+                domain_cache=state.domain_cache,
                 preferences=state.preferences,
                 recent=RecentMail(res.db),
                 templates=TemplateBatches(state.template_store, state.template_pool),

@@ -29,6 +29,7 @@ from shared.domain_claims import OtherClaims, state_of
 from shared.domains import Claim, DohResolver, DomainError, DomainStore, SendingDomain
 from shared.http import JSON, ApiError, read_json
 from shared.livesettings import resolve
+from shared.user_cache import UserChanges
 
 SMALL_BODY = 4 * 1024
 #: Claims an operator is shown of one domain.
@@ -99,11 +100,22 @@ class SendingDomains:
     store: DomainStore
     resolver: DohResolver
     rules: CheckRules
+    changes: UserChanges | None = None
+    """Told of each change to a user's verified domains (every API process's cache)."""
 
     @classmethod
     def of(cls, request: Request) -> SendingDomains:
         state = request.app.state
-        return cls(state.domains, state.resolver, CheckRules.of(state.settings.api))
+        return cls(
+            state.domains,
+            state.resolver,
+            CheckRules.of(state.settings.api),
+            state.domain_changes,
+        )
+
+    async def _changed(self, user_id: uuid.UUID) -> None:
+        if self.changes is not None:
+            await self.changes.announce([user_id])
 
     async def add(self, user_id: uuid.UUID, raw: str) -> SendingDomain:
         """Add ``raw`` (again: the same record stays), up to :data:`domains.MAX_DOMAINS`."""
@@ -144,11 +156,13 @@ class SendingDomains:
             )
         if not await self.store.mark_verified(user_id, found.domain):
             raise ApiError(404, "not_found", "no such domain")
+        await self._changed(user_id)
         return await self.owned(user_id, found.domain)
 
     async def remove(self, user_id: uuid.UUID, raw: str) -> None:
         if not await self.store.remove(user_id, _name_or_404(raw)):
             raise ApiError(404, "not_found", "no such domain")
+        await self._changed(user_id)
 
     async def others(
         self, user_id: uuid.UUID, found: list[SendingDomain]

@@ -66,6 +66,7 @@ from shared.ratelimit import QuotaLedger
 from shared.schedule_store import ScheduleStore
 from shared.suppression_cache import SuppressionCache
 from shared.suppressions import SuppressionStore
+from shared.user_cache import UserCache
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,9 @@ class Sending:
     background: Background
     domains: DomainStore | None = None
     """The users' verified domains; without it no domain is verified (fail closed)."""
+    domain_cache: UserCache[frozenset[str]] | None = None
+    """This process's copy of ``domains.verified`` (``shared.user_cache``): read through it
+    when given."""
     preferences: PreferenceStore | None = None
     """The users' tracking defaults and cooldown (without it: the defaults, no cooldown)."""
     recent: RecentMail | None = None
@@ -538,7 +542,10 @@ class Sending:
         if self.settings.api.sender_domains != "verified":
             return
         domain = domain_of(sender)
-        verified = await self.domains.verified(user_id) if self.domains else frozenset()
+        if self.domain_cache is not None:
+            verified = await self.domain_cache.get(user_id)
+        else:
+            verified = await self.domains.verified(user_id) if self.domains else frozenset()
         if not covers(verified, domain):
             raise ApiError(
                 422,

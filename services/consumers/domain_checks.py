@@ -26,6 +26,7 @@ from shared.domain_checks import CheckRules, Outcome, due, judge
 from shared.domains import DomainStore, SendingDomain
 from shared.errors import DependencyUnavailable
 from shared.leases import Lease, LeaseRows, keep_running
+from shared.user_cache import UserChanges
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,9 @@ class DomainChecker:
     """Where the checker's lease is kept."""
     owner: uuid.UUID = field(default_factory=uuid.uuid4)
     clock: Callable[[], datetime] = _now
+    changes: UserChanges | None = None
+    """Told when a domain is unverified, so no API process keeps it as verified
+    (``shared.user_cache``)."""
 
     def __post_init__(self) -> None:
         self.lease = Lease(self.leases, LEASE_SECONDS, self.owner)
@@ -118,6 +122,8 @@ class DomainChecker:
         outcome = judge(domain, domains.proven(values, domain.token), now, self.rules)
         if not await self.store.record(user_id, domain, outcome.cells()):
             return None
+        if outcome.kind == "unverified" and self.changes is not None:
+            await self.changes.announce([user_id])
         if outcome.kind != "seen":
             log.info("sending domain %s (user %s): %s", domain.domain, user_id, outcome.kind)
         return outcome

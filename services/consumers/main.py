@@ -35,6 +35,7 @@ from shared.config import Settings
 from shared.deadletters import DeadLetterStore, Letter, archiver
 from shared.domain_capacity import CapacityGate, DomainVolumes
 from shared.domain_checks import CheckRules
+from shared.domains import WAKE as DOMAINS_WAKE
 from shared.domains import DohResolver, DomainStore
 from shared.engagement import tracker_of
 from shared.errors import DependencyUnavailable, ProviderError
@@ -57,6 +58,7 @@ from shared.stall_monitor import StallMetrics, watching
 from shared.stats import StatsStore, tell_rollups
 from shared.suppressions import SuppressionStore
 from shared.templates import TemplateStore
+from shared.user_cache import UserChanges
 from shared.user_hooks import HookEmitter
 
 log = logging.getLogger(__name__)
@@ -264,6 +266,7 @@ def domain_checker_of(settings: Settings, res: Resources, dns: httpx.AsyncClient
         DohResolver(dns, settings.api.dns_url),
         CheckRules.of(settings.api),
         ScheduleStore(res.db, f"{settings.amqp.exchange}:domains"),
+        changes=UserChanges(res.broker, wake=DOMAINS_WAKE),
     )
 
 

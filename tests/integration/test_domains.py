@@ -19,11 +19,13 @@ from shared import accounts
 from shared.config import SandboxSettings, Settings
 from shared.db import Database
 from shared.domain_checks import CheckRules
+from shared.domains import WAKE as DOMAINS_WAKE
 from shared.domains import DohResolver, DomainStore, SendingDomain
 from shared.schedule_store import ScheduleStore
 from shared.sessions import SESSION_COOKIE, SessionStore
+from shared.user_cache import UserChanges
 from tests.conftest import unique
-from tests.integration.harness import client_for, running, served
+from tests.integration.harness import client_for, eventually, running, served
 
 
 @dataclass
@@ -32,6 +34,7 @@ class World:
     sandbox: httpx.AsyncClient
     app: Starlette
     dns_url: str
+    settings: Settings
 
     async def publish(self, record: dict[str, str]) -> None:
         body = {"name": record["name"], "value": record["value"]}
@@ -48,9 +51,16 @@ async def world(settings: Settings) -> AsyncIterator[World]:
     sandbox = create_sandbox(SandboxSettings(webhook_url="http://127.0.0.1:9", webhook_delay=60))
     async with served(sandbox) as sandbox_url:
         api = settings.api.model_copy(
-            update={"sender_domains": "verified", "dns_url": f"{sandbox_url}/dns-query"}
+            update={
+                "sender_domains": "verified",
+                "dns_url": f"{sandbox_url}/dns-query",
+                # Far longer than any test: every change must reach the API's cache by its
+                # broadcast (or the writer's own drop), never by the cache's expiry.
+                "domain_cache_ttl": 600.0,
+            }
         )
-        app = create_app(settings.model_copy(update={"api": api}))
+        settings = settings.model_copy(update={"api": api})
+        app = create_app(settings)
         async with (
             running(app),
             client_for(app) as client,
@@ -58,7 +68,7 @@ async def world(settings: Settings) -> AsyncIterator[World]:
         ):
             await app.state.resources.broker.declare()
             try:
-                yield World(client, dns, app, f"{sandbox_url}/dns-query")
+                yield World(client, dns, app, f"{sandbox_url}/dns-query", settings)
             finally:
                 await app.state.resources.broker.delete()
 
@@ -244,6 +254,7 @@ async def test_a_domain_whose_record_is_removed_is_unverified_after_the_grace(
             rules,
             ScheduleStore(db, unique("domains")),
             clock=lambda: clock,
+            changes=UserChanges(world.app.state.resources.broker, wake=DOMAINS_WAKE),
         )
         await world.unpublish(f"_safedelivr.{name}")
 
@@ -254,7 +265,14 @@ async def test_a_domain_whose_record_is_removed_is_unverified_after_the_grace(
         last = await checker.pass_once()
 
     unverified = (await world.api.get(f"/v1/domains/{name}", headers=auth)).json()
-    refused = await world.api.post("/v1/batches", json=batch(f"shop@{name}"), headers=auth)
+
+    async def refusal() -> httpx.Response | None:
+        # The API's cache holds the domain as verified (its TTL is far longer than the
+        # test) until the checker's announcement reaches it over RabbitMQ.
+        answer = await world.api.post("/v1/batches", json=batch(f"shop@{name}"), headers=auth)
+        return answer if answer.status_code != 202 else None
+
+    refused = await eventually(refusal)
     assert (first.missing, last.unverified) == (1, 1)
     assert (missing["state"], missing["verified"], during.status_code) == (
         "record_missing",
@@ -342,3 +360,30 @@ async def test_the_operations_page_looks_up_who_claims_a_domain(world: World, db
 
     assert page.status_code == 200
     assert f'data-claims="{name}"' in page.text and str(owner) in page.text
+
+
+async def test_a_domain_removed_through_one_api_process_stops_another_at_once(
+    world: World, db: Database
+) -> None:
+    """A second API process that holds the user's verified domains (its cache's TTL far
+    longer than the test) refuses the domain once it is removed through the first: the
+    removal's broadcast drops its copy, with no request to it in between."""
+    auth = await new_key(db)
+    name = domain()
+    await verified(world, auth, name)
+    second = create_app(world.settings)
+    async with running(second), client_for(second) as other:
+        before = await other.post("/v1/batches", json=batch(f"shop@{name}"), headers=auth)
+        assert before.status_code == 202, before.text
+        assert len(second.state.domain_cache) == 1
+        removed = await world.api.delete(f"/v1/domains/{name}", headers=auth)
+        assert removed.status_code == 204, removed.text
+
+        async def dropped() -> bool:
+            return len(second.state.domain_cache) == 0
+
+        await eventually(dropped)
+        after = await other.post("/v1/batches", json=batch(f"shop@{name}"), headers=auth)
+
+    assert after.status_code == 422
+    assert f"{name} is not a verified sending domain" in after.json()["error"]["fields"]["from"]
