@@ -34,6 +34,9 @@ CAMPAIGNS_WAKE = "campaigns"
 OUTBOX_WAKE = "outbox"
 #: The wake-up of the stats roll-up (sent by every process that marks a bucket changed).
 STATS_WAKE = "stats"
+#: The wake-up of the consumers' provider-health refresh (sent by every process that adds to
+#: the shared health windows: consumers with their calls, webhooks with their reports).
+HEALTH_WAKE = "health"
 
 
 class LeaseRows(Protocol):
