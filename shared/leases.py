@@ -51,19 +51,21 @@ class Lease:
     seconds: int
     owner: uuid.UUID = field(default_factory=uuid.uuid4)
     _renew_at: float = 0.0
+    clock: Callable[[], float] = time.monotonic
+    """Monotonic seconds (tests move it)."""
 
     async def held(self) -> bool:
         """Whether this process holds the lease (taken or renewed when due)."""
-        if time.monotonic() < self._renew_at:
+        if self.clock() < self._renew_at:
             return True
         if not await self.rows.take_lease(self.owner, self.seconds):
             return False
-        self._renew_at = time.monotonic() + self.seconds / 3
+        self._renew_at = self.clock() + self.seconds / 3
         return True
 
     def renew_in(self) -> float:
         """Seconds until the lease is due for renewal (0: now, or not held)."""
-        return max(0.0, self._renew_at - time.monotonic())
+        return max(0.0, self._renew_at - self.clock())
 
     def lost(self) -> None:
         """A conditional write under the lease failed: ask for it again next time."""
