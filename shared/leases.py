@@ -40,7 +40,9 @@ HEALTH_WAKE = "health"
 
 
 class LeaseRows(Protocol):
-    async def take_lease(self, owner: uuid.UUID, seconds: int) -> bool: ...
+    async def take_lease(
+        self, owner: uuid.UUID, seconds: int, *, renewing: bool = False
+    ) -> bool: ...
 
     async def release_lease(self, owner: uuid.UUID) -> None: ...
 
@@ -58,7 +60,9 @@ class Lease:
         """Whether this process holds the lease (taken or renewed when due)."""
         if self.clock() < self._renew_at:
             return True
-        if not await self.rows.take_lease(self.owner, self.seconds):
+        renewing = self._renew_at > 0  # held at the last ask: renew first, one transaction
+        if not await self.rows.take_lease(self.owner, self.seconds, renewing=renewing):
+            self._renew_at = 0.0
             return False
         self._renew_at = self.clock() + self.seconds / 3
         return True
