@@ -34,10 +34,15 @@ CAMPAIGNS_WAKE = "campaigns"
 OUTBOX_WAKE = "outbox"
 #: The wake-up of the stats roll-up (sent by every process that marks a bucket changed).
 STATS_WAKE = "stats"
+#: The wake-up of the consumers' provider-health refresh (sent by every process that adds to
+#: the shared health windows: consumers with their calls, webhooks with their reports).
+HEALTH_WAKE = "health"
 
 
 class LeaseRows(Protocol):
-    async def take_lease(self, owner: uuid.UUID, seconds: int) -> bool: ...
+    async def take_lease(
+        self, owner: uuid.UUID, seconds: int, *, renewing: bool = False
+    ) -> bool: ...
 
     async def release_lease(self, owner: uuid.UUID) -> None: ...
 
@@ -48,19 +53,23 @@ class Lease:
     seconds: int
     owner: uuid.UUID = field(default_factory=uuid.uuid4)
     _renew_at: float = 0.0
+    clock: Callable[[], float] = time.monotonic
+    """Monotonic seconds (tests move it)."""
 
     async def held(self) -> bool:
         """Whether this process holds the lease (taken or renewed when due)."""
-        if time.monotonic() < self._renew_at:
+        if self.clock() < self._renew_at:
             return True
-        if not await self.rows.take_lease(self.owner, self.seconds):
+        renewing = self._renew_at > 0  # held at the last ask: renew first, one transaction
+        if not await self.rows.take_lease(self.owner, self.seconds, renewing=renewing):
+            self._renew_at = 0.0
             return False
-        self._renew_at = time.monotonic() + self.seconds / 3
+        self._renew_at = self.clock() + self.seconds / 3
         return True
 
     def renew_in(self) -> float:
         """Seconds until the lease is due for renewal (0: now, or not held)."""
-        return max(0.0, self._renew_at - time.monotonic())
+        return max(0.0, self._renew_at - self.clock())
 
     def lost(self) -> None:
         """A conditional write under the lease failed: ask for it again next time."""
@@ -139,12 +148,25 @@ class LeasedLoop:
     step: Callable[[], Awaitable[object]]
     next_in: Callable[[], float]
     alarm: Alarm = field(default_factory=Alarm)
+    announcer: Announcer | None = None
+    """Where its wake-up is sent once it stops, so another process's loop takes the lease at
+    once instead of at its next ask."""
 
     async def run(self) -> None:
-        """Pass after pass until cancelled; the lease is released on the way out."""
-        await keep_running(
-            self.step, self.every, self.lease, self.what, alarm=self.alarm, next_in=self.next_in
-        )
+        """Pass after pass until cancelled; the lease is released on the way out, and the
+        other processes' loops woken (with an ``announcer``)."""
+        try:
+            await keep_running(
+                self.step,
+                self.every,
+                self.lease,
+                self.what,
+                alarm=self.alarm,
+                next_in=self.next_in,
+            )
+        finally:
+            if self.announcer is not None:
+                await wake(self.announcer, self.wake)
 
     def heard(self, body: bytes) -> None:
         """An announcement: a wake-up of this loop's name rings its alarm."""

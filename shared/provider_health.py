@@ -32,13 +32,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Final, Literal
+from typing import Final, Literal, Protocol, TypeVar
 
 from shared.db import Database, utc
 from shared.errors import DependencyUnavailable
+from shared.leases import HEALTH_WAKE, Announcer, Notice
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,9 @@ WINDOW: Final = 5  # seconds
 #: Windows looked at for a score (two minutes).
 WINDOWS: Final = 24
 FLUSH_EVERY: Final = 1.0
+#: Seconds between two refreshes of a consumer's view of health while it may move (calls or
+#: reports in the windows looked at, a circuit not closed, a write announced lately).
+REFRESH_EVERY: Final = 2.0
 ALPHA: Final = 0.4
 #: Calls needed in the windows looked at before a provider can be judged unhealthy.
 MIN_CALLS: Final = 10
@@ -210,8 +214,12 @@ class HealthStore:
     def __init__(self, db: Database, scope: str) -> None:
         self._db = db
         self.scope = scope
+        #: Called before each write to the windows (``tell_refreshers``: the consumers'
+        #: refresh loops are woken by the writers, not by a poll).
+        self.written: Callable[[], None] = _nothing
 
     async def add(self, provider: str, start: datetime, calls: int, errors: int, ms: int) -> None:
+        self.written()
         await self._db.execute(
             "UPDATE provider_windows SET calls = calls + ?, errors = errors + ?, "
             "latency_ms = latency_ms + ? WHERE scope = ? AND provider = ? AND day = ? "
@@ -223,6 +231,7 @@ class HealthStore:
         self, provider: str, start: datetime, events: int, drops: int, deferrals: int
     ) -> None:
         """Add what the provider's webhooks reported in a window (the webhook service)."""
+        self.written()
         await self._db.execute(
             "UPDATE provider_windows SET events = events + ?, drops = drops + ?, "
             "deferrals = deferrals + ? WHERE scope = ? AND provider = ? AND day = ? "
@@ -280,13 +289,37 @@ class HealthStore:
         return found
 
 
+def _nothing() -> None:
+    return None
+
+
+class Written(Protocol):
+    """A store of the windows whose writes can be announced (the real one and its twin)."""
+
+    written: Callable[[], None]
+
+
+W = TypeVar("W", bound=Written)
+
+
+def tell_refreshers(store: W, broker: Announcer, every: float = REFRESH_EVERY) -> W:
+    """``store`` (returned) wakes every consumer's health refresh at its first write and at
+    most once per ``every`` seconds after it (``shared.leases.Notice``)."""
+    store.written = Notice(broker, HEALTH_WAKE, every).touch
+    return store
+
+
 @dataclass
 class Tally:
     """This process's calls not yet added to the shared windows."""
 
     counts: dict[tuple[str, datetime], list[int]] = field(default_factory=dict)
+    first: Callable[[], None] = _nothing
+    """Called when a call is counted into an empty tally (the refresh loop wakes for it)."""
 
     def count(self, provider: str, at: datetime, *, error: bool, seconds: float) -> None:
+        if not self.counts:
+            self.first()
         key = (provider, window_start(at))
         entry = self.counts.setdefault(key, [0, 0, 0])
         entry[0] += 1

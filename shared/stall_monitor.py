@@ -1,11 +1,15 @@
 """How long a service's event loop is held, and the process's peak memory, as metrics.
 
-A callback is scheduled every :data:`INTERVAL`; when it runs, the time past the moment it
-was due is the loop's lag: whatever held the loop (a parser running on it, a worker thread
+A callback is scheduled every :data:`INTERVAL` while the loop works (its thread spends
+:data:`BUSY_SHARE` of the time on the CPU), backing off to :data:`IDLE_INTERVAL` while it is
+idle (:func:`next_interval`); when it runs, the time past the moment it was due is the
+loop's lag: whatever held the loop (a parser running on it, a worker thread
 holding the GIL, a long garbage collection) held it at least that long. A stall that began
 just after a callback ran reads up to one interval short, so the figure is a lower bound,
-one interval from the truth at most. Exported on the service's own registry (its
-``/metrics``):
+one interval from the truth at most (the first stall after an idle spell: up to
+IDLE_INTERVAL short, or unseen if it ends before the callback is due; from then on the loop
+counts as working and the interval is INTERVAL again). Exported on the service's own
+registry (its ``/metrics``):
 
 * ``safedelivr_event_loop_stall_seconds``: a histogram of every callback's lag;
 * ``safedelivr_event_loop_stall_max_seconds``: the longest lag since the monitor started;
@@ -39,8 +43,27 @@ from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-#: Seconds between two callbacks: finer than the 100 ms a stall is judged by, and cheap.
+#: Seconds between two callbacks while the loop works: finer than the 100 ms a stall is
+#: judged by, and cheap.
 INTERVAL: Final = 0.02
+#: The longest interval, reached while the loop is idle (doubling from INTERVAL).
+IDLE_INTERVAL: Final = 1.0
+#: The share of an interval the loop's thread must spend on the CPU (outside the monitor's
+#: own callbacks) for the loop to count as working. Every wake-up costs: at INTERVAL the
+#: callbacks alone kept an idle process at 0.016 cores on the shared bench machine (the
+#: timer's wake-up about half of it), more than the whole idle stack may use (issue 34).
+BUSY_SHARE: Final = 0.05
+
+
+def next_interval(interval: float, cpu: float, elapsed: float) -> float:
+    """The interval after a callback (pure): :data:`INTERVAL` once the loop's thread spent
+    :data:`BUSY_SHARE` of the time since the last callback on the CPU (``cpu`` seconds of
+    ``elapsed``), else double the current one, up to :data:`IDLE_INTERVAL`."""
+    if elapsed <= 0 or cpu >= BUSY_SHARE * elapsed:
+        return INTERVAL
+    return min(IDLE_INTERVAL, interval * 2)
+
+
 #: Histogram buckets (seconds): from a few milliseconds to the length of a heartbeat.
 BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: ``ru_maxrss`` is in kilobytes on Linux, in bytes on macOS.
@@ -103,7 +126,7 @@ class StallMetrics:
         return cls(
             Histogram(
                 "safedelivr_event_loop_stall_seconds",
-                "How late the event loop ran a callback due every 20 ms (what held it)",
+                "How late the event loop ran a callback due every 20 ms while it works (1 s idle)",
                 buckets=BUCKETS,
                 registry=registry,
             ),
@@ -139,9 +162,16 @@ class StallMonitor:
         interval: float = INTERVAL,
         clock: Callable[[], float] = time.monotonic,
         cpu_wait: Callable[[], float] = cpu_wait_seconds,
+        cpu: Callable[[], float] = time.thread_time,
+        adaptive: bool = True,
     ) -> None:
         self.metrics = metrics
         self.interval = interval
+        #: Whether the interval backs off while the loop is idle (:func:`next_interval`).
+        self.adaptive = adaptive
+        self._cpu = cpu
+        self._cpu_mark = 0.0
+        self._ran_at = 0.0
         self.longest = 0.0
         self._clock = clock
         self._cpu_wait = cpu_wait
@@ -174,13 +204,20 @@ class StallMonitor:
 
     def _arm(self) -> None:
         assert self._schedule is not None  # noqa: S101 - only called while started
-        self._due = self._clock() + self.interval
+        self._ran_at = self._clock()
+        self._due = self._ran_at + self.interval
         self._handle = self._schedule(self.interval, self._tick)
+        # After the callback's own work: what the thread spends from here is the loop's.
+        self._cpu_mark = self._cpu()
 
     def _tick(self) -> None:
         if self._schedule is None:
             return  # stopped after this callback was already on its way
-        lag = max(0.0, self._clock() - self._due)
+        now = self._clock()
+        lag = max(0.0, now - self._due)
+        if self.adaptive:
+            worked = self._cpu() - self._cpu_mark
+            self.interval = next_interval(self.interval, worked, now - self._ran_at)
         # Read on the loop's thread, whose callback this is: its wait since the last tick
         # (while it slept in the poll it was not runnable, so this is the stall's).
         waited, self._waited = self._waited, self._cpu_wait()

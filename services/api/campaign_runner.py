@@ -33,8 +33,10 @@ has not come) waits instead until the earliest ``send_at`` it read or its lease'
 third of :data:`LEASE_SECONDS`), whichever is first, and the API wakes every runner
 (``shared.leases.wake``, :data:`WAKE`) when a campaign is scheduled or resumed, so it starts
 within about :data:`PASS_EVERY` as before; one whose wake-up was lost (the broker was
-unreachable) within the renewal period, 5 s. A runner without the lease asks for it every
-:data:`PASS_EVERY` seconds.
+unreachable) within the renewal period, 5 s. A runner without the lease asks for it again
+after :data:`ASK_EVERY` (the holder's renewal period, 5 s: its lease cannot lapse sooner) or
+when woken, not every pass period: a dead holder's lease is taken over within 20 s (its
+15 s, then at most 5 s).
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ PASS_EVERY: Final = 0.5
 SLICE: Final = 500
 #: Seconds a runner's lease lasts without renewal.
 LEASE_SECONDS: Final = 15
+#: Seconds a process without the lease waits before asking again (unless woken): the holder
+#: renews every third of :data:`LEASE_SECONDS`, so its lease cannot lapse sooner than that
+#: after a refusal; a dead holder's is taken over within LEASE_SECONDS + ASK_EVERY, 20 s.
+ASK_EVERY: Final = LEASE_SECONDS / 3
 #: The name its wake-ups carry (``shared.leases.wake``).
 WAKE: Final = CAMPAIGNS_WAKE
 
@@ -87,9 +93,14 @@ def pace(rate: int, every: float = PASS_EVERY) -> tuple[int, int]:
     return max(1, round(rate * every / size)), size
 
 
-def next_wait(now: datetime, next_due: datetime | None, renew_in: float, *, busy: bool) -> float:
-    """Seconds until the next pass (pure): :data:`PASS_EVERY` while a campaign sends, else
+def next_wait(
+    now: datetime, next_due: datetime | None, renew_in: float, *, busy: bool, held: bool = True
+) -> float:
+    """Seconds until the next pass (pure): :data:`ASK_EVERY` without the lease;
+    :data:`PASS_EVERY` while a campaign sends, else
     until the first of the earliest ``send_at`` read and not come and the lease's renewal."""
+    if not held:
+        return ASK_EVERY
     if busy:
         return PASS_EVERY
     waits = [renew_in]
@@ -139,24 +150,36 @@ class CampaignRunner:
     next_due: datetime | None = None
     """The earliest ``send_at`` the last pass read that had not come."""
     busy: bool = True
-    """Whether the last pass found work (or had no lease): the next follows soon."""
+    """Whether the last pass found work: the next follows soon."""
+    held: bool = True
+    """Whether the last pass held the lease (without it, the next asks after ASK_EVERY)."""
 
     def __post_init__(self) -> None:
         self.lease = Lease(self.leases, LEASE_SECONDS, self.owner)
         # Run it with ``loop.run()``; a wake-up heard by ``loop.heard`` (a campaign was
-        # scheduled or resumed) rings ``loop.alarm``.
+        # scheduled or resumed) rings ``loop.alarm``; once stopped, it wakes
+        # the others to take the lease at once.
         self.loop = LeasedLoop(
-            "campaign runner", WAKE, self.lease, PASS_EVERY, self.pass_once, self.next_in
+            "campaign runner",
+            WAKE,
+            self.lease,
+            PASS_EVERY,
+            self.pass_once,
+            self.next_in,
+            announcer=self.sending.acceptance.broker,
         )
 
     def next_in(self) -> float:
         """Seconds until the next pass is due (see :func:`next_wait`)."""
-        return next_wait(self.clock(), self.next_due, self.lease.renew_in(), busy=self.busy)
+        return next_wait(
+            self.clock(), self.next_due, self.lease.renew_in(), busy=self.busy, held=self.held
+        )
 
     async def pass_once(self) -> int:
         """One pass; the slices it released (0 without the lease)."""
         self.busy = True  # until this pass finds nothing to do soon
-        if not await self.lease.held():
+        self.held = await self.lease.held()
+        if not self.held:
             log.debug("campaign runner %s: another holds the lease", self.owner)
             return 0
         released = 0

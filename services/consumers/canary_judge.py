@@ -9,6 +9,10 @@ consumer process runs a judge; two judging the same rollout at once may count at
 moments, but only one conditional update applies, and only the judge whose update applied
 audits its verdict and alerts. A rollout that cannot be judged (a bug, a row the code does
 not expect) is logged and looked at again later; it never stops the others or the loop.
+
+It does not poll every :data:`JUDGE_EVERY`: it looks again when the earliest rollout it read
+is due (its window's end, or its recount), and reads the list at least every
+:data:`LIST_EVERY` for new ones (:func:`next_wait`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final
@@ -38,6 +42,21 @@ JUDGE_EVERY: Final = 10.0
 #: A rollout still short of recipients is counted again after this long (counting reads
 #: every recipient of its batches).
 RECOUNT_AFTER: Final = timedelta(minutes=1)
+#: Seconds at most between two reads of the rollouts' list (for rollouts recorded since):
+#: a rollout is first read within this long, or within its window if that is shorter.
+LIST_EVERY: Final = 60.0
+
+
+def next_wait(now: datetime, dues: Sequence[datetime], window: timedelta) -> float:
+    """Seconds until the next pass (pure): the earliest time a rollout read is due to be
+    looked at (its window's end, or its recount), and at most :data:`LIST_EVERY` (or the
+    window, if shorter) so that a new rollout is read before its window ends; never less
+    than :data:`JUDGE_EVERY`. A rollout is so judged within JUDGE_EVERY of its window's end,
+    as when every pass came JUDGE_EVERY apart, and an idle judge reads the list once a
+    minute, not six times (issue 34: a quiet idle)."""
+    waits = [min(LIST_EVERY, window.total_seconds())]
+    waits += [(due - now).total_seconds() for due in dues]
+    return max(JUDGE_EVERY, min(waits))
 
 
 def _now() -> datetime:
@@ -84,17 +103,25 @@ class CanaryJudge:
     clock: Callable[[], datetime] = _now
     recount_after: timedelta = RECOUNT_AFTER
     _next: dict[tuple[uuid.UUID, datetime], datetime] = field(default_factory=dict)
+    dues: list[datetime] = field(default_factory=list)
+    """When each rollout the last pass read and left waiting is due to be looked at again."""
+
+    def next_in(self) -> float:
+        """Seconds until the next pass is due (see :func:`next_wait`)."""
+        return next_wait(self.clock(), self.dues, self.window)
 
     async def run(self) -> None:
         while True:
+            wait = JUDGE_EVERY
             try:
                 await self.pass_once()
+                wait = self.next_in()
             except DependencyUnavailable as exc:
                 log.warning("canary judge pass stopped: %s", exc)
             except Exception:
                 # A bug in one pass must not end the loop: every rollout would wait forever.
                 log.exception("canary judge pass failed")
-            await asyncio.sleep(JUDGE_EVERY)
+            await asyncio.sleep(wait)
 
     async def pass_once(self) -> list[Verdict]:
         """Judge every rollout whose window has passed; the verdicts reached (waits too)."""
@@ -103,9 +130,12 @@ class CanaryJudge:
         rollouts = await self.store.rollouts()
         waiting = {(r.template_id, r.since) for r in rollouts}
         self._next = {k: v for k, v in self._next.items() if k in waiting}
+        self.dues = []
         for rollout in rollouts:
             key = (rollout.template_id, rollout.since)
-            if now < max(rollout.since + self.window, self._next.get(key, now)):
+            due = max(rollout.since + self.window, self._next.get(key, now))
+            if now < due:
+                self.dues.append(due)
                 continue
             try:
                 verdict = await self.judge(rollout, now)
@@ -114,9 +144,11 @@ class CanaryJudge:
             except Exception:
                 log.exception("template %s: the canary could not be judged", rollout.template_id)
                 self._next[key] = now + self.recount_after
+                self.dues.append(self._next[key])
                 continue
             if verdict.decision == "wait":
                 self._next[key] = now + self.recount_after
+                self.dues.append(self._next[key])
             verdicts.append(verdict)
         return verdicts
 

@@ -11,9 +11,16 @@
 * ``max_attempts`` bounds the decisions made from now on.
 * The sending domains' capacity rules (``shared.domain_capacity``) apply to the next chunk; a
   chunk held at its domain's capacity raises the ``capacity`` alert.
-* Health orders the running chain (:func:`shared.provider_health.order`): every
-  :data:`REFRESH_EVERY` seconds this process adds its calls to the shared windows, reads
-  every provider's windows back, moves each circuit and re-orders the chain.
+* Health orders the running chain (:func:`shared.provider_health.order`): a refresh adds
+  this process's calls to the shared windows, reads every provider's windows back, moves
+  each circuit and re-orders the chain. Refreshes come every :data:`REFRESH_EVERY` seconds
+  while health may move (:func:`next_refresh`): this process has calls to add, a window
+  looked at holds calls or reports, a circuit is not closed, or a writer's wake-up is less
+  than :data:`LINGER` old. Every writer of the windows announces it (a wake-up on the
+  settings fanout at its first write and at most one per ``REFRESH_EVERY`` after it:
+  ``shared.provider_health.tell_refreshers``), and a process's own first call wakes its
+  loop, so otherwise the loop waits for a wake-up, or :data:`IDLE_REFRESH_EVERY` should one
+  be lost (issue 34: a quiet idle; it read every provider's windows every 2 s).
 
 The values in force are on ``/metrics`` (``safedelivr_provider_paused``,
 ``safedelivr_provider_chain_position``, ``safedelivr_provider_health``,
@@ -22,10 +29,11 @@ The values in force are on ``/metrics`` (``safedelivr_provider_paused``,
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -36,12 +44,15 @@ from shared.broker import Broker
 from shared.config import ProviderSettings
 from shared.domain_capacity import Capacity
 from shared.errors import DependencyUnavailable
+from shared.leases import HEALTH_WAKE, Alarm, woken
 from shared.livesettings import LiveSettings
 from shared.provider_health import (
+    REFRESH_EVERY,
     Circuit,
     CircuitState,
     HealthRules,
     HealthStore,
+    Window,
     draw,
     failures_in_last_minute,
     next_circuit,
@@ -54,8 +65,29 @@ from shared.settle import Handler
 log = logging.getLogger(__name__)
 
 
-#: Seconds between two health refreshes.
-REFRESH_EVERY = 2.0
+#: Seconds a refresh loop keeps refreshing after a wake-up it heard (a write lands after the
+#: wake-up announcing it, and a writer's next wake-up may come ``REFRESH_EVERY`` later).
+LINGER: Final = 2 * REFRESH_EVERY
+#: Seconds an idle refresh loop waits for a wake-up before refreshing anyway.
+IDLE_REFRESH_EVERY: Final = 60.0
+
+
+def next_refresh(now: float, awake_until: float, *, moving: bool) -> float:
+    """Seconds until the next health refresh (pure): :data:`REFRESH_EVERY` while health may
+    move or a wake-up is recent, else :data:`IDLE_REFRESH_EVERY`."""
+    return REFRESH_EVERY if moving or now < awake_until else IDLE_REFRESH_EVERY
+
+
+def moving(
+    windows: Mapping[str, Sequence[Window]], circuits: Mapping[str, Circuit], unshared: bool
+) -> bool:
+    """Whether health may change without a new write (pure): calls not yet shared, a window
+    looked at that holds calls or reports (its weight changes as it ages out), or a circuit
+    not closed (its cool-down is timed)."""
+    held = any(w.calls or w.events for found in windows.values() for w in found)
+    return unshared or held or any(c != "closed" for c in circuits.values())
+
+
 #: Re-sends (one recipient each) in flight per provider.
 RESEND_PREFETCH = 32
 
@@ -121,6 +153,15 @@ class ConsumerSettings:
     live: LiveSettings | None = None
     health: dict[str, float] = field(default_factory=dict)
     circuits: dict[str, Circuit] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
+    """Monotonic seconds, for the wake-ups' linger (tests move it)."""
+    health_alarm: Alarm = field(default_factory=Alarm)
+    """Rung by a writer's wake-up or this process's first call while the refresh is idle."""
+    awake_until: float = 0.0
+    """Until when wake-ups heard keep the refreshes coming."""
+    health_moving: bool = True
+    """Whether the last refresh saw health that may still move (:func:`moving`)."""
+    _refresh_idle: bool = field(default=False, repr=False)
     _circuit_states: dict[str, CircuitState] = field(default_factory=dict, repr=False)
     _seen: LiveSettings | None = field(default=None, repr=False)
 
@@ -181,21 +222,51 @@ class ConsumerSettings:
             place = chain.index(code) + 1 if code in chain and code not in self.live.paused else 0
             self.metrics.position.labels(code).set(place)
 
+    def heard(self, body: bytes) -> None:
+        """An announcement: a windows writer's wake-up keeps the refreshes coming, and ends
+        an idle wait (a busy one is not cut short: refreshes stay ``REFRESH_EVERY`` apart)."""
+        if woken(body) != HEALTH_WAKE:
+            return
+        self.awake_until = max(self.awake_until, self.clock() + LINGER)
+        self._wake_if_idle()
+
+    def _wake_if_idle(self) -> None:
+        if self._refresh_idle:
+            self.health_alarm.nudge()
+
+    def next_refresh_in(self) -> float:
+        """Seconds until the next refresh is due (see :func:`next_refresh`)."""
+        return next_refresh(self.clock(), self.awake_until, moving=self.health_moving)
+
+    async def refresh_health(self, store: HealthStore) -> None:
+        """One refresh: share this process's calls, read everyone's back, move the circuits
+        and re-order the chain (an outage keeps the refreshes coming, not the loop)."""
+        try:
+            await self._share(store)
+            windows = await self._score(store)
+            unshared = bool(self.dispatcher.tally.counts)
+            self.health_moving = moving(windows, self.circuits, unshared)
+        except DependencyUnavailable as exc:
+            log.warning("provider health not refreshed: %s", exc)
+            self.health_moving = True
+        self.refresh()
+
     async def keep_health(self, store: HealthStore) -> None:
-        """Every REFRESH_EVERY seconds: share this process's calls, read everyone's back, move
-        the circuits and re-order the chain. Runs until cancelled."""
+        """Refresh after refresh, :meth:`next_refresh_in` apart or when woken (a writer's
+        wake-up heard by :meth:`heard`, this process's first call). Runs until cancelled."""
+        self.dispatcher.tally.first = self._wake_if_idle
         try:
             self._circuit_states.update(await store.circuits())  # as they were left
         except DependencyUnavailable as exc:
             log.warning("circuits not read at start: %s", exc)
+        # Writes made before it started are read by its first refreshes.
+        self.awake_until = self.clock() + LINGER
         while True:
-            try:
-                await self._share(store)
-                await self._score(store)
-            except DependencyUnavailable as exc:
-                log.warning("provider health not refreshed: %s", exc)
-            self.refresh()
-            await asyncio.sleep(REFRESH_EVERY)
+            await self.refresh_health(store)
+            wait = self.next_refresh_in()
+            self._refresh_idle = wait >= IDLE_REFRESH_EVERY
+            await self.health_alarm.wait(wait)
+            self._refresh_idle = False
 
     async def _share(self, store: HealthStore) -> None:
         taken = self.dispatcher.tally.take()
@@ -211,10 +282,11 @@ class ConsumerSettings:
                         entry[i] += value
                 raise
 
-    async def _score(self, store: HealthStore) -> None:
+    async def _score(self, store: HealthStore) -> dict[str, list[Window]]:
         now = self.dispatcher.now()
+        read: dict[str, list[Window]] = {}
         for code in self.dispatcher.providers:
-            windows = await store.windows(code, now)
+            windows = read[code] = await store.windows(code, now)
             scored = score(windows, now)
             await self._burst(code, failures_in_last_minute(windows, now))
             before = self.circuits.get(code, "closed")
@@ -240,6 +312,7 @@ class ConsumerSettings:
             self.metrics.health.labels(code).set(scored.health)
             for name in ("closed", "open", "half_open"):
                 self.metrics.circuit.labels(code, name).set(1 if name == state.state else 0)
+        return read
 
     async def _burst(self, code: str, failures: int) -> None:
         limit = self.live.alert_error_burst if self.live else 50

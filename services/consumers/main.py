@@ -45,7 +45,7 @@ from shared.leases import woken
 from shared.livesettings import SettingsStore, Watcher
 from shared.metrics import DeadLetterMetrics, DispatchMetrics, new_registry
 from shared.outbox import Outbox, tell_relays
-from shared.provider_health import HealthStore
+from shared.provider_health import HealthStore, tell_refreshers
 from shared.provider_rates import ProviderLimiter
 from shared.providers.base import Provider
 from shared.providers.registry import build_providers, close_all
@@ -371,13 +371,13 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
             await res.broker.listen(scheduler.loop.heard)
             roll_up = RollUp(StatsStore(res.db, settings.stats.buckets))
             await res.broker.listen(roll_up.heard)
+            await res.broker.listen(started.applier.heard)
+            health = tell_refreshers(HealthStore(res.db, settings.amqp.exchange), res.broker)
             log.info("consuming %s", ", ".join(settings.providers.chain_codes))
             tasks = [
                 asyncio.create_task(count_dead_letters(res, dead_metrics)),
                 asyncio.create_task(started.watcher.run()),
-                asyncio.create_task(
-                    started.applier.keep_health(HealthStore(res.db, settings.amqp.exchange))
-                ),
+                asyncio.create_task(started.applier.keep_health(health)),
                 asyncio.create_task(watch_queues(res, started.applier, alerter)),
                 asyncio.create_task(tidy_counters(res, dispatcher, exchange)),
                 asyncio.create_task(roll_up.run()),

@@ -24,7 +24,9 @@ minute's start (when a new minute's batches become readable), or the lease's ren
 when it stores a scheduled batch (``shared.leases.wake``), so a batch due within seconds is
 read at once. Batches go out within about :data:`PASS_EVERY` of their time; one whose nudge
 was lost (the holder was cut off from RabbitMQ when it was scheduled) within the renewal
-period, 5 s. A scheduler without the lease asks for it every :data:`PASS_EVERY` seconds.
+period, 5 s. A scheduler without the lease asks for it again after :data:`ASK_EVERY`
+(the holder's renewal period, 5 s: its lease cannot lapse sooner) or when woken, not every
+pass period: a dead holder's lease is taken over within 20 s (its 15 s, then at most 5 s).
 """
 
 from __future__ import annotations
@@ -50,14 +52,23 @@ log = logging.getLogger(__name__)
 PASS_EVERY: Final = 1.0
 #: Seconds a lease lasts without renewal (a dead scheduler's successor waits this long).
 LEASE_SECONDS: Final = 15
+#: Seconds a process without the lease waits before asking again (unless woken): the holder
+#: renews every third of :data:`LEASE_SECONDS`, so its lease cannot lapse sooner than that
+#: after a refusal; a dead holder's is taken over within LEASE_SECONDS + ASK_EVERY, 20 s.
+ASK_EVERY: Final = LEASE_SECONDS / 3
 #: The name its wake-ups carry (``shared.leases.wake``).
 WAKE: Final = SCHEDULER_WAKE
 
 
-def next_wait(now: datetime, next_due: datetime | None, renew_in: float, *, busy: bool) -> float:
-    """Seconds until the next pass (pure): :data:`PASS_EVERY` while there is work, else until
+def next_wait(
+    now: datetime, next_due: datetime | None, renew_in: float, *, busy: bool, held: bool = True
+) -> float:
+    """Seconds until the next pass (pure): :data:`ASK_EVERY` without the lease;
+    :data:`PASS_EVERY` while there is work, else until
     the first of the earliest ``send_at`` read and not come, the next minute's start and the
     lease's renewal (``renew_in``)."""
+    if not held:
+        return ASK_EVERY
     if busy:
         return PASS_EVERY
     waits = [renew_in, (bucket_of(now) + BUCKET - now).total_seconds()]
@@ -88,25 +99,37 @@ class Scheduler:
     next_due: datetime | None = None
     """The earliest ``send_at`` the last pass read that had not come."""
     busy: bool = True
-    """Whether the last pass found work (or had no lease): the next follows soon."""
+    """Whether the last pass found work: the next follows soon."""
+    held: bool = True
+    """Whether the last pass held the lease (without it, the next asks after ASK_EVERY)."""
     _finished: datetime | None = None
 
     def __post_init__(self) -> None:
         self.lease = Lease(self.store, LEASE_SECONDS, self.owner)
         # Run it with ``loop.run()``; a wake-up heard by ``loop.heard`` (a batch was
-        # scheduled) rings ``loop.alarm``.
+        # scheduled) rings ``loop.alarm``; once stopped, it wakes
+        # the others to take the lease at once.
         self.loop = LeasedLoop(
-            "scheduler", WAKE, self.lease, PASS_EVERY, self.pass_once, self.next_in
+            "scheduler",
+            WAKE,
+            self.lease,
+            PASS_EVERY,
+            self.pass_once,
+            self.next_in,
+            announcer=self.broker,
         )
 
     def next_in(self) -> float:
         """Seconds until the next pass is due (see :func:`next_wait`)."""
-        return next_wait(self.clock(), self.next_due, self.lease.renew_in(), busy=self.busy)
+        return next_wait(
+            self.clock(), self.next_due, self.lease.renew_in(), busy=self.busy, held=self.held
+        )
 
     async def pass_once(self) -> int:
         """One pass; how many batches it handed on (0 without the lease)."""
         self.busy = True
-        if not await self.lease.held():
+        self.held = await self.lease.held()
+        if not self.held:
             self.handed.clear()  # another holds it: what it hands on is its business
             self._finished = None
             return 0

@@ -22,7 +22,7 @@ from shared.http import AdmissionLimit, BodyBudget, error_handlers
 from shared.leases import woken
 from shared.livesettings import LiveSettings, SettingsStore, Watcher
 from shared.metrics import new_registry
-from shared.provider_health import HealthStore
+from shared.provider_health import HealthStore, tell_refreshers
 from shared.providers import sendgrid_events
 from shared.resources import open_resources, readiness_checks
 from shared.settle import InFlight, settling
@@ -70,7 +70,9 @@ def create_app(settings: Settings) -> Starlette:
             await res.broker.listen(lambda body: None if woken(body) else watcher.nudge())
             watching = asyncio.create_task(watcher.run())
             reporting = asyncio.create_task(
-                ingest.reports.keep_adding(HealthStore(res.db, settings.amqp.exchange))
+                ingest.reports.keep_adding(
+                    tell_refreshers(HealthStore(res.db, settings.amqp.exchange), res.broker)
+                )
             )
             await res.broker.consume(
                 res.broker.topology.webhooks_queue,

@@ -191,3 +191,18 @@ async def test_a_lapsed_lease_can_be_taken(side: Side) -> None:
 
     assert taken
     assert not await store.finish(dead, bucket_of(datetime.now(UTC)) - BUCKET)
+
+
+async def test_a_holder_renewing_first_keeps_its_lease_and_takes_a_free_one(side: Side) -> None:
+    """``renewing`` asks for the renewal first: the holder keeps its lease, a caller whose
+    lease another took is refused, and one whose lease was let go takes it again."""
+    store, first, second = side.store, uuid.uuid4(), uuid.uuid4()
+    assert await store.take_lease(first, 30)
+
+    renewed = await store.take_lease(first, 30, renewing=True)
+    refused = await store.take_lease(second, 30, renewing=True)
+    await store.release_lease(first)
+    retaken = await store.take_lease(second, 30, renewing=True)
+    lost = await store.take_lease(first, 30, renewing=True)
+
+    assert (renewed, refused, retaken, lost) == (True, False, True, False)

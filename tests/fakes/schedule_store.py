@@ -86,7 +86,22 @@ class FakeSchedule:
         lease = self.tables.leases.get(self.namespace)
         return lease.owner if lease and self._now() < lease.expires else None
 
-    async def take_lease(self, owner: uuid.UUID, seconds: int) -> bool:
+    async def take_lease(self, owner: uuid.UUID, seconds: int, *, renewing: bool = False) -> bool:
+        if renewing:
+            # The renewal first, IF owner = owner; a free lease is then taken.
+            trip = await self.wire.trip("schedule.renew_lease", "lwt")
+            holder = self._holder()
+            if holder == owner:
+                self._lease(owner, seconds)
+            trip.landed()
+            if holder is not None:
+                return holder == owner
+            trip = await self.wire.trip("schedule.take_lease", "lwt")
+            holder = self._holder()
+            if holder is None:
+                self._lease(owner, seconds)
+            trip.landed()
+            return holder is None
         trip = await self.wire.trip("schedule.take_lease", "lwt")
         holder = self._holder()
         if holder is None:

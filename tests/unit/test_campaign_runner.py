@@ -8,6 +8,7 @@ or the slice's Idempotency-Key expired meanwhile."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -18,6 +19,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from services.api.campaign_runner import (
+    ASK_EVERY,
     LEASE_SECONDS,
     PASS_EVERY,
     CampaignRunner,
@@ -569,3 +571,27 @@ async def test_a_wake_up_for_another_loop_does_not_ring_the_runner(desk: Desk) -
     await desk.world.broker.announce(b'{"changed": ["providers.chain"]}')
 
     assert await desk.runner.loop.alarm.wait(0) is False
+
+
+async def test_a_runner_without_the_lease_asks_again_after_the_renewal_period(
+    desk: Desk,
+) -> None:
+    """A runner refused the lease (another holds it) waits ASK_EVERY, a third of the lease,
+    not PASS_EVERY; its wake-up still ends the wait, and a holder that stops wakes it."""
+    await desk.runner.pass_once()  # the holder
+    other = desk.new_runner()
+    await desk.world.broker.listen(other.loop.heard)
+
+    refused = await other.pass_once()
+    wait = other.next_in()
+    loop = asyncio.create_task(desk.runner.loop.run())
+    await asyncio.sleep(0)
+    loop.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await loop
+    woken_up = await other.loop.alarm.wait(0)
+    await other.pass_once()
+
+    assert (refused, wait, woken_up, other.held) == (0, ASK_EVERY, True, True)
+    assert ASK_EVERY == LEASE_SECONDS / 3
+    assert next_wait(datetime.now(UTC), None, 0.0, busy=True, held=False) == ASK_EVERY

@@ -10,10 +10,14 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 from shared.stall_monitor import (
+    BUSY_SHARE,
+    IDLE_INTERVAL,
+    INTERVAL,
     StallMetrics,
     StallMonitor,
     cpu_wait_seconds,
     hwm_bytes,
+    next_interval,
     peak_rss_bytes,
     run_delay_seconds,
     watching,
@@ -62,6 +66,7 @@ def started(
         interval=0.02,
         clock=clock,
         cpu_wait=cpu_wait or (lambda: 0.0),
+        adaptive=False,
     )
     scheduler = Scheduler()
     monitor.start(scheduler)
@@ -241,3 +246,44 @@ def test_peak_rss_is_the_processs_own_high_water_mark() -> None:
 def test_without_a_status_file_the_peak_rss_comes_from_getrusage() -> None:
     """Where /proc is absent, ru_maxrss stands in: some positive figure, never an error."""
     assert peak_rss_bytes(Path("/nonexistent/status")) > 0
+
+
+def test_the_interval_backs_off_while_the_loop_is_idle_and_returns_when_it_works() -> None:
+    """Below BUSY_SHARE of CPU the interval doubles up to IDLE_INTERVAL; at it, it is INTERVAL
+    again at once (pure)."""
+    assert next_interval(INTERVAL, 0.0, INTERVAL) == 2 * INTERVAL
+    assert next_interval(0.64, 0.0, 0.64) == IDLE_INTERVAL
+    assert next_interval(IDLE_INTERVAL, BUSY_SHARE * 1.0, 1.0) == INTERVAL
+    assert next_interval(IDLE_INTERVAL, 0.0, 0.0) == INTERVAL
+
+
+def test_an_idle_minute_costs_about_one_callback_a_second() -> None:
+    """An idle loop (its thread off the CPU between callbacks) is woken 65 times in a simulated
+    minute, not 3,000; work on the loop brings the 20 ms interval back at the next callback,
+    which still reads a stall it ran into."""
+    clock, cpu = Clock(), Clock()
+    registry = CollectorRegistry()
+    monitor = StallMonitor(
+        StallMetrics.create(registry, peak_rss=lambda: 0.0),
+        clock=clock,
+        cpu_wait=lambda: 0.0,
+        cpu=cpu,
+    )
+    scheduler = Scheduler()
+    monitor.start(scheduler)
+    ticks, start = 0, clock.now
+    while clock.now - start < 60.0:
+        delay = scheduler.pending[0][0]
+        clock.now += delay
+        scheduler.run_next()
+        ticks += 1
+    idle_interval = monitor.interval
+
+    clock.now += IDLE_INTERVAL + 0.3  # work held the loop 0.3 s past the callback's time
+    cpu.now += 0.3
+    scheduler.run_next()
+
+    assert (ticks, idle_interval) == (65, IDLE_INTERVAL)
+    assert abs(monitor.longest - 0.3) < 1e-9
+    assert monitor.interval == INTERVAL
+    assert [delay for delay, _, _ in scheduler.pending] == [INTERVAL]

@@ -10,16 +10,17 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from services.consumers.canary_judge import CanaryJudge
+from services.consumers.canary_judge import JUDGE_EVERY, LIST_EVERY, CanaryJudge, next_wait
 from shared.alerts import Alert
 from shared.canary import Counts, Margins
 from shared.canary_store import Outcome, Rollout, verdict_of, verdict_text
 from shared.models import TemplateCopy, TemplateUse
 from shared.recipients import Report, Selection, log_id_for
 from shared.templates import Template
-from tests.fakes.canary_store import FakeCanary
+from tests.fakes.canary_store import CanaryTables, FakeCanary
 from tests.fakes.stores import FakeBatches, FakeCassandra, FakeRecipients
 from tests.fakes.template_store import FakeTemplates
+from tests.fakes.wire import Kind, Loopback, Trip
 from tests.fakes.world import new_batch
 
 CANARY, LIVE = "canary@example.org", "live@example.org"
@@ -290,3 +291,54 @@ def test_a_kept_verdict_belongs_to_its_own_rollout_only() -> None:
     assert verdict_of(text, stored) == outcome
     assert verdict_of(text, replace(rollout, since=since + timedelta(seconds=1))) is None
     assert verdict_of(None, rollout) is None
+
+
+# -- its schedule: the list once a minute while idle, a rollout at its window's end ------------
+
+
+class _Logged(Loopback):
+    """A loopback wire that keeps the op log."""
+
+    def __init__(self) -> None:
+        self.ops: list[str] = []
+
+    async def trip(self, op: str, kind: Kind) -> Trip:
+        self.ops.append(op)
+        return await super().trip(op, kind)
+
+
+def test_the_wait_is_until_the_next_rollout_due_or_the_list_period() -> None:
+    """Idle: LIST_EVERY (or the window, if shorter); a rollout due sooner: until then, but
+    never under JUDGE_EVERY (pure)."""
+    now = datetime(2026, 3, 4, 12, tzinfo=UTC)
+
+    assert next_wait(now, [], WINDOW) == LIST_EVERY
+    assert next_wait(now, [], timedelta(seconds=30)) == 30.0
+    assert next_wait(now, [now + timedelta(seconds=25)], WINDOW) == 25.0
+    assert next_wait(now, [now - timedelta(seconds=5)], WINDOW) == JUDGE_EVERY
+
+
+async def test_an_idle_hour_reads_the_list_once_a_minute_and_a_rollout_is_judged_on_time() -> None:
+    """With no rollout, the judge's schedule over a simulated hour reads the list 60 times
+    (at JUDGE_EVERY it was 360); a rollout published then is read within LIST_EVERY and
+    judged within JUDGE_EVERY of its window's end."""
+    wire = _Logged()
+    s = Setting(store=FakeCanary("ns", CanaryTables(wire=wire)))
+    start = s.now = s.now - timedelta(hours=1)  # the hour before the publish (its clock's now)
+
+    async def until(end: datetime) -> list[tuple[datetime, str]]:
+        decided: list[tuple[datetime, str]] = []
+        while s.now < end:
+            decided += [(s.now, v.decision) for v in await s.judge.pass_once()]
+            s.now += timedelta(seconds=s.judge.next_in())
+        return decided
+
+    await until(start + timedelta(hours=1))
+    idle_reads = wire.ops.count("canary.rollouts")
+    _, rollout = await s.rollout()
+    await s.sent(rollout)
+    [(at, decision)] = await until(s.now + WINDOW + timedelta(minutes=5))
+
+    assert idle_reads == 60
+    assert decision == "promote"
+    assert rollout.since + WINDOW <= at <= rollout.since + WINDOW + timedelta(seconds=JUDGE_EVERY)

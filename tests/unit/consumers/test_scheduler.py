@@ -13,7 +13,13 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from services.consumers.scheduler import LEASE_SECONDS, PASS_EVERY, Scheduler, next_wait
+from services.consumers.scheduler import (
+    ASK_EVERY,
+    LEASE_SECONDS,
+    PASS_EVERY,
+    Scheduler,
+    next_wait,
+)
 from services.consumers.splitter import Splitter
 from shared.lanes import BUCKET, bucket_of
 from shared.leases import SCHEDULER_WAKE, Alarm, Lease, keep_running, wake
@@ -300,3 +306,111 @@ async def test_the_loop_does_nothing_while_idle_and_passes_when_nudged() -> None
         await loop
 
     assert (idle, len(passes)) == (1, 2)
+
+
+# -- without the lease: ask again when the holder's lease could have lapsed --------------------
+
+
+class _Ticks:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _OwnWire(FakeSchedule):
+    """A scheduler process's own view of the shared tables, with its own op log."""
+
+    def __init__(self, tables: ScheduleTables) -> None:
+        super().__init__("ns", tables)
+        self.ops: list[str] = []
+
+    @property
+    def wire(self) -> _OwnWire:  # type: ignore[override]
+        return self
+
+    async def trip(self, op: str, kind: str) -> _OwnWire:
+        self.ops.append(op)
+        await asyncio.sleep(0)
+        return self
+
+    def landed(self) -> None:
+        return None
+
+
+def test_without_the_lease_the_wait_is_the_holders_renewal_period() -> None:
+    """A scheduler refused the lease asks again after ASK_EVERY (a third of the lease), busy
+    or not (pure)."""
+    now = bucket_of(datetime.now(UTC)) + timedelta(seconds=10)
+
+    assert next_wait(now, None, 0.0, busy=True, held=False) == ASK_EVERY == LEASE_SECONDS / 3
+    assert next_wait(now, None, 0.0, busy=True) == PASS_EVERY
+
+
+async def test_an_idle_hour_costs_a_non_holder_one_lease_request_per_renewal_period() -> None:
+    """Two idle schedulers over a simulated hour: the one without the lease asks for it 720
+    times (every PASS_EVERY it was 3,600) and reads nothing, the holder renews it with one
+    lightweight transaction each time; when the holder dies, it takes
+    the lease over within LEASE_SECONDS + ASK_EVERY of the holder's last renewal."""
+    s, ticks = Setting(now=bucket_of(datetime.now(UTC))), _Ticks()
+    stores = [_OwnWire(s.tables), _OwnWire(s.tables)]
+    holder, waiter = (
+        Scheduler(store, s.batches, s.broker, clock=lambda: s.now)  # type: ignore[arg-type]
+        for store in stores
+    )
+    for scheduler in (holder, waiter):
+        scheduler.lease.clock = ticks
+    due = {id(holder): 0.0, id(waiter): 0.001}
+    alive = [holder, waiter]
+    elapsed, renewed, took_over = 0.0, 0.0, None
+
+    async def until(end: float) -> None:
+        nonlocal elapsed, renewed, took_over
+        while True:
+            scheduler = min(alive, key=lambda x: due[id(x)])
+            if due[id(scheduler)] >= end:
+                return
+            step = due[id(scheduler)] - elapsed
+            elapsed, ticks.now = due[id(scheduler)], ticks.now + step
+            s.now += timedelta(seconds=step)
+            s.tables.clock.advance(step)
+            asked = len(stores[0].ops)
+            await scheduler.pass_once()
+            if scheduler is holder and "schedule.renew_lease" in stores[0].ops[asked:]:
+                renewed = elapsed
+            if scheduler is waiter and scheduler.held and took_over is None:
+                took_over = elapsed
+            due[id(scheduler)] = elapsed + scheduler.next_in()
+
+    await until(3600.0)
+    idle_ops = list(stores[1].ops)
+    lwts = [op for op in stores[0].ops if op.endswith("_lease")]
+    alive.remove(holder)  # it dies
+    await until(3600.0 + 2 * LEASE_SECONDS + ASK_EVERY)
+
+    assert (idle_ops.count("schedule.take_lease"), len(idle_ops)) == (720, 720)
+    assert len(lwts) == 720  # the holder: one renewal every ASK_EVERY (it asked two: 1,439)
+    assert took_over is not None and took_over - renewed <= LEASE_SECONDS + ASK_EVERY
+
+
+async def test_a_released_lease_is_taken_at_once_by_a_woken_scheduler() -> None:
+    """A holder that stops releases its lease and wakes the others: a waiting scheduler's
+    alarm rings, and its next pass holds the lease."""
+    s = Setting()
+    holder, waiter = s.scheduler(), s.scheduler()
+    await s.broker.listen(waiter.loop.heard)
+    loop = asyncio.create_task(holder.loop.run())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    refused = await waiter.pass_once() == 0 and not waiter.held
+
+    loop.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await loop
+    woken_up = await waiter.loop.alarm.wait(0)
+    await waiter.pass_once()
+
+    assert (refused, woken_up, waiter.held) == (True, True, True)
