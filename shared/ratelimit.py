@@ -31,7 +31,8 @@ update plus one read:
   window (no decrement to lose).
 
   *Leased ahead of need.* A busy key (:data:`BUSY`) takes its next lease in the background,
-  so that its requests do not queue behind two round trips: when its unspent slots fall to
+  so that its requests do not queue behind two round trips (except within four of the
+  burst, where a lease is the request alone): when its unspent slots fall to
   the low-water mark (:func:`low_water`: a quarter of the last lease, or what the key spends
   in twice a lease's recent duration, at most that lease), and, from a request near its window's end
   (:func:`lead_ms`: the last tenth, or twice a lease's duration), a lease of the *next*
@@ -443,6 +444,10 @@ class RateLimiter:
 
     def _renewal_due(self, held: _Window) -> bool:
         demand = max(held.served, held.last)
+        if rate_lease_size(demand, held.seen, self.policy.burst, self._most) <= 1:
+            # Within four of the burst a process takes one slot at a time, for a request
+            # that needs it: a slot taken ahead there would be refused to another process.
+            return False
         low = low_water(held.lease, demand, self.policy.window_ms, self._lease_ms)
         return renewal_due(held.left, low, demand)
 

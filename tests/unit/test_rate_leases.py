@@ -416,3 +416,19 @@ async def test_closing_a_limiter_ends_its_leases_in_flight() -> None:
     await _settle()
 
     assert _taken(db, START // WINDOW + 1) == 0
+
+
+async def test_processes_sharing_exactly_the_burst_at_once_are_granted_all_of_it() -> None:
+    """Two processes sent exactly the burst at once admit all of it: within four of the
+    burst no slot is leased ahead of need, where another process's request would be refused
+    for it."""
+    db = FakeCassandra()
+    store, policy = FakeRateWindows(db), RatePolicy(per_second=0.1, burst=5)
+    limiters = [RateLimiter(store, policy) for _ in range(2)]
+    now_ms = START // policy.window_ms * policy.window_ms
+
+    verdicts = await asyncio.gather(*(limiters[i % 2].hit(KEY, now_ms=now_ms) for i in range(5)))
+    for limiter in limiters:
+        await limiter.close()
+
+    assert [v.allowed for v in verdicts] == [True] * 5
