@@ -28,19 +28,37 @@ update plus one read:
   (:func:`rate_lease_size`); it keeps what the read-back allows (:func:`kept_of`, as a quota
   lease). A lease belongs to its window: a request is granted only slots of the window it
   arrived in, and slots a process leaves unspent are never given back but expire with their
-  window (no background work, no decrement to lose).
+  window (no decrement to lose).
 
-  *Overshoot: none, across any number of processes*, by the quota leases' argument below:
-  every slot granted was counted before it was granted, and a lease is kept only as far as
-  the total it read back (every lease before it) stays within ``burst``. *Undershoot*: a
-  process may refuse a key while others hold slots of its window unspent (or lost to a lease
-  that read the counter past the limit at the same time as another), at most one lease per
-  process per (key, window), a lease being at most ``1 + min(RATE_LEASE_MOST, (burst - 1)
-  // 4)`` slots and one more than that process served of the key in this window or the one
-  before; the next window (``burst / rate`` seconds later, 2 s by default) starts afresh.
-  *A process that dies* leaves its unspent slots counted until their window ends, so a crash
-  loop grants nothing extra. A lease whose counter update times out answers 503 and stays
-  counted if it landed (refusing early in that window, never admitting more).
+  *Leased ahead of need.* A busy key (:data:`BUSY`) takes its next lease in the background,
+  so that its requests do not queue behind two round trips (except within four of the
+  burst, where a lease is the request alone): when its unspent slots fall to
+  the low-water mark (:func:`low_water`: a quarter of the last lease, or what the key spends
+  in twice a lease's recent duration, at most that lease), and, from a request near its window's end
+  (:func:`lead_ms`: the last tenth, or twice a lease's duration), a lease of the *next*
+  window, held apart and granted only to requests stamped in that window. One lease per
+  window is in flight at a time (the request path's or the background's, under the window's
+  lock): a request that finds no slot waits for it, and if it failed or kept too little,
+  leases for itself (a failure there answers 503). The limiter holds its background leases
+  and :meth:`RateLimiter.close` cancels them at shutdown. A busy key's requests are still
+  granted no faster than one lease (``1 + RATE_LEASE_MOST`` slots) per lease's round trips
+  per process: past that they queue for slots, as they did for every lease before.
+
+  *Overshoot: none, across any number of processes*, by the quota leases' argument below
+  (a lease in the background is counted and kept by the same rule): every slot granted was
+  counted before it was granted, and a lease is kept only as far as the total it read back
+  (every lease before it) stays within ``burst``. *Undershoot*: a process may refuse a key
+  while others hold slots of its window unspent (or lost to a lease that read the counter
+  past the limit at the same time as another), at most two leases per process per (key,
+  window): the one being spent and one taken ahead of need (a renewal at the low-water
+  mark, or the window's lease taken before it began, unspent if the key went quiet), a
+  lease being at most ``1 + min(RATE_LEASE_MOST, (burst - 1) // 4)`` slots and one more
+  than that process served of the key in this window or the one before; the next window
+  (``burst / rate`` seconds later, 2 s by default) starts afresh. *A process that dies*
+  leaves its unspent slots counted until their window ends, so a crash loop grants nothing
+  extra. A lease whose counter update times out stays counted if it landed (refusing early
+  in that window, never admitting more): on the request path it answers 503; in the
+  background it is logged and the window's next request leases for itself.
 * **Recipients.** ``recipients`` per (user, UTC day) is incremented by a batch's accepted
   recipients, then read; above the quota the batch is refused and its increment taken back
   (so refused batches cost nothing). Take-backs never let the total pass the quota: an
@@ -92,7 +110,7 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Protocol
@@ -267,9 +285,15 @@ class _Window:
     """Slots leased and not yet granted: of this window only."""
     seen: int = 0
     """The window's total slots taken, as last read back."""
+    lease: int = 0
+    """The slots the window's last lease kept (its low-water mark: :func:`low_water`)."""
     over: bool = False
     """A lease kept nothing: the window is full, its further requests are refused."""
+    ahead: _Window | None = None
+    """The next window, leased ahead near this one's end (its slots are granted only to
+    requests stamped in it)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held by the window's one lease in flight, on the request path or in the background."""
 
 
 _ALLOWED = Verdict(True)
@@ -284,10 +308,52 @@ def _grant(held: _Window) -> bool:
     return True
 
 
+#: Requests of a key in a window (or the one before) from which a process leases the key's
+#: slots ahead of need: a key seen once in a while is not worth a lease it may never spend.
+BUSY = 2
+
+
+def low_water(lease: int, demand: int, window_ms: int, lease_ms: float) -> int:
+    """The unspent slots at which a window takes its next lease, so that requests keep
+    finding slots while it is on its way: a quarter of the last lease (``lease``), or what
+    the key's requests (``demand`` per window) spend in twice a lease's recent duration
+    when that is more, at most the lease (so a process never holds more than two)."""
+    return min(lease, max(lease // 4, int(2 * lease_ms * demand / window_ms)))
+
+
+def renewal_due(left: int, low: int, demand: int) -> bool:
+    """Whether a window holding ``left`` slots unspent takes its next lease now, in the
+    background: when the key is busy (``demand``: requests served of it in this window or
+    the one before) and its slots are down to the low-water mark ``low``."""
+    return demand >= BUSY and left <= low
+
+
+def lead_ms(window_ms: int, lease_ms: float) -> int:
+    """How long before its window ends a busy key's next window is leased: the window's
+    last tenth, or twice a lease's recent duration when that is longer (so that the lease
+    lands before the window starts), at most half the window."""
+    return min(window_ms // 2, max(window_ms // 10, math.ceil(2 * lease_ms)))
+
+
+def ahead_due(now_ms: int, window_ms: int, lead: int, served: int) -> bool:
+    """Whether a request at ``now_ms``, the ``served``-th of its key in its window, starts
+    the lease of the key's next window: within ``lead`` ms of the window's end, for a busy
+    key."""
+    end = (window_index(now_ms, window_ms) + 1) * window_ms
+    return served >= BUSY and end - now_ms <= lead
+
+
+#: Weight of the latest lease's duration in a limiter's estimate of the next one's.
+_LEASE_TIME_WEIGHT = 0.2
+
+
 class RateLimiter:
     """One process's request rate limits per key (and per user, :func:`user_bucket`):
     requests granted from slots leased of each window's counter in ``store`` (the bounds:
-    module docstring); one per process, shared by its requests."""
+    module docstring); one per process, shared by its requests. A busy key's next lease is
+    taken in the background (a renewal at its low-water mark, the next window's near the end
+    of this one) so that its requests do not wait on the store; :meth:`close` ends
+    those in flight."""
 
     def __init__(
         self,
@@ -302,6 +368,9 @@ class RateLimiter:
         self._most = most
         self._keys = keys
         self._windows: dict[str, _Window] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._lease_ms = 0.0
+        self._closed = False
 
     @property
     def held(self) -> int:
@@ -321,37 +390,97 @@ class RateLimiter:
         held = self._windows.get(key_id)
         if held is None or held.index != index:
             held = self._window(key_id, index, held)
-        if _grant(held):
-            return _ALLOWED
-        if not held.over:
+        granted = _grant(held)
+        if not granted and not held.over:
+            # The window's lease in flight (a background one included) lands first; if it
+            # failed or kept too little, the request leases for itself.
             async with held.lock:
                 if not held.left and not held.over:
                     await self._lease(key_id, held)
-                if _grant(held):
-                    return _ALLOWED
-        return Verdict(False, window_retry_after(now_ms, window_ms))
+                granted = _grant(held)
+        if not granted:
+            return Verdict(False, window_retry_after(now_ms, window_ms))
+        self._ahead_of_need(key_id, held, now_ms)
+        return _ALLOWED
+
+    async def close(self) -> None:
+        """End the leases in flight in the background (on shutdown): one cancelled after its
+        counter update landed leaves its slots counted, unspent."""
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _window(self, key_id: str, index: int, held: _Window | None) -> _Window:
-        """The state of the key's window ``index``: a new one when the key moved on to it
-        (the old window's leftover slots are dropped with it), a throwaway for a request
-        stamped before the window this process already holds (the clock stepped back)."""
+        """The state of the key's window ``index``: the one leased ahead, or a new one, when
+        the key moved on to it (the old window's leftover slots are dropped with it), a
+        throwaway for a request stamped before the window this process already holds (the
+        clock stepped back)."""
         if held is not None and held.index > index:
             return _Window(index)
         last = held.served if held is not None and held.index == index - 1 else 0
+        if held is not None and held.ahead is not None and held.ahead.index == index:
+            fresh = held.ahead
+            fresh.last = last
+        else:
+            fresh = _Window(index, last)
         if len(self._windows) >= self._keys:
             self._prune(index)
-        fresh = self._windows[key_id] = _Window(index, last)
+        self._windows[key_id] = fresh
         return fresh
+
+    def _ahead_of_need(self, key_id: str, held: _Window, now_ms: int) -> None:
+        """Start the leases a busy key will need soon, in the background: its window's next
+        at the low-water mark, its next window's near this one's end."""
+        if self._closed or self._windows.get(key_id) is not held:
+            return
+        if not held.over and not held.lock.locked() and self._renewal_due(held):
+            self._spawn(self._renew(key_id, held))
+        window_ms = self.policy.window_ms
+        lead = lead_ms(window_ms, self._lease_ms)
+        if held.ahead is None and ahead_due(now_ms, window_ms, lead, held.served):
+            held.ahead = _Window(held.index + 1, held.served)
+            self._spawn(self._renew(key_id, held.ahead))
+
+    def _renewal_due(self, held: _Window) -> bool:
+        demand = max(held.served, held.last)
+        if rate_lease_size(demand, held.seen, self.policy.burst, self._most) <= 1:
+            # Within four of the burst a process takes one slot at a time, for a request
+            # that needs it: a slot taken ahead there would be refused to another process.
+            return False
+        low = low_water(held.lease, demand, self.policy.window_ms, self._lease_ms)
+        return renewal_due(held.left, low, demand)
+
+    async def _renew(self, key_id: str, held: _Window) -> None:
+        async with held.lock:
+            # A request may have leased meanwhile (the task started after it).
+            if not held.over and self._renewal_due(held):
+                await self._lease(key_id, held)
+
+    def _spawn(self, lease: Coroutine[None, None, None]) -> None:
+        task = asyncio.get_running_loop().create_task(lease)
+        self._tasks.add(task)
+        task.add_done_callback(self._landed)
+
+    def _landed(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # Its window's next request leases for itself (and answers 503 if that fails).
+            log.warning("rate-limit lease ahead of need failed: %s", task.exception())
 
     async def _lease(self, key_id: str, held: _Window) -> None:
         want = rate_lease_size(
             max(held.served, held.last), held.seen, self.policy.burst, self._most
         )
         day = window_day(held.index, self.policy.window_ms)
+        started = time.monotonic()
         taken = await self.store.take(key_id, day, held.index, want)
+        took_ms = (time.monotonic() - started) * 1000
+        self._lease_ms += _LEASE_TIME_WEIGHT * (took_ms - self._lease_ms)
         held.seen = taken
         kept = kept_of(want, 1, taken, self.policy.burst)
         held.left += kept
+        held.lease = kept
         held.over = kept == 0
 
     def _prune(self, index: int) -> None:

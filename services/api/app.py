@@ -63,7 +63,7 @@ from shared.keycache import KeyCache, Revocations
 from shared.metrics import ApiMetrics, new_registry
 from shared.outbox import Outbox, Relay, relay_forever, tell_relays
 from shared.preferences import PreferenceStore
-from shared.ratelimit import QuotaLedger, RecipientQuota
+from shared.ratelimit import QuotaLedger, RateLimiter, RatePolicy, RateWindows, RecipientQuota
 from shared.resources import open_resources, readiness_checks
 from shared.schedule_store import ScheduleStore
 from shared.stall_monitor import StallMetrics, watching
@@ -128,6 +128,11 @@ def create_app(settings: Settings) -> Starlette:
             state.outbox = Outbox(res.db, settings.amqp.exchange)
             # Charged in process against leases of the shared counter (shared.ratelimit).
             state.quota = QuotaLedger(RecipientQuota(res.db, settings.api.daily_recipient_quota))
+            # Made here, not on first use, so that its leases in flight end before the database.
+            state.rate_limiter = RateLimiter(
+                RateWindows(res.db),
+                RatePolicy(settings.api.rate_limit_per_second, settings.api.rate_burst),
+            )
             state.acceptance = Acceptance(
                 state.batches,
                 state.outbox,
@@ -237,6 +242,7 @@ def create_app(settings: Settings) -> Starlette:
                 with contextlib.suppress(asyncio.CancelledError):
                     await relay
                 await state.background.drain()
+                await state.rate_limiter.close()
                 leases.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await leases
