@@ -148,10 +148,11 @@ class _SlowWrite(BatchStore):
         *,
         also: Sequence[Statement] = (),
         content: Content | None = None,
+        indexed: bool = False,
     ) -> None:
         await self.db.batch(also)
         await asyncio.sleep(self.delay)
-        await super().write(batch, content=content)
+        await super().write(batch, content=content, indexed=indexed)
 
 
 class _LostAnswer(BatchStore):
@@ -163,8 +164,9 @@ class _LostAnswer(BatchStore):
         *,
         also: Sequence[Statement] = (),
         content: Content | None = None,
+        indexed: bool = False,
     ) -> None:
-        await super().write(batch, also=also, content=content)
+        await super().write(batch, also=also, content=content, indexed=indexed)
         raise DependencyUnavailable("cassandra", "WriteTimeout (injected)")
 
 
