@@ -94,8 +94,12 @@ class Alarm:
 
     async def wait(self, seconds: float) -> bool:
         """Wait ``seconds`` or until nudged; whether it was a nudge (then consumed)."""
+        # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives while
+        # a nudge is ending its wait, and the loop's task then never ends (a process stopped
+        # by SIGTERM hung, its loops still running, once stopping loops woke the others').
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._rung.wait(), max(0.0, seconds))
+            async with asyncio.timeout(max(0.0, seconds)):
+                await self._rung.wait()
         nudged = self._rung.is_set()
         self._rung.clear()
         return nudged

@@ -16,8 +16,6 @@ as nested JSON with provider names or codes. Parsing and validation are pure.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import re
 import uuid
@@ -40,6 +38,7 @@ from shared.config import ProviderSettings
 from shared.db import Database, utc
 from shared.domain_capacity import CapacityRules
 from shared.errors import DependencyUnavailable
+from shared.leases import Alarm
 from shared.provider_health import HealthRules
 from shared.providers.catalog import CATALOG, CODES, code_of
 
@@ -625,7 +624,7 @@ class Watcher:
     providers: ProviderSettings
     apply: Apply
     current: LiveSettings | None = None
-    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _wake: Alarm = field(default_factory=Alarm)
 
     async def load(self) -> LiveSettings:
         """Read and apply the settings now (at start-up: before any work is taken)."""
@@ -637,14 +636,12 @@ class Watcher:
 
     def nudge(self) -> None:
         """A change was announced: reload soon."""
-        self._wake.set()
+        self._wake.nudge()
 
     async def run(self) -> None:
         """Reload whenever nudged, and every RELOAD_EVERY seconds regardless."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), RELOAD_EVERY)
-            self._wake.clear()
+            await self._wake.wait(RELOAD_EVERY)
             try:
                 await self.load()
             except DependencyUnavailable as exc:
