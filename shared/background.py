@@ -24,6 +24,17 @@ class Background:
         if not task.cancelled() and task.exception() is not None:
             log.warning("background task failed: %s", task.exception())
 
+    def __len__(self) -> int:
+        """Tasks still running."""
+        return len(self._tasks)
+
+    async def cancel(self) -> None:
+        """Cancel the tasks still running and wait until each has ended."""
+        tasks = set(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def drain(self, timeout: float = 10.0) -> None:
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout)

@@ -110,11 +110,12 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Protocol
 
+from shared.background import Background
 from shared.db import Database
 from shared.errors import DependencyUnavailable
 from shared.precedence import accepted_at
@@ -368,7 +369,9 @@ class RateLimiter:
         self._most = most
         self._keys = keys
         self._windows: dict[str, _Window] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        # Leases taken ahead of need; a failed one is logged, and its window's next request
+        # leases for itself (and answers 503 if that fails).
+        self._ahead = Background()
         self._lease_ms = 0.0
         self._closed = False
 
@@ -407,9 +410,7 @@ class RateLimiter:
         """End the leases in flight in the background (on shutdown): one cancelled after its
         counter update landed leaves its slots counted, unspent."""
         self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._ahead.cancel()
 
     def _window(self, key_id: str, index: int, held: _Window | None) -> _Window:
         """The state of the key's window ``index``: the one leased ahead, or a new one, when
@@ -435,12 +436,12 @@ class RateLimiter:
         if self._closed or self._windows.get(key_id) is not held:
             return
         if not held.over and not held.lock.locked() and self._renewal_due(held):
-            self._spawn(self._renew(key_id, held))
+            self._ahead.spawn(self._renew(key_id, held))
         window_ms = self.policy.window_ms
         lead = lead_ms(window_ms, self._lease_ms)
         if held.ahead is None and ahead_due(now_ms, window_ms, lead, held.served):
             held.ahead = _Window(held.index + 1, held.served)
-            self._spawn(self._renew(key_id, held.ahead))
+            self._ahead.spawn(self._renew(key_id, held.ahead))
 
     def _renewal_due(self, held: _Window) -> bool:
         demand = max(held.served, held.last)
@@ -456,17 +457,6 @@ class RateLimiter:
             # A request may have leased meanwhile (the task started after it).
             if not held.over and self._renewal_due(held):
                 await self._lease(key_id, held)
-
-    def _spawn(self, lease: Coroutine[None, None, None]) -> None:
-        task = asyncio.get_running_loop().create_task(lease)
-        self._tasks.add(task)
-        task.add_done_callback(self._landed)
-
-    def _landed(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            # Its window's next request leases for itself (and answers 503 if that fails).
-            log.warning("rate-limit lease ahead of need failed: %s", task.exception())
 
     async def _lease(self, key_id: str, held: _Window) -> None:
         want = rate_lease_size(

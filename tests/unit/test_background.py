@@ -128,3 +128,28 @@ async def test_drain_gives_up_after_its_timeout_and_leaves_the_task_running() ->
     release.set()
     await background.drain(timeout=1)  # it was still alive: it finishes now
     assert done == ["finished"]
+
+
+async def test_cancel_ends_every_task_still_running_before_it_returns() -> None:
+    """Cancelled at shutdown, each task still running has ended (cancelled) when cancel
+    returns, and none is left held; a task that finished meanwhile is not disturbed."""
+    background = Background()
+    finished: list[str] = []
+
+    async def forever() -> None:
+        await asyncio.sleep(3600)
+
+    async def quick() -> None:
+        finished.append("quick")
+
+    background.spawn(forever())
+    background.spawn(forever())
+    background.spawn(quick())
+    await asyncio.sleep(0)
+    running = {task for task in background._tasks if not task.done()}
+
+    await background.cancel()
+
+    assert len(running) == 2
+    assert all(task.cancelled() for task in running)
+    assert (len(background), finished) == (0, ["quick"])
