@@ -7,7 +7,9 @@ Between passes the loop waits on an :class:`Alarm`: until the pass's own next du
 lease's renewal at the latest, for its holder) or a nudge, whichever comes first. Nudges
 travel as wake-ups on the settings fanout exchange (:func:`wake`, :func:`woken`): a process
 that changes what a loop works on (the API scheduling a batch) wakes every process's loop
-of that name, so an idle loop need not poll to be on time."""
+of that name, so an idle loop need not poll to be on time. A loop whose work is written by
+every process (the outbox relay, the stats roll-up, the health refresh) waits on a
+:class:`Linger` instead: busy for a while after each wake-up it hears, idle otherwise."""
 
 from __future__ import annotations
 
@@ -103,6 +105,64 @@ class Alarm:
         nudged = self._rung.is_set()
         self._rung.clear()
         return nudged
+
+
+def next_period(
+    now: float, awake_until: float, *, busy: bool, busy_every: float, idle_every: float
+) -> float:
+    """Seconds until a lingering loop's next pass (pure): ``busy_every`` while it has work or
+    a wake-up is recent (``now`` before ``awake_until``), else ``idle_every`` (never less
+    than ``busy_every``)."""
+    return busy_every if busy or now < awake_until else max(idle_every, busy_every)
+
+
+@dataclass
+class Linger:
+    """How a loop whose work is announced by wake-ups waits between passes: every
+    ``busy_every`` seconds while it has work or a wake-up it heard is recent, otherwise
+    ``idle_every`` or until a wake-up. A wake-up ends only an idle wait: a busy one is not cut
+    short, so busy passes stay ``busy_every`` apart however many wake-ups come."""
+
+    busy_every: float
+    idle_every: float
+    clock: Callable[[], float] = time.monotonic
+    """Monotonic seconds (tests move it)."""
+    alarm: Alarm = field(default_factory=Alarm)
+    awake_until: float = 0.0
+    """Until when wake-ups heard keep the passes busy."""
+    idle: bool = False
+    """Whether the loop waits as idle (a wake-up then ends the wait at once)."""
+
+    def stay_awake(self, seconds: float) -> None:
+        """A wake-up: busy passes for ``seconds`` from now at least (a later deadline already
+        set stands), and an idle wait ends now."""
+        self.awake_until = max(self.awake_until, self.clock() + seconds)
+        self.nudge_if_idle()
+
+    def nudge_if_idle(self) -> None:
+        """Work is waiting: end the wait now if it is idle (a busy one ends on time)."""
+        if self.idle:
+            self.alarm.nudge()
+
+    def next_in(self, *, busy: bool) -> float:
+        """Seconds until the next pass (see :func:`next_period`)."""
+        return next_period(
+            self.clock(),
+            self.awake_until,
+            busy=busy,
+            busy_every=self.busy_every,
+            idle_every=self.idle_every,
+        )
+
+    async def wait(self, *, busy: bool) -> bool:
+        """Wait :meth:`next_in` seconds, idle (ended by a wake-up) when that is longer than
+        ``busy_every``; whether a nudge ended it."""
+        seconds = self.next_in(busy=busy)
+        self.idle = seconds > self.busy_every
+        try:
+            return await self.alarm.wait(seconds)
+        finally:
+            self.idle = False
 
 
 async def keep_running(
