@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 from shared.errors import DependencyUnavailable
-from shared.leases import STATS_WAKE, Alarm, woken
+from shared.leases import STATS_WAKE, Linger, next_period, woken
 from shared.stats import ROLL_EVERY, StatsStore
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,9 @@ IDLE_EVERY: Final = 60.0
 def next_wait(now: float, awake_until: float, marks_seen: int) -> float:
     """Seconds until the next pass (pure): :data:`PASS_EVERY` while the last pass found marks
     or a wake-up is recent, else :data:`IDLE_EVERY`."""
-    return PASS_EVERY if marks_seen or now < awake_until else IDLE_EVERY
+    return next_period(
+        now, awake_until, busy=bool(marks_seen), busy_every=PASS_EVERY, idle_every=IDLE_EVERY
+    )
 
 
 def _utcnow() -> datetime:
@@ -51,27 +53,22 @@ class RollUp:
     clock: Callable[[], float] = time.monotonic
     """Monotonic seconds, for the wake-ups' linger (tests move it)."""
     now: Callable[[], datetime] = _utcnow
-    alarm: Alarm = field(default_factory=Alarm)
-    awake_until: float = 0.0
-    """Until when wake-ups heard keep the passes coming."""
-    idle: bool = False
-    """Whether the loop waits as idle (a wake-up then ends the wait at once)."""
+    linger: Linger = field(init=False)
+    """How it waits between passes (busy for :data:`LINGER` after a wake-up)."""
 
     def __post_init__(self) -> None:
+        self.linger = Linger(PASS_EVERY, IDLE_EVERY, self.clock)
         # Marks made before it started are found by its first passes.
-        self.awake_until = self.clock() + LINGER
+        self.linger.stay_awake(LINGER)
 
     def heard(self, body: bytes) -> None:
         """An announcement: a writer's wake-up keeps the passes coming, and ends an idle
         wait (a busy one is not cut short: the passes stay ``PASS_EVERY`` apart)."""
-        if woken(body) != STATS_WAKE:
-            return
-        self.awake_until = max(self.awake_until, self.clock() + LINGER)
-        if self.idle:
-            self.alarm.nudge()
+        if woken(body) == STATS_WAKE:
+            self.linger.stay_awake(LINGER)
 
     def next_in(self) -> float:
-        return next_wait(self.clock(), self.awake_until, self.stats.marks_seen)
+        return self.linger.next_in(busy=bool(self.stats.marks_seen))
 
     async def pass_once(self) -> int:
         """One pass; the buckets it recounted (an outage stops the pass, not the loop)."""
@@ -85,7 +82,4 @@ class RollUp:
         """Pass after pass until cancelled. Idempotent (every consumer process runs one)."""
         while True:
             await self.pass_once()
-            wait = self.next_in()
-            self.idle = wait >= IDLE_EVERY
-            await self.alarm.wait(wait)
-            self.idle = False
+            await self.linger.wait(busy=bool(self.stats.marks_seen))

@@ -125,13 +125,13 @@ async def test_a_wake_up_during_a_busy_wait_does_not_add_a_pass() -> None:
     roll_up = _roll_up(world, ticks)
 
     roll_up.heard(b'{"wake":"stats"}')
-    busy = await roll_up.alarm.wait(0)
-    roll_up.idle = True
+    busy = await roll_up.linger.alarm.wait(0)
+    roll_up.linger.idle = True
     await wake(world.broker, SCHEDULER_WAKE)
     roll_up.heard(b'{"wake":"scheduler"}')
     roll_up.heard(b'{"changed": ["providers.chain"]}')
-    other = await roll_up.alarm.wait(0)
+    other = await roll_up.linger.alarm.wait(0)
     roll_up.heard(b'{"wake":"stats"}')
-    idle = await roll_up.alarm.wait(0)
+    idle = await roll_up.linger.alarm.wait(0)
 
     assert (busy, other, idle) == (False, False, True)
