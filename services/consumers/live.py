@@ -44,7 +44,7 @@ from shared.broker import Broker
 from shared.config import ProviderSettings
 from shared.domain_capacity import Capacity
 from shared.errors import DependencyUnavailable
-from shared.leases import HEALTH_WAKE, Alarm, woken
+from shared.leases import HEALTH_WAKE, Linger, next_period, woken
 from shared.livesettings import LiveSettings
 from shared.provider_health import (
     REFRESH_EVERY,
@@ -75,7 +75,9 @@ IDLE_REFRESH_EVERY: Final = 60.0
 def next_refresh(now: float, awake_until: float, *, moving: bool) -> float:
     """Seconds until the next health refresh (pure): :data:`REFRESH_EVERY` while health may
     move or a wake-up is recent, else :data:`IDLE_REFRESH_EVERY`."""
-    return REFRESH_EVERY if moving or now < awake_until else IDLE_REFRESH_EVERY
+    return next_period(
+        now, awake_until, busy=moving, busy_every=REFRESH_EVERY, idle_every=IDLE_REFRESH_EVERY
+    )
 
 
 def moving(
@@ -155,15 +157,16 @@ class ConsumerSettings:
     circuits: dict[str, Circuit] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
     """Monotonic seconds, for the wake-ups' linger (tests move it)."""
-    health_alarm: Alarm = field(default_factory=Alarm)
-    """Rung by a writer's wake-up or this process's first call while the refresh is idle."""
-    awake_until: float = 0.0
-    """Until when wake-ups heard keep the refreshes coming."""
     health_moving: bool = True
     """Whether the last refresh saw health that may still move (:func:`moving`)."""
-    _refresh_idle: bool = field(default=False, repr=False)
+    linger: Linger = field(init=False, repr=False)
+    """How the health refresh waits (ended, while idle, by a writer's wake-up or this
+    process's first call)."""
     _circuit_states: dict[str, CircuitState] = field(default_factory=dict, repr=False)
     _seen: LiveSettings | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.linger = Linger(REFRESH_EVERY, IDLE_REFRESH_EVERY, self.clock)
 
     async def __call__(self, live: LiveSettings) -> None:
         configured = tuple(self.dispatcher.providers)
@@ -225,18 +228,12 @@ class ConsumerSettings:
     def heard(self, body: bytes) -> None:
         """An announcement: a windows writer's wake-up keeps the refreshes coming, and ends
         an idle wait (a busy one is not cut short: refreshes stay ``REFRESH_EVERY`` apart)."""
-        if woken(body) != HEALTH_WAKE:
-            return
-        self.awake_until = max(self.awake_until, self.clock() + LINGER)
-        self._wake_if_idle()
-
-    def _wake_if_idle(self) -> None:
-        if self._refresh_idle:
-            self.health_alarm.nudge()
+        if woken(body) == HEALTH_WAKE:
+            self.linger.stay_awake(LINGER)
 
     def next_refresh_in(self) -> float:
         """Seconds until the next refresh is due (see :func:`next_refresh`)."""
-        return next_refresh(self.clock(), self.awake_until, moving=self.health_moving)
+        return self.linger.next_in(busy=self.health_moving)
 
     async def refresh_health(self, store: HealthStore) -> None:
         """One refresh: share this process's calls, read everyone's back, move the circuits
@@ -254,19 +251,16 @@ class ConsumerSettings:
     async def keep_health(self, store: HealthStore) -> None:
         """Refresh after refresh, :meth:`next_refresh_in` apart or when woken (a writer's
         wake-up heard by :meth:`heard`, this process's first call). Runs until cancelled."""
-        self.dispatcher.tally.first = self._wake_if_idle
+        self.dispatcher.tally.first = self.linger.nudge_if_idle
         try:
             self._circuit_states.update(await store.circuits())  # as they were left
         except DependencyUnavailable as exc:
             log.warning("circuits not read at start: %s", exc)
         # Writes made before it started are read by its first refreshes.
-        self.awake_until = self.clock() + LINGER
+        self.linger.stay_awake(LINGER)
         while True:
             await self.refresh_health(store)
-            wait = self.next_refresh_in()
-            self._refresh_idle = wait >= IDLE_REFRESH_EVERY
-            await self.health_alarm.wait(wait)
-            self._refresh_idle = False
+            await self.linger.wait(busy=self.health_moving)
 
     async def _share(self, store: HealthStore) -> None:
         taken = self.dispatcher.tally.take()

@@ -136,7 +136,7 @@ async def test_another_processs_write_wakes_an_idle_loop_at_once() -> None:
     loop = asyncio.create_task(applier.keep_health(FakeHealth("ns", tables)))
     await _spin()
     ticks.now += LINGER
-    applier.health_alarm.nudge()  # end the start's short wait: from here on it is idle
+    applier.linger.alarm.nudge()  # end the start's short wait: from here on it is idle
     await _spin()
     idle = applier.next_refresh_in()
 
@@ -161,7 +161,7 @@ async def test_this_processs_first_call_wakes_its_idle_loop() -> None:
     loop = asyncio.create_task(applier.keep_health(FakeHealth("ns", tables)))
     await _spin()
     ticks.now += LINGER
-    applier.health_alarm.nudge()
+    applier.linger.alarm.nudge()
     await _spin()
     idle = applier.next_refresh_in()
 
