@@ -36,7 +36,7 @@ from cassandra.query import BoundStatement
 
 from shared.db import Database
 from shared.errors import DependencyUnavailable
-from shared.leases import OUTBOX_WAKE, Alarm, Announcer, Notice, woken
+from shared.leases import OUTBOX_WAKE, Announcer, Linger, Notice, woken
 from shared.precedence import accepted_at
 
 log = logging.getLogger(__name__)
@@ -204,24 +204,25 @@ class Relay:
         self.finish = finish
         self.grace = timedelta(seconds=grace)
         self.since: datetime | None = None
-        #: Seconds between passes while there may be work (``relay_forever`` sets it).
-        self.every = every
-        self.clock = clock
-        self.alarm = Alarm()
+        #: How the loop waits: every interval while rows written (heard of) may still become
+        #: due, else :data:`IDLE_EVERY` or until a wake-up.
+        self.linger = Linger(every, IDLE_EVERY, clock)
         #: Whether the last pass left work (or none ran yet): the next follows soon.
         self.found = True
-        #: Until when rows written (heard of) may still become due.
-        self.awake_until = 0.0
-        #: Whether the loop waits as idle (a wake-up then ends the wait at once).
-        self.idle = False
+
+    @property
+    def every(self) -> float:
+        """Seconds between passes while there may be work (``relay_forever`` sets it)."""
+        return self.linger.busy_every
+
+    @every.setter
+    def every(self, seconds: float) -> None:
+        self.linger.busy_every = seconds
 
     def awake(self) -> None:
         """A row was (or is about to be) written: pass every interval until it is due and
         looked at (a grace period, an interval for the next wake-up and one for the write)."""
-        linger = self.grace.total_seconds() + 2 * self.every
-        self.awake_until = max(self.awake_until, self.clock() + linger)
-        if self.idle:
-            self.alarm.nudge()
+        self.linger.stay_awake(self.grace.total_seconds() + 2 * self.every)
 
     def heard(self, body: bytes) -> None:
         """An announcement: a writer's wake-up keeps the relay awake."""
@@ -230,10 +231,8 @@ class Relay:
 
     def next_in(self) -> float:
         """Seconds until the next pass: the interval while there may be work, else
-        :data:`IDLE_EVERY` (pure but for the clock)."""
-        if self.found or self.clock() < self.awake_until:
-            return self.every
-        return max(IDLE_EVERY, self.every)
+        :data:`IDLE_EVERY` (``shared.leases.next_period``)."""
+        return self.linger.next_in(busy=self.found)
 
     async def once(self, now: datetime | None = None) -> int:
         """One pass; returns how many acceptances it finished."""
@@ -266,17 +265,15 @@ async def relay_forever(relay: Relay, *, interval: float) -> None:
     relay.every = interval
     relay.awake()  # rows written before it started are looked at by its first passes
     while True:
-        wait = interval
+        failed = False
         try:
             count = await relay.once()
             if count:
                 log.info("outbox relay finished %d acceptance(s)", count)
-            wait = relay.next_in()
         except DependencyUnavailable as exc:
             log.warning("outbox relay: %s", exc)
-        relay.idle = wait > interval
-        await relay.alarm.wait(wait)
-        relay.idle = False
+            failed = True  # the next pass comes an interval later, woken or not
+        await relay.linger.wait(busy=failed or relay.found)
 
 
 def tell_relays(

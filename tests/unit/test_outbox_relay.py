@@ -257,7 +257,7 @@ async def test_the_relay_loop_waits_idle_and_passes_at_once_when_woken() -> None
     loop = asyncio.create_task(relay_forever(relay, interval=5))
     await _spin()
     ticks.now += 3600  # the start's own linger is over: the next wait is idle
-    relay.alarm.nudge()
+    relay.linger.alarm.nudge()
     await _spin()
     asleep = len(passes)
     await _Announcer(relay).announce(b'{"wake":"outbox"}')
