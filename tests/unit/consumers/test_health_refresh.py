@@ -10,14 +10,11 @@ import asyncio
 import contextlib
 from datetime import UTC, datetime
 
-from prometheus_client import CollectorRegistry
-
 from services.consumers.live import (
     IDLE_REFRESH_EVERY,
     LINGER,
     REFRESH_EVERY,
     ConsumerSettings,
-    LiveMetrics,
     moving,
     next_refresh,
 )
@@ -26,6 +23,7 @@ from shared.provider_health import CircuitState, Window, tell_refreshers, window
 from tests.fakes.health_store import FakeHealth, HealthTables
 from tests.fakes.wire import Kind, Loopback, Trip
 from tests.fakes.world import World
+from tests.unit.consumers.settings_applier import consumer_settings
 
 NOON = datetime(2026, 3, 4, 12, 0, tzinfo=UTC)
 
@@ -52,21 +50,9 @@ class Logged(Loopback):
 
 
 async def _applier(w: World, ticks: Ticks) -> ConsumerSettings:
-    async def handler(message: object) -> None:
-        raise AssertionError("the world delivers by itself")
-
-    applier = ConsumerSettings(
-        w.dispatcher,
-        w.splitter,
-        w.broker,  # type: ignore[arg-type]
-        w.settings,
-        handler,  # type: ignore[arg-type]
-        4,
-        LiveMetrics.create(CollectorRegistry()),
-        clock=ticks,
-    )
-    await applier(LiveSettings(chain=("sg", "mg")))
-    return applier
+    started = consumer_settings(w, clock=ticks)
+    await started(LiveSettings(chain=("sg", "mg")))
+    return started
 
 
 async def _spin() -> None:

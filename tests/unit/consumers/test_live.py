@@ -5,34 +5,17 @@ bounds the decisions made from then on."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
-
-from services.consumers.live import ConsumerSettings, LiveMetrics
 from shared.livesettings import LiveSettings
 from tests.fakes.world import World, refused
+from tests.unit.consumers.settings_applier import consumer_settings
 
 A, B = "a@example.org", "b@example.org"
-
-
-def _applier(w: World) -> ConsumerSettings:
-    async def handler(message: object) -> None:
-        raise AssertionError("the world delivers by itself")
-
-    return ConsumerSettings(
-        w.dispatcher,
-        w.splitter,
-        w.broker,  # type: ignore[arg-type]
-        w.settings,
-        handler,  # type: ignore[arg-type]
-        4,
-        LiveMetrics.create(CollectorRegistry()),
-    )
 
 
 async def test_new_work_skips_a_paused_provider_without_calling_it() -> None:
     """With SendGrid paused, a new batch goes straight to Mailgun: no attempt via SendGrid."""
     w = World()
-    await _applier(w)(LiveSettings(chain=("sg", "mg"), paused=frozenset({"sg"})))
+    await consumer_settings(w)(LiveSettings(chain=("sg", "mg"), paused=frozenset({"sg"})))
 
     batch = await w.accept(A, B)
     await w.settle()
@@ -49,7 +32,7 @@ async def test_work_already_queued_for_a_paused_provider_moves_on_saying_why() -
     w = World()
     batch = await w.accept(A, B)
     assert await w.step()  # the splitter: the chunk's job is in SendGrid's queue
-    await _applier(w)(LiveSettings(chain=("sg", "mg"), paused=frozenset({"sg"})))
+    await consumer_settings(w)(LiveSettings(chain=("sg", "mg"), paused=frozenset({"sg"})))
 
     await w.settle()
 
@@ -64,7 +47,7 @@ async def test_work_already_queued_for_a_paused_provider_moves_on_saying_why() -
 
 async def test_the_chains_order_decides_where_new_chunks_go() -> None:
     w = World()
-    await _applier(w)(LiveSettings(chain=("mg", "sg")))
+    await consumer_settings(w)(LiveSettings(chain=("mg", "sg")))
 
     await w.accept(A)
     await w.settle()
@@ -75,7 +58,7 @@ async def test_the_chains_order_decides_where_new_chunks_go() -> None:
 async def test_failover_follows_the_reordered_chain() -> None:
     """Mailgun first, failing: the work goes to SendGrid."""
     w = World()
-    await _applier(w)(LiveSettings(chain=("mg", "sg")))
+    await consumer_settings(w)(LiveSettings(chain=("mg", "sg")))
     w.providers["mg"].answers.append(refused("mg"))
 
     await w.accept(A)
@@ -86,7 +69,7 @@ async def test_failover_follows_the_reordered_chain() -> None:
 
 async def test_max_attempts_bounds_the_decisions_made_after_it_changed() -> None:
     w = World(max_attempts=6)
-    await _applier(w)(LiveSettings(chain=("sg", "mg"), max_attempts=2))
+    await consumer_settings(w)(LiveSettings(chain=("sg", "mg"), max_attempts=2))
     for code in ("sg", "mg"):
         w.providers[code].answers += [refused(code)] * 6
 
@@ -101,7 +84,7 @@ async def test_with_every_provider_paused_the_provider_queues_are_not_consumed()
     """Work waits in the broker, not in memory, and resuming one provider consumes again:
     both lanes and the re-sends, the bulk lane with its own smaller prefetch."""
     w = World()
-    applier = _applier(w)
+    applier = consumer_settings(w)
     t = w.broker.topology
     queues = {q for c in ("sg", "mg") for q in t.sender_queues(c)}
     assert {t.bulk_queue("sg"), t.bulk_queue("mg")} <= queues
@@ -120,7 +103,7 @@ async def test_with_every_provider_paused_the_provider_queues_are_not_consumed()
 
 async def test_the_settings_in_force_are_on_metrics() -> None:
     w = World()
-    applier = _applier(w)
+    applier = consumer_settings(w)
 
     await applier(LiveSettings(chain=("mg", "sg"), paused=frozenset({"sg"})))
 
