@@ -211,6 +211,32 @@ async def test_a_list_read_in_flight_when_a_change_is_heard_is_not_kept(
     assert await cache.suppressed(user, [A]) == {A: "bounce"}
 
 
+async def test_concurrent_misses_of_one_users_list_share_one_read(
+    store: FakeSuppressionStore, clock: Clock
+) -> None:
+    """Two batches of a user arriving together while the list is not held read it once
+    between them, and both are judged on it."""
+    user, cache = uuid.uuid4(), SuppressionCache(store, clock=clock)
+    await store.add(user, A, reason="bounce", source="sg")
+    gate = asyncio.Event()
+
+    class Slow:
+        async def listed(self, *args: object) -> dict[str, str] | None:
+            await gate.wait()
+            return await store.listed(*args)  # type: ignore[arg-type]
+
+        suppressed = store.suppressed
+
+    cache.store = Slow()
+    batches = [asyncio.ensure_future(cache.suppressed(user, [A, B])) for _ in range(2)]
+    await asyncio.sleep(0)
+    gate.set()
+    answers = await asyncio.gather(*batches)
+
+    assert answers == [{A: "bounce"}] * 2
+    assert reads(store) == {"listed": 1, "suppressed": 0}
+
+
 async def test_the_least_recently_used_user_leaves_first(
     store: FakeSuppressionStore, clock: Clock
 ) -> None:
