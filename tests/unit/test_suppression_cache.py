@@ -283,6 +283,22 @@ async def test_a_list_scoped_batch_reads_the_lists_unsubscribes_once_too(
     assert reads(store) == {"listed": 3, "suppressed": 0}
 
 
+async def test_a_change_drops_the_users_contact_lists_too(
+    store: FakeSuppressionStore, clock: Clock
+) -> None:
+    """Heard, a user's change drops every list of the user held (its own and each contact
+    list's), and no other user's."""
+    user, other, cache = uuid.uuid4(), uuid.uuid4(), SuppressionCache(store, clock=clock)
+    assert await cache.suppressed(user, [A, B], "news") == {}
+    assert await cache.suppressed(other, [A], "news") == {}
+    await store.add(user, B, reason="unsubscribe", source="tracking", scope="news")
+
+    cache.hear(announcement([user]))
+
+    assert (user in cache, other in cache) == (False, True)
+    assert await cache.suppressed(user, [A, B], "news") == {B: "unsubscribe (news)"}
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     entries=st.lists(
