@@ -14,7 +14,6 @@ every process (the outbox relay, the stats roll-up, the health refresh) waits on
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -24,6 +23,7 @@ from typing import Protocol
 
 import orjson
 
+from shared import waits
 from shared.errors import DependencyUnavailable
 
 log = logging.getLogger(__name__)
@@ -96,13 +96,8 @@ class Alarm:
 
     async def wait(self, seconds: float) -> bool:
         """Wait ``seconds`` or until nudged; whether it was a nudge (then consumed)."""
-        # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives while
-        # a nudge is ending its wait, and the loop's task then never ends (a process stopped
-        # by SIGTERM hung, its loops still running, once stopping loops woke the others').
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(0.0, seconds)):
-                await self._rung.wait()
-        nudged = self._rung.is_set()
+        # shared.waits: a cancellation arriving as a nudge ends the wait must end the loop.
+        nudged = await waits.set_within(self._rung, seconds)
         self._rung.clear()
         return nudged
 

@@ -22,6 +22,7 @@ from typing import Any
 import aio_pika.abc
 from pydantic import ValidationError
 
+from shared import waits
 from shared.errors import DependencyUnavailable
 
 log = logging.getLogger(__name__)
@@ -70,11 +71,8 @@ class InFlight:
             self._idle.set()
 
     async def wait_idle(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
+        """Wait until no delivery is in flight, ``timeout`` seconds at most: whether none is."""
+        return await waits.set_within(self._idle, timeout)
 
 
 def settling(

@@ -32,8 +32,10 @@ left out of a batch and listed under ``suppressed``.
 
 The announcement is a wake-up (``shared.leases.woken``), so the settings watchers of the
 consumers and webhooks, which reload their settings on any other announcement, let it pass.
-At most :attr:`~SuppressionCache.max_users` users' lists and about
-:attr:`~SuppressionCache.max_addresses` addresses are held, the least recently used user
+The lists are kept by ``shared.user_cache.KeyedCache``, one per user and contact list:
+concurrent misses of one list share one read, and a read in flight across a drop is answered
+to its batches but not kept. At most ``max_users`` lists (:data:`MAX_USERS`) and about
+``max_addresses`` addresses (:data:`MAX_ADDRESSES`) are held, the least recently used list
 leaving first.
 """
 
@@ -43,14 +45,13 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
 from shared import user_cache
 from shared.addresses import address_key
-from shared.user_cache import UserChanges
+from shared.user_cache import KeyedCache, UserChanges
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ SMALL: Final = 2_000
 #: Seconds a list is used after its read was sent: how late a change is seen by a process
 #: that missed its broadcast.
 TTL: Final = 5.0
-#: Users whose lists one process keeps.
+#: Lists one process keeps (a user's own, and each contact list's it was asked for).
 MAX_USERS: Final = 10_000
 #: Addresses one process keeps across those lists (each about 150 bytes).
 MAX_ADDRESSES: Final = 50_000
@@ -82,19 +83,22 @@ class Lists(Protocol):
     ) -> dict[str, str]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    listed: Listed
-    read_at: float
-    """The monotonic time its read was sent."""
+#: A list's key in the cache: its user, and its contact list (None: the user's whole list).
+Key = tuple[uuid.UUID, str | None]
 
-    @property
-    def weight(self) -> int:
-        return 1 + (len(self.listed) if self.listed is not None else 0)
+
+def _user_of(key: Key) -> uuid.UUID:
+    return key[0]
+
+
+def _weight(listed: Listed) -> int:
+    """What a list counts towards ``max_addresses``: one, and one per address."""
+    return 1 + (len(listed) if listed is not None else 0)
 
 
 class SuppressionCache:
-    """Users' suppression lists read from the store, each for at most ``ttl`` seconds."""
+    """Users' suppression lists read from the store, each for at most ``ttl`` seconds
+    (``shared.user_cache.KeyedCache``, a list per user and contact list)."""
 
     def __init__(
         self,
@@ -108,28 +112,36 @@ class SuppressionCache:
     ) -> None:
         self.store = store
         self.small = small
-        self.ttl = ttl
-        self.max_users = max_users
-        self.max_addresses = max_addresses
-        self._clock = clock
-        self._users: OrderedDict[uuid.UUID, dict[str | None, _Entry]] = OrderedDict()
-        """Per user, its lists by scope (None: the whole list), least recently used first."""
-        self._held = 0
-        """The entries' weights: one per list, one per address."""
-        self._forgotten = 0
-        """How many drops so far: a read in flight across a drop is not kept (it may hold the
-        list as it was before the change)."""
-        self.reads = 0
-        """Lists read from the store (cache misses), for tests and measurements."""
+        self._lists: KeyedCache[Key, Listed] = KeyedCache(
+            self._read,
+            user_of=_user_of,
+            wake=WAKE,
+            ttl=ttl,
+            max_entries=max_users,
+            max_weight=max_addresses,
+            weigh=_weight,
+            clock=clock,
+        )
         self.lookups = 0
         """Batches of a large list's user looked up in the store."""
 
+    @property
+    def ttl(self) -> float:
+        """Seconds a list is used after its read was sent."""
+        return self._lists.ttl
+
+    @property
+    def reads(self) -> int:
+        """Lists read from the store (cache misses), for tests and measurements."""
+        return self._lists.reads
+
     def __len__(self) -> int:
-        return len(self._users)
+        """How many users have a list held."""
+        return len(self._lists.users())
 
     def __contains__(self, user_id: object) -> bool:
         """Whether any list of ``user_id`` is held (fresh or not)."""
-        return user_id in self._users
+        return user_id in self._lists.users()
 
     async def suppressed(
         self, user_id: uuid.UUID, emails: Iterable[str], scope: str | None = None
@@ -137,7 +149,7 @@ class SuppressionCache:
         """What ``SuppressionStore.suppressed`` answers (the subset of ``emails`` on the
         user's list, or on ``scope``'s, with their reasons), from the lists kept here."""
         scopes: tuple[str | None, ...] = (None,) if scope is None else (None, scope)
-        whole, *own = await asyncio.gather(*(self._list(user_id, s) for s in scopes))
+        whole, *own = await asyncio.gather(*(self._lists.get((user_id, s)) for s in scopes))
         scoped = own[0] if own else {}
         if whole is None or scoped is None:
             self.lookups += 1
@@ -151,50 +163,18 @@ class SuppressionCache:
                 found[key] = f"{scoped[key]} ({scope})"
         return found
 
-    async def _list(self, user_id: uuid.UUID, scope: str | None) -> Listed:
-        """The user's list (or ``scope``'s): kept when read less than ``ttl`` seconds ago."""
-        started = self._clock()
-        lists = self._users.get(user_id)
-        entry = lists.get(scope) if lists is not None else None
-        if lists is not None and entry is not None:
-            if started - entry.read_at < self.ttl:
-                self._users.move_to_end(user_id)
-                return entry.listed
-            del lists[scope]
-            self._held -= entry.weight
-        forgotten = self._forgotten
-        listed = await self.store.listed(user_id, self.small, scope)
-        self.reads += 1
-        if forgotten == self._forgotten:
-            self._keep(user_id, scope, _Entry(listed, started))
-        return listed
-
-    def _keep(self, user_id: uuid.UUID, scope: str | None, entry: _Entry) -> None:
-        lists = self._users.setdefault(user_id, {})
-        earlier = lists.get(scope)
-        if earlier is not None:
-            self._held -= earlier.weight
-        lists[scope] = entry
-        self._held += entry.weight
-        self._users.move_to_end(user_id)
-        while len(self._users) > self.max_users or (
-            self._held > self.max_addresses and len(self._users) > 1
-        ):
-            _, gone = self._users.popitem(last=False)
-            self._held -= sum(e.weight for e in gone.values())
+    async def _read(self, key: Key) -> Listed:
+        user_id, scope = key
+        return await self.store.listed(user_id, self.small, scope)
 
     def forget(self, user_ids: Iterable[uuid.UUID]) -> None:
         """Drop these users' lists: their next batch reads the store."""
-        for user_id in user_ids:
-            gone = self._users.pop(user_id, None)
-            if gone is not None:
-                self._held -= sum(e.weight for e in gone.values())
-            self._forgotten += 1
+        self._lists.forget(user_ids)
 
     def hear(self, body: bytes) -> None:
         """An announcement on the settings exchange: drop the users whose lists it says
         changed (any other announcement drops none)."""
-        self.forget(changed_in(body))
+        self._lists.hear(body)
 
 
 def announcement(user_ids: Iterable[uuid.UUID]) -> bytes:

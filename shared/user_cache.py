@@ -13,17 +13,21 @@ others within the broadcast (milliseconds), and by every process within ``ttl`` 
 (the broker down, the announcement lost). A read in flight across a drop is answered to its
 callers but not kept: it may hold the value as it was before the change.
 
-``shared.suppression_cache`` keeps users' suppression lists with the same announcements.
+:class:`KeyedCache` is the same cache over keys that each belong to a user (a user's list
+per contact list, say), bounded by a weight per value as well as their number; a user's
+announcement drops all of the user's keys. ``shared.suppression_cache`` keeps users'
+suppression lists in one, with the same announcements.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Final, Generic, Protocol, TypeVar
 
@@ -34,13 +38,145 @@ from shared.leases import Announcer, woken
 
 log = logging.getLogger(__name__)
 
-#: Users whose values one process keeps.
+#: Values (users', for a UserCache) one process keeps.
 MAX_USERS: Final = 10_000
 
+K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
 
-class UserCache(Generic[T]):
+@dataclass(frozen=True, slots=True)
+class _Held(Generic[T]):
+    value: T
+    read_at: float
+    """The monotonic time its read was sent."""
+    weight: int
+
+
+class KeyedCache(Generic[K, T]):
+    """Each key's value as ``read`` answered it, for at most ``ttl`` seconds; a key belongs to
+    one user (``user_of``), and an announcement under ``wake`` naming the user drops all of
+    the user's keys. At most ``max_entries`` values and ``max_weight`` of their ``weigh``
+    are held, the least recently used leaving first (the one just read never)."""
+
+    def __init__(
+        self,
+        read: Callable[[K], Awaitable[T]],
+        *,
+        user_of: Callable[[K], uuid.UUID],
+        wake: str,
+        ttl: float,
+        max_entries: int = MAX_USERS,
+        max_weight: float = math.inf,
+        weigh: Callable[[T], int] = lambda value: 1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._read = read
+        self._user_of = user_of
+        self.wake = wake
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self.max_weight = max_weight
+        self._weigh = weigh
+        self._clock = clock
+        self._held: OrderedDict[K, _Held[T]] = OrderedDict()
+        """Least recently used first."""
+        self._keys: dict[uuid.UUID, set[K]] = {}
+        """The keys held, by user."""
+        self.weight = 0
+        """The held values' weights."""
+        self._reading: dict[K, asyncio.Future[T]] = {}
+        self._forgotten = 0
+        """How many drops so far: a read in flight across a drop is not kept (it may hold the
+        value as it was before the change)."""
+        self.reads = 0
+        """Values read from the store (misses), for tests and measurements."""
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def users(self) -> Collection[uuid.UUID]:
+        """The users with a value held (fresh or not)."""
+        return self._keys.keys()
+
+    async def get(self, key: K) -> T:
+        """The key's value: kept when read less than ``ttl`` seconds ago, else read (once for
+        all who ask meanwhile). Raises what the read raises (nothing is kept then)."""
+        started = self._clock()
+        held = self._held.get(key)
+        if held is not None:
+            if started - held.read_at < self.ttl:
+                self._held.move_to_end(key)
+                return held.value
+            self._drop(key)
+        reading = self._reading.get(key)
+        if reading is None:
+            # The generation is taken now, not when the read's task first runs: a drop in
+            # between must stop it being kept.
+            reading = asyncio.ensure_future(self._read_and_keep(key, started, self._forgotten))
+            self._reading[key] = reading
+            reading.add_done_callback(lambda done: self._done(key, done))
+        # Shielded: one caller cancelled (its request ended) leaves the others' read.
+        return await asyncio.shield(reading)
+
+    async def _read_and_keep(self, key: K, started: float, forgotten: int) -> T:
+        value = await self._read(key)
+        self.reads += 1
+        if forgotten == self._forgotten and self.ttl > 0:
+            self._keep(key, _Held(value, started, self._weigh(value)))
+        return value
+
+    def _keep(self, key: K, held: _Held[T]) -> None:
+        self._drop(key)
+        self._held[key] = held
+        self._keys.setdefault(self._user_of(key), set()).add(key)
+        self.weight += held.weight
+        while len(self._held) > self.max_entries or (
+            self.weight > self.max_weight and len(self._held) > 1
+        ):
+            self._drop(next(iter(self._held)))
+
+    def _drop(self, key: K) -> None:
+        held = self._held.pop(key, None)
+        if held is None:
+            return
+        self.weight -= held.weight
+        user = self._user_of(key)
+        keys = self._keys[user]
+        keys.discard(key)
+        if not keys:
+            del self._keys[user]
+
+    def _done(self, key: K, done: asyncio.Future[T]) -> None:
+        if self._reading.get(key) is done:
+            del self._reading[key]
+        if not done.cancelled():
+            done.exception()  # its callers hear it; none left must not make asyncio warn
+
+    def forget(self, user_ids: Iterable[uuid.UUID]) -> None:
+        """Drop these users' values: their next asks read the store (a read in flight is not
+        joined, nor kept)."""
+        users = set(user_ids)
+        if not users:
+            return
+        for user in users:
+            for key in tuple(self._keys.get(user, ())):
+                self._drop(key)
+        for key in [k for k in self._reading if self._user_of(k) in users]:
+            del self._reading[key]
+        self._forgotten += 1
+
+    def hear(self, body: bytes) -> None:
+        """An announcement on the settings exchange: drop the users it names under this
+        cache's wake name (any other announcement drops none)."""
+        self.forget(changed_in(body, self.wake))
+
+
+def _same(user_id: uuid.UUID) -> uuid.UUID:
+    return user_id
+
+
+class UserCache(KeyedCache[uuid.UUID, T]):
     """Each user's value as ``read`` answered it, for at most ``ttl`` seconds; dropped on an
     announcement under ``wake`` naming the user."""
 
@@ -53,70 +189,14 @@ class UserCache(Generic[T]):
         max_users: int = MAX_USERS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._read = read
-        self.wake = wake
-        self.ttl = ttl
-        self.max_users = max_users
-        self._clock = clock
-        self._held: OrderedDict[uuid.UUID, tuple[T, float]] = OrderedDict()
-        """Per user, its value and the monotonic time its read was sent; least recently used
-        first."""
-        self._reading: dict[uuid.UUID, asyncio.Future[T]] = {}
-        self._forgotten = 0
-        self.reads = 0
-        """Values read from the store (misses), for tests and measurements."""
+        super().__init__(
+            read, user_of=_same, wake=wake, ttl=ttl, max_entries=max_users, clock=clock
+        )
 
-    def __len__(self) -> int:
-        return len(self._held)
-
-    async def get(self, user_id: uuid.UUID) -> T:
-        """The user's value: kept when read less than ``ttl`` seconds ago, else read (once for
-        all who ask meanwhile). Raises what the read raises (nothing is kept then)."""
-        started = self._clock()
-        held = self._held.get(user_id)
-        if held is not None:
-            if started - held[1] < self.ttl:
-                self._held.move_to_end(user_id)
-                return held[0]
-            del self._held[user_id]
-        reading = self._reading.get(user_id)
-        if reading is None:
-            # The generation is taken now, not when the read's task first runs: a drop in
-            # between must stop it being kept.
-            reading = asyncio.ensure_future(self._read_and_keep(user_id, started, self._forgotten))
-            self._reading[user_id] = reading
-            reading.add_done_callback(lambda done: self._done(user_id, done))
-        # Shielded: one caller cancelled (its request ended) leaves the others' read.
-        return await asyncio.shield(reading)
-
-    async def _read_and_keep(self, user_id: uuid.UUID, started: float, forgotten: int) -> T:
-        value = await self._read(user_id)
-        self.reads += 1
-        if forgotten == self._forgotten and self.ttl > 0:
-            self._held[user_id] = (value, started)
-            self._held.move_to_end(user_id)
-            while len(self._held) > self.max_users:
-                self._held.popitem(last=False)
-        return value
-
-    def _done(self, user_id: uuid.UUID, done: asyncio.Future[T]) -> None:
-        if self._reading.get(user_id) is done:
-            del self._reading[user_id]
-        if not done.cancelled():
-            done.exception()  # its callers hear it; none left must not make asyncio warn
-
-    def forget(self, user_ids: Iterable[uuid.UUID]) -> None:
-        """Drop these users' values: their next request reads the store (a read in flight is
-        not joined, nor kept)."""
-        for user_id in user_ids:
-            self._held.pop(user_id, None)
-            self._reading.pop(user_id, None)
-            self._forgotten += 1
-
-    def hear(self, body: bytes) -> None:
-        """An announcement on the settings exchange: drop the users it names under this
-        cache's wake name (any other announcement drops none)."""
-        self.forget(changed_in(body, self.wake))
+    @property
+    def max_users(self) -> int:
+        """Users whose values are held at most."""
+        return self.max_entries
 
 
 def announcement(wake: str, user_ids: Iterable[uuid.UUID]) -> bytes:

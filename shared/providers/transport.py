@@ -10,11 +10,11 @@ answer that did arrive is judged by ``shared.providers.responses`` (a 5xx is unk
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from types import TracebackType
 
 import httpx
 
+from shared import waits
 from shared.errors import ProviderError, ProviderMisconfigured, TransientProviderError
 
 
@@ -64,5 +64,4 @@ class Calls:
 
     async def drained(self, timeout: float) -> None:
         """Return once no request is in flight, or after ``timeout`` seconds."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), timeout)
+        await waits.set_within(self._idle, timeout)

@@ -211,6 +211,32 @@ async def test_a_list_read_in_flight_when_a_change_is_heard_is_not_kept(
     assert await cache.suppressed(user, [A]) == {A: "bounce"}
 
 
+async def test_concurrent_misses_of_one_users_list_share_one_read(
+    store: FakeSuppressionStore, clock: Clock
+) -> None:
+    """Two batches of a user arriving together while the list is not held read it once
+    between them, and both are judged on it."""
+    user, cache = uuid.uuid4(), SuppressionCache(store, clock=clock)
+    await store.add(user, A, reason="bounce", source="sg")
+    gate = asyncio.Event()
+
+    class Slow:
+        async def listed(self, *args: object) -> dict[str, str] | None:
+            await gate.wait()
+            return await store.listed(*args)  # type: ignore[arg-type]
+
+        suppressed = store.suppressed
+
+    cache.store = Slow()
+    batches = [asyncio.ensure_future(cache.suppressed(user, [A, B])) for _ in range(2)]
+    await asyncio.sleep(0)
+    gate.set()
+    answers = await asyncio.gather(*batches)
+
+    assert answers == [{A: "bounce"}] * 2
+    assert reads(store) == {"listed": 1, "suppressed": 0}
+
+
 async def test_the_least_recently_used_user_leaves_first(
     store: FakeSuppressionStore, clock: Clock
 ) -> None:
@@ -255,6 +281,22 @@ async def test_a_list_scoped_batch_reads_the_lists_unsubscribes_once_too(
     assert answers == [{A: "bounce", B: "unsubscribe (news)"}] * 2
     assert other == {A: "bounce"}
     assert reads(store) == {"listed": 3, "suppressed": 0}
+
+
+async def test_a_change_drops_the_users_contact_lists_too(
+    store: FakeSuppressionStore, clock: Clock
+) -> None:
+    """Heard, a user's change drops every list of the user held (its own and each contact
+    list's), and no other user's."""
+    user, other, cache = uuid.uuid4(), uuid.uuid4(), SuppressionCache(store, clock=clock)
+    assert await cache.suppressed(user, [A, B], "news") == {}
+    assert await cache.suppressed(other, [A], "news") == {}
+    await store.add(user, B, reason="unsubscribe", source="tracking", scope="news")
+
+    cache.hear(announcement([user]))
+
+    assert (user in cache, other in cache) == (False, True)
+    assert await cache.suppressed(user, [A, B], "news") == {B: "unsubscribe (news)"}
 
 
 @settings(max_examples=60, deadline=None)

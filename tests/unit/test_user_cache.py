@@ -135,18 +135,26 @@ async def test_an_announcement_under_another_wake_name_drops_nothing() -> None:
     assert reads.count == 1
 
 
-async def test_a_read_in_flight_across_a_drop_is_answered_but_not_kept() -> None:
-    """A read sent before a change may hold the old value: its caller gets it, but the next
-    ask reads again instead of using it for the TTL."""
-    reads, clock = Reads(), Clock()
-    reads.gate = asyncio.Event()
-    cache = cache_of(reads, clock)
+async def dropped_while_reading() -> tuple[
+    Reads, asyncio.Event, UserCache[frozenset[str]], uuid.UUID, asyncio.Future[frozenset[str]]
+]:
+    """A cache whose one user is dropped while the user's first read is held open: the
+    reads, the gate that lets it answer, the cache, the user, and that first ask."""
+    reads, gate = Reads(), asyncio.Event()
+    reads.gate = gate
+    cache = cache_of(reads, Clock())
     user = uuid.uuid4()
-
     early = asyncio.ensure_future(cache.get(user))
     await asyncio.sleep(0)
     cache.forget([user])
-    reads.gate.set()
+    return reads, gate, cache, user, early
+
+
+async def test_a_read_in_flight_across_a_drop_is_answered_but_not_kept() -> None:
+    """A read sent before a change may hold the old value: its caller gets it, but the next
+    ask reads again instead of using it for the TTL."""
+    reads, gate, cache, user, early = await dropped_while_reading()
+    gate.set()
     await early
     reads.gate = None
     reads.value = frozenset()
@@ -158,17 +166,10 @@ async def test_a_read_in_flight_across_a_drop_is_answered_but_not_kept() -> None
 async def test_an_ask_after_a_drop_does_not_join_a_read_sent_before_it() -> None:
     """After the drop a new read is sent: the change is seen by every request that began
     after it."""
-    reads, clock = Reads(), Clock()
-    reads.gate = asyncio.Event()
-    cache = cache_of(reads, clock)
-    user = uuid.uuid4()
-
-    early = asyncio.ensure_future(cache.get(user))
-    await asyncio.sleep(0)
-    cache.forget([user])
+    reads, gate, cache, user, early = await dropped_while_reading()
     late = asyncio.ensure_future(cache.get(user))
     await asyncio.sleep(0)
-    reads.gate.set()
+    gate.set()
     await asyncio.gather(early, late)
 
     assert reads.count == 2
