@@ -56,7 +56,9 @@ LOOPBACK = Loopback()
 class Traveller(Protocol):
     """A twin whose round trips go over its ``wire``."""
 
-    wire: Wire
+    # Read-only: some twins pass on their tables' wire as a property.
+    @property
+    def wire(self) -> Wire: ...
 
 
 S = TypeVar("S", bound=Traveller)
@@ -76,7 +78,7 @@ def round_trip(
         method: Callable[Concatenate[S, P], Awaitable[R]],
     ) -> Callable[Concatenate[S, P], Awaitable[R]]:
         @functools.wraps(method)
-        async def travelled(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
+        async def travelled(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
             trip = await self.wire.trip(op, kind)
             result = await method(self, *args, **kwargs)
             trip.landed()
