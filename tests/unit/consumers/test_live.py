@@ -23,7 +23,7 @@ def _applier(w: World) -> ConsumerSettings:
         w.splitter,
         w.broker,  # type: ignore[arg-type]
         w.settings,
-        handler,  # type: ignore[arg-type]
+        handler,
         4,
         LiveMetrics.create(CollectorRegistry()),
     )
