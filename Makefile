@@ -84,7 +84,7 @@ fmt: install ## format and autofix
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-typecheck: install ## mypy strict on shared/ and services/
+typecheck: install ## mypy strict on the packages and the tests (pyproject [tool.mypy])
 	$(VENV)/bin/mypy
 
 all: lint typecheck test ## everything CI checks

@@ -14,6 +14,7 @@ import pytest
 from shared.batchstore import NewBatch, content_of, month_of
 from shared.db import Database
 from shared.errors import DependencyUnavailable, TooLargeToStore
+from shared.models import Recipient
 from shared.outbox import Outbox
 from shared.precedence import STATE_CELLS, accepted_at, provider_stamp, stamp_column, visible
 from shared.recipients import (
@@ -169,7 +170,11 @@ def _large(recipients: int, *, html: int, chunk_size: int = 50) -> NewBatch:
         batch,
         message=batch.message.model_copy(update={"html": "<p>" + "y" * html + "</p>"}),
         recipients=[
-            r.model_copy(update={"substitutions": {"-v-": f"{i:05d}" + "x" * (VALUE - 5)}})
+            Recipient(
+                log_id=log_id_for(batch.batch_id, r.email),
+                email=r.email,
+                substitutions={"-v-": f"{i:05d}" + "x" * (VALUE - 5)},
+            )
             for i, r in enumerate(batch.recipients)
         ],
     )

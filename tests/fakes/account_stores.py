@@ -512,7 +512,7 @@ class FakeSuppressionStore(FakeSuppressions):
             row |= {"by_recipient": None, "by_recipient_at": 0}
 
     def _table(self, scope: str | None) -> dict[Any, dict[str, Any]]:
-        return self.db.suppressions if scope is None else self.db.list_suppressions  # type: ignore[return-value]
+        return self.db.suppressions if scope is None else self.db.list_suppressions
 
     @staticmethod
     def _key(user_id: uuid.UUID, email: str, scope: str | None) -> tuple[Any, ...]:

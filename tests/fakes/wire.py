@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
-from typing import Concatenate, Literal, ParamSpec, Protocol, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, Concatenate, Literal, ParamSpec, Protocol, TypeVar
 
 #: What a round trip does, as far as its faults go: a read can only fail; a write can fail or
 #: land with its answer lost; a lightweight transaction likewise (whether it applied is then
@@ -56,7 +56,9 @@ LOOPBACK = Loopback()
 class Traveller(Protocol):
     """A twin whose round trips go over its ``wire``."""
 
-    wire: Wire
+    # Read-only: some twins pass on their tables' wire as a property.
+    @property
+    def wire(self) -> Wire: ...
 
 
 S = TypeVar("S", bound=Traveller)
@@ -67,16 +69,17 @@ R = TypeVar("R")
 def round_trip(
     op: str, kind: Kind
 ) -> Callable[
-    [Callable[Concatenate[S, P], Awaitable[R]]], Callable[Concatenate[S, P], Awaitable[R]]
+    [Callable[Concatenate[S, P], Coroutine[Any, Any, R]]],
+    Callable[Concatenate[S, P], Coroutine[Any, Any, R]],
 ]:
     """Decorate a twin method that makes one round trip: ``op`` over ``self.wire``, its
     effect applied between the trip and its landing."""
 
     def wrap(
-        method: Callable[Concatenate[S, P], Awaitable[R]],
-    ) -> Callable[Concatenate[S, P], Awaitable[R]]:
+        method: Callable[Concatenate[S, P], Coroutine[Any, Any, R]],
+    ) -> Callable[Concatenate[S, P], Coroutine[Any, Any, R]]:
         @functools.wraps(method)
-        async def travelled(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
+        async def travelled(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
             trip = await self.wire.trip(op, kind)
             result = await method(self, *args, **kwargs)
             trip.landed()

@@ -341,7 +341,8 @@ async def test_imports_in_progress_are_capped_and_one_ending_frees_its_place(
 
     async def ended() -> bool:
         path = f"/v1/lists/{first}/imports/{accepted.json()['import_id']}"
-        return (await api.get(path, headers=auth)).json()["state"] == "done"
+        state: str = (await api.get(path, headers=auth)).json()["state"]
+        return state == "done"
 
     await eventually(ended)
     report = await eventually(lambda: _maybe_imported(api, auth, second))

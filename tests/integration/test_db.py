@@ -64,7 +64,7 @@ class _Failing:
 
 async def test_a_cas_write_of_unknown_outcome_is_a_dependency_outage(db: Database) -> None:
     unknown = ErrorMessage(0x1700, "CAS operation result is unknown - proposal accepted by 1", None)
-    failing = Database(db.cluster, _Failing(unknown), db.keyspace)  # type: ignore[arg-type]
+    failing = Database(db.cluster, _Failing(unknown), db.keyspace)
 
     with pytest.raises(DependencyUnavailable):
         await failing.execute(await _bound(db))
@@ -72,7 +72,7 @@ async def test_a_cas_write_of_unknown_outcome_is_a_dependency_outage(db: Databas
 
 async def test_other_server_errors_stay_loud(db: Database) -> None:
     invalid = ErrorMessage(0x2200, "Invalid query", None)
-    failing = Database(db.cluster, _Failing(invalid), db.keyspace)  # type: ignore[arg-type]
+    failing = Database(db.cluster, _Failing(invalid), db.keyspace)
 
     with pytest.raises(ErrorMessage):
         await failing.execute(await _bound(db))

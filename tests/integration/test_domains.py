@@ -345,9 +345,13 @@ async def test_the_operations_page_looks_up_who_claims_a_domain(world: World, db
     (owner, owner_auth), operator_id = await user_key(db), 40_000_000 + uuid.uuid4().int % 10**7
     name = domain()
     await verified(world, owner_auth, name)
-    profile = {"login": unique("op").replace("_", "-"), "name": None, "email": None}
     operator = await accounts.upsert_github_user(
-        db, github_id=operator_id, avatar_url=None, **profile
+        db,
+        github_id=operator_id,
+        login=unique("op").replace("_", "-"),
+        name=None,
+        email=None,
+        avatar_url=None,
     )
     settings = world.app.state.settings
     world.app.state.settings = settings.model_copy(update={"operators": str(operator_id)})

@@ -384,7 +384,8 @@ async def test_two_imports_sent_at_once_one_begins_and_the_other_is_told_to_wait
     done_path = f"{path}/{started.json()['import_id']}"
 
     async def ended() -> bool:
-        return (await api.get(done_path, headers=auth)).json()["state"] == "done"
+        state: str = (await api.get(done_path, headers=auth)).json()["state"]
+        return state == "done"
 
     await eventually(ended)
     listed = (await api.get(f"/v1/lists/{list_id}", headers=auth)).json()
@@ -422,7 +423,8 @@ async def test_an_import_ending_while_a_file_uploads_does_not_refuse_the_file(
     path = f"/v1/lists/{list_id}/imports/{started.json()['import_id']}"
 
     async def ended() -> bool:
-        return (await api.get(path, headers=auth)).json()["state"] == "done"
+        state: str = (await api.get(path, headers=auth)).json()["state"]
+        return state == "done"
 
     await eventually(ended)
     assert (await api.get(f"/v1/lists/{list_id}", headers=auth)).json()["contacts"] == 3

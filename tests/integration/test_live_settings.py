@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from bench.services import free_port
+from services.api.schema import ProviderList, ProviderView
 from shared import accounts
 from shared.config import Settings
 from shared.db import Database
@@ -230,10 +231,10 @@ async def test_every_running_process_applies_a_change_within_a_second(
 # --------------------------------------------------------------------------- health
 
 
-async def _providers(stack: Stack) -> dict[str, dict[str, object]]:
+async def _providers(stack: Stack) -> dict[str, ProviderView]:
     resp = await stack.api.get("/v1/providers", headers=stack.auth)
     assert resp.status_code == 200, resp.text
-    return {p["name"]: p for p in resp.json()["data"]}
+    return {p.name: p for p in ProviderList.model_validate(resp.json()).data}
 
 
 async def test_a_provider_failing_30_percent_loses_its_place_and_regains_it(
@@ -253,14 +254,14 @@ async def test_a_provider_failing_30_percent_loses_its_place_and_regains_it(
         loader = asyncio.create_task(load())
         try:
             started = time.monotonic()
-            while (await _providers(stack))["sendgrid"]["position"] != 2:
+            while (await _providers(stack))["sendgrid"].position != 2:
                 assert time.monotonic() - started < 60, await _providers(stack)
                 await asyncio.sleep(1)
             demoted = time.monotonic() - started
-            health = (await _providers(stack))["sendgrid"]["health"]
+            health = (await _providers(stack))["sendgrid"].health
             await stack.sandbox.delete("/_control/faults")
             started = time.monotonic()
-            while (await _providers(stack))["sendgrid"]["position"] != 1:
+            while (await _providers(stack))["sendgrid"].position != 1:
                 assert time.monotonic() - started < 120, await _providers(stack)
                 await asyncio.sleep(1)
             regained = time.monotonic() - started
@@ -399,7 +400,7 @@ async def test_a_circuit_opening_alerts_the_sink_once_per_burst(stack: Stack, db
             for _ in range(5):
                 await stack.post(emails(1))
             await asyncio.sleep(1)
-            opened = (await _providers(stack))["sendgrid"]["circuit"] == "open"
+            opened = (await _providers(stack))["sendgrid"].circuit == "open"
             assert time.monotonic() - started < 60, await _providers(stack)
         for _ in range(10):  # the burst goes on
             await stack.post(emails(1))
@@ -418,19 +419,19 @@ async def test_drops_reported_by_sendgrids_webhooks_demote_it(stack: Stack) -> N
     async with stack.consuming():
         logs = await stack.final(await stack.submit(to), len(to))
         started = time.monotonic()
-        while (await _providers(stack))["sendgrid"]["position"] != 2:
+        while (await _providers(stack))["sendgrid"].position != 2:
             assert time.monotonic() - started < 30, await _providers(stack)
             await asyncio.sleep(0.5)
         shown = (await _providers(stack))["sendgrid"]
 
     assert all(r["state"] == "success" for r in logs.values())
-    assert shown["reported_failures"] >= 0.5 and shown["health"] < 0.8, shown
+    assert shown.reported_failures >= 0.5 and shown.health < 0.8, shown
 
 
 async def test_providers_are_listed_with_what_the_catalog_says_of_them(stack: Stack) -> None:
     listed = await _providers(stack)
 
     assert set(listed) == {"sendgrid", "mailgun"}
-    assert listed["sendgrid"]["max_recipients"] == CATALOG["sg"].max_recipients
-    assert listed["mailgun"]["max_message_bytes"] == CATALOG["mg"].max_message_bytes
-    assert "signed_webhooks" in listed["mailgun"]["capabilities"]
+    assert listed["sendgrid"].max_recipients == CATALOG["sg"].max_recipients
+    assert listed["mailgun"].max_message_bytes == CATALOG["mg"].max_message_bytes
+    assert "signed_webhooks" in listed["mailgun"].capabilities

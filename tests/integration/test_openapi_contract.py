@@ -131,8 +131,10 @@ async def test_every_operation_answers_its_documented_shape(
     await call("cancel_campaign", "POST", f"{campaign_path}/cancel")
     await call("delete_campaign", "DELETE", campaign_path)
     await call("delete_list", "DELETE", lists_path)
-    template = {"name": "doc", "subject": "Hi {{ n }}", "text": "t", "sample": {"n": "A"}}
-    made = (await call("create_template", "POST", "/v1/templates", json=template)).json()["id"]
+    draft_template = {"name": "doc", "subject": "Hi {{ n }}", "text": "t", "sample": {"n": "A"}}
+    made = (await call("create_template", "POST", "/v1/templates", json=draft_template)).json()[
+        "id"
+    ]
     await call("list_templates", "GET", "/v1/templates")
     version = {"subject": "Hello {{ n }}", "html": "<p>x</p>", "sample": {"n": "B"}}
     await call("add_template_version", "POST", f"/v1/templates/{made}/versions", json=version)

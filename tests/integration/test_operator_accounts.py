@@ -119,14 +119,16 @@ async def test_an_operator_answers_the_request_of_the_account_they_saw(
     settings = make_settings(migrated, github_url).model_copy(
         update={"signup": "approval", "operators": str(operator_id)}
     )
-    operator = {"login": gh_login(), "name": None, "email": None, "avatar_url": None}
-    await accounts.upsert_github_user(db, github_id=operator_id, **operator)  # signed up before
+    operator_login = gh_login()
+    await accounts.upsert_github_user(  # signed up before
+        db, github_id=operator_id, login=operator_login, name=None, email=None, avatar_url=None
+    )
     async with api_app(settings) as app:
         for github_id in (first_id, second_id):
             async with browser_for(app) as browser:
                 assert (await log_in(browser, login, github_id)).status_code == 403
         async with browser_for(app) as ops:
-            await log_in(ops, str(operator["login"]), operator_id)
+            await log_in(ops, operator_login, operator_id)
             page = await ops.api.get("/operations")
             token = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
             assert token is not None and f'value="{first_id}"' in page.text

@@ -170,7 +170,7 @@ async def test_a_scheduler_dying_after_the_transition_hands_the_batch_on_again(
     batches = BatchStore(res.db)
 
     class Dying(Scheduler):
-        async def hand_on(self, batch_id: uuid.UUID) -> bool:
+        async def hand_on(self, batch_id: uuid.UUID) -> str | None:
             await self.batches.start_scheduled(batch_id)
             raise DependencyUnavailable("rabbitmq", "died before publishing (injected)")
 
@@ -197,7 +197,7 @@ async def test_two_schedulers_hand_a_batch_on_once(stack: Stack) -> None:
     again = await asyncio.gather(one.pass_once(), two.pass_once())
 
     assert sorted(handed) == [0, 1]  # one held the lease; the other waited
-    assert again == [0, 0]
+    assert list(again) == [0, 0]
     assert (await batches.header(batch_id)) is not None
     await store.release_lease(one.owner)
     await store.release_lease(two.owner)

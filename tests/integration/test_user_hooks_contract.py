@@ -20,7 +20,8 @@ from tests.integration.hookstack import event
 
 
 class Harness(Protocol):
-    hooks: UserHooks
+    @property
+    def hooks(self) -> UserHooks: ...
 
     async def endpoint(self, user_id: uuid.UUID, events: frozenset[str]) -> uuid.UUID: ...
 

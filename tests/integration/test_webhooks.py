@@ -325,7 +325,8 @@ async def test_cassandra_down_queues_the_delivery_and_applies_it_later(hooks: Ho
     assert answered < 5
 
     async def applied() -> bool:
-        return (await hooks.row(email))["state"] == "success"
+        state: str = (await hooks.row(email))["state"]
+        return state == "success"
 
     await eventually(applied, timeout=90, interval=1)
     assert (await hooks.stats()).get("success") == 1

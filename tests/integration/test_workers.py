@@ -4,11 +4,9 @@ all of them gone after one SIGTERM to the supervisor (what systemd sends)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -78,15 +76,22 @@ async def test_api_workers_share_one_port_and_stop_on_one_sigterm(settings: Sett
     assert not any(_alive(w) for w in workers)
 
 
+class _CannotStart:
+    """A lifespan that fails on entry, as ours do when they cannot finish starting."""
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+
+    async def __aenter__(self) -> None:
+        raise RuntimeError("this app cannot start")
+
+    async def __aexit__(self, *_: object) -> None:
+        return None
+
+
 def broken_app() -> Starlette:
     """An app whose start-up fails, as ours do when their lifespan cannot finish."""
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        raise RuntimeError("this app cannot start")
-        yield
-
-    return Starlette(lifespan=lifespan)
+    return Starlette(lifespan=_CannotStart)
 
 
 def test_workers_that_cannot_start_make_the_supervisor_fail() -> None:

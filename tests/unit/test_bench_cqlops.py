@@ -5,6 +5,7 @@ keyspace turned into round trips, reads, writes, LWTs and scans per batch, and n
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 
 from bench import cqlops, report
 from bench.cqlops import Snapshot
@@ -15,8 +16,8 @@ NODE = "127.0.0.1:7000"
 
 
 def snap(
-    tables: dict[str, dict[str, int]],
-    connections: dict[str, int],
+    tables: Mapping[str, Mapping[str, int]],
+    connections: Mapping[str, int],
     generation: int = 1_700_000_000,
 ) -> Snapshot:
     return Snapshot(generations={NODE: generation}, tables=tables, connections=connections)

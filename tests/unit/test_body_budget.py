@@ -14,6 +14,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
+from starlette.types import Message
 
 from shared.byte_budget import ByteBudget
 from shared.http import SMALL_BODY, BodyBudget, error_handlers, read_capped
@@ -105,16 +106,16 @@ async def test_the_budget_is_given_back_when_the_client_goes_away_mid_body() -> 
     """A client that disconnects part-way through its body leaves nothing taken."""
     budget, held, release = ByteBudget(BUDGET), asyncio.Event(), asyncio.Event()
     app = _app(budget, held, release)
-    messages = [
+    messages: list[Message] = [
         {"type": "http.request", "body": LARGE, "more_body": True},
         {"type": "http.disconnect"},
     ]
-    sent: list[dict[str, Any]] = []
+    sent: list[Message] = []
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> Message:
         return messages.pop(0) if messages else {"type": "http.disconnect"}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message)
 
     scope = {

@@ -43,7 +43,11 @@ class Shop:
     def __init__(self) -> None:
         self.world = World()
         self.store = FakeCampaigns("t")
-        self.hold = CampaignHold(self.store, clock=lambda: self.world.clock.now.timestamp())
+        # The twin stands in for the concrete CampaignStore (no Protocol for it yet).
+        self.hold = CampaignHold(
+            self.store,  # type: ignore[arg-type]
+            clock=lambda: self.world.clock.now.timestamp(),
+        )
         self.world.dispatcher.campaigns = self.hold
         self.deliveries = 0
 

@@ -99,7 +99,7 @@ class Desk:
         self.idempotency = FakeIdempotencyStore(self.keys, lease=self.key_lease)
         self.sending = Sending(
             settings=Settings(api=ApiSettings(sender_domains="any"), providers=self.world.settings),
-            acceptance=self.acceptance,  # type: ignore[arg-type]
+            acceptance=self.acceptance,
             batches=self.world.batches,  # type: ignore[arg-type]
             suppressions=FakeSuppressionStore(self.world.db),  # type: ignore[arg-type]
             idempotency=self.idempotency,  # type: ignore[arg-type]

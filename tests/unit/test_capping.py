@@ -66,7 +66,7 @@ class LosingWire:
 
 
 def _caps(store: FakeCapStore, clock: Clock, **limits: int) -> Caps:
-    return Caps(store, CapSettings(claim_grace=60, **limits), clock=clock)
+    return Caps(store, CapSettings(claim_grace=60).model_copy(update=limits), clock=clock)
 
 
 async def _claim(caps: Caps, user: uuid.UUID, holder: str, census: Census) -> bool:

@@ -31,6 +31,13 @@ def _chart(counts: list[dict[str, int]], **kw: str) -> ET.Element:
     return ET.fromstring(str(svg))  # noqa: S314 - our own markup
 
 
+def _title(element: ET.Element, tag: str = "title") -> ET.Element:
+    """``element``'s ``tag`` child (an SVG title unless told), which must be there."""
+    found = element.find(f"{SVG}{tag}")
+    assert found is not None, f"no {tag} in {ET.tostring(element)!r}"
+    return found
+
+
 def _rects(root: ET.Element) -> list[ET.Element]:
     return [r for r in root.iter(f"{SVG}rect") if r.get("class") != "chart-empty-bg"]
 
@@ -68,13 +75,13 @@ def test_chart_is_an_image_named_by_its_title_and_desc() -> None:
     root = _chart([{}, {}, {}])
     ids = root.get("aria-labelledby", "").split()
     assert root.get("role") == "img"
-    assert [root.find(f"{SVG}title").get("id"), root.find(f"{SVG}desc").get("id")] == ids
+    assert [_title(root).get("id"), _title(root, "desc").get("id")] == ids
 
 
 def test_chart_escapes_its_text() -> None:
     """Markup in a title is escaped, not interpreted."""
     root = _chart([{}, {}, {}], title="<script>x</script>")
-    assert root.find(f"{SVG}title").text == "<script>x</script>"
+    assert _title(root).text == "<script>x</script>"
     assert root.find(f".//{SVG}script") is None
 
 
@@ -89,7 +96,7 @@ def test_chart_stacks_the_first_series_at_the_bottom() -> None:
 def test_chart_segments_are_named_with_day_and_value() -> None:
     """Each segment's tooltip says the day, the count and the series."""
     rects = _rects(_chart([{}, {"success": 2}, {}]))
-    assert [r.find(f"{SVG}title").text for r in rects] == ["Tue 3: 2 delivered"]
+    assert [_title(r).text for r in rects] == ["Tue 3: 2 delivered"]
 
 
 def test_chart_draws_no_segment_for_zero() -> None:

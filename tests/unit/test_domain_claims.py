@@ -5,7 +5,6 @@ own claim is verified."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -17,8 +16,23 @@ T0 = datetime(2026, 11, 26, 2, 0, tzinfo=UTC)
 ME, ANN, BOB = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
 
 
-def domain(name: str, *, verified: bool = True, **extra: object) -> SendingDomain:
-    return replace(SendingDomain(name, "tok", T0, verified_at=T0 if verified else None), **extra)
+def domain(
+    name: str,
+    *,
+    verified: bool = True,
+    missing_since: datetime | None = None,
+    unverified_at: datetime | None = None,
+    unverified_reason: str | None = None,
+) -> SendingDomain:
+    return SendingDomain(
+        name,
+        "tok",
+        T0,
+        verified_at=T0 if verified else None,
+        missing_since=missing_since,
+        unverified_at=unverified_at,
+        unverified_reason=unverified_reason,
+    )
 
 
 MINE = domain("mail.example.com")

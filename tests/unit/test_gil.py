@@ -55,7 +55,7 @@ async def test_work_given_to_the_lane_runs_one_at_a_time_in_the_order_given() ->
     await asyncio.sleep(0.05)  # room for a second thread, were there one, to start "second"
     first_may_end.set()
 
-    assert await asyncio.gather(first, second) == ["first", "second"]
+    assert list(await asyncio.gather(first, second)) == ["first", "second"]
     assert seen == ["first starts", "first ends", "second starts", "second ends"]
     await cpu.aclose()
 

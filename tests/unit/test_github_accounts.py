@@ -20,7 +20,7 @@ def test_accounts_are_ids_with_an_optional_login_beside_them() -> None:
 def test_organisations_are_ids_too_where_they_are_accepted() -> None:
     found = parse_accounts("org:77, ORG:acme:78, 1001", orgs=True)
 
-    assert (ids(found, org=True), ids(found)) == ({77, 78}, {1001})
+    assert (ids(found, org=True), ids(found)) == (frozenset({77, 78}), frozenset({1001}))
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 
 from shared import heap
 
@@ -45,11 +46,17 @@ async def test_the_heap_is_settled_only_after_start_up_completes(restored_gc: No
 async def test_requests_pass_through_untouched(restored_gc: None) -> None:
     calls: list[str] = []
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
         calls.append(scope["type"])
 
+    async def receive() -> Message:
+        raise AssertionError("the request is not read")
+
+    async def send(message: Message) -> None:
+        raise AssertionError("nothing is answered")
+
     gc.unfreeze()
-    await heap.settle_when_started(app)({"type": "http"}, None, None)
+    await heap.settle_when_started(app)({"type": "http"}, receive, send)
 
     assert calls == ["http"]
     assert gc.get_freeze_count() == 0

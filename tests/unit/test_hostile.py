@@ -4,6 +4,8 @@ themselves (each fits the limit of what it is sent to, and 10x is ten times the 
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -13,7 +15,7 @@ from services.api.templates import BODY_LIMIT
 from services.webhooks.receivers import MAILGUN_MAX_BODY, MAX_BODY
 from shared.config import ApiSettings, Settings
 from shared.stall_monitor import StallMetrics
-from shared.template_render import MAX_SOURCE
+from shared.template_limits import MAX_SOURCE
 
 #: The memory limits of the default settings.
 LIMITS = targets.rss_limits(Settings())
@@ -97,7 +99,12 @@ def test_every_service_is_judged_by_the_memory_limit_its_settings_configure() ->
 
 def test_violations_count_only_failures() -> None:
     """Passes and verdicts without a figure are not violations."""
-    found = [{"pass": True}, {"pass": False}, {"pass": None}, {"pass": False}]
+    found: list[dict[str, bool | None]] = [
+        {"pass": True},
+        {"pass": False},
+        {"pass": None},
+        {"pass": False},
+    ]
 
     assert targets.violations(found) == 2
 
@@ -126,7 +133,7 @@ def test_a_row_after_a_1x_timeout_says_the_10x_was_not_run() -> None:
     assert found["pass"] is False
 
 
-def _report() -> dict[str, object]:
+def _report() -> dict[str, Any]:
     row = parsers.row(
         cases.by_name("link rewrite"),
         {1: {"seconds": 0.25, "outcome": "ok", "peak_mb": 98.0}},
@@ -134,12 +141,12 @@ def _report() -> dict[str, object]:
         timeout=20,
         missing="timeout",
     )
-    scraped = {
+    scraped: dict[str, dict[str, Any]] = {
         "api": {"stall_s": 3.2, "rss_mb": 1500.0, "answered": True},
         "consumers": {"stall_s": None, "rss_mb": None, "answered": False, "problem": "no answer"},
         "hooks": {"stall_s": 0.02, "rss_mb": None, "answered": True, "sampled_hwm_mb": 70.0},
     }
-    found: dict[str, object] = {
+    found: dict[str, Any] = {
         "run_id": "hostile-x",
         "parsers": [row],
         "stack": {
@@ -210,7 +217,7 @@ def test_a_parser_under_the_noise_floor_does_not_make_the_worst_ratio() -> None:
         timeout=20,
         missing="timeout",
     )
-    found["parsers"] = [*found["parsers"], quick]  # type: ignore[misc]
+    found["parsers"] = [*found["parsers"], quick]
 
     assert quick["pass"] is True
     assert report.summary(found, None)["worst_ratio"] == 80.0
@@ -232,8 +239,9 @@ def test_the_longest_stalls_wait_for_a_cpu_is_read_and_shown_beside_it() -> None
     metrics.longest.set(0.12)
     metrics.longest_cpu_wait.set(0.09)
     waited = scrape.cpu_wait(generate_latest(registry).decode())
-    scraped = {"api": {"stall_s": 0.12, "rss_mb": 150.0, "answered": True}}
-    scraped["api"]["stall_cpu_wait_s"] = waited
+    scraped = {
+        "api": {"stall_s": 0.12, "rss_mb": 150.0, "answered": True, "stall_cpu_wait_s": waited}
+    }
 
     row = report.service_lines(report.services(scraped, {}, {"api": 192.0}))[-1]
 

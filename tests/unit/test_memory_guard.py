@@ -84,7 +84,7 @@ async def _lifespan(app: ASGIApp, while_serving: Callable[[], Awaitable[None]]) 
             started.set()
 
     await inbox.put({"type": "lifespan.startup"})
-    running = asyncio.create_task(app({"type": "lifespan"}, receive, send))
+    running = asyncio.ensure_future(app({"type": "lifespan"}, receive, send))
     await started.wait()
     await while_serving()
     await inbox.put({"type": "lifespan.shutdown"})

@@ -32,7 +32,7 @@ class _Rows:
         self.reads = 0
 
     def add(self, when: datetime) -> uuid.UUID:
-        batch_id = uuid_from_time(when.timestamp())
+        batch_id: uuid.UUID = uuid_from_time(when.timestamp())
         key = (minute_of(when), shard_of(batch_id))
         self.stored.setdefault(key, {})[batch_id] = False
         return batch_id

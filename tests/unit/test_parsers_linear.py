@@ -118,7 +118,7 @@ def test_a_megabyte_webhook_body_of_repetition_is_answered(unit: str) -> None:
     body = orjson.dumps([{"email": _megabyte(unit), "event": unit, "sg_event_id": unit}])
 
     sendgrid_events.parse_events(body)
-    with pytest.raises(mailgun_events.MalformedPayload):
+    with pytest.raises(webhook_events.MalformedPayload):
         mailgun_events.parse_envelope(body)  # a list is not Mailgun's envelope
 
 

@@ -118,7 +118,7 @@ def test_open_sign_up_is_refused() -> None:
 def test_sign_up_defaults_to_closed_in_production_and_open_in_the_sandbox(
     env: str, policy: str
 ) -> None:
-    assert Settings(env=env).signup_policy == policy  # type: ignore[arg-type]
+    assert Settings(env=env).signup_policy == policy
 
 
 def test_an_explicit_sign_up_policy_wins_over_the_default() -> None:

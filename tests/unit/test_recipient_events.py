@@ -23,7 +23,8 @@ from shared.webhook_events import ProviderEvent
 
 AT = datetime(2026, 11, 26, 8, tzinfo=UTC)
 BATCH = uuid.uuid1()
-ROWS = [{"log_id": uuid.uuid4(), "email": "ann@example.com"}]
+LOG_ID = uuid.uuid4()
+ROWS = [{"log_id": LOG_ID, "email": "ann@example.com"}]
 
 
 def _attempt(state: str, **kw: object) -> Attempt:
@@ -154,7 +155,7 @@ def _reported(kind: str, provider: str = "sg") -> ProviderEvent:
 
 
 def test_a_providers_report_is_told_with_the_webhook_as_evidence() -> None:
-    told = reported_event(_reported("delivered"), BATCH, ROWS[0]["log_id"], "")
+    told = reported_event(_reported("delivered"), BATCH, LOG_ID, "")
 
     assert told is not None
     assert (told.type, told.provider, told.evidence, told.attempt_id, told.email) == (
@@ -167,7 +168,7 @@ def test_a_providers_report_is_told_with_the_webhook_as_evidence() -> None:
 
 
 def test_a_click_on_our_tracking_endpoint_names_the_link_and_no_provider() -> None:
-    told = reported_event(_reported("clicked", TRACKER), BATCH, ROWS[0]["log_id"], "x@example.com")
+    told = reported_event(_reported("clicked", TRACKER), BATCH, LOG_ID, "x@example.com")
 
     assert told is not None
     assert (told.type, told.provider, told.reason, told.email) == (
@@ -179,4 +180,4 @@ def test_a_click_on_our_tracking_endpoint_names_the_link_and_no_provider() -> No
 
 
 def test_an_event_we_do_not_interpret_is_not_told() -> None:
-    assert reported_event(_reported("unknown"), BATCH, ROWS[0]["log_id"], "") is None
+    assert reported_event(_reported("unknown"), BATCH, LOG_ID, "") is None

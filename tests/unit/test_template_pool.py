@@ -72,10 +72,11 @@ async def test_a_sandbox_refusal_names_its_limit_and_keeps_the_worker(pool: Temp
     with pytest.raises(LimitError) as caught:
         await pool.run(render_version, "s", None, SQUARINGS, {})
 
+    assert caught.value.fields is not None
     assert (caught.value.limit, caught.value.fields) == (
         "integer_size",
         {"text": caught.value.fields["text"]},
-    )  # type: ignore[index]
+    )
     assert await pool.run(pool_jobs.pid) in before
 
 

@@ -215,8 +215,10 @@ def _row(**fields: object) -> dict[str, object]:
     return {"state": "queued", "event": "sent", "superseded": None, **fields}
 
 
-def _tagged(kind: Kind, attempt: str | None = "c.0", **kw: bool) -> ProviderEvent:
-    return replace(ev(kind, **kw), attempt=attempt)
+def _tagged(
+    kind: Kind, attempt: str | None = "c.0", *, provider_side: bool = False, suppress: bool = False
+) -> ProviderEvent:
+    return replace(ev(kind, provider_side=provider_side, suppress=suppress), attempt=attempt)
 
 
 def test_a_failure_of_a_queued_recipient_keeps_all_its_effects() -> None:

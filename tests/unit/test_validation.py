@@ -664,7 +664,7 @@ def test_header_text_is_searched_once_for_all_keys_not_once_per_key() -> None:
     recipients with 100 keys of their own over 50 KB of headers took 8 s)."""
     _CountedSearches.searches = 0
     headers = {f"X-H{h}": _CountedSearches(f"{h}-ref-" * 100) for h in range(20)}
-    to = [
+    to: list[dict[str, Any]] = [
         {"email": f"r{i}@x.org", "substitutions": {f"-{i}-{k}-": "1\n2" for k in range(20)}}
         for i in range(200)
     ]
@@ -705,7 +705,7 @@ def test_substitution_used_in_reply_to_may_hold_a_plain_name() -> None:
 
 def test_substitution_used_only_in_bodies_may_hold_line_breaks() -> None:
     """A value whose key appears only in the bodies may be multi-line."""
-    to = [
+    to: list[dict[str, Any]] = [
         {"email": "bob@x.org", "substitutions": {"-addr-": "1 Main St\n10001 NY"}},
         {"email": "cy@x.org", "substitutions": {"-addr-": "2 Main St\n10001 NY"}},
     ]

@@ -23,7 +23,7 @@ def consumer_settings(w: World, clock: Callable[[], float] = time.monotonic) -> 
         w.splitter,
         w.broker,  # type: ignore[arg-type]
         w.settings,
-        _no_handler,  # type: ignore[arg-type]
+        _no_handler,
         4,
         LiveMetrics.create(CollectorRegistry()),
         clock=clock,

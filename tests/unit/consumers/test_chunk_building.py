@@ -4,6 +4,7 @@ off the event loop, a small one on it (a thread costs more than it saves there).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -71,7 +72,11 @@ def test_a_cheaper_operation_stays_on_the_loop_for_more_items() -> None:
 def test_counting_items_may_stop_past_a_bound() -> None:
     """A chunk's items are its recipients plus their substitutions; a count told where to
     stop may stop as soon as it is past it."""
-    rows = [{"substitutions": {"a": "1", "b": "2"}}, {"substitutions": None}, {}]
+    rows: list[dict[str, Any]] = [
+        {"substitutions": {"a": "1", "b": "2"}},
+        {"substitutions": None},
+        {},
+    ]
     assert count_items(rows) == 5
     assert count_items(rows, most=2) == 3  # past 2 after the first recipient
     assert count_items(rows, most=5) == 5

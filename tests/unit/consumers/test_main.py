@@ -71,7 +71,7 @@ async def test_start_up_names_each_provider_without_a_query_api(
         "mg": ScriptedProvider("mg", "Mailgun", available=TransientProviderError("mg", "503")),
     }
     with caplog.at_level(logging.WARNING):
-        await _probe_query_apis(providers, Settings())  # type: ignore[arg-type]
+        await _probe_query_apis(providers, Settings())
     messages = [r.getMessage() for r in caplog.records]
     assert any("SendGrid (sg) has no query API" in m for m in messages)
     assert any("could not check Mailgun's query API" in m for m in messages)

@@ -329,7 +329,7 @@ class _OwnWire(FakeSchedule):
         self.ops: list[str] = []
 
     @property
-    def wire(self) -> _OwnWire:  # type: ignore[override]
+    def wire(self) -> _OwnWire:
         return self
 
     async def trip(self, op: str, kind: str) -> _OwnWire:

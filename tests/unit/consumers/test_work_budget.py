@@ -5,6 +5,7 @@ ends; a chunk that waited a whole call's length goes anyway."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from services.consumers.calls import weigh
 from shared.byte_budget import ByteBudget
@@ -20,7 +21,7 @@ async def _until_waiting(budget: ByteBudget) -> None:
 
 def test_a_chunk_weighs_its_recipients_addresses_names_and_substitutions() -> None:
     """Every address, name, substitution key and value counts by its length."""
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"email": "ann@example.org", "name": "Ann", "substitutions": {"-k-": "v" * 10}},
         {"email": "bob@example.org", "name": None, "substitutions": None},
     ]

@@ -6,7 +6,7 @@ import pytest
 
 from shared.config import ProviderSettings
 from shared.models import Chunk
-from shared.providers.base import Gate, Provider, Receipt
+from shared.providers.base import Gate, LookupQuery, Provider, Receipt
 from shared.providers.mailgun import MailgunProvider
 from shared.providers.registry import build_providers, close_all
 from shared.providers.sendgrid import SendGridProvider
@@ -26,6 +26,12 @@ class ClosingProvider:
 
     async def send(self, chunk: Chunk, gate: Gate | None = None) -> Receipt:
         raise NotImplementedError
+
+    async def lookup(self, query: LookupQuery) -> frozenset[str] | None:
+        return None
+
+    async def lookup_available(self) -> bool:
+        return False
 
     async def aclose(self) -> None:
         self.closed = True
