@@ -19,6 +19,7 @@ whole is how a headline can outrun its own raw baseline (issue 34).
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections import Counter
@@ -30,7 +31,7 @@ import orjson
 
 from bench import child
 from bench.schedule import RateSchedule
-from bench.stats import latency_summary
+from bench.stats import latency_summary, percentile
 from bench.workload import encoded_bodies
 
 #: Seconds between progress lines.
@@ -97,7 +98,7 @@ class Recorder:
         self.window_start = window_start
         self.window_end = window_end
         self.latencies_ms: list[float] = []
-        self.by_second: dict[int, list[float]] = {}
+        self.by_second: dict[int, list[tuple[float, float]]] = {}
         self.lags_ms: list[float] = []
         self.statuses: Counter[str] = Counter()
         self.recipients = 0
@@ -115,13 +116,16 @@ class Recorder:
             self.tally.recipients + answer.accepted,
             self.tally.other + int(not ok),
         )
+        if ok and started < self.window_end:
+            # Warm-up seconds too (negative): whether a slow second follows the window's
+            # start or the load's.
+            second = math.floor(started - self.window_start)
+            self.by_second.setdefault(second, []).append((latency * 1000, lag * 1000))
         if self.counts(started):
             self.statuses[answer.status] += 1
             self.recipients += answer.accepted
             if ok:
                 self.latencies_ms.append(latency * 1000)
-                second = int(started - self.window_start)
-                self.by_second.setdefault(second, []).append(latency * 1000)
             self.lags_ms.append(lag * 1000)
 
     def result(self, duration: float) -> dict[str, Any]:
@@ -141,20 +145,26 @@ class Recorder:
             "lag_ms": latency_summary(self.lags_ms),
             "max_outstanding": self.max_outstanding,
             "timeline": self.timeline(),
+            "warmup_timeline": self.timeline(warmup=True),
         }
 
-    def timeline(self) -> list[dict[str, float | int]]:
-        """Per second of the window: requests, median and worst latency (ms); where the
-        tail comes from (periodic stalls show up as regularly spaced spikes)."""
+    def timeline(self, *, warmup: bool = False) -> list[dict[str, float | int]]:
+        """Per second of the window (``warmup``: of the warm-up before it), by when requests
+        were due: requests, median, p99 and worst latency, and the worst lag of this
+        generator behind the schedule (ms); where the tail comes from (periodic stalls show
+        as regularly spaced spikes, a stall of the generator itself as lag)."""
         out = []
-        for second in sorted(self.by_second):
-            values = sorted(self.by_second[second])
+        for second in sorted(s for s in self.by_second if (s < 0) == warmup):
+            latencies = sorted(latency for latency, _ in self.by_second[second])
             out.append(
                 {
                     "t": round(self.window_start + second, 3),
-                    "n": len(values),
-                    "p50": round(values[len(values) // 2], 1),
-                    "max": round(values[-1], 1),
+                    "second": second,
+                    "n": len(latencies),
+                    "p50": round(percentile(latencies, 50.0), 1),
+                    "p99": round(percentile(latencies, 99.0), 1),
+                    "max": round(latencies[-1], 1),
+                    "lag_max": round(max(lag for _, lag in self.by_second[second]), 1),
                 }
             )
         return out

@@ -79,3 +79,25 @@ def test_answers_to_requests_started_outside_the_window_count_only_in_progress()
 
     assert (rec.result(10.0)["ok"], rec.result(10.0)["recipients"]) == (0, 0)
     assert rec.tally == Tally(accepted=1, recipients=100)
+
+
+def test_the_timeline_gives_each_seconds_tail_and_keeps_the_warm_up_apart() -> None:
+    """Each second of the window shows its p50, p99, worst latency and worst lag; the warm-up's
+    seconds are listed apart, so a slow first second shows whether the load's start or the
+    window's came with it."""
+    rec = Recorder(window_start=10.0, window_end=20.0)
+    for i in range(100):
+        rec.record(10.0 + i / 100, (i + 1) / 1000, _accepted(100), lag=0.001)
+    rec.record(9.5, 0.300, _accepted(100), lag=0.040)
+    rec.record(11.2, 0.007, _accepted(100))
+
+    result = rec.result(10.0)
+
+    assert result["timeline"] == [
+        {"t": 10.0, "second": 0, "n": 100, "p50": 50.5, "p99": 99.0, "max": 100.0, "lag_max": 1.0},
+        {"t": 11.0, "second": 1, "n": 1, "p50": 7.0, "p99": 7.0, "max": 7.0, "lag_max": 0.0},
+    ]
+    assert result["warmup_timeline"] == [
+        {"t": 9.0, "second": -1, "n": 1, "p50": 300.0, "p99": 300.0, "max": 300.0, "lag_max": 40.0}
+    ]
+    assert result["latency_ms"]["count"] == 101
