@@ -112,7 +112,7 @@ class SuppressionCache:
     ) -> None:
         self.store = store
         self.small = small
-        self._lists: KeyedCache[Key, Listed] = KeyedCache(
+        self._lists: KeyedCache[Key, Listed, uuid.UUID] = KeyedCache(
             self._read,
             user_of=_user_of,
             wake=WAKE,

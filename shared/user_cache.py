@@ -13,10 +13,11 @@ others within the broadcast (milliseconds), and by every process within ``ttl`` 
 (the broker down, the announcement lost). A read in flight across a drop is answered to its
 callers but not kept: it may hold the value as it was before the change.
 
-:class:`KeyedCache` is the same cache over keys that each belong to a user (a user's list
-per contact list, say), bounded by a weight per value as well as their number; a user's
-announcement drops all of the user's keys. ``shared.suppression_cache`` keeps users'
-suppression lists in one, with the same announcements.
+:class:`KeyedCache` is the same cache over keys that each belong to an owner (a user's list
+per contact list, say), bounded by a weight per value as well as their number, keeping only
+the answers it is told to; dropping an owner drops all of the owner's keys.
+``shared.suppression_cache`` keeps users' suppression lists in one, with the same
+announcements; ``shared.keycache`` keeps API-key rows in one, each key its own owner.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ MAX_USERS: Final = 10_000
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
+U = TypeVar("U", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,22 +55,28 @@ class _Held(Generic[T]):
     weight: int
 
 
-class KeyedCache(Generic[K, T]):
-    """Each key's value as ``read`` answered it, for at most ``ttl`` seconds; a key belongs to
-    one user (``user_of``), and an announcement under ``wake`` naming the user drops all of
-    the user's keys. At most ``max_entries`` values and ``max_weight`` of their ``weigh``
-    are held, the least recently used leaving first (the one just read never)."""
+def _always(value: object) -> bool:
+    return True
+
+
+class KeyedCache(Generic[K, T, U]):
+    """Each key's value as ``read`` answered it, for at most ``ttl`` seconds, when ``keep``
+    says so (another answer is read again at the next ask); a key belongs to one owner
+    (``user_of``: a user, for announcements under ``wake`` naming users), and dropping the
+    owner drops all of its keys. At most ``max_entries`` values and ``max_weight`` of their
+    ``weigh`` are held, the least recently used leaving first (the one just read never)."""
 
     def __init__(
         self,
         read: Callable[[K], Awaitable[T]],
         *,
-        user_of: Callable[[K], uuid.UUID],
-        wake: str,
+        user_of: Callable[[K], U],
+        wake: str = "",
         ttl: float,
         max_entries: int = MAX_USERS,
         max_weight: float = math.inf,
         weigh: Callable[[T], int] = lambda value: 1,
+        keep: Callable[[T], bool] = _always,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._read = read
@@ -78,11 +86,12 @@ class KeyedCache(Generic[K, T]):
         self.max_entries = max_entries
         self.max_weight = max_weight
         self._weigh = weigh
+        self._keeps = keep
         self._clock = clock
         self._held: OrderedDict[K, _Held[T]] = OrderedDict()
         """Least recently used first."""
-        self._keys: dict[uuid.UUID, set[K]] = {}
-        """The keys held, by user."""
+        self._keys: dict[U, set[K]] = {}
+        """The keys held, by owner."""
         self.weight = 0
         """The held values' weights."""
         self._reading: dict[K, asyncio.Future[T]] = {}
@@ -95,8 +104,12 @@ class KeyedCache(Generic[K, T]):
     def __len__(self) -> int:
         return len(self._held)
 
-    def users(self) -> Collection[uuid.UUID]:
-        """The users with a value held (fresh or not)."""
+    def __contains__(self, key: object) -> bool:
+        """Whether a value of ``key`` is held (fresh or not)."""
+        return key in self._held
+
+    def users(self) -> Collection[U]:
+        """The owners with a value held (fresh or not)."""
         return self._keys.keys()
 
     async def get(self, key: K) -> T:
@@ -120,9 +133,15 @@ class KeyedCache(Generic[K, T]):
         return await asyncio.shield(reading)
 
     async def _read_and_keep(self, key: K, started: float, forgotten: int) -> T:
-        value = await self._read(key)
+        try:
+            value = await self._read(key)
+        finally:
+            # Off the table as it answers, not a turn of the loop later: an answer that is not
+            # kept is not handed to an ask made after it either.
+            if self._reading.get(key) is asyncio.current_task():
+                del self._reading[key]
         self.reads += 1
-        if forgotten == self._forgotten and self.ttl > 0:
+        if forgotten == self._forgotten and self.ttl > 0 and self._keeps(value):
             self._keep(key, _Held(value, started, self._weigh(value)))
         return value
 
@@ -153,8 +172,8 @@ class KeyedCache(Generic[K, T]):
         if not done.cancelled():
             done.exception()  # its callers hear it; none left must not make asyncio warn
 
-    def forget(self, user_ids: Iterable[uuid.UUID]) -> None:
-        """Drop these users' values: their next asks read the store (a read in flight is not
+    def forget(self, user_ids: Iterable[U]) -> None:
+        """Drop these owners' values: their next asks read the store (a read in flight is not
         joined, nor kept)."""
         users = set(user_ids)
         if not users:
@@ -166,7 +185,7 @@ class KeyedCache(Generic[K, T]):
             del self._reading[key]
         self._forgotten += 1
 
-    def hear(self, body: bytes) -> None:
+    def hear(self: KeyedCache[K, T, uuid.UUID], body: bytes) -> None:
         """An announcement on the settings exchange: drop the users it names under this
         cache's wake name (any other announcement drops none)."""
         self.forget(changed_in(body, self.wake))
@@ -176,7 +195,7 @@ def _same(user_id: uuid.UUID) -> uuid.UUID:
     return user_id
 
 
-class UserCache(KeyedCache[uuid.UUID, T]):
+class UserCache(KeyedCache[uuid.UUID, T, uuid.UUID]):
     """Each user's value as ``read`` answered it, for at most ``ttl`` seconds; dropped on an
     announcement under ``wake`` naming the user."""
 

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from shared.errors import DependencyUnavailable
-from shared.user_cache import UserCache, UserChanges, announcement, changed_in
+from shared.user_cache import KeyedCache, UserCache, UserChanges, announcement, changed_in
 
 
 class Reads:
@@ -202,6 +202,46 @@ async def test_a_ttl_of_zero_reads_the_store_for_every_ask() -> None:
     await cache.get(user)
 
     assert (reads.count, len(cache)) == (2, 0)
+
+
+def keeping_nonempty(reads: Reads) -> KeyedCache[uuid.UUID, frozenset[str], uuid.UUID]:
+    """A cache that keeps only the answers with a domain in them."""
+    return KeyedCache(reads.read, user_of=lambda user: user, ttl=5.0, keep=bool, clock=Clock())
+
+
+async def test_an_answer_keep_refuses_is_shared_by_concurrent_asks_and_read_again_after() -> None:
+    """Asks arriving while such an answer is read share the read; the next ask reads again."""
+    reads = Reads()
+    reads.value, reads.gate = frozenset(), asyncio.Event()
+    cache = keeping_nonempty(reads)
+    user = uuid.uuid4()
+
+    asks = [asyncio.ensure_future(cache.get(user)) for _ in range(4)]
+    await asyncio.sleep(0)
+    reads.gate.set()
+    answers = await asyncio.gather(*asks)
+    together, held = reads.count, len(cache)
+    reads.gate = None
+    await cache.get(user)
+
+    assert answers == [frozenset()] * 4
+    assert (together, held, reads.count) == (1, 0, 2)
+
+
+async def test_an_ask_made_once_a_read_answered_does_not_share_an_answer_not_kept() -> None:
+    """An ask that starts after the read answered, before its waiters resume, reads again."""
+    reads = Reads()
+    reads.value, reads.gate = frozenset(), asyncio.Event()
+    cache = keeping_nonempty(reads)
+    user = uuid.uuid4()
+    first = asyncio.ensure_future(cache.get(user))
+    await asyncio.sleep(0)
+
+    reads.gate.set()  # the read resumes and answers before the later ask's first step
+    later = asyncio.ensure_future(cache.get(user))
+    await asyncio.gather(first, later)
+
+    assert reads.count == 2
 
 
 def test_an_announcement_names_its_users_and_nothing_else_is_read_from_it() -> None:
