@@ -15,13 +15,18 @@ created a moment ago is never refused for having been unknown), so guessed ids c
 memory; and the cache holds at most :data:`MAX_KEYS` rows, the least recently used leaving
 first. The secret is checked on every request, cached or not, by hashing it and comparing
 digests in constant time (:func:`shared.apikeys.verify`), as without the cache.
+
+The rows are kept by ``shared.user_cache.KeyedCache``, each key id its own owner (a
+revocation names key ids): concurrent requests with a key not held share one read, and a read
+in flight across a revocation is answered to its requests but neither kept nor joined by later
+ones. A read that finds no row is shared only by the requests that arrived while it was in
+flight.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,6 +37,7 @@ import orjson
 from shared import apikeys
 from shared.accounts import ApiKeyRecord, StoredKey
 from shared.errors import DependencyUnavailable
+from shared.user_cache import KeyedCache
 
 log = logging.getLogger(__name__)
 
@@ -48,75 +54,72 @@ _NO_HASH: Final = b"\0" * 32
 Read = Callable[[str], Awaitable[StoredKey | None]]
 
 
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    key: StoredKey
-    read_at: float
-    """The monotonic time its read was sent."""
+def _own(key_id: str) -> str:
+    return key_id
+
+
+def _exists(found: StoredKey | None) -> bool:
+    return found is not None
 
 
 class KeyCache:
-    """Key rows read from the store, each for at most ``ttl`` seconds, at most ``max_keys``."""
+    """Key rows ``read`` from the store, each for at most ``ttl`` seconds, at most
+    ``max_keys``; a key with no row is not kept."""
 
     def __init__(
         self,
+        read: Read,
         *,
         ttl: float = TTL,
         max_keys: int = MAX_KEYS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.ttl = ttl
-        self.max_keys = max_keys
-        self._clock = clock
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
-        self._forgotten = 0
-        """How many keys were dropped so far: a read that was in flight across a drop is not
-        kept (it may hold the row as it was before the revocation)."""
-        self.reads = 0
+        self._rows: KeyedCache[str, StoredKey | None, str] = KeyedCache(
+            read, user_of=_own, ttl=ttl, max_entries=max_keys, keep=_exists, clock=clock
+        )
+
+    @property
+    def ttl(self) -> float:
+        """Seconds a row is used after its read was sent."""
+        return self._rows.ttl
+
+    @property
+    def max_keys(self) -> int:
+        """Rows held at most."""
+        return self._rows.max_entries
+
+    @property
+    def reads(self) -> int:
         """Rows read from the store (cache misses), for tests and measurements."""
+        return self._rows.reads
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._rows)
 
     def __contains__(self, key_id: object) -> bool:
         """Whether a row of ``key_id`` is held (fresh or not)."""
-        return key_id in self._entries
+        return key_id in self._rows
 
-    async def authenticate(self, presented: str, read: Read, now: datetime) -> ApiKeyRecord | None:
+    async def authenticate(self, presented: str, now: datetime) -> ApiKeyRecord | None:
         """The record of ``presented`` when it is a live key, else None (one answer for every
-        way a key can be wrong); ``read`` fetches a key's row from the store on a miss."""
+        way a key can be wrong)."""
         parsed = apikeys.parse(presented)
         key_id, secret = parsed if parsed else ("", presented)
-        found = await self.lookup(key_id, read) if parsed else None
+        found = await self.lookup(key_id) if parsed else None
         # Hash and compare even without a row, so every refusal costs about the same.
         if not apikeys.verify(secret, found.secret_hash if found else _NO_HASH) or found is None:
             return None
         return found.record if found.record.live(now) else None
 
-    async def lookup(self, key_id: str, read: Read) -> StoredKey | None:
-        """The row of ``key_id``: cached when read less than ``ttl`` seconds ago."""
-        started = self._clock()
-        entry = self._entries.get(key_id)
-        if entry is not None:
-            if started - entry.read_at < self.ttl:
-                self._entries.move_to_end(key_id)
-                return entry.key
-            del self._entries[key_id]
-        forgotten = self._forgotten
-        found = await read(key_id)
-        self.reads += 1
-        if found is not None and forgotten == self._forgotten:
-            self._entries[key_id] = _Entry(found, started)
-            self._entries.move_to_end(key_id)
-            while len(self._entries) > self.max_keys:
-                self._entries.popitem(last=False)
-        return found
+    async def lookup(self, key_id: str) -> StoredKey | None:
+        """The row of ``key_id``: cached when read less than ``ttl`` seconds ago, else read
+        (once for the requests that ask meanwhile)."""
+        return await self._rows.get(key_id)
 
     def forget(self, key_ids: Iterable[str]) -> None:
-        """Drop these keys: their next use reads the store."""
-        for key_id in key_ids:
-            self._entries.pop(key_id, None)
-            self._forgotten += 1
+        """Drop these keys: their next use reads the store (a read in flight is not joined,
+        nor kept)."""
+        self._rows.forget(key_ids)
 
     def hear(self, body: bytes) -> None:
         """An announcement on the settings exchange: drop the keys it revokes (a settings

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -39,7 +40,7 @@ from services.api.original import original_routes
 from services.api.sending import Sending
 from services.api.sessions import LoginRequired, cookie_secure, login_required_response
 from services.api.templated import TemplateBatches
-from shared import ratelimit
+from shared import accounts, ratelimit
 from shared.acceptance import Acceptance
 from shared.attempts import AttemptStore
 from shared.background import Background
@@ -156,7 +157,7 @@ def create_app(settings: Settings) -> Starlette:
             state.caps = Caps(CapStore(res.db), settings.caps)
             state.dead_letters = DeadLetters(DeadLetterStore(res.db), res.broker)
             state.background = Background()
-            state.keys = KeyCache()
+            state.keys = KeyCache(functools.partial(accounts.read_key, res.db))
             state.suppression_cache = SuppressionCache(
                 state.suppressions,
                 small=settings.api.suppression_cache_small,

@@ -14,6 +14,7 @@ background, so the hot path gains no write for it.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from datetime import UTC, datetime
@@ -77,9 +78,7 @@ async def admit_key(request: Request, token: str) -> ApiKeyRecord | None:
     """The record of a presented key within its rate limit; None when the key is not valid
     (unknown, revoked, wrong secret). Over the limit: 429 ``rate_limited``."""
     db: Database = request.app.state.resources.db
-    record = await key_cache(request).authenticate(
-        token, lambda key_id: accounts.read_key(db, key_id), datetime.now(UTC)
-    )
+    record = await key_cache(request).authenticate(token, datetime.now(UTC))
     if record is None:
         return None
     verdict = await rate_limiter(request).hit(record.key_id)
@@ -107,7 +106,7 @@ def key_cache(request: Request) -> KeyCache:
     state = request.app.state
     cache: KeyCache | None = getattr(state, "keys", None)
     if cache is None:
-        cache = state.keys = KeyCache()
+        cache = state.keys = KeyCache(functools.partial(accounts.read_key, state.resources.db))
     return cache
 
 
