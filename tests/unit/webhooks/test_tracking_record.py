@@ -33,9 +33,9 @@ async def test_an_open_cassandra_does_not_record_within_the_budget_is_given_up(
     w.db.wire = Held("recipients.chunk_rows")  # never answered
     claim = Claim("open", uuid.uuid4(), uuid.uuid4())
 
-    await Tracking(w.ingest, RING).record(claim, _request(), "open", None)
+    await Tracking(w.ingest, RING).record(claim, _request(), "opened", None)
 
-    assert f"open of {claim.batch_id}/{claim.log_id} not recorded" in caplog.text
+    assert f"opened of {claim.batch_id}/{claim.log_id} not recorded" in caplog.text
 
 
 async def test_a_hit_cancelled_as_cassandra_answers_its_last_query_is_cancelled() -> None:
@@ -44,10 +44,10 @@ async def test_a_hit_cancelled_as_cassandra_answers_its_last_query_is_cancelled(
     w = World()
     hits = Tracking(w.ingest, RING)
     claim = Claim("open", uuid.uuid4(), uuid.uuid4())  # a batch unknown here: never cached
-    await hits.record(claim, _request(), "open", None)
+    await hits.record(claim, _request(), "opened", None)
     held = Held("batches.owner")  # the repeat's only query
     w.db.wire = held
-    recording = asyncio.create_task(hits.record(claim, _request(), "open", None))
+    recording = asyncio.create_task(hits.record(claim, _request(), "opened", None))
     await held.reached.wait()
 
     held.release()
