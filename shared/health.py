@@ -34,7 +34,8 @@ async def run_checks(checks: Mapping[str, Check]) -> dict[str, str]:
 
     async def one(check: Check) -> str:
         try:
-            await asyncio.wait_for(check(), CHECK_TIMEOUT)
+            async with asyncio.timeout(CHECK_TIMEOUT):
+                await check()
         except Exception as exc:  # noqa: BLE001 - any failure means "not ready", reported
             return f"{type(exc).__name__}: {exc}"[:300]
         return "ok"

@@ -183,7 +183,12 @@ class TemplatePool:
         if self._closed:
             raise _closing()
         try:
-            slot = await asyncio.wait_for(self._idle.get(), self.settings.wait)
+            # ``get`` takes the slot only as it returns, so cancelled (or timed out, which
+            # cancels) it leaves the slot queued and wakes the next job: none is lost. It runs
+            # in this task, not in ``wait_for``'s own, which on Python 3.11 answers a slot
+            # that arrives with a cancellation and drops the cancellation.
+            async with asyncio.timeout(self.settings.wait):
+                slot = await self._idle.get()
         except TimeoutError:
             raise RendererBusy(
                 f"every template renderer stayed busy for {self.settings.wait:g} s"

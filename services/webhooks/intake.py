@@ -97,7 +97,8 @@ class Intake:
         """
         received_at = time.time()
         try:
-            return await asyncio.wait_for(self._apply(provider, raw, received_at), self.budget)
+            async with asyncio.timeout(self.budget):
+                return await self._apply(provider, raw, received_at)
         except TokenReused as exc:
             raise ApiError(401, "bad_signature", str(exc)) from exc
         except MalformedPayload as exc:

@@ -149,7 +149,8 @@ class Tracking:
             await self.ingest.apply(ev)
 
         try:
-            await asyncio.wait_for(apply(), RECORD_BUDGET)
+            async with asyncio.timeout(RECORD_BUDGET):
+                await apply()
         except (DependencyUnavailable, TimeoutError) as exc:
             log.warning("%s of %s/%s not recorded: %s", kind, claim.batch_id, claim.log_id, exc)
 

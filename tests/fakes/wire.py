@@ -53,6 +53,29 @@ class Loopback:
 LOOPBACK = Loopback()
 
 
+class Held:
+    """A wire whose first round trip ``op`` waits until the test calls :meth:`release` (every
+    other one only yields, as over :data:`LOOPBACK`): a query Cassandra is slow to answer, or
+    the turn its answer comes back in."""
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+        self.reached = asyncio.Event()
+        """Set once the held round trip has started."""
+        self._answered = asyncio.Event()
+
+    async def trip(self, op: str, kind: Kind) -> Trip:
+        if op != self.op or self.reached.is_set():
+            return await LOOPBACK.trip(op, kind)
+        self.reached.set()
+        await self._answered.wait()
+        return _DELIVERED
+
+    def release(self) -> None:
+        """The held round trip's answer arrives: its caller goes on in the next turn."""
+        self._answered.set()
+
+
 class Traveller(Protocol):
     """A twin whose round trips go over its ``wire``."""
 

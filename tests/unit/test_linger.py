@@ -7,16 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from shared.leases import Linger, next_period
-
-
-class Ticks:
-    """A monotonic clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes.clocks import Ticks
 
 
 async def _woken_while_waiting(linger: Linger, *, busy: bool) -> bool:

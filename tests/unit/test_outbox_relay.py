@@ -28,6 +28,7 @@ from shared.outbox import (
     tell_relays,
 )
 from tests.fakes.acceptance_stores import FakeOutbox
+from tests.fakes.clocks import Ticks
 from tests.fakes.stores import FakeCassandra
 
 T0 = datetime(2026, 6, 30, 23, 59, 41, tzinfo=UTC)
@@ -165,16 +166,6 @@ async def test_an_unexpected_error_ends_the_relay_loop_loudly() -> None:
 # -- waking: an idle relay reads nothing until a row is written ------------------------------
 
 
-class _Ticks:
-    """A monotonic clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class _Announcer:
     """The settings fanout: every relay hears what is announced (``lost``: nothing is)."""
 
@@ -190,7 +181,7 @@ class _Announcer:
             relay.heard(body)
 
 
-def _idle_relay(table: _Table, ticks: _Ticks, *, grace: float = 30) -> Relay:
+def _idle_relay(table: _Table, ticks: Ticks, *, grace: float = 30) -> Relay:
     relay = Relay(table, _Finisher(table), grace=grace, every=5, clock=ticks)  # type: ignore[arg-type]
     relay.found = False
     return relay
@@ -204,7 +195,7 @@ async def _spin() -> None:
 async def test_a_relay_with_nothing_written_waits_idle_and_a_writer_elsewhere_wakes_it() -> None:
     """No row left and none written for a grace period: IDLE_EVERY; a row written by another
     process (its wake-up heard over the fanout) brings passes every interval again."""
-    table, ticks = _Table(), _Ticks()
+    table, ticks = _Table(), Ticks()
     relay = _idle_relay(table, ticks)
     idle = relay.next_in()
     writer = FakeOutbox(FakeCassandra())
@@ -220,7 +211,7 @@ async def test_a_row_written_is_relayed_at_its_grace_by_passes_every_interval() 
     """After a row is written the relay passes every interval until the row is due and then
     finishes it, its grace after it was written at the latest plus an interval, as before;
     then it goes idle."""
-    table, ticks = _Table(), _Ticks()
+    table, ticks = _Table(), Ticks()
     relay = _idle_relay(table, ticks)
     writer = FakeOutbox(FakeCassandra())
     tell_relays(writer, _Announcer(lost=True), 5, own=relay)  # type: ignore[arg-type]
@@ -244,7 +235,7 @@ async def test_a_row_written_is_relayed_at_its_grace_by_passes_every_interval() 
 
 async def test_the_relay_loop_waits_idle_and_passes_at_once_when_woken() -> None:
     """relay_forever does nothing while idle and passes as soon as a wake-up is heard."""
-    table, ticks = _Table(), _Ticks()
+    table, ticks = _Table(), Ticks()
     relay = _idle_relay(table, ticks)
     passes: list[int] = []
     once = relay.once
@@ -272,7 +263,7 @@ async def test_the_relay_loop_waits_idle_and_passes_at_once_when_woken() -> None
 async def test_a_writer_wakes_the_relays_once_per_interval_and_other_wake_ups_do_not() -> None:
     """Many rows within an interval send one wake-up; a scheduler's wake-up or a settings
     change keeps an idle relay idle."""
-    table, ticks = _Table(), _Ticks()
+    table, ticks = _Table(), Ticks()
     relay = _idle_relay(table, ticks)
     fanout = _Announcer(relay)
     writer = FakeOutbox(FakeCassandra())

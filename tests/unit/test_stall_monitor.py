@@ -22,14 +22,7 @@ from shared.stall_monitor import (
     run_delay_seconds,
     watching,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes.clocks import Ticks
 
 
 class Handle:
@@ -58,7 +51,7 @@ class Scheduler:
 
 
 def started(
-    clock: Clock, *, rss: float = 0.0, cpu_wait: Clock | None = None
+    clock: Ticks, *, rss: float = 0.0, cpu_wait: Ticks | None = None
 ) -> tuple[StallMonitor, Scheduler, CollectorRegistry]:
     registry = CollectorRegistry()
     monitor = StallMonitor(
@@ -79,7 +72,7 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | Non
 
 def test_a_callback_run_on_time_records_no_stall() -> None:
     """A callback that runs when it was due records a lag of zero."""
-    clock = Clock()
+    clock = Ticks()
     monitor, scheduler, registry = started(clock)
 
     clock.now += 0.02
@@ -93,7 +86,7 @@ def test_a_callback_run_on_time_records_no_stall() -> None:
 def test_a_held_loop_records_how_late_the_callback_ran() -> None:
     """A loop held 1.5 s past a callback's due time records a stall of 1.5 s in the histogram
     and the max gauge."""
-    clock = Clock()
+    clock = Ticks()
     monitor, scheduler, registry = started(clock)
 
     clock.now += 0.02 + 1.5
@@ -107,7 +100,7 @@ def test_a_held_loop_records_how_late_the_callback_ran() -> None:
 
 def test_the_longest_stall_says_how_much_of_it_the_thread_waited_for_a_cpu() -> None:
     """A 0.3 s stall during which the loop's thread waited 0.2 s in the run queue."""
-    clock, waited = Clock(), Clock()
+    clock, waited = Ticks(), Ticks()
     _, scheduler, registry = started(clock, cpu_wait=waited)
 
     clock.now += 0.02 + 0.3
@@ -120,7 +113,7 @@ def test_the_longest_stall_says_how_much_of_it_the_thread_waited_for_a_cpu() -> 
 
 def test_the_cpu_wait_is_that_of_the_longest_stall() -> None:
     """A shorter stall that waited longer for a CPU leaves the longest stall's wait."""
-    clock, waited = Clock(), Clock()
+    clock, waited = Ticks(), Ticks()
     _, scheduler, registry = started(clock, cpu_wait=waited)
 
     clock.now += 0.02 + 0.3
@@ -136,7 +129,7 @@ def test_the_cpu_wait_is_that_of_the_longest_stall() -> None:
 
 def test_a_wait_for_a_cpu_longer_than_the_stall_counts_as_the_whole_stall() -> None:
     """Waits before the callback was due (its interval) are not the stall's: at most all of it."""
-    clock, waited = Clock(), Clock()
+    clock, waited = Ticks(), Ticks()
     _, scheduler, registry = started(clock, cpu_wait=waited)
 
     clock.now += 0.02 + 0.05
@@ -159,7 +152,7 @@ def test_a_thread_without_schedstat_waited_nothing(tmp_path: Path) -> None:
 
 def test_the_max_gauge_keeps_the_longest_stall_since_start() -> None:
     """A shorter stall after a longer one leaves the max at the longer one."""
-    clock = Clock()
+    clock = Ticks()
     _, scheduler, registry = started(clock)
 
     clock.now += 0.02 + 0.3
@@ -174,7 +167,7 @@ def test_the_max_gauge_keeps_the_longest_stall_since_start() -> None:
 def test_each_callback_is_due_one_interval_after_the_previous_one_ran() -> None:
     """The next due time counts from when the previous callback ran, so one stall is
     recorded once and not again by the callbacks after it."""
-    clock = Clock()
+    clock = Ticks()
     monitor, scheduler, _ = started(clock)
 
     clock.now += 0.02 + 2.0
@@ -188,7 +181,7 @@ def test_each_callback_is_due_one_interval_after_the_previous_one_ran() -> None:
 
 def test_a_callback_run_early_counts_as_no_stall() -> None:
     """A timer that fires a little before its due time records zero, never a negative lag."""
-    clock = Clock()
+    clock = Ticks()
     monitor, scheduler, registry = started(clock)
 
     clock.now += 0.019
@@ -200,7 +193,7 @@ def test_a_callback_run_early_counts_as_no_stall() -> None:
 
 def test_stop_cancels_the_pending_callback_and_schedules_no_more() -> None:
     """After stop, the pending callback is cancelled and nothing further is scheduled."""
-    clock = Clock()
+    clock = Ticks()
     monitor, scheduler, registry = started(clock)
 
     monitor.stop()
@@ -213,7 +206,7 @@ def test_stop_cancels_the_pending_callback_and_schedules_no_more() -> None:
 
 def test_peak_rss_is_read_when_scraped() -> None:
     """The peak RSS gauge reports what its source says at scrape time."""
-    _, _, registry = started(Clock(), rss=123456789.0)
+    _, _, registry = started(Ticks(), rss=123456789.0)
 
     assert "safedelivr_peak_rss_bytes 1.23456789e+08" in generate_latest(registry).decode()
 
@@ -261,7 +254,7 @@ def test_an_idle_minute_costs_about_one_callback_a_second() -> None:
     """An idle loop (its thread off the CPU between callbacks) is woken 65 times in a simulated
     minute, not 3,000; work on the loop brings the 20 ms interval back at the next callback,
     which still reads a stall it ran into."""
-    clock, cpu = Clock(), Clock()
+    clock, cpu = Ticks(), Ticks()
     registry = CollectorRegistry()
     monitor = StallMonitor(
         StallMetrics.create(registry, peak_rss=lambda: 0.0),

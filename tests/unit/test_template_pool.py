@@ -186,6 +186,26 @@ async def test_every_worker_busy_past_the_wait_is_renderer_busy(tmp_path: Path) 
         await pool.close()
 
 
+async def test_a_job_cancelled_as_a_slot_reaches_it_ends_cancelled_and_passes_the_slot_on() -> None:
+    """A job waiting for a worker, cancelled in the turn a slot reaches it, ends cancelled and
+    leaves the slot to the next job waiting (the slot of closing, which refuses that job)."""
+    pool = TemplatePool(TemplateSettings(workers=1, wait=60))  # not started: no slot yet
+    first = asyncio.create_task(pool.run(pool_jobs.pid))
+    second = asyncio.create_task(pool.run(pool_jobs.pid))
+    await asyncio.sleep(0)  # both wait for a slot
+    closing = asyncio.create_task(pool.close())
+    await asyncio.sleep(0)  # closing has handed its slot to the first job
+
+    first.cancel()
+    await asyncio.wait({first, second}, timeout=5.0)
+    await closing
+
+    assert (first.cancelled(), second.done() and type(second.exception())) == (
+        True,
+        RendererUnavailable,
+    )
+
+
 async def test_a_closed_pool_refuses_jobs_and_leaves_no_worker(tmp_path: Path) -> None:
     """Closing ends the job in flight (RendererUnavailable), every worker, and new jobs."""
     pool = TemplatePool(TemplateSettings(workers=2, deadline=300))

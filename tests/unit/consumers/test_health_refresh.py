@@ -25,6 +25,7 @@ from shared.provider_health import (
     tell_refreshers,
     window_start,
 )
+from tests.fakes.clocks import Ticks
 from tests.fakes.health_store import FakeHealth, HealthTables
 from tests.fakes.wire import Kind, Loopback, Trip
 from tests.fakes.world import World
@@ -33,16 +34,6 @@ from tests.unit.consumers.settings_applier import consumer_settings
 # FakeHealth stands in for the concrete HealthStore the applier takes (no Protocol for it yet):
 # hence the arg-type ignores where one is passed.
 NOON = datetime(2026, 3, 4, 12, 0, tzinfo=UTC)
-
-
-class Ticks:
-    """A monotonic clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Logged(Loopback):

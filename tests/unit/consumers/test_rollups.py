@@ -13,17 +13,8 @@ from datetime import date
 from services.consumers.rollups import IDLE_EVERY, LINGER, PASS_EVERY, RollUp, next_wait
 from shared.leases import SCHEDULER_WAKE, wake
 from shared.stats import Mark, tell_rollups
+from tests.fakes.clocks import Ticks
 from tests.fakes.world import World
-
-
-class Ticks:
-    """A monotonic clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _roll_up(world: World, ticks: Ticks) -> RollUp:

@@ -27,6 +27,7 @@ from shared.models import BatchJob
 from shared.schedule_store import OPEN_MINUTES, finished_through
 from shared.topology import batch_key, dispatch_key
 from tests.fakes.broker import FakeBroker
+from tests.fakes.clocks import Ticks
 from tests.fakes.schedule_store import FakeSchedule, ScheduleTables
 from tests.fakes.stores import FakeBatches, FakeCassandra
 from tests.fakes.world import new_batch
@@ -311,16 +312,6 @@ async def test_the_loop_does_nothing_while_idle_and_passes_when_nudged() -> None
 # -- without the lease: ask again when the holder's lease could have lapsed --------------------
 
 
-class _Ticks:
-    """A monotonic clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class _OwnWire(FakeSchedule):
     """A scheduler process's own view of the shared tables, with its own op log."""
 
@@ -355,7 +346,7 @@ async def test_an_idle_hour_costs_a_non_holder_one_lease_request_per_renewal_per
     times (every PASS_EVERY it was 3,600) and reads nothing, the holder renews it with one
     lightweight transaction each time; when the holder dies, it takes
     the lease over within LEASE_SECONDS + ASK_EVERY of the holder's last renewal."""
-    s, ticks = Setting(now=bucket_of(datetime.now(UTC))), _Ticks()
+    s, ticks = Setting(now=bucket_of(datetime.now(UTC))), Ticks()
     stores = [_OwnWire(s.tables), _OwnWire(s.tables)]
     holder, waiter = (
         Scheduler(store, s.batches, s.broker, clock=lambda: s.now)  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ from shared.errors import ConfigError, DependencyUnavailable, PublishError
 from shared.http import ApiError
 from shared.recipients import log_id_for
 from tests.fakes.broker import FakeMessage
+from tests.fakes.wire import Held
 from tests.fakes.world import World
 from tests.unit.loop_turns import MANY, turns_during
 
@@ -102,6 +103,42 @@ async def test_a_delivery_too_slow_to_apply_directly_is_queued() -> None:
     assert (await w.intake.receive("sg", sendgrid_body(batch)))["queued"] is True
     await w.settle()
     assert await w.states(batch) == {A: "success"}
+
+
+async def test_a_delivery_cassandra_holds_past_the_budget_is_queued_and_applied_once() -> None:
+    """A direct apply still waiting on Cassandra when the budget runs out is given up: the
+    delivery is queued (and answered so), then applied by the intake's consumer."""
+    w = World()
+    batch = await w.sent(A)
+    w.db.wire = Held("batches.owner")  # never answered
+    w.intake.budget = 0.05
+
+    answer = await w.intake.receive("sg", sendgrid_body(batch))
+    await w.settle()
+
+    assert (answer, await w.states(batch)) == ({"received": 1, "queued": True}, {A: "success"})
+
+
+async def test_a_delivery_cancelled_as_its_direct_apply_ends_is_cancelled() -> None:
+    """A delivery whose request is cancelled (a shutdown) in the turn Cassandra answers its
+    last query ends cancelled, instead of answering as if nobody had asked it to stop."""
+    w = World()
+    held = Held("tokens.accept_once")  # the last query of a Mailgun event naming no one
+    w.db.wire = held
+    body = orjson.dumps(
+        {
+            "signature": signing.mailgun_signature(MG_KEY, int(time.time())),
+            "event-data": {"event": "delivered", "id": "x", "timestamp": time.time()},
+        }
+    )
+    receiving = asyncio.create_task(w.intake.receive("mg", body))
+    await held.reached.wait()
+
+    held.release()
+    receiving.cancel()
+    await asyncio.wait({receiving}, timeout=5.0)
+
+    assert receiving.cancelled()
 
 
 async def test_when_neither_cassandra_nor_rabbitmq_takes_it_the_provider_must_retry() -> None:
