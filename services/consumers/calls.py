@@ -255,11 +255,12 @@ class Caller:
                 "error": encode_error(answer.error),
             }
             if current.checks > 0:
-                # A check of this call is already on its way (another delivery of the job
-                # waited for our lease): it finds the attempt ambiguous and resolves it. A
-                # check of our own would only be a second chain, and this delivery may no
-                # longer hold its message (its connection dropped, another copy acked it):
-                # should it die before publishing, nothing would publish that check again.
+                # A check of this call is already numbered (a delivery of the job waited for
+                # our lease): it finds the attempt ambiguous and resolves it. We number none
+                # of our own: this delivery may no longer hold its message (its connection
+                # dropped, another copy acked it), and should it die before publishing,
+                # nothing would publish that check again. Whether we must see the numbered
+                # one published is :meth:`_settled`'s question.
                 return unknown
             return {**unknown, "checks": 1, "checked_by": job.origin}
         return {
@@ -307,7 +308,13 @@ class Caller:
         d = self.d
         if attempt.state == "ambiguous":
             d.metrics.ambiguous.labels(job.provider).inc()
-            if "checks" in values:  # we numbered the first check: it is ours to publish
+            if protocol.numbered_by(job, attempt):
+                # We numbered the first check (``values`` set it), or another delivery of our
+                # message did while we called (it waited for our lease): a copy whose
+                # connection dropped, so ours is the message it held, and should it die
+                # before publishing its check, nothing would redeliver it to publish it
+                # again. Seeing the check published is ours then; should both publish, the
+                # copy whose LWT applies first holds the chain and the other dies out.
                 await d.follow.check(job, attempt.checks, d.settings.resolve_interval)
             return True
         if answer.receipt is not None and answer.receipt.status:

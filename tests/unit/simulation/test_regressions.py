@@ -35,6 +35,15 @@ FIXED = [
         "acked, the chain was gone and the mail never sent",
     ),
     (
+        "plain@7116~:consumers-a/store:batches.mark_dispatched#1=disconnect,"
+        "consumers-a/store:attempts.transition#1=kill,consumers-b/provider:sg.send#1=lost_silent",
+        "the long swarm at 62ed1a0 (1 of 100,000): a's connection dropped with the chunk's job "
+        "in hand, so its copy went to b, who called; a's stale copy waited for b's lease "
+        "(checks 0 -> 1, numbered by their one message) and died before publishing check 1; "
+        "b's call got no answer, b recorded it ambiguous, left check 1 to a and acked: the "
+        "mail stayed queued for ever",
+    ),
+    (
         "plain@0:consumers-a/store:recipients.chunk_rows#1=kill,consumers-b/publish:sg.*#1=lost",
         "issue 32 defect 2: the caller died during its call; the redelivery waited for the "
         "lease (checks 0 -> 1) and its check's publish was lost: the attempt stayed calling",
