@@ -94,7 +94,8 @@ class KeyedCache(Generic[K, T, U]):
         """The keys held, by owner."""
         self.weight = 0
         """The held values' weights."""
-        self._reading: dict[K, asyncio.Future[T]] = {}
+        self._reading: dict[K, tuple[asyncio.Future[T], float]] = {}
+        """Reads in flight, each with the monotonic time it was sent."""
         self._forgotten = 0
         """How many drops so far: a read in flight across a drop is not kept (it may hold the
         value as it was before the change)."""
@@ -122,12 +123,16 @@ class KeyedCache(Generic[K, T, U]):
                 self._held.move_to_end(key)
                 return held.value
             self._drop(key)
-        reading = self._reading.get(key)
-        if reading is None:
-            # The generation is taken now, not when the read's task first runs: a drop in
-            # between must stop it being kept.
+        in_flight = self._reading.get(key)
+        if in_flight is not None and started - in_flight[1] < self.ttl:
+            reading = in_flight[0]
+        else:
+            # A read sent ``ttl`` ago or more is not joined: its answer may be as old as a
+            # kept value may never be (a revoked key accepted past the TTL when the broadcast
+            # was lost and the store was slow). The generation is taken now, not when the
+            # read's task first runs: a drop in between must stop it being kept.
             reading = asyncio.ensure_future(self._read_and_keep(key, started, self._forgotten))
-            self._reading[key] = reading
+            self._reading[key] = (reading, started)
             reading.add_done_callback(lambda done: self._done(key, done))
         # Shielded: one caller cancelled (its request ended) leaves the others' read.
         return await asyncio.shield(reading)
@@ -138,10 +143,13 @@ class KeyedCache(Generic[K, T, U]):
         finally:
             # Off the table as it answers, not a turn of the loop later: an answer that is not
             # kept is not handed to an ask made after it either.
-            if self._reading.get(key) is asyncio.current_task():
+            in_flight = self._reading.get(key)
+            if in_flight is not None and in_flight[0] is asyncio.current_task():
                 del self._reading[key]
         self.reads += 1
-        if forgotten == self._forgotten and self.ttl > 0 and self._keeps(value):
+        held = self._held.get(key)
+        newer = held is not None and held.read_at > started  # a later read answered first
+        if forgotten == self._forgotten and self.ttl > 0 and self._keeps(value) and not newer:
             self._keep(key, _Held(value, started, self._weigh(value)))
         return value
 
@@ -167,7 +175,8 @@ class KeyedCache(Generic[K, T, U]):
             del self._keys[user]
 
     def _done(self, key: K, done: asyncio.Future[T]) -> None:
-        if self._reading.get(key) is done:
+        in_flight = self._reading.get(key)
+        if in_flight is not None and in_flight[0] is done:
             del self._reading[key]
         if not done.cancelled():
             done.exception()  # its callers hear it; none left must not make asyncio warn

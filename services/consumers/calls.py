@@ -308,7 +308,7 @@ class Caller:
         d = self.d
         if attempt.state == "ambiguous":
             d.metrics.ambiguous.labels(job.provider).inc()
-            if protocol.numbered_by(job, attempt):
+            if "checks" in values or protocol.numbered_by(job, attempt):
                 # We numbered the first check (``values`` set it), or another delivery of our
                 # message did while we called (it waited for our lease): a copy whose
                 # connection dropped, so ours is the message it held, and should it die

@@ -87,6 +87,27 @@ async def test_concurrent_misses_of_one_user_share_one_read() -> None:
     assert set(answers) == {frozenset({"example.com"})}
 
 
+async def test_an_ask_does_not_join_a_read_sent_a_ttl_or_more_before_it() -> None:
+    """A read still in flight a TTL after it was sent is not joined: the ask reads again and
+    gets the store as it is now (a value is never answered from a read older than the TTL)."""
+    reads, clock = Reads(), Clock()
+    reads.gate = asyncio.Event()
+    cache = cache_of(reads, clock)
+    user = uuid.uuid4()
+    slow = asyncio.ensure_future(cache.get(user))
+    for _ in range(3):  # the read is sent: it answers the store as it was
+        await asyncio.sleep(0)
+
+    reads.value = frozenset({"example.net"})
+    clock.now = 5.0
+    late = asyncio.ensure_future(cache.get(user))
+    await asyncio.sleep(0)
+    reads.gate.set()
+
+    assert (await slow, await late) == (frozenset({"example.com"}), frozenset({"example.net"}))
+    assert (reads.count, await cache.get(user)) == (2, frozenset({"example.net"}))
+
+
 async def test_a_read_that_fails_is_not_kept_and_tells_every_waiter() -> None:
     """A failed read raises to all who waited for it, and the next ask reads again."""
     reads, clock = Reads(), Clock()
