@@ -321,12 +321,16 @@ async def test_imports_in_progress_are_capped_and_one_ending_frees_its_place(
     api: httpx.AsyncClient, db: Database
 ) -> None:
     """An upload holds its place: another import is refused until it has ended."""
-    _, auth = await new_user(db)
+    user, auth = await new_user(db)
     first = await make(api, auth, "/v1/lists", {"name": "a"})
     second = await make(api, auth, "/v1/lists", {"name": "b"})
     upload = Upload(b"email\na@example.com\n")
     pending = upload.post(api, auth, first)
-    await asyncio.sleep(0.5)  # its place is claimed, its body waits
+
+    async def claimed() -> bool:
+        return bool((await CapStore(db).read(user, "imports")).holders)
+
+    await eventually(claimed, timeout=15, interval=0.05)  # its place is claimed, its body waits
 
     refused(
         await api.post(f"/v1/lists/{second}/imports", content=b"email\n", headers=auth | CSV),

@@ -68,7 +68,9 @@ async def test_a_scheduled_batch_waits_and_goes_at_its_time(stack: Stack) -> Non
     assert resp.json()["status"] == "scheduled"
     assert before["status"] == "scheduled"
     assert datetime.fromisoformat(before["send_at"]) - send_at < timedelta(milliseconds=1)
-    assert send_at - timedelta(seconds=0.5) <= arrived <= send_at + timedelta(seconds=5)
+    # Never early; the upper bound is generous (the scheduler's pass, the send, a loaded
+    # machine): how late is a figure, not this test's claim.
+    assert send_at - timedelta(seconds=0.5) <= arrived <= send_at + timedelta(seconds=20)
 
 
 async def test_a_cancelled_batch_is_never_sent_and_its_quota_comes_back(
@@ -76,10 +78,11 @@ async def test_a_cancelled_batch_is_never_sent_and_its_quota_comes_back(
 ) -> None:
     to = emails(3)
     async with stack.consuming():
-        batch_id = await stack.submit(to, send_at=_at(3))
+        # 10 s away: the schedule and its cancel land first even on a loaded machine.
+        batch_id = await stack.submit(to, send_at=_at(10))
         resp = await stack.api.post(f"/v1/batches/{batch_id}/cancel", headers=stack.auth)
         again = await stack.api.post(f"/v1/batches/{batch_id}/cancel", headers=stack.auth)
-        await asyncio.sleep(6)  # past its time, with the scheduler running
+        await asyncio.sleep(13)  # past its time, with the scheduler running
         sent = await stack.sandbox.get("/_control/messages", params={"to": to[0]})
 
     assert resp.status_code == again.status_code == 200

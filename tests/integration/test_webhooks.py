@@ -21,6 +21,7 @@ from pydantic import SecretStr
 
 from services.sandbox import signing
 from services.webhooks.app import create_app as create_webhooks
+from services.webhooks.intake import DIRECT_BUDGET
 from shared import accounts
 from shared.batchstore import BatchStore, NewBatch
 from shared.config import Settings, WebhookSettings
@@ -322,7 +323,9 @@ async def test_cassandra_down_queues_the_delivery_and_applies_it_later(hooks: Ho
 
     assert resp.status_code == 200, resp.text
     assert resp.json()["queued"] is True
-    assert answered < 5
+    # Its direct budget, then the broker: never the driver's request timeout. The slack is
+    # for a loaded machine.
+    assert answered < DIRECT_BUDGET + 6
 
     async def applied() -> bool:
         state: str = (await hooks.row(email))["state"]
