@@ -33,8 +33,8 @@ install: $(VENV)/.synced ## create .venv with the locked dependencies
 run: install services-up ## start everything, migrate, declare topology and run every service
 	$(PY) -m services.cli dev
 
-test: install services-up ## the whole suite against real RabbitMQ and Cassandra
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: install services-up ## the whole suite against real RabbitMQ and Cassandra (the slowest 20 tests listed at the end)
+	$(PY) -m pytest --durations=20 $(PYTEST_ARGS)
 
 test-unit: install ## pure-logic tests only (no services)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
