@@ -85,11 +85,15 @@ class TemplateStore:
         template_id = template_id or uuid.uuid1()
         now = datetime.now(UTC)
         await self.write_version(template_id, 1, subject, html, text, sample, now)
-        await self.db.execute(
+        # A lightweight transaction, as every other write of the row: a plain insert carries
+        # the client's microsecond timestamp, a transaction the server's milliseconds, so a
+        # delete, or the next version's number taken, in the same millisecond (or within the
+        # client's clock skew) would lose to it: the template back, or version 2 taken twice.
+        # A retry after a timeout finds the row it made.
+        await self.db.one(
             "INSERT INTO templates (user_id, template_id, name, next_version, created_at) "
-            "VALUES (?, ?, ?, 2, ?)",
+            "VALUES (?, ?, ?, 2, ?) IF NOT EXISTS",
             (user_id, template_id, name, now),
-            idempotent=True,
         )
         return template_id
 
