@@ -360,9 +360,9 @@ async def test_three_processes_keep_a_shared_limit_and_spill_over(
     240 single-recipient batches waiting: in no second do the three limiters together grant
     more slots than the limit (read from the shared slice counters, every window of ten
     slices); SendGrid's excess goes to Mailgun, and every recipient is sent once. The busiest
-    second of arrivals at the provider is printed, and bounded only loosely: a process paused
-    between its slot and its request bunches calls of two windows into one second, which
-    is the machine's, not the limiter's. SendGrid's limit is far below what three processes
+    second of arrivals at the provider is printed, not asserted: a process paused between
+    its slot and its request bunches calls of two windows into one second, which is the
+    machine's, not the limiter's. SendGrid's limit is far below what three processes
     reach even on a loaded machine, so there is always an excess to spill. How much of a
     limit a flood uses is a rate, measured by ``make bench`` (phase ``rate_limit``), never
     asserted here: on a loaded 2-core machine it depends on the machine."""
@@ -420,7 +420,6 @@ async def test_three_processes_keep_a_shared_limit_and_spill_over(
             f" recipients {counts}"
         )
     assert granted["sendgrid"] <= 8 and granted["mailgun"] <= 30
-    assert busiest["sendgrid"] <= 16 and busiest["mailgun"] <= 60  # limited at all
     assert counts["sendgrid"] + counts["mailgun"] == len(to) and twice == []
     assert counts["mailgun"] > 0
 
