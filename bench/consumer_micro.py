@@ -28,11 +28,11 @@ from typing import Any
 import httpx
 
 from bench.workload import BatchFactory
+from shared.batch_ids import accepted_at
 from shared.byte_budget import ByteBudget
 from shared.config import ConsumerSettings
 from shared.gil import CpuLane
 from shared.models import BatchJob
-from shared.precedence import accepted_at
 from shared.providers.mailgun import MailgunProvider
 from shared.providers.sendgrid import SendGridProvider
 from shared.topology import batch_key

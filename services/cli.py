@@ -188,8 +188,8 @@ def _workers(value: str) -> int:
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     from shared.db import Database
     from shared.domains import DomainStore
-    from shared.migrations import migrate
-    from shared.stats import StatsStore, fix_layout
+    from shared.migrations import fix_layout, migrate
+    from shared.stats import StatsStore
     from shared.upgrade import upgrade
 
     async def go() -> int:

@@ -49,12 +49,12 @@ from typing import Final, Protocol
 
 from cassandra.query import Statement
 
+from shared.batch_ids import accepted_at
 from shared.batchstore import BatchHeader, BatchStore, Content, NewBatch
 from shared.broker import Broker
 from shared.errors import DependencyUnavailable, PublishError
 from shared.models import BatchJob
 from shared.outbox import MARK_WINDOW, Marks, Outbox
-from shared.precedence import accepted_at
 from shared.topology import batch_key
 
 log = logging.getLogger(__name__)

@@ -59,7 +59,7 @@ from typing import Final
 from cassandra.query import UNSET_VALUE, Statement
 from cassandra.util import uuid_from_time
 
-from shared import precedence
+from shared import batch_ids, precedence
 from shared.db import Database, slices, utc
 from shared.models import Message
 from shared.recipients import CHUNK_ROW, Addressee, encode_recipients
@@ -72,7 +72,7 @@ def month_of(batch_id: uuid.UUID) -> str:
 
 
 def timeuuid_datetime(value: uuid.UUID) -> datetime:
-    return precedence.accepted_at(value)
+    return batch_ids.accepted_at(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +252,7 @@ def shown_status(status: str | None, dispatched: bool | None) -> str | None:
 def _header_stamp(batch_id: uuid.UUID) -> int:
     """The header's write timestamp: the batch's own time, so a cancellation written just
     after it wins however late the header's write lands."""
-    return int(precedence.accepted_at(batch_id).timestamp() * 1_000_000)
+    return int(batch_ids.accepted_at(batch_id).timestamp() * 1_000_000)
 
 
 class BatchStore:
@@ -334,7 +334,7 @@ class BatchStore:
             (
                 batch.batch_id,
                 batch.user_id,
-                precedence.accepted_at(batch.batch_id),
+                batch_ids.accepted_at(batch.batch_id),
                 batch.message.subject,
                 len(batch.recipients),
                 batch.chunk_size,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from shared import precedence
+from shared import batch_ids, precedence
 from shared.attempts import AttemptStore
 from shared.db import Database
 from shared.recipients import RecipientStore
@@ -90,7 +90,7 @@ def batch_violations(
     newest attempt, shown with a recipient that is not final.
     """
     out: list[Violation] = []
-    settled = now - precedence.accepted_at(batch_id) >= settle_after
+    settled = now - batch_ids.accepted_at(batch_id) >= settle_after
     for row in rows:
         seen = precedence.visible(row)
         email = str(row.get("email"))
@@ -118,7 +118,7 @@ def batch_violations(
         if seen.state == "queued" and settled:
             chunk_line = last_attempts.get(f"c{row.get('chunk')}", "no attempt")
             own = last_attempts.get(f"r{row['log_id']}")
-            detail = f"queued since {precedence.accepted_at(batch_id):%Y-%m-%d %H:%M:%S}Z; "
+            detail = f"queued since {batch_ids.accepted_at(batch_id):%Y-%m-%d %H:%M:%S}Z; "
             detail += f"chunk: {chunk_line}" + (f"; re-send: {own}" if own else "")
             out.append(Violation("not_final", user_id, batch_id, email, detail))
     return out

@@ -16,8 +16,8 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared import github_accounts
-from shared.engagement_tokens import ring_from
 from shared.errors import ConfigError
+from shared.keyring import ring_from
 from shared.production import DEV_TRACKING_KEYS, production_problems
 from shared.providers.catalog import CODES
 

@@ -38,13 +38,12 @@ from dataclasses import dataclass
 from typing import Final
 
 from shared.config import TrackingSettings
-from shared.engagement_tokens import Claim, KeyRing, host_of, ring_from, sign
+from shared.engagement_tokens import Claim, host_of, sign
+from shared.keyring import KeyRing, ring_from
 from shared.link_rewrite import rewrite
 from shared.models import UNSUBSCRIBE_HEADERS, Chunk, Engagement, Message, Recipient
 from shared.substitution import Substitution
 
-#: The ``provider`` of the events our tracking endpoint reports (opens, clicks, unsubscribes).
-TRACKER: Final = "tracking"
 #: Links of one message that are tracked (later ones are left as they are).
 MAX_TRACKED_LINKS: Final = 60
 #: Longest personal link tracked (its token carries the recipient's URL), before and after

@@ -34,33 +34,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from shared.keyring import KeyRing
+
 #: MAC bytes kept (128 bits: forging one is out of reach; URLs stay short).
 MAC_BYTES: Final = 16
 #: Longest token read (anything longer is not ours).
 MAX_TOKEN: Final = 2048
 
 Purpose = Literal["click", "open", "unsubscribe"]
-
-
-@dataclass(frozen=True, slots=True)
-class KeyRing:
-    """Signing keys by id; the first signs."""
-
-    keys: tuple[tuple[str, bytes], ...]
-
-    def __post_init__(self) -> None:
-        if not self.keys:
-            raise ValueError("a key ring needs at least one key")
-        for kid, key in self.keys:
-            if not kid.isalnum() or len(key) < 32:
-                raise ValueError("a key id is alphanumeric and a key has 32 bytes or more")
-
-    @property
-    def signing(self) -> tuple[str, bytes]:
-        return self.keys[0]
-
-    def get(self, kid: str) -> bytes | None:
-        return dict(self.keys).get(kid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,20 +130,6 @@ def read(token: str, ring: KeyRing) -> Claim | None:
         )
     except (binascii.Error, struct.error, KeyError, UnicodeDecodeError, ValueError):
         return None  # signed by us, so only a bug could get here: still no redirect
-
-
-def ring_from(text: str) -> KeyRing:
-    """``kid1:base64key,kid2:base64key`` (a setting) as a ring; ValueError if malformed."""
-    pairs: list[tuple[str, bytes]] = []
-    for item in (part.strip() for part in text.split(",")):
-        kid, sep, encoded = item.partition(":")
-        if not sep:
-            raise ValueError("each key is kid:base64")
-        try:
-            pairs.append((kid, base64.b64decode(encoded, validate=True)))
-        except (binascii.Error, ValueError) as exc:
-            raise ValueError(f"key {kid!r} is not base64") from exc
-    return KeyRing(tuple(pairs))
 
 
 def redirect_target(

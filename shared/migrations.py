@@ -137,3 +137,21 @@ async def _apply(db: Database, pending: list[Migration]) -> list[int]:
         )
         done.append(m.version)
     return done
+
+
+class LayoutMismatch(RuntimeError):
+    """The configured bucket count is not the one the keyspace's stats were written with."""
+
+
+async def fix_layout(db: Database, buckets: int) -> None:
+    """Record the stats bucket count in the keyspace the first time, and refuse another one
+    after that (a recipient's bucket must never move, or its outcome would count twice)."""
+    row = await db.one(
+        "INSERT INTO layout (name, value) VALUES ('stats_buckets', ?) IF NOT EXISTS", (buckets,)
+    )
+    recorded = buckets if row is None or row.get("[applied]") else row.get("value")
+    if recorded != buckets:
+        raise LayoutMismatch(
+            f"SAFEDELIVR_STATS_BUCKETS is {buckets} but this keyspace's stats were written "
+            f"with {recorded} buckets; set it back to {recorded}"
+        )

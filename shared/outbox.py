@@ -34,10 +34,10 @@ from typing import Any, Final, Protocol
 
 from cassandra.query import BoundStatement
 
+from shared.batch_ids import accepted_at
 from shared.db import Database
 from shared.errors import DependencyUnavailable
 from shared.leases import OUTBOX_WAKE, Announcer, Linger, Notice, woken
-from shared.precedence import accepted_at
 
 log = logging.getLogger(__name__)
 

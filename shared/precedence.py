@@ -29,8 +29,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
+
+from shared.batch_ids import accepted_second
 
 #: Microseconds per second.
 _US = 1_000_000
@@ -41,37 +43,21 @@ _GIVE_UP_OFFSET = -500
 #: Above the give-up, still below the acceptance second: our drop at send time (suppressed).
 _SUPPRESSED_OFFSET = -250
 
-#: RFC 4122 time of a time-based UUID: 100 ns intervals since 1582-10-15.
-_UUID_EPOCH = 0x01B21DD213814000
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def accepted_at(batch_id: uuid.UUID) -> datetime:
-    """When a batch was accepted: the time inside its time-based id (UTC)."""
-    # Integer arithmetic, floored to the microsecond: a float rounds the last 100 ns ticks of
-    # a day into the next one.
-    micros = (batch_id.time - _UUID_EPOCH) // 10
-    return _EPOCH + timedelta(microseconds=micros)
-
-
-def _accepted_second(batch_id: uuid.UUID) -> int:
-    return (batch_id.time - _UUID_EPOCH) // 10_000_000
-
 
 def queued_stamp(batch_id: uuid.UUID) -> int:
     """The write timestamp of a recipient's ``queued`` state."""
-    return _accepted_second(batch_id) * _US + _QUEUED_OFFSET
+    return accepted_second(batch_id) * _US + _QUEUED_OFFSET
 
 
 def give_up_stamp(batch_id: uuid.UUID) -> int:
     """The write timestamp of our give-up: above ``queued``, below any provider evidence."""
-    return _accepted_second(batch_id) * _US + _GIVE_UP_OFFSET
+    return accepted_second(batch_id) * _US + _GIVE_UP_OFFSET
 
 
 def suppressed_stamp(batch_id: uuid.UUID) -> int:
     """The write timestamp of our drop of a suppressed recipient at send time: above
     ``queued`` and the give-up, below any provider evidence."""
-    return _accepted_second(batch_id) * _US + _SUPPRESSED_OFFSET
+    return accepted_second(batch_id) * _US + _SUPPRESSED_OFFSET
 
 
 def provider_stamp(batch_id: uuid.UUID, when: datetime, rank: int) -> int:
@@ -82,7 +68,7 @@ def provider_stamp(batch_id: uuid.UUID, when: datetime, rank: int) -> int:
     """
     if not 0 <= rank < 1000:
         raise ValueError(f"rank must be in 0..999, not {rank}")
-    second = max(int(when.timestamp()), _accepted_second(batch_id))
+    second = max(int(when.timestamp()), accepted_second(batch_id))
     return second * _US + rank
 
 

@@ -116,9 +116,9 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Protocol
 
 from shared.background import Background
+from shared.batch_ids import accepted_at
 from shared.db import Database
 from shared.errors import DependencyUnavailable
-from shared.precedence import accepted_at
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from shared.attempts import Attempt
-from shared.engagement import TRACKER
+from shared.providers.catalog import TRACKER
 from shared.user_hooks import Evidence, HookEvent
 from shared.webhook_events import ProviderEvent
 

@@ -23,7 +23,7 @@ from shared.db import Database
 from shared.errors import DependencyUnavailable
 from shared.gil import CpuLane
 from shared.health import Check
-from shared.stats import fix_layout
+from shared.migrations import fix_layout
 from shared.topology import Topology
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ from typing import Any
 import orjson
 from cassandra.query import BoundStatement
 
-from shared import precedence
+from shared import batch_ids
 from shared.db import Database, Row, utc
 from shared.leases import STATS_WAKE, Announcer, Notice
 
@@ -92,7 +92,7 @@ def day_of(when: datetime) -> date:
 
 def batch_day(batch_id: uuid.UUID) -> date:
     """The UTC day a batch was accepted: where its recipients' stat rows live."""
-    return precedence.accepted_at(batch_id).date()
+    return batch_ids.accepted_at(batch_id).date()
 
 
 def days(start: date, end: date) -> list[date]:
@@ -697,24 +697,6 @@ class StatsStore:
                 idempotent=True,
             )
         return drifts
-
-
-class LayoutMismatch(RuntimeError):
-    """The configured bucket count is not the one the keyspace's stats were written with."""
-
-
-async def fix_layout(db: Database, buckets: int) -> None:
-    """Record the stats bucket count in the keyspace the first time, and refuse another one
-    after that (a recipient's bucket must never move, or its outcome would count twice)."""
-    row = await db.one(
-        "INSERT INTO layout (name, value) VALUES ('stats_buckets', ?) IF NOT EXISTS", (buckets,)
-    )
-    recorded = buckets if row is None or row.get("[applied]") else row.get("value")
-    if recorded != buckets:
-        raise LayoutMismatch(
-            f"SAFEDELIVR_STATS_BUCKETS is {buckets} but this keyspace's stats were written "
-            f"with {recorded} buckets; set it back to {recorded}"
-        )
 
 
 def tell_rollups(stats: StatsStore, broker: Announcer) -> StatsStore:

@@ -34,7 +34,7 @@ from typing import Any, Final
 
 from shared.addresses import address_key
 from shared.db import Database
-from shared.engagement import TRACKER
+from shared.providers.catalog import TRACKER
 
 #: Addresses looked up per query when checking a batch's recipients.
 LOOKUP_CHUNK = 100

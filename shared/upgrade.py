@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from shared import precedence
+from shared import batch_ids, precedence
 from shared.db import Database, Row
 from shared.outbox import ABANDON_AFTER, Outbox
 from shared.recipients import (
@@ -168,7 +168,7 @@ async def _stats(
     recipients: list[Row],
     marks: dict[str, set[str]],
 ) -> None:
-    header_stamp = int(precedence.accepted_at(batch_id).timestamp() * 1_000_000)
+    header_stamp = int(batch_ids.accepted_at(batch_id).timestamp() * 1_000_000)
     await stats.accepted(user_id, batch_id, len(recipients), header_stamp)
     now = datetime.now(UTC)
     by_bucket: dict[int, list[Any]] = defaultdict(list)

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from services.hooks.schedule import occurred
+from shared.batch_ids import accepted_at
 from shared.campaigns import METADATA_KEY
 from shared.models import Message
-from shared.precedence import accepted_at, visible
+from shared.precedence import visible
 from shared.stats import batch_day
 from simulation.clients import Request
 from simulation.providers import Acceptance

@@ -18,9 +18,9 @@ from typing import Any
 from shared.campaigns import Action
 from shared.canary import in_canary
 from shared.contacts_csv import Contact
-from shared.engagement import TRACKER
 from shared.http import ApiError
 from shared.preferences import Preferences
+from shared.providers.catalog import TRACKER
 from shared.recipients import log_id_for
 from shared.user_hooks import ALL, parse_events
 from shared.webhook_events import ProviderEvent

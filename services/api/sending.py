@@ -37,6 +37,7 @@ from services.api.templated import TEMPLATE_FIELDS, Plan, TemplateBatches
 from shared import cooldown, lanes, template_use, validation
 from shared.acceptance import Acceptance
 from shared.background import Background
+from shared.batch_ids import accepted_at
 from shared.batchstore import (
     BatchHeader,
     BatchStore,
@@ -59,7 +60,6 @@ from shared.leases import SCHEDULER_WAKE, wake
 from shared.logs import bound
 from shared.metrics import ApiMetrics
 from shared.models import Message
-from shared.precedence import accepted_at
 from shared.preferences import Preferences, PreferenceStore
 from shared.providers.limits import chunk_size
 from shared.ratelimit import QuotaLedger

@@ -38,10 +38,10 @@ from shared.config import Settings
 from shared.db import Database
 from shared.domain_capacity import DomainVolumes, Volumes
 from shared.domains import domain_of
-from shared.engagement import TRACKER
 from shared.handoff import HandOff
 from shared.models import LogJob
 from shared.provider_health import Reports
+from shared.providers.catalog import TRACKER
 from shared.recipients import RecipientStore, Report
 from shared.stats import StatsStore, tell_rollups
 from shared.suppression_cache import Changes

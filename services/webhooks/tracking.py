@@ -41,15 +41,17 @@ from starlette.routing import Route
 from services.webhooks.ingest import Ingest, IngestMetrics
 from shared import template_use
 from shared.config import Settings
-from shared.engagement import TRACKER, links_of
-from shared.engagement_tokens import Claim, KeyRing, read, redirect_target, ring_from
+from shared.engagement import links_of
+from shared.engagement_tokens import Claim, read, redirect_target
 from shared.errors import DependencyUnavailable
 from shared.gil import CpuLane
 from shared.health import health_routes
 from shared.http import AdmissionLimit, ApiError, error_handlers, read_capped
+from shared.keyring import KeyRing, ring_from
 from shared.metrics import new_registry
 from shared.models import Message
 from shared.prefetch import machine
+from shared.providers.catalog import TRACKER
 from shared.resources import open_resources, readiness_checks
 from shared.stall_monitor import StallMetrics, watching
 from shared.webhook_events import Kind, ProviderEvent

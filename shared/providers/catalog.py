@@ -7,6 +7,7 @@ here (pure data; no adapter is imported)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,10 @@ CATALOG: dict[str, ProviderInfo] = {
 
 #: Every provider code, in the default failover order.
 CODES: tuple[str, ...] = tuple(CATALOG)
+
+#: The ``provider`` of the events our tracking endpoint reports (opens, clicks, unsubscribes):
+#: not a provider we send through, but a source of recipient events beside them.
+TRACKER: Final = "tracking"
 
 
 def name_of(code: str) -> str:

@@ -13,9 +13,10 @@ import orjson
 import pytest
 
 from shared.attempts import AttemptStore
+from shared.batch_ids import accepted_at
 from shared.batchstore import BatchStore, NewBatch
 from shared.db import Database
-from shared.precedence import accepted_at, queued_stamp
+from shared.precedence import queued_stamp
 from shared.recipients import RecipientStore, log_id_for
 from shared.stats import Rollup, StatsStore
 from shared.suppressions import SuppressionStore

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from shared.batch_ids import accepted_at
 from shared.batchstore import BatchStore, NewBatch, new_batch_id
 from shared.cooldown import RecentMail
 from shared.db import Database
 from shared.outbox import Outbox, minute_of, shard_of
-from shared.precedence import accepted_at
 from shared.preferences import Preferences, PreferenceStore
 from shared.ratelimit import QuotaLedger, RecipientQuota
 from tests.conftest import unique

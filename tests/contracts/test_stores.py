@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
+from shared.batch_ids import accepted_at
 from shared.batchstore import NewBatch, content_of, month_of
 from shared.db import Database
 from shared.errors import DependencyUnavailable, TooLargeToStore
 from shared.models import Recipient
 from shared.outbox import Outbox
-from shared.precedence import STATE_CELLS, accepted_at, provider_stamp, stamp_column, visible
+from shared.precedence import STATE_CELLS, provider_stamp, stamp_column, visible
 from shared.recipients import (
     CHUNK_ROW,
     RecipientStore,

@@ -25,9 +25,9 @@ from datetime import UTC, date, datetime, timedelta
 from functools import partial
 
 from shared.addresses import address_key
+from shared.batch_ids import accepted_at
 from shared.cooldown import LOOKUP_CHUNK, cooling
 from shared.outbox import Outbox, minute_of
-from shared.precedence import accepted_at
 from shared.preferences import CACHE_SECONDS, Preferences
 from shared.ratelimit import Grant, Verdict, grant_of, over_limit, seconds_until_midnight
 from tests.fakes.stores import FakeCassandra, Write

@@ -39,7 +39,7 @@ from typing import Any
 
 from cassandra.util import SortedSet
 
-from shared import precedence
+from shared import batch_ids, precedence
 from shared.attempts import COLUMNS, Attempt, from_row
 from shared.batchstore import (
     INLINE_BYTES,
@@ -508,7 +508,7 @@ class FakeBatches:
         header.insert(
             {
                 "user_id": batch.user_id,
-                "created_at": precedence.accepted_at(batch.batch_id),
+                "created_at": batch_ids.accepted_at(batch.batch_id),
                 "subject": batch.message.subject,
                 "recipient_count": len(batch.recipients),
                 "chunk_size": batch.chunk_size,

@@ -21,13 +21,14 @@ from services.consumers.splitter import Splitter
 from services.webhooks.app import create_app as create_webhooks
 from services.webhooks.ingest import Ingest, IngestMetrics
 from services.webhooks.intake import Intake, IntakeMetrics
+from shared.batch_ids import accepted_at
 from shared.batchstore import NewBatch
 from shared.config import ProviderSettings, Settings, WebhookSettings
 from shared.errors import ProviderError
 from shared.lanes import Priority
 from shared.metrics import DispatchMetrics
 from shared.models import Address, BatchJob, Chunk, Message, Recipient
-from shared.precedence import accepted_at, visible
+from shared.precedence import visible
 from shared.providers import responses, transport
 from shared.providers.base import Gate, LookupQuery, Receipt
 from shared.providers.catalog import CATALOG

@@ -51,7 +51,8 @@ from shared.config import (
     WebhookSettings,
 )
 from shared.db import Database
-from shared.engagement_tokens import Claim, KeyRing, ring_from, sign
+from shared.engagement_tokens import Claim, sign
+from shared.keyring import KeyRing, ring_from
 from shared.migrations import migrate
 from shared.resources import declare_topology
 from tests.fuzz.handmade import fuzz_handmade

@@ -12,9 +12,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from shared import accounts
+from shared.batch_ids import accepted_at
 from shared.batchstore import BatchStore, NewBatch
 from shared.db import Database
-from shared.precedence import accepted_at
 from shared.recipients import RecipientStore, Report, log_id_for
 from shared.reconcile import reconcile_day
 from shared.stats import Rollup, StatsStore, batch_day, bucket_of, user_bucket

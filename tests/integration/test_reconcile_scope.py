@@ -10,9 +10,9 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 from cassandra.util import uuid_from_time
 
+from shared.batch_ids import accepted_at
 from shared.batchstore import BatchStore, NewBatch
 from shared.db import Database
-from shared.precedence import accepted_at
 from shared.recipients import RecipientStore, Report, log_id_for
 from shared.reconcile import day_batches, reconcile_day
 from shared.stats import Rollup, StatsStore, batch_day, bucket_of

@@ -22,8 +22,8 @@ from shared.config import AmqpSettings, CassandraSettings, Settings, StatsSettin
 from shared.db import Database
 from shared.errors import DependencyUnavailable
 from shared.health import health_routes, run_checks
+from shared.migrations import LayoutMismatch, fix_layout
 from shared.resources import Resources, connect_with_retry, open_resources, readiness_checks
-from shared.stats import LayoutMismatch, fix_layout
 from shared.topology import Topology, batch_key
 
 

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-from shared import precedence
+from shared import batch_ids, precedence
 from shared.db import Database
 from shared.models import Message
 from shared.recipients import log_id_for
@@ -37,7 +37,7 @@ class V1Writer:
         message: Message,
         recipients: list[V1Recipient],
     ) -> dict[str, uuid.UUID]:
-        created = precedence.accepted_at(batch_id)
+        created = batch_ids.accepted_at(batch_id)
         queued = precedence.queued_stamp(batch_id)
         header_stamp = int(created.timestamp() * 1_000_000)
         await self.db.execute(

@@ -15,12 +15,12 @@ import pytest
 
 from services.api.sending import Extra, build_batch
 from shared import validation
+from shared.batch_ids import accepted_at
 from shared.batchstore import new_batch_id
 from shared.errors import DependencyUnavailable
 from shared.http import ApiError, error_response
 from shared.idempotency import Existing
 from shared.leases import SCHEDULER_WAKE, woken
-from shared.precedence import accepted_at
 from shared.stats import batch_day
 from tests.unit.sending_desk import TIMEOUT, A, B, Desk, body_of, new_desk
 

@@ -24,10 +24,11 @@ from services.consumers.campaign_hold import (
 )
 from services.consumers.dispatch import decode
 from shared.attempts import chunk_line
+from shared.batch_ids import accepted_at
 from shared.batchstore import NewBatch
 from shared.campaigns import METADATA_KEY, Campaign
 from shared.models import BatchJob
-from shared.precedence import accepted_at, visible
+from shared.precedence import visible
 from shared.topology import Topology, batch_key
 from tests.fakes.broker import FakeMessage
 from tests.fakes.campaign_store import FakeCampaigns

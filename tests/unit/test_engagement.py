@@ -21,7 +21,8 @@ from shared.engagement import (
     links_of,
     personalize,
 )
-from shared.engagement_tokens import KeyRing, read, redirect_target
+from shared.engagement_tokens import read, redirect_target
+from shared.keyring import KeyRing
 from shared.models import Address, Chunk, Engagement, Message, Recipient
 from shared.preferences import Preferences, patched
 from shared.providers import mailgun, sendgrid

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.engagement_tokens import Claim, KeyRing, read, redirect_target, ring_from, sign
+from shared.engagement_tokens import Claim, read, redirect_target, sign
+from shared.keyring import KeyRing, ring_from
 
 OLD = KeyRing((("k1", b"o" * 32),))
 NEW = KeyRing((("k2", b"n" * 32), ("k1", b"o" * 32)))

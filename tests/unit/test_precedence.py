@@ -8,14 +8,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from cassandra.util import uuid_from_time
 
-from shared import precedence
+from shared import batch_ids, precedence
 
 ACCEPTED = datetime(2026, 11, 25, 12, 0, 0, 250_000, tzinfo=UTC)
 BATCH = uuid_from_time(ACCEPTED)
 
 
 def test_acceptance_time_is_read_from_the_batch_id() -> None:
-    assert abs(precedence.accepted_at(BATCH) - ACCEPTED) < timedelta(milliseconds=1)
+    assert abs(batch_ids.accepted_at(BATCH) - ACCEPTED) < timedelta(milliseconds=1)
 
 
 def test_queued_loses_to_our_give_up_which_loses_to_any_provider_evidence() -> None:

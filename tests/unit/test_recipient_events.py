@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from shared.attempts import Attempt
-from shared.engagement import TRACKER
+from shared.providers.catalog import TRACKER
 from shared.recipient_events import (
     NO_QUERY,
     NO_WEBHOOK,

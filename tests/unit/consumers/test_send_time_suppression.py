@@ -14,11 +14,12 @@ import pytest
 
 from services.consumers import protocol
 from shared.attempts import chunk_line, recipient_line
+from shared.batch_ids import accepted_at
 from shared.batchstore import NewBatch
 from shared.errors import DependencyUnavailable
 from shared.hook_store import Endpoint
 from shared.models import Address, BatchJob, Chunk, Engagement, Message, Recipient
-from shared.precedence import accepted_at, visible
+from shared.precedence import visible
 from shared.providers.base import Receipt
 from shared.recipients import Report, log_id_for
 from shared.topology import batch_key

@@ -9,10 +9,10 @@ from datetime import timedelta
 
 import pytest
 
+from shared.batch_ids import accepted_at
 from shared.batchstore import NewBatch
 from shared.errors import DependencyUnavailable, PublishError
 from shared.models import LogJob
-from shared.precedence import accepted_at
 from shared.recipients import log_id_for
 from shared.topology import log_key
 from shared.webhook_events import ProviderEvent

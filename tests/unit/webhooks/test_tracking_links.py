@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from services.webhooks.tracking import Tracking
-from shared.engagement_tokens import KeyRing
+from shared.keyring import KeyRing
 from shared.models import Engagement
 from tests.fakes.world import World, new_batch
 from tests.unit.loop_turns import MANY, turns_during
