@@ -45,11 +45,11 @@ test-integration: install services-up ## the tests that need RabbitMQ and Cassan
 openapi: install ## rewrite the committed services/api/openapi.json from the models and the route table
 	$(PY) -c "import json; from services.api.openapi import document; print(json.dumps(document(), indent=2, sort_keys=True))" > services/api/openapi.json
 
-docs: install ## rewrite the README's provider table from shared/providers/catalog.py
-	$(PY) -c "from pathlib import Path; from shared.providers.catalog import with_table; p = Path('README.md'); p.write_text(with_table(p.read_text()))"
+docs: install ## rewrite the README's provider table from shared/core/catalog.py
+	$(PY) -c "from pathlib import Path; from shared.core.catalog import with_table; p = Path('README.md'); p.write_text(with_table(p.read_text()))"
 
 env-example: install ## rewrite .env.example from the settings model and the deploy scripts
-	$(PY) -c "from shared.envexample import render; print(render(), end='')" > .env.example
+	$(PY) -c "from shared.ops.envexample import render; print(render(), end='')" > .env.example
 
 COV_PACKAGES := -m "not offloop" --cov=services --cov=shared --cov-report=
 COV_UNIT := $(STATE)/coverage-unit
@@ -63,7 +63,7 @@ cov: install services-up ## coverage per package: the unit suite alone (bar: 70 
 	@echo "== the whole suite =="
 	@$(PY) -m tests.coverage_by_package $(COV_ALL)
 
-DECISIONS := services.consumers.protocol services.consumers.failover services.webhooks.transitions shared.precedence
+DECISIONS := services.consumers.protocol services.consumers.failover services.webhooks.transitions shared.delivery.precedence
 
 cov-decisions: install ## branch coverage of the pure decision modules by unit tests alone (CI: must be 100 %)
 	$(PY) -m pytest tests/unit -q -p no:randomly --no-header -m "not offloop" $(addprefix --cov=,$(DECISIONS)) \

@@ -15,10 +15,10 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
-from shared.broker import Broker
-from shared.config import load_settings
-from shared.db import Database
-from shared.resources import topology_for
+from shared.infra.broker import Broker
+from shared.infra.config import load_settings
+from shared.infra.db import Database
+from shared.infra.resources import topology_for
 
 _NAME = re.compile(r"^bench_(\d{8}t\d{6}z)_[0-9a-f]{6}$")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from shared.config import ConsumerSettings
+from shared.infra.config import ConsumerSettings
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,14 +28,14 @@ from typing import Any
 import httpx
 
 from bench.workload import BatchFactory
-from shared.batch_ids import accepted_at
-from shared.byte_budget import ByteBudget
-from shared.config import ConsumerSettings
-from shared.gil import CpuLane
-from shared.models import BatchJob
+from shared.core.batch_ids import accepted_at
+from shared.core.models import BatchJob
+from shared.infra.byte_budget import ByteBudget
+from shared.infra.config import ConsumerSettings
+from shared.infra.gil import CpuLane
+from shared.infra.topology import batch_key
 from shared.providers.mailgun import MailgunProvider
 from shared.providers.sendgrid import SendGridProvider
-from shared.topology import batch_key
 from tests.fakes.world import World
 
 #: Recipients per batch, as ``make bench`` sends them.

@@ -46,8 +46,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared.config import CassandraSettings
-from shared.db import Database
+from shared.infra.config import CassandraSettings
+from shared.infra.db import Database
 
 #: The ``system_views`` tables read per table of the keyspace, and what each count is here.
 VIEWS = {

@@ -18,13 +18,13 @@ from typing import Any
 from bench import child
 from bench.raw import seed
 from bench.workload import BatchFactory
-from shared.batchstore import BatchStore
-from shared.broker import Broker
-from shared.config import load_settings
-from shared.db import Database
-from shared.models import BatchJob
-from shared.resources import topology_for
-from shared.topology import batch_key
+from shared.core.models import BatchJob
+from shared.delivery.batchstore import BatchStore
+from shared.infra.broker import Broker
+from shared.infra.config import load_settings
+from shared.infra.db import Database
+from shared.infra.resources import topology_for
+from shared.infra.topology import batch_key
 
 #: Confirmed publishes in flight.
 WINDOW = 64

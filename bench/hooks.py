@@ -29,12 +29,12 @@ from cassandra.util import uuid_from_time
 
 from bench.child import emit, hold, progress, run, wait_for_go
 from services.sandbox import signing
-from shared.batchstore import BatchStore, NewBatch
-from shared.config import load_settings
-from shared.db import Database
-from shared.models import Address, Message, Recipient
-from shared.recipients import log_id_for
-from shared.stats import DEFAULT_BUCKETS, batch_day, bucket_of, dirty_shard
+from shared.core.models import Address, Message, Recipient
+from shared.delivery.batchstore import BatchStore, NewBatch
+from shared.delivery.recipients import log_id_for
+from shared.delivery.stats import DEFAULT_BUCKETS, batch_day, bucket_of, dirty_shard
+from shared.infra.config import load_settings
+from shared.infra.db import Database
 
 
 async def _seed(db: Database, user_id: uuid.UUID, count: int) -> tuple[uuid.UUID, list[Any]]:

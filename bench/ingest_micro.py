@@ -25,15 +25,15 @@ import orjson
 from prometheus_client import CollectorRegistry
 
 from services.webhooks.ingest import CONCURRENCY, Ingest, IngestMetrics
-from shared.batchstore import BatchStore, NewBatch
-from shared.broker import Broker
-from shared.config import CassandraSettings, load_settings
-from shared.db import Database
-from shared.migrations import migrate
-from shared.models import ATTEMPT_ARG, Address, Message, Recipient
+from shared.core.models import ATTEMPT_ARG, Address, Message, Recipient
+from shared.core.webhook_events import ProviderEvent
+from shared.delivery.batchstore import BatchStore, NewBatch
+from shared.delivery.recipients import log_id_for
+from shared.infra.broker import Broker
+from shared.infra.config import CassandraSettings, load_settings
+from shared.infra.db import Database
+from shared.infra.migrations import migrate
 from shared.providers import sendgrid_events
-from shared.recipients import log_id_for
-from shared.webhook_events import ProviderEvent
 
 BATCH = 100
 

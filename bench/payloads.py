@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import orjson
 
-from shared.models import Address, Chunk, Engagement, Message, Recipient
+from shared.core.models import Address, Chunk, Engagement, Message, Recipient
 from shared.providers.sendgrid import encoded_payload
 from tests.unit.providers.sendgrid_reference import reference_payload
 

@@ -30,16 +30,16 @@ import aio_pika.abc
 
 from bench import child
 from bench.workload import BatchFactory
-from shared.attempts import AttemptStore, chunk_line, tag
-from shared.batchstore import BatchStore
-from shared.broker import Broker, connect_nodes
-from shared.config import Settings, load_settings
-from shared.db import Database
-from shared.models import BatchJob, ChunkJob
+from shared.core.models import BatchJob, ChunkJob
+from shared.delivery.attempts import AttemptStore, chunk_line, tag
+from shared.delivery.batchstore import BatchStore
+from shared.delivery.recipients import RecipientStore, Selection
+from shared.infra.broker import Broker, connect_nodes
+from shared.infra.config import Settings, load_settings
+from shared.infra.db import Database
+from shared.infra.resources import topology_for
+from shared.infra.topology import batch_key, dispatch_key
 from shared.providers.sendgrid import SendGridProvider
-from shared.recipients import RecipientStore, Selection
-from shared.resources import topology_for
-from shared.topology import batch_key, dispatch_key
 
 #: Seconds between progress lines.
 REPORT_EVERY = 3.0

@@ -412,7 +412,7 @@ def rate_limit_lines(phases: Mapping[str, Any], figures: Mapping[str, Any]) -> l
     if r.get("defect"):
         lines.append(
             "LIMITER DEFECT: SendGrid got more calls than its limit allows (above 1.1 x): "
-            "see shared/provider_rates.py"
+            "see services/consumers/provider_rates.py"
         )
     return lines
 

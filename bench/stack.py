@@ -26,14 +26,14 @@ from bench.cqlops import OpsProbe, Snapshot
 from bench.sampler import ProcessSampler
 from bench.services import SERVICES, ServiceProcesses, free_port
 from services.sandbox import signing
-from shared import accounts
-from shared.broker import Broker, connect_nodes
-from shared.config import Settings, load_settings
-from shared.db import Database
-from shared.domains import DomainStore
-from shared.migrations import migrate
-from shared.resources import topology_for
-from shared.topology import Topology
+from shared.accounts import accounts
+from shared.accounts.domains import DomainStore
+from shared.infra.broker import Broker, connect_nodes
+from shared.infra.config import Settings, load_settings
+from shared.infra.db import Database
+from shared.infra.migrations import migrate
+from shared.infra.resources import topology_for
+from shared.infra.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS_DIR = Path(__file__).resolve().parent / "experiments"

@@ -18,9 +18,9 @@ from typing import Any
 import orjson
 from cassandra.util import uuid_from_time
 
-from shared import validation
-from shared.batchstore import NewBatch
-from shared.models import Chunk, Message, Recipient
+from shared.core.models import Chunk, Message, Recipient
+from shared.delivery import validation
+from shared.delivery.batchstore import NewBatch
 from shared.providers.limits import chunk_size
 
 #: Distinct recipient addresses the batches draw from.

@@ -26,11 +26,11 @@ import httpx
 from bench.stack import Stack
 from chaos.clients import REQUEST_TIMEOUT, addresses
 from chaos.verdict import Submission
-from shared.campaigns import CampaignStore
-from shared.contact_lists import ContactLists
-from shared.contacts_csv import Contact
-from shared.recipients import RecipientStore
-from shared.templates import TemplateStore
+from services.api.contact_lists import ContactLists
+from services.api.contacts_csv import Contact
+from shared.audience.campaigns import CampaignStore
+from shared.delivery.recipients import RecipientStore
+from shared.templates.templates import TemplateStore
 
 #: Contacts of the campaign, and the rate it sends at (a few tens of seconds of sending).
 CONTACTS, RATE = 2_000, 100

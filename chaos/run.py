@@ -48,13 +48,13 @@ import orjson
 from bench.sampler import ProcessSampler
 from bench.stack import ROOT, Stack
 from chaos import campaign, clients, faults, verdict
-from shared.attempts import AttemptStore
-from shared.check import Violation, check_day
-from shared.db import Database
-from shared.precedence import visible
-from shared.recipients import RecipientStore
-from shared.reconcile import day_batches
-from shared.stats import StatsStore, batch_day
+from shared.delivery.attempts import AttemptStore
+from shared.delivery.precedence import visible
+from shared.delivery.recipients import RecipientStore
+from shared.delivery.stats import StatsStore, batch_day
+from shared.infra.db import Database
+from shared.ops.check import Violation, check_day
+from shared.ops.reconcile import day_batches
 
 #: The fault tests run before the soak.
 DETERMINISTIC = (

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from shared import precedence
+from shared.delivery import precedence
 
 #: Address classes of a run and the state each must end in.
 DELIVER, BOUNCE, SG_DROP = "deliver", "bounce", "sgdrop"

@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from services import usercli
-from shared.apikeys import SCOPES
-from shared.config import Settings, load_settings
-from shared.errors import ConfigError, DependencyUnavailable
-from shared.logs import configure_logging
+from shared.accounts.apikeys import SCOPES
+from shared.core.errors import ConfigError, DependencyUnavailable
+from shared.infra.config import Settings, load_settings
+from shared.infra.logs import configure_logging
 
 
 def _create(command: str, settings: Settings) -> Any:
@@ -57,8 +57,8 @@ def _create(command: str, settings: Settings) -> Any:
 def _served(command: str, settings: Settings) -> Any:
     """The app a service process serves: settled once started, and held to its memory
     limit (``SAFEDELIVR_<SERVICE>_MEMORY_MAX_MB``; the sandbox, a test double, has none)."""
-    from shared.heap import settle_when_started
-    from shared.memory_guard import MemoryGuard, guarded
+    from shared.infra.heap import settle_when_started
+    from shared.infra.memory_guard import MemoryGuard, guarded
 
     app = settle_when_started(_create(command, settings))
     if command == "sandbox":
@@ -69,8 +69,8 @@ def _served(command: str, settings: Settings) -> Any:
 
 def _worker_app(command: str) -> Any:
     """The app of one uvicorn worker process: settings and logging are its own to set up."""
-    from shared.gil import shorten_switch_interval
-    from shared.heap import tune_malloc
+    from shared.infra.gil import shorten_switch_interval
+    from shared.infra.heap import tune_malloc
 
     tune_malloc()
     shorten_switch_interval()
@@ -102,8 +102,8 @@ def hooks_app() -> Any:
 def _serve(command: str, settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from shared.gil import shorten_switch_interval
-    from shared.heap import tune_malloc
+    from shared.infra.gil import shorten_switch_interval
+    from shared.infra.heap import tune_malloc
 
     tune_malloc()
     shorten_switch_interval()
@@ -186,11 +186,11 @@ def _workers(value: str) -> int:
 
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
-    from shared.db import Database
-    from shared.domains import DomainStore
-    from shared.migrations import fix_layout, migrate
-    from shared.stats import StatsStore
-    from shared.upgrade import upgrade
+    from shared.accounts.domains import DomainStore
+    from shared.delivery.stats import StatsStore
+    from shared.infra.db import Database
+    from shared.infra.migrations import fix_layout, migrate
+    from shared.ops.upgrade import upgrade
 
     async def go() -> int:
         applied = await migrate(settings.cassandra)
@@ -215,7 +215,7 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_topology(settings: Settings, args: argparse.Namespace) -> int:
-    from shared.resources import declare_topology
+    from shared.infra.resources import declare_topology
 
     t = asyncio.run(declare_topology(settings))
     print(f"exchange {t.exchange}: {len(t.queues())} queues declared")
@@ -223,8 +223,8 @@ def cmd_topology(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_keys_create(settings: Settings, args: argparse.Namespace) -> int:
-    from shared.accounts import create_key_for_login
-    from shared.apikeys import DEFAULT_SCOPES
+    from shared.accounts.accounts import create_key_for_login
+    from shared.accounts.apikeys import DEFAULT_SCOPES
 
     key = asyncio.run(
         create_key_for_login(
@@ -260,8 +260,8 @@ def _user(value: str) -> uuid.UUID:
 
 
 def cmd_stats_reconcile(settings: Settings, args: argparse.Namespace) -> int:
-    from shared.db import Database
-    from shared.reconcile import reconcile_day
+    from shared.infra.db import Database
+    from shared.ops.reconcile import reconcile_day
 
     day: dt.date = args.day
     users = [args.user] if args.user else None
@@ -291,8 +291,8 @@ def cmd_stats_reconcile(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
-    from shared.check import KINDS, check_day
-    from shared.db import Database
+    from shared.infra.db import Database
+    from shared.ops.check import KINDS, check_day
 
     # Longer than every window a recipient may rightly wait in: the resolution of an
     # ambiguous call by webhooks (or the query API), or a deferral until it is handed over;
@@ -328,10 +328,10 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_dead(settings: Settings, args: argparse.Namespace) -> int:
-    from shared.broker import Broker
-    from shared.db import Database
-    from shared.deadletters import DeadLetters, DeadLetterStore, ReplayRefused, line
-    from shared.resources import topology_for
+    from shared.infra.broker import Broker
+    from shared.infra.db import Database
+    from shared.infra.resources import topology_for
+    from shared.ops.deadletters import DeadLetters, DeadLetterStore, ReplayRefused, line
 
     async def go() -> int:
         db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
@@ -381,10 +381,10 @@ def cmd_dead(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_settings(settings: Settings, args: argparse.Namespace) -> int:
     import getpass
 
-    from shared.broker import Broker
-    from shared.db import Database
-    from shared.livesettings import SettingsError, SettingsStore, announce, check, defaults
-    from shared.resources import topology_for
+    from shared.infra.broker import Broker
+    from shared.infra.db import Database
+    from shared.infra.resources import topology_for
+    from shared.ops.livesettings import SettingsError, SettingsStore, announce, check, defaults
 
     async def go() -> int:
         db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
@@ -429,8 +429,8 @@ def cmd_settings(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_signups(settings: Settings, args: argparse.Namespace) -> int:
     import getpass
 
-    from shared.db import Database
-    from shared.signup import RequestState, SignupRequests
+    from shared.accounts.signup import RequestState, SignupRequests
+    from shared.infra.db import Database
 
     async def go() -> int:
         db = await Database.connect(settings.cassandra, keyspace=settings.cassandra.keyspace)

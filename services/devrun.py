@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from shared.accounts import create_key, upsert_github_user
-from shared.config import Settings
-from shared.db import Database
-from shared.domains import DomainStore
-from shared.migrations import migrate
-from shared.resources import declare_topology
+from shared.accounts.accounts import create_key, upsert_github_user
+from shared.accounts.domains import DomainStore
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.infra.migrations import migrate
+from shared.infra.resources import declare_topology
 
 #: GitHub id of the sandbox's default user (services/sandbox/oauth.py).
 DEMO_GITHUB_ID = 1_000_001
@@ -156,7 +156,7 @@ def run(settings: Settings) -> int:
         while not stopping:
             exited = [s for s in services if s.process is None or s.process.poll() is not None]
             # A service that ended on its own with status 0 retired itself (over its memory
-            # limit, shared.memory_guard): a fresh one takes its place, as systemd would.
+            # limit, shared.infra.memory_guard): a fresh one takes its place, as systemd would.
             retired = [s for s in exited if s.process is not None and s.process.returncode == 0]
             if len(retired) < len(exited):
                 died = [s.name for s in exited if s not in retired]

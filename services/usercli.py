@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from safedelivr_client import ApiError, Client
 
-from shared.config import Settings
+from shared.infra.config import Settings
 
 Command = Callable[[Settings, argparse.Namespace], int]
 

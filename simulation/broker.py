@@ -2,7 +2,7 @@
 and redelivery when a consumer's process dies, with every publish and ack a step.
 
 What it keeps of RabbitMQ (``reliability-and-providers.md`` A1): a publish is routed by the
-topic bindings of ``shared.topology`` (an unroutable key raises, as a mandatory publish with
+topic bindings of ``shared.infra.topology`` (an unroutable key raises, as a mandatory publish with
 ``on_return_raises`` does) and confirmed or not (a lost confirm may hide a message the broker
 did route); a delayed message waits in its tier's queue for the tier's TTL, then goes back
 to the exchange under its own key; a delivery stays unacked until acked, and when its
@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.errors import PublishError
-from shared.topology import DELAY_HEADER, Topology
+from shared.core.errors import PublishError
+from shared.infra.topology import DELAY_HEADER, Topology
 from simulation.processes import Gate, Incarnation, current
 from tests.fakes.broker import topic_matches
 

@@ -9,8 +9,14 @@ from prometheus_client import CollectorRegistry
 
 from services.webhooks.ingest import IngestMetrics
 from services.webhooks.intake import IntakeMetrics
-from shared.config import ApiSettings, ConsumerSettings, ProviderSettings, Settings, WebhookSettings
-from shared.metrics import ApiMetrics, DispatchMetrics
+from shared.infra.config import (
+    ApiSettings,
+    ConsumerSettings,
+    ProviderSettings,
+    Settings,
+    WebhookSettings,
+)
+from shared.infra.metrics import ApiMetrics, DispatchMetrics
 
 
 @dataclass(frozen=True)

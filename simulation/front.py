@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from shared.errors import DependencyUnavailable
-from shared.hook_delivery import Outcome
-from shared.http import ApiError
+from shared.core.errors import DependencyUnavailable
+from shared.infra.http import ApiError
+from shared.outbound.hook_delivery import Outcome
 from simulation.processes import Gate, Killed
 
 if TYPE_CHECKING:

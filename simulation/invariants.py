@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from services.hooks.schedule import occurred
-from shared.batch_ids import accepted_at
-from shared.campaigns import METADATA_KEY
-from shared.models import Message
-from shared.precedence import visible
-from shared.stats import batch_day
+from shared.audience.campaigns import METADATA_KEY
+from shared.core.batch_ids import accepted_at
+from shared.core.models import Message
+from shared.delivery.precedence import visible
+from shared.delivery.stats import batch_day
 from simulation.clients import Request
 from simulation.providers import Acceptance
 from simulation.world import World

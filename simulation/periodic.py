@@ -19,9 +19,9 @@ from services.api.campaign_runner import PASS_EVERY as RUNNER_EVERY
 from services.consumers.canary_judge import JUDGE_EVERY
 from services.consumers.scheduler import PASS_EVERY as SCHEDULER_EVERY
 from services.hooks.worker import Worker
-from shared.batchstore import shown_status
-from shared.errors import DependencyUnavailable
-from shared.user_hooks import wake
+from shared.core.errors import DependencyUnavailable
+from shared.delivery.batchstore import shown_status
+from shared.outbound.user_hooks import wake
 from simulation.processes import Incarnation
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from shared.errors import DependencyUnavailable
+from shared.core.errors import DependencyUnavailable
 from simulation.faults import DISCONNECT, KILL, Fault, Schedule, StepKind
 from tests.fakes.wire import Kind, Trip
 

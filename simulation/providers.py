@@ -31,8 +31,8 @@ import orjson
 
 from services.sandbox.events import Outcome, mailgun_events, outcome_for, sendgrid_events
 from services.sandbox.mailgun import parse_message
-from shared.errors import ProviderError
-from shared.models import Chunk
+from shared.core.errors import ProviderError
+from shared.core.models import Chunk
 from shared.providers.base import Gate as RateGate
 from shared.providers.base import LookupQuery, Receipt
 from shared.providers.mailgun import build_form

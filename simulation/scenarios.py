@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shared.campaigns import Action
-from shared.canary import in_canary
-from shared.contacts_csv import Contact
-from shared.http import ApiError
-from shared.preferences import Preferences
-from shared.providers.catalog import TRACKER
-from shared.recipients import log_id_for
-from shared.user_hooks import ALL, parse_events
-from shared.webhook_events import ProviderEvent
+from services.api.contacts_csv import Contact
+from shared.accounts.preferences import Preferences
+from shared.audience.campaigns import Action
+from shared.core.catalog import TRACKER
+from shared.core.webhook_events import ProviderEvent
+from shared.delivery.recipients import log_id_for
+from shared.infra.http import ApiError
+from shared.outbound.user_hooks import ALL, parse_events
+from shared.templates.canary import in_canary
 from simulation.clients import Request, send
 from simulation.config import Config
 from simulation.front import Reply

@@ -3,7 +3,7 @@
 Processes and what each runs (as ``services.cli`` runs them in production):
 
 * ``api``: accepting batches (:class:`services.api.sending.Sending` over
-  :class:`shared.acceptance.Acceptance`), campaigns and their runner, the outbox relay;
+  :class:`shared.delivery.acceptance.Acceptance`), campaigns and their runner, the outbox relay;
 * ``consumers-a`` and ``consumers-b``: the splitter, the provider senders
   (:class:`services.consumers.dispatch.Dispatcher`), the scheduler and the canary judge,
   each consuming every queue, so two deliveries of one job can run at once;
@@ -40,14 +40,14 @@ from services.consumers.splitter import Splitter
 from services.hooks.worker import Worker
 from services.webhooks.ingest import Ingest
 from services.webhooks.intake import Intake
-from shared.acceptance import Acceptance
-from shared.background import Background
-from shared.canary import Margins
-from shared.handoff import HandOff
-from shared.outbox import Relay
-from shared.resources import topology_for
-from shared.settle import Delivery, run
-from shared.user_hooks import HookEmitter
+from shared.delivery.acceptance import Acceptance
+from shared.delivery.handoff import HandOff
+from shared.delivery.outbox import Relay
+from shared.infra.background import Background
+from shared.infra.resources import topology_for
+from shared.infra.settle import Delivery, run
+from shared.outbound.user_hooks import HookEmitter
+from shared.templates.canary import Margins
 from simulation import front, periodic
 from simulation.broker import SimBroker, SimMessage
 from simulation.config import Config, metrics, settings_for

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import structlog
 
-from shared.broker import Broker
-from shared.config import (
+from shared.infra.broker import Broker
+from shared.infra.config import (
     AmqpSettings,
     ApiSettings,
     CassandraSettings,
@@ -31,9 +31,9 @@ from shared.config import (
     Settings,
     WebhookSettings,
 )
-from shared.db import Database
-from shared.migrations import migrate
-from shared.topology import Topology
+from shared.infra.db import Database
+from shared.infra.migrations import migrate
+from shared.infra.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[1]
 CI = os.environ.get("CI", "").lower() == "true"
@@ -133,7 +133,7 @@ async def settings(migrated: CassandraSettings, exchange_name: str) -> AsyncIter
 
 
 async def _delete_topology(s: Settings) -> None:
-    from shared.resources import topology_for
+    from shared.infra.resources import topology_for
 
     broker = Broker(s.amqp.url.get_secret_value(), topology_for(s), name="cleanup")
     with contextlib.suppress(Exception):  # nothing declared, or the broker is away: no leftovers

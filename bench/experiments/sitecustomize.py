@@ -7,7 +7,7 @@ library default to measure what a proposed change to ``shared/`` would gain, wit
 it; the results JSON lists the experiments that were active, and a normal run has none.
 
 Experiments that paid off became real changes and left this file: ``tcp-nodelay``
-(``shared/db.py`` sets TCP_NODELAY) and ``fast-email`` (``shared/addresses.py`` skips
+(``shared/infra/db.py`` sets TCP_NODELAY) and ``fast-email`` (``shared/core/addresses.py`` skips
 email-validator for plain ASCII addresses).
 """
 

@@ -5,7 +5,7 @@ that costs it most, at 1x and 10x in the same run, each in a child process with 
 the figure is the ratio of the two times (target: at most 15). Part (b), against a running
 stack (:class:`bench.stack.Stack`, as ``make bench`` starts it, with the sandbox
 providers): the hostile inputs of issue 33 and those of ``make fuzz``, then each service's
-longest event-loop stall and peak RSS from its ``/metrics`` (``shared.stall_monitor``;
+longest event-loop stall and peak RSS from its ``/metrics`` (``shared.infra.stall_monitor``;
 targets: 100 ms, and each service's configured memory limit,
 :func:`bench.hostile.targets.rss_limits`).
 

@@ -21,8 +21,8 @@ import httpx
 from bench.hostile import payloads
 from bench.hostile.cases import OPEN_WORD
 from services.sandbox import signing
-from shared.engagement_tokens import Claim, sign
-from shared.keyring import KeyRing
+from shared.core.keyring import KeyRing
+from shared.engagement.engagement_tokens import Claim, sign
 
 #: Times an API request answered 503 with Retry-After is sent.
 RETRIES = 30

@@ -26,26 +26,17 @@ from typing import Any, Final
 import orjson
 from pydantic import BaseModel
 
-from services.api import original_form
+from services.api import contacts_csv, list_import, original_form
 from services.api.queries import decode_cursor
-from shared import (
-    addresses,
-    contacts_csv,
-    domains,
-    engagement,
-    engagement_tokens,
-    link_rewrite,
-    list_import,
-    prefetch,
-    template_limits,
-    template_render,
-    template_use,
-    validation,
-    webhook_events,
-)
-from shared.config import TrackingSettings
-from shared.models import Chunk, Engagement, Message, Recipient
+from services.webhooks import prefetch
+from shared.accounts import domains
+from shared.core import addresses, webhook_events
+from shared.core.models import Chunk, Engagement, Message, Recipient
+from shared.delivery import validation
+from shared.engagement import engagement, engagement_tokens, link_rewrite
+from shared.infra.config import TrackingSettings
 from shared.providers import mailgun, mailgun_events, sendgrid, sendgrid_events
+from shared.templates import template_limits, template_render, template_use
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,12 +235,12 @@ def _text_cases() -> list[Case]:
     """The text parsers of headers, addresses and provider events, over a 100 KB run of an
     open encoded word (those of ``tests/unit/test_parsers_linear.py`` read it at 1 MB)."""
     parsers: dict[str, tuple[str, Callable[[str], object]]] = {
-        "address list": ("shared.addresses.split_address_list", addresses.split_address_list),
-        "address": ("shared.addresses.parse_address", addresses.parse_address),
-        "header text": ("shared.addresses.text_problem", addresses.text_problem),
-        "display name": ("shared.addresses.display_name", addresses.display_name),
-        "webhook email": ("shared.webhook_events.parse_email", webhook_events.parse_email),
-        "webhook time": ("shared.webhook_events.parse_time", webhook_events.parse_time),
+        "address list": ("shared.core.addresses.split_address_list", addresses.split_address_list),
+        "address": ("shared.core.addresses.parse_address", addresses.parse_address),
+        "header text": ("shared.core.addresses.text_problem", addresses.text_problem),
+        "display name": ("shared.core.addresses.display_name", addresses.display_name),
+        "webhook email": ("shared.core.webhook_events.parse_email", webhook_events.parse_email),
+        "webhook time": ("shared.core.webhook_events.parse_time", webhook_events.parse_time),
         "original is_email": ("services.api.original_form.is_email", original_form.is_email),
     }
     count = 100_000 // len(OPEN_WORD)
@@ -328,21 +319,21 @@ def _webhook_shape_cases() -> list[Case]:
 CASES: tuple[Case, ...] = (
     Case(
         "link rewrite",
-        "shared.link_rewrite.rewrite",
+        "shared.engagement.link_rewrite.rewrite",
         '"<a " x 10,000 (30 KB; issue 33 item 1)',
         _repeat(OPEN_TAG, 10_000),
         lambda html: link_rewrite.rewrite(html, str),
     ),
     Case(
         "tracked links of a stored message",
-        "shared.engagement.links_of (tracking endpoint)",
+        "shared.engagement.engagement.links_of (tracking endpoint)",
         '"<a " x 10,000 (30 KB), clicks tracked',
         lambda scale: message(OPEN_TAG * 10_000 * scale, clicks=True),
         engagement.links_of,
     ),
     Case(
         "personalize (click tracking)",
-        "shared.engagement.personalize (consumers)",
+        "shared.engagement.engagement.personalize (consumers)",
         '"<a " x 10,000 (30 KB), clicks tracked, 1 recipient',
         lambda scale: (
             chunk(
@@ -369,14 +360,14 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "batch validation: substitutions",
-        "shared.validation.parse_batch_request",
+        "shared.delivery.validation.parse_batch_request",
         "100 recipients x 9.9 KB of encoded words under a subject key (1 MB; item 4)",
         large_substitutions,
         lambda body: validation.parse_batch_request(body, max_recipients=1_000),
     ),
     Case(
         "batch validation: display names",
-        "shared.validation.parse_batch_request",
+        "shared.delivery.validation.parse_batch_request",
         '100 "to" entries, each named by 700 characters of open encoded words',
         hostile_addresses,
         lambda body: validation.parse_batch_request(body, max_recipients=1_000),
@@ -385,14 +376,14 @@ CASES: tuple[Case, ...] = (
     *_webhook_shape_cases(),
     Case(
         "template compile",
-        "shared.template_render.compile_part",
+        "shared.templates.template_render.compile_part",
         "a 5 KB list literal (item 2: 500 KB took 11-18 s)",
         list_source,
         lambda source: template_render.compile_part(source, html_part=True),
     ),
     Case(
         "template render: integers",
-        "shared.template_render.render_part",
+        "shared.templates.template_render.render_part",
         "3 ** 5000 squared 8 times (item 2; size: the integer squared first)",
         int_bomb,
         lambda source: template_render.render_part(source, {}, html_part=True),
@@ -400,42 +391,42 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "template render: memory",
-        "shared.template_render.render_part",
+        "shared.templates.template_render.render_part",
         '{% set aN = "x" * 1000000 %} x 150 (item 2: 1,500 used 1.46 GB)',
         memory_bomb,
         lambda source: template_render.render_part(source, {}, html_part=True),
     ),
     Case(
         "template text from html",
-        "shared.template_render.text_of",
+        "shared.templates.template_render.text_of",
         '"<a " x 100,000 (300 KB)',
         _repeat(OPEN_TAG, 100_000),
         template_render.text_of,
     ),
     Case(
         "template text from html: a tag of blanks",
-        "shared.template_render.text_of (_TAG_NAME)",
+        "shared.templates.template_render.text_of (_TAG_NAME)",
         "one tag of 5,000 blanks with a slash in their middle (5 KB)",
         lambda scale: "x<" + " " * 2_500 * scale + "/" + " " * 2_500 * scale + ">y",
         template_render.text_of,
     ),
     Case(
         "template % format",
-        "shared.template_limits.check_percent_format (% and the format filter)",
+        "shared.templates.template_limits.check_percent_format (% and the format filter)",
         '"%(" x 5,000 (10 KB): mapping keys no ")" closes',
         _repeat(OPEN_KEY, 5_000),
         lambda fmt: template_limits.check_percent_format(fmt, ()),
     ),
     Case(
         "template markers",
-        "shared.template_use.render_once (_check_markers)",
+        "shared.templates.template_use.render_once (_check_markers)",
         f'"{OPEN_MARKER}" x 1,250 (10 KB) in a template\'s html',
         lambda scale: template_use.Source(1, "Hi", OPEN_MARKER * 1_250 * scale, None),
         lambda source: template_use.render_once(source, {}, ()),
     ),
     Case(
         "CSV contact import",
-        "shared.contacts_csv.scan + shared.list_import.sort_slice",
+        "services.api.contacts_csv.scan + services.api.list_import.sort_slice",
         "5 MB: distinct contacts with 60 fields each (item 5: 50 MB)",
         csv_file,
         csv_import,
@@ -456,14 +447,14 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "tracking token",
-        "shared.engagement_tokens.read (tracking endpoint)",
+        "shared.engagement.engagement_tokens.read (tracking endpoint)",
         'a token of "a." x 5,000 (10 KB)',
         _repeat("a.", 5_000),
         lambda token: engagement_tokens.read(token, tracker().ring),
     ),
     Case(
         "tracking user agent",
-        "shared.prefetch.machine (tracking endpoint)",
+        "services.webhooks.prefetch.machine (tracking endpoint)",
         "a 10 KB user agent",
         _repeat("Mozilla/5.0 ", 850),
         prefetch.machine,
@@ -477,7 +468,7 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "DNS TXT answer",
-        "shared.domains.txt_strings (domain verification)",
+        "shared.accounts.domains.txt_strings (domain verification)",
         "a TXT record of 6.5 KB: an open quote and escaped quotes (65 KB at 10x: a DNS message)",
         lambda scale: {"Answer": [{"type": 16, "data": '"' + '\\"' * 3_250 * scale}]},
         domains.txt_strings,

@@ -23,7 +23,7 @@ import httpx
 
 from bench.hostile.attack import Attack, Target
 from services.sandbox import signing
-from shared.config import Settings
+from shared.infra.config import Settings
 from tests.fuzz import handmade
 from tests.fuzz.run import tracking_calls, webhook_bodies
 

@@ -70,7 +70,7 @@ def compile_bomb_template() -> dict[str, Any]:
 
 def markers_template() -> dict[str, Any]:
     """168 KB of template markers without their close: each start scanned to the end when
-    a batch renders the version (``shared.template_use``; 19 s measured)."""
+    a batch renders the version (``shared.templates.template_use``; 19 s measured)."""
     return template("markers", OPEN_MARKER * 21_000)
 
 

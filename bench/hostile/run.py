@@ -48,7 +48,7 @@ from bench.hostile import attack, cases, fuzzed, parsers, report, scrape, target
 from bench.run import Printer
 from bench.sampler import ProcessSampler
 from bench.stack import ROOT, Stack, run_names
-from shared.keyring import ring_from
+from shared.core.keyring import ring_from
 from tests.fuzz.tally import new_sender
 
 RESULTS_DIR = ROOT / "bench" / "results" / "hostile"

@@ -1,5 +1,5 @@
 """Reading a service's stall and memory figures from its ``/metrics``
-(``shared.stall_monitor``): :func:`figures` is pure, :func:`scrape` fetches.
+(``shared.infra.stall_monitor``): :func:`figures` is pure, :func:`scrape` fetches.
 
 A service whose event loop is held cannot answer until it is let go, so a scrape waits long
 (its timeout is the run's): an answer that never comes is itself the figure (the loop was

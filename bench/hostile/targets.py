@@ -8,8 +8,8 @@
 * No service's event loop may stall longer than :data:`STALL_TARGET` seconds.
 * No service's peak RSS may pass its memory limit: the one its settings give it
   (``SAFEDELIVR_<SERVICE>_MEMORY_MAX_MB``, which the process enforces:
-  ``shared.memory_guard``), read by :func:`rss_limits` from the settings the stack runs with. ``make
-  bench``'s 100 MB is the steady-state goal of a process at ordinary load, not this.
+  ``shared.infra.memory_guard``), read by :func:`rss_limits` from the settings the stack runs with.
+  ``make bench``'s 100 MB is the steady-state goal of a process at ordinary load, not this.
 
 Every verdict is ``{"value", "target", "pass"}``; ``pass`` is None when there is no figure
 to judge (the harness failed), never a pass.
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shared.config import Settings
+from shared.infra.config import Settings
 
 #: 10x the input may take at most this many times as long (issue 33, "Deliver" 1).
 RATIO_TARGET: Final = 15.0

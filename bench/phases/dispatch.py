@@ -22,7 +22,7 @@ from datetime import UTC
 from bench import cqlops
 from bench.phases import Context, Result, phase
 from bench.stats import per_second, spread_window
-from shared.recipients import RecipientStore
+from shared.delivery.recipients import RecipientStore
 
 #: Seconds between progress lines while draining.
 REPORT_EVERY = 2.5

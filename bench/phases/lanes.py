@@ -27,7 +27,7 @@ import orjson
 
 from bench.phases import Context, Result, phase
 from bench.stats import latency_summary, per_second
-from shared.attempts import Attempt, AttemptStore, chunk_line
+from shared.delivery.attempts import Attempt, AttemptStore, chunk_line
 
 #: Seconds between progress lines.
 REPORT_EVERY = 2.5

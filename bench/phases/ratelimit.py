@@ -1,5 +1,5 @@
-"""The shared per-provider rate limit under a flood (``shared.provider_rates``): how much of
-SendGrid's limit three consumer processes use together, whether they ever exceed it, and
+"""The shared per-provider rate limit under a flood (``services.consumers.provider_rates``): how
+much of SendGrid's limit three consumer processes use together, whether they ever exceed it, and
 what the limiter costs.
 
 With the API, three consumer processes and the sandbox (a process of its own, as a provider
@@ -46,7 +46,7 @@ import aiohttp
 from bench import stats
 from bench.phases import Context, Result, phase
 from bench.targets import ratio
-from shared import accounts
+from shared.accounts import accounts
 
 #: Ratio to the limit above which the limiter let too many calls through.
 DEFECT_RATIO = 1.1

@@ -33,10 +33,10 @@ import orjson
 from cassandra.util import uuid_from_time
 
 from bench.phases import Context, Result, phase
-from shared.config import CassandraSettings
-from shared.db import Database
-from shared.migrations import migrate
-from shared.stats import StatsStore, batch_day, day_of, dirty_shard
+from shared.delivery.stats import StatsStore, batch_day, day_of, dirty_shard
+from shared.infra.config import CassandraSettings
+from shared.infra.db import Database
+from shared.infra.migrations import migrate
 
 #: Rows per seeding write (one partition each).
 SEED_BATCH = 250

@@ -11,10 +11,11 @@ from services.api.auth import require_key
 from services.api.managing import Managing
 from services.api.queries import decode_cursor, encode_cursor, page_limit
 from services.api.schema import KeyIn, SuppressionIn, checked
-from shared import accounts, validation
-from shared.http import JSON, ApiError, read_json
-from shared.stats import MAX_RANGE_DAYS, StatsStore, zero_filled
-from shared.suppressions import SuppressionStore, made_by_recipient
+from shared.accounts import accounts
+from shared.audience.suppressions import SuppressionStore, made_by_recipient
+from shared.delivery import validation
+from shared.delivery.stats import MAX_RANGE_DAYS, StatsStore, zero_filled
+from shared.infra.http import JSON, ApiError, read_json
 
 #: Small JSON bodies only on these endpoints.
 SMALL_BODY = 16 * 1024

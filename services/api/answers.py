@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from services.api.queries import BatchOverview, BatchSummary, Page, RecipientLog, Step
-from shared.models import TemplateUse
+from shared.core.models import TemplateUse
 
 
 def _when(at: datetime | None) -> str | None:

@@ -31,8 +31,13 @@ from services.api import (
 from services.api import settings as live
 from services.api.campaign_runner import CampaignRunner
 from services.api.campaigns import Campaigns
+from services.api.cap_store import CapStore
 from services.api.capping import Caps
+from services.api.contact_lists import ContactLists
+from services.api.cooldown import RecentMail
 from services.api.dashboard import compile_pages, create_templates, dashboard_routes
+from services.api.idempotency import IdempotencyStore
+from services.api.keycache import KeyCache, Revocations
 from services.api.managing import Managing
 from services.api.openapi import document as openapi_document
 from services.api.openapi import openapi_json
@@ -40,40 +45,41 @@ from services.api.original import original_routes
 from services.api.sending import Sending
 from services.api.sessions import LoginRequired, cookie_secure, login_required_response
 from services.api.templated import TemplateBatches
-from shared import accounts, ratelimit
-from shared.acceptance import Acceptance
-from shared.attempts import AttemptStore
-from shared.background import Background
-from shared.batchstore import BatchStore
-from shared.broker import Broker
-from shared.byte_budget import ByteBudget
-from shared.campaigns import CampaignStore
-from shared.canary_store import CanaryStore
-from shared.cap_store import CapStore
-from shared.config import Settings
-from shared.contact_lists import ContactLists
-from shared.cooldown import RecentMail
-from shared.deadletters import DeadLetters, DeadLetterStore
-from shared.domains import WAKE as DOMAINS_WAKE
-from shared.domains import DohResolver, DomainStore
-from shared.errors import DependencyUnavailable
-from shared.health import health_routes
-from shared.http import AdmissionLimit, BodyBudget, StrictTransportSecurity, error_handlers
-from shared.idempotency import IdempotencyStore
-from shared.keycache import KeyCache, Revocations
-from shared.metrics import ApiMetrics, new_registry
-from shared.outbox import Outbox, Relay, relay_forever, tell_relays
-from shared.preferences import PreferenceStore
-from shared.ratelimit import QuotaLedger, RateLimiter, RatePolicy, RateWindows, RecipientQuota
-from shared.resources import open_resources, readiness_checks
-from shared.schedule_store import ScheduleStore
-from shared.stall_monitor import StallMetrics, watching
-from shared.stats import StatsStore, tell_rollups
-from shared.suppression_cache import Changes, SuppressionCache
-from shared.suppressions import SuppressionStore
-from shared.template_pool import TemplatePool
-from shared.templates import TemplateStore
-from shared.user_cache import UserCache, UserChanges
+from shared.accounts import accounts, ratelimit
+from shared.accounts.domains import WAKE as DOMAINS_WAKE
+from shared.accounts.domains import DohResolver, DomainStore
+from shared.accounts.preferences import PreferenceStore
+from shared.accounts.ratelimit import (
+    QuotaLedger,
+    RateLimiter,
+    RatePolicy,
+    RateWindows,
+    RecipientQuota,
+)
+from shared.audience.campaigns import CampaignStore
+from shared.audience.suppression_cache import Changes, SuppressionCache
+from shared.audience.suppressions import SuppressionStore
+from shared.core.errors import DependencyUnavailable
+from shared.delivery.acceptance import Acceptance
+from shared.delivery.attempts import AttemptStore
+from shared.delivery.batchstore import BatchStore
+from shared.delivery.outbox import Outbox, Relay, relay_forever, tell_relays
+from shared.delivery.schedule_store import ScheduleStore
+from shared.delivery.stats import StatsStore, tell_rollups
+from shared.infra.background import Background
+from shared.infra.broker import Broker
+from shared.infra.byte_budget import ByteBudget
+from shared.infra.config import Settings
+from shared.infra.health import health_routes
+from shared.infra.http import AdmissionLimit, BodyBudget, StrictTransportSecurity, error_handlers
+from shared.infra.metrics import ApiMetrics, new_registry
+from shared.infra.resources import open_resources, readiness_checks
+from shared.infra.stall_monitor import StallMetrics, watching
+from shared.infra.user_cache import UserCache, UserChanges
+from shared.ops.deadletters import DeadLetters, DeadLetterStore
+from shared.templates.canary_store import CanaryStore
+from shared.templates.template_pool import TemplatePool
+from shared.templates.templates import TemplateStore
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +92,8 @@ async def _hear_changes(
 ) -> None:
     """Drop keys, users' suppression lists and verified domains from this process's caches as
     soon as any process announces them revoked or changed; with the broker down, cached ones
-    still expire within their TTL (``shared.keycache``, ``shared.suppression_cache``,
-    ``shared.user_cache``)."""
+    still expire within their TTL (``services.api.keycache``, ``shared.audience.suppression_cache``,
+    ``shared.infra.user_cache``)."""
 
     def hear(body: bytes) -> None:
         keys.hear(body)
@@ -122,12 +128,12 @@ def create_app(settings: Settings) -> Starlette:
         async with open_resources(settings, name="safedelivr-api") as res:
             state = app.state
             state.resources = res
-            # Large batches' validation, CSV scans, large JSON: on one thread (shared.gil).
+            # Large batches' validation, CSV scans, large JSON: on one thread (shared.infra.gil).
             state.cpu = res.cpu
             state.stats = tell_rollups(StatsStore(res.db, settings.stats.buckets), res.broker)
             state.batches = BatchStore(res.db, state.stats)
             state.outbox = Outbox(res.db, settings.amqp.exchange)
-            # Charged in process against leases of the shared counter (shared.ratelimit).
+            # Charged in process against leases of the shared counter (shared.accounts.ratelimit).
             state.quota = QuotaLedger(RecipientQuota(res.db, settings.api.daily_recipient_quota))
             # Made here, not on first use, so that its leases in flight end before the database.
             state.rate_limiter = RateLimiter(

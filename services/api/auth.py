@@ -5,9 +5,9 @@ The one owner of request rate limits: a dashboard session's requests that send
 (``/send``, ``/api/batch``) are limited here too (:func:`limit_user`), by the same limiter
 and policy, per user.
 
-Keys are looked up through this process's :class:`shared.keycache.KeyCache`: a row read
+Keys are looked up through this process's :class:`services.api.keycache.KeyCache`: a row read
 less than a second ago is used again, and a revoked key is dropped from every process's cache
-by a broadcast (and refused everywhere within ``shared.keycache.TTL`` without one).
+by a broadcast (and refused everywhere within ``services.api.keycache.TTL`` without one).
 ``last_used_at`` is written at most once a minute per key per process, in the
 background, so the hot path gains no write for it.
 """
@@ -21,14 +21,14 @@ from datetime import UTC, datetime
 
 from starlette.requests import Request
 
-from shared import accounts, ratelimit
-from shared.accounts import ApiKeyRecord
-from shared.background import Background
-from shared.config import Settings
-from shared.db import Database
-from shared.http import ApiError
-from shared.keycache import KeyCache
-from shared.ratelimit import RateLimiter, RatePolicy, RateWindows, Verdict
+from services.api.keycache import KeyCache
+from shared.accounts import accounts, ratelimit
+from shared.accounts.accounts import ApiKeyRecord
+from shared.accounts.ratelimit import RateLimiter, RatePolicy, RateWindows, Verdict
+from shared.infra.background import Background
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.infra.http import ApiError
 
 _UNAUTHORIZED = ApiError(
     401,
@@ -58,7 +58,7 @@ async def require_key(request: Request, scope: str) -> ApiKeyRecord:
 
 
 def require_scope(record: ApiKeyRecord, scope: str) -> None:
-    """403 unless the key holds ``scope`` (see ``shared.apikeys.SCOPES``)."""
+    """403 unless the key holds ``scope`` (see ``shared.accounts.apikeys.SCOPES``)."""
     if scope not in record.scopes:
         raise ApiError(
             403,

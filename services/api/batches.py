@@ -12,9 +12,9 @@ from starlette.responses import Response
 
 from services.api.auth import require_key
 from services.api.sending import Sending
-from shared.batchstore import BatchHeader, BatchStore
-from shared.config import Settings
-from shared.http import JSON, ApiError, read_json
+from shared.delivery.batchstore import BatchHeader, BatchStore
+from shared.infra.config import Settings
+from shared.infra.http import JSON, ApiError, read_json
 
 from . import answers, queries
 

@@ -2,7 +2,7 @@
 ones slice by slice, at their rate, through the ordinary acceptance of batches.
 
 One runner works per namespace at a time (a lease); every API process runs one and the
-others wait. Each pass looks at the campaigns on the runners' list (``shared.campaigns``):
+others wait. Each pass looks at the campaigns on the runners' list (``shared.audience.campaigns``):
 a scheduled one whose time came starts sending; a sending one gets its next slices (as many
 as its rate allows per pass, at least one): the next contacts from its cursor become one
 batch request of the campaign's template, staged before anything else (``Staged``: its batch
@@ -21,8 +21,8 @@ retry a different request (a 409 that would pause the campaign for good) or, onc
 expired, a second batch.
 
 The batches go in the bulk lane (never in front of transactional mail) and name the list
-(``shared.engagement``): their copies carry a one-click unsubscribe scoped to the list, and
-the list's own unsubscribes are left out.
+(``shared.engagement.engagement``): their copies carry a one-click unsubscribe scoped to the list,
+and the list's own unsubscribes are left out.
 A slice the daily quota refuses pauses the campaign with that reason, and so does a live
 version that does not render (or passes a template limit): the staged slice stays for a resume.
 
@@ -31,7 +31,7 @@ dependency) the next pass follows :data:`PASS_EVERY` later, the period its pace 
 in; an idle holder (nothing listed, or only paused campaigns and scheduled ones whose time
 has not come) waits instead until the earliest ``send_at`` it read or its lease's renewal (a
 third of :data:`LEASE_SECONDS`), whichever is first, and the API wakes every runner
-(``shared.leases.wake``, :data:`WAKE`) when a campaign is scheduled or resumed, so it starts
+(``shared.infra.leases.wake``, :data:`WAKE`) when a campaign is scheduled or resumed, so it starts
 within about :data:`PASS_EVERY` as before; one whose wake-up was lost (the broker was
 unreachable) within the renewal period, 5 s. A runner without the lease asks for it again
 after :data:`ASK_EVERY` (the holder's renewal period, 5 s: its lease cannot lapse sooner) or
@@ -49,10 +49,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from services.api.sending import Sending
-from shared.batchstore import new_batch_id
-from shared.campaigns import METADATA_KEY, Campaign, CampaignStore, Slice, Staged
-from shared.contact_lists import (
+from services.api.contact_lists import (
     BUCKETS,
     ContactLists,
     ListContact,
@@ -60,10 +57,13 @@ from shared.contact_lists import (
     list_scope,
     read_page,
 )
-from shared.http import ApiError
-from shared.leases import CAMPAIGNS_WAKE, Lease, LeasedLoop
-from shared.schedule_store import ScheduleStore
-from shared.templates import TemplateStore
+from services.api.sending import Sending
+from shared.audience.campaigns import METADATA_KEY, Campaign, CampaignStore, Slice, Staged
+from shared.delivery.batchstore import new_batch_id
+from shared.delivery.schedule_store import ScheduleStore
+from shared.infra.http import ApiError
+from shared.infra.leases import CAMPAIGNS_WAKE, Lease, LeasedLoop
+from shared.templates.templates import TemplateStore
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ LEASE_SECONDS: Final = 15
 #: renews every third of :data:`LEASE_SECONDS`, so its lease cannot lapse sooner than that
 #: after a refusal; a dead holder's is taken over within LEASE_SECONDS + ASK_EVERY, 20 s.
 ASK_EVERY: Final = LEASE_SECONDS / 3
-#: The name its wake-ups carry (``shared.leases.wake``).
+#: The name its wake-ups carry (``shared.infra.leases.wake``).
 WAKE: Final = CAMPAIGNS_WAKE
 
 

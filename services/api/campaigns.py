@@ -1,6 +1,7 @@
 """``/v1/campaigns``: a template sent to a contact list, now or later. Create (a draft),
 list, read (with its progress), schedule, pause, resume, cancel and delete; the runner
-(``services.api.campaign_runner``) does the sending, ``shared.campaigns`` owns the lifecycle.
+(``services.api.campaign_runner``) does the sending, ``shared.audience.campaigns`` owns the
+lifecycle.
 
 A lifecycle step the campaign's state does not allow is a 409 naming the state; a step that
 raced another (the runner starting it, a second click) is answered from the state it found.
@@ -24,13 +25,11 @@ from starlette.responses import Response
 
 from services.api.auth import require_key
 from services.api.capping import Caps, Census
+from services.api.contact_lists import ContactLists
 from services.api.queries import batch_counts, path_uuid
 from services.api.schema import CampaignIn, CampaignScheduleIn, checked
 from services.api.sending import Sending
-from shared import lanes
-from shared.addresses import parse_address
-from shared.batchstore import BatchStore
-from shared.campaigns import (
+from shared.audience.campaigns import (
     DELETABLE,
     Action,
     Campaign,
@@ -38,10 +37,12 @@ from shared.campaigns import (
     LifecycleError,
     next_state,
 )
-from shared.contact_lists import ContactLists
-from shared.http import JSON, ApiError, read_json
-from shared.leases import CAMPAIGNS_WAKE, wake
-from shared.templates import TemplateStore
+from shared.core import lanes
+from shared.core.addresses import parse_address
+from shared.delivery.batchstore import BatchStore
+from shared.infra.http import JSON, ApiError, read_json
+from shared.infra.leases import CAMPAIGNS_WAKE, wake
+from shared.templates.templates import TemplateStore
 
 SMALL_BODY = 64 * 1024
 #: Recipients a second a campaign sends at unless it says.

@@ -1,6 +1,6 @@
 """Holding the API's creations to the per-user caps: a place claimed before a thing is
-created and given back once it is deleted, over the ledgers of ``shared.cap_store`` with the
-decisions of ``shared.caps``; a refusal is a 409 naming the cap and its limit.
+created and given back once it is deleted, over the ledgers of ``services.api.cap_store`` with the
+decisions of ``services.api.caps``; a refusal is a 409 naming the cap and its limit.
 
 Each step reads the ledger, decides, and writes it back conditionally on the version read; a
 write that lost to another change (a concurrent creation, a deletion) is decided again from
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from shared.cap_store import ledger_name
-from shared.caps import COUNTED, Cap, Holds, needs_census, plan_claim, plan_release
-from shared.config import CapSettings
-from shared.errors import DependencyUnavailable
-from shared.http import ApiError
+from services.api.cap_store import ledger_name
+from services.api.caps import COUNTED, Cap, Holds, needs_census, plan_claim, plan_release
+from shared.core.errors import DependencyUnavailable
+from shared.infra.config import CapSettings
+from shared.infra.http import ApiError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ Census = Callable[[Collection[str]], Awaitable[Set[str]]]
 
 
 class CapLedger(Protocol):
-    """:class:`shared.cap_store.CapStore`, or its twin."""
+    """:class:`services.api.cap_store.CapStore`, or its twin."""
 
     def read(self, user_id: uuid.UUID, ledger: str) -> Awaitable[Holds]: ...
 

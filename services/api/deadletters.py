@@ -1,6 +1,6 @@
 """``/v1/dead-letters`` (operator keys only): list the dead letters the consumers archived,
 replay one (published again once; a second replay is a 409) or delete it
-(``shared.deadletters``)."""
+(``shared.ops.deadletters``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from starlette.responses import Response
 
 from services.api.auth import require_key
 from services.api.queries import decode_cursor, encode_cursor, page_limit
-from shared.deadletters import DeadLetters, ReplayRefused, view
-from shared.http import JSON, ApiError
+from shared.infra.http import JSON, ApiError
+from shared.ops.deadletters import DeadLetters, ReplayRefused, view
 
 _REFUSALS = {"not_found": 404, "already_replayed": 409, "replaying": 409, "unroutable": 409}
 

@@ -1,9 +1,9 @@
 """``/v1/domains``: add a sending domain, show the TXT record that proves it is yours, verify
 it, list and remove, and see its sending capacity today, the state of its periodic checks
-(``shared.domain_checks``) and what may be said of other accounts' claims on it
-(``shared.domain_claims``); :class:`SendingDomains` holds the use cases the dashboard's Domains
-page shares. ``/v1/domain-claims/{domain}`` (operator keys) lists every claim in full.
-Batches are sent only from verified domains (``shared.domains``)."""
+(``shared.accounts.domain_checks``) and what may be said of other accounts' claims on it
+(``services.api.domain_claims``); :class:`SendingDomains` holds the use cases the dashboard's
+Domains page shares. ``/v1/domain-claims/{domain}`` (operator keys) lists every claim in full.
+Batches are sent only from verified domains (``shared.accounts.domains``)."""
 
 from __future__ import annotations
 
@@ -16,20 +16,21 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from services.api import domain_claims
 from services.api.auth import require_key
+from services.api.domain_claims import OtherClaims, state_of
 from services.api.schema import DomainIn, checked
 from services.api.settings import settings_store
-from shared import domain_claims, domains
-from shared.accounts import get_user
-from shared.config import Settings
-from shared.db import Database
-from shared.domain_capacity import DayVolume, DomainVolumes, capacity
-from shared.domain_checks import CheckRules, unverified_after
-from shared.domain_claims import OtherClaims, state_of
-from shared.domains import Claim, DohResolver, DomainError, DomainStore, SendingDomain
-from shared.http import JSON, ApiError, read_json
-from shared.livesettings import resolve
-from shared.user_cache import UserChanges
+from shared.accounts import domains
+from shared.accounts.accounts import get_user
+from shared.accounts.domain_checks import CheckRules, unverified_after
+from shared.accounts.domains import Claim, DohResolver, DomainError, DomainStore, SendingDomain
+from shared.delivery.domain_capacity import DayVolume, DomainVolumes, capacity
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.infra.http import JSON, ApiError, read_json
+from shared.infra.user_cache import UserChanges
+from shared.ops.livesettings import resolve
 
 SMALL_BODY = 4 * 1024
 #: Claims an operator is shown of one domain.
@@ -44,7 +45,7 @@ def view(
     others: OtherClaims | None = None,
 ) -> dict[str, Any]:
     """What users see of a domain: its state and the checks behind it, the record to publish,
-    what they may know of other accounts' claims (``shared.domain_claims``), and its sending
+    what they may know of other accounts' claims (``services.api.domain_claims``), and its sending
     capacity today (None while capacity is off)."""
     return {
         "capacity": capacity,
@@ -195,7 +196,7 @@ def _name_or_404(raw: str) -> str:
 
 
 async def capacities(request: Request, names: list[str]) -> dict[str, dict[str, Any] | None]:
-    """Each domain's capacity today (``shared.domain_capacity``) for mail from exactly that
+    """Each domain's capacity today (``shared.delivery.domain_capacity``) for mail from exactly that
     domain; all None while the live setting ``capacity.enabled`` is off."""
     settings: Settings = request.app.state.settings
     rules = resolve(await settings_store(request).stored(), settings.providers).capacity

@@ -34,14 +34,14 @@ from starlette.responses import Response
 from services.api.auth import require_key
 from services.api.queries import page_limit
 from services.api.schema import WebhookIn, WebhookPatch, checked
-from shared import ssrf
-from shared.broker import Broker
-from shared.config import HooksSettings
-from shared.hook_delivery import Resolve, resolve, vet
-from shared.hook_queue import Delivery, HookQueue
-from shared.hook_store import Endpoint, HookStore
-from shared.http import JSON, ApiError, read_json
-from shared.user_hooks import EventsError, parse_events, shown_events, wake
+from shared.infra.broker import Broker
+from shared.infra.config import HooksSettings
+from shared.infra.http import JSON, ApiError, read_json
+from shared.outbound import ssrf
+from shared.outbound.hook_delivery import Resolve, resolve, vet
+from shared.outbound.hook_queue import Delivery, HookQueue
+from shared.outbound.hook_store import Endpoint, HookStore
+from shared.outbound.user_hooks import EventsError, parse_events, shown_events, wake
 
 SMALL_BODY = 8 * 1024
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")

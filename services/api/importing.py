@@ -1,5 +1,5 @@
 """Running a contact list's CSV import in the API process, in the background: the shell
-around :mod:`shared.list_import`'s decisions.
+around :mod:`services.api.list_import`'s decisions.
 
 The file is read a slice of rows at a time, as a stream (on the API's CPU lane: parsing
 never holds the event loop, and only the slice at hand is in memory, whatever the file's
@@ -21,14 +21,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-from shared.addresses import address_key
-from shared.config import ListSettings
-from shared.contact_lists import ContactLists, list_scope
-from shared.contacts_csv import Contact, CsvError, Rejected, Source, scan
-from shared.errors import DependencyUnavailable
-from shared.gil import CpuLane
-from shared.list_import import ImportJob, Sorted, advance, finish, sort_slice
-from shared.suppressions import SuppressionStore
+from services.api.contact_lists import ContactLists, list_scope
+from services.api.contacts_csv import Contact, CsvError, Rejected, Source, scan
+from services.api.list_import import ImportJob, Sorted, advance, finish, sort_slice
+from shared.audience.suppressions import SuppressionStore
+from shared.core.addresses import address_key
+from shared.core.errors import DependencyUnavailable
+from shared.infra.config import ListSettings
+from shared.infra.gil import CpuLane
 
 log = logging.getLogger(__name__)
 

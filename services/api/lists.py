@@ -26,15 +26,10 @@ from typing import IO, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from services.api import contacts_csv
 from services.api.auth import require_key
 from services.api.capping import Caps, Census
-from services.api.importing import Importer
-from services.api.queries import decode_cursor, encode_cursor, page_limit, path_uuid
-from services.api.schema import ListIn, checked
-from shared import contacts_csv
-from shared.background import Background
-from shared.config import ListSettings
-from shared.contact_lists import (
+from services.api.contact_lists import (
     BUCKETS,
     ContactList,
     ContactLists,
@@ -42,10 +37,15 @@ from shared.contact_lists import (
     Position,
     read_page,
 )
-from shared.gil import CpuLane
-from shared.http import JSON, ApiError, read_json, spool_capped
-from shared.list_import import ImportJob, live, shown
-from shared.suppressions import SuppressionStore
+from services.api.importing import Importer
+from services.api.list_import import ImportJob, live, shown
+from services.api.queries import decode_cursor, encode_cursor, page_limit, path_uuid
+from services.api.schema import ListIn, checked
+from shared.audience.suppressions import SuppressionStore
+from shared.infra.background import Background
+from shared.infra.config import ListSettings
+from shared.infra.gil import CpuLane
+from shared.infra.http import JSON, ApiError, read_json, spool_capped
 
 SMALL_BODY = 4 * 1024
 #: Content types taken for a CSV import.

@@ -9,14 +9,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from shared import accounts, apikeys
-from shared.accounts import ApiKeyRecord
-from shared.addresses import AddressError, address_key, normalize_email
-from shared.db import Database
-from shared.http import ApiError
-from shared.keycache import Revocations
-from shared.suppression_cache import Changes
-from shared.suppressions import SuppressionStore, lift_refusal, made_by_recipient
+from services.api.keycache import Revocations
+from shared.accounts import accounts, apikeys
+from shared.accounts.accounts import ApiKeyRecord
+from shared.audience.suppression_cache import Changes
+from shared.audience.suppressions import SuppressionStore, lift_refusal, made_by_recipient
+from shared.core.addresses import AddressError, address_key, normalize_email
+from shared.infra.db import Database
+from shared.infra.http import ApiError
 
 MAX_KEY_NAME = 100
 MAX_REASON = 200
@@ -81,7 +81,7 @@ class Managing:
     ) -> bool:
         """Take an address off the list (or off ``scope``'s); False when it was not on it.
         403 ``suppressed_by_recipient`` for an entry the recipient made, unless ``operator``
-        (``shared.suppressions``)."""
+        (``shared.audience.suppressions``)."""
         email = email.strip()
         found = await self.suppressions.entry(user_id, email, scope) if email else None
         if found is None:
@@ -155,7 +155,7 @@ class Managing:
 
     async def revoke_key(self, user_id: uuid.UUID, key_id: str) -> bool:
         """Revoke the user's key in the store, then announce it to every process's cache
-        (lost: each still refuses it within ``shared.keycache.TTL``); False when the user
+        (lost: each still refuses it within ``services.api.keycache.TTL``); False when the user
         has no such key."""
         if not await accounts.revoke_key(self.db, user_id, key_id):
             return False

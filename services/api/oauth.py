@@ -19,8 +19,9 @@ from urllib.parse import parse_qsl
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from services.api import loginstate
+from services.api import github, loginstate
 from services.api.loginstate import LOGIN_TTL
+from services.api.session_store import LOGIN_COOKIE, new_token, safe_next
 from services.api.sessions import (
     clear_session_cookie,
     cookie_name,
@@ -31,11 +32,10 @@ from services.api.sessions import (
     set_session_cookie,
     verify_csrf,
 )
-from shared import accounts, github, signup
-from shared.config import Settings
-from shared.db import Database
-from shared.http import ApiError, error_response, read_capped
-from shared.sessions import LOGIN_COOKIE, new_token, safe_next
+from shared.accounts import accounts, signup
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.infra.http import ApiError, error_response, read_capped
 
 _FORM_LIMIT = 16 * 1024
 

@@ -38,12 +38,12 @@ from services.api.original_form import (
 )
 from services.api.sending import Sending
 from services.api.sessions import current_user, own_origins, same_origin
-from shared.batchstore import BatchHeader, BatchStore
-from shared.config import Settings
-from shared.digits import natural
-from shared.http import ApiError, read_capped
-from shared.recipients import RecipientStore
-from shared.stats import StatsStore, zero_filled
+from shared.core.digits import natural
+from shared.delivery.batchstore import BatchHeader, BatchStore
+from shared.delivery.recipients import RecipientStore
+from shared.delivery.stats import StatsStore, zero_filled
+from shared.infra.config import Settings
+from shared.infra.http import ApiError, read_capped
 
 #: The original's page size for batches and logs.
 PAGE = 20

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from services.api.queries import RecipientLog
-    from shared.batchstore import BatchHeader
-    from shared.models import Message
+    from shared.core.models import Message
+    from shared.delivery.batchstore import BatchHeader
 
 #: Fields of a request: its query string, then its (urlencoded or multipart) body, each name
 #: with every value it was given (``to`` repeats).

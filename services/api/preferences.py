@@ -7,8 +7,8 @@ from starlette.responses import Response
 
 from services.api.auth import require_key
 from services.api.schema import PreferencesIn, checked
-from shared.http import JSON, read_json
-from shared.preferences import PreferenceStore, patched
+from shared.accounts.preferences import PreferenceStore, patched
+from shared.infra.http import JSON, read_json
 
 #: Small JSON bodies only.
 SMALL_BODY = 16 * 1024

@@ -1,5 +1,5 @@
 """``GET /v1/providers``: each provider of the chain with its health, circuit and pause as
-every process sees them (``shared.provider_health``, ``shared.livesettings``)."""
+every process sees them (``shared.providers.provider_health``, ``shared.ops.livesettings``)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from services.api.auth import require_key
-from shared.config import Settings
-from shared.db import Database
-from shared.http import JSON
-from shared.livesettings import SettingsStore, resolve
-from shared.provider_health import CircuitState, HealthStore, order, score
-from shared.providers.catalog import CATALOG
-from shared.resources import Resources
+from shared.core.catalog import CATALOG
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.infra.http import JSON
+from shared.infra.resources import Resources
+from shared.ops.livesettings import SettingsStore, resolve
+from shared.providers.provider_health import CircuitState, HealthStore, order, score
 
 
 async def list_providers(request: Request) -> Response:

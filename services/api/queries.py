@@ -20,14 +20,15 @@ from typing import Any, Generic, TypeVar
 import orjson
 from starlette.requests import Request
 
-from shared import precedence, recipients, template_use
-from shared.attempts import Attempt, AttemptStore, chunk_line, recipient_line
-from shared.batchstore import BatchHeader, BatchStore, month_of, timeuuid_datetime
-from shared.db import Database, utc
-from shared.digits import natural
-from shared.http import ApiError
-from shared.precedence import visible
-from shared.recipients import RecipientStore
+from shared.core.digits import natural
+from shared.delivery import precedence, recipients
+from shared.delivery.attempts import Attempt, AttemptStore, chunk_line, recipient_line
+from shared.delivery.batchstore import BatchHeader, BatchStore, month_of, timeuuid_datetime
+from shared.delivery.precedence import visible
+from shared.delivery.recipients import RecipientStore
+from shared.infra.db import Database, utc
+from shared.infra.http import ApiError
+from shared.templates import template_use
 
 #: How far back (in months) the batch list looks for older batches.
 LIST_HORIZON_MONTHS = 36

@@ -4,7 +4,7 @@ with, the answers they give, and the one error envelope.
 These models are the contract: ``services.api.openapi`` builds ``/v1/openapi.json`` from
 them, request bodies are checked against them before anything else (strict types: no
 coercion of ``"true"`` to ``true``), and the integration suite validates real answers with
-them. ``shared.validation`` then applies what a schema cannot say (address syntax, header
+them. ``shared.delivery.validation`` then applies what a schema cannot say (address syntax, header
 injection, de-duplication) and words the field errors.
 """
 
@@ -23,10 +23,10 @@ from pydantic import (
     model_validator,
 )
 
-from shared import validation
-from shared.http import ApiError
-from shared.preferences import MAX_COOLDOWN
-from shared.template_limits import MAX_SOURCE as MAX_TEMPLATE_PART
+from shared.accounts.preferences import MAX_COOLDOWN
+from shared.delivery import validation
+from shared.infra.http import ApiError
+from shared.templates.template_limits import MAX_SOURCE as MAX_TEMPLATE_PART
 
 M = TypeVar("M", bound=BaseModel)
 

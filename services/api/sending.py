@@ -3,12 +3,12 @@ and the original's ``POST /api/batch``.
 
 It works on plain data: a user id, the request body as decoded JSON-shaped values (each
 interface builds that from its own wire format), and an optional Idempotency-Key. It
-answers the 202 body as a dict, or raises :class:`~shared.http.ApiError` (409, 413, 422,
+answers the 202 body as a dict, or raises :class:`~shared.infra.http.ApiError` (409, 413, 422,
 429, 503) for the interface to render in its own shape.
 
 A 202 means the batch, its chunks and their recipients are in Cassandra and either the
 broker confirmed ``batch.<uuid>`` or the outbox row guarantees the relay will publish it
-(``shared.acceptance``). Once a batch is accepted (stored with a key, committed without
+(``shared.delivery.acceptance``). Once a batch is accepted (stored with a key, committed without
 one), nothing turns its answer into an error. Without a key a plain 503 means the batch is
 never sent; ``acceptance_unknown`` (503, with the batch id) means the API could not learn
 whether its commit applied.
@@ -32,13 +32,23 @@ import orjson
 from cassandra.query import Statement
 from pydantic import ValidationError
 
+from services.api import cooldown
+from services.api.cooldown import RecentMail
+from services.api.idempotency import Existing, IdempotencyStore
 from services.api.schema import BatchIn, field_errors
 from services.api.templated import TEMPLATE_FIELDS, Plan, TemplateBatches
-from shared import cooldown, lanes, template_use, validation
-from shared.acceptance import Acceptance
-from shared.background import Background
-from shared.batch_ids import accepted_at
-from shared.batchstore import (
+from shared.accounts.domains import DomainStore, covers, domain_of
+from shared.accounts.preferences import Preferences, PreferenceStore
+from shared.accounts.ratelimit import QuotaLedger
+from shared.audience.suppression_cache import SuppressionCache
+from shared.audience.suppressions import SuppressionStore
+from shared.core import lanes
+from shared.core.batch_ids import accepted_at
+from shared.core.errors import DependencyUnavailable, TooLargeToStore
+from shared.core.models import Message
+from shared.delivery import validation
+from shared.delivery.acceptance import Acceptance
+from shared.delivery.batchstore import (
     BatchHeader,
     BatchStore,
     Content,
@@ -48,25 +58,18 @@ from shared.batchstore import (
     new_batch_id,
     too_large,
 )
-from shared.canary_store import CanaryStore, Rollout
-from shared.config import Settings
-from shared.cooldown import RecentMail
-from shared.domains import DomainStore, covers, domain_of
-from shared.errors import DependencyUnavailable, TooLargeToStore
-from shared.gil import CpuLane
-from shared.http import ApiError
-from shared.idempotency import Existing, IdempotencyStore
-from shared.leases import SCHEDULER_WAKE, wake
-from shared.logs import bound
-from shared.metrics import ApiMetrics
-from shared.models import Message
-from shared.preferences import Preferences, PreferenceStore
+from shared.delivery.schedule_store import ScheduleStore
+from shared.infra.background import Background
+from shared.infra.config import Settings
+from shared.infra.gil import CpuLane
+from shared.infra.http import ApiError
+from shared.infra.leases import SCHEDULER_WAKE, wake
+from shared.infra.logs import bound
+from shared.infra.metrics import ApiMetrics
+from shared.infra.user_cache import UserCache
 from shared.providers.limits import chunk_size
-from shared.ratelimit import QuotaLedger
-from shared.schedule_store import ScheduleStore
-from shared.suppression_cache import SuppressionCache
-from shared.suppressions import SuppressionStore
-from shared.user_cache import UserCache
+from shared.templates import template_use
+from shared.templates.canary_store import CanaryStore, Rollout
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +96,7 @@ class Sending:
     domains: DomainStore | None = None
     """The users' verified domains; without it no domain is verified (fail closed)."""
     domain_cache: UserCache[frozenset[str]] | None = None
-    """This process's copy of ``domains.verified`` (``shared.user_cache``): read through it
+    """This process's copy of ``domains.verified`` (``shared.infra.user_cache``): read through it
     when given."""
     preferences: PreferenceStore | None = None
     """The users' tracking defaults and cooldown (without it: the defaults, no cooldown)."""
@@ -106,7 +109,7 @@ class Sending:
     canaries: CanaryStore | None = None
     """Which batches carried a template's canary (for the rollout's judge)."""
     cpu: CpuLane = field(default_factory=CpuLane)
-    """The API's thread for long pure-Python work (``shared.gil``)."""
+    """The API's thread for long pure-Python work (``shared.infra.gil``)."""
     suppression_cache: SuppressionCache | None = None
     """This process's copy of the users' suppression lists (without it: read per batch)."""
 
@@ -220,7 +223,7 @@ class Sending:
 
     def _validated(self, body: object) -> validation.BatchRequest:
         """The body checked against the schema (``schema.BatchIn``), then by the rules a
-        schema cannot state. Field errors are worded by ``shared.validation`` whenever it
+        schema cannot state. Field errors are worded by ``shared.delivery.validation`` whenever it
         finds the problem too (it walks the whole body and names every field)."""
         shape: dict[str, str] | None = None
         try:
@@ -319,7 +322,7 @@ class Sending:
         batch's day (429 when over), store, decide, publish.
 
         Without an Idempotency-Key the batch is stored ``pending`` and committed before the
-        202 (``shared.acceptance``): a failure while storing cancels it (best effort: the
+        202 (``shared.delivery.acceptance``): a failure while storing cancels it (best effort: the
         relay cancels it later otherwise; nothing else ever commits it) and answers 503, and
         a 503 then means it is never sent. A commit whose outcome stays unknown until the
         request's budget is spent answers 503 ``acceptance_unknown`` with the batch id. With
@@ -481,7 +484,7 @@ class Sending:
     ) -> validation.BatchRequest:
         """Remove addresses (to, cc, bcc) on the user's suppression list (and on the list's
         own, for a batch naming a list); no recipient left is a 422. The lists come from
-        this process's cache when it has one (``shared.suppression_cache``: a change made
+        this process's cache when it has one (``shared.audience.suppression_cache``: a change made
         through another process may be seen up to its TTL late, and the consumers' check at
         send time is the one that keeps a suppressed address from being mailed)."""
         engagement = parsed.message.engagement

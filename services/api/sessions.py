@@ -28,11 +28,11 @@ from urllib.parse import quote, urlsplit
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from shared import accounts
-from shared.config import Settings
-from shared.db import Database
-from shared.http import ApiError
-from shared.sessions import SESSION_COOKIE, SessionStore, safe_next
+from services.api.session_store import SESSION_COOKIE, SessionStore, safe_next
+from shared.accounts import accounts
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.infra.http import ApiError
 
 _CACHE = "safedelivr_session_user"
 

@@ -1,5 +1,5 @@
 """``GET|PATCH /v1/settings`` (operator keys only): the live settings in force, and changes to
-them, audited and announced to every process (``shared.livesettings``)."""
+them, audited and announced to every process (``shared.ops.livesettings``)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from services.api.auth import require_key
-from shared.alerts import vet_sink
-from shared.config import Settings
-from shared.http import JSON, ApiError, read_json
-from shared.livesettings import SettingsError, SettingsStore, announce, flatten_patch, resolve, view
-from shared.resources import Resources
-from shared.ssrf import TargetError
+from shared.infra.config import Settings
+from shared.infra.http import JSON, ApiError, read_json
+from shared.infra.resources import Resources
+from shared.ops.alerts import vet_sink
+from shared.ops.livesettings import (
+    SettingsError,
+    SettingsStore,
+    announce,
+    flatten_patch,
+    resolve,
+    view,
+)
+from shared.outbound.ssrf import TargetError
 
 SMALL_BODY = 8 * 1024
 #: The live setting naming where alerts are posted.
@@ -56,7 +63,7 @@ async def patch_settings(request: Request) -> Response:
 async def change_settings(request: Request, changes: dict[str, str], *, by: str) -> bool:
     """Store and announce ``changes`` (the API's and the dashboard's use case); False when
     the announcement could not be sent (every process still applies them within 30 s).
-    An alert sink our servers may not post to is a 422 (``shared.alerts.vet_sink``)."""
+    An alert sink our servers may not post to is a 422 (``shared.ops.alerts.vet_sink``)."""
     resources: Resources = request.app.state.resources
     sink = changes.get(ALERT_SINK)
     if sink:

@@ -1,5 +1,5 @@
 """A batch request naming a template: the version(s) it gets, rendered once, and the body
-the ordinary validation then checks (``shared.template_use`` owns the rendering rules).
+the ordinary validation then checks (``shared.templates.template_use`` owns the rendering rules).
 
 ``template_id`` (and optionally ``version``, and ``data`` for the variables the whole batch
 shares) replace ``subject``/``html``/``text``. Without ``version`` the batch gets the live
@@ -11,7 +11,7 @@ here by the same rules (its subject is a header: no line break, at most 998 char
 a per-recipient variable used in either copy's subject is header-bound: its values may not
 break a line.
 
-Parsing and rendering are one job of the renderer (``shared.template_pool``: worker
+Parsing and rendering are one job of the renderer (``shared.templates.template_pool``: worker
 processes under memory, CPU and time limits, each keeping the parts it compiled lately), so a
 hostile template never stalls the API's event loop. A template that passes a limit is a 422
 ``template_does_not_render`` naming it in ``limit``; a renderer that cannot take the job now
@@ -27,13 +27,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
-from shared import template_limits, template_use, validation
-from shared.addresses import text_problem
-from shared.http import ApiError
-from shared.models import TemplateCopy
-from shared.template_pool import Renderer, RendererUnavailable
-from shared.template_render import LimitError, RenderError
-from shared.templates import Template, TemplateStore, Version
+from shared.core.addresses import text_problem
+from shared.core.models import TemplateCopy
+from shared.delivery import validation
+from shared.infra.http import ApiError
+from shared.templates import template_limits, template_use
+from shared.templates.template_pool import Renderer, RendererUnavailable
+from shared.templates.template_render import LimitError, RenderError
+from shared.templates.templates import Template, TemplateStore, Version
 
 T = TypeVar("T")
 
@@ -41,7 +42,8 @@ T = TypeVar("T")
 TEMPLATE_FIELDS: Final = ("template_id", "version", "data")
 #: Fields a template batch may not carry: the template has them.
 CONTENT_FIELDS: Final = ("subject", "html", "text")
-#: What a body may not hold (as ``shared.validation`` refuses it in a request's own bodies).
+#: What a body may not hold (as ``shared.delivery.validation`` refuses it in a request's own
+#: bodies).
 _BODY_FORBIDDEN: Final = re.compile("[\x00\ud800-\udfff]")
 #: Longest render error told (one can quote a name from the template or the data).
 MAX_ERROR: Final = 500

@@ -19,8 +19,8 @@ A version named in a body that the template does not have is a 422 naming ``vers
 template in the path exists; the field is wrong). Another user's template, or an id that is
 not a template id, is a 404.
 
-Renders run in the app's renderer (``shared.template_pool``: worker processes under memory,
-CPU and time limits), so the event loop keeps serving other requests meanwhile; a version
+Renders run in the app's renderer (``shared.templates.template_pool``: worker processes under
+memory, CPU and time limits), so the event loop keeps serving other requests meanwhile; a version
 that passes a limit is refused naming it (``limit`` in the 422), and a renderer that cannot
 take the job now is a 503 ``renderer_unavailable``.
 """
@@ -42,13 +42,13 @@ from services.api.auth import require_key
 from services.api.capping import Caps, Census
 from services.api.schema import PreviewIn, PublishIn, TemplateIn, TemplateVersionIn, checked
 from services.api.templated import render_refusal, renderer_refusal
-from shared.canary import Counts
-from shared.canary_store import CanaryStore, Outcome
-from shared.errors import DependencyUnavailable
-from shared.http import JSON, ApiError, read_json
-from shared.template_pool import Renderer, RendererUnavailable
-from shared.template_render import Rendered, RenderError, render_version
-from shared.templates import (
+from shared.core.errors import DependencyUnavailable
+from shared.infra.http import JSON, ApiError, read_json
+from shared.templates.canary import Counts
+from shared.templates.canary_store import CanaryStore, Outcome
+from shared.templates.template_pool import Renderer, RendererUnavailable
+from shared.templates.template_render import Rendered, RenderError, render_version
+from shared.templates.templates import (
     Template,
     TemplateChanged,
     TemplateGone,

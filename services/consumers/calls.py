@@ -19,13 +19,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from services.consumers import failover, protocol
-from shared import recipient_events, template_use
-from shared.attempts import Attempt, find, tag
-from shared.byte_budget import BudgetExhausted, ByteBudget
-from shared.db import Row
-from shared.domains import domain_of
-from shared.engagement import Tracker, personalize
-from shared.errors import (
+from shared.accounts.domains import domain_of
+from shared.core.errors import (
     CapacityHeld,
     DependencyUnavailable,
     PermanentProviderError,
@@ -34,9 +29,15 @@ from shared.errors import (
     ProviderSkipped,
     TransientProviderError,
 )
-from shared.models import Chunk, Message, chain_for
+from shared.core.models import Chunk, Message, chain_for
+from shared.delivery.attempts import Attempt, find, tag
+from shared.engagement.engagement import Tracker, personalize
+from shared.infra.byte_budget import BudgetExhausted, ByteBudget
+from shared.infra.db import Row
+from shared.infra.settle import MAX_OUTAGE_BACKOFF, MAX_OUTAGE_HOLD, Delivery
+from shared.outbound import recipient_events
 from shared.providers.base import Receipt
-from shared.settle import MAX_OUTAGE_BACKOFF, MAX_OUTAGE_HOLD, Delivery
+from shared.templates import template_use
 
 if TYPE_CHECKING:
     from services.consumers.dispatch import Dispatcher
@@ -388,7 +389,7 @@ class Caller:
                 delay = min(delay * 2, MAX_OUTAGE_BACKOFF)
 
 
-#: CPU of one trip to the CPU lane (``shared.gil.CpuLane``) of its own, in µs: handing the
+#: CPU of one trip to the CPU lane (``shared.infra.gil.CpuLane``) of its own, in µs: handing the
 #: work to its thread, waking it, and the answer's way back to the event loop (79.5 µs
 #: measured for work that does nothing).
 LANE_TRIP_US = 80.0

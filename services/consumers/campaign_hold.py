@@ -1,6 +1,6 @@
 """Holding the work of paused campaigns, and ending the work of cancelled ones.
 
-A dispatch job whose batch belongs to a campaign (``shared.campaigns.METADATA_KEY`` in its
+A dispatch job whose batch belongs to a campaign (``shared.audience.campaigns.METADATA_KEY`` in its
 metadata) that is paused is held before anything of it is claimed (:meth:`CampaignHold.held`,
 asked first by ``Dispatcher.handle``): the same job is published again, unchanged, into a
 delay queue, and the delivery is acked. Nothing else is written: no attempt, no recipient
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from services.consumers import protocol
-from shared.broker import Broker
-from shared.campaigns import METADATA_KEY, CampaignStore
-from shared.errors import CapacityHeld, ProviderError, WorkCancelled
-from shared.models import ChunkJob, LogJob, Message
-from shared.topology import dispatch_key, log_key
+from shared.audience.campaigns import METADATA_KEY, CampaignStore
+from shared.core.errors import CapacityHeld, ProviderError, WorkCancelled
+from shared.core.models import ChunkJob, LogJob, Message
+from shared.infra.broker import Broker
+from shared.infra.topology import dispatch_key, log_key
 
 log = logging.getLogger(__name__)
 

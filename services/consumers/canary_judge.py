@@ -1,6 +1,6 @@
 """The canary judge: once a template's canary has run its window, compares what its
 recipients came to with what the live version's came to, over the batches that carried the
-rollout, and promotes the canary or rolls it back (``shared.canary.decide``).
+rollout, and promotes the canary or rolls it back (``shared.templates.canary.decide``).
 
 A verdict is applied to the template by a conditional update (a user's publish in the
 meantime wins: the rollout is then simply dropped), audited in ``template_rollouts`` (shown
@@ -25,15 +25,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from shared import template_use
-from shared.alerts import Alert, Alerter
-from shared.batchstore import BatchStore
-from shared.canary import Counts, Margins, Verdict, decide
-from shared.canary_store import CanaryStore, Outcome, Rollout, verdict_of, verdict_text
-from shared.errors import DependencyUnavailable
-from shared.precedence import visible
-from shared.recipients import RecipientStore
-from shared.templates import TemplateStore
+from shared.core.errors import DependencyUnavailable
+from shared.delivery.batchstore import BatchStore
+from shared.delivery.precedence import visible
+from shared.delivery.recipients import RecipientStore
+from shared.ops.alerts import Alert, Alerter
+from shared.templates import template_use
+from shared.templates.canary import Counts, Margins, Verdict, decide
+from shared.templates.canary_store import CanaryStore, Outcome, Rollout, verdict_of, verdict_text
+from shared.templates.templates import TemplateStore
 
 log = logging.getLogger(__name__)
 

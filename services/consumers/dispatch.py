@@ -26,29 +26,29 @@ from services.consumers import protocol
 from services.consumers.calls import Caller
 from services.consumers.campaign_hold import CampaignHold
 from services.consumers.followup import FollowUps
+from services.consumers.provider_rates import ProviderLimiter
 from services.consumers.resolution import Resolver
 from services.consumers.screening import Screen
-from shared.attempts import AttemptStore, chunk_line, recipient_line
-from shared.batchstore import BatchStore
-from shared.broker import Broker
-from shared.byte_budget import ByteBudget
-from shared.config import ProviderSettings
-from shared.domain_capacity import CapacityGate
-from shared.engagement import Tracker
-from shared.errors import DependencyUnavailable
-from shared.gil import CpuLane
-from shared.handoff import HandOff
-from shared.logs import bound
-from shared.metrics import DispatchMetrics
-from shared.models import ChunkJob, LogJob
-from shared.provider_health import Tally
-from shared.provider_rates import ProviderLimiter
+from shared.audience.suppressions import SuppressionStore
+from shared.core.errors import DependencyUnavailable
+from shared.core.models import ChunkJob, LogJob
+from shared.delivery.attempts import AttemptStore, chunk_line, recipient_line
+from shared.delivery.batchstore import BatchStore
+from shared.delivery.domain_capacity import CapacityGate
+from shared.delivery.handoff import HandOff
+from shared.delivery.recipients import RecipientStore
+from shared.engagement.engagement import Tracker
+from shared.infra.broker import Broker
+from shared.infra.byte_budget import ByteBudget
+from shared.infra.config import ProviderSettings
+from shared.infra.gil import CpuLane
+from shared.infra.logs import bound
+from shared.infra.metrics import DispatchMetrics
+from shared.infra.settle import Delivery, Poison
+from shared.infra.topology import parse_routing_key
+from shared.outbound.user_hooks import UserHooks
 from shared.providers.base import Provider
-from shared.recipients import RecipientStore
-from shared.settle import Delivery, Poison
-from shared.suppressions import SuppressionStore
-from shared.topology import parse_routing_key
-from shared.user_hooks import UserHooks
+from shared.providers.provider_health import Tally
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +117,11 @@ class Dispatcher:
     paused: frozenset[str] = frozenset()
     """Providers an operator paused (live settings): their jobs go to the next provider."""
     tally: Tally = field(default_factory=Tally)
-    """Calls not yet added to the shared health windows (``shared.provider_health``)."""
+    """Calls not yet added to the shared health windows (``shared.providers.provider_health``)."""
     limiter: ProviderLimiter = field(default_factory=lambda: ProviderLimiter(None, ""))
-    """Client-side rate limits shared by every process (``shared.provider_rates``)."""
+    """Client-side rate limits shared by every process (``services.consumers.provider_rates``)."""
     capacity: CapacityGate = field(default_factory=lambda: CapacityGate(None))
-    """Daily capacity per sending domain (``shared.domain_capacity``)."""
+    """Daily capacity per sending domain (``shared.delivery.domain_capacity``)."""
     user_hooks: UserHooks | None = None
     """Where each attempt's events go for the users' webhooks (None: nowhere)."""
     campaigns: CampaignHold | None = None
@@ -134,7 +134,7 @@ class Dispatcher:
     (``services.consumers.calls``; None: unbounded)."""
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     cpu: CpuLane = field(default_factory=CpuLane)
-    """The process's thread for long pure-Python work (``shared.gil``)."""
+    """The process's thread for long pure-Python work (``shared.infra.gil``)."""
 
     def __post_init__(self) -> None:
         self.handoff = HandOff(

@@ -1,4 +1,4 @@
-"""The periodic look-ups of verified sending domains' TXT records (``shared.domain_checks``
+"""The periodic look-ups of verified sending domains' TXT records (``shared.accounts.domain_checks``
 decides what each finds means).
 
 One consumer process of many checks at a time (the holder of a lease, as the scheduler's).
@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final, Protocol
 
-from shared import domains
-from shared.domain_checks import CheckRules, Outcome, due, judge
-from shared.domains import DomainStore, SendingDomain
-from shared.errors import DependencyUnavailable
-from shared.leases import Lease, LeaseRows, keep_running
-from shared.user_cache import UserChanges
+from shared.accounts import domains
+from shared.accounts.domain_checks import CheckRules, Outcome, due, judge
+from shared.accounts.domains import DomainStore, SendingDomain
+from shared.core.errors import DependencyUnavailable
+from shared.infra.leases import Lease, LeaseRows, keep_running
+from shared.infra.user_cache import UserChanges
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class DomainChecker:
     clock: Callable[[], datetime] = _now
     changes: UserChanges | None = None
     """Told when a domain is unverified, so no API process keeps it as verified
-    (``shared.user_cache``)."""
+    (``shared.infra.user_cache``)."""
 
     def __post_init__(self) -> None:
         self.lease = Lease(self.leases, LEASE_SECONDS, self.owner)

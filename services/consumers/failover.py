@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.errors import CapacityHeld, PermanentProviderError, ProviderError, WorkCancelled
+from shared.core.errors import CapacityHeld, PermanentProviderError, ProviderError, WorkCancelled
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,16 +15,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from services.consumers import protocol
-from shared import recipient_events
-from shared.attempts import Attempt, tag
-from shared.batchstore import BatchHeader
-from shared.db import Row
-from shared.handoff import excluded_providers
-from shared.models import ChunkJob, LogJob
-from shared.recipients import Selection
-from shared.settle import Poison
-from shared.topology import dispatch_key, log_key
-from shared.user_hooks import HookEvent
+from shared.core.models import ChunkJob, LogJob
+from shared.delivery.attempts import Attempt, tag
+from shared.delivery.batchstore import BatchHeader
+from shared.delivery.handoff import excluded_providers
+from shared.delivery.recipients import Selection
+from shared.infra.db import Row
+from shared.infra.settle import Poison
+from shared.infra.topology import dispatch_key, log_key
+from shared.outbound import recipient_events
+from shared.outbound.user_hooks import HookEvent
 
 if TYPE_CHECKING:
     from services.consumers.dispatch import Dispatcher

@@ -1,5 +1,5 @@
-"""Applying the live settings (``shared.livesettings``) and the providers' health
-(``shared.provider_health``) to a running consumer process.
+"""Applying the live settings (``shared.ops.livesettings``) and the providers' health
+(``shared.providers.provider_health``) to a running consumer process.
 
 * The chain's order decides where new chunks go (the splitter's first provider) and where
   failover goes next (every decision reads the dispatcher's settings when it is made).
@@ -9,16 +9,16 @@
 * When every provider is paused, the provider queues (both lanes and the re-sends) are not
   consumed at all: work waits in the broker, not in memory, until one is resumed.
 * ``max_attempts`` bounds the decisions made from now on.
-* The sending domains' capacity rules (``shared.domain_capacity``) apply to the next chunk; a
-  chunk held at its domain's capacity raises the ``capacity`` alert.
-* Health orders the running chain (:func:`shared.provider_health.order`): a refresh adds
+* The sending domains' capacity rules (``shared.delivery.domain_capacity``) apply to the next chunk;
+  a chunk held at its domain's capacity raises the ``capacity`` alert.
+* Health orders the running chain (:func:`shared.providers.provider_health.order`): a refresh adds
   this process's calls to the shared windows, reads every provider's windows back, moves
   each circuit and re-orders the chain. Refreshes come every :data:`REFRESH_EVERY` seconds
   while health may move (:func:`next_refresh`): this process has calls to add, a window
   looked at holds calls or reports, a circuit is not closed, or a writer's wake-up is less
   than :data:`LINGER` old. Every writer of the windows announces it (a wake-up on the
   settings fanout at its first write and at most one per ``REFRESH_EVERY`` after it:
-  ``shared.provider_health.tell_refreshers``), and a process's own first call wakes its
+  ``shared.providers.provider_health.tell_refreshers``), and a process's own first call wakes its
   loop, so otherwise the loop waits for a wake-up, or :data:`IDLE_REFRESH_EVERY` should one
   be lost (issue 34: a quiet idle; it read every provider's windows every 2 s).
 
@@ -39,14 +39,16 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from services.consumers.dispatch import Dispatcher
 from services.consumers.splitter import Splitter
-from shared.alerts import Alert, AlertConfig, Alerter
-from shared.broker import Broker
-from shared.config import ProviderSettings
-from shared.domain_capacity import Capacity
-from shared.errors import DependencyUnavailable
-from shared.leases import HEALTH_WAKE, Linger, next_period, woken
-from shared.livesettings import LiveSettings
-from shared.provider_health import (
+from shared.core.catalog import CATALOG, CODES
+from shared.core.errors import DependencyUnavailable
+from shared.delivery.domain_capacity import Capacity
+from shared.infra.broker import Broker
+from shared.infra.config import ProviderSettings
+from shared.infra.leases import HEALTH_WAKE, Linger, next_period, woken
+from shared.infra.settle import Handler
+from shared.ops.alerts import Alert, AlertConfig, Alerter
+from shared.ops.livesettings import LiveSettings
+from shared.providers.provider_health import (
     REFRESH_EVERY,
     Circuit,
     CircuitState,
@@ -59,8 +61,6 @@ from shared.provider_health import (
     order,
     score,
 )
-from shared.providers.catalog import CATALOG, CODES
-from shared.settle import Handler
 
 log = logging.getLogger(__name__)
 

@@ -20,46 +20,46 @@ from services.consumers.canary_judge import CanaryJudge
 from services.consumers.dispatch import Dispatcher, Hooks, no_hooks
 from services.consumers.domain_checks import DomainChecker
 from services.consumers.live import ConsumerSettings, LiveMetrics
+from services.consumers.provider_rates import ProviderLimiter
 from services.consumers.rollups import RollUp
 from services.consumers.scheduler import Scheduler
 from services.consumers.splitter import Splitter
-from shared.acceptance import Acceptance
-from shared.alerts import Alert, AlertConfig, Alerter, AlertMail
-from shared.attempts import AttemptStore
-from shared.batchstore import BatchStore
-from shared.byte_budget import ByteBudget
-from shared.campaigns import CampaignStore
-from shared.canary import Margins
-from shared.canary_store import CanaryStore
-from shared.config import Settings
-from shared.deadletters import DeadLetterStore, Letter, archiver
-from shared.domain_capacity import CapacityGate, DomainVolumes
-from shared.domain_checks import CheckRules
-from shared.domains import WAKE as DOMAINS_WAKE
-from shared.domains import DohResolver, DomainStore
-from shared.engagement import tracker_of
-from shared.errors import DependencyUnavailable, ProviderError
-from shared.health import health_routes
-from shared.lanes import PRIORITIES
-from shared.leases import woken
-from shared.livesettings import SettingsStore, Watcher
-from shared.metrics import DeadLetterMetrics, DispatchMetrics, new_registry
-from shared.outbox import Outbox, tell_relays
-from shared.provider_health import HealthStore, tell_refreshers
-from shared.provider_rates import ProviderLimiter
+from shared.accounts.domain_checks import CheckRules
+from shared.accounts.domains import WAKE as DOMAINS_WAKE
+from shared.accounts.domains import DohResolver, DomainStore
+from shared.accounts.ratelimit import RecipientQuota
+from shared.audience.campaigns import CampaignStore
+from shared.audience.suppressions import SuppressionStore
+from shared.core.errors import DependencyUnavailable, ProviderError
+from shared.core.lanes import PRIORITIES
+from shared.delivery.acceptance import Acceptance
+from shared.delivery.attempts import AttemptStore
+from shared.delivery.batchstore import BatchStore
+from shared.delivery.domain_capacity import CapacityGate, DomainVolumes
+from shared.delivery.outbox import Outbox, tell_relays
+from shared.delivery.recipients import RecipientStore
+from shared.delivery.schedule_store import ScheduleStore
+from shared.delivery.stats import StatsStore, tell_rollups
+from shared.engagement.engagement import tracker_of
+from shared.infra.byte_budget import ByteBudget
+from shared.infra.config import Settings
+from shared.infra.health import health_routes
+from shared.infra.leases import woken
+from shared.infra.metrics import DeadLetterMetrics, DispatchMetrics, new_registry
+from shared.infra.resources import Resources, open_resources, readiness_checks
+from shared.infra.settle import InFlight, settling
+from shared.infra.stall_monitor import StallMetrics, watching
+from shared.infra.user_cache import UserChanges
+from shared.ops.alerts import Alert, AlertConfig, Alerter, AlertMail
+from shared.ops.deadletters import DeadLetterStore, Letter, archiver
+from shared.ops.livesettings import SettingsStore, Watcher
+from shared.outbound.user_hooks import HookEmitter
 from shared.providers.base import Provider
+from shared.providers.provider_health import HealthStore, tell_refreshers
 from shared.providers.registry import build_providers, close_all
-from shared.ratelimit import RecipientQuota
-from shared.recipients import RecipientStore
-from shared.resources import Resources, open_resources, readiness_checks
-from shared.schedule_store import ScheduleStore
-from shared.settle import InFlight, settling
-from shared.stall_monitor import StallMetrics, watching
-from shared.stats import StatsStore, tell_rollups
-from shared.suppressions import SuppressionStore
-from shared.templates import TemplateStore
-from shared.user_cache import UserChanges
-from shared.user_hooks import HookEmitter
+from shared.templates.canary import Margins
+from shared.templates.canary_store import CanaryStore
+from shared.templates.templates import TemplateStore
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ async def start_consumers(
     dispatcher.capacity.on_held = applier.capacity_held
     watcher = Watcher(SettingsStore(res.db, settings.amqp.exchange), settings.providers, applier)
     await watcher.load()  # before any work is taken: a paused provider is paused from the start
-    # Wake-ups are for the loops that asked for them (``shared.leases``), not a change.
+    # Wake-ups are for the loops that asked for them (``shared.infra.leases``), not a change.
     await res.broker.listen(lambda body: None if woken(body) else watcher.nudge())
     topology = res.broker.topology
     await res.broker.consume(
@@ -167,7 +167,7 @@ async def start_archiving(
     metrics: DeadLetterMetrics,
     alerter: Alerter | None = None,
 ) -> None:
-    """Archive every dead letter (see ``shared.deadletters``). Held through outages without a
+    """Archive every dead letter (see ``shared.ops.deadletters``). Held through outages without a
     limit: the dead queue has no queue behind it, so a letter is only ever acked once stored."""
 
     def archived(letter: Letter) -> None:
@@ -328,7 +328,7 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with (
             open_resources(settings, name="safedelivr-consumers") as res,
-            # Posts go to the vetted address of the sink (shared.alerts): no proxy from the
+            # Posts go to the vetted address of the sink (shared.ops.alerts): no proxy from the
             # environment, no connection kept for a host the sink may no longer resolve to.
             httpx.AsyncClient(
                 trust_env=False, limits=httpx.Limits(max_keepalive_connections=0)

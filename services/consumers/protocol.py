@@ -1,6 +1,6 @@
 """The attempt protocol as pure decisions: what a delivery of a dispatch job does next.
 
-A job names one attempt of one line (``shared.attempts``): attempt ``n`` of a chunk
+A job names one attempt of one line (``shared.delivery.attempts``): attempt ``n`` of a chunk
 (``<ns>.<batch_uuid>[.retry.<n>]``) or of one recipient's re-sends
 (``log.<ns>.<log_uuid>[.retry.<n>]``). Given the line as stored, :func:`next_step` says what
 to do; the consumer (``services.consumers.dispatch``) does it with one conditional write,
@@ -24,11 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from shared.attempts import Attempt, find
-from shared.db import Row
-from shared.lanes import Priority
-from shared.precedence import queued, visible
-from shared.recipients import CHUNK, OWN, accepted_by_line
+from shared.core.lanes import Priority
+from shared.delivery.attempts import Attempt, find
+from shared.delivery.precedence import queued, visible
+from shared.delivery.recipients import CHUNK, OWN, accepted_by_line
+from shared.infra.db import Row
 
 
 @dataclass(frozen=True, slots=True)

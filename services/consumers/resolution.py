@@ -1,8 +1,8 @@
 """Resolving an ambiguous attempt by evidence: one look per check, by the check's holder.
 
 Evidence is what the provider said about the attempt: its webhook events (which carry the
-attempt's tag and leave it on recipients' rows, ``shared.recipients``) and, once its indexing
-delay has passed, its query API (SendGrid Email Activity, Mailgun Events). Recipients with
+attempt's tag and leave it on recipients' rows, ``shared.delivery.recipients``) and, once its
+indexing delay has passed, its query API (SendGrid Email Activity, Mailgun Events). Recipients with
 evidence are recorded as accepted; the others go to the next provider as ``failover.decide``
 says, but only once the evidence is conclusive (``protocol.resolve``): never a guess, and
 never a give-up merely to avoid a possible duplicate.
@@ -15,12 +15,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from services.consumers import protocol
-from shared import recipient_events
-from shared.addresses import address_key
-from shared.attempts import Attempt, find
-from shared.errors import ProviderError, TransientProviderError
+from shared.core.addresses import address_key
+from shared.core.errors import ProviderError, TransientProviderError
+from shared.delivery.attempts import Attempt, find
+from shared.outbound import recipient_events
+from shared.outbound.user_hooks import Evidence
 from shared.providers.base import LookupQuery
-from shared.user_hooks import Evidence
 
 if TYPE_CHECKING:
     from services.consumers.dispatch import Dispatcher

@@ -1,13 +1,13 @@
-"""The stats roll-up loop of a consumer process: :meth:`shared.stats.StatsStore.roll_due`
+"""The stats roll-up loop of a consumer process: :meth:`shared.delivery.stats.StatsStore.roll_due`
 pass after pass while buckets are marked changed, and nothing while none is.
 
 Any process may mark a bucket (the API with a batch's ``queued`` row, the consumers with
 outcomes, the webhooks with events), and the marks are in Cassandra, so the writers tell the
 roll-ups: a wake-up on the settings fanout at a process's first mark and at most one per
-:data:`~shared.stats.ROLL_EVERY` after it (``shared.stats.tell_rollups``). A roll-up passes
-every ``ROLL_EVERY`` while its last pass found marks or while a wake-up it heard is less than
-:data:`LINGER` old (a writer's next wake-up may come ``ROLL_EVERY`` later, and a mark lands
-after the wake-up announcing it); otherwise it waits for a wake-up, or :data:`IDLE_EVERY`
+:data:`~shared.delivery.stats.ROLL_EVERY` after it (``shared.delivery.stats.tell_rollups``). A
+roll-up passes every ``ROLL_EVERY`` while its last pass found marks or while a wake-up it heard is
+less than :data:`LINGER` old (a writer's next wake-up may come ``ROLL_EVERY`` later, and a mark
+lands after the wake-up announcing it); otherwise it waits for a wake-up, or :data:`IDLE_EVERY`
 should one be lost (the broker unreachable). Idle, it reads nothing: the 8 partitions of a
 pass every 10 s were the consumers' largest idle read (issue 34: a quiet idle).
 """
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
 
-from shared.errors import DependencyUnavailable
-from shared.leases import STATS_WAKE, Linger, next_period, woken
-from shared.stats import ROLL_EVERY, StatsStore
+from shared.core.errors import DependencyUnavailable
+from shared.delivery.stats import ROLL_EVERY, StatsStore
+from shared.infra.leases import STATS_WAKE, Linger, next_period, woken
 
 log = logging.getLogger(__name__)
 

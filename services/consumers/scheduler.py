@@ -1,6 +1,6 @@
 """The scheduler: hands each scheduled batch on when its ``send_at`` comes.
 
-One scheduler works per namespace at a time (the holder of ``shared.schedule_store``'s
+One scheduler works per namespace at a time (the holder of ``shared.delivery.schedule_store``'s
 lease); every consumer process runs one, and the others wait for the lease. A pass reads the
 minutes that came due since the cursor (``ScheduleStore.due``), moves each batch whose second
 has come from ``scheduled`` to ``accepted`` (a lightweight transaction: a cancellation
@@ -11,7 +11,7 @@ splitter and the senders make a repeated publish harmless. A broker or database 
 the pass, not the loop.
 
 A batch still ``pending`` (its request, without an Idempotency-Key, has not committed it
-yet: ``shared.acceptance``) is looked at again on the next pass, and its minute is kept
+yet: ``shared.delivery.acceptance``) is looked at again on the next pass, and its minute is kept
 open until it is decided (the outbox relay cancels it if its request never does). A batch
 found cancelled is settled (``Acceptance.settle``: its stats and quota), in case the cancel
 that applied failed before doing so and its client never retried.
@@ -21,7 +21,7 @@ undecided) the next follows :data:`PASS_EVERY` seconds later; an idle holder wai
 for its own next due time: the earliest ``send_at`` it read that has not come, the next
 minute's start (when a new minute's batches become readable), or the lease's renewal
 (a third of :data:`LEASE_SECONDS`), whichever is first, and the API nudges every scheduler
-when it stores a scheduled batch (``shared.leases.wake``), so a batch due within seconds is
+when it stores a scheduled batch (``shared.infra.leases.wake``), so a batch due within seconds is
 read at once. Batches go out within about :data:`PASS_EVERY` of their time; one whose nudge
 was lost (the holder was cut off from RabbitMQ when it was scheduled) within the renewal
 period, 5 s. A scheduler without the lease asks for it again after :data:`ASK_EVERY`
@@ -38,13 +38,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
 
-from shared.batchstore import BatchStore
-from shared.broker import Broker
-from shared.lanes import BUCKET, bucket_of
-from shared.leases import SCHEDULER_WAKE, Lease, LeasedLoop
-from shared.models import BatchJob
-from shared.schedule_store import ScheduleStore, finished_through
-from shared.topology import batch_key
+from shared.core.lanes import BUCKET, bucket_of
+from shared.core.models import BatchJob
+from shared.delivery.batchstore import BatchStore
+from shared.delivery.schedule_store import ScheduleStore, finished_through
+from shared.infra.broker import Broker
+from shared.infra.leases import SCHEDULER_WAKE, Lease, LeasedLoop
+from shared.infra.topology import batch_key
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ LEASE_SECONDS: Final = 15
 #: renews every third of :data:`LEASE_SECONDS`, so its lease cannot lapse sooner than that
 #: after a refusal; a dead holder's is taken over within LEASE_SECONDS + ASK_EVERY, 20 s.
 ASK_EVERY: Final = LEASE_SECONDS / 3
-#: The name its wake-ups carry (``shared.leases.wake``).
+#: The name its wake-ups carry (``shared.infra.leases.wake``).
 WAKE: Final = SCHEDULER_WAKE
 
 

@@ -12,8 +12,8 @@ arrived in between), a re-send of one recipient, the next attempt after an ambig
 resolved.
 
 It costs one read of the user's ``suppressions`` partition for every address the call would
-mail (to, cc and bcc: at most :data:`shared.suppressions.SEND_LOOKUP`, one request's most), a
-second read of the list's own partition for mail that names a list, and writes only when
+mail (to, cc and bcc: at most :data:`shared.audience.suppressions.SEND_LOOKUP`, one request's most),
+a second read of the list's own partition for mail that names a list, and writes only when
 someone is dropped:
 
 * a suppressed recipient ends ``dropped`` and ``failed`` on a row of its own with the reason
@@ -39,13 +39,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from services.consumers import protocol
-from shared.addresses import address_key
-from shared.attempts import tag
-from shared.batchstore import BatchHeader
-from shared.db import Row
-from shared.models import Message
-from shared.suppressions import SEND_LOOKUP
-from shared.user_hooks import HookEvent
+from shared.audience.suppressions import SEND_LOOKUP
+from shared.core.addresses import address_key
+from shared.core.models import Message
+from shared.delivery.attempts import tag
+from shared.delivery.batchstore import BatchHeader
+from shared.infra.db import Row
+from shared.outbound.user_hooks import HookEvent
 
 if TYPE_CHECKING:
     from services.consumers.dispatch import Dispatcher

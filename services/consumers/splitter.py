@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import aio_pika.abc
 
-from shared.batchstore import BatchStore
-from shared.broker import Broker
-from shared.logs import bound
-from shared.models import BatchJob, ChunkJob
-from shared.settle import Delivery, Poison
-from shared.topology import dispatch_key, parse_routing_key
+from shared.core.models import BatchJob, ChunkJob
+from shared.delivery.batchstore import BatchStore
+from shared.infra.broker import Broker
+from shared.infra.logs import bound
+from shared.infra.settle import Delivery, Poison
+from shared.infra.topology import dispatch_key, parse_routing_key
 
 #: Confirmed publishes in flight while fanning out one batch.
 PUBLISH_WINDOW = 64

@@ -16,21 +16,21 @@ from starlette.applications import Starlette
 
 from services.hooks.notice import DisabledMail
 from services.hooks.worker import Worker
-from shared.acceptance import Acceptance
-from shared.batchstore import BatchStore
-from shared.config import Settings
-from shared.errors import DependencyUnavailable
-from shared.health import health_routes
-from shared.hook_delivery import Deliverer
-from shared.hook_queue import HookQueue
-from shared.hook_store import HookStore
-from shared.metrics import HookMetrics, new_registry
-from shared.outbox import Outbox, tell_relays
-from shared.resources import Resources, open_resources, readiness_checks
-from shared.settle import InFlight, settling
-from shared.stall_monitor import StallMetrics, watching
-from shared.stats import StatsStore, tell_rollups
-from shared.user_hooks import wake
+from shared.core.errors import DependencyUnavailable
+from shared.delivery.acceptance import Acceptance
+from shared.delivery.batchstore import BatchStore
+from shared.delivery.outbox import Outbox, tell_relays
+from shared.delivery.stats import StatsStore, tell_rollups
+from shared.infra.config import Settings
+from shared.infra.health import health_routes
+from shared.infra.metrics import HookMetrics, new_registry
+from shared.infra.resources import Resources, open_resources, readiness_checks
+from shared.infra.settle import InFlight, settling
+from shared.infra.stall_monitor import StallMetrics, watching
+from shared.outbound.hook_delivery import Deliverer
+from shared.outbound.hook_queue import HookQueue
+from shared.outbound.hook_store import HookStore
+from shared.outbound.user_hooks import wake
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Telling a user their webhook endpoint was disabled: a mail through Safedelivr itself,
-sent like operators' alert mail (``shared.alerts``): a batch of the system account, stored
+sent like operators' alert mail (``shared.ops.alerts``): a batch of the system account, stored
 and then published through the outbox, so a crash after storing still sends it."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.acceptance import Acceptance
-from shared.accounts import ensure_user, get_user
-from shared.alerts import ALERT_CHUNK, SYSTEM_LOGIN
-from shared.batchstore import NewBatch, new_batch_id
-from shared.db import Database
-from shared.errors import DependencyUnavailable
-from shared.hook_store import Endpoint
-from shared.validation import InvalidRequest, parse_batch_request
+from shared.accounts.accounts import ensure_user, get_user
+from shared.core.errors import DependencyUnavailable
+from shared.delivery.acceptance import Acceptance
+from shared.delivery.batchstore import NewBatch, new_batch_id
+from shared.delivery.validation import InvalidRequest, parse_batch_request
+from shared.infra.db import Database
+from shared.ops.alerts import ALERT_CHUNK, SYSTEM_LOGIN
+from shared.outbound.hook_store import Endpoint
 
 log = logging.getLogger(__name__)
 

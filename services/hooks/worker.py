@@ -22,16 +22,16 @@ import aio_pika.abc
 import orjson
 
 from services.hooks.schedule import after_attempt, in_order, low_water, may_try
-from shared import outbound_retry
-from shared.broker import Broker
-from shared.config import HooksSettings
-from shared.hook_delivery import Deliverer, Outcome
-from shared.hook_queue import QUEUE_DAYS, Cursor, Delivery, HookQueue, Pending
-from shared.hook_store import Endpoint, HookStore
-from shared.metrics import HookMetrics
-from shared.settle import Delivery as MessageDelivery
-from shared.settle import Poison
-from shared.user_hooks import wake
+from shared.infra.broker import Broker
+from shared.infra.config import HooksSettings
+from shared.infra.metrics import HookMetrics
+from shared.infra.settle import Delivery as MessageDelivery
+from shared.infra.settle import Poison
+from shared.outbound import outbound_retry
+from shared.outbound.hook_delivery import Deliverer, Outcome
+from shared.outbound.hook_queue import QUEUE_DAYS, Cursor, Delivery, HookQueue, Pending
+from shared.outbound.hook_store import Endpoint, HookStore
+from shared.outbound.user_hooks import wake
 
 log = logging.getLogger(__name__)
 

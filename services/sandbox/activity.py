@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from shared.digits import natural
+from shared.core.digits import natural
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,8 @@ from services.sandbox import control, dns, endpoints, github, receiver, signing
 from services.sandbox.state import SandboxState
 from services.sandbox.tuning import Tuning
 from services.sandbox.webhooks import WebhookDispatcher
-from shared.config import SandboxSettings
-from shared.errors import ConfigError
+from shared.core.errors import ConfigError
+from shared.infra.config import SandboxSettings
 
 _log = logging.getLogger(__name__)
 

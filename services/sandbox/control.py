@@ -22,7 +22,7 @@ from starlette.routing import BaseRoute, Route
 from services.sandbox.faults import PROVIDERS, parse_fault
 from services.sandbox.state import state_of
 from services.sandbox.wire import json_response
-from shared.digits import natural
+from shared.core.digits import natural
 
 #: Longest ``?wait=`` accepted by ``GET /_control/webhooks``.
 MAX_WAIT = 60.0

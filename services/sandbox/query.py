@@ -18,7 +18,7 @@ from services.sandbox import activity, mailgun, sendgrid
 from services.sandbox.activity import EventsQuery, Indexed, QueryError
 from services.sandbox.state import state_of
 from services.sandbox.wire import json_response
-from shared.digits import natural
+from shared.core.digits import natural
 
 #: Most messages one Email Activity answer lists.
 SENDGRID_MAX_LIMIT = 1000

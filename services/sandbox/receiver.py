@@ -5,7 +5,7 @@ At most :data:`KEPT` requests are kept.
 
 For users' webhooks: ``POST /_control/receiver/secrets {"path", "secret"}`` registers a
 Standard Webhooks secret for a path, and each request to it is then recorded with
-``"verified": true|false`` (``shared.outbound_signing.verify``; several secrets may be
+``"verified": true|false`` (``shared.outbound.outbound_signing.verify``; several secrets may be
 registered for one path, as during a rotation). ``POST /_control/receiver/fail {"path",
 "status", "count"}`` answers ``status`` to the next ``count`` requests to the path (they are
 recorded too, with the status), or until ``DELETE /_control/receiver/fail?path=``; a path
@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from services.sandbox.wire import json_response
-from shared import outbound_signing
+from shared.outbound import outbound_signing
 
 KEPT = 10_000
 #: Largest body recorded (the rest is cut; the request is still answered 200).

@@ -18,7 +18,7 @@ from services.sandbox.oauth import OAuthStore
 from services.sandbox.tuning import Tuning
 from services.sandbox.webhooks import WebhookDispatcher
 from services.sandbox.zone import TxtRecords
-from shared.config import SandboxSettings
+from shared.infra.config import SandboxSettings
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """Knobs of the sandbox that are not operator configuration: batching, retries, memory bounds.
 
-Operators configure the sandbox through :class:`shared.config.SandboxSettings`; these values
+Operators configure the sandbox through :class:`shared.infra.config.SandboxSettings`; these values
 shape how it imitates the providers and how much it remembers, and tests shrink them.
 """
 

@@ -17,7 +17,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import Response
 
-from shared.digits import natural
+from shared.core.digits import natural
 
 #: Form fields accepted in one request (1,000 repeated ``to`` plus everything else).
 MAX_FORM_FIELDS = 10_000

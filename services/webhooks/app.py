@@ -13,20 +13,20 @@ from starlette.routing import Route
 from services.webhooks import receivers
 from services.webhooks.ingest import Ingest, IngestMetrics
 from services.webhooks.intake import Intake, IntakeMetrics
-from shared import stall_monitor
-from shared.byte_budget import ByteBudget
-from shared.config import Settings
-from shared.errors import ConfigError
-from shared.health import health_routes
-from shared.http import AdmissionLimit, BodyBudget, error_handlers
-from shared.leases import woken
-from shared.livesettings import LiveSettings, SettingsStore, Watcher
-from shared.metrics import new_registry
-from shared.provider_health import HealthStore, tell_refreshers
+from services.webhooks.webhook_tokens import WebhookTokens
+from shared.core.errors import ConfigError
+from shared.infra import stall_monitor
+from shared.infra.byte_budget import ByteBudget
+from shared.infra.config import Settings
+from shared.infra.health import health_routes
+from shared.infra.http import AdmissionLimit, BodyBudget, error_handlers
+from shared.infra.leases import woken
+from shared.infra.metrics import new_registry
+from shared.infra.resources import open_resources, readiness_checks
+from shared.infra.settle import InFlight, settling
+from shared.ops.livesettings import LiveSettings, SettingsStore, Watcher
 from shared.providers import sendgrid_events
-from shared.resources import open_resources, readiness_checks
-from shared.settle import InFlight, settling
-from shared.webhook_tokens import WebhookTokens
+from shared.providers.provider_health import HealthStore, tell_refreshers
 
 #: Seconds to let queued deliveries being applied finish at shutdown.
 DRAIN_TIMEOUT = 10.0

@@ -4,10 +4,10 @@ Every write here is idempotent: the timeline row is keyed by the provider's even
 written in one batch with the recipient's state (a delivery's events: in rounds, a few
 single-partition batches each, stat rows before states, ``RecipientStore.reported_many``; a
 round of one event: one logged batch), the recipient's row is written through
-``shared.recipients`` with timestamps from the event (so replays and out-of-order arrivals
+``shared.delivery.recipients`` with timestamps from the event (so replays and out-of-order arrivals
 merge to the same result) together with its stat row, suppressions are upserts (announced to
-the API processes' caches once per delivery, ``shared.suppression_cache``), and hand-offs
-are planned once per failed attempt (``shared.handoff``). Replaying a whole delivery is
+the API processes' caches once per delivery, ``shared.audience.suppression_cache``), and hand-offs
+are planned once per failed attempt (``shared.delivery.handoff``). Replaying a whole delivery is
 therefore harmless, which is what lets the intake retry it until it is applied.
 
 The attempt tag an event carries (``c.<n>``, ``r.<n>``) is evidence that the provider accepted
@@ -29,27 +29,28 @@ from datetime import UTC, datetime
 from prometheus_client import CollectorRegistry, Counter
 
 from services.webhooks import transitions
-from shared import recipient_events, suppressions
-from shared.addresses import address_key
-from shared.attempts import AttemptStore
-from shared.batchstore import BatchStore
-from shared.broker import Broker
-from shared.config import Settings
-from shared.db import Database
-from shared.domain_capacity import DomainVolumes, Volumes
-from shared.domains import domain_of
-from shared.handoff import HandOff
-from shared.models import LogJob
-from shared.provider_health import Reports
-from shared.providers.catalog import TRACKER
-from shared.recipients import RecipientStore, Report
-from shared.stats import StatsStore, tell_rollups
-from shared.suppression_cache import Changes
-from shared.suppressions import SuppressionStore
-from shared.timeline import Timeline
-from shared.topology import log_key
-from shared.user_hooks import HookEmitter, HookEvent, UserHooks
-from shared.webhook_events import ENGAGEMENT, ProviderEvent
+from services.webhooks.timeline import Timeline
+from shared.accounts.domains import domain_of
+from shared.audience import suppressions
+from shared.audience.suppression_cache import Changes
+from shared.audience.suppressions import SuppressionStore
+from shared.core.addresses import address_key
+from shared.core.catalog import TRACKER
+from shared.core.models import LogJob
+from shared.core.webhook_events import ENGAGEMENT, ProviderEvent
+from shared.delivery.attempts import AttemptStore
+from shared.delivery.batchstore import BatchStore
+from shared.delivery.domain_capacity import DomainVolumes, Volumes
+from shared.delivery.handoff import HandOff
+from shared.delivery.recipients import RecipientStore, Report
+from shared.delivery.stats import StatsStore, tell_rollups
+from shared.infra.broker import Broker
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.infra.topology import log_key
+from shared.outbound import recipient_events
+from shared.outbound.user_hooks import HookEmitter, HookEvent, UserHooks
+from shared.providers.provider_health import Reports
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +224,8 @@ class Ingest:
 
     async def _announce(self, users: Iterable[uuid.UUID]) -> None:
         """Tell the API processes these users' suppression lists changed (best effort: each
-        sees it within its cache's TTL without the broadcast, ``shared.suppression_cache``)."""
+        sees it within its cache's TTL without the broadcast,
+        ``shared.audience.suppression_cache``)."""
         if self.changes is not None:
             await self.changes.announce(users)
 
@@ -285,7 +287,7 @@ class Ingest:
                 at=ev.occurred_at,
                 # An unsubscribe from mail that named a list leaves that list only.
                 scope=facts.list if facts else None,
-                # The recipient's own: only an operator may lift it (shared.suppressions).
+                # The recipient's own: only an operator may lift it (shared.audience.suppressions).
                 by_recipient=suppressions.by_recipient(ev.kind, ev.raw_event, ev.reason),
             )
         if eff.hand_off:

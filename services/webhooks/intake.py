@@ -26,16 +26,16 @@ import aio_pika.abc
 from prometheus_client import CollectorRegistry, Counter
 
 from services.webhooks.ingest import Ingest
-from shared.broker import Broker
-from shared.errors import DependencyUnavailable
-from shared.gil import CpuLane
-from shared.http import ApiError
-from shared.logs import bound
+from services.webhooks.webhook_tokens import WebhookTokens
+from shared.core.catalog import CODES
+from shared.core.errors import DependencyUnavailable
+from shared.core.webhook_events import MalformedPayload
+from shared.infra.broker import Broker
+from shared.infra.gil import CpuLane
+from shared.infra.http import ApiError
+from shared.infra.logs import bound
+from shared.infra.settle import Delivery
 from shared.providers import mailgun_events, sendgrid_events
-from shared.providers.catalog import CODES
-from shared.settle import Delivery
-from shared.webhook_events import MalformedPayload
-from shared.webhook_tokens import WebhookTokens
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Intake:
     metrics: IntakeMetrics
     budget: float = DIRECT_BUDGET
     cpu: CpuLane = field(default_factory=CpuLane)
-    """The service's thread for long pure-Python work (``shared.gil``)."""
+    """The service's thread for long pure-Python work (``shared.infra.gil``)."""
 
     async def receive(self, provider: str, raw: bytes) -> dict[str, object]:
         """Make one verified, well-formed delivery durable; the answer's JSON body.

@@ -16,10 +16,10 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from shared.config import Settings
-from shared.http import JSON, ApiError, read_capped
+from shared.core.webhook_events import MalformedPayload, timestamp_fresh
+from shared.infra.config import Settings
+from shared.infra.http import JSON, ApiError, read_capped
 from shared.providers import mailgun_events, sendgrid_events
-from shared.webhook_events import MalformedPayload, timestamp_fresh
 
 #: Largest SendGrid body accepted (it batches events, up to 768 KB); read only once the
 #: signature headers are there.

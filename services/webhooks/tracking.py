@@ -1,5 +1,5 @@
 """The tracking endpoint, on its own port: the open pixel, tracked links and the one-click
-unsubscribe of the mail we send (the URLs ``shared.engagement`` puts into each copy).
+unsubscribe of the mail we send (the URLs ``shared.engagement.engagement`` puts into each copy).
 
 * ``GET /o/<token>`` -- a 1x1 GIF; records an open.
 * ``GET /c/<token>`` -- a 302 to the link the message was sent with (the token names the
@@ -14,9 +14,9 @@ unsubscribe of the mail we send (the URLs ``shared.engagement`` puts into each c
 Opens, clicks and unsubscribes are events of the recipient like a provider's, applied by the
 same ingest (``services.webhooks.ingest``), with ``tracking`` as their provider: engagement
 never changes an outcome; opens and clicks count once per recipient and in total, machines
-(``shared.prefetch``) marked; an unsubscribe ends in the same suppression as a provider's.
-Opens and clicks are recorded before the answer but never fail it: a reader clicking while
-the database is away still gets to the link.
+(``services.webhooks.prefetch``) marked; an unsubscribe ends in the same suppression as a
+provider's. Opens and clicks are recorded before the answer but never fail it: a reader clicking
+while the database is away still gets to the link.
 """
 
 from __future__ import annotations
@@ -39,22 +39,22 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from services.webhooks.ingest import Ingest, IngestMetrics
-from shared import template_use
-from shared.config import Settings
-from shared.engagement import links_of
-from shared.engagement_tokens import Claim, read, redirect_target
-from shared.errors import DependencyUnavailable
-from shared.gil import CpuLane
-from shared.health import health_routes
-from shared.http import AdmissionLimit, ApiError, error_handlers, read_capped
-from shared.keyring import KeyRing, ring_from
-from shared.metrics import new_registry
-from shared.models import Message
-from shared.prefetch import machine
-from shared.providers.catalog import TRACKER
-from shared.resources import open_resources, readiness_checks
-from shared.stall_monitor import StallMetrics, watching
-from shared.webhook_events import Kind, ProviderEvent
+from services.webhooks.prefetch import machine
+from shared.core.catalog import TRACKER
+from shared.core.errors import DependencyUnavailable
+from shared.core.keyring import KeyRing, ring_from
+from shared.core.models import Message
+from shared.core.webhook_events import Kind, ProviderEvent
+from shared.engagement.engagement import links_of
+from shared.engagement.engagement_tokens import Claim, read, redirect_target
+from shared.infra.config import Settings
+from shared.infra.gil import CpuLane
+from shared.infra.health import health_routes
+from shared.infra.http import AdmissionLimit, ApiError, error_handlers, read_capped
+from shared.infra.metrics import new_registry
+from shared.infra.resources import open_resources, readiness_checks
+from shared.infra.stall_monitor import StallMetrics, watching
+from shared.templates import template_use
 
 log = logging.getLogger(__name__)
 

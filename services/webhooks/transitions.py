@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shared.models import State
-from shared.precedence import visible
-from shared.webhook_events import KIND_RANK, ProviderEvent
+from shared.core.models import State
+from shared.core.webhook_events import KIND_RANK, ProviderEvent
+from shared.delivery.precedence import visible
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from shared.models import Chunk
+from shared.core.models import Chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ Gate = Callable[[], Awaitable[None]]
 
 
 class Provider(Protocol):
-    """Sends chunks. Raises subclasses of ``shared.errors.ProviderError`` on failure:
+    """Sends chunks. Raises subclasses of ``shared.core.errors.ProviderError`` on failure:
 
     * ``TransientProviderError`` for 429 (with ``retry_after``), 5xx, timeouts, connection
       errors; with ``outcome_unknown`` when the request was written and may have been accepted

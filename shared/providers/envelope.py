@@ -28,10 +28,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from shared.addresses import address_key
-from shared.errors import PermanentProviderError
-from shared.models import Address, Chunk, Recipient, is_reserved_header
-from shared.substitution import Substitution
+from shared.core.addresses import address_key
+from shared.core.errors import PermanentProviderError
+from shared.core.models import Address, Chunk, Recipient, is_reserved_header
+from shared.core.substitution import Substitution
 
 # A header name is printable ASCII without ':' (RFC 5322 section 2.2).
 _HEADER_NAME = re.compile(r"^[!-9;-~]+$")
@@ -68,7 +68,7 @@ def shared_substitutions(recipients: Sequence[Recipient]) -> dict[str, str]:
 
 def replace_keys(text: str, replacements: Mapping[str, str]) -> str:
     """Replace each key literally, in one pass, preferring the longest key at a position
-    (``shared.substitution``; prepare a :class:`Substitution` to replace in several texts)."""
+    (``shared.core.substitution``; prepare a :class:`Substitution` to replace in several texts)."""
     if not text or not replacements:
         return text
     return Substitution(replacements).apply(text)

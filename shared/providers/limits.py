@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shared.providers.catalog import CATALOG
+from shared.core.catalog import CATALOG
 
 
 def chunk_size(chain: Iterable[str], *, copies: int = 0) -> int:

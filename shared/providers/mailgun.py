@@ -59,21 +59,21 @@ from typing import Any
 import httpx
 import orjson
 
-from shared.addresses import address_key
-from shared.config import ProviderSettings
-from shared.errors import PermanentProviderError, ProviderError, TransientProviderError
-from shared.gil import CpuLane
-from shared.models import ATTEMPT_ARG, Chunk
+from shared.core.addresses import address_key
+from shared.core.catalog import CATALOG
+from shared.core.errors import PermanentProviderError, ProviderError, TransientProviderError
+from shared.core.models import ATTEMPT_ARG, Chunk
+from shared.core.substitution import Substitution
+from shared.infra.config import ProviderSettings
+from shared.infra.gil import CpuLane
 from shared.providers import envelope, responses, transport
 from shared.providers.base import Gate, LookupQuery, Receipt
-from shared.providers.catalog import CATALOG
-from shared.substitution import Substitution
 
 #: Bytes a form body carries as they are (``urllib.parse``'s unreserved characters).
 _ALWAYS_SAFE = frozenset(string.ascii_letters + string.digits + "_.-~")
 #: Our code for Mailgun in routing keys and errors.
 CODE = "mg"
-#: What one request may carry (``shared.providers.catalog``).
+#: What one request may carry (``shared.core.catalog``).
 INFO = CATALOG[CODE]
 MAX_RECIPIENTS = INFO.max_recipients
 #: Tags Mailgun accepts per message; extra categories are dropped.

@@ -8,7 +8,7 @@ Owns (pure; no I/O):
   hash is a replay (a no-op), with another body it is a forgery;
 * :func:`verify_signature` -- hex HMAC-SHA256(signing key, ``timestamp + token``), compared in
   constant time;
-* :func:`parse_event` -- ``event-data`` into a :class:`~shared.webhook_events.ProviderEvent`.
+* :func:`parse_event` -- ``event-data`` into a :class:`~shared.core.webhook_events.ProviderEvent`.
   Our ``v:batch_id``, ``v:chunk`` and (bulk) ``v:log_id`` come back in ``user-variables``.
   The dedupe key is ``"{id}:{timestamp}"``: Mailgun's ``id`` is unique only within a day.
 
@@ -46,7 +46,7 @@ from typing import Any
 
 import orjson
 
-from shared.webhook_events import (
+from shared.core.webhook_events import (
     MalformedPayload,
     ProviderEvent,
     Verdict,
@@ -57,7 +57,7 @@ from shared.webhook_events import (
     parse_time,
     text,
 )
-from shared.webhook_events import timestamp_fresh as timestamp_fresh
+from shared.core.webhook_events import timestamp_fresh as timestamp_fresh
 
 #: Our code for Mailgun (as in ``shared.providers.mailgun``).
 CODE = "mg"

@@ -1,7 +1,7 @@
 """The configured provider chain: which adapters exist, built in failover order, and closed.
 
 Adding a provider is one adapter module plus one line in :data:`FACTORIES` (and its code in
-``shared.config``'s list of known codes).
+``shared.infra.config``'s list of known codes).
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 
-from shared.config import ProviderSettings
-from shared.errors import ConfigError
-from shared.gil import CpuLane
+from shared.core.errors import ConfigError
+from shared.infra.config import ProviderSettings
+from shared.infra.gil import CpuLane
 from shared.providers.base import Provider
 from shared.providers.mailgun import MailgunProvider
 from shared.providers.sendgrid import SendGridProvider

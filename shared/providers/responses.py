@@ -35,7 +35,7 @@ from datetime import UTC
 
 import orjson
 
-from shared.errors import (
+from shared.core.errors import (
     PermanentProviderError,
     ProviderError,
     ProviderMisconfigured,

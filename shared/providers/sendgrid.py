@@ -36,18 +36,18 @@ from typing import Any
 import httpx
 import orjson
 
-from shared.addresses import address_key
-from shared.config import ProviderSettings
-from shared.errors import PermanentProviderError, ProviderError, TransientProviderError
-from shared.gil import CpuLane
-from shared.models import ATTEMPT_ARG, Chunk, Recipient
+from shared.core.addresses import address_key
+from shared.core.catalog import CATALOG
+from shared.core.errors import PermanentProviderError, ProviderError, TransientProviderError
+from shared.core.models import ATTEMPT_ARG, Chunk, Recipient
+from shared.infra.config import ProviderSettings
+from shared.infra.gil import CpuLane
 from shared.providers import envelope, responses, transport
 from shared.providers.base import Gate, LookupQuery, Receipt
-from shared.providers.catalog import CATALOG
 
 #: Our code for SendGrid in routing keys and errors.
 CODE = "sg"
-#: What one request may carry (``shared.providers.catalog``).
+#: What one request may carry (``shared.core.catalog``).
 INFO = CATALOG[CODE]
 MAX_RECIPIENTS = INFO.max_recipients
 #: Categories SendGrid accepts per message; extra ones are dropped.

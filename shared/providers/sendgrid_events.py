@@ -6,7 +6,7 @@ Owns (pure; no I/O):
   signature base64 DER in ``X-Twilio-Email-Event-Webhook-Signature``, the public key base64
   DER SubjectPublicKeyInfo as SendGrid's console shows it (:func:`load_public_key` validates
   it once at start-up; :func:`verify_signature_with_key` uses the loaded key);
-* :func:`parse_events` -- the JSON array into :class:`~shared.webhook_events.ProviderEvent`.
+* :func:`parse_events` -- the JSON array into :class:`~shared.core.webhook_events.ProviderEvent`.
   Our ``custom_args`` (``batch_id``, ``chunk`` and, in bulk mode, ``log_id``) come back as
   top-level keys of each event; SendGrid's reserved keys win over custom args of the same
   name, so reading the top-level keys is all there is to it.
@@ -46,7 +46,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from shared.webhook_events import (
+from shared.core.webhook_events import (
     MalformedPayload,
     ParseResult,
     ProviderEvent,
@@ -57,7 +57,7 @@ from shared.webhook_events import (
     parse_time,
     text,
 )
-from shared.webhook_events import timestamp_fresh as timestamp_fresh
+from shared.core.webhook_events import timestamp_fresh as timestamp_fresh
 
 #: Our code for SendGrid (as in ``shared.providers.sendgrid``, which needs the SDK to import).
 CODE = "sg"

@@ -14,8 +14,8 @@ from types import TracebackType
 
 import httpx
 
-from shared import waits
-from shared.errors import ProviderError, ProviderMisconfigured, TransientProviderError
+from shared.core.errors import ProviderError, ProviderMisconfigured, TransientProviderError
+from shared.infra import waits
 
 
 def translate(code: str, name: str, exc: Exception, timeout: float) -> ProviderError:

@@ -38,7 +38,7 @@ from services.sandbox import signing
 from services.sandbox.app import create_app as create_sandbox
 from services.sandbox.oauth import find_user
 from services.webhooks.app import create_app as create_webhooks
-from shared.config import (
+from shared.infra.config import (
     CassandraSettings,
     GitHubSettings,
     SandboxSettings,

@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 import pytest
 from playwright.async_api import Dialog, Page, expect
 
-from shared.db import Database
-from shared.deadletters import DeadLetterStore, letter_of
-from shared.topology import dispatch_key
+from shared.infra.db import Database
+from shared.infra.topology import dispatch_key
+from shared.ops.deadletters import DeadLetterStore, letter_of
 from tests.browser.conftest import OPERATORS, Stack, log_in, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]

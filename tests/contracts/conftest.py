@@ -12,16 +12,16 @@ from typing import Any
 import orjson
 import pytest
 
-from shared.attempts import AttemptStore
-from shared.batch_ids import accepted_at
-from shared.batchstore import BatchStore, NewBatch
-from shared.db import Database
-from shared.precedence import queued_stamp
-from shared.recipients import RecipientStore, log_id_for
-from shared.stats import Rollup, StatsStore
-from shared.suppressions import SuppressionStore
-from shared.timeline import Timeline
-from shared.webhook_tokens import WebhookTokens
+from services.webhooks.timeline import Timeline
+from services.webhooks.webhook_tokens import WebhookTokens
+from shared.audience.suppressions import SuppressionStore
+from shared.core.batch_ids import accepted_at
+from shared.delivery.attempts import AttemptStore
+from shared.delivery.batchstore import BatchStore, NewBatch
+from shared.delivery.precedence import queued_stamp
+from shared.delivery.recipients import RecipientStore, log_id_for
+from shared.delivery.stats import Rollup, StatsStore
+from shared.infra.db import Database
 from tests.fakes.broker import FakeBroker
 from tests.fakes.stores import (
     FakeAttempts,

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from shared.batch_ids import accepted_at
-from shared.batchstore import BatchStore, NewBatch, new_batch_id
-from shared.cooldown import RecentMail
-from shared.db import Database
-from shared.outbox import Outbox, minute_of, shard_of
-from shared.preferences import Preferences, PreferenceStore
-from shared.ratelimit import QuotaLedger, RecipientQuota
+from services.api.cooldown import RecentMail
+from shared.accounts.preferences import Preferences, PreferenceStore
+from shared.accounts.ratelimit import QuotaLedger, RecipientQuota
+from shared.core.batch_ids import accepted_at
+from shared.delivery.batchstore import BatchStore, NewBatch, new_batch_id
+from shared.delivery.outbox import Outbox, minute_of, shard_of
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.contracts.conftest import IMPLEMENTATIONS, Stores
 from tests.fakes.acceptance_stores import FakeOutbox, FakePreferences, FakeQuota, FakeRecentMail

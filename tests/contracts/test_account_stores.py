@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from shared import accounts, apikeys
-from shared.accounts import ApiKeyRecord, StoredKey, UserProfile
-from shared.db import Database
-from shared.idempotency import Claimed, Existing, IdempotencyStore
-from shared.sessions import SessionStore, session_hash
-from shared.suppressions import LOOKUP_CHUNK, SuppressionStore
+from services.api.idempotency import Claimed, Existing, IdempotencyStore
+from services.api.session_store import SessionStore, session_hash
+from shared.accounts import accounts, apikeys
+from shared.accounts.accounts import ApiKeyRecord, StoredKey, UserProfile
+from shared.audience.suppressions import LOOKUP_CHUNK, SuppressionStore
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.contracts.conftest import IMPLEMENTATIONS
 from tests.fakes.account_stores import (
@@ -34,7 +34,7 @@ OTHER_BODY = hashlib.sha256(b"another body").digest()
 
 
 class RealAccounts:
-    """:mod:`shared.accounts` bound to one database, shaped as :class:`FakeAccounts`."""
+    """:mod:`shared.accounts.accounts` bound to one database, shaped as :class:`FakeAccounts`."""
 
     def __init__(self, db: Database) -> None:
         self.db = db

@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from shared.errors import PublishError
-from shared.topology import batch_key, dispatch_key, log_key
+from shared.core.errors import PublishError
+from shared.infra.topology import batch_key, dispatch_key, log_key
 from tests.contracts.conftest import Brokers
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from shared.campaigns import Campaign, CampaignStore, Slice, Staged
-from shared.db import Database
+from shared.audience.campaigns import Campaign, CampaignStore, Slice, Staged
+from shared.infra.db import Database
 from tests.contracts.conftest import IMPLEMENTATIONS
 from tests.fakes.campaign_store import FakeCampaigns
 from tests.fakes.schedule_store import ms

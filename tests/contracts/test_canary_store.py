@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from shared.canary import Counts
-from shared.canary_store import CanaryStore, Outcome, Rollout
-from shared.db import Database
+from shared.infra.db import Database
+from shared.templates.canary import Counts
+from shared.templates.canary_store import CanaryStore, Outcome, Rollout
 from tests.contracts.conftest import IMPLEMENTATIONS
 from tests.fakes.canary_store import FakeCanary
 from tests.fakes.schedule_store import ms

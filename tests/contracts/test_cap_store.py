@@ -1,5 +1,5 @@
 """The caps' ledger store's contract, asserted identically of the in-memory twin
-(``tests/fakes/cap_store.py``) and of :class:`shared.cap_store.CapStore` on Cassandra: a
+(``tests/fakes/cap_store.py``) and of :class:`services.api.cap_store.CapStore` on Cassandra: a
 ledger never written reads empty with no version; a write applies only from the version it
 was decided from (of two from one reading, one applies) and moves it; a drop likewise; claim
 times come back at Cassandra's precision; ledgers are each user's and each name's own."""
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from shared.cap_store import CapStore, ledger_name
-from shared.caps import Holds
-from shared.db import Database
+from services.api.cap_store import CapStore, ledger_name
+from services.api.caps import Holds
+from shared.infra.db import Database
 from tests.contracts.conftest import IMPLEMENTATIONS
 from tests.fakes.cap_store import FakeCapStore
 

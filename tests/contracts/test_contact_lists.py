@@ -1,5 +1,5 @@
 """The contact list store's contract, asserted identically of the in-memory twin
-(``tests/fakes/contact_lists.py``) and of :class:`shared.contact_lists.ContactLists` on
+(``tests/fakes/contact_lists.py``) and of :class:`services.api.contact_lists.ContactLists` on
 Cassandra: lists per user, contacts by bucket in address order, paging a whole list, and one
 import at a time per list."""
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from shared.contact_lists import BUCKETS, ContactLists, Position, bucket_of, read_page
-from shared.contacts_csv import Contact
-from shared.db import Database
-from shared.list_import import ImportJob, Problem, Progress
+from services.api.contact_lists import BUCKETS, ContactLists, Position, bucket_of, read_page
+from services.api.contacts_csv import Contact
+from services.api.list_import import ImportJob, Problem, Progress
+from shared.infra.db import Database
 from tests.contracts.conftest import IMPLEMENTATIONS
 from tests.fakes.contact_lists import FakeContactLists
 

@@ -1,6 +1,6 @@
 """The ``sending_domains`` and ``domain_claims`` contract: what the API, the periodic checks
-and the claims shown to owners rely on from :class:`shared.domains.DomainStore`, asserted of
-its twin and of the real tables."""
+and the claims shown to owners rely on from :class:`shared.accounts.domains.DomainStore`, asserted
+of its twin and of the real tables."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from shared.db import Database
-from shared.domain_checks import Outcome
-from shared.domains import DomainStore
+from shared.accounts.domain_checks import Outcome
+from shared.accounts.domains import DomainStore
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.contracts.conftest import IMPLEMENTATIONS
 from tests.fakes.domain_store import FakeDomainStore

@@ -1,5 +1,6 @@
 """The ``domain_volume`` contract: what the capacity gate and the webhook service rely on from
-:class:`shared.domain_capacity.DomainVolumes`, asserted of its twin and of the real table."""
+:class:`shared.delivery.domain_capacity.DomainVolumes`, asserted of its twin and of the real
+table."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from shared.db import Database
-from shared.domain_capacity import HISTORY_DAYS, DayVolume, DomainVolumes
+from shared.delivery.domain_capacity import HISTORY_DAYS, DayVolume, DomainVolumes
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.contracts.conftest import IMPLEMENTATIONS
 from tests.fakes.stores import FakeDomainVolumes

@@ -12,8 +12,15 @@ from typing import Any
 
 import pytest
 
-from shared.db import Database
-from shared.provider_health import WINDOW, WINDOWS, CircuitState, HealthStore, Window, window_start
+from shared.infra.db import Database
+from shared.providers.provider_health import (
+    WINDOW,
+    WINDOWS,
+    CircuitState,
+    HealthStore,
+    Window,
+    window_start,
+)
 from tests.contracts.conftest import IMPLEMENTATIONS
 from tests.fakes.health_store import FakeHealth
 from tests.fakes.schedule_store import ms

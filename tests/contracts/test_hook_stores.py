@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from cassandra.util import uuid_from_time
 
-from shared.db import Database
-from shared.hook_queue import ENQUEUE_SLICE, Cursor, Delivery, HookQueue, Queued, hour_of
-from shared.hook_store import PREVIOUS_SECRET_FOR, HookStore
-from shared.outbound_retry import Health
+from shared.infra.db import Database
+from shared.outbound.hook_queue import ENQUEUE_SLICE, Cursor, Delivery, HookQueue, Queued, hour_of
+from shared.outbound.hook_store import PREVIOUS_SECRET_FOR, HookStore
+from shared.outbound.outbound_retry import Health
 from tests.contracts.conftest import IMPLEMENTATIONS
 from tests.fakes.account_stores import Clock
 from tests.fakes.hooks import FakeHookQueue, FakeHookStore

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from shared import ratelimit
-from shared.db import Database
-from shared.ratelimit import RateLimiter, RatePolicy, RateWindows
+from shared.accounts import ratelimit
+from shared.accounts.ratelimit import RateLimiter, RatePolicy, RateWindows
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.contracts.conftest import IMPLEMENTATIONS
 from tests.fakes.acceptance_stores import FakeRateWindows

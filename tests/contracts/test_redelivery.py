@@ -20,8 +20,8 @@ from typing import Any, Protocol
 import aio_pika
 import pytest
 
-from shared.config import AmqpSettings
-from shared.topology import Topology, dispatch_key
+from shared.infra.config import AmqpSettings
+from shared.infra.topology import Topology, dispatch_key
 from simulation.broker import SimBroker
 from simulation.faults import Schedule
 from simulation.processes import Gate, Process

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from shared.config import TemplateSettings
-from shared.template_pool import TemplatePool
-from shared.template_render import LimitError, Rendered, RenderError, render_version
-from shared.template_use import Source, per_recipient, render_batch
+from shared.infra.config import TemplateSettings
+from shared.templates.template_pool import TemplatePool
+from shared.templates.template_render import LimitError, Rendered, RenderError, render_version
+from shared.templates.template_use import Source, per_recipient, render_batch
 from tests.fakes.renderer import InlineRenderer
 
 

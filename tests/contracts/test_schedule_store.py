@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from shared.db import Database
-from shared.lanes import BUCKET, bucket_of
-from shared.schedule_store import OPEN_MINUTES, ScheduleStore, finished_through
+from shared.core.lanes import BUCKET, bucket_of
+from shared.delivery.schedule_store import OPEN_MINUTES, ScheduleStore, finished_through
+from shared.infra.db import Database
 from tests.contracts.conftest import IMPLEMENTATIONS
 from tests.fakes.schedule_store import FakeSchedule, ScheduleTables, ms
 

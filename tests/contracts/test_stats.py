@@ -9,10 +9,19 @@ from typing import Any
 
 from cassandra.util import uuid_from_time
 
-from shared.batch_ids import accepted_at
-from shared.batchstore import NewBatch
-from shared.recipients import Report, log_id_for
-from shared.stats import Drift, Mark, Rollup, batch_day, bucket_of, current, day_of, dirty_shard
+from shared.core.batch_ids import accepted_at
+from shared.delivery.batchstore import NewBatch
+from shared.delivery.recipients import Report, log_id_for
+from shared.delivery.stats import (
+    Drift,
+    Mark,
+    Rollup,
+    batch_day,
+    bucket_of,
+    current,
+    day_of,
+    dirty_shard,
+)
 from tests.contracts.conftest import Stores
 from tests.fakes.world import new_batch
 

@@ -11,14 +11,15 @@ from typing import Any
 
 import pytest
 
-from shared.batch_ids import accepted_at
-from shared.batchstore import NewBatch, content_of, month_of
-from shared.db import Database
-from shared.errors import DependencyUnavailable, TooLargeToStore
-from shared.models import Recipient
-from shared.outbox import Outbox
-from shared.precedence import STATE_CELLS, provider_stamp, stamp_column, visible
-from shared.recipients import (
+from shared.audience.suppressions import SEND_LOOKUP
+from shared.core.batch_ids import accepted_at
+from shared.core.errors import DependencyUnavailable, TooLargeToStore
+from shared.core.models import Recipient
+from shared.core.webhook_events import ProviderEvent
+from shared.delivery.batchstore import NewBatch, content_of, month_of
+from shared.delivery.outbox import Outbox
+from shared.delivery.precedence import STATE_CELLS, provider_stamp, stamp_column, visible
+from shared.delivery.recipients import (
     CHUNK_ROW,
     RecipientStore,
     Report,
@@ -26,10 +27,9 @@ from shared.recipients import (
     log_id_for,
     merged_chunk,
 )
-from shared.stats import StatsStore, batch_day
-from shared.suppressions import SEND_LOOKUP
-from shared.validation import RecipientInput
-from shared.webhook_events import ProviderEvent
+from shared.delivery.stats import StatsStore, batch_day
+from shared.delivery.validation import RecipientInput
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.contracts.conftest import Stores
 from tests.fakes.acceptance_stores import FakeOutbox

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from shared.db import Database
-from shared.templates import Template, TemplateChanged, TemplateGone, TemplateStore
+from shared.infra.db import Database
+from shared.templates.templates import Template, TemplateChanged, TemplateGone, TemplateStore
 from tests.contracts.conftest import IMPLEMENTATIONS
 from tests.fakes.template_store import FakeTemplates
 

@@ -1,9 +1,9 @@
 """In-memory twins of what accepting a batch reads and writes besides the batch: the outbox
-(:class:`shared.outbox.Outbox`), the daily recipient quota with its refunds
-(:class:`shared.ratelimit.RecipientQuota`), the request rate limits' windows
-(:class:`shared.ratelimit.RateWindows`), recent mail for the cooldown
-(:class:`shared.cooldown.RecentMail`) and the users' preferences
-(:class:`shared.preferences.PreferenceStore`).
+(:class:`shared.delivery.outbox.Outbox`), the daily recipient quota with its refunds
+(:class:`shared.accounts.ratelimit.RecipientQuota`), the request rate limits' windows
+(:class:`shared.accounts.ratelimit.RateWindows`), recent mail for the cooldown
+(:class:`services.api.cooldown.RecentMail`) and the users' preferences
+(:class:`shared.accounts.preferences.PreferenceStore`).
 
 They live in the tables of :class:`tests.fakes.stores.FakeCassandra` and make the round trips
 the real stores make: an outbox row is written by the batch's own logged batch (its
@@ -24,17 +24,17 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, date, datetime, timedelta
 from functools import partial
 
-from shared.addresses import address_key
-from shared.batch_ids import accepted_at
-from shared.cooldown import LOOKUP_CHUNK, cooling
-from shared.outbox import Outbox, minute_of
-from shared.preferences import CACHE_SECONDS, Preferences
-from shared.ratelimit import Grant, Verdict, grant_of, over_limit, seconds_until_midnight
+from services.api.cooldown import LOOKUP_CHUNK, cooling
+from shared.accounts.preferences import CACHE_SECONDS, Preferences
+from shared.accounts.ratelimit import Grant, Verdict, grant_of, over_limit, seconds_until_midnight
+from shared.core.addresses import address_key
+from shared.core.batch_ids import accepted_at
+from shared.delivery.outbox import Outbox, minute_of
 from tests.fakes.stores import FakeCassandra, Write
 
 
 class FakeOutbox:
-    """Twin of :class:`shared.outbox.Outbox`."""
+    """Twin of :class:`shared.delivery.outbox.Outbox`."""
 
     def __init__(self, db: FakeCassandra, namespace: str = "ns") -> None:
         self.db = db
@@ -108,7 +108,7 @@ class FakeOutbox:
 
 
 class FakeQuota:
-    """Twin of :class:`shared.ratelimit.RecipientQuota`: the counter per (user, day), added
+    """Twin of :class:`shared.accounts.ratelimit.RecipientQuota`: the counter per (user, day), added
     to and read back in separate round trips (an addition whose answer is lost stays
     counted, as in Cassandra), and the refund rows per (user, day, batch), which a repeat
     rewrites."""
@@ -170,8 +170,8 @@ class FakeQuota:
 
 
 class FakeRateWindows:
-    """Twin of :class:`shared.ratelimit.RateWindows`: a counter per (key, day, window), added
-    to and read back in separate round trips (an addition whose answer is lost stays
+    """Twin of :class:`shared.accounts.ratelimit.RateWindows`: a counter per (key, day, window),
+    added to and read back in separate round trips (an addition whose answer is lost stays
     counted, as in Cassandra)."""
 
     def __init__(self, db: FakeCassandra) -> None:
@@ -186,7 +186,7 @@ class FakeRateWindows:
 
 
 class FakeRecentMail:
-    """Twin of :class:`shared.cooldown.RecentMail`: when each address was last accepted for,
+    """Twin of :class:`services.api.cooldown.RecentMail`: when each address was last accepted for,
     per scope, each row living for its cooldown (the real rows' TTL)."""
 
     def __init__(self, db: FakeCassandra) -> None:
@@ -236,7 +236,7 @@ class FakeRecentMail:
 
 
 class FakePreferences:
-    """Twin of :class:`shared.preferences.PreferenceStore` (read through the same short
+    """Twin of :class:`shared.accounts.preferences.PreferenceStore` (read through the same short
     per-process cache, so a change applies within its seconds)."""
 
     def __init__(self, db: FakeCassandra) -> None:

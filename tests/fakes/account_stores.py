@@ -1,7 +1,7 @@
-"""In-memory twins of the account-side stores: users and API keys (:mod:`shared.accounts`),
-dashboard sessions (:class:`shared.sessions.SessionStore`), ``Idempotency-Key`` claims
-(:class:`shared.idempotency.IdempotencyStore`) and the suppression list
-(:class:`shared.suppressions.SuppressionStore`).
+"""In-memory twins of the account-side stores: users and API keys (:mod:`shared.accounts.accounts`),
+dashboard sessions (:class:`services.api.session_store.SessionStore`), ``Idempotency-Key`` claims
+(:class:`services.api.idempotency.IdempotencyStore`) and the suppression list
+(:class:`shared.audience.suppressions.SuppressionStore`).
 
 They keep the Cassandra semantics these stores depend on:
 
@@ -16,8 +16,8 @@ They keep the Cassandra semantics these stores depend on:
 
 Where a store derives something from what it read (hashing a session id, expiry, parsing and
 verifying a key) the twins call the production functions themselves. The module-level
-functions of :mod:`shared.accounts` take a ``Database``; :class:`FakeAccounts` offers them as
-methods without it. ``tests/contracts/test_account_stores.py`` runs one suite over each twin
+functions of :mod:`shared.accounts.accounts` take a ``Database``; :class:`FakeAccounts` offers them
+as methods without it. ``tests/contracts/test_account_stores.py`` runs one suite over each twin
 and the real store, so the twins cannot drift from what they stand in for.
 """
 
@@ -33,12 +33,13 @@ from typing import Any
 
 from cassandra import InvalidRequest
 
-from shared import apikeys, sessions
-from shared.accounts import ApiKeyRecord, StoredKey, UserProfile, key_record
-from shared.addresses import address_key
-from shared.db import utc
-from shared.idempotency import Claimed, Existing
-from shared.sessions import Session
+from services.api import session_store as sessions
+from services.api.idempotency import Claimed, Existing
+from services.api.session_store import Session
+from shared.accounts import apikeys
+from shared.accounts.accounts import ApiKeyRecord, StoredKey, UserProfile, key_record
+from shared.core.addresses import address_key
+from shared.infra.db import utc
 from tests.fakes.stores import FakeCassandra, FakeSuppressions
 from tests.fakes.wire import LOOPBACK, Wire
 
@@ -129,7 +130,8 @@ class AccountTables:
 
 
 class FakeAccounts:
-    """Twin of the functions of :mod:`shared.accounts` (each without its ``db`` argument)."""
+    """Twin of the functions of :mod:`shared.accounts.accounts` (each without its ``db``
+    argument)."""
 
     def __init__(self, tables: AccountTables | None = None) -> None:
         self.tables = tables or AccountTables()
@@ -282,7 +284,7 @@ def _not_empty(key: str) -> None:
 
 
 class FakeSessionStore:
-    """Twin of :class:`shared.sessions.SessionStore`; every row carries its TTL."""
+    """Twin of :class:`services.api.session_store.SessionStore`; every row carries its TTL."""
 
     def __init__(
         self,
@@ -369,7 +371,7 @@ def _session_cells(
 
 
 class FakeIdempotencyStore:
-    """Twin of :class:`shared.idempotency.IdempotencyStore`: lightweight transactions on
+    """Twin of :class:`services.api.idempotency.IdempotencyStore`: lightweight transactions on
     ``idempotency_keys``, whose every write expires after the table's default TTL."""
 
     def __init__(self, tables: AccountTables | None = None, *, lease: float = 30.0) -> None:
@@ -456,7 +458,7 @@ class FakeIdempotencyStore:
 
 
 class FakeSuppressionStore(FakeSuppressions):
-    """Twin of the whole :class:`shared.suppressions.SuppressionStore` (the twin in
+    """Twin of the whole :class:`shared.audience.suppressions.SuppressionStore` (the twin in
     ``tests/fakes/stores.py`` covers only what the consumers and webhooks use)."""
 
     def __init__(self, db: FakeCassandra | None = None) -> None:

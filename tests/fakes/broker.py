@@ -1,4 +1,4 @@
-"""An in-memory twin of :class:`shared.broker.Broker` (dramatiq's stub broker, for our
+"""An in-memory twin of :class:`shared.infra.broker.Broker` (dramatiq's stub broker, for our
 topology): publishes are routed by the same topology data the real broker declares, a
 message published with a delay waits in its tier's queue until :meth:`FakeBroker.expire`,
 and an unroutable key raises ``PublishError`` as a mandatory publish does. ``fail`` makes the
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shared.errors import PublishError
-from shared.topology import DELAY_HEADER, Topology
+from shared.core.errors import PublishError
+from shared.infra.topology import DELAY_HEADER, Topology
 
 
 def topic_matches(pattern: str, key: str) -> bool:

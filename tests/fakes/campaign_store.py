@@ -1,4 +1,4 @@
-"""In-memory twin of :class:`shared.campaigns.CampaignStore`: each user's campaigns, the
+"""In-memory twin of :class:`shared.audience.campaigns.CampaignStore`: each user's campaigns, the
 namespace's list of campaigns a runner looks at, each campaign's staged slices and its
 recorded slices.
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import orjson
 
-from shared.campaigns import ACTIVE, DELETABLE, Campaign, Slice, Staged, State
-from shared.recipients import timeuuid_order
+from shared.audience.campaigns import ACTIVE, DELETABLE, Campaign, Slice, Staged, State
+from shared.delivery.recipients import timeuuid_order
 from tests.fakes.schedule_store import ms
 from tests.fakes.wire import LOOPBACK, Kind, Trip, Wire
 
@@ -95,7 +95,7 @@ class CampaignTables:
 
 
 class FakeCampaigns:
-    """Twin of :class:`shared.campaigns.CampaignStore` (every operation)."""
+    """Twin of :class:`shared.audience.campaigns.CampaignStore` (every operation)."""
 
     def __init__(self, namespace: str, tables: CampaignTables | None = None) -> None:
         self.namespace = namespace

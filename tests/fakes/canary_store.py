@@ -1,5 +1,5 @@
-"""In-memory twin of :class:`shared.canary_store.CanaryStore`: the batches that carried each
-rollout's canary, the namespace's rollouts waiting for a verdict, and each template's
+"""In-memory twin of :class:`shared.templates.canary_store.CanaryStore`: the batches that carried
+each rollout's canary, the namespace's rollouts waiting for a verdict, and each template's
 verdicts.
 
 It keeps what the judge and the API depend on: every round trip yields to the event loop;
@@ -17,9 +17,9 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from shared.canary import Counts
-from shared.canary_store import Outcome, Rollout
-from shared.recipients import timeuuid_order
+from shared.delivery.recipients import timeuuid_order
+from shared.templates.canary import Counts
+from shared.templates.canary_store import Outcome, Rollout
 from tests.fakes.schedule_store import ms
 from tests.fakes.stores import Write
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
@@ -42,7 +42,7 @@ class CanaryTables:
 
 
 class FakeCanary:
-    """Twin of :class:`shared.canary_store.CanaryStore` (every operation; ``statements``
+    """Twin of :class:`shared.templates.canary_store.CanaryStore` (every operation; ``statements``
     gives :data:`tests.fakes.stores.Write` s to apply with the batch's own write)."""
 
     def __init__(self, namespace: str, tables: CanaryTables | None = None) -> None:

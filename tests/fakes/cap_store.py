@@ -1,4 +1,4 @@
-"""In-memory twin of :class:`shared.cap_store.CapStore` (held to it by
+"""In-memory twin of :class:`services.api.cap_store.CapStore` (held to it by
 ``tests/contracts/test_cap_store.py``): one ledger per user and name, read whole, rewritten
 whole only while its version is the one the writer read (a missing ledger's is None), and
 dropped likewise; claim times kept at Cassandra's millisecond precision. Each operation is one
@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Mapping
 from datetime import datetime
 
-from shared.caps import Holds
+from services.api.caps import Holds
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
 
 

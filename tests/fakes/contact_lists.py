@@ -1,4 +1,4 @@
-"""In-memory twin of :class:`shared.contact_lists.ContactLists` (held to it by
+"""In-memory twin of :class:`services.api.contact_lists.ContactLists` (held to it by
 ``tests/contracts/test_contact_lists.py``): lists per user newest first, contacts per list
 bucket in address order, imports per list, the lightweight transaction that makes one
 import the list's latest, and a deletion (its row, then its contents). Timestamps at
@@ -11,10 +11,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from shared.addresses import address_key
-from shared.contact_lists import ContactList, ListContact, bucket_of, contact_name
-from shared.contacts_csv import Contact
-from shared.list_import import ImportJob
+from services.api.contact_lists import ContactList, ListContact, bucket_of, contact_name
+from services.api.contacts_csv import Contact
+from services.api.list_import import ImportJob
+from shared.core.addresses import address_key
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
 
 

@@ -1,5 +1,5 @@
-"""In-memory twin of :class:`shared.domains.DomainStore`: users' sending domains, the state of
-their checks, and the ``domain_claims`` index.
+"""In-memory twin of :class:`shared.accounts.domains.DomainStore`: users' sending domains, the state
+of their checks, and the ``domain_claims`` index.
 
 It keeps what the store's callers depend on: every round trip yields to the event loop (over
 a :mod:`tests.fakes.wire`, where a simulator injects faults); every write to a domain is a
@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.domain_claims import related
-from shared.domains import MAX_DOMAINS, Claim, SendingDomain
+from services.api.domain_claims import related
+from shared.accounts.domains import MAX_DOMAINS, Claim, SendingDomain
 from tests.fakes.wire import LOOPBACK, Kind, Wire
 
 _CHECKED = frozenset(
@@ -41,7 +41,7 @@ def _zone(domain: str) -> str:
 
 
 class FakeDomainStore:
-    """Twin of :class:`shared.domains.DomainStore` (every operation)."""
+    """Twin of :class:`shared.accounts.domains.DomainStore` (every operation)."""
 
     def __init__(self, wire: Wire = LOOPBACK) -> None:
         self.wire = wire

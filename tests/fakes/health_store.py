@@ -1,5 +1,5 @@
-"""In-memory twin of :class:`shared.provider_health.HealthStore`: the shared health windows
-(counters by provider, day and 5-second window) and the circuits, for one scope.
+"""In-memory twin of :class:`shared.providers.provider_health.HealthStore`: the shared health
+windows (counters by provider, day and 5-second window) and the circuits, for one scope.
 
 It keeps what the health refresh depends on: one round trip per day partition a read of the
 windows covers (two around midnight), the last two minutes only, counters that add up
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 
-from shared.provider_health import WINDOW, WINDOWS, CircuitState, Window, window_start
+from shared.providers.provider_health import WINDOW, WINDOWS, CircuitState, Window, window_start
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
 
 
@@ -34,7 +34,7 @@ class HealthTables:
 
 
 class FakeHealth:
-    """Twin of :class:`shared.provider_health.HealthStore`."""
+    """Twin of :class:`shared.providers.provider_health.HealthStore`."""
 
     def __init__(self, scope: str, tables: HealthTables | None = None) -> None:
         self.scope = scope

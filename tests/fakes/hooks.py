@@ -1,8 +1,8 @@
 """In-memory twins of the users' webhook stores: :class:`FakeHookStore` (endpoints,
-:class:`shared.hook_store.HookStore`) and :class:`FakeHookQueue` (queues, leases, cursors,
-messages, replays and the delivery log, :class:`shared.hook_queue.HookQueue`), the tables of
-``deploy/cql/0023_user_webhooks.cql``; and :class:`FakeDeliverer`, an endpoint's side of
-``shared.hook_delivery.Deliverer.send`` answering from a script.
+:class:`shared.outbound.hook_store.HookStore`) and :class:`FakeHookQueue` (queues, leases, cursors,
+messages, replays and the delivery log, :class:`shared.outbound.hook_queue.HookQueue`), the tables
+of ``deploy/cql/0023_user_webhooks.cql``; and :class:`FakeDeliverer`, an endpoint's side of
+``shared.outbound.hook_delivery.Deliverer.send`` answering from a script.
 
 What they keep of Cassandra:
 
@@ -27,7 +27,7 @@ What they keep of Cassandra:
   (``seq``, the log's ``at``) taken by the client, as the real store takes them.
 
 Which rows of ``user_webhooks`` are endpoints is decided by the production function
-(:func:`shared.hook_store.endpoints_in`). ``tests/contracts/test_hook_stores.py`` runs one
+(:func:`shared.outbound.hook_store.endpoints_in`). ``tests/contracts/test_hook_stores.py`` runs one
 suite over these twins and the real stores.
 """
 
@@ -43,10 +43,11 @@ from typing import Any, Final
 from cassandra.murmur3 import murmur3
 from cassandra.util import min_uuid_from_time, unix_time_from_uuid1
 
-from shared import outbound_signing
-from shared.db import utc
-from shared.hook_delivery import Outcome
-from shared.hook_queue import (
+from shared.delivery.recipients import timeuuid_order
+from shared.infra.db import utc
+from shared.outbound import outbound_signing
+from shared.outbound.hook_delivery import Outcome
+from shared.outbound.hook_queue import (
     ENQUEUE_WINDOW,
     LOG_DAYS,
     REPLAY_MARK_SECONDS,
@@ -57,10 +58,9 @@ from shared.hook_queue import (
     enqueued,
     hour_of,
 )
-from shared.hook_store import PREVIOUS_SECRET_FOR, Endpoint, endpoints_in
-from shared.outbound_retry import Health
-from shared.recipients import timeuuid_order
-from shared.user_hooks import HookEmitter
+from shared.outbound.hook_store import PREVIOUS_SECRET_FOR, Endpoint, endpoints_in
+from shared.outbound.outbound_retry import Health
+from shared.outbound.user_hooks import HookEmitter
 from tests.fakes.account_stores import stored
 from tests.fakes.wire import LOOPBACK, Kind, Trip, Wire
 
@@ -188,7 +188,8 @@ class _Twin:
 
 
 class FakeHookStore(_Twin):
-    """Twin of :class:`shared.hook_store.HookStore`: ``user_webhooks``, one partition per user."""
+    """Twin of :class:`shared.outbound.hook_store.HookStore`: ``user_webhooks``, one partition per
+    user."""
 
     def __init__(self, now: Callable[[], datetime] = _utcnow, wire: Wire = LOOPBACK) -> None:
         super().__init__(now, wire)
@@ -356,8 +357,8 @@ def _cql(value: Any) -> Any:
 
 
 class FakeHookQueue(_Twin):
-    """Twin of :class:`shared.hook_queue.HookQueue`: every endpoint's queue in hour buckets,
-    its cursor row (lease, low-water mark, attempts), its messages and replay requests, and
+    """Twin of :class:`shared.outbound.hook_queue.HookQueue`: every endpoint's queue in hour
+    buckets, its cursor row (lease, low-water mark, attempts), its messages and replay requests, and
     its delivery log."""
 
     def __init__(self, now: Callable[[], datetime] = _utcnow, wire: Wire = LOOPBACK) -> None:
@@ -628,7 +629,7 @@ class FakeHookQueue(_Twin):
 def emitter_over(
     store: FakeHookStore, queue: FakeHookQueue, broker: Any, *, cache_seconds: float = 0.0
 ) -> HookEmitter:
-    """The real :class:`shared.user_hooks.HookEmitter` over the twins (it builds its stores
+    """The real :class:`shared.outbound.user_hooks.HookEmitter` over the twins (it builds its stores
     from a ``Database``, doing no I/O: they are swapped for the twins before it does any).
     ``cache_seconds`` defaults to none: its cache runs on the machine's monotonic clock."""
     emitter = HookEmitter(None, broker, cache_seconds=cache_seconds)  # type: ignore[arg-type]
@@ -655,8 +656,8 @@ class Request:
 
 @dataclass
 class FakeDeliverer:
-    """Stands in for :class:`shared.hook_delivery.Deliverer` (its ``send``): each url answers
-    from its script (``answers``, then 200), every request is kept in :attr:`requests`."""
+    """Stands in for :class:`shared.outbound.hook_delivery.Deliverer` (its ``send``): each url
+    answers from its script (``answers``, then 200), every request is kept in :attr:`requests`."""
 
     answers: dict[str, list[Answer]] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)

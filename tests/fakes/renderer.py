@@ -1,4 +1,5 @@
-"""In-process twin of :class:`shared.template_pool.TemplatePool` (the ``Renderer`` protocol).
+"""In-process twin of :class:`shared.templates.template_pool.TemplatePool` (the ``Renderer``
+protocol).
 
 A job runs in a worker thread of this process with a :class:`CompiledParts` of the twin's
 own, its arguments and its answer pickled both ways as the pool sends them through its
@@ -15,14 +16,14 @@ import pickle
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from shared.template_limits import Limit
-from shared.template_render import CompiledParts, LimitError, RenderError
+from shared.templates.template_limits import Limit
+from shared.templates.template_render import CompiledParts, LimitError, RenderError
 
 T = TypeVar("T")
 
 
 class InlineRenderer:
-    """Twin of :class:`shared.template_pool.TemplatePool` (``run``)."""
+    """Twin of :class:`shared.templates.template_pool.TemplatePool` (``run``)."""
 
     def __init__(self) -> None:
         self.parts = CompiledParts()

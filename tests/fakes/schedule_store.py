@@ -1,4 +1,4 @@
-"""In-memory twin of :class:`shared.schedule_store.ScheduleStore`: the batches waiting in
+"""In-memory twin of :class:`shared.delivery.schedule_store.ScheduleStore`: the batches waiting in
 the minute they are due, and each namespace's lease and cursor.
 
 It keeps what the scheduler depends on: every round trip yields to the event loop; the lease
@@ -18,9 +18,9 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Final
 
-from shared.lanes import BUCKET, bucket_of
-from shared.recipients import timeuuid_order
-from shared.schedule_store import MAX_MINUTES, Due
+from shared.core.lanes import BUCKET, bucket_of
+from shared.delivery.recipients import timeuuid_order
+from shared.delivery.schedule_store import MAX_MINUTES, Due
 from tests.fakes.account_stores import Clock
 from tests.fakes.stores import Write
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
@@ -57,7 +57,7 @@ class ScheduleTables:
 
 
 class FakeSchedule:
-    """Twin of :class:`shared.schedule_store.ScheduleStore` (every operation; ``statement``
+    """Twin of :class:`shared.delivery.schedule_store.ScheduleStore` (every operation; ``statement``
     gives a :data:`tests.fakes.stores.Write` to apply with the caller's own write)."""
 
     def __init__(self, namespace: str, tables: ScheduleTables | None = None) -> None:

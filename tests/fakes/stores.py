@@ -6,10 +6,10 @@ and map columns merge element by element, rows cluster in Cassandra's order, ``I
 and ``IF col = ?`` apply only when their condition holds. What the stores derive from the rows
 they read (a chunk's recipients merged with their own rows, a bucket's counts, whether a
 rollup is current) is computed by the production functions themselves
-(``shared.recipients.merged_chunk``, ``shared.precedence.merge``, ``shared.stats.count_rows``,
-``shared.stats.current`` ...), from rows shaped as the real reads return them.
-``tests/contracts`` runs the same suite over each twin and the real store, so the twins cannot
-drift from what they stand in for.
+(``shared.delivery.recipients.merged_chunk``, ``shared.delivery.precedence.merge``,
+``shared.delivery.stats.count_rows``, ``shared.delivery.stats.current`` ...), from rows shaped as
+the real reads return them. ``tests/contracts`` runs the same suite over each twin and the real
+store, so the twins cannot drift from what they stand in for.
 
 Faults: ``FakeCassandra.fail(operation, error, applied=...)`` makes the next call of a store
 operation raise ``error`` before (or, with ``applied=True``, after) it takes effect — a write
@@ -39,9 +39,14 @@ from typing import Any
 
 from cassandra.util import SortedSet
 
-from shared import batch_ids, precedence
-from shared.attempts import COLUMNS, Attempt, from_row
-from shared.batchstore import (
+from shared.audience.suppressions import LOOKUP_CHUNK
+from shared.core import batch_ids
+from shared.core.errors import DependencyUnavailable, TooLargeToStore
+from shared.core.models import Message
+from shared.core.webhook_events import ProviderEvent
+from shared.delivery import precedence
+from shared.delivery.attempts import COLUMNS, Attempt, from_row
+from shared.delivery.batchstore import (
     INLINE_BYTES,
     STATEMENT_BYTES,
     STORED_STATUS_STAMP,
@@ -53,11 +58,8 @@ from shared.batchstore import (
     month_of,
     shown_status,
 )
-from shared.db import slices
-from shared.domain_capacity import HISTORY_DAYS, OUTCOMES, DayVolume
-from shared.errors import DependencyUnavailable, TooLargeToStore
-from shared.models import Message
-from shared.recipients import (
+from shared.delivery.domain_capacity import HISTORY_DAYS, OUTCOMES, DayVolume
+from shared.delivery.recipients import (
     CHUNK_ROW,
     Report,
     Selection,
@@ -68,7 +70,7 @@ from shared.recipients import (
     merged_one,
     timeuuid_order,
 )
-from shared.stats import (
+from shared.delivery.stats import (
     DEFAULT_BUCKETS,
     DIRTY_SHARDS,
     EVENT_METRICS,
@@ -91,8 +93,7 @@ from shared.stats import (
     roll_step,
     user_bucket,
 )
-from shared.suppressions import LOOKUP_CHUNK
-from shared.webhook_events import ProviderEvent
+from shared.infra.db import slices
 from tests.fakes.wire import LOOPBACK, Kind, Trip, Wire
 
 #: A clustering row of ``batches``: (chunk, log_id).
@@ -363,7 +364,7 @@ class FakeCassandra:
         self.recent: dict[tuple[uuid.UUID, str, str], tuple[datetime, uuid.UUID, datetime]] = {}
         """``recent_mail``: (user, email, scope) -> (last_at, batch_id, expires)."""
         self.preferences: dict[uuid.UUID, Any] = {}
-        """``user_preferences``: user -> ``shared.preferences.Preferences``."""
+        """``user_preferences``: user -> ``shared.accounts.preferences.Preferences``."""
         self._failures: dict[str, list[_Failure]] = defaultdict(list)
         self.calls: list[str] = []
         self.server_offset = timedelta()
@@ -420,7 +421,7 @@ class FakeCassandra:
     def refuse_oversized(self, partitions: Sequence[int]) -> None:
         """Cassandra's checks of a request's size, before it applies anything: ``partitions``
         are the bytes it writes to each partition it touches. Raises TooLargeToStore as the
-        real store does (``shared.db``)."""
+        real store does (``shared.infra.db``)."""
         largest = max(partitions, default=0)
         if largest > self.max_mutation_bytes:
             raise TooLargeToStore(
@@ -452,7 +453,7 @@ class FakeCassandra:
 
 
 def _selected(key: Clustering, cells: _Cells) -> dict[str, Any]:
-    """One ``batches`` row as ``SELECT shared.recipients.SELECT`` returns it: identity, the
+    """One ``batches`` row as ``SELECT shared.delivery.recipients.SELECT`` returns it: identity, the
     chunk's list, every state cell and its ``WRITETIME`` (a list for maps and sets)."""
     row: dict[str, Any] = {
         "chunk": key[0],
@@ -469,7 +470,7 @@ def _selected(key: Clustering, cells: _Cells) -> dict[str, Any]:
 
 
 class FakeBatches:
-    """Twin of :class:`shared.batchstore.BatchStore`."""
+    """Twin of :class:`shared.delivery.batchstore.BatchStore`."""
 
     def __init__(self, db: FakeCassandra, stats: FakeStats | None = None) -> None:
         self.db = db
@@ -656,7 +657,7 @@ class FakeBatches:
 
 
 class FakeStats:
-    """Twin of :class:`shared.stats.StatsStore`: ``stat_rows`` partitions of cells, counted
+    """Twin of :class:`shared.delivery.stats.StatsStore`: ``stat_rows`` partitions of cells, counted
     and judged by the production functions."""
 
     def __init__(
@@ -1010,8 +1011,8 @@ class FakeStats:
 
 
 class FakeRecipients:
-    """Twin of :class:`shared.recipients.RecipientStore`: chunk rows and own rows as cells,
-    read back through :func:`shared.recipients.merged_chunk`."""
+    """Twin of :class:`shared.delivery.recipients.RecipientStore`: chunk rows and own rows as cells,
+    read back through :func:`shared.delivery.recipients.merged_chunk`."""
 
     def __init__(self, db: FakeCassandra, stats: FakeStats | None = None) -> None:
         self.db = db
@@ -1267,7 +1268,7 @@ _ATTEMPT_COLUMNS = [c.strip() for c in COLUMNS.split(",")]
 
 
 class FakeAttempts:
-    """Twin of :class:`shared.attempts.AttemptStore`: every write is conditional."""
+    """Twin of :class:`shared.delivery.attempts.AttemptStore`: every write is conditional."""
 
     def __init__(self, db: FakeCassandra) -> None:
         self.db = db
@@ -1339,7 +1340,7 @@ class FakeAttempts:
 
 
 class FakeSuppressions:
-    """Twin of :class:`shared.suppressions.SuppressionStore` (add and lookup). A row keeps
+    """Twin of :class:`shared.audience.suppressions.SuppressionStore` (add and lookup). A row keeps
     its write time (``version``, the driver's client-side timestamp: above the row's last
     one) and its ``by_recipient`` mark's own, which a write without a mark leaves as it is."""
 
@@ -1419,7 +1420,7 @@ class FakeSuppressions:
 
 
 class FakeTimeline:
-    """Twin of :class:`shared.timeline.Timeline`."""
+    """Twin of :class:`services.webhooks.timeline.Timeline`."""
 
     def __init__(self, db: FakeCassandra) -> None:
         self.db = db
@@ -1453,7 +1454,7 @@ class FakeTimeline:
 
 
 class FakeWebhookTokens:
-    """Twin of :class:`shared.webhook_tokens.WebhookTokens`."""
+    """Twin of :class:`services.webhooks.webhook_tokens.WebhookTokens`."""
 
     def __init__(self, db: FakeCassandra) -> None:
         self.db = db
@@ -1466,7 +1467,7 @@ class FakeWebhookTokens:
 
 
 class FakeDomainVolumes:
-    """``shared.domain_capacity.DomainVolumes`` in memory: per (domain, day) counters."""
+    """``shared.delivery.domain_capacity.DomainVolumes`` in memory: per (domain, day) counters."""
 
     def __init__(self) -> None:
         self.days: dict[tuple[str, date], dict[str, int]] = {}

@@ -1,5 +1,5 @@
-"""In-memory twin of :class:`shared.templates.TemplateStore`: each user's templates and their
-immutable versions.
+"""In-memory twin of :class:`shared.templates.templates.TemplateStore`: each user's templates and
+their immutable versions.
 
 It keeps what the store's callers depend on: every round trip yields to the event loop, and a
 new version's number is taken by compare-and-set on the template's ``next_version`` (retried
@@ -19,7 +19,13 @@ from typing import Any
 
 import orjson
 
-from shared.templates import Template, TemplateChanged, TemplateGone, Version, VersionHeader
+from shared.templates.templates import (
+    Template,
+    TemplateChanged,
+    TemplateGone,
+    Version,
+    VersionHeader,
+)
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
 
 
@@ -35,7 +41,7 @@ class _Row:
 
 
 class FakeTemplates:
-    """Twin of :class:`shared.templates.TemplateStore` (every operation)."""
+    """Twin of :class:`shared.templates.templates.TemplateStore` (every operation)."""
 
     def __init__(self, wire: Wire = LOOPBACK) -> None:
         self.rows: dict[tuple[uuid.UUID, uuid.UUID], _Row] = {}

@@ -1,6 +1,6 @@
 """The services' shells over in-memory twins: a world in which batches are accepted, jobs
 flow through the fake broker to the real splitter and dispatcher (settled by the real
-``shared.settle.run``), providers answer from a script, webhook events are applied by the real
+``shared.infra.settle.run``), providers answer from a script, webhook events are applied by the real
 ingest, and time is a clock the test moves.
 """
 
@@ -21,22 +21,22 @@ from services.consumers.splitter import Splitter
 from services.webhooks.app import create_app as create_webhooks
 from services.webhooks.ingest import Ingest, IngestMetrics
 from services.webhooks.intake import Intake, IntakeMetrics
-from shared.batch_ids import accepted_at
-from shared.batchstore import NewBatch
-from shared.config import ProviderSettings, Settings, WebhookSettings
-from shared.errors import ProviderError
-from shared.lanes import Priority
-from shared.metrics import DispatchMetrics
-from shared.models import Address, BatchJob, Chunk, Message, Recipient
-from shared.precedence import visible
+from shared.core.batch_ids import accepted_at
+from shared.core.catalog import CATALOG
+from shared.core.errors import ProviderError
+from shared.core.lanes import Priority
+from shared.core.models import Address, BatchJob, Chunk, Message, Recipient
+from shared.delivery.batchstore import NewBatch
+from shared.delivery.precedence import visible
+from shared.delivery.recipients import log_id_for
+from shared.delivery.stats import batch_day, bucket_of
+from shared.infra.config import ProviderSettings, Settings, WebhookSettings
+from shared.infra.metrics import DispatchMetrics
+from shared.infra.resources import topology_for
+from shared.infra.settle import run
+from shared.infra.topology import batch_key, parse_routing_key
 from shared.providers import responses, transport
 from shared.providers.base import Gate, LookupQuery, Receipt
-from shared.providers.catalog import CATALOG
-from shared.recipients import log_id_for
-from shared.resources import topology_for
-from shared.settle import run
-from shared.stats import batch_day, bucket_of
-from shared.topology import batch_key, parse_routing_key
 from tests.fakes.broker import FakeBroker, FakeMessage
 from tests.fakes.stores import (
     FakeAttempts,

@@ -33,11 +33,11 @@ from hypothesis import strategies as st
 from services.api.app import create_app as create_api
 from services.api.loginstate import PendingLogin, encode
 from services.api.openapi import OPERATIONS
+from services.api.session_store import LOGIN_COOKIE, SESSION_COOKIE, SessionStore, new_token
 from services.sandbox.app import create_app as create_sandbox
-from shared import accounts
-from shared.config import SandboxSettings, Settings
-from shared.db import Database
-from shared.sessions import LOGIN_COOKIE, SESSION_COOKIE, SessionStore, new_token
+from shared.accounts import accounts
+from shared.infra.config import SandboxSettings, Settings
+from shared.infra.db import Database
 from tests.fuzz.tally import Tally, new_sender, settings_for
 from tests.integration.harness import served
 

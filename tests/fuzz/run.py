@@ -42,7 +42,9 @@ from services.sandbox import signing
 from services.sandbox.app import create_app as create_sandbox
 from services.webhooks.app import create_app as create_webhooks
 from services.webhooks.tracking import create_app as create_tracking
-from shared.config import (
+from shared.core.keyring import KeyRing, ring_from
+from shared.engagement.engagement_tokens import Claim, sign
+from shared.infra.config import (
     AmqpSettings,
     ApiSettings,
     CassandraSettings,
@@ -50,11 +52,9 @@ from shared.config import (
     Settings,
     WebhookSettings,
 )
-from shared.db import Database
-from shared.engagement_tokens import Claim, sign
-from shared.keyring import KeyRing, ring_from
-from shared.migrations import migrate
-from shared.resources import declare_topology
+from shared.infra.db import Database
+from shared.infra.migrations import migrate
+from shared.infra.resources import declare_topology
 from tests.fuzz.handmade import fuzz_handmade
 from tests.fuzz.tally import Tally, new_sender, settings_for
 from tests.integration.harness import served
@@ -275,7 +275,7 @@ async def main(examples: int, seed: int) -> int:
             }
         finally:
             with contextlib.suppress(Exception):
-                from shared.broker import Broker
+                from shared.infra.broker import Broker
 
                 broker = Broker(settings.amqp.url.get_secret_value(), topology, name="fuzz")
                 await broker.connect()

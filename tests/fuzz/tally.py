@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import seed as hypothesis_seed
 from starlette.routing import Match
 
-from shared import accounts
-from shared.apikeys import SCOPES
-from shared.db import Database
-from shared.domains import DomainStore
+from shared.accounts import accounts
+from shared.accounts.apikeys import SCOPES
+from shared.accounts.domains import DomainStore
+from shared.infra.db import Database
 
 
 class Tally:

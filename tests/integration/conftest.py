@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from services.api.app import create_app
-from shared.config import Settings
+from shared.infra.config import Settings
 from tests.integration.harness import client_for, running
 
 

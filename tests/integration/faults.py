@@ -18,8 +18,8 @@ from typing import Any
 
 from cassandra.query import BatchStatement
 
-from shared.db import Database, Page, Params
-from shared.errors import DependencyUnavailable
+from shared.core.errors import DependencyUnavailable
+from shared.infra.db import Database, Page, Params
 
 ROOT = Path(__file__).resolve().parents[2]
 

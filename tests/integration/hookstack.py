@@ -17,11 +17,11 @@ from starlette.applications import Starlette
 from services.api.app import create_app as create_api
 from services.hooks.main import create_app as create_hooks
 from services.sandbox.app import create_app as create_sandbox
-from shared import accounts
-from shared.config import HooksSettings, SandboxSettings, Settings
-from shared.db import Database
-from shared.hook_store import HookStore
-from shared.user_hooks import HookEmitter, HookEvent
+from shared.accounts import accounts
+from shared.infra.config import HooksSettings, SandboxSettings, Settings
+from shared.infra.db import Database
+from shared.outbound.hook_store import HookStore
+from shared.outbound.user_hooks import HookEmitter, HookEvent
 from tests.conftest import unique
 from tests.integration.harness import client_for, eventually, running, served
 

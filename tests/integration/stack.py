@@ -31,23 +31,23 @@ from services.consumers.splitter import Splitter
 from services.sandbox import signing
 from services.sandbox.app import create_app as create_sandbox
 from services.webhooks.app import create_app as create_webhooks
-from shared import accounts
-from shared.batchstore import BatchStore
-from shared.broker import Broker
-from shared.config import (
+from shared.accounts import accounts
+from shared.core.models import BatchJob, ChunkJob
+from shared.delivery.batchstore import BatchStore
+from shared.delivery.domain_capacity import CapacityRules
+from shared.infra.broker import Broker
+from shared.infra.config import (
     AlertSettings,
     ProviderSettings,
     SandboxSettings,
     Settings,
     WebhookSettings,
 )
-from shared.db import Database
-from shared.domain_capacity import CapacityRules
-from shared.models import BatchJob, ChunkJob
+from shared.infra.db import Database
+from shared.infra.resources import Resources, topology_for
+from shared.infra.settle import Delivery
+from shared.infra.topology import dispatch_key
 from shared.providers.registry import close_all
-from shared.resources import Resources, topology_for
-from shared.settle import Delivery
-from shared.topology import dispatch_key
 from tests.conftest import unique
 from tests.integration.harness import client_for, eventually, running, served
 

@@ -15,14 +15,14 @@ import pytest
 from cassandra.query import Statement
 from cassandra.util import uuid_from_time
 
+from services.api.idempotency import IdempotencyStore
 from services.api.sending import build_batch
-from shared import validation
-from shared.acceptance import Acceptance
-from shared.batchstore import BatchStore, Content, NewBatch
-from shared.config import Settings
-from shared.db import Database
-from shared.errors import DependencyUnavailable
-from shared.idempotency import IdempotencyStore
+from shared.core.errors import DependencyUnavailable
+from shared.delivery import validation
+from shared.delivery.acceptance import Acceptance
+from shared.delivery.batchstore import BatchStore, Content, NewBatch
+from shared.infra.config import Settings
+from shared.infra.db import Database
 from tests.integration.faults import FaultyDatabase, before
 from tests.integration.harness import eventually
 from tests.integration.stack import Stack, emails, fast_settings, full_stack

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from shared import accounts
-from shared.batchstore import BatchStore
-from shared.config import Settings
-from shared.db import Database
-from shared.ratelimit import RecipientQuota
+from shared.accounts import accounts
+from shared.accounts.ratelimit import RecipientQuota
+from shared.delivery.batchstore import BatchStore
+from shared.infra.config import Settings
+from shared.infra.db import Database
 from tests.conftest import unique
 
 GOOD = {

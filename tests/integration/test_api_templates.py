@@ -11,12 +11,12 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from shared import accounts
-from shared.canary import Counts
-from shared.canary_store import CanaryStore, Outcome, Rollout
-from shared.config import Settings
-from shared.db import Database
-from shared.sessions import SESSION_COOKIE, SessionStore
+from services.api.session_store import SESSION_COOKIE, SessionStore
+from shared.accounts import accounts
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.templates.canary import Counts
+from shared.templates.canary_store import CanaryStore, Outcome, Rollout
 from tests.conftest import unique
 
 WELCOME = {

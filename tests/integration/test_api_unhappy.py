@@ -15,9 +15,9 @@ import orjson
 import pytest
 from starlette.applications import Starlette
 
-from shared.config import CassandraSettings, Settings
-from shared.db import Database
-from shared.errors import DependencyUnavailable
+from shared.core.errors import DependencyUnavailable
+from shared.infra.config import CassandraSettings, Settings
+from shared.infra.db import Database
 from tests.conftest import stack_settings, unique
 from tests.integration.unhappy import (
     UNAUTHORIZED,

@@ -23,10 +23,17 @@ from starlette.requests import Request
 
 from services.api import loginstate
 from services.api.app import create_app
+from services.api.session_store import (
+    LOGIN_COOKIE,
+    SESSION_COOKIE,
+    SessionStore,
+    new_token,
+    session_hash,
+)
 from services.api.sessions import SessionUser, current_user
 from services.sandbox.app import create_app as create_sandbox
-from shared import accounts
-from shared.config import (
+from shared.accounts import accounts
+from shared.infra.config import (
     AmqpSettings,
     ApiSettings,
     CassandraSettings,
@@ -34,8 +41,7 @@ from shared.config import (
     SandboxSettings,
     Settings,
 )
-from shared.db import Database
-from shared.sessions import LOGIN_COOKIE, SESSION_COOKIE, SessionStore, new_token, session_hash
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.integration.harness import client_for, eventually, running, served
 

@@ -11,12 +11,12 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 
-from shared import accounts
-from shared.batchstore import BatchStore, most_stored
-from shared.config import Settings
-from shared.db import Database
-from shared.ratelimit import RecipientQuota
-from shared.recipients import RecipientStore
+from shared.accounts import accounts
+from shared.accounts.ratelimit import RecipientQuota
+from shared.delivery.batchstore import BatchStore, most_stored
+from shared.delivery.recipients import RecipientStore
+from shared.infra.config import Settings
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.integration.unhappy import api_client
 

@@ -9,10 +9,10 @@ import uuid
 
 import orjson
 
-from shared import accounts
-from shared.batchstore import BatchStore
-from shared.config import Settings
-from shared.db import Database
+from shared.accounts import accounts
+from shared.delivery.batchstore import BatchStore
+from shared.infra.config import Settings
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.integration.unhappy import api_client, with_api
 

@@ -11,10 +11,10 @@ import aio_pika
 import httpx
 import pytest
 
-from shared.broker import Broker
-from shared.config import AmqpSettings
-from shared.errors import DependencyUnavailable, PublishError
-from shared.topology import Topology, batch_key, dispatch_key, log_key
+from shared.core.errors import DependencyUnavailable, PublishError
+from shared.infra.broker import Broker
+from shared.infra.config import AmqpSettings
+from shared.infra.topology import Topology, batch_key, dispatch_key, log_key
 
 
 async def _next(

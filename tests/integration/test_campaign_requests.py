@@ -12,12 +12,12 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from shared import accounts
-from shared.campaigns import Campaign, CampaignStore
-from shared.config import Settings
-from shared.contact_lists import ContactLists
-from shared.db import Database
-from shared.templates import TemplateStore
+from services.api.contact_lists import ContactLists
+from shared.accounts import accounts
+from shared.audience.campaigns import Campaign, CampaignStore
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.templates.templates import TemplateStore
 from tests.conftest import unique
 
 

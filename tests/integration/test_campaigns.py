@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from services.api.campaign_runner import CampaignRunner
-from shared.config import Settings
-from shared.contact_lists import ContactLists
-from shared.contacts_csv import Contact
-from shared.db import Database
-from shared.schedule_store import ScheduleStore
-from shared.templates import TemplateStore
+from services.api.contact_lists import ContactLists
+from services.api.contacts_csv import Contact
+from shared.delivery.schedule_store import ScheduleStore
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.templates.templates import TemplateStore
 from tests.integration.harness import eventually
 from tests.integration.stack import Stack, emails, fast_settings, full_stack
 
@@ -213,7 +213,7 @@ async def test_suppressed_contacts_are_left_out_and_counted(stack: Stack) -> Non
 
 
 async def test_another_users_campaign_is_a_404(stack: Stack, db: Database) -> None:
-    from shared import accounts
+    from shared.accounts import accounts
     from tests.conftest import unique
 
     campaign = await _create(stack, emails(1))

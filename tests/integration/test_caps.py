@@ -16,12 +16,12 @@ import httpx
 import pytest
 
 from services.api.app import create_app
+from services.api.cap_store import CapStore
+from services.api.contact_lists import ContactLists
 from services.api.schema import ErrorBody
-from shared import accounts
-from shared.cap_store import CapStore
-from shared.config import CapSettings, Settings
-from shared.contact_lists import ContactLists
-from shared.db import Database
+from shared.accounts import accounts
+from shared.infra.config import CapSettings, Settings
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.integration.harness import client_for, eventually, running
 

@@ -13,17 +13,17 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from services import cli, devrun
-from shared import accounts
-from shared.batchstore import BatchStore
-from shared.broker import Broker
-from shared.config import Settings
-from shared.db import Database
-from shared.deadletters import DeadLetterStore, Letter, letter_of
-from shared.livesettings import SettingsStore
-from shared.recipients import log_id_for
-from shared.resources import topology_for
-from shared.stats import batch_day
-from shared.topology import dispatch_key
+from shared.accounts import accounts
+from shared.delivery.batchstore import BatchStore
+from shared.delivery.recipients import log_id_for
+from shared.delivery.stats import batch_day
+from shared.infra.broker import Broker
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.infra.resources import topology_for
+from shared.infra.topology import dispatch_key
+from shared.ops.deadletters import DeadLetterStore, Letter, letter_of
+from shared.ops.livesettings import SettingsStore
 from tests.conftest import unique
 from tests.fakes.world import new_batch
 from tests.integration.test_reconcile import _delivered_batch, corrupt_rollup

@@ -12,13 +12,13 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 
-from shared import accounts
-from shared.campaigns import Campaign, CampaignStore, Slice
-from shared.config import Settings
-from shared.contact_lists import ContactLists
-from shared.db import Database
-from shared.sessions import SESSION_COOKIE, SessionStore
-from shared.templates import TemplateStore
+from services.api.contact_lists import ContactLists
+from services.api.session_store import SESSION_COOKIE, SessionStore
+from shared.accounts import accounts
+from shared.audience.campaigns import Campaign, CampaignStore, Slice
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.templates.templates import TemplateStore
 from tests.conftest import unique
 
 

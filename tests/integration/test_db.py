@@ -14,8 +14,8 @@ from cassandra.protocol import ErrorMessage
 from cassandra.query import BoundStatement
 from cassandra.util import uuid_from_time
 
-from shared.db import Database, ReplicaRetryPolicy
-from shared.errors import DependencyUnavailable
+from shared.core.errors import DependencyUnavailable
+from shared.infra.db import Database, ReplicaRetryPolicy
 from tests.conftest import unique
 
 _INSERT = (

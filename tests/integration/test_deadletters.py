@@ -15,11 +15,14 @@ import httpx
 import pytest
 
 from services.api.app import create_app
-from shared import accounts
-from shared.broker import Broker
-from shared.config import Settings
-from shared.db import Database
-from shared.deadletters import (
+from shared.accounts import accounts
+from shared.infra.broker import Broker
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.infra.resources import topology_for
+from shared.infra.settle import InFlight, settling
+from shared.infra.topology import Topology, batch_key, dispatch_key
+from shared.ops.deadletters import (
     DeadLetters,
     DeadLetterStore,
     Letter,
@@ -27,9 +30,6 @@ from shared.deadletters import (
     archiver,
     letter_of,
 )
-from shared.resources import topology_for
-from shared.settle import InFlight, settling
-from shared.topology import Topology, batch_key, dispatch_key
 from tests.conftest import unique
 from tests.integration.harness import client_for, running
 

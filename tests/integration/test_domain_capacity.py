@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from shared import accounts
-from shared.config import Settings
-from shared.db import Database
-from shared.domain_capacity import CACHE_SECONDS, CapacityRules, DomainVolumes
+from shared.accounts import accounts
+from shared.delivery.domain_capacity import CACHE_SECONDS, CapacityRules, DomainVolumes
+from shared.infra.config import Settings
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.integration.harness import eventually
 from tests.integration.stack import Stack, crash_at, emails, fast_settings, full_stack

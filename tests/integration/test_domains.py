@@ -13,17 +13,17 @@ import pytest
 from starlette.applications import Starlette
 
 from services.api.app import create_app
+from services.api.session_store import SESSION_COOKIE, SessionStore
 from services.consumers.domain_checks import DomainChecker
 from services.sandbox.app import create_app as create_sandbox
-from shared import accounts
-from shared.config import SandboxSettings, Settings
-from shared.db import Database
-from shared.domain_checks import CheckRules
-from shared.domains import WAKE as DOMAINS_WAKE
-from shared.domains import DohResolver, DomainStore, SendingDomain
-from shared.schedule_store import ScheduleStore
-from shared.sessions import SESSION_COOKIE, SessionStore
-from shared.user_cache import UserChanges
+from shared.accounts import accounts
+from shared.accounts.domain_checks import CheckRules
+from shared.accounts.domains import WAKE as DOMAINS_WAKE
+from shared.accounts.domains import DohResolver, DomainStore, SendingDomain
+from shared.delivery.schedule_store import ScheduleStore
+from shared.infra.config import SandboxSettings, Settings
+from shared.infra.db import Database
+from shared.infra.user_cache import UserChanges
 from tests.conftest import unique
 from tests.integration.harness import client_for, eventually, running, served
 

@@ -17,8 +17,8 @@ import pytest
 
 from services.webhooks.tracking import PIXEL
 from services.webhooks.tracking import create_app as create_tracking
-from shared.config import Settings
-from shared.db import Database
+from shared.infra.config import Settings
+from shared.infra.db import Database
 from tests.integration.harness import eventually, served
 from tests.integration.stack import Stack, emails, fast_settings, full_stack
 

@@ -18,13 +18,13 @@ import pytest
 
 from services.consumers import protocol
 from services.consumers.main import build_dispatcher
-from shared import settle
-from shared.attempts import AttemptStore, chunk_line
-from shared.broker import Broker
-from shared.config import Settings
-from shared.db import Database
+from shared.delivery.attempts import AttemptStore, chunk_line
+from shared.infra import settle
+from shared.infra.broker import Broker
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.infra.resources import Resources, topology_for
 from shared.providers.registry import close_all
-from shared.resources import Resources, topology_for
 from tests.integration.faults import FaultyDatabase, after, before
 from tests.integration.harness import eventually
 from tests.integration.stack import Stack, crash_at, emails, fast_settings, full_stack

@@ -18,9 +18,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from shared import outbound_signing
-from shared.hook_delivery import Deliverer
-from shared.ssrf import IPAddress
+from shared.outbound import outbound_signing
+from shared.outbound.hook_delivery import Deliverer
+from shared.outbound.ssrf import IPAddress
 
 
 def _certificate(tmp: Path) -> tuple[Path, Path]:

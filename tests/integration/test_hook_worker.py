@@ -13,11 +13,11 @@ import orjson
 import pytest
 
 from services.hooks.worker import Worker
-from shared.config import HooksSettings, Settings
-from shared.db import Database
-from shared.hook_delivery import Deliverer
-from shared.hook_queue import HookQueue, Pending
-from shared.hook_store import HookStore
+from shared.infra.config import HooksSettings, Settings
+from shared.infra.db import Database
+from shared.outbound.hook_delivery import Deliverer
+from shared.outbound.hook_queue import HookQueue, Pending
+from shared.outbound.hook_store import HookStore
 from tests.integration.hookstack import HookStack, event, hook_stack
 
 

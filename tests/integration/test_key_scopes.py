@@ -13,9 +13,9 @@ from starlette.applications import Starlette
 
 from services.api.app import create_app
 from services.sandbox.app import create_app as create_sandbox
-from shared import accounts
-from shared.config import SandboxSettings, Settings
-from shared.db import Database
+from shared.accounts import accounts
+from shared.infra.config import SandboxSettings, Settings
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.integration.harness import client_for, running, served
 from tests.integration.test_auth import browser_for, gh_login, make_settings, user_of

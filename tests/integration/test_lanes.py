@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.consumers.dispatch import no_hooks
-from shared.broker import Broker
-from shared.config import AmqpSettings, Settings
-from shared.db import Database
-from shared.errors import PublishError
-from shared.resources import topology_for
-from shared.topology import QueueSpec, Topology, dispatch_key
+from shared.core.errors import PublishError
+from shared.infra.broker import Broker
+from shared.infra.config import AmqpSettings, Settings
+from shared.infra.db import Database
+from shared.infra.resources import topology_for
+from shared.infra.topology import QueueSpec, Topology, dispatch_key
 from tests.integration.harness import eventually
 from tests.integration.stack import Stack, emails, fast_settings, full_stack
 

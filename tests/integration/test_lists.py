@@ -15,20 +15,20 @@ import httpx
 import pytest
 
 from services.api.app import create_app
+from services.api.contact_lists import ContactLists
+from services.api.contacts_csv import Contact
+from services.api.list_import import INTERRUPTED, ImportJob
 from services.api.schema import (
     ContactListList,
     ContactListView,
     ImportView,
     ListContactsPage,
 )
-from shared import accounts
-from shared.config import ListSettings, Settings
-from shared.contact_lists import ContactLists
-from shared.contacts_csv import Contact
-from shared.db import Database
-from shared.list_import import INTERRUPTED, ImportJob
-from shared.sessions import SESSION_COOKIE, SessionStore
-from shared.suppressions import SuppressionStore
+from services.api.session_store import SESSION_COOKIE, SessionStore
+from shared.accounts import accounts
+from shared.audience.suppressions import SuppressionStore
+from shared.infra.config import ListSettings, Settings
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.integration.harness import client_for, eventually, running
 

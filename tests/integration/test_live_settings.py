@@ -22,12 +22,12 @@ from starlette.applications import Starlette
 
 from bench.services import free_port
 from services.api.schema import ProviderList, ProviderView
-from shared import accounts
-from shared.config import Settings
-from shared.db import Database, utc
-from shared.provider_rates import SLICE, in_window
-from shared.providers.catalog import CATALOG
-from shared.resources import declare_topology
+from services.consumers.provider_rates import SLICE, in_window
+from shared.accounts import accounts
+from shared.core.catalog import CATALOG
+from shared.infra.config import Settings
+from shared.infra.db import Database, utc
+from shared.infra.resources import declare_topology
 from tests.conftest import unique
 from tests.integration.harness import client_for, eventually
 from tests.integration.stack import Stack, emails, fast_settings, full_stack

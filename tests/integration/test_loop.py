@@ -17,9 +17,9 @@ from services.consumers.main import create_app as create_consumers
 from services.sandbox import signing
 from services.sandbox.app import create_app as create_sandbox
 from services.webhooks.app import create_app as create_webhooks
-from shared import accounts
-from shared.config import ProviderSettings, SandboxSettings, Settings, WebhookSettings
-from shared.db import Database
+from shared.accounts import accounts
+from shared.infra.config import ProviderSettings, SandboxSettings, Settings, WebhookSettings
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.integration.harness import client_for, eventually, running, served
 

@@ -7,11 +7,11 @@ import uuid
 import pytest
 
 from services.api.managing import Managing
-from shared import accounts
-from shared.apikeys import DEFAULT_SCOPES
-from shared.db import Database
-from shared.http import ApiError
-from shared.suppressions import SuppressionStore
+from shared.accounts import accounts
+from shared.accounts.apikeys import DEFAULT_SCOPES
+from shared.audience.suppressions import SuppressionStore
+from shared.infra.db import Database
+from shared.infra.http import ApiError
 from tests.conftest import unique
 
 

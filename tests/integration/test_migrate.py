@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from shared.config import CassandraSettings
-from shared.db import Database
-from shared.migrations import discover, migrate, migrations_dir
+from shared.infra.config import CassandraSettings
+from shared.infra.db import Database
+from shared.infra.migrations import discover, migrate, migrations_dir
 from tests.conftest import unique
 
 

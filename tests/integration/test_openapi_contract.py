@@ -11,13 +11,13 @@ import httpx
 
 from services.api.openapi import OPERATIONS, Operation
 from services.api.schema import ErrorBody
-from shared import accounts
-from shared.db import Database
-from shared.deadletters import DeadLetterStore, letter_of
-from shared.domains import DomainStore
-from shared.hook_queue import HookQueue, Queued
-from shared.templates import TemplateStore
-from shared.topology import dispatch_key
+from shared.accounts import accounts
+from shared.accounts.domains import DomainStore
+from shared.infra.db import Database
+from shared.infra.topology import dispatch_key
+from shared.ops.deadletters import DeadLetterStore, letter_of
+from shared.outbound.hook_queue import HookQueue, Queued
+from shared.templates.templates import TemplateStore
 from tests.conftest import unique
 from tests.integration.harness import eventually
 

@@ -14,10 +14,10 @@ import pytest
 from starlette.applications import Starlette
 
 from services.sandbox.app import create_app as create_sandbox
-from shared import accounts
-from shared.config import CassandraSettings, SandboxSettings
-from shared.db import Database
-from shared.signup import SignupRequests
+from shared.accounts import accounts
+from shared.accounts.signup import SignupRequests
+from shared.infra.config import CassandraSettings, SandboxSettings
+from shared.infra.db import Database
 from tests.integration.harness import served
 from tests.integration.test_auth import Browser, api_app, browser_for, gh_login, make_settings
 

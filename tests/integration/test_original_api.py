@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from services.api.app import create_app
-from shared import accounts
-from shared.config import Settings
-from shared.db import Database
-from shared.sessions import SESSION_COOKIE, SessionStore
+from services.api.session_store import SESSION_COOKIE, SessionStore
+from shared.accounts import accounts
+from shared.infra.config import Settings
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.integration.harness import client_for, running
 

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from shared import accounts
-from shared.config import CassandraSettings
-from shared.db import Database
-from shared.sessions import SESSION_COOKIE, SessionStore
+from services.api.session_store import SESSION_COOKIE, SessionStore
+from shared.accounts import accounts
+from shared.infra.config import CassandraSettings
+from shared.infra.db import Database
 from tests.conftest import stack_settings, unique
 from tests.integration.unhappy import Account, api_client, new_account, with_api
 

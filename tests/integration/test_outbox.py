@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 from cassandra.util import uuid_from_time
 
-from shared.db import Database
-from shared.outbox import Outbox
+from shared.delivery.outbox import Outbox
+from shared.infra.db import Database
 from tests.conftest import unique
 
 

@@ -13,13 +13,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from cassandra.util import uuid_from_time
 
-from shared.acceptance import Acceptance
-from shared.batchstore import BatchStore, NewBatch
-from shared.broker import Broker
-from shared.db import Database
-from shared.errors import PublishError
-from shared.outbox import Outbox, Relay
-from shared.topology import Topology
+from shared.core.errors import PublishError
+from shared.delivery.acceptance import Acceptance
+from shared.delivery.batchstore import BatchStore, NewBatch
+from shared.delivery.outbox import Outbox, Relay
+from shared.infra.broker import Broker
+from shared.infra.db import Database
+from shared.infra.topology import Topology
 from tests.conftest import unique
 from tests.fakes.world import new_batch
 

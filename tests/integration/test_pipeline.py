@@ -15,17 +15,17 @@ from services.consumers.main import build_dispatcher
 from services.consumers.main import create_app as create_consumers
 from services.consumers.splitter import Splitter
 from services.sandbox.app import create_app as create_sandbox
-from shared import accounts
-from shared.attempts import AttemptStore, chunk_line
-from shared.batchstore import BatchStore
-from shared.broker import Broker
-from shared.config import ProviderSettings, SandboxSettings, Settings
-from shared.db import Database
-from shared.models import BatchJob
+from shared.accounts import accounts
+from shared.audience.suppressions import SuppressionStore
+from shared.core.models import BatchJob
+from shared.delivery.attempts import AttemptStore, chunk_line
+from shared.delivery.batchstore import BatchStore
+from shared.infra.broker import Broker
+from shared.infra.config import ProviderSettings, SandboxSettings, Settings
+from shared.infra.db import Database
+from shared.infra.resources import Resources, topology_for
+from shared.infra.settle import Delivery
 from shared.providers.registry import close_all
-from shared.resources import Resources, topology_for
-from shared.settle import Delivery
-from shared.suppressions import SuppressionStore
 from tests.conftest import unique
 from tests.integration.faults import start_rabbitmq_app, stop_rabbitmq_app
 from tests.integration.harness import client_for, eventually, running, served

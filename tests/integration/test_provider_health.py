@@ -1,4 +1,4 @@
-"""The shared health windows and circuits (``shared.provider_health.HealthStore``) on real
+"""The shared health windows and circuits (``shared.providers.provider_health.HealthStore``) on real
 Cassandra: what several processes add lands in one window, windows older than the look-back
 are not read, and circuits are kept per deployment."""
 
@@ -6,9 +6,15 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from shared.db import Database
-from shared.provider_health import WINDOW, WINDOWS, CircuitState, HealthStore, window_start
-from shared.provider_rates import ProviderLimiter
+from services.consumers.provider_rates import ProviderLimiter
+from shared.infra.db import Database
+from shared.providers.provider_health import (
+    WINDOW,
+    WINDOWS,
+    CircuitState,
+    HealthStore,
+    window_start,
+)
 from tests.conftest import unique
 
 

@@ -13,10 +13,10 @@ import pytest
 from starlette.applications import Starlette
 
 from services.api.app import create_app
-from shared import accounts, ratelimit
-from shared.config import AmqpSettings, ApiSettings, CassandraSettings, Settings
-from shared.db import Database
-from shared.ratelimit import RatePolicy
+from shared.accounts import accounts, ratelimit
+from shared.accounts.ratelimit import RatePolicy
+from shared.infra.config import AmqpSettings, ApiSettings, CassandraSettings, Settings
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.integration.harness import client_for, running
 
@@ -135,7 +135,7 @@ async def test_concurrent_requests_never_pass_the_limit(
     the burst, sent simultaneously, is admitted in full.
 
     (Of more than the burst at once, how many are admitted is a race the design lets err the
-    safe way, see ``shared.ratelimit``: only the upper bound is exact there.)
+    safe way, see ``shared.accounts.ratelimit``: only the upper bound is exact there.)
     """
     crowded, fitting = await new_key(db), await new_key(db)
     await fresh_window()

@@ -11,13 +11,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared import accounts
-from shared.batch_ids import accepted_at
-from shared.batchstore import BatchStore, NewBatch
-from shared.db import Database
-from shared.recipients import RecipientStore, Report, log_id_for
-from shared.reconcile import reconcile_day
-from shared.stats import Rollup, StatsStore, batch_day, bucket_of, user_bucket
+from shared.accounts import accounts
+from shared.core.batch_ids import accepted_at
+from shared.delivery.batchstore import BatchStore, NewBatch
+from shared.delivery.recipients import RecipientStore, Report, log_id_for
+from shared.delivery.stats import Rollup, StatsStore, batch_day, bucket_of, user_bucket
+from shared.infra.db import Database
+from shared.ops.reconcile import reconcile_day
 from tests.conftest import private_keyspace, unique
 from tests.fakes.world import new_batch
 

@@ -1,4 +1,4 @@
-"""``shared.reconcile`` on real Cassandra, scoped to each test's own users: which batches a
+"""``shared.ops.reconcile`` on real Cassandra, scoped to each test's own users: which batches a
 user-day holds at its edges, which users a reconcile looks at, what it leaves alone without
 ``fix``, and a rollup that is merely stale (changed since its count) rather than wrong."""
 
@@ -10,12 +10,12 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 from cassandra.util import uuid_from_time
 
-from shared.batch_ids import accepted_at
-from shared.batchstore import BatchStore, NewBatch
-from shared.db import Database
-from shared.recipients import RecipientStore, Report, log_id_for
-from shared.reconcile import day_batches, reconcile_day
-from shared.stats import Rollup, StatsStore, batch_day, bucket_of
+from shared.core.batch_ids import accepted_at
+from shared.delivery.batchstore import BatchStore, NewBatch
+from shared.delivery.recipients import RecipientStore, Report, log_id_for
+from shared.delivery.stats import Rollup, StatsStore, batch_day, bucket_of
+from shared.infra.db import Database
+from shared.ops.reconcile import day_batches, reconcile_day
 from tests.fakes.world import new_batch
 
 A = "ann@example.org"

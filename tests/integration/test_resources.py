@@ -8,9 +8,9 @@ import time
 import pytest
 from pydantic import SecretStr
 
-from shared.config import AmqpSettings, Settings
-from shared.errors import DependencyUnavailable
-from shared.resources import connect_with_retry
+from shared.core.errors import DependencyUnavailable
+from shared.infra.config import AmqpSettings, Settings
+from shared.infra.resources import connect_with_retry
 
 
 async def test_both_services_up_connects_at_once(settings: Settings) -> None:

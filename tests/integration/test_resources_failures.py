@@ -1,4 +1,4 @@
-"""Opening a service's connections when something is wrong (``shared.resources``), and the
+"""Opening a service's connections when something is wrong (``shared.infra.resources``), and the
 readiness checks over them: an absent Cassandra, a keyspace whose stats layout refuses the
 configuration, a topology not declared yet, connections that closed. Dependencies that are
 "down" are unreachable ports or our own closed clients; the shared services keep running."""
@@ -17,14 +17,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 
-from shared.broker import Broker
-from shared.config import AmqpSettings, CassandraSettings, Settings, StatsSettings
-from shared.db import Database
-from shared.errors import DependencyUnavailable
-from shared.health import health_routes, run_checks
-from shared.migrations import LayoutMismatch, fix_layout
-from shared.resources import Resources, connect_with_retry, open_resources, readiness_checks
-from shared.topology import Topology, batch_key
+from shared.core.errors import DependencyUnavailable
+from shared.infra.broker import Broker
+from shared.infra.config import AmqpSettings, CassandraSettings, Settings, StatsSettings
+from shared.infra.db import Database
+from shared.infra.health import health_routes, run_checks
+from shared.infra.migrations import LayoutMismatch, fix_layout
+from shared.infra.resources import Resources, connect_with_retry, open_resources, readiness_checks
+from shared.infra.topology import Topology, batch_key
 
 
 def _management_url() -> str:
@@ -63,14 +63,14 @@ async def test_an_absent_cassandra_is_waited_for_then_given_up(
     started = time.monotonic()
 
     with (
-        caplog.at_level(logging.WARNING, "shared.resources"),
+        caplog.at_level(logging.WARNING, "shared.infra.resources"),
         pytest.raises(DependencyUnavailable) as raised,
     ):
         await connect_with_retry(absent, name="absent-cassandra", wait=1)
 
     assert raised.value.service == "cassandra"
     assert 1 <= time.monotonic() - started < 10
-    waits = [r.getMessage() for r in caplog.records if r.name == "shared.resources"]
+    waits = [r.getMessage() for r in caplog.records if r.name == "shared.infra.resources"]
     assert waits and all(m.startswith("waiting for Cassandra: NoHostAvailable") for m in waits)
 
 

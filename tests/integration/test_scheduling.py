@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from services.consumers.scheduler import Scheduler
-from shared import accounts
-from shared.batchstore import BatchStore
-from shared.config import Settings
-from shared.db import Database
-from shared.errors import DependencyUnavailable
-from shared.schedule_store import ScheduleStore
-from shared.stats import StatsStore
+from shared.accounts import accounts
+from shared.core.errors import DependencyUnavailable
+from shared.delivery.batchstore import BatchStore
+from shared.delivery.schedule_store import ScheduleStore
+from shared.delivery.stats import StatsStore
+from shared.infra.config import Settings
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.integration.faults import FaultyDatabase, before
 from tests.integration.harness import eventually

@@ -14,13 +14,13 @@ from typing import Any
 import httpx
 import pytest
 
-from shared import accounts, ratelimit
-from shared.config import CassandraSettings
-from shared.db import Database
-from shared.ratelimit import RatePolicy
-from shared.sessions import SESSION_COOKIE, SessionStore
-from shared.suppressions import SuppressionStore
-from shared.validation import HEADER_RESERVED
+from services.api.session_store import SESSION_COOKIE, SessionStore
+from shared.accounts import accounts, ratelimit
+from shared.accounts.ratelimit import RatePolicy
+from shared.audience.suppressions import SuppressionStore
+from shared.delivery.validation import HEADER_RESERVED
+from shared.infra.config import CassandraSettings
+from shared.infra.db import Database
 from tests.conftest import stack_settings, unique
 from tests.integration.unhappy import Account, api_client, new_account, with_api
 

@@ -13,9 +13,9 @@ import pytest
 
 from services.sandbox.app import create_app as create_sandbox
 from services.sandbox.oauth import default_org_id, find_user
-from shared.config import CassandraSettings, SandboxSettings
-from shared.db import Database
-from shared.signup import SignupRequests
+from shared.accounts.signup import SignupRequests
+from shared.infra.config import CassandraSettings, SandboxSettings
+from shared.infra.db import Database
 from tests.conftest import ROOT
 from tests.integration.harness import served
 from tests.integration.test_auth import api_app, browser_for, gh_login, make_settings

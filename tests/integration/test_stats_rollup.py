@@ -13,8 +13,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from cassandra.util import uuid_from_time
 
-from shared.db import Database
-from shared.stats import StatsStore, batch_day, day_of, dirty_shard
+from shared.delivery.stats import StatsStore, batch_day, day_of, dirty_shard
+from shared.infra.db import Database
 from tests.conftest import private_keyspace
 
 BUCKETS = 4

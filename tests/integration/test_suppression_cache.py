@@ -1,6 +1,6 @@
 """Two API processes of one deployment on the real Cassandra and RabbitMQ: a change of a
 user's suppression list made through one is seen by the other's warm cache on the broadcast
-(``shared.suppression_cache``), with no request to it in between."""
+(``shared.audience.suppression_cache``), with no request to it in between."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import httpx
 from starlette.applications import Starlette
 
 from services.api.app import create_app
-from shared import accounts
-from shared.config import AmqpSettings, ApiSettings, CassandraSettings, Settings
-from shared.db import Database
+from shared.accounts import accounts
+from shared.infra.config import AmqpSettings, ApiSettings, CassandraSettings, Settings
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.integration.harness import client_for, eventually, running
 

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from services.consumers.main import judge_of
-from shared.batchstore import BatchStore
-from shared.canary import in_canary
-from shared.canary_store import CanaryStore
-from shared.config import Settings
-from shared.db import Database
-from shared.recipients import RecipientStore
-from shared.stats import StatsStore
-from shared.templates import TemplateStore
+from shared.delivery.batchstore import BatchStore
+from shared.delivery.recipients import RecipientStore
+from shared.delivery.stats import StatsStore
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.templates.canary import in_canary
+from shared.templates.canary_store import CanaryStore
+from shared.templates.templates import TemplateStore
 from tests.integration.stack import Stack, emails, fast_settings, full_stack
 
 HTML = "<p>Hello {{ first_name }}, from {{ shop }}</p>"

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from shared.config import Settings, TemplateSettings
-from shared.db import Database
-from shared.templates import TemplateStore
+from shared.infra.config import Settings, TemplateSettings
+from shared.infra.db import Database
+from shared.templates.templates import TemplateStore
 from tests.integration.harness import eventually
 from tests.integration.stack import Stack, emails, fast_settings, full_stack
 

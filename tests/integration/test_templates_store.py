@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from shared.db import Database
-from shared.templates import TemplateStore
+from shared.infra.db import Database
+from shared.templates.templates import TemplateStore
 
 
 async def test_concurrent_new_versions_get_distinct_numbers(db: Database) -> None:

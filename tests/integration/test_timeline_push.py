@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from services.hooks.main import create_app as create_hooks
-from shared.config import Settings
-from shared.db import Database
+from shared.infra.config import Settings
+from shared.infra.db import Database
 from tests.integration.harness import eventually, running
 from tests.integration.hookstack import hooks_settings
 from tests.integration.stack import Stack, emails, fast_settings, full_stack

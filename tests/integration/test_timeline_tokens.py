@@ -1,6 +1,6 @@
-"""The timeline and webhook-token tables on real Cassandra (``shared.timeline``,
-``shared.webhook_tokens``): events read back in time order whatever order they arrived in,
-details stored cut, and Mailgun tokens that bind to one body under concurrent use and expire."""
+"""The timeline and webhook-token tables on real Cassandra (``services.webhooks.timeline``,
+``services.webhooks.webhook_tokens``): events read back in time order whatever order they arrived
+in, details stored cut, and Mailgun tokens that bind to one body under concurrent use and expire."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import hashlib
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from shared.db import Database
-from shared.timeline import MAX_DETAIL, Timeline
-from shared.webhook_events import ProviderEvent
-from shared.webhook_tokens import WebhookTokens
+from services.webhooks.timeline import MAX_DETAIL, Timeline
+from services.webhooks.webhook_tokens import WebhookTokens
+from shared.core.webhook_events import ProviderEvent
+from shared.infra.db import Database
 
 T0 = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)
 

@@ -11,16 +11,16 @@ import pytest
 from cassandra.util import uuid_from_time
 
 from services.api import queries
-from shared.attempts import AttemptStore
-from shared.batchstore import BatchStore
-from shared.config import CassandraSettings
-from shared.db import Database
-from shared.migrations import migrate
-from shared.models import Address, Message
-from shared.outbox import Outbox, Relay
-from shared.recipients import CHUNK_ROW, RecipientStore, Report
-from shared.stats import StatsStore, batch_day
-from shared.upgrade import upgrade
+from shared.core.models import Address, Message
+from shared.delivery.attempts import AttemptStore
+from shared.delivery.batchstore import BatchStore
+from shared.delivery.outbox import Outbox, Relay
+from shared.delivery.recipients import CHUNK_ROW, RecipientStore, Report
+from shared.delivery.stats import StatsStore, batch_day
+from shared.infra.config import CassandraSettings
+from shared.infra.db import Database
+from shared.infra.migrations import migrate
+from shared.ops.upgrade import upgrade
 from tests.conftest import unique
 from tests.integration.v1_writer import V1Recipient, V1Writer
 

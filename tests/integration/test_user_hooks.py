@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 
-from shared import accounts
-from shared.alerts import SYSTEM_LOGIN
-from shared.config import Settings
-from shared.db import Database
-from shared.sessions import SESSION_COOKIE, SessionStore
-from shared.ssrf import NAME_REFUSED
+from services.api.session_store import SESSION_COOKIE, SessionStore
+from shared.accounts import accounts
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.ops.alerts import SYSTEM_LOGIN
+from shared.outbound.ssrf import NAME_REFUSED
 from tests.integration.harness import client_for, eventually
 from tests.integration.hookstack import event, hook_stack, hooks_settings
 

@@ -11,11 +11,11 @@ from typing import Protocol
 
 import pytest
 
-from shared.broker import Broker
-from shared.db import Database
-from shared.hook_queue import Queued
-from shared.hook_store import Endpoint
-from shared.user_hooks import FakeUserHooks, HookEmitter, UserHooks
+from shared.infra.broker import Broker
+from shared.infra.db import Database
+from shared.outbound.hook_queue import Queued
+from shared.outbound.hook_store import Endpoint
+from shared.outbound.user_hooks import FakeUserHooks, HookEmitter, UserHooks
 from tests.integration.hookstack import event
 
 

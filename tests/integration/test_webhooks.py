@@ -22,15 +22,15 @@ from pydantic import SecretStr
 from services.sandbox import signing
 from services.webhooks.app import create_app as create_webhooks
 from services.webhooks.intake import DIRECT_BUDGET
-from shared import accounts
-from shared.batchstore import BatchStore, NewBatch
-from shared.config import Settings, WebhookSettings
-from shared.db import Database
-from shared.models import Address, Message, Recipient
-from shared.precedence import visible
-from shared.recipients import RecipientStore, log_id_for
-from shared.stats import StatsStore, batch_day
-from shared.suppressions import SuppressionStore
+from shared.accounts import accounts
+from shared.audience.suppressions import SuppressionStore
+from shared.core.models import Address, Message, Recipient
+from shared.delivery.batchstore import BatchStore, NewBatch
+from shared.delivery.precedence import visible
+from shared.delivery.recipients import RecipientStore, log_id_for
+from shared.delivery.stats import StatsStore, batch_day
+from shared.infra.config import Settings, WebhookSettings
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.integration.faults import start_rabbitmq_app, stop_rabbitmq_app
 from tests.integration.harness import client_for, eventually, running
@@ -354,7 +354,7 @@ async def test_cassandra_and_rabbitmq_down_answers_503(hooks: Hooks) -> None:
 async def test_reconcile_reports_and_repairs_drift(hooks: Hooks) -> None:
     """A bucket rollup that disagrees with its outcome rows is found, and --fix recounts it
     from them (never the reverse)."""
-    from shared.reconcile import reconcile_day
+    from shared.ops.reconcile import reconcile_day
     from tests.integration.test_reconcile import corrupt_rollup
 
     email = _first(hooks, 2)
@@ -375,7 +375,7 @@ async def test_reconcile_reports_and_repairs_drift(hooks: Hooks) -> None:
 
 async def test_deferral_schedules_a_deadline_check_after_the_deadline(hooks: Hooks) -> None:
     """A deferral queues a check of the recipient that arrives once the deadline passed."""
-    from shared.models import LogJob
+    from shared.core.models import LogJob
 
     email = _first(hooks, 3)
     broker = hooks.app.state.resources.broker

@@ -21,15 +21,15 @@ from pydantic import SecretStr
 
 from services.sandbox import signing
 from services.webhooks.app import create_app
-from shared import accounts
-from shared.batchstore import BatchStore, NewBatch
-from shared.config import Settings, WebhookSettings
-from shared.db import Database
-from shared.models import Address, Message, Recipient
-from shared.precedence import visible
-from shared.recipients import RecipientStore, log_id_for
-from shared.stats import StatsStore, batch_day
-from shared.suppressions import SuppressionStore
+from shared.accounts import accounts
+from shared.audience.suppressions import SuppressionStore
+from shared.core.models import Address, Message, Recipient
+from shared.delivery.batchstore import BatchStore, NewBatch
+from shared.delivery.precedence import visible
+from shared.delivery.recipients import RecipientStore, log_id_for
+from shared.delivery.stats import StatsStore, batch_day
+from shared.infra.config import Settings, WebhookSettings
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.integration.harness import client_for, running
 

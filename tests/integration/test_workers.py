@@ -14,8 +14,8 @@ from starlette.applications import Starlette
 
 from bench.services import free_port
 from services.cli import _supervise
-from shared.config import Settings
-from shared.resources import declare_topology
+from shared.infra.config import Settings
+from shared.infra.resources import declare_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 

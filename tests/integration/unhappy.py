@@ -14,9 +14,9 @@ import httpx
 from starlette.applications import Starlette
 
 from services.api.app import create_app
-from shared import accounts
-from shared.config import Settings
-from shared.db import Database
+from shared.accounts import accounts
+from shared.infra.config import Settings
+from shared.infra.db import Database
 from tests.conftest import unique
 from tests.integration.harness import running
 

@@ -12,11 +12,12 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-from shared import batch_ids, precedence
-from shared.db import Database
-from shared.models import Message
-from shared.recipients import log_id_for
-from shared.stats import batch_day
+from shared.core import batch_ids
+from shared.core.models import Message
+from shared.delivery import precedence
+from shared.delivery.recipients import log_id_for
+from shared.delivery.stats import batch_day
+from shared.infra.db import Database
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from services.api.queries import (
     RecipientLog,
     Step,
 )
-from shared.batchstore import BatchHeader
-from shared.models import Message
+from shared.core.models import Message
+from shared.delivery.batchstore import BatchHeader
 
 T0 = datetime(2026, 11, 2, 10, 0, 0, 400_000, tzinfo=UTC)
 BATCH_ID = uuid.UUID("6c1f0a2e-cb0b-11f0-8000-0242ac120002")

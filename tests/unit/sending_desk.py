@@ -1,6 +1,6 @@
 """A ``Sending`` (``services.api.sending``) over the twins, as the API's lifespan builds it
-over Cassandra and RabbitMQ: the real :class:`~shared.acceptance.Acceptance` over the batch,
-outbox, quota and broker twins, the Idempotency-Key and suppression twins, and the relay
+over Cassandra and RabbitMQ: the real :class:`~shared.delivery.acceptance.Acceptance` over the
+batch, outbox, quota and broker twins, the Idempotency-Key and suppression twins, and the relay
 that finishes what a request left behind."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from services.api.sending import Sending
-from shared.acceptance import Acceptance
-from shared.background import Background
-from shared.config import ApiSettings, CassandraSettings, ProviderSettings, Settings
-from shared.errors import DependencyUnavailable
-from shared.metrics import ApiMetrics
-from shared.outbox import Relay
-from shared.ratelimit import QuotaLedger
+from shared.accounts.ratelimit import QuotaLedger
+from shared.core.errors import DependencyUnavailable
+from shared.delivery.acceptance import Acceptance
+from shared.delivery.outbox import Relay
+from shared.infra.background import Background
+from shared.infra.config import ApiSettings, CassandraSettings, ProviderSettings, Settings
+from shared.infra.metrics import ApiMetrics
 from tests.fakes.acceptance_stores import FakeOutbox, FakeQuota
 from tests.fakes.account_stores import FakeIdempotencyStore, FakeSuppressionStore
 from tests.fakes.broker import FakeBroker

@@ -13,15 +13,15 @@ from typing import Any
 import orjson
 import pytest
 
+from services.api.idempotency import Existing
 from services.api.sending import Extra, build_batch
-from shared import validation
-from shared.batch_ids import accepted_at
-from shared.batchstore import new_batch_id
-from shared.errors import DependencyUnavailable
-from shared.http import ApiError, error_response
-from shared.idempotency import Existing
-from shared.leases import SCHEDULER_WAKE, woken
-from shared.stats import batch_day
+from shared.core.batch_ids import accepted_at
+from shared.core.errors import DependencyUnavailable
+from shared.delivery import validation
+from shared.delivery.batchstore import new_batch_id
+from shared.delivery.stats import batch_day
+from shared.infra.http import ApiError, error_response
+from shared.infra.leases import SCHEDULER_WAKE, woken
 from tests.unit.sending_desk import TIMEOUT, A, B, Desk, body_of, new_desk
 
 

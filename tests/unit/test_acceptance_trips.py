@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from shared.batchstore import INLINE_BYTES, month_of
-from shared.errors import DependencyUnavailable
-from shared.outbox import SHARDS, Outbox
-from shared.stats import batch_day
+from shared.core.errors import DependencyUnavailable
+from shared.delivery.batchstore import INLINE_BYTES, month_of
+from shared.delivery.outbox import SHARDS, Outbox
+from shared.delivery.stats import batch_day
 from tests.unit.sending_desk import TIMEOUT, Desk, body_of, new_desk
 
 #: Round trips of other owners, each measured on its own: the quota's leases

@@ -11,11 +11,11 @@ from typing import Any
 import orjson
 import pytest
 
+from services.api.idempotency import Existing
 from services.api.managing import Managing
-from shared import validation
-from shared.errors import DependencyUnavailable
-from shared.http import ApiError
-from shared.idempotency import Existing
+from shared.core.errors import DependencyUnavailable
+from shared.delivery import validation
+from shared.infra.http import ApiError
 from tests.fakes.account_stores import FakeSuppressionStore
 from tests.unit.sending_desk import TIMEOUT, A, B, Desk, body_of, new_desk
 

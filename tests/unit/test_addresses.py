@@ -1,4 +1,4 @@
-"""Unit tests for shared.addresses: address parsing, normalisation and header-safe text."""
+"""Unit tests for shared.core.addresses: address parsing, normalisation and header-safe text."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from shared.addresses import (
+from shared.core.addresses import (
     ENCODED_INJECTION_MESSAGE,
     INJECTION_MESSAGE,
     MAX_ADDRESS_TEXT,

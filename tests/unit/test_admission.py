@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from shared.http import AdmissionLimit
+from shared.infra.http import AdmissionLimit
 
 
 async def test_requests_over_the_limit_get_503_with_retry_after() -> None:

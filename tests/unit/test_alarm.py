@@ -1,4 +1,4 @@
-"""A loop waiting on its alarm (``shared.leases.Alarm``) ends when cancelled, whenever its
+"""A loop waiting on its alarm (``shared.infra.leases.Alarm``) ends when cancelled, whenever its
 nudge comes: a cancellation arriving as a nudge ends the wait used to be swallowed, and the
 process's shutdown then waited on that loop forever."""
 
@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from shared.config import ProviderSettings
-from shared.leases import Alarm
-from shared.livesettings import LiveSettings, Watcher
+from shared.infra.config import ProviderSettings
+from shared.infra.leases import Alarm
+from shared.ops.livesettings import LiveSettings, Watcher
 
 
 async def _ends_when_cancelled(task: asyncio.Task[None], nudge: object, turns: int) -> bool:

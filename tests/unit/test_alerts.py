@@ -1,4 +1,4 @@
-"""What an alert posts (``shared.alerts``): a body Slack and Discord both read, and no post
+"""What an alert posts (``shared.ops.alerts``): a body Slack and Discord both read, and no post
 without a sink."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from shared.alerts import Alert, AlertConfig, Alerter, body, mail_body, vet_sink
-from shared.hook_delivery import Resolve
-from shared.ssrf import IPAddress, TargetError
+from shared.ops.alerts import Alert, AlertConfig, Alerter, body, mail_body, vet_sink
+from shared.outbound.hook_delivery import Resolve
+from shared.outbound.ssrf import IPAddress, TargetError
 
 AT = datetime(2026, 11, 26, 2, 0, tzinfo=UTC)
 #: A public address every sink host of these tests resolves to, unless told otherwise.

@@ -1,4 +1,4 @@
-"""``shared.background.Background``: fire-and-forget tasks that are kept, drained at shutdown,
+"""``shared.infra.background.Background``: fire-and-forget tasks that are kept, drained at shutdown,
 and whose failures are reported rather than lost."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from shared.background import Background
+from shared.infra.background import Background
 
 
 class _LoopErrors:
@@ -57,7 +57,7 @@ async def test_a_failing_task_is_logged_and_its_exception_is_consumed(
         raise ValueError("cassandra said no")
 
     background = Background()
-    with _LoopErrors() as loop_errors, caplog.at_level(logging.WARNING, "shared.background"):
+    with _LoopErrors() as loop_errors, caplog.at_level(logging.WARNING, "shared.infra.background"):
         background.spawn(fail())
         await background.drain(timeout=1)
         await asyncio.sleep(0)  # the done callback runs on the next loop iteration
@@ -77,7 +77,7 @@ async def test_a_cancelled_task_is_not_reported_as_a_failure(
         raise asyncio.CancelledError  # as a task cancelled while it waits ends
 
     background = Background()
-    with _LoopErrors() as loop_errors, caplog.at_level(logging.WARNING, "shared.background"):
+    with _LoopErrors() as loop_errors, caplog.at_level(logging.WARNING, "shared.infra.background"):
         background.spawn(cancelled())
         await background.drain(timeout=1)
         await asyncio.sleep(0)

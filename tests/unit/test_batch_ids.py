@@ -7,8 +7,8 @@ import random
 import time
 from datetime import UTC, datetime
 
-from shared.batch_ids import accepted_at
-from shared.batchstore import new_batch_id
+from shared.core.batch_ids import accepted_at
+from shared.delivery.batchstore import new_batch_id
 
 
 def test_a_batch_id_is_a_time_uuid_of_its_moment() -> None:

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from shared.batchstore import STATEMENT_BYTES, most_stored
-from shared.config import CassandraSettings
-from shared.db import slices
-from shared.http import ApiError
-from shared.recipients import decode_recipients
+from shared.delivery.batchstore import STATEMENT_BYTES, most_stored
+from shared.delivery.recipients import decode_recipients
+from shared.infra.config import CassandraSettings
+from shared.infra.db import slices
+from shared.infra.http import ApiError
 from tests.fakes.wire import LOOPBACK, Kind, Trip
 from tests.unit.sending_desk import Desk, new_desk
 

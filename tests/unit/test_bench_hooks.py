@@ -8,8 +8,8 @@ import time
 from cassandra.util import uuid_from_time
 
 from bench.hooks import plan_post, posted
-from shared.recipients import log_id_for
-from shared.stats import DEFAULT_BUCKETS, bucket_of
+from shared.delivery.recipients import log_id_for
+from shared.delivery.stats import DEFAULT_BUCKETS, bucket_of
 
 
 def test_a_post_is_one_request_per_stat_partition_plus_the_marks_and_the_states() -> None:

@@ -10,7 +10,7 @@ import orjson
 from bench import workload
 from bench.loadgen import ACCEPTED, UNCOUNTED, Answer, Recorder, Tally, answer_of, progress_line
 from services.api import sending
-from shared import validation
+from shared.delivery import validation
 
 
 def _accepted(count: int) -> Answer:

@@ -16,8 +16,8 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.types import Message
 
-from shared.byte_budget import ByteBudget
-from shared.http import SMALL_BODY, BodyBudget, error_handlers, read_capped
+from shared.infra.byte_budget import ByteBudget
+from shared.infra.http import SMALL_BODY, BodyBudget, error_handlers, read_capped
 
 BUDGET = 1024 * 1024
 LARGE = b"x" * (BUDGET // 2 + 1)

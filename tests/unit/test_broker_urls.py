@@ -1,10 +1,10 @@
-"""The nodes named by one AMQP URL setting (shared.broker.node_urls)."""
+"""The nodes named by one AMQP URL setting (shared.infra.broker.node_urls)."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.broker import node_urls
+from shared.infra.broker import node_urls
 
 
 def test_one_url_is_one_node() -> None:

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from shared.byte_budget import BudgetExhausted, ByteBudget, Lease
+from shared.infra.byte_budget import BudgetExhausted, ByteBudget, Lease
 
 
 async def test_a_take_that_fits_is_granted_and_one_that_does_not_waits_for_room() -> None:

@@ -23,13 +23,13 @@ from services.consumers.campaign_hold import (
     hold_delay,
 )
 from services.consumers.dispatch import decode
-from shared.attempts import chunk_line
-from shared.batch_ids import accepted_at
-from shared.batchstore import NewBatch
-from shared.campaigns import METADATA_KEY, Campaign
-from shared.models import BatchJob
-from shared.precedence import visible
-from shared.topology import Topology, batch_key
+from shared.audience.campaigns import METADATA_KEY, Campaign
+from shared.core.batch_ids import accepted_at
+from shared.core.models import BatchJob
+from shared.delivery.attempts import chunk_line
+from shared.delivery.batchstore import NewBatch
+from shared.delivery.precedence import visible
+from shared.infra.topology import Topology, batch_key
 from tests.fakes.broker import FakeMessage
 from tests.fakes.campaign_store import FakeCampaigns
 from tests.fakes.world import World, new_batch

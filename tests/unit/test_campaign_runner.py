@@ -27,20 +27,20 @@ from services.api.campaign_runner import (
     pace,
 )
 from services.api.campaigns import Campaigns
+from services.api.contacts_csv import Contact
 from services.api.sending import Sending
 from services.api.templated import TemplateBatches
-from shared.acceptance import Acceptance
-from shared.background import Background
-from shared.campaigns import METADATA_KEY, Campaign
-from shared.config import ApiSettings, Settings
-from shared.contacts_csv import Contact
-from shared.errors import DependencyUnavailable
-from shared.leases import SCHEDULER_WAKE, wake
-from shared.metrics import ApiMetrics
-from shared.ratelimit import Verdict
-from shared.template_limits import Limit
-from shared.template_pool import RendererBusy
-from shared.template_render import LimitError, RendererCrashed
+from shared.accounts.ratelimit import Verdict
+from shared.audience.campaigns import METADATA_KEY, Campaign
+from shared.core.errors import DependencyUnavailable
+from shared.delivery.acceptance import Acceptance
+from shared.infra.background import Background
+from shared.infra.config import ApiSettings, Settings
+from shared.infra.leases import SCHEDULER_WAKE, wake
+from shared.infra.metrics import ApiMetrics
+from shared.templates.template_limits import Limit
+from shared.templates.template_pool import RendererBusy
+from shared.templates.template_render import LimitError, RendererCrashed
 from tests.fakes.acceptance_stores import FakeOutbox, FakeQuota
 from tests.fakes.account_stores import AccountTables, FakeIdempotencyStore, FakeSuppressionStore
 from tests.fakes.campaign_store import FakeCampaigns

@@ -9,10 +9,10 @@ from datetime import UTC, datetime
 import pytest
 
 from services.api.campaign_runner import SLICE, pace, recipients_of, slice_body
+from services.api.contact_lists import ListContact
 from services.consumers.campaign_hold import campaign_of
-from shared.campaigns import METADATA_KEY, Campaign, LifecycleError, next_state
-from shared.contact_lists import ListContact
-from shared.models import Address, Message
+from shared.audience.campaigns import METADATA_KEY, Campaign, LifecycleError, next_state
+from shared.core.models import Address, Message
 
 
 @pytest.mark.parametrize(

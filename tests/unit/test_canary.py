@@ -1,4 +1,4 @@
-"""Canary rollout decisions (``shared.canary``)."""
+"""Canary rollout decisions (``shared.templates.canary``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.canary import Counts, Margins, decide, in_canary
+from shared.templates.canary import Counts, Margins, decide, in_canary
 
 TEMPLATE = uuid.uuid4()
 

@@ -14,9 +14,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from services.api.capping import Caps, Census
-from shared.config import CapSettings
-from shared.errors import DependencyUnavailable
-from shared.http import ApiError, error_response
+from shared.core.errors import DependencyUnavailable
+from shared.infra.config import CapSettings
+from shared.infra.http import ApiError, error_response
 from tests.fakes.cap_store import FakeCapStore
 from tests.fakes.wire import LOOPBACK, Kind, Trip
 

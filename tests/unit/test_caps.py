@@ -1,4 +1,4 @@
-"""The caps' decisions (``shared.caps``): a claim under the limit, a refusal at it, and a
+"""The caps' decisions (``services.api.caps``): a claim under the limit, a refusal at it, and a
 ledger held to the things themselves (leaked places released after the grace, things made
 before caps adopted)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from shared.caps import Holds, needs_census, plan_claim, plan_release, reconciled
+from services.api.caps import Holds, needs_census, plan_claim, plan_release, reconciled
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 GRACE = timedelta(minutes=2)

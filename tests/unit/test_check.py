@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from cassandra.util import uuid_from_time
 
-from shared.check import batch_violations, outcome_violations
+from shared.ops.check import batch_violations, outcome_violations
 
 ACCEPTED = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 BATCH = uuid_from_time(ACCEPTED)

@@ -27,7 +27,7 @@ Answer = httpx.Response | Exception
 
 
 def envelope(status: int, code: str, message: str = "m", **kw: Any) -> httpx.Response:
-    """An error answer as ``shared.http.error_response`` renders it."""
+    """An error answer as ``shared.infra.http.error_response`` renders it."""
     error: dict[str, Any] = {"code": code, "message": message}
     if "fields" in kw:
         error["fields"] = kw.pop("fields")

@@ -7,8 +7,8 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from shared.config import CassandraSettings, ProviderSettings, load_settings
-from shared.errors import ConfigError
+from shared.core.errors import ConfigError
+from shared.infra.config import CassandraSettings, ProviderSettings, load_settings
 
 
 def test_defaults_load() -> None:
@@ -78,7 +78,7 @@ def test_secrets_are_not_printed() -> None:
 
 def test_hooks_delays_and_networks_are_parsed() -> None:
     """Delays become tiers; allowed networks become networks."""
-    from shared.config import HooksSettings
+    from shared.infra.config import HooksSettings
 
     hooks = HooksSettings(delays="1,2,3", allowed_networks="10.0.0.0/8, ::1/128")
 
@@ -93,7 +93,7 @@ def test_bad_hooks_settings_are_refused(values: dict[str, str]) -> None:
     """A delay that is not 1 s to a day, or a network that is not CIDR, fails at start-up."""
     from pydantic import ValidationError
 
-    from shared.config import HooksSettings
+    from shared.infra.config import HooksSettings
 
     with pytest.raises(ValidationError):
         HooksSettings(**values)  # type: ignore[arg-type]

@@ -1,10 +1,10 @@
-"""How :class:`shared.contact_lists.ContactLists` cuts a slice of contacts into write batches
+"""How :class:`services.api.contact_lists.ContactLists` cuts a slice of contacts into write batches
 (``write_slices``, ``contact_size``): by count and by approximate bytes."""
 
 from __future__ import annotations
 
-from shared.contact_lists import WRITE_BYTES, WRITE_SLICE, contact_size, write_slices
-from shared.contacts_csv import Contact
+from services.api.contact_lists import WRITE_BYTES, WRITE_SLICE, contact_size, write_slices
+from services.api.contacts_csv import Contact
 
 
 def test_small_contacts_are_cut_by_count() -> None:

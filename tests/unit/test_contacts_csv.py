@@ -1,4 +1,4 @@
-"""Reading contact lists' CSV imports (``shared.contacts_csv``), as a stream."""
+"""Reading contact lists' CSV imports (``services.api.contacts_csv``), as a stream."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from shared.contacts_csv import (
+from services.api.contacts_csv import (
     MAX_LINE,
     READ_CHUNK,
     Contact,

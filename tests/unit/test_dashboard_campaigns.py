@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from services.api.dashboard.campaign_pages import allowed, campaign_rows, done_notice
-from shared.campaigns import Campaign
+from shared.audience.campaigns import Campaign
 
 AT = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)
 TEMPLATE, LIST = uuid.uuid1(), uuid.uuid1()

@@ -6,9 +6,9 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
+from services.api.contact_lists import ContactList
 from services.api.dashboard.lists import import_summary, list_rows
-from shared.contact_lists import ContactList
-from shared.list_import import ImportJob, Problem, Progress
+from services.api.list_import import ImportJob, Problem, Progress
 
 AT = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)
 

@@ -14,8 +14,8 @@ from starlette.routing import Route
 
 from services.api.dashboard.pages import page
 from services.api.sessions import LoginRequired
-from shared.errors import DependencyUnavailable
-from shared.http import ApiError
+from shared.core.errors import DependencyUnavailable
+from shared.infra.http import ApiError
 
 
 @page

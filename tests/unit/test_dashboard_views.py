@@ -9,10 +9,11 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 
 from services.api.dashboard import charts, views
-from shared import domains, validation
-from shared.domain_checks import CheckRules
-from shared.domain_claims import OtherClaims
-from shared.domains import SendingDomain
+from services.api.domain_claims import OtherClaims
+from shared.accounts import domains
+from shared.accounts.domain_checks import CheckRules
+from shared.accounts.domains import SendingDomain
+from shared.delivery import validation
 from tests.unit import readmodels
 
 RULES = CheckRules(every=timedelta(hours=6), grace=timedelta(days=3))

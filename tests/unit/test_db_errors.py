@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cassandra.protocol import PreparedQueryNotFound
 
-from shared.db import _lost_prepared
+from shared.infra.db import _lost_prepared
 
 
 def _raised(exc: BaseException) -> BaseException:

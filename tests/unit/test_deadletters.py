@@ -1,4 +1,4 @@
-"""The pure side of dead letters (``shared.deadletters``): reading RabbitMQ's death record
+"""The pure side of dead letters (``shared.ops.deadletters``): reading RabbitMQ's death record
 whatever it holds, the archive record and its stable id, what a listing shows."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.deadletters import death_of, letter_of, line, parse_id, replayed_headers, summary
-from shared.topology import dispatch_key
+from shared.infra.topology import dispatch_key
+from shared.ops.deadletters import death_of, letter_of, line, parse_id, replayed_headers, summary
 
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 DIED = datetime(2026, 11, 26, 11, 0, 0, 123456, tzinfo=UTC)

@@ -25,7 +25,7 @@ from pydantic import SecretStr
 
 from services import devrun
 from services.sandbox import signing
-from shared.config import (
+from shared.infra.config import (
     ApiSettings,
     ConsumerSettings,
     HooksSettings,

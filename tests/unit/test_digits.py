@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.digits import MAX_DIGITS, natural
+from shared.core.digits import MAX_DIGITS, natural
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from shared.providers.catalog import with_table
+from shared.core.catalog import with_table
 
 ROOT = Path(__file__).resolve().parents[2]
 _PATH = re.compile(

@@ -7,7 +7,7 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from shared.domain_capacity import (
+from shared.delivery.domain_capacity import (
     HISTORY_DAYS,
     Capacity,
     CapacityGate,

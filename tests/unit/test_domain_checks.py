@@ -1,5 +1,5 @@
 """When a verified domain's TXT record is looked up again and what each look-up decides
-(``shared.domain_checks``): the schedule and the grace."""
+(``shared.accounts.domain_checks``): the schedule and the grace."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.domain_checks import CheckRules, Outcome, due, judge, unverified_after
-from shared.domains import SendingDomain
+from shared.accounts.domain_checks import CheckRules, Outcome, due, judge, unverified_after
+from shared.accounts.domains import SendingDomain
 
 T0 = datetime(2026, 11, 26, 2, 0, tzinfo=UTC)
 RULES = CheckRules(every=timedelta(hours=6), grace=timedelta(days=3))

@@ -1,6 +1,6 @@
-"""What an owner is shown of other accounts' claims on their domain (``shared.domain_claims``):
-that they exist, on which name and in which state; never who, and nothing before the owner's
-own claim is verified."""
+"""What an owner is shown of other accounts' claims on their domain
+(``services.api.domain_claims``): that they exist, on which name and in which state; never who, and
+nothing before the owner's own claim is verified."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shared.domain_claims import MAX_SHOWN, others, related, state_of
-from shared.domains import Claim, SendingDomain
+from services.api.domain_claims import MAX_SHOWN, others, related, state_of
+from shared.accounts.domains import Claim, SendingDomain
 
 T0 = datetime(2026, 11, 26, 2, 0, tzinfo=UTC)
 ME, ANN, BOB = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from services.sandbox import dns
 from services.sandbox.zone import TxtRecords
-from shared import domains
-from shared.domains import DohResolver, DomainError
-from shared.errors import DependencyUnavailable
+from shared.accounts import domains
+from shared.accounts.domains import DohResolver, DomainError
+from shared.core.errors import DependencyUnavailable
 
 
 @pytest.mark.parametrize(

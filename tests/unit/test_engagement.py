@@ -1,5 +1,5 @@
-"""Each recipient's tracked copy (``shared.engagement``), the cooldown's rules
-(``shared.cooldown``), the preferences patch and how a request's engagement is settled."""
+"""Each recipient's tracked copy (``shared.engagement.engagement``), the cooldown's rules
+(``services.api.cooldown``), the preferences patch and how a request's engagement is settled."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
-from shared import validation
-from shared.cooldown import cooling, scopes_of
-from shared.engagement import (
+from services.api.cooldown import cooling, scopes_of
+from shared.accounts.preferences import Preferences, patched
+from shared.core.keyring import KeyRing
+from shared.core.models import Address, Chunk, Engagement, Message, Recipient
+from shared.delivery import validation
+from shared.engagement.engagement import (
     MAX_TRACKED_LINKS,
     ONE_CLICK,
     OPEN_KEY,
@@ -21,10 +24,7 @@ from shared.engagement import (
     links_of,
     personalize,
 )
-from shared.engagement_tokens import read, redirect_target
-from shared.keyring import KeyRing
-from shared.models import Address, Chunk, Engagement, Message, Recipient
-from shared.preferences import Preferences, patched
+from shared.engagement.engagement_tokens import read, redirect_target
 from shared.providers import mailgun, sendgrid
 
 RING = KeyRing((("k1", b"k" * 32),))

@@ -1,5 +1,5 @@
-"""Signed tokens in mail URLs (``shared.engagement_tokens``): authentic ones read back, any
-change reads as nothing, keys rotate, and a click goes only to the link that was sent."""
+"""Signed tokens in mail URLs (``shared.engagement.engagement_tokens``): authentic ones read back,
+any change reads as nothing, keys rotate, and a click goes only to the link that was sent."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.engagement_tokens import Claim, read, redirect_target, sign
-from shared.keyring import KeyRing, ring_from
+from shared.core.keyring import KeyRing, ring_from
+from shared.engagement.engagement_tokens import Claim, read, redirect_target, sign
 
 OLD = KeyRing((("k1", b"o" * 32),))
 NEW = KeyRing((("k2", b"n" * 32), ("k1", b"o" * 32)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from shared.envexample import render
+from shared.ops.envexample import render
 
 ROOT = Path(__file__).resolve().parents[2]
 

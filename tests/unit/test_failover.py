@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.consumers.failover import GiveUp, Retry, decide, provider_for
-from shared.errors import (
+from shared.core.errors import (
     CapacityHeld,
     PermanentProviderError,
     ProviderMisconfigured,

@@ -7,20 +7,20 @@ import inspect
 
 import pytest
 
-from shared.attempts import AttemptStore
-from shared.batchstore import BatchStore
-from shared.campaigns import CampaignStore
-from shared.canary_store import CanaryStore
-from shared.contact_lists import ContactLists
-from shared.errors import DependencyUnavailable
-from shared.ratelimit import RateWindows
-from shared.recipients import RecipientStore
-from shared.schedule_store import ScheduleStore
-from shared.stats import StatsStore
-from shared.suppressions import SuppressionStore
-from shared.templates import TemplateStore
-from shared.timeline import Timeline
-from shared.webhook_tokens import WebhookTokens
+from services.api.contact_lists import ContactLists
+from services.webhooks.timeline import Timeline
+from services.webhooks.webhook_tokens import WebhookTokens
+from shared.accounts.ratelimit import RateWindows
+from shared.audience.campaigns import CampaignStore
+from shared.audience.suppressions import SuppressionStore
+from shared.core.errors import DependencyUnavailable
+from shared.delivery.attempts import AttemptStore
+from shared.delivery.batchstore import BatchStore
+from shared.delivery.recipients import RecipientStore
+from shared.delivery.schedule_store import ScheduleStore
+from shared.delivery.stats import StatsStore
+from shared.templates.canary_store import CanaryStore
+from shared.templates.templates import TemplateStore
 from tests.fakes.acceptance_stores import (
     FakeOutbox,
     FakePreferences,

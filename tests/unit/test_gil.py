@@ -1,6 +1,6 @@
 """A service process hands the GIL to a waiting thread (its event loop) within a fraction of
 a millisecond, not CPython's 5 ms, and runs its long pure-Python work on one thread, in
-order, off the loop (``shared.gil``)."""
+order, off the loop (``shared.infra.gil``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.gil import SWITCH_INTERVAL, CpuLane, shorten_switch_interval
+from shared.infra.gil import SWITCH_INTERVAL, CpuLane, shorten_switch_interval
 from tests.unit.loop_turns import MANY, turns_during
 
 WHO: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")

@@ -1,4 +1,4 @@
-"""How configuration names GitHub accounts (``shared.github_accounts``): by id, with the login
+"""How configuration names GitHub accounts (``shared.infra.github_accounts``): by id, with the login
 as an optional reminder; a bare login is refused, saying how to find its id."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from shared.config import Settings
-from shared.github_accounts import Account, AccountError, ids, parse_accounts
+from shared.infra.config import Settings
+from shared.infra.github_accounts import Account, AccountError, ids, parse_accounts
 
 
 def test_accounts_are_ids_with_an_optional_login_beside_them() -> None:

@@ -1,8 +1,9 @@
-"""Where a recipient goes after a provider-side failure (pure parts of ``shared.handoff``)."""
+"""Where a recipient goes after a provider-side failure (pure parts of
+``shared.delivery.handoff``)."""
 
 from __future__ import annotations
 
-from shared.handoff import excluded_providers, next_provider
+from shared.delivery.handoff import excluded_providers, next_provider
 
 
 def test_the_next_provider_follows_the_failed_one_in_the_chain() -> None:

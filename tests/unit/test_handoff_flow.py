@@ -1,5 +1,5 @@
-"""``shared.handoff.HandOff`` driven directly (over the in-memory stores and broker): one new
-attempt per provider-side failure however often it is reported, nothing for a recipient that
+"""``shared.delivery.handoff.HandOff`` driven directly (over the in-memory stores and broker): one
+new attempt per provider-side failure however often it is reported, nothing for a recipient that
 is final or unknown, a give-up when no provider is left, and a failed publish left for the
 report's replay to finish."""
 
@@ -10,10 +10,10 @@ from datetime import timedelta
 
 import pytest
 
-from shared.attempts import recipient_line
-from shared.errors import PublishError
-from shared.precedence import visible
-from shared.recipients import Report, log_id_for
+from shared.core.errors import PublishError
+from shared.delivery.attempts import recipient_line
+from shared.delivery.precedence import visible
+from shared.delivery.recipients import Report, log_id_for
 from tests.fakes.broker import FakeMessage
 from tests.fakes.world import World
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
-from shared import heap
+from shared.infra import heap
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ import ipaddress
 import httpx
 import pytest
 
-from shared import outbound_signing
-from shared.hook_delivery import Deliverer, host_header, pinned_url, vet
-from shared.ssrf import NAME_REFUSED, IPAddress, Target, TargetError
+from shared.outbound import outbound_signing
+from shared.outbound.hook_delivery import Deliverer, host_header, pinned_url, vet
+from shared.outbound.ssrf import NAME_REFUSED, IPAddress, Target, TargetError
 
 SECRET = outbound_signing.new_secret()
 PUBLIC = ipaddress.ip_address("93.184.216.34")

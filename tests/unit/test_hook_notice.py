@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 
 from services.hooks.notice import mail_body
-from shared.hook_store import Endpoint
+from shared.outbound.hook_store import Endpoint
 
 
 def test_the_notice_names_the_endpoint_the_reason_and_the_way_back() -> None:

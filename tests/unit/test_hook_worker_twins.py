@@ -1,4 +1,4 @@
-"""The real emitter (``shared.user_hooks.HookEmitter``) and delivery worker
+"""The real emitter (``shared.outbound.user_hooks.HookEmitter``) and delivery worker
 (``services.hooks.worker.Worker``) over the webhook stores' twins (``tests/fakes/hooks.py``),
 the fake broker and an endpoint answering from a script, on the simulator's virtual clock
 (``simulation.runtime.simulate``: the order window, retry delays and lease TTLs pass at once).
@@ -16,13 +16,13 @@ from typing import Any, TypeVar
 import pytest
 
 from services.hooks.worker import Probe, Worker
-from shared.config import HooksSettings
-from shared.hook_queue import Pending
-from shared.hook_store import Endpoint
-from shared.outbound_retry import Health
-from shared.settle import Delivery
-from shared.topology import Topology
-from shared.user_hooks import HookEmitter, HookEvent, message_id, payload
+from shared.infra.config import HooksSettings
+from shared.infra.settle import Delivery
+from shared.infra.topology import Topology
+from shared.outbound.hook_queue import Pending
+from shared.outbound.hook_store import Endpoint
+from shared.outbound.outbound_retry import Health
+from shared.outbound.user_hooks import HookEmitter, HookEvent, message_id, payload
 from simulation.runtime import VirtualClock, simulate
 from tests.fakes.broker import FakeBroker
 from tests.fakes.hooks import FakeDeliverer, FakeHookQueue, FakeHookStore, emitter_over

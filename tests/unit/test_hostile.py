@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from bench.hostile import cases, measure, parsers, payloads, report, scrape, targets
 from services.api.templates import BODY_LIMIT
 from services.webhooks.receivers import MAILGUN_MAX_BODY, MAX_BODY
-from shared.config import ApiSettings, Settings
-from shared.stall_monitor import StallMetrics
-from shared.template_limits import MAX_SOURCE
+from shared.infra.config import ApiSettings, Settings
+from shared.infra.stall_monitor import StallMetrics
+from shared.templates.template_limits import MAX_SOURCE
 
 #: The memory limits of the default settings.
 LIMITS = targets.rss_limits(Settings())

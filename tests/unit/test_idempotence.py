@@ -8,9 +8,9 @@ from cassandra.policies import RetryPolicy, WriteType
 from cassandra.protocol import IsBootstrappingErrorMessage, OverloadedErrorMessage, ServerError
 from cassandra.query import SimpleStatement
 
-from shared import idempotence
-from shared.db import ReplicaRetryPolicy, _batch, mark_repeatable
-from shared.idempotence import Kind
+from shared.infra import idempotence
+from shared.infra.db import ReplicaRetryPolicy, _batch, mark_repeatable
+from shared.infra.idempotence import Kind
 
 _NEXT = (RetryPolicy.RETRY_NEXT_HOST, None)
 _RETHROW = (RetryPolicy.RETHROW, None)

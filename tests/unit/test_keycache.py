@@ -1,4 +1,4 @@
-"""Each API process's key cache (shared.keycache) over the account twins and the broker twin:
+"""Each API process's key cache (services.api.keycache) over the account twins and the broker twin:
 revocation by broadcast, the TTL bound without it, what is and is not remembered."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared import apikeys
-from shared.accounts import StoredKey
-from shared.keycache import TTL, KeyCache, Revocations, revocation, revoked_in
+from services.api.keycache import TTL, KeyCache, Revocations, revocation, revoked_in
+from shared.accounts import apikeys
+from shared.accounts.accounts import StoredKey
 from tests.fakes.account_stores import AccountTables, FakeAccounts
 from tests.fakes.broker import FakeBroker
 

@@ -1,4 +1,4 @@
-"""Scheduling and priority lanes (``shared.lanes``)."""
+"""Scheduling and priority lanes (``shared.core.lanes``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.lanes import ScheduleError, bucket_of, lane, send_at
+from shared.core.lanes import ScheduleError, bucket_of, lane, send_at
 
 NOW = datetime(2026, 11, 26, 9, 0, 30, tzinfo=UTC)
 HORIZON = timedelta(days=30)

@@ -1,4 +1,4 @@
-"""How a loop woken by its writers waits (``shared.leases.Linger``, the outbox relay's, the
+"""How a loop woken by its writers waits (``shared.infra.leases.Linger``, the outbox relay's, the
 stats roll-up's and the health refresh's): busy passes while it has work or a wake-up is
 recent, idle waits otherwise; a wake-up ends an idle wait at once and never a busy one."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from shared.leases import Linger, next_period
+from shared.infra.leases import Linger, next_period
 from tests.fakes.clocks import Ticks
 
 

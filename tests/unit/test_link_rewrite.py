@@ -1,5 +1,5 @@
-"""Click-tracking link rewriting (``shared.link_rewrite``): only absolute http(s) links of
-``<a>``/``<area>``, everything else byte for byte."""
+"""Click-tracking link rewriting (``shared.engagement.link_rewrite``): only absolute http(s) links
+of ``<a>``/``<area>``, everything else byte for byte."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.link_rewrite import MAX_LINKS, rewrite, tags
+from shared.engagement.link_rewrite import MAX_LINKS, rewrite, tags
 
 
 def _t(i: int) -> str:

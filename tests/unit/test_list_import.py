@@ -1,4 +1,4 @@
-"""Deciding a contact list's import (``shared.list_import``): what becomes of each row, the
+"""Deciding a contact list's import (``services.api.list_import``): what becomes of each row, the
 progress and report, and a stale import read as failed."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from shared.contacts_csv import Contact, Rejected
-from shared.list_import import (
+from services.api.contacts_csv import Contact, Rejected
+from services.api.list_import import (
     INTERRUPTED,
     MAX_PROBLEMS,
     ImportJob,

@@ -14,14 +14,14 @@ from typing import Any, cast
 import pytest
 from cassandra import InvalidRequest
 
+from services.api.contact_lists import ContactLists, list_scope
+from services.api.contacts_csv import READ_CHUNK, Contact
 from services.api.importing import STORE_FAILED, UNEXPECTED, Importer
-from shared.config import ListSettings
-from shared.contact_lists import ContactLists, list_scope
-from shared.contacts_csv import READ_CHUNK, Contact
-from shared.errors import DependencyUnavailable
-from shared.gil import CpuLane
-from shared.list_import import ImportJob
-from shared.suppressions import SuppressionStore
+from services.api.list_import import ImportJob
+from shared.audience.suppressions import SuppressionStore
+from shared.core.errors import DependencyUnavailable
+from shared.infra.config import ListSettings
+from shared.infra.gil import CpuLane
 from tests.fakes.account_stores import FakeSuppressionStore
 from tests.fakes.contact_lists import FakeContactLists
 

@@ -10,13 +10,13 @@ from datetime import UTC, datetime
 from typing import cast
 
 from services.api.capping import Caps
+from services.api.contact_lists import ContactLists
+from services.api.list_import import ImportJob
 from services.api.lists import LATEST_WINDOW, Lists
-from shared.background import Background
-from shared.config import ListSettings
-from shared.contact_lists import ContactLists
-from shared.gil import CpuLane
-from shared.list_import import ImportJob
-from shared.suppressions import SuppressionStore
+from shared.audience.suppressions import SuppressionStore
+from shared.infra.background import Background
+from shared.infra.config import ListSettings
+from shared.infra.gil import CpuLane
 from tests.fakes.contact_lists import FakeContactLists
 
 

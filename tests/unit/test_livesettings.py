@@ -1,4 +1,4 @@
-"""The pure side of live settings (``shared.livesettings``): names and values checked and
+"""The pure side of live settings (``shared.ops.livesettings``): names and values checked and
 made canonical, PATCH bodies flattened with errors naming the field, stored values resolved
 over the environment's, and the running chain."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.config import ProviderSettings
-from shared.livesettings import (
+from shared.infra.config import ProviderSettings
+from shared.ops.livesettings import (
     LiveSettings,
     SettingsError,
     check,
@@ -15,7 +15,7 @@ from shared.livesettings import (
     resolve,
     view,
 )
-from shared.provider_health import HealthRules
+from shared.providers.provider_health import HealthRules
 
 
 @pytest.mark.parametrize(

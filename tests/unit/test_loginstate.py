@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from services.api import loginstate
 from services.api.loginstate import LOGIN_TTL, MAX_PENDING, PendingLogin
-from shared.sessions import new_token
+from services.api.session_store import new_token
 
 NOW = 1_800_000_000
 

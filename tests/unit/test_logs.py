@@ -6,7 +6,7 @@ import io
 import json
 import logging
 
-from shared.logs import bound, configure_logging
+from shared.infra.logs import bound, configure_logging
 
 
 def test_a_record_logged_inside_a_bound_block_carries_its_context(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.memory_guard import MemoryGuard, guarded, rss_bytes
+from shared.infra.memory_guard import MemoryGuard, guarded, rss_bytes
 
 MB = 1024 * 1024
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.migrations import discover, migrations_dir, split_statements
+from shared.infra.migrations import discover, migrations_dir, split_statements
 
 
 def test_split_drops_comments_and_blank_statements() -> None:

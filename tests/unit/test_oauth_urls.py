@@ -6,11 +6,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from services.api import github
+from services.api.session_store import safe_next
 from services.api.sessions import same_origin
 from services.sandbox.oauth import pkce_challenge
-from shared import github
-from shared.config import GitHubSettings
-from shared.sessions import safe_next
+from shared.infra.config import GitHubSettings
 
 SETTINGS = GitHubSettings(
     client_id="cid",

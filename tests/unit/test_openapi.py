@@ -14,7 +14,7 @@ from starlette.routing import Route
 from services.api import schema
 from services.api.app import create_app
 from services.api.openapi import OPERATIONS, document, reference, type_text
-from shared.config import Settings
+from shared.infra.config import Settings
 
 COMMITTED = Path(__file__).resolve().parents[2] / "services" / "api" / "openapi.json"
 #: Routes under /v1 that are not operations of the API itself.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 
 from services.api.sessions import SessionUser, is_operator
-from shared.config import Settings
+from shared.infra.config import Settings
 
 SETTINGS = Settings(operators="departed:4242, 583231")
 

@@ -1,11 +1,18 @@
 """Retries of users' webhook deliveries and disabling dead endpoints
-(``shared.outbound_retry``)."""
+(``shared.outbound.outbound_retry``)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from shared.outbound_retry import DELAYS, Health, after, answered, next_delay, should_disable
+from shared.outbound.outbound_retry import (
+    DELAYS,
+    Health,
+    after,
+    answered,
+    next_delay,
+    should_disable,
+)
 
 T0 = datetime(2026, 11, 26, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""Standard Webhooks signing of the events we push (``shared.outbound_signing``)."""
+"""Standard Webhooks signing of the events we push (``shared.outbound.outbound_signing``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from shared.outbound_signing import (
+from shared.outbound.outbound_signing import (
     PREFIX,
     SecretError,
     headers,

@@ -8,7 +8,7 @@ from typing import Any
 
 from cassandra.util import uuid_from_time
 
-from shared.outbox import ABANDON_AFTER, SHARDS, Relay, minute_of, minutes, shard_of
+from shared.delivery.outbox import ABANDON_AFTER, SHARDS, Relay, minute_of, minutes, shard_of
 
 T0 = datetime(2026, 11, 25, 9, 30, 17, 500_000, tzinfo=UTC)
 

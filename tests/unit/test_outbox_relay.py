@@ -1,4 +1,4 @@
-"""The outbox relay when finishing an acceptance fails (``shared.outbox.Relay`` and
+"""The outbox relay when finishing an acceptance fails (``shared.delivery.outbox.Relay`` and
 ``relay_forever``), and the pure bucket arithmetic it reads by, over a stand-in table."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from cassandra.util import uuid_from_time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.errors import DependencyUnavailable, PublishError
-from shared.outbox import (
+from shared.core.errors import DependencyUnavailable, PublishError
+from shared.delivery.outbox import (
     IDLE_EVERY,
     SHARDS,
     Outbox,
@@ -135,7 +135,7 @@ async def test_the_relay_loop_survives_an_outage_and_goes_on(
     relay = _ScriptedRelay(
         DependencyUnavailable("cassandra", "timeout"), PublishError("not confirmed"), 2, 0
     )
-    with caplog.at_level(logging.INFO, "shared.outbox"):
+    with caplog.at_level(logging.INFO, "shared.delivery.outbox"):
         task = asyncio.create_task(relay_forever(relay, interval=0.001))
         await asyncio.wait_for(relay.exhausted.wait(), 2)
         await asyncio.sleep(0.01)

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from services.api import original_form
 from services.api.queries import decode_cursor
-from shared import addresses, validation, webhook_events
-from shared.http import ApiError
+from shared.core import addresses, webhook_events
+from shared.delivery import validation
+from shared.infra.http import ApiError
 from shared.providers import mailgun_events, sendgrid_events
 
 MEGABYTE = 1024 * 1024

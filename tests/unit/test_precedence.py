@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from cassandra.util import uuid_from_time
 
-from shared import batch_ids, precedence
+from shared.core import batch_ids
+from shared.delivery import precedence
 
 ACCEPTED = datetime(2026, 11, 25, 12, 0, 0, 250_000, tzinfo=UTC)
 BATCH = uuid_from_time(ACCEPTED)

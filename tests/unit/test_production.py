@@ -7,7 +7,8 @@ import base64
 import pytest
 from pydantic import SecretStr
 
-from shared.config import (
+from shared.core.errors import ConfigError
+from shared.infra.config import (
     AmqpSettings,
     ApiSettings,
     GitHubSettings,
@@ -17,8 +18,7 @@ from shared.config import (
     WebhookSettings,
     load_settings,
 )
-from shared.errors import ConfigError
-from shared.production import DEV_TRACKING_KEYS, production_problems
+from shared.infra.production import DEV_TRACKING_KEYS, production_problems
 
 
 def fit(**overrides: object) -> Settings:
@@ -142,7 +142,7 @@ def test_loading_production_settings_with_defaults_refuses_to_start(
 
 def test_plain_http_webhooks_are_refused_in_production() -> None:
     """Users' events would travel unencrypted: named by its variable."""
-    from shared.config import HooksSettings
+    from shared.infra.config import HooksSettings
 
     problems = production_problems(fit(hooks=HooksSettings(allow_http=True)))
 

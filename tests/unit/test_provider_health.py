@@ -1,4 +1,4 @@
-"""Provider health (``shared.provider_health``), pure: the score from shared windows, the
+"""Provider health (``shared.providers.provider_health``), pure: the score from shared windows, the
 circuit's state machine and the order it all gives the chain."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.errors import DependencyUnavailable
-from shared.provider_health import (
+from shared.core.errors import DependencyUnavailable
+from shared.providers.provider_health import (
     COOL_DOWN,
     LATENCY_WEIGHT,
     MIN_EVENTS,

@@ -1,4 +1,4 @@
-"""The sliced window behind shared rate limits (``shared.provider_rates``), and
+"""The sliced window behind shared rate limits (``services.consumers.provider_rates``), and
 what the senders do with a provider at its limit: spill over to the next one without using
 up an attempt, and wait in the broker when every provider is full."""
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.errors import TransientProviderError
-from shared.provider_rates import in_window, slice_start, wait_for_room
+from services.consumers.provider_rates import in_window, slice_start, wait_for_room
+from shared.core.errors import TransientProviderError
 from tests.fakes.world import World, refused
 
 A, B = "a@example.org", "b@example.org"

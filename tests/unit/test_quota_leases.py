@@ -1,4 +1,4 @@
-"""The daily quota charged in process against leases (``shared.ratelimit.QuotaLedger``):
+"""The daily quota charged in process against leases (``shared.accounts.ratelimit.QuotaLedger``):
 no batch past the quota across processes, none for a process that dies, refunds given back,
 and the round trips a batch costs."""
 
@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shared.errors import DependencyUnavailable
-from shared.ratelimit import QuotaLedger, kept_of, lease_size
+from shared.accounts.ratelimit import QuotaLedger, kept_of, lease_size
+from shared.core.errors import DependencyUnavailable
 from tests.fakes.acceptance_stores import FakeQuota
 from tests.fakes.stores import FakeCassandra
 

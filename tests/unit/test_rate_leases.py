@@ -1,5 +1,5 @@
 """Request rate limits granted in process from slots leased of each window's counter
-(``shared.ratelimit.RateLimiter``): never more than the burst in a window across processes,
+(``shared.accounts.ratelimit.RateLimiter``): never more than the burst in a window across processes,
 none for a process that dies, no slot of one window granted in the next, and the round
 trips a request costs."""
 
@@ -11,9 +11,9 @@ from collections import Counter
 
 import pytest
 
-from shared import ratelimit
-from shared.errors import DependencyUnavailable
-from shared.ratelimit import RateLimiter, RatePolicy, rate_lease_size
+from shared.accounts import ratelimit
+from shared.accounts.ratelimit import RateLimiter, RatePolicy, rate_lease_size
+from shared.core.errors import DependencyUnavailable
 from tests.fakes.acceptance_stores import FakeRateWindows
 from tests.fakes.stores import FakeCassandra
 from tests.fakes.wire import LOOPBACK, Kind, Trip

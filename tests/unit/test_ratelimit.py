@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, date, datetime, timedelta
 
-from shared import apikeys, ratelimit, sessions
-from shared.ratelimit import RatePolicy
+from services.api import session_store as sessions
+from shared.accounts import apikeys, ratelimit
+from shared.accounts.ratelimit import RatePolicy
 
 
 def test_window_is_burst_over_rate() -> None:

@@ -1,5 +1,5 @@
 """Reading request bodies: capped in size while they stream in, and in time (every service's
-handlers read bodies through ``shared.http.read_capped``)."""
+handlers read bodies through ``shared.infra.http.read_capped``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
-from shared.http import ApiError, read_capped
+from shared.infra.http import ApiError, read_capped
 
 
 def request(parts: list[bytes], *, delay: float = 0.0, length: str | None = None) -> Request:

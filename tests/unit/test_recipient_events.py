@@ -1,4 +1,5 @@
-"""What users' webhooks are told of attempts and provider reports (``shared.recipient_events``)."""
+"""What users' webhooks are told of attempts and provider reports
+(``shared.outbound.recipient_events``)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shared.attempts import Attempt
-from shared.providers.catalog import TRACKER
-from shared.recipient_events import (
+from shared.core.catalog import TRACKER
+from shared.core.webhook_events import ProviderEvent
+from shared.delivery.attempts import Attempt
+from shared.outbound.recipient_events import (
     NO_QUERY,
     NO_WEBHOOK,
     attempt_events,
@@ -18,8 +20,7 @@ from shared.recipient_events import (
     outcome_of,
     reported_event,
 )
-from shared.user_hooks import message_id
-from shared.webhook_events import ProviderEvent
+from shared.outbound.user_hooks import message_id
 
 AT = datetime(2026, 11, 26, 8, tzinfo=UTC)
 BATCH = uuid.uuid1()

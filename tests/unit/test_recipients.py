@@ -10,8 +10,8 @@ import orjson
 import pytest
 from cassandra.util import uuid_from_time
 
-from shared import precedence
-from shared.recipients import (
+from shared.delivery import precedence
+from shared.delivery.recipients import (
     CHUNK_ROW,
     Selection,
     decode_recipients,
@@ -21,14 +21,15 @@ from shared.recipients import (
     merged_one,
     timeuuid_order,
 )
-from shared.validation import RecipientInput
+from shared.delivery.validation import RecipientInput
 
 BATCH = uuid_from_time(datetime(2026, 11, 25, 12, 0, tzinfo=UTC))
 A, B, C = "a@example.org", "b@example.org", "c@example.org"
 
 
 def v1_log_id(batch_id: uuid.UUID, email: str) -> uuid.UUID:
-    """The formula of release v1 (``shared.batchstore.log_id_for`` before data model v2)."""
+    """The formula of release v1 (``shared.delivery.batchstore.log_id_for`` before data model
+    v2)."""
     digest = hashlib.sha256(batch_id.bytes + email.lower().encode()).digest()
     clock_seq = int.from_bytes(digest[:2], "big") & 0x3FFF
     node = int.from_bytes(digest[2:8], "big")

@@ -1,5 +1,5 @@
 """``services.api.schema`` on hostile input (pure): the strict request models, ``checked`` and
-``field_errors``, how ``Sending`` combines the schema with ``shared.validation``, and that
+``field_errors``, how ``Sending`` combines the schema with ``shared.delivery.validation``, and that
 every refusal renders as the documented error envelope, never as an exception."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pydantic import BaseModel
 
 from services.api.schema import BatchIn, ErrorBody, KeyIn, SuppressionIn, checked
 from services.api.sending import Sending
-from shared import validation
-from shared.config import ApiSettings, Settings
-from shared.http import ApiError, error_response
+from shared.delivery import validation
+from shared.infra.config import ApiSettings, Settings
+from shared.infra.http import ApiError, error_response
 
 CODES = {"invalid_fields", "no_recipients", "too_many_recipients"}
 GOOD = {"from": "shop@example.com", "to": ["ann@example.com"], "subject": "Hi", "text": "x"}
@@ -249,7 +249,7 @@ def test_accepting_a_batch_validates_or_refuses_with_a_known_code(body: object) 
 @given(_near_valid)
 def test_the_schema_accepts_whatever_validation_accepts(body: dict[str, Any]) -> None:
     """The schema is never stricter than the rules, so refusals are always worded by
-    ``shared.validation`` (field paths like ``to[0]``), never by pydantic."""
+    ``shared.delivery.validation`` (field paths like ``to[0]``), never by pydantic."""
     try:
         validation.parse_batch_request(body, max_recipients=10)
     except validation.InvalidRequest:

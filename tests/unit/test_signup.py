@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.signup import Allowlist, decide, needs_orgs
+from shared.accounts.signup import Allowlist, decide, needs_orgs
 
 ALICE, BOB, ZED, ACME = 1001, 1002, 9999, 77
 ALLOW = Allowlist.parse(" alice:1001, 1002 ,org:acme:77,, ")

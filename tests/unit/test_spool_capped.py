@@ -1,4 +1,4 @@
-"""Spooling an upload to a temporary file as it arrives (``shared.http.spool_capped``, the
+"""Spooling an upload to a temporary file as it arrives (``shared.infra.http.spool_capped``, the
 CSV import's body): the same caps as any body, and never the whole upload in memory."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
-from shared.http import SPOOL_FLUSH, ApiError, spool_capped
+from shared.infra.http import SPOOL_FLUSH, ApiError, spool_capped
 
 CHUNK = 64 * 1024
 

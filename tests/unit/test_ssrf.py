@@ -1,4 +1,4 @@
-"""The guard on users' webhook endpoints (``shared.ssrf``): public https targets only."""
+"""The guard on users' webhook endpoints (``shared.outbound.ssrf``): public https targets only."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from shared.ssrf import (
+from shared.outbound.ssrf import (
     NAME_REFUSED,
     TargetError,
     address_problem,

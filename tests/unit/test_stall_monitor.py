@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from shared.stall_monitor import (
+from shared.infra.stall_monitor import (
     BUSY_SHARE,
     IDLE_INTERVAL,
     INTERVAL,

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.recipients import log_id_for
-from shared.stats import (
+from shared.delivery.recipients import log_id_for
+from shared.delivery.stats import (
     LARGE_BUCKET,
     LARGE_STALE,
     METRICS,

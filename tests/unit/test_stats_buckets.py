@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from shared.stats import ACTIVE_BUCKETS, user_bucket
+from shared.delivery.stats import ACTIVE_BUCKETS, user_bucket
 
 
 def test_a_users_bucket_is_stable_and_in_range() -> None:

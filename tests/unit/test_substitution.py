@@ -1,4 +1,4 @@
-"""Literal key substitution (``shared.substitution``): the longest key at each position, in
+"""Literal key substitution (``shared.core.substitution``): the longest key at each position, in
 one pass, in time proportional to the text and the keys."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shared.core.substitution import CLASS_LIMIT, Substitution
 from shared.providers.envelope import replace_keys
-from shared.substitution import CLASS_LIMIT, Substitution
 
 
 def _as_was(text: str, replacements: Mapping[str, str]) -> str:

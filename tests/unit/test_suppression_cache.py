@@ -1,4 +1,4 @@
-"""Each API process's cache of its users' suppression lists (shared.suppression_cache) over
+"""Each API process's cache of its users' suppression lists (shared.audience.suppression_cache) over
 the suppression and broker twins: what a hit costs, what a change drops in this process and in
 the others, the TTL bound without the broadcast, large lists, and what is held."""
 
@@ -13,16 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.api.managing import Managing
-from shared.errors import DependencyUnavailable
-from shared.http import ApiError
-from shared.leases import woken
-from shared.suppression_cache import (
+from shared.audience.suppression_cache import (
     TTL,
     Changes,
     SuppressionCache,
     announcement,
     changed_in,
 )
+from shared.core.errors import DependencyUnavailable
+from shared.infra.http import ApiError
+from shared.infra.leases import woken
 from tests.fakes.account_stores import FakeSuppressionStore
 from tests.fakes.broker import FakeBroker
 from tests.fakes.stores import FakeCassandra

@@ -1,4 +1,4 @@
-"""Who may lift a suppression (``shared.suppressions``, ``services.api.managing``): the
+"""Who may lift a suppression (``shared.audience.suppressions``, ``services.api.managing``): the
 recipient's own unsubscribe or complaint only an operator; a sender what they added and
 bounces. Over the suppression store's twin."""
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from services.api.managing import Managing
-from shared.http import ApiError
-from shared.suppressions import by_recipient, lift_refusal, made_by_recipient
+from shared.audience.suppressions import by_recipient, lift_refusal, made_by_recipient
+from shared.infra.http import ApiError
 from tests.fakes.account_stores import FakeSuppressionStore
 from tests.fakes.stores import FakeCassandra
 

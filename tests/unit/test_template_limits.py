@@ -1,6 +1,6 @@
-"""Hostile templates stop fast (``shared.template_limits`` and the checks
-``shared.template_render`` makes with them): loops nested to work without output run out of
-time, and one step that would ask for gigabytes is refused before it runs."""
+"""Hostile templates stop fast (``shared.templates.template_limits`` and the checks
+``shared.templates.template_render`` makes with them): loops nested to work without output run out
+of time, and one step that would ask for gigabytes is refused before it runs."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.template_limits import Exceeded, check_percent_format, percent_specs
-from shared.template_render import RenderError, render_part
+from shared.templates.template_limits import Exceeded, check_percent_format, percent_specs
+from shared.templates.template_render import RenderError, render_part
 
 NESTED = "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}ok"
 

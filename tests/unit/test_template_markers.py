@@ -1,4 +1,4 @@
-"""Finding the per-recipient markers of a rendered template (``shared.template_use``): the
+"""Finding the per-recipient markers of a rendered template (``shared.templates.template_use``): the
 markers a regular expression always found, in one pass whatever the text."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import template_use
-from shared.models import TemplateCopy
-from shared.template_render import RenderError
-from shared.template_use import Source, markers_of
+from shared.core.models import TemplateCopy
+from shared.templates import template_use
+from shared.templates.template_render import RenderError
+from shared.templates.template_use import Source, markers_of
 
 # The markers the check always matched, as a regular expression: the scanner must find
 # exactly these (a copy passes or is refused as it was, and a subject's variables are the same).

@@ -1,5 +1,5 @@
-"""The template pool (``shared.template_pool``) over real worker processes: a job runs in a
-worker and answers; a breach of the memory, CPU or time limit, a crash, a caller giving up or
+"""The template pool (``shared.templates.template_pool``) over real worker processes: a job runs in
+a worker and answers; a breach of the memory, CPU or time limit, a crash, a caller giving up or
 a worker dying idle ends in a typed error (never a hang) and a new worker that takes the next
 job; a closed pool refuses jobs and leaves no process behind."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import TemplateSettings
-from shared.template_pool import RendererBusy, RendererUnavailable, TemplatePool
-from shared.template_render import LimitError, Rendered, RendererCrashed, render_version
+from shared.infra.config import TemplateSettings
+from shared.templates.template_pool import RendererBusy, RendererUnavailable, TemplatePool
+from shared.templates.template_render import LimitError, Rendered, RendererCrashed, render_version
 from tests.unit import pool_jobs
 
 #: 1,500 strings of a megabyte: 1.46 GB in the API process before the pool.

@@ -1,5 +1,5 @@
-"""Rendering users' templates (``shared.template_render``): sandboxed, limited, with a text
-part derived from the html."""
+"""Rendering users' templates (``shared.templates.template_render``): sandboxed, limited, with a
+text part derived from the html."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from markupsafe import Markup
 
-from shared import template_render
-from shared.template_limits import MAX_RANGE
-from shared.template_render import (
+from shared.templates import template_render
+from shared.templates.template_limits import MAX_RANGE
+from shared.templates.template_render import (
     CompiledParts,
     RenderError,
     compile_part,

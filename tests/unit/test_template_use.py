@@ -9,13 +9,13 @@ import uuid
 import pytest
 
 from services.consumers.canary_judge import count
-from shared import template_use
-from shared.batchstore import NewBatch
-from shared.canary import in_canary
-from shared.models import Address, Message, TemplateCopy
-from shared.template_render import RenderError
-from shared.template_use import Source
-from shared.validation import RecipientInput
+from shared.core.models import Address, Message, TemplateCopy
+from shared.delivery.batchstore import NewBatch
+from shared.delivery.validation import RecipientInput
+from shared.templates import template_use
+from shared.templates.canary import in_canary
+from shared.templates.template_render import RenderError
+from shared.templates.template_use import Source
 
 SOURCE = Source(3, "Hi {{ name }}", "<p>{{ name }} at {{ shop }}</p>", None)
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from services.api.templated import TemplateBatches
-from shared.http import ApiError
-from shared.template_limits import Limit
-from shared.template_pool import RendererBusy
-from shared.template_render import LimitError, RendererCrashed
+from shared.infra.http import ApiError
+from shared.templates.template_limits import Limit
+from shared.templates.template_pool import RendererBusy
+from shared.templates.template_render import LimitError, RendererCrashed
 from tests.fakes.renderer import InlineRenderer
 from tests.fakes.template_store import FakeTemplates
 

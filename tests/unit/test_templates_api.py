@@ -24,12 +24,12 @@ from services.api.schema import (
 )
 from services.api.templated import render_refusal
 from services.api.templates import publish_refusal, rendered, template_id_of
-from shared.canary import Counts
-from shared.canary_store import Outcome
-from shared.http import ApiError, error_response
-from shared.template_pool import RendererUnavailable
-from shared.template_render import RenderError, render_version
-from shared.templates import Template, Version, VersionHeader
+from shared.infra.http import ApiError, error_response
+from shared.templates.canary import Counts
+from shared.templates.canary_store import Outcome
+from shared.templates.template_pool import RendererUnavailable
+from shared.templates.template_render import RenderError, render_version
+from shared.templates.templates import Template, Version, VersionHeader
 from tests.fakes.renderer import InlineRenderer
 
 NOW = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)

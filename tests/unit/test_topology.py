@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from shared.topology import (
+from shared.infra.topology import (
     DELAY_HEADER,
     Topology,
     batch_key,
@@ -157,7 +157,7 @@ def test_delay_tier_rounds_up_to_a_declared_tier(wanted: float, tier: int) -> No
 
 def test_a_wake_key_names_its_endpoint() -> None:
     """``whook.<uuid>`` parses back to the endpoint it was made for."""
-    from shared.topology import parse_wake_key, wake_key
+    from shared.infra.topology import parse_wake_key, wake_key
 
     assert parse_wake_key(wake_key(ID)) == ID
 
@@ -165,7 +165,7 @@ def test_a_wake_key_names_its_endpoint() -> None:
 @pytest.mark.parametrize("key", ["whook", "whook.nope", f"hook.{ID}", f"batch.{ID}"])
 def test_anything_else_is_not_a_wake_key(key: str) -> None:
     """Other keys and malformed ids are refused."""
-    from shared.topology import parse_wake_key
+    from shared.infra.topology import parse_wake_key
 
     with pytest.raises(ValueError):
         parse_wake_key(key)
@@ -183,9 +183,9 @@ def test_wake_ups_have_a_quorum_queue_of_their_own() -> None:
 
 def test_the_deployed_topology_has_every_webhook_retry_tier() -> None:
     """Each delay of users' webhook retries (up to 8 h) is a delay queue of its own."""
-    from shared.config import Settings
-    from shared.outbound_retry import DELAYS
-    from shared.resources import topology_for
+    from shared.infra.config import Settings
+    from shared.infra.resources import topology_for
+    from shared.outbound.outbound_retry import DELAYS
 
     tiers = topology_for(Settings()).all_delay_tiers
 

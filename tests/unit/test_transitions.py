@@ -16,11 +16,11 @@ from services.webhooks.transitions import (
     rank,
     superseded,
 )
-from shared import precedence
-from shared.check import outcome_violations
-from shared.handoff import next_provider
-from shared.stats import count_rows, is_closed, zero_filled
-from shared.webhook_events import Kind, ProviderEvent
+from shared.core.webhook_events import Kind, ProviderEvent
+from shared.delivery import precedence
+from shared.delivery.handoff import next_provider
+from shared.delivery.stats import count_rows, is_closed, zero_filled
+from shared.ops.check import outcome_violations
 from tests.unit.webhooks.fixtures import provider_event
 
 T0 = datetime(2026, 11, 20, 12, 0, 0, tzinfo=UTC)

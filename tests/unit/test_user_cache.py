@@ -1,4 +1,4 @@
-"""The per-process cache of one value per user (``shared.user_cache``): kept for its TTL,
+"""The per-process cache of one value per user (``shared.infra.user_cache``): kept for its TTL,
 one read for concurrent misses, dropped by an announcement under its own wake name."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import uuid
 import orjson
 import pytest
 
-from shared.errors import DependencyUnavailable
-from shared.user_cache import KeyedCache, UserCache, UserChanges, announcement, changed_in
+from shared.core.errors import DependencyUnavailable
+from shared.infra.user_cache import KeyedCache, UserCache, UserChanges, announcement, changed_in
 
 
 class Reads:

@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
-from shared.hook_queue import ENQUEUE_BYTES, ENQUEUE_SLICE, Queued, enqueued
-from shared.hook_store import Endpoint
-from shared.user_hooks import (
+from shared.outbound.hook_queue import ENQUEUE_BYTES, ENQUEUE_SLICE, Queued, enqueued
+from shared.outbound.hook_store import Endpoint
+from shared.outbound.user_hooks import (
     EVENT_TYPES,
     EventsError,
     HookEvent,

@@ -19,7 +19,7 @@ from pydantic import SecretStr
 from safedelivr_client import Client
 
 from services import cli, usercli
-from shared.config import ApiSettings, ClientSettings, Settings
+from shared.infra.config import ApiSettings, ClientSettings, Settings
 
 Json = dict[str, Any]
 

@@ -1,4 +1,4 @@
-"""Unit tests for shared.validation: the POST /v1/batches body rules and body_hash."""
+"""Unit tests for shared.delivery.validation: the POST /v1/batches body rules and body_hash."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
-from shared.errors import SafedelivrError
-from shared.models import RESERVED_HEADERS, Address, Message
-from shared.validation import (
+from shared.core.errors import SafedelivrError
+from shared.core.models import RESERVED_HEADERS, Address, Message
+from shared.delivery.validation import (
     HEADER_RESERVED,
     MAX_METADATA_BYTES,
     MAX_REJECTED_LENGTH,

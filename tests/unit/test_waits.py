@@ -1,4 +1,4 @@
-"""Waiting on an event for at most some seconds (``shared.waits.set_within``): what it
+"""Waiting on an event for at most some seconds (``shared.infra.waits.set_within``): what it
 answers, and that a cancellation ends it whenever the event is set, which ``asyncio.wait_for``
 on Python 3.11 did not."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
+from shared.infra.settle import InFlight
+from shared.infra.waits import set_within
 from shared.providers.transport import Calls
-from shared.settle import InFlight
-from shared.waits import set_within
 
 
 async def test_a_wait_cancelled_as_its_event_is_set_ends_cancelled() -> None:

@@ -1,8 +1,8 @@
 """Properties of the webhook parsers (``shared.providers.sendgrid_events``,
-``shared.providers.mailgun_events`` over ``shared.webhook_events``) under hostile input.
+``shared.providers.mailgun_events`` over ``shared.core.webhook_events``) under hostile input.
 
 Whatever bytes arrive, the parsers either answer or raise their documented
-:class:`~shared.webhook_events.MalformedPayload`; garbage never becomes an event; every event
+:class:`~shared.core.webhook_events.MalformedPayload`; garbage never becomes an event; every event
 they do produce is well formed whatever types its fields had; well-formed events round-trip
 our correlation ids; and parsing a 1 MB hostile body takes time linear in its size.
 """
@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from bench.hostile.cases import SENDGRID_SHAPES, mailgun_fields_body
 from services.webhooks.receivers import MAILGUN_MAX_BODY
-from shared.models import ATTEMPT_ARG
+from shared.core.models import ATTEMPT_ARG
+from shared.core.webhook_events import KINDS, MAX_TEXT, MalformedPayload, ParseResult, ProviderEvent
 from shared.providers import mailgun_events, sendgrid_events
-from shared.webhook_events import KINDS, MAX_TEXT, MalformedPayload, ParseResult, ProviderEvent
 
 #: Fixed so that two parses of one body are comparable.
 RECEIVED_AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)

@@ -30,11 +30,11 @@ from pydantic import SecretStr
 
 from services.sandbox import signing
 from services.webhooks import receivers
-from shared.batchstore import NewBatch
-from shared.config import WebhookSettings
+from shared.core.webhook_events import timestamp_fresh
+from shared.delivery.batchstore import NewBatch
+from shared.delivery.recipients import log_id_for
+from shared.infra.config import WebhookSettings
 from shared.providers import mailgun_events, sendgrid_events
-from shared.recipients import log_id_for
-from shared.webhook_events import timestamp_fresh
 from tests.fakes.world import World
 
 KEY = signing.generate_private_key()

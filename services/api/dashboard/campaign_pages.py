@@ -23,8 +23,8 @@ from services.api.campaigns import Campaigns
 from services.api.dashboard.pages import page, read_form, render, see_other
 from services.api.dashboard.views import fmt_time, iso
 from services.api.sessions import SessionUser, require_user, verify_csrf
-from shared.campaigns import Action, Campaign, LifecycleError, next_state
-from shared.http import ApiError
+from shared.audience.campaigns import Action, Campaign, LifecycleError, next_state
+from shared.infra.http import ApiError
 
 #: How each state is badged.
 TONES: Final = {

@@ -13,12 +13,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from services.api.contact_lists import ContactList
 from services.api.dashboard.pages import page, render
 from services.api.dashboard.views import fmt_time, iso
+from services.api.list_import import ImportJob
 from services.api.lists import Lists
 from services.api.sessions import require_user
-from shared.contact_lists import ContactList
-from shared.list_import import ImportJob
 
 #: How each import state is badged.
 TONES: Final = {"queued": "pending", "running": "pending", "done": "ok", "failed": "bad"}

@@ -17,13 +17,13 @@ from services.api.domains import operator_claims
 from services.api.providers import provider_rows
 from services.api.sessions import SessionUser, is_operator, require_user, verify_csrf
 from services.api.settings import change_settings, settings_store
-from shared import domains, signup
-from shared.alerts import SYSTEM_LOGIN
-from shared.config import Settings
-from shared.deadletters import DeadLetters, ReplayRefused, view
-from shared.http import ApiError
-from shared.livesettings import SettingsError, check, defaults, resolve
-from shared.providers.catalog import CATALOG, CODES
+from shared.accounts import domains, signup
+from shared.core.catalog import CATALOG, CODES
+from shared.infra.config import Settings
+from shared.infra.http import ApiError
+from shared.ops.alerts import SYSTEM_LOGIN
+from shared.ops.deadletters import DeadLetters, ReplayRefused, view
+from shared.ops.livesettings import SettingsError, check, defaults, resolve
 
 DEAD_SHOWN = 50
 

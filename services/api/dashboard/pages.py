@@ -2,7 +2,7 @@
 
 Every handler is wrapped by :func:`page`, which turns the ways a page can fail into HTML
 rather than the API's JSON envelope: not logged in → 302 to ``/login``; an
-:class:`~shared.http.ApiError` → an error page with its status; a dependency down → a 503
+:class:`~shared.infra.http.ApiError` → an error page with its status; a dependency down → a 503
 page with ``Retry-After``; anything else → a logged 500 page without a stack trace. It also
 sets the security headers (CSP without inline script or style, no framing, no caching).
 
@@ -37,6 +37,7 @@ from services.api.dashboard import views
 from services.api.domains import SendingDomains
 from services.api.managing import Managing
 from services.api.sending import Sending
+from services.api.session_store import safe_next
 from services.api.sessions import (
     LoginRequired,
     SessionUser,
@@ -47,17 +48,16 @@ from services.api.sessions import (
     require_user,
     verify_csrf,
 )
-from shared import accounts, apikeys
-from shared.addresses import address_key
-from shared.batchstore import BatchHeader, BatchStore
-from shared.config import Settings
-from shared.db import Database
-from shared.errors import DependencyUnavailable
-from shared.hook_store import HookStore
-from shared.http import ApiError, read_capped
-from shared.sessions import safe_next
-from shared.stats import StatsStore, zero_filled
-from shared.suppressions import SuppressionStore
+from shared.accounts import accounts, apikeys
+from shared.audience.suppressions import SuppressionStore
+from shared.core.addresses import address_key
+from shared.core.errors import DependencyUnavailable
+from shared.delivery.batchstore import BatchHeader, BatchStore
+from shared.delivery.stats import StatsStore, zero_filled
+from shared.infra.config import Settings
+from shared.infra.db import Database
+from shared.infra.http import ApiError, read_capped
+from shared.outbound.hook_store import HookStore
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from services.api.dashboard.pages import page, render
 from services.api.dashboard.views import fmt_time, iso
 from services.api.sessions import require_user
 from services.api.templates import Templates
-from shared.canary import Counts
-from shared.canary_store import Outcome
-from shared.templates import Template, VersionHeader
+from shared.templates.canary import Counts
+from shared.templates.canary_store import Outcome
+from shared.templates.templates import Template, VersionHeader
 
 
 @dataclass(frozen=True, slots=True)

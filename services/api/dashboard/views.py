@@ -17,21 +17,21 @@ from urllib.parse import parse_qsl, urlencode
 from markupsafe import Markup
 
 from services.api.dashboard.charts import Series, stacked_bars
-from shared import domains
-from shared.addresses import AddressError, normalize_email, split_address_list
-from shared.digits import natural
-from shared.domain_checks import unverified_after
-from shared.domain_claims import state_of
-from shared.providers.catalog import CATALOG
-from shared.sessions import safe_next
-from shared.suppressions import made_by_recipient
-from shared.webhook_events import KIND_RANK
+from services.api.domain_claims import state_of
+from services.api.session_store import safe_next
+from shared.accounts import domains
+from shared.accounts.domain_checks import unverified_after
+from shared.audience.suppressions import made_by_recipient
+from shared.core.addresses import AddressError, normalize_email, split_address_list
+from shared.core.catalog import CATALOG
+from shared.core.digits import natural
+from shared.core.webhook_events import KIND_RANK
 
 if TYPE_CHECKING:
+    from services.api.domain_claims import OtherClaims
     from services.api.queries import BatchOverview, BatchSummary, RecipientLog, Step
-    from shared.domain_checks import CheckRules
-    from shared.domain_claims import OtherClaims
-    from shared.domains import SendingDomain
+    from shared.accounts.domain_checks import CheckRules
+    from shared.accounts.domains import SendingDomain
 
 #: Provider codes as people know them.
 PROVIDER_NAMES: Mapping[str, str] = {
@@ -167,7 +167,8 @@ class Overview:
 
 
 def day_rows(rows: Iterable[Mapping[str, Any]]) -> list[DayRow]:
-    """Rows of ``shared.stats.zero_filled`` as typed days; ``awaiting`` = accepted minus outcomes.
+    """Rows of ``shared.delivery.stats.zero_filled`` as typed days; ``awaiting`` = accepted minus
+    outcomes.
 
     Outcomes are counted on the day they happen, so a day's outcomes can exceed what it
     accepted (mail accepted just before midnight); ``awaiting`` never goes below zero.

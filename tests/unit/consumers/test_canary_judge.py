@@ -11,12 +11,12 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from services.consumers.canary_judge import JUDGE_EVERY, LIST_EVERY, CanaryJudge, next_wait
-from shared.alerts import Alert
-from shared.canary import Counts, Margins
-from shared.canary_store import Outcome, Rollout, verdict_of, verdict_text
-from shared.models import TemplateCopy, TemplateUse
-from shared.recipients import Report, Selection, log_id_for
-from shared.templates import Template
+from shared.core.models import TemplateCopy, TemplateUse
+from shared.delivery.recipients import Report, Selection, log_id_for
+from shared.ops.alerts import Alert
+from shared.templates.canary import Counts, Margins
+from shared.templates.canary_store import Outcome, Rollout, verdict_of, verdict_text
+from shared.templates.templates import Template
 from tests.fakes.canary_store import CanaryTables, FakeCanary
 from tests.fakes.stores import FakeBatches, FakeCassandra, FakeRecipients
 from tests.fakes.template_store import FakeTemplates

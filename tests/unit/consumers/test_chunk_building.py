@@ -18,9 +18,9 @@ from services.consumers.calls import (
     lane_bound,
     worth_the_lane,
 )
-from shared.models import BatchJob, Recipient
-from shared.recipients import log_id_for
-from shared.topology import batch_key
+from shared.core.models import BatchJob, Recipient
+from shared.delivery.recipients import log_id_for
+from shared.infra.topology import batch_key
 from tests.fakes.world import World, new_batch
 from tests.unit.loop_turns import turns_during
 

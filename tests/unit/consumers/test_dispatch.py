@@ -13,19 +13,19 @@ import pytest
 
 from services.consumers import protocol
 from services.consumers.dispatch import decode
-from shared.attempts import chunk_line, recipient_line
-from shared.errors import (
+from shared.core.errors import (
     DependencyUnavailable,
     PermanentProviderError,
     ProviderMisconfigured,
     PublishError,
     TransientProviderError,
 )
-from shared.models import ChunkJob, LogJob
+from shared.core.models import ChunkJob, LogJob
+from shared.delivery.attempts import chunk_line, recipient_line
+from shared.delivery.recipients import Report, Selection, log_id_for
+from shared.infra.settle import Delivery, Poison
+from shared.infra.topology import batch_key, dispatch_key, log_key, parse_routing_key
 from shared.providers.base import Receipt
-from shared.recipients import Report, Selection, log_id_for
-from shared.settle import Delivery, Poison
-from shared.topology import batch_key, dispatch_key, log_key, parse_routing_key
 from tests.fakes.broker import FakeMessage
 from tests.fakes.world import World, answered, refused
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from services.consumers.domain_checks import DomainChecker
-from shared import domains
-from shared.domain_checks import CheckRules
-from shared.errors import DependencyUnavailable
+from shared.accounts import domains
+from shared.accounts.domain_checks import CheckRules
+from shared.core.errors import DependencyUnavailable
 from tests.fakes.domain_store import FakeDomainStore
 from tests.fakes.schedule_store import FakeSchedule, ScheduleTables
 

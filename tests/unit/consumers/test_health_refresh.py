@@ -17,8 +17,8 @@ from services.consumers.live import (
     moving,
     next_refresh,
 )
-from shared.livesettings import LiveSettings
-from shared.provider_health import (
+from shared.ops.livesettings import LiveSettings
+from shared.providers.provider_health import (
     REFRESH_EVERY,
     CircuitState,
     Window,

@@ -5,7 +5,7 @@ bounds the decisions made from then on."""
 
 from __future__ import annotations
 
-from shared.livesettings import LiveSettings
+from shared.ops.livesettings import LiveSettings
 from tests.fakes.world import World, refused
 from tests.unit.consumers.settings_applier import consumer_settings
 

@@ -10,10 +10,10 @@ import pytest
 from pydantic import SecretStr
 
 from services.consumers.main import _background, _probe_query_apis, start_consumers
-from shared.config import ProviderSettings, Settings
-from shared.errors import TransientProviderError
-from shared.resources import Resources
-from shared.settle import InFlight
+from shared.core.errors import TransientProviderError
+from shared.infra.config import ProviderSettings, Settings
+from shared.infra.resources import Resources
+from shared.infra.settle import InFlight
 from tests.fakes.broker import FakeBroker
 from tests.fakes.world import ScriptedProvider
 
@@ -84,8 +84,8 @@ async def test_the_domain_checks_ask_the_configured_resolver_on_the_configured_s
     import httpx
 
     from services.consumers.main import domain_checker_of
-    from shared.config import AmqpSettings, ApiSettings
-    from shared.domain_checks import CheckRules
+    from shared.accounts.domain_checks import CheckRules
+    from shared.infra.config import AmqpSettings, ApiSettings
 
     asked: list[str] = []
 

@@ -10,7 +10,7 @@ import pytest
 
 from services.consumers import protocol
 from services.consumers.protocol import Job, ResolveSettings
-from shared.attempts import Attempt
+from shared.delivery.attempts import Attempt
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=65)

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from datetime import date
 
 from services.consumers.rollups import IDLE_EVERY, LINGER, PASS_EVERY, RollUp, next_wait
-from shared.leases import SCHEDULER_WAKE, wake
-from shared.stats import Mark, tell_rollups
+from shared.delivery.stats import Mark, tell_rollups
+from shared.infra.leases import SCHEDULER_WAKE, wake
 from tests.fakes.clocks import Ticks
 from tests.fakes.world import World
 

@@ -21,11 +21,11 @@ from services.consumers.scheduler import (
     next_wait,
 )
 from services.consumers.splitter import Splitter
-from shared.lanes import BUCKET, bucket_of
-from shared.leases import SCHEDULER_WAKE, Alarm, Lease, keep_running, wake
-from shared.models import BatchJob
-from shared.schedule_store import OPEN_MINUTES, finished_through
-from shared.topology import batch_key, dispatch_key
+from shared.core.lanes import BUCKET, bucket_of
+from shared.core.models import BatchJob
+from shared.delivery.schedule_store import OPEN_MINUTES, finished_through
+from shared.infra.leases import SCHEDULER_WAKE, Alarm, Lease, keep_running, wake
+from shared.infra.topology import batch_key, dispatch_key
 from tests.fakes.broker import FakeBroker
 from tests.fakes.clocks import Ticks
 from tests.fakes.schedule_store import FakeSchedule, ScheduleTables

@@ -17,13 +17,13 @@ import orjson
 import pytest
 
 from services.consumers import protocol
-from shared.attempts import chunk_line, recipient_line
-from shared.errors import PermanentProviderError, ProviderError, TransientProviderError
-from shared.models import BatchJob, Chunk, ChunkJob, LogJob
-from shared.precedence import visible
+from shared.core.errors import PermanentProviderError, ProviderError, TransientProviderError
+from shared.core.models import BatchJob, Chunk, ChunkJob, LogJob
+from shared.delivery.attempts import chunk_line, recipient_line
+from shared.delivery.precedence import visible
+from shared.delivery.recipients import Report, log_id_for
+from shared.infra.topology import batch_key, dispatch_key, log_key
 from shared.providers.base import Receipt
-from shared.recipients import Report, log_id_for
-from shared.topology import batch_key, dispatch_key, log_key
 from tests.fakes.broker import FakeMessage
 from tests.fakes.world import World, answered, refused
 

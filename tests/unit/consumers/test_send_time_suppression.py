@@ -13,17 +13,17 @@ import orjson
 import pytest
 
 from services.consumers import protocol
-from shared.attempts import chunk_line, recipient_line
-from shared.batch_ids import accepted_at
-from shared.batchstore import NewBatch
-from shared.errors import DependencyUnavailable
-from shared.hook_store import Endpoint
-from shared.models import Address, BatchJob, Chunk, Engagement, Message, Recipient
-from shared.precedence import visible
+from shared.core.batch_ids import accepted_at
+from shared.core.errors import DependencyUnavailable
+from shared.core.models import Address, BatchJob, Chunk, Engagement, Message, Recipient
+from shared.delivery.attempts import chunk_line, recipient_line
+from shared.delivery.batchstore import NewBatch
+from shared.delivery.precedence import visible
+from shared.delivery.recipients import Report, log_id_for
+from shared.infra.topology import batch_key
+from shared.outbound.hook_store import Endpoint
+from shared.outbound.user_hooks import FakeUserHooks
 from shared.providers.base import Receipt
-from shared.recipients import Report, log_id_for
-from shared.topology import batch_key
-from shared.user_hooks import FakeUserHooks
 from tests.fakes.broker import FakeMessage
 from tests.fakes.world import World, refused
 

@@ -15,13 +15,13 @@ import pytest
 
 from services.consumers import protocol
 from services.sandbox import signing
-from shared.attempts import chunk_line
-from shared.batchstore import NewBatch
-from shared.domain_capacity import CapacityGate, CapacityRules
-from shared.hook_store import Endpoint
-from shared.models import Chunk
+from shared.core.models import Chunk
+from shared.delivery.attempts import chunk_line
+from shared.delivery.batchstore import NewBatch
+from shared.delivery.domain_capacity import CapacityGate, CapacityRules
+from shared.outbound.hook_store import Endpoint
+from shared.outbound.user_hooks import FakeUserHooks
 from shared.providers.base import Receipt
-from shared.user_hooks import FakeUserHooks
 from tests.fakes.stores import FakeDomainVolumes
 from tests.fakes.world import World, answered
 

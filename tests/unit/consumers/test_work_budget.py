@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from services.consumers.calls import weigh
-from shared.byte_budget import ByteBudget
+from shared.infra.byte_budget import ByteBudget
 from tests.fakes.world import World, refused
 
 BUDGET = 1024 * 1024

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from shared.models import Address, Chunk, Message, Recipient
-from shared.recipients import log_id_for
+from shared.core.models import Address, Chunk, Message, Recipient
+from shared.delivery.recipients import log_id_for
 
 BATCH_ID = uuid.UUID("6f1c2a40-0000-1000-8000-000000000001")  # a time UUID, as ours are
 

@@ -27,9 +27,9 @@ from sendgrid.helpers.mail import (
 )
 from sendgrid.helpers.mail.exceptions import ApiKeyIncludedException
 
-from shared.addresses import address_key
-from shared.errors import PermanentProviderError
-from shared.models import ATTEMPT_ARG, Chunk, Recipient
+from shared.core.addresses import address_key
+from shared.core.errors import PermanentProviderError
+from shared.core.models import ATTEMPT_ARG, Chunk, Recipient
 from shared.providers import envelope
 from shared.providers.sendgrid import CODE, MAX_CATEGORIES, MAX_RECIPIENTS
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from shared.errors import PermanentProviderError
-from shared.models import Address
+from shared.core.errors import PermanentProviderError
+from shared.core.models import Address
 from shared.providers import envelope
 from tests.unit.providers.fakes import chunk, recipient
 

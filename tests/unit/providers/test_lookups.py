@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from services.sandbox.activity import Indexed
-from shared.errors import TransientProviderError
-from shared.models import ATTEMPT_ARG, Chunk
+from shared.core.errors import TransientProviderError
+from shared.core.models import ATTEMPT_ARG, Chunk
 from shared.providers import mailgun
 from shared.providers.base import LookupQuery
 from shared.providers.mailgun import MailgunProvider

@@ -7,8 +7,8 @@ import urllib.parse
 import orjson
 import pytest
 
-from shared.errors import PermanentProviderError
-from shared.models import Address
+from shared.core.errors import PermanentProviderError
+from shared.core.models import Address
 from shared.providers.mailgun import (
     build_form,
     encoded_form,

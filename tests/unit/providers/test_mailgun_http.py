@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from shared.errors import (
+from shared.core.errors import (
     PermanentProviderError,
     ProviderMisconfigured,
     ProviderSkipped,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.config import ProviderSettings
-from shared.models import Chunk
+from shared.core.models import Chunk
+from shared.infra.config import ProviderSettings
 from shared.providers.base import Gate, LookupQuery, Provider, Receipt
 from shared.providers.mailgun import MailgunProvider
 from shared.providers.registry import build_providers, close_all

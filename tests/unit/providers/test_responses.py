@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.errors import (
+from shared.core.errors import (
     PermanentProviderError,
     ProviderError,
     ProviderMisconfigured,

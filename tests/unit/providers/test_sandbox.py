@@ -20,9 +20,9 @@ import uvicorn
 from starlette.applications import Starlette
 
 from services.sandbox.app import create_app
-from shared.config import SandboxSettings
-from shared.errors import ProviderMisconfigured, TransientProviderError
-from shared.models import Address, Chunk
+from shared.core.errors import ProviderMisconfigured, TransientProviderError
+from shared.core.models import Address, Chunk
+from shared.infra.config import SandboxSettings
 from shared.providers.base import LookupQuery, Provider
 from shared.providers.mailgun import MailgunProvider
 from shared.providers.sendgrid import SendGridProvider

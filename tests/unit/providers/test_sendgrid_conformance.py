@@ -11,8 +11,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from shared.errors import PermanentProviderError
-from shared.models import Address, Chunk, Engagement, Message, Recipient
+from shared.core.errors import PermanentProviderError
+from shared.core.models import Address, Chunk, Engagement, Message, Recipient
 from shared.providers import sendgrid
 from shared.providers.sendgrid import encoded_payload
 from tests.unit.providers.fakes import BATCH_ID

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
-from shared.errors import PermanentProviderError, ProviderMisconfigured, TransientProviderError
+from shared.core.errors import PermanentProviderError, ProviderMisconfigured, TransientProviderError
 from shared.providers.base import Receipt
 from shared.providers.sendgrid import SendGridProvider
 from tests.unit.providers.fakes import FakeProviderServer, Reply, chunk

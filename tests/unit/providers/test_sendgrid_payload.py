@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.errors import PermanentProviderError
-from shared.models import Address
+from shared.core.errors import PermanentProviderError
+from shared.core.models import Address
 from shared.providers.sendgrid import MAX_CATEGORIES, build_payload
 from tests.unit.providers.fakes import BATCH_ID, chunk, recipient
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from shared.errors import ProviderMisconfigured, TransientProviderError
+from shared.core.errors import ProviderMisconfigured, TransientProviderError
 from shared.providers.transport import translate
 
 

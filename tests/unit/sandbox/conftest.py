@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 from services.sandbox.app import create_app
 from services.sandbox.state import SandboxState
 from services.sandbox.tuning import Tuning
-from shared.config import SandboxSettings
+from shared.infra.config import SandboxSettings
 from tests.unit.sandbox.receiver import Receiver
 
 MAILGUN_SIGNING_KEY = "test-mailgun-signing-key"

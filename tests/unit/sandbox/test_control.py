@@ -9,7 +9,7 @@ from pydantic import SecretStr
 
 from services.sandbox import signing
 from services.sandbox.app import create_app
-from shared.errors import ConfigError
+from shared.core.errors import ConfigError
 from tests.unit.sandbox.conftest import (
     FAST,
     SENDGRID_AUTH,

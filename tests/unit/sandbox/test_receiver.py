@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from shared import outbound_signing
+from shared.outbound import outbound_signing
 from tests.unit.sandbox.conftest import Harness
 
 SECRET = outbound_signing.new_secret()

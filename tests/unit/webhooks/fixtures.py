@@ -18,10 +18,10 @@ import orjson
 from services.sandbox import signing
 from services.sandbox.events import mailgun_events, sendgrid_events
 from services.sandbox.mailgun import parse_message
-from shared.models import Chunk
+from shared.core.models import Chunk
+from shared.core.webhook_events import Kind, ProviderEvent
 from shared.providers.mailgun import build_form
 from shared.providers.sendgrid import build_payload
-from shared.webhook_events import Kind, ProviderEvent
 from tests.unit.providers.fakes import chunk, recipient
 
 #: The sandbox's signing key pair for SendGrid, and another one that must not verify.

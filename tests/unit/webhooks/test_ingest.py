@@ -9,13 +9,13 @@ from datetime import timedelta
 
 import pytest
 
-from shared.batch_ids import accepted_at
-from shared.batchstore import NewBatch
-from shared.errors import DependencyUnavailable, PublishError
-from shared.models import LogJob
-from shared.recipients import log_id_for
-from shared.topology import log_key
-from shared.webhook_events import ProviderEvent
+from shared.core.batch_ids import accepted_at
+from shared.core.errors import DependencyUnavailable, PublishError
+from shared.core.models import LogJob
+from shared.core.webhook_events import ProviderEvent
+from shared.delivery.batchstore import NewBatch
+from shared.delivery.recipients import log_id_for
+from shared.infra.topology import log_key
 from tests.fakes.stores import OPERATION_KINDS
 from tests.fakes.world import World
 

@@ -18,11 +18,11 @@ from services.sandbox import signing
 from services.webhooks import receivers
 from services.webhooks.app import create_app
 from services.webhooks.intake import RECEIVED_AT, intake_key
-from shared.batchstore import NewBatch
-from shared.config import WebhookSettings
-from shared.errors import ConfigError, DependencyUnavailable, PublishError
-from shared.http import ApiError
-from shared.recipients import log_id_for
+from shared.core.errors import ConfigError, DependencyUnavailable, PublishError
+from shared.delivery.batchstore import NewBatch
+from shared.delivery.recipients import log_id_for
+from shared.infra.config import WebhookSettings
+from shared.infra.http import ApiError
 from tests.fakes.broker import FakeMessage
 from tests.fakes.wire import Held
 from tests.fakes.world import World

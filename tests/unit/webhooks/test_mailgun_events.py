@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from shared.core.webhook_events import ProviderEvent
 from shared.providers.mailgun_events import parse_envelope, parse_event, verify_signature
-from shared.webhook_events import ProviderEvent
 from tests.unit.providers.fakes import BATCH_ID, recipient
 from tests.unit.webhooks.fixtures import (
     MAILGUN_DOCS_EVENT,

@@ -8,12 +8,12 @@ import orjson
 import pytest
 
 from services.sandbox import signing
+from shared.core.webhook_events import MalformedPayload
 from shared.providers.mailgun_events import (
     parse_envelope,
     timestamp_fresh,
     verify_signature,
 )
-from shared.webhook_events import MalformedPayload
 from tests.unit.webhooks.fixtures import (
     MAILGUN_DOCS_BODY,
     MAILGUN_DOCS_EVENT,

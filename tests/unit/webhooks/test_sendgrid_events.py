@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
+from shared.core.webhook_events import MalformedPayload, ProviderEvent
 from shared.providers.sendgrid_events import parse_events, verify_signature
-from shared.webhook_events import MalformedPayload, ProviderEvent
 from tests.unit.providers.fakes import BATCH_ID, recipient
 from tests.unit.webhooks.fixtures import (
     NOW,

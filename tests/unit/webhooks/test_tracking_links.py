@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from services.webhooks.tracking import Tracking
-from shared.keyring import KeyRing
-from shared.models import Engagement
+from shared.core.keyring import KeyRing
+from shared.core.models import Engagement
 from tests.fakes.world import World, new_batch
 from tests.unit.loop_turns import MANY, turns_during
 

@@ -12,8 +12,8 @@ from starlette.requests import Request
 
 from services.webhooks import tracking
 from services.webhooks.tracking import Tracking
-from shared.engagement_tokens import Claim
-from shared.keyring import KeyRing
+from shared.core.keyring import KeyRing
+from shared.engagement.engagement_tokens import Claim
 from tests.fakes.wire import Held
 from tests.fakes.world import World
 

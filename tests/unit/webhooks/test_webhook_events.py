@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from shared.errors import SafedelivrError
-from shared.webhook_events import (
+from shared.core.errors import SafedelivrError
+from shared.core.webhook_events import (
     KIND_RANK,
     KINDS,
     Kind,

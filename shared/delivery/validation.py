@@ -1,0 +1,905 @@
+"""Validation of the ``POST /v1/batches`` body: the decoded JSON in, a :class:`BatchRequest`
+or an :class:`InvalidRequest` carrying every field error out.
+
+This module owns the request's rules: which fields exist and their forms, the limits (subject,
+headers, categories, metadata, substitutions, the recipient cap), header-injection refusal in
+every value bound for a header (via :mod:`shared.core.addresses`), the split of ``to`` into
+accepted, rejected (a bad address is reported in the 202, it does not fail the batch) and
+suppressed recipients, and :func:`body_hash` for Idempotency-Key comparisons.
+
+Rules worth knowing:
+
+* ``null`` for an optional field means the field is absent.
+* A ``to`` entry holding a line break or NUL is an attack, not a typo: 422, never "rejected".
+* Every address must have an ASCII local part (the providers do not do SMTPUTF8);
+  internationalised domains are accepted and converted to their ASCII (punycode) form.
+* ``cc``/``bcc`` are not recipients: a bad address there is a 422 (``cc[0]``), and so is an
+  address listed twice across ``to``, ``cc`` and ``bcc`` (providers refuse that).
+* A substitution value may hold line breaks (bodies are multi-line) unless its key appears in
+  the subject or a custom header value, where it would be substituted into a header. A key that
+  appears in ``from`` or ``reply_to`` (SendGrid substitutes into reply-to) is stricter still:
+  its value may not hold quotes or address punctuation either, which could turn one reply-to
+  address into another, or into several.
+* The cap counts distinct valid ``to`` addresses before suppression; parsing stops as soon as
+  it is exceeded, and a list with more than ``2 * max_recipients + 100`` entries is refused
+  without parsing it.
+
+Pure: no I/O; the suppression lookup is the caller's callback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import orjson
+
+from shared.accounts.preferences import Preferences
+from shared.core import lanes
+from shared.core.addresses import (
+    AddressError,
+    address_key,
+    display_name,
+    normalize_email,
+    parse_address,
+    split_address_list,
+    text_problem,
+)
+from shared.core.catalog import CATALOG, CODES, code_of
+from shared.core.errors import SafedelivrError
+from shared.core.models import Address, Engagement, Message, is_request_reserved_header
+from shared.core.substitution import Substitution
+
+InvalidRequestCode = Literal["invalid_fields", "no_recipients", "too_many_recipients"]
+INVALID_FIELDS: Final = "invalid_fields"
+NO_RECIPIENTS: Final = "no_recipients"
+TOO_MANY_RECIPIENTS: Final = "too_many_recipients"
+
+MAX_SUBJECT_LENGTH = 998
+MAX_HEADERS = 50
+MAX_HEADER_NAME_LENGTH = 128
+MAX_HEADER_VALUE_LENGTH = 998
+MAX_CATEGORIES = 10
+MAX_CATEGORY_LENGTH = 255
+MAX_METADATA_BYTES = 10_000
+MAX_COPY_ADDRESSES = 100
+"""Most addresses in each of ``cc`` and ``bcc``."""
+MAX_REJECTED_LENGTH = 320
+"""A rejected entry is echoed back cut to this many characters."""
+MAX_SUBSTITUTIONS = 100
+MAX_SUBSTITUTION_KEY_LENGTH = 128
+MAX_SUBSTITUTIONS_BYTES = 10_000
+"""Per recipient, JSON-encoded (SendGrid's limit per personalization)."""
+
+
+#: The top-level fields of a batch request.
+FIELDS: Final = frozenset(
+    [
+        "from",
+        "to",
+        "subject",
+        "html",
+        "text",
+        "reply_to",
+        "cc",
+        "bcc",
+        "headers",
+        "bulk",
+        "priority",
+        "shared",
+        "tracking",
+        "unsubscribe",
+        "list",
+        "categories",
+        "metadata",
+        "provider",
+    ]
+)
+
+_HEADER_NAME_RE = re.compile(r"[!-9;-~]+")  # RFC 5322 ftext: printable ASCII but ':'
+_METADATA_KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_PATH_KEY_RE = re.compile(r"[!-~ ]{1,100}")
+_BODY_FORBIDDEN_RE = re.compile("[\x00\ud800-\udfff]")
+_RECIPIENT_KEYS = frozenset({"email", "name", "substitutions"})
+_ADDRESS_KEYS = frozenset({"email", "name"})
+_ADDRESS_FORMS = "must be an address string or an object {email, name}"
+_RECIPIENT_FORMS = "must be an address string or an object {email, name, substitutions}"
+
+Errors = dict[str, str]
+
+
+class InvalidRequest(SafedelivrError):
+    """The batch request cannot be accepted (HTTP 422).
+
+    Attributes:
+        code: ``invalid_fields``, ``no_recipients`` or ``too_many_recipients``.
+        message: a one-line summary for the error body.
+        fields: per-field messages, keyed like ``subject``, ``to[3]``, ``headers.X-Foo``.
+    """
+
+    status = 422
+
+    def __init__(
+        self,
+        fields: Mapping[str, str],
+        *,
+        code: InvalidRequestCode = INVALID_FIELDS,
+        message: str | None = None,
+    ) -> None:
+        self.fields = dict(fields)
+        self.code: InvalidRequestCode = code
+        self.message = message or f"the request has {len(self.fields)} invalid field(s)"
+        super().__init__(self.message)
+
+
+@dataclass(frozen=True, slots=True)
+class RecipientInput:
+    """A valid, distinct ``to`` address with its personalisation."""
+
+    email: str
+    name: str | None = None
+    substitutions: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A ``to`` entry that is not a valid address, as given, and why."""
+
+    email: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """What a request asks of tracking and unsubscribe (None: the user's default)."""
+
+    opens: bool | None = None
+    clicks: bool | None = None
+    unsubscribe: bool | None = None
+    list: str | None = None
+
+    @property
+    def asks(self) -> bool:
+        """Whether the request itself asks for something only personal copies can carry."""
+        return bool(self.opens or self.clicks or self.unsubscribe)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRequest:
+    """An accepted batch request."""
+
+    message: Message
+    recipients: tuple[RecipientInput, ...]
+    rejected: tuple[Rejected, ...] = ()
+    suppressed: tuple[str, ...] = ()
+    skipped: tuple[Rejected, ...] = ()
+    """Every address left out by choice (suppressed, or inside the cooldown), with why."""
+    wants: Wanted = field(default_factory=Wanted)
+
+    @property
+    def accepted(self) -> int:
+        return len(self.recipients)
+
+    @property
+    def mailed(self) -> int:
+        """Addresses this batch mails: recipients, cc and bcc. Quotas count these, so
+        copies are not a way around them."""
+        return len(self.recipients) + len(self.message.cc) + len(self.message.bcc)
+
+
+def body_hash(body: object) -> bytes:
+    """SHA-256 of the canonical JSON (keys sorted) of a decoded request body.
+
+    Two bodies that differ only in key order or whitespace hash the same.
+    """
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).digest()
+
+
+#: Above these, validating a body is worth a worker thread (~10 ms of work and more), so one
+#: large batch does not stall every other request on the event loop while it is checked.
+LARGE_RECIPIENT_ENTRIES = 1_000
+LARGE_TEXT_LENGTH = 512 * 1024
+#: Characters of what is given per recipient (addresses, names, substitution keys and values)
+#: above which the body is large: each may be checked as header text, encoded-words decoded,
+#: at about 0.25 us a character (a body's character costs a hundredth of that).
+LARGE_RECIPIENT_TEXT = 32 * 1024
+#: What one substitution counts for beyond its characters: the checks of a key and value.
+SUBSTITUTION_WEIGHT = 8
+
+
+def is_large(raw: object) -> bool:
+    """Whether validating the decoded body ``raw`` is heavy enough to run off the event loop:
+    counted from its shape (list lengths, text lengths, and what each recipient brings),
+    reading no further than it takes to know."""
+    if not isinstance(raw, Mapping):
+        return False
+    entries = [v for k in ("to", "cc", "bcc") if isinstance(v := raw.get(k), list)]
+    text = sum(len(v) for k in ("html", "text") if isinstance(v := raw.get(k), str))
+    if sum(map(len, entries)) > LARGE_RECIPIENT_ENTRIES or text > LARGE_TEXT_LENGTH:
+        return True
+    given = 0
+    for entry in (e for listed in entries for e in listed):
+        given += _given_length(entry)
+        if given > LARGE_RECIPIENT_TEXT:
+            return True
+    return False
+
+
+def _given_length(entry: object) -> int:
+    """What one ``to``, ``cc`` or ``bcc`` entry weighs for :func:`is_large`. A substitution
+    map with more keys than allowed is refused unread, but counting it would read it all:
+    it is large without being read."""
+    if isinstance(entry, str):
+        return len(entry)
+    if not isinstance(entry, Mapping):
+        return 0
+    size = sum(len(v) for k in ("email", "name") if isinstance(v := entry.get(k), str))
+    substitutions = entry.get("substitutions")
+    if isinstance(substitutions, Mapping):
+        if len(substitutions) > MAX_SUBSTITUTIONS:
+            return LARGE_RECIPIENT_TEXT + 1
+        for key, value in substitutions.items():
+            size += len(key) + (len(value) if isinstance(value, str) else 0) + SUBSTITUTION_WEIGHT
+    return size
+
+
+def parse_batch_request(
+    raw: object,
+    *,
+    max_recipients: int,
+    configured: Sequence[str] = CODES,
+    bulk_threshold: int = 1_000,
+) -> BatchRequest:
+    """Validate a decoded ``POST /v1/batches`` body (suppression is :func:`drop_suppressed`).
+
+    Raises:
+        InvalidRequest: with every field error collected (``invalid_fields``), or
+            ``too_many_recipients``, or ``no_recipients`` when every entry is rejected.
+    """
+    if not isinstance(raw, dict):
+        raise InvalidRequest({"body": "must be a JSON object"})
+    errors: Errors = {_path_key(key): "unknown field" for key in raw if key not in FIELDS}
+    sender = _address_field(raw.get("from"), "from", errors, required=True)
+    reply_to = _address_field(raw.get("reply_to"), "reply_to", errors)
+    subject = _subject(raw.get("subject"), errors)
+    html, text = _content(raw.get("html"), raw.get("text"), errors)
+    headers = _headers(raw.get("headers"), errors)
+    header_text = (subject, *headers.values())
+    address_text = _address_text(sender, reply_to)
+    scan = _RecipientScan(max_recipients, header_text, address_text, errors)
+    scan.scan(raw.get("to"))
+    cc = _copies(raw.get("cc"), "cc", errors, scan.seen)
+    bcc = _copies(raw.get("bcc"), "bcc", errors, {**scan.seen, **dict(cc)})
+    categories = _categories(raw.get("categories"), errors)
+    metadata = _metadata(raw.get("metadata"), errors)
+    bulk = _flag(raw.get("bulk"), "bulk", errors)
+    shared = _flag(raw.get("shared"), "shared", errors)
+    pinned = _provider(raw.get("provider"), configured, errors)
+    priority = _priority(raw.get("priority"), len(scan.recipients), bulk_threshold, errors)
+    wants = _wanted(raw, errors)
+    if bulk and (cc or bcc):
+        # Each personalised copy would carry the cc/bcc too: up to 1,000 copies per chunk.
+        errors["bulk"] = "cc and bcc cannot be combined with bulk (one copy per recipient)"
+    if bulk and shared:
+        errors["shared"] = "cannot be combined with bulk: true (one copy per recipient)"
+    personal = one_copy_each(shared=shared, recipients=len(scan.seen), copies=bool(cc or bcc))
+    if personal is None:
+        errors["shared"] = (
+            "cc and bcc go with one shared message: set shared to true (every recipient then "
+            "sees the others) or send the copies as a batch of their own"
+        )
+    cap = f"at most {max_recipients} distinct recipients per batch"
+    if errors or sender is None:
+        if scan.too_many:
+            errors.setdefault("to", cap)
+        raise InvalidRequest(errors)
+    if scan.too_many:
+        raise InvalidRequest(
+            {"to": cap}, code=TOO_MANY_RECIPIENTS, message=f"too many recipients: {cap}"
+        )
+    message = Message(
+        sender=sender,
+        subject=subject,
+        html=html,
+        text=text,
+        reply_to=reply_to,
+        cc=tuple(cc.values()),
+        bcc=tuple(bcc.values()),
+        headers=headers,
+        categories=categories,
+        metadata=metadata,
+        bulk=bool(personal),
+        provider=pinned,
+        priority=priority,
+    )
+    return dataclasses.replace(scan.finish(message), wants=wants)
+
+
+#: A list or campaign name: what a one-click unsubscribe is scoped to.
+_LIST_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
+LIST_NAME_RULE: Final = "must be 1-64 letters, digits and _.:- (starting with a letter or digit)"
+
+
+def list_name(value: object) -> bool:
+    """Whether ``value`` is a valid list or campaign name."""
+    return isinstance(value, str) and bool(_LIST_NAME.match(value))
+
+
+def _wanted(raw: Mapping[str, Any], errors: Errors) -> Wanted:
+    tracking = raw.get("tracking")
+    opens = clicks = None
+    if isinstance(tracking, Mapping):
+        for key in tracking:
+            if key not in ("opens", "clicks"):
+                errors[f"tracking.{_path_key(key)}"] = "unknown field"
+        opens = _optional_flag(tracking.get("opens"), "tracking.opens", errors)
+        clicks = _optional_flag(tracking.get("clicks"), "tracking.clicks", errors)
+    elif tracking is not None:
+        errors["tracking"] = 'must be an object like {"opens": true, "clicks": true}'
+    unsubscribe = _optional_flag(raw.get("unsubscribe"), "unsubscribe", errors)
+    name = raw.get("list")
+    if name is not None and not list_name(name):
+        errors["list"] = LIST_NAME_RULE
+        name = None
+    return Wanted(opens, clicks, unsubscribe, name if isinstance(name, str) else None)
+
+
+def _optional_flag(value: object, name: str, errors: Errors) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    errors[name] = "must be true or false"
+    return None
+
+
+def with_engagement(request: BatchRequest, prefs: Preferences) -> BatchRequest:
+    """The request's message with its tracking and unsubscribe settled: what the request
+    asks, else the user's preferences; a ``list`` implies the unsubscribe header. Only
+    personal copies can carry them: a shared message asked for them is a 422, and one that
+    only inherits them from the preferences goes without.
+
+    Raises:
+        InvalidRequest: tracking or unsubscribe asked of a shared message.
+    """
+    wants, message = request.wants, request.message
+    if not message.bulk:
+        if wants.asks:
+            raise InvalidRequest(
+                {
+                    "shared": "tracking and unsubscribe need one copy per recipient (each "
+                    "carries the recipient's own links): not with shared: true"
+                }
+            )
+        if wants.list is None:
+            return request
+        # No unsubscribe link in a shared message, but its list's unsubscribes still apply.
+        return dataclasses.replace(
+            request, message=message.model_copy(update={"engagement": Engagement(list=wants.list)})
+        )
+    engagement = Engagement(
+        opens=prefs.track_opens if wants.opens is None else wants.opens,
+        clicks=prefs.track_clicks if wants.clicks is None else wants.clicks,
+        unsubscribe=(prefs.unsubscribe or wants.list is not None)
+        if wants.unsubscribe is None
+        else wants.unsubscribe,
+        list=wants.list,
+    )
+    if not engagement.any and engagement.list is None:
+        return request
+    return dataclasses.replace(
+        request, message=message.model_copy(update={"engagement": engagement})
+    )
+
+
+def _path_key(key: object) -> str:
+    """A user-supplied key as it may appear in an error path: printable, bounded."""
+    text = str(key)
+    if _PATH_KEY_RE.fullmatch(text):
+        return text
+    return json.dumps(text[:100])  # quoted, control characters and surrogates escaped
+
+
+def _text(value: object, path: str, errors: Errors, *, max_length: int) -> str | None:
+    """A header-bound string: type, length and injection checked; None after an error."""
+    if not isinstance(value, str):
+        errors[path] = "must be a string"
+        return None
+    if len(value) > max_length:
+        errors[path] = f"must be at most {max_length} characters"
+        return None
+    problem = text_problem(value)
+    if problem is not None:
+        errors[path] = problem.message
+        return None
+    return value
+
+
+def _subject(value: object, errors: Errors) -> str:
+    if value is None:
+        errors["subject"] = "is required"
+        return ""
+    subject = _text(value, "subject", errors, max_length=MAX_SUBJECT_LENGTH)
+    if subject is not None and not subject.strip():
+        errors["subject"] = "must not be empty"
+    return subject or ""
+
+
+def _content(html: object, text: object, errors: Errors) -> tuple[str | None, str | None]:
+    bodies = {"html": _body(html, "html", errors), "text": _body(text, "text", errors)}
+    if not any(b and b.strip() for b in bodies.values()) and not {"html", "text"} & errors.keys():
+        errors["html"] = errors["text"] = "at least one of html and text must be non-empty"
+    return bodies["html"] or None, bodies["text"] or None
+
+
+def _body(value: object, path: str, errors: Errors) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        errors[path] = "must be a string"
+        return None
+    if _BODY_FORBIDDEN_RE.search(value):
+        errors[path] = "must not contain NUL or lone surrogates"
+        return None
+    return value
+
+
+def _provider(value: object, configured: Sequence[str], errors: Errors) -> str | None:
+    """The provider a batch pins (by name or code, any case), if it is one configured here."""
+    if value is None:
+        return None
+    code = code_of(value) if isinstance(value, str) else None
+    if code is None or code not in configured:
+        names = ", ".join(CATALOG[c].name.lower() for c in configured if c in CATALOG)
+        errors["provider"] = f"must name a provider configured here: {names}"
+    return code
+
+
+def _priority(
+    value: object, recipients: int, threshold: int, errors: Errors
+) -> lanes.Priority | None:
+    """The batch's lane as stored: None for transactional, so a batch that is not bulk reads
+    the same as before lanes existed (``Message.encode`` leaves it out)."""
+    try:
+        chosen = lanes.lane(value, recipients, threshold)
+    except lanes.ScheduleError as exc:
+        errors["priority"] = str(exc)
+        return None
+    return None if chosen == "transactional" else chosen
+
+
+def _flag(value: object, name: str, errors: Errors) -> bool:
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    errors[name] = "must be true or false"
+    return False
+
+
+def one_copy_each(*, shared: bool, recipients: int, copies: bool) -> bool | None:
+    """Whether each recipient gets a message of their own (``Message.bulk``); None when the
+    request cannot be honoured as it stands.
+
+    One copy each is the default, so recipients never see one another unless the sender asks
+    with ``shared: true`` (``bulk: false`` no longer means shared: it showed every address to
+    every recipient). cc and bcc go with one shared message: with a single recipient that is
+    the same thing; with several, the sender must say ``shared``.
+    """
+    if shared:
+        return False
+    if copies:
+        return None if recipients > 1 else False
+    return True
+
+
+def _address(value: object, path: str, errors: Errors) -> Address | None:
+    """One address in either form; any problem is a field error."""
+    if isinstance(value, str):
+        try:
+            return parse_address(value, ascii_only=True)
+        except AddressError as exc:
+            errors[path] = exc.reason
+            return None
+    if isinstance(value, dict):
+        return _address_object(value, path, errors)
+    errors[path] = _ADDRESS_FORMS
+    return None
+
+
+def _address_field(
+    value: object, path: str, errors: Errors, *, required: bool = False
+) -> Address | None:
+    if value is None:
+        if required:
+            errors[path] = "is required"
+        return None
+    return _address(value, path, errors)
+
+
+def _address_object(value: dict[Any, Any], path: str, errors: Errors) -> Address | None:
+    _unknown_keys(value, _ADDRESS_KEYS, path, errors)
+    name = _name(value.get("name"), f"{path}.name", errors)
+    email = value.get("email")
+    if not isinstance(email, str):
+        errors[f"{path}.email"] = "is required" if email is None else "must be a string"
+        return None
+    try:
+        email = normalize_email(email.strip(" \t"), ascii_only=True)
+    except AddressError as exc:
+        errors[f"{path}.email"] = exc.reason
+        return None
+    return Address(email=email, name=name)
+
+
+def _unknown_keys(
+    value: Mapping[Any, Any], known: frozenset[str], path: str, errors: Errors
+) -> None:
+    for key in value:
+        if key not in known:
+            errors[f"{path}.{_path_key(key)}"] = "unknown field"
+
+
+def _name(value: object, path: str, errors: Errors) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        errors[path] = "must be a string"
+        return None
+    try:
+        return display_name(value)
+    except AddressError as exc:
+        errors[path] = exc.reason
+        return None
+
+
+def _address_items(value: object, path: str, errors: Errors) -> list[object] | None:
+    """The items of an address list given as a list or a comma-separated string."""
+    if isinstance(value, str):
+        return list(split_address_list(value))
+    if isinstance(value, list):
+        return value
+    errors[path] = "must be a list of addresses or a comma-separated string"
+    return None
+
+
+def _copies(
+    value: object, path: str, errors: Errors, taken: Mapping[str, object]
+) -> dict[str, Address]:
+    """``cc`` or ``bcc``: every item must be valid and not listed anywhere before."""
+    found: dict[str, Address] = {}
+    items = [] if value is None else _address_items(value, path, errors)
+    if items is None:
+        return found
+    if len(items) > MAX_COPY_ADDRESSES:
+        errors[path] = f"must list at most {MAX_COPY_ADDRESSES} addresses"
+        return found
+    for index, item in enumerate(items):
+        item_path = f"{path}[{index}]"
+        address = _address(item, item_path, errors)
+        if address is None:
+            continue
+        key = address_key(address.email)
+        if key in taken or key in found:
+            errors[item_path] = "is listed more than once across to, cc and bcc"
+        else:
+            found[key] = address
+    return found
+
+
+def _headers(value: object, errors: Errors) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    if value is None:
+        return headers
+    if not isinstance(value, dict):
+        errors["headers"] = "must be an object of header names to string values"
+        return headers
+    if len(value) > MAX_HEADERS:
+        errors["headers"] = f"must hold at most {MAX_HEADERS} headers"
+        return headers
+    seen: set[str] = set()
+    for name, header_value in value.items():
+        path = f"headers.{_path_key(name)}"
+        problem = _header_name_problem(name, seen)
+        if problem is not None:
+            errors[path] = problem
+            continue
+        seen.add(str(name).lower())
+        checked = _text(header_value, path, errors, max_length=MAX_HEADER_VALUE_LENGTH)
+        if checked is not None:
+            headers[name] = checked
+    return headers
+
+
+#: Why a header a request may not set is refused (``shared.core.models``' reserved headers).
+HEADER_RESERVED: Final = "is reserved: set it through the request's own field, or not at all"
+
+
+def _header_name_problem(name: object, seen: set[str]) -> str | None:
+    if (
+        not isinstance(name, str)
+        or len(name) > MAX_HEADER_NAME_LENGTH
+        or not _HEADER_NAME_RE.fullmatch(name)
+    ):
+        return (
+            f"is not a header field name (1 to {MAX_HEADER_NAME_LENGTH} printable ASCII "
+            "characters, no space or colon)"
+        )
+    if is_request_reserved_header(name):
+        return HEADER_RESERVED
+    if name.lower() in seen:
+        return "is given twice (header names are case-insensitive)"
+    return None
+
+
+def _categories(value: object, errors: Errors) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        errors["categories"] = "must be a list of strings"
+        return ()
+    if len(value) > MAX_CATEGORIES:
+        errors["categories"] = f"must hold at most {MAX_CATEGORIES} categories"
+        return ()
+    found: list[str] = []
+    for index, item in enumerate(value):
+        path = f"categories[{index}]"
+        category = _text(item, path, errors, max_length=MAX_CATEGORY_LENGTH)
+        if category is None:
+            continue
+        if not category.strip():
+            errors[path] = "must not be empty"
+        elif category in found:
+            errors[path] = "is listed twice"
+        else:
+            found.append(category)
+    return tuple(found)
+
+
+def _metadata(value: object, errors: Errors) -> dict[str, str]:
+    metadata: dict[str, str] = {}
+    if value is None:
+        return metadata
+    if not isinstance(value, dict):
+        errors["metadata"] = "must be an object of string keys to string values"
+        return metadata
+    for key, item in value.items():
+        path = f"metadata.{_path_key(key)}"
+        if not isinstance(key, str) or not _METADATA_KEY_RE.fullmatch(key):
+            errors[path] = "key must be 1 to 64 of A-Z, a-z, 0-9, '_' and '-'"
+            continue
+        checked = _text(item, path, errors, max_length=MAX_METADATA_BYTES)
+        if checked is not None:
+            metadata[key] = checked
+    if len(orjson.dumps(metadata)) > MAX_METADATA_BYTES:
+        errors["metadata"] = f"must be at most {MAX_METADATA_BYTES} bytes as JSON"
+    return metadata
+
+
+def _address_text(*addresses: Address | None) -> tuple[str, ...]:
+    """The text of the addresses a provider may substitute into (display names and addresses)."""
+    return tuple(t for a in addresses if a is not None for t in (a.email, a.name) if t)
+
+
+# In a display name or an address, these would end the name, open another address or quote.
+_ADDRESS_PUNCTUATION_RE: Final = re.compile(r'["\\<>,;:@()\[\]]')
+
+
+def _substitution_key_problem(key: str) -> str | None:
+    if not key or len(key) > MAX_SUBSTITUTION_KEY_LENGTH:
+        return f"key must be 1 to {MAX_SUBSTITUTION_KEY_LENGTH} characters"
+    problem = text_problem(key)
+    return None if problem is None else f"key {problem.message}"
+
+
+class _RecipientScan:
+    """Parses ``to`` into distinct recipients, rejected entries and field errors."""
+
+    def __init__(
+        self, cap: int, header_text: Iterable[str], address_text: Iterable[str], errors: Errors
+    ) -> None:
+        self.cap = cap
+        self.header_text = tuple(header_text)
+        self.address_text = tuple(address_text)
+        self.errors = errors
+        self.seen: dict[str, str] = {}  # lowercased address -> its path
+        self.recipients: list[tuple[str, RecipientInput]] = []
+        self.rejected: dict[str, tuple[str, Rejected]] = {}  # lowercased raw -> path, entry
+        self.too_many = False
+        self._in_headers: set[str] = set()  # keys found in header_text
+        self._in_addresses: set[str] = set()  # keys found in address_text
+        # Recipients tend to share their substitution keys: check each distinct key once.
+        self._key_problems: dict[str, str | None] = {}
+
+    def scan(self, value: object) -> None:
+        if value is None:
+            self.errors["to"] = "is required"
+            return
+        items = _address_items(value, "to", self.errors)
+        if items is None:
+            return
+        if len(items) > 2 * self.cap + 100:
+            self.too_many = True
+            return
+        self._find_keys(items)
+        for index, item in enumerate(items):
+            recipient = self._entry(item, f"to[{index}]")
+            if recipient is not None and self._add(f"to[{index}]", recipient):
+                self.too_many = True
+                return
+
+    def _find_keys(self, items: Sequence[object]) -> None:
+        """Which substitution keys of the entries occur in the header and address text: one
+        scan of that text for all of them (a search of it per key was keys x text: 100,000
+        keys over 50 KB of headers took 8 s). Keys too long to be valid are left out."""
+        keys = {
+            key: ""
+            for item in items
+            if isinstance(item, dict)
+            and isinstance(given := item.get("substitutions"), dict)
+            and len(given) <= MAX_SUBSTITUTIONS  # refused unread
+            for key in given
+            if isinstance(key, str) and len(key) <= MAX_SUBSTITUTION_KEY_LENGTH
+        }
+        if keys:
+            finder = Substitution(keys)
+            self._in_headers = finder.occurring(self.header_text)
+            self._in_addresses = finder.occurring(self.address_text)
+
+    def _add(self, path: str, recipient: RecipientInput) -> bool:
+        """Keep a first occurrence; True when that goes over the cap."""
+        key = address_key(recipient.email)
+        if key not in self.seen:
+            self.seen[key] = path
+            self.recipients.append((path, recipient))
+        return len(self.recipients) > self.cap
+
+    def _entry(self, item: object, path: str) -> RecipientInput | None:
+        if isinstance(item, str):
+            try:
+                address = parse_address(item, ascii_only=True)
+            except AddressError as exc:
+                self._reject(item, path, exc)
+                return None
+            return RecipientInput(email=address.email, name=address.name)
+        if isinstance(item, dict):
+            return self._object(item, path)
+        self.errors[path] = _RECIPIENT_FORMS
+        return None
+
+    def _reject(self, raw: str, path: str, exc: AddressError) -> None:
+        if exc.injection:
+            self.errors[path] = exc.reason
+        else:
+            rejected = Rejected(email=raw[:MAX_REJECTED_LENGTH], reason=exc.reason)
+            self.rejected.setdefault(address_key(raw), (path, rejected))
+
+    def _object(self, item: dict[Any, Any], path: str) -> RecipientInput | None:
+        failures = len(self.errors)
+        _unknown_keys(item, _RECIPIENT_KEYS, path, self.errors)
+        name = _name(item.get("name"), f"{path}.name", self.errors)
+        substitutions = self._substitutions(item.get("substitutions"), f"{path}.substitutions")
+        email = item.get("email")
+        if not isinstance(email, str):
+            self.errors[f"{path}.email"] = "is required" if email is None else "must be a string"
+            return None
+        try:
+            email = normalize_email(email.strip(" \t"), ascii_only=True)
+        except AddressError as exc:
+            self._reject(email, f"{path}.email", exc)
+            return None
+        if len(self.errors) > failures:
+            return None
+        return RecipientInput(email=email, name=name, substitutions=substitutions)
+
+    def _substitutions(self, value: object, path: str) -> dict[str, str]:
+        found: dict[str, str] = {}
+        if value is None:
+            return found
+        if not isinstance(value, dict):
+            self.errors[path] = "must be an object of string keys to string values"
+            return found
+        if len(value) > MAX_SUBSTITUTIONS:
+            self.errors[path] = f"must hold at most {MAX_SUBSTITUTIONS} keys"
+            return found
+        for key, text in value.items():
+            problem = self._substitution_problem(key, text)
+            if problem is not None:
+                self.errors[f"{path}.{_path_key(key)}"] = problem
+            else:
+                found[key] = text
+        if len(orjson.dumps(found)) > MAX_SUBSTITUTIONS_BYTES:
+            self.errors[path] = f"must be at most {MAX_SUBSTITUTIONS_BYTES} bytes as JSON"
+        return found
+
+    def _substitution_problem(self, key: str, text: object) -> str | None:
+        if key not in self._key_problems:
+            self._key_problems[key] = _substitution_key_problem(key)
+        key_problem = self._key_problems[key]
+        if key_problem is not None:
+            return key_problem
+        if not isinstance(text, str):
+            return "must be a string"
+        if key in self._in_addresses:
+            problem = text_problem(text)
+            if problem is not None:
+                return f"{problem.message} (the key is used in from or reply_to)"
+            if _ADDRESS_PUNCTUATION_RE.search(text):
+                return (
+                    'must not contain quotes or address punctuation ( " \\ < > , ; : @ ( ) [ ] ) '
+                    "(the key is used in from or reply_to)"
+                )
+            return None
+        if key in self._in_headers:
+            problem = text_problem(text)
+            return None if problem is None else f"{problem.message} (the key is used in a header)"
+        if _BODY_FORBIDDEN_RE.search(text):
+            return "must not contain NUL or lone surrogates"
+        return None
+
+    def finish(self, message: Message) -> BatchRequest:
+        """Build the request; raise ``no_recipients`` if every entry was rejected."""
+        rejected = tuple(entry for _, entry in self.rejected.values())
+        if not self.recipients:
+            summary = no_recipients_summary(len(rejected), 0)
+            detail = {path: f"is rejected: {e.reason}" for path, e in self.rejected.values()}
+            raise InvalidRequest({"to": summary, **detail}, code=NO_RECIPIENTS, message=summary)
+        return BatchRequest(
+            message=message,
+            recipients=tuple(r for _, r in self.recipients),
+            rejected=rejected,
+        )
+
+
+def drop_suppressed(request: BatchRequest, listed: Mapping[str, str]) -> BatchRequest:
+    """``request`` without the recipients, cc and bcc addresses on the sender's suppression
+    list (``listed``: address key -> reason); they are reported in ``suppressed``, and with
+    their reasons in ``skipped``. The one rule for every interface that accepts a batch: a
+    suppressed address is not mailed whichever field names it (and an address inside the
+    cooldown is dropped by the same rule, with the reason ``cooldown``).
+
+    Raises:
+        InvalidRequest: ``no_recipients`` when no recipient is left.
+    """
+    if not listed:
+        return request
+    keep = tuple(r for r in request.recipients if address_key(r.email) not in listed)
+    dropped = tuple(r.email for r in request.recipients if address_key(r.email) in listed)
+    if not keep:
+        summary = no_recipients_summary(len(request.rejected), len(dropped))
+        detail = {
+            f"to.{email}": f"{email} is suppressed: {listed[address_key(email)]}"
+            for email in dropped
+        }
+        raise InvalidRequest({"to": summary, **detail}, code=NO_RECIPIENTS, message=summary)
+    message = request.message
+    copies = (*message.cc, *message.bcc)
+    dropped += tuple(a.email for a in copies if address_key(a.email) in listed)
+    message = message.model_copy(
+        update={
+            "cc": tuple(a for a in message.cc if address_key(a.email) not in listed),
+            "bcc": tuple(a for a in message.bcc if address_key(a.email) not in listed),
+        }
+    )
+    skipped = tuple(Rejected(email, listed[address_key(email)]) for email in dropped)
+    return dataclasses.replace(
+        request,
+        message=message,
+        recipients=keep,
+        suppressed=(*request.suppressed, *dropped),
+        skipped=(*request.skipped, *skipped),
+    )
+
+
+def addresses_of(request: BatchRequest) -> list[str]:
+    """Every address the batch would mail: its recipients, then cc and bcc."""
+    message = request.message
+    return [
+        *(r.email for r in request.recipients),
+        *(a.email for a in (*message.cc, *message.bcc)),
+    ]
+
+
+def no_recipients_summary(rejected: int, suppressed: int) -> str:
+    return f"no deliverable recipient: {rejected} rejected, {suppressed} suppressed"

@@ -1,0 +1,2 @@
+"""What operators run and watch: checks, reconciliation, upgrades, dead letters, alerts and live
+settings."""

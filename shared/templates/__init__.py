@@ -1,0 +1,2 @@
+"""Stored templates, their versions and canaries, and rendering them safely in a pool of worker
+processes."""
