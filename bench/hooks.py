@@ -28,7 +28,7 @@ from cassandra.query import BoundStatement
 from cassandra.util import uuid_from_time
 
 from bench.child import emit, hold, progress, run, wait_for_go
-from services.sandbox import signing
+from sandbox import signing
 from shared.core.models import Address, Message, Recipient
 from shared.delivery.batchstore import BatchStore, NewBatch
 from shared.delivery.recipients import log_id_for

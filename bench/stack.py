@@ -25,7 +25,7 @@ from bench import procfs
 from bench.cqlops import OpsProbe, Snapshot
 from bench.sampler import ProcessSampler
 from bench.services import SERVICES, ServiceProcesses, free_port
-from services.sandbox import signing
+from sandbox import signing
 from shared.accounts import accounts
 from shared.accounts.domains import DomainStore
 from shared.infra.broker import Broker, connect_nodes

@@ -2,7 +2,7 @@
 accepted, compared recipient by recipient (pure).
 
 Every recipient address of a run is unique, and its local part chooses its fate in the
-sandbox (``services.sandbox.events``): ``bounce…`` bounces at either provider, ``sgdrop…``
+sandbox (``sandbox.events``): ``bounce…`` bounces at either provider, ``sgdrop…``
 is dropped by SendGrid and delivered by Mailgun, anything else is delivered. From the
 sandbox's record of accepted requests per address it follows how many deliveries each
 recipient got; from the stored rows, what our readers show.

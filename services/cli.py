@@ -49,8 +49,14 @@ def _create(command: str, settings: Settings) -> Any:
         from services.hooks.main import create_app as hooks
 
         return hooks(settings)
-    from services.sandbox.app import create_app as sandbox
-
+    try:
+        # A development tool, kept out of the wheel: only a source checkout has it.
+        from sandbox.app import create_app as sandbox
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            "the sandbox (stand-ins for SendGrid, Mailgun and GitHub) is a development tool: "
+            "run it from a source checkout"
+        ) from exc
     return sandbox(settings.sandbox)
 
 

@@ -29,7 +29,7 @@ from shared.infra.db import Database
 from shared.infra.migrations import migrate
 from shared.infra.resources import declare_topology
 
-#: GitHub id of the sandbox's default user (services/sandbox/oauth.py).
+#: GitHub id of the sandbox's default user (sandbox/oauth.py).
 DEMO_GITHUB_ID = 1_000_001
 #: The demo user's sending domain, verified at start-up (the README's examples send from it).
 DEMO_DOMAIN = "example.com"

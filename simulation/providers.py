@@ -8,7 +8,7 @@ accepted nothing, or accept the mail and then answer 504, reset the connection o
 answer (a read timeout), or be the caller's last act. Whatever the caller hears, the ledger
 holds the truth: what the provider accepted, for which request of which client.
 
-Webhook events are built by the sandbox's own builders (``services.sandbox.events``) from the
+Webhook events are built by the sandbox's own builders (``sandbox.events``) from the
 request the real adapter builds (``build_payload`` / ``build_form``), so they are in the
 providers' real wire formats, carry our correlation data exactly as the real ones do, and
 depend on each recipient's address as the sandbox's do (``bounce…@``, ``sgdrop…@`` ...).
@@ -29,8 +29,8 @@ from typing import Any
 import httpx
 import orjson
 
-from services.sandbox.events import Outcome, mailgun_events, outcome_for, sendgrid_events
-from services.sandbox.mailgun import parse_message
+from sandbox.events import Outcome, mailgun_events, outcome_for, sendgrid_events
+from sandbox.mailgun import parse_message
 from shared.core.errors import ProviderError
 from shared.core.models import Chunk
 from shared.providers.base import Gate as RateGate

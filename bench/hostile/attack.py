@@ -20,7 +20,7 @@ import httpx
 
 from bench.hostile import payloads
 from bench.hostile.cases import OPEN_WORD
-from services.sandbox import signing
+from sandbox import signing
 from shared.core.keyring import KeyRing
 from shared.engagement.engagement_tokens import Claim, sign
 

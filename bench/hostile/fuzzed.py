@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from bench.hostile.attack import Attack, Target
-from services.sandbox import signing
+from sandbox import signing
 from shared.infra.config import Settings
 from tests.fuzz import handmade
 from tests.fuzz.run import tracking_calls, webhook_bodies

@@ -99,7 +99,7 @@ class Caller:
                     chunk = await d.cpu.run(_chunk, *build)
                 else:
                     chunk = _chunk(*build)
-                await d.hooks("before_call", job)
+                await d.fault_points("before_call", job)
                 held = (
                     await d.campaigns.check(header.user_id, header.message, job.provider)
                     if d.campaigns is not None
@@ -112,7 +112,7 @@ class Caller:
             if d.work is not None:
                 d.work.give(taken)
         delivery.scratch["answer"] = answer
-        await d.hooks("answered", job)
+        await d.fault_points("answered", job)
         return await self.record(job, delivery)
 
     async def _pending(self, job: protocol.Job) -> list[Row]:
@@ -157,7 +157,7 @@ class Caller:
         held = await d.capacity.admit(domain, count, d.now())
         if held is not None:
             return Answer(error=CapacityHeld(job.provider, held.reason, retry_after=held.wait))
-        await d.hooks("admitted", job)  # dying here leaves the recipients counted, not sent
+        await d.fault_points("admitted", job)  # dying here leaves the recipients counted, not sent
         answer = await self._call(job, chunk, pinned=chunk.message.provider is not None)
         if answer.error is not None and not answer.unknown:
             await d.capacity.release(domain, count, d.now())  # not sent: not counted
@@ -179,7 +179,7 @@ class Caller:
             return Answer(error=error)
         started = time.monotonic()
         task = asyncio.ensure_future(provider.send(chunk, gate))
-        await self.d.hooks("during_call", job)  # a process dying here leaves it in flight
+        await self.d.fault_points("during_call", job)  # a process dying here leaves it in flight
         try:
             receipt = await task
         except ProviderSkipped as skipped:
@@ -232,7 +232,7 @@ class Caller:
             )
         )
         if stored:
-            await self.d.hooks("recorded", job)
+            await self.d.fault_points("recorded", job)
             return await self._settled(job, replace(current, **values), answer, values)
         return await self._late(job, delivery, answer)
 

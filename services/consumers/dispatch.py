@@ -9,8 +9,8 @@ read again at SERIAL consistency and the protocol asked again. A delivery is ack
 everything its steps decided is durable: the outcome and decision on the attempt, the
 recipients' rows, and the follow-up job confirmed by the broker.
 
-``hooks`` is awaited at every point where a process can die on the send path (tests inject
-crashes and interleavings there; in production it does nothing).
+``fault_points`` is awaited at every point where a process can die on the send path (tests
+inject crashes and interleavings there; in production it does nothing).
 """
 
 from __future__ import annotations
@@ -56,12 +56,13 @@ log = logging.getLogger(__name__)
 #: step either settles the delivery or loses a race that someone else won).
 MAX_STEPS = 12
 
-#: ``await hooks(point, job)`` at every point where a process could die on the send path.
-Hooks = Callable[[str, protocol.Job], Awaitable[None]]
+#: ``await fault_points(point, job)`` at every point where a process could die on the send
+#: path: tests inject crashes and interleavings there.
+FaultPoints = Callable[[str, protocol.Job], Awaitable[None]]
 
 
-async def no_hooks(point: str, job: protocol.Job) -> None:
-    """Production hooks: nothing."""
+async def no_faults(point: str, job: protocol.Job) -> None:
+    """Production: no fault is injected anywhere."""
 
 
 def decode(message: aio_pika.abc.AbstractIncomingMessage) -> tuple[protocol.Job, str | None]:
@@ -112,7 +113,7 @@ class Dispatcher:
     recipients: RecipientStore
     suppressions: SuppressionStore
     """Looked up again before every provider call (``services.consumers.screening``)."""
-    hooks: Hooks = no_hooks
+    fault_points: FaultPoints = no_faults
     deferred_deadline: int = 4 * 3600
     paused: frozenset[str] = frozenset()
     """Providers an operator paused (live settings): their jobs go to the next provider."""
@@ -184,7 +185,7 @@ class Dispatcher:
         serial = delivery.retries > 0
         for _ in range(MAX_STEPS):
             line = await self.attempts.line(job.batch_id, job.line, serial=serial)
-            await self.hooks("read", job)
+            await self.fault_points("read", job)
             step = protocol.next_step(
                 job,
                 line,
@@ -219,7 +220,7 @@ class Dispatcher:
             )
             if not claimed:
                 return False  # someone else's: read it back at SERIAL
-            await self.hooks("calling", job)
+            await self.fault_points("calling", job)
             return await self.caller.call(job, delivery)
         if isinstance(step, protocol.StartCall):
             started = await self.attempts.transition(
@@ -231,7 +232,7 @@ class Dispatcher:
             )
             if not started:
                 return False
-            await self.hooks("calling", job)
+            await self.fault_points("calling", job)
             return await self.caller.call(job, delivery)
         if isinstance(step, protocol.Call):
             return await self.caller.call(job, delivery)
@@ -268,7 +269,7 @@ class Dispatcher:
         if not expired:
             return False
         self.metrics.ambiguous.labels(job.provider).inc()
-        await self.hooks("expired", job)
+        await self.fault_points("expired", job)
         await self.follow.check(job, checks, self.settings.resolve_interval)
         return True
 

@@ -120,7 +120,7 @@ class FollowUps:
                 when=attempt.calling_at or attempt.created_at,
                 message_id=attempt.message_id,
             )
-            await self.d.hooks("effects", job)
+            await self.d.fault_points("effects", job)
             return
         if attempt.decision == "done":
             return  # resolved as accepted: the evidence wrote the rows
@@ -132,7 +132,7 @@ class FollowUps:
                 result=_result(attempt),
                 when=attempt.finished_at or attempt.created_at,
             )
-        await self.d.hooks("effects", job)
+        await self.d.fault_points("effects", job)
         if attempt.decision == "retry":
             await self._publish_next(job, attempt)
         elif attempt.decision == "give_up":
@@ -145,7 +145,7 @@ class FollowUps:
                 when=attempt.finished_at or attempt.created_at,
             )
             self.d.metrics.recipients_failed.inc(len(chosen.log_ids))
-        await self.d.hooks("followed", job)
+        await self.d.fault_points("followed", job)
 
     async def tell(self, batch_id: uuid.UUID, events: Callable[[], list[HookEvent]]) -> None:
         """Queue ``events()`` for the batch's user's webhooks (persisted before returning;

@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 
 from services.consumers.campaign_hold import CampaignHold
 from services.consumers.canary_judge import CanaryJudge
-from services.consumers.dispatch import Dispatcher, Hooks, no_hooks
+from services.consumers.dispatch import Dispatcher, FaultPoints, no_faults
 from services.consumers.domain_checks import DomainChecker
 from services.consumers.live import ConsumerSettings, LiveMetrics
 from services.consumers.provider_rates import ProviderLimiter
@@ -76,7 +76,7 @@ def build_dispatcher(
     res: Resources,
     metrics: DispatchMetrics | None = None,
     *,
-    hooks: Hooks = no_hooks,
+    fault_points: FaultPoints = no_faults,
 ) -> Dispatcher:
     """The provider senders' dispatcher, with its own provider adapters (close them)."""
     stats = tell_rollups(StatsStore(res.db, settings.stats.buckets), res.broker)
@@ -89,7 +89,7 @@ def build_dispatcher(
         metrics=metrics or DispatchMetrics.create(new_registry()),
         recipients=RecipientStore(res.db, stats, res.cpu),
         suppressions=SuppressionStore(res.db),
-        hooks=hooks,
+        fault_points=fault_points,
         deferred_deadline=settings.webhooks.deferred_deadline,
         limiter=ProviderLimiter(res.db, settings.amqp.exchange),
         capacity=CapacityGate(DomainVolumes(res.db)),
@@ -116,7 +116,7 @@ async def start_consumers(
     inflight: InFlight,
     metrics: DispatchMetrics | None = None,
     *,
-    hooks: Hooks = no_hooks,
+    fault_points: FaultPoints = no_faults,
     dead_metrics: DeadLetterMetrics | None = None,
     live_metrics: LiveMetrics | None = None,
     alerter: Alerter | None = None,
@@ -125,7 +125,7 @@ async def start_consumers(
     provider in the chain and the dead-letter archiver (run ``watcher.run()`` to keep the
     settings current)."""
     await res.broker.declare()
-    dispatcher = build_dispatcher(settings, res, metrics, hooks=hooks)
+    dispatcher = build_dispatcher(settings, res, metrics, fault_points=fault_points)
     providers = dispatcher.providers
     splitter = Splitter(res.broker, dispatcher.batches, settings.providers.chain_codes[0])
     handler = settling(dispatcher.process, inflight)
@@ -316,7 +316,7 @@ async def _probe_query_apis(providers: Mapping[str, Provider], settings: Setting
             )
 
 
-def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
+def create_app(settings: Settings, *, fault_points: FaultPoints = no_faults) -> Starlette:
     registry = new_registry()
     metrics = DispatchMetrics.create(registry)
     dead_metrics = DeadLetterMetrics.create(registry)
@@ -360,7 +360,7 @@ def create_app(settings: Settings, *, hooks: Hooks = no_hooks) -> Starlette:
                 res,
                 inflight,
                 metrics,
-                hooks=hooks,
+                fault_points=fault_points,
                 dead_metrics=dead_metrics,
                 live_metrics=live_metrics,
                 alerter=alerter,

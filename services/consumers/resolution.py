@@ -57,7 +57,7 @@ class Resolver:
         verdict = protocol.resolve(
             frozenset(by_email), age=age, lookup=lookup, settings=self.settings
         )
-        await d.hooks("looked", job)
+        await d.fault_points("looked", job)
         if isinstance(verdict, protocol.Wait):
             return await self._wait(job, current, verdict.delay)
         if verdict.accepted:
@@ -88,7 +88,7 @@ class Resolver:
         if not resolved:
             return False
         d.metrics.resolutions.labels(current.provider, values["resolution"]).inc()
-        await d.hooks("resolved", job)
+        await d.fault_points("resolved", job)
         await d.follow.carry_out(job, replace(current, **values))
         return True
 

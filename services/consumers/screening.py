@@ -136,7 +136,7 @@ class Screen:
             engagement.list if engagement is not None else None,
             per_query=SEND_LOOKUP,
         )
-        await d.hooks("screened", job)
+        await d.fault_points("screened", job)
         if not listed:
             return rows, message
         out = screen(rows, message, listed)
@@ -149,7 +149,7 @@ class Screen:
                 job.batch_id, header.user_id, job.chunk, out.dropped, when=at
             )
             d.metrics.recipients_suppressed.inc(len(out.dropped))
-            await d.hooks("dropped", job)
+            await d.fault_points("dropped", job)
         if out.copies:
             log.info(
                 "%s/%s attempt %d: %d suppressed cc/bcc address(es) left out",

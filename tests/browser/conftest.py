@@ -31,12 +31,12 @@ from playwright.async_api import BrowserContext, Page, Route, async_playwright, 
 from pydantic import SecretStr
 from starlette.applications import Starlette
 
+from sandbox import signing
+from sandbox.app import create_app as create_sandbox
+from sandbox.oauth import find_user
 from services.api.app import create_app as create_api
 from services.api.dashboard import dashboard_routes
 from services.consumers.main import create_app as create_consumers
-from services.sandbox import signing
-from services.sandbox.app import create_app as create_sandbox
-from services.sandbox.oauth import find_user
 from services.webhooks.app import create_app as create_webhooks
 from shared.infra.config import (
     CassandraSettings,

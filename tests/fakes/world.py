@@ -147,7 +147,7 @@ class Clock:
         self.now += timedelta(seconds=seconds)
 
 
-Hook = Callable[[str, protocol.Job], Awaitable[None]]
+Fault = Callable[[str, protocol.Job], Awaitable[None]]
 
 
 class World:
@@ -184,7 +184,7 @@ class World:
             "mg": ScriptedProvider("mg", "Mailgun"),
         }
         self.metrics = DispatchMetrics.create(CollectorRegistry())
-        self.hooks: dict[str, Hook] = {}
+        self.fault_points: dict[str, Fault] = {}
         self.dispatcher = Dispatcher(
             broker=self.broker,  # type: ignore[arg-type]
             batches=self.batches,  # type: ignore[arg-type]
@@ -194,7 +194,7 @@ class World:
             metrics=self.metrics,
             recipients=self.recipients,  # type: ignore[arg-type]
             suppressions=self.suppressions,  # type: ignore[arg-type]
-            hooks=self._hook,
+            fault_points=self._fault,
             deferred_deadline=3600,
             now=self.clock,
         )
@@ -221,10 +221,10 @@ class World:
             IntakeMetrics.create(CollectorRegistry()),
         )
 
-    async def _hook(self, point: str, job: protocol.Job) -> None:
-        hook = self.hooks.get(point)
-        if hook is not None:
-            await hook(point, job)
+    async def _fault(self, point: str, job: protocol.Job) -> None:
+        fault = self.fault_points.get(point)
+        if fault is not None:
+            await fault(point, job)
 
     async def accept(
         self, *emails: str, chunk_size: int = 10, priority: Priority | None = None

@@ -30,11 +30,11 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sandbox.app import create_app as create_sandbox
 from services.api.app import create_app as create_api
 from services.api.loginstate import PendingLogin, encode
 from services.api.openapi import OPERATIONS
 from services.api.session_store import LOGIN_COOKIE, SESSION_COOKIE, SessionStore, new_token
-from services.sandbox.app import create_app as create_sandbox
 from shared.accounts import accounts
 from shared.infra.config import SandboxSettings, Settings
 from shared.infra.db import Database

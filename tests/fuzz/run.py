@@ -37,9 +37,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
+from sandbox import signing
+from sandbox.app import create_app as create_sandbox
 from services.api.app import create_app as create_api
-from services.sandbox import signing
-from services.sandbox.app import create_app as create_sandbox
 from services.webhooks.app import create_app as create_webhooks
 from services.webhooks.tracking import create_app as create_tracking
 from shared.core.keyring import KeyRing, ring_from

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 
+from sandbox.app import create_app as create_sandbox
 from services.api.app import create_app as create_api
 from services.hooks.main import create_app as create_hooks
-from services.sandbox.app import create_app as create_sandbox
 from shared.accounts import accounts
 from shared.infra.config import HooksSettings, SandboxSettings, Settings
 from shared.infra.db import Database

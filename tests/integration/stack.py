@@ -2,7 +2,7 @@
 consumers started (and killed) by the test, all on the test's private broker namespace.
 
 Fault tests use :class:`Stack` to submit batches, inject provider faults, run a consumer
-delivery that "dies" at a chosen point (``Crash`` raised from the send path's hooks, then
+delivery that "dies" at a chosen point (``Crash`` raised from the send path's fault points, then
 the connection dropped without an ack), and read back what every recipient ended as and how
 often each provider accepted it.
 """
@@ -22,14 +22,14 @@ import orjson
 from pydantic import SecretStr
 from starlette.applications import Starlette
 
+from sandbox import signing
+from sandbox.app import create_app as create_sandbox
 from services.api.app import create_app as create_api
 from services.consumers import protocol
-from services.consumers.dispatch import Hooks, no_hooks
+from services.consumers.dispatch import FaultPoints, no_faults
 from services.consumers.main import build_dispatcher
 from services.consumers.main import create_app as create_consumers
 from services.consumers.splitter import Splitter
-from services.sandbox import signing
-from services.sandbox.app import create_app as create_sandbox
 from services.webhooks.app import create_app as create_webhooks
 from shared.accounts import accounts
 from shared.core.models import BatchJob, ChunkJob
@@ -58,16 +58,16 @@ class Crash(BaseException):
     """The process dies here: nothing after it runs, and its delivery is never acked."""
 
 
-def crash_at(point: str, *, times: int = 1) -> Hooks:
-    """Hooks that crash the first ``times`` deliveries reaching ``point``."""
+def crash_at(point: str, *, times: int = 1) -> FaultPoints:
+    """Fault points that crash the first ``times`` deliveries reaching ``point``."""
     left = [times]
 
-    async def hooks(reached: str, job: protocol.Job) -> None:
+    async def crash(reached: str, job: protocol.Job) -> None:
         if reached == point and left[0] > 0:
             left[0] -= 1
             raise Crash(point)
 
-    return hooks
+    return crash
 
 
 def fast_settings(base: Settings, **providers: Any) -> Settings:
@@ -162,28 +162,30 @@ class Stack:
         return {p: data[p]["by_recipient"].get(email.lower(), 0) for p in data}
 
     @contextlib.asynccontextmanager
-    async def consuming(self, hooks: Hooks = no_hooks) -> AsyncIterator[Starlette]:
+    async def consuming(self, fault_points: FaultPoints = no_faults) -> AsyncIterator[Starlette]:
         """Consumers running for the block (a real process would be the same)."""
-        app = create_consumers(self.settings, hooks=hooks)
+        app = create_consumers(self.settings, fault_points=fault_points)
         async with running(app):
             yield app
 
     async def doomed(
         self,
         queue: str,
-        hooks: Hooks,
+        fault_points: FaultPoints,
         *,
         timeout: float = 20,
         capacity: CapacityRules | None = None,
     ) -> str:
-        """One consumer delivery of the next job on ``queue`` that dies where ``hooks`` crash;
-        its connection is then dropped without an ack, so RabbitMQ redelivers the job.
+        """One consumer delivery of the next job on ``queue`` that dies where ``fault_points``
+        crash; its connection is then dropped without an ack, so RabbitMQ redelivers the job.
         Returns the point it died at (or ``survived``)."""
         broker = Broker(
             self.settings.amqp.url.get_secret_value(), topology_for(self.settings), name="doomed"
         )
         await broker.connect()
-        dispatcher = build_dispatcher(self.settings, Resources(self.db, broker), hooks=hooks)
+        dispatcher = build_dispatcher(
+            self.settings, Resources(self.db, broker), fault_points=fault_points
+        )
         if capacity is not None:
             dispatcher.capacity.apply(capacity)
         try:

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
+from sandbox.app import create_app as create_sandbox
 from services.api.app import create_app
-from services.sandbox.app import create_app as create_sandbox
 from shared.accounts import accounts
 from shared.infra.config import GitHubSettings, SandboxSettings, Settings
 from shared.infra.db import Database

@@ -21,6 +21,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 
+from sandbox.app import create_app as create_sandbox
 from services.api import loginstate
 from services.api.app import create_app
 from services.api.session_store import (
@@ -31,7 +32,6 @@ from services.api.session_store import (
     session_hash,
 )
 from services.api.sessions import SessionUser, current_user
-from services.sandbox.app import create_app as create_sandbox
 from shared.accounts import accounts
 from shared.infra.config import (
     AmqpSettings,

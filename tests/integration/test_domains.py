@@ -12,10 +12,10 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
+from sandbox.app import create_app as create_sandbox
 from services.api.app import create_app
 from services.api.session_store import SESSION_COOKIE, SessionStore
 from services.consumers.domain_checks import DomainChecker
-from services.sandbox.app import create_app as create_sandbox
 from shared.accounts import accounts
 from shared.accounts.domain_checks import CheckRules
 from shared.accounts.domains import WAKE as DOMAINS_WAKE

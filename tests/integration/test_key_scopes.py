@@ -11,8 +11,8 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
+from sandbox.app import create_app as create_sandbox
 from services.api.app import create_app
-from services.sandbox.app import create_app as create_sandbox
 from shared.accounts import accounts
 from shared.infra.config import SandboxSettings, Settings
 from shared.infra.db import Database

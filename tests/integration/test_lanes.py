@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.consumers.dispatch import no_hooks
+from services.consumers.dispatch import no_faults
 from shared.core.errors import PublishError
 from shared.infra.broker import Broker
 from shared.infra.config import AmqpSettings, Settings
@@ -96,7 +96,7 @@ async def test_a_bulk_chunk_fails_over_within_the_bulk_lane(stack: Stack) -> Non
     await stack.split(batch_id)
     t = topology_for(stack.settings)
 
-    assert await stack.doomed(t.bulk_queue("sg"), no_hooks) == "survived"
+    assert await stack.doomed(t.bulk_queue("sg"), no_faults) == "survived"
 
     broker = stack.api_app.state.resources.broker
     message = await eventually(lambda: broker.get(t.bulk_queue("mg")), timeout=20)

@@ -12,10 +12,10 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from sandbox import signing
+from sandbox.app import create_app as create_sandbox
 from services.api.app import create_app as create_api
 from services.consumers.main import create_app as create_consumers
-from services.sandbox import signing
-from services.sandbox.app import create_app as create_sandbox
 from services.webhooks.app import create_app as create_webhooks
 from shared.accounts import accounts
 from shared.infra.config import ProviderSettings, SandboxSettings, Settings, WebhookSettings

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from services.sandbox.app import create_app as create_sandbox
+from sandbox.app import create_app as create_sandbox
 from shared.accounts import accounts
 from shared.accounts.signup import SignupRequests
 from shared.infra.config import CassandraSettings, SandboxSettings

@@ -10,11 +10,11 @@ from typing import Any
 import httpx
 import pytest
 
+from sandbox.app import create_app as create_sandbox
 from services.api.app import create_app as create_api
 from services.consumers.main import build_dispatcher
 from services.consumers.main import create_app as create_consumers
 from services.consumers.splitter import Splitter
-from services.sandbox.app import create_app as create_sandbox
 from shared.accounts import accounts
 from shared.audience.suppressions import SuppressionStore
 from shared.core.models import BatchJob

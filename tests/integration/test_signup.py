@@ -11,8 +11,8 @@ from urllib.parse import urlencode, urlsplit
 import httpx
 import pytest
 
-from services.sandbox.app import create_app as create_sandbox
-from services.sandbox.oauth import default_org_id, find_user
+from sandbox.app import create_app as create_sandbox
+from sandbox.oauth import default_org_id, find_user
 from shared.accounts.signup import SignupRequests
 from shared.infra.config import CassandraSettings, SandboxSettings
 from shared.infra.db import Database

@@ -19,7 +19,7 @@ import orjson
 import pytest
 from pydantic import SecretStr
 
-from services.sandbox import signing
+from sandbox import signing
 from services.webhooks.app import create_app as create_webhooks
 from services.webhooks.intake import DIRECT_BUDGET
 from shared.accounts import accounts

@@ -19,7 +19,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import SecretStr
 
-from services.sandbox import signing
+from sandbox import signing
 from services.webhooks.app import create_app
 from shared.accounts import accounts
 from shared.audience.suppressions import SuppressionStore

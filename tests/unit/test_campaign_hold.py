@@ -158,11 +158,11 @@ async def test_a_pause_landing_after_the_look_costs_one_held_attempt_and_no_more
     batch = await shop.accept(campaign)
 
     async def pause(point: str, job: protocol.Job) -> None:
-        shop.world.hooks.clear()
+        shop.world.fault_points.clear()
         await shop.move(campaign, "paused")
         shop.world.clock.advance(FRESH_FOR + 0.1)  # the state read before is stale by now
 
-    shop.world.hooks["before_call"] = pause
+    shop.world.fault_points["before_call"] = pause
     await shop.run(WEEK, limit=WEEK // int(HOLD_MAX) + 50)
     held = await shop.line(batch)
     await shop.move(campaign, "sending")

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from sandbox import signing
 from services import devrun
-from services.sandbox import signing
 from shared.infra.config import (
     ApiSettings,
     ConsumerSettings,

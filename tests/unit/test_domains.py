@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.sandbox import dns
-from services.sandbox.zone import TxtRecords
+from sandbox import dns
+from sandbox.zone import TxtRecords
 from shared.accounts import domains
 from shared.accounts.domains import DohResolver, DomainError
 from shared.core.errors import DependencyUnavailable

@@ -29,7 +29,9 @@ RANK = {
     "ops": 6,
 }
 #: The processes: none imports another (each is deployed, scaled and restarted alone).
-SERVICES = ("api", "consumers", "webhooks", "hooks", "sandbox")
+SERVICES = ("api", "consumers", "webhooks", "hooks")
+#: Development and test tools, outside the wheel: the product never imports them.
+HARNESSES = ("sandbox", "tests", "bench", "simulation", "chaos")
 #: The command line and the development runner start the processes, so they may import them.
 LAUNCHERS = ("services.cli", "services.devrun", "services.usercli")
 
@@ -97,12 +99,24 @@ def test_no_import_in_shared_points_up_or_to_a_sibling() -> None:
 
 
 def test_shared_imports_no_process_nor_harness() -> None:
-    outside = ("services", "tests", "bench", "simulation", "chaos")
     wrong = [
         f"{path.relative_to(ROOT)}:{line} {target}"
         for path in sources("shared")
         for target, line in imported(path)
-        if target.split(".")[0] in outside
+        if target.split(".")[0] in ("services", *HARNESSES)
+    ]
+
+    assert wrong == []
+
+
+def test_no_process_imports_a_harness() -> None:
+    """The sandbox starts only from the command line, and only in a checkout."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} {target}"
+        for path in sources("services")
+        if module_of(path) not in LAUNCHERS
+        for target, line in imported(path)
+        if target.split(".")[0] in HARNESSES
     ]
 
     assert wrong == []

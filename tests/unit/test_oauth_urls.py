@@ -6,10 +6,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from sandbox.oauth import pkce_challenge
 from services.api import github
 from services.api.session_store import safe_next
 from services.api.sessions import same_origin
-from services.sandbox.oauth import pkce_challenge
 from shared.infra.config import GitHubSettings
 
 SETTINGS = GitHubSettings(

@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from services.sandbox import signing
+from sandbox import signing
 from services.webhooks import receivers
 from shared.core.webhook_events import timestamp_fresh
 from shared.delivery.batchstore import NewBatch

@@ -206,12 +206,12 @@ async def test_a_process_dying_before_the_provider_answers_sends_once_later(poin
     w = World()
     batch = await w.accept(A)
     await w.step()  # the splitter
-    w.hooks[point] = _die
+    w.fault_points[point] = _die
     message = await w.broker.get(w.broker.topology.provider_queue("sg"))
     assert message is not None
     with pytest.raises(Died):
         await w.deliver(message)
-    del w.hooks[point]
+    del w.fault_points[point]
     w.clock.advance(w.settings.call_lease + 1)  # the dead process's lease runs out
     await w.deliver(FakeMessage(message.routing_key, message.body))  # the broker redelivers
     await w.settle()
@@ -230,12 +230,12 @@ async def test_a_process_dying_after_the_provider_answered_never_calls_it_again(
     w = World()
     batch = await w.accept(A)
     await w.step()
-    w.hooks[point] = _die
+    w.fault_points[point] = _die
     message = await w.broker.get(w.broker.topology.provider_queue("sg"))
     assert message is not None
     with pytest.raises(Died):
         await w.deliver(message)
-    del w.hooks[point]
+    del w.fault_points[point]
     w.providers["sg"].found = frozenset({A})  # what the query API will say it accepted
     w.clock.advance(w.settings.call_lease + 1)
     await w.deliver(FakeMessage(message.routing_key, message.body))
@@ -352,9 +352,9 @@ async def test_a_late_answer_after_a_presumed_death_still_settles_the_attempt() 
         assert isinstance(step, protocol.Expire)
         assert await w.dispatcher._expire(job, step)
 
-    w.hooks["answered"] = presumed_dead
+    w.fault_points["answered"] = presumed_dead
     await w.deliver(message)
-    del w.hooks["answered"]
+    del w.fault_points["answered"]
     await w.settle()
     assert w.providers["sg"].emails() == [A]
     assert w.providers["mg"].sent == []
@@ -378,9 +378,9 @@ async def test_a_late_refusal_after_a_presumed_death_fails_over() -> None:
             values={"state": "ambiguous", "checks": attempt.checks + 1},
         )  # fmt: skip
 
-    w.hooks["answered"] = presumed_dead
+    w.fault_points["answered"] = presumed_dead
     await w.deliver(message)
-    del w.hooks["answered"]
+    del w.fault_points["answered"]
     await w.settle()
     (first, second) = await w.attempts.line(batch.batch_id, chunk_line(0))
     assert (first.resolution, second.provider) == ("not_accepted", "mg")
@@ -395,10 +395,10 @@ async def test_a_second_delivery_during_a_live_call_waits_for_the_lease() -> Non
     assert message is not None
 
     async def duplicate(point: str, job: protocol.Job) -> None:
-        del w.hooks["during_call"]
+        del w.fault_points["during_call"]
         await w.deliver(FakeMessage(message.routing_key, message.body))  # a relay duplicate
 
-    w.hooks["during_call"] = duplicate
+    w.fault_points["during_call"] = duplicate
     await w.deliver(message)
     await w.settle()
     assert w.providers["sg"].emails() == [A]
@@ -418,7 +418,7 @@ async def test_the_answer_is_stored_through_a_cassandra_outage() -> None:
         for _ in range(2):
             w.db.fail("attempts.transition", DependencyUnavailable("cassandra", "timeout"))
 
-    w.hooks["answered"] = outage
+    w.fault_points["answered"] = outage
     await w.settle()
     assert w.providers["sg"].emails() == [A]
     assert w.providers["mg"].sent == []

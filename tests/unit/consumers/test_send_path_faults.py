@@ -117,11 +117,11 @@ async def _crash_once(w: World, point: str, *, attempt: int | None = None) -> pr
 
     async def die(at: str, job: protocol.Job) -> None:
         if attempt is None or job.attempt == attempt:
-            del w.hooks[point]
+            del w.fault_points[point]
             died.append(job)
             raise Died(at)
 
-    w.hooks[point] = die
+    w.fault_points[point] = die
     for _ in range(1000):
         if died:
             break
@@ -440,14 +440,14 @@ async def test_a_duplicate_arriving_at_any_point_of_a_refused_call_sends_nothing
 
     async def duplicate(at: str, job: protocol.Job) -> None:
         if job.attempt == 0:
-            del w.hooks[point]
+            del w.fault_points[point]
             assert await w.deliver(FakeMessage(message.routing_key, message.body)) == "ack"
 
-    w.hooks[point] = duplicate
+    w.fault_points[point] = duplicate
     assert await w.deliver(message) == "ack"
     await w.settle()
 
-    assert point not in w.hooks  # the interleaving happened
+    assert point not in w.fault_points  # the interleaving happened
     assert _calls(w) == [("c.0", "sg", [A, B]), ("c.1", "mg", [A, B])]
     assert await _evidence(w, batch.batch_id) == {A: {"c.1"}, B: {"c.1"}}
     line = await w.attempts.line(batch.batch_id, chunk_line(0))

@@ -87,11 +87,11 @@ async def _run_dying_once(w: World, point: str) -> None:
     died: list[str] = []
 
     async def die(at: str, job: protocol.Job) -> None:
-        del w.hooks[point]
+        del w.fault_points[point]
         died.append(at)
         raise Died(at)
 
-    w.hooks[point] = die
+    w.fault_points[point] = die
     for _ in range(100):
         if died:
             break

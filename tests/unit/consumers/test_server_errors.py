@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 
+from sandbox import signing
 from services.consumers import protocol
-from services.sandbox import signing
 from shared.core.models import Chunk
 from shared.delivery.attempts import chunk_line
 from shared.delivery.batchstore import NewBatch
@@ -239,9 +239,9 @@ async def test_a_late_5xx_after_a_presumed_death_leaves_the_outcome_to_the_evide
             values={"state": "ambiguous", "checks": attempt.checks + 1},
         )  # fmt: skip
 
-    w.hooks["answered"] = presumed_dead
+    w.fault_points["answered"] = presumed_dead
     await w.deliver(message)
-    del w.hooks["answered"]
+    del w.fault_points["answered"]
     await w.settle()
 
     assert _calls(w) == [("c.0", "sg", [A, B]), ("c.1", "mg", [B])]

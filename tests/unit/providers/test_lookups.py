@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from services.sandbox.activity import Indexed
+from sandbox.activity import Indexed
 from shared.core.errors import TransientProviderError
 from shared.core.models import ATTEMPT_ARG, Chunk
 from shared.providers import mailgun

@@ -19,7 +19,7 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 
-from services.sandbox.app import create_app
+from sandbox.app import create_app
 from shared.core.errors import ProviderMisconfigured, TransientProviderError
 from shared.core.models import Address, Chunk
 from shared.infra.config import SandboxSettings

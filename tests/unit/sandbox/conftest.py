@@ -14,9 +14,9 @@ import pytest
 from pydantic import SecretStr
 from starlette.applications import Starlette
 
-from services.sandbox.app import create_app
-from services.sandbox.state import SandboxState
-from services.sandbox.tuning import Tuning
+from sandbox.app import create_app
+from sandbox.state import SandboxState
+from sandbox.tuning import Tuning
 from shared.infra.config import SandboxSettings
 from tests.unit.sandbox.receiver import Receiver
 

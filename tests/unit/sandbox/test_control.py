@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 from pydantic import SecretStr
 
-from services.sandbox import signing
-from services.sandbox.app import create_app
+from sandbox import signing
+from sandbox.app import create_app
 from shared.core.errors import ConfigError
 from tests.unit.sandbox.conftest import (
     FAST,

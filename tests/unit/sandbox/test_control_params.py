@@ -1,4 +1,4 @@
-"""The sandbox's ``/_control`` endpoints (services/sandbox/control.py) given bad or edge
+"""The sandbox's ``/_control`` endpoints (sandbox/control.py) given bad or edge
 parameters: non-JSON fault bodies, unknown providers, and malformed ``recent`` and ``wait``."""
 
 from __future__ import annotations

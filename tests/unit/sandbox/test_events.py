@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.sandbox.events import Outcome, mailgun_events, outcome_for, sendgrid_events
-from services.sandbox.mailgun import expand, parse_message
+from sandbox.events import Outcome, mailgun_events, outcome_for, sendgrid_events
+from sandbox.mailgun import expand, parse_message
 
 
 @pytest.mark.parametrize(

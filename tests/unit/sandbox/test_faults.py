@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from services.sandbox.faults import Fault, FaultBook, parse_fault
+from sandbox.faults import Fault, FaultBook, parse_fault
 from tests.unit.sandbox.conftest import (
     FORM,
     MAILGUN_AUTH,

@@ -7,7 +7,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
-from services.sandbox.oauth import pkce_challenge
+from sandbox.oauth import pkce_challenge
 from tests.unit.sandbox.conftest import Harness
 
 CALLBACK = "http://app.local/auth/github/callback"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sendgrid.helpers.mail import Category, Content, CustomArg, Mail, Personalization, To
 
-from services.sandbox import mailsend
+from sandbox import mailsend
 from tests.unit.sandbox.conftest import sendgrid_mail
 
 NOW = time.time()

@@ -14,8 +14,8 @@ import httpx
 import orjson
 import pytest
 
-from services.sandbox.activity import Indexed, MessageIndex
-from services.sandbox.query import sendgrid_entries
+from sandbox.activity import Indexed, MessageIndex
+from sandbox.query import sendgrid_entries
 from tests.unit.sandbox.conftest import (
     FORM,
     MAILGUN_AUTH,

@@ -1,8 +1,8 @@
-"""What each recipient of a request finds in their mailbox (``services.sandbox.rendered``)."""
+"""What each recipient of a request finds in their mailbox (``sandbox.rendered``)."""
 
 from __future__ import annotations
 
-from services.sandbox.rendered import mailgun, sendgrid
+from sandbox.rendered import mailgun, sendgrid
 
 
 def test_sendgrid_substitutes_per_personalization_and_adds_its_headers() -> None:

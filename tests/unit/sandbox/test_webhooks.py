@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import httpx
 
-from services.sandbox.app import create_app
+from sandbox.app import create_app
 from tests.unit.sandbox.conftest import (
     FAST,
     FORM,

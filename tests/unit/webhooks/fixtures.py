@@ -2,8 +2,8 @@
 
 Most are produced end to end by our own code: a chunk goes through the real payload builder
 (``shared.providers.sendgrid.build_payload`` / ``shared.providers.mailgun.build_form``), the
-sandbox turns the accepted request into events (``services.sandbox.events``) and signs them
-(``services.sandbox.signing``), so the correlation ids we send are the ones we read back.
+sandbox turns the accepted request into events (``sandbox.events``) and signs them
+(``sandbox.signing``), so the correlation ids we send are the ones we read back.
 The docs samples from the brief are kept verbatim beside them.
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 
-from services.sandbox import signing
-from services.sandbox.events import mailgun_events, sendgrid_events
-from services.sandbox.mailgun import parse_message
+from sandbox import signing
+from sandbox.events import mailgun_events, sendgrid_events
+from sandbox.mailgun import parse_message
 from shared.core.models import Chunk
 from shared.core.webhook_events import Kind, ProviderEvent
 from shared.providers.mailgun import build_form

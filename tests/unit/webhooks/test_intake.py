@@ -14,7 +14,7 @@ import orjson
 import pytest
 from pydantic import SecretStr
 
-from services.sandbox import signing
+from sandbox import signing
 from services.webhooks import receivers
 from services.webhooks.app import create_app
 from services.webhooks.intake import RECEIVED_AT, intake_key

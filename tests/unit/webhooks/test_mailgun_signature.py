@@ -7,7 +7,7 @@ import hashlib
 import orjson
 import pytest
 
-from services.sandbox import signing
+from sandbox import signing
 from shared.core.webhook_events import MalformedPayload
 from shared.providers.mailgun_events import (
     parse_envelope,

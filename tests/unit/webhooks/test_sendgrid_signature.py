@@ -8,7 +8,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from services.sandbox import signing
+from sandbox import signing
 from shared.providers.sendgrid_events import (
     load_public_key,
     timestamp_fresh,

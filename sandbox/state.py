@@ -9,15 +9,15 @@ from typing import cast
 from cryptography.hazmat.primitives.asymmetric import ec
 from starlette.requests import Request
 
-from services.sandbox import signing
-from services.sandbox.activity import MessageIndex
-from services.sandbox.faults import FaultBook
-from services.sandbox.inbox import Inbox
-from services.sandbox.ledger import SendLedger
-from services.sandbox.oauth import OAuthStore
-from services.sandbox.tuning import Tuning
-from services.sandbox.webhooks import WebhookDispatcher
-from services.sandbox.zone import TxtRecords
+from sandbox import signing
+from sandbox.activity import MessageIndex
+from sandbox.faults import FaultBook
+from sandbox.inbox import Inbox
+from sandbox.ledger import SendLedger
+from sandbox.oauth import OAuthStore
+from sandbox.tuning import Tuning
+from sandbox.webhooks import WebhookDispatcher
+from sandbox.zone import TxtRecords
 from shared.infra.config import SandboxSettings
 
 

@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.sandbox.faults import PROVIDERS
-from services.sandbox.tuning import Tuning
+from sandbox.faults import PROVIDERS
+from sandbox.tuning import Tuning
 
 #: Arrival times kept per provider.
 ARRIVALS = 100_000

@@ -17,10 +17,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
-from services.sandbox import control, dns, endpoints, github, receiver, signing
-from services.sandbox.state import SandboxState
-from services.sandbox.tuning import Tuning
-from services.sandbox.webhooks import WebhookDispatcher
+from sandbox import control, dns, endpoints, github, receiver, signing
+from sandbox.state import SandboxState
+from sandbox.tuning import Tuning
+from sandbox.webhooks import WebhookDispatcher
 from shared.core.errors import ConfigError
 from shared.infra.config import SandboxSettings
 

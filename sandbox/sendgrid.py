@@ -1,6 +1,6 @@
 """SendGrid's API surface: credentials, message ids, the error document, addresses.
 
-The rules of the Mail Send body itself live in :mod:`services.sandbox.mailsend`.
+The rules of the Mail Send body itself live in :mod:`sandbox.mailsend`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """HTTP handlers of the SendGrid and Mailgun send APIs: faults, auth, limits, accept.
 
 Thin: each handler applies an injected fault, checks credentials and size, lets the pure
-rules in :mod:`~services.sandbox.sendgrid` / :mod:`~services.sandbox.mailgun` judge the
+rules in :mod:`~sandbox.sendgrid` / :mod:`~sandbox.mailgun` judge the
 request, then records it and hands it to the webhook dispatcher without waiting.
 """
 
@@ -17,11 +17,11 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
-from services.sandbox import mailgun, mailsend, query, rendered, sendgrid
-from services.sandbox.faults import Fault, fault_answer
-from services.sandbox.state import state_of
-from services.sandbox.webhooks import MailgunJob, SendGridJob
-from services.sandbox.wire import json_response, parse_form, read_body
+from sandbox import mailgun, mailsend, query, rendered, sendgrid
+from sandbox.faults import Fault, fault_answer
+from sandbox.state import state_of
+from sandbox.webhooks import MailgunJob, SendGridJob
+from sandbox.wire import json_response, parse_form, read_body
 
 
 def sendgrid_routes() -> list[BaseRoute]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from services.sandbox.sendgrid import FieldError, is_valid_address
+from sandbox.sendgrid import FieldError, is_valid_address
 
 MAX_PERSONALIZATIONS = 1000
 #: Recipients across to + cc + bcc of every personalization.

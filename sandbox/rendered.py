@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from services.sandbox.mailgun import expand
+from sandbox.mailgun import expand
 
 
 @dataclass(frozen=True, slots=True)

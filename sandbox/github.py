@@ -15,9 +15,9 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from services.sandbox import oauth
-from services.sandbox.state import state_of
-from services.sandbox.wire import json_response
+from sandbox import oauth
+from sandbox.state import state_of
+from sandbox.wire import json_response
 
 _DOCS = "https://docs.github.com/rest"
 

@@ -23,10 +23,10 @@ import httpx
 import orjson
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from services.sandbox import signing
-from services.sandbox.events import mailgun_events, sendgrid_events
-from services.sandbox.mailgun import MailgunMessage
-from services.sandbox.tuning import Tuning
+from sandbox import signing
+from sandbox.events import mailgun_events, sendgrid_events
+from sandbox.mailgun import MailgunMessage
+from sandbox.tuning import Tuning
 
 _log = logging.getLogger(__name__)
 

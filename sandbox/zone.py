@@ -1,5 +1,5 @@
 """The sandbox's DNS zone: TXT records by name, published by tests and ``make run`` and read
-by the DNS-over-HTTPS stand-in (``services.sandbox.dns``)."""
+by the DNS-over-HTTPS stand-in (``sandbox.dns``)."""
 
 from __future__ import annotations
 

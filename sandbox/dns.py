@@ -11,9 +11,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from services.sandbox.state import state_of
-from services.sandbox.wire import json_response
-from services.sandbox.zone import canonical
+from sandbox.state import state_of
+from sandbox.wire import json_response
+from sandbox.zone import canonical
 
 #: RCODEs of the answer: 0 NOERROR, 3 NXDOMAIN.
 NOERROR, NXDOMAIN = 0, 3

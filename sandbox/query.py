@@ -1,7 +1,7 @@
 """HTTP handlers of the providers' query APIs, and what accepted mail leaves in their index.
 
 ``GET /sendgrid/v3/messages`` (Email Activity) and ``GET /mailgun/v3/<domain>/events``
-(Events), in the shapes described in :mod:`services.sandbox.activity`.
+(Events), in the shapes described in :mod:`sandbox.activity`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from services.sandbox import activity, mailgun, sendgrid
-from services.sandbox.activity import EventsQuery, Indexed, QueryError
-from services.sandbox.state import state_of
-from services.sandbox.wire import json_response
+from sandbox import activity, mailgun, sendgrid
+from sandbox.activity import EventsQuery, Indexed, QueryError
+from sandbox.state import state_of
+from sandbox.wire import json_response
 from shared.core.digits import natural
 
 #: Most messages one Email Activity answer lists.

@@ -8,7 +8,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import Any, Final
 
-from services.sandbox.rendered import Delivered
+from sandbox.rendered import Delivered
 
 PER_ADDRESS: Final = 20
 

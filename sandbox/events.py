@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from services.sandbox.mailgun import MailgunMessage
+from sandbox.mailgun import MailgunMessage
 
 
 class Outcome(StrEnum):

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from services.sandbox.sendgrid import is_valid_address
+from sandbox.sendgrid import is_valid_address
 
 #: A larger request body is refused with 413 (Mailgun's 25 MB message limit).
 MAX_BODY_BYTES = 25 * 1024 * 1024

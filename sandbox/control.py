@@ -19,9 +19,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from services.sandbox.faults import PROVIDERS, parse_fault
-from services.sandbox.state import state_of
-from services.sandbox.wire import json_response
+from sandbox.faults import PROVIDERS, parse_fault
+from sandbox.state import state_of
+from sandbox.wire import json_response
 from shared.core.digits import natural
 
 #: Longest ``?wait=`` accepted by ``GET /_control/webhooks``.

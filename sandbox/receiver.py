@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from services.sandbox.wire import json_response
+from sandbox.wire import json_response
 from shared.outbound import outbound_signing
 
 KEPT = 10_000
