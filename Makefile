@@ -63,7 +63,7 @@ cov: install services-up ## coverage per package: the unit suite alone (bar: 70 
 	@echo "== the whole suite =="
 	@$(PY) -m tests.coverage_by_package $(COV_ALL)
 
-DECISIONS := services.consumers.protocol services.consumers.failover services.webhooks.transitions shared.delivery.precedence
+DECISIONS := services.consumers.protocol services.consumers.failover shared.ingest.transitions shared.delivery.precedence
 
 cov-decisions: install ## branch coverage of the pure decision modules by unit tests alone (CI: must be 100 %)
 	$(PY) -m pytest tests/unit -q -p no:randomly --no-header -m "not offloop" $(addprefix --cov=,$(DECISIONS)) \

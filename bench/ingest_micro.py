@@ -24,7 +24,6 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry
 
-from services.webhooks.ingest import CONCURRENCY, Ingest, IngestMetrics
 from shared.core.models import ATTEMPT_ARG, Address, Message, Recipient
 from shared.core.webhook_events import ProviderEvent
 from shared.delivery.batchstore import BatchStore, NewBatch
@@ -33,6 +32,7 @@ from shared.infra.broker import Broker
 from shared.infra.config import CassandraSettings, load_settings
 from shared.infra.db import Database
 from shared.infra.migrations import migrate
+from shared.ingest.ingest import CONCURRENCY, Ingest, IngestMetrics
 from shared.providers import sendgrid_events
 
 BATCH = 100

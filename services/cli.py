@@ -38,7 +38,7 @@ def _create(command: str, settings: Settings) -> Any:
 
         return webhooks(settings)
     if command == "tracking":
-        from services.webhooks.tracking import create_app as tracking
+        from services.tracking.app import create_app as tracking
 
         return tracking(settings)
     if command == "consumers":

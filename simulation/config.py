@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
-from services.webhooks.ingest import IngestMetrics
 from services.webhooks.intake import IntakeMetrics
 from shared.infra.config import (
     ApiSettings,
@@ -17,6 +16,7 @@ from shared.infra.config import (
     WebhookSettings,
 )
 from shared.infra.metrics import ApiMetrics, DispatchMetrics
+from shared.ingest.ingest import IngestMetrics
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ Processes and what each runs (as ``services.cli`` runs them in production):
   (:class:`services.consumers.dispatch.Dispatcher`), the scheduler and the canary judge,
   each consuming every queue, so two deliveries of one job can run at once;
 * ``webhooks``: the providers' webhook intake (:class:`services.webhooks.intake.Intake`,
-  :class:`services.webhooks.ingest.Ingest`), its queue's consumer, the tracking endpoint;
+  :class:`shared.ingest.ingest.Ingest`), its queue's consumer, the tracking endpoint;
 * ``hooks``: the users' webhook worker (:class:`services.hooks.worker.Worker`).
 
 The twins' tables are the "disks" every incarnation shares; everything else (caches, the
@@ -38,7 +38,6 @@ from services.consumers.dispatch import Dispatcher
 from services.consumers.scheduler import Scheduler
 from services.consumers.splitter import Splitter
 from services.hooks.worker import Worker
-from services.webhooks.ingest import Ingest
 from services.webhooks.intake import Intake
 from shared.delivery.acceptance import Acceptance
 from shared.delivery.handoff import HandOff
@@ -46,6 +45,7 @@ from shared.delivery.outbox import Relay
 from shared.infra.background import Background
 from shared.infra.resources import topology_for
 from shared.infra.settle import Delivery, run
+from shared.ingest.ingest import Ingest
 from shared.outbound.user_hooks import HookEmitter
 from shared.templates.canary import Margins
 from simulation import front, periodic

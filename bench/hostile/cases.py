@@ -28,12 +28,11 @@ from pydantic import BaseModel
 
 from services.api import contacts_csv, list_import, original_form
 from services.api.queries import decode_cursor
-from services.webhooks import prefetch
 from shared.accounts import domains
 from shared.core import addresses, webhook_events
 from shared.core.models import Chunk, Engagement, Message, Recipient
 from shared.delivery import validation
-from shared.engagement import engagement, engagement_tokens, link_rewrite
+from shared.engagement import engagement, engagement_tokens, link_rewrite, prefetch
 from shared.infra.config import TrackingSettings
 from shared.providers import mailgun, mailgun_events, sendgrid, sendgrid_events
 from shared.templates import template_limits, template_render, template_use
@@ -454,7 +453,7 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "tracking user agent",
-        "services.webhooks.prefetch.machine (tracking endpoint)",
+        "shared.engagement.prefetch.machine (tracking endpoint)",
         "a 10 KB user agent",
         _repeat("Mozilla/5.0 ", 850),
         prefetch.machine,

@@ -1,1 +1,2 @@
-"""Provider webhook receivers: verify, normalise and record recipient events."""
+"""The webhooks process: the providers' event webhooks verified, normalised and handed to
+the ingest (``shared.ingest``), at once or through a durable queue."""

@@ -11,7 +11,6 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from services.webhooks import receivers
-from services.webhooks.ingest import Ingest, IngestMetrics
 from services.webhooks.intake import Intake, IntakeMetrics
 from services.webhooks.webhook_tokens import WebhookTokens
 from shared.core.errors import ConfigError
@@ -24,6 +23,7 @@ from shared.infra.leases import woken
 from shared.infra.metrics import new_registry
 from shared.infra.resources import open_resources, readiness_checks
 from shared.infra.settle import InFlight, settling
+from shared.ingest.ingest import Ingest, IngestMetrics
 from shared.ops.livesettings import LiveSettings, SettingsStore, Watcher
 from shared.providers import sendgrid_events
 from shared.providers.provider_health import HealthStore, tell_refreshers

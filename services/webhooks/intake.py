@@ -25,7 +25,6 @@ from datetime import UTC, datetime
 import aio_pika.abc
 from prometheus_client import CollectorRegistry, Counter
 
-from services.webhooks.ingest import Ingest
 from services.webhooks.webhook_tokens import WebhookTokens
 from shared.core.catalog import CODES
 from shared.core.errors import DependencyUnavailable
@@ -35,6 +34,7 @@ from shared.infra.gil import CpuLane
 from shared.infra.http import ApiError
 from shared.infra.logs import bound
 from shared.infra.settle import Delivery
+from shared.ingest.ingest import Ingest
 from shared.providers import mailgun_events, sendgrid_events
 
 log = logging.getLogger(__name__)

@@ -152,7 +152,7 @@ class ProviderEvent:
     url: str | None = None
     """The link of a ``clicked`` event."""
     machine: str | None = None
-    """Who made an open or click when it was a machine (``services.webhooks.prefetch``), not a
+    """Who made an open or click when it was a machine (``shared.engagement.prefetch``), not a
     reader."""
 
     @property

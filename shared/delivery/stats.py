@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 #: Metrics, in the order the API lists them.
 METRICS = ("queued", "success", "failed", "bounced", "complained", "opened", "clicked")
 #: Engagement hits in total (every open and click, however often one recipient makes them),
-#: and those made by machines (``services.webhooks.prefetch``), counted in ``engagement_counts``.
+#: and those made by machines (``shared.engagement.prefetch``), counted in ``engagement_counts``.
 TOTALS = ("opens_total", "clicks_total", "machine_opens", "machine_clicks")
 #: Metrics an event earns besides its outcome, each a boolean column of its stat row.
 EVENT_METRICS = ("bounced", "complained", "opened", "clicked")

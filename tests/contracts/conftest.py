@@ -12,7 +12,6 @@ from typing import Any
 import orjson
 import pytest
 
-from services.webhooks.timeline import Timeline
 from services.webhooks.webhook_tokens import WebhookTokens
 from shared.audience.suppressions import SuppressionStore
 from shared.core.batch_ids import accepted_at
@@ -22,6 +21,7 @@ from shared.delivery.precedence import queued_stamp
 from shared.delivery.recipients import RecipientStore, log_id_for
 from shared.delivery.stats import Rollup, StatsStore
 from shared.infra.db import Database
+from shared.ingest.timeline import Timeline
 from tests.fakes.broker import FakeBroker
 from tests.fakes.stores import (
     FakeAttempts,

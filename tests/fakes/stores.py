@@ -1420,7 +1420,7 @@ class FakeSuppressions:
 
 
 class FakeTimeline:
-    """Twin of :class:`services.webhooks.timeline.Timeline`."""
+    """Twin of :class:`shared.ingest.timeline.Timeline`."""
 
     def __init__(self, db: FakeCassandra) -> None:
         self.db = db

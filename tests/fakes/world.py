@@ -19,7 +19,6 @@ from services.consumers import protocol
 from services.consumers.dispatch import Dispatcher
 from services.consumers.splitter import Splitter
 from services.webhooks.app import create_app as create_webhooks
-from services.webhooks.ingest import Ingest, IngestMetrics
 from services.webhooks.intake import Intake, IntakeMetrics
 from shared.core.batch_ids import accepted_at
 from shared.core.catalog import CATALOG
@@ -35,6 +34,7 @@ from shared.infra.metrics import DispatchMetrics
 from shared.infra.resources import topology_for
 from shared.infra.settle import run
 from shared.infra.topology import batch_key, parse_routing_key
+from shared.ingest.ingest import Ingest, IngestMetrics
 from shared.providers import responses, transport
 from shared.providers.base import Gate, LookupQuery, Receipt
 from tests.fakes.broker import FakeBroker, FakeMessage

@@ -40,8 +40,8 @@ from pydantic import SecretStr
 from sandbox import signing
 from sandbox.app import create_app as create_sandbox
 from services.api.app import create_app as create_api
+from services.tracking.app import create_app as create_tracking
 from services.webhooks.app import create_app as create_webhooks
-from services.webhooks.tracking import create_app as create_tracking
 from shared.core.keyring import KeyRing, ring_from
 from shared.engagement.engagement_tokens import Claim, sign
 from shared.infra.config import (

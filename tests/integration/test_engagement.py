@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from services.webhooks.tracking import PIXEL
-from services.webhooks.tracking import create_app as create_tracking
+from services.tracking.app import PIXEL
+from services.tracking.app import create_app as create_tracking
 from shared.infra.config import Settings
 from shared.infra.db import Database
 from tests.integration.harness import eventually, served

@@ -16,11 +16,11 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.webhooks.ingest import Ingest, IngestMetrics
 from shared.core.errors import DependencyUnavailable
 from shared.delivery.attempts import AttemptStore, recipient_line
 from shared.infra.config import Settings
 from shared.infra.db import Database
+from shared.ingest.ingest import Ingest, IngestMetrics
 from shared.providers import sendgrid_events
 from tests.integration.faults import FaultyDatabase, after
 from tests.integration.harness import eventually

@@ -1,4 +1,4 @@
-"""The timeline and webhook-token tables on real Cassandra (``services.webhooks.timeline``,
+"""The timeline and webhook-token tables on real Cassandra (``shared.ingest.timeline``,
 ``services.webhooks.webhook_tokens``): events read back in time order whatever order they arrived
 in, details stored cut, and Mailgun tokens that bind to one body under concurrent use and expire."""
 
@@ -9,10 +9,10 @@ import hashlib
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from services.webhooks.timeline import MAX_DETAIL, Timeline
 from services.webhooks.webhook_tokens import WebhookTokens
 from shared.core.webhook_events import ProviderEvent
 from shared.infra.db import Database
+from shared.ingest.timeline import MAX_DETAIL, Timeline
 
 T0 = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)
 

@@ -8,7 +8,6 @@ import inspect
 import pytest
 
 from services.api.contact_lists import ContactLists
-from services.webhooks.timeline import Timeline
 from services.webhooks.webhook_tokens import WebhookTokens
 from shared.accounts.ratelimit import RateWindows
 from shared.audience.campaigns import CampaignStore
@@ -19,6 +18,7 @@ from shared.delivery.batchstore import BatchStore
 from shared.delivery.recipients import RecipientStore
 from shared.delivery.schedule_store import ScheduleStore
 from shared.delivery.stats import StatsStore
+from shared.ingest.timeline import Timeline
 from shared.templates.canary_store import CanaryStore
 from shared.templates.templates import TemplateStore
 from tests.fakes.acceptance_stores import (

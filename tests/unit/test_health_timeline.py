@@ -1,5 +1,5 @@
 """Readiness checks and the health endpoints (``shared.infra.health``), and what the provider-event
-timeline keeps of an event (``services.webhooks.timeline``'s pure parts): no services involved."""
+timeline keeps of an event (``shared.ingest.timeline``'s pure parts): no services involved."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from pydantic import SecretStr
 from starlette.applications import Starlette
 from starlette.requests import Request
 
-from services.webhooks.timeline import MAX_DETAIL, detail_of, orphan_body
 from shared.core.errors import DependencyUnavailable
 from shared.core.webhook_events import ProviderEvent
 from shared.infra import health
 from shared.infra.health import Check, health_routes, run_checks
+from shared.ingest.timeline import MAX_DETAIL, detail_of, orphan_body
 
 TOKEN = SecretStr("metrics-token")
 

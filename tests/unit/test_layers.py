@@ -26,10 +26,11 @@ RANK = {
     "audience": 3,
     "delivery": 4,
     "outbound": 5,
-    "ops": 6,
+    "ingest": 6,
+    "ops": 7,
 }
 #: The processes: none imports another (each is deployed, scaled and restarted alone).
-SERVICES = ("api", "consumers", "webhooks", "hooks")
+SERVICES = ("api", "consumers", "webhooks", "tracking", "hooks")
 #: Development and test tools, outside the wheel: the product never imports them.
 HARNESSES = ("sandbox", "tests", "bench", "simulation", "chaos")
 #: The command line and the development runner start the processes, so they may import them.
@@ -143,12 +144,12 @@ def test_the_floor_check_sees_upward_sideways_and_relative_imports(tmp_path: Pat
     (core / "models.py").write_text(
         "def f() -> None:\n    from shared.delivery import stats\n"  # up, inside a function
     )
-    (accounts / "keys.py").write_text("from shared import templates\n")  # to a sibling
-    (accounts / "fine.py").write_text("from shared.core import models\nfrom . import keys\n")
-    (core / "up.py").write_text("from ..ops import check\n")  # up, relative
+    (accounts / "apikeys.py").write_text("from shared import templates\n")  # to a sibling
+    (accounts / "accounts.py").write_text("from shared.core import models\nfrom . import apikeys\n")
+    (core / "errors.py").write_text("from ..ops import check\n")  # up, relative
 
     assert upward_imports(tmp_path) == [
-        "shared/accounts/keys.py:1 accounts -> templates",
+        "shared/accounts/apikeys.py:1 accounts -> templates",
+        "shared/core/errors.py:1 core -> ops",
         "shared/core/models.py:2 core -> delivery",
-        "shared/core/up.py:1 core -> ops",
     ]

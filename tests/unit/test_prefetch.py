@@ -1,10 +1,10 @@
-"""Machines that open and click (``services.webhooks.prefetch``)."""
+"""Machines that open and click (``shared.engagement.prefetch``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.webhooks.prefetch import machine
+from shared.engagement.prefetch import machine
 
 BROWSER = "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 Chrome/131.0 Safari/537.36"
 

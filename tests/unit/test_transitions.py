@@ -8,7 +8,11 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from services.webhooks.transitions import (
+from shared.core.webhook_events import Kind, ProviderEvent
+from shared.delivery import precedence
+from shared.delivery.handoff import next_provider
+from shared.delivery.stats import count_rows, is_closed, zero_filled
+from shared.ingest.transitions import (
     Effects,
     domain_outcome,
     effects,
@@ -16,10 +20,6 @@ from services.webhooks.transitions import (
     rank,
     superseded,
 )
-from shared.core.webhook_events import Kind, ProviderEvent
-from shared.delivery import precedence
-from shared.delivery.handoff import next_provider
-from shared.delivery.stats import count_rows, is_closed, zero_filled
 from shared.ops.check import outcome_violations
 from tests.unit.webhooks.fixtures import provider_event
 

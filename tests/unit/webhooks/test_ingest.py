@@ -228,7 +228,7 @@ async def test_apply_all_counts_what_it_applied_and_what_matched_nothing() -> No
 
 
 async def test_the_owner_cache_forgets_the_oldest_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.webhooks import ingest
+    from shared.ingest import ingest
 
     monkeypatch.setattr(ingest, "OWNER_CACHE", 1)
     w = World()

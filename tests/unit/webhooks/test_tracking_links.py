@@ -1,4 +1,4 @@
-"""The tracking endpoint's links of a batch (``services.webhooks.tracking``): read from the
+"""The tracking endpoint's links of a batch (``services.tracking.app``): read from the
 stored message, away from the event loop."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from services.webhooks.tracking import Tracking
+from services.tracking.app import Tracking
 from shared.core.keyring import KeyRing
 from shared.core.models import Engagement
 from tests.fakes.world import World, new_batch

@@ -1,4 +1,4 @@
-"""Recording an open or click (``services.webhooks.tracking.Tracking.record``) within its
+"""Recording an open or click (``services.tracking.app.Tracking.record``) within its
 budget: given up (logged, never raised) when Cassandra is slow, and cancelled when its request
 is, even in the turn Cassandra answers."""
 
@@ -10,8 +10,8 @@ import uuid
 import pytest
 from starlette.requests import Request
 
-from services.webhooks import tracking
-from services.webhooks.tracking import Tracking
+from services.tracking import app as tracking
+from services.tracking.app import Tracking
 from shared.core.keyring import KeyRing
 from shared.engagement.engagement_tokens import Claim
 from tests.fakes.wire import Held

@@ -28,8 +28,6 @@ from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, Counter
 
-from services.webhooks import transitions
-from services.webhooks.timeline import Timeline
 from shared.accounts.domains import domain_of
 from shared.audience import suppressions
 from shared.audience.suppression_cache import Changes
@@ -48,6 +46,8 @@ from shared.infra.broker import Broker
 from shared.infra.config import Settings
 from shared.infra.db import Database
 from shared.infra.topology import log_key
+from shared.ingest import transitions
+from shared.ingest.timeline import Timeline
 from shared.outbound import recipient_events
 from shared.outbound.user_hooks import HookEmitter, HookEvent, UserHooks
 from shared.providers.provider_health import Reports

@@ -12,9 +12,9 @@ unsubscribe of the mail we send (the URLs ``shared.engagement.engagement`` puts 
   the sender (only for the list the mail named, if it named one) before the 200.
 
 Opens, clicks and unsubscribes are events of the recipient like a provider's, applied by the
-same ingest (``services.webhooks.ingest``), with ``tracking`` as their provider: engagement
+same ingest (``shared.ingest.ingest``), with ``tracking`` as their provider: engagement
 never changes an outcome; opens and clicks count once per recipient and in total, machines
-(``services.webhooks.prefetch``) marked; an unsubscribe ends in the same suppression as a
+(``shared.engagement.prefetch``) marked; an unsubscribe ends in the same suppression as a
 provider's. Opens and clicks are recorded before the answer but never fail it: a reader clicking
 while the database is away still gets to the link.
 """
@@ -38,8 +38,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from services.webhooks.ingest import Ingest, IngestMetrics
-from services.webhooks.prefetch import machine
 from shared.core.catalog import TRACKER
 from shared.core.errors import DependencyUnavailable
 from shared.core.keyring import KeyRing, ring_from
@@ -47,6 +45,7 @@ from shared.core.models import Message
 from shared.core.webhook_events import Kind, ProviderEvent
 from shared.engagement.engagement import links_of
 from shared.engagement.engagement_tokens import Claim, read, redirect_target
+from shared.engagement.prefetch import machine
 from shared.infra.config import Settings
 from shared.infra.gil import CpuLane
 from shared.infra.health import health_routes
@@ -54,6 +53,7 @@ from shared.infra.http import AdmissionLimit, ApiError, error_handlers, read_cap
 from shared.infra.metrics import new_registry
 from shared.infra.resources import open_resources, readiness_checks
 from shared.infra.stall_monitor import StallMetrics, watching
+from shared.ingest.ingest import Ingest, IngestMetrics
 from shared.templates import template_use
 
 log = logging.getLogger(__name__)

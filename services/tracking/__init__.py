@@ -1,0 +1,1 @@
+"""The tracking process: the open pixel, tracked links and one-click unsubscribe."""
