@@ -26,6 +26,12 @@ def test_queued_loses_to_our_give_up_which_loses_to_any_provider_evidence() -> N
     assert queued < gave_up < evidence
 
 
+def test_our_drop_at_send_time_outranks_queued_and_the_give_up_but_no_provider_evidence() -> None:
+    dropped = precedence.suppressed_stamp(BATCH)
+
+    assert precedence.give_up_stamp(BATCH) < dropped < precedence.provider_stamp(BATCH, ACCEPTED, 0)
+
+
 def test_a_delivery_reported_long_after_the_give_up_still_wins() -> None:
     late = precedence.provider_stamp(BATCH, ACCEPTED + timedelta(days=2), 0)
     assert late > precedence.give_up_stamp(BATCH)

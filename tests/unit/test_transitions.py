@@ -18,6 +18,7 @@ from shared.ingest.transitions import (
     effects,
     given_row,
     rank,
+    stage_rank,
     superseded,
 )
 from shared.ops.check import outcome_violations
@@ -283,3 +284,28 @@ def test_what_an_event_counts_for_its_sending_domains_capacity(
 
 def test_a_superseded_bounce_counts_nothing_for_the_domain() -> None:
     assert domain_outcome(superseded(effects(ev("bounced")))) is None
+
+
+@pytest.mark.parametrize(
+    ("event", "needs"),
+    [
+        (ev("delivered"), False),
+        (ev("opened"), False),
+        (ev("bounced"), True),  # a failure: was this attempt handed over already?
+        (ev("dropped", provider_side=True), True),  # a hand-off
+        (ev("deferred"), True),  # a deadline check
+    ],
+)
+def test_only_failures_hand_offs_and_deferrals_depend_on_the_recipients_row(
+    event: ProviderEvent, needs: bool
+) -> None:
+    assert effects(event).needs_row is needs
+
+
+def test_a_provider_side_failure_ranks_lowest_for_the_state_but_by_stage_in_its_own_map() -> None:
+    """Its state write must lose to the next provider's events of the same second; its entry
+    in the provider's own map still sorts by how far the message got."""
+    dropped = ev("dropped", provider_side=True)
+
+    assert rank(dropped) == 0
+    assert stage_rank(dropped) == stage_rank(ev("dropped")) > 0
