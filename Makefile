@@ -42,8 +42,9 @@ test-unit: install ## pure-logic tests only (no services)
 test-integration: install services-up ## the tests that need RabbitMQ and Cassandra (contracts, integration, browser)
 	$(PY) -m pytest tests/contracts tests/integration tests/browser $(PYTEST_ARGS)
 
-openapi: install ## rewrite the committed services/api/openapi.json from the models and the route table
+openapi: install ## rewrite the committed services/api/openapi.json from the models and the route table, and the client's types from it
 	$(PY) -c "import json; from services.api.openapi import document; print(json.dumps(document(), indent=2, sort_keys=True))" > services/api/openapi.json
+	$(PY) -m tests.client_types
 
 docs: install ## rewrite the README's provider table from shared/core/catalog.py
 	$(PY) -c "from pathlib import Path; from shared.core.catalog import with_table; p = Path('README.md'); p.write_text(with_table(p.read_text()))"

@@ -5,7 +5,8 @@ Sends carry an ``Idempotency-Key`` so that retries never make a second batch; ``
 """
 
 from ._clients import AsyncClient, Client
-from ._core import OPERATIONS, Accepted, ApiError, BatchItem, KeyCreated, LogEntry, Page, StatsDay
+from ._core import OPERATIONS, ApiError, Page
+from ._types import Accepted, BatchItem, KeyCreated, LogEntry, StatsDay
 
 __all__ = [
     "OPERATIONS",

@@ -11,16 +11,11 @@ from typing import Any, cast
 import httpx
 
 from ._core import (
-    Accepted,
     Address,
     ApiError,
-    BatchItem,
-    KeyCreated,
-    LogEntry,
     Page,
     Recipient,
     Request,
-    StatsDay,
     campaign_request,
     campaign_step,
     import_request,
@@ -33,6 +28,7 @@ from ._core import (
     version_body,
     wait_before_retry,
 )
+from ._types import Accepted, BatchItem, KeyCreated, LogEntry, StatsDay
 
 _USER_AGENT = "safedelivr-client/0.1"
 

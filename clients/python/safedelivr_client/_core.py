@@ -7,7 +7,7 @@ import math
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from typing import Any, TypedDict
 
 import httpx
 
@@ -80,70 +80,9 @@ Address = str | Mapping[str, str]
 Recipient = str | Mapping[str, Any]
 
 
-class Rejected(TypedDict):
-    email: str
-    reason: str
-
-
-class Accepted(TypedDict):
-    batch_id: str
-    accepted: int
-    suppressed: list[str]
-    rejected: list[Rejected]
-    skipped: list[Rejected]
-    priority: Literal["transactional", "bulk"]
-
-
-class BatchItem(TypedDict):
-    batch_id: str
-    subject: str
-    recipients: int
-    created_at: str
-    status: str
-
-
 class Page(TypedDict):
     data: list[Any]
     next_cursor: str | None
-
-
-class LogEntry(TypedDict, total=False):
-    log_id: str
-    email: str
-    name: str | None
-    state: Literal["queued", "success", "failed"]
-    event: str
-    providers: dict[str, str]
-    status: dict[str, bool]
-    message_ids: dict[str, str]
-    reason: str | None
-    updated_at: str | None
-    attempts: list[dict[str, Any]]
-    resends: list[dict[str, Any]]
-    timeline: list[dict[str, Any]]
-
-
-class StatsDay(TypedDict):
-    date: str
-    queued: int
-    success: int
-    failed: int
-    bounced: int
-    complained: int
-    opened: int
-    clicked: int
-    opens_total: int
-    clicks_total: int
-    machine_opens: int
-    machine_clicks: int
-
-
-class KeyCreated(TypedDict):
-    key: str
-    name: str
-    scopes: list[str]
-    expires_at: str | None
-    note: str
 
 
 def key_request(name: str, scopes: Sequence[str] | None, expires_at: str | None) -> Request:
