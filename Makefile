@@ -33,8 +33,14 @@ install: $(VENV)/.synced ## create .venv with the locked dependencies
 run: install services-up ## start everything, migrate, declare topology and run every service
 	$(PY) -m services.cli dev
 
-test: install services-up ## the whole suite against real RabbitMQ and Cassandra (the slowest 20 tests listed at the end)
-	$(PY) -m pytest --durations=20 $(PYTEST_ARGS)
+#: Parallel workers of make test: the suite mostly waits on Cassandra, RabbitMQ and timers.
+TEST_WORKERS ?= 2
+#: pytest's "no tests collected" (a PYTEST_ARGS that selects none of one part) is no failure.
+OK_IF_NONE = rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc
+
+test: install services-up ## the whole suite against real RabbitMQ and Cassandra: in parallel workers, then the exclusive tests alone (the slowest 20 listed)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not exclusive" --durations=20 $(PYTEST_ARGS); $(OK_IF_NONE)
+	$(PY) -m pytest -m exclusive --durations=5 $(PYTEST_ARGS); $(OK_IF_NONE)
 
 test-unit: install ## pure-logic tests only (no services)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

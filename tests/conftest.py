@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import hypothesis
 import pytest
 import structlog
 
@@ -37,10 +38,23 @@ from shared.infra.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[1]
 CI = os.environ.get("CI", "").lower() == "true"
+#: The pytest-xdist worker running this process (``gw0``, ``gw1``...), or ``main`` without
+#: workers: it names the session's keyspace, so a leftover says which run left it.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+#: Directories whose tests share a module's stack or the browser: each file runs on one worker
+#: (``--dist loadgroup``), so a module-scoped fixture is built once, not once per worker.
+GROUPED = ("tests/integration/", "tests/contracts/", "tests/browser/")
 
 
 def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Property tests have no deadline: under parallel workers an example may wait for a CPU,
+    # and a test states what the code does, never how fast (``make bench`` measures that).
+    hypothesis.settings.register_profile("suite", deadline=None)
+    hypothesis.settings.load_profile("suite")
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +62,8 @@ def services_up() -> None:
     """Start RabbitMQ and Cassandra with the project's own scripts (idempotent)."""
     proc = subprocess.run(
         [str(ROOT / "deploy/local/services.sh"), "up"],
+        # The interpreter running the tests: a worktree may have no .venv of its own.
+        env={**os.environ, "PYTHON": sys.executable},
         capture_output=True,
         text=True,
         timeout=1200,
@@ -80,7 +96,7 @@ def drop_keyspace(name: str) -> None:
 
 @pytest.fixture(scope="session")
 def keyspace(services_up: None) -> Iterator[str]:
-    name = unique("t")
+    name = unique(f"t_{WORKER}")
     yield name
     drop_keyspace(name)
 
@@ -129,10 +145,11 @@ async def settings(migrated: CassandraSettings, exchange_name: str) -> AsyncIter
     the test declared of its topology is deleted afterwards, so runs leave no queues."""
     s = stack_settings(migrated, exchange_name)
     yield s
-    await _delete_topology(s)
+    await delete_topology(s)
 
 
-async def _delete_topology(s: Settings) -> None:
+async def delete_topology(s: Settings) -> None:
+    """Delete what a stack declared of its topology (its exchange, queues and delay tiers)."""
     from shared.infra.resources import topology_for
 
     broker = Broker(s.amqp.url.get_secret_value(), topology_for(s), name="cleanup")
@@ -179,10 +196,21 @@ async def broker(services_up: None, exchange_name: str) -> AsyncIterator[Broker]
     await b.close()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "tests/integration" in str(item.path).replace(os.sep, "/"):
+        path = str(item.path).replace(os.sep, "/")
+        if "tests/integration/" in path:
             item.add_marker(pytest.mark.integration)
+        if item.get_closest_marker("offloop"):
+            # It counts the event loop's turns while a thread works: another worker's load
+            # would change the count, so it runs in the serial part.
+            item.add_marker(pytest.mark.exclusive)
+        group = next((g for g in GROUPED if g in path), None)
+        if group == "tests/browser/":
+            item.add_marker(pytest.mark.xdist_group("browser"))  # one browser stack per run
+        elif group is not None:
+            item.add_marker(pytest.mark.xdist_group(path.rpartition(group)[2]))
 
 
 @pytest.fixture

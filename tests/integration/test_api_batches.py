@@ -16,6 +16,18 @@ from shared.infra.config import Settings
 from shared.infra.db import Database
 from tests.conftest import unique
 
+
+@pytest.fixture(scope="module")
+def settings(module_settings: Settings) -> Settings:
+    """One stack for the module (``tests/integration/conftest.py``)."""
+    return module_settings
+
+
+@pytest.fixture
+def api(module_api: httpx.AsyncClient) -> httpx.AsyncClient:
+    return module_api
+
+
 GOOD = {
     "from": "Shop <shop@example.com>",
     "to": ["ann@example.com"],

@@ -19,6 +19,18 @@ from shared.templates.canary import Counts
 from shared.templates.canary_store import CanaryStore, Outcome, Rollout
 from tests.conftest import unique
 
+
+@pytest.fixture(scope="module")
+def settings(module_settings: Settings) -> Settings:
+    """One stack for the module (``tests/integration/conftest.py``)."""
+    return module_settings
+
+
+@pytest.fixture
+def api(module_api: httpx.AsyncClient) -> httpx.AsyncClient:
+    return module_api
+
+
 WELCOME = {
     "name": "welcome",
     "subject": "Welcome, {{ first_name }}",
@@ -283,7 +295,13 @@ async def test_another_users_template_does_not_exist_for_me(
 
 
 @pytest.mark.parametrize(
-    "raw_id", ["nope", str(uuid.uuid4()), str(uuid.uuid1()), "00000000-0000-0000-0000-000000000000"]
+    "raw_id",
+    [
+        "nope",
+        "9f1c2d3e-4b5a-4c6d-8e7f-0a1b2c3d4e5f",
+        "6c1f0a2e-cb0b-11f0-8000-0242ac120002",
+        "00000000-0000-0000-0000-000000000000",
+    ],
 )
 async def test_an_id_that_is_no_template_of_mine_is_a_404(
     api: httpx.AsyncClient, db: Database, raw_id: str

@@ -129,6 +129,7 @@ async def test_a_campaign_goes_through_its_lifecycle_to_sent(stack: Stack) -> No
     assert unsubscribe == "List-Unsubscribe=One-Click"  # bulk mail: one-click unsubscribe
 
 
+@pytest.mark.exclusive  # bounds how long dispatch goes on after the pause
 async def test_pause_stops_dispatch_within_a_second_and_resume_sends_the_rest_once(
     stack: Stack,
 ) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
 
-from services.api.app import create_app
 from services.api.cap_store import CapStore
 from services.api.contact_lists import ContactLists
 from services.api.schema import ErrorBody
@@ -23,14 +23,22 @@ from shared.accounts import accounts
 from shared.infra.config import CapSettings, Settings
 from shared.infra.db import Database
 from tests.conftest import unique
-from tests.integration.harness import client_for, eventually, running
+from tests.integration.conftest import app_for
+from tests.integration.harness import client_for, eventually
+
+
+@pytest.fixture(scope="module")
+def settings(module_settings: Settings) -> Settings:
+    """One stack for the module (``tests/integration/conftest.py``)."""
+    return module_settings
+
 
 CSV = {"Content-Type": "text/csv"}
 TEMPLATE = {"name": "welcome", "subject": "Hi", "text": "Hello"}
 
 
-@pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+@pytest.fixture(scope="module")
+async def app(settings: Settings) -> AsyncIterator[Starlette]:
     """The API with two of each thing, one import at a time, three contacts an import."""
     caps = CapSettings(
         lists=2,
@@ -41,8 +49,13 @@ async def api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
         contacts_per_import=3,
         claim_grace=10,
     )
-    app = create_app(settings.model_copy(update={"caps": caps}))
-    async with running(app), client_for(app) as client:
+    async with app_for(settings.model_copy(update={"caps": caps})) as started:
+        yield started
+
+
+@pytest.fixture
+async def api(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
+    async with client_for(app) as client:
         yield client
 
 

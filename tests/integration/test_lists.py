@@ -13,8 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
 
-from services.api.app import create_app
 from services.api.contact_lists import ContactLists
 from services.api.contacts_csv import Contact
 from services.api.list_import import INTERRUPTED, ImportJob
@@ -30,7 +30,20 @@ from shared.audience.suppressions import SuppressionStore
 from shared.infra.config import ListSettings, Settings
 from shared.infra.db import Database
 from tests.conftest import unique
-from tests.integration.harness import client_for, eventually, running
+from tests.integration.conftest import app_for
+from tests.integration.harness import client_for, eventually
+
+
+@pytest.fixture(scope="module")
+def settings(module_settings: Settings) -> Settings:
+    """One stack for the module (``tests/integration/conftest.py``)."""
+    return module_settings
+
+
+@pytest.fixture
+def api(module_api: httpx.AsyncClient) -> httpx.AsyncClient:
+    return module_api
+
 
 CSV = {"Content-Type": "text/csv"}
 
@@ -64,8 +77,8 @@ async def imported(
     return report
 
 
-@pytest.fixture
-async def small_api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+@pytest.fixture(scope="module")
+async def small_app(settings: Settings) -> AsyncIterator[Starlette]:
     """The API with small import limits: 2 kB bodies, 5 rows, 3 contacts per list, slices
     of 2 rows and imports stale after a second."""
     limits = ListSettings(
@@ -75,8 +88,13 @@ async def small_api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
         import_slice=2,
         import_stale_after=1.0,
     )
-    app = create_app(settings.model_copy(update={"lists": limits}))
-    async with running(app), client_for(app) as client:
+    async with app_for(settings.model_copy(update={"lists": limits})) as app:
+        yield app
+
+
+@pytest.fixture
+async def small_api(small_app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
+    async with client_for(small_app) as client:
         yield client
 
 
@@ -224,9 +242,15 @@ async def test_another_users_list_is_not_found(api: httpx.AsyncClient, db: Datab
         ("POST", "/v1/lists", {"json": {"name": 5}}, 422, "invalid_fields"),
         ("POST", "/v1/lists", {"json": {"name": "x", "y": 1}}, 422, "invalid_fields"),
         ("GET", "/v1/lists/not-a-uuid", {}, 404, "not_found"),
-        ("GET", f"/v1/lists/{uuid.uuid4()}", {}, 404, "not_found"),
+        ("GET", "/v1/lists/9f1c2d3e-4b5a-4c6d-8e7f-0a1b2c3d4e5f", {}, 404, "not_found"),
         ("GET", "/v1/lists/{list}/imports/nope", {}, 404, "not_found"),
-        ("GET", f"/v1/lists/{{list}}/imports/{uuid.uuid1()}", {}, 404, "not_found"),
+        (
+            "GET",
+            "/v1/lists/{list}/imports/6c1f0a2e-cb0b-11f0-8000-0242ac120002",
+            {},
+            404,
+            "not_found",
+        ),
         ("GET", "/v1/lists/{list}/contacts?limit=0", {}, 422, "invalid_fields"),
         ("GET", "/v1/lists/{list}/contacts?cursor=%%%", {}, 400, "bad_cursor"),
         ("POST", "/v1/lists/{list}/imports", {"content": b"email\na@b.co\n"}, 415, None),

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
 import pytest
 
-from services.api.app import create_app
 from services.api.session_store import SESSION_COOKIE, SessionStore
 from shared.accounts import accounts
 from shared.infra.config import Settings
 from shared.infra.db import Database
 from tests.conftest import unique
-from tests.integration.harness import client_for, running
 
 FORM = {
     "from": "shop@example.com",
@@ -46,18 +43,18 @@ class Caller:
         return batch_id
 
 
+@pytest.fixture(scope="module")
+def settings(module_settings: Settings) -> Settings:
+    """One stack for the module (``tests/integration/conftest.py``)."""
+    return module_settings
+
+
 @pytest.fixture
-async def caller(settings: Settings, db: Database) -> AsyncIterator[Caller]:
-    app = create_app(settings)
-    async with running(app), client_for(app) as client:
-        broker = app.state.resources.broker
-        await broker.declare()
-        user_id = await accounts.ensure_user(db, unique("orig"))
-        key = await accounts.create_key(db, user_id, "original")
-        try:
-            yield Caller(client, db, user_id, key)
-        finally:
-            await broker.delete()
+async def caller(module_api: httpx.AsyncClient, db: Database) -> Caller:
+    """A user of the module's app, with a key and a client of their own."""
+    user_id = await accounts.ensure_user(db, unique("orig"))
+    key = await accounts.create_key(db, user_id, "original")
+    return Caller(module_api, db, user_id, key)
 
 
 async def test_post_batch_urlencoded_with_repeated_to_answers_202_in_its_shape(
@@ -161,7 +158,7 @@ async def test_get_batch_shows_its_row_with_options(caller: Caller) -> None:
     [
         ("/api/batch/short", 400, "Invalid Batch ID"),
         ("/api/batch/" + "z" * 36, 400, "Invalid Batch ID"),
-        (f"/api/batch/{uuid.uuid4()}", 404, "Batch doesn't exists"),
+        ("/api/batch/9f1c2d3e-4b5a-4c6d-8e7f-0a1b2c3d4e5f", 404, "Batch doesn't exists"),
     ],
 )
 async def test_bad_or_unknown_batch_ids(caller: Caller, path: str, status: int, error: str) -> None:

@@ -280,6 +280,7 @@ async def _queue_empty(s: Settings, queue: str) -> bool:
         await broker.close()
 
 
+@pytest.mark.exclusive  # stops or freezes a service every worker shares
 async def test_broker_restart_mid_batch_loses_nothing(pipe: Pipeline) -> None:
     """Batches accepted before and during a broker restart are all delivered afterwards."""
     before = _emails(300)

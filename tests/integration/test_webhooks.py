@@ -308,6 +308,7 @@ def _cassandra_pid() -> int:
     return int(match.group(1))
 
 
+@pytest.mark.exclusive  # stops or freezes a service every worker shares
 async def test_cassandra_down_queues_the_delivery_and_applies_it_later(hooks: Hooks) -> None:
     """With Cassandra frozen a verified delivery is queued durably and answered 200 at once
     (Mailgun never retries ``delivered``); it is applied when Cassandra is back."""
@@ -335,6 +336,7 @@ async def test_cassandra_down_queues_the_delivery_and_applies_it_later(hooks: Ho
     assert (await hooks.stats()).get("success") == 1
 
 
+@pytest.mark.exclusive  # stops or freezes a service every worker shares
 async def test_cassandra_and_rabbitmq_down_answers_503(hooks: Hooks) -> None:
     """Only when neither store takes a delivery does the provider get 503 (and retry)."""
     pid = _cassandra_pid()

@@ -8,6 +8,7 @@ import typing
 
 import safedelivr_client
 from safedelivr_client import _types
+
 from tests.client_types import DOCUMENT, TYPES, render
 
 
