@@ -13,6 +13,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -108,12 +109,14 @@ async def private_keyspace(prefix: str) -> AsyncIterator[CassandraSettings]:
     Background work of such a stack (its outbox relay, its consumers) then never sees rows
     another test wrote, and tests never see its rows.
     """
-    settings = CassandraSettings(keyspace=unique(prefix))
+    settings = CassandraSettings(keyspace=unique(f"{prefix}_{WORKER}"))
     await migrate(settings)
     try:
         yield settings
     finally:
-        await asyncio.to_thread(drop_keyspace, settings.keyspace)
+        # Dropped beside the next tests, not before them (a drop takes seconds): the thread is
+        # not a daemon, so the run waits for it before it ends.
+        threading.Thread(target=drop_keyspace, args=(settings.keyspace,), name="drop").start()
 
 
 @pytest.fixture(scope="session")
