@@ -24,16 +24,24 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, date, datetime, timedelta
 from functools import partial
 
-from services.api.cooldown import LOOKUP_CHUNK, cooling
-from shared.accounts.preferences import CACHE_SECONDS, Preferences
-from shared.accounts.ratelimit import Grant, Verdict, grant_of, over_limit, seconds_until_midnight
+from services.api.cooldown import LOOKUP_CHUNK, RecentSends, cooling
+from shared.accounts.preferences import CACHE_SECONDS, PreferenceRows, Preferences
+from shared.accounts.ratelimit import (
+    Grant,
+    QuotaStore,
+    RateStore,
+    Verdict,
+    grant_of,
+    over_limit,
+    seconds_until_midnight,
+)
 from shared.core.addresses import address_key
 from shared.core.batch_ids import accepted_at
-from shared.delivery.outbox import Outbox, minute_of
+from shared.delivery.outbox import Outbox, OutboxRows, minute_of
 from tests.fakes.stores import FakeCassandra, Write
 
 
-class FakeOutbox:
+class FakeOutbox(OutboxRows):
     """Twin of :class:`shared.delivery.outbox.Outbox`."""
 
     def __init__(self, db: FakeCassandra, namespace: str = "ns") -> None:
@@ -107,7 +115,7 @@ class FakeOutbox:
         }
 
 
-class FakeQuota:
+class FakeQuota(QuotaStore):
     """Twin of :class:`shared.accounts.ratelimit.RecipientQuota`: the counter per (user, day), added
     to and read back in separate round trips (an addition whose answer is lost stays
     counted, as in Cassandra), and the refund rows per (user, day, batch), which a repeat
@@ -169,7 +177,7 @@ class FakeQuota:
         self.db._after(done)
 
 
-class FakeRateWindows:
+class FakeRateWindows(RateStore):
     """Twin of :class:`shared.accounts.ratelimit.RateWindows`: a counter per (key, day, window),
     added to and read back in separate round trips (an addition whose answer is lost stays
     counted, as in Cassandra)."""
@@ -185,7 +193,7 @@ class FakeRateWindows:
         return max(self.db.rate_windows[(key_id, day, index)], slots)
 
 
-class FakeRecentMail:
+class FakeRecentMail(RecentSends):
     """Twin of :class:`services.api.cooldown.RecentMail`: when each address was last accepted for,
     per scope, each row living for its cooldown (the real rows' TTL)."""
 
@@ -235,7 +243,7 @@ class FakeRecentMail:
                 self.db._after(done)
 
 
-class FakePreferences:
+class FakePreferences(PreferenceRows):
     """Twin of :class:`shared.accounts.preferences.PreferenceStore` (read through the same short
     per-process cache, so a change applies within its seconds)."""
 

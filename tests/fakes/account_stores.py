@@ -34,10 +34,11 @@ from typing import Any
 from cassandra import InvalidRequest
 
 from services.api import session_store as sessions
-from services.api.idempotency import Claimed, Existing
-from services.api.session_store import Session
+from services.api.idempotency import Claimed, Existing, IdempotencyKeys
+from services.api.session_store import Session, Sessions
 from shared.accounts import apikeys
 from shared.accounts.accounts import ApiKeyRecord, StoredKey, UserProfile, key_record
+from shared.audience.suppressions import Suppressions
 from shared.core.addresses import address_key
 from shared.infra.db import utc
 from tests.fakes.stores import FakeCassandra, FakeSuppressions
@@ -283,7 +284,7 @@ def _not_empty(key: str) -> None:
         raise InvalidRequest("Key may not be empty")
 
 
-class FakeSessionStore:
+class FakeSessionStore(Sessions):
     """Twin of :class:`services.api.session_store.SessionStore`; every row carries its TTL."""
 
     def __init__(
@@ -370,7 +371,7 @@ def _session_cells(
     }
 
 
-class FakeIdempotencyStore:
+class FakeIdempotencyStore(IdempotencyKeys):
     """Twin of :class:`services.api.idempotency.IdempotencyStore`: lightweight transactions on
     ``idempotency_keys``, whose every write expires after the table's default TTL."""
 
@@ -457,7 +458,7 @@ class FakeIdempotencyStore:
             cell.expires = expires
 
 
-class FakeSuppressionStore(FakeSuppressions):
+class FakeSuppressionStore(FakeSuppressions, Suppressions):
     """Twin of the whole :class:`shared.audience.suppressions.SuppressionStore` (the twin in
     ``tests/fakes/stores.py`` covers only what the consumers and webhooks use)."""
 

@@ -29,7 +29,15 @@ from typing import Any
 
 import orjson
 
-from shared.audience.campaigns import ACTIVE, DELETABLE, Campaign, Slice, Staged, State
+from shared.audience.campaigns import (
+    ACTIVE,
+    DELETABLE,
+    Campaign,
+    Slice,
+    Staged,
+    State,
+    StoredCampaigns,
+)
 from shared.delivery.recipients import timeuuid_order
 from tests.fakes.schedule_store import ms
 from tests.fakes.wire import LOOPBACK, Kind, Trip, Wire
@@ -94,7 +102,7 @@ class CampaignTables:
         self.failures.setdefault(operation, []).append((error, applied))
 
 
-class FakeCampaigns:
+class FakeCampaigns(StoredCampaigns):
     """Twin of :class:`shared.audience.campaigns.CampaignStore` (every operation)."""
 
     def __init__(self, namespace: str, tables: CampaignTables | None = None) -> None:

@@ -19,7 +19,7 @@ from datetime import datetime
 
 from shared.delivery.recipients import timeuuid_order
 from shared.templates.canary import Counts
-from shared.templates.canary_store import Outcome, Rollout
+from shared.templates.canary_store import Canaries, Outcome, Rollout
 from tests.fakes.schedule_store import ms
 from tests.fakes.stores import Write
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
@@ -41,7 +41,7 @@ class CanaryTables:
     """How each round trip travels (``tests.fakes.wire``)."""
 
 
-class FakeCanary:
+class FakeCanary(Canaries):
     """Twin of :class:`shared.templates.canary_store.CanaryStore` (every operation; ``statements``
     gives :data:`tests.fakes.stores.Write` s to apply with the batch's own write)."""
 

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Mapping
 from datetime import datetime
 
+from services.api.capping import CapLedger
 from services.api.caps import Holds
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
 
@@ -19,7 +20,7 @@ def _ms(at: datetime) -> datetime:
     return at.replace(microsecond=at.microsecond // 1000 * 1000)
 
 
-class FakeCapStore:
+class FakeCapStore(CapLedger):
     def __init__(self, wire: Wire = LOOPBACK) -> None:
         self.wire = wire
         """How each round trip travels (``tests.fakes.wire``)."""

@@ -11,7 +11,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from services.api.contact_lists import ContactList, ListContact, bucket_of, contact_name
+from services.api.contact_lists import (
+    ContactBook,
+    ContactList,
+    ListContact,
+    bucket_of,
+    contact_name,
+)
 from services.api.contacts_csv import Contact
 from services.api.list_import import ImportJob
 from shared.core.addresses import address_key
@@ -23,7 +29,7 @@ def _now() -> datetime:
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
-class FakeContactLists:
+class FakeContactLists(ContactBook):
     def __init__(self, wire: Wire = LOOPBACK) -> None:
         self.wire = wire
         """How each round trip travels (``tests.fakes.wire``)."""

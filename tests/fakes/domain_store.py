@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.api.domain_claims import related
-from shared.accounts.domains import MAX_DOMAINS, Claim, SendingDomain
+from shared.accounts.domains import MAX_DOMAINS, Claim, Domains, SendingDomain
 from tests.fakes.wire import LOOPBACK, Kind, Wire
 
 _CHECKED = frozenset(
@@ -40,7 +40,7 @@ def _zone(domain: str) -> str:
     return ".".join(domain.split(".")[-2:])
 
 
-class FakeDomainStore:
+class FakeDomainStore(Domains):
     """Twin of :class:`shared.accounts.domains.DomainStore` (every operation)."""
 
     def __init__(self, wire: Wire = LOOPBACK) -> None:

@@ -14,7 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 
-from shared.providers.provider_health import WINDOW, WINDOWS, CircuitState, Window, window_start
+from shared.providers.provider_health import (
+    WINDOW,
+    WINDOWS,
+    CircuitState,
+    HealthWindows,
+    Window,
+    window_start,
+)
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
 
 
@@ -33,7 +40,7 @@ class HealthTables:
     """How each round trip travels (``tests.fakes.wire``)."""
 
 
-class FakeHealth:
+class FakeHealth(HealthWindows):
     """Twin of :class:`shared.providers.provider_health.HealthStore`."""
 
     def __init__(self, scope: str, tables: HealthTables | None = None) -> None:

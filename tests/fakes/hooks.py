@@ -52,13 +52,14 @@ from shared.outbound.hook_queue import (
     LOG_DAYS,
     REPLAY_MARK_SECONDS,
     Cursor,
+    Deliveries,
     Delivery,
     Pending,
     Queued,
     enqueued,
     hour_of,
 )
-from shared.outbound.hook_store import PREVIOUS_SECRET_FOR, Endpoint, endpoints_in
+from shared.outbound.hook_store import PREVIOUS_SECRET_FOR, Endpoint, Endpoints, endpoints_in
 from shared.outbound.outbound_retry import Health
 from shared.outbound.user_hooks import HookEmitter
 from tests.fakes.account_stores import stored
@@ -187,7 +188,7 @@ class _Twin:
 # ---------------------------------------------------------------------- endpoints
 
 
-class FakeHookStore(_Twin):
+class FakeHookStore(_Twin, Endpoints):
     """Twin of :class:`shared.outbound.hook_store.HookStore`: ``user_webhooks``, one partition per
     user."""
 
@@ -356,7 +357,7 @@ def _cql(value: Any) -> Any:
 # ---------------------------------------------------------------------- queues
 
 
-class FakeHookQueue(_Twin):
+class FakeHookQueue(_Twin, Deliveries):
     """Twin of :class:`shared.outbound.hook_queue.HookQueue`: every endpoint's queue in hour
     buckets, its cursor row (lease, low-water mark, attempts), its messages and replay requests, and
     its delivery log."""

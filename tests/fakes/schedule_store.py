@@ -20,7 +20,7 @@ from typing import Final
 
 from shared.core.lanes import BUCKET, bucket_of
 from shared.delivery.recipients import timeuuid_order
-from shared.delivery.schedule_store import MAX_MINUTES, Due
+from shared.delivery.schedule_store import MAX_MINUTES, Due, Schedules
 from tests.fakes.account_stores import Clock
 from tests.fakes.stores import Write
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
@@ -56,7 +56,7 @@ class ScheduleTables:
     """How each round trip travels (``tests.fakes.wire``)."""
 
 
-class FakeSchedule:
+class FakeSchedule(Schedules):
     """Twin of :class:`shared.delivery.schedule_store.ScheduleStore` (every operation; ``statement``
     gives a :data:`tests.fakes.stores.Write` to apply with the caller's own write)."""
 

@@ -39,17 +39,20 @@ from typing import Any
 
 from cassandra.util import SortedSet
 
-from shared.audience.suppressions import LOOKUP_CHUNK
+from services.webhooks.timeline import Timelines
+from services.webhooks.webhook_tokens import Tokens
+from shared.audience.suppressions import LOOKUP_CHUNK, SuppressionChecks
 from shared.core import batch_ids
 from shared.core.errors import DependencyUnavailable, TooLargeToStore
 from shared.core.models import Message
 from shared.core.webhook_events import ProviderEvent
 from shared.delivery import precedence
-from shared.delivery.attempts import COLUMNS, Attempt, from_row
+from shared.delivery.attempts import COLUMNS, Attempt, Attempts, from_row
 from shared.delivery.batchstore import (
     INLINE_BYTES,
     STATEMENT_BYTES,
     STORED_STATUS_STAMP,
+    Batches,
     BatchHeader,
     Content,
     NewBatch,
@@ -58,9 +61,10 @@ from shared.delivery.batchstore import (
     month_of,
     shown_status,
 )
-from shared.delivery.domain_capacity import HISTORY_DAYS, OUTCOMES, DayVolume
+from shared.delivery.domain_capacity import HISTORY_DAYS, OUTCOMES, DayVolume, Volumes
 from shared.delivery.recipients import (
     CHUNK_ROW,
+    Recipients,
     Report,
     Selection,
     by_chunk,
@@ -80,6 +84,7 @@ from shared.delivery.stats import (
     Mark,
     Roll,
     Rollup,
+    Stats,
     add,
     batch_day,
     bucket_of,
@@ -469,7 +474,7 @@ def _selected(key: Clustering, cells: _Cells) -> dict[str, Any]:
     return row
 
 
-class FakeBatches:
+class FakeBatches(Batches):
     """Twin of :class:`shared.delivery.batchstore.BatchStore`."""
 
     def __init__(self, db: FakeCassandra, stats: FakeStats | None = None) -> None:
@@ -656,7 +661,7 @@ class FakeBatches:
         self.db._after(failure)
 
 
-class FakeStats:
+class FakeStats(Stats):
     """Twin of :class:`shared.delivery.stats.StatsStore`: ``stat_rows`` partitions of cells, counted
     and judged by the production functions."""
 
@@ -1010,7 +1015,7 @@ class FakeStats:
         return drifts
 
 
-class FakeRecipients:
+class FakeRecipients(Recipients):
     """Twin of :class:`shared.delivery.recipients.RecipientStore`: chunk rows and own rows as cells,
     read back through :func:`shared.delivery.recipients.merged_chunk`."""
 
@@ -1267,7 +1272,7 @@ class FakeRecipients:
 _ATTEMPT_COLUMNS = [c.strip() for c in COLUMNS.split(",")]
 
 
-class FakeAttempts:
+class FakeAttempts(Attempts):
     """Twin of :class:`shared.delivery.attempts.AttemptStore`: every write is conditional."""
 
     def __init__(self, db: FakeCassandra) -> None:
@@ -1339,7 +1344,7 @@ class FakeAttempts:
         return applied
 
 
-class FakeSuppressions:
+class FakeSuppressions(SuppressionChecks):
     """Twin of :class:`shared.audience.suppressions.SuppressionStore` (add and lookup). A row keeps
     its write time (``version``, the driver's client-side timestamp: above the row's last
     one) and its ``by_recipient`` mark's own, which a write without a mark leaves as it is."""
@@ -1419,7 +1424,7 @@ class FakeSuppressions:
         return {email: row["reason"] for email, row in rows}
 
 
-class FakeTimeline:
+class FakeTimeline(Timelines):
     """Twin of :class:`services.webhooks.timeline.Timeline`."""
 
     def __init__(self, db: FakeCassandra) -> None:
@@ -1453,7 +1458,7 @@ class FakeTimeline:
         self.db._after(failure)
 
 
-class FakeWebhookTokens:
+class FakeWebhookTokens(Tokens):
     """Twin of :class:`services.webhooks.webhook_tokens.WebhookTokens`."""
 
     def __init__(self, db: FakeCassandra) -> None:
@@ -1466,7 +1471,7 @@ class FakeWebhookTokens:
         return first == body_hash
 
 
-class FakeDomainVolumes:
+class FakeDomainVolumes(Volumes):
     """``shared.delivery.domain_capacity.DomainVolumes`` in memory: per (domain, day) counters."""
 
     def __init__(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from shared.templates.templates import (
+    StoredTemplates,
     Template,
     TemplateChanged,
     TemplateGone,
@@ -40,7 +41,7 @@ class _Row:
     next_version: int
 
 
-class FakeTemplates:
+class FakeTemplates(StoredTemplates):
     """Twin of :class:`shared.templates.templates.TemplateStore` (every operation)."""
 
     def __init__(self, wire: Wire = LOOPBACK) -> None:

@@ -187,12 +187,12 @@ class World:
         self.fault_points: dict[str, Fault] = {}
         self.dispatcher = Dispatcher(
             broker=self.broker,  # type: ignore[arg-type]
-            batches=self.batches,  # type: ignore[arg-type]
-            attempts=self.attempts,  # type: ignore[arg-type]
+            batches=self.batches,
+            attempts=self.attempts,
             providers={c: p for c, p in self.providers.items() if c in self.settings.chain_codes},
             settings=self.settings,
             metrics=self.metrics,
-            recipients=self.recipients,  # type: ignore[arg-type]
+            recipients=self.recipients,
             suppressions=self.suppressions,  # type: ignore[arg-type]
             fault_points=self._fault,
             deferred_deadline=3600,
@@ -200,22 +200,22 @@ class World:
         )
         self.splitter = Splitter(
             self.broker,  # type: ignore[arg-type]
-            self.batches,  # type: ignore[arg-type]
+            self.batches,
             self.settings.chain_codes[0],
         )
         self.dead: list[FakeMessage] = []
         self.ingest = Ingest(
-            batches=self.batches,  # type: ignore[arg-type]
-            recipients=self.recipients,  # type: ignore[arg-type]
+            batches=self.batches,
+            recipients=self.recipients,
             suppressions=self.suppressions,  # type: ignore[arg-type]
-            timeline=self.timeline,  # type: ignore[arg-type]
+            timeline=self.timeline,
             handoff=self.dispatcher.handoff,
             broker=self.broker,  # type: ignore[arg-type]
             settings=self.app_settings,
             metrics=IngestMetrics.create(CollectorRegistry()),
         )
         self.intake = Intake(
-            self.tokens,  # type: ignore[arg-type]
+            self.tokens,
             self.broker,  # type: ignore[arg-type]
             self.ingest,
             IntakeMetrics.create(CollectorRegistry()),

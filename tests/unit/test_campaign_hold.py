@@ -46,7 +46,7 @@ class Shop:
         self.store = FakeCampaigns("t")
         # The twin stands in for the concrete CampaignStore (no Protocol for it yet).
         self.hold = CampaignHold(
-            self.store,  # type: ignore[arg-type]
+            self.store,
             clock=lambda: self.world.clock.now.timestamp(),
         )
         self.world.dispatcher.campaigns = self.hold

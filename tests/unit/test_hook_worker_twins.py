@@ -76,8 +76,8 @@ class Hooks:
     def worker(self, probe: Probe | None = None) -> Worker:
         extra = {} if probe is None else {"probe": probe}
         return Worker(
-            self.store,  # type: ignore[arg-type]
-            self.queue,  # type: ignore[arg-type]
+            self.store,
+            self.queue,
             self.broker,  # type: ignore[arg-type]
             self.deliverer,  # type: ignore[arg-type]
             SETTINGS,

@@ -33,7 +33,7 @@ async def _batches(*subjects: str, canary: bool = False) -> tuple[TemplateBatche
     template = await store.publish(template, 1)
     if canary:
         await store.publish(template, 2, canary_percent=50.0)
-    return TemplateBatches(store, InlineRenderer()), tid  # type: ignore[arg-type]
+    return TemplateBatches(store, InlineRenderer()), tid
 
 
 def _user(batches: TemplateBatches) -> uuid.UUID:

@@ -40,10 +40,10 @@ class Setting:
         self.batches = FakeBatches(self.db)
         self.recipients = FakeRecipients(self.db)
         self.judge = CanaryJudge(
-            self.store,  # type: ignore[arg-type]
-            self.templates,  # type: ignore[arg-type]
-            self.batches,  # type: ignore[arg-type]
-            self.recipients,  # type: ignore[arg-type]
+            self.store,
+            self.templates,
+            self.batches,
+            self.recipients,
             Margins(min_sent=1),
             WINDOW,
             DEADLINE,

@@ -47,7 +47,7 @@ class Setting:
 
     def checker(self) -> DomainChecker:
         return DomainChecker(
-            self.store,  # type: ignore[arg-type]
+            self.store,
             self.dns,
             RULES,
             FakeSchedule("ns:domains", self.leases),

@@ -49,8 +49,8 @@ class Setting:
 
     def scheduler(self) -> Scheduler:
         return Scheduler(
-            self.store,  # type: ignore[arg-type]
-            self.batches,  # type: ignore[arg-type]
+            self.store,
+            self.batches,
             self.broker,  # type: ignore[arg-type]
             self.settle,
             clock=lambda: self.now,
