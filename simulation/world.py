@@ -56,26 +56,23 @@ from simulation.front import Reply, UserEndpoint
 from simulation.processes import Gate, Incarnation, Process
 from simulation.providers import Ledger, SimProvider
 from simulation.runtime import VirtualClock
-from tests.fakes.acceptance_stores import FakeOutbox, FakePreferences, FakeQuota, FakeRecentMail
-from tests.fakes.account_stores import AccountTables, FakeIdempotencyStore
-from tests.fakes.campaign_store import CampaignTables, FakeCampaigns
-from tests.fakes.canary_store import CanaryTables, FakeCanary
-from tests.fakes.cap_store import FakeCapStore
-from tests.fakes.contact_lists import FakeContactLists
-from tests.fakes.hooks import FakeHookQueue, FakeHookStore, emitter_over
-from tests.fakes.renderer import InlineRenderer
-from tests.fakes.schedule_store import FakeSchedule, ScheduleTables
-from tests.fakes.stores import (
+from tests.fakes.accounts import AccountTables, FakePreferences, FakeQuota
+from tests.fakes.api import FakeCapStore, FakeContactLists, FakeIdempotencyStore, FakeRecentMail
+from tests.fakes.audience import CampaignTables, FakeCampaigns, FakeSuppressions
+from tests.fakes.cassandra import FakeCassandra
+from tests.fakes.delivery import (
     FakeAttempts,
     FakeBatches,
-    FakeCassandra,
+    FakeOutbox,
     FakeRecipients,
+    FakeSchedule,
     FakeStats,
-    FakeSuppressions,
-    FakeTimeline,
-    FakeWebhookTokens,
+    ScheduleTables,
 )
-from tests.fakes.template_store import FakeTemplates
+from tests.fakes.outbound import FakeHookQueue, FakeHookStore, emitter_over
+from tests.fakes.renderer import InlineRenderer
+from tests.fakes.templates import CanaryTables, FakeCanary, FakeTemplates
+from tests.fakes.webhooks import FakeTimeline, FakeWebhookTokens
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
 """The account-side store contract: users and API keys, dashboard sessions, Idempotency-Key
 claims and the suppression list, asserted identically of the in-memory twins
-(``tests/fakes/account_stores.py``) and of the real stores on Cassandra."""
+(``tests/fakes/accounts.py``, ``tests/fakes/api.py``, ``tests/fakes/audience.py``) and of the
+real stores on Cassandra."""
 
 from __future__ import annotations
 
@@ -21,13 +22,9 @@ from shared.audience.suppressions import LOOKUP_CHUNK, SuppressionStore
 from shared.infra.db import Database
 from tests.conftest import unique
 from tests.contracts.conftest import IMPLEMENTATIONS
-from tests.fakes.account_stores import (
-    AccountTables,
-    FakeAccounts,
-    FakeIdempotencyStore,
-    FakeSessionStore,
-    FakeSuppressionStore,
-)
+from tests.fakes.accounts import AccountTables, FakeAccounts
+from tests.fakes.api import FakeIdempotencyStore, FakeSessionStore
+from tests.fakes.audience import FakeSuppressionStore
 
 BODY = hashlib.sha256(b"the first body").digest()
 OTHER_BODY = hashlib.sha256(b"another body").digest()

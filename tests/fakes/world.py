@@ -37,17 +37,11 @@ from shared.infra.settle import run
 from shared.infra.topology import batch_key, parse_routing_key
 from shared.providers import responses, transport
 from shared.providers.base import Gate, LookupQuery, Receipt
+from tests.fakes.audience import FakeSuppressions
 from tests.fakes.broker import FakeBroker, FakeMessage
-from tests.fakes.stores import (
-    FakeAttempts,
-    FakeBatches,
-    FakeCassandra,
-    FakeRecipients,
-    FakeStats,
-    FakeSuppressions,
-    FakeTimeline,
-    FakeWebhookTokens,
-)
+from tests.fakes.cassandra import FakeCassandra
+from tests.fakes.delivery import FakeAttempts, FakeBatches, FakeRecipients, FakeStats
+from tests.fakes.webhooks import FakeTimeline, FakeWebhookTokens
 
 Answer = Receipt | ProviderError | Callable[[Chunk], Awaitable[Receipt]]
 

@@ -20,11 +20,12 @@ from shared.delivery.outbox import Relay
 from shared.infra.background import Background
 from shared.infra.config import ApiSettings, CassandraSettings, ProviderSettings, Settings
 from shared.infra.metrics import ApiMetrics
-from tests.fakes.acceptance_stores import FakeOutbox, FakeQuota
-from tests.fakes.account_stores import FakeIdempotencyStore, FakeSuppressionStore
+from tests.fakes.accounts import FakeQuota
+from tests.fakes.api import FakeIdempotencyStore
+from tests.fakes.audience import FakeSuppressionStore
 from tests.fakes.broker import FakeBroker
-from tests.fakes.schedule_store import FakeSchedule, ScheduleTables
-from tests.fakes.stores import FakeBatches, FakeCassandra
+from tests.fakes.cassandra import FakeCassandra
+from tests.fakes.delivery import FakeBatches, FakeOutbox, FakeSchedule, ScheduleTables
 
 A, B = "ann@example.com", "bob@example.com"
 #: What a Cassandra request that times out raises (whether it applied or not).

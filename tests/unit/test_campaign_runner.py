@@ -41,13 +41,12 @@ from shared.infra.metrics import ApiMetrics
 from shared.templates.template_limits import Limit
 from shared.templates.template_pool import RendererBusy
 from shared.templates.template_render import LimitError, RendererCrashed
-from tests.fakes.acceptance_stores import FakeOutbox, FakeQuota
-from tests.fakes.account_stores import AccountTables, FakeIdempotencyStore, FakeSuppressionStore
-from tests.fakes.campaign_store import FakeCampaigns
-from tests.fakes.contact_lists import FakeContactLists
+from tests.fakes.accounts import AccountTables, FakeQuota
+from tests.fakes.api import FakeContactLists, FakeIdempotencyStore
+from tests.fakes.audience import FakeCampaigns, FakeSuppressionStore
+from tests.fakes.delivery import FakeOutbox, FakeSchedule
 from tests.fakes.renderer import InlineRenderer
-from tests.fakes.schedule_store import FakeSchedule
-from tests.fakes.template_store import FakeTemplates
+from tests.fakes.templates import FakeTemplates
 from tests.fakes.world import World
 
 #: Seconds past the runner's lease (15 s).

@@ -11,7 +11,7 @@ import pytest
 from services.api.keycache import TTL, KeyCache, Revocations, revocation, revoked_in
 from shared.accounts import apikeys
 from shared.accounts.accounts import StoredKey
-from tests.fakes.account_stores import AccountTables, FakeAccounts
+from tests.fakes.accounts import AccountTables, FakeAccounts
 from tests.fakes.broker import FakeBroker
 
 

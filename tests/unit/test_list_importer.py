@@ -22,8 +22,8 @@ from shared.audience.suppressions import SuppressionStore
 from shared.core.errors import DependencyUnavailable
 from shared.infra.config import ListSettings
 from shared.infra.gil import CpuLane
-from tests.fakes.account_stores import FakeSuppressionStore
-from tests.fakes.contact_lists import FakeContactLists
+from tests.fakes.api import FakeContactLists
+from tests.fakes.audience import FakeSuppressionStore
 
 
 class Recording(FakeContactLists):

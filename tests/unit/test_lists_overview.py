@@ -17,7 +17,7 @@ from shared.audience.suppressions import SuppressionStore
 from shared.infra.background import Background
 from shared.infra.config import ListSettings
 from shared.infra.gil import CpuLane
-from tests.fakes.contact_lists import FakeContactLists
+from tests.fakes.api import FakeContactLists
 
 
 class Counting(FakeContactLists):

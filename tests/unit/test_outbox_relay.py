@@ -27,9 +27,9 @@ from shared.delivery.outbox import (
     shard_of,
     tell_relays,
 )
-from tests.fakes.acceptance_stores import FakeOutbox
+from tests.fakes.cassandra import FakeCassandra
 from tests.fakes.clocks import Ticks
-from tests.fakes.stores import FakeCassandra
+from tests.fakes.delivery import FakeOutbox
 
 T0 = datetime(2026, 6, 30, 23, 59, 41, tzinfo=UTC)
 

@@ -15,7 +15,7 @@ from shared.templates.template_limits import Limit
 from shared.templates.template_pool import RendererBusy
 from shared.templates.template_render import LimitError, RendererCrashed
 from tests.fakes.renderer import InlineRenderer
-from tests.fakes.template_store import FakeTemplates
+from tests.fakes.templates import FakeTemplates
 
 HTML = "<p>Hello {{ first_name }}</p>"
 

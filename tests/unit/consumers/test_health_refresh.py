@@ -26,7 +26,7 @@ from shared.providers.provider_health import (
     window_start,
 )
 from tests.fakes.clocks import Ticks
-from tests.fakes.health_store import FakeHealth, HealthTables
+from tests.fakes.providers import FakeHealth, HealthTables
 from tests.fakes.wire import Kind, Loopback, Trip
 from tests.fakes.world import World
 from tests.unit.consumers.settings_applier import consumer_settings

@@ -1,4 +1,6 @@
-"""In-memory twin of :class:`shared.providers.provider_health.HealthStore`: the shared health
+"""Twin of the store of :mod:`shared.providers`: the providers' health windows.
+
+In-memory twin of :class:`shared.providers.provider_health.HealthStore`: the shared health
 windows (counters by provider, day and 5-second window) and the circuits, for one scope.
 
 It keeps what the health refresh depends on: one round trip per day partition a read of the

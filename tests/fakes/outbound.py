@@ -1,4 +1,6 @@
-"""In-memory twins of the users' webhook stores: :class:`FakeHookStore` (endpoints,
+"""Twins of the stores of :mod:`shared.outbound`: users' webhook endpoints and their queue.
+
+In-memory twins of the users' webhook stores: :class:`FakeHookStore` (endpoints,
 :class:`shared.outbound.hook_store.HookStore`) and :class:`FakeHookQueue` (queues, leases, cursors,
 messages, replays and the delivery log, :class:`shared.outbound.hook_queue.HookQueue`), the tables
 of ``deploy/cql/0023_user_webhooks.cql``; and :class:`FakeDeliverer`, an endpoint's side of
@@ -62,17 +64,24 @@ from shared.outbound.hook_queue import (
 from shared.outbound.hook_store import PREVIOUS_SECRET_FOR, Endpoint, Endpoints, endpoints_in
 from shared.outbound.outbound_retry import Health
 from shared.outbound.user_hooks import HookEmitter
-from tests.fakes.account_stores import stored
+from tests.fakes.cassandra import as_stored
 from tests.fakes.wire import LOOPBACK, Kind, Trip, Wire
 
 #: ``default_time_to_live`` of ``user_webhook_queue`` and ``user_webhook_hours`` (8 days).
 QUEUE_TTL: Final = 691_200
+
+
 #: ``default_time_to_live`` of ``user_webhook_messages`` and ``user_webhook_deliveries``.
 MONTH_TTL: Final = 2_592_000
+
+
 #: ``default_time_to_live`` of ``user_webhook_replays``.
 REPLAYS_TTL: Final = 86_400
+
+
 #: Rows of a page of the sweep's full scan (``HookStore.every_endpoint``).
 SCAN_PAGE: Final = 500
+
 
 #: Each operation's round trips, and what each is (``tests.fakes.wire.Kind``): the names a
 #: simulator aims its faults at.
@@ -105,6 +114,7 @@ HOOK_OPERATION_KINDS: Final[dict[str, Kind]] = {
     "hookqueue.start": "write",
     "hookqueue.take_lease": "lwt",
 }
+
 
 #: ``user_webhooks``' columns besides its key, as ``HookStore`` selects them.
 _ENDPOINT_COLUMNS: Final = (
@@ -348,7 +358,7 @@ def _cql(value: Any) -> Any:
     """A value as Cassandra keeps it: timestamps at millisecond precision, an empty set as
     null."""
     if isinstance(value, datetime):
-        return stored(value)
+        return as_stored(value)
     if isinstance(value, frozenset | set):
         return frozenset(value) or None
     return value
@@ -403,7 +413,7 @@ class FakeHookQueue(_Twin, Deliveries):
         trip = await self._trip("hookqueue.enqueue")
         queue_expires, month = self._expiry(QUEUE_TTL), self._expiry(MONTH_TTL)
         for seq, row in rows:
-            hour = stored(hour_of(datetime.fromtimestamp(unix_time_from_uuid1(seq), UTC)))
+            hour = as_stored(hour_of(datetime.fromtimestamp(unix_time_from_uuid1(seq), UTC)))
             values = {
                 "msg_id": row.msg_id,
                 "type": row.type,
@@ -424,7 +434,7 @@ class FakeHookQueue(_Twin, Deliveries):
         self, endpoint_id: uuid.UUID, since: datetime, *, limit: int = 100
     ) -> list[Pending]:
         trip = await self._trip("hookqueue.hours")
-        first = stored(hour_of(since))
+        first = as_stored(hour_of(since))
         hours = [
             hour
             for hour, row in sorted(self.hours.get(endpoint_id, {}).items())
@@ -462,7 +472,7 @@ class FakeHookQueue(_Twin, Deliveries):
 
     async def done(self, endpoint_id: uuid.UUID, item: Pending) -> None:
         trip = await self._trip("hookqueue.done")
-        partition = self.queue.setdefault((endpoint_id, stored(item.hour)), {})
+        partition = self.queue.setdefault((endpoint_id, as_stored(item.hour)), {})
         partition.setdefault(item.seq, _Row()).write({"done": True}, self._expiry(QUEUE_TTL))
         trip.landed()
 
@@ -477,7 +487,7 @@ class FakeHookQueue(_Twin, Deliveries):
 
     async def start(self, endpoint_id: uuid.UUID, now: datetime) -> None:
         trip = await self._trip("hookqueue.start")
-        self._cursor_row(endpoint_id).write({"since": stored(now), "attempts": 0}, None)
+        self._cursor_row(endpoint_id).write({"since": as_stored(now), "attempts": 0}, None)
         trip.landed()
 
     async def reset(self, endpoint_id: uuid.UUID) -> None:
@@ -520,9 +530,9 @@ class FakeHookQueue(_Twin, Deliveries):
         applied = self._owner(endpoint_id) == owner
         if applied:
             values = {
-                "since": stored(cursor.since) if cursor.since else None,
+                "since": as_stored(cursor.since) if cursor.since else None,
                 "attempts": cursor.attempts,
-                "next_try": stored(cursor.next_try) if cursor.next_try else None,
+                "next_try": as_stored(cursor.next_try) if cursor.next_try else None,
             }
             self._cursor_row(endpoint_id).write(values, None)
         trip.landed()
