@@ -56,7 +56,7 @@ from simulation.front import Reply, UserEndpoint
 from simulation.processes import Gate, Incarnation, Process
 from simulation.providers import Ledger, SimProvider
 from simulation.runtime import VirtualClock
-from tests.fakes.accounts import AccountTables, FakePreferences, FakeQuota
+from tests.fakes.accounts import FakePreferences, FakeQuota
 from tests.fakes.api import FakeCapStore, FakeContactLists, FakeIdempotencyStore, FakeRecentMail
 from tests.fakes.audience import CampaignTables, FakeCampaigns, FakeSuppressions
 from tests.fakes.cassandra import FakeCassandra
@@ -135,7 +135,7 @@ class World:
         through its own cache)."""
         self.unsubscribed: list[tuple[uuid.UUID, str, float]] = []
         """(user, address, when) of each one-click unsubscribe a reader was answered."""
-        self.accounts = AccountTables(wire=self.gate)
+        self.accounts = FakeCassandra(wire=self.gate)
         self.idempotency = FakeIdempotencyStore(
             self.accounts, lease=self.settings.api.idempotency_lease
         )

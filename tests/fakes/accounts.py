@@ -1,6 +1,6 @@
-"""Twins of the stores of :mod:`shared.accounts`: users and API keys (:class:`FakeAccounts`,
-over :class:`AccountTables`), the recipient quota and rate windows, preferences and sending
-domains.
+"""Twins of the stores of :mod:`shared.accounts`: users and API keys (:class:`FakeAccounts`, in
+:class:`tests.fakes.cassandra.FakeCassandra`), the recipient quota and rate windows,
+preferences and sending domains.
 
 They keep the Cassandra semantics these stores depend on:
 
@@ -49,7 +49,6 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -71,68 +70,16 @@ from shared.accounts.ratelimit import (
 )
 from shared.core.batch_ids import accepted_at
 from shared.infra.db import utc
-from tests.fakes.cassandra import Clock, FakeCassandra, as_stored, interleave
+from tests.fakes.cassandra import FakeCassandra, as_stored, interleave
 from tests.fakes.wire import LOOPBACK, Kind, Wire
-
-
-@dataclass
-class _Cell:
-    value: Any
-    expires: datetime | None = None
-
-
-@dataclass
-class _Row:
-    """A row's cells and its INSERT marker, each expiring on its own."""
-
-    cells: dict[str, _Cell] = field(default_factory=dict)
-    marker: _Cell | None = None
-
-    def live(self, now: datetime) -> dict[str, Any] | None:
-        """The row as a SELECT sees it at ``now`` (expired cells read as null); None when
-        nothing of it is left."""
-        alive = {c: cell.value for c, cell in self.cells.items() if _alive(cell, now)}
-        if not alive and (self.marker is None or not _alive(self.marker, now)):
-            return None
-        return alive
-
-    def write(self, values: dict[str, Any], expires: datetime | None, *, insert: bool) -> None:
-        for column, value in values.items():
-            self.cells[column] = _Cell(value, expires)
-        if insert:
-            self.marker = _Cell(True, expires)
-
-
-def _alive(cell: _Cell, now: datetime) -> bool:
-    return cell.value is not None and (cell.expires is None or now < cell.expires)
-
-
-@dataclass
-class AccountTables:
-    """The tables the twins share, as one keyspace is shared by the real stores."""
-
-    clock: Clock = field(default_factory=Clock)
-    users: dict[uuid.UUID, dict[str, Any]] = field(default_factory=dict)
-    users_by_login: dict[str, uuid.UUID] = field(default_factory=dict)
-    users_by_github: dict[int, uuid.UUID] = field(default_factory=dict)
-    api_keys: dict[str, dict[str, Any]] = field(default_factory=dict)
-    api_keys_by_user: dict[uuid.UUID, set[str]] = field(default_factory=dict)
-    sessions: dict[str, _Row] = field(default_factory=dict)
-    idempotency_keys: dict[tuple[uuid.UUID, str], _Row] = field(default_factory=dict)
-    wire: Wire = LOOPBACK
-    """How each round trip travels (``tests.fakes.wire``); so far only the idempotency
-    twin's go over it."""
-
-    def now(self) -> datetime:
-        return self.clock.now()
 
 
 class FakeAccounts:
     """Twin of the functions of :mod:`shared.accounts.accounts` (each without its ``db``
     argument)."""
 
-    def __init__(self, tables: AccountTables | None = None) -> None:
-        self.tables = tables or AccountTables()
+    def __init__(self, tables: FakeCassandra | None = None) -> None:
+        self.tables = tables or FakeCassandra()
 
     async def ensure_user(self, login: str) -> uuid.UUID:
         await interleave()

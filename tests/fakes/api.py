@@ -1,5 +1,6 @@
 """Twins of the stores of :mod:`services.api`: dashboard sessions and ``Idempotency-Key`` claims
-(over :class:`tests.fakes.accounts.AccountTables`, with the semantics its module describes),
+(in :class:`tests.fakes.cassandra.FakeCassandra`, with the semantics :mod:`tests.fakes.accounts`
+describes),
 recent mail for the cooldown, caps and contact lists.
 
 In-memory twin of :class:`services.api.cap_store.CapStore` (held to it by
@@ -41,8 +42,7 @@ from services.api.idempotency import Claimed, Existing, IdempotencyKeys
 from services.api.list_import import ImportJob
 from services.api.session_store import Session, Sessions
 from shared.core.addresses import address_key
-from tests.fakes.accounts import AccountTables, _Row
-from tests.fakes.cassandra import FakeCassandra, as_stored, interleave, ms
+from tests.fakes.cassandra import FakeCassandra, Row, as_stored, interleave, ms
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
 
 #: ``idempotency_keys``' ``default_time_to_live`` (deploy/cql/0001_core.cql).
@@ -62,12 +62,12 @@ class FakeSessionStore(Sessions):
 
     def __init__(
         self,
-        tables: AccountTables | None = None,
+        tables: FakeCassandra | None = None,
         *,
         idle_ttl: int = sessions.DEFAULT_IDLE_TTL,
         max_age: int = sessions.DEFAULT_MAX_AGE,
     ) -> None:
-        self.tables = tables or AccountTables()
+        self.tables = tables or FakeCassandra()
         self.idle_ttl = idle_ttl
         self.max_age = max_age
 
@@ -78,7 +78,7 @@ class FakeSessionStore(Sessions):
         now = self.tables.now()
         expires = sessions.expiry(now, now, idle_ttl=self.idle_ttl, max_age=self.max_age)
         await interleave()
-        row = self.tables.sessions[sessions.session_hash(session_id)] = _Row()
+        row = self.tables.sessions[sessions.session_hash(session_id)] = Row()
         row.write(_session_cells(user_id, csrf, now, now, expires), self._ttl(expires), insert=True)
         return session_id, csrf
 
@@ -129,7 +129,7 @@ class FakeSessionStore(Sessions):
 
     def _live(self, key: str) -> dict[str, Any] | None:
         row = self.tables.sessions.get(key)
-        return row.live(self.tables.now()) if row else None
+        return row.read(self.tables.now()) if row else None
 
 
 def _session_cells(
@@ -148,8 +148,8 @@ class FakeIdempotencyStore(IdempotencyKeys):
     """Twin of :class:`services.api.idempotency.IdempotencyStore`: lightweight transactions on
     ``idempotency_keys``, whose every write expires after the table's default TTL."""
 
-    def __init__(self, tables: AccountTables | None = None, *, lease: float = 30.0) -> None:
-        self.tables = tables or AccountTables()
+    def __init__(self, tables: FakeCassandra | None = None, *, lease: float = 30.0) -> None:
+        self.tables = tables or FakeCassandra()
         self.lease = timedelta(seconds=lease)
 
     async def claim(
@@ -215,11 +215,11 @@ class FakeIdempotencyStore(IdempotencyKeys):
 
     def _live(self, user_id: uuid.UUID, key: str) -> dict[str, Any] | None:
         row = self.tables.idempotency_keys.get((user_id, key))
-        return row.live(self.tables.now()) if row else None
+        return row.read(self.tables.now()) if row else None
 
     def _write(self, user_id: uuid.UUID, key: str, values: dict[str, Any], *, insert: bool) -> None:
         expires = self.tables.now() + timedelta(seconds=IDEMPOTENCY_TTL)
-        row = self.tables.idempotency_keys.setdefault((user_id, key), _Row())
+        row = self.tables.idempotency_keys.setdefault((user_id, key), Row())
         row.write(values, expires, insert=insert)
 
     def age(self, user_id: uuid.UUID, key: str, *, remaining: float) -> None:

@@ -261,6 +261,42 @@ OPERATION_KINDS: dict[str, Kind] = {
 OPERATIONS = frozenset(OPERATION_KINDS)
 
 
+@dataclass
+class Cell:
+    """A cell that expires on its own (``USING TTL``, a table's ``default_time_to_live``)."""
+
+    value: Any
+    expires: datetime | None = None
+
+    def alive(self, now: datetime) -> bool:
+        return self.value is not None and (self.expires is None or now < self.expires)
+
+
+@dataclass
+class Row:
+    """One row's cells (a None value is a deletion) and the marker an INSERT writes, each
+    expiring on its own: the row lives as long as any of them does."""
+
+    cells: dict[str, Cell] = field(default_factory=dict)
+    marker: Cell | None = None
+
+    def write(
+        self, values: Mapping[str, Any], expires: datetime | None, *, insert: bool = False
+    ) -> None:
+        for column, value in values.items():
+            self.cells[column] = Cell(value, expires)
+        if insert:
+            self.marker = Cell(True, expires)
+
+    def read(self, now: datetime) -> dict[str, Any] | None:
+        """The row as a SELECT sees it at ``now`` (dead cells left out); None when nothing of
+        it lives."""
+        live = {c: cell.value for c, cell in self.cells.items() if cell.alive(now)}
+        if not live and (self.marker is None or not self.marker.alive(now)):
+            return None
+        return live
+
+
 class FakeCassandra:
     """The tables the twins share (as one keyspace is shared by the real stores)."""
 
@@ -317,6 +353,15 @@ class FakeCassandra:
         """``recent_mail``: (user, email, scope) -> (last_at, batch_id, expires)."""
         self.preferences: dict[uuid.UUID, Any] = {}
         """``user_preferences``: user -> ``shared.accounts.preferences.Preferences``."""
+        self.users: dict[uuid.UUID, dict[str, Any]] = {}
+        self.users_by_login: dict[str, uuid.UUID] = {}
+        self.users_by_github: dict[int, uuid.UUID] = {}
+        self.api_keys: dict[str, dict[str, Any]] = {}
+        self.api_keys_by_user: dict[uuid.UUID, set[str]] = {}
+        self.sessions: dict[str, Row] = {}
+        """``sessions``, by the session id's hash; every cell expires."""
+        self.idempotency_keys: dict[tuple[uuid.UUID, str], Row] = {}
+        """``idempotency_keys``: (user, key) -> claim; every cell expires."""
         self._failures: dict[str, list[_Failure]] = defaultdict(list)
         self.calls: list[str] = []
         self.server_offset = timedelta()

@@ -41,9 +41,10 @@ from shared.infra.metrics import ApiMetrics
 from shared.templates.template_limits import Limit
 from shared.templates.template_pool import RendererBusy
 from shared.templates.template_render import LimitError, RendererCrashed
-from tests.fakes.accounts import AccountTables, FakeQuota
+from tests.fakes.accounts import FakeQuota
 from tests.fakes.api import FakeContactLists, FakeIdempotencyStore
 from tests.fakes.audience import FakeCampaigns, FakeSuppressionStore
+from tests.fakes.cassandra import FakeCassandra
 from tests.fakes.delivery import FakeOutbox, FakeSchedule
 from tests.fakes.renderer import InlineRenderer
 from tests.fakes.templates import FakeTemplates
@@ -81,7 +82,7 @@ class Desk:
     templates: FakeTemplates = field(default_factory=FakeTemplates)
     renderer: InlineRenderer = field(default_factory=InlineRenderer)
     schedule: FakeSchedule = field(default_factory=lambda: FakeSchedule("t"))
-    keys: AccountTables = field(default_factory=AccountTables)
+    keys: FakeCassandra = field(default_factory=FakeCassandra)
     user: uuid.UUID = field(default_factory=uuid.uuid4)
     key_lease: float = 0.0
     """Seconds an Idempotency-Key claim is leased (0: a request that died can be taken over
