@@ -19,15 +19,11 @@ functions of :mod:`shared.accounts.accounts` take a ``Database``; :class:`FakeAc
 as methods without it. ``tests/contracts/test_account_stores.py`` runs one suite over each twin
 and the real store, so the twins cannot drift from what they stand in for.
 
-The quota, the rate windows and preferences, as accepting a batch uses them:
-
-They live in the tables of :class:`tests.fakes.cassandra.FakeCassandra` and make the round trips
-the real stores make: an outbox row is written by the batch's own logged batch (its
-``statement`` is applied by ``FakeBatches.write``), marked published by one write, and listed
-per (minute, shard) partition; the quota and a rate window are counters, added to and read
-back in separate round trips, so a counter update whose answer is lost stays counted, as in
-Cassandra, and a refund is a row per batch (a repeat rewrites it); recent mail rows live for
-their cooldown (their TTL). ``tests/contracts/test_acceptance_stores.py`` (the rate windows:
+The quota, the rate windows and preferences, as accepting a batch uses them, live in the
+tables of :class:`tests.fakes.cassandra.FakeCassandra`: the quota and a rate window are
+counters, added to and read back in separate round trips, so a counter update whose answer is
+lost stays counted, as in Cassandra, and a refund is a row per batch (a repeat rewrites it).
+``tests/contracts/test_acceptance_stores.py`` (the rate windows:
 ``tests/contracts/test_rate_windows.py``) runs one suite over each twin and its real store.
 
 In-memory twin of :class:`shared.accounts.domains.DomainStore`: users' sending domains, the state
@@ -70,7 +66,7 @@ from shared.accounts.ratelimit import (
 )
 from shared.core.batch_ids import accepted_at
 from shared.infra.db import utc
-from tests.fakes.cassandra import FakeCassandra, as_stored, interleave
+from tests.fakes.cassandra import FakeCassandra, as_stored, interleave, ms
 from tests.fakes.wire import LOOPBACK, Kind, Wire
 
 
@@ -338,10 +334,7 @@ _CHECKED = frozenset(
 
 def _stored(value: object) -> Any:
     """A cell as read back from Cassandra: timestamps in UTC at millisecond precision."""
-    if isinstance(value, datetime):
-        value = value.astimezone(UTC)
-        return value.replace(microsecond=value.microsecond // 1000 * 1000)
-    return value
+    return ms(value) if isinstance(value, datetime) else value
 
 
 def _zone(domain: str) -> str:

@@ -15,6 +15,10 @@ In-memory twin of :class:`services.api.contact_lists.ContactLists` (held to it b
 bucket in address order, imports per list, the lightweight transaction that makes one
 import the list's latest, and a deletion (its row, then its contents). Timestamps at
 Cassandra's millisecond precision.
+
+Recent mail (:class:`FakeRecentMail`) lives in the tables of
+:class:`tests.fakes.cassandra.FakeCassandra`, each row for its cooldown (its TTL);
+``tests/contracts/test_acceptance_stores.py`` holds it to the real store.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from services.api.idempotency import Claimed, Existing, IdempotencyKeys
 from services.api.list_import import ImportJob
 from services.api.session_store import Session, Sessions
 from shared.core.addresses import address_key
-from tests.fakes.cassandra import FakeCassandra, Row, as_stored, interleave, ms
+from tests.fakes.cassandra import FakeCassandra, Row, as_stored, interleave, millis, ms
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
 
 #: ``idempotency_keys``' ``default_time_to_live`` (deploy/cql/0001_core.cql).
@@ -281,10 +285,6 @@ class FakeRecentMail(RecentSends):
                 self.db._after(done)
 
 
-def _ms(at: datetime) -> datetime:
-    return at.replace(microsecond=at.microsecond // 1000 * 1000)
-
-
 class FakeCapStore(CapLedger):
     def __init__(self, wire: Wire = LOOPBACK) -> None:
         self.wire = wire
@@ -306,7 +306,7 @@ class FakeCapStore(CapLedger):
         found = self.ledgers.get((user_id, ledger), Holds(None, {}))
         if found.version != expected:
             return False
-        kept = {h: _ms(at) for h, at in holders.items()}
+        kept = {h: millis(at) for h, at in holders.items()}
         self.ledgers[(user_id, ledger)] = Holds((expected or 0) + 1, kept)
         return True
 

@@ -466,11 +466,16 @@ def _selected(key: Clustering, cells: Cells) -> dict[str, Any]:
     return row
 
 
+def millis(value: datetime) -> datetime:
+    """``value`` at Cassandra's precision: milliseconds (its zone as it is)."""
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
 def as_stored(value: datetime) -> datetime:
     """A timestamp as Cassandra returns it: naive UTC, millisecond precision."""
     if value.tzinfo is not None:
         value = value.astimezone(UTC).replace(tzinfo=None)
-    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+    return millis(value)
 
 
 async def interleave() -> None:
@@ -494,5 +499,4 @@ class Clock:
 
 def ms(value: datetime) -> datetime:
     """A timestamp as the store reads it back: aware UTC, millisecond precision."""
-    value = value.astimezone(UTC)
-    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+    return millis(value.astimezone(UTC))

@@ -13,16 +13,11 @@ first, each minute's batches in ``timeuuid`` order) with timestamps at Cassandra
 (UTC, milliseconds); a row expires with the table's ``default_time_to_live``.
 ``tests/contracts/test_schedule_store.py`` runs one suite over this twin and the real store.
 
-The outbox:
-
-They live in the tables of :class:`tests.fakes.cassandra.FakeCassandra` and make the round trips
-the real stores make: an outbox row is written by the batch's own logged batch (its
-``statement`` is applied by ``FakeBatches.write``), marked published by one write, and listed
-per (minute, shard) partition; the quota and a rate window are counters, added to and read
-back in separate round trips, so a counter update whose answer is lost stays counted, as in
-Cassandra, and a refund is a row per batch (a repeat rewrites it); recent mail rows live for
-their cooldown (their TTL). ``tests/contracts/test_acceptance_stores.py`` (the rate windows:
-``tests/contracts/test_rate_windows.py``) runs one suite over each twin and its real store.
+The outbox (:class:`FakeOutbox`) lives in the tables of
+:class:`tests.fakes.cassandra.FakeCassandra` and makes the round trips the real store makes: a
+row is written by the batch's own logged batch (its ``statement`` is applied by
+``FakeBatches.write``), marked published by one write, and listed per (minute, shard)
+partition. ``tests/contracts/test_acceptance_stores.py`` holds it to the real store.
 """
 
 from __future__ import annotations

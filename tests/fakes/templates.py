@@ -44,13 +44,8 @@ from shared.templates.templates import (
     Version,
     VersionHeader,
 )
-from tests.fakes.cassandra import Write, ms
+from tests.fakes.cassandra import Write, millis, ms
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
-
-
-def _stored(value: datetime) -> datetime:
-    """A timestamp as read back from Cassandra: UTC, millisecond precision."""
-    return value.replace(microsecond=value.microsecond // 1000 * 1000)
 
 
 @dataclass
@@ -82,7 +77,7 @@ class FakeTemplates(StoredTemplates):
         now = datetime.now(UTC)
         await self.write_version(template_id, 1, subject, html, text, sample, now)
         trip = await self.wire.trip("templates.create", "lwt")
-        made = Template(user_id, template_id, name, None, None, None, None, _stored(now))
+        made = Template(user_id, template_id, name, None, None, None, None, millis(now))
         self.rows[(user_id, template_id)] = _Row(made, 2)
         trip.landed()
         return template_id
@@ -131,7 +126,7 @@ class FakeTemplates(StoredTemplates):
     ) -> None:
         trip = await self.wire.trip("templates.write_version", "write")
         kept = orjson.loads(orjson.dumps(sample))
-        written = Version(number, subject, html, text, kept, _stored(at))
+        written = Version(number, subject, html, text, kept, millis(at))
         self.version_rows.setdefault(template_id, {})[number] = written
         trip.landed()
 
@@ -176,7 +171,7 @@ class FakeTemplates(StoredTemplates):
     async def publish(
         self, template: Template, number: int, canary_percent: float | None = None
     ) -> Template:
-        since = _stored(datetime.now(UTC))
+        since = millis(datetime.now(UTC))
         if canary_percent is None or template.live_version is None:
             values: tuple[Any, ...] = (number, None, None, None)
         else:
@@ -201,7 +196,7 @@ class FakeTemplates(StoredTemplates):
     @round_trip("templates.conclude", "lwt")
     async def conclude(self, template: Template, since: datetime, live: int, verdict: str) -> bool:
         row = self.rows.get((template.user_id, template.template_id))
-        if row is None or row.template.canary_since != _stored(since):
+        if row is None or row.template.canary_since != millis(since):
             return False
         row.template = replace(
             row.template,
