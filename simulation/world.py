@@ -220,7 +220,7 @@ class World:
             settings=self.settings,
             acceptance=acceptance,
             batches=self.batches,
-            suppressions=self.suppressions,  # type: ignore[arg-type]
+            suppressions=self.suppressions,
             idempotency=self.idempotency,
             quota=self.quota,  # type: ignore[arg-type]
             metrics=m.api,
@@ -261,7 +261,7 @@ class World:
             settings=self.settings.providers,
             metrics=metrics().dispatch,
             recipients=self.recipients,
-            suppressions=self.suppressions,  # type: ignore[arg-type]
+            suppressions=self.suppressions,
             deferred_deadline=self.settings.webhooks.deferred_deadline,
             campaigns=CampaignHold(self.campaign_store),
             user_hooks=self._emitter(),
@@ -314,7 +314,7 @@ class World:
         ingest = Ingest(
             batches=self.batches,
             recipients=self.recipients,
-            suppressions=self.suppressions,  # type: ignore[arg-type]
+            suppressions=self.suppressions,
             timeline=self.timeline,
             handoff=handoff,
             broker=self.broker,  # type: ignore[arg-type]

@@ -41,7 +41,7 @@ from shared.accounts.domains import Domains, covers, domain_of
 from shared.accounts.preferences import PreferenceRows, Preferences
 from shared.accounts.ratelimit import QuotaLedger
 from shared.audience.suppression_cache import SuppressionCache
-from shared.audience.suppressions import Suppressions
+from shared.audience.suppressions import SuppressionChecks
 from shared.core import lanes
 from shared.core.batch_ids import accepted_at
 from shared.core.errors import DependencyUnavailable, TooLargeToStore
@@ -88,7 +88,7 @@ class Sending:
     settings: Settings
     acceptance: Acceptance
     batches: Batches
-    suppressions: Suppressions
+    suppressions: SuppressionChecks
     idempotency: IdempotencyKeys
     quota: QuotaLedger
     metrics: ApiMetrics

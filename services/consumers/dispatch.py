@@ -29,7 +29,7 @@ from services.consumers.followup import FollowUps
 from services.consumers.provider_rates import ProviderLimiter
 from services.consumers.resolution import Resolver
 from services.consumers.screening import Screen
-from shared.audience.suppressions import Suppressions
+from shared.audience.suppressions import SuppressionChecks
 from shared.core.errors import DependencyUnavailable
 from shared.core.models import ChunkJob, LogJob
 from shared.delivery.attempts import Attempts, chunk_line, recipient_line
@@ -111,7 +111,7 @@ class Dispatcher:
     settings: ProviderSettings
     metrics: DispatchMetrics
     recipients: Recipients
-    suppressions: Suppressions
+    suppressions: SuppressionChecks
     """Looked up again before every provider call (``services.consumers.screening``)."""
     fault_points: FaultPoints = no_faults
     deferred_deadline: int = 4 * 3600

@@ -33,7 +33,7 @@ from services.webhooks.timeline import Timeline, Timelines
 from shared.accounts.domains import domain_of
 from shared.audience import suppressions
 from shared.audience.suppression_cache import Changes
-from shared.audience.suppressions import Suppressions, SuppressionStore
+from shared.audience.suppressions import SuppressionChecks, SuppressionStore
 from shared.core.addresses import address_key
 from shared.core.catalog import TRACKER
 from shared.core.models import LogJob
@@ -107,7 +107,7 @@ class Ingest:
 
     batches: Batches
     recipients: Recipients
-    suppressions: Suppressions
+    suppressions: SuppressionChecks
     timeline: Timelines
     handoff: HandOff
     broker: Broker

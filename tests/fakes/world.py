@@ -187,7 +187,7 @@ class World:
             settings=self.settings,
             metrics=self.metrics,
             recipients=self.recipients,
-            suppressions=self.suppressions,  # type: ignore[arg-type]
+            suppressions=self.suppressions,
             fault_points=self._fault,
             deferred_deadline=3600,
             now=self.clock,
@@ -201,7 +201,7 @@ class World:
         self.ingest = Ingest(
             batches=self.batches,
             recipients=self.recipients,
-            suppressions=self.suppressions,  # type: ignore[arg-type]
+            suppressions=self.suppressions,
             timeline=self.timeline,
             handoff=self.dispatcher.handoff,
             broker=self.broker,  # type: ignore[arg-type]
