@@ -259,11 +259,11 @@ class FakeRecentMail(RecentSends):
             self.db._after(await self.db._before("recent.cooling"))
             for email in wanted[i : i + LOOKUP_CHUNK]:
                 for scope in scopes:
-                    row = self.db.recent.get((user_id, email, scope))
-                    if row is None or row[2] <= self.db.now():
-                        continue  # expired: its TTL passed
-                    last_at, batch_id, _ = row
-                    if batch_id != exclude and cooling(last_at, now, seconds):
+                    stored = self.db.recent.get((user_id, email, scope))
+                    row = stored.read(self.db.now()) if stored else None
+                    if row is None:
+                        continue  # never written, or expired: its TTL passed
+                    if row["batch_id"] != exclude and cooling(row["last_at"], now, seconds):
                         found.add(email)
         return found
 
@@ -281,7 +281,8 @@ class FakeRecentMail(RecentSends):
             for scope in scopes:
                 done = await self.db._before("recent.record")
                 expires = self.db.now() + timedelta(seconds=seconds)
-                self.db.recent[(user_id, email, scope)] = (ms(at), batch_id, expires)
+                row = self.db.recent[(user_id, email, scope)] = Row()
+                row.write({"last_at": ms(at), "batch_id": batch_id}, expires, insert=True)
                 self.db._after(done)
 
 

@@ -35,7 +35,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from cassandra.util import SortedSet
 
@@ -261,11 +261,14 @@ OPERATION_KINDS: dict[str, Kind] = {
 OPERATIONS = frozenset(OPERATION_KINDS)
 
 
+T = TypeVar("T")
+
+
 @dataclass
-class Cell:
+class Cell(Generic[T]):
     """A cell that expires on its own (``USING TTL``, a table's ``default_time_to_live``)."""
 
-    value: Any
+    value: T
     expires: datetime | None = None
 
     def alive(self, now: datetime) -> bool:
@@ -277,8 +280,8 @@ class Row:
     """One row's cells (a None value is a deletion) and the marker an INSERT writes, each
     expiring on its own: the row lives as long as any of them does."""
 
-    cells: dict[str, Cell] = field(default_factory=dict)
-    marker: Cell | None = None
+    cells: dict[str, Cell[Any]] = field(default_factory=dict)
+    marker: Cell[bool] | None = None
 
     def write(
         self, values: Mapping[str, Any], expires: datetime | None, *, insert: bool = False
@@ -349,8 +352,8 @@ class FakeCassandra:
         """``quota_refunds``: (user, day) -> batch -> recipients."""
         self.rate_windows: dict[tuple[str, date, int], int] = defaultdict(int)
         """``rate_windows``' counters: (key, day, window) -> slots taken."""
-        self.recent: dict[tuple[uuid.UUID, str, str], tuple[datetime, uuid.UUID, datetime]] = {}
-        """``recent_mail``: (user, email, scope) -> (last_at, batch_id, expires)."""
+        self.recent: dict[tuple[uuid.UUID, str, str], Row] = {}
+        """``recent_mail``: (user, email, scope) -> ``last_at`` and ``batch_id``, with a TTL."""
         self.preferences: dict[uuid.UUID, Any] = {}
         """``user_preferences``: user -> ``shared.accounts.preferences.Preferences``."""
         self.users: dict[uuid.UUID, dict[str, Any]] = {}

@@ -89,7 +89,16 @@ from shared.delivery.stats import (
     user_bucket,
 )
 from shared.infra.db import slices
-from tests.fakes.cassandra import OTHER_ROW_BYTES, Cells, Clock, FakeCassandra, Write, as_stored, ms
+from tests.fakes.cassandra import (
+    OTHER_ROW_BYTES,
+    Cell,
+    Cells,
+    Clock,
+    FakeCassandra,
+    Write,
+    as_stored,
+    ms,
+)
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
 
 
@@ -1081,21 +1090,14 @@ ROW_TTL: Final = timedelta(seconds=3_196_800)
 
 
 @dataclass
-class _Lease:
-    owner: uuid.UUID
-    expires: datetime
-
-
-@dataclass
 class ScheduleTables:
     """``scheduled_batches`` and ``scheduler_state``, shared by the twins of one keyspace."""
 
     clock: Clock = field(default_factory=Clock)
-    rows: dict[tuple[str, datetime], dict[uuid.UUID, tuple[datetime, datetime]]] = field(
-        default_factory=dict
-    )
-    """(namespace, minute) -> batch -> (send_at, expires)."""
-    leases: dict[str, _Lease] = field(default_factory=dict)
+    rows: dict[tuple[str, datetime], dict[uuid.UUID, Cell[datetime]]] = field(default_factory=dict)
+    """(namespace, minute) -> batch -> its ``send_at``, expiring with the table's TTL."""
+    leases: dict[str, Cell[uuid.UUID]] = field(default_factory=dict)
+    """``scheduler_state``'s lease cell (its owner, with a TTL), by namespace."""
     cursors: dict[str, datetime] = field(default_factory=dict)
     wire: Wire = LOOPBACK
     """How each round trip travels (``tests.fakes.wire``)."""
@@ -1125,11 +1127,11 @@ class FakeSchedule(Schedules):
 
     def _put(self, batch_id: uuid.UUID, at: datetime) -> None:
         minute = self.tables.rows.setdefault((self.namespace, lanes.bucket_of(at)), {})
-        minute[batch_id] = (ms(at), self._now() + ROW_TTL)
+        minute[batch_id] = Cell(ms(at), self._now() + ROW_TTL)
 
     def _holder(self) -> uuid.UUID | None:
         lease = self.tables.leases.get(self.namespace)
-        return lease.owner if lease and self._now() < lease.expires else None
+        return lease.value if lease and lease.alive(self._now()) else None
 
     async def take_lease(self, owner: uuid.UUID, seconds: int, *, renewing: bool = False) -> bool:
         if renewing:
@@ -1163,7 +1165,7 @@ class FakeSchedule(Schedules):
         return renewed
 
     def _lease(self, owner: uuid.UUID, seconds: int) -> None:
-        self.tables.leases[self.namespace] = _Lease(owner, self._now() + timedelta(seconds=seconds))
+        self.tables.leases[self.namespace] = Cell(owner, self._now() + timedelta(seconds=seconds))
 
     @round_trip("schedule.release_lease", "lwt")
     async def release_lease(self, owner: uuid.UUID) -> None:
@@ -1188,9 +1190,9 @@ class FakeSchedule(Schedules):
         for at in minutes:
             rows = self.tables.rows.get((self.namespace, at), {})
             for batch_id in sorted(rows, key=timeuuid_order):
-                send_at, expires = rows[batch_id]
-                if self._now() < expires:
-                    found.append(Due(at, batch_id, send_at))
+                row = rows[batch_id]
+                if row.alive(self._now()):
+                    found.append(Due(at, batch_id, row.value))
         return found, minutes[-1] if minutes else None
 
     @round_trip("schedule.finish", "lwt")
