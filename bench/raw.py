@@ -32,7 +32,7 @@ from bench import child
 from bench.workload import BatchFactory
 from shared.core.models import BatchJob, ChunkJob
 from shared.delivery.attempts import AttemptStore, chunk_line, tag
-from shared.delivery.batchstore import BatchStore
+from shared.delivery.batchstore import Batches, BatchStore
 from shared.delivery.recipients import RecipientStore, Selection
 from shared.infra.broker import Broker, connect_nodes
 from shared.infra.config import Settings, load_settings
@@ -118,7 +118,7 @@ async def _report(done: list[float], w_start: float, unit: str, size: int) -> No
 
 
 async def seed(
-    store: BatchStore,
+    store: Batches,
     factory: BatchFactory,
     user_id: uuid.UUID,
     count: int,

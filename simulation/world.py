@@ -56,26 +56,23 @@ from simulation.front import Reply, UserEndpoint
 from simulation.processes import Gate, Incarnation, Process
 from simulation.providers import Ledger, SimProvider
 from simulation.runtime import VirtualClock
-from tests.fakes.acceptance_stores import FakeOutbox, FakePreferences, FakeQuota, FakeRecentMail
-from tests.fakes.account_stores import AccountTables, FakeIdempotencyStore
-from tests.fakes.campaign_store import CampaignTables, FakeCampaigns
-from tests.fakes.canary_store import CanaryTables, FakeCanary
-from tests.fakes.cap_store import FakeCapStore
-from tests.fakes.contact_lists import FakeContactLists
-from tests.fakes.hooks import FakeHookQueue, FakeHookStore, emitter_over
-from tests.fakes.renderer import InlineRenderer
-from tests.fakes.schedule_store import FakeSchedule, ScheduleTables
-from tests.fakes.stores import (
+from tests.fakes.accounts import FakePreferences, FakeQuota
+from tests.fakes.api import FakeCapStore, FakeContactLists, FakeIdempotencyStore, FakeRecentMail
+from tests.fakes.audience import CampaignTables, FakeCampaigns, FakeSuppressions
+from tests.fakes.cassandra import FakeCassandra
+from tests.fakes.delivery import (
     FakeAttempts,
     FakeBatches,
-    FakeCassandra,
+    FakeOutbox,
     FakeRecipients,
+    FakeSchedule,
     FakeStats,
-    FakeSuppressions,
-    FakeTimeline,
-    FakeWebhookTokens,
+    ScheduleTables,
 )
-from tests.fakes.template_store import FakeTemplates
+from tests.fakes.outbound import FakeHookQueue, FakeHookStore, emitter_over
+from tests.fakes.renderer import InlineRenderer
+from tests.fakes.templates import CanaryTables, FakeCanary, FakeTemplates
+from tests.fakes.webhooks import FakeTimeline, FakeWebhookTokens
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +135,7 @@ class World:
         through its own cache)."""
         self.unsubscribed: list[tuple[uuid.UUID, str, float]] = []
         """(user, address, when) of each one-click unsubscribe a reader was answered."""
-        self.accounts = AccountTables(wire=self.gate)
+        self.accounts = FakeCassandra(wire=self.gate)
         self.idempotency = FakeIdempotencyStore(
             self.accounts, lease=self.settings.api.idempotency_lease
         )
@@ -209,8 +206,8 @@ class World:
         namespace = self.settings.amqp.exchange
         api = self.settings.api
         acceptance = Acceptance(
-            self.batches,  # type: ignore[arg-type]
-            self.outbox,  # type: ignore[arg-type]
+            self.batches,
+            self.outbox,
             self.broker,  # type: ignore[arg-type]
             refunds=self.quota,
             decide_within=timedelta(seconds=api.commit_budget + api.outbox_grace),
@@ -222,33 +219,33 @@ class World:
         sending = Sending(
             settings=self.settings,
             acceptance=acceptance,
-            batches=self.batches,  # type: ignore[arg-type]
-            suppressions=self.suppressions,  # type: ignore[arg-type]
-            idempotency=self.idempotency,  # type: ignore[arg-type]
+            batches=self.batches,
+            suppressions=self.suppressions,
+            idempotency=self.idempotency,
             quota=self.quota,  # type: ignore[arg-type]
             metrics=m.api,
             background=Background(),
-            preferences=FakePreferences(self.db),  # type: ignore[arg-type]
-            recent=self.recent,  # type: ignore[arg-type]
-            templates=TemplateBatches(self.templates, InlineRenderer()),  # type: ignore[arg-type]
-            schedules=FakeSchedule(namespace, self.schedule_tables),  # type: ignore[arg-type]
-            canaries=FakeCanary(namespace, self.canary_tables),  # type: ignore[arg-type]
+            preferences=FakePreferences(self.db),
+            recent=self.recent,
+            templates=TemplateBatches(self.templates, InlineRenderer()),
+            schedules=FakeSchedule(namespace, self.schedule_tables),
+            canaries=FakeCanary(namespace, self.canary_tables),
         )
-        relay = Relay(self.outbox, acceptance.finish, grace=self.settings.api.outbox_grace)  # type: ignore[arg-type]
+        relay = Relay(self.outbox, acceptance.finish, grace=self.settings.api.outbox_grace)
         campaigns = Campaigns(
-            self.campaign_store,  # type: ignore[arg-type]
-            self.templates,  # type: ignore[arg-type]
-            self.lists,  # type: ignore[arg-type]
+            self.campaign_store,
+            self.templates,
+            self.lists,
             self.batches,  # type: ignore[arg-type]
             sending,
             Caps(self.caps, self.settings.caps, clock=self._now(inc.process)),
         )
         runner = CampaignRunner(
-            self.campaign_store,  # type: ignore[arg-type]
-            self.lists,  # type: ignore[arg-type]
-            self.templates,  # type: ignore[arg-type]
+            self.campaign_store,
+            self.lists,
+            self.templates,
             sending,
-            FakeSchedule(f"{namespace}:campaigns", self.schedule_tables),  # type: ignore[arg-type]
+            FakeSchedule(f"{namespace}:campaigns", self.schedule_tables),
             clock=self._now(inc.process),
         )
         self.api[inc] = ApiState(sending, relay, campaigns, runner)
@@ -258,42 +255,42 @@ class World:
         namespace = self.settings.amqp.exchange
         dispatcher = Dispatcher(
             broker=self.broker,  # type: ignore[arg-type]
-            batches=self.batches,  # type: ignore[arg-type]
-            attempts=self.attempts,  # type: ignore[arg-type]
+            batches=self.batches,
+            attempts=self.attempts,
             providers=self.providers,
             settings=self.settings.providers,
             metrics=metrics().dispatch,
-            recipients=self.recipients,  # type: ignore[arg-type]
-            suppressions=self.suppressions,  # type: ignore[arg-type]
+            recipients=self.recipients,
+            suppressions=self.suppressions,
             deferred_deadline=self.settings.webhooks.deferred_deadline,
-            campaigns=CampaignHold(self.campaign_store),  # type: ignore[arg-type]
+            campaigns=CampaignHold(self.campaign_store),
             user_hooks=self._emitter(),
             now=self._now(process),
         )
         splitter = Splitter(
             self.broker,  # type: ignore[arg-type]
-            self.batches,  # type: ignore[arg-type]
+            self.batches,
             self.settings.providers.chain_codes[0],
         )
         settle = Acceptance(
-            self.batches,  # type: ignore[arg-type]
-            self.outbox,  # type: ignore[arg-type]
+            self.batches,
+            self.outbox,
             self.broker,  # type: ignore[arg-type]
             refunds=self.quota,
         ).settle
         scheduler = Scheduler(
-            FakeSchedule(namespace, self.schedule_tables),  # type: ignore[arg-type]
-            self.batches,  # type: ignore[arg-type]
+            FakeSchedule(namespace, self.schedule_tables),
+            self.batches,
             self.broker,  # type: ignore[arg-type]
             settle,
             clock=self._now(process),
         )
         c = self.settings.consumers
         judge = CanaryJudge(
-            FakeCanary(namespace, self.canary_tables),  # type: ignore[arg-type]
-            self.templates,  # type: ignore[arg-type]
-            self.batches,  # type: ignore[arg-type]
-            self.recipients,  # type: ignore[arg-type]
+            FakeCanary(namespace, self.canary_tables),
+            self.templates,
+            self.batches,
+            self.recipients,
             Margins.of(c),
             timedelta(seconds=c.canary_window),
             timedelta(seconds=c.canary_deadline),
@@ -308,17 +305,17 @@ class World:
 
     async def _start_webhooks(self, inc: Incarnation) -> None:
         handoff = HandOff(
-            self.attempts,  # type: ignore[arg-type]
-            self.recipients,  # type: ignore[arg-type]
+            self.attempts,
+            self.recipients,
             self.broker,  # type: ignore[arg-type]
             self.settings.providers.chain_codes,
             self.settings.providers.max_attempts,
         )
         ingest = Ingest(
-            batches=self.batches,  # type: ignore[arg-type]
-            recipients=self.recipients,  # type: ignore[arg-type]
-            suppressions=self.suppressions,  # type: ignore[arg-type]
-            timeline=self.timeline,  # type: ignore[arg-type]
+            batches=self.batches,
+            recipients=self.recipients,
+            suppressions=self.suppressions,
+            timeline=self.timeline,
             handoff=handoff,
             broker=self.broker,  # type: ignore[arg-type]
             settings=self.settings,
@@ -335,8 +332,8 @@ class World:
 
     async def _start_hooks(self, inc: Incarnation) -> None:
         worker = Worker(
-            store=self.hook_store,  # type: ignore[arg-type]
-            queue=self.hook_queue,  # type: ignore[arg-type]
+            store=self.hook_store,
+            queue=self.hook_queue,
             broker=self.broker,  # type: ignore[arg-type]
             deliverer=self.endpoint,  # type: ignore[arg-type]
             settings=self.settings.hooks,

@@ -12,9 +12,9 @@ from services.api.managing import Managing
 from services.api.queries import decode_cursor, encode_cursor, page_limit
 from services.api.schema import KeyIn, SuppressionIn, checked
 from shared.accounts import accounts
-from shared.audience.suppressions import SuppressionStore, made_by_recipient
+from shared.audience.suppressions import Suppressions, made_by_recipient
 from shared.delivery import validation
-from shared.delivery.stats import MAX_RANGE_DAYS, StatsStore, zero_filled
+from shared.delivery.stats import MAX_RANGE_DAYS, Stats, zero_filled
 from shared.infra.http import JSON, ApiError, read_json
 
 #: Small JSON bodies only on these endpoints.
@@ -26,7 +26,7 @@ async def list_suppressions(request: Request) -> Response:
     limit = page_limit(request, default=100, maximum=1000)
     cursor = decode_cursor(request.query_params.get("cursor"))
     after = str(cursor.get("after")) if cursor else None
-    store: SuppressionStore = request.app.state.suppressions
+    store: Suppressions = request.app.state.suppressions
     rows = await store.page(key.user_id, limit + 1, after, list_param(request))
     data = [
         {
@@ -104,7 +104,7 @@ async def get_stats(request: Request) -> Response:
             "range too long",
             fields={"from": f"at most {MAX_RANGE_DAYS} days"},
         )
-    stats: StatsStore = request.app.state.stats
+    stats: Stats = request.app.state.stats
     counts = await stats.range(key.user_id, start, end)
     return JSON({"data": zero_filled(start, end, counts)})
 

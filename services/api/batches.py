@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from services.api.auth import require_key
 from services.api.sending import Sending
-from shared.delivery.batchstore import BatchHeader, BatchStore
+from shared.delivery.batchstore import Batches, BatchHeader, BatchStore
 from shared.infra.config import Settings
 from shared.infra.http import JSON, ApiError, read_json
 
@@ -47,7 +47,7 @@ async def list_batches(request: Request) -> Response:
 async def _own_batch(request: Request, scope: str) -> BatchHeader:
     """The header of the path's batch, when it is the key's user's (else 404)."""
     key = await require_key(request, scope)
-    store: BatchStore = request.app.state.batches
+    store: Batches = request.app.state.batches
     header = await store.header(queries.path_uuid(request, "batch_id"))
     if header is None or header.user_id != key.user_id:
         raise ApiError(404, "not_found", "no such batch")

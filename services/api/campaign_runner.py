@@ -51,19 +51,25 @@ from typing import Any, Final
 
 from services.api.contact_lists import (
     BUCKETS,
-    ContactLists,
+    ContactBook,
     ListContact,
     Position,
     list_scope,
     read_page,
 )
 from services.api.sending import Sending
-from shared.audience.campaigns import METADATA_KEY, Campaign, CampaignStore, Slice, Staged
+from shared.audience.campaigns import (
+    METADATA_KEY,
+    Campaign,
+    Slice,
+    Staged,
+    StoredCampaigns,
+)
 from shared.delivery.batchstore import new_batch_id
-from shared.delivery.schedule_store import ScheduleStore
+from shared.delivery.schedule_store import Schedules
 from shared.infra.http import ApiError
 from shared.infra.leases import CAMPAIGNS_WAKE, Lease, LeasedLoop
-from shared.templates.templates import TemplateStore
+from shared.templates.templates import StoredTemplates
 
 log = logging.getLogger(__name__)
 
@@ -139,11 +145,11 @@ def slice_body(campaign: Campaign, to: list[dict[str, Any]]) -> dict[str, Any]:
 
 @dataclass
 class CampaignRunner:
-    campaigns: CampaignStore
-    lists: ContactLists
-    templates: TemplateStore
+    campaigns: StoredCampaigns
+    lists: ContactBook
+    templates: StoredTemplates
     sending: Sending
-    leases: ScheduleStore
+    leases: Schedules
     """Where the runner's lease is kept."""
     owner: uuid.UUID = field(default_factory=uuid.uuid4)
     clock: Callable[[], datetime] = _now

@@ -25,7 +25,7 @@ from starlette.responses import Response
 
 from services.api.auth import require_key
 from services.api.capping import Caps, Census
-from services.api.contact_lists import ContactLists
+from services.api.contact_lists import ContactBook
 from services.api.queries import batch_counts, path_uuid
 from services.api.schema import CampaignIn, CampaignScheduleIn, checked
 from services.api.sending import Sending
@@ -33,8 +33,8 @@ from shared.audience.campaigns import (
     DELETABLE,
     Action,
     Campaign,
-    CampaignStore,
     LifecycleError,
+    StoredCampaigns,
     next_state,
 )
 from shared.core import lanes
@@ -42,7 +42,7 @@ from shared.core.addresses import parse_address
 from shared.delivery.batchstore import BatchStore
 from shared.infra.http import JSON, ApiError, read_json
 from shared.infra.leases import CAMPAIGNS_WAKE, wake
-from shared.templates.templates import TemplateStore
+from shared.templates.templates import StoredTemplates
 
 SMALL_BODY = 64 * 1024
 #: Recipients a second a campaign sends at unless it says.
@@ -80,9 +80,9 @@ def view(c: Campaign, counts: Counter[str] | None = None) -> dict[str, Any]:
 class Campaigns:
     """The use cases (the dashboard shares them)."""
 
-    store: CampaignStore
-    templates: TemplateStore
-    lists: ContactLists
+    store: StoredCampaigns
+    templates: StoredTemplates
+    lists: ContactBook
     batches: BatchStore
     sending: Sending
     caps: Caps

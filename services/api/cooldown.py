@@ -19,7 +19,7 @@ import asyncio
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Final, Protocol
 
 from shared.core.addresses import address_key
 from shared.infra.db import Database
@@ -41,6 +41,31 @@ def scopes_of(categories: Sequence[str], *, per_category: bool) -> tuple[str, ..
 def cooling(last: datetime | None, now: datetime, seconds: int) -> bool:
     """Whether an address last mailed at ``last`` is still inside the cooldown."""
     return seconds > 0 and last is not None and now - last < timedelta(seconds=seconds)
+
+
+class RecentSends(Protocol):
+    """What callers use of :class:`RecentMail` (the store, or its in-memory twin)."""
+
+    async def cooling(
+        self,
+        user_id: uuid.UUID,
+        emails: Iterable[str],
+        scopes: Sequence[str],
+        seconds: int,
+        *,
+        exclude: uuid.UUID | None = None,
+        now: datetime | None = None,
+    ) -> set[str]: ...
+
+    async def record(
+        self,
+        user_id: uuid.UUID,
+        emails: Iterable[str],
+        scopes: Sequence[str],
+        seconds: int,
+        batch_id: uuid.UUID,
+        at: datetime | None = None,
+    ) -> None: ...
 
 
 class RecentMail:

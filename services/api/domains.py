@@ -24,7 +24,13 @@ from services.api.settings import settings_store
 from shared.accounts import domains
 from shared.accounts.accounts import get_user
 from shared.accounts.domain_checks import CheckRules, unverified_after
-from shared.accounts.domains import Claim, DohResolver, DomainError, DomainStore, SendingDomain
+from shared.accounts.domains import (
+    Claim,
+    DohResolver,
+    DomainError,
+    Domains,
+    SendingDomain,
+)
 from shared.delivery.domain_capacity import DayVolume, DomainVolumes, capacity
 from shared.infra.config import Settings
 from shared.infra.db import Database
@@ -98,7 +104,7 @@ class SendingDomains:
     """The use cases behind ``/v1/domains`` and the dashboard's Domains page. Raw names in;
     records out, or :class:`ApiError` (422 naming the field, 404, 409)."""
 
-    store: DomainStore
+    store: Domains
     resolver: DohResolver
     rules: CheckRules
     changes: UserChanges | None = None
@@ -255,7 +261,7 @@ async def delete_domain(request: Request) -> Response:
     return Response(status_code=204)
 
 
-async def operator_claims(store: DomainStore, db: Database, domain: str) -> list[dict[str, Any]]:
+async def operator_claims(store: Domains, db: Database, domain: str) -> list[dict[str, Any]]:
     """Every account's claim on ``domain``, its parents and subdomains, in full (the
     operators' view, for the API and the Operations page)."""
     found = await store.claims(domain, limit=OPERATOR_CLAIMS)
@@ -273,6 +279,6 @@ async def list_claims(request: Request) -> Response:
     """``GET /v1/domain-claims/{domain}`` (operator keys): who claims the domain."""
     await require_key(request, "operator")
     name = _name_or_404(request.path_params["domain"])
-    store: DomainStore = request.app.state.domains
+    store: Domains = request.app.state.domains
     claims = await operator_claims(store, request.app.state.resources.db, name)
     return JSON({"domain": name, "data": claims})

@@ -39,8 +39,8 @@ from shared.infra.config import HooksSettings
 from shared.infra.http import JSON, ApiError, read_json
 from shared.outbound import ssrf
 from shared.outbound.hook_delivery import Resolve, resolve, vet
-from shared.outbound.hook_queue import Delivery, HookQueue
-from shared.outbound.hook_store import Endpoint, HookStore
+from shared.outbound.hook_queue import Deliveries, Delivery, HookQueue
+from shared.outbound.hook_store import Endpoint, Endpoints, HookStore
 from shared.outbound.user_hooks import EventsError, parse_events, shown_events, wake
 
 SMALL_BODY = 8 * 1024
@@ -90,8 +90,8 @@ def _invalid(field: str, why: str) -> ApiError:
 class Webhooks:
     """The use cases behind ``/v1/webhooks``: raw values in, endpoints out, or ApiError."""
 
-    store: HookStore
-    queue: HookQueue
+    store: Endpoints
+    queue: Deliveries
     broker: Broker
     settings: HooksSettings
     resolver: Resolve = resolve

@@ -15,6 +15,7 @@ import hmac
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from shared.core.errors import DependencyUnavailable
 from shared.infra.db import Database
@@ -40,6 +41,22 @@ class Existing:
 
     def expired(self, now: datetime) -> bool:
         return self.lease_until is None or self.lease_until <= now
+
+
+class IdempotencyKeys(Protocol):
+    """What callers use of :class:`IdempotencyStore` (the store, or its in-memory twin)."""
+
+    async def claim(
+        self, user_id: uuid.UUID, key: str, body_hash: bytes, batch_id: uuid.UUID, owner: uuid.UUID
+    ) -> Claimed | Existing: ...
+
+    async def take_over(
+        self, user_id: uuid.UUID, key: str, stale: Existing, owner: uuid.UUID
+    ) -> bool: ...
+
+    async def complete(self, user_id: uuid.UUID, key: str, response: bytes) -> None: ...
+
+    async def release(self, user_id: uuid.UUID, key: str, owner: uuid.UUID) -> None: ...
 
 
 class IdempotencyStore:

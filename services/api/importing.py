@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-from services.api.contact_lists import ContactLists, list_scope
+from services.api.contact_lists import ContactBook, list_scope
 from services.api.contacts_csv import Contact, CsvError, Rejected, Source, scan
 from services.api.list_import import ImportJob, Sorted, advance, finish, sort_slice
-from shared.audience.suppressions import SuppressionStore
+from shared.audience.suppressions import Suppressions
 from shared.core.addresses import address_key
 from shared.core.errors import DependencyUnavailable
 from shared.infra.config import ListSettings
@@ -40,8 +40,8 @@ UNEXPECTED = "failed: an unexpected error stopped the import (it has been logged
 
 @dataclass(frozen=True, slots=True)
 class Importer:
-    lists: ContactLists
-    suppressions: SuppressionStore
+    lists: ContactBook
+    suppressions: Suppressions
     settings: ListSettings
     cpu: CpuLane
 

@@ -31,6 +31,7 @@ from services.api.auth import require_key
 from services.api.capping import Caps, Census
 from services.api.contact_lists import (
     BUCKETS,
+    ContactBook,
     ContactList,
     ContactLists,
     ListContact,
@@ -41,7 +42,7 @@ from services.api.importing import Importer
 from services.api.list_import import ImportJob, live, shown
 from services.api.queries import decode_cursor, encode_cursor, page_limit, path_uuid
 from services.api.schema import ListIn, checked
-from shared.audience.suppressions import SuppressionStore
+from shared.audience.suppressions import Suppressions
 from shared.infra.background import Background
 from shared.infra.config import ListSettings
 from shared.infra.gil import CpuLane
@@ -111,8 +112,8 @@ class Lists:
     """The use cases behind ``/v1/lists``: raw values in, lists and imports out, or
     ApiError."""
 
-    store: ContactLists
-    suppressions: SuppressionStore
+    store: ContactBook
+    suppressions: Suppressions
     background: Background
     settings: ListSettings
     caps: Caps

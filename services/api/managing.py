@@ -13,7 +13,11 @@ from services.api.keycache import Revocations
 from shared.accounts import accounts, apikeys
 from shared.accounts.accounts import ApiKeyRecord
 from shared.audience.suppression_cache import Changes
-from shared.audience.suppressions import SuppressionStore, lift_refusal, made_by_recipient
+from shared.audience.suppressions import (
+    Suppressions,
+    lift_refusal,
+    made_by_recipient,
+)
 from shared.core.addresses import AddressError, address_key, normalize_email
 from shared.infra.db import Database
 from shared.infra.http import ApiError
@@ -40,7 +44,7 @@ class NewKeyMade:
 @dataclass(frozen=True, slots=True)
 class Managing:
     db: Database
-    suppressions: SuppressionStore
+    suppressions: Suppressions
     max_keys: int = 50
     """Live (not revoked, not expired) keys one user may hold."""
     revocations: Revocations | None = None

@@ -41,7 +41,7 @@ from services.api.sessions import current_user, own_origins, same_origin
 from shared.core.digits import natural
 from shared.delivery.batchstore import BatchHeader, BatchStore
 from shared.delivery.recipients import RecipientStore
-from shared.delivery.stats import StatsStore, zero_filled
+from shared.delivery.stats import Stats, zero_filled
 from shared.infra.config import Settings
 from shared.infra.http import ApiError, read_capped
 
@@ -231,7 +231,7 @@ async def get_batches(request: Request) -> Response:
 async def get_stats(request: Request) -> Response:
     fields = await _fields(request, body=False)
     user_id = await _caller(request, fields, denied="Access Denied")
-    stats: StatsStore = request.app.state.stats
+    stats: Stats = request.app.state.stats
     end = datetime.now(UTC).date()
     start = end - timedelta(days=6)
     counts = await stats.range(user_id, start, end)

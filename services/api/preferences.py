@@ -7,7 +7,7 @@ from starlette.responses import Response
 
 from services.api.auth import require_key
 from services.api.schema import PreferencesIn, checked
-from shared.accounts.preferences import PreferenceStore, patched
+from shared.accounts.preferences import PreferenceRows, patched
 from shared.infra.http import JSON, read_json
 
 #: Small JSON bodies only.
@@ -16,7 +16,7 @@ SMALL_BODY = 16 * 1024
 
 async def get_preferences(request: Request) -> Response:
     key = await require_key(request, "read")
-    store: PreferenceStore = request.app.state.preferences
+    store: PreferenceRows = request.app.state.preferences
     return JSON((await store.get(key.user_id, fresh=True)).view())
 
 
@@ -24,7 +24,7 @@ async def patch_preferences(request: Request) -> Response:
     key = await require_key(request, "send")
     _, body = await read_json(request, SMALL_BODY)
     wanted = checked(PreferencesIn, body).model_dump(exclude_none=True)
-    store: PreferenceStore = request.app.state.preferences
+    store: PreferenceRows = request.app.state.preferences
     prefs = patched(await store.get(key.user_id, fresh=True), wanted)
     await store.put(key.user_id, prefs)
     return JSON(prefs.view())

@@ -22,7 +22,7 @@ from starlette.requests import Request
 
 from shared.core.digits import natural
 from shared.delivery import precedence, recipients
-from shared.delivery.attempts import Attempt, AttemptStore, chunk_line, recipient_line
+from shared.delivery.attempts import Attempt, Attempts, chunk_line, recipient_line
 from shared.delivery.batchstore import BatchHeader, BatchStore, month_of, timeuuid_datetime
 from shared.delivery.precedence import visible
 from shared.delivery.recipients import RecipientStore
@@ -327,7 +327,7 @@ async def overview(store: BatchStore, header: BatchHeader) -> BatchOverview:
 
 async def logs_page(
     store: BatchStore,
-    attempts: AttemptStore,
+    attempts: Attempts,
     batch_id: uuid.UUID,
     limit: int,
     cursor: str | None,

@@ -33,15 +33,15 @@ from cassandra.query import Statement
 from pydantic import ValidationError
 
 from services.api import cooldown
-from services.api.cooldown import RecentMail
-from services.api.idempotency import Existing, IdempotencyStore
+from services.api.cooldown import RecentSends
+from services.api.idempotency import Existing, IdempotencyKeys
 from services.api.schema import BatchIn, field_errors
 from services.api.templated import TEMPLATE_FIELDS, Plan, TemplateBatches
-from shared.accounts.domains import DomainStore, covers, domain_of
-from shared.accounts.preferences import Preferences, PreferenceStore
+from shared.accounts.domains import Domains, covers, domain_of
+from shared.accounts.preferences import PreferenceRows, Preferences
 from shared.accounts.ratelimit import QuotaLedger
 from shared.audience.suppression_cache import SuppressionCache
-from shared.audience.suppressions import SuppressionStore
+from shared.audience.suppressions import SuppressionChecks
 from shared.core import lanes
 from shared.core.batch_ids import accepted_at
 from shared.core.errors import DependencyUnavailable, TooLargeToStore
@@ -49,8 +49,8 @@ from shared.core.models import Message
 from shared.delivery import validation
 from shared.delivery.acceptance import Acceptance
 from shared.delivery.batchstore import (
+    Batches,
     BatchHeader,
-    BatchStore,
     Content,
     NewBatch,
     content_of,
@@ -58,7 +58,7 @@ from shared.delivery.batchstore import (
     new_batch_id,
     too_large,
 )
-from shared.delivery.schedule_store import ScheduleStore
+from shared.delivery.schedule_store import Schedules
 from shared.infra.background import Background
 from shared.infra.config import Settings
 from shared.infra.gil import CpuLane
@@ -69,7 +69,7 @@ from shared.infra.metrics import ApiMetrics
 from shared.infra.user_cache import UserCache
 from shared.providers.limits import chunk_size
 from shared.templates import template_use
-from shared.templates.canary_store import CanaryStore, Rollout
+from shared.templates.canary_store import Canaries, Rollout
 
 log = logging.getLogger(__name__)
 
@@ -87,26 +87,26 @@ class Sending:
 
     settings: Settings
     acceptance: Acceptance
-    batches: BatchStore
-    suppressions: SuppressionStore
-    idempotency: IdempotencyStore
+    batches: Batches
+    suppressions: SuppressionChecks
+    idempotency: IdempotencyKeys
     quota: QuotaLedger
     metrics: ApiMetrics
     background: Background
-    domains: DomainStore | None = None
+    domains: Domains | None = None
     """The users' verified domains; without it no domain is verified (fail closed)."""
     domain_cache: UserCache[frozenset[str]] | None = None
     """This process's copy of ``domains.verified`` (``shared.infra.user_cache``): read through it
     when given."""
-    preferences: PreferenceStore | None = None
+    preferences: PreferenceRows | None = None
     """The users' tracking defaults and cooldown (without it: the defaults, no cooldown)."""
-    recent: RecentMail | None = None
+    recent: RecentSends | None = None
     """When each address was last mailed (cooldown)."""
     templates: TemplateBatches | None = None
     """Batches made from the users' templates (without it: refused)."""
-    schedules: ScheduleStore | None = None
+    schedules: Schedules | None = None
     """Batches waiting for their ``send_at`` (without it: scheduling is refused)."""
-    canaries: CanaryStore | None = None
+    canaries: Canaries | None = None
     """Which batches carried a template's canary (for the rollout's judge)."""
     cpu: CpuLane = field(default_factory=CpuLane)
     """The API's thread for long pure-Python work (``shared.infra.gil``)."""

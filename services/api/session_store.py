@@ -26,6 +26,7 @@ import secrets
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from shared.infra.db import Database, utc
@@ -99,6 +100,18 @@ def safe_next(candidate: str | None) -> str:
     if parts.scheme or parts.netloc:
         return "/"
     return candidate
+
+
+class Sessions(Protocol):
+    """What callers use of :class:`SessionStore` (the store, or its in-memory twin)."""
+
+    async def create(
+        self, user_id: uuid.UUID, *, replaces: str | None = None
+    ) -> tuple[str, str]: ...
+
+    async def get(self, session_id: str) -> Session | None: ...
+
+    async def delete(self, session_id: str) -> None: ...
 
 
 class SessionStore:

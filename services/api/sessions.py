@@ -28,7 +28,7 @@ from urllib.parse import quote, urlsplit
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from services.api.session_store import SESSION_COOKIE, SessionStore, safe_next
+from services.api.session_store import SESSION_COOKIE, Sessions, SessionStore, safe_next
 from shared.accounts import accounts
 from shared.infra.config import Settings
 from shared.infra.db import Database
@@ -70,7 +70,7 @@ class LoginRequired(Exception):
         self.next_path = next_path
 
 
-def session_store(request: Request) -> SessionStore:
+def session_store(request: Request) -> Sessions:
     """A store configured from the app's settings (cheap to build per request)."""
     settings: Settings = request.app.state.settings
     db: Database = request.app.state.resources.db

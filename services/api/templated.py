@@ -34,7 +34,7 @@ from shared.infra.http import ApiError
 from shared.templates import template_limits, template_use
 from shared.templates.template_pool import Renderer, RendererUnavailable
 from shared.templates.template_render import LimitError, RenderError
-from shared.templates.templates import Template, TemplateStore, Version
+from shared.templates.templates import StoredTemplates, Template, Version
 
 T = TypeVar("T")
 
@@ -151,7 +151,7 @@ def copy_problems(copy: TemplateCopy) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class TemplateBatches:
-    store: TemplateStore
+    store: StoredTemplates
     renderer: Renderer
     """Where versions are compiled and rendered (the app's pool of worker processes)."""
 

@@ -45,14 +45,14 @@ from services.api.templated import render_refusal, renderer_refusal
 from shared.core.errors import DependencyUnavailable
 from shared.infra.http import JSON, ApiError, read_json
 from shared.templates.canary import Counts
-from shared.templates.canary_store import CanaryStore, Outcome
+from shared.templates.canary_store import Canaries, Outcome
 from shared.templates.template_pool import Renderer, RendererUnavailable
 from shared.templates.template_render import Rendered, RenderError, render_version
 from shared.templates.templates import (
+    StoredTemplates,
     Template,
     TemplateChanged,
     TemplateGone,
-    TemplateStore,
     Version,
     VersionHeader,
 )
@@ -172,8 +172,8 @@ def _no_version(template: Template, number: int) -> ApiError:
 class Templates:
     """The use cases behind ``/v1/templates``: raw values in, templates out, or ApiError."""
 
-    store: TemplateStore
-    canaries: CanaryStore
+    store: StoredTemplates
+    canaries: Canaries
     caps: Caps
     renderer: Renderer
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from services.consumers import protocol
-from shared.audience.campaigns import METADATA_KEY, CampaignStore
+from shared.audience.campaigns import METADATA_KEY, StoredCampaigns
 from shared.core.errors import CapacityHeld, ProviderError, WorkCancelled
 from shared.core.models import ChunkJob, LogJob, Message
 from shared.infra.broker import Broker
@@ -88,7 +88,7 @@ def _monotonic() -> float:
 
 @dataclass
 class CampaignHold:
-    store: CampaignStore
+    store: StoredCampaigns
     clock: Callable[[], float] = _monotonic
     _seen: dict[tuple[uuid.UUID, uuid.UUID], tuple[float, str | None]] = field(default_factory=dict)
     _paused: dict[tuple[uuid.UUID, uuid.UUID], float] = field(default_factory=dict)

@@ -26,14 +26,20 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from shared.core.errors import DependencyUnavailable
-from shared.delivery.batchstore import BatchStore
+from shared.delivery.batchstore import Batches
 from shared.delivery.precedence import visible
-from shared.delivery.recipients import RecipientStore
+from shared.delivery.recipients import Recipients
 from shared.ops.alerts import Alert, Alerter
 from shared.templates import template_use
 from shared.templates.canary import Counts, Margins, Verdict, decide
-from shared.templates.canary_store import CanaryStore, Outcome, Rollout, verdict_of, verdict_text
-from shared.templates.templates import TemplateStore
+from shared.templates.canary_store import (
+    Canaries,
+    Outcome,
+    Rollout,
+    verdict_of,
+    verdict_text,
+)
+from shared.templates.templates import StoredTemplates
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +98,10 @@ def count(events: list[tuple[bool, str | None]]) -> Tally:
 
 @dataclass
 class CanaryJudge:
-    store: CanaryStore
-    templates: TemplateStore
-    batches: BatchStore
-    recipients: RecipientStore
+    store: Canaries
+    templates: StoredTemplates
+    batches: Batches
+    recipients: Recipients
     margins: Margins
     window: timedelta
     deadline: timedelta

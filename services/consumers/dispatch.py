@@ -29,14 +29,14 @@ from services.consumers.followup import FollowUps
 from services.consumers.provider_rates import ProviderLimiter
 from services.consumers.resolution import Resolver
 from services.consumers.screening import Screen
-from shared.audience.suppressions import SuppressionStore
+from shared.audience.suppressions import SuppressionChecks
 from shared.core.errors import DependencyUnavailable
 from shared.core.models import ChunkJob, LogJob
-from shared.delivery.attempts import AttemptStore, chunk_line, recipient_line
-from shared.delivery.batchstore import BatchStore
+from shared.delivery.attempts import Attempts, chunk_line, recipient_line
+from shared.delivery.batchstore import Batches
 from shared.delivery.domain_capacity import CapacityGate
 from shared.delivery.handoff import HandOff
-from shared.delivery.recipients import RecipientStore
+from shared.delivery.recipients import Recipients
 from shared.engagement.engagement import Tracker
 from shared.infra.broker import Broker
 from shared.infra.byte_budget import ByteBudget
@@ -105,13 +105,13 @@ def decode(message: aio_pika.abc.AbstractIncomingMessage) -> tuple[protocol.Job,
 @dataclass
 class Dispatcher:
     broker: Broker
-    batches: BatchStore
-    attempts: AttemptStore
+    batches: Batches
+    attempts: Attempts
     providers: Mapping[str, Provider]
     settings: ProviderSettings
     metrics: DispatchMetrics
-    recipients: RecipientStore
-    suppressions: SuppressionStore
+    recipients: Recipients
+    suppressions: SuppressionChecks
     """Looked up again before every provider call (``services.consumers.screening``)."""
     fault_points: FaultPoints = no_faults
     deferred_deadline: int = 4 * 3600

@@ -23,7 +23,7 @@ from typing import Final, Protocol
 
 from shared.accounts import domains
 from shared.accounts.domain_checks import CheckRules, Outcome, due, judge
-from shared.accounts.domains import DomainStore, SendingDomain
+from shared.accounts.domains import Domains, SendingDomain
 from shared.core.errors import DependencyUnavailable
 from shared.infra.leases import Lease, LeaseRows, keep_running
 from shared.infra.user_cache import UserChanges
@@ -59,7 +59,7 @@ class Tally:
 
 @dataclass
 class DomainChecker:
-    store: DomainStore
+    store: Domains
     resolver: TxtResolver
     rules: CheckRules
     leases: LeaseRows

@@ -53,7 +53,7 @@ from shared.providers.provider_health import (
     Circuit,
     CircuitState,
     HealthRules,
-    HealthStore,
+    HealthWindows,
     Window,
     draw,
     failures_in_last_minute,
@@ -235,7 +235,7 @@ class ConsumerSettings:
         """Seconds until the next refresh is due (see :func:`next_refresh`)."""
         return self.linger.next_in(busy=self.health_moving)
 
-    async def refresh_health(self, store: HealthStore) -> None:
+    async def refresh_health(self, store: HealthWindows) -> None:
         """One refresh: share this process's calls, read everyone's back, move the circuits
         and re-order the chain (an outage keeps the refreshes coming, not the loop)."""
         try:
@@ -248,7 +248,7 @@ class ConsumerSettings:
             self.health_moving = True
         self.refresh()
 
-    async def keep_health(self, store: HealthStore) -> None:
+    async def keep_health(self, store: HealthWindows) -> None:
         """Refresh after refresh, :meth:`next_refresh_in` apart or when woken (a writer's
         wake-up heard by :meth:`heard`, this process's first call). Runs until cancelled."""
         self.dispatcher.tally.first = self.linger.nudge_if_idle
@@ -262,7 +262,7 @@ class ConsumerSettings:
             await self.refresh_health(store)
             await self.linger.wait(busy=self.health_moving)
 
-    async def _share(self, store: HealthStore) -> None:
+    async def _share(self, store: HealthWindows) -> None:
         taken = self.dispatcher.tally.take()
         for n, ((provider, start), (calls, errors, ms)) in enumerate(taken.items()):
             try:
@@ -276,7 +276,7 @@ class ConsumerSettings:
                         entry[i] += value
                 raise
 
-    async def _score(self, store: HealthStore) -> dict[str, list[Window]]:
+    async def _score(self, store: HealthWindows) -> dict[str, list[Window]]:
         now = self.dispatcher.now()
         read: dict[str, list[Window]] = {}
         for code in self.dispatcher.providers:

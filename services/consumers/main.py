@@ -34,10 +34,10 @@ from shared.core.errors import DependencyUnavailable, ProviderError
 from shared.core.lanes import PRIORITIES
 from shared.delivery.acceptance import Acceptance
 from shared.delivery.attempts import AttemptStore
-from shared.delivery.batchstore import BatchStore
+from shared.delivery.batchstore import Batches, BatchStore
 from shared.delivery.domain_capacity import CapacityGate, DomainVolumes
 from shared.delivery.outbox import Outbox, tell_relays
-from shared.delivery.recipients import RecipientStore
+from shared.delivery.recipients import Recipients, RecipientStore
 from shared.delivery.schedule_store import ScheduleStore
 from shared.delivery.stats import StatsStore, tell_rollups
 from shared.engagement.engagement import tracker_of
@@ -250,7 +250,7 @@ async def tidy_counters(res: Resources, dispatcher: Dispatcher, scope: str) -> N
         await asyncio.sleep(TIDY_EVERY)
 
 
-def scheduler_of(settings: Settings, res: Resources, batches: BatchStore) -> Scheduler:
+def scheduler_of(settings: Settings, res: Resources, batches: Batches) -> Scheduler:
     """The scheduler of the namespace's scheduled batches (run it); it settles the cancelled
     batches it finds (their stats, and their recipients back to the daily quota)."""
     exchange = settings.amqp.exchange
@@ -273,8 +273,8 @@ def domain_checker_of(settings: Settings, res: Resources, dns: httpx.AsyncClient
 def judge_of(
     settings: Settings,
     res: Resources,
-    batches: BatchStore,
-    recipients: RecipientStore,
+    batches: Batches,
+    recipients: Recipients,
     alerter: Alerter | None = None,
 ) -> CanaryJudge:
     """The judge of the namespace's template canaries (run it)."""

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 from shared.core.errors import DependencyUnavailable
-from shared.delivery.stats import ROLL_EVERY, StatsStore
+from shared.delivery.stats import ROLL_EVERY, Stats
 from shared.infra.leases import STATS_WAKE, Linger, next_period, woken
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def _utcnow() -> datetime:
 
 @dataclass
 class RollUp:
-    stats: StatsStore
+    stats: Stats
     clock: Callable[[], float] = time.monotonic
     """Monotonic seconds, for the wake-ups' linger (tests move it)."""
     now: Callable[[], datetime] = _utcnow

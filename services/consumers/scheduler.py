@@ -40,8 +40,8 @@ from typing import Final
 
 from shared.core.lanes import BUCKET, bucket_of
 from shared.core.models import BatchJob
-from shared.delivery.batchstore import BatchStore
-from shared.delivery.schedule_store import ScheduleStore, finished_through
+from shared.delivery.batchstore import Batches
+from shared.delivery.schedule_store import Schedules, finished_through
 from shared.infra.broker import Broker
 from shared.infra.leases import SCHEDULER_WAKE, Lease, LeasedLoop
 from shared.infra.topology import batch_key
@@ -87,8 +87,8 @@ Settle = Callable[[uuid.UUID, uuid.UUID, int], Awaitable[None]]
 
 @dataclass
 class Scheduler:
-    store: ScheduleStore
-    batches: BatchStore
+    store: Schedules
+    batches: Batches
     broker: Broker
     settle: Settle | None = None
     """What a cancelled batch owes (None: left to whoever cancelled it)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import aio_pika.abc
 
 from shared.core.models import BatchJob, ChunkJob
-from shared.delivery.batchstore import BatchStore
+from shared.delivery.batchstore import Batches
 from shared.infra.broker import Broker
 from shared.infra.logs import bound
 from shared.infra.settle import Delivery, Poison
@@ -28,7 +28,7 @@ PUBLISH_WINDOW = 64
 @dataclass
 class Splitter:
     broker: Broker
-    batches: BatchStore
+    batches: Batches
     first_provider: str
 
     async def process(

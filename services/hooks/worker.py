@@ -29,8 +29,8 @@ from shared.infra.settle import Delivery as MessageDelivery
 from shared.infra.settle import Poison
 from shared.outbound import outbound_retry
 from shared.outbound.hook_delivery import Deliverer, Outcome
-from shared.outbound.hook_queue import QUEUE_DAYS, Cursor, Delivery, HookQueue, Pending
-from shared.outbound.hook_store import Endpoint, HookStore
+from shared.outbound.hook_queue import QUEUE_DAYS, Cursor, Deliveries, Delivery, Pending
+from shared.outbound.hook_store import Endpoint, Endpoints
 from shared.outbound.user_hooks import wake
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,8 @@ async def _no_notice(endpoint: Endpoint, reason: str) -> None:
 
 @dataclass
 class Worker:
-    store: HookStore
-    queue: HookQueue
+    store: Endpoints
+    queue: Deliveries
     broker: Broker
     deliverer: Deliverer
     settings: HooksSettings

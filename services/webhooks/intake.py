@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 import aio_pika.abc
 from prometheus_client import CollectorRegistry, Counter
 
-from services.webhooks.webhook_tokens import WebhookTokens
+from services.webhooks.webhook_tokens import Tokens
 from shared.core.catalog import CODES
 from shared.core.errors import DependencyUnavailable
 from shared.core.webhook_events import MalformedPayload
@@ -81,7 +81,7 @@ class IntakeMetrics:
 
 @dataclass
 class Intake:
-    tokens: WebhookTokens
+    tokens: Tokens
     broker: Broker
     ingest: Ingest
     metrics: IntakeMetrics

@@ -8,8 +8,15 @@ again is a replay (harmless, applied idempotently), another body is a forgery.
 from __future__ import annotations
 
 import hmac
+from typing import Protocol
 
 from shared.infra.db import Database
+
+
+class Tokens(Protocol):
+    """What callers use of :class:`WebhookTokens` (the store, or its in-memory twin)."""
+
+    async def accept_once(self, token: str, body_hash: bytes) -> bool: ...
 
 
 class WebhookTokens:

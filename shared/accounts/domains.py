@@ -21,7 +21,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, Protocol
 
 import httpx
 
@@ -132,6 +132,34 @@ _CHECKED = frozenset(
 )
 #: Rows per page of a scan.
 _PAGE = 500
+
+
+class Domains(Protocol):
+    """What callers use of :class:`DomainStore` (the store, or its in-memory twin)."""
+
+    async def add(self, user_id: uuid.UUID, domain: str) -> SendingDomain: ...
+
+    async def get(self, user_id: uuid.UUID, domain: str) -> SendingDomain | None: ...
+
+    async def all(self, user_id: uuid.UUID) -> list[SendingDomain]: ...
+
+    async def verified(self, user_id: uuid.UUID) -> frozenset[str]: ...
+
+    async def mark_verified(self, user_id: uuid.UUID, domain: str) -> bool: ...
+
+    async def record(
+        self, user_id: uuid.UUID, read: SendingDomain, cells: Mapping[str, object]
+    ) -> bool: ...
+
+    async def remove(self, user_id: uuid.UUID, domain: str) -> bool: ...
+
+    def every(self) -> AsyncIterator[tuple[uuid.UUID, SendingDomain]]: ...
+
+    async def index(self, user_id: uuid.UUID, domain: str) -> None: ...
+
+    async def claims(self, domain: str, limit: int = 200) -> list[Claim]: ...
+
+    async def index_all(self) -> int: ...
 
 
 class DomainStore:

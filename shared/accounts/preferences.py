@@ -13,7 +13,7 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from shared.infra.db import Database
 
@@ -61,6 +61,14 @@ def patched(current: Preferences, patch: dict[str, Any]) -> Preferences:
     if cooldown.get("per_category") is not None:
         changes["cooldown_per_category"] = cooldown["per_category"]
     return replace(current, **changes)
+
+
+class PreferenceRows(Protocol):
+    """What callers use of :class:`PreferenceStore` (the store, or its in-memory twin)."""
+
+    async def get(self, user_id: uuid.UUID, *, fresh: bool = False) -> Preferences: ...
+
+    async def put(self, user_id: uuid.UUID, prefs: Preferences) -> None: ...
 
 
 class PreferenceStore:

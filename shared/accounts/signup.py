@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, Protocol
 
 from shared.infra import github_accounts
 from shared.infra.db import Database
@@ -81,6 +81,22 @@ class SignupRequest:
     requested_at: datetime
     state: RequestState
     decided_by: str | None
+
+
+class SignupQueue(Protocol):
+    """What callers use of :class:`SignupRequests` (the store; it has no in-memory twin yet)."""
+
+    async def state(self, github_id: int) -> RequestState | None: ...
+
+    async def ask(
+        self, github_id: int, login: str, name: str | None, email: str | None
+    ) -> None: ...
+
+    async def answer(self, github_id: int, state: RequestState, operator: str) -> bool: ...
+
+    async def done(self, github_id: int) -> None: ...
+
+    async def all(self, limit: int = 1000) -> list[SignupRequest]: ...
 
 
 class SignupRequests:

@@ -1,4 +1,4 @@
-"""Campaigns: a template sent to a contact list, now or at ``send_at``. The lifecycle (pure)
+"""StoredCampaigns: a template sent to a contact list, now or at ``send_at``. The lifecycle (pure)
 and the one writer of ``campaigns``, ``campaign_runs``, ``campaign_slices`` and
 ``campaign_batches``.
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 import orjson
 
@@ -125,6 +125,58 @@ _COLUMNS = (
     "user_id, campaign_id, name, template_id, list_id, sender, data, rate, send_at, state, "
     "reason, created_at, updated_at, cursor_bucket, cursor_after, slices, released, skipped"
 )
+
+
+class StoredCampaigns(Protocol):
+    """What callers use of :class:`CampaignStore` (the store, or its in-memory twin)."""
+
+    async def create(
+        self,
+        user_id: uuid.UUID,
+        name: str,
+        template_id: uuid.UUID,
+        list_id: uuid.UUID,
+        sender: dict[str, Any],
+        data: dict[str, Any],
+        rate: int,
+        send_at: datetime | None,
+        campaign_id: uuid.UUID | None = None,
+    ) -> Campaign: ...
+
+    async def delete(self, campaign: Campaign) -> bool: ...
+
+    async def get(self, user_id: uuid.UUID, campaign_id: uuid.UUID) -> Campaign | None: ...
+
+    async def campaigns(self, user_id: uuid.UUID) -> list[Campaign]: ...
+
+    async def state(self, user_id: uuid.UUID, campaign_id: uuid.UUID) -> str | None: ...
+
+    async def move(
+        self,
+        campaign: Campaign,
+        to: State,
+        *,
+        reason: str | None = None,
+        send_at: datetime | None = None,
+    ) -> bool: ...
+
+    async def runs(self) -> list[tuple[uuid.UUID, uuid.UUID]]: ...
+
+    async def retire(self, campaign_id: uuid.UUID) -> None: ...
+
+    async def record(self, campaign_id: uuid.UUID, part: Slice) -> None: ...
+
+    async def advance(
+        self, campaign: Campaign, bucket: int, after: str | None, released: int, skipped: int
+    ) -> bool: ...
+
+    async def staged(self, campaign_id: uuid.UUID, number: int) -> Staged | None: ...
+
+    async def stage(self, campaign_id: uuid.UUID, part: Staged) -> Staged: ...
+
+    async def close(self, campaign_id: uuid.UUID, number: int) -> None: ...
+
+    async def slices(self, campaign_id: uuid.UUID) -> list[Slice]: ...
 
 
 class CampaignStore:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from shared.core.addresses import address_key
 from shared.core.catalog import TRACKER
@@ -98,6 +98,56 @@ def lift_refusal(entry: Mapping[str, Any], *, operator: bool) -> str | None:
         f"{entry.get('email')} {what}: a suppression the recipient made is theirs, only an "
         "operator may lift it"
     )
+
+
+class SuppressionChecks(Protocol):
+    """What the send and webhook paths use of :class:`SuppressionStore` (the store, or its
+    in-memory twins): record a suppression, check addresses against the list."""
+
+    async def add(
+        self,
+        user_id: uuid.UUID,
+        email: str,
+        *,
+        reason: str,
+        source: str,
+        event_id: str | None = None,
+        at: datetime | None = None,
+        scope: str | None = None,
+        by_recipient: str | None = None,
+    ) -> None: ...
+
+    async def suppressed(
+        self,
+        user_id: uuid.UUID,
+        emails: Iterable[str],
+        scope: str | None = None,
+        *,
+        per_query: int = LOOKUP_CHUNK,
+    ) -> dict[str, str]: ...
+
+    async def listed(
+        self, user_id: uuid.UUID, most: int, scope: str | None = None
+    ) -> dict[str, str] | None: ...
+
+
+class Suppressions(SuppressionChecks, Protocol):
+    """All that callers use of :class:`SuppressionStore` (the store, or its in-memory twin):
+    the checks, and reading and lifting single entries."""
+
+    async def entry(
+        self, user_id: uuid.UUID, email: str, scope: str | None = None
+    ) -> dict[str, Any] | None: ...
+
+    async def forget(
+        self, user_id: uuid.UUID, email: str, scope: str | None = None, *, version: int
+    ) -> None: ...
+
+    async def remove(self, user_id: uuid.UUID, email: str, scope: str | None = None) -> bool: ...
+
+    async def page(
+        self, user_id: uuid.UUID, limit: int, after: str | None, scope: str | None = None
+    ) -> list[dict[str, Any]]: ...
 
 
 class SuppressionStore:

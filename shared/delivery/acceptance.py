@@ -52,8 +52,8 @@ from cassandra.query import Statement
 from shared.core.batch_ids import accepted_at
 from shared.core.errors import DependencyUnavailable, PublishError
 from shared.core.models import BatchJob
-from shared.delivery.batchstore import BatchHeader, BatchStore, Content, NewBatch
-from shared.delivery.outbox import MARK_WINDOW, Marks, Outbox
+from shared.delivery.batchstore import Batches, BatchHeader, Content, NewBatch
+from shared.delivery.outbox import MARK_WINDOW, Marks, OutboxRows
 from shared.infra.broker import Broker
 from shared.infra.topology import batch_key
 
@@ -92,8 +92,8 @@ class Decision:
 
 @dataclass
 class Acceptance:
-    batches: BatchStore
-    outbox: Outbox
+    batches: Batches
+    outbox: OutboxRows
     broker: Broker
     refunds: Refunds | None = None
     """The daily quota a cancelled batch's recipients go back to (None: none kept here)."""

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from shared.infra.db import Database, Row, utc
 
@@ -128,6 +128,41 @@ def from_row(line: str, r: Row) -> Attempt:
         next_attempt=r["next_attempt"],
         next_delay=r["next_delay"],
     )
+
+
+class Attempts(Protocol):
+    """What callers use of :class:`AttemptStore` (the store, or its in-memory twin)."""
+
+    async def line(
+        self, batch_id: uuid.UUID, line: str, *, serial: bool = False
+    ) -> list[Attempt]: ...
+
+    async def lines(self, batch_id: uuid.UUID) -> dict[str, list[Attempt]]: ...
+
+    async def create(
+        self,
+        batch_id: uuid.UUID,
+        line: str,
+        attempt: int,
+        *,
+        chunk: int,
+        provider: str,
+        state: str,
+        owner: uuid.UUID | None = None,
+        cause: str | None = None,
+        reason: str | None = None,
+        calling_at: datetime | None = None,
+    ) -> bool: ...
+
+    async def transition(
+        self,
+        batch_id: uuid.UUID,
+        line: str,
+        attempt: int,
+        *,
+        expect: Mapping[str, Any],
+        values: Mapping[str, Any],
+    ) -> bool: ...
 
 
 class AttemptStore:

@@ -54,7 +54,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, Protocol
 
 from cassandra.query import UNSET_VALUE, Statement
 from cassandra.util import uuid_from_time
@@ -63,7 +63,7 @@ from shared.core import batch_ids
 from shared.core.models import Message
 from shared.delivery import precedence
 from shared.delivery.recipients import CHUNK_ROW, Addressee, encode_recipients
-from shared.delivery.stats import StatsStore
+from shared.delivery.stats import Stats, StatsStore
 from shared.infra.db import Database, slices, utc
 
 
@@ -256,10 +256,47 @@ def _header_stamp(batch_id: uuid.UUID) -> int:
     return int(batch_ids.accepted_at(batch_id).timestamp() * 1_000_000)
 
 
+class Batches(Protocol):
+    """What callers use of :class:`BatchStore` (the store, or its in-memory twin)."""
+
+    async def write(
+        self,
+        batch: NewBatch,
+        *,
+        also: Sequence[Statement] = (),
+        content: Content | None = None,
+        indexed: bool = False,
+    ) -> None: ...
+
+    async def index(self, batch: NewBatch) -> None: ...
+
+    async def index_stored(self, header: BatchHeader) -> None: ...
+
+    async def uncount(self, user_id: uuid.UUID, batch_id: uuid.UUID) -> None: ...
+
+    async def header(self, batch_id: uuid.UUID) -> BatchHeader | None: ...
+
+    async def owner(self, batch_id: uuid.UUID) -> uuid.UUID | None: ...
+
+    async def status(self, batch_id: uuid.UUID) -> str | None: ...
+
+    async def commit(
+        self, batch_id: uuid.UUID, status: str, *, timeout: float | None = None
+    ) -> str | None: ...
+
+    async def cancel(self, batch_id: uuid.UUID) -> str | None: ...
+
+    async def start_scheduled(self, batch_id: uuid.UUID) -> str | None: ...
+
+    async def cancel_scheduled(self, batch_id: uuid.UUID) -> str | None: ...
+
+    async def mark_dispatched(self, batch_id: uuid.UUID) -> None: ...
+
+
 class BatchStore:
     """Every batch query; one method per operation."""
 
-    def __init__(self, db: Database, stats: StatsStore | None = None) -> None:
+    def __init__(self, db: Database, stats: Stats | None = None) -> None:
         self.db = db
         self.stats = stats or StatsStore(db)
 

@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 
 from shared.core.catalog import name_of
 from shared.core.models import LogJob
-from shared.delivery.attempts import Attempt, AttemptStore, recipient_line
+from shared.delivery.attempts import Attempt, Attempts, recipient_line
 from shared.delivery.precedence import visible
-from shared.delivery.recipients import RecipientStore, Selection
+from shared.delivery.recipients import Recipients, Selection
 from shared.infra.broker import Broker
 from shared.infra.db import Row
 from shared.infra.topology import log_key
@@ -48,8 +48,8 @@ def next_provider(chain: Sequence[str], excluded: frozenset[str], failed: str) -
 
 @dataclass
 class HandOff:
-    attempts: AttemptStore
-    recipients: RecipientStore
+    attempts: Attempts
+    recipients: Recipients
     broker: Broker
     chain: tuple[str, ...]
     max_attempts: int

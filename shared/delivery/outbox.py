@@ -74,6 +74,25 @@ def minutes(start: datetime, end: datetime) -> list[datetime]:
     return [first + i * _MINUTE for i in range(int((last - first) / _MINUTE) + 1)]
 
 
+class OutboxRows(Protocol):
+    """What callers use of :class:`Outbox` (the store, or its in-memory twin)."""
+
+    written: Callable[[], None]
+
+    @staticmethod
+    def bucket(batch_id: uuid.UUID) -> tuple[datetime, int]: ...
+
+    async def add(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> None: ...
+
+    async def statement(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> BoundStatement: ...
+
+    async def done(self, batch_id: uuid.UUID) -> None: ...
+
+    async def done_many(self, batch_ids: Iterable[uuid.UUID]) -> None: ...
+
+    async def unpublished(self, minute: datetime, shard: int) -> list[uuid.UUID]: ...
+
+
 class Outbox:
     """The outbox rows of one broker namespace (the exchange batches are published to)."""
 
@@ -193,7 +212,7 @@ class Relay:
 
     def __init__(
         self,
-        outbox: Outbox,
+        outbox: OutboxRows,
         finish: Finish,
         *,
         grace: float,
@@ -277,8 +296,8 @@ async def relay_forever(relay: Relay, *, interval: float) -> None:
 
 
 def tell_relays(
-    outbox: Outbox, broker: Announcer, every: float, own: Relay | None = None
-) -> Outbox:
+    outbox: OutboxRows, broker: Announcer, every: float, own: Relay | None = None
+) -> OutboxRows:
     """``outbox``, telling every process's relay when it writes a row (a wake-up on the
     settings fanout at its first row and at most one per ``every`` seconds after) and
     ``own``, this process's relay, at every row (whether the broker is reachable or not)."""

@@ -37,7 +37,7 @@ from cassandra.query import BoundStatement, Statement
 
 from shared.core.addresses import address_key
 from shared.delivery import precedence
-from shared.delivery.stats import StatsStore, batch_day
+from shared.delivery.stats import Stats, StatsStore, batch_day
 from shared.infra.db import Database, Row
 from shared.infra.gil import CpuLane
 
@@ -283,11 +283,82 @@ def by_partition(statements: Iterable[BoundStatement]) -> list[list[BoundStateme
     return [list(g.values()) for g in groups.values()]
 
 
+class Recipients(Protocol):
+    """What callers use of :class:`RecipientStore` (the store, or its in-memory twin)."""
+
+    stats: Stats
+
+    async def batch_rows(self, batch_id: uuid.UUID) -> list[dict[str, Any]]: ...
+
+    async def chunk_rows(self, batch_id: uuid.UUID, chunk: int) -> list[dict[str, Any]]: ...
+
+    async def stored_chunk(self, batch_id: uuid.UUID, chunk: int) -> list[Row]: ...
+
+    async def one(
+        self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID, *, addresses: bool = False
+    ) -> dict[str, Any] | None: ...
+
+    async def member(self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID) -> bool: ...
+
+    async def locate(self, batch_id: uuid.UUID, email: str) -> tuple[int, uuid.UUID] | None: ...
+
+    async def accepted(
+        self,
+        batch_id: uuid.UUID,
+        chosen: Selection,
+        *,
+        provider: str,
+        tag: str,
+        when: datetime,
+        message_id: str | None,
+    ) -> None: ...
+
+    async def call_failed(
+        self, batch_id: uuid.UUID, chosen: Selection, *, provider: str, result: str, when: datetime
+    ) -> None: ...
+
+    async def give_up(
+        self,
+        batch_id: uuid.UUID,
+        user_id: uuid.UUID,
+        chosen: Selection,
+        *,
+        reason: str,
+        when: datetime,
+    ) -> None: ...
+
+    async def suppressed(
+        self,
+        batch_id: uuid.UUID,
+        user_id: uuid.UUID,
+        chunk: int,
+        reasons: Mapping[uuid.UUID, str],
+        *,
+        when: datetime,
+    ) -> None: ...
+
+    async def supersede(
+        self,
+        batch_id: uuid.UUID,
+        chunk: int,
+        log_id: uuid.UUID,
+        *,
+        tag: str,
+        provider: str,
+        result: str,
+        when: datetime,
+    ) -> None: ...
+
+    async def reported(self, report: Report) -> None: ...
+
+    async def reported_many(self, reports: Sequence[Report]) -> None: ...
+
+
 class RecipientStore:
     """Reads and writes of recipient state in ``batches`` (and its stat rows)."""
 
     def __init__(
-        self, db: Database, stats: StatsStore | None = None, cpu: CpuLane | None = None
+        self, db: Database, stats: Stats | None = None, cpu: CpuLane | None = None
     ) -> None:
         self.db = db
         self.stats = stats or StatsStore(db)

@@ -16,7 +16,7 @@ import asyncio
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Final, Protocol
 
 from cassandra.query import BoundStatement
 
@@ -38,6 +38,26 @@ class Due:
     minute: datetime
     batch_id: uuid.UUID
     send_at: datetime
+
+
+class Schedules(Protocol):
+    """What callers use of :class:`ScheduleStore` (the store, or its in-memory twin)."""
+
+    async def add(self, batch_id: uuid.UUID, at: datetime) -> None: ...
+
+    async def statement(self, batch_id: uuid.UUID, at: datetime) -> BoundStatement: ...
+
+    async def take_lease(
+        self, owner: uuid.UUID, seconds: int, *, renewing: bool = False
+    ) -> bool: ...
+
+    async def release_lease(self, owner: uuid.UUID) -> None: ...
+
+    async def done_through(self) -> datetime | None: ...
+
+    async def due(self, now: datetime) -> tuple[list[Due], datetime | None]: ...
+
+    async def finish(self, owner: uuid.UUID, through: datetime) -> bool: ...
 
 
 class ScheduleStore:

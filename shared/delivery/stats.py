@@ -38,7 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from cassandra.query import BoundStatement
@@ -268,6 +268,91 @@ _MARK = (
     "WHERE marked_on = ? AND shard = ? AND user_id = ? AND day = ? AND bucket = ?"
 )
 _DAY_DIRTY = "UPDATE stat_days SET dirty_at = ? WHERE user_id = ? AND day = ?"
+
+
+class Stats(Protocol):
+    """What callers use of :class:`StatsStore` (the store, or its in-memory twin)."""
+
+    buckets: int
+    marked: Callable[[], None]
+    marks_seen: int
+
+    async def outcome_statements(
+        self,
+        user_id: uuid.UUID,
+        batch_id: uuid.UUID,
+        log_id: uuid.UUID,
+        *,
+        outcome: str | None,
+        stamp: int,
+        metrics: Sequence[str] = (),
+        now: datetime,
+    ) -> list[BoundStatement]: ...
+
+    async def outcomes(
+        self,
+        user_id: uuid.UUID,
+        batch_id: uuid.UUID,
+        log_ids: Sequence[uuid.UUID],
+        outcome: str,
+        stamp: int,
+    ) -> None: ...
+
+    async def accepted(
+        self, user_id: uuid.UUID, batch_id: uuid.UUID, recipients: int, stamp: int
+    ) -> None: ...
+
+    async def accepted_statements(
+        self, user_id: uuid.UUID, batch_id: uuid.UUID, recipients: int, stamp: int
+    ) -> list[BoundStatement]: ...
+
+    async def cancelled(self, user_id: uuid.UUID, batch_id: uuid.UUID, stamp: int) -> None: ...
+
+    async def activity(self, user_id: uuid.UUID, batch_id: uuid.UUID) -> None: ...
+
+    async def activity_statements(
+        self, user_id: uuid.UUID, batch_id: uuid.UUID
+    ) -> list[BoundStatement]: ...
+
+    def recorded(self, user_id: uuid.UUID, batch_id: uuid.UUID) -> None: ...
+
+    async def bucket_rows(self, user_id: uuid.UUID, day: date, bucket: int) -> list[Row]: ...
+
+    async def rollup(
+        self, user_id: uuid.UUID, day: date, bucket: int
+    ) -> tuple[Rollup | None, datetime | None]: ...
+
+    async def recount(self, user_id: uuid.UUID, day: date, bucket: int) -> Rollup: ...
+
+    async def bucket(self, user_id: uuid.UUID, day: date, bucket: int) -> dict[str, int]: ...
+
+    async def marks(self, marked_on: date, shard: int) -> list[Mark]: ...
+
+    async def unmark(self, marked_on: date, shard: int, mark: Mark) -> None: ...
+
+    async def roll_due(self, now: datetime) -> int: ...
+
+    async def rolled(self) -> None: ...
+
+    async def day(self, user_id: uuid.UUID, day: date) -> dict[str, int]: ...
+
+    async def range(
+        self, user_id: uuid.UUID, start: date, end: date
+    ) -> dict[date, dict[str, int]]: ...
+
+    async def hit(
+        self, user_id: uuid.UUID, batch_id: uuid.UUID, kind: str, *, machine: bool
+    ) -> None: ...
+
+    async def hits(
+        self, user_id: uuid.UUID, start: date, end: date
+    ) -> dict[date, dict[str, int]]: ...
+
+    async def user_days(self, user_id: uuid.UUID) -> list[date]: ...
+
+    async def active_users(self, day: date) -> list[uuid.UUID]: ...
+
+    async def reconcile(self, user_id: uuid.UUID, day: date, *, fix: bool) -> list[Drift]: ...
 
 
 class StatsStore:
@@ -699,7 +784,7 @@ class StatsStore:
         return drifts
 
 
-def tell_rollups(stats: StatsStore, broker: Announcer) -> StatsStore:
+def tell_rollups(stats: Stats, broker: Announcer) -> Stats:
     """``stats``, telling every process's roll-up when it marks buckets changed (a wake-up
     at its first mark and at most one per :data:`ROLL_EVERY` after: ``shared.infra.leases``)."""
     stats.marked = Notice(broker, STATS_WAKE, ROLL_EVERY.total_seconds()).touch

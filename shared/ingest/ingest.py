@@ -31,23 +31,23 @@ from prometheus_client import CollectorRegistry, Counter
 from shared.accounts.domains import domain_of
 from shared.audience import suppressions
 from shared.audience.suppression_cache import Changes
-from shared.audience.suppressions import SuppressionStore
+from shared.audience.suppressions import SuppressionChecks, SuppressionStore
 from shared.core.addresses import address_key
 from shared.core.catalog import TRACKER
 from shared.core.models import LogJob
 from shared.core.webhook_events import ENGAGEMENT, ProviderEvent
 from shared.delivery.attempts import AttemptStore
-from shared.delivery.batchstore import BatchStore
+from shared.delivery.batchstore import Batches, BatchStore
 from shared.delivery.domain_capacity import DomainVolumes, Volumes
 from shared.delivery.handoff import HandOff
-from shared.delivery.recipients import RecipientStore, Report
+from shared.delivery.recipients import Recipients, RecipientStore, Report
 from shared.delivery.stats import StatsStore, tell_rollups
 from shared.infra.broker import Broker
 from shared.infra.config import Settings
 from shared.infra.db import Database
 from shared.infra.topology import log_key
 from shared.ingest import transitions
-from shared.ingest.timeline import Timeline
+from shared.ingest.timeline import Timeline, Timelines
 from shared.outbound import recipient_events
 from shared.outbound.user_hooks import HookEmitter, HookEvent, UserHooks
 from shared.providers.provider_health import Reports
@@ -105,10 +105,10 @@ class IngestMetrics:
 class Ingest:
     """Applies events through the stores that own each table (in tests, their fakes)."""
 
-    batches: BatchStore
-    recipients: RecipientStore
-    suppressions: SuppressionStore
-    timeline: Timeline
+    batches: Batches
+    recipients: Recipients
+    suppressions: SuppressionChecks
+    timeline: Timelines
     handoff: HandOff
     broker: Broker
     settings: Settings

@@ -5,6 +5,7 @@ keyed by the provider's event id, so a replayed event is the same row) and of
 from __future__ import annotations
 
 import uuid
+from typing import Protocol
 
 from cassandra.query import BoundStatement
 
@@ -23,6 +24,20 @@ def detail_of(ev: ProviderEvent) -> str:
 def orphan_body(ev: ProviderEvent) -> str:
     """What is kept of an event that matched no recipient."""
     return f"{ev.raw_event} {ev.email} batch={ev.batch_id} log={ev.log_id}"
+
+
+class Timelines(Protocol):
+    """What callers use of :class:`Timeline` (the store, or its in-memory twin)."""
+
+    async def record(
+        self, batch_id: uuid.UUID, log_id: uuid.UUID, ev: ProviderEvent, *, counted: bool
+    ) -> None: ...
+
+    async def statement(
+        self, batch_id: uuid.UUID, log_id: uuid.UUID, ev: ProviderEvent, *, counted: bool
+    ) -> BoundStatement: ...
+
+    async def orphan(self, ev: ProviderEvent) -> None: ...
 
 
 class Timeline:

@@ -25,7 +25,7 @@ from typing import Any
 
 from shared.core import batch_ids
 from shared.delivery import precedence
-from shared.delivery.attempts import AttemptStore
+from shared.delivery.attempts import Attempts, AttemptStore
 from shared.delivery.recipients import RecipientStore
 from shared.delivery.stats import DEFAULT_BUCKETS, StatsStore, batch_day
 from shared.infra.db import Database
@@ -127,7 +127,7 @@ def batch_violations(
 
 async def _batch(
     stats: StatsStore,
-    attempts: AttemptStore,
+    attempts: Attempts,
     user_id: uuid.UUID,
     batch_id: uuid.UUID,
     **judge: Any,

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 import aio_pika.abc
 import orjson
@@ -252,6 +252,26 @@ def _row_letter(row: Row) -> Letter:
         state="replayed" if state == "replayed" else "replaying" if state else "waiting",
         replayed_at=utc(row["replayed_at"]),
     )
+
+
+class LetterArchive(Protocol):
+    """What callers use of :class:`DeadLetterStore` (the store; it has no in-memory twin yet)."""
+
+    async def archive(self, letter: Letter) -> bool: ...
+
+    async def page(self, limit: int, after: str | None = None) -> list[Letter]: ...
+
+    async def get(self, letter_id: str) -> Letter | None: ...
+
+    async def claim(self, letter: Letter, owner: uuid.UUID, now: datetime) -> bool: ...
+
+    async def finish(self, letter: Letter, owner: uuid.UUID, now: datetime) -> None: ...
+
+    async def release(self, letter: Letter, owner: uuid.UUID) -> None: ...
+
+    async def delete(self, letter_id: str) -> bool: ...
+
+    async def waiting(self) -> int: ...
 
 
 class DeadLetterStore:

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import orjson
 
@@ -533,6 +533,16 @@ class Change:
 
 
 # --------------------------------------------------------------------------- the tables
+
+
+class StoredSettings(Protocol):
+    """What callers use of :class:`SettingsStore` (the store; it has no in-memory twin yet)."""
+
+    async def stored(self) -> dict[str, str]: ...
+
+    async def change(self, changes: Mapping[str, str], by: str) -> list[Change]: ...
+
+    async def audit(self, limit: int = 50) -> list[Change]: ...
 
 
 class SettingsStore:

@@ -40,7 +40,7 @@ from shared.delivery.recipients import (
     substitutions_of,
     timeuuid_order,
 )
-from shared.delivery.stats import EVENT_METRICS, StatsStore, batch_day, bucket_of
+from shared.delivery.stats import EVENT_METRICS, Stats, batch_day, bucket_of
 from shared.infra.db import Database, Row
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ async def flag_outbox(db: Database, now: datetime | None = None) -> int:
     return flagged
 
 
-async def upgrade(db: Database, stats: StatsStore) -> Report:
+async def upgrade(db: Database, stats: Stats) -> Report:
     """Upgrade every v1 batch of the keyspace (idempotent; safe to run again)."""
     report = Report(outbox_moved=await move_outbox(db), outbox_flagged=await flag_outbox(db))
     marks: dict[tuple[uuid.UUID, date], dict[str, set[str]]] = {}
@@ -163,7 +163,7 @@ async def _engagement(db: Database, user_id: uuid.UUID, day: date) -> dict[str, 
 
 async def _stats(
     db: Database,
-    stats: StatsStore,
+    stats: Stats,
     user_id: uuid.UUID,
     batch_id: uuid.UUID,
     recipients: list[Row],

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from cassandra.util import min_uuid_from_time, unix_time_from_uuid1
 
@@ -102,6 +102,54 @@ class Delivery:
 
 def hour_of(when: datetime) -> datetime:
     return when.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+class Deliveries(Protocol):
+    """What callers use of :class:`HookQueue` (the store, or its in-memory twin)."""
+
+    async def enqueue(self, rows: Sequence[Queued]) -> None: ...
+
+    async def pending(
+        self, endpoint_id: uuid.UUID, since: datetime, *, limit: int = 100
+    ) -> list[Pending]: ...
+
+    async def done(self, endpoint_id: uuid.UUID, item: Pending) -> None: ...
+
+    async def start(self, endpoint_id: uuid.UUID, now: datetime) -> None: ...
+
+    async def reset(self, endpoint_id: uuid.UUID) -> None: ...
+
+    async def take_lease(self, endpoint_id: uuid.UUID, owner: uuid.UUID, ttl: int) -> bool: ...
+
+    async def renew_lease(self, endpoint_id: uuid.UUID, owner: uuid.UUID, ttl: int) -> bool: ...
+
+    async def release_lease(self, endpoint_id: uuid.UUID, owner: uuid.UUID) -> None: ...
+
+    async def cursor(self, endpoint_id: uuid.UUID) -> Cursor: ...
+
+    async def move(self, endpoint_id: uuid.UUID, owner: uuid.UUID, cursor: Cursor) -> bool: ...
+
+    async def message(self, endpoint_id: uuid.UUID, msg_id: str) -> Queued | None: ...
+
+    async def claim_replay(
+        self, endpoint_id: uuid.UUID, msg_id: str, replay_id: uuid.UUID
+    ) -> uuid.UUID: ...
+
+    async def replay_request(
+        self, endpoint_id: uuid.UUID, msg_id: str, key: str, replay_id: uuid.UUID
+    ) -> tuple[uuid.UUID, bool] | None: ...
+
+    async def replay_answered(
+        self, endpoint_id: uuid.UUID, msg_id: str, key: str, replay_id: uuid.UUID, queued: bool
+    ) -> None: ...
+
+    async def replay_done(self, endpoint_id: uuid.UUID, msg_id: str) -> None: ...
+
+    async def log(self, endpoint_id: uuid.UUID, entry: Delivery) -> None: ...
+
+    async def deliveries(
+        self, endpoint_id: uuid.UUID, today: date, *, limit: int = 100
+    ) -> list[Delivery]: ...
 
 
 class HookQueue:

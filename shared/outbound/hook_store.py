@@ -11,7 +11,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Final, Protocol
 
 from shared.infra.db import Database, Row, utc
 from shared.outbound import outbound_signing
@@ -83,6 +83,37 @@ _SELECT_ENDPOINTS = (
     "SELECT user_id, endpoint_id, url, events, secret, created_at, enabled, previous_secret, "
     "previous_until, disabled_at, disabled_reason, failing_since, failures FROM user_webhooks "
 )
+
+
+class Endpoints(Protocol):
+    """What callers use of :class:`HookStore` (the store, or its in-memory twin)."""
+
+    async def endpoints(self, user_id: uuid.UUID) -> list[Endpoint]: ...
+
+    async def endpoint(self, user_id: uuid.UUID, endpoint_id: uuid.UUID) -> Endpoint | None: ...
+
+    async def create(
+        self, user_id: uuid.UUID, url: str, events: frozenset[str], now: datetime
+    ) -> Endpoint: ...
+
+    async def update(
+        self,
+        endpoint: Endpoint,
+        *,
+        url: str | None = None,
+        events: frozenset[str] | None = None,
+        enabled: bool | None = None,
+    ) -> Endpoint: ...
+
+    async def delete(self, endpoint: Endpoint) -> None: ...
+
+    async def rotate(self, endpoint: Endpoint, now: datetime) -> Endpoint: ...
+
+    async def set_health(self, endpoint: Endpoint, health: Health) -> None: ...
+
+    async def disable(self, endpoint: Endpoint, reason: str, now: datetime) -> bool: ...
+
+    def every_endpoint(self) -> AsyncIterator[tuple[uuid.UUID, uuid.UUID]]: ...
 
 
 class HookStore:

@@ -207,6 +207,26 @@ def order(
 # --------------------------------------------------------------------------- the table
 
 
+class HealthWindows(Protocol):
+    """What callers use of :class:`HealthStore` (the store, or its in-memory twin)."""
+
+    async def add(
+        self, provider: str, start: datetime, calls: int, errors: int, ms: int
+    ) -> None: ...
+
+    async def add_reported(
+        self, provider: str, start: datetime, events: int, drops: int, deferrals: int
+    ) -> None: ...
+
+    async def windows(self, provider: str, now: datetime) -> list[Window]: ...
+
+    async def forget(self, provider: str, day: date) -> None: ...
+
+    async def set_circuit(self, provider: str, state: CircuitState, health: float) -> None: ...
+
+    async def circuits(self) -> dict[str, CircuitState]: ...
+
+
 class HealthStore:
     """The ``provider_windows`` and ``provider_circuits`` tables (their only writer), for one
     deployment's scope."""
@@ -356,7 +376,7 @@ class Reports:
         taken, self.counts = self.counts, {}
         return taken
 
-    async def keep_adding(self, store: HealthStore, every: float = FLUSH_EVERY) -> None:
+    async def keep_adding(self, store: HealthWindows, every: float = FLUSH_EVERY) -> None:
         """Add what was counted to the shared windows ``every`` seconds after the first
         count of a round (what cannot be added now is added with the next round); with
         nothing counted, sleep (issue 34: a quiet idle). Runs until cancelled."""

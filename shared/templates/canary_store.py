@@ -16,7 +16,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, Protocol
 
 import orjson
 from cassandra.query import BoundStatement
@@ -48,6 +48,22 @@ class Outcome:
     reason: str
     canary: Counts
     live: Counts
+
+
+class Canaries(Protocol):
+    """What callers use of :class:`CanaryStore` (the store, or its in-memory twin)."""
+
+    async def statements(self, rollout: Rollout, batch_id: uuid.UUID) -> list[BoundStatement]: ...
+
+    async def rollouts(self) -> list[Rollout]: ...
+
+    async def batches(self, rollout: Rollout) -> list[uuid.UUID]: ...
+
+    async def judged(self, rollout: Rollout, outcome: Outcome) -> None: ...
+
+    async def forget(self, rollout: Rollout) -> None: ...
+
+    async def history(self, template_id: uuid.UUID) -> list[Outcome]: ...
 
 
 class CanaryStore:

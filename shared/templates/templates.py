@@ -17,7 +17,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -65,6 +65,65 @@ class Template:
     verdict: str | None = None
     """The last canary verdict the judge applied, as ``shared.templates.canary_store`` encodes
     it."""
+
+
+class StoredTemplates(Protocol):
+    """What callers use of :class:`TemplateStore` (the store, or its in-memory twin)."""
+
+    async def create(
+        self,
+        user_id: uuid.UUID,
+        name: str,
+        subject: str,
+        html: str | None,
+        text: str | None,
+        sample: dict[str, Any],
+        template_id: uuid.UUID | None = None,
+    ) -> uuid.UUID: ...
+
+    async def add_version(
+        self,
+        template: Template,
+        subject: str,
+        html: str | None,
+        text: str | None,
+        sample: dict[str, Any],
+    ) -> int: ...
+
+    async def take_number(self, template: Template) -> int: ...
+
+    async def write_version(
+        self,
+        template_id: uuid.UUID,
+        number: int,
+        subject: str,
+        html: str | None,
+        text: str | None,
+        sample: dict[str, Any],
+        at: datetime,
+    ) -> None: ...
+
+    async def delete(self, template: Template) -> bool: ...
+
+    async def delete_version(self, template_id: uuid.UUID, number: int) -> None: ...
+
+    async def get(self, user_id: uuid.UUID, template_id: uuid.UUID) -> Template | None: ...
+
+    async def templates(self, user_id: uuid.UUID) -> list[Template]: ...
+
+    async def versions(self, template_id: uuid.UUID) -> list[Version]: ...
+
+    async def version_headers(self, template_id: uuid.UUID) -> list[VersionHeader]: ...
+
+    async def version(self, template_id: uuid.UUID, number: int) -> Version | None: ...
+
+    async def publish(
+        self, template: Template, number: int, canary_percent: float | None = None
+    ) -> Template: ...
+
+    async def conclude(
+        self, template: Template, since: datetime, live: int, verdict: str
+    ) -> bool: ...
 
 
 class TemplateStore:

@@ -22,17 +22,11 @@ from shared.delivery.recipients import RecipientStore, log_id_for
 from shared.delivery.stats import Rollup, StatsStore
 from shared.infra.db import Database
 from shared.ingest.timeline import Timeline
+from tests.fakes.audience import FakeSuppressions
 from tests.fakes.broker import FakeBroker
-from tests.fakes.stores import (
-    FakeAttempts,
-    FakeBatches,
-    FakeCassandra,
-    FakeRecipients,
-    FakeStats,
-    FakeSuppressions,
-    FakeTimeline,
-    FakeWebhookTokens,
-)
+from tests.fakes.cassandra import FakeCassandra
+from tests.fakes.delivery import FakeAttempts, FakeBatches, FakeRecipients, FakeStats
+from tests.fakes.webhooks import FakeTimeline, FakeWebhookTokens
 
 IMPLEMENTATIONS = ["fake", pytest.param("real", marks=pytest.mark.integration)]
 

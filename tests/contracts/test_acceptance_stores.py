@@ -24,8 +24,10 @@ from shared.delivery.outbox import Outbox, minute_of, shard_of
 from shared.infra.db import Database
 from tests.conftest import unique
 from tests.contracts.conftest import IMPLEMENTATIONS, Stores
-from tests.fakes.acceptance_stores import FakeOutbox, FakePreferences, FakeQuota, FakeRecentMail
-from tests.fakes.stores import FakeBatches, FakeCassandra
+from tests.fakes.accounts import FakePreferences, FakeQuota
+from tests.fakes.api import FakeRecentMail
+from tests.fakes.cassandra import FakeCassandra
+from tests.fakes.delivery import FakeBatches, FakeOutbox
 from tests.fakes.world import new_batch
 
 A, B = "a@example.org", "b@example.org"

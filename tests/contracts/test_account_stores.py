@@ -1,6 +1,7 @@
 """The account-side store contract: users and API keys, dashboard sessions, Idempotency-Key
 claims and the suppression list, asserted identically of the in-memory twins
-(``tests/fakes/account_stores.py``) and of the real stores on Cassandra."""
+(``tests/fakes/accounts.py``, ``tests/fakes/api.py``, ``tests/fakes/audience.py``) and of the
+real stores on Cassandra."""
 
 from __future__ import annotations
 
@@ -21,13 +22,10 @@ from shared.audience.suppressions import LOOKUP_CHUNK, SuppressionStore
 from shared.infra.db import Database
 from tests.conftest import unique
 from tests.contracts.conftest import IMPLEMENTATIONS
-from tests.fakes.account_stores import (
-    AccountTables,
-    FakeAccounts,
-    FakeIdempotencyStore,
-    FakeSessionStore,
-    FakeSuppressionStore,
-)
+from tests.fakes.accounts import FakeAccounts
+from tests.fakes.api import FakeIdempotencyStore, FakeSessionStore
+from tests.fakes.audience import FakeSuppressionStore
+from tests.fakes.cassandra import Clock, FakeCassandra
 
 BODY = hashlib.sha256(b"the first body").digest()
 OTHER_BODY = hashlib.sha256(b"another body").digest()
@@ -77,7 +75,8 @@ class AccountSide:
     accounts: Any
     suppressions: Any
     db: Database | None
-    tables: AccountTables | None
+    tables: FakeCassandra | None
+    clock: Clock | None
 
     def sessions(self, **limits: int) -> Any:
         if self.db is None:
@@ -146,8 +145,8 @@ class AccountSide:
 
     async def wait(self, seconds: float) -> None:
         """Let server time pass (instantly for the twins)."""
-        if self.tables is not None:
-            self.tables.clock.advance(seconds)
+        if self.clock is not None:
+            self.clock.advance(seconds)
         else:
             await asyncio.sleep(seconds)
 
@@ -155,10 +154,11 @@ class AccountSide:
 @pytest.fixture(params=IMPLEMENTATIONS)
 def side(request: pytest.FixtureRequest) -> AccountSide:
     if request.param == "fake":
-        tables = AccountTables()
-        return AccountSide(FakeAccounts(tables), FakeSuppressionStore(), None, tables)
+        clock = Clock()
+        tables = FakeCassandra(now=clock.now)
+        return AccountSide(FakeAccounts(tables), FakeSuppressionStore(), None, tables, clock)
     db: Database = request.getfixturevalue("db")
-    return AccountSide(RealAccounts(db), SuppressionStore(db), db, None)
+    return AccountSide(RealAccounts(db), SuppressionStore(db), db, None, None)
 
 
 def _near_now(value: datetime) -> bool:

@@ -1,5 +1,5 @@
 """The campaign store's contract, asserted identically of the in-memory twin
-(``tests/fakes/campaign_store.py``) and of the real store on Cassandra: a campaign moves only
+(``tests/fakes/audience.py``) and of the real store on Cassandra: a campaign moves only
 from the state it was read in (a stale move fails and changes nothing), campaigns moved into
 an active state are on the runners' list until retired, the cursor advances only from the
 slice count it was read with (of two advancers, one wins), a slice is staged once (of two
@@ -19,8 +19,8 @@ import pytest
 from shared.audience.campaigns import Campaign, CampaignStore, Slice, Staged
 from shared.infra.db import Database
 from tests.contracts.conftest import IMPLEMENTATIONS
-from tests.fakes.campaign_store import FakeCampaigns
-from tests.fakes.schedule_store import ms
+from tests.fakes.audience import FakeCampaigns
+from tests.fakes.cassandra import ms
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)

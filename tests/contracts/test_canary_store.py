@@ -1,5 +1,5 @@
 """The canary store's contract, asserted identically of the in-memory twin
-(``tests/fakes/canary_store.py``) and of the real store on Cassandra: a rollout recorded with
+(``tests/fakes/templates.py``) and of the real store on Cassandra: a rollout recorded with
 its batches is on the judge's list until it is judged or forgotten, its batches are the ones
 recorded with it, and a template's verdicts read back newest rollout first."""
 
@@ -16,8 +16,8 @@ from shared.infra.db import Database
 from shared.templates.canary import Counts
 from shared.templates.canary_store import CanaryStore, Outcome, Rollout
 from tests.contracts.conftest import IMPLEMENTATIONS
-from tests.fakes.canary_store import FakeCanary
-from tests.fakes.schedule_store import ms
+from tests.fakes.cassandra import ms
+from tests.fakes.templates import FakeCanary
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The caps' ledger store's contract, asserted identically of the in-memory twin
-(``tests/fakes/cap_store.py``) and of :class:`services.api.cap_store.CapStore` on Cassandra: a
+(``tests/fakes/api.py``) and of :class:`services.api.cap_store.CapStore` on Cassandra: a
 ledger never written reads empty with no version; a write applies only from the version it
 was decided from (of two from one reading, one applies) and moves it; a drop likewise; claim
 times come back at Cassandra's precision; ledgers are each user's and each name's own."""
@@ -17,7 +17,7 @@ from services.api.cap_store import CapStore, ledger_name
 from services.api.caps import Holds
 from shared.infra.db import Database
 from tests.contracts.conftest import IMPLEMENTATIONS
-from tests.fakes.cap_store import FakeCapStore
+from tests.fakes.api import FakeCapStore
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)

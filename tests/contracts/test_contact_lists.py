@@ -1,5 +1,5 @@
 """The contact list store's contract, asserted identically of the in-memory twin
-(``tests/fakes/contact_lists.py``) and of :class:`services.api.contact_lists.ContactLists` on
+(``tests/fakes/api.py``) and of :class:`services.api.contact_lists.ContactLists` on
 Cassandra: lists per user, contacts by bucket in address order, paging a whole list, and one
 import at a time per list."""
 
@@ -17,7 +17,7 @@ from services.api.contacts_csv import Contact
 from services.api.list_import import ImportJob, Problem, Progress
 from shared.infra.db import Database
 from tests.contracts.conftest import IMPLEMENTATIONS
-from tests.fakes.contact_lists import FakeContactLists
+from tests.fakes.api import FakeContactLists
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)

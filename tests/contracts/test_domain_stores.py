@@ -16,7 +16,7 @@ from shared.accounts.domains import DomainStore
 from shared.infra.db import Database
 from tests.conftest import unique
 from tests.contracts.conftest import IMPLEMENTATIONS
-from tests.fakes.domain_store import FakeDomainStore
+from tests.fakes.accounts import FakeDomainStore
 
 NOW = datetime(2026, 11, 26, 2, 0, tzinfo=UTC)
 

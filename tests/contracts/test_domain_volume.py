@@ -13,7 +13,7 @@ from shared.delivery.domain_capacity import HISTORY_DAYS, DayVolume, DomainVolum
 from shared.infra.db import Database
 from tests.conftest import unique
 from tests.contracts.conftest import IMPLEMENTATIONS
-from tests.fakes.stores import FakeDomainVolumes
+from tests.fakes.delivery import FakeDomainVolumes
 
 TODAY = date(2026, 11, 26)
 

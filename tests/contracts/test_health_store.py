@@ -1,5 +1,5 @@
 """The provider-health store's contract, asserted identically of the in-memory twin
-(``tests/fakes/health_store.py``) and of the real store on Cassandra: the windows add up
+(``tests/fakes/providers.py``) and of the real store on Cassandra: the windows add up
 across writers and read back for the last two minutes only, every add is announced before it
 is made, and circuits read back as they were last set."""
 
@@ -22,8 +22,8 @@ from shared.providers.provider_health import (
     window_start,
 )
 from tests.contracts.conftest import IMPLEMENTATIONS
-from tests.fakes.health_store import FakeHealth
-from tests.fakes.schedule_store import ms
+from tests.fakes.cassandra import ms
+from tests.fakes.providers import FakeHealth
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The users' webhook stores' contract, asserted identically of the in-memory twins
-(``tests/fakes/hooks.py``) and of the real stores on Cassandra: what the delivery worker and
+(``tests/fakes/outbound.py``) and of the real stores on Cassandra: what the delivery worker and
 the emitter rely on. An endpoint's events are pending in the order they were queued (across
 hour buckets) until done; one worker holds an endpoint's lease until it releases it or lets
 it lapse, and only the holder moves the cursor, by a conditional write that one of two
@@ -23,9 +23,8 @@ from shared.outbound.hook_queue import ENQUEUE_SLICE, Cursor, Delivery, HookQueu
 from shared.outbound.hook_store import PREVIOUS_SECRET_FOR, HookStore
 from shared.outbound.outbound_retry import Health
 from tests.contracts.conftest import IMPLEMENTATIONS
-from tests.fakes.account_stores import Clock
-from tests.fakes.hooks import FakeHookQueue, FakeHookStore
-from tests.fakes.schedule_store import ms
+from tests.fakes.cassandra import Clock, ms
+from tests.fakes.outbound import FakeHookQueue, FakeHookStore
 
 URL = "https://hooks.example.com/in"
 

@@ -15,8 +15,8 @@ from shared.accounts.ratelimit import RateLimiter, RatePolicy, RateWindows
 from shared.infra.db import Database
 from tests.conftest import unique
 from tests.contracts.conftest import IMPLEMENTATIONS
-from tests.fakes.acceptance_stores import FakeRateWindows
-from tests.fakes.stores import FakeCassandra
+from tests.fakes.accounts import FakeRateWindows
+from tests.fakes.cassandra import FakeCassandra
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)

@@ -1,5 +1,5 @@
 """The schedule store's contract, asserted identically of the in-memory twin
-(``tests/fakes/schedule_store.py``) and of the real store on Cassandra: a batch is due once
+(``tests/fakes/delivery.py``) and of the real store on Cassandra: a batch is due once
 its minute has come (and again until a lease holder moves the cursor past it), the current
 minute is never finished, only the lease holder moves the cursor, and one scheduler holds a
 namespace's lease at a time until it releases it or lets it lapse."""
@@ -18,7 +18,8 @@ from shared.core.lanes import BUCKET, bucket_of
 from shared.delivery.schedule_store import OPEN_MINUTES, ScheduleStore, finished_through
 from shared.infra.db import Database
 from tests.contracts.conftest import IMPLEMENTATIONS
-from tests.fakes.schedule_store import FakeSchedule, ScheduleTables, ms
+from tests.fakes.cassandra import ms
+from tests.fakes.delivery import FakeSchedule, ScheduleTables
 
 
 @dataclass

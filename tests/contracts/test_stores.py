@@ -32,8 +32,8 @@ from shared.delivery.validation import RecipientInput
 from shared.infra.db import Database
 from tests.conftest import unique
 from tests.contracts.conftest import Stores
-from tests.fakes.acceptance_stores import FakeOutbox
-from tests.fakes.stores import OPERATION_KINDS, FakeCassandra
+from tests.fakes.cassandra import OPERATION_KINDS, FakeCassandra
+from tests.fakes.delivery import FakeOutbox
 from tests.fakes.world import new_batch
 
 A, B, C, D = "a@example.org", "b@example.org", "c@example.org", "d@example.org"

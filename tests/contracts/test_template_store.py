@@ -1,5 +1,5 @@
 """The template store's contract, asserted identically of the in-memory twin
-(``tests/fakes/template_store.py``) and of the real store on Cassandra: versions numbered in
+(``tests/fakes/templates.py``) and of the real store on Cassandra: versions numbered in
 turn and immutable, listed newest first; publishing moves the live version or starts a canary
 beside it, only from what its caller read; a user sees only their own templates."""
 
@@ -16,7 +16,7 @@ import pytest
 from shared.infra.db import Database
 from shared.templates.templates import Template, TemplateChanged, TemplateGone, TemplateStore
 from tests.contracts.conftest import IMPLEMENTATIONS
-from tests.fakes.template_store import FakeTemplates
+from tests.fakes.templates import FakeTemplates
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)

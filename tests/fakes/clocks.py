@@ -3,7 +3,7 @@
 :class:`Ticks` stands in for ``time.monotonic`` (a linger's, a relay's or a refresh's
 periods). The wall clocks stay with the twins they time: the World's
 (:class:`tests.fakes.world.Clock`) and the account tables' server clock
-(:class:`tests.fakes.account_stores.Clock`)."""
+(:class:`tests.fakes.cassandra.Clock`)."""
 
 from __future__ import annotations
 

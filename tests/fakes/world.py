@@ -37,17 +37,11 @@ from shared.infra.topology import batch_key, parse_routing_key
 from shared.ingest.ingest import Ingest, IngestMetrics
 from shared.providers import responses, transport
 from shared.providers.base import Gate, LookupQuery, Receipt
+from tests.fakes.audience import FakeSuppressions
 from tests.fakes.broker import FakeBroker, FakeMessage
-from tests.fakes.stores import (
-    FakeAttempts,
-    FakeBatches,
-    FakeCassandra,
-    FakeRecipients,
-    FakeStats,
-    FakeSuppressions,
-    FakeTimeline,
-    FakeWebhookTokens,
-)
+from tests.fakes.cassandra import FakeCassandra
+from tests.fakes.delivery import FakeAttempts, FakeBatches, FakeRecipients, FakeStats
+from tests.fakes.webhooks import FakeTimeline, FakeWebhookTokens
 
 Answer = Receipt | ProviderError | Callable[[Chunk], Awaitable[Receipt]]
 
@@ -187,35 +181,35 @@ class World:
         self.fault_points: dict[str, Fault] = {}
         self.dispatcher = Dispatcher(
             broker=self.broker,  # type: ignore[arg-type]
-            batches=self.batches,  # type: ignore[arg-type]
-            attempts=self.attempts,  # type: ignore[arg-type]
+            batches=self.batches,
+            attempts=self.attempts,
             providers={c: p for c, p in self.providers.items() if c in self.settings.chain_codes},
             settings=self.settings,
             metrics=self.metrics,
-            recipients=self.recipients,  # type: ignore[arg-type]
-            suppressions=self.suppressions,  # type: ignore[arg-type]
+            recipients=self.recipients,
+            suppressions=self.suppressions,
             fault_points=self._fault,
             deferred_deadline=3600,
             now=self.clock,
         )
         self.splitter = Splitter(
             self.broker,  # type: ignore[arg-type]
-            self.batches,  # type: ignore[arg-type]
+            self.batches,
             self.settings.chain_codes[0],
         )
         self.dead: list[FakeMessage] = []
         self.ingest = Ingest(
-            batches=self.batches,  # type: ignore[arg-type]
-            recipients=self.recipients,  # type: ignore[arg-type]
-            suppressions=self.suppressions,  # type: ignore[arg-type]
-            timeline=self.timeline,  # type: ignore[arg-type]
+            batches=self.batches,
+            recipients=self.recipients,
+            suppressions=self.suppressions,
+            timeline=self.timeline,
             handoff=self.dispatcher.handoff,
             broker=self.broker,  # type: ignore[arg-type]
             settings=self.app_settings,
             metrics=IngestMetrics.create(CollectorRegistry()),
         )
         self.intake = Intake(
-            self.tokens,  # type: ignore[arg-type]
+            self.tokens,
             self.broker,  # type: ignore[arg-type]
             self.ingest,
             IntakeMetrics.create(CollectorRegistry()),

@@ -20,11 +20,12 @@ from shared.delivery.outbox import Relay
 from shared.infra.background import Background
 from shared.infra.config import ApiSettings, CassandraSettings, ProviderSettings, Settings
 from shared.infra.metrics import ApiMetrics
-from tests.fakes.acceptance_stores import FakeOutbox, FakeQuota
-from tests.fakes.account_stores import FakeIdempotencyStore, FakeSuppressionStore
+from tests.fakes.accounts import FakeQuota
+from tests.fakes.api import FakeIdempotencyStore
+from tests.fakes.audience import FakeSuppressionStore
 from tests.fakes.broker import FakeBroker
-from tests.fakes.schedule_store import FakeSchedule, ScheduleTables
-from tests.fakes.stores import FakeBatches, FakeCassandra
+from tests.fakes.cassandra import FakeCassandra
+from tests.fakes.delivery import FakeBatches, FakeOutbox, FakeSchedule, ScheduleTables
 
 A, B = "ann@example.com", "bob@example.com"
 #: What a Cassandra request that times out raises (whether it applied or not).
@@ -74,7 +75,7 @@ class Desk:
 
     async def relay(self, *, after: float) -> int:
         """One pass of the outbox relay, ``after`` seconds from now."""
-        relay = Relay(self.outbox, self.acceptance.finish, grace=0)  # type: ignore[arg-type]
+        relay = Relay(self.outbox, self.acceptance.finish, grace=0)
         now = datetime.now(UTC) + timedelta(seconds=after)
         self.acceptance.clock = lambda: now
         return await relay.once(now)
@@ -86,8 +87,8 @@ async def new_desk(lease: float, *, cassandra: CassandraSettings | None = None, 
     batches, outbox, broker = FakeBatches(db), FakeOutbox(db), FakeBroker()
     quota = FakeQuota(db)
     acceptance = Acceptance(
-        batches,  # type: ignore[arg-type]
-        outbox,  # type: ignore[arg-type]
+        batches,
+        outbox,
         broker,  # type: ignore[arg-type]
         refunds=quota,
         decide_within=timedelta(seconds=60),
@@ -100,12 +101,12 @@ async def new_desk(lease: float, *, cassandra: CassandraSettings | None = None, 
             cassandra=cassandra or CassandraSettings(),
         ),
         acceptance=acceptance,
-        batches=batches,  # type: ignore[arg-type]
-        suppressions=suppressions,  # type: ignore[arg-type]
-        idempotency=idempotency,  # type: ignore[arg-type]
+        batches=batches,
+        suppressions=suppressions,
+        idempotency=idempotency,
         quota=QuotaLedger(quota),
         metrics=ApiMetrics.create(CollectorRegistry()),
         background=Background(),
-        schedules=FakeSchedule("ns", ScheduleTables()),  # type: ignore[arg-type]
+        schedules=FakeSchedule("ns", ScheduleTables()),
     )
     return Desk(sending, acceptance, db, batches, outbox, broker, quota, suppressions, idempotency)

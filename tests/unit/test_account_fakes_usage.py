@@ -16,7 +16,7 @@ from services.api.managing import Managing
 from shared.core.errors import DependencyUnavailable
 from shared.delivery import validation
 from shared.infra.http import ApiError
-from tests.fakes.account_stores import FakeSuppressionStore
+from tests.fakes.audience import FakeSuppressionStore
 from tests.unit.sending_desk import TIMEOUT, A, B, Desk, body_of, new_desk
 
 

@@ -30,8 +30,8 @@ from shared.delivery.attempts import chunk_line
 from shared.delivery.batchstore import NewBatch
 from shared.delivery.precedence import visible
 from shared.infra.topology import Topology, batch_key
+from tests.fakes.audience import FakeCampaigns
 from tests.fakes.broker import FakeMessage
-from tests.fakes.campaign_store import FakeCampaigns
 from tests.fakes.world import World, new_batch
 
 WEEK = 7 * 24 * 3600
@@ -46,7 +46,7 @@ class Shop:
         self.store = FakeCampaigns("t")
         # The twin stands in for the concrete CampaignStore (no Protocol for it yet).
         self.hold = CampaignHold(
-            self.store,  # type: ignore[arg-type]
+            self.store,
             clock=lambda: self.world.clock.now.timestamp(),
         )
         self.world.dispatcher.campaigns = self.hold

@@ -41,13 +41,13 @@ from shared.infra.metrics import ApiMetrics
 from shared.templates.template_limits import Limit
 from shared.templates.template_pool import RendererBusy
 from shared.templates.template_render import LimitError, RendererCrashed
-from tests.fakes.acceptance_stores import FakeOutbox, FakeQuota
-from tests.fakes.account_stores import AccountTables, FakeIdempotencyStore, FakeSuppressionStore
-from tests.fakes.campaign_store import FakeCampaigns
-from tests.fakes.contact_lists import FakeContactLists
+from tests.fakes.accounts import FakeQuota
+from tests.fakes.api import FakeContactLists, FakeIdempotencyStore
+from tests.fakes.audience import FakeCampaigns, FakeSuppressionStore
+from tests.fakes.cassandra import FakeCassandra
+from tests.fakes.delivery import FakeOutbox, FakeSchedule
 from tests.fakes.renderer import InlineRenderer
-from tests.fakes.schedule_store import FakeSchedule
-from tests.fakes.template_store import FakeTemplates
+from tests.fakes.templates import FakeTemplates
 from tests.fakes.world import World
 
 #: Seconds past the runner's lease (15 s).
@@ -82,7 +82,7 @@ class Desk:
     templates: FakeTemplates = field(default_factory=FakeTemplates)
     renderer: InlineRenderer = field(default_factory=InlineRenderer)
     schedule: FakeSchedule = field(default_factory=lambda: FakeSchedule("t"))
-    keys: AccountTables = field(default_factory=AccountTables)
+    keys: FakeCassandra = field(default_factory=FakeCassandra)
     user: uuid.UUID = field(default_factory=uuid.uuid4)
     key_lease: float = 0.0
     """Seconds an Idempotency-Key claim is leased (0: a request that died can be taken over
@@ -91,8 +91,8 @@ class Desk:
     def __post_init__(self) -> None:
         self.quota = _Quota(self.world.db, daily_limit=1_000_000)
         self.acceptance = Acceptance(
-            self.world.batches,  # type: ignore[arg-type]
-            FakeOutbox(self.world.db),  # type: ignore[arg-type]
+            self.world.batches,
+            FakeOutbox(self.world.db),
             self.world.broker,  # type: ignore[arg-type]
             refunds=self.quota,
         )
@@ -100,23 +100,23 @@ class Desk:
         self.sending = Sending(
             settings=Settings(api=ApiSettings(sender_domains="any"), providers=self.world.settings),
             acceptance=self.acceptance,
-            batches=self.world.batches,  # type: ignore[arg-type]
-            suppressions=FakeSuppressionStore(self.world.db),  # type: ignore[arg-type]
-            idempotency=self.idempotency,  # type: ignore[arg-type]
+            batches=self.world.batches,
+            suppressions=FakeSuppressionStore(self.world.db),
+            idempotency=self.idempotency,
             quota=self.quota,  # type: ignore[arg-type]
             metrics=ApiMetrics.create(CollectorRegistry()),
             background=Background(),
-            templates=TemplateBatches(self.templates, self.renderer),  # type: ignore[arg-type]
+            templates=TemplateBatches(self.templates, self.renderer),
         )
         self.runner = self.new_runner()
 
     def new_runner(self) -> CampaignRunner:
         return CampaignRunner(
-            self.campaigns,  # type: ignore[arg-type]
-            self.lists,  # type: ignore[arg-type]
-            self.templates,  # type: ignore[arg-type]
+            self.campaigns,
+            self.lists,
+            self.templates,
             self.sending,
-            self.schedule,  # type: ignore[arg-type]
+            self.schedule,
         )
 
     async def start(self, contacts: dict[str, str], *, per_slice: int) -> Campaign:
@@ -544,9 +544,9 @@ async def test_scheduling_or_resuming_a_campaign_wakes_every_runner(desk: Desk) 
     campaign = await desk.start(SIX, per_slice=3)
     await desk.world.broker.listen(desk.runner.loop.heard)
     use = Campaigns(
-        desk.campaigns,  # type: ignore[arg-type]
-        desk.templates,  # type: ignore[arg-type]
-        desk.lists,  # type: ignore[arg-type]
+        desk.campaigns,
+        desk.templates,
+        desk.lists,
         desk.world.batches,  # type: ignore[arg-type]
         desk.sending,
         None,  # type: ignore[arg-type]

@@ -17,7 +17,7 @@ from services.api.capping import Caps, Census
 from shared.core.errors import DependencyUnavailable
 from shared.infra.config import CapSettings
 from shared.infra.http import ApiError, error_response
-from tests.fakes.cap_store import FakeCapStore
+from tests.fakes.api import FakeCapStore
 from tests.fakes.wire import LOOPBACK, Kind, Trip
 
 

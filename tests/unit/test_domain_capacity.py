@@ -17,7 +17,7 @@ from shared.delivery.domain_capacity import (
     judge,
     renews_in,
 )
-from tests.fakes.stores import FakeDomainVolumes
+from tests.fakes.delivery import FakeDomainVolumes
 
 TODAY = date(2026, 11, 26)
 RULES = CapacityRules(enabled=True, initial=1000)

@@ -21,29 +21,20 @@ from shared.delivery.stats import StatsStore
 from shared.ingest.timeline import Timeline
 from shared.templates.canary_store import CanaryStore
 from shared.templates.templates import TemplateStore
-from tests.fakes.acceptance_stores import (
-    FakeOutbox,
-    FakePreferences,
-    FakeQuota,
-    FakeRateWindows,
-    FakeRecentMail,
-)
-from tests.fakes.campaign_store import FakeCampaigns
-from tests.fakes.canary_store import FakeCanary
-from tests.fakes.contact_lists import FakeContactLists
-from tests.fakes.schedule_store import FakeSchedule
-from tests.fakes.stores import (
-    OPERATIONS,
+from tests.fakes.accounts import FakePreferences, FakeQuota, FakeRateWindows
+from tests.fakes.api import FakeContactLists, FakeRecentMail
+from tests.fakes.audience import FakeCampaigns, FakeSuppressions
+from tests.fakes.cassandra import OPERATIONS, FakeCassandra
+from tests.fakes.delivery import (
     FakeAttempts,
     FakeBatches,
-    FakeCassandra,
+    FakeOutbox,
     FakeRecipients,
+    FakeSchedule,
     FakeStats,
-    FakeSuppressions,
-    FakeTimeline,
-    FakeWebhookTokens,
 )
-from tests.fakes.template_store import FakeTemplates
+from tests.fakes.templates import FakeCanary, FakeTemplates
+from tests.fakes.webhooks import FakeTimeline, FakeWebhookTokens
 from tests.fakes.world import World, new_batch
 
 #: Twins of every public operation of their store.

@@ -1,5 +1,5 @@
 """The real emitter (``shared.outbound.user_hooks.HookEmitter``) and delivery worker
-(``services.hooks.worker.Worker``) over the webhook stores' twins (``tests/fakes/hooks.py``),
+(``services.hooks.worker.Worker``) over the webhook stores' twins (``tests/fakes/outbound.py``),
 the fake broker and an endpoint answering from a script, on the simulator's virtual clock
 (``simulation.runtime.simulate``: the order window, retry delays and lease TTLs pass at once).
 """
@@ -25,7 +25,7 @@ from shared.outbound.outbound_retry import Health
 from shared.outbound.user_hooks import HookEmitter, HookEvent, message_id, payload
 from simulation.runtime import VirtualClock, simulate
 from tests.fakes.broker import FakeBroker
-from tests.fakes.hooks import FakeDeliverer, FakeHookQueue, FakeHookStore, emitter_over
+from tests.fakes.outbound import FakeDeliverer, FakeHookQueue, FakeHookStore, emitter_over
 from tests.fakes.wire import LOOPBACK, Kind, Trip
 
 T = TypeVar("T")
@@ -76,8 +76,8 @@ class Hooks:
     def worker(self, probe: Probe | None = None) -> Worker:
         extra = {} if probe is None else {"probe": probe}
         return Worker(
-            self.store,  # type: ignore[arg-type]
-            self.queue,  # type: ignore[arg-type]
+            self.store,
+            self.queue,
             self.broker,  # type: ignore[arg-type]
             self.deliverer,  # type: ignore[arg-type]
             SETTINGS,

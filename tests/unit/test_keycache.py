@@ -11,8 +11,9 @@ import pytest
 from services.api.keycache import TTL, KeyCache, Revocations, revocation, revoked_in
 from shared.accounts import apikeys
 from shared.accounts.accounts import StoredKey
-from tests.fakes.account_stores import AccountTables, FakeAccounts
+from tests.fakes.accounts import FakeAccounts
 from tests.fakes.broker import FakeBroker
+from tests.fakes.cassandra import FakeCassandra
 
 
 class Clock:
@@ -27,7 +28,7 @@ class Clock:
 
 @pytest.fixture
 def accounts() -> FakeAccounts:
-    return FakeAccounts(AccountTables())
+    return FakeAccounts(FakeCassandra())
 
 
 @pytest.fixture

@@ -9,21 +9,20 @@ import itertools
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from cassandra import InvalidRequest
 
-from services.api.contact_lists import ContactLists, list_scope
+from services.api.contact_lists import list_scope
 from services.api.contacts_csv import READ_CHUNK, Contact
 from services.api.importing import STORE_FAILED, UNEXPECTED, Importer
 from services.api.list_import import ImportJob
-from shared.audience.suppressions import SuppressionStore
 from shared.core.errors import DependencyUnavailable
 from shared.infra.config import ListSettings
 from shared.infra.gil import CpuLane
-from tests.fakes.account_stores import FakeSuppressionStore
-from tests.fakes.contact_lists import FakeContactLists
+from tests.fakes.api import FakeContactLists
+from tests.fakes.audience import FakeSuppressionStore
 
 
 class Recording(FakeContactLists):
@@ -55,8 +54,8 @@ async def _run(store: Recording, body: bytes, suppressions: Any = None) -> Impor
     job = ImportJob(made.list_id, uuid.uuid1(), user, "queued", now, now)
     assert await store.begin_import(job, None)
     importer = Importer(
-        cast(ContactLists, store),
-        cast(SuppressionStore, suppressions or FakeSuppressionStore()),
+        store,
+        suppressions or FakeSuppressionStore(),
         ListSettings(import_slice=2),
         CpuLane(),
     )
@@ -91,9 +90,7 @@ async def test_only_this_lists_unsubscribes_keep_an_address_out() -> None:
         ended.list_id, uuid.uuid1(), ended.user_id, "queued", ended.created_at, ended.created_at
     )
     assert await store.begin_import(job, ended.import_id)
-    importer = Importer(
-        cast(ContactLists, store), cast(SuppressionStore, suppressions), ListSettings(), CpuLane()
-    )
+    importer = Importer(store, suppressions, ListSettings(), CpuLane())
 
     done = await importer.run(job, b"email\na@example.com\nb@example.com\n", base=0)
 
@@ -177,8 +174,8 @@ async def test_the_file_is_read_as_the_import_goes_never_whole() -> None:
     job = ImportJob(made.list_id, uuid.uuid1(), user, "queued", now, now)
     assert await store.begin_import(job, None)
     importer = Importer(
-        cast(ContactLists, store),
-        cast(SuppressionStore, FakeSuppressionStore()),
+        store,
+        FakeSuppressionStore(),
         ListSettings(import_slice=1_000),
         CpuLane(),
     )

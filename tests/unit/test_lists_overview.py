@@ -10,14 +10,13 @@ from datetime import UTC, datetime
 from typing import cast
 
 from services.api.capping import Caps
-from services.api.contact_lists import ContactLists
 from services.api.list_import import ImportJob
 from services.api.lists import LATEST_WINDOW, Lists
 from shared.audience.suppressions import SuppressionStore
 from shared.infra.background import Background
 from shared.infra.config import ListSettings
 from shared.infra.gil import CpuLane
-from tests.fakes.contact_lists import FakeContactLists
+from tests.fakes.api import FakeContactLists
 
 
 class Counting(FakeContactLists):
@@ -46,7 +45,7 @@ async def test_every_lists_latest_import_is_read_a_window_at_a_time() -> None:
             ImportJob(made.list_id, uuid.uuid1(), user, "done", now, now), None
         )
     lists = Lists(
-        cast(ContactLists, store),
+        store,
         cast(SuppressionStore, None),
         cast(Background, None),
         ListSettings(),

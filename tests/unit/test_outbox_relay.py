@@ -27,9 +27,9 @@ from shared.delivery.outbox import (
     shard_of,
     tell_relays,
 )
-from tests.fakes.acceptance_stores import FakeOutbox
+from tests.fakes.cassandra import FakeCassandra
 from tests.fakes.clocks import Ticks
-from tests.fakes.stores import FakeCassandra
+from tests.fakes.delivery import FakeOutbox
 
 T0 = datetime(2026, 6, 30, 23, 59, 41, tzinfo=UTC)
 
@@ -199,7 +199,7 @@ async def test_a_relay_with_nothing_written_waits_idle_and_a_writer_elsewhere_wa
     relay = _idle_relay(table, ticks)
     idle = relay.next_in()
     writer = FakeOutbox(FakeCassandra())
-    tell_relays(writer, _Announcer(relay), 5)  # type: ignore[arg-type]
+    tell_relays(writer, _Announcer(relay), 5)
 
     await writer.statement(uuid_from_time(T0.timestamp()), uuid.uuid4())
     await _spin()
@@ -214,7 +214,7 @@ async def test_a_row_written_is_relayed_at_its_grace_by_passes_every_interval() 
     table, ticks = _Table(), Ticks()
     relay = _idle_relay(table, ticks)
     writer = FakeOutbox(FakeCassandra())
-    tell_relays(writer, _Announcer(lost=True), 5, own=relay)  # type: ignore[arg-type]
+    tell_relays(writer, _Announcer(lost=True), 5, own=relay)
     row = table.add(T0)
     await writer.statement(row, uuid.uuid4())
 
@@ -267,7 +267,7 @@ async def test_a_writer_wakes_the_relays_once_per_interval_and_other_wake_ups_do
     relay = _idle_relay(table, ticks)
     fanout = _Announcer(relay)
     writer = FakeOutbox(FakeCassandra())
-    tell_relays(writer, fanout, 5)  # type: ignore[arg-type]
+    tell_relays(writer, fanout, 5)
     relay.heard(b'{"wake":"scheduler"}')
     relay.heard(b'{"changed": ["providers.chain"]}')
     before = relay.next_in()

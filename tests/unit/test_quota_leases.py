@@ -13,8 +13,8 @@ import pytest
 
 from shared.accounts.ratelimit import QuotaLedger, kept_of, lease_size
 from shared.core.errors import DependencyUnavailable
-from tests.fakes.acceptance_stores import FakeQuota
-from tests.fakes.stores import FakeCassandra
+from tests.fakes.accounts import FakeQuota
+from tests.fakes.cassandra import FakeCassandra
 
 QUOTA_OPS = ("quota.add", "quota.read", "quota.refunded")
 

@@ -14,8 +14,8 @@ import pytest
 from shared.accounts import ratelimit
 from shared.accounts.ratelimit import RateLimiter, RatePolicy, rate_lease_size
 from shared.core.errors import DependencyUnavailable
-from tests.fakes.acceptance_stores import FakeRateWindows
-from tests.fakes.stores import FakeCassandra
+from tests.fakes.accounts import FakeRateWindows
+from tests.fakes.cassandra import FakeCassandra
 from tests.fakes.wire import LOOPBACK, Kind, Trip
 
 #: 100 requests per 2-second window (the default policy).

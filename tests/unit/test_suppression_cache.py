@@ -23,9 +23,9 @@ from shared.audience.suppression_cache import (
 from shared.core.errors import DependencyUnavailable
 from shared.infra.http import ApiError
 from shared.infra.leases import woken
-from tests.fakes.account_stores import FakeSuppressionStore
+from tests.fakes.audience import FakeSuppressionStore
 from tests.fakes.broker import FakeBroker
-from tests.fakes.stores import FakeCassandra
+from tests.fakes.cassandra import FakeCassandra
 from tests.fakes.world import World
 from tests.unit.sending_desk import A, B, Desk, body_of, new_desk
 from tests.unit.webhooks.test_ingest import event

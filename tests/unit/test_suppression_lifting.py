@@ -12,8 +12,8 @@ import pytest
 from services.api.managing import Managing
 from shared.audience.suppressions import by_recipient, lift_refusal, made_by_recipient
 from shared.infra.http import ApiError
-from tests.fakes.account_stores import FakeSuppressionStore
-from tests.fakes.stores import FakeCassandra
+from tests.fakes.audience import FakeSuppressionStore
+from tests.fakes.cassandra import FakeCassandra
 
 ANN = "ann@example.org"
 

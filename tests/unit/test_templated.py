@@ -15,7 +15,7 @@ from shared.templates.template_limits import Limit
 from shared.templates.template_pool import RendererBusy
 from shared.templates.template_render import LimitError, RendererCrashed
 from tests.fakes.renderer import InlineRenderer
-from tests.fakes.template_store import FakeTemplates
+from tests.fakes.templates import FakeTemplates
 
 HTML = "<p>Hello {{ first_name }}</p>"
 
@@ -33,7 +33,7 @@ async def _batches(*subjects: str, canary: bool = False) -> tuple[TemplateBatche
     template = await store.publish(template, 1)
     if canary:
         await store.publish(template, 2, canary_percent=50.0)
-    return TemplateBatches(store, InlineRenderer()), tid  # type: ignore[arg-type]
+    return TemplateBatches(store, InlineRenderer()), tid
 
 
 def _user(batches: TemplateBatches) -> uuid.UUID:

@@ -49,11 +49,11 @@ from services.api.sessions import (
     verify_csrf,
 )
 from shared.accounts import accounts, apikeys
-from shared.audience.suppressions import SuppressionStore
+from shared.audience.suppressions import Suppressions
 from shared.core.addresses import address_key
 from shared.core.errors import DependencyUnavailable
-from shared.delivery.batchstore import BatchHeader, BatchStore
-from shared.delivery.stats import StatsStore, zero_filled
+from shared.delivery.batchstore import Batches, BatchHeader, BatchStore
+from shared.delivery.stats import Stats, zero_filled
 from shared.infra.config import Settings
 from shared.infra.db import Database
 from shared.infra.http import ApiError, read_capped
@@ -316,7 +316,7 @@ async def overview(request: Request) -> Response:
     """Greeting, the last seven days of delivery per day, rates and the latest batches."""
     user = await _user(request)
     state = _state(request)
-    stats: StatsStore = state.stats
+    stats: Stats = state.stats
     end = datetime.now(UTC).date()
     start = end - timedelta(days=OVERVIEW_DAYS - 1)
     counts = await stats.range(user.user_id, start, end)
@@ -360,7 +360,7 @@ async def batch_list(request: Request) -> Response:
 
 async def _owned_header(request: Request, user: SessionUser) -> BatchHeader:
     batch_id = queries.path_uuid(request, "batch_id")
-    store: BatchStore = _state(request).batches
+    store: Batches = _state(request).batches
     header = await store.header(batch_id)
     if header is None or header.user_id != user.user_id:
         raise ApiError(404, "not_found", "There is no such batch in your account.")
@@ -560,7 +560,7 @@ async def _suppressions_page(
 ) -> Response:
     cursor = queries.decode_cursor(request.query_params.get("cursor"))
     after = str(cursor.get("after")) if cursor else None
-    store: SuppressionStore = _state(request).suppressions
+    store: Suppressions = _state(request).suppressions
     rows = await store.page(user.user_id, SUPPRESSIONS_PER_PAGE + 1, after)
     shown = views.suppression_rows(rows[:SUPPRESSIONS_PER_PAGE])
     more = len(rows) > SUPPRESSIONS_PER_PAGE

@@ -17,9 +17,9 @@ from shared.ops.alerts import Alert
 from shared.templates.canary import Counts, Margins
 from shared.templates.canary_store import Outcome, Rollout, verdict_of, verdict_text
 from shared.templates.templates import Template
-from tests.fakes.canary_store import CanaryTables, FakeCanary
-from tests.fakes.stores import FakeBatches, FakeCassandra, FakeRecipients
-from tests.fakes.template_store import FakeTemplates
+from tests.fakes.cassandra import FakeCassandra
+from tests.fakes.delivery import FakeBatches, FakeRecipients
+from tests.fakes.templates import CanaryTables, FakeCanary, FakeTemplates
 from tests.fakes.wire import Kind, Loopback, Trip
 from tests.fakes.world import new_batch
 
@@ -40,10 +40,10 @@ class Setting:
         self.batches = FakeBatches(self.db)
         self.recipients = FakeRecipients(self.db)
         self.judge = CanaryJudge(
-            self.store,  # type: ignore[arg-type]
-            self.templates,  # type: ignore[arg-type]
-            self.batches,  # type: ignore[arg-type]
-            self.recipients,  # type: ignore[arg-type]
+            self.store,
+            self.templates,
+            self.batches,
+            self.recipients,
             Margins(min_sent=1),
             WINDOW,
             DEADLINE,

@@ -11,8 +11,8 @@ from services.consumers.domain_checks import DomainChecker
 from shared.accounts import domains
 from shared.accounts.domain_checks import CheckRules
 from shared.core.errors import DependencyUnavailable
-from tests.fakes.domain_store import FakeDomainStore
-from tests.fakes.schedule_store import FakeSchedule, ScheduleTables
+from tests.fakes.accounts import FakeDomainStore
+from tests.fakes.delivery import FakeSchedule, ScheduleTables
 
 RULES = CheckRules(every=timedelta(hours=6), grace=timedelta(days=3))
 
@@ -47,7 +47,7 @@ class Setting:
 
     def checker(self) -> DomainChecker:
         return DomainChecker(
-            self.store,  # type: ignore[arg-type]
+            self.store,
             self.dns,
             RULES,
             FakeSchedule("ns:domains", self.leases),

@@ -26,7 +26,7 @@ from shared.providers.provider_health import (
     window_start,
 )
 from tests.fakes.clocks import Ticks
-from tests.fakes.health_store import FakeHealth, HealthTables
+from tests.fakes.providers import FakeHealth, HealthTables
 from tests.fakes.wire import Kind, Loopback, Trip
 from tests.fakes.world import World
 from tests.unit.consumers.settings_applier import consumer_settings
@@ -91,7 +91,7 @@ async def test_an_idle_hour_reads_the_windows_once_a_minute_per_provider() -> No
     ticks.now += LINGER  # past the start's linger
     elapsed, waits = 0.0, []
     while elapsed < 3600:
-        await applier.refresh_health(store)  # type: ignore[arg-type]
+        await applier.refresh_health(store)
         wait = applier.next_refresh_in()
         waits.append(wait)
         elapsed += wait
@@ -102,7 +102,7 @@ async def test_an_idle_hour_reads_the_windows_once_a_minute_per_provider() -> No
     untold = FakeHealth("ns", store.tables)  # its writer could not wake anyone
     await _failures(untold, w.clock())
     w.clock.advance(IDLE_REFRESH_EVERY - 1)
-    await applier.refresh_health(store)  # type: ignore[arg-type]
+    await applier.refresh_health(store)
 
     assert set(waits) == {IDLE_REFRESH_EVERY}
     assert (idle_ops.count("health.windows"), len(idle_ops)) == (120, 120)
@@ -117,7 +117,7 @@ async def test_another_processs_write_wakes_an_idle_loop_at_once() -> None:
     applier = await _applier(w, ticks)
     await w.broker.listen(applier.heard)
     tables = HealthTables(wire=Logged())
-    loop = asyncio.create_task(applier.keep_health(FakeHealth("ns", tables)))  # type: ignore[arg-type]
+    loop = asyncio.create_task(applier.keep_health(FakeHealth("ns", tables)))
     await _spin()
     ticks.now += LINGER
     applier.linger.alarm.nudge()  # end the start's short wait: from here on it is idle
@@ -142,7 +142,7 @@ async def test_this_processs_first_call_wakes_its_idle_loop() -> None:
     w, ticks = World(), Ticks()
     applier = await _applier(w, ticks)
     tables = HealthTables()
-    loop = asyncio.create_task(applier.keep_health(FakeHealth("ns", tables)))  # type: ignore[arg-type]
+    loop = asyncio.create_task(applier.keep_health(FakeHealth("ns", tables)))
     await _spin()
     ticks.now += LINGER
     applier.linger.alarm.nudge()
@@ -169,11 +169,11 @@ async def test_a_circuit_left_open_keeps_the_refreshes_coming() -> None:
     store.tables.circuits[("ns", "sg")] = CircuitState("open", w.clock())
     applier._circuit_states.update(await store.circuits())
     ticks.now += LINGER
-    await applier.refresh_health(store)  # type: ignore[arg-type]
+    await applier.refresh_health(store)
     while_open = applier.next_refresh_in()
     w.clock.advance(31)
-    await applier.refresh_health(store)  # type: ignore[arg-type]  # cooled down: half open
-    await applier.refresh_health(store)  # type: ignore[arg-type]  # healthy: closed
+    await applier.refresh_health(store)  # cooled down: half open
+    await applier.refresh_health(store)  # healthy: closed
 
     assert (while_open, applier.circuits["sg"]) == (REFRESH_EVERY, "closed")
     assert applier.next_refresh_in() == IDLE_REFRESH_EVERY

@@ -18,7 +18,7 @@ from tests.fakes.world import World
 
 
 def _roll_up(world: World, ticks: Ticks) -> RollUp:
-    return RollUp(world.stats, clock=ticks, now=world.clock)  # type: ignore[arg-type]
+    return RollUp(world.stats, clock=ticks, now=world.clock)
 
 
 def _reads(world: World) -> Callable[[], int]:
@@ -53,7 +53,7 @@ async def test_an_idle_roll_up_reads_nothing_until_a_writer_wakes_it() -> None:
     world, ticks = World(), Ticks()
     roll_up = _roll_up(world, ticks)
     await world.broker.listen(roll_up.heard)
-    tell_rollups(world.stats, world.broker)  # type: ignore[arg-type]
+    tell_rollups(world.stats, world.broker)
     reads = _reads(world)
     ticks.now += LINGER
     loop = asyncio.create_task(roll_up.run())
@@ -76,7 +76,7 @@ async def test_a_writer_wakes_the_roll_ups_once_per_pass_period() -> None:
     world = World()
     heard: list[bytes] = []
     await world.broker.listen(heard.append)
-    tell_rollups(world.stats, world.broker)  # type: ignore[arg-type]
+    tell_rollups(world.stats, world.broker)
 
     for n in range(5):
         await world.accept(f"r{n}@example.org")

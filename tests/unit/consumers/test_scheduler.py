@@ -27,9 +27,9 @@ from shared.delivery.schedule_store import OPEN_MINUTES, finished_through
 from shared.infra.leases import SCHEDULER_WAKE, Alarm, Lease, keep_running, wake
 from shared.infra.topology import batch_key, dispatch_key
 from tests.fakes.broker import FakeBroker
+from tests.fakes.cassandra import FakeCassandra
 from tests.fakes.clocks import Ticks
-from tests.fakes.schedule_store import FakeSchedule, ScheduleTables
-from tests.fakes.stores import FakeBatches, FakeCassandra
+from tests.fakes.delivery import FakeBatches, FakeSchedule, ScheduleTables
 from tests.fakes.world import new_batch
 
 
@@ -49,8 +49,8 @@ class Setting:
 
     def scheduler(self) -> Scheduler:
         return Scheduler(
-            self.store,  # type: ignore[arg-type]
-            self.batches,  # type: ignore[arg-type]
+            self.store,
+            self.batches,
             self.broker,  # type: ignore[arg-type]
             self.settle,
             clock=lambda: self.now,

@@ -22,7 +22,7 @@ from shared.delivery.domain_capacity import CapacityGate, CapacityRules
 from shared.outbound.hook_store import Endpoint
 from shared.outbound.user_hooks import FakeUserHooks
 from shared.providers.base import Receipt
-from tests.fakes.stores import FakeDomainVolumes
+from tests.fakes.delivery import FakeDomainVolumes
 from tests.fakes.world import World, answered
 
 A, B = "ann@example.org", "bob@example.org"

@@ -12,7 +12,7 @@ from jinja2.environment import Template
 
 from simulation.faults import decode
 from simulation.search import Outcome, run
-from tests.fakes.campaign_store import FakeCampaigns
+from tests.fakes.audience import FakeCampaigns
 
 # Two of the three swarm runs of 100,000 that violated in a worker and passed replayed alone.
 CANARY = "canary@24289~:92=*59,96=*38,98=*0"

@@ -16,7 +16,7 @@ from shared.core.webhook_events import ProviderEvent
 from shared.delivery.batchstore import NewBatch
 from shared.delivery.recipients import log_id_for
 from shared.infra.topology import log_key
-from tests.fakes.stores import OPERATION_KINDS
+from tests.fakes.cassandra import OPERATION_KINDS
 from tests.fakes.world import World
 
 A, B = "a@example.org", "b@example.org"

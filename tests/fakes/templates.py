@@ -1,4 +1,6 @@
-"""In-memory twin of :class:`shared.templates.templates.TemplateStore`: each user's templates and
+"""Twins of the stores of :mod:`shared.templates`: templates and their canary rollouts.
+
+In-memory twin of :class:`shared.templates.templates.TemplateStore`: each user's templates and
 their immutable versions.
 
 It keeps what the store's callers depend on: every round trip yields to the event loop, and a
@@ -8,30 +10,42 @@ template takes its versions with it, and a deleted version is gone for good; ver
 back newest first, samples as JSON round-trips them, timestamps as Cassandra returns them
 (UTC, millisecond precision). ``tests/contracts/test_template_store.py`` runs one suite over
 this twin and the real store.
+
+In-memory twin of :class:`shared.templates.canary_store.CanaryStore`: the batches that carried
+each rollout's canary, the namespace's rollouts waiting for a verdict, and each template's
+verdicts.
+
+It keeps what the judge and the API depend on: every round trip yields to the event loop;
+a rollout is listed from the write of its first batch until it is judged or forgotten; a
+verdict is keyed by its rollout's start (judging again overwrites it) and verdicts read back
+newest rollout first; rows read back in Cassandra's order (``timeuuid`` order, then time) with
+timestamps at Cassandra's precision (UTC, milliseconds) and counts as their JSON round-trips
+them. ``tests/contracts/test_canary_store.py`` runs one suite over this twin and the real
+store.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
+from shared.delivery.recipients import timeuuid_order
+from shared.templates.canary import Counts
+from shared.templates.canary_store import Canaries, Outcome, Rollout
 from shared.templates.templates import (
+    StoredTemplates,
     Template,
     TemplateChanged,
     TemplateGone,
     Version,
     VersionHeader,
 )
+from tests.fakes.cassandra import Write, millis, ms
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
-
-
-def _stored(value: datetime) -> datetime:
-    """A timestamp as read back from Cassandra: UTC, millisecond precision."""
-    return value.replace(microsecond=value.microsecond // 1000 * 1000)
 
 
 @dataclass
@@ -40,7 +54,7 @@ class _Row:
     next_version: int
 
 
-class FakeTemplates:
+class FakeTemplates(StoredTemplates):
     """Twin of :class:`shared.templates.templates.TemplateStore` (every operation)."""
 
     def __init__(self, wire: Wire = LOOPBACK) -> None:
@@ -63,7 +77,7 @@ class FakeTemplates:
         now = datetime.now(UTC)
         await self.write_version(template_id, 1, subject, html, text, sample, now)
         trip = await self.wire.trip("templates.create", "lwt")
-        made = Template(user_id, template_id, name, None, None, None, None, _stored(now))
+        made = Template(user_id, template_id, name, None, None, None, None, millis(now))
         self.rows[(user_id, template_id)] = _Row(made, 2)
         trip.landed()
         return template_id
@@ -112,7 +126,7 @@ class FakeTemplates:
     ) -> None:
         trip = await self.wire.trip("templates.write_version", "write")
         kept = orjson.loads(orjson.dumps(sample))
-        written = Version(number, subject, html, text, kept, _stored(at))
+        written = Version(number, subject, html, text, kept, millis(at))
         self.version_rows.setdefault(template_id, {})[number] = written
         trip.landed()
 
@@ -157,7 +171,7 @@ class FakeTemplates:
     async def publish(
         self, template: Template, number: int, canary_percent: float | None = None
     ) -> Template:
-        since = _stored(datetime.now(UTC))
+        since = millis(datetime.now(UTC))
         if canary_percent is None or template.live_version is None:
             values: tuple[Any, ...] = (number, None, None, None)
         else:
@@ -182,7 +196,7 @@ class FakeTemplates:
     @round_trip("templates.conclude", "lwt")
     async def conclude(self, template: Template, since: datetime, live: int, verdict: str) -> bool:
         row = self.rows.get((template.user_id, template.template_id))
-        if row is None or row.template.canary_since != _stored(since):
+        if row is None or row.template.canary_since != millis(since):
             return False
         row.template = replace(
             row.template,
@@ -193,3 +207,87 @@ class FakeTemplates:
             verdict=verdict,
         )
         return True
+
+
+#: A rollout's key in ``canary_batches`` and ``canary_rollouts``: (template, since).
+_Key = tuple[uuid.UUID, datetime]
+
+
+@dataclass
+class CanaryTables:
+    """``canary_batches``, ``canary_rollouts`` and ``template_rollouts``, shared by the twins
+    of one keyspace."""
+
+    batches: dict[_Key, set[uuid.UUID]] = field(default_factory=dict)
+    rollouts: dict[str, dict[_Key, Rollout]] = field(default_factory=dict)
+    verdicts: dict[uuid.UUID, dict[datetime, Outcome]] = field(default_factory=dict)
+    """template -> the rollout's start (exact: the row's key is a time UUID made of it)."""
+    wire: Wire = LOOPBACK
+    """How each round trip travels (``tests.fakes.wire``)."""
+
+
+class FakeCanary(Canaries):
+    """Twin of :class:`shared.templates.canary_store.CanaryStore` (every operation; ``statements``
+    gives :data:`tests.fakes.cassandra.Write` s to apply with the batch's own write)."""
+
+    def __init__(self, namespace: str, tables: CanaryTables | None = None) -> None:
+        self.namespace = namespace
+        self.tables = tables or CanaryTables()
+
+    @property
+    def wire(self) -> Wire:
+        return self.tables.wire
+
+    async def statements(self, rollout: Rollout, batch_id: uuid.UUID) -> list[Write]:
+        key = (rollout.template_id, ms(rollout.since))
+
+        def carried() -> None:
+            self.tables.batches.setdefault(key, set()).add(batch_id)
+
+        def listed() -> None:
+            waiting = self.tables.rollouts.setdefault(self.namespace, {})
+            waiting[key] = replace(rollout, since=key[1])
+
+        return [carried, listed]
+
+    @round_trip("canary.rollouts", "read")
+    async def rollouts(self) -> list[Rollout]:
+        waiting = self.tables.rollouts.get(self.namespace, {})
+        return [waiting[k] for k in sorted(waiting, key=lambda k: (timeuuid_order(k[0]), k[1]))]
+
+    @round_trip("canary.batches", "read")
+    async def batches(self, rollout: Rollout) -> list[uuid.UUID]:
+        found = self.tables.batches.get((rollout.template_id, ms(rollout.since)), set())
+        return sorted(found, key=timeuuid_order)
+
+    async def judged(self, rollout: Rollout, outcome: Outcome) -> None:
+        trip = await self.wire.trip("canary.judged", "write")
+        kept = replace(
+            outcome,
+            at=ms(outcome.at),
+            canary=Counts(**_counts(outcome.canary)),
+            live=Counts(**_counts(outcome.live)),
+        )
+        self.tables.verdicts.setdefault(rollout.template_id, {})[rollout.since] = kept
+        trip.landed()
+        await self.forget(rollout)
+
+    @round_trip("canary.forget", "write")
+    async def forget(self, rollout: Rollout) -> None:
+        waiting = self.tables.rollouts.get(self.namespace, {})
+        waiting.pop((rollout.template_id, ms(rollout.since)), None)
+
+    @round_trip("canary.history", "read")
+    async def history(self, template_id: uuid.UUID) -> list[Outcome]:
+        verdicts = self.tables.verdicts.get(template_id, {})
+        return [verdicts[s] for s in sorted(verdicts, reverse=True)]
+
+
+def _counts(counts: Counts) -> dict[str, int]:
+    """The counts as the audit row's JSON keeps them."""
+    return {
+        "sent": counts.sent,
+        "provider_failures": counts.provider_failures,
+        "hard_bounces": counts.hard_bounces,
+        "complaints": counts.complaints,
+    }

@@ -1,4 +1,6 @@
-"""In-memory twin of :class:`shared.providers.provider_health.HealthStore`: the shared health
+"""Twin of the store of :mod:`shared.providers`: the providers' health windows.
+
+In-memory twin of :class:`shared.providers.provider_health.HealthStore`: the shared health
 windows (counters by provider, day and 5-second window) and the circuits, for one scope.
 
 It keeps what the health refresh depends on: one round trip per day partition a read of the
@@ -14,7 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 
-from shared.providers.provider_health import WINDOW, WINDOWS, CircuitState, Window, window_start
+from shared.providers.provider_health import (
+    WINDOW,
+    WINDOWS,
+    CircuitState,
+    HealthWindows,
+    Window,
+    window_start,
+)
 from tests.fakes.wire import LOOPBACK, Wire, round_trip
 
 
@@ -33,7 +42,7 @@ class HealthTables:
     """How each round trip travels (``tests.fakes.wire``)."""
 
 
-class FakeHealth:
+class FakeHealth(HealthWindows):
     """Twin of :class:`shared.providers.provider_health.HealthStore`."""
 
     def __init__(self, scope: str, tables: HealthTables | None = None) -> None:

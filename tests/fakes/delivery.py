@@ -1,55 +1,46 @@
-"""In-memory twins of the Cassandra stores the consumers and the webhook service use.
+"""Twins of the stores of :mod:`shared.delivery`: batches, recipients, stats and attempts
+(their rows in :class:`tests.fakes.cassandra.FakeCassandra`), domain volumes, the outbox
+and the schedule.
 
-They keep Cassandra's semantics where our correctness depends on them: every cell is
-last-write-wins by write timestamp (a tie goes to a deletion, then to the larger value), set
-and map columns merge element by element, rows cluster in Cassandra's order, ``IF NOT EXISTS``
-and ``IF col = ?`` apply only when their condition holds. What the stores derive from the rows
-they read (a chunk's recipients merged with their own rows, a bucket's counts, whether a
-rollup is current) is computed by the production functions themselves
-(``shared.delivery.recipients.merged_chunk``, ``shared.delivery.precedence.merge``,
-``shared.delivery.stats.count_rows``, ``shared.delivery.stats.current`` ...), from rows shaped as
-the real reads return them. ``tests/contracts`` runs the same suite over each twin and the real
-store, so the twins cannot drift from what they stand in for.
+In-memory twin of :class:`shared.delivery.schedule_store.ScheduleStore`: the batches waiting in
+the minute they are due, and each namespace's lease and cursor.
 
-Faults: ``FakeCassandra.fail(operation, error, applied=...)`` makes the next call of a store
-operation raise ``error`` before (or, with ``applied=True``, after) it takes effect — a write
-whose outcome is unknown.
+It keeps what the scheduler depends on: every round trip yields to the event loop; the lease
+is a lightweight transaction on a cell with a TTL, so a holder is the only one until it
+releases the lease or the TTL passes on the twin's :class:`Clock` (which a test moves); the
+cursor moves only under ``IF owner = ?``; rows read back in Cassandra's order (minutes oldest
+first, each minute's batches in ``timeuuid`` order) with timestamps at Cassandra's precision
+(UTC, milliseconds); a row expires with the table's ``default_time_to_live``.
+``tests/contracts/test_schedule_store.py`` runs one suite over this twin and the real store.
 
-Sizes: Cassandra refuses, before applying it, a batch of statements over several partitions
-whose data passes ``batch_size_fail_threshold`` and a mutation of one partition past
-``max_mutation_size`` (:meth:`FakeCassandra.refuse_oversized`, with ``deploy/``'s settings by
-default): a twin that wrote a large batch as one request would fail as the real store did.
-
-Clocks: a plain write without ``USING TIMESTAMP`` is stamped by its client's clock (``now``,
-the driver's client-side timestamps), a lightweight transaction by a Cassandra node's (its
-Paxos ballot: :meth:`FakeCassandra.ballot`), which ``server_offset`` sets apart from the
-clients' — a node whose clock runs behind the API's, say.
+The outbox (:class:`FakeOutbox`) lives in the tables of
+:class:`tests.fakes.cassandra.FakeCassandra` and makes the round trips the real store makes: a
+row is written by the batch's own logged batch (its ``statement`` is applied by
+``FakeBatches.write``), marked published by one write, and listed per (minute, shard)
+partition. ``tests/contracts/test_acceptance_stores.py`` holds it to the real store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
-from cassandra.util import SortedSet
-
-from shared.audience.suppressions import LOOKUP_CHUNK
-from shared.core import batch_ids
-from shared.core.errors import DependencyUnavailable, TooLargeToStore
+from shared.core import batch_ids, lanes
+from shared.core.errors import DependencyUnavailable
+from shared.core.lanes import BUCKET
 from shared.core.models import Message
-from shared.core.webhook_events import ProviderEvent
 from shared.delivery import precedence
-from shared.delivery.attempts import COLUMNS, Attempt, from_row
+from shared.delivery.attempts import COLUMNS, Attempt, Attempts, from_row
 from shared.delivery.batchstore import (
     INLINE_BYTES,
     STATEMENT_BYTES,
     STORED_STATUS_STAMP,
+    Batches,
     BatchHeader,
     Content,
     NewBatch,
@@ -58,9 +49,11 @@ from shared.delivery.batchstore import (
     month_of,
     shown_status,
 )
-from shared.delivery.domain_capacity import HISTORY_DAYS, OUTCOMES, DayVolume
+from shared.delivery.domain_capacity import HISTORY_DAYS, OUTCOMES, DayVolume, Volumes
+from shared.delivery.outbox import Outbox, OutboxRows, minute_of
 from shared.delivery.recipients import (
     CHUNK_ROW,
+    Recipients,
     Report,
     Selection,
     by_chunk,
@@ -70,6 +63,7 @@ from shared.delivery.recipients import (
     merged_one,
     timeuuid_order,
 )
+from shared.delivery.schedule_store import MAX_MINUTES, Due, Schedules
 from shared.delivery.stats import (
     DEFAULT_BUCKETS,
     DIRTY_SHARDS,
@@ -80,6 +74,7 @@ from shared.delivery.stats import (
     Mark,
     Roll,
     Rollup,
+    Stats,
     add,
     batch_day,
     bucket_of,
@@ -94,382 +89,20 @@ from shared.delivery.stats import (
     user_bucket,
 )
 from shared.infra.db import slices
-from tests.fakes.wire import LOOPBACK, Kind, Trip, Wire
-
-#: A clustering row of ``batches``: (chunk, log_id).
-Clustering = tuple[int, uuid.UUID]
-#: ``batch_size_fail_threshold`` of the node ``deploy/local/cassandra.sh`` runs.
-BATCH_FAIL_BYTES = 640 * 1024
-#: ``max_mutation_size``: half of ``commitlog_segment_size`` (32 MiB there).
-MAX_MUTATION_BYTES = 16 * 1024 * 1024
-#: What a row another store hands over to be written with a batch (``Write``) weighs: an
-#: outbox or schedule row, a canary's record (keys and a few small cells).
-OTHER_ROW_BYTES = 100
-#: A write a store hands to another to apply with its own (the twin of a bound statement).
-Write = Callable[[], None]
+from tests.fakes.cassandra import (
+    OTHER_ROW_BYTES,
+    Cell,
+    Cells,
+    Clock,
+    FakeCassandra,
+    Write,
+    as_stored,
+    ms,
+)
+from tests.fakes.wire import LOOPBACK, Wire, round_trip
 
 
-def _stored(value: datetime) -> datetime:
-    """A timestamp as Cassandra returns it: naive UTC, millisecond precision (the driver
-    takes a naive datetime as UTC)."""
-    if value.tzinfo is not None:
-        value = value.astimezone(UTC).replace(tzinfo=None)
-    return value.replace(microsecond=value.microsecond // 1000 * 1000)
-
-
-def _serialized(value: Any) -> Any:
-    """What Cassandra compares when two cells tie on timestamp: their serialized bytes, in
-    the order of their values for the types we store."""
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, datetime):
-        return _stored(value)
-    return value
-
-
-def _wins(new: tuple[int, Any], old: tuple[int, Any] | None) -> bool:
-    """Cassandra's reconciliation of two cells: the later timestamp; on a tie a deletion
-    (``None``), then the larger value."""
-    if old is None:
-        return True
-    if new[0] != old[0]:
-        return new[0] > old[0]
-    if old[1] is None or new[1] is None:
-        return new[1] is None and old[1] is not None
-    return bool(_serialized(new[1]) > _serialized(old[1]))
-
-
-def _order(key: Clustering) -> tuple[int, tuple[int, bytes]]:
-    return key[0], timeuuid_order(key[1])
-
-
-@dataclass
-class _Cells:
-    """One row's cells: plain columns, map entries and set elements, each with its stamp (a
-    plain cell whose value is None is a deletion), and the row marker an INSERT writes."""
-
-    plain: dict[str, tuple[int, Any]] = field(default_factory=dict)
-    maps: dict[str, dict[str, tuple[int, Any]]] = field(default_factory=lambda: defaultdict(dict))
-    sets: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
-    marker: int | None = None
-
-    def insert(self, values: Mapping[str, Any], stamp: int) -> None:
-        """An INSERT: the row marker and every column given (None columns are left unset)."""
-        self.marker = max(stamp, self.marker or stamp)
-        for column, value in values.items():
-            if value is not None:
-                self.put(column, value, stamp)
-
-    def put(self, column: str, value: Any, stamp: int) -> None:
-        value = _stored(value) if isinstance(value, datetime) else value
-        if _wins((stamp, value), self.plain.get(column)):
-            self.plain[column] = (stamp, value)
-
-    def put_entry(self, column: str, key: str, value: Any, stamp: int) -> None:
-        entries = self.maps[column]
-        if _wins((stamp, value), entries.get(key)):
-            entries[key] = (stamp, value)
-
-    def add(self, column: str, elements: Iterable[str], stamp: int) -> None:
-        for element in elements:
-            self.sets[column][element] = max(stamp, self.sets[column].get(element, stamp))
-
-    def get(self, column: str) -> Any:
-        cell = self.plain.get(column)
-        return cell[1] if cell else None
-
-    def stamp(self, column: str) -> int | None:
-        """``WRITETIME(column)`` of a plain column (None when it holds nothing)."""
-        cell = self.plain.get(column)
-        return cell[0] if cell and cell[1] is not None else None
-
-    def as_map(self, column: str) -> tuple[dict[str, Any] | None, list[int] | None]:
-        """A map column as read, and ``WRITETIME`` of its entries (in key order)."""
-        entries = sorted(self.maps.get(column, {}).items())
-        if not entries:
-            return None, None
-        return {k: v for k, (_, v) in entries}, [t for _, (t, _) in entries]
-
-    def as_set(self, column: str) -> tuple[SortedSet | None, list[int] | None]:
-        """A set column as read (the driver's sorted set), and ``WRITETIME`` of its elements
-        (in element order)."""
-        elements = sorted(self.sets.get(column, {}).items())
-        if not elements:
-            return None, None
-        return SortedSet(e for e, _ in elements), [t for _, t in elements]
-
-    def live(self) -> bool:
-        """Whether a read finds the row: a row marker or any cell holding a value."""
-        return (
-            self.marker is not None
-            or any(v is not None for _, v in self.plain.values())
-            or any(self.maps.values())
-            or any(self.sets.values())
-        )
-
-
-@dataclass
-class _StatPartition:
-    """One ``stat_rows`` partition (a user's day's bucket): its static cells (``dirty_at``,
-    ``rollup``) and its rows by (batch_id, log_id)."""
-
-    static: _Cells = field(default_factory=_Cells)
-    rows: dict[tuple[uuid.UUID, uuid.UUID], _Cells] = field(default_factory=dict)
-
-
-@dataclass
-class _Failure:
-    error: BaseException
-    applied: bool
-
-
-@dataclass
-class _Landing:
-    """What ends one operation once its effect is applied: the wire's trip, then the
-    injected failure (a write whose answer is lost) if there is one."""
-
-    trip: Trip
-    failure: _Failure | None
-
-    def landed(self) -> None:
-        self.trip.landed()
-        if self.failure is not None:
-            raise self.failure.error
-
-
-#: The operations a fault can be injected into (each store operation that does I/O), and
-#: what each round trip is (``tests.fakes.wire.Kind``).
-OPERATION_KINDS: dict[str, Kind] = {
-    "attempts.create": "lwt",
-    "attempts.line": "read",
-    "attempts.transition": "lwt",
-    "batches.cancel": "write",
-    "batches.cancel_scheduled": "lwt",
-    "batches.commit": "lwt",
-    "batches.content": "write",
-    "batches.header": "read",
-    "batches.index": "write",
-    "batches.index_stored": "write",
-    "batches.mark_dispatched": "write",
-    "batches.owner": "read",
-    "batches.start_scheduled": "lwt",
-    "batches.status": "read",
-    "batches.uncount": "write",
-    "batches.write": "write",
-    "outbox.add": "write",
-    "outbox.done": "write",
-    "outbox.unpublished": "read",
-    "quota.add": "write",
-    "quota.read": "read",
-    "quota.refund": "write",
-    "quota.refunded": "read",
-    "rate.add": "write",
-    "rate.read": "read",
-    "recent.cooling": "read",
-    "recent.record": "write",
-    "preferences.get": "read",
-    "preferences.put": "write",
-    "recipients.accepted": "write",
-    "recipients.batch_rows": "read",
-    "recipients.call_failed": "write",
-    "recipients.chunk_rows": "read",
-    "recipients.give_up": "write",
-    "recipients.locate": "read",
-    "recipients.member": "read",
-    "recipients.one": "read",
-    "recipients.reported": "write",
-    "recipients.reported_many.stats": "write",
-    "recipients.reported_many.states": "write",
-    "recipients.stored_chunk": "read",
-    "recipients.supersede": "write",
-    "recipients.suppressed": "write",
-    "stats.accepted": "write",
-    "stats.active_users": "read",
-    "stats.activity": "write",
-    "stats.bucket": "read",
-    "stats.bucket_rows": "read",
-    "stats.cancelled": "write",
-    "stats.day": "read",
-    "stats.outcomes": "write",
-    "stats.range": "read",
-    "stats.hit": "write",
-    "stats.marks": "read",
-    "stats.unmark": "write",
-    "stats.reconcile": "write",
-    "stats.recount": "write",
-    "stats.rollup": "write",
-    "stats.user_days": "read",
-    "suppressions.add": "write",
-    "suppressions.listed": "read",
-    "suppressions.suppressed": "read",
-    "timeline.orphan": "write",
-    "timeline.record": "write",
-    "tokens.accept_once": "lwt",
-}
-OPERATIONS = frozenset(OPERATION_KINDS)
-
-
-class FakeCassandra:
-    """The tables the twins share (as one keyspace is shared by the real stores)."""
-
-    def __init__(
-        self,
-        now: Callable[[], datetime] = lambda: datetime.now(UTC),
-        wire: Wire = LOOPBACK,
-        *,
-        batch_fail_bytes: int = BATCH_FAIL_BYTES,
-        max_mutation_bytes: int = MAX_MUTATION_BYTES,
-    ) -> None:
-        self.now = now
-        self.batch_fail_bytes = batch_fail_bytes
-        """``batch_size_fail_threshold``: the most data a batch over several partitions holds."""
-        self.max_mutation_bytes = max_mutation_bytes
-        """``max_mutation_size``: the most data one request writes to one partition."""
-        """The clock of server-side times (write timestamps, ``created_at``): the World's."""
-        self.wire = wire
-        """How each round trip travels (``tests.fakes.wire``): where a simulator's faults go."""
-        self.headers: dict[uuid.UUID, _Cells] = {}
-        """``batches``' static columns, by batch."""
-        self.batches: dict[uuid.UUID, dict[Clustering, _Cells]] = defaultdict(dict)
-        """``batches``' clustering rows (chunk rows and recipients' own rows), by batch."""
-        self.by_user: dict[tuple[uuid.UUID, str], dict[uuid.UUID, dict[str, Any]]] = defaultdict(
-            dict
-        )
-        self.attempts: dict[tuple[uuid.UUID, str], dict[int, dict[str, Any]]] = defaultdict(dict)
-        self.stat_rows: dict[tuple[uuid.UUID, date, int], _StatPartition] = defaultdict(
-            _StatPartition
-        )
-        self.stat_days: dict[tuple[uuid.UUID, date], _Cells] = defaultdict(_Cells)
-        #: ``stat_dirty``: by (marked_on, shard), each mark's cells by (user, day, bucket).
-        self.stat_dirty: dict[tuple[date, int], dict[tuple[uuid.UUID, date, int], _Cells]] = (
-            defaultdict(lambda: defaultdict(_Cells))
-        )
-        self.active: dict[tuple[date, int], set[uuid.UUID]] = defaultdict(set)
-        self.suppressions: dict[tuple[uuid.UUID, str], dict[str, Any]] = {}
-        self.list_suppressions: dict[tuple[uuid.UUID, str, str], dict[str, Any]] = {}
-        self.engagement: dict[tuple[uuid.UUID, date, str], int] = defaultdict(int)
-        self.events: dict[tuple[uuid.UUID, uuid.UUID, datetime, str], dict[str, Any]] = {}
-        self.orphans: dict[tuple[str, date, str], str] = {}
-        self.tokens: dict[str, bytes] = {}
-        self.outbox: dict[tuple[str, datetime, int], dict[uuid.UUID, dict[str, Any]]] = defaultdict(
-            dict
-        )
-        """``outbox_minutes``: (namespace, minute, shard) -> batch -> row."""
-        self.quota: dict[tuple[uuid.UUID, date], int] = defaultdict(int)
-        """``recipient_quota``'s counters."""
-        self.refunds: dict[tuple[uuid.UUID, date], dict[uuid.UUID, int]] = defaultdict(dict)
-        """``quota_refunds``: (user, day) -> batch -> recipients."""
-        self.rate_windows: dict[tuple[str, date, int], int] = defaultdict(int)
-        """``rate_windows``' counters: (key, day, window) -> slots taken."""
-        self.recent: dict[tuple[uuid.UUID, str, str], tuple[datetime, uuid.UUID, datetime]] = {}
-        """``recent_mail``: (user, email, scope) -> (last_at, batch_id, expires)."""
-        self.preferences: dict[uuid.UUID, Any] = {}
-        """``user_preferences``: user -> ``shared.accounts.preferences.Preferences``."""
-        self._failures: dict[str, list[_Failure]] = defaultdict(list)
-        self.calls: list[str] = []
-        self.server_offset = timedelta()
-        """How far Cassandra's clock (which stamps lightweight transactions) is ahead of the
-        clients' (negative: behind)."""
-        self._ballot = 0
-
-    def fail(self, operation: str, error: BaseException, *, applied: bool = False) -> None:
-        """Make the next ``operation`` (e.g. ``"attempts.transition"``) raise ``error``."""
-        if operation not in OPERATIONS:
-            raise ValueError(f"no fault point {operation!r}; known: {sorted(OPERATIONS)}")
-        self._failures[operation].append(_Failure(error, applied))
-
-    def heal(self) -> None:
-        """Drop every fault that has not fired yet (the outage is over)."""
-        self._failures.clear()
-
-    def stamp(self) -> int:
-        """The write timestamp of a write without ``USING TIMESTAMP``: now, in µs."""
-        return int(self.now().timestamp() * 1_000_000)
-
-    def ballot(self) -> int:
-        """The write timestamp of a lightweight transaction: its Paxos ballot, from the
-        server's clock, and above every ballot before it."""
-        server = int((self.now() + self.server_offset).timestamp() * 1_000_000)
-        self._ballot = max(self._ballot + 1, server)
-        return self._ballot
-
-    def row(self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID) -> _Cells:
-        """A ``batches`` row to write (an UPDATE creates it if it is missing, as in Cassandra)."""
-        return self.batches[batch_id].setdefault((chunk, log_id), _Cells())
-
-    def insert(
-        self,
-        batch_id: uuid.UUID,
-        chunk: int,
-        log_id: uuid.UUID,
-        values: Mapping[str, Any],
-        stamp: int,
-    ) -> None:
-        """``INSERT INTO batches ... USING TIMESTAMP stamp`` (as release v1 wrote recipients)."""
-        self.row(batch_id, chunk, log_id).insert(values, stamp)
-
-    def stored(self, batch_id: uuid.UUID, chunk: int | None = None) -> list[dict[str, Any]]:
-        """A batch's (or one chunk's) rows as ``SELECT recipients.SELECT`` returns them, in
-        clustering order."""
-        rows = self.batches.get(batch_id, {})
-        keys = sorted(
-            (k for k, c in rows.items() if (chunk is None or k[0] == chunk) and c.live()),
-            key=_order,
-        )
-        return [_selected(k, rows[k]) for k in keys]
-
-    def refuse_oversized(self, partitions: Sequence[int]) -> None:
-        """Cassandra's checks of a request's size, before it applies anything: ``partitions``
-        are the bytes it writes to each partition it touches. Raises TooLargeToStore as the
-        real store does (``shared.infra.db``)."""
-        largest = max(partitions, default=0)
-        if largest > self.max_mutation_bytes:
-            raise TooLargeToStore(
-                f"Encountered an oversized mutation ({largest}/{self.max_mutation_bytes})"
-            )
-        if len(partitions) > 1 and sum(partitions) > self.batch_fail_bytes:
-            raise TooLargeToStore("Batch too large")
-
-    @staticmethod
-    def apply(writes: Iterable[Write]) -> None:
-        """Apply writes as one batch (the twin of ``Database.batch``)."""
-        for write in writes:
-            write()
-
-    async def _before(self, operation: str) -> _Landing:
-        # Every operation goes over the wire, which yields to the event loop as a real round
-        # trip does, so concurrent callers interleave here as they would in production.
-        trip = await self.wire.trip(operation, OPERATION_KINDS[operation])
-        self.calls.append(operation)
-        queue = self._failures.get(operation)
-        failure = queue.pop(0) if queue else None
-        if failure is not None and not failure.applied:
-            raise failure.error
-        return _Landing(trip, failure)
-
-    @staticmethod
-    def _after(done: _Landing) -> None:
-        done.landed()
-
-
-def _selected(key: Clustering, cells: _Cells) -> dict[str, Any]:
-    """One ``batches`` row as ``SELECT shared.delivery.recipients.SELECT`` returns it: identity, the
-    chunk's list, every state cell and its ``WRITETIME`` (a list for maps and sets)."""
-    row: dict[str, Any] = {
-        "chunk": key[0],
-        "log_id": key[1],
-        **{c: cells.get(c) for c in ("recipients", "email", "name", "substitutions")},
-    }
-    for cell in precedence.SCALAR_CELLS:
-        row[cell], row[precedence.stamp_column(cell)] = cells.get(cell), cells.stamp(cell)
-    for cell in precedence.MAP_CELLS:
-        row[cell], row[precedence.stamp_column(cell)] = cells.as_map(cell)
-    for cell in precedence.SET_CELLS:
-        row[cell], row[precedence.stamp_column(cell)] = cells.as_set(cell)
-    return row
-
-
-class FakeBatches:
+class FakeBatches(Batches):
     """Twin of :class:`shared.delivery.batchstore.BatchStore`."""
 
     def __init__(self, db: FakeCassandra, stats: FakeStats | None = None) -> None:
@@ -505,7 +138,7 @@ class FakeBatches:
         if inline:
             for i in range(len(sizes)):
                 self._content(batch, content, i)
-        header = self.db.headers.setdefault(batch.batch_id, _Cells())
+        header = self.db.headers.setdefault(batch.batch_id, Cells())
         header.insert(
             {
                 "user_id": batch.user_id,
@@ -541,7 +174,7 @@ class FakeBatches:
         """The ``index``-th value of the content: 0 the message and 202, then each chunk's
         list."""
         if index == 0:
-            header = self.db.headers.setdefault(batch.batch_id, _Cells())
+            header = self.db.headers.setdefault(batch.batch_id, Cells())
             stored = {"message": content.message, "accept_response": content.response or None}
             header.insert(stored, _header_stamp(batch.batch_id))
             return
@@ -631,7 +264,7 @@ class FakeBatches:
         current = h.get("status") if h is not None else None
         applied = current in expected
         if applied:
-            h = self.db.headers.setdefault(batch_id, _Cells())
+            h = self.db.headers.setdefault(batch_id, Cells())
             stamp = self.db.ballot()
             h.put("status", status, stamp)
             h.put("updated_at", self.db.now() + self.db.server_offset, stamp)
@@ -652,11 +285,11 @@ class FakeBatches:
 
     async def mark_dispatched(self, batch_id: uuid.UUID) -> None:
         failure = await self.db._before("batches.mark_dispatched")
-        self.db.headers.setdefault(batch_id, _Cells()).put("dispatched", True, self.db.stamp())
+        self.db.headers.setdefault(batch_id, Cells()).put("dispatched", True, self.db.stamp())
         self.db._after(failure)
 
 
-class FakeStats:
+class FakeStats(Stats):
     """Twin of :class:`shared.delivery.stats.StatsStore`: ``stat_rows`` partitions of cells, counted
     and judged by the production functions."""
 
@@ -689,7 +322,7 @@ class FakeStats:
     ) -> None:
         """A stat row's cell, at ``stamp`` (None: at the time it is applied)."""
         cells = self.db.stat_rows[(user_id, day, bucket)].rows.setdefault(
-            (batch_id, log_id), _Cells()
+            (batch_id, log_id), Cells()
         )
         cells.put(column, value, self.db.stamp() if stamp is None else stamp)
 
@@ -1010,7 +643,7 @@ class FakeStats:
         return drifts
 
 
-class FakeRecipients:
+class FakeRecipients(Recipients):
     """Twin of :class:`shared.delivery.recipients.RecipientStore`: chunk rows and own rows as cells,
     read back through :func:`shared.delivery.recipients.merged_chunk`."""
 
@@ -1023,8 +656,8 @@ class FakeRecipients:
     async def batch_rows(self, batch_id: uuid.UUID) -> list[dict[str, Any]]:
         self.db._after(await self.db._before("recipients.batch_rows"))
         out: list[dict[str, Any]] = []
-        for chunk, stored in by_chunk(self.db.stored(batch_id)).items():
-            out += merged_chunk(batch_id, chunk, stored)
+        for chunk, rows in by_chunk(self.db.stored(batch_id)).items():
+            out += merged_chunk(batch_id, chunk, rows)
         return out
 
     async def chunk_rows(self, batch_id: uuid.UUID, chunk: int) -> list[dict[str, Any]]:
@@ -1064,7 +697,7 @@ class FakeRecipients:
 
     # -- writes --------------------------------------------------------------------------
 
-    def _targets(self, batch_id: uuid.UUID, chosen: Selection) -> list[_Cells]:
+    def _targets(self, batch_id: uuid.UUID, chosen: Selection) -> list[Cells]:
         """The rows a write of ``chosen`` goes to: the chunk's row (``whole``) or each
         recipient's own row."""
         targets = (CHUNK_ROW,) if chosen.whole else chosen.log_ids
@@ -1267,7 +900,7 @@ class FakeRecipients:
 _ATTEMPT_COLUMNS = [c.strip() for c in COLUMNS.split(",")]
 
 
-class FakeAttempts:
+class FakeAttempts(Attempts):
     """Twin of :class:`shared.delivery.attempts.AttemptStore`: every write is conditional."""
 
     def __init__(self, db: FakeCassandra) -> None:
@@ -1312,8 +945,8 @@ class FakeAttempts:
                 owner=owner,
                 cause=cause,
                 reason=reason,
-                created_at=_stored(self.db.now()),
-                calling_at=_stored(calling_at) if calling_at else None,
+                created_at=as_stored(self.db.now()),
+                calling_at=as_stored(calling_at) if calling_at else None,
                 checks=0,
             )
             rows[attempt] = row
@@ -1334,139 +967,14 @@ class FakeAttempts:
         applied = row is not None and all(row[k] == v for k, v in expect.items())
         if applied:
             assert row is not None
-            row.update({k: _stored(v) if isinstance(v, datetime) else v for k, v in values.items()})
+            row.update(
+                {k: as_stored(v) if isinstance(v, datetime) else v for k, v in values.items()}
+            )
         self.db._after(failure)
         return applied
 
 
-class FakeSuppressions:
-    """Twin of :class:`shared.audience.suppressions.SuppressionStore` (add and lookup). A row keeps
-    its write time (``version``, the driver's client-side timestamp: above the row's last
-    one) and its ``by_recipient`` mark's own, which a write without a mark leaves as it is."""
-
-    def __init__(self, db: FakeCassandra) -> None:
-        self.db = db
-
-    async def add(
-        self,
-        user_id: uuid.UUID,
-        email: str,
-        *,
-        reason: str,
-        source: str,
-        event_id: str | None = None,
-        at: datetime | None = None,
-        scope: str | None = None,
-        by_recipient: str | None = None,
-    ) -> None:
-        failure = await self.db._before("suppressions.add")
-        key: Any = (user_id, email.lower()) if scope is None else (user_id, scope, email.lower())
-        table: dict[Any, dict[str, Any]] = (
-            self.db.suppressions if scope is None else self.db.list_suppressions
-        )
-        earlier = table.get(key, {})
-        version = max(self.db.stamp(), earlier.get("version", 0) + 1)
-        row: dict[str, Any] = {"reason": reason, "source": source, "event_id": event_id or ""}
-        row |= {"version": version, "by_recipient": earlier.get("by_recipient")}
-        row["by_recipient_at"] = earlier.get("by_recipient_at", 0)
-        if by_recipient is not None:
-            row |= {"by_recipient": by_recipient, "by_recipient_at": version}
-        table[key] = row
-        self.db._after(failure)
-
-    async def suppressed(
-        self,
-        user_id: uuid.UUID,
-        emails: Iterable[str],
-        scope: str | None = None,
-        *,
-        per_query: int = LOOKUP_CHUNK,
-    ) -> dict[str, str]:
-        """One round trip (fault point ``suppressions.suppressed``) per ``per_query``
-        addresses and table, as the real store reads them."""
-        wanted = sorted({e.lower() for e in emails})
-        found: dict[str, str] = {}
-        for i in range(0, len(wanted), per_query):
-            part = wanted[i : i + per_query]
-            failure = await self.db._before("suppressions.suppressed")
-            for e in part:
-                if (row := self.db.suppressions.get((user_id, e))) is not None:
-                    found[e] = row["reason"]
-            self.db._after(failure)
-            if scope is None:
-                continue
-            failure = await self.db._before("suppressions.suppressed")
-            for e in part:
-                row = self.db.list_suppressions.get((user_id, scope, e))
-                if e not in found and row is not None:
-                    found[e] = f"{row['reason']} ({scope})"
-            self.db._after(failure)
-        return found
-
-    async def listed(
-        self, user_id: uuid.UUID, most: int, scope: str | None = None
-    ) -> dict[str, str] | None:
-        failure = await self.db._before("suppressions.listed")
-        if scope is None:
-            rows = [(k[1], r) for k, r in self.db.suppressions.items() if k[0] == user_id]
-        else:
-            rows = [
-                (k[2], r) for k, r in self.db.list_suppressions.items() if k[:2] == (user_id, scope)
-            ]
-        self.db._after(failure)
-        if len(rows) > most:
-            return None
-        return {email: row["reason"] for email, row in rows}
-
-
-class FakeTimeline:
-    """Twin of :class:`shared.ingest.timeline.Timeline`."""
-
-    def __init__(self, db: FakeCassandra) -> None:
-        self.db = db
-
-    async def record(
-        self, batch_id: uuid.UUID, log_id: uuid.UUID, ev: ProviderEvent, *, counted: bool
-    ) -> None:
-        failure = await self.db._before("timeline.record")
-        self._put(batch_id, log_id, ev, counted)
-        self.db._after(failure)
-
-    async def statement(
-        self, batch_id: uuid.UUID, log_id: uuid.UUID, ev: ProviderEvent, *, counted: bool
-    ) -> Write:
-        return partial(self._put, batch_id, log_id, ev, counted)
-
-    def _put(
-        self, batch_id: uuid.UUID, log_id: uuid.UUID, ev: ProviderEvent, counted: bool
-    ) -> None:
-        self.db.events[(batch_id, log_id, _stored(ev.occurred_at), ev.event_id)] = {
-            "kind": ev.kind,
-            "provider": ev.provider,
-            "attempt": ev.attempt,
-            "counted": counted,
-        }
-
-    async def orphan(self, ev: ProviderEvent) -> None:
-        failure = await self.db._before("timeline.orphan")
-        self.db.orphans[(ev.provider, ev.occurred_at.date(), ev.event_id)] = ev.raw_event
-        self.db._after(failure)
-
-
-class FakeWebhookTokens:
-    """Twin of :class:`services.webhooks.webhook_tokens.WebhookTokens`."""
-
-    def __init__(self, db: FakeCassandra) -> None:
-        self.db = db
-
-    async def accept_once(self, token: str, body_hash: bytes) -> bool:
-        failure = await self.db._before("tokens.accept_once")
-        first = self.db.tokens.setdefault(token, body_hash)
-        self.db._after(failure)
-        return first == body_hash
-
-
-class FakeDomainVolumes:
+class FakeDomainVolumes(Volumes):
     """``shared.delivery.domain_capacity.DomainVolumes`` in memory: per (domain, day) counters."""
 
     def __init__(self) -> None:
@@ -1501,3 +1009,195 @@ class FakeDomainVolumes:
             for (d, day), counts in self.days.items()
             if d == domain and start <= day <= today
         }
+
+
+class FakeOutbox(OutboxRows):
+    """Twin of :class:`shared.delivery.outbox.Outbox`."""
+
+    def __init__(self, db: FakeCassandra, namespace: str = "ns") -> None:
+        self.db = db
+        self.namespace = namespace
+        self.written: Callable[[], None] = lambda: None
+
+    bucket = staticmethod(Outbox.bucket)
+
+    def _key(self, batch_id: uuid.UUID) -> tuple[str, datetime, int]:
+        minute, shard = self.bucket(batch_id)
+        return self.namespace, minute, shard
+
+    async def statement(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> Write:
+        self.written()
+        return partial(self._put, batch_id, user_id)
+
+    def _put(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> None:
+        # As the real INSERT: a repeated acceptance marks the row unpublished again.
+        self.db.outbox[self._key(batch_id)][batch_id] = {"user_id": user_id, "published": False}
+
+    async def add(self, batch_id: uuid.UUID, user_id: uuid.UUID) -> None:
+        done = await self.db._before("outbox.add")
+        self._put(batch_id, user_id)
+        self.db._after(done)
+
+    async def done(self, batch_id: uuid.UUID) -> None:
+        done = await self.db._before("outbox.done")
+        self._mark(batch_id)
+        self.db._after(done)
+
+    async def done_many(self, batch_ids: Iterable[uuid.UUID]) -> None:
+        """As the real store: one write per partition (``outbox.done`` each), all at once."""
+        parts: dict[tuple[str, datetime, int], list[uuid.UUID]] = {}
+        for batch_id in batch_ids:
+            parts.setdefault(self._key(batch_id), []).append(batch_id)
+
+        async def one(ids: list[uuid.UUID]) -> None:
+            done = await self.db._before("outbox.done")
+            for batch_id in ids:
+                self._mark(batch_id)
+            self.db._after(done)
+
+        if len(parts) == 1:  # as the real store: one partition written in the caller's task
+            await one(next(iter(parts.values())))
+            return
+        results = await asyncio.gather(
+            *(one(ids) for ids in parts.values()), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    def _mark(self, batch_id: uuid.UUID) -> None:
+        self.db.outbox[self._key(batch_id)].setdefault(batch_id, {})["published"] = True
+
+    async def unpublished(self, minute: datetime, shard: int) -> list[uuid.UUID]:
+        self.db._after(await self.db._before("outbox.unpublished"))
+        rows = self.db.outbox.get((self.namespace, minute_of(minute), shard), {})
+        return [b for b in sorted(rows, key=lambda b: b.bytes) if rows[b].get("published") is False]
+
+    def pending(self) -> set[uuid.UUID]:
+        """Every batch whose row is not marked published (what the relay still looks at; no
+        round trip: for tests and the simulator)."""
+        return {
+            b
+            for (namespace, _, _), rows in self.db.outbox.items()
+            if namespace == self.namespace
+            for b, row in rows.items()
+            if row.get("published") is False
+        }
+
+
+#: ``scheduled_batches``' ``default_time_to_live`` (deploy/cql).
+ROW_TTL: Final = timedelta(seconds=3_196_800)
+
+
+@dataclass
+class ScheduleTables:
+    """``scheduled_batches`` and ``scheduler_state``, shared by the twins of one keyspace."""
+
+    clock: Clock = field(default_factory=Clock)
+    rows: dict[tuple[str, datetime], dict[uuid.UUID, Cell[datetime]]] = field(default_factory=dict)
+    """(namespace, minute) -> batch -> its ``send_at``, expiring with the table's TTL."""
+    leases: dict[str, Cell[uuid.UUID]] = field(default_factory=dict)
+    """``scheduler_state``'s lease cell (its owner, with a TTL), by namespace."""
+    cursors: dict[str, datetime] = field(default_factory=dict)
+    wire: Wire = LOOPBACK
+    """How each round trip travels (``tests.fakes.wire``)."""
+
+
+class FakeSchedule(Schedules):
+    """Twin of :class:`shared.delivery.schedule_store.ScheduleStore` (every operation; ``statement``
+    gives a :data:`tests.fakes.cassandra.Write` to apply with the caller's own write)."""
+
+    def __init__(self, namespace: str, tables: ScheduleTables | None = None) -> None:
+        self.namespace = namespace
+        self.tables = tables or ScheduleTables()
+
+    @property
+    def wire(self) -> Wire:
+        return self.tables.wire
+
+    def _now(self) -> datetime:
+        return self.tables.clock.now()
+
+    @round_trip("schedule.add", "write")
+    async def add(self, batch_id: uuid.UUID, at: datetime) -> None:
+        self._put(batch_id, at)
+
+    async def statement(self, batch_id: uuid.UUID, at: datetime) -> Write:
+        return partial(self._put, batch_id, at)
+
+    def _put(self, batch_id: uuid.UUID, at: datetime) -> None:
+        minute = self.tables.rows.setdefault((self.namespace, lanes.bucket_of(at)), {})
+        minute[batch_id] = Cell(ms(at), self._now() + ROW_TTL)
+
+    def _holder(self) -> uuid.UUID | None:
+        lease = self.tables.leases.get(self.namespace)
+        return lease.value if lease and lease.alive(self._now()) else None
+
+    async def take_lease(self, owner: uuid.UUID, seconds: int, *, renewing: bool = False) -> bool:
+        if renewing:
+            # The renewal first, IF owner = owner; a free lease is then taken.
+            trip = await self.wire.trip("schedule.renew_lease", "lwt")
+            holder = self._holder()
+            if holder == owner:
+                self._lease(owner, seconds)
+            trip.landed()
+            if holder is not None:
+                return holder == owner
+            trip = await self.wire.trip("schedule.take_lease", "lwt")
+            holder = self._holder()
+            if holder is None:
+                self._lease(owner, seconds)
+            trip.landed()
+            return holder is None
+        trip = await self.wire.trip("schedule.take_lease", "lwt")
+        holder = self._holder()
+        if holder is None:
+            self._lease(owner, seconds)
+        trip.landed()
+        if holder is None or holder != owner:
+            return holder is None
+        # The renewal is a second transaction, IF owner = owner.
+        trip = await self.wire.trip("schedule.renew_lease", "lwt")
+        renewed = self._holder() == owner
+        if renewed:
+            self._lease(owner, seconds)
+        trip.landed()
+        return renewed
+
+    def _lease(self, owner: uuid.UUID, seconds: int) -> None:
+        self.tables.leases[self.namespace] = Cell(owner, self._now() + timedelta(seconds=seconds))
+
+    @round_trip("schedule.release_lease", "lwt")
+    async def release_lease(self, owner: uuid.UUID) -> None:
+        if self._holder() == owner:
+            del self.tables.leases[self.namespace]
+
+    @round_trip("schedule.done_through", "read")
+    async def done_through(self) -> datetime | None:
+        return self.tables.cursors.get(self.namespace)
+
+    async def due(self, now: datetime) -> tuple[list[Due], datetime | None]:
+        cursor = await self.done_through()
+        current = lanes.bucket_of(now)
+        minute = cursor + BUCKET if cursor else current - (MAX_MINUTES - 1) * BUCKET
+        minutes: list[datetime] = []
+        while minute <= current and len(minutes) < MAX_MINUTES:
+            minutes.append(minute)
+            minute += BUCKET
+        trip = await self.wire.trip("schedule.due", "read")
+        trip.landed()
+        found: list[Due] = []
+        for at in minutes:
+            rows = self.tables.rows.get((self.namespace, at), {})
+            for batch_id in sorted(rows, key=timeuuid_order):
+                row = rows[batch_id]
+                if row.alive(self._now()):
+                    found.append(Due(at, batch_id, row.value))
+        return found, minutes[-1] if minutes else None
+
+    @round_trip("schedule.finish", "lwt")
+    async def finish(self, owner: uuid.UUID, through: datetime) -> bool:
+        if self._holder() != owner:
+            return False
+        self.tables.cursors[self.namespace] = ms(through)
+        return True

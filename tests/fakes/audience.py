@@ -1,4 +1,8 @@
-"""In-memory twin of :class:`shared.audience.campaigns.CampaignStore`: each user's campaigns, the
+"""Twins of the stores of :mod:`shared.audience`: the suppression list (:class:`FakeSuppressions`,
+what the consumers and webhooks use, and :class:`FakeSuppressionStore`, all of it) and
+campaigns.
+
+In-memory twin of :class:`shared.audience.campaigns.CampaignStore`: each user's campaigns, the
 namespace's list of campaigns a runner looks at, each campaign's staged slices and its
 recorded slices.
 
@@ -23,16 +27,211 @@ killed there.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+from cassandra import InvalidRequest
 
-from shared.audience.campaigns import ACTIVE, DELETABLE, Campaign, Slice, Staged, State
-from shared.delivery.recipients import timeuuid_order
-from tests.fakes.schedule_store import ms
+from shared.audience.campaigns import (
+    ACTIVE,
+    DELETABLE,
+    Campaign,
+    Slice,
+    Staged,
+    State,
+    StoredCampaigns,
+)
+from shared.audience.suppressions import LOOKUP_CHUNK, SuppressionChecks, Suppressions
+from shared.core.addresses import address_key
+from shared.delivery.recipients import (
+    timeuuid_order,
+)
+from tests.fakes.cassandra import FakeCassandra, as_stored, interleave, ms
 from tests.fakes.wire import LOOPBACK, Kind, Trip, Wire
+
+
+class FakeSuppressions(SuppressionChecks):
+    """Twin of :class:`shared.audience.suppressions.SuppressionStore` (add and lookup). A row keeps
+    its write time (``version``, the driver's client-side timestamp: above the row's last
+    one) and its ``by_recipient`` mark's own, which a write without a mark leaves as it is."""
+
+    def __init__(self, db: FakeCassandra) -> None:
+        self.db = db
+
+    async def add(
+        self,
+        user_id: uuid.UUID,
+        email: str,
+        *,
+        reason: str,
+        source: str,
+        event_id: str | None = None,
+        at: datetime | None = None,
+        scope: str | None = None,
+        by_recipient: str | None = None,
+    ) -> None:
+        failure = await self.db._before("suppressions.add")
+        key: Any = (user_id, email.lower()) if scope is None else (user_id, scope, email.lower())
+        table: dict[Any, dict[str, Any]] = (
+            self.db.suppressions if scope is None else self.db.list_suppressions
+        )
+        earlier = table.get(key, {})
+        version = max(self.db.stamp(), earlier.get("version", 0) + 1)
+        row: dict[str, Any] = {"reason": reason, "source": source, "event_id": event_id or ""}
+        row |= {"version": version, "by_recipient": earlier.get("by_recipient")}
+        row["by_recipient_at"] = earlier.get("by_recipient_at", 0)
+        if by_recipient is not None:
+            row |= {"by_recipient": by_recipient, "by_recipient_at": version}
+        table[key] = row
+        self.db._after(failure)
+
+    async def suppressed(
+        self,
+        user_id: uuid.UUID,
+        emails: Iterable[str],
+        scope: str | None = None,
+        *,
+        per_query: int = LOOKUP_CHUNK,
+    ) -> dict[str, str]:
+        """One round trip (fault point ``suppressions.suppressed``) per ``per_query``
+        addresses and table, as the real store reads them."""
+        wanted = sorted({e.lower() for e in emails})
+        found: dict[str, str] = {}
+        for i in range(0, len(wanted), per_query):
+            part = wanted[i : i + per_query]
+            failure = await self.db._before("suppressions.suppressed")
+            for e in part:
+                if (row := self.db.suppressions.get((user_id, e))) is not None:
+                    found[e] = row["reason"]
+            self.db._after(failure)
+            if scope is None:
+                continue
+            failure = await self.db._before("suppressions.suppressed")
+            for e in part:
+                row = self.db.list_suppressions.get((user_id, scope, e))
+                if e not in found and row is not None:
+                    found[e] = f"{row['reason']} ({scope})"
+            self.db._after(failure)
+        return found
+
+    async def listed(
+        self, user_id: uuid.UUID, most: int, scope: str | None = None
+    ) -> dict[str, str] | None:
+        failure = await self.db._before("suppressions.listed")
+        if scope is None:
+            rows = [(k[1], r) for k, r in self.db.suppressions.items() if k[0] == user_id]
+        else:
+            rows = [
+                (k[2], r) for k, r in self.db.list_suppressions.items() if k[:2] == (user_id, scope)
+            ]
+        self.db._after(failure)
+        if len(rows) > most:
+            return None
+        return {email: row["reason"] for email, row in rows}
+
+
+class FakeSuppressionStore(FakeSuppressions, Suppressions):
+    """Twin of the whole :class:`shared.audience.suppressions.SuppressionStore`
+    (:class:`FakeSuppressions` covers only what the consumers and webhooks use)."""
+
+    def __init__(self, db: FakeCassandra | None = None) -> None:
+        super().__init__(db or FakeCassandra())
+
+    async def add(
+        self,
+        user_id: uuid.UUID,
+        email: str,
+        *,
+        reason: str,
+        source: str,
+        event_id: str | None = None,
+        at: datetime | None = None,
+        scope: str | None = None,
+        by_recipient: str | None = None,
+    ) -> None:
+        await super().add(
+            user_id,
+            email,
+            reason=reason,
+            source=source,
+            event_id=event_id,
+            at=at,
+            scope=scope,
+            by_recipient=by_recipient,
+        )
+        created = as_stored(at or self.db.now())
+        self._table(scope)[self._key(user_id, email, scope)]["created_at"] = created
+
+    async def entry(
+        self, user_id: uuid.UUID, email: str, scope: str | None = None
+    ) -> dict[str, Any] | None:
+        await interleave()
+        row = self._table(scope).get(self._key(user_id, email, scope))
+        if row is None:
+            return None
+        return {**_suppression(address_key(email), row), "version": row["version"]}
+
+    async def forget(
+        self, user_id: uuid.UUID, email: str, scope: str | None = None, *, version: int
+    ) -> None:
+        """``DELETE ... USING TIMESTAMP version``: the cells written at or before it go; a
+        row written since keeps its own (and its mark, if that too is newer)."""
+        await interleave()
+        table, key = self._table(scope), self._key(user_id, email, scope)
+        row = table.get(key)
+        if row is None:
+            return
+        if row["version"] <= version:
+            del table[key]
+        elif row["by_recipient_at"] <= version:
+            row |= {"by_recipient": None, "by_recipient_at": 0}
+
+    def _table(self, scope: str | None) -> dict[Any, dict[str, Any]]:
+        return self.db.suppressions if scope is None else self.db.list_suppressions
+
+    @staticmethod
+    def _key(user_id: uuid.UUID, email: str, scope: str | None) -> tuple[Any, ...]:
+        if scope is None:
+            return (user_id, address_key(email))
+        return (user_id, scope, address_key(email))
+
+    async def remove(self, user_id: uuid.UUID, email: str, scope: str | None = None) -> bool:
+        found = await self.entry(user_id, email, scope)
+        if found is None:
+            return False
+        await self.forget(user_id, email, scope, version=found["version"])
+        return True
+
+    async def page(
+        self, user_id: uuid.UUID, limit: int, after: str | None, scope: str | None = None
+    ) -> list[dict[str, Any]]:
+        await interleave()
+        if limit <= 0:
+            raise InvalidRequest("LIMIT must be strictly positive")
+        table = self._table(scope)
+        emails = sorted(
+            key[-1]
+            for key in table
+            if key[0] == user_id
+            and (scope is None or key[1] == scope)
+            and (not after or key[-1] > after)
+        )
+        return [_suppression(e, table[self._key(user_id, e, scope)]) for e in emails[:limit]]
+
+
+def _suppression(email: str, row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "email": email,
+        "reason": row["reason"],
+        "source": row["source"],
+        "event_id": row["event_id"],
+        "created_at": row.get("created_at"),
+        "by_recipient": row.get("by_recipient"),
+    }
+
 
 #: What each operation's round trip is (``tests.fakes.wire.Kind``).
 KINDS: dict[str, Kind] = {
@@ -94,7 +293,7 @@ class CampaignTables:
         self.failures.setdefault(operation, []).append((error, applied))
 
 
-class FakeCampaigns:
+class FakeCampaigns(StoredCampaigns):
     """Twin of :class:`shared.audience.campaigns.CampaignStore` (every operation)."""
 
     def __init__(self, namespace: str, tables: CampaignTables | None = None) -> None:

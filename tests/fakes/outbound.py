@@ -1,4 +1,6 @@
-"""In-memory twins of the users' webhook stores: :class:`FakeHookStore` (endpoints,
+"""Twins of the stores of :mod:`shared.outbound`: users' webhook endpoints and their queue.
+
+In-memory twins of the users' webhook stores: :class:`FakeHookStore` (endpoints,
 :class:`shared.outbound.hook_store.HookStore`) and :class:`FakeHookQueue` (queues, leases, cursors,
 messages, replays and the delivery log, :class:`shared.outbound.hook_queue.HookQueue`), the tables
 of ``deploy/cql/0023_user_webhooks.cql``; and :class:`FakeDeliverer`, an endpoint's side of
@@ -52,26 +54,34 @@ from shared.outbound.hook_queue import (
     LOG_DAYS,
     REPLAY_MARK_SECONDS,
     Cursor,
+    Deliveries,
     Delivery,
     Pending,
     Queued,
     enqueued,
     hour_of,
 )
-from shared.outbound.hook_store import PREVIOUS_SECRET_FOR, Endpoint, endpoints_in
+from shared.outbound.hook_store import PREVIOUS_SECRET_FOR, Endpoint, Endpoints, endpoints_in
 from shared.outbound.outbound_retry import Health
 from shared.outbound.user_hooks import HookEmitter
-from tests.fakes.account_stores import stored
+from tests.fakes.cassandra import Row, as_stored
 from tests.fakes.wire import LOOPBACK, Kind, Trip, Wire
 
 #: ``default_time_to_live`` of ``user_webhook_queue`` and ``user_webhook_hours`` (8 days).
 QUEUE_TTL: Final = 691_200
+
+
 #: ``default_time_to_live`` of ``user_webhook_messages`` and ``user_webhook_deliveries``.
 MONTH_TTL: Final = 2_592_000
+
+
 #: ``default_time_to_live`` of ``user_webhook_replays``.
 REPLAYS_TTL: Final = 86_400
+
+
 #: Rows of a page of the sweep's full scan (``HookStore.every_endpoint``).
 SCAN_PAGE: Final = 500
+
 
 #: Each operation's round trips, and what each is (``tests.fakes.wire.Kind``): the names a
 #: simulator aims its faults at.
@@ -105,6 +115,7 @@ HOOK_OPERATION_KINDS: Final[dict[str, Kind]] = {
     "hookqueue.take_lease": "lwt",
 }
 
+
 #: ``user_webhooks``' columns besides its key, as ``HookStore`` selects them.
 _ENDPOINT_COLUMNS: Final = (
     "url",
@@ -133,40 +144,6 @@ def _expiry(now: datetime, ttl: int | None) -> datetime | None:
     return now.replace(microsecond=0) + timedelta(seconds=ttl)
 
 
-@dataclass
-class _Cell:
-    value: Any
-    expires: datetime | None
-
-    def alive(self, now: datetime) -> bool:
-        return self.value is not None and (self.expires is None or now < self.expires)
-
-
-@dataclass
-class _Row:
-    """One row's cells (a None value is a deletion) and the marker an INSERT writes, each
-    expiring on its own."""
-
-    cells: dict[str, _Cell] = field(default_factory=dict)
-    marker: _Cell | None = None
-
-    def write(
-        self, values: Mapping[str, Any], expires: datetime | None, *, insert: bool = False
-    ) -> None:
-        for column, value in values.items():
-            self.cells[column] = _Cell(value, expires)
-        if insert:
-            self.marker = _Cell(True, expires)
-
-    def read(self, now: datetime) -> dict[str, Any] | None:
-        """The row as a SELECT sees it at ``now`` (dead cells left out); None when nothing of
-        it lives."""
-        live = {c: cell.value for c, cell in self.cells.items() if cell.alive(now)}
-        if not live and (self.marker is None or not self.marker.alive(now)):
-            return None
-        return live
-
-
 class _Twin:
     """What both twins share: the server's clock and the wire."""
 
@@ -187,13 +164,13 @@ class _Twin:
 # ---------------------------------------------------------------------- endpoints
 
 
-class FakeHookStore(_Twin):
+class FakeHookStore(_Twin, Endpoints):
     """Twin of :class:`shared.outbound.hook_store.HookStore`: ``user_webhooks``, one partition per
     user."""
 
     def __init__(self, now: Callable[[], datetime] = _utcnow, wire: Wire = LOOPBACK) -> None:
         super().__init__(now, wire)
-        self.rows: dict[uuid.UUID, dict[uuid.UUID, _Row]] = {}
+        self.rows: dict[uuid.UUID, dict[uuid.UUID, Row]] = {}
         """user -> endpoint -> row."""
 
     def _selected(self, user_id: uuid.UUID, endpoint_id: uuid.UUID) -> dict[str, Any] | None:
@@ -208,7 +185,7 @@ class FakeHookStore(_Twin):
         self, endpoint: Endpoint, values: Mapping[str, Any], *, insert: bool = False
     ) -> None:
         partition = self.rows.setdefault(endpoint.user_id, {})
-        row = partition.setdefault(endpoint.endpoint_id, _Row())
+        row = partition.setdefault(endpoint.endpoint_id, Row())
         row.write({c: _cql(v) for c, v in values.items()}, None, insert=insert)
 
     async def endpoints(self, user_id: uuid.UUID) -> list[Endpoint]:
@@ -347,7 +324,7 @@ def _cql(value: Any) -> Any:
     """A value as Cassandra keeps it: timestamps at millisecond precision, an empty set as
     null."""
     if isinstance(value, datetime):
-        return stored(value)
+        return as_stored(value)
     if isinstance(value, frozenset | set):
         return frozenset(value) or None
     return value
@@ -356,30 +333,30 @@ def _cql(value: Any) -> Any:
 # ---------------------------------------------------------------------- queues
 
 
-class FakeHookQueue(_Twin):
+class FakeHookQueue(_Twin, Deliveries):
     """Twin of :class:`shared.outbound.hook_queue.HookQueue`: every endpoint's queue in hour
     buckets, its cursor row (lease, low-water mark, attempts), its messages and replay requests, and
     its delivery log."""
 
     def __init__(self, now: Callable[[], datetime] = _utcnow, wire: Wire = LOOPBACK) -> None:
         super().__init__(now, wire)
-        self.queue: dict[tuple[uuid.UUID, datetime], dict[uuid.UUID, _Row]] = {}
+        self.queue: dict[tuple[uuid.UUID, datetime], dict[uuid.UUID, Row]] = {}
         """``user_webhook_queue``: (endpoint, hour) -> seq -> row."""
-        self.hours: dict[uuid.UUID, dict[datetime, _Row]] = {}
+        self.hours: dict[uuid.UUID, dict[datetime, Row]] = {}
         """``user_webhook_hours``: endpoint -> hour -> row."""
-        self.cursors: dict[uuid.UUID, _Row] = {}
+        self.cursors: dict[uuid.UUID, Row] = {}
         """``user_webhook_cursors``: endpoint -> row (``owner`` with the lease's TTL)."""
-        self.messages: dict[tuple[uuid.UUID, str], _Row] = {}
+        self.messages: dict[tuple[uuid.UUID, str], Row] = {}
         """``user_webhook_messages``: (endpoint, msg_id) -> row."""
-        self.replays: dict[tuple[uuid.UUID, str], dict[str, _Row]] = {}
+        self.replays: dict[tuple[uuid.UUID, str], dict[str, Row]] = {}
         """``user_webhook_replays``: (endpoint, msg_id) -> Idempotency-Key -> row."""
-        self.log_rows: dict[tuple[uuid.UUID, date], dict[uuid.UUID, _Row]] = {}
+        self.log_rows: dict[tuple[uuid.UUID, date], dict[uuid.UUID, Row]] = {}
         """``user_webhook_deliveries``: (endpoint, day) -> at -> row."""
 
     def _expiry(self, ttl: int | None) -> datetime | None:
         return _expiry(self.now(), ttl)
 
-    def _live(self, row: _Row | None) -> dict[str, Any] | None:
+    def _live(self, row: Row | None) -> dict[str, Any] | None:
         return row.read(self.now()) if row is not None else None
 
     # ------------------------------------------------------------------ queue
@@ -402,7 +379,7 @@ class FakeHookQueue(_Twin):
         trip = await self._trip("hookqueue.enqueue")
         queue_expires, month = self._expiry(QUEUE_TTL), self._expiry(MONTH_TTL)
         for seq, row in rows:
-            hour = stored(hour_of(datetime.fromtimestamp(unix_time_from_uuid1(seq), UTC)))
+            hour = as_stored(hour_of(datetime.fromtimestamp(unix_time_from_uuid1(seq), UTC)))
             values = {
                 "msg_id": row.msg_id,
                 "type": row.type,
@@ -411,11 +388,11 @@ class FakeHookQueue(_Twin):
                 "done": False,
             }
             partition = self.queue.setdefault((row.endpoint_id, hour), {})
-            partition.setdefault(seq, _Row()).write(values, queue_expires, insert=True)
+            partition.setdefault(seq, Row()).write(values, queue_expires, insert=True)
             hours = self.hours.setdefault(row.endpoint_id, {})
-            hours.setdefault(hour, _Row()).write({}, queue_expires, insert=True)
+            hours.setdefault(hour, Row()).write({}, queue_expires, insert=True)
             if not row.replay:
-                message = self.messages.setdefault((row.endpoint_id, row.msg_id), _Row())
+                message = self.messages.setdefault((row.endpoint_id, row.msg_id), Row())
                 message.write({"type": row.type, "body": row.body}, month, insert=True)
         trip.landed()
 
@@ -423,7 +400,7 @@ class FakeHookQueue(_Twin):
         self, endpoint_id: uuid.UUID, since: datetime, *, limit: int = 100
     ) -> list[Pending]:
         trip = await self._trip("hookqueue.hours")
-        first = stored(hour_of(since))
+        first = as_stored(hour_of(since))
         hours = [
             hour
             for hour, row in sorted(self.hours.get(endpoint_id, {}).items())
@@ -461,14 +438,14 @@ class FakeHookQueue(_Twin):
 
     async def done(self, endpoint_id: uuid.UUID, item: Pending) -> None:
         trip = await self._trip("hookqueue.done")
-        partition = self.queue.setdefault((endpoint_id, stored(item.hour)), {})
-        partition.setdefault(item.seq, _Row()).write({"done": True}, self._expiry(QUEUE_TTL))
+        partition = self.queue.setdefault((endpoint_id, as_stored(item.hour)), {})
+        partition.setdefault(item.seq, Row()).write({"done": True}, self._expiry(QUEUE_TTL))
         trip.landed()
 
     # ------------------------------------------------------------------ lease and cursor
 
-    def _cursor_row(self, endpoint_id: uuid.UUID) -> _Row:
-        return self.cursors.setdefault(endpoint_id, _Row())
+    def _cursor_row(self, endpoint_id: uuid.UUID) -> Row:
+        return self.cursors.setdefault(endpoint_id, Row())
 
     def _owner(self, endpoint_id: uuid.UUID) -> uuid.UUID | None:
         live = self._live(self.cursors.get(endpoint_id))
@@ -476,7 +453,7 @@ class FakeHookQueue(_Twin):
 
     async def start(self, endpoint_id: uuid.UUID, now: datetime) -> None:
         trip = await self._trip("hookqueue.start")
-        self._cursor_row(endpoint_id).write({"since": stored(now), "attempts": 0}, None)
+        self._cursor_row(endpoint_id).write({"since": as_stored(now), "attempts": 0}, None)
         trip.landed()
 
     async def reset(self, endpoint_id: uuid.UUID) -> None:
@@ -519,9 +496,9 @@ class FakeHookQueue(_Twin):
         applied = self._owner(endpoint_id) == owner
         if applied:
             values = {
-                "since": stored(cursor.since) if cursor.since else None,
+                "since": as_stored(cursor.since) if cursor.since else None,
                 "attempts": cursor.attempts,
-                "next_try": stored(cursor.next_try) if cursor.next_try else None,
+                "next_try": as_stored(cursor.next_try) if cursor.next_try else None,
             }
             self._cursor_row(endpoint_id).write(values, None)
         trip.landed()
@@ -541,7 +518,7 @@ class FakeHookQueue(_Twin):
         self, endpoint_id: uuid.UUID, msg_id: str, replay_id: uuid.UUID
     ) -> uuid.UUID:
         trip = await self._trip("hookqueue.claim_replay")
-        row = self.messages.setdefault((endpoint_id, msg_id), _Row())
+        row = self.messages.setdefault((endpoint_id, msg_id), Row())
         waiting: uuid.UUID | None = (self._live(row) or {}).get("replay_pending")
         if waiting is None:  # IF replay_pending = null
             row.write({"replay_pending": replay_id}, self._expiry(REPLAY_MARK_SECONDS))
@@ -555,7 +532,7 @@ class FakeHookQueue(_Twin):
         partition = self.replays.setdefault((endpoint_id, msg_id), {})
         first = self._live(partition.get(key))
         if first is None:  # IF NOT EXISTS
-            row = partition.setdefault(key, _Row())
+            row = partition.setdefault(key, Row())
             row.write({"replay_id": replay_id}, self._expiry(REPLAYS_TTL), insert=True)
         trip.landed()
         if first is None:
@@ -566,13 +543,13 @@ class FakeHookQueue(_Twin):
         self, endpoint_id: uuid.UUID, msg_id: str, key: str, replay_id: uuid.UUID, queued: bool
     ) -> None:
         trip = await self._trip("hookqueue.replay_answered")
-        row = self.replays.setdefault((endpoint_id, msg_id), {}).setdefault(key, _Row())
+        row = self.replays.setdefault((endpoint_id, msg_id), {}).setdefault(key, Row())
         row.write({"replay_id": replay_id, "queued": queued}, self._expiry(REPLAYS_TTL))
         trip.landed()
 
     async def replay_done(self, endpoint_id: uuid.UUID, msg_id: str) -> None:
         trip = await self._trip("hookqueue.replay_done")
-        row = self.messages.setdefault((endpoint_id, msg_id), _Row())
+        row = self.messages.setdefault((endpoint_id, msg_id), Row())
         row.write({"replay_pending": None}, None)
         trip.landed()
 
@@ -590,7 +567,7 @@ class FakeHookQueue(_Twin):
             "error": entry.error,
             "duration_ms": entry.duration_ms,
         }
-        partition.setdefault(at, _Row()).write(values, self._expiry(MONTH_TTL), insert=True)
+        partition.setdefault(at, Row()).write(values, self._expiry(MONTH_TTL), insert=True)
         trip.landed()
 
     async def deliveries(
