@@ -32,17 +32,23 @@ class Served:
     key: str
 
 
-@pytest.fixture
-async def api(settings: Settings, db: Database) -> AsyncIterator[Served]:
-    app = create_app(settings)
-    async with served(app) as url:
+@pytest.fixture(scope="module")
+async def url(module_settings: Settings) -> AsyncIterator[str]:
+    """One API served for the module (tests never share data: each makes its own user)."""
+    app = create_app(module_settings)
+    async with served(app) as base:
         broker = app.state.resources.broker
         await broker.declare()
-        key = await accounts.create_key(db, await accounts.ensure_user(db, unique("cl")), "c")
         try:
-            yield Served(url, key)
+            yield base
         finally:
             await broker.delete()
+
+
+@pytest.fixture
+async def api(url: str, db: Database) -> Served:
+    key = await accounts.create_key(db, await accounts.ensure_user(db, unique("cl")), "c")
+    return Served(url, key)
 
 
 async def test_send_then_read_the_batch_and_its_logs(api: Served) -> None:

@@ -23,8 +23,10 @@ from tests.integration.test_auth import browser_for, gh_login, make_settings, us
 BATCH = {"from": "shop@example.com", "to": ["ann@example.com"], "subject": "Hi", "text": "x"}
 
 
-@pytest.fixture
-async def app(settings: Settings) -> AsyncIterator[Starlette]:
+@pytest.fixture(scope="module")
+async def app(module_settings: Settings) -> AsyncIterator[Starlette]:
+    """One API for the module (each test makes its own user), with 3 keys a user at most."""
+    settings = module_settings
     s = settings.model_copy(
         update={"api": settings.api.model_copy(update={"max_keys_per_user": 3})}
     )
