@@ -7,8 +7,10 @@ from datetime import UTC, date, datetime, timedelta
 from starlette.requests import Request
 from starlette.responses import Response
 
+from services.api import schema
 from services.api.auth import require_key
 from services.api.managing import Managing
+from services.api.operations import CURSOR, LIST, Param, operation
 from services.api.queries import decode_cursor, encode_cursor, page_limit
 from services.api.schema import KeyIn, SuppressionIn, checked
 from shared.accounts import accounts
@@ -21,6 +23,13 @@ from shared.infra.http import JSON, ApiError, read_json
 SMALL_BODY = 16 * 1024
 
 
+@operation(
+    "list_suppressions",
+    "Addresses you never send to",
+    schema.SuppressionList,
+    params=(Param("limit", "query", "1-1000, default 100.", "integer"), CURSOR, LIST),
+    errors=(400, 422),
+)
 async def list_suppressions(request: Request) -> Response:
     key = await require_key(request, "read")
     limit = page_limit(request, default=100, maximum=1000)
@@ -45,6 +54,14 @@ async def list_suppressions(request: Request) -> Response:
     )
 
 
+@operation(
+    "create_suppression",
+    "Suppress an address",
+    schema.Suppression,
+    status=201,
+    body=schema.SuppressionIn,
+    errors=(400, 413, 415, 422),
+)
 async def add_suppression(request: Request) -> Response:
     key = await require_key(request, "send")
     _, body = await read_json(request, SMALL_BODY)
@@ -54,6 +71,19 @@ async def add_suppression(request: Request) -> Response:
     return JSON({"email": done.email, "reason": done.reason}, status_code=201)
 
 
+@operation(
+    "delete_suppression",
+    "Send to an address again",
+    None,
+    status=204,
+    params=(Param("email", "path", "The suppressed address.", required=True), LIST),
+    errors=(404, 422),
+    description="You may delete the addresses you added and bounces (a bounce that "
+    "happens again suppresses the address again). An unsubscribe or a complaint is the "
+    "recipient's own (`by_recipient` in the listing): deleting it is a 403 "
+    "`suppressed_by_recipient` naming the address and why, unless the key holds the "
+    "`operator` scope.",
+)
 async def delete_suppression(request: Request) -> Response:
     key = await require_key(request, "send")
     managing: Managing = request.app.state.managing
@@ -90,6 +120,16 @@ def _date_param(request: Request, name: str, default: date) -> date:
         ) from None
 
 
+@operation(
+    "get_stats",
+    "Delivery per day (UTC), zero-filled",
+    schema.StatsPage,
+    params=(
+        Param("from", "query", "First day, YYYY-MM-DD (default: six days before `to`)."),
+        Param("to", "query", "Last day, YYYY-MM-DD (default: today)."),
+    ),
+    errors=(422,),
+)
 async def get_stats(request: Request) -> Response:
     key = await require_key(request, "read")
     today = datetime.now(UTC).date()
@@ -109,12 +149,25 @@ async def get_stats(request: Request) -> Response:
     return JSON({"data": zero_filled(start, end, counts)})
 
 
+@operation(
+    "list_keys",
+    "Your API keys (never their secrets)",
+    schema.KeyList,
+)
 async def list_keys(request: Request) -> Response:
     key = await require_key(request, "keys")
     managing: Managing = request.app.state.managing
     return JSON({"data": [accounts.key_view(r) for r in await managing.keys(key.user_id)]})
 
 
+@operation(
+    "create_key",
+    "Make an API key (shown once)",
+    schema.KeyCreated,
+    status=201,
+    body=schema.KeyIn,
+    errors=(400, 409, 413, 415, 422),
+)
 async def create_key(request: Request) -> Response:
     key = await require_key(request, "keys")
     _, body = await read_json(request, SMALL_BODY)
@@ -140,6 +193,14 @@ async def create_key(request: Request) -> Response:
     )
 
 
+@operation(
+    "revoke_key",
+    "Revoke an API key (refused everywhere within 1 s)",
+    None,
+    status=204,
+    params=(Param("key_id", "path", "The key's id (`key_id` in the list).", required=True),),
+    errors=(404,),
+)
 async def revoke_key(request: Request) -> Response:
     key = await require_key(request, "keys")
     managing: Managing = request.app.state.managing

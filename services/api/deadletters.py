@@ -7,7 +7,9 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from services.api import schema
 from services.api.auth import require_key
+from services.api.operations import CURSOR, LETTER_ID, Param, operation
 from services.api.queries import decode_cursor, encode_cursor, page_limit
 from shared.infra.http import JSON, ApiError
 from shared.ops.deadletters import DeadLetters, ReplayRefused, view
@@ -20,6 +22,13 @@ def _letters(request: Request) -> DeadLetters:
     return letters
 
 
+@operation(
+    "list_dead_letters",
+    "Dead letters: work RabbitMQ parked, newest first (operator keys)",
+    schema.DeadLetterList,
+    params=(Param("limit", "query", "1-500, default 50.", "integer"), CURSOR),
+    errors=(400, 422),
+)
 async def list_dead_letters(request: Request) -> Response:
     await require_key(request, "operator")
     limit = page_limit(request, default=50, maximum=500)
@@ -33,6 +42,16 @@ async def list_dead_letters(request: Request) -> Response:
     )
 
 
+@operation(
+    "replay_dead_letter",
+    "Publish a dead letter again, once (operator keys)",
+    schema.DeadLetterView,
+    params=(LETTER_ID,),
+    errors=(404, 409),
+    description="409 `already_replayed` for a letter replayed before (nothing is "
+    "published twice), `replaying` while another replay holds it, `unroutable` when no "
+    "queue takes its routing key now (it stays).",
+)
 async def replay_dead_letter(request: Request) -> Response:
     await require_key(request, "operator")
     try:
@@ -42,6 +61,14 @@ async def replay_dead_letter(request: Request) -> Response:
     return JSON(view(letter))
 
 
+@operation(
+    "delete_dead_letter",
+    "Delete a dead letter (operator keys)",
+    None,
+    status=204,
+    params=(LETTER_ID,),
+    errors=(404,),
+)
 async def delete_dead_letter(request: Request) -> Response:
     await require_key(request, "operator")
     if not await _letters(request).delete(request.path_params["letter_id"]):

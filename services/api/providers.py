@@ -9,7 +9,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from services.api import schema
 from services.api.auth import require_key
+from services.api.operations import operation
 from shared.core.catalog import CATALOG
 from shared.infra.config import Settings
 from shared.infra.db import Database
@@ -19,6 +21,11 @@ from shared.ops.livesettings import SettingsStore, resolve
 from shared.providers.provider_health import CircuitState, HealthStore, order, score
 
 
+@operation(
+    "list_providers",
+    "Each provider's health, circuit, pause and current rate, as every process sees them",
+    schema.ProviderList,
+)
 async def list_providers(request: Request) -> Response:
     await require_key(request, "read")
     resources: Resources = request.app.state.resources

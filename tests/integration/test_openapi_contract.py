@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 
-from services.api.openapi import OPERATIONS, Operation
+from services.api.openapi import OPERATIONS
+from services.api.operations import Operation
 from services.api.schema import ErrorBody
 from shared.accounts import accounts
 from shared.accounts.domains import DomainStore
