@@ -17,7 +17,7 @@ from shared.accounts import accounts
 from shared.audience.suppressions import Suppressions, made_by_recipient
 from shared.delivery import validation
 from shared.delivery.stats import MAX_RANGE_DAYS, Stats, zero_filled
-from shared.infra.http import JSON, ApiError, read_json
+from shared.infra.http import Answer, ApiError, read_json
 
 #: Small JSON bodies only on these endpoints.
 SMALL_BODY = 16 * 1024
@@ -49,8 +49,13 @@ async def list_suppressions(request: Request) -> Response:
         for r in rows[:limit]
     ]
     more = len(rows) > limit
-    return JSON(
-        {"data": data, "next_cursor": encode_cursor({"after": data[-1]["email"]}) if more else None}
+    return Answer(
+        schema.SuppressionList.model_validate(
+            {
+                "data": data,
+                "next_cursor": encode_cursor({"after": data[-1]["email"]}) if more else None,
+            }
+        )
     )
 
 
@@ -68,7 +73,10 @@ async def add_suppression(request: Request) -> Response:
     wanted = checked(SuppressionIn, body)
     managing: Managing = request.app.state.managing
     done = await managing.suppress(key.user_id, wanted.email, wanted.reason, source="api")
-    return JSON({"email": done.email, "reason": done.reason}, status_code=201)
+    return Answer(
+        schema.Suppression.model_validate({"email": done.email, "reason": done.reason}),
+        status_code=201,
+    )
 
 
 @operation(
@@ -146,7 +154,7 @@ async def get_stats(request: Request) -> Response:
         )
     stats: Stats = request.app.state.stats
     counts = await stats.range(key.user_id, start, end)
-    return JSON({"data": zero_filled(start, end, counts)})
+    return Answer(schema.StatsPage.model_validate({"data": zero_filled(start, end, counts)}))
 
 
 @operation(
@@ -157,7 +165,11 @@ async def get_stats(request: Request) -> Response:
 async def list_keys(request: Request) -> Response:
     key = await require_key(request, "keys")
     managing: Managing = request.app.state.managing
-    return JSON({"data": [accounts.key_view(r) for r in await managing.keys(key.user_id)]})
+    return Answer(
+        schema.KeyList.model_validate(
+            {"data": [accounts.key_view(r) for r in await managing.keys(key.user_id)]}
+        )
+    )
 
 
 @operation(
@@ -181,14 +193,16 @@ async def create_key(request: Request) -> Response:
         scopes=wanted.scopes,
         expires_at=wanted.expires_at,
     )
-    return JSON(
-        {
-            "key": made.plaintext,
-            "name": made.name,
-            "scopes": list(made.scopes),
-            "expires_at": wanted.expires_at.isoformat() if wanted.expires_at else None,
-            "note": "shown once; store it now",
-        },
+    return Answer(
+        schema.KeyCreated.model_validate(
+            {
+                "key": made.plaintext,
+                "name": made.name,
+                "scopes": list(made.scopes),
+                "expires_at": wanted.expires_at.isoformat() if wanted.expires_at else None,
+                "note": "shown once; store it now",
+            }
+        ),
         status_code=201,
     )
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import re
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -16,7 +15,7 @@ from services.api.operations import BATCH_ID, CURSOR, Param, operation
 from services.api.sending import Sending
 from shared.delivery.batchstore import Batches, BatchHeader, BatchStore
 from shared.infra.config import Settings
-from shared.infra.http import JSON, ApiError, read_json
+from shared.infra.http import Answer, ApiError, read_json
 
 from . import answers, queries
 
@@ -52,7 +51,8 @@ async def submit(request: Request) -> Response:
         raise ApiError(400, "bad_idempotency_key", "Idempotency-Key must be 1-255 visible ASCII")
     sending: Sending = request.app.state.sending
     response = await sending.accept(key.user_id, body, idem)
-    return Response(orjson.dumps(response), status_code=202, media_type="application/json")
+    # A replay's answer is the stored one, from before this version too: read back as the model.
+    return Answer(schema.Accepted.model_validate(response), status_code=202)
 
 
 @operation(
@@ -68,7 +68,7 @@ async def list_batches(request: Request) -> Response:
     page = await queries.list_for_user(
         request.app.state.batches, key.user_id, limit, request.query_params.get("cursor")
     )
-    return JSON(answers.batch_list(page))
+    return Answer(answers.batch_list(page))
 
 
 async def _own_batch(request: Request, scope: str) -> BatchHeader:
@@ -90,7 +90,7 @@ async def _own_batch(request: Request, scope: str) -> BatchHeader:
 )
 async def get_batch(request: Request) -> Response:
     header = await _own_batch(request, "read")
-    return JSON(answers.batch(await queries.overview(request.app.state.batches, header)))
+    return Answer(answers.batch(await queries.overview(request.app.state.batches, header)))
 
 
 @operation(
@@ -109,7 +109,7 @@ async def cancel_batch(request: Request) -> Response:
     header = await _own_batch(request, "send")
     sending: Sending = request.app.state.sending
     await sending.cancel(header)
-    return JSON({"batch_id": str(header.batch_id), "status": "cancelled"})
+    return Answer(schema.CancelledOut(batch_id=str(header.batch_id), status="cancelled"))
 
 
 @operation(
@@ -144,4 +144,4 @@ async def batch_logs(request: Request) -> Response:
         request.query_params.get("cursor"),
         state_filter,
     )
-    return JSON(answers.logs_page(page))
+    return Answer(answers.logs_page(page))

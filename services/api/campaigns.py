@@ -42,7 +42,7 @@ from shared.audience.campaigns import (
 from shared.core import lanes
 from shared.core.addresses import parse_address
 from shared.delivery.batchstore import BatchStore
-from shared.infra.http import JSON, ApiError, read_json
+from shared.infra.http import Answer, ApiError, read_json
 from shared.infra.leases import CAMPAIGNS_WAKE, wake
 from shared.templates.templates import StoredTemplates
 
@@ -259,7 +259,7 @@ async def create_campaign(request: Request) -> Response:
     key = await require_key(request, "send")
     _, body = await read_json(request, SMALL_BODY)
     made = await _campaigns(request).create(key.user_id, checked(CampaignIn, body))
-    return JSON(view(made), status_code=201)
+    return Answer(schema.CampaignOut.model_validate(view(made)), status_code=201)
 
 
 @operation(
@@ -270,7 +270,7 @@ async def create_campaign(request: Request) -> Response:
 async def list_campaigns(request: Request) -> Response:
     key = await require_key(request, "read")
     found = await _campaigns(request).store.campaigns(key.user_id)
-    return JSON({"data": [view(c) for c in found]})
+    return Answer(schema.CampaignList.model_validate({"data": [view(c) for c in found]}))
 
 
 @operation(
@@ -284,7 +284,9 @@ async def get_campaign(request: Request) -> Response:
     key = await require_key(request, "read")
     campaigns = _campaigns(request)
     campaign = await campaigns.get(key.user_id, path_uuid(request, "campaign_id"))
-    return JSON(view(campaign, await campaigns.counts(campaign)))
+    return Answer(
+        schema.CampaignOut.model_validate(view(campaign, await campaigns.counts(campaign)))
+    )
 
 
 @operation(
@@ -311,7 +313,7 @@ async def _act(request: Request, action: Action) -> Response:
     campaign = await _campaigns(request).act(
         key.user_id, path_uuid(request, "campaign_id"), action, send_at
     )
-    return JSON(view(campaign))
+    return Answer(schema.CampaignOut.model_validate(view(campaign)))
 
 
 async def _schedule_body(request: Request) -> str | None:

@@ -11,7 +11,7 @@ from services.api import schema
 from services.api.auth import require_key
 from services.api.operations import CURSOR, LETTER_ID, Param, operation
 from services.api.queries import decode_cursor, encode_cursor, page_limit
-from shared.infra.http import JSON, ApiError
+from shared.infra.http import Answer, ApiError
 from shared.ops.deadletters import DeadLetters, ReplayRefused, view
 
 _REFUSALS = {"not_found": 404, "already_replayed": 409, "replaying": 409, "unroutable": 409}
@@ -37,8 +37,13 @@ async def list_dead_letters(request: Request) -> Response:
     found = await _letters(request).store.page(limit + 1, after)
     data = [view(letter) for letter in found[:limit]]
     more = len(found) > limit
-    return JSON(
-        {"data": data, "next_cursor": encode_cursor({"after": data[-1]["id"]}) if more else None}
+    return Answer(
+        schema.DeadLetterList.model_validate(
+            {
+                "data": data,
+                "next_cursor": encode_cursor({"after": data[-1]["id"]}) if more else None,
+            }
+        )
     )
 
 
@@ -58,7 +63,7 @@ async def replay_dead_letter(request: Request) -> Response:
         letter = await _letters(request).replay(request.path_params["letter_id"])
     except ReplayRefused as exc:
         raise ApiError(_REFUSALS[exc.code], exc.code, exc.message) from None
-    return JSON(view(letter))
+    return Answer(schema.DeadLetterView.model_validate(view(letter)))
 
 
 @operation(

@@ -35,7 +35,7 @@ from shared.accounts.domains import (
 from shared.delivery.domain_capacity import DayVolume, DomainVolumes, capacity
 from shared.infra.config import Settings
 from shared.infra.db import Database
-from shared.infra.http import JSON, ApiError, read_json
+from shared.infra.http import Answer, ApiError, read_json
 from shared.infra.user_cache import UserChanges
 from shared.ops.livesettings import resolve
 
@@ -232,7 +232,9 @@ async def list_domains(request: Request) -> Response:
     use = SendingDomains.of(request)
     owned = await use.store.all(key.user_id)
     caps = await capacities(request, [d.domain for d in owned])
-    return JSON({"data": await use.views(key.user_id, owned, caps)})
+    return Answer(
+        schema.DomainList.model_validate({"data": await use.views(key.user_id, owned, caps)})
+    )
 
 
 @operation(
@@ -251,7 +253,10 @@ async def add_domain(request: Request) -> Response:
     wanted = checked(DomainIn, body)
     use = SendingDomains.of(request)
     added = await use.add(key.user_id, wanted.domain)
-    return JSON((await use.views(key.user_id, [added]))[0], status_code=201)
+    return Answer(
+        schema.DomainView.model_validate((await use.views(key.user_id, [added]))[0]),
+        status_code=201,
+    )
 
 
 @operation(
@@ -266,7 +271,9 @@ async def get_domain(request: Request) -> Response:
     use = SendingDomains.of(request)
     found = await use.owned(key.user_id, request.path_params["domain"])
     caps = await capacities(request, [found.domain])
-    return JSON((await use.views(key.user_id, [found], caps))[0])
+    return Answer(
+        schema.DomainView.model_validate((await use.views(key.user_id, [found], caps))[0])
+    )
 
 
 @operation(
@@ -284,7 +291,7 @@ async def verify_domain(request: Request) -> Response:
     key = await require_key(request, "send")
     use = SendingDomains.of(request)
     found = await use.verify(key.user_id, request.path_params["domain"])
-    return JSON((await use.views(key.user_id, [found]))[0])
+    return Answer(schema.DomainView.model_validate((await use.views(key.user_id, [found]))[0]))
 
 
 @operation(
@@ -328,4 +335,4 @@ async def list_claims(request: Request) -> Response:
     name = _name_or_404(request.path_params["domain"])
     store: Domains = request.app.state.domains
     claims = await operator_claims(store, request.app.state.resources.db, name)
-    return JSON({"domain": name, "data": claims})
+    return Answer(schema.DomainClaimList.model_validate({"domain": name, "data": claims}))

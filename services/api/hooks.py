@@ -38,7 +38,7 @@ from services.api.queries import page_limit
 from services.api.schema import WebhookIn, WebhookPatch, checked
 from shared.infra.broker import Broker
 from shared.infra.config import HooksSettings
-from shared.infra.http import JSON, ApiError, read_json
+from shared.infra.http import Answer, ApiError, read_json
 from shared.outbound import ssrf
 from shared.outbound.hook_delivery import Resolve, resolve, vet
 from shared.outbound.hook_queue import Deliveries, Delivery, HookQueue
@@ -189,7 +189,7 @@ class Webhooks:
 async def list_webhooks(request: Request) -> Response:
     key = await require_key(request, "read")
     found = await Webhooks.of(request).store.endpoints(key.user_id)
-    return JSON({"data": [view(e) for e in found]})
+    return Answer(schema.WebhookList.model_validate({"data": [view(e) for e in found]}))
 
 
 @operation(
@@ -211,7 +211,9 @@ async def create_webhook(request: Request) -> Response:
     key = await require_key(request, "keys")
     _, body = await read_json(request, SMALL_BODY)
     created = await Webhooks.of(request).create(key.user_id, checked(WebhookIn, body))
-    return JSON(view(created, with_secret=True), status_code=201)
+    return Answer(
+        schema.WebhookView.model_validate(view(created, with_secret=True)), status_code=201
+    )
 
 
 @operation(
@@ -224,7 +226,7 @@ async def create_webhook(request: Request) -> Response:
 async def get_webhook(request: Request) -> Response:
     key = await require_key(request, "read")
     found = await Webhooks.of(request).owned(key.user_id, request.path_params["endpoint_id"])
-    return JSON(view(found))
+    return Answer(schema.WebhookView.model_validate(view(found)))
 
 
 @operation(
@@ -242,7 +244,7 @@ async def patch_webhook(request: Request) -> Response:
     patch = checked(WebhookPatch, body)
     hooks = Webhooks.of(request)
     changed = await hooks.change(key.user_id, request.path_params["endpoint_id"], patch)
-    return JSON(view(changed))
+    return Answer(schema.WebhookView.model_validate(view(changed)))
 
 
 @operation(
@@ -273,7 +275,7 @@ async def rotate_webhook(request: Request) -> Response:
     hooks = Webhooks.of(request)
     found = await hooks.owned(key.user_id, request.path_params["endpoint_id"])
     rotated = await hooks.store.rotate(found, datetime.now(UTC))
-    return JSON(view(rotated, with_secret=True))
+    return Answer(schema.WebhookView.model_validate(view(rotated, with_secret=True)))
 
 
 @operation(
@@ -289,7 +291,9 @@ async def list_deliveries(request: Request) -> Response:
     hooks = Webhooks.of(request)
     found = await hooks.owned(key.user_id, request.path_params["endpoint_id"])
     log = await hooks.queue.deliveries(found.endpoint_id, datetime.now(UTC).date(), limit=limit)
-    return JSON({"data": [delivery_view(d) for d in log]})
+    return Answer(
+        schema.WebhookDeliveries.model_validate({"data": [delivery_view(d) for d in log]})
+    )
 
 
 @operation(
@@ -321,4 +325,4 @@ async def replay_delivery(request: Request) -> Response:
     answer = await Webhooks.of(request).replay(
         key.user_id, request.path_params["endpoint_id"], request.path_params["msg_id"], idem
     )
-    return JSON(answer, status_code=202)
+    return Answer(schema.WebhookReplay.model_validate(answer), status_code=202)

@@ -47,7 +47,7 @@ from shared.audience.suppressions import Suppressions
 from shared.infra.background import Background
 from shared.infra.config import ListSettings
 from shared.infra.gil import CpuLane
-from shared.infra.http import JSON, ApiError, read_json, spool_capped
+from shared.infra.http import Answer, ApiError, read_json, spool_capped
 
 SMALL_BODY = 4 * 1024
 #: Content types taken for a CSV import.
@@ -296,7 +296,7 @@ async def create_list(request: Request) -> Response:
     if not name:
         raise ApiError(422, "invalid_fields", "bad name", fields={"name": "must not be blank"})
     made = await Lists.of(request).create(key.user_id, name)
-    return JSON(list_view(made, None), status_code=201)
+    return Answer(schema.ContactListView.model_validate(list_view(made, None)), status_code=201)
 
 
 @operation(
@@ -326,7 +326,11 @@ async def delete_list(request: Request) -> Response:
 async def list_lists(request: Request) -> Response:
     key = await require_key(request, "read")
     found = await Lists.of(request).overview(key.user_id)
-    return JSON({"data": [list_view(x, latest) for x, latest in found]})
+    return Answer(
+        schema.ContactListList.model_validate(
+            {"data": [list_view(x, latest) for x, latest in found]}
+        )
+    )
 
 
 @operation(
@@ -340,7 +344,9 @@ async def get_list(request: Request) -> Response:
     key = await require_key(request, "read")
     lists = Lists.of(request)
     found = await lists.owned(key.user_id, path_uuid(request, "list_id"))
-    return JSON(list_view(found, await lists.latest(found)))
+    return Answer(
+        schema.ContactListView.model_validate(list_view(found, await lists.latest(found)))
+    )
 
 
 @operation(
@@ -364,7 +370,11 @@ async def list_contacts(request: Request) -> Response:
         if following is not None
         else None
     )
-    return JSON({"data": [contact_view(c) for c in page], "next_cursor": cursor})
+    return Answer(
+        schema.ListContactsPage.model_validate(
+            {"data": [contact_view(c) for c in page], "next_cursor": cursor}
+        )
+    )
 
 
 def _position(cursor: str | None) -> Position:
@@ -440,7 +450,7 @@ async def import_contacts(request: Request) -> Response:
         await lists.release_import(found, import_id)
         raise
     answer = {"import_id": str(job.import_id), "list_id": str(job.list_id), "state": job.state}
-    return JSON(answer, status_code=202)
+    return Answer(schema.ImportAccepted.model_validate(answer), status_code=202)
 
 
 @operation(
@@ -457,4 +467,8 @@ async def get_import(request: Request) -> Response:
     job = await lists.store.get_import(found.list_id, path_uuid(request, "import_id"))
     if job is None:
         raise ApiError(404, "not_found", "no such import")
-    return JSON(import_view(shown(job, datetime.now(UTC), lists.stale_after)))
+    return Answer(
+        schema.ImportView.model_validate(
+            import_view(shown(job, datetime.now(UTC), lists.stale_after))
+        )
+    )

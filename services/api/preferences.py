@@ -10,7 +10,7 @@ from services.api.auth import require_key
 from services.api.operations import operation
 from services.api.schema import PreferencesIn, checked
 from shared.accounts.preferences import PreferenceRows, patched
-from shared.infra.http import JSON, read_json
+from shared.infra.http import Answer, read_json
 
 #: Small JSON bodies only.
 SMALL_BODY = 16 * 1024
@@ -29,7 +29,9 @@ SMALL_BODY = 16 * 1024
 async def get_preferences(request: Request) -> Response:
     key = await require_key(request, "read")
     store: PreferenceRows = request.app.state.preferences
-    return JSON((await store.get(key.user_id, fresh=True)).view())
+    return Answer(
+        schema.PreferencesView.model_validate((await store.get(key.user_id, fresh=True)).view())
+    )
 
 
 @operation(
@@ -48,4 +50,4 @@ async def patch_preferences(request: Request) -> Response:
     store: PreferenceRows = request.app.state.preferences
     prefs = patched(await store.get(key.user_id, fresh=True), wanted)
     await store.put(key.user_id, prefs)
-    return JSON(prefs.view())
+    return Answer(schema.PreferencesView.model_validate(prefs.view()))

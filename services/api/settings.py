@@ -12,7 +12,7 @@ from services.api import schema
 from services.api.auth import require_key
 from services.api.operations import operation
 from shared.infra.config import Settings
-from shared.infra.http import JSON, ApiError, read_json
+from shared.infra.http import Answer, ApiError, read_json
 from shared.infra.resources import Resources
 from shared.ops.alerts import vet_sink
 from shared.ops.livesettings import (
@@ -49,7 +49,9 @@ async def _shown(request: Request, store: SettingsStore) -> dict[str, Any]:
 )
 async def get_settings(request: Request) -> Response:
     await require_key(request, "operator")
-    return JSON(await _shown(request, settings_store(request)))
+    return Answer(
+        schema.SettingsView.model_validate(await _shown(request, settings_store(request)))
+    )
 
 
 @operation(
@@ -77,7 +79,11 @@ async def patch_settings(request: Request) -> Response:
             422, "invalid_fields", "the settings are not valid", fields=exc.fields
         ) from None
     announced = await change_settings(request, changes, by=f"key:{key.key_id}")
-    return JSON({**await _shown(request, settings_store(request)), "announced": announced})
+    return Answer(
+        schema.SettingsView.model_validate(
+            {**await _shown(request, settings_store(request)), "announced": announced}
+        )
+    )
 
 
 async def change_settings(request: Request, changes: dict[str, str], *, by: str) -> bool:

@@ -45,7 +45,7 @@ from services.api.operations import TEMPLATE_ID, Param, operation
 from services.api.schema import PreviewIn, PublishIn, TemplateIn, TemplateVersionIn, checked
 from services.api.templated import render_refusal, renderer_refusal
 from shared.core.errors import DependencyUnavailable
-from shared.infra.http import JSON, ApiError, read_json
+from shared.infra.http import Answer, ApiError, read_json
 from shared.templates.canary import Counts
 from shared.templates.canary_store import Canaries, Outcome
 from shared.templates.template_pool import Renderer, RendererUnavailable
@@ -326,7 +326,7 @@ class Templates:
 async def list_templates(request: Request) -> Response:
     key = await require_key(request, "read")
     found = await Templates.of(request).store.templates(key.user_id)
-    return JSON({"data": [item_view(t) for t in found]})
+    return Answer(schema.TemplateList.model_validate({"data": [item_view(t) for t in found]}))
 
 
 @operation(
@@ -347,7 +347,9 @@ async def create_template(request: Request) -> Response:
     key = await require_key(request, "send")
     _, body = await read_json(request, BODY_LIMIT)
     created = await Templates.of(request).create(key.user_id, checked(TemplateIn, body))
-    return JSON({**item_view(created), "version": 1}, status_code=201)
+    return Answer(
+        schema.TemplateCreated.model_validate({**item_view(created), "version": 1}), status_code=201
+    )
 
 
 @operation(
@@ -361,7 +363,7 @@ async def get_template(request: Request) -> Response:
     key = await require_key(request, "read")
     templates = Templates.of(request)
     found = await templates.owned(key.user_id, request.path_params["template_id"])
-    return JSON(await templates.detail(found))
+    return Answer(schema.TemplateView.model_validate(await templates.detail(found)))
 
 
 @operation(
@@ -382,7 +384,10 @@ async def add_version(request: Request) -> Response:
     found = await templates.owned(key.user_id, request.path_params["template_id"])
     _, body = await read_json(request, BODY_LIMIT)
     number = await templates.add_version(found, checked(TemplateVersionIn, body))
-    return JSON({"id": str(found.template_id), "version": number}, status_code=201)
+    return Answer(
+        schema.VersionCreated.model_validate({"id": str(found.template_id), "version": number}),
+        status_code=201,
+    )
 
 
 @operation(
@@ -457,7 +462,7 @@ async def publish_template(request: Request) -> Response:
     published = await Templates.of(request).publish(
         key.user_id, request.path_params["template_id"], wanted
     )
-    return JSON(item_view(published))
+    return Answer(schema.TemplateItem.model_validate(item_view(published)))
 
 
 @operation(
@@ -479,4 +484,4 @@ async def preview_template(request: Request) -> Response:
     shown = await Templates.of(request).preview(
         key.user_id, request.path_params["template_id"], wanted
     )
-    return JSON(shown)
+    return Answer(schema.PreviewOut.model_validate(shown))
