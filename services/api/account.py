@@ -37,24 +37,25 @@ async def list_suppressions(request: Request) -> Response:
     after = str(cursor.get("after")) if cursor else None
     store: Suppressions = request.app.state.suppressions
     rows = await store.page(key.user_id, limit + 1, after, list_param(request))
+    # Up to 1,000 entries: built trusted (validated under tests).
     data = [
-        {
-            "email": r["email"],
-            "reason": r["reason"],
-            "source": r["source"],
-            "event_id": r["event_id"] or None,
-            "created_at": r["created_at"].replace(tzinfo=UTC).isoformat(),
-            "by_recipient": made_by_recipient(r),
-        }
+        schema.trusted(
+            schema.Suppression,
+            {
+                "email": r["email"],
+                "reason": r["reason"],
+                "source": r["source"],
+                "event_id": r["event_id"] or None,
+                "created_at": r["created_at"].replace(tzinfo=UTC).isoformat(),
+                "by_recipient": made_by_recipient(r),
+            },
+        )
         for r in rows[:limit]
     ]
     more = len(rows) > limit
     return Answer(
-        schema.SuppressionList.model_validate(
-            {
-                "data": data,
-                "next_cursor": encode_cursor({"after": data[-1]["email"]}) if more else None,
-            }
+        schema.SuppressionList(
+            data=data, next_cursor=encode_cursor({"after": data[-1].email}) if more else None
         )
     )
 

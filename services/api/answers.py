@@ -22,11 +22,13 @@ def batch_list(page: Page[BatchSummary]) -> schema.BatchList:
         data=[
             schema.trusted(
                 schema.BatchItem,
-                batch_id=str(b.batch_id),
-                subject=b.subject,
-                recipients=b.recipients,
-                created_at=b.created_at.isoformat(),
-                status=b.status,
+                {
+                    "batch_id": str(b.batch_id),
+                    "subject": b.subject,
+                    "recipients": b.recipients,
+                    "created_at": b.created_at.isoformat(),
+                    "status": b.status,
+                },
             )
             for b in page.items
         ],
@@ -80,23 +82,30 @@ def _step(step: Step) -> dict[str, Any]:
 def recipient(log: RecipientLog) -> schema.LogEntry:
     return schema.trusted(
         schema.LogEntry,
-        log_id=str(log.log_id),
-        email=log.email,
-        name=log.name,
-        state=log.state,
-        event=log.event,
-        providers=log.providers,
-        status=log.accepted_by,
-        message_ids=log.message_ids,
-        reason=log.reason,
-        updated_at=_when(log.updated_at),
-        template_version=log.template_version,
-        attempts=[_step(a) for a in log.attempts],
-        resends=[_step(r) for r in log.resends],
-        timeline=[
-            {"at": e.at.isoformat(), "provider": e.provider, "event": e.kind, "detail": e.detail}
-            for e in log.events
-        ],
+        {
+            "log_id": str(log.log_id),
+            "email": log.email,
+            "name": log.name,
+            "state": log.state,
+            "event": log.event,
+            "providers": log.providers,
+            "status": log.accepted_by,
+            "message_ids": log.message_ids,
+            "reason": log.reason,
+            "updated_at": _when(log.updated_at),
+            "template_version": log.template_version,
+            "attempts": [_step(a) for a in log.attempts],
+            "resends": [_step(r) for r in log.resends],
+            "timeline": [
+                {
+                    "at": e.at.isoformat(),
+                    "provider": e.provider,
+                    "event": e.kind,
+                    "detail": e.detail,
+                }
+                for e in log.events
+            ],
+        },
     )
 
 

@@ -622,11 +622,11 @@ def answer(
         accepted=len(parsed.recipients),
         suppressed=list(parsed.suppressed),
         rejected=[
-            schema.trusted(schema.RejectedOut, email=r.email, reason=r.reason)
+            schema.trusted(schema.RejectedOut, {"email": r.email, "reason": r.reason})
             for r in parsed.rejected
         ],
         skipped=[
-            schema.trusted(schema.RejectedOut, email=r.email, reason=r.reason)
+            schema.trusted(schema.RejectedOut, {"email": r.email, "reason": r.reason})
             for r in parsed.skipped
         ],
         priority=parsed.message.lane,
