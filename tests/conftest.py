@@ -22,6 +22,7 @@ import hypothesis
 import pytest
 import structlog
 
+from services.api import schema
 from shared.infra.broker import Broker
 from shared.infra.config import (
     AmqpSettings,
@@ -56,6 +57,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # and a test states what the code does, never how fast (``make bench`` measures that).
     hypothesis.settings.register_profile("suite", deadline=None)
     hypothesis.settings.load_profile("suite")
+    # Every answer entry built unvalidated in production is validated under tests.
+    schema.CHECKS.trusted = True
 
 
 @pytest.fixture(scope="session")

@@ -6,15 +6,16 @@ from __future__ import annotations
 import logging
 import re
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from services.api import schema
 from services.api.auth import require_key
+from services.api.operations import BATCH_ID, CURSOR, Param, operation
 from services.api.sending import Sending
 from shared.delivery.batchstore import Batches, BatchHeader, BatchStore
 from shared.infra.config import Settings
-from shared.infra.http import JSON, ApiError, read_json
+from shared.infra.http import Answer, ApiError, read_json
 
 from . import answers, queries
 
@@ -23,6 +24,24 @@ log = logging.getLogger(__name__)
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
+@operation(
+    "create_batch",
+    "Submit a batch: one message, many recipients",
+    schema.Accepted,
+    status=202,
+    body=schema.BatchIn,
+    params=(
+        Param(
+            "Idempotency-Key",
+            "header",
+            "1-255 visible ASCII characters. A retry with the same key and body gets the "
+            "first answer and never a second batch; with another body, 409.",
+        ),
+    ),
+    errors=(400, 409, 413, 415, 422),
+    description="A 202 means the batch is stored and will be sent exactly once per "
+    "recipient: retries of a request that timed out are safe with an Idempotency-Key.",
+)
 async def submit(request: Request) -> Response:
     key = await require_key(request, "send")
     settings: Settings = request.app.state.settings
@@ -32,16 +51,24 @@ async def submit(request: Request) -> Response:
         raise ApiError(400, "bad_idempotency_key", "Idempotency-Key must be 1-255 visible ASCII")
     sending: Sending = request.app.state.sending
     response = await sending.accept(key.user_id, body, idem)
-    return Response(orjson.dumps(response), status_code=202, media_type="application/json")
+    # A replay's answer is the stored one, from before this version too: read back as the model.
+    return Answer(schema.Accepted.model_validate(response), status_code=202)
 
 
+@operation(
+    "list_batches",
+    "Your batches, newest first",
+    schema.BatchList,
+    params=(Param("limit", "query", "1-500, default 20.", "integer"), CURSOR),
+    errors=(400, 422),
+)
 async def list_batches(request: Request) -> Response:
     key = await require_key(request, "read")
     limit = queries.page_limit(request)
     page = await queries.list_for_user(
         request.app.state.batches, key.user_id, limit, request.query_params.get("cursor")
     )
-    return JSON(answers.batch_list(page))
+    return Answer(answers.batch_list(page))
 
 
 async def _own_batch(request: Request, scope: str) -> BatchHeader:
@@ -54,20 +81,49 @@ async def _own_batch(request: Request, scope: str) -> BatchHeader:
     return header
 
 
+@operation(
+    "get_batch",
+    "A batch with counts per state and event",
+    schema.BatchView,
+    params=(BATCH_ID,),
+    errors=(404,),
+)
 async def get_batch(request: Request) -> Response:
     header = await _own_batch(request, "read")
-    return JSON(answers.batch(await queries.overview(request.app.state.batches, header)))
+    return Answer(answers.batch(await queries.overview(request.app.state.batches, header)))
 
 
+@operation(
+    "cancel_batch",
+    "Cancel a scheduled batch before its time",
+    schema.CancelledOut,
+    params=(BATCH_ID,),
+    errors=(404, 409),
+    description="Only a batch still `scheduled` can be cancelled (409 once it started); "
+    "cancelling it again answers the same. Its recipients are given back to the day's "
+    "quota.",
+)
 async def cancel_batch(request: Request) -> Response:
     """Cancel a batch still waiting for its ``send_at``; its recipients go back to the
     quota of the day it was accepted (``Sending.cancel``)."""
     header = await _own_batch(request, "send")
     sending: Sending = request.app.state.sending
     await sending.cancel(header)
-    return JSON({"batch_id": str(header.batch_id), "status": "cancelled"})
+    return Answer(schema.CancelledOut(batch_id=str(header.batch_id), status="cancelled"))
 
 
+@operation(
+    "list_batch_logs",
+    "Each recipient's state, provider attempts and timeline",
+    schema.LogsPage,
+    params=(
+        BATCH_ID,
+        Param("state", "query", "Only `queued`, `success` or `failed` recipients."),
+        Param("limit", "query", "1-500, default 100.", "integer"),
+        CURSOR,
+    ),
+    errors=(400, 404, 422),
+)
 async def batch_logs(request: Request) -> Response:
     header = await _own_batch(request, "read")
     batch_id = header.batch_id
@@ -88,4 +144,4 @@ async def batch_logs(request: Request) -> Response:
         request.query_params.get("cursor"),
         state_filter,
     )
-    return JSON(answers.logs_page(page))
+    return Answer(answers.logs_page(page))

@@ -23,9 +23,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from services.api import schema
 from services.api.auth import require_key
 from services.api.capping import Caps, Census
 from services.api.contact_lists import ContactBook
+from services.api.operations import CAMPAIGN_ID, operation
 from services.api.queries import batch_counts, path_uuid
 from services.api.schema import CampaignIn, CampaignScheduleIn, checked
 from services.api.sending import Sending
@@ -40,7 +42,7 @@ from shared.audience.campaigns import (
 from shared.core import lanes
 from shared.core.addresses import parse_address
 from shared.delivery.batchstore import BatchStore
-from shared.infra.http import JSON, ApiError, read_json
+from shared.infra.http import Answer, ApiError, read_json
 from shared.infra.leases import CAMPAIGNS_WAKE, wake
 from shared.templates.templates import StoredTemplates
 
@@ -243,26 +245,60 @@ def _campaigns(request: Request) -> Campaigns:
     return found
 
 
+@operation(
+    "create_campaign",
+    "Create a campaign (a draft): a template sent to a contact list",
+    schema.CampaignOut,
+    status=201,
+    body=schema.CampaignIn,
+    errors=(400, 409, 413, 415, 422),
+    description="409 `too_many_campaigns` when you have as many campaigns as you may, "
+    "ended ones included (`error.limit`); deleting one frees its place.",
+)
 async def create_campaign(request: Request) -> Response:
     key = await require_key(request, "send")
     _, body = await read_json(request, SMALL_BODY)
     made = await _campaigns(request).create(key.user_id, checked(CampaignIn, body))
-    return JSON(view(made), status_code=201)
+    return Answer(schema.CampaignOut.model_validate(view(made)), status_code=201)
 
 
+@operation(
+    "list_campaigns",
+    "Your campaigns, newest first",
+    schema.CampaignList,
+)
 async def list_campaigns(request: Request) -> Response:
     key = await require_key(request, "read")
     found = await _campaigns(request).store.campaigns(key.user_id)
-    return JSON({"data": [view(c) for c in found]})
+    return Answer(schema.CampaignList.model_validate({"data": [view(c) for c in found]}))
 
 
+@operation(
+    "get_campaign",
+    "A campaign with its progress: batches, recipients released and per state",
+    schema.CampaignOut,
+    params=(CAMPAIGN_ID,),
+    errors=(404,),
+)
 async def get_campaign(request: Request) -> Response:
     key = await require_key(request, "read")
     campaigns = _campaigns(request)
     campaign = await campaigns.get(key.user_id, path_uuid(request, "campaign_id"))
-    return JSON(view(campaign, await campaigns.counts(campaign)))
+    return Answer(
+        schema.CampaignOut.model_validate(view(campaign, await campaigns.counts(campaign)))
+    )
 
 
+@operation(
+    "delete_campaign",
+    "Delete a draft, or a campaign that was sent or cancelled",
+    None,
+    status=204,
+    params=(CAMPAIGN_ID,),
+    errors=(404, 409),
+    description="409 `campaign_state` while it is scheduled, sending or paused: cancel "
+    "it first. Its batches stay.",
+)
 async def delete_campaign(request: Request) -> Response:
     key = await require_key(request, "send")
     campaigns = _campaigns(request)
@@ -277,7 +313,7 @@ async def _act(request: Request, action: Action) -> Response:
     campaign = await _campaigns(request).act(
         key.user_id, path_uuid(request, "campaign_id"), action, send_at
     )
-    return JSON(view(campaign))
+    return Answer(schema.CampaignOut.model_validate(view(campaign)))
 
 
 async def _schedule_body(request: Request) -> str | None:
@@ -287,17 +323,55 @@ async def _schedule_body(request: Request) -> str | None:
     return None if body is None else checked(CampaignScheduleIn, body).send_at
 
 
+@operation(
+    "schedule_campaign",
+    "Schedule a draft: it starts at its send_at (now when it has none)",
+    schema.CampaignOut,
+    body=schema.CampaignScheduleIn,
+    params=(CAMPAIGN_ID,),
+    errors=(400, 404, 409, 413, 415, 422),
+    description="The body may set a new `send_at`. It goes out in batches of the template's live "
+    "version at the campaign's rate, as bulk mail with a one-click unsubscribe from the "
+    "list; the list's unsubscribes and your suppressions are left out.",
+)
 async def schedule_campaign(request: Request) -> Response:
     return await _act(request, "schedule")
 
 
+@operation(
+    "pause_campaign",
+    "Pause a scheduled or sending campaign",
+    schema.CampaignOut,
+    params=(CAMPAIGN_ID,),
+    errors=(404, 409),
+    description="Nothing more is handed to a provider from about a second on; what was released "
+    "waits, and a resume sends it with nothing sent twice. Pausing a paused campaign "
+    "answers the same.",
+)
 async def pause_campaign(request: Request) -> Response:
     return await _act(request, "pause")
 
 
+@operation(
+    "resume_campaign",
+    "Resume a paused campaign",
+    schema.CampaignOut,
+    params=(CAMPAIGN_ID,),
+    errors=(404, 409),
+    description="It goes on where it stopped (or waits for its send_at if it had not started).",
+)
 async def resume_campaign(request: Request) -> Response:
     return await _act(request, "resume")
 
 
+@operation(
+    "cancel_campaign",
+    "Cancel a campaign that has not been sent",
+    schema.CampaignOut,
+    params=(CAMPAIGN_ID,),
+    errors=(404, 409),
+    description="Nothing more is released; recipients of released batches not yet handed to a "
+    "provider end failed (`its campaign was cancelled`).",
+)
 async def cancel_campaign(request: Request) -> Response:
     return await _act(request, "cancel")

@@ -16,9 +16,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from services.api import domain_claims
+from services.api import domain_claims, schema
 from services.api.auth import require_key
 from services.api.domain_claims import OtherClaims, state_of
+from services.api.operations import DOMAIN, operation
 from services.api.schema import DomainIn, checked
 from services.api.settings import settings_store
 from shared.accounts import domains
@@ -34,7 +35,7 @@ from shared.accounts.domains import (
 from shared.delivery.domain_capacity import DayVolume, DomainVolumes, capacity
 from shared.infra.config import Settings
 from shared.infra.db import Database
-from shared.infra.http import JSON, ApiError, read_json
+from shared.infra.http import Answer, ApiError, read_json
 from shared.infra.user_cache import UserChanges
 from shared.ops.livesettings import resolve
 
@@ -221,40 +222,86 @@ async def capacities(request: Request, names: list[str]) -> dict[str, dict[str, 
     return dict(zip(names, found, strict=True))
 
 
+@operation(
+    "list_domains",
+    "Your sending domains and their verification records",
+    schema.DomainList,
+)
 async def list_domains(request: Request) -> Response:
     key = await require_key(request, "read")
     use = SendingDomains.of(request)
     owned = await use.store.all(key.user_id)
     caps = await capacities(request, [d.domain for d in owned])
-    return JSON({"data": await use.views(key.user_id, owned, caps)})
+    return Answer(
+        schema.DomainList.model_validate({"data": await use.views(key.user_id, owned, caps)})
+    )
 
 
+@operation(
+    "add_domain",
+    "Add a sending domain (then publish its TXT record and verify it)",
+    schema.DomainView,
+    status=201,
+    body=schema.DomainIn,
+    errors=(400, 409, 413, 415, 422),
+    description="Batches are accepted only `from` a verified domain or a subdomain of "
+    "one. Adding a domain again returns it as it is.",
+)
 async def add_domain(request: Request) -> Response:
     key = await require_key(request, "send")
     _, body = await read_json(request, SMALL_BODY)
     wanted = checked(DomainIn, body)
     use = SendingDomains.of(request)
     added = await use.add(key.user_id, wanted.domain)
-    return JSON((await use.views(key.user_id, [added]))[0], status_code=201)
+    return Answer(
+        schema.DomainView.model_validate((await use.views(key.user_id, [added]))[0]),
+        status_code=201,
+    )
 
 
+@operation(
+    "get_domain",
+    "One sending domain",
+    schema.DomainView,
+    params=(DOMAIN,),
+    errors=(404,),
+)
 async def get_domain(request: Request) -> Response:
     key = await require_key(request, "read")
     use = SendingDomains.of(request)
     found = await use.owned(key.user_id, request.path_params["domain"])
     caps = await capacities(request, [found.domain])
-    return JSON((await use.views(key.user_id, [found], caps))[0])
+    return Answer(
+        schema.DomainView.model_validate((await use.views(key.user_id, [found], caps))[0])
+    )
 
 
+@operation(
+    "verify_domain",
+    "Look up the domain's TXT record now and verify it",
+    schema.DomainView,
+    params=(DOMAIN,),
+    errors=(404, 422),
+    description="422 `not_verified` while the record cannot be found; 503 when DNS "
+    "cannot be asked.",
+)
 async def verify_domain(request: Request) -> Response:
     """200 when the TXT record holds the token (the domain is verified), 422 naming what to
     publish when it does not, 503 when DNS cannot be asked."""
     key = await require_key(request, "send")
     use = SendingDomains.of(request)
     found = await use.verify(key.user_id, request.path_params["domain"])
-    return JSON((await use.views(key.user_id, [found]))[0])
+    return Answer(schema.DomainView.model_validate((await use.views(key.user_id, [found]))[0]))
 
 
+@operation(
+    "delete_domain",
+    "Remove a sending domain",
+    None,
+    status=204,
+    params=(DOMAIN,),
+    errors=(404,),
+)
 async def delete_domain(request: Request) -> Response:
     key = await require_key(request, "send")
     await SendingDomains.of(request).remove(key.user_id, request.path_params["domain"])
@@ -275,10 +322,17 @@ async def operator_claims(store: Domains, db: Database, domain: str) -> list[dic
     ]
 
 
+@operation(
+    "list_domain_claims",
+    "Every account's claim on a domain, its parents and subdomains (operator keys)",
+    schema.DomainClaimList,
+    params=(DOMAIN,),
+    errors=(404,),
+)
 async def list_claims(request: Request) -> Response:
     """``GET /v1/domain-claims/{domain}`` (operator keys): who claims the domain."""
     await require_key(request, "operator")
     name = _name_or_404(request.path_params["domain"])
     store: Domains = request.app.state.domains
     claims = await operator_claims(store, request.app.state.resources.db, name)
-    return JSON({"domain": name, "data": claims})
+    return Answer(schema.DomainClaimList.model_validate({"domain": name, "data": claims}))

@@ -31,12 +31,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from services.api import schema
 from services.api.auth import require_key
+from services.api.operations import WEBHOOK_ID, Param, operation
 from services.api.queries import page_limit
 from services.api.schema import WebhookIn, WebhookPatch, checked
 from shared.infra.broker import Broker
 from shared.infra.config import HooksSettings
-from shared.infra.http import JSON, ApiError, read_json
+from shared.infra.http import Answer, ApiError, read_json
 from shared.outbound import ssrf
 from shared.outbound.hook_delivery import Resolve, resolve, vet
 from shared.outbound.hook_queue import Deliveries, Delivery, HookQueue
@@ -179,34 +181,80 @@ class Webhooks:
         return {"msg_id": msg_id, "replay_id": str(replay_id), "queued": queued}
 
 
+@operation(
+    "list_webhooks",
+    "Your webhook endpoints (secrets shown as a hint), disabled ones with the reason",
+    schema.WebhookList,
+)
 async def list_webhooks(request: Request) -> Response:
     key = await require_key(request, "read")
     found = await Webhooks.of(request).store.endpoints(key.user_id)
-    return JSON({"data": [view(e) for e in found]})
+    return Answer(schema.WebhookList.model_validate({"data": [view(e) for e in found]}))
 
 
+@operation(
+    "create_webhook",
+    "Add a webhook endpoint; its signing secret is in this answer only",
+    schema.WebhookView,
+    status=201,
+    body=schema.WebhookIn,
+    errors=(400, 409, 413, 415, 422),
+    description="Events are signed per Standard Webhooks (`webhook-id`, "
+    "`webhook-timestamp`, `webhook-signature`) and delivered in order per endpoint, "
+    "retried for about a day. The URL must be https and resolve to public addresses "
+    "(422 naming why not; for a host name, the one reason `the host does not resolve, or "
+    "resolves to an address that is not publicly routable`, never what it resolved "
+    "to); an unknown event type is a 422 naming it; 409 over the cap of endpoints per "
+    "user.",
+)
 async def create_webhook(request: Request) -> Response:
     key = await require_key(request, "keys")
     _, body = await read_json(request, SMALL_BODY)
     created = await Webhooks.of(request).create(key.user_id, checked(WebhookIn, body))
-    return JSON(view(created, with_secret=True), status_code=201)
+    return Answer(
+        schema.WebhookView.model_validate(view(created, with_secret=True)), status_code=201
+    )
 
 
+@operation(
+    "get_webhook",
+    "One webhook endpoint",
+    schema.WebhookView,
+    params=(WEBHOOK_ID,),
+    errors=(404,),
+)
 async def get_webhook(request: Request) -> Response:
     key = await require_key(request, "read")
     found = await Webhooks.of(request).owned(key.user_id, request.path_params["endpoint_id"])
-    return JSON(view(found))
+    return Answer(schema.WebhookView.model_validate(view(found)))
 
 
+@operation(
+    "update_webhook",
+    "Change an endpoint's URL or events, or disable or enable it",
+    schema.WebhookView,
+    body=schema.WebhookPatch,
+    params=(WEBHOOK_ID,),
+    errors=(400, 404, 413, 415, 422),
+    description="Enabling a disabled endpoint clears its failures and sends what waits.",
+)
 async def patch_webhook(request: Request) -> Response:
     key = await require_key(request, "keys")
     _, body = await read_json(request, SMALL_BODY)
     patch = checked(WebhookPatch, body)
     hooks = Webhooks.of(request)
     changed = await hooks.change(key.user_id, request.path_params["endpoint_id"], patch)
-    return JSON(view(changed))
+    return Answer(schema.WebhookView.model_validate(view(changed)))
 
 
+@operation(
+    "delete_webhook",
+    "Remove a webhook endpoint",
+    None,
+    status=204,
+    params=(WEBHOOK_ID,),
+    errors=(404,),
+)
 async def delete_webhook(request: Request) -> Response:
     key = await require_key(request, "keys")
     hooks = Webhooks.of(request)
@@ -215,23 +263,60 @@ async def delete_webhook(request: Request) -> Response:
     return Response(status_code=204)
 
 
+@operation(
+    "rotate_webhook_secret",
+    "A new signing secret (in this answer only); the previous one signs too for 24 h",
+    schema.WebhookView,
+    params=(WEBHOOK_ID,),
+    errors=(404,),
+)
 async def rotate_webhook(request: Request) -> Response:
     key = await require_key(request, "keys")
     hooks = Webhooks.of(request)
     found = await hooks.owned(key.user_id, request.path_params["endpoint_id"])
     rotated = await hooks.store.rotate(found, datetime.now(UTC))
-    return JSON(view(rotated, with_secret=True))
+    return Answer(schema.WebhookView.model_validate(view(rotated, with_secret=True)))
 
 
+@operation(
+    "list_webhook_deliveries",
+    "The endpoint's delivery log, newest first (30 days)",
+    schema.WebhookDeliveries,
+    params=(WEBHOOK_ID, Param("limit", "query", "1-500, default 50.", "integer")),
+    errors=(404, 422),
+)
 async def list_deliveries(request: Request) -> Response:
     key = await require_key(request, "read")
     limit = page_limit(request, default=50, maximum=500)
     hooks = Webhooks.of(request)
     found = await hooks.owned(key.user_id, request.path_params["endpoint_id"])
     log = await hooks.queue.deliveries(found.endpoint_id, datetime.now(UTC).date(), limit=limit)
-    return JSON({"data": [delivery_view(d) for d in log]})
+    # Up to 500 entries: built trusted (validated under tests).
+    data = [schema.trusted(schema.WebhookDelivery, delivery_view(d)) for d in log]
+    return Answer(schema.WebhookDeliveries(data=data))
 
 
+@operation(
+    "replay_webhook_delivery",
+    "Deliver a message once more, under the same webhook-id",
+    schema.WebhookReplay,
+    status=202,
+    params=(
+        WEBHOOK_ID,
+        Param("msg_id", "path", "The message's webhook-id, from the log.", required=True),
+        Param(
+            "Idempotency-Key",
+            "header",
+            "1-255 visible ASCII characters: the same request repeated within a day is "
+            "the same replay (its first answer, never a second delivery).",
+        ),
+    ),
+    errors=(400, 404, 409),
+    description="Exactly one delivery per replay: while a replay of the message waits, "
+    "other requests join it (`queued: false`, its `replay_id`), so a burst of requests "
+    "delivers it once; a replay asked for after the previous was delivered is delivered "
+    "again. 409 while the endpoint is disabled.",
+)
 async def replay_delivery(request: Request) -> Response:
     key = await require_key(request, "keys")
     idem = request.headers.get("idempotency-key")
@@ -240,4 +325,4 @@ async def replay_delivery(request: Request) -> Response:
     answer = await Webhooks.of(request).replay(
         key.user_id, request.path_params["endpoint_id"], request.path_params["msg_id"], idem
     )
-    return JSON(answer, status_code=202)
+    return Answer(schema.WebhookReplay.model_validate(answer), status_code=202)

@@ -26,7 +26,7 @@ from typing import IO, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from services.api import contacts_csv
+from services.api import contacts_csv, schema
 from services.api.auth import require_key
 from services.api.capping import Caps, Census
 from services.api.contact_lists import (
@@ -40,13 +40,14 @@ from services.api.contact_lists import (
 )
 from services.api.importing import Importer
 from services.api.list_import import ImportJob, live, shown
+from services.api.operations import CSV_BODY, CURSOR, LIST_ID, Param, operation
 from services.api.queries import decode_cursor, encode_cursor, page_limit, path_uuid
 from services.api.schema import ListIn, checked
 from shared.audience.suppressions import Suppressions
 from shared.infra.background import Background
 from shared.infra.config import ListSettings
 from shared.infra.gil import CpuLane
-from shared.infra.http import JSON, ApiError, read_json, spool_capped
+from shared.infra.http import Answer, ApiError, read_json, spool_capped
 
 SMALL_BODY = 4 * 1024
 #: Content types taken for a CSV import.
@@ -278,6 +279,16 @@ def _holder(list_id: uuid.UUID, import_id: uuid.UUID) -> str:
 # ------------------------------------------------------------------------------ handlers
 
 
+@operation(
+    "create_list",
+    "Create a contact list",
+    schema.ContactListView,
+    status=201,
+    body=schema.ListIn,
+    errors=(400, 409, 413, 415, 422),
+    description="409 `too_many_lists` when you have as many lists as you may "
+    "(`error.limit`); deleting one frees its place.",
+)
 async def create_list(request: Request) -> Response:
     key = await require_key(request, "send")
     _, body = await read_json(request, SMALL_BODY)
@@ -285,9 +296,19 @@ async def create_list(request: Request) -> Response:
     if not name:
         raise ApiError(422, "invalid_fields", "bad name", fields={"name": "must not be blank"})
     made = await Lists.of(request).create(key.user_id, name)
-    return JSON(list_view(made, None), status_code=201)
+    return Answer(schema.ContactListView.model_validate(list_view(made, None)), status_code=201)
 
 
+@operation(
+    "delete_list",
+    "Delete a contact list with its contacts and imports",
+    None,
+    status=204,
+    params=(LIST_ID,),
+    errors=(404, 409),
+    description="409 `import_running` while an import of it runs; `in_use` while a "
+    "campaign that has not ended (a draft included) sends it.",
+)
 async def delete_list(request: Request) -> Response:
     key = await require_key(request, "send")
     lists = Lists.of(request)
@@ -297,19 +318,46 @@ async def delete_list(request: Request) -> Response:
     return Response(status_code=204)
 
 
+@operation(
+    "list_lists",
+    "Your contact lists, newest first, with counts and each one's latest import",
+    schema.ContactListList,
+)
 async def list_lists(request: Request) -> Response:
     key = await require_key(request, "read")
     found = await Lists.of(request).overview(key.user_id)
-    return JSON({"data": [list_view(x, latest) for x, latest in found]})
+    return Answer(
+        schema.ContactListList.model_validate(
+            {"data": [list_view(x, latest) for x, latest in found]}
+        )
+    )
 
 
+@operation(
+    "get_list",
+    "A contact list with its count and latest import",
+    schema.ContactListView,
+    params=(LIST_ID,),
+    errors=(404,),
+)
 async def get_list(request: Request) -> Response:
     key = await require_key(request, "read")
     lists = Lists.of(request)
     found = await lists.owned(key.user_id, path_uuid(request, "list_id"))
-    return JSON(list_view(found, await lists.latest(found)))
+    return Answer(
+        schema.ContactListView.model_validate(list_view(found, await lists.latest(found)))
+    )
 
 
+@operation(
+    "list_list_contacts",
+    "A list's contacts, a page at a time",
+    schema.ListContactsPage,
+    params=(LIST_ID, Param("limit", "query", "1-1000, default 100.", "integer"), CURSOR),
+    errors=(400, 404, 422),
+    description="Pages follow the list's storage order (not alphabetical overall); "
+    "a page may be short before the last one.",
+)
 async def list_contacts(request: Request) -> Response:
     key = await require_key(request, "read")
     limit = page_limit(request, default=100, maximum=1000)
@@ -322,7 +370,9 @@ async def list_contacts(request: Request) -> Response:
         if following is not None
         else None
     )
-    return JSON({"data": [contact_view(c) for c in page], "next_cursor": cursor})
+    # Up to 1,000 entries: built trusted (validated under tests).
+    data = [schema.trusted(schema.ListContactView, contact_view(c)) for c in page]
+    return Answer(schema.ListContactsPage(data=data, next_cursor=cursor))
 
 
 def _position(cursor: str | None) -> Position:
@@ -340,6 +390,14 @@ def _position(cursor: str | None) -> Position:
     return Position(bucket, after)
 
 
+@operation(
+    "delete_list_contact",
+    "Remove a contact from a list",
+    None,
+    status=204,
+    params=(LIST_ID, Param("email", "path", "The contact's address.", required=True)),
+    errors=(404,),
+)
 async def delete_contact(request: Request) -> Response:
     key = await require_key(request, "send")
     lists = Lists.of(request)
@@ -348,6 +406,24 @@ async def delete_contact(request: Request) -> Response:
     return Response(status_code=204)
 
 
+@operation(
+    "import_list_contacts",
+    "Import a CSV file of contacts into a list (in the background)",
+    schema.ImportAccepted,
+    status=202,
+    params=(LIST_ID,),
+    errors=(404, 409, 413, 415, 422),
+    description="The file is checked (UTF-8, an address column), then imported in "
+    "slices while you follow the import. Contacts already in the list get the file's "
+    "fields; addresses suppressed for all of your mail, or unsubscribed from this list "
+    "(`/v1/suppressions?list=<list id>`), are not added; every such row, invalid rows "
+    "and duplicates are reported with their row. One import per list at a time: 409 "
+    "while one runs; `too_many_imports` when as many of your imports as you may run at "
+    "once are in progress (their uploads included). 413 `too_many_contacts` for a file "
+    "of more rows than one import may carry. The upload is spooled to disk as it "
+    "arrives and read back a slice at a time.",
+    extra=CSV_BODY,
+)
 async def import_contacts(request: Request) -> Response:
     key = await require_key(request, "send")
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -372,9 +448,16 @@ async def import_contacts(request: Request) -> Response:
         await lists.release_import(found, import_id)
         raise
     answer = {"import_id": str(job.import_id), "list_id": str(job.list_id), "state": job.state}
-    return JSON(answer, status_code=202)
+    return Answer(schema.ImportAccepted.model_validate(answer), status_code=202)
 
 
+@operation(
+    "get_list_import",
+    "An import's progress and report",
+    schema.ImportView,
+    params=(LIST_ID, Param("import_id", "path", "The import's id.", required=True)),
+    errors=(404,),
+)
 async def get_import(request: Request) -> Response:
     key = await require_key(request, "read")
     lists = Lists.of(request)
@@ -382,4 +465,8 @@ async def get_import(request: Request) -> Response:
     job = await lists.store.get_import(found.list_id, path_uuid(request, "import_id"))
     if job is None:
         raise ApiError(404, "not_found", "no such import")
-    return JSON(import_view(shown(job, datetime.now(UTC), lists.stale_after)))
+    return Answer(
+        schema.ImportView.model_validate(
+            import_view(shown(job, datetime.now(UTC), lists.stale_after))
+        )
+    )

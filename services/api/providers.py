@@ -9,20 +9,31 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from services.api import schema
 from services.api.auth import require_key
+from services.api.operations import operation
 from shared.core.catalog import CATALOG
 from shared.infra.config import Settings
 from shared.infra.db import Database
-from shared.infra.http import JSON
+from shared.infra.http import Answer
 from shared.infra.resources import Resources
 from shared.ops.livesettings import SettingsStore, resolve
 from shared.providers.provider_health import CircuitState, HealthStore, order, score
 
 
+@operation(
+    "list_providers",
+    "Each provider's health, circuit, pause and current rate, as every process sees them",
+    schema.ProviderList,
+)
 async def list_providers(request: Request) -> Response:
     await require_key(request, "read")
     resources: Resources = request.app.state.resources
-    return JSON({"data": await provider_rows(request.app.state.settings, resources.db)})
+    return Answer(
+        schema.ProviderList.model_validate(
+            {"data": await provider_rows(request.app.state.settings, resources.db)}
+        )
+    )
 
 
 async def provider_rows(settings: Settings, db: Database) -> list[dict[str, Any]]:

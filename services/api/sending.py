@@ -32,7 +32,7 @@ import orjson
 from cassandra.query import Statement
 from pydantic import ValidationError
 
-from services.api import cooldown
+from services.api import answers, cooldown, schema
 from services.api.cooldown import RecentSends
 from services.api.idempotency import Existing, IdempotencyKeys
 from services.api.schema import BatchIn, field_errors
@@ -62,7 +62,7 @@ from shared.delivery.schedule_store import Schedules
 from shared.infra.background import Background
 from shared.infra.config import Settings
 from shared.infra.gil import CpuLane
-from shared.infra.http import ApiError
+from shared.infra.http import ApiError, wire
 from shared.infra.leases import SCHEDULER_WAKE, wake
 from shared.infra.logs import bound
 from shared.infra.metrics import ApiMetrics
@@ -611,27 +611,29 @@ def answer(
     parsed: validation.BatchRequest,
     message: Message | None = None,
     send_at: datetime | None = None,
-) -> dict[str, Any]:
-    """The 202 body for a validated request stored under ``batch_id`` (pure)."""
-    out: dict[str, Any] = {
-        "batch_id": str(batch_id),
-        "accepted": len(parsed.recipients),
-        "suppressed": list(parsed.suppressed),
-        "rejected": [{"email": r.email, "reason": r.reason} for r in parsed.rejected],
-        "skipped": [{"email": r.email, "reason": r.reason} for r in parsed.skipped],
-        "priority": parsed.message.lane,
-    }
-    if send_at is not None:
-        out["status"] = "scheduled"
-        out["send_at"] = send_at.isoformat()
+) -> schema.Accepted:
+    """The 202 answer for a validated request stored under ``batch_id`` (pure)."""
     use = message.template if message is not None else None
-    if use is not None:
-        out["template"] = {
-            "id": str(use.id),
-            "version": use.version,
-            "canary_version": use.canary.version if use.canary else None,
-        }
-    return out
+    scheduled = (
+        {"status": "scheduled", "send_at": send_at.isoformat()} if send_at is not None else {}
+    )
+    return schema.Accepted(
+        batch_id=str(batch_id),
+        accepted=len(parsed.recipients),
+        suppressed=list(parsed.suppressed),
+        rejected=[
+            schema.trusted(schema.RejectedOut, {"email": r.email, "reason": r.reason})
+            for r in parsed.rejected
+        ],
+        skipped=[
+            schema.trusted(schema.RejectedOut, {"email": r.email, "reason": r.reason})
+            for r in parsed.skipped
+        ],
+        priority=parsed.message.lane,
+        # Only a scheduled batch's and a template batch's answer has these keys.
+        **scheduled,
+        **({"template": answers.template(use)} if use is not None else {}),
+    )
 
 
 def build_batch(
@@ -664,7 +666,7 @@ def build_batch(
         message=message,
         recipients=recipients,
         chunk_size=size,
-        response=orjson.dumps(answer(batch_id, parsed, message, extra.send_at)),
+        response=wire(answer(batch_id, parsed, message, extra.send_at)),
         split=split,
         send_at=extra.send_at,
         pending=pending,

@@ -8,9 +8,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from services.api import schema
 from services.api.auth import require_key
+from services.api.operations import operation
 from shared.infra.config import Settings
-from shared.infra.http import JSON, ApiError, read_json
+from shared.infra.http import Answer, ApiError, read_json
 from shared.infra.resources import Resources
 from shared.ops.alerts import vet_sink
 from shared.ops.livesettings import (
@@ -40,11 +42,31 @@ async def _shown(request: Request, store: SettingsStore) -> dict[str, Any]:
     return {**view(live), "changes": [c.view() for c in await store.audit(20)]}
 
 
+@operation(
+    "get_settings",
+    "The live settings in force, and the latest changes (operator keys)",
+    schema.SettingsView,
+)
 async def get_settings(request: Request) -> Response:
     await require_key(request, "operator")
-    return JSON(await _shown(request, settings_store(request)))
+    return Answer(
+        schema.SettingsView.model_validate(await _shown(request, settings_store(request)))
+    )
 
 
+@operation(
+    "patch_settings",
+    "Change live settings: chain order, pausing a provider, attempts (operator keys)",
+    schema.SettingsView,
+    body=schema.SettingsPatch,
+    errors=(400, 413, 415, 422),
+    description="Stored, audited (who, when, old -> new) and announced: every running "
+    'process applies the change within a second. `{"providers": {"chain": '
+    '["mailgun", "sendgrid"]}}` reorders the chain; `{"providers": '
+    '{"sendgrid": {"paused": true}}}` sends everything through the others (with '
+    'every provider paused, work waits in the queues); `{"providers": '
+    '{"max_attempts": 4}}` bounds attempts per chunk.',
+)
 async def patch_settings(request: Request) -> Response:
     """Store the changes, then announce them: every process applies them within a second
     (each also reloads every 30 s, should an announcement be lost)."""
@@ -57,7 +79,11 @@ async def patch_settings(request: Request) -> Response:
             422, "invalid_fields", "the settings are not valid", fields=exc.fields
         ) from None
     announced = await change_settings(request, changes, by=f"key:{key.key_id}")
-    return JSON({**await _shown(request, settings_store(request)), "announced": announced})
+    return Answer(
+        schema.SettingsView.model_validate(
+            {**await _shown(request, settings_store(request)), "announced": announced}
+        )
+    )
 
 
 async def change_settings(request: Request, changes: dict[str, str], *, by: str) -> bool:

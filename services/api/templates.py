@@ -38,12 +38,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from services.api import schema
 from services.api.auth import require_key
 from services.api.capping import Caps, Census
+from services.api.operations import TEMPLATE_ID, Param, operation
 from services.api.schema import PreviewIn, PublishIn, TemplateIn, TemplateVersionIn, checked
 from services.api.templated import render_refusal, renderer_refusal
 from shared.core.errors import DependencyUnavailable
-from shared.infra.http import JSON, ApiError, read_json
+from shared.infra.http import Answer, ApiError, read_json
 from shared.templates.canary import Counts
 from shared.templates.canary_store import Canaries, Outcome
 from shared.templates.template_pool import Renderer, RendererUnavailable
@@ -316,35 +318,88 @@ class Templates:
 # --------------------------------------------------------------------------- handlers
 
 
+@operation(
+    "list_templates",
+    "Your templates, with the live version and any canary",
+    schema.TemplateList,
+)
 async def list_templates(request: Request) -> Response:
     key = await require_key(request, "read")
     found = await Templates.of(request).store.templates(key.user_id)
-    return JSON({"data": [item_view(t) for t in found]})
+    return Answer(schema.TemplateList.model_validate({"data": [item_view(t) for t in found]}))
 
 
+@operation(
+    "create_template",
+    "Make a template with its version 1 (publish it to make it live)",
+    schema.TemplateCreated,
+    status=201,
+    body=schema.TemplateIn,
+    errors=(400, 409, 413, 415, 422),
+    description="Subject, html and text are Jinja2 templates, rendered in a sandbox "
+    "(no access to internals, undefined names are errors, html autoescaped) under "
+    "limits of time, memory, CPU, integer size and output; a render that passes one is "
+    "a 422 `template_does_not_render` naming it in `error.limit`. Without a "
+    "text part, the text is derived from the html. 409 `too_many_templates` when you "
+    "have as many templates as you may (`error.limit`).",
+)
 async def create_template(request: Request) -> Response:
     key = await require_key(request, "send")
     _, body = await read_json(request, BODY_LIMIT)
     created = await Templates.of(request).create(key.user_id, checked(TemplateIn, body))
-    return JSON({**item_view(created), "version": 1}, status_code=201)
+    return Answer(
+        schema.TemplateCreated.model_validate({**item_view(created), "version": 1}), status_code=201
+    )
 
 
+@operation(
+    "get_template",
+    "A template and its versions, newest first, with which is live and which in canary",
+    schema.TemplateView,
+    params=(TEMPLATE_ID,),
+    errors=(404,),
+)
 async def get_template(request: Request) -> Response:
     key = await require_key(request, "read")
     templates = Templates.of(request)
     found = await templates.owned(key.user_id, request.path_params["template_id"])
-    return JSON(await templates.detail(found))
+    return Answer(schema.TemplateView.model_validate(await templates.detail(found)))
 
 
+@operation(
+    "add_template_version",
+    "Add a version (immutable; not live until published)",
+    schema.VersionCreated,
+    status=201,
+    body=schema.TemplateVersionIn,
+    params=(TEMPLATE_ID,),
+    errors=(400, 404, 409, 413, 415, 422),
+    description="409 `too_many_versions` when the template has as many versions as it "
+    "may (`error.limit`); deleting one that is neither live nor in canary frees its "
+    "place.",
+)
 async def add_version(request: Request) -> Response:
     key = await require_key(request, "send")
     templates = Templates.of(request)
     found = await templates.owned(key.user_id, request.path_params["template_id"])
     _, body = await read_json(request, BODY_LIMIT)
     number = await templates.add_version(found, checked(TemplateVersionIn, body))
-    return JSON({"id": str(found.template_id), "version": number}, status_code=201)
+    return Answer(
+        schema.VersionCreated.model_validate({"id": str(found.template_id), "version": number}),
+        status_code=201,
+    )
 
 
+@operation(
+    "delete_template",
+    "Delete a template with all of its versions",
+    None,
+    status=204,
+    params=(TEMPLATE_ID,),
+    errors=(404, 409),
+    description="409 `in_use` while a campaign that has not ended (a draft included) "
+    "sends it. Batches already accepted keep what they rendered.",
+)
 async def delete_template(request: Request) -> Response:
     key = await require_key(request, "send")
     templates = Templates.of(request)
@@ -354,6 +409,19 @@ async def delete_template(request: Request) -> Response:
     return Response(status_code=204)
 
 
+@operation(
+    "delete_template_version",
+    "Delete a version that is neither live nor in canary",
+    None,
+    status=204,
+    params=(
+        TEMPLATE_ID,
+        Param("version", "path", "The version's number.", "integer", required=True),
+    ),
+    errors=(404, 409),
+    description="409 `version_in_use` for the live version or the one in canary: "
+    "publish another first.",
+)
 async def delete_version(request: Request) -> Response:
     key = await require_key(request, "send")
     templates = Templates.of(request)
@@ -369,6 +437,24 @@ def _version_number(request: Request) -> int:
     return int(raw)
 
 
+@operation(
+    "publish_template",
+    "Make a version live, or start its canary beside the live one",
+    schema.TemplateItem,
+    body=schema.PublishIn,
+    params=(TEMPLATE_ID,),
+    errors=(400, 404, 409, 413, 415, 422),
+    description="Without `canary_percent`, the version becomes live and any canary ends "
+    "(rolling back is publishing an older version). With it, that share of the "
+    "template's mail uses the version and the rest the live one. 422 "
+    "`template_does_not_render` when the version does not render with its own sample "
+    "data (`error.fields` names each part and its error, with the line, and "
+    "`error.limit` the limit it passed, if any); `cannot_publish` "
+    "for a canary with nothing live yet or of the live version itself; `invalid_fields` "
+    "naming `version` when the template has no such version. 409 `template_changed` "
+    "when the live version or canary changed while publishing (another publish, or the "
+    "canary's verdict): nothing was written; read the template again.",
+)
 async def publish_template(request: Request) -> Response:
     key = await require_key(request, "send")
     _, body = await read_json(request, SMALL_BODY)
@@ -376,9 +462,21 @@ async def publish_template(request: Request) -> Response:
     published = await Templates.of(request).publish(
         key.user_id, request.path_params["template_id"], wanted
     )
-    return JSON(item_view(published))
+    return Answer(schema.TemplateItem.model_validate(item_view(published)))
 
 
+@operation(
+    "preview_template",
+    "Render a version (default: the live one) with your data or its sample",
+    schema.PreviewOut,
+    body=schema.PreviewIn,
+    params=(TEMPLATE_ID,),
+    errors=(400, 404, 413, 415, 422),
+    description="422 `template_does_not_render` naming each part's error (and line), "
+    "and in `error.limit` the limit it passed, if any; "
+    "`no_live_version` when none is live and no version is named; `invalid_fields` "
+    "naming `version` when the template has no such version.",
+)
 async def preview_template(request: Request) -> Response:
     key = await require_key(request, "read")
     _, body = await read_json(request, SMALL_BODY)
@@ -386,4 +484,4 @@ async def preview_template(request: Request) -> Response:
     shown = await Templates.of(request).preview(
         key.user_id, request.path_params["template_id"], wanted
     )
-    return JSON(shown)
+    return Answer(schema.PreviewOut.model_validate(shown))

@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, BinaryIO
 
 import orjson
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -43,6 +44,30 @@ class JSON(Response):
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content)
+
+
+class Answer(Response):
+    """A JSON answer rendered from its pydantic model by the model's own serializer: the
+    fields that were set (one left out of the constructor is left out of the wire, as a dict
+    key would be), under their aliases (``from``)."""
+
+    media_type = "application/json"
+
+    def __init__(
+        self,
+        content: BaseModel,
+        status_code: int = 200,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(content, status_code, headers)
+
+    def render(self, content: Any) -> bytes:
+        return wire(content)
+
+
+def wire(model: BaseModel) -> bytes:
+    """The model as :class:`Answer` sends it (also what is stored to be replayed)."""
+    return model.__pydantic_serializer__.to_json(model, by_alias=True, exclude_unset=True)
 
 
 class ApiError(Exception):

@@ -8,8 +8,10 @@ from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
 
 import httpx
+from pydantic import BaseModel
 
-from services.api.openapi import OPERATIONS, Operation
+from services.api.openapi import OPERATIONS
+from services.api.operations import Operation
 from services.api.schema import ErrorBody
 from shared.accounts import accounts
 from shared.accounts.domains import DomainStore
@@ -34,7 +36,21 @@ def _conforms(operation_id: str, resp: httpx.Response) -> None:
     op = _op(operation_id)
     assert resp.status_code == op.status, resp.text
     if op.answer is not None:
-        op.answer.model_validate(resp.json())
+        answer = op.answer.model_validate(resp.json())
+        assert _undocumented(answer) == [], resp.text
+
+
+def _undocumented(model: BaseModel, path: str = "") -> list[str]:
+    """The keys of an answer its model does not declare (answer models allow extras, for
+    clients' sake, so validating alone would not find them)."""
+    found = [f"{path}{key}" for key in model.model_extra or {}]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if isinstance(item, BaseModel):
+                found += _undocumented(item, f"{path}{name}.")
+    return found
 
 
 async def test_every_operation_answers_its_documented_shape(

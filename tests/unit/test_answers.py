@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
+
+import orjson
+import pytest
+from pydantic import BaseModel
 
 from services.api import answers, schema
+from shared.infra.http import Answer
 from tests.unit import readmodels
+
+
+def _wire(model: BaseModel) -> Any:
+    return orjson.loads(Answer(model).body)
 
 
 def test_a_recipient_answer_is_the_documented_log_entry() -> None:
@@ -14,7 +24,7 @@ def test_a_recipient_answer_is_the_documented_log_entry() -> None:
         events=[readmodels.event(readmodels.T0 + timedelta(seconds=1), "delivered")],
         updated_at=readmodels.T0,
     )
-    answer = answers.recipient(log)
+    answer = _wire(answers.recipient(log))
 
     assert set(answer) == set(schema.LogEntry.model_fields)
     schema.LogEntry.model_validate(answer)
@@ -27,11 +37,11 @@ def test_a_recipient_answer_is_the_documented_log_entry() -> None:
 
 def test_status_says_which_providers_took_the_recipient() -> None:
     log = readmodels.recipient(providers={"sg": "dropped", "mg": "delivered", "safedelivr": "x"})
-    assert answers.recipient(log)["status"] == {"sg": False, "mg": True}
+    assert _wire(answers.recipient(log))["status"] == {"sg": False, "mg": True}
 
 
 def test_a_batch_answer_is_the_documented_view_with_its_sender_under_from() -> None:
-    answer = answers.batch(readmodels.overview(failure_reasons={"mailbox full": 2}))
+    answer = _wire(answers.batch(readmodels.overview(failure_reasons={"mailbox full": 2})))
 
     schema.BatchView.model_validate(answer)
     assert answer["from"] == {"email": "shop@example.com", "name": "Shop"}
@@ -41,8 +51,43 @@ def test_a_batch_answer_is_the_documented_view_with_its_sender_under_from() -> N
 
 
 def test_a_batch_list_answer_is_the_documented_list() -> None:
-    page = answers.batch_list(readmodels.page([readmodels.summary()], "next"))
+    page = _wire(answers.batch_list(readmodels.page([readmodels.summary()], "next")))
 
     schema.BatchList.model_validate(page)
     assert page["next_cursor"] == "next"
     assert page["data"][0]["created_at"] == readmodels.T0.isoformat()
+
+
+@pytest.mark.parametrize("checked", [False, True])
+def test_a_trusted_answer_is_byte_equal_to_the_validated_one(
+    checked: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(schema.CHECKS, "trusted", checked)
+    log = readmodels.recipient(
+        attempts=[readmodels.step(0, "sg", "sent", readmodels.T0)],
+        events=[readmodels.event(readmodels.T0 + timedelta(seconds=1), "delivered")],
+        updated_at=readmodels.T0,
+    )
+    fields = _wire(answers.recipient(log))
+    built = schema.trusted(schema.LogEntry, fields)
+    validated = schema.LogEntry.model_validate(fields)
+    assert Answer(built).body == Answer(validated).body
+
+
+def test_trusted_refuses_an_undeclared_field_under_tests() -> None:
+    with pytest.raises(ValueError, match="no fields"):
+        schema.trusted(
+            schema.BatchItem,
+            {"batch_id": "b", "subject": "s", "recipients": 1, "created_at": "t", "status": "done",
+             "extra": "x"},
+        )  # fmt: skip
+
+
+def test_an_answer_leaves_out_what_was_not_set_and_names_from_by_its_alias() -> None:
+    view = answers.batch(readmodels.overview())
+    wire = _wire(view)
+    assert "from" in wire and "from_" not in wire
+    accepted = schema.Accepted(
+        batch_id="b", accepted=1, suppressed=[], rejected=[], skipped=[], priority="bulk"
+    )
+    assert "status" not in _wire(accepted)  # never set: absent, as a dict key would be

@@ -11,6 +11,7 @@ from bench import workload
 from bench.loadgen import ACCEPTED, UNCOUNTED, Answer, Recorder, Tally, answer_of, progress_line
 from services.api import sending
 from shared.delivery import validation
+from shared.infra.http import wire
 
 
 def _accepted(count: int) -> Answer:
@@ -27,7 +28,7 @@ def _recorded(*answers: Answer, started: float = 10.0) -> Recorder:
 def test_the_apis_own_202_body_is_read_for_the_recipients_it_accepted() -> None:
     """The body services.api.sending.answer builds for the bench's request counts its 100."""
     parsed = validation.parse_batch_request(workload.request_body(0, 100), max_recipients=100)
-    body = orjson.dumps(sending.answer(uuid.uuid4(), parsed))
+    body = wire(sending.answer(uuid.uuid4(), parsed))
 
     assert answer_of(202, body) == Answer(ACCEPTED, 100)
 

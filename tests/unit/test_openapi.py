@@ -4,6 +4,7 @@ committed copy."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,18 @@ def test_every_v1_route_is_documented_and_nothing_else() -> None:
     }
     documented = {(op.path, op.method.upper()) for op in OPERATIONS}
     assert served - NOT_OPERATIONS == documented
+
+
+def test_operation_ids_are_unique() -> None:
+    ids = [op.operation_id for op in OPERATIONS]
+    assert len(ids) == len(set(ids))
+
+
+def test_every_path_parameter_is_declared_by_its_operation() -> None:
+    for op in OPERATIONS:
+        in_path = set(re.findall(r"{(\w+)}", op.path))
+        declared = {p.name for p in op.params if p.where == "path"}
+        assert in_path == declared, op.operation_id
 
 
 def test_every_operation_answers_401_429_and_503_in_the_error_envelope() -> None:
