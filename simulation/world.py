@@ -40,9 +40,10 @@ from services.consumers.splitter import Splitter
 from services.hooks.worker import Worker
 from services.webhooks.intake import Intake
 from shared.delivery.acceptance import Acceptance
-from shared.delivery.handoff import HandOff
+from shared.delivery.handoff import HandOff, Routing
 from shared.delivery.outbox import Relay
 from shared.infra.background import Background
+from shared.infra.current import Current
 from shared.infra.resources import topology_for
 from shared.infra.settle import Delivery, run
 from shared.ingest.ingest import Ingest
@@ -308,8 +309,7 @@ class World:
             self.attempts,
             self.recipients,
             self.broker,  # type: ignore[arg-type]
-            self.settings.providers.chain_codes,
-            self.settings.providers.max_attempts,
+            Current(Routing.start(self.settings.providers)),
         )
         ingest = Ingest(
             batches=self.batches,

@@ -35,12 +35,13 @@ from shared.core.models import ChunkJob, LogJob
 from shared.delivery.attempts import Attempts, chunk_line, recipient_line
 from shared.delivery.batchstore import Batches
 from shared.delivery.domain_capacity import CapacityGate
-from shared.delivery.handoff import HandOff
+from shared.delivery.handoff import HandOff, Routing
 from shared.delivery.recipients import Recipients
 from shared.engagement.engagement import Tracker
 from shared.infra.broker import Broker
 from shared.infra.byte_budget import ByteBudget
 from shared.infra.config import ProviderSettings
+from shared.infra.current import Current
 from shared.infra.gil import CpuLane
 from shared.infra.logs import bound
 from shared.infra.metrics import DispatchMetrics
@@ -138,13 +139,9 @@ class Dispatcher:
     """The process's thread for long pure-Python work (``shared.infra.gil``)."""
 
     def __post_init__(self) -> None:
-        self.handoff = HandOff(
-            self.attempts,
-            self.recipients,
-            self.broker,
-            self.settings.chain_codes,
-            self.settings.max_attempts,
-        )
+        self.routing = Current(Routing.start(self.settings))
+        """The running chain and max attempts that hand-offs follow (live settings)."""
+        self.handoff = HandOff(self.attempts, self.recipients, self.broker, self.routing)
         self.follow = FollowUps(self)
         self.caller = Caller(self)
         self.screen = Screen(self)

@@ -42,6 +42,7 @@ from services.consumers.splitter import Splitter
 from shared.core.catalog import CATALOG, CODES
 from shared.core.errors import DependencyUnavailable
 from shared.delivery.domain_capacity import Capacity
+from shared.delivery.handoff import Routing
 from shared.infra.broker import Broker
 from shared.infra.config import ProviderSettings
 from shared.infra.leases import HEALTH_WAKE, Linger, next_period, woken
@@ -175,7 +176,6 @@ class ConsumerSettings:
         d.paused = live.paused & frozenset(configured)
         d.limiter.limits = live.limits()
         d.capacity.apply(live.capacity)
-        d.handoff.max_attempts = live.max_attempts
         self.refresh()
         await self._consume(not live.all_paused(configured))
         for code in CODES:
@@ -219,7 +219,7 @@ class ConsumerSettings:
         d.settings = self.base.model_copy(
             update={"chain": ",".join(chain), "max_attempts": self.live.max_attempts}
         )
-        d.handoff.chain = chain
+        d.routing.set(Routing(chain, self.live.max_attempts))
         self.splitter.first_provider = chain[0]
         for code in CODES:
             place = chain.index(code) + 1 if code in chain and code not in self.live.paused else 0
