@@ -35,6 +35,7 @@ from services.api.templated import TemplateBatches
 from services.consumers.campaign_hold import CampaignHold
 from services.consumers.canary_judge import CanaryJudge
 from services.consumers.dispatch import Dispatcher
+from services.consumers.running import Running
 from services.consumers.scheduler import Scheduler
 from services.consumers.splitter import Splitter
 from services.hooks.worker import Worker
@@ -254,6 +255,8 @@ class World:
     async def _start_consumers(self, inc: Incarnation) -> None:
         process = inc.process
         namespace = self.settings.amqp.exchange
+        # No live settings here: the consumers run on the env's values for good.
+        running = Current(Running.start(self.settings.providers))
         dispatcher = Dispatcher(
             broker=self.broker,  # type: ignore[arg-type]
             batches=self.batches,
@@ -263,6 +266,7 @@ class World:
             metrics=metrics().dispatch,
             recipients=self.recipients,
             suppressions=self.suppressions,
+            running=running,
             deferred_deadline=self.settings.webhooks.deferred_deadline,
             campaigns=CampaignHold(self.campaign_store),
             user_hooks=self._emitter(),
@@ -271,7 +275,7 @@ class World:
         splitter = Splitter(
             self.broker,  # type: ignore[arg-type]
             self.batches,
-            self.settings.providers.chain_codes[0],
+            running,
         )
         settle = Acceptance(
             self.batches,

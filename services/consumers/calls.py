@@ -149,7 +149,7 @@ class Caller:
 
     async def _send(self, job: protocol.Job, chunk: Chunk) -> Answer:
         d = self.d
-        if job.provider in d.paused:
+        if job.provider in d.running().paused:
             # Not called: rejected like a refusal, so the decision moves the work on.
             return Answer(error=ProviderSkipped(job.provider, "paused by an operator"))
         domain = domain_of(chunk.message.sender.email)
@@ -276,7 +276,7 @@ class Caller:
         self, job: protocol.Job, line: list[Attempt], error: ProviderError
     ) -> dict[str, Any]:
         """The decision after attempt ``job.attempt`` failed with ``error``, as columns."""
-        settings = self.d.settings
+        running = self.d.running()
         refused = frozenset(a.provider for a in line if (a.error or "").startswith("permanent|"))
         # Providers skipped (paused, at their rate limit) or work held at its domain's
         # capacity were never called: those hops do not use up the chunk's attempts.
@@ -285,11 +285,11 @@ class Caller:
         excluded = await self.d.follow.excluded(job)
         header = await self.d.follow.header(job.batch_id)
         verdict = failover.decide(
-            chain=chain_for(header.message, settings.chain_codes),
+            chain=chain_for(header.message, running.chain),
             attempt=job.attempt,
             error=error,
-            max_attempts=settings.max_attempts + skipped,
-            backoff=settings.backoff_tiers,
+            max_attempts=running.max_attempts + skipped,
+            backoff=self.d.settings.backoff_tiers,
             permanent_from=refused,
             excluded=excluded,
         )

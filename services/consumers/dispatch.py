@@ -28,6 +28,7 @@ from services.consumers.campaign_hold import CampaignHold
 from services.consumers.followup import FollowUps
 from services.consumers.provider_rates import ProviderLimiter
 from services.consumers.resolution import Resolver
+from services.consumers.running import Running
 from services.consumers.screening import Screen
 from shared.audience.suppressions import SuppressionChecks
 from shared.core.errors import DependencyUnavailable
@@ -35,7 +36,7 @@ from shared.core.models import ChunkJob, LogJob
 from shared.delivery.attempts import Attempts, chunk_line, recipient_line
 from shared.delivery.batchstore import Batches
 from shared.delivery.domain_capacity import CapacityGate
-from shared.delivery.handoff import HandOff, Routing
+from shared.delivery.handoff import HandOff
 from shared.delivery.recipients import Recipients
 from shared.engagement.engagement import Tracker
 from shared.infra.broker import Broker
@@ -110,14 +111,17 @@ class Dispatcher:
     attempts: Attempts
     providers: Mapping[str, Provider]
     settings: ProviderSettings
+    """Static: the env's values. The chain, pauses and max attempts in force are
+    :attr:`running`'s."""
     metrics: DispatchMetrics
     recipients: Recipients
     suppressions: SuppressionChecks
     """Looked up again before every provider call (``services.consumers.screening``)."""
+    running: Current[Running]
+    """What live settings and health decide, replaced whole by the applier
+    (``services.consumers.live``); read at the point of use."""
     fault_points: FaultPoints = no_faults
     deferred_deadline: int = 4 * 3600
-    paused: frozenset[str] = frozenset()
-    """Providers an operator paused (live settings): their jobs go to the next provider."""
     tally: Tally = field(default_factory=Tally)
     """Calls not yet added to the shared health windows (``shared.providers.provider_health``)."""
     limiter: ProviderLimiter = field(default_factory=lambda: ProviderLimiter(None, ""))
@@ -139,9 +143,7 @@ class Dispatcher:
     """The process's thread for long pure-Python work (``shared.infra.gil``)."""
 
     def __post_init__(self) -> None:
-        self.routing = Current(Routing.start(self.settings))
-        """The running chain and max attempts that hand-offs follow (live settings)."""
-        self.handoff = HandOff(self.attempts, self.recipients, self.broker, self.routing)
+        self.handoff = HandOff(self.attempts, self.recipients, self.broker, self.running)
         self.follow = FollowUps(self)
         self.caller = Caller(self)
         self.screen = Screen(self)

@@ -2,7 +2,9 @@
 (``shared.providers.provider_health``) to a running consumer process.
 
 * The chain's order decides where new chunks go (the splitter's first provider) and where
-  failover goes next (every decision reads the dispatcher's settings when it is made).
+  failover goes next. What live settings and health decide is one
+  ``services.consumers.running.Running``, replaced whole in one cell: every decision reads
+  the one in force when it is made.
 * A paused provider is not called: a job that reaches its queue is recorded as a rejected
   attempt ("paused by an operator") and passed to the next running provider, through the
   attempt protocol like any failure, so nothing is lost or sent twice.
@@ -38,13 +40,12 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Gauge
 
 from services.consumers.dispatch import Dispatcher
-from services.consumers.splitter import Splitter
+from services.consumers.running import Running
 from shared.core.catalog import CATALOG, CODES
 from shared.core.errors import DependencyUnavailable
 from shared.delivery.domain_capacity import Capacity
-from shared.delivery.handoff import Routing
 from shared.infra.broker import Broker
-from shared.infra.config import ProviderSettings
+from shared.infra.current import Current
 from shared.infra.leases import HEALTH_WAKE, Linger, next_period, woken
 from shared.infra.settle import Handler
 from shared.ops.alerts import Alert, AlertConfig, Alerter
@@ -143,9 +144,9 @@ class ConsumerSettings:
     """Applies live settings to this process's dispatcher, splitter and provider queues."""
 
     dispatcher: Dispatcher
-    splitter: Splitter
+    running: Current[Running]
+    """The cell the dispatcher, its hand-off and the splitter read (this is its only writer)."""
     broker: Broker
-    base: ProviderSettings
     handler: Handler
     prefetch: int
     metrics: LiveMetrics
@@ -173,7 +174,6 @@ class ConsumerSettings:
         configured = tuple(self.dispatcher.providers)
         self.live = live
         d = self.dispatcher
-        d.paused = live.paused & frozenset(configured)
         d.limiter.limits = live.limits()
         d.capacity.apply(live.capacity)
         self.refresh()
@@ -213,14 +213,10 @@ class ConsumerSettings:
         """Order the running chain by health and hand it to everything that picks providers."""
         if self.live is None:
             return
-        running = self.live.running_chain(tuple(self.dispatcher.providers))
+        configured = tuple(self.dispatcher.providers)
+        running = self.live.running_chain(configured)
         chain = order(running, self.health, self.circuits, draw(), self.live.health)
-        d = self.dispatcher
-        d.settings = self.base.model_copy(
-            update={"chain": ",".join(chain), "max_attempts": self.live.max_attempts}
-        )
-        d.routing.set(Routing(chain, self.live.max_attempts))
-        self.splitter.first_provider = chain[0]
+        self.running.set(Running.of(self.live, chain, configured))
         for code in CODES:
             place = chain.index(code) + 1 if code in chain and code not in self.live.paused else 0
             self.metrics.position.labels(code).set(place)

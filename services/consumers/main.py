@@ -22,6 +22,7 @@ from services.consumers.domain_checks import DomainChecker
 from services.consumers.live import ConsumerSettings, LiveMetrics
 from services.consumers.provider_rates import ProviderLimiter
 from services.consumers.rollups import RollUp
+from services.consumers.running import Running
 from services.consumers.scheduler import Scheduler
 from services.consumers.splitter import Splitter
 from shared.accounts.domain_checks import CheckRules
@@ -43,6 +44,7 @@ from shared.delivery.stats import StatsStore, tell_rollups
 from shared.engagement.engagement import tracker_of
 from shared.infra.byte_budget import ByteBudget
 from shared.infra.config import Settings
+from shared.infra.current import Current
 from shared.infra.health import health_routes
 from shared.infra.leases import woken
 from shared.infra.metrics import DeadLetterMetrics, DispatchMetrics, new_registry
@@ -77,8 +79,10 @@ def build_dispatcher(
     metrics: DispatchMetrics | None = None,
     *,
     fault_points: FaultPoints = no_faults,
+    running: Current[Running] | None = None,
 ) -> Dispatcher:
-    """The provider senders' dispatcher, with its own provider adapters (close them)."""
+    """The provider senders' dispatcher, with its own provider adapters (close them);
+    ``running`` is the live settings' cell (by default the env's values, never changed)."""
     stats = tell_rollups(StatsStore(res.db, settings.stats.buckets), res.broker)
     return Dispatcher(
         broker=res.broker,
@@ -89,6 +93,7 @@ def build_dispatcher(
         metrics=metrics or DispatchMetrics.create(new_registry()),
         recipients=RecipientStore(res.db, stats, res.cpu),
         suppressions=SuppressionStore(res.db),
+        running=running or Current(Running.start(settings.providers)),
         fault_points=fault_points,
         deferred_deadline=settings.webhooks.deferred_deadline,
         limiter=ProviderLimiter(res.db, settings.amqp.exchange),
@@ -125,15 +130,17 @@ async def start_consumers(
     provider in the chain and the dead-letter archiver (run ``watcher.run()`` to keep the
     settings current)."""
     await res.broker.declare()
-    dispatcher = build_dispatcher(settings, res, metrics, fault_points=fault_points)
+    running = Current(Running.start(settings.providers))
+    dispatcher = build_dispatcher(
+        settings, res, metrics, fault_points=fault_points, running=running
+    )
     providers = dispatcher.providers
-    splitter = Splitter(res.broker, dispatcher.batches, settings.providers.chain_codes[0])
+    splitter = Splitter(res.broker, dispatcher.batches, running)
     handler = settling(dispatcher.process, inflight)
     applier = ConsumerSettings(
         dispatcher,
-        splitter,
+        running,
         res.broker,
-        settings.providers,
         handler,
         settings.consumers.prefetch,
         live_metrics or LiveMetrics.create(new_registry()),

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from services.consumers import protocol
 from services.consumers.dispatch import Dispatcher
+from services.consumers.running import Running
 from services.consumers.splitter import Splitter
 from services.webhooks.app import create_app as create_webhooks
 from services.webhooks.intake import Intake, IntakeMetrics
@@ -30,6 +31,7 @@ from shared.delivery.precedence import visible
 from shared.delivery.recipients import log_id_for
 from shared.delivery.stats import batch_day, bucket_of
 from shared.infra.config import ProviderSettings, Settings, WebhookSettings
+from shared.infra.current import Current
 from shared.infra.metrics import DispatchMetrics
 from shared.infra.resources import topology_for
 from shared.infra.settle import run
@@ -179,6 +181,8 @@ class World:
         }
         self.metrics = DispatchMetrics.create(CollectorRegistry())
         self.fault_points: dict[str, Fault] = {}
+        self.running = Current(Running.start(self.settings))
+        """The live settings' cell the dispatcher, its hand-off and the splitter read."""
         self.dispatcher = Dispatcher(
             broker=self.broker,  # type: ignore[arg-type]
             batches=self.batches,
@@ -188,6 +192,7 @@ class World:
             metrics=self.metrics,
             recipients=self.recipients,
             suppressions=self.suppressions,
+            running=self.running,
             fault_points=self._fault,
             deferred_deadline=3600,
             now=self.clock,
@@ -195,7 +200,7 @@ class World:
         self.splitter = Splitter(
             self.broker,  # type: ignore[arg-type]
             self.batches,
-            self.settings.chain_codes[0],
+            self.running,
         )
         self.dead: list[FakeMessage] = []
         self.ingest = Ingest(

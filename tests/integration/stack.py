@@ -35,6 +35,7 @@ from shared.accounts import accounts
 from shared.core.models import BatchJob, ChunkJob
 from shared.delivery.batchstore import BatchStore
 from shared.delivery.domain_capacity import CapacityRules
+from shared.delivery.handoff import Routing
 from shared.infra.broker import Broker
 from shared.infra.config import (
     AlertSettings,
@@ -43,6 +44,7 @@ from shared.infra.config import (
     Settings,
     WebhookSettings,
 )
+from shared.infra.current import Current
 from shared.infra.db import Database
 from shared.infra.resources import Resources, topology_for
 from shared.infra.settle import Delivery
@@ -241,7 +243,7 @@ class Stack:
         await broker.connect()
         try:
             await Splitter(
-                broker, BatchStore(self.db), self.settings.providers.chain_codes[0]
+                broker, BatchStore(self.db), Current(Routing.start(self.settings.providers))
             ).split(BatchJob(batch_id=uuid.UUID(batch_id)))
         finally:
             await broker.close()
