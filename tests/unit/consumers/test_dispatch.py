@@ -183,8 +183,7 @@ async def test_a_permanent_refusal_by_every_provider_gives_up_without_cycling() 
 
 
 async def test_a_provider_missing_from_the_adapters_is_a_misconfiguration_not_a_send() -> None:
-    w = World()
-    del w.dispatcher.providers["sg"]  # type: ignore[attr-defined]
+    w = World(unconfigured=("sg",))
     batch = await w.sent(A)
     assert w.providers["mg"].emails() == [A]
     (first, _) = await w.attempts.line(batch.batch_id, chunk_line(0))
