@@ -17,8 +17,9 @@ from starlette.applications import Starlette
 
 from services.consumers.campaign_hold import CampaignHold
 from services.consumers.canary_judge import CanaryJudge
-from services.consumers.dispatch import Dispatcher, FaultPoints, no_faults
+from services.consumers.dispatch import Dispatcher
 from services.consumers.domain_checks import DomainChecker
+from services.consumers.faults import FaultPoints, no_faults
 from services.consumers.live import ConsumerSettings, LiveMetrics
 from services.consumers.provider_rates import ProviderLimiter
 from services.consumers.rollups import RollUp

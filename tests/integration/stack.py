@@ -26,7 +26,7 @@ from sandbox import signing
 from sandbox.app import create_app as create_sandbox
 from services.api.app import create_app as create_api
 from services.consumers import protocol
-from services.consumers.dispatch import FaultPoints, no_faults
+from services.consumers.faults import FaultPoints, no_faults
 from services.consumers.main import build_dispatcher
 from services.consumers.main import create_app as create_consumers
 from services.consumers.splitter import Splitter

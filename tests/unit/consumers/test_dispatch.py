@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import FrozenInstanceError
 from datetime import timedelta
 
 import orjson
@@ -626,6 +627,14 @@ async def test_misconfigured_and_permanent_errors_are_recorded_by_kind() -> None
     assert w.counter("attempts_failed", provider="sg", kind="misconfigured") == 1
     assert w.counter("attempts_failed", provider="mg", kind="permanent") == 1
     assert await w.states(batch) == {A: "failed"}
+
+
+def test_a_dispatchers_parts_cannot_be_swapped_after_it_is_built() -> None:
+    """Its collaborators were built with its parts: a part swapped in later would reach
+    none of them, so the dispatcher refuses it (the World takes its parts up front)."""
+    w = World()
+    with pytest.raises(FrozenInstanceError):
+        w.dispatcher.user_hooks = None  # type: ignore[misc]
 
 
 async def test_header_reads_are_cached_per_process() -> None:
