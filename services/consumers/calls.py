@@ -222,19 +222,21 @@ class Caller:
             raise
 
     async def _send(self, job: protocol.Job, chunk: Chunk) -> Answer:
-        if job.provider in self.running().paused:
+        running = self.running()  # one set of rules for the admission and its release
+        if job.provider in running.paused:
             # Not called: rejected like a refusal, so the decision moves the work on.
             return Answer(error=ProviderSkipped(job.provider, "paused by an operator"))
         domain = domain_of(chunk.message.sender.email)
         count = len(chunk.recipients)
-        held = await self.capacity.admit(domain, count, self.now())
+        held = await self.capacity.admit(domain, count, self.now(), running.capacity)
         if held is not None:
             return Answer(error=CapacityHeld(job.provider, held.reason, retry_after=held.wait))
         # Dying here leaves the recipients counted, not sent.
         await self.fault_points("admitted", job)
         answer = await self._call(job, chunk, pinned=chunk.message.provider is not None)
         if answer.error is not None and not answer.unknown:
-            await self.capacity.release(domain, count, self.now())  # not sent: not counted
+            # Not sent: not counted.
+            await self.capacity.release(domain, count, self.now(), running.capacity)
         return answer
 
     async def _call(self, job: protocol.Job, chunk: Chunk, *, pinned: bool) -> Answer:
@@ -242,7 +244,8 @@ class Caller:
 
         async def gate() -> None:
             """The shared rate limit, asked once the request is built (as late as can be)."""
-            wait = await limiter.acquire(job.provider, self.now())
+            limit = self.running().limits.get(job.provider) or 0.0
+            wait = await limiter.acquire(job.provider, self.now(), limit)
             if wait is not None:
                 then = "waiting for it (the batch pins it)" if pinned else "spilled over"
                 raise ProviderSkipped(job.provider, f"at its rate limit: {then}", retry_after=wait)

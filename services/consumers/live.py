@@ -43,7 +43,7 @@ from services.consumers.dispatch import Dispatcher
 from services.consumers.running import Running
 from shared.core.catalog import CATALOG, CODES
 from shared.core.errors import DependencyUnavailable
-from shared.delivery.domain_capacity import Capacity
+from shared.delivery.domain_capacity import Capacity, OnHeld
 from shared.infra.broker import Broker
 from shared.infra.current import Current
 from shared.infra.leases import HEALTH_WAKE, Linger, next_period, woken
@@ -90,6 +90,22 @@ def moving(
     not closed (its cool-down is timed)."""
     held = any(w.calls or w.events for found in windows.values() for w in found)
     return unshared or held or any(c != "closed" for c in circuits.values())
+
+
+def capacity_alert(alerter: Alerter | None) -> OnHeld:
+    """What a chunk held at its domain's capacity does: raise the ``capacity`` alert (once
+    per cool-off; nothing without an alerter)."""
+
+    async def held(domain: str, cap: Capacity, sent: int) -> None:
+        if alerter is None:
+            return
+        text = (
+            f"{domain} reached today's sending capacity ({sent:,} of {cap.limit:,} recipients, "
+            f"{cap.state}: {cap.why}); its mail is held until capacity allows"
+        )
+        await alerter.send(Alert("capacity", domain, text))
+
+    return held
 
 
 #: Re-sends (one recipient each) in flight per provider.
@@ -173,9 +189,6 @@ class ConsumerSettings:
     async def __call__(self, live: LiveSettings) -> None:
         configured = tuple(self.dispatcher.providers)
         self.live = live
-        d = self.dispatcher
-        d.limiter.limits = live.limits()
-        d.capacity.apply(live.capacity)
         self.refresh()
         await self._consume(not live.all_paused(configured))
         for code in CODES:
@@ -198,16 +211,6 @@ class ConsumerSettings:
         return AlertConfig(
             live.alert_url, live.alert_cool_off, live.alert_email_to, live.alert_email_from
         )
-
-    async def capacity_held(self, domain: str, cap: Capacity, sent: int) -> None:
-        """A chunk was held at its domain's capacity: alert (once per cool-off)."""
-        if self.alerter is None:
-            return
-        text = (
-            f"{domain} reached today's sending capacity ({sent:,} of {cap.limit:,} recipients, "
-            f"{cap.state}: {cap.why}); its mail is held until capacity allows"
-        )
-        await self.alerter.send(Alert("capacity", domain, text))
 
     def refresh(self) -> None:
         """Order the running chain by health and hand it to everything that picks providers."""

@@ -20,7 +20,7 @@ from services.consumers.canary_judge import CanaryJudge
 from services.consumers.dispatch import Dispatcher
 from services.consumers.domain_checks import DomainChecker
 from services.consumers.faults import FaultPoints, no_faults
-from services.consumers.live import ConsumerSettings, LiveMetrics
+from services.consumers.live import ConsumerSettings, LiveMetrics, capacity_alert
 from services.consumers.provider_rates import ProviderLimiter
 from services.consumers.rollups import RollUp
 from services.consumers.running import Running
@@ -81,6 +81,7 @@ def build_dispatcher(
     *,
     fault_points: FaultPoints = no_faults,
     running: Current[Running] | None = None,
+    alerter: Alerter | None = None,
 ) -> Dispatcher:
     """The provider senders' dispatcher, with its own provider adapters (close them);
     ``running`` is the live settings' cell (by default the env's values, never changed)."""
@@ -98,7 +99,7 @@ def build_dispatcher(
         fault_points=fault_points,
         deferred_deadline=settings.webhooks.deferred_deadline,
         limiter=ProviderLimiter(res.db, settings.amqp.exchange),
-        capacity=CapacityGate(DomainVolumes(res.db)),
+        capacity=CapacityGate(DomainVolumes(res.db), on_held=capacity_alert(alerter)),
         tracker=tracker_of(settings.tracking),
         user_hooks=HookEmitter(res.db, res.broker),
         campaigns=CampaignHold(CampaignStore(res.db, settings.amqp.exchange)),
@@ -133,7 +134,7 @@ async def start_consumers(
     await res.broker.declare()
     running = Current(Running.start(settings.providers))
     dispatcher = build_dispatcher(
-        settings, res, metrics, fault_points=fault_points, running=running
+        settings, res, metrics, fault_points=fault_points, running=running, alerter=alerter
     )
     providers = dispatcher.providers
     splitter = Splitter(res.broker, dispatcher.batches, running)
@@ -148,7 +149,6 @@ async def start_consumers(
         bulk_prefetch=settings.consumers.bulk_prefetch,
         alerter=alerter,
     )
-    dispatcher.capacity.on_held = applier.capacity_held
     watcher = Watcher(SettingsStore(res.db, settings.amqp.exchange), settings.providers, applier)
     await watcher.load()  # before any work is taken: a paused provider is paused from the start
     # Wake-ups are for the loops that asked for them (``shared.infra.leases``), not a change.

@@ -9,9 +9,11 @@ backoff, resolve intervals) stays in ``ProviderSettings``: live settings never c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
+from shared.delivery.domain_capacity import CapacityRules
 from shared.infra.config import ProviderSettings
 from shared.ops.livesettings import LiveSettings
 
@@ -26,11 +28,20 @@ class Running:
     """Providers an operator paused: their jobs go to the next provider, uncalled."""
     max_attempts: int = 6
     """Attempts a chunk or recipient may use (hops skipped without a call not counted)."""
+    limits: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    """Requests per second by provider code, shared by every process; absent or 0: none."""
+    capacity: CapacityRules = field(default_factory=CapacityRules)
+    """The sending domains' daily capacity rules (``shared.delivery.domain_capacity``)."""
 
     @classmethod
-    def start(cls, settings: ProviderSettings) -> Running:
-        """The env's values, in force until the live settings are loaded."""
-        return cls(chain=settings.chain_codes, max_attempts=settings.max_attempts)
+    def start(cls, settings: ProviderSettings, *, capacity: CapacityRules | None = None) -> Running:
+        """The env's values, in force until the live settings are loaded (``capacity``:
+        rules to start with, for a process that loads no live settings)."""
+        return cls(
+            chain=settings.chain_codes,
+            max_attempts=settings.max_attempts,
+            capacity=capacity or CapacityRules(),
+        )
 
     @classmethod
     def of(cls, live: LiveSettings, chain: tuple[str, ...], configured: Sequence[str]) -> Running:
@@ -40,4 +51,6 @@ class Running:
             chain=chain,
             paused=live.paused & frozenset(configured),
             max_attempts=live.max_attempts,
+            limits=MappingProxyType(live.limits()),
+            capacity=live.capacity,
         )

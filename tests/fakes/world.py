@@ -29,7 +29,7 @@ from shared.core.errors import ProviderError
 from shared.core.lanes import Priority
 from shared.core.models import Address, BatchJob, Chunk, Message, Recipient
 from shared.delivery.batchstore import NewBatch
-from shared.delivery.domain_capacity import CapacityGate
+from shared.delivery.domain_capacity import CapacityGate, CapacityRules
 from shared.delivery.precedence import visible
 from shared.delivery.recipients import log_id_for
 from shared.delivery.stats import batch_day, bucket_of
@@ -165,6 +165,7 @@ class World:
         campaigns: CampaignHold | None = None,
         limiter: ProviderLimiter | None = None,
         capacity: CapacityGate | None = None,
+        capacity_rules: CapacityRules | None = None,
         work: ByteBudget | None = None,
         cpu: CpuLane | None = None,
         adapters: Mapping[str, Provider] | None = None,
@@ -172,7 +173,8 @@ class World:
         **provider_settings: object,
     ) -> None:
         """``adapters`` replace the scripted providers the dispatcher calls; the scripted
-        providers in ``unconfigured`` get no adapter at all (a misconfigured process)."""
+        providers in ``unconfigured`` get no adapter at all (a misconfigured process);
+        ``capacity_rules`` are in force from the start (as live settings would set them)."""
         values: dict[str, object] = {
             "chain": "sg,mg",
             "max_attempts": 4,
@@ -204,7 +206,7 @@ class World:
         }
         self.metrics = DispatchMetrics.create(CollectorRegistry())
         self.fault_points: dict[str, Fault] = {}
-        self.running = Current(Running.start(self.settings))
+        self.running = Current(Running.start(self.settings, capacity=capacity_rules))
         """The live settings' cell the dispatcher, its hand-off and the splitter read."""
         self.dispatcher = Dispatcher(
             broker=self.broker,  # type: ignore[arg-type]

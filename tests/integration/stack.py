@@ -29,6 +29,7 @@ from services.consumers import protocol
 from services.consumers.faults import FaultPoints, no_faults
 from services.consumers.main import build_dispatcher
 from services.consumers.main import create_app as create_consumers
+from services.consumers.running import Running
 from services.consumers.splitter import Splitter
 from services.webhooks.app import create_app as create_webhooks
 from shared.accounts import accounts
@@ -186,10 +187,11 @@ class Stack:
         )
         await broker.connect()
         dispatcher = build_dispatcher(
-            self.settings, Resources(self.db, broker), fault_points=fault_points
+            self.settings,
+            Resources(self.db, broker),
+            fault_points=fault_points,
+            running=Current(Running.start(self.settings.providers, capacity=capacity)),
         )
-        if capacity is not None:
-            dispatcher.capacity.apply(capacity)
         try:
             message = await eventually(lambda: broker.get(queue), timeout=timeout)
             try:

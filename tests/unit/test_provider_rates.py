@@ -62,7 +62,7 @@ class FullProviders(ProviderLimiter):
         self.full = set(full)
         self.asked: list[str] = []
 
-    async def acquire(self, provider: str, now: datetime) -> float | None:
+    async def acquire(self, provider: str, now: datetime, limit: float) -> float | None:
         self.asked.append(provider)
         return 0.5 if provider in self.full else None
 

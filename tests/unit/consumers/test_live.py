@@ -6,13 +6,18 @@ bounds the decisions made from then on."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 
 from shared.core.batch_ids import accepted_at
+from shared.core.models import Chunk
 from shared.core.webhook_events import ProviderEvent
 from shared.delivery.batchstore import NewBatch
+from shared.delivery.domain_capacity import CapacityGate, CapacityRules
 from shared.delivery.recipients import log_id_for
 from shared.ops.livesettings import LiveSettings
+from shared.providers.base import Receipt
+from tests.fakes.delivery import FakeDomainVolumes
 from tests.fakes.world import World, refused
 from tests.unit.consumers.settings_applier import consumer_settings
 
@@ -113,6 +118,27 @@ async def test_a_deferral_deadline_hands_over_along_the_chain_in_force_at_the_de
     row = (await w.rows(batch))[A]
     assert row["superseded"] == frozenset({"c.0"})
     assert "no other provider is left to try" in str(row["gave_up_reason"])
+
+
+async def test_a_refused_call_gives_back_its_count_under_the_rules_it_was_admitted_by() -> None:
+    """Capacity rules turned off while SendGrid is being called: its refusal still gives
+    back the recipients the admission counted (the rules in force at the admission), and
+    Mailgun's call, admitted with no rules, counts nothing."""
+    volumes = FakeDomainVolumes()
+    w = World(
+        capacity=CapacityGate(volumes), capacity_rules=CapacityRules(enabled=True, initial=1000)
+    )
+
+    async def turned_off_then_refused(chunk: Chunk) -> Receipt:
+        w.running.set(replace(w.running(), capacity=CapacityRules(enabled=False)))
+        raise refused("sg")
+
+    w.providers["sg"].answers.append(turned_off_then_refused)
+    await w.accept(A, B)
+    await w.settle()
+
+    assert sorted(w.providers["mg"].emails()) == [A, B]
+    assert [day["sent"] for day in volumes.days.values()] == [0]
 
 
 async def test_with_every_provider_paused_the_provider_queues_are_not_consumed() -> None:

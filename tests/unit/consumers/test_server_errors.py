@@ -69,7 +69,9 @@ async def test_a_5xx_leaves_the_attempt_ambiguous_and_sends_nothing_elsewhere(st
     queued, the call counts against the provider's health, and the sending domain's capacity
     keeps the recipients (they may have gone out)."""
     volumes = FakeDomainVolumes()
-    w = World(capacity=CapacityGate(volumes, CapacityRules(enabled=True, initial=1000)))
+    w = World(
+        capacity=CapacityGate(volumes), capacity_rules=CapacityRules(enabled=True, initial=1000)
+    )
     batch = await w.accept(A, B)
     w.providers["sg"].answers.append(answered("sg", status))
     await _quiet(w)
