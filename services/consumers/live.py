@@ -11,8 +11,10 @@
 * When every provider is paused, the provider queues (both lanes and the re-sends) are not
   consumed at all: work waits in the broker, not in memory, until one is resumed.
 * ``max_attempts`` bounds the decisions made from now on.
-* The sending domains' capacity rules (``shared.delivery.domain_capacity``) apply to the next chunk;
-  a chunk held at its domain's capacity raises the ``capacity`` alert.
+* The providers' rate limits apply to the next call, and the sending domains' capacity rules
+  (``shared.delivery.domain_capacity``) to the next chunk (its admission and the release of a
+  refused call under the same rules); a chunk held at its domain's capacity raises the
+  ``capacity`` alert (:func:`capacity_alert`, wired when the dispatcher is built).
 * Health orders the running chain (:func:`shared.providers.provider_health.order`): a refresh adds
   this process's calls to the shared windows, reads every provider's windows back, moves
   each circuit and re-orders the chain. Refreshes come every :data:`REFRESH_EVERY` seconds
