@@ -107,7 +107,6 @@ def _answer(provider: str) -> Callable[[httpx.Request], httpx.Response]:
 
 
 def _world(provider: str, cpu: CpuLane) -> World:
-    world = World(chain=provider)
     client = httpx.AsyncClient(transport=httpx.MockTransport(_answer(provider)))
     adapter: SendGridProvider | MailgunProvider
     if provider == "sg":
@@ -123,12 +122,14 @@ def _world(provider: str, cpu: CpuLane) -> World:
             client=client,
             cpu=cpu,
         )
-    world.dispatcher.providers = {provider: adapter}
-    world.dispatcher.cpu = cpu
     # The production dispatcher's work budget (``services.consumers.main``): what a chunk's
     # recipients weigh is part of its work.
-    world.dispatcher.work = ByteBudget(ConsumerSettings().work_budget_bytes)
-    return world
+    return World(
+        chain=provider,
+        adapters={provider: adapter},
+        cpu=cpu,
+        work=ByteBudget(ConsumerSettings().work_budget_bytes),
+    )
 
 
 async def _accept(world: World, factory: BatchFactory, batches: int) -> None:

@@ -35,14 +35,16 @@ from services.api.templated import TemplateBatches
 from services.consumers.campaign_hold import CampaignHold
 from services.consumers.canary_judge import CanaryJudge
 from services.consumers.dispatch import Dispatcher
+from services.consumers.running import Running
 from services.consumers.scheduler import Scheduler
 from services.consumers.splitter import Splitter
 from services.hooks.worker import Worker
 from services.webhooks.intake import Intake
 from shared.delivery.acceptance import Acceptance
-from shared.delivery.handoff import HandOff
+from shared.delivery.handoff import HandOff, Routing
 from shared.delivery.outbox import Relay
 from shared.infra.background import Background
+from shared.infra.current import Current
 from shared.infra.resources import topology_for
 from shared.infra.settle import Delivery, run
 from shared.ingest.ingest import Ingest
@@ -253,6 +255,8 @@ class World:
     async def _start_consumers(self, inc: Incarnation) -> None:
         process = inc.process
         namespace = self.settings.amqp.exchange
+        # No live settings here: the consumers run on the env's values for good.
+        running = Current(Running.start(self.settings.providers))
         dispatcher = Dispatcher(
             broker=self.broker,  # type: ignore[arg-type]
             batches=self.batches,
@@ -262,6 +266,7 @@ class World:
             metrics=metrics().dispatch,
             recipients=self.recipients,
             suppressions=self.suppressions,
+            running=running,
             deferred_deadline=self.settings.webhooks.deferred_deadline,
             campaigns=CampaignHold(self.campaign_store),
             user_hooks=self._emitter(),
@@ -270,7 +275,7 @@ class World:
         splitter = Splitter(
             self.broker,  # type: ignore[arg-type]
             self.batches,
-            self.settings.providers.chain_codes[0],
+            running,
         )
         settle = Acceptance(
             self.batches,
@@ -308,8 +313,7 @@ class World:
             self.attempts,
             self.recipients,
             self.broker,  # type: ignore[arg-type]
-            self.settings.providers.chain_codes,
-            self.settings.providers.max_attempts,
+            Current(Routing.start(self.settings.providers)),
         )
         ingest = Ingest(
             batches=self.batches,

@@ -14,11 +14,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import Any
 
 from services.consumers import failover, protocol
+from services.consumers.campaign_hold import CampaignHold
+from services.consumers.faults import FaultPoints
+from services.consumers.followup import FollowUps
+from services.consumers.provider_rates import ProviderLimiter
+from services.consumers.running import Running
+from services.consumers.screening import Screen
 from shared.accounts.domains import domain_of
 from shared.core.errors import (
     CapacityHeld,
@@ -30,17 +37,19 @@ from shared.core.errors import (
     TransientProviderError,
 )
 from shared.core.models import Chunk, Message, chain_for
-from shared.delivery.attempts import Attempt, find, tag
+from shared.delivery.attempts import Attempt, Attempts, find, tag
+from shared.delivery.domain_capacity import CapacityGate
+from shared.delivery.recipients import Recipients
 from shared.engagement.engagement import Tracker, personalize
 from shared.infra.byte_budget import BudgetExhausted, ByteBudget
 from shared.infra.db import Row
+from shared.infra.gil import CpuLane
+from shared.infra.metrics import DispatchMetrics
 from shared.infra.settle import MAX_OUTAGE_BACKOFF, MAX_OUTAGE_HOLD, Delivery
 from shared.outbound import recipient_events
-from shared.providers.base import Receipt
+from shared.providers.base import Provider, Receipt
+from shared.providers.provider_health import Tally
 from shared.templates import template_use
-
-if TYPE_CHECKING:
-    from services.consumers.dispatch import Dispatcher
 
 log = logging.getLogger(__name__)
 
@@ -72,51 +81,117 @@ class Answer:
         return self.error is not None and self.error.outcome_unknown
 
 
+@dataclass(kw_only=True)
+class Decisions:
+    """What follows a failed attempt (``failover.decide``), decided with the chain and max
+    attempts in force when it is made (the caller's and the resolver's alike)."""
+
+    follow: FollowUps
+    running: Callable[[], Running]
+    """The live settings in force (``services.consumers.running``), read once per decision."""
+    backoff: Sequence[int]
+    """Seconds before each retry through the same provider (the env's, static)."""
+
+    async def decide(
+        self, job: protocol.Job, line: list[Attempt], error: ProviderError
+    ) -> dict[str, Any]:
+        """The decision after attempt ``job.attempt`` failed with ``error``, as columns."""
+        running = self.running()
+        refused = frozenset(a.provider for a in line if (a.error or "").startswith("permanent|"))
+        # Providers skipped (paused, at their rate limit) or work held at its domain's
+        # capacity were never called: those hops do not use up the chunk's attempts.
+        skipped = sum(1 for a in line if (a.error or "").startswith(("skipped|", "held|")))
+        skipped += isinstance(error, ProviderSkipped)
+        excluded = await self.follow.excluded(job)
+        header = await self.follow.header(job.batch_id)
+        verdict = failover.decide(
+            chain=chain_for(header.message, running.chain),
+            attempt=job.attempt,
+            error=error,
+            max_attempts=running.max_attempts + skipped,
+            backoff=self.backoff,
+            permanent_from=refused,
+            excluded=excluded,
+        )
+        if isinstance(verdict, failover.Retry):
+            return {
+                "decision": "retry",
+                "verdict": f"{error.provider} {error.message}"[:1000],
+                "next_provider": verdict.provider,
+                "next_attempt": verdict.attempt,
+                "next_delay": round(verdict.delay),
+            }
+        return {"decision": "give_up", "verdict": verdict.reason[:1000]}
+
+
+@dataclass(kw_only=True)
 class Caller:
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.d = dispatcher
+    """Calls the provider for an attempt a delivery holds as calling and records the
+    answer (``services.consumers.dispatch`` builds it once per process)."""
+
+    attempts: Attempts
+    providers: Mapping[str, Provider]
+    recipients: Recipients
+    follow: FollowUps
+    screen: Screen
+    decisions: Decisions
+    running: Callable[[], Running]
+    """The live settings in force (``services.consumers.running``), read at each call."""
+    limiter: ProviderLimiter
+    capacity: CapacityGate
+    tally: Tally
+    campaigns: CampaignHold | None
+    tracker: Tracker | None
+    work: ByteBudget | None
+    cpu: CpuLane
+    metrics: DispatchMetrics
+    fault_points: FaultPoints
+    now: Callable[[], datetime]
+    timeout: float
+    """A provider call's timeout: the longest a chunk waits for room in :attr:`work`."""
+    resolve_interval: float
+    """Seconds from an unknown answer to the first look for evidence."""
 
     async def call(self, job: protocol.Job, delivery: Delivery) -> bool:
         """Call the provider for the attempt this delivery holds, then record the answer."""
-        d = self.d
-        header = await d.follow.header(job.batch_id)
+        header = await self.follow.header(job.batch_id)
         to_send, taken = await self._pending_with_room(job)
         try:
             message = template_use.message_for(header.message, job.chunk)
             if to_send:
                 # The last look at the suppression list (``services.consumers.screening``),
                 # before "called" is set: a read that fails is retried, never sent unchecked.
-                to_send, message = await d.screen(job, header, to_send, message)
+                to_send, message = await self.screen(job, header, to_send, message)
             delivery.scratch["called"] = True
             if not to_send:
                 answer = Answer(receipt=Receipt(job.provider, 0, None))  # nothing left to send
             else:
-                tracker = d.tracker if header.message.engagement is not None else None
+                tracker = self.tracker if header.message.engagement is not None else None
                 build = (job, message, to_send, tracker)
                 # A token per recipient and link, or a large chunk's models: CPU work (34 ms
                 # for 1,000 recipients with 100 substitutions each), kept off the event loop.
                 if tracker is not None or heavy(to_send):
-                    chunk = await d.cpu.run(_chunk, *build)
+                    chunk = await self.cpu.run(_chunk, *build)
                 else:
                     chunk = _chunk(*build)
-                await d.fault_points("before_call", job)
+                await self.fault_points("before_call", job)
                 held = (
-                    await d.campaigns.check(header.user_id, header.message, job.provider)
-                    if d.campaigns is not None
+                    await self.campaigns.check(header.user_id, header.message, job.provider)
+                    if self.campaigns is not None
                     else None
                 )
                 sent = Answer(error=held) if held is not None else await self._send(job, chunk)
                 answer = replace(sent, recipients=len(to_send))
                 del chunk, build, to_send  # not held past the budget they took
         finally:
-            if d.work is not None:
-                d.work.give(taken)
+            if self.work is not None:
+                self.work.give(taken)
         delivery.scratch["answer"] = answer
-        await d.fault_points("answered", job)
+        await self.fault_points("answered", job)
         return await self.record(job, delivery)
 
     async def _pending(self, job: protocol.Job) -> list[Row]:
-        rows = await self.d.follow.rows(job)
+        rows = await self.follow.rows(job)
         return protocol.pending(rows, own_line=job.own_line, tag=tag(job.line, job.attempt))
 
     async def _pending_with_room(self, job: protocol.Job) -> tuple[list[Row], int]:
@@ -128,58 +203,60 @@ class Caller:
         again once there is room, so a waiting chunk holds nothing. The wait is at most one
         call's length, so the attempt this delivery holds as calling cannot outlive its
         lease (2 calls + 5 s) by it; past it the chunk goes anyway, over budget."""
-        d = self.d
         to_send = await self._pending(job)
-        if d.work is None or not to_send:
+        if self.work is None or not to_send:
             return to_send, 0
         if heavy(to_send, WEIGH_US):
-            weight = await d.cpu.run(weigh, to_send)
+            weight = await self.cpu.run(weigh, to_send)
         else:
             weight = weigh(to_send)
-        taken = d.work.try_take(weight)
+        taken = self.work.try_take(weight)
         if taken is not None:
             return to_send, taken
         del to_send
-        taken = await _room(d.work, weight, wait=d.settings.timeout)
+        taken = await _room(self.work, weight, wait=self.timeout)
         try:
             return await self._pending(job), taken
         except BaseException:
-            d.work.give(taken)
+            self.work.give(taken)
             raise
 
     async def _send(self, job: protocol.Job, chunk: Chunk) -> Answer:
-        d = self.d
-        if job.provider in d.paused:
+        running = self.running()  # one set of rules for the admission and its release
+        if job.provider in running.paused:
             # Not called: rejected like a refusal, so the decision moves the work on.
             return Answer(error=ProviderSkipped(job.provider, "paused by an operator"))
         domain = domain_of(chunk.message.sender.email)
         count = len(chunk.recipients)
-        held = await d.capacity.admit(domain, count, d.now())
+        held = await self.capacity.admit(domain, count, self.now(), running.capacity)
         if held is not None:
             return Answer(error=CapacityHeld(job.provider, held.reason, retry_after=held.wait))
-        await d.fault_points("admitted", job)  # dying here leaves the recipients counted, not sent
+        # Dying here leaves the recipients counted, not sent.
+        await self.fault_points("admitted", job)
         answer = await self._call(job, chunk, pinned=chunk.message.provider is not None)
         if answer.error is not None and not answer.unknown:
-            await d.capacity.release(domain, count, d.now())  # not sent: not counted
+            # Not sent: not counted.
+            await self.capacity.release(domain, count, self.now(), running.capacity)
         return answer
 
     async def _call(self, job: protocol.Job, chunk: Chunk, *, pinned: bool) -> Answer:
-        limiter = self.d.limiter
+        limiter = self.limiter
 
         async def gate() -> None:
             """The shared rate limit, asked once the request is built (as late as can be)."""
-            wait = await limiter.acquire(job.provider, self.d.now())
+            limit = self.running().limits.get(job.provider) or 0.0
+            wait = await limiter.acquire(job.provider, self.now(), limit)
             if wait is not None:
                 then = "waiting for it (the batch pins it)" if pinned else "spilled over"
                 raise ProviderSkipped(job.provider, f"at its rate limit: {then}", retry_after=wait)
 
-        provider = self.d.providers.get(job.provider)
+        provider = self.providers.get(job.provider)
         if provider is None:
             error = ProviderMisconfigured(job.provider, "provider is not configured in the chain")
             return Answer(error=error)
         started = time.monotonic()
         task = asyncio.ensure_future(provider.send(chunk, gate))
-        await self.d.fault_points("during_call", job)  # a process dying here leaves it in flight
+        await self.fault_points("during_call", job)  # a process dying here leaves it in flight
         try:
             receipt = await task
         except ProviderSkipped as skipped:
@@ -187,11 +264,11 @@ class Caller:
         except ProviderError as error:
             if error.status == 429 and error.retry_after:
                 # The provider says how long it is full: every process holds off that long.
-                await self.d.limiter.block(job.provider, self.d.now(), error.retry_after)
+                await self.limiter.block(job.provider, self.now(), error.retry_after)
             # An invalid request says nothing about the provider's health; anything else does.
-            self.d.tally.count(
+            self.tally.count(
                 job.provider,
-                self.d.now(),
+                self.now(),
                 error=not isinstance(error, PermanentProviderError),
                 seconds=time.monotonic() - started,
             )
@@ -204,15 +281,13 @@ class Caller:
                 error,
             )
             return Answer(error=error)
-        self.d.tally.count(
-            job.provider, self.d.now(), error=False, seconds=time.monotonic() - started
-        )
+        self.tally.count(job.provider, self.now(), error=False, seconds=time.monotonic() - started)
         return Answer(receipt=receipt)
 
     async def record(self, job: protocol.Job, delivery: Delivery) -> bool:
         """Store this delivery's answer (retrying through outages); True when finished."""
         answer: Answer | None = delivery.scratch.get("answer")
-        line = await self.d.attempts.line(job.batch_id, job.line, serial=True)
+        line = await self.attempts.line(job.batch_id, job.line, serial=True)
         current = find(line, job.attempt)
         if current is None:
             return False
@@ -227,19 +302,19 @@ class Caller:
             # Whether a chain of checks already runs (see _values) must still hold as read.
             expect["checks"] = current.checks
         stored = await self._durably(
-            lambda: self.d.attempts.transition(
+            lambda: self.attempts.transition(
                 job.batch_id, job.line, job.attempt, expect=expect, values=values
             )
         )
         if stored:
-            await self.d.fault_points("recorded", job)
+            await self.fault_points("recorded", job)
             return await self._settled(job, replace(current, **values), answer, values)
         return await self._late(job, delivery, answer)
 
     async def _values(
         self, job: protocol.Job, line: list[Attempt], current: Attempt, answer: Answer
     ) -> dict[str, Any]:
-        now = self.d.now()
+        now = self.now()
         if answer.receipt is not None:
             return {
                 "state": "accepted",
@@ -269,46 +344,14 @@ class Caller:
             "finished_at": now,
             "status_code": answer.error.status,
             "error": encode_error(answer.error),
-            **await self.decision(job, line, answer.error),
+            **await self.decisions.decide(job, line, answer.error),
         }
-
-    async def decision(
-        self, job: protocol.Job, line: list[Attempt], error: ProviderError
-    ) -> dict[str, Any]:
-        """The decision after attempt ``job.attempt`` failed with ``error``, as columns."""
-        settings = self.d.settings
-        refused = frozenset(a.provider for a in line if (a.error or "").startswith("permanent|"))
-        # Providers skipped (paused, at their rate limit) or work held at its domain's
-        # capacity were never called: those hops do not use up the chunk's attempts.
-        skipped = sum(1 for a in line if (a.error or "").startswith(("skipped|", "held|")))
-        skipped += isinstance(error, ProviderSkipped)
-        excluded = await self.d.follow.excluded(job)
-        header = await self.d.follow.header(job.batch_id)
-        verdict = failover.decide(
-            chain=chain_for(header.message, settings.chain_codes),
-            attempt=job.attempt,
-            error=error,
-            max_attempts=settings.max_attempts + skipped,
-            backoff=settings.backoff_tiers,
-            permanent_from=refused,
-            excluded=excluded,
-        )
-        if isinstance(verdict, failover.Retry):
-            return {
-                "decision": "retry",
-                "verdict": f"{error.provider} {error.message}"[:1000],
-                "next_provider": verdict.provider,
-                "next_attempt": verdict.attempt,
-                "next_delay": round(verdict.delay),
-            }
-        return {"decision": "give_up", "verdict": verdict.reason[:1000]}
 
     async def _settled(
         self, job: protocol.Job, attempt: Attempt, answer: Answer, values: dict[str, Any]
     ) -> bool:
-        d = self.d
         if attempt.state == "ambiguous":
-            d.metrics.ambiguous.labels(job.provider).inc()
+            self.metrics.ambiguous.labels(job.provider).inc()
             if "checks" in values or protocol.numbered_by(job, attempt):
                 # We numbered the first check (``values`` set it), or another delivery of our
                 # message did while we called (it waited for our lease): a copy whose
@@ -316,36 +359,36 @@ class Caller:
                 # before publishing its check, nothing would redeliver it to publish it
                 # again. Seeing the check published is ours then; should both publish, the
                 # copy whose LWT applies first holds the chain and the other dies out.
-                await d.follow.check(job, attempt.checks, d.settings.resolve_interval)
+                await self.follow.check(job, attempt.checks, self.resolve_interval)
             return True
         if answer.receipt is not None and answer.receipt.status:
-            d.metrics.chunks_sent.labels(job.provider).inc()
-            d.metrics.recipients_sent.labels(job.provider).inc(answer.recipients)
+            self.metrics.chunks_sent.labels(job.provider).inc()
+            self.metrics.recipients_sent.labels(job.provider).inc(answer.recipients)
         elif answer.error is not None:
             kind = encode_error(answer.error).partition("|")[0]
-            d.metrics.attempts_failed.labels(job.provider, kind).inc()
-        await d.follow.carry_out(job, attempt)
+            self.metrics.attempts_failed.labels(job.provider, kind).inc()
+        await self.follow.carry_out(job, attempt)
         return True
 
     async def _late(self, job: protocol.Job, delivery: Delivery, answer: Answer) -> bool:
         """Our record did not apply: someone presumed us dead and marked the call ambiguous.
         The answer we hold is still the truth; use it to resolve the attempt."""
-        line = await self.d.attempts.line(job.batch_id, job.line, serial=True)
+        line = await self.attempts.line(job.batch_id, job.line, serial=True)
         current = find(line, job.attempt)
         if current is None or current.state != "ambiguous" or answer.unknown:
             return False  # settled by someone else, or we know no more than they do
         if answer.receipt is not None:
-            everyone = await self.d.follow.rows(job)
-            waiting = self.d.follow.waiting(job, everyone, job.attempt)
-            await self.d.follow.tell(
+            everyone = await self.follow.rows(job)
+            waiting = self.follow.waiting(job, everyone, job.attempt)
+            await self.follow.tell(
                 job.batch_id,
                 lambda: recipient_events.attempt_events(
                     current, job.batch_id, waiting, outcome="confirmed sent", evidence="api"
                 ),
             )
-            await self.d.recipients.accepted(
+            await self.recipients.accepted(
                 job.batch_id,
-                self.d.follow.select(job, everyone, waiting),
+                self.follow.select(job, everyone, waiting),
                 provider=job.provider,
                 tag=current.tag,
                 when=current.calling_at or current.created_at,
@@ -363,15 +406,15 @@ class Caller:
                 "state": "resolved",
                 "resolution": "not_accepted",
                 "error": encode_error(answer.error),
-                **await self.decision(job, line, answer.error),
+                **await self.decisions.decide(job, line, answer.error),
             }
         resolved = await self._durably(
-            lambda: self.d.attempts.transition(
+            lambda: self.attempts.transition(
                 job.batch_id, job.line, job.attempt, expect={"state": "ambiguous"}, values=values
             )
         )
         if resolved:
-            await self.d.follow.carry_out(job, replace(current, **values))
+            await self.follow.carry_out(job, replace(current, **values))
         return resolved
 
     async def _durably(self, write: Any) -> bool:

@@ -10,24 +10,33 @@ everything its steps decided is durable: the outcome and decision on the attempt
 recipients' rows, and the follow-up job confirmed by the broker.
 
 ``fault_points`` is awaited at every point where a process can die on the send path (tests
-inject crashes and interleavings there; in production it does nothing).
+inject crashes and interleavings there; in production it does nothing:
+``services.consumers.faults``).
+
+The send path's state is in one place: the :class:`Dispatcher` is frozen, built once per
+process with its parts; its collaborators (follow-ups, the suppression screen, decisions, the
+caller, the resolver, the hand-off) are built from it with exactly what each uses, and none
+reaches back to it. What live settings change is one ``services.consumers.running.Running``
+in the :attr:`Dispatcher.running` cell, replaced whole by the applier.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import aio_pika.abc
 
 from services.consumers import protocol
-from services.consumers.calls import Caller
+from services.consumers.calls import Caller, Decisions
 from services.consumers.campaign_hold import CampaignHold
+from services.consumers.faults import FaultPoints, no_faults
 from services.consumers.followup import FollowUps
 from services.consumers.provider_rates import ProviderLimiter
 from services.consumers.resolution import Resolver
+from services.consumers.running import Running
 from services.consumers.screening import Screen
 from shared.audience.suppressions import SuppressionChecks
 from shared.core.errors import DependencyUnavailable
@@ -41,6 +50,7 @@ from shared.engagement.engagement import Tracker
 from shared.infra.broker import Broker
 from shared.infra.byte_budget import ByteBudget
 from shared.infra.config import ProviderSettings
+from shared.infra.current import Current
 from shared.infra.gil import CpuLane
 from shared.infra.logs import bound
 from shared.infra.metrics import DispatchMetrics
@@ -55,14 +65,6 @@ log = logging.getLogger(__name__)
 #: Steps one delivery may take before it gives up and requeues (a livelock guard: every
 #: step either settles the delivery or loses a race that someone else won).
 MAX_STEPS = 12
-
-#: ``await fault_points(point, job)`` at every point where a process could die on the send
-#: path: tests inject crashes and interleavings there.
-FaultPoints = Callable[[str, protocol.Job], Awaitable[None]]
-
-
-async def no_faults(point: str, job: protocol.Job) -> None:
-    """Production: no fault is injected anywhere."""
 
 
 def decode(message: aio_pika.abc.AbstractIncomingMessage) -> tuple[protocol.Job, str | None]:
@@ -102,21 +104,27 @@ def decode(message: aio_pika.abc.AbstractIncomingMessage) -> tuple[protocol.Job,
     return job, log_job.deferral
 
 
-@dataclass
+@dataclass(frozen=True)
 class Dispatcher:
+    """One provider sender's state, built once with its parts (frozen: nothing is swapped
+    in afterwards; live settings change :attr:`running`'s value, not the dispatcher)."""
+
     broker: Broker
     batches: Batches
     attempts: Attempts
     providers: Mapping[str, Provider]
     settings: ProviderSettings
+    """Static: the env's values. The chain, pauses and max attempts in force are
+    :attr:`running`'s."""
     metrics: DispatchMetrics
     recipients: Recipients
     suppressions: SuppressionChecks
     """Looked up again before every provider call (``services.consumers.screening``)."""
+    running: Current[Running]
+    """What live settings and health decide, replaced whole by the applier
+    (``services.consumers.live``); read at the point of use."""
     fault_points: FaultPoints = no_faults
     deferred_deadline: int = 4 * 3600
-    paused: frozenset[str] = frozenset()
-    """Providers an operator paused (live settings): their jobs go to the next provider."""
     tally: Tally = field(default_factory=Tally)
     """Calls not yet added to the shared health windows (``shared.providers.provider_health``)."""
     limiter: ProviderLimiter = field(default_factory=lambda: ProviderLimiter(None, ""))
@@ -137,18 +145,80 @@ class Dispatcher:
     cpu: CpuLane = field(default_factory=CpuLane)
     """The process's thread for long pure-Python work (``shared.infra.gil``)."""
 
+    follow: FollowUps = field(init=False, repr=False, compare=False)
+    screen: Screen = field(init=False, repr=False, compare=False)
+    decisions: Decisions = field(init=False, repr=False, compare=False)
+    caller: Caller = field(init=False, repr=False, compare=False)
+    resolver: Resolver = field(init=False, repr=False, compare=False)
+    handoff: HandOff = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
-        self.handoff = HandOff(
-            self.attempts,
-            self.recipients,
-            self.broker,
-            self.settings.chain_codes,
-            self.settings.max_attempts,
+        """Compose the collaborators, each with what it uses, in dependency order."""
+        follow = FollowUps(
+            batches=self.batches,
+            recipients=self.recipients,
+            broker=self.broker,
+            metrics=self.metrics,
+            fault_points=self.fault_points,
+            user_hooks=self.user_hooks,
         )
-        self.follow = FollowUps(self)
-        self.caller = Caller(self)
-        self.screen = Screen(self)
-        self.resolver = Resolver(self)
+        screen = Screen(
+            suppressions=self.suppressions,
+            recipients=self.recipients,
+            follow=follow,
+            metrics=self.metrics,
+            fault_points=self.fault_points,
+            now=self.now,
+        )
+        decisions = Decisions(
+            follow=follow, running=self.running, backoff=self.settings.backoff_tiers
+        )
+        caller = Caller(
+            attempts=self.attempts,
+            providers=self.providers,
+            recipients=self.recipients,
+            follow=follow,
+            screen=screen,
+            decisions=decisions,
+            running=self.running,
+            limiter=self.limiter,
+            capacity=self.capacity,
+            tally=self.tally,
+            campaigns=self.campaigns,
+            tracker=self.tracker,
+            work=self.work,
+            cpu=self.cpu,
+            metrics=self.metrics,
+            fault_points=self.fault_points,
+            now=self.now,
+            timeout=self.settings.timeout,
+            resolve_interval=self.settings.resolve_interval,
+        )
+        resolver = Resolver(
+            attempts=self.attempts,
+            providers=self.providers,
+            recipients=self.recipients,
+            follow=follow,
+            decisions=decisions,
+            metrics=self.metrics,
+            fault_points=self.fault_points,
+            now=self.now,
+            settings=protocol.ResolveSettings(
+                interval=self.settings.resolve_interval,
+                query_after=self.settings.query_after,
+                webhook_window=self.settings.webhook_window,
+            ),
+        )
+        handoff = HandOff(self.attempts, self.recipients, self.broker, self.running)
+        for name, part in (
+            ("follow", follow),
+            ("screen", screen),
+            ("decisions", decisions),
+            ("caller", caller),
+            ("resolver", resolver),
+            ("handoff", handoff),
+        ):
+            object.__setattr__(self, name, part)  # frozen: set once, here
 
     @property
     def lease(self) -> timedelta:

@@ -12,22 +12,22 @@ import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from services.consumers import protocol
+from services.consumers.faults import FaultPoints
 from shared.core.models import ChunkJob, LogJob
 from shared.delivery.attempts import Attempt, tag
-from shared.delivery.batchstore import BatchHeader
+from shared.delivery.batchstore import Batches, BatchHeader
 from shared.delivery.handoff import excluded_providers
-from shared.delivery.recipients import Selection
+from shared.delivery.recipients import Recipients, Selection
+from shared.infra.broker import Broker
 from shared.infra.db import Row
+from shared.infra.metrics import DispatchMetrics
 from shared.infra.settle import Poison
 from shared.infra.topology import dispatch_key, log_key
 from shared.outbound import recipient_events
-from shared.outbound.user_hooks import HookEvent
-
-if TYPE_CHECKING:
-    from services.consumers.dispatch import Dispatcher
+from shared.outbound.user_hooks import HookEvent, UserHooks
 
 log = logging.getLogger(__name__)
 
@@ -36,17 +36,27 @@ log = logging.getLogger(__name__)
 HEADER_CACHE = 1024
 
 
+@dataclass(kw_only=True)
 class FollowUps:
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.d = dispatcher
-        self._headers: OrderedDict[uuid.UUID, BatchHeader] = OrderedDict()
+    """A process's follow-ups (built once per process: its batch headers are cached)."""
+
+    batches: Batches
+    recipients: Recipients
+    broker: Broker
+    metrics: DispatchMetrics
+    fault_points: FaultPoints
+    user_hooks: UserHooks | None
+    """Where each attempt's events go for the users' webhooks (None: nowhere)."""
+    _headers: OrderedDict[uuid.UUID, BatchHeader] = field(
+        default_factory=OrderedDict, init=False, repr=False
+    )
 
     async def header(self, batch_id: uuid.UUID) -> BatchHeader:
         cached = self._headers.get(batch_id)
         if cached is not None:
             self._headers.move_to_end(batch_id)
             return cached
-        header = await self.d.batches.header(batch_id)
+        header = await self.batches.header(batch_id)
         if header is None:
             raise Poison(f"batch {batch_id} does not exist")
         self._headers[batch_id] = header
@@ -57,8 +67,8 @@ class FollowUps:
     async def rows(self, job: protocol.Job) -> list[Row]:
         """The recipient rows a job's line is about: its chunk's, or its one recipient's."""
         if job.log_id is None:
-            return await self.d.recipients.chunk_rows(job.batch_id, job.chunk)
-        row = await self.d.recipients.one(job.batch_id, job.chunk, job.log_id, addresses=True)
+            return await self.recipients.chunk_rows(job.batch_id, job.chunk)
+        row = await self.recipients.one(job.batch_id, job.chunk, job.log_id, addresses=True)
         if row is None:
             raise Poison(f"no recipient {job.log_id} in batch {job.batch_id}")
         return [row]
@@ -112,7 +122,7 @@ class FollowUps:
                 ),
             )
         if attempt.state == "accepted":
-            await self.d.recipients.accepted(
+            await self.recipients.accepted(
                 job.batch_id,
                 chosen,
                 provider=attempt.provider,
@@ -120,37 +130,37 @@ class FollowUps:
                 when=attempt.calling_at or attempt.created_at,
                 message_id=attempt.message_id,
             )
-            await self.d.fault_points("effects", job)
+            await self.fault_points("effects", job)
             return
         if attempt.decision == "done":
             return  # resolved as accepted: the evidence wrote the rows
         if chosen.log_ids:
-            await self.d.recipients.call_failed(
+            await self.recipients.call_failed(
                 job.batch_id,
                 chosen,
                 provider=attempt.provider,
                 result=_result(attempt),
                 when=attempt.finished_at or attempt.created_at,
             )
-        await self.d.fault_points("effects", job)
+        await self.fault_points("effects", job)
         if attempt.decision == "retry":
             await self._publish_next(job, attempt)
         elif attempt.decision == "give_up":
             header = await self.header(job.batch_id)
-            await self.d.recipients.give_up(
+            await self.recipients.give_up(
                 job.batch_id,
                 header.user_id,
                 chosen,
                 reason=attempt.verdict or "every provider failed",
                 when=attempt.finished_at or attempt.created_at,
             )
-            self.d.metrics.recipients_failed.inc(len(chosen.log_ids))
-        await self.d.fault_points("followed", job)
+            self.metrics.recipients_failed.inc(len(chosen.log_ids))
+        await self.fault_points("followed", job)
 
     async def tell(self, batch_id: uuid.UUID, events: Callable[[], list[HookEvent]]) -> None:
         """Queue ``events()`` for the batch's user's webhooks (persisted before returning;
         built only when the user has an endpoint that collects them)."""
-        hooks = self.d.user_hooks
+        hooks = self.user_hooks
         if hooks is None:
             return
         header = await self.header(batch_id)
@@ -161,7 +171,7 @@ class FollowUps:
         provider, number = attempt.next_provider, attempt.next_attempt
         assert provider is not None and number is not None  # noqa: S101 - a retry names both
         delay = attempt.next_delay or 0
-        tier = self.d.broker.topology.delay_tier_for(delay) if delay else None
+        tier = self.broker.topology.delay_tier_for(delay) if delay else None
         if job.log_id is None:
             key = dispatch_key(provider, job.batch_id, number, job.lane)
             body = ChunkJob(batch_id=job.batch_id, chunk=job.chunk, attempt=number).encode()
@@ -172,11 +182,11 @@ class FollowUps:
                 batch_id=job.batch_id, chunk=job.chunk, log_id=job.log_id, attempt=number
             ).encode()
             message_id = f"{job.log_id}:{number}"
-        await self.d.broker.publish(key, body, delay=tier, message_id=message_id)
+        await self.broker.publish(key, body, delay=tier, message_id=message_id)
 
     async def check(self, job: protocol.Job, checks: int, delay: float) -> None:
         """Queue check number ``checks`` of the job's attempt, ``delay`` seconds from now."""
-        tier = self.d.broker.topology.delay_tier_for(delay)
+        tier = self.broker.topology.delay_tier_for(delay)
         if job.log_id is None:
             key = dispatch_key(job.provider, job.batch_id, job.attempt, job.lane)
             body = ChunkJob(
@@ -193,7 +203,7 @@ class FollowUps:
             ).encode()
         # An id of its own (not only its number): the check's delivery may number the next
         # one, and the attempt then records this id as the one whose redelivery republishes.
-        await self.d.broker.publish(
+        await self.broker.publish(
             key,
             body,
             delay=tier,

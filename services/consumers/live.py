@@ -2,15 +2,19 @@
 (``shared.providers.provider_health``) to a running consumer process.
 
 * The chain's order decides where new chunks go (the splitter's first provider) and where
-  failover goes next (every decision reads the dispatcher's settings when it is made).
+  failover goes next. What live settings and health decide is one
+  ``services.consumers.running.Running``, replaced whole in one cell: every decision reads
+  the one in force when it is made.
 * A paused provider is not called: a job that reaches its queue is recorded as a rejected
   attempt ("paused by an operator") and passed to the next running provider, through the
   attempt protocol like any failure, so nothing is lost or sent twice.
 * When every provider is paused, the provider queues (both lanes and the re-sends) are not
   consumed at all: work waits in the broker, not in memory, until one is resumed.
 * ``max_attempts`` bounds the decisions made from now on.
-* The sending domains' capacity rules (``shared.delivery.domain_capacity``) apply to the next chunk;
-  a chunk held at its domain's capacity raises the ``capacity`` alert.
+* The providers' rate limits apply to the next call, and the sending domains' capacity rules
+  (``shared.delivery.domain_capacity``) to the next chunk (its admission and the release of a
+  refused call under the same rules); a chunk held at its domain's capacity raises the
+  ``capacity`` alert (:func:`capacity_alert`, wired when the dispatcher is built).
 * Health orders the running chain (:func:`shared.providers.provider_health.order`): a refresh adds
   this process's calls to the shared windows, reads every provider's windows back, moves
   each circuit and re-orders the chain. Refreshes come every :data:`REFRESH_EVERY` seconds
@@ -38,12 +42,12 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Gauge
 
 from services.consumers.dispatch import Dispatcher
-from services.consumers.splitter import Splitter
+from services.consumers.running import Running
 from shared.core.catalog import CATALOG, CODES
 from shared.core.errors import DependencyUnavailable
-from shared.delivery.domain_capacity import Capacity
+from shared.delivery.domain_capacity import Capacity, OnHeld
 from shared.infra.broker import Broker
-from shared.infra.config import ProviderSettings
+from shared.infra.current import Current
 from shared.infra.leases import HEALTH_WAKE, Linger, next_period, woken
 from shared.infra.settle import Handler
 from shared.ops.alerts import Alert, AlertConfig, Alerter
@@ -88,6 +92,22 @@ def moving(
     not closed (its cool-down is timed)."""
     held = any(w.calls or w.events for found in windows.values() for w in found)
     return unshared or held or any(c != "closed" for c in circuits.values())
+
+
+def capacity_alert(alerter: Alerter | None) -> OnHeld:
+    """What a chunk held at its domain's capacity does: raise the ``capacity`` alert (once
+    per cool-off; nothing without an alerter)."""
+
+    async def held(domain: str, cap: Capacity, sent: int) -> None:
+        if alerter is None:
+            return
+        text = (
+            f"{domain} reached today's sending capacity ({sent:,} of {cap.limit:,} recipients, "
+            f"{cap.state}: {cap.why}); its mail is held until capacity allows"
+        )
+        await alerter.send(Alert("capacity", domain, text))
+
+    return held
 
 
 #: Re-sends (one recipient each) in flight per provider.
@@ -142,9 +162,9 @@ class ConsumerSettings:
     """Applies live settings to this process's dispatcher, splitter and provider queues."""
 
     dispatcher: Dispatcher
-    splitter: Splitter
+    running: Current[Running]
+    """The cell the dispatcher, its hand-off and the splitter read (this is its only writer)."""
     broker: Broker
-    base: ProviderSettings
     handler: Handler
     prefetch: int
     metrics: LiveMetrics
@@ -171,11 +191,6 @@ class ConsumerSettings:
     async def __call__(self, live: LiveSettings) -> None:
         configured = tuple(self.dispatcher.providers)
         self.live = live
-        d = self.dispatcher
-        d.paused = live.paused & frozenset(configured)
-        d.limiter.limits = live.limits()
-        d.capacity.apply(live.capacity)
-        d.handoff.max_attempts = live.max_attempts
         self.refresh()
         await self._consume(not live.all_paused(configured))
         for code in CODES:
@@ -199,28 +214,14 @@ class ConsumerSettings:
             live.alert_url, live.alert_cool_off, live.alert_email_to, live.alert_email_from
         )
 
-    async def capacity_held(self, domain: str, cap: Capacity, sent: int) -> None:
-        """A chunk was held at its domain's capacity: alert (once per cool-off)."""
-        if self.alerter is None:
-            return
-        text = (
-            f"{domain} reached today's sending capacity ({sent:,} of {cap.limit:,} recipients, "
-            f"{cap.state}: {cap.why}); its mail is held until capacity allows"
-        )
-        await self.alerter.send(Alert("capacity", domain, text))
-
     def refresh(self) -> None:
         """Order the running chain by health and hand it to everything that picks providers."""
         if self.live is None:
             return
-        running = self.live.running_chain(tuple(self.dispatcher.providers))
+        configured = tuple(self.dispatcher.providers)
+        running = self.live.running_chain(configured)
         chain = order(running, self.health, self.circuits, draw(), self.live.health)
-        d = self.dispatcher
-        d.settings = self.base.model_copy(
-            update={"chain": ",".join(chain), "max_attempts": self.live.max_attempts}
-        )
-        d.handoff.chain = chain
-        self.splitter.first_provider = chain[0]
+        self.running.set(Running.of(self.live, chain, configured))
         for code in CODES:
             place = chain.index(code) + 1 if code in chain and code not in self.live.paused else 0
             self.metrics.position.labels(code).set(place)

@@ -17,11 +17,13 @@ from starlette.applications import Starlette
 
 from services.consumers.campaign_hold import CampaignHold
 from services.consumers.canary_judge import CanaryJudge
-from services.consumers.dispatch import Dispatcher, FaultPoints, no_faults
+from services.consumers.dispatch import Dispatcher
 from services.consumers.domain_checks import DomainChecker
-from services.consumers.live import ConsumerSettings, LiveMetrics
+from services.consumers.faults import FaultPoints, no_faults
+from services.consumers.live import ConsumerSettings, LiveMetrics, capacity_alert
 from services.consumers.provider_rates import ProviderLimiter
 from services.consumers.rollups import RollUp
+from services.consumers.running import Running
 from services.consumers.scheduler import Scheduler
 from services.consumers.splitter import Splitter
 from shared.accounts.domain_checks import CheckRules
@@ -43,6 +45,7 @@ from shared.delivery.stats import StatsStore, tell_rollups
 from shared.engagement.engagement import tracker_of
 from shared.infra.byte_budget import ByteBudget
 from shared.infra.config import Settings
+from shared.infra.current import Current
 from shared.infra.health import health_routes
 from shared.infra.leases import woken
 from shared.infra.metrics import DeadLetterMetrics, DispatchMetrics, new_registry
@@ -77,8 +80,11 @@ def build_dispatcher(
     metrics: DispatchMetrics | None = None,
     *,
     fault_points: FaultPoints = no_faults,
+    running: Current[Running] | None = None,
+    alerter: Alerter | None = None,
 ) -> Dispatcher:
-    """The provider senders' dispatcher, with its own provider adapters (close them)."""
+    """The provider senders' dispatcher, with its own provider adapters (close them);
+    ``running`` is the live settings' cell (by default the env's values, never changed)."""
     stats = tell_rollups(StatsStore(res.db, settings.stats.buckets), res.broker)
     return Dispatcher(
         broker=res.broker,
@@ -89,10 +95,11 @@ def build_dispatcher(
         metrics=metrics or DispatchMetrics.create(new_registry()),
         recipients=RecipientStore(res.db, stats, res.cpu),
         suppressions=SuppressionStore(res.db),
+        running=running or Current(Running.start(settings.providers)),
         fault_points=fault_points,
         deferred_deadline=settings.webhooks.deferred_deadline,
         limiter=ProviderLimiter(res.db, settings.amqp.exchange),
-        capacity=CapacityGate(DomainVolumes(res.db)),
+        capacity=CapacityGate(DomainVolumes(res.db), on_held=capacity_alert(alerter)),
         tracker=tracker_of(settings.tracking),
         user_hooks=HookEmitter(res.db, res.broker),
         campaigns=CampaignHold(CampaignStore(res.db, settings.amqp.exchange)),
@@ -125,22 +132,23 @@ async def start_consumers(
     provider in the chain and the dead-letter archiver (run ``watcher.run()`` to keep the
     settings current)."""
     await res.broker.declare()
-    dispatcher = build_dispatcher(settings, res, metrics, fault_points=fault_points)
+    running = Current(Running.start(settings.providers))
+    dispatcher = build_dispatcher(
+        settings, res, metrics, fault_points=fault_points, running=running, alerter=alerter
+    )
     providers = dispatcher.providers
-    splitter = Splitter(res.broker, dispatcher.batches, settings.providers.chain_codes[0])
+    splitter = Splitter(res.broker, dispatcher.batches, running)
     handler = settling(dispatcher.process, inflight)
     applier = ConsumerSettings(
         dispatcher,
-        splitter,
+        running,
         res.broker,
-        settings.providers,
         handler,
         settings.consumers.prefetch,
         live_metrics or LiveMetrics.create(new_registry()),
         bulk_prefetch=settings.consumers.bulk_prefetch,
         alerter=alerter,
     )
-    dispatcher.capacity.on_held = applier.capacity_held
     watcher = Watcher(SettingsStore(res.db, settings.amqp.exchange), settings.providers, applier)
     await watcher.load()  # before any work is taken: a paused provider is paused from the start
     # Wake-ups are for the loops that asked for them (``shared.infra.leases``), not a change.

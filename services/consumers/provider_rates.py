@@ -75,16 +75,14 @@ class ProviderLimiter:
 
     db: Database | None
     scope: str
-    limits: Mapping[str, float] = field(default_factory=dict)
-    """Requests per second by provider code (live settings); absent or 0: no limit."""
     _blocked: dict[str, tuple[datetime, datetime]] = field(default_factory=dict)
     """Per provider: (blocked until, when this process last read it)."""
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     """The time a slot is stamped and judged at (the caller's ``now`` may be stale by then)."""
 
-    async def acquire(self, provider: str, now: datetime) -> float | None:
-        """Take a slot for one call now: None when granted, else seconds to wait."""
-        limit = self.limits.get(provider) or 0.0
+    async def acquire(self, provider: str, now: datetime, limit: float) -> float | None:
+        """Take a slot for one call now under ``limit`` requests per second (the live
+        setting in force; 0: no limit): None when granted, else seconds to wait."""
         try:
             until = await self._blocked_until(provider, now)
             if until is not None and until > now:

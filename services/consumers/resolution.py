@@ -11,74 +11,82 @@ never a give-up merely to avoid a possible duplicate.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
 
 from services.consumers import protocol
+from services.consumers.calls import Decisions
+from services.consumers.faults import FaultPoints
+from services.consumers.followup import FollowUps
 from shared.core.addresses import address_key
 from shared.core.errors import ProviderError, TransientProviderError
-from shared.delivery.attempts import Attempt, find
+from shared.delivery.attempts import Attempt, Attempts, find
+from shared.delivery.recipients import Recipients
+from shared.infra.metrics import DispatchMetrics
 from shared.outbound import recipient_events
 from shared.outbound.user_hooks import Evidence
-from shared.providers.base import LookupQuery
-
-if TYPE_CHECKING:
-    from services.consumers.dispatch import Dispatcher
+from shared.providers.base import LookupQuery, Provider
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(kw_only=True)
 class Resolver:
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.d = dispatcher
+    """Looks for an ambiguous attempt's evidence (``services.consumers.dispatch`` builds it
+    once per process)."""
 
-    @property
-    def settings(self) -> protocol.ResolveSettings:
-        s = self.d.settings
-        return protocol.ResolveSettings(
-            interval=s.resolve_interval, query_after=s.query_after, webhook_window=s.webhook_window
-        )
+    attempts: Attempts
+    providers: Mapping[str, Provider]
+    recipients: Recipients
+    follow: FollowUps
+    decisions: Decisions
+    metrics: DispatchMetrics
+    fault_points: FaultPoints
+    now: Callable[[], datetime]
+    settings: protocol.ResolveSettings
+    """When to look, and where (the env's, static)."""
 
     async def resolve(self, job: protocol.Job) -> bool:
         """Look once; conclude or schedule the next look. True when finished."""
-        d = self.d
-        line = await d.attempts.line(job.batch_id, job.line)
+        line = await self.attempts.line(job.batch_id, job.line)
         current = find(line, job.attempt)
         if current is None or current.state != "ambiguous" or current.checks != job.check:
             return False
-        everyone = await d.follow.rows(job)
-        rows = d.follow.waiting(job, everyone, job.attempt)
+        everyone = await self.follow.rows(job)
+        rows = self.follow.waiting(job, everyone, job.attempt)
         by_email = {address_key(r["email"]): r for r in rows}
         started = current.calling_at or current.created_at
-        age = (d.now() - started).total_seconds()
+        age = (self.now() - started).total_seconds()
         lookup: protocol.Lookup = None
         if by_email and protocol.query_due(age, self.settings):
             lookup = await self._lookup(job, current, frozenset(by_email))
         verdict = protocol.resolve(
             frozenset(by_email), age=age, lookup=lookup, settings=self.settings
         )
-        await d.fault_points("looked", job)
+        await self.fault_points("looked", job)
         if isinstance(verdict, protocol.Wait):
             return await self._wait(job, current, verdict.delay)
         if verdict.accepted:
             confirmed = [by_email[e] for e in sorted(verdict.accepted)]
             evidence: Evidence = "provider query" if isinstance(lookup, frozenset) else "webhook"
-            await d.follow.tell(
+            await self.follow.tell(
                 job.batch_id,
                 lambda: recipient_events.attempt_events(
                     current, job.batch_id, confirmed, outcome="confirmed sent", evidence=evidence
                 ),
             )
-            await d.recipients.accepted(
+            await self.recipients.accepted(
                 job.batch_id,
-                d.follow.select(job, everyone, [by_email[e] for e in sorted(verdict.accepted)]),
+                self.follow.select(job, everyone, [by_email[e] for e in sorted(verdict.accepted)]),
                 provider=current.provider,
                 tag=current.tag,
                 when=started,
                 message_id=current.message_id,
             )
         values = await self._values(job, line, current, verdict, lookup)
-        resolved = await d.attempts.transition(
+        resolved = await self.attempts.transition(
             job.batch_id,
             job.line,
             job.attempt,
@@ -87,14 +95,14 @@ class Resolver:
         )
         if not resolved:
             return False
-        d.metrics.resolutions.labels(current.provider, values["resolution"]).inc()
-        await d.fault_points("resolved", job)
-        await d.follow.carry_out(job, replace(current, **values))
+        self.metrics.resolutions.labels(current.provider, values["resolution"]).inc()
+        await self.fault_points("resolved", job)
+        await self.follow.carry_out(job, replace(current, **values))
         return True
 
     async def _wait(self, job: protocol.Job, current: Attempt, delay: float) -> bool:
         checks = current.checks + 1
-        taken = await self.d.attempts.transition(
+        taken = await self.attempts.transition(
             job.batch_id,
             job.line,
             job.attempt,
@@ -102,7 +110,7 @@ class Resolver:
             values={"checks": checks, "checked_by": job.origin},
         )
         if taken:
-            await self.d.follow.check(job, checks, delay)
+            await self.follow.check(job, checks, delay)
         return taken
 
     async def _values(
@@ -113,7 +121,7 @@ class Resolver:
         verdict: protocol.Conclude,
         lookup: protocol.Lookup,
     ) -> dict[str, Any]:
-        now = self.d.now()
+        now = self.now()
         if not verdict.rest:
             return {
                 "state": "resolved",
@@ -135,13 +143,13 @@ class Resolver:
             "state": "resolved",
             "resolution": "partial" if verdict.accepted else "not_accepted",
             "finished_at": now,
-            **await self.d.caller.decision(job, line, error),
+            **await self.decisions.decide(job, line, error),
         }
 
     async def _lookup(
         self, job: protocol.Job, current: Attempt, emails: frozenset[str]
     ) -> protocol.Lookup:
-        provider = self.d.providers.get(current.provider)
+        provider = self.providers.get(current.provider)
         if provider is None:
             return "unsupported"
         query = LookupQuery(
@@ -161,10 +169,10 @@ class Resolver:
                 current.tag,
                 exc,
             )
-            self.d.metrics.lookups.labels(current.provider, "error").inc()
+            self.metrics.lookups.labels(current.provider, "error").inc()
             return "error"
         if found is None:
-            self.d.metrics.lookups.labels(current.provider, "unsupported").inc()
+            self.metrics.lookups.labels(current.provider, "unsupported").inc()
             return "unsupported"
-        self.d.metrics.lookups.labels(current.provider, "answered").inc()
+        self.metrics.lookups.labels(current.provider, "answered").inc()
         return found

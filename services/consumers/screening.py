@@ -33,22 +33,22 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from services.consumers import protocol
-from shared.audience.suppressions import SEND_LOOKUP
+from services.consumers.faults import FaultPoints
+from services.consumers.followup import FollowUps
+from shared.audience.suppressions import SEND_LOOKUP, SuppressionChecks
 from shared.core.addresses import address_key
 from shared.core.models import Message
 from shared.delivery.attempts import tag
 from shared.delivery.batchstore import BatchHeader
+from shared.delivery.recipients import Recipients
 from shared.infra.db import Row
+from shared.infra.metrics import DispatchMetrics
 from shared.outbound.user_hooks import HookEvent
-
-if TYPE_CHECKING:
-    from services.consumers.dispatch import Dispatcher
 
 log = logging.getLogger(__name__)
 
@@ -117,39 +117,44 @@ def dropped_events(
     ]
 
 
+@dataclass(kw_only=True)
 class Screen:
     """The check, over the dispatcher's stores."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.d = dispatcher
+    suppressions: SuppressionChecks
+    recipients: Recipients
+    follow: FollowUps
+    """Tells the users' webhooks of the dropped."""
+    metrics: DispatchMetrics
+    fault_points: FaultPoints
+    now: Callable[[], datetime]
 
     async def __call__(
         self, job: protocol.Job, header: BatchHeader, rows: list[Row], message: Message
     ) -> tuple[list[Row], Message]:
         """The recipients to send and the message to send them, once those on the user's
         suppression list (or the named list's) are left out and the dropped recorded."""
-        d = self.d
         engagement = message.engagement
-        listed = await d.suppressions.suppressed(
+        listed = await self.suppressions.suppressed(
             header.user_id,
             addresses(rows, message),
             engagement.list if engagement is not None else None,
             per_query=SEND_LOOKUP,
         )
-        await d.fault_points("screened", job)
+        await self.fault_points("screened", job)
         if not listed:
             return rows, message
         out = screen(rows, message, listed)
         if out.dropped:
-            at = d.now()
+            at = self.now()
             # The events first (as every follow-up tells them): a rerun after a crash finds
             # the same recipients still queued and tells the same events again.
-            await d.follow.tell(job.batch_id, lambda: dropped_events(job, rows, out.dropped, at))
-            await d.recipients.suppressed(
+            await self.follow.tell(job.batch_id, lambda: dropped_events(job, rows, out.dropped, at))
+            await self.recipients.suppressed(
                 job.batch_id, header.user_id, job.chunk, out.dropped, when=at
             )
-            d.metrics.recipients_suppressed.inc(len(out.dropped))
-            await d.fault_points("dropped", job)
+            self.metrics.recipients_suppressed.inc(len(out.dropped))
+            await self.fault_points("dropped", job)
         if out.copies:
             log.info(
                 "%s/%s attempt %d: %d suppressed cc/bcc address(es) left out",

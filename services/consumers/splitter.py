@@ -10,12 +10,14 @@ those duplicates harmless.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aio_pika.abc
 
 from shared.core.models import BatchJob, ChunkJob
 from shared.delivery.batchstore import Batches
+from shared.delivery.handoff import Route
 from shared.infra.broker import Broker
 from shared.infra.logs import bound
 from shared.infra.settle import Delivery, Poison
@@ -29,7 +31,8 @@ PUBLISH_WINDOW = 64
 class Splitter:
     broker: Broker
     batches: Batches
-    first_provider: str
+    running: Callable[[], Route]
+    """The running chain in force (live settings, health): new chunks go to its head."""
 
     async def process(
         self, message: aio_pika.abc.AbstractIncomingMessage, delivery: Delivery
@@ -54,7 +57,8 @@ class Splitter:
         window = asyncio.Semaphore(PUBLISH_WINDOW)
         # A batch that pins a provider starts there; any other at the running chain's head.
         message = header.message
-        key = dispatch_key(message.provider or self.first_provider, job.batch_id, 0, message.lane)
+        first = message.provider or self.running().chain[0]
+        key = dispatch_key(first, job.batch_id, 0, message.lane)
 
         async def publish(chunk: int) -> None:
             async with window:

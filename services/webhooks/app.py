@@ -14,9 +14,11 @@ from services.webhooks import receivers
 from services.webhooks.intake import Intake, IntakeMetrics
 from services.webhooks.webhook_tokens import WebhookTokens
 from shared.core.errors import ConfigError
+from shared.delivery.handoff import Routing
 from shared.infra import stall_monitor
 from shared.infra.byte_budget import ByteBudget
 from shared.infra.config import Settings
+from shared.infra.current import Current
 from shared.infra.health import health_routes
 from shared.infra.http import AdmissionLimit, BodyBudget, error_handlers
 from shared.infra.leases import woken
@@ -49,7 +51,9 @@ def create_app(settings: Settings) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_resources(settings, name="safedelivr-webhooks") as res:
             app.state.resources = res
-            ingest = Ingest.over(res.db, res.broker, settings, metrics)
+            # Hand-offs after provider-side failures follow the running chain too.
+            routing = Current(Routing.start(settings.providers))
+            ingest = Ingest.over(res.db, res.broker, settings, metrics, route=routing)
             tokens = WebhookTokens(res.db)
             app.state.intake = intake = Intake(
                 tokens, res.broker, ingest, intake_metrics, cpu=res.cpu
@@ -58,9 +62,7 @@ def create_app(settings: Settings) -> Starlette:
             configured = settings.providers.chain_codes
 
             async def apply(live: LiveSettings) -> None:
-                # Hand-offs after provider-side failures follow the running chain too.
-                ingest.handoff.chain = live.running_chain(configured)
-                ingest.handoff.max_attempts = live.max_attempts
+                routing.set(Routing(live.running_chain(configured), live.max_attempts))
                 ingest.count_outcomes = live.capacity.enabled
 
             watcher = Watcher(

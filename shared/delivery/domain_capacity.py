@@ -211,28 +211,26 @@ async def _nothing(domain: str, cap: Capacity, sent: int) -> None:
 
 @dataclass
 class CapacityGate:
-    """Admits chunks against their sending domain's capacity, for one consumer process."""
+    """Admits chunks against their sending domain's capacity, for one consumer process
+    (the rules in force, a live setting, come with each call)."""
 
     volumes: Volumes | None
-    rules: CapacityRules = field(default_factory=CapacityRules)
     on_held: OnHeld = _nothing
     """Called when a chunk is held (the consumers raise the ``capacity`` alert)."""
-    _known: dict[str, tuple[float, date, Capacity]] = field(default_factory=dict, repr=False)
+    _known: dict[str, tuple[float, date, CapacityRules, Capacity]] = field(
+        default_factory=dict, repr=False
+    )
 
-    def apply(self, rules: CapacityRules) -> None:
-        """Use ``rules`` from now on (live settings); capacities are derived again."""
-        if rules != self.rules:
-            self.rules = rules
-            self._known.clear()
-
-    async def admit(self, domain: str, recipients: int, now: datetime) -> Held | None:
-        """Take ``recipients`` from ``domain``'s capacity today: None when they may go, else
-        why they are held. Never raises."""
-        if not self.rules.enabled or self.volumes is None or recipients <= 0:
+    async def admit(
+        self, domain: str, recipients: int, now: datetime, rules: CapacityRules
+    ) -> Held | None:
+        """Take ``recipients`` from ``domain``'s capacity today under ``rules``: None when
+        they may go, else why they are held. Never raises."""
+        if not rules.enabled or self.volumes is None or recipients <= 0:
             return None
         today = now.astimezone(UTC).date()
         try:
-            cap = await self.capacity(domain, today)
+            cap = await self.capacity(domain, today, rules)
             sent = await self.volumes.take(domain, today, recipients)
             before = sent - recipients
             if before < cap.limit:
@@ -244,23 +242,32 @@ class CapacityGate:
         await self.on_held(domain, cap, before)
         return Held(held_reason(domain, before, cap), renews_in(now))
 
-    async def release(self, domain: str, recipients: int, now: datetime) -> None:
-        """Give back what :meth:`admit` took for a call the provider refused. Never raises."""
-        if not self.rules.enabled or self.volumes is None or recipients <= 0:
+    async def release(
+        self, domain: str, recipients: int, now: datetime, rules: CapacityRules
+    ) -> None:
+        """Give back what :meth:`admit` took for a call the provider refused (``rules``: the
+        ones it was admitted under). Never raises."""
+        if not rules.enabled or self.volumes is None or recipients <= 0:
             return
         try:
             await self.volumes.give_back(domain, now.astimezone(UTC).date(), recipients)
         except DependencyUnavailable as exc:
             log.warning("capacity of %s not given back: %s", domain, exc)
 
-    async def capacity(self, domain: str, today: date) -> Capacity:
-        """The domain's capacity today, derived at most every CACHE_SECONDS per process."""
+    async def capacity(self, domain: str, today: date, rules: CapacityRules) -> Capacity:
+        """The domain's capacity today under ``rules``, derived at most every CACHE_SECONDS
+        per process (and again when the rules changed)."""
         known = self._known.get(domain)
-        if known is not None and known[1] == today and time.monotonic() - known[0] < CACHE_SECONDS:
-            return known[2]
+        if (
+            known is not None
+            and known[1] == today
+            and known[2] == rules
+            and time.monotonic() - known[0] < CACHE_SECONDS
+        ):
+            return known[3]
         assert self.volumes is not None  # noqa: S101 - admit checks it first
-        cap = capacity(await self.volumes.history(domain, today), today, self.rules)
-        self._known[domain] = (time.monotonic(), today, cap)
+        cap = capacity(await self.volumes.history(domain, today), today, rules)
+        self._known[domain] = (time.monotonic(), today, rules, cap)
         if len(self._known) > 10_000:
             self._known.pop(next(iter(self._known)))
         return cap

@@ -12,9 +12,10 @@ provider repeats itself. When no provider is left, the recipient ends ``failed``
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 from shared.core.catalog import name_of
 from shared.core.models import LogJob
@@ -22,6 +23,7 @@ from shared.delivery.attempts import Attempt, Attempts, recipient_line
 from shared.delivery.precedence import visible
 from shared.delivery.recipients import Recipients, Selection
 from shared.infra.broker import Broker
+from shared.infra.config import ProviderSettings
 from shared.infra.db import Row
 from shared.infra.topology import log_key
 
@@ -46,13 +48,38 @@ def next_provider(chain: Sequence[str], excluded: frozenset[str], failed: str) -
     return None
 
 
+class Route(Protocol):
+    """What a hand-off needs of the settings in force: where to go next, and how far."""
+
+    @property
+    def chain(self) -> tuple[str, ...]: ...
+
+    @property
+    def max_attempts(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """A :class:`Route` of its own (the webhooks process's: the running chain, the live
+    settings' max attempts)."""
+
+    chain: tuple[str, ...]
+    max_attempts: int
+
+    @classmethod
+    def start(cls, settings: ProviderSettings) -> Routing:
+        """The env's chain and max attempts, in force until live settings are loaded."""
+        return cls(settings.chain_codes, settings.max_attempts)
+
+
 @dataclass
 class HandOff:
     attempts: Attempts
     recipients: Recipients
     broker: Broker
-    chain: tuple[str, ...]
-    max_attempts: int
+    route: Callable[[], Route]
+    """The chain and max attempts in force, read once per planning try (live settings
+    replace them whole: ``shared.infra.current``)."""
 
     async def __call__(
         self,
@@ -82,9 +109,10 @@ class HandOff:
             if cause in (row.get("superseded") or ()):
                 return  # handed over already, to nobody: it was given up
             number = 1 + max((a.attempt for a in line), default=-1)
-            chain = (pinned,) if pinned else self.chain
+            route = self.route()
+            chain = (pinned,) if pinned else route.chain
             target = next_provider(chain, excluded_providers(row) | {failed}, failed)
-            if target is None or number >= self.max_attempts:
+            if target is None or number >= route.max_attempts:
                 left = (
                     f"the batch pins {name_of(pinned)}: no other provider may try"
                     if pinned

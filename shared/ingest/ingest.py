@@ -22,7 +22,7 @@ import asyncio
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -39,11 +39,12 @@ from shared.core.webhook_events import ENGAGEMENT, ProviderEvent
 from shared.delivery.attempts import AttemptStore
 from shared.delivery.batchstore import Batches, BatchStore
 from shared.delivery.domain_capacity import DomainVolumes, Volumes
-from shared.delivery.handoff import HandOff
+from shared.delivery.handoff import HandOff, Route, Routing
 from shared.delivery.recipients import Recipients, RecipientStore, Report
 from shared.delivery.stats import StatsStore, tell_rollups
 from shared.infra.broker import Broker
 from shared.infra.config import Settings
+from shared.infra.current import Current
 from shared.infra.db import Database
 from shared.infra.topology import log_key
 from shared.ingest import transitions
@@ -129,17 +130,23 @@ class Ingest:
 
     @classmethod
     def over(
-        cls, db: Database, broker: Broker, settings: Settings, metrics: IngestMetrics
+        cls,
+        db: Database,
+        broker: Broker,
+        settings: Settings,
+        metrics: IngestMetrics,
+        *,
+        route: Callable[[], Route] | None = None,
     ) -> Ingest:
-        """The production ingest: every store on ``db``."""
+        """The production ingest: every store on ``db``; its hand-offs follow ``route`` (by
+        default the env's chain and max attempts, never changed)."""
         stats = tell_rollups(StatsStore(db, settings.stats.buckets), broker)
         recipients = RecipientStore(db, stats)
         handoff = HandOff(
             AttemptStore(db),
             recipients,
             broker,
-            settings.providers.chain_codes,
-            settings.providers.max_attempts,
+            route or Current(Routing.start(settings.providers)),
         )
         return cls(
             batches=BatchStore(db, stats),

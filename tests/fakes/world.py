@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
@@ -16,7 +16,10 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from services.consumers import protocol
+from services.consumers.campaign_hold import CampaignHold
 from services.consumers.dispatch import Dispatcher
+from services.consumers.provider_rates import ProviderLimiter
+from services.consumers.running import Running
 from services.consumers.splitter import Splitter
 from services.webhooks.app import create_app as create_webhooks
 from services.webhooks.intake import Intake, IntakeMetrics
@@ -26,17 +29,22 @@ from shared.core.errors import ProviderError
 from shared.core.lanes import Priority
 from shared.core.models import Address, BatchJob, Chunk, Message, Recipient
 from shared.delivery.batchstore import NewBatch
+from shared.delivery.domain_capacity import CapacityGate, CapacityRules
 from shared.delivery.precedence import visible
 from shared.delivery.recipients import log_id_for
 from shared.delivery.stats import batch_day, bucket_of
+from shared.infra.byte_budget import ByteBudget
 from shared.infra.config import ProviderSettings, Settings, WebhookSettings
+from shared.infra.current import Current
+from shared.infra.gil import CpuLane
 from shared.infra.metrics import DispatchMetrics
 from shared.infra.resources import topology_for
 from shared.infra.settle import run
 from shared.infra.topology import batch_key, parse_routing_key
 from shared.ingest.ingest import Ingest, IngestMetrics
+from shared.outbound.user_hooks import UserHooks
 from shared.providers import responses, transport
-from shared.providers.base import Gate, LookupQuery, Receipt
+from shared.providers.base import Gate, LookupQuery, Provider, Receipt
 from tests.fakes.audience import FakeSuppressions
 from tests.fakes.broker import FakeBroker, FakeMessage
 from tests.fakes.cassandra import FakeCassandra
@@ -145,9 +153,28 @@ Fault = Callable[[str, protocol.Job], Awaitable[None]]
 
 
 class World:
+    """The services over the twins. The dispatcher's parts a test chooses are given here
+    (it is built once, with them; nothing is swapped in afterwards)."""
+
     def __init__(
-        self, *, webhooks: WebhookSettings | None = None, **provider_settings: object
+        self,
+        *,
+        webhooks: WebhookSettings | None = None,
+        clock: Clock | None = None,
+        user_hooks: UserHooks | None = None,
+        campaigns: CampaignHold | None = None,
+        limiter: ProviderLimiter | None = None,
+        capacity: CapacityGate | None = None,
+        capacity_rules: CapacityRules | None = None,
+        work: ByteBudget | None = None,
+        cpu: CpuLane | None = None,
+        adapters: Mapping[str, Provider] | None = None,
+        unconfigured: tuple[str, ...] = (),
+        **provider_settings: object,
     ) -> None:
+        """``adapters`` replace the scripted providers the dispatcher calls; the scripted
+        providers in ``unconfigured`` get no adapter at all (a misconfigured process);
+        ``capacity_rules`` are in force from the start (as live settings would set them)."""
         values: dict[str, object] = {
             "chain": "sg,mg",
             "max_attempts": 4,
@@ -159,7 +186,7 @@ class World:
         }
         values.update(provider_settings)
         self.settings = ProviderSettings(**values)  # type: ignore[arg-type]
-        self.clock = Clock()
+        self.clock = clock or Clock()
         self.app_settings = Settings(
             providers=self.settings,
             webhooks=webhooks or WebhookSettings(deferred_deadline=3600),
@@ -179,23 +206,37 @@ class World:
         }
         self.metrics = DispatchMetrics.create(CollectorRegistry())
         self.fault_points: dict[str, Fault] = {}
+        self.running = Current(Running.start(self.settings, capacity=capacity_rules))
+        """The live settings' cell the dispatcher, its hand-off and the splitter read."""
         self.dispatcher = Dispatcher(
             broker=self.broker,  # type: ignore[arg-type]
             batches=self.batches,
             attempts=self.attempts,
-            providers={c: p for c, p in self.providers.items() if c in self.settings.chain_codes},
+            providers=adapters
+            or {
+                c: p
+                for c, p in self.providers.items()
+                if c in self.settings.chain_codes and c not in unconfigured
+            },
             settings=self.settings,
             metrics=self.metrics,
             recipients=self.recipients,
             suppressions=self.suppressions,
+            running=self.running,
             fault_points=self._fault,
             deferred_deadline=3600,
             now=self.clock,
+            user_hooks=user_hooks,
+            campaigns=campaigns,
+            work=work,
+            limiter=limiter or ProviderLimiter(None, ""),
+            capacity=capacity or CapacityGate(None),
+            cpu=cpu or CpuLane(),
         )
         self.splitter = Splitter(
             self.broker,  # type: ignore[arg-type]
             self.batches,
-            self.settings.chain_codes[0],
+            self.running,
         )
         self.dead: list[FakeMessage] = []
         self.ingest = Ingest(

@@ -26,15 +26,17 @@ from sandbox import signing
 from sandbox.app import create_app as create_sandbox
 from services.api.app import create_app as create_api
 from services.consumers import protocol
-from services.consumers.dispatch import FaultPoints, no_faults
+from services.consumers.faults import FaultPoints, no_faults
 from services.consumers.main import build_dispatcher
 from services.consumers.main import create_app as create_consumers
+from services.consumers.running import Running
 from services.consumers.splitter import Splitter
 from services.webhooks.app import create_app as create_webhooks
 from shared.accounts import accounts
 from shared.core.models import BatchJob, ChunkJob
 from shared.delivery.batchstore import BatchStore
 from shared.delivery.domain_capacity import CapacityRules
+from shared.delivery.handoff import Routing
 from shared.infra.broker import Broker
 from shared.infra.config import (
     AlertSettings,
@@ -43,6 +45,7 @@ from shared.infra.config import (
     Settings,
     WebhookSettings,
 )
+from shared.infra.current import Current
 from shared.infra.db import Database
 from shared.infra.resources import Resources, topology_for
 from shared.infra.settle import Delivery
@@ -184,10 +187,11 @@ class Stack:
         )
         await broker.connect()
         dispatcher = build_dispatcher(
-            self.settings, Resources(self.db, broker), fault_points=fault_points
+            self.settings,
+            Resources(self.db, broker),
+            fault_points=fault_points,
+            running=Current(Running.start(self.settings.providers, capacity=capacity)),
         )
-        if capacity is not None:
-            dispatcher.capacity.apply(capacity)
         try:
             message = await eventually(lambda: broker.get(queue), timeout=timeout)
             try:
@@ -241,7 +245,7 @@ class Stack:
         await broker.connect()
         try:
             await Splitter(
-                broker, BatchStore(self.db), self.settings.providers.chain_codes[0]
+                broker, BatchStore(self.db), Current(Routing.start(self.settings.providers))
             ).split(BatchJob(batch_id=uuid.UUID(batch_id)))
         finally:
             await broker.close()

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.consumers.dispatch import no_faults
+from services.consumers.faults import no_faults
 from shared.core.errors import PublishError
 from shared.infra.broker import Broker
 from shared.infra.config import AmqpSettings, Settings

@@ -20,6 +20,7 @@ from shared.audience.suppressions import SuppressionStore
 from shared.core.models import BatchJob
 from shared.delivery.attempts import AttemptStore, chunk_line
 from shared.delivery.batchstore import BatchStore
+from shared.delivery.handoff import Routing
 from shared.infra.broker import Broker
 from shared.infra.config import ProviderSettings, SandboxSettings, Settings
 from shared.infra.db import Database
@@ -222,7 +223,9 @@ async def test_redelivery_after_the_provider_accepted_does_not_send_again(
     broker = Broker(s.amqp.url.get_secret_value(), topology_for(s), name="doomed")
     await broker.connect()
     dispatcher = build_dispatcher(s, Resources(db, broker))
-    await Splitter(broker, BatchStore(db), "sg").split(BatchJob(batch_id=batch_id))
+    await Splitter(broker, BatchStore(db), lambda: Routing(("sg",), 1)).split(
+        BatchJob(batch_id=batch_id)
+    )
     queue = broker.topology.provider_queue("sg")
     message = await eventually(lambda: broker.get(queue))
     await dispatcher.process(message, Delivery())

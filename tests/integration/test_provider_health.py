@@ -79,11 +79,11 @@ async def test_what_the_webhooks_reported_lands_in_the_same_windows(db: Database
 
 async def test_a_past_days_windows_and_slices_are_dropped(db: Database) -> None:
     scope = unique("scope")
-    store, limiter = HealthStore(db, scope), ProviderLimiter(db, scope, {"sg": 5})
+    store, limiter = HealthStore(db, scope), ProviderLimiter(db, scope)
     long_ago = datetime.now(UTC) - timedelta(days=3)
     await store.add("sg", window_start(long_ago), 10, 1, 100)
     limiter.clock = lambda: long_ago
-    assert await limiter.acquire("sg", long_ago) is None
+    assert await limiter.acquire("sg", long_ago, 5) is None
 
     await store.forget("sg", long_ago.date())
     await limiter.forget("sg", long_ago.date())

@@ -32,7 +32,7 @@ from shared.delivery.precedence import visible
 from shared.infra.topology import Topology, batch_key
 from tests.fakes.audience import FakeCampaigns
 from tests.fakes.broker import FakeMessage
-from tests.fakes.world import World, new_batch
+from tests.fakes.world import Clock, World, new_batch
 
 WEEK = 7 * 24 * 3600
 TO = ("ann@example.com", "bob@example.com")
@@ -42,14 +42,11 @@ class Shop:
     """A World whose dispatcher holds campaigns' chunks, with one campaign in it."""
 
     def __init__(self) -> None:
-        self.world = World()
+        clock = Clock()
         self.store = FakeCampaigns("t")
         # The twin stands in for the concrete CampaignStore (no Protocol for it yet).
-        self.hold = CampaignHold(
-            self.store,
-            clock=lambda: self.world.clock.now.timestamp(),
-        )
-        self.world.dispatcher.campaigns = self.hold
+        self.hold = CampaignHold(self.store, clock=lambda: clock.now.timestamp())
+        self.world = World(clock=clock, campaigns=self.hold)
         self.deliveries = 0
 
     async def campaign(self) -> Campaign:

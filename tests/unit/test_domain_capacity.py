@@ -93,20 +93,20 @@ def test_capacity_renews_at_midnight_utc() -> None:
 
 
 async def test_a_chunk_that_starts_under_the_capacity_goes_whole() -> None:
-    gate = CapacityGate(FakeDomainVolumes(), RULES)
+    gate = CapacityGate(FakeDomainVolumes())
 
-    first = await gate.admit("shop.example", 999, NOW)
-    second = await gate.admit("shop.example", 900, NOW)
+    first = await gate.admit("shop.example", 999, NOW, RULES)
+    second = await gate.admit("shop.example", 900, NOW, RULES)
 
     assert (first, second) == (None, None)
 
 
 async def test_a_chunk_that_would_start_over_the_capacity_is_held_and_not_counted() -> None:
     volumes = FakeDomainVolumes()
-    gate = CapacityGate(volumes, RULES)
-    await gate.admit("shop.example", 1000, NOW)
+    gate = CapacityGate(volumes)
+    await gate.admit("shop.example", 1000, NOW, RULES)
 
-    held = await gate.admit("shop.example", 10, NOW)
+    held = await gate.admit("shop.example", 10, NOW, RULES)
 
     assert held is not None and held.wait == renews_in(NOW)
     assert "shop.example reached today's sending capacity (1,000 of 1,000" in held.reason
@@ -120,54 +120,55 @@ async def test_a_held_chunk_is_reported_to_the_alert() -> None:
     async def on_held(domain: str, cap: Capacity, sent: int) -> None:
         seen.append((domain, cap.limit, sent))
 
-    gate = CapacityGate(FakeDomainVolumes(), RULES, on_held)
-    await gate.admit("shop.example", 1000, NOW)
-    await gate.admit("shop.example", 1, NOW)
+    gate = CapacityGate(FakeDomainVolumes(), on_held)
+    await gate.admit("shop.example", 1000, NOW, RULES)
+    await gate.admit("shop.example", 1, NOW, RULES)
 
     assert seen == [("shop.example", 1000, 1000)]
 
 
 async def test_a_call_the_provider_refused_gives_its_recipients_back() -> None:
     volumes = FakeDomainVolumes()
-    gate = CapacityGate(volumes, RULES)
-    await gate.admit("shop.example", 1000, NOW)
+    gate = CapacityGate(volumes)
+    await gate.admit("shop.example", 1000, NOW, RULES)
 
-    await gate.release("shop.example", 1000, NOW)
+    await gate.release("shop.example", 1000, NOW, RULES)
 
-    assert await gate.admit("shop.example", 1000, NOW) is None
+    assert await gate.admit("shop.example", 1000, NOW, RULES) is None
 
 
 async def test_domains_have_their_own_capacity() -> None:
-    gate = CapacityGate(FakeDomainVolumes(), RULES)
-    await gate.admit("shop.example", 1000, NOW)
+    gate = CapacityGate(FakeDomainVolumes())
+    await gate.admit("shop.example", 1000, NOW, RULES)
 
-    assert await gate.admit("news.example", 10, NOW) is None
+    assert await gate.admit("news.example", 10, NOW, RULES) is None
 
 
 @pytest.mark.parametrize("rules", [CapacityRules(enabled=False, initial=10)])
 async def test_a_disabled_gate_admits_everything_and_counts_nothing(rules: CapacityRules) -> None:
     volumes = FakeDomainVolumes()
-    gate = CapacityGate(volumes, rules)
+    gate = CapacityGate(volumes)
 
-    results = [await gate.admit("shop.example", 100, NOW) for _ in range(3)]
+    results = [await gate.admit("shop.example", 100, NOW, rules) for _ in range(3)]
 
     assert results == [None] * 3 and volumes.days == {}
 
 
 async def test_an_outage_lets_the_chunk_go() -> None:
     volumes = FakeDomainVolumes()
-    gate = CapacityGate(volumes, RULES)
+    gate = CapacityGate(volumes)
     volumes.failing = True
 
-    assert await gate.admit("shop.example", 5000, NOW) is None
-    await gate.release("shop.example", 5000, NOW)  # never raises either
+    assert await gate.admit("shop.example", 5000, NOW, RULES) is None
+    await gate.release("shop.example", 5000, NOW, RULES)  # never raises either
 
 
 async def test_new_rules_apply_to_the_next_chunk() -> None:
-    gate = CapacityGate(FakeDomainVolumes(), CapacityRules(enabled=True, initial=100))
-    await gate.admit("shop.example", 100, NOW)
-    assert await gate.admit("shop.example", 1, NOW) is not None
+    gate = CapacityGate(FakeDomainVolumes())
+    small = CapacityRules(enabled=True, initial=100)
+    await gate.admit("shop.example", 100, NOW, small)
+    assert await gate.admit("shop.example", 1, NOW, small) is not None
 
-    gate.apply(CapacityRules(enabled=True, initial=5000))
+    larger = CapacityRules(enabled=True, initial=5000)
 
-    assert await gate.admit("shop.example", 1, NOW) is None
+    assert await gate.admit("shop.example", 1, NOW, larger) is None

@@ -10,7 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.consumers.provider_rates import in_window, slice_start, wait_for_room
+from services.consumers.provider_rates import (
+    ProviderLimiter,
+    in_window,
+    slice_start,
+    wait_for_room,
+)
 from shared.core.errors import TransientProviderError
 from tests.fakes.world import World, refused
 
@@ -49,14 +54,15 @@ def test_the_wait_is_until_enough_of_the_oldest_slices_have_left_the_window() ->
     assert wait_for_room({}, NOW, 20) == pytest.approx(0.05)
 
 
-class FullProviders:
+class FullProviders(ProviderLimiter):
     """A limiter whose listed providers are at their limit."""
 
     def __init__(self, *full: str) -> None:
+        super().__init__(None, "")
         self.full = set(full)
         self.asked: list[str] = []
 
-    async def acquire(self, provider: str, now: datetime) -> float | None:
+    async def acquire(self, provider: str, now: datetime, limit: float) -> float | None:
         self.asked.append(provider)
         return 0.5 if provider in self.full else None
 
@@ -65,8 +71,7 @@ class FullProviders:
 
 
 async def test_a_provider_at_its_limit_spills_the_chunk_over_to_the_next_one() -> None:
-    w = World()
-    w.dispatcher.limiter = FullProviders("sg")  # type: ignore[assignment]
+    w = World(limiter=FullProviders("sg"))
 
     batch = await w.accept(A, B)
     await w.settle()
@@ -80,8 +85,7 @@ async def test_a_provider_at_its_limit_spills_the_chunk_over_to_the_next_one() -
 async def test_spilling_over_uses_up_no_attempt() -> None:
     """With two attempts allowed, a chunk skipped by a full SendGrid still gets two real
     calls (Mailgun failing, then Mailgun again after the backoff)."""
-    w = World(max_attempts=2)
-    w.dispatcher.limiter = FullProviders("sg")  # type: ignore[assignment]
+    w = World(max_attempts=2, limiter=FullProviders("sg"))
     w.providers["mg"].answers.append(refused("mg"))
 
     batch = await w.accept(A)
@@ -92,9 +96,8 @@ async def test_spilling_over_uses_up_no_attempt() -> None:
 
 
 async def test_with_every_provider_full_the_work_waits_in_a_delay_queue_not_in_memory() -> None:
-    w = World()
     limiter = FullProviders("sg", "mg")
-    w.dispatcher.limiter = limiter  # type: ignore[assignment]
+    w = World(limiter=limiter)
 
     await w.accept(A)
     for _ in range(50):
@@ -110,9 +113,8 @@ async def test_with_every_provider_full_the_work_waits_in_a_delay_queue_not_in_m
 
 
 async def test_a_429_with_retry_after_makes_the_limiter_hold_the_provider_off() -> None:
-    w = World()
     limiter = FullProviders()
-    w.dispatcher.limiter = limiter  # type: ignore[assignment]
+    w = World(limiter=limiter)
     w.providers["sg"].answers.append(
         TransientProviderError("sg", "429", status=429, retry_after=30)
     )

@@ -20,9 +20,8 @@ def consumer_settings(w: World, clock: Callable[[], float] = time.monotonic) -> 
     """``w``'s applier, with its own metrics; ``clock`` times the wake-ups' linger."""
     return ConsumerSettings(
         w.dispatcher,
-        w.splitter,
+        w.running,
         w.broker,  # type: ignore[arg-type]
-        w.settings,
         _no_handler,
         4,
         LiveMetrics.create(CollectorRegistry()),

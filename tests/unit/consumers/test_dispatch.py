@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import FrozenInstanceError
 from datetime import timedelta
 
 import orjson
@@ -183,8 +184,7 @@ async def test_a_permanent_refusal_by_every_provider_gives_up_without_cycling() 
 
 
 async def test_a_provider_missing_from_the_adapters_is_a_misconfiguration_not_a_send() -> None:
-    w = World()
-    del w.dispatcher.providers["sg"]  # type: ignore[attr-defined]
+    w = World(unconfigured=("sg",))
     batch = await w.sent(A)
     assert w.providers["mg"].emails() == [A]
     (first, _) = await w.attempts.line(batch.batch_id, chunk_line(0))
@@ -627,6 +627,14 @@ async def test_misconfigured_and_permanent_errors_are_recorded_by_kind() -> None
     assert w.counter("attempts_failed", provider="sg", kind="misconfigured") == 1
     assert w.counter("attempts_failed", provider="mg", kind="permanent") == 1
     assert await w.states(batch) == {A: "failed"}
+
+
+def test_a_dispatchers_parts_cannot_be_swapped_after_it_is_built() -> None:
+    """Its collaborators were built with its parts: a part swapped in later would reach
+    none of them, so the dispatcher refuses it (the World takes its parts up front)."""
+    w = World()
+    with pytest.raises(FrozenInstanceError):
+        w.dispatcher.user_hooks = None  # type: ignore[misc]
 
 
 async def test_header_reads_are_cached_per_process() -> None:

@@ -132,7 +132,7 @@ async def test_another_processs_write_wakes_an_idle_loop_at_once() -> None:
         await loop
 
     assert idle == IDLE_REFRESH_EVERY
-    assert applier.circuits["sg"] == "open" and applier.splitter.first_provider == "mg"
+    assert applier.circuits["sg"] == "open" and applier.running().chain[0] == "mg"
     assert tables.circuits[("ns", "sg")].state == "open"
 
 

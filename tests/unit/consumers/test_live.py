@@ -5,11 +5,34 @@ bounds the decisions made from then on."""
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import replace
+from datetime import timedelta
+
+from shared.core.batch_ids import accepted_at
+from shared.core.models import Chunk
+from shared.core.webhook_events import ProviderEvent
+from shared.delivery.batchstore import NewBatch
+from shared.delivery.domain_capacity import CapacityGate, CapacityRules
+from shared.delivery.recipients import log_id_for
 from shared.ops.livesettings import LiveSettings
+from shared.providers.base import Receipt
+from tests.fakes.delivery import FakeDomainVolumes
 from tests.fakes.world import World, refused
 from tests.unit.consumers.settings_applier import consumer_settings
 
 A, B = "a@example.org", "b@example.org"
+
+
+def deferred(batch: NewBatch, email: str) -> ProviderEvent:
+    """SendGrid's report that it deferred ``email``'s first attempt."""
+    return ProviderEvent(
+        provider="sg", event_id=uuid.uuid4().hex, kind="deferred", raw_event="deferred",
+        email=email, occurred_at=accepted_at(batch.batch_id) + timedelta(seconds=10),
+        batch_id=batch.batch_id, chunk=0, log_id=log_id_for(batch.batch_id, email),
+        attempt="c.0", message_id="sg-1", reason="421 try later", provider_side=False,
+        suppress=False,
+    )  # fmt: skip
 
 
 async def test_new_work_skips_a_paused_provider_without_calling_it() -> None:
@@ -78,6 +101,44 @@ async def test_max_attempts_bounds_the_decisions_made_after_it_changed() -> None
 
     assert len(w.providers["sg"].sent) + len(w.providers["mg"].sent) == 2
     assert await w.states(batch) == {A: "failed"}
+
+
+async def test_a_deferral_deadline_hands_over_along_the_chain_in_force_at_the_deadline() -> None:
+    """SendGrid defers the recipient; Mailgun is paused before the deadline: the deadline
+    check finds no provider left in the running chain and gives the recipient up."""
+    w = World()
+    batch = await w.sent(A)
+    await w.ingest.apply(deferred(batch, A))
+    await consumer_settings(w)(LiveSettings(chain=("sg", "mg"), paused=frozenset({"mg"})))
+
+    await w.settle()  # past the deadline
+
+    assert w.providers["mg"].sent == []
+    assert await w.states(batch) == {A: "failed"}
+    row = (await w.rows(batch))[A]
+    assert row["superseded"] == frozenset({"c.0"})
+    assert "no other provider is left to try" in str(row["gave_up_reason"])
+
+
+async def test_a_refused_call_gives_back_its_count_under_the_rules_it_was_admitted_by() -> None:
+    """Capacity rules turned off while SendGrid is being called: its refusal still gives
+    back the recipients the admission counted (the rules in force at the admission), and
+    Mailgun's call, admitted with no rules, counts nothing."""
+    volumes = FakeDomainVolumes()
+    w = World(
+        capacity=CapacityGate(volumes), capacity_rules=CapacityRules(enabled=True, initial=1000)
+    )
+
+    async def turned_off_then_refused(chunk: Chunk) -> Receipt:
+        w.running.set(replace(w.running(), capacity=CapacityRules(enabled=False)))
+        raise refused("sg")
+
+    w.providers["sg"].answers.append(turned_off_then_refused)
+    await w.accept(A, B)
+    await w.settle()
+
+    assert sorted(w.providers["mg"].emails()) == [A, B]
+    assert [day["sent"] for day in volumes.days.values()] == [0]
 
 
 async def test_with_every_provider_paused_the_provider_queues_are_not_consumed() -> None:

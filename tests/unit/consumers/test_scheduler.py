@@ -23,6 +23,7 @@ from services.consumers.scheduler import (
 from services.consumers.splitter import Splitter
 from shared.core.lanes import BUCKET, bucket_of
 from shared.core.models import BatchJob
+from shared.delivery.handoff import Routing
 from shared.delivery.schedule_store import OPEN_MINUTES, finished_through
 from shared.infra.leases import SCHEDULER_WAKE, Alarm, Lease, keep_running, wake
 from shared.infra.topology import batch_key, dispatch_key
@@ -163,7 +164,8 @@ async def test_a_cassandra_clock_behind_the_apis_strands_no_scheduled_batch() ->
 
     handed = await s.scheduler().pass_once()
     [job] = s.broker.take()
-    await Splitter(s.broker, s.batches, "sg").split(BatchJob.decode(job.body))  # type: ignore[arg-type]
+    splitter = Splitter(s.broker, s.batches, lambda: Routing(("sg",), 1))  # type: ignore[arg-type]
+    await splitter.split(BatchJob.decode(job.body))
 
     assert handed == 1
     assert await s.batches.status(batch) == "dispatched"

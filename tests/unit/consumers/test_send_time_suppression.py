@@ -154,9 +154,8 @@ async def test_when_every_recipient_is_suppressed_no_provider_is_called() -> Non
 async def test_users_webhooks_are_told_once_that_the_suppressed_was_dropped() -> None:
     """Bob's drop reaches the user's endpoint as ``recipient.dropped`` with its reason; told
     again by the retry of a drop whose write failed, it is the same webhook message."""
-    w = World()
     hooks = FakeUserHooks()
-    w.dispatcher.user_hooks = hooks
+    w = World(user_hooks=hooks)
     batch = await w.accept(A, B)
     endpoint = Endpoint(
         user_id=batch.user_id, endpoint_id=uuid.uuid4(), url="https://hooks.example/x",

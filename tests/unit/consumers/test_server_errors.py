@@ -68,9 +68,10 @@ async def test_a_5xx_leaves_the_attempt_ambiguous_and_sends_nothing_elsewhere(st
     """The attempt waits for evidence: no other provider is called, the recipients stay
     queued, the call counts against the provider's health, and the sending domain's capacity
     keeps the recipients (they may have gone out)."""
-    w = World()
     volumes = FakeDomainVolumes()
-    w.dispatcher.capacity = CapacityGate(volumes, CapacityRules(enabled=True, initial=1000))
+    w = World(
+        capacity=CapacityGate(volumes), capacity_rules=CapacityRules(enabled=True, initial=1000)
+    )
     batch = await w.accept(A, B)
     w.providers["sg"].answers.append(answered("sg", status))
     await _quiet(w)
@@ -197,9 +198,8 @@ async def test_a_429_still_fails_over_at_once() -> None:
 async def test_users_are_told_a_5xx_call_was_confirmed_not_sent_by_the_query_api() -> None:
     """The user's webhooks hear that SendGrid's 503 was confirmed not sent by its query API,
     the hand-over to Mailgun, and Mailgun's acceptance."""
-    w = World()
     hooks = FakeUserHooks()
-    w.dispatcher.user_hooks = hooks
+    w = World(user_hooks=hooks)
     batch = await w.accept(A)
     endpoint = Endpoint(
         user_id=batch.user_id, endpoint_id=uuid.uuid4(), url="https://hooks.example/x",

@@ -30,8 +30,8 @@ def test_a_chunk_weighs_its_recipients_addresses_names_and_substitutions() -> No
 
 async def test_a_chunk_waits_for_room_in_the_work_budget_then_is_sent() -> None:
     """With the budget all taken, a chunk is not sent; once room is given back it is."""
-    w = World()
-    budget = w.dispatcher.work = ByteBudget(BUDGET)
+    budget = ByteBudget(BUDGET)
+    w = World(work=budget)
     held = await budget.take(BUDGET, wait=0)
     await w.accept("ann@example.org")
     settling = asyncio.create_task(w.settle())
@@ -47,8 +47,8 @@ async def test_a_chunk_waits_for_room_in_the_work_budget_then_is_sent() -> None:
 
 async def test_the_work_budget_is_given_back_after_a_refused_call() -> None:
     """A call the provider refuses gives back what its chunk took, as an accepted one does."""
-    w = World()
-    budget = w.dispatcher.work = ByteBudget(BUDGET)
+    budget = ByteBudget(BUDGET)
+    w = World(work=budget)
     w.providers["sg"].answers.append(refused("sg"))
     await w.accept("ann@example.org", "bob@example.org")
 
@@ -61,8 +61,8 @@ async def test_the_work_budget_is_given_back_after_a_refused_call() -> None:
 async def test_a_chunk_that_waited_a_whole_call_goes_over_budget() -> None:
     """Past a call's length of waiting, the chunk is sent anyway (the attempt it holds as
     calling must not outlive its lease waiting for room), and takes nothing."""
-    w = World(timeout=0.01)
-    budget = w.dispatcher.work = ByteBudget(BUDGET)
+    budget = ByteBudget(BUDGET)
+    w = World(timeout=0.01, work=budget)
     await budget.take(BUDGET, wait=0)
     await w.accept("ann@example.org")
 

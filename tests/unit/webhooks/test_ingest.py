@@ -14,7 +14,9 @@ from shared.core.errors import DependencyUnavailable, PublishError
 from shared.core.models import LogJob
 from shared.core.webhook_events import ProviderEvent
 from shared.delivery.batchstore import NewBatch
+from shared.delivery.handoff import HandOff, Routing
 from shared.delivery.recipients import log_id_for
+from shared.infra.current import Current
 from shared.infra.topology import log_key
 from tests.fakes.cassandra import OPERATION_KINDS
 from tests.fakes.world import World
@@ -142,6 +144,23 @@ async def test_a_provider_side_drop_hands_the_recipient_to_the_next_provider_onc
     assert row["superseded"] == frozenset({"c.0"})
     assert await w.states(batch) == {A: "queued"}
     assert w.ingest.metrics.resends.labels("sg")._value.get() == 1  # the replay is superseded
+
+
+async def test_a_drop_is_handed_over_along_the_chain_in_force_when_it_is_applied() -> None:
+    """The webhooks process's live settings pause Mailgun after its ingest was built: a
+    SendGrid drop then finds no provider left in the running chain and is given up."""
+    w = World()
+    routing = Current(Routing(("sg", "mg"), 4))
+    ingest = replace(w.ingest, handoff=HandOff(w.attempts, w.recipients, w.broker, routing))  # type: ignore[arg-type]
+    batch = await w.sent(A)
+    routing.set(Routing(("sg",), 4))
+
+    await ingest.apply(event(batch, "dropped", provider_side=True, reason="provider blocklist"))
+    await w.settle()
+
+    assert w.providers["mg"].sent == []
+    assert await w.states(batch) == {A: "failed"}
+    assert (await w.rows(batch))[A]["superseded"] == frozenset({"c.0"})
 
 
 async def test_a_failure_of_a_handed_over_attempt_decides_nothing() -> None:
