@@ -39,8 +39,8 @@ TEST_WORKERS ?= 2
 OK_IF_NONE = rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc
 
 test: install services-up ## the whole suite against real RabbitMQ and Cassandra: in parallel workers, then the exclusive tests alone (the slowest 20 listed)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not exclusive" --durations=20 $(PYTEST_ARGS); $(OK_IF_NONE)
-	$(PY) -m pytest -m exclusive --durations=5 $(PYTEST_ARGS); $(OK_IF_NONE)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not exclusive and not simulated" --durations=20 $(PYTEST_ARGS); $(OK_IF_NONE)
+	$(PY) -m pytest -m "exclusive and not simulated" --durations=5 $(PYTEST_ARGS); $(OK_IF_NONE)
 
 test-unit: install ## pure-logic tests only (no services)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

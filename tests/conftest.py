@@ -11,12 +11,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import queue
 import subprocess
 import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import hypothesis
 import pytest
@@ -43,8 +45,11 @@ CI = os.environ.get("CI", "").lower() == "true"
 #: The pytest-xdist worker running this process (``gw0``, ``gw1``...), or ``main`` without
 #: workers: it names the session's keyspace, so a leftover says which run left it.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+#: Whether this process is one of several workers (``make test``), not a run of a few files.
+PARALLEL = WORKER != "main"
 #: Directories whose tests share a module's stack or the browser: each file runs on one worker
-#: (``--dist loadgroup``), so a module-scoped fixture is built once, not once per worker.
+#: (``--dist loadgroup``, :func:`group_of`), so a module-scoped fixture is built once, not once
+#: per worker.
 GROUPED = ("tests/integration/", "tests/contracts/", "tests/browser/")
 
 
@@ -105,15 +110,83 @@ def keyspace(services_up: None) -> Iterator[str]:
     drop_keyspace(name)
 
 
+class KeyspacePool:
+    """Migrated keyspaces made ahead of the modules that need one of their own.
+
+    A migration takes 10-50 s (schema changes queue behind every other worker's), so under
+    parallel workers the pool makes one spare in a background thread as soon as the
+    session's keyspace is migrated: a worker's first such module takes it ready instead of
+    waiting. Later ones are made on demand, as in a serial run: a spare made ahead for each
+    would add more schema changes to a loaded node than it saves. A spare left at the end
+    is dropped.
+    """
+
+    def __init__(self) -> None:
+        self._ready: queue.Queue[CassandraSettings | Exception] = queue.Queue()
+        self._making = 0
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def make_one(self) -> None:
+        """Migrate one more keyspace in a background thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._making += 1
+        threading.Thread(target=self._make, name="keyspace-pool").start()
+
+    def _make(self) -> None:
+        settings = CassandraSettings(keyspace=unique(f"p_{WORKER}"))
+        made: CassandraSettings | Exception = settings
+        try:
+            asyncio.run(migrate(settings))
+        except Exception as exc:  # noqa: BLE001 - the module that takes it fails with it
+            made = exc
+        with self._lock:
+            self._making -= 1
+            closed = self._closed
+        if closed or isinstance(made, Exception):
+            drop_keyspace(settings.keyspace)
+        if not closed:
+            self._ready.put(made)
+
+    async def take(self) -> CassandraSettings:
+        """A migrated keyspace of the caller's own (made now if none is ready or coming)."""
+        with self._lock:
+            coming = self._making > 0 or not self._ready.empty()
+        if not coming:
+            self.make_one()
+        made = await asyncio.to_thread(self._ready.get, timeout=600)
+        if isinstance(made, Exception):
+            raise made
+        return made
+
+    def close(self) -> None:
+        """Drop the spares (beside the run's end); a keyspace still being made drops itself."""
+        with self._lock:
+            self._closed = True
+        while not self._ready.empty():
+            spare = self._ready.get_nowait()
+            if isinstance(spare, CassandraSettings):
+                threading.Thread(target=drop_keyspace, args=(spare.keyspace,), name="drop").start()
+
+
+@pytest.fixture(scope="session")
+def keyspace_pool(services_up: None) -> Iterator[KeyspacePool]:
+    pool = KeyspacePool()
+    yield pool
+    pool.close()
+
+
 @contextlib.asynccontextmanager
-async def private_keyspace(prefix: str) -> AsyncIterator[CassandraSettings]:
-    """A migrated keyspace of its own, for a stack that outlives single tests (dropped after).
+async def private_keyspace(pool: KeyspacePool) -> AsyncIterator[CassandraSettings]:
+    """A migrated keyspace of its own, for a module or a stack that outlives single tests
+    (dropped after).
 
     Background work of such a stack (its outbox relay, its consumers) then never sees rows
     another test wrote, and tests never see its rows.
     """
-    settings = CassandraSettings(keyspace=unique(f"{prefix}_{WORKER}"))
-    await migrate(settings)
+    settings = await pool.take()
     try:
         yield settings
     finally:
@@ -128,8 +201,12 @@ def cassandra_settings(keyspace: str) -> CassandraSettings:
 
 
 @pytest.fixture(scope="session")
-async def migrated(cassandra_settings: CassandraSettings) -> CassandraSettings:
+async def migrated(
+    cassandra_settings: CassandraSettings, keyspace_pool: KeyspacePool
+) -> CassandraSettings:
     await migrate(cassandra_settings)
+    if PARALLEL:
+        keyspace_pool.make_one()  # after the session's own: schema changes queue on one node
     return cassandra_settings
 
 
@@ -202,7 +279,6 @@ async def broker(services_up: None, exchange_name: str) -> AsyncIterator[Broker]
     await b.close()
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = str(item.path).replace(os.sep, "/")
@@ -212,11 +288,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             # It counts the event loop's turns while a thread works: another worker's load
             # would change the count, so it runs in the serial part.
             item.add_marker(pytest.mark.exclusive)
-        group = next((g for g in GROUPED if g in path), None)
-        if group == "tests/browser/":
-            item.add_marker(pytest.mark.xdist_group("browser"))  # one browser stack per run
-        elif group is not None:
-            item.add_marker(pytest.mark.xdist_group(path.rpartition(group)[2]))
+
+
+def group_of(nodeid: str) -> str:
+    """The unit of work one worker takes whole (``--dist loadgroup``): the browser tests
+    together (one browser stack per run), a module of the ``GROUPED`` directories (so that
+    a module-scoped fixture is built once), any other test alone."""
+    path = nodeid.split("::", 1)[0]
+    group = next((g for g in GROUPED if path.startswith(g)), None)
+    if group == "tests/browser/":
+        return "browser"
+    return path if group is not None else nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` by :func:`group_of`. pytest-xdist 3.8 marks a group by renaming
+    each test's node id, which pytest 9 ignores (``nodeid`` is read-only there): every test
+    became a group of its own, so a module-scoped app was built on both workers."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class Groups(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return Groups(config, log)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from shared.core.errors import DependencyUnavailable
 from shared.infra.config import CassandraSettings
 from shared.infra.db import Database
 
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.cql$")
 #: Seconds a migration lock lives if its holder dies mid-way.
 LOCK_TTL = 300
+#: Seconds one schema statement or lock round may take: a node busy with other keyspaces'
+#: schema changes answers a DDL or a Paxos round in tens of seconds, not the usual 10.
+SCHEMA_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,15 +85,18 @@ async def migrate(settings: CassandraSettings, *, directory: Path | None = None)
         await db.execute(
             f"CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = {settings.replication}",
             prepare=False,
+            timeout=SCHEMA_TIMEOUT,
         )
         await db.execute(
             f"CREATE TABLE IF NOT EXISTS {ks}.schema_migrations "
             "(version int PRIMARY KEY, name text, checksum text, applied_at timestamp)",
             prepare=False,
+            timeout=SCHEMA_TIMEOUT,
         )
         await db.execute(
             f"CREATE TABLE IF NOT EXISTS {ks}.schema_lock (name text PRIMARY KEY, owner uuid)",
             prepare=False,
+            timeout=SCHEMA_TIMEOUT,
         )
         await asyncio.to_thread(db.session.set_keyspace, ks)
         owner = uuid.uuid4()
@@ -97,25 +104,46 @@ async def migrate(settings: CassandraSettings, *, directory: Path | None = None)
         try:
             return await _apply(db, pending)
         finally:
-            await db.execute(
-                "DELETE FROM schema_lock WHERE name = 'migrate' IF owner = ?", (owner,)
-            )
+            await _release(db, owner)
     finally:
         await db.close()
 
 
 async def _acquire(db: Database, owner: uuid.UUID, *, wait: float = 120.0) -> None:
+    """Take the lock, or wait for it. A round that timed out may still have applied: the next
+    round then finds the lock held by ``owner`` itself, which is ours."""
     deadline = asyncio.get_running_loop().time() + wait
     while True:
-        row = await db.one(
-            "INSERT INTO schema_lock (name, owner) VALUES ('migrate', ?) IF NOT EXISTS USING TTL ?",
-            (owner, LOCK_TTL),
-        )
-        if row and row.get("[applied]"):
+        try:
+            row = await db.one(
+                "INSERT INTO schema_lock (name, owner) VALUES ('migrate', ?) "
+                "IF NOT EXISTS USING TTL ?",
+                (owner, LOCK_TTL),
+                timeout=SCHEMA_TIMEOUT,
+            )
+        except DependencyUnavailable as exc:  # a timed-out round: its outcome is unknown
+            log.warning("the schema lock's round did not answer (%s); asking again", exc)
+            row = None
+        if row and (row.get("[applied]") or row.get("owner") == owner):
             return
         if asyncio.get_running_loop().time() > deadline:
             raise TimeoutError("another migration holds the schema lock")
         await asyncio.sleep(0.5)
+
+
+async def _release(db: Database, owner: uuid.UUID, *, tries: int = 3) -> None:
+    """Give the lock back; if no round answers, its TTL frees it (``LOCK_TTL``)."""
+    for _ in range(tries):
+        try:
+            await db.execute(
+                "DELETE FROM schema_lock WHERE name = 'migrate' IF owner = ?",
+                (owner,),
+                timeout=SCHEMA_TIMEOUT,
+            )
+            return
+        except DependencyUnavailable as exc:
+            log.warning("the schema lock's release did not answer (%s); trying again", exc)
+    log.warning("the schema lock was not released; it expires in %d s", LOCK_TTL)
 
 
 async def _apply(db: Database, pending: list[Migration]) -> list[int]:

@@ -45,7 +45,7 @@ from shared.infra.config import (
     Settings,
     WebhookSettings,
 )
-from tests.conftest import CI, ROOT, private_keyspace, stack_settings, unique
+from tests.conftest import CI, ROOT, KeyspacePool, private_keyspace, stack_settings, unique
 from tests.integration.harness import running, served
 
 #: Debian's Chromium (deploy/local/chromium.sh installs it; the same variable overrides both).
@@ -104,9 +104,9 @@ def api_with_dashboard(settings: Settings) -> Starlette:
 
 
 @pytest.fixture(scope="session")
-async def stack(services_up: None) -> AsyncIterator[Stack]:
+async def stack(keyspace_pool: KeyspacePool) -> AsyncIterator[Stack]:
     """Every service on its own loopback port, wired as ``make run`` wires them."""
-    async with private_keyspace("b") as cassandra:
+    async with private_keyspace(keyspace_pool) as cassandra:
         async for stack in _stack(cassandra):
             yield stack
 

@@ -32,10 +32,16 @@ async def client_for(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
 
 
 @contextlib.asynccontextmanager
-async def served(app: Any) -> AsyncIterator[str]:
-    """Serve an ASGI app with uvicorn on 127.0.0.1 and a free port; yield its base URL."""
+async def served(app: Any, *, lifespan: bool = True) -> AsyncIterator[str]:
+    """Serve an ASGI app with uvicorn on 127.0.0.1 and a free port; yield its base URL.
+    ``lifespan=False`` serves an app whose lifespan already runs (:func:`running`)."""
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, lifespan="on", log_level="warning", loop="none"
+        app,
+        host="127.0.0.1",
+        port=0,
+        lifespan="on" if lifespan else "off",
+        log_level="warning",
+        loop="none",
     )
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[attr-defined]

