@@ -214,8 +214,11 @@ async def test_the_roll_up_pass_brings_a_changed_bucket_current_before_any_read(
     bucket = bucket_of(log_id_for(batch.batch_id, A), stores.stats.buckets)
     assert bucket in {m.bucket for m in await _marks(stores, batch)}
     assert await _day(stores, batch) == {}  # never rolled up yet
+    # The queued and delivered rows' buckets may be one or two (random ids); other tests'
+    # marks in a shared keyspace are recounted too.
+    marked = {m.bucket for m in await _marks(stores, batch)}
 
-    assert await stores.stats.roll_due(datetime.now(UTC)) >= 2
+    assert await stores.stats.roll_due(datetime.now(UTC)) >= len(marked)
 
     counted = stores.stats.rows_counted_inline
     assert await _day(stores, batch) == {"queued": 2, "success": 1}
