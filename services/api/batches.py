@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -51,8 +52,10 @@ async def submit(request: Request) -> Response:
         raise ApiError(400, "bad_idempotency_key", "Idempotency-Key must be 1-255 visible ASCII")
     sending: Sending = request.app.state.sending
     response = await sending.accept(key.user_id, body, idem)
-    # A replay's answer is the stored one, from before this version too: read back as the model.
-    return Answer(schema.Accepted.model_validate(response), status_code=202)
+    # The answer stored with the batch, rendered from ``schema.Accepted`` when it was accepted
+    # (``sending.build_batch``): sent as it was, so a retry gets the first answer byte for byte
+    # (one stored by an older release too), and nothing is validated again on the loop.
+    return Response(orjson.dumps(response), status_code=202, media_type="application/json")
 
 
 @operation(

@@ -100,9 +100,11 @@ async def migrate(settings: CassandraSettings, *, directory: Path | None = None)
         )
         await asyncio.to_thread(db.session.set_keyspace, ks)
         owner = uuid.uuid4()
-        await _acquire(db, owner)
         try:
-            return await _apply(db, pending)
+            # Inside the try: a round that timed out may have taken the lock (the release
+            # deletes it only when the owner is ours).
+            await _acquire(db, owner)
+            return await _apply(db, pending, owner)
         finally:
             await _release(db, owner)
     finally:
@@ -131,6 +133,30 @@ async def _acquire(db: Database, owner: uuid.UUID, *, wait: float = 120.0) -> No
         await asyncio.sleep(0.5)
 
 
+class LockLost(RuntimeError):
+    """The schema lock expired during a run and is no longer this run's: it stops before
+    its next migration (every statement is idempotent, so running ``migrate`` again is safe)."""
+
+
+async def _renew(db: Database, owner: uuid.UUID, *, tries: int = 3) -> None:
+    """Hold the lock for another ``LOCK_TTL`` before a migration, so a slow run (statements
+    may take ``SCHEMA_TIMEOUT`` each) never outlives it while another run takes it over."""
+    for _ in range(tries):
+        try:
+            row = await db.one(
+                "UPDATE schema_lock USING TTL ? SET owner = ? WHERE name = 'migrate' IF owner = ?",
+                (LOCK_TTL, owner, owner),
+                timeout=SCHEMA_TIMEOUT,
+            )
+        except DependencyUnavailable as exc:  # unknown outcome: ask again (it is idempotent)
+            log.warning("the schema lock's renewal did not answer (%s); asking again", exc)
+            continue
+        if row and row.get("[applied]"):
+            return
+        raise LockLost("the schema lock expired and is no longer this run's")
+    raise LockLost("the schema lock could not be renewed")
+
+
 async def _release(db: Database, owner: uuid.UUID, *, tries: int = 3) -> None:
     """Give the lock back; if no round answers, its TTL frees it (``LOCK_TTL``)."""
     for _ in range(tries):
@@ -146,7 +172,8 @@ async def _release(db: Database, owner: uuid.UUID, *, tries: int = 3) -> None:
     log.warning("the schema lock was not released; it expires in %d s", LOCK_TTL)
 
 
-async def _apply(db: Database, pending: list[Migration]) -> list[int]:
+async def _apply(db: Database, pending: list[Migration], owner: uuid.UUID) -> list[int]:
+    """Apply what ``schema_migrations`` does not record, renewing ``owner``'s lock first."""
     applied_rows = await db.rows("SELECT version, checksum FROM schema_migrations")
     applied = {r["version"]: r["checksum"] for r in applied_rows}
     done = []
@@ -155,9 +182,10 @@ async def _apply(db: Database, pending: list[Migration]) -> list[int]:
             if applied[m.version] != m.checksum:
                 log.warning("migration %04d_%s changed after it was applied", m.version, m.name)
             continue
+        await _renew(db, owner)
         log.info("applying migration %04d_%s", m.version, m.name)
         for statement in m.statements:
-            await db.execute(statement, prepare=False, timeout=60)
+            await db.execute(statement, prepare=False, timeout=SCHEMA_TIMEOUT)
         await db.execute(
             "INSERT INTO schema_migrations (version, name, checksum, applied_at) "
             "VALUES (?, ?, ?, ?)",

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
 
 from shared.infra.config import CassandraSettings
 from shared.infra.db import Database
-from shared.infra.migrations import discover, migrate, migrations_dir
+from shared.infra.migrations import LockLost, _apply, discover, migrate, migrations_dir
 from tests.conftest import unique
 
 
@@ -31,6 +35,38 @@ async def test_migrate_twice_and_concurrently_applies_each_version_once(services
             await db.close()
         assert sorted(r["version"] for r in rows) == versions
         assert {"batches", "chunk_attempts", "api_keys"} <= {t["table_name"] for t in tables}
+    finally:
+        db = await Database.connect(settings)
+        await db.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", prepare=False, timeout=60)
+        await db.close()
+
+
+async def test_a_run_whose_lock_another_run_took_over_applies_nothing_more(
+    services_up: None, tmp_path: Path
+) -> None:
+    """A slow run's lock expired and another run holds it now: the slow run stops before its
+    next migration instead of applying it beside the other."""
+    settings = CassandraSettings(keyspace=unique("m"))
+    (tmp_path / "0001_one.cql").write_text("CREATE TABLE IF NOT EXISTS one (k int PRIMARY KEY);\n")
+    try:
+        assert await migrate(settings, directory=tmp_path) == [1]
+        (tmp_path / "0002_two.cql").write_text(
+            "CREATE TABLE IF NOT EXISTS two (k int PRIMARY KEY);\n"
+        )
+        db = await Database.connect(settings, keyspace=settings.keyspace)
+        try:
+            await db.execute(
+                "INSERT INTO schema_lock (name, owner) VALUES ('migrate', ?) USING TTL 60",
+                (uuid.uuid4(),),  # the run that took the lock over
+            )
+
+            with pytest.raises(LockLost):
+                await _apply(db, discover(tmp_path), uuid.uuid4())
+
+            rows = await db.rows("SELECT version FROM schema_migrations")
+        finally:
+            await db.close()
+        assert [r["version"] for r in rows] == [1]
     finally:
         db = await Database.connect(settings)
         await db.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", prepare=False, timeout=60)
