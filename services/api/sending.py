@@ -19,6 +19,7 @@ accepting it charged.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -307,6 +308,26 @@ class Sending:
         await self._complete_quietly(user_id, idem, orjson.dumps(response))
         return response
 
+    async def built(
+        self,
+        user_id: uuid.UUID,
+        batch_id: uuid.UUID,
+        parsed: validation.BatchRequest,
+        extra: Extra,
+        *,
+        pending: bool,
+    ) -> NewBatch:
+        """The batch to store (:func:`build_batch`). Its cost is linear in the recipients
+        and in the answer's rejected and skipped entries, which a client sets: a large batch
+        is built off the event loop, as it was validated."""
+        build = functools.partial(
+            build_batch, self.settings, user_id, batch_id, parsed, extra=extra, pending=pending
+        )
+        entries = len(parsed.recipients) + len(parsed.rejected) + len(parsed.skipped)
+        if entries > validation.LARGE_RECIPIENT_ENTRIES:
+            return await self.cpu.run(build)
+        return build()
+
     async def _accept_once(
         self,
         user_id: uuid.UUID,
@@ -330,9 +351,7 @@ class Sending:
         """
         started = time.perf_counter()
         parsed = await self._drop_cooling(user_id, batch_id, parsed, prefs)
-        batch = build_batch(
-            self.settings, user_id, batch_id, parsed, extra=extra, pending=not keyed
-        )
+        batch = await self.built(user_id, batch_id, parsed, extra, pending=not keyed)
         content = await self._content(batch)
         count = parsed.mailed
         verdict, _ = await self.quota.consume(user_id, count, now=accepted_at(batch_id))
