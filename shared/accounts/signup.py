@@ -84,7 +84,7 @@ class SignupRequest:
 
 
 class SignupQueue(Protocol):
-    """What callers use of :class:`SignupRequests` (the store; it has no in-memory twin yet)."""
+    """What callers use of :class:`SignupRequests` (its twin: ``tests/fakes/accounts.py``)."""
 
     async def state(self, github_id: int) -> RequestState | None: ...
 

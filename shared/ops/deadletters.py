@@ -255,7 +255,7 @@ def _row_letter(row: Row) -> Letter:
 
 
 class LetterArchive(Protocol):
-    """What callers use of :class:`DeadLetterStore` (the store; it has no in-memory twin yet)."""
+    """What callers use of :class:`DeadLetterStore` (its twin: ``tests/fakes/ops.py``)."""
 
     async def archive(self, letter: Letter) -> bool: ...
 

@@ -536,7 +536,7 @@ class Change:
 
 
 class StoredSettings(Protocol):
-    """What callers use of :class:`SettingsStore` (the store; it has no in-memory twin yet)."""
+    """What callers use of :class:`SettingsStore` (its twin: ``tests/fakes/ops.py``)."""
 
     async def stored(self) -> dict[str, str]: ...
 

@@ -1,6 +1,6 @@
 """Twins of the stores of :mod:`shared.accounts`: users and API keys (:class:`FakeAccounts`, in
 :class:`tests.fakes.cassandra.FakeCassandra`), the recipient quota and rate windows,
-preferences and sending domains.
+preferences, sending domains and sign-up requests.
 
 They keep the Cassandra semantics these stores depend on:
 
@@ -64,6 +64,7 @@ from shared.accounts.ratelimit import (
     over_limit,
     seconds_until_midnight,
 )
+from shared.accounts.signup import RequestState, SignupQueue, SignupRequest
 from shared.core.batch_ids import accepted_at
 from shared.infra.db import utc
 from tests.fakes.cassandra import FakeCassandra, as_stored, interleave, ms
@@ -469,3 +470,46 @@ def _domain(domain: str, row: Mapping[str, Any]) -> SendingDomain:
         unverified_at=row.get("unverified_at"),
         unverified_reason=row.get("unverified_reason"),
     )
+
+
+class FakeSignupRequests(SignupQueue):
+    """In-memory twin of :class:`shared.accounts.signup.SignupRequests`: one request per
+    GitHub account, recorded once (asking again keeps the first time and any answer),
+    answered by id, removed once the account signed up. ``all`` returns every open request
+    oldest first, as the real store does once it has read them (the table is small: it expires
+    rows after 30 days, which the twin does not model). ``tests/contracts/test_signup_store.py``
+    runs one suite over this twin and the real store."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, SignupRequest] = {}
+
+    async def state(self, github_id: int) -> RequestState | None:
+        await interleave()
+        row = self.rows.get(github_id)
+        return row.state if row else None
+
+    async def ask(self, github_id: int, login: str, name: str | None, email: str | None) -> None:
+        await interleave()
+        if github_id not in self.rows:
+            now = ms(datetime.now(UTC))
+            self.rows[github_id] = SignupRequest(
+                github_id, login, name, email, now, "pending", None
+            )
+
+    async def answer(self, github_id: int, state: RequestState, operator: str) -> bool:
+        await interleave()
+        row = self.rows.get(github_id)
+        if row is None:
+            return False
+        self.rows[github_id] = SignupRequest(
+            row.github_id, row.login, row.name, row.email, row.requested_at, state, operator
+        )
+        return True
+
+    async def done(self, github_id: int) -> None:
+        await interleave()
+        self.rows.pop(github_id, None)
+
+    async def all(self, limit: int = 1000) -> list[SignupRequest]:
+        await interleave()
+        return sorted(self.rows.values(), key=lambda r: r.requested_at)[:limit]
