@@ -9,6 +9,10 @@ UV := $(STATE)/uv/bin/uv
 VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export PYTHON := $(PY)
+# Python's bytecode cache stays on even where the shell turns it off: otherwise every test
+# worker, every service process a test starts and every tool compiles each project module
+# from source again, and pytest rewrites every test module's asserts again in each process.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help install run test test-unit test-integration env-example openapi docs lint fmt typecheck all services-up \
         services-down services-status migrate topology bench hostile chaos cluster-up cluster-down cluster-test \
