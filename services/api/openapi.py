@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
+from pydantic_core import core_schema
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -28,6 +29,19 @@ _REF = "#/components/schemas/{model}"
 OPERATIONS: tuple[Operation, ...] = operations(V1_ROUTES)
 
 
+class DocumentSchema(GenerateJsonSchema):
+    """The models' JSON schema as the document states it: a union whose member is picked by
+    the value's JSON type (the batch body's address forms, ``shared.delivery.batch_in``) is
+    the plain ``anyOf`` it validates as (``oneOf`` would say no more, and the clients read
+    ``anyOf``)."""
+
+    def tagged_union_schema(self, schema: core_schema.TaggedUnionSchema) -> JsonSchemaValue:
+        out = super().tagged_union_schema(schema)
+        if "oneOf" in out and "discriminator" not in out:
+            out["anyOf"] = out.pop("oneOf")
+        return out
+
+
 def document(server_url: str = "/") -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``/v1``."""
     table = OPERATIONS
@@ -36,7 +50,7 @@ def document(server_url: str = "/") -> dict[str, Any]:
     inputs: list[tuple[type[BaseModel], Literal["validation"]]] = [
         (m, "validation") for m in sorted(models, key=lambda m: m.__name__)
     ]
-    _, definitions = models_json_schema(inputs, ref_template=_REF)
+    _, definitions = models_json_schema(inputs, ref_template=_REF, schema_generator=DocumentSchema)
     paths: dict[str, dict[str, Any]] = {}
     for op in table:
         paths.setdefault(op.path, {})[op.method] = _operation(op)

@@ -4,11 +4,12 @@ with, the answers they give, and the one error envelope.
 These models are the contract: ``services.api.openapi`` builds ``/v1/openapi.json`` from
 them, request bodies are checked against them before anything else (strict types: no
 coercion of ``"true"`` to ``true``), and the integration suite validates real answers with
-them. ``shared.delivery.validation`` then applies what a schema cannot say (address syntax, header
-injection, de-duplication) and words the field errors. The batch body's models
-(``BatchIn`` and its parts) and :func:`field_errors` live in ``shared.delivery.batch_in``, below
-the API, and are re-exported here. Answers are rendered from these models
-(``shared.infra.http.Answer``); a page's entries are built :func:`trusted`.
+them. The batch body's models (``BatchIn`` and its parts) and :func:`field_errors` live in
+``shared.delivery.batch_in``, below the API, and are re-exported here: there the rules a
+schema cannot say (``shared.delivery.validation``: address syntax, header injection,
+de-duplication) are the model's validators, and its errors are worded as the rules word
+them. Answers are rendered from these models (``shared.infra.http.Answer``); a page's entries
+are built :func:`trusted`.
 """
 
 from __future__ import annotations

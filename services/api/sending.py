@@ -31,12 +31,10 @@ from typing import Any, ParamSpec
 
 import orjson
 from cassandra.query import Statement
-from pydantic import ValidationError
 
 from services.api import answers, cooldown, schema
 from services.api.cooldown import RecentSends
 from services.api.idempotency import Existing, IdempotencyKeys
-from services.api.schema import BatchIn, field_errors
 from services.api.templated import TEMPLATE_FIELDS, Plan, TemplateBatches
 from shared.accounts.domains import Domains, covers, domain_of
 from shared.accounts.preferences import PreferenceRows, Preferences
@@ -223,16 +221,10 @@ class Sending:
         return body, Extra(plan, when)
 
     def _validated(self, body: object) -> validation.BatchRequest:
-        """The body checked against the schema (``schema.BatchIn``), then by the rules a
-        schema cannot state. Field errors are worded by ``shared.delivery.validation`` whenever it
-        finds the problem too (it walks the whole body and names every field)."""
-        shape: dict[str, str] | None = None
+        """The body validated as ``schema.BatchIn``, with the rules a schema cannot state
+        (its validators) and this deployment's limits."""
         try:
-            BatchIn.model_validate(body)
-        except ValidationError as exc:
-            shape = field_errors(exc)
-        try:
-            parsed = validation.parse_batch_request(
+            return validation.parse_batch_request(
                 body,
                 max_recipients=self.settings.api.max_recipients,
                 configured=self.settings.providers.chain_codes,
@@ -240,9 +232,6 @@ class Sending:
             )
         except validation.InvalidRequest as exc:
             raise ApiError(422, exc.code, str(exc), fields=exc.fields) from exc
-        if shape is not None:
-            raise ApiError(422, "invalid_fields", "the request has invalid fields", fields=shape)
-        return parsed
 
     async def _repeat(
         self, user_id: uuid.UUID, idem: str, claim: Existing, owner: uuid.UUID, body: object

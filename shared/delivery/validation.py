@@ -1,11 +1,13 @@
-"""Validation of the ``POST /v1/batches`` body: the decoded JSON in, a :class:`BatchRequest`
-or an :class:`InvalidRequest` carrying every field error out.
+"""The rules of the ``POST /v1/batches`` body, a :class:`BatchRequest` or an
+:class:`InvalidRequest` carrying every field error out of :func:`parse_batch_request`.
 
-This module owns the request's rules: which fields exist and their forms, the limits (subject,
-headers, categories, metadata, substitutions, the recipient cap), header-injection refusal in
-every value bound for a header (via :mod:`shared.core.addresses`), the split of ``to`` into
-accepted, rejected (a bad address is reported in the 202, it does not fail the batch) and
-suppressed recipients, and :func:`body_hash` for Idempotency-Key comparisons.
+The body is validated as ``shared.delivery.batch_in.BatchIn``, the model the OpenAPI document
+states: its validators call this module's rules on the parsed fields. This module owns the
+rules: the limits (subject, headers, categories, metadata, substitutions, the recipient cap),
+header-injection refusal in every value bound for a header (via :mod:`shared.core.addresses`),
+the split of ``to`` into accepted, rejected (a bad address is reported in the 202, it does not
+fail the batch) and suppressed recipients, and :func:`body_hash` for Idempotency-Key
+comparisons.
 
 Rules worth knowing:
 
@@ -20,9 +22,13 @@ Rules worth knowing:
   appears in ``from`` or ``reply_to`` (SendGrid substitutes into reply-to) is stricter still:
   its value may not hold quotes or address punctuation either, which could turn one reply-to
   address into another, or into several.
-* The cap counts distinct valid ``to`` addresses before suppression; parsing stops as soon as
-  it is exceeded, and a list with more than ``2 * max_recipients + 100`` entries is refused
-  without parsing it.
+* Every field error is reported at once. The rules across fields (html or text, cc/bcc with
+  ``bulk`` or more than one recipient, ``bulk`` with ``shared``) are checked once every field
+  is valid, and ``cc``/``bcc`` against ``to`` once ``to`` is: a body wrong both ways hears of
+  the second on its next try.
+* The cap counts distinct valid ``to`` addresses before suppression. A list with more than
+  ``2 * max_recipients + 100`` entries is refused without reading it; a shorter one is read
+  whole before the cap is applied (at most about twice the work of a batch at the cap).
 
 Pure: no I/O; the suppression lookup is the caller's callback.
 """
@@ -47,7 +53,6 @@ from shared.core.addresses import (
     display_name,
     normalize_email,
     parse_address,
-    split_address_list,
     text_problem,
 )
 from shared.core.catalog import CATALOG, CODES, code_of
@@ -105,10 +110,8 @@ _HEADER_NAME_RE = re.compile(r"[!-9;-~]+")  # RFC 5322 ftext: printable ASCII bu
 _METADATA_KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _PATH_KEY_RE = re.compile(r"[!-~ ]{1,100}")
 _BODY_FORBIDDEN_RE = re.compile("[\x00\ud800-\udfff]")
-_RECIPIENT_KEYS = frozenset({"email", "name", "substitutions"})
 _ADDRESS_KEYS = frozenset({"email", "name"})
 _ADDRESS_FORMS = "must be an address string or an object {email, name}"
-_RECIPIENT_FORMS = "must be an address string or an object {email, name, substitutions}"
 
 Errors = dict[str, str]
 
@@ -255,69 +258,18 @@ def parse_batch_request(
     configured: Sequence[str] = CODES,
     bulk_threshold: int = 1_000,
 ) -> BatchRequest:
-    """Validate a decoded ``POST /v1/batches`` body (suppression is :func:`drop_suppressed`).
+    """Validate a decoded ``POST /v1/batches`` body (suppression is :func:`drop_suppressed`):
+    ``batch_in.BatchIn`` parses it, its validators applying this module's rules with these
+    run-time limits.
 
     Raises:
         InvalidRequest: with every field error collected (``invalid_fields``), or
             ``too_many_recipients``, or ``no_recipients`` when every entry is rejected.
     """
-    if not isinstance(raw, dict):
-        raise InvalidRequest({"body": "must be a JSON object"})
-    errors: Errors = {_path_key(key): "unknown field" for key in raw if key not in FIELDS}
-    sender = _address_field(raw.get("from"), "from", errors, required=True)
-    reply_to = _address_field(raw.get("reply_to"), "reply_to", errors)
-    subject = _subject(raw.get("subject"), errors)
-    html, text = _content(raw.get("html"), raw.get("text"), errors)
-    headers = _headers(raw.get("headers"), errors)
-    header_text = (subject, *headers.values())
-    address_text = _address_text(sender, reply_to)
-    scan = _RecipientScan(max_recipients, header_text, address_text, errors)
-    scan.scan(raw.get("to"))
-    cc = _copies(raw.get("cc"), "cc", errors, scan.seen)
-    bcc = _copies(raw.get("bcc"), "bcc", errors, {**scan.seen, **dict(cc)})
-    categories = _categories(raw.get("categories"), errors)
-    metadata = _metadata(raw.get("metadata"), errors)
-    bulk = _flag(raw.get("bulk"), "bulk", errors)
-    shared = _flag(raw.get("shared"), "shared", errors)
-    pinned = _provider(raw.get("provider"), configured, errors)
-    priority = _priority(raw.get("priority"), len(scan.recipients), bulk_threshold, errors)
-    wants = _wanted(raw, errors)
-    if bulk and (cc or bcc):
-        # Each personalised copy would carry the cc/bcc too: up to 1,000 copies per chunk.
-        errors["bulk"] = "cc and bcc cannot be combined with bulk (one copy per recipient)"
-    if bulk and shared:
-        errors["shared"] = "cannot be combined with bulk: true (one copy per recipient)"
-    personal = one_copy_each(shared=shared, recipients=len(scan.seen), copies=bool(cc or bcc))
-    if personal is None:
-        errors["shared"] = (
-            "cc and bcc go with one shared message: set shared to true (every recipient then "
-            "sees the others) or send the copies as a batch of their own"
-        )
-    cap = f"at most {max_recipients} distinct recipients per batch"
-    if errors or sender is None:
-        if scan.too_many:
-            errors.setdefault("to", cap)
-        raise InvalidRequest(errors)
-    if scan.too_many:
-        raise InvalidRequest(
-            {"to": cap}, code=TOO_MANY_RECIPIENTS, message=f"too many recipients: {cap}"
-        )
-    message = Message(
-        sender=sender,
-        subject=subject,
-        html=html,
-        text=text,
-        reply_to=reply_to,
-        cc=tuple(cc.values()),
-        bcc=tuple(bcc.values()),
-        headers=headers,
-        categories=categories,
-        metadata=metadata,
-        bulk=bool(personal),
-        provider=pinned,
-        priority=priority,
-    )
-    return dataclasses.replace(scan.finish(message), wants=wants)
+    # Imported here: the model's validators are this module's rules, so it imports this one.
+    from shared.delivery.batch_in import Limits, parse
+
+    return parse(raw, Limits(max_recipients, tuple(configured), bulk_threshold))
 
 
 #: A list or campaign name: what a one-click unsubscribe is scoped to.
@@ -328,32 +280,6 @@ LIST_NAME_RULE: Final = "must be 1-64 letters, digits and _.:- (starting with a 
 def list_name(value: object) -> bool:
     """Whether ``value`` is a valid list or campaign name."""
     return isinstance(value, str) and bool(_LIST_NAME.match(value))
-
-
-def _wanted(raw: Mapping[str, Any], errors: Errors) -> Wanted:
-    tracking = raw.get("tracking")
-    opens = clicks = None
-    if isinstance(tracking, Mapping):
-        for key in tracking:
-            if key not in ("opens", "clicks"):
-                errors[f"tracking.{_path_key(key)}"] = "unknown field"
-        opens = _optional_flag(tracking.get("opens"), "tracking.opens", errors)
-        clicks = _optional_flag(tracking.get("clicks"), "tracking.clicks", errors)
-    elif tracking is not None:
-        errors["tracking"] = 'must be an object like {"opens": true, "clicks": true}'
-    unsubscribe = _optional_flag(raw.get("unsubscribe"), "unsubscribe", errors)
-    name = raw.get("list")
-    if name is not None and not list_name(name):
-        errors["list"] = LIST_NAME_RULE
-        name = None
-    return Wanted(opens, clicks, unsubscribe, name if isinstance(name, str) else None)
-
-
-def _optional_flag(value: object, name: str, errors: Errors) -> bool | None:
-    if value is None or isinstance(value, bool):
-        return value
-    errors[name] = "must be true or false"
-    return None
 
 
 def with_engagement(request: BatchRequest, prefs: Preferences) -> BatchRequest:
@@ -428,13 +354,6 @@ def _subject(value: object, errors: Errors) -> str:
     return subject or ""
 
 
-def _content(html: object, text: object, errors: Errors) -> tuple[str | None, str | None]:
-    bodies = {"html": _body(html, "html", errors), "text": _body(text, "text", errors)}
-    if not any(b and b.strip() for b in bodies.values()) and not {"html", "text"} & errors.keys():
-        errors["html"] = errors["text"] = "at least one of html and text must be non-empty"
-    return bodies["html"] or None, bodies["text"] or None
-
-
 def _body(value: object, path: str, errors: Errors) -> str | None:
     if value is None:
         return None
@@ -471,13 +390,6 @@ def _priority(
     return None if chosen == "transactional" else chosen
 
 
-def _flag(value: object, name: str, errors: Errors) -> bool:
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    errors[name] = "must be true or false"
-    return False
-
-
 def one_copy_each(*, shared: bool, recipients: int, copies: bool) -> bool | None:
     """Whether each recipient gets a message of their own (``Message.bulk``); None when the
     request cannot be honoured as it stands.
@@ -506,16 +418,6 @@ def _address(value: object, path: str, errors: Errors) -> Address | None:
         return _address_object(value, path, errors)
     errors[path] = _ADDRESS_FORMS
     return None
-
-
-def _address_field(
-    value: object, path: str, errors: Errors, *, required: bool = False
-) -> Address | None:
-    if value is None:
-        if required:
-            errors[path] = "is required"
-        return None
-    return _address(value, path, errors)
 
 
 def _address_object(value: dict[Any, Any], path: str, errors: Errors) -> Address | None:
@@ -552,40 +454,6 @@ def _name(value: object, path: str, errors: Errors) -> str | None:
     except AddressError as exc:
         errors[path] = exc.reason
         return None
-
-
-def _address_items(value: object, path: str, errors: Errors) -> list[object] | None:
-    """The items of an address list given as a list or a comma-separated string."""
-    if isinstance(value, str):
-        return list(split_address_list(value))
-    if isinstance(value, list):
-        return value
-    errors[path] = "must be a list of addresses or a comma-separated string"
-    return None
-
-
-def _copies(
-    value: object, path: str, errors: Errors, taken: Mapping[str, object]
-) -> dict[str, Address]:
-    """``cc`` or ``bcc``: every item must be valid and not listed anywhere before."""
-    found: dict[str, Address] = {}
-    items = [] if value is None else _address_items(value, path, errors)
-    if items is None:
-        return found
-    if len(items) > MAX_COPY_ADDRESSES:
-        errors[path] = f"must list at most {MAX_COPY_ADDRESSES} addresses"
-        return found
-    for index, item in enumerate(items):
-        item_path = f"{path}[{index}]"
-        address = _address(item, item_path, errors)
-        if address is None:
-            continue
-        key = address_key(address.email)
-        if key in taken or key in found:
-            errors[item_path] = "is listed more than once across to, cc and bcc"
-        else:
-            found[key] = address
-    return found
 
 
 def _headers(value: object, errors: Errors) -> dict[str, str]:
@@ -693,43 +561,20 @@ def _substitution_key_problem(key: str) -> str | None:
     return None if problem is None else f"key {problem.message}"
 
 
-class _RecipientScan:
-    """Parses ``to`` into distinct recipients, rejected entries and field errors."""
+class SubstitutionRules:
+    """The rules of the ``to`` entries' substitutions: a value whose key occurs in the subject
+    or a header value is header text, one whose key occurs in ``from`` or ``reply_to`` may not
+    reshape an address either, any other may not hold NUL or lone surrogates."""
 
-    def __init__(
-        self, cap: int, header_text: Iterable[str], address_text: Iterable[str], errors: Errors
-    ) -> None:
-        self.cap = cap
+    def __init__(self, header_text: Iterable[str], address_text: Iterable[str]) -> None:
         self.header_text = tuple(header_text)
         self.address_text = tuple(address_text)
-        self.errors = errors
-        self.seen: dict[str, str] = {}  # lowercased address -> its path
-        self.recipients: list[tuple[str, RecipientInput]] = []
-        self.rejected: dict[str, tuple[str, Rejected]] = {}  # lowercased raw -> path, entry
-        self.too_many = False
         self._in_headers: set[str] = set()  # keys found in header_text
         self._in_addresses: set[str] = set()  # keys found in address_text
         # Recipients tend to share their substitution keys: check each distinct key once.
         self._key_problems: dict[str, str | None] = {}
 
-    def scan(self, value: object) -> None:
-        if value is None:
-            self.errors["to"] = "is required"
-            return
-        items = _address_items(value, "to", self.errors)
-        if items is None:
-            return
-        if len(items) > 2 * self.cap + 100:
-            self.too_many = True
-            return
-        self._find_keys(items)
-        for index, item in enumerate(items):
-            recipient = self._entry(item, f"to[{index}]")
-            if recipient is not None and self._add(f"to[{index}]", recipient):
-                self.too_many = True
-                return
-
-    def _find_keys(self, items: Sequence[object]) -> None:
+    def find_keys(self, items: Sequence[object]) -> None:
         """Which substitution keys of the entries occur in the header and address text: one
         scan of that text for all of them (a search of it per key was keys x text: 100,000
         keys over 50 KB of headers took 8 s). Keys too long to be valid are left out."""
@@ -747,80 +592,25 @@ class _RecipientScan:
             self._in_headers = finder.occurring(self.header_text)
             self._in_addresses = finder.occurring(self.address_text)
 
-    def _add(self, path: str, recipient: RecipientInput) -> bool:
-        """Keep a first occurrence; True when that goes over the cap."""
-        key = address_key(recipient.email)
-        if key not in self.seen:
-            self.seen[key] = path
-            self.recipients.append((path, recipient))
-        return len(self.recipients) > self.cap
-
-    def _entry(self, item: object, path: str) -> RecipientInput | None:
-        if isinstance(item, str):
-            try:
-                address = parse_address(item, ascii_only=True)
-            except AddressError as exc:
-                self._reject(item, path, exc)
-                return None
-            return RecipientInput(email=address.email, name=address.name)
-        if isinstance(item, dict):
-            return self._object(item, path)
-        self.errors[path] = _RECIPIENT_FORMS
-        return None
-
-    def _reject(self, raw: str, path: str, exc: AddressError) -> None:
-        if exc.injection:
-            self.errors[path] = exc.reason
-        else:
-            rejected = Rejected(email=raw[:MAX_REJECTED_LENGTH], reason=exc.reason)
-            self.rejected.setdefault(address_key(raw), (path, rejected))
-
-    def _object(self, item: dict[Any, Any], path: str) -> RecipientInput | None:
-        failures = len(self.errors)
-        _unknown_keys(item, _RECIPIENT_KEYS, path, self.errors)
-        name = _name(item.get("name"), f"{path}.name", self.errors)
-        substitutions = self._substitutions(item.get("substitutions"), f"{path}.substitutions")
-        email = item.get("email")
-        if not isinstance(email, str):
-            self.errors[f"{path}.email"] = "is required" if email is None else "must be a string"
-            return None
-        try:
-            email = normalize_email(email.strip(" \t"), ascii_only=True)
-        except AddressError as exc:
-            self._reject(email, f"{path}.email", exc)
-            return None
-        if len(self.errors) > failures:
-            return None
-        return RecipientInput(email=email, name=name, substitutions=substitutions)
-
-    def _substitutions(self, value: object, path: str) -> dict[str, str]:
+    def check(self, value: Mapping[str, str], path: str, errors: Errors) -> dict[str, str]:
+        """The valid substitutions of one entry; each problem is an error under ``path``."""
         found: dict[str, str] = {}
-        if value is None:
-            return found
-        if not isinstance(value, dict):
-            self.errors[path] = "must be an object of string keys to string values"
-            return found
-        if len(value) > MAX_SUBSTITUTIONS:
-            self.errors[path] = f"must hold at most {MAX_SUBSTITUTIONS} keys"
-            return found
         for key, text in value.items():
-            problem = self._substitution_problem(key, text)
+            problem = self._problem(key, text)
             if problem is not None:
-                self.errors[f"{path}.{_path_key(key)}"] = problem
+                errors[f"{path}.{_path_key(key)}"] = problem
             else:
                 found[key] = text
         if len(orjson.dumps(found)) > MAX_SUBSTITUTIONS_BYTES:
-            self.errors[path] = f"must be at most {MAX_SUBSTITUTIONS_BYTES} bytes as JSON"
+            errors[path] = f"must be at most {MAX_SUBSTITUTIONS_BYTES} bytes as JSON"
         return found
 
-    def _substitution_problem(self, key: str, text: object) -> str | None:
+    def _problem(self, key: str, text: str) -> str | None:
         if key not in self._key_problems:
             self._key_problems[key] = _substitution_key_problem(key)
         key_problem = self._key_problems[key]
         if key_problem is not None:
             return key_problem
-        if not isinstance(text, str):
-            return "must be a string"
         if key in self._in_addresses:
             problem = text_problem(text)
             if problem is not None:
@@ -838,18 +628,12 @@ class _RecipientScan:
             return "must not contain NUL or lone surrogates"
         return None
 
-    def finish(self, message: Message) -> BatchRequest:
-        """Build the request; raise ``no_recipients`` if every entry was rejected."""
-        rejected = tuple(entry for _, entry in self.rejected.values())
-        if not self.recipients:
-            summary = no_recipients_summary(len(rejected), 0)
-            detail = {path: f"is rejected: {e.reason}" for path, e in self.rejected.values()}
-            raise InvalidRequest({"to": summary, **detail}, code=NO_RECIPIENTS, message=summary)
-        return BatchRequest(
-            message=message,
-            recipients=tuple(r for _, r in self.recipients),
-            rejected=rejected,
-        )
+
+def no_recipients(rejected: Mapping[str, Rejected]) -> InvalidRequest:
+    """``no_recipients``: every ``to`` entry was rejected (``rejected``: path -> entry)."""
+    summary = no_recipients_summary(len(rejected), 0)
+    detail = {path: f"is rejected: {e.reason}" for path, e in rejected.items()}
+    return InvalidRequest({"to": summary, **detail}, code=NO_RECIPIENTS, message=summary)
 
 
 def drop_suppressed(request: BatchRequest, listed: Mapping[str, str]) -> BatchRequest:

@@ -10,6 +10,7 @@ import pytest
 
 from shared.core.errors import SafedelivrError
 from shared.core.models import RESERVED_HEADERS, Address, Message
+from shared.delivery.batch_in import BatchIn
 from shared.delivery.validation import (
     HEADER_RESERVED,
     MAX_METADATA_BYTES,
@@ -1031,3 +1032,32 @@ def test_a_transactional_batch_stores_no_priority() -> None:
 @pytest.mark.parametrize("priority", ["urgent", "", 1, ["bulk"]])
 def test_a_priority_must_be_transactional_or_bulk(priority: object) -> None:
     assert _field_errors(_body(priority=priority)) == {"priority": "must be transactional or bulk"}
+
+
+# -- the model: what validating as BatchIn brings ---------------------------------------------
+
+
+def test_a_comma_separated_cc_is_counted_in_addresses_not_characters() -> None:
+    """A cc string longer than 100 characters is fine: the limit is 100 addresses."""
+    copies = ", ".join(f"copy{i}@x.org" for i in range(20))
+    assert len(_parse(_body(cc=copies)).message.cc) == 20
+
+
+@pytest.mark.parametrize("name", ["from_", "list_"])
+def test_pythons_names_of_fields_are_unknown_fields(name: str) -> None:
+    """``from_`` and ``list_`` name the model's fields in Python, not the body's."""
+    assert _field_errors(_body(**{name: "x"})) == {name: "unknown field"}
+
+
+def test_rules_across_fields_are_checked_once_the_fields_are_valid() -> None:
+    """A field error is reported alone; the rule across fields comes on the next try."""
+    both = _body(to=["a@x.org", "b@x.org"], bulk=True, shared=True, subject="")
+    assert _field_errors(both) == {"subject": "must not be empty"}
+    assert "shared" in _field_errors({**both, "subject": "Hi"})
+
+
+def test_a_shape_check_alone_builds_no_request() -> None:
+    """``BatchIn`` validated without limits checks the shape the document states, no rule."""
+    model = BatchIn.model_validate(_body(to=["not an address"]))
+    with pytest.raises(ValueError, match="only the shape"):
+        model.request()
