@@ -449,11 +449,18 @@ _Recipients = Annotated[
     BeforeValidator(_to_items),
 ]
 _Copy = Annotated[_Address, WrapValidator(_copy_rule)]
+# The limit counts addresses: on the list (a comma-separated string is split into one
+# before it is read, ``_listed``), never on the string's characters.
 _Copies = Annotated[
-    Annotated[str, Tag("str")] | Annotated[list[_Copy], AfterValidator(_copies_rule), Tag("list")],
+    Annotated[str, Tag("str")]
+    | Annotated[
+        list[_Copy],
+        Field(max_length=MAX_COPY_ADDRESSES),
+        AfterValidator(_copies_rule),
+        Tag("list"),
+    ],
     _forms("", _LIST_FORMS, listed=True),
 ]
-_CopiesUpTo = Annotated[_Copies, Field(max_length=MAX_COPY_ADDRESSES)]
 _Body = Annotated[str, AfterValidator(_body_rule)]
 
 
@@ -524,8 +531,8 @@ class BatchIn(BodyIn):
         "(`POST /v1/batches/{id}/cancel`).",
         examples=["2026-12-01T09:00:00Z"],
     )
-    cc: Annotated[_CopiesUpTo | None, BeforeValidator(_listed)] = None
-    bcc: Annotated[_CopiesUpTo | None, BeforeValidator(_listed)] = None
+    cc: Annotated[_Copies | None, BeforeValidator(_listed)] = None
+    bcc: Annotated[_Copies | None, BeforeValidator(_listed)] = None
     provider: Annotated[str | None, WrapValidator(_provider_rule)] = Field(
         None,
         description="Pin the batch to one provider (`sendgrid`, `mailgun`, or its code): only "
@@ -729,7 +736,10 @@ def _worded(error: Any) -> str:
     """One of pydantic's own errors in the rules' words."""
     kind: str = error["type"]
     loc = error["loc"]
+    # A union member's tag (``cc``'s ``list``) is not a field: the list's limit is ``cc``'s.
     named = [part for part in loc if isinstance(part, str)]
+    if len(loc) > 1 and loc[0] in _UNIONS and isinstance(loc[1], str):
+        named.remove(loc[1])
     last = named[-1] if named else ""
     # An address object's email (a key of headers or metadata may be called so too).
     email = last == "email" and loc[0] in _UNIONS
