@@ -61,6 +61,9 @@ DETERMINISTIC = (
     "tests/integration/test_exactly_once.py",
     "tests/integration/test_resends.py",
     "tests/integration/test_acceptance_faults.py",
+    # Marked simulated (make test leaves it out): the chaos run still holds it to the real stack.
+    "tests/integration/test_pipeline.py::"
+    "test_sendgrid_500_fails_over_to_mailgun_as_retry_1_once_its_query_finds_nothing",
     "tests/integration/test_webhooks.py::test_cassandra_down_queues_the_delivery_and_applies_it_later",
     "tests/integration/test_webhooks.py::test_cassandra_and_rabbitmq_down_answers_503",
 )

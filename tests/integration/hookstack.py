@@ -8,7 +8,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -20,6 +20,7 @@ from services.hooks.main import create_app as create_hooks
 from shared.accounts import accounts
 from shared.infra.config import HooksSettings, SandboxSettings, Settings
 from shared.infra.db import Database
+from shared.outbound.hook_queue import QUEUE_DAYS, HookQueue
 from shared.outbound.hook_store import HookStore
 from shared.outbound.user_hooks import HookEmitter, HookEvent
 from tests.conftest import unique
@@ -91,6 +92,26 @@ class HookStack:
 
         result: list[dict[str, Any]] = await eventually(check, timeout=timeout, interval=0.2)
         return result
+
+    async def until_settled(self, endpoint_id: str, timeout: float = 30) -> None:
+        """Until the endpoint has no event waiting (from its cursor on, as the worker reads
+        it) and no worker holds its lease. From then on nothing more is sent to it: a send is
+        of a waiting event, under the lease, and the event is marked done only after it (a
+        wait on this, not a fixed "nothing more comes" window)."""
+        queue, key = HookQueue(self.db), uuid.UUID(endpoint_id)
+
+        async def settled() -> bool:
+            since = (await queue.cursor(key)).since or datetime.now(UTC) - timedelta(
+                days=QUEUE_DAYS
+            )
+            if await queue.pending(key, since, limit=1):
+                return False
+            lease = await self.db.one(
+                "SELECT owner FROM user_webhook_cursors WHERE endpoint_id = ?", (key,)
+            )
+            return lease is None or lease["owner"] is None
+
+        await eventually(settled, timeout=timeout, interval=0.1)
 
 
 def event(kind: str, email: str, n: int = 0, **kw: Any) -> HookEvent:

@@ -89,6 +89,7 @@ async def test_api_killed_after_claiming_the_key_the_retry_finishes_the_same_bat
     assert (await _post(stack, raw, key))[1]["batch_id"] == str(claimed_id)
 
 
+@pytest.mark.simulated  # the World carries it (README: what carries the moved cases)
 async def test_api_killed_after_storing_the_batch_the_retry_returns_it(stack: Stack) -> None:
     """The holder stored the batch and died before publishing or answering: the retry gets
     the same batch at once (finishing its acceptance), and it is sent once."""
@@ -202,6 +203,7 @@ async def test_a_503_without_a_key_is_never_sent(stack: Stack) -> None:
         assert sum((await stack.accepted(email)).values()) == 0
 
 
+@pytest.mark.simulated  # the World carries it (README: what carries the moved cases)
 async def test_a_503_without_a_key_is_never_sent_even_if_its_cancel_fails_too(
     stack: Stack,
 ) -> None:
@@ -228,6 +230,7 @@ async def test_a_503_without_a_key_is_never_sent_even_if_its_cancel_fails_too(
         assert sum((await stack.accepted(email)).values()) == 0
 
 
+@pytest.mark.simulated  # the World carries it (README: what carries the moved cases)
 async def test_a_503_with_a_key_is_finished_by_the_retry(stack: Stack) -> None:
     """The batch write applied but timed out: the client with a key gets 503, and its retry
     gets the very batch that was stored, sent once."""

@@ -250,9 +250,18 @@ async def _deliver_once(stack: Stack, db: Database) -> None:
         await close_all(dispatcher.providers)
 
 
-async def test_give_up_is_outranked_by_a_late_delivery(stack: Stack) -> None:
+@pytest.fixture
+async def two_attempts(settings: Settings, db: Database) -> AsyncIterator[Stack]:
+    """A stack whose chunks get two attempts, one per provider: each failing 5xx waits for
+    the query API's window, so more attempts would only add that wait."""
+    async with full_stack(fast_settings(settings, max_attempts=2), db) as s:
+        yield s
+
+
+async def test_give_up_is_outranked_by_a_late_delivery(two_attempts: Stack) -> None:
     """Every provider fails, the recipient ends ``failed``; then the provider's word arrives
     that it delivered after all: the recipient is ``success``, counted once, not failed."""
+    stack = two_attempts
     (email,) = emails(1)
     await stack.fault("sendgrid", status=503)
     await stack.fault("mailgun", status=503)

@@ -10,18 +10,27 @@ import pytest
 
 from shared.infra.config import CassandraSettings
 from shared.infra.db import Database
-from shared.infra.migrations import LockLost, _apply, discover, migrate, migrations_dir
+from shared.infra.migrations import LockLost, _apply, discover, migrate
 from tests.conftest import unique
 
 
-async def test_migrate_twice_and_concurrently_applies_each_version_once(services_up: None) -> None:
-    """Three concurrent runs then a fourth: every version recorded once, nothing re-applied."""
+async def test_migrate_twice_and_concurrently_applies_each_version_once(
+    services_up: None, tmp_path: Path
+) -> None:
+    """Three concurrent runs then a fourth: every version recorded once, nothing re-applied.
+    Over three small migrations of its own: the real ones (applied to every keyspace the
+    suite migrates, so any that fails fails the suite) took 20 s of schema changes here."""
     settings = CassandraSettings(keyspace=unique("m"))
-    versions = [m.version for m in discover(migrations_dir())]
+    for version, table in enumerate(("one", "two", "three"), start=1):
+        (tmp_path / f"{version:04d}_{table}.cql").write_text(
+            f"CREATE TABLE {table} (k int PRIMARY KEY);\n"  # applied twice, it would fail
+        )
+    versions = [m.version for m in discover(tmp_path)]
     try:
-        results = await asyncio.gather(*(migrate(settings) for _ in range(3)))
-        again = await migrate(settings)
+        results = await asyncio.gather(*(migrate(settings, directory=tmp_path) for _ in range(3)))
+        again = await migrate(settings, directory=tmp_path)
 
+        assert versions == [1, 2, 3]
         assert sorted(v for r in results for v in r) == versions
         assert again == []
         db = await Database.connect(settings, keyspace=settings.keyspace)
@@ -34,7 +43,7 @@ async def test_migrate_twice_and_concurrently_applies_each_version_once(services
         finally:
             await db.close()
         assert sorted(r["version"] for r in rows) == versions
-        assert {"batches", "chunk_attempts", "api_keys"} <= {t["table_name"] for t in tables}
+        assert {"one", "two", "three"} <= {t["table_name"] for t in tables}
     finally:
         db = await Database.connect(settings)
         await db.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", prepare=False, timeout=60)

@@ -161,6 +161,7 @@ async def test_every_recipient_is_sent_via_sendgrid(pipe: Pipeline) -> None:
     assert 'safedelivr_recipients_sent_total{provider="sg"} 5.0' in metrics
 
 
+@pytest.mark.simulated  # the World carries it (README: what carries the moved cases)
 async def test_sendgrid_500_fails_over_to_mailgun_as_retry_1_once_its_query_finds_nothing(
     pipe: Pipeline,
 ) -> None:
@@ -178,8 +179,20 @@ async def test_sendgrid_500_fails_over_to_mailgun_as_retry_1_once_its_query_find
         assert [(a["attempt"], a["provider"]) for a in r["attempts"]] == [(0, "sg"), (1, "mg")]
 
 
-async def test_every_provider_down_ends_failed_with_a_reason(pipe: Pipeline) -> None:
-    """When every attempt fails the recipients end `failed` with the reason in the API."""
+async def test_every_provider_down_ends_failed_with_a_reason(
+    parts: tuple[Settings, httpx.AsyncClient, httpx.AsyncClient, str], db: Database
+) -> None:
+    """When every attempt fails the recipients end `failed` with the reason in the API.
+    Two attempts, one per provider, are every provider failing: each 5xx waits for the
+    query API's window, so each attempt more would only add that wait."""
+    s, client, sandbox, key = parts
+    s = s.model_copy(update={"providers": s.providers.model_copy(update={"max_attempts": 2})})
+    consumers = create_consumers(s)
+    async with running(consumers):
+        await _every_provider_down(Pipeline(client, sandbox, key, s, db, consumers))
+
+
+async def _every_provider_down(pipe: Pipeline) -> None:
     await pipe.fault("sendgrid", 503)
     await pipe.fault("mailgun", 503)
     batch_id = await pipe.submit(_emails(2))

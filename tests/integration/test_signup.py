@@ -1,20 +1,25 @@
 """Sign-up policies through the real login flow (API app, real Cassandra, sandbox GitHub): a
-newcomer who is not admitted gets a clear 403 page, no session, no user row and no key."""
+newcomer who is not admitted gets a clear 403 page, no session, no user row and no key.
+
+One API app serves the module: the login routes read the sign-up policy from the app's
+settings at each request, so each login sets the policy it is made under (starting an app
+per login cost two seconds of Cassandra and RabbitMQ set-up each, most of this file's time)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlencode, urlsplit
 
 import httpx
 import pytest
+from starlette.applications import Starlette
 
 from sandbox.app import create_app as create_sandbox
 from sandbox.oauth import default_org_id, find_user
 from shared.accounts.signup import SignupRequests
-from shared.infra.config import CassandraSettings, SandboxSettings
+from shared.infra.config import CassandraSettings, SandboxSettings, Settings
 from shared.infra.db import Database
 from tests.conftest import ROOT
 from tests.integration.harness import served
@@ -28,6 +33,21 @@ async def github_url() -> AsyncIterator[str]:
         yield url
 
 
+@pytest.fixture(scope="module")
+async def shared_app(migrated: CassandraSettings, github_url: str) -> AsyncIterator[Starlette]:
+    async with api_app(make_settings(migrated, github_url)) as app:
+        yield app
+
+
+@pytest.fixture
+def app(shared_app: Starlette) -> Iterator[Starlette]:
+    """The module's app, its settings as they were before the test (whatever policy the
+    test's logins set)."""
+    base: Settings = shared_app.state.settings
+    yield shared_app
+    shared_app.state.settings = base
+
+
 def github_id(login: str) -> int:
     """The id the sandbox's GitHub gives the account ``login``."""
     user = find_user(login)
@@ -35,12 +55,17 @@ def github_id(login: str) -> int:
     return user.id
 
 
-async def log_in(
-    migrated: CassandraSettings, github_url: str, login: str, orgs: str = "", **policy: str
-) -> httpx.Response:
-    """One complete GitHub login as ``login`` on an API app with the sign-up ``policy``."""
-    settings = make_settings(migrated, github_url).model_copy(update=policy)
-    async with api_app(settings) as app, browser_for(app) as browser:
+def with_policy(app: Starlette, **policy: str) -> None:
+    """The sign-up ``policy`` from the next request on (over the module's settings)."""
+    base: Settings = app.state.settings
+    app.state.settings = base.model_copy(update={"signup": None, "signup_allow": "", **policy})
+
+
+async def log_in(app: Starlette, login: str, orgs: str = "", **policy: str) -> httpx.Response:
+    """One complete GitHub login as ``login``, in a browser of its own, under the sign-up
+    ``policy``."""
+    with_policy(app, **policy)
+    async with browser_for(app) as browser:
         started = await browser.start()
         extra = {"login": login, **({"orgs": orgs} if orgs else {})}
         approved = await browser.github.get(started.headers["location"] + "&" + urlencode(extra))
@@ -57,11 +82,11 @@ async def user_rows(db: Database, login: str) -> int:
 
 
 async def test_closed_sign_up_refuses_a_newcomer_with_a_page_and_no_rows(
-    migrated: CassandraSettings, github_url: str, db: Database
+    app: Starlette, db: Database
 ) -> None:
     login = gh_login()
 
-    answer = await log_in(migrated, github_url, login, signup="closed")
+    answer = await log_in(app, login, signup="closed")
 
     assert answer.status_code == 403
     assert "Not admitted" in answer.text and login in answer.text
@@ -69,51 +94,49 @@ async def test_closed_sign_up_refuses_a_newcomer_with_a_page_and_no_rows(
     assert await user_rows(db, login) == 0
 
 
-async def test_closed_sign_up_still_lets_an_existing_user_in(
-    migrated: CassandraSettings, github_url: str, db: Database
-) -> None:
+async def test_closed_sign_up_still_lets_an_existing_user_in(app: Starlette, db: Database) -> None:
     login = gh_login()
-    await log_in(migrated, github_url, login, signup="open")
+    await log_in(app, login, signup="open")
 
-    answer = await log_in(migrated, github_url, login, signup="closed")
+    answer = await log_in(app, login, signup="closed")
 
     assert answer.status_code == 302
     assert answer.extensions["session"] is not None
 
 
 async def test_allowlist_admits_a_listed_login_and_refuses_another(
-    migrated: CassandraSettings, github_url: str, db: Database
+    app: Starlette, db: Database
 ) -> None:
     listed, other = gh_login(), gh_login()
     policy = {"signup": "allowlist", "signup_allow": f"1,{listed}:{github_id(listed)}"}
 
-    admitted = await log_in(migrated, github_url, listed, **policy)
-    refused = await log_in(migrated, github_url, other, **policy)
+    admitted = await log_in(app, listed, **policy)
+    refused = await log_in(app, other, **policy)
 
     assert (admitted.status_code, refused.status_code) == (302, 403)
     assert (await user_rows(db, listed), await user_rows(db, other)) == (1, 0)
 
 
 async def test_allowlist_admits_members_of_a_listed_organisation(
-    migrated: CassandraSettings, github_url: str, db: Database
+    app: Starlette, db: Database
 ) -> None:
     member, outsider = gh_login(), gh_login()
     policy = {"signup": "allowlist", "signup_allow": f"org:acme:{default_org_id('acme')}"}
 
-    admitted = await log_in(migrated, github_url, member, orgs="beta,acme", **policy)
-    refused = await log_in(migrated, github_url, outsider, orgs="beta", **policy)
+    admitted = await log_in(app, member, orgs="beta,acme", **policy)
+    refused = await log_in(app, outsider, orgs="beta", **policy)
 
     assert "read%3Aorg" in admitted.extensions["authorize"]
     assert (admitted.status_code, refused.status_code) == (302, 403)
 
 
 async def test_approval_keeps_a_request_until_an_operator_approves_it(
-    migrated: CassandraSettings, github_url: str, db: Database
+    app: Starlette, db: Database
 ) -> None:
     login = gh_login()
 
-    waiting = await log_in(migrated, github_url, login, signup="approval")
-    again = await log_in(migrated, github_url, login, signup="approval")
+    waiting = await log_in(app, login, signup="approval")
+    again = await log_in(app, login, signup="approval")
     assert (waiting.status_code, again.status_code) == (403, 403)
     assert "waiting for an operator" in waiting.text
     assert await user_rows(db, login) == 0
@@ -121,32 +144,28 @@ async def test_approval_keeps_a_request_until_an_operator_approves_it(
     requests = SignupRequests(db)
     assert [r.state for r in await requests.all(100_000) if r.login == login] == ["pending"]
     assert await requests.answer(github_id(login), "approved", "test-operator")
-    admitted = await log_in(migrated, github_url, login, signup="approval")
+    admitted = await log_in(app, login, signup="approval")
 
     assert admitted.status_code == 302
     assert await user_rows(db, login) == 1
     assert [r for r in await requests.all(100_000) if r.login == login] == []
 
 
-async def test_a_refused_request_stays_refused(
-    migrated: CassandraSettings, github_url: str, db: Database
-) -> None:
+async def test_a_refused_request_stays_refused(app: Starlette, db: Database) -> None:
     login = gh_login()
-    await log_in(migrated, github_url, login, signup="approval")
+    await log_in(app, login, signup="approval")
     assert await SignupRequests(db).answer(github_id(login), "refused", "test-operator")
 
-    answer = await log_in(migrated, github_url, login, signup="approval")
+    answer = await log_in(app, login, signup="approval")
 
     assert answer.status_code == 403
     assert "does not let new accounts sign up" in answer.text
     assert await user_rows(db, login) == 0
 
 
-async def test_a_json_caller_gets_the_error_envelope(
-    migrated: CassandraSettings, github_url: str
-) -> None:
-    settings = make_settings(migrated, github_url).model_copy(update={"signup": "closed"})
-    async with api_app(settings) as app, browser_for(app) as browser:
+async def test_a_json_caller_gets_the_error_envelope(app: Starlette) -> None:
+    with_policy(app, signup="closed")
+    async with browser_for(app) as browser:
         started = await browser.start()
         approved = await browser.github.get(
             started.headers["location"] + "&" + urlencode({"login": gh_login()})
@@ -161,10 +180,10 @@ async def test_a_json_caller_gets_the_error_envelope(
 
 
 async def test_the_cli_approves_a_request(
-    migrated: CassandraSettings, github_url: str, db: Database
+    app: Starlette, migrated: CassandraSettings, db: Database
 ) -> None:
     login = gh_login()
-    await log_in(migrated, github_url, login, signup="approval")
+    await log_in(app, login, signup="approval")
     env = {
         "SAFEDELIVR_CASSANDRA_HOSTS": migrated.hosts,
         "SAFEDELIVR_CASSANDRA_PORT": str(migrated.port),
@@ -197,10 +216,8 @@ async def test_the_cli_approves_a_request(
     ]
 
 
-async def test_the_login_page_does_not_repeat_text_from_its_link(
-    migrated: CassandraSettings, github_url: str
-) -> None:
-    async with api_app(make_settings(migrated, github_url)) as app, browser_for(app) as browser:
+async def test_the_login_page_does_not_repeat_text_from_its_link(app: Starlette) -> None:
+    async with browser_for(app) as browser:
         page = await browser.api.get("/login", params={"error": "Account suspended: call 0900"})
 
     assert page.status_code == 200

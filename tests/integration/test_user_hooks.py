@@ -77,14 +77,14 @@ async def test_a_receiver_down_for_a_while_gets_everything_later_in_order_once(
 ) -> None:
     """Three failures, then the events arrive: none lost, none twice, in order."""
     async with hook_stack(settings, db) as stack:
-        await stack.endpoint("/down")
+        created = await stack.endpoint("/down")
         await stack.control.post(
             "/_control/receiver/fail", json={"path": "/down", "status": 503, "count": 3}
         )
         for n in range(5):
             await stack.emitter.emit(stack.user_id, [event("recipient.sent", "cy@example.com", n)])
         got = await stack.until_received("/down", 5, timeout=60)
-        await asyncio.sleep(1.5)  # nothing more comes
+        await stack.until_settled(created["id"])  # nothing more comes
         final = await stack.received("/down")
         failed = [r for r in await stack.received("/down", ok_only=False) if r["status"] != 200]
 
@@ -142,9 +142,9 @@ async def test_a_replay_repeated_with_its_key_is_delivered_once_with_the_same_we
             stack.api.post(path, headers=headers), stack.api.post(path, headers=headers)
         )
         await stack.until_received("/replay", 2)
-        await asyncio.sleep(1.5)  # nothing more comes
+        await stack.until_settled(created["id"])  # nothing more comes
         again = await stack.api.post(path, headers=headers)
-        await asyncio.sleep(1.5)
+        await stack.until_settled(created["id"])
         got = await stack.received("/replay")
         log = (
             await stack.api.get(f"/v1/webhooks/{created['id']}/deliveries", headers=stack.auth)
@@ -172,7 +172,7 @@ async def test_replays_asked_for_while_one_waits_join_it(settings: Settings, db:
         one = await stack.api.post(path, headers=stack.auth)
         two = await stack.api.post(path, headers=stack.auth)
         await stack.until_received("/joined", 2)
-        await asyncio.sleep(2)  # nothing more comes
+        await stack.until_settled(created["id"])  # nothing more comes
         got = await stack.received("/joined")
 
     assert (one.json()["queued"], two.json()["queued"]) == (True, False)
