@@ -98,6 +98,11 @@ def run_pid() -> int:
     return os.getppid() if PARALLEL else os.getpid()
 
 
+#: The most keyspaces a run makes ahead: each is a migration on the one node every test uses
+#: (the whole suite takes 4), and more tables make every schema change slower.
+MOST_AHEAD = 6
+
+
 def pool_dir(testrunuid: str) -> Path:
     """Where the workers of run ``testrunuid`` share the pool's keyspaces."""
     return Path(tempfile.gettempdir()) / f"safedelivr-keyspaces-{testrunuid}"
@@ -124,8 +129,9 @@ class KeyspacePool:
         self._known = threading.Event()
 
     def want(self, count: int) -> None:
-        """The run's tests will take ``count`` keyspaces of their own (from the collection)."""
-        self._wanted = count
+        """The run's tests will take ``count`` keyspaces of their own (from the collection);
+        at most ``MOST_AHEAD`` are made ahead, the rest on demand."""
+        self._wanted = min(count, MOST_AHEAD)
         self._known.set()
 
     def make_ahead(self) -> None:
@@ -312,16 +318,18 @@ def cassandra_settings(keyspace: str) -> CassandraSettings:
 
 @pytest.fixture(scope="session")
 async def migrated(
-    cassandra_settings: CassandraSettings, keyspace_pool: KeyspacePool, pytestconfig: pytest.Config
+    cassandra_settings: CassandraSettings, pytestconfig: pytest.Config
 ) -> CassandraSettings:
-    early = pytestconfig.stash[RUN_KEYSPACES].migration
-    if early is not None:
+    # Not through the keyspace_pool fixture: the tests that request that one are the pool's
+    # takers, counted to know how many keyspaces to make ahead.
+    run = pytestconfig.stash[RUN_KEYSPACES]
+    if run.migration is not None:
         with contextlib.suppress(Exception):  # the services were not up yet: migrate now
-            await asyncio.wrap_future(early)
+            await asyncio.wrap_future(run.migration)
             return cassandra_settings
     await migrate(cassandra_settings)
     if PARALLEL:  # after the worker's own: schema changes queue on one node
-        threading.Thread(target=keyspace_pool.make_ahead, name="pool", daemon=True).start()
+        threading.Thread(target=run.pool.make_ahead, name="pool", daemon=True).start()
     return cassandra_settings
 
 
