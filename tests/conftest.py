@@ -8,14 +8,18 @@ Integration tests skip when RabbitMQ/Cassandra can't be started locally, but fai
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import os
-import queue
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +42,8 @@ from shared.infra.config import (
 from shared.infra.db import Database
 from shared.infra.migrations import migrate
 from shared.infra.topology import Topology
+from tests.keyspaces import alive as keyspace_alive
+from tests.keyspaces import drop_later, name_for, sweep_later
 
 ROOT = Path(__file__).resolve().parents[1]
 CI = os.environ.get("CI", "").lower() == "true"
@@ -61,6 +67,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # and a test states what the code does, never how fast (``make bench`` measures that).
     hypothesis.settings.register_profile("suite", deadline=None)
     hypothesis.settings.load_profile("suite")
+    if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
+        return  # the xdist controller: its workers make and drop the keyspaces
+    config.stash[RUN_KEYSPACES] = start_keyspaces(config)
 
 
 @pytest.fixture(scope="session")
@@ -82,97 +91,209 @@ def services_up() -> None:
         pytest.skip(message)
 
 
-def drop_keyspace(name: str) -> None:
-    """Drop a test keyspace (best effort: a leftover test keyspace harms nothing)."""
-    subprocess.run(
-        [
-            sys.executable,  # the interpreter running the tests (a worktree may have no .venv)
-            "-c",
-            "import sys; from cassandra.cluster import Cluster; "
-            "c = Cluster(['127.0.0.1'], port=int(sys.argv[2])); s = c.connect(); "
-            "s.execute(f'DROP KEYSPACE IF EXISTS {sys.argv[1]}', timeout=60); c.shutdown()",
-            name,
-            os.environ.get("SAFEDELIVR_CASSANDRA_PORT", "9042"),
-        ],
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
+def run_pid() -> int:
+    """The process the whole run lives as long as: the xdist controller for a worker (its
+    parent), else this one. Keyspace names carry it, so a later run's sweep knows when the run
+    that made one is gone (tests/keyspaces.py)."""
+    return os.getppid() if PARALLEL else os.getpid()
 
 
-@pytest.fixture(scope="session")
-def keyspace(services_up: None) -> Iterator[str]:
-    name = unique(f"t_{WORKER}")
-    yield name
-    drop_keyspace(name)
+#: The most keyspaces a run makes ahead: each is a migration on the one node every test uses
+#: (the whole suite takes 4), and more tables make every schema change slower.
+MOST_AHEAD = 6
+
+
+def pool_dir(testrunuid: str) -> Path:
+    """Where the workers of run ``testrunuid`` share the pool's keyspaces."""
+    return Path(tempfile.gettempdir()) / f"safedelivr-keyspaces-{testrunuid}"
 
 
 class KeyspacePool:
-    """Migrated keyspaces made ahead of the modules that need one of their own.
+    """Migrated keyspaces for the modules (and the browser stack) that need one of their own.
 
-    A migration takes 10-50 s (schema changes queue behind every other worker's), so under
-    parallel workers the pool makes one spare in a background thread as soon as the
-    session's keyspace is migrated: a worker's first such module takes it ready instead of
-    waiting. Later ones are made on demand, as in a serial run: a spare made ahead for each
-    would add more schema changes to a loaded node than it saves. A spare left at the end
-    is dropped.
+    A migration takes 10-50 s (schema changes queue behind every other worker's). Under
+    parallel workers the run makes as many as its collected tests will take, ahead, in the
+    background once the worker's own keyspace is migrated: each is made either way, and made
+    ahead no module waits for it. The workers share them through files in a directory of the
+    run's: ``slot-N`` is taken by the worker that makes the N-th, ``making-NAME`` (its maker's
+    pid inside) becomes ``ready-NAME`` (an error inside if the migration failed: its taker
+    makes one of its own), which a module takes by renaming it (only one rename can win). A
+    module that finds none ready and none coming makes its own, as a serial run always does.
+    What nobody took (a module skipped, a run cut short) the run's controller drops at the end
+    (:func:`pytest_sessionfinish`).
     """
 
-    def __init__(self) -> None:
-        self._ready: queue.Queue[CassandraSettings | Exception] = queue.Queue()
-        self._making = 0
-        self._closed = False
-        self._lock = threading.Lock()
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory  # made by the first spare made ahead
+        self._wanted: int | None = None
+        self._known = threading.Event()
 
-    def make_one(self) -> None:
-        """Migrate one more keyspace in a background thread."""
-        with self._lock:
-            if self._closed:
-                return
-            self._making += 1
-        threading.Thread(target=self._make, name="keyspace-pool").start()
+    def want(self, count: int) -> None:
+        """The run's tests will take ``count`` keyspaces of their own (from the collection);
+        at most ``MOST_AHEAD`` are made ahead, the rest on demand."""
+        self._wanted = min(count, MOST_AHEAD)
+        self._known.set()
 
-    def _make(self) -> None:
-        settings = CassandraSettings(keyspace=unique(f"p_{WORKER}"))
-        made: CassandraSettings | Exception = settings
+    def make_ahead(self) -> None:
+        """Make the spares the run will take, while no other worker makes them (blocks: a
+        background thread's work)."""
+        self._known.wait()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        while (slot := self._claim_slot()) is not None:
+            self._publish(slot)
+
+    def _claim_slot(self) -> int | None:
+        for n in range(self._wanted or 0):
+            try:
+                os.close(os.open(self.directory / f"slot-{n}", os.O_CREAT | os.O_EXCL))
+            except (FileExistsError, FileNotFoundError):  # taken, or none are made ahead
+                continue
+            return n
+        return None
+
+    def _publish(self, slot: int) -> None:
+        name = name_for("p", WORKER, run_pid())
+        making = self.directory / f"making-{name}"
+        making.write_text(str(os.getpid()))
+        failed = ""
         try:
-            asyncio.run(migrate(settings))
-        except Exception as exc:  # noqa: BLE001 - the module that takes it fails with it
-            made = exc
-        with self._lock:  # one lock with close(): a spare is either drained or dropped here
-            self._making -= 1
-            closed = self._closed
-            if not closed:
-                self._ready.put(made)
-        if closed or isinstance(made, Exception):
-            drop_keyspace(settings.keyspace)
+            asyncio.run(migrate(CassandraSettings(keyspace=name)))
+        except Exception as exc:  # noqa: BLE001 - its taker makes one of its own instead
+            failed = f"making spare keyspace {name} (slot {slot}) failed: {exc!r}"
+        done = self.directory / f"done-{name}"
+        done.write_text(failed)
+        done.rename(self.directory / f"ready-{name}")  # whole, or not there yet
+        making.unlink()
 
     async def take(self) -> CassandraSettings:
         """A migrated keyspace of the caller's own (made now if none is ready or coming)."""
-        with self._lock:
-            coming = self._making > 0 or not self._ready.empty()
-        if not coming:
-            self.make_one()
-        made = await asyncio.to_thread(self._ready.get, timeout=600)
-        if isinstance(made, Exception):
-            raise made
-        return made
+        deadline = asyncio.get_running_loop().time() + 600
+        while True:
+            for ready in sorted(self.directory.glob("ready-*")):
+                name = ready.name.removeprefix("ready-")
+                taken = self.directory / f"taken-{name}"
+                try:
+                    ready.rename(taken)
+                except FileNotFoundError:  # another worker took it first
+                    continue
+                if taken.read_text():  # its migration failed: made again below, or raises there
+                    drop_later([name])
+                    continue
+                return CassandraSettings(keyspace=name)
+            if not self._coming() or asyncio.get_running_loop().time() > deadline:
+                self._claim_slot()  # one spare fewer to make ahead, if any was still to come
+                settings = CassandraSettings(keyspace=name_for("p", WORKER, run_pid()))
+                await migrate(settings)
+                return settings
+            await asyncio.sleep(0.2)
+
+    def _coming(self) -> bool:
+        """Whether a live worker makes a spare now (a dead one's never comes)."""
+        for making in self.directory.glob("making-*"):
+            with contextlib.suppress(FileNotFoundError):
+                pid = making.read_text()
+                if not pid or keyspace_alive(int(pid)):  # empty: its maker is writing it
+                    return True
+        return False
+
+    def leftovers(self) -> list[str]:
+        """The spares nobody took, made or still being made."""
+        return sorted(
+            {
+                f.name.split("-", 1)[1]
+                for f in (self.directory.iterdir() if self.directory.is_dir() else ())
+                if f.name.startswith(("ready-", "making-", "done-"))
+            }
+        )
 
     def close(self) -> None:
-        """Drop the spares (beside the run's end); a keyspace still being made drops itself."""
-        with self._lock:
-            self._closed = True
-            spares = [self._ready.get_nowait() for _ in range(self._ready.qsize())]
-        for spare in spares:
-            if isinstance(spare, CassandraSettings):
-                threading.Thread(target=drop_keyspace, args=(spare.keyspace,), name="drop").start()
+        """Drop what nobody took (beside the run's end) and forget the directory."""
+        drop_later(self.leftovers())
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+#: The worker's own keyspace and pool, made when pytest starts (:func:`start_keyspaces`).
+RUN_KEYSPACES = pytest.StashKey["RunKeyspaces"]()
+#: The controller's copy of where its workers share the pool (:func:`pytest_configure_node`).
+POOL_DIR = pytest.StashKey[Path]()
+
+
+@dataclasses.dataclass
+class RunKeyspaces:
+    """This process's keyspace, its migration (under workers started when the worker starts,
+    so it runs while the worker collects), and the pool of keyspaces of modules' own."""
+
+    name: str
+    pool: KeyspacePool
+    migration: concurrent.futures.Future[None] | None = None
+
+
+def start_keyspaces(config: pytest.Config) -> RunKeyspaces:
+    """Name this process's keyspaces; under workers also start migrating its own, then the
+    pool's spares, in a background thread (a daemon: a run never waits for it to end)."""
+    testrunuid = os.environ.get("PYTEST_XDIST_TESTRUNUID") if PARALLEL else None
+    directory = pool_dir(testrunuid or f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    run = RunKeyspaces(name_for("t", WORKER, run_pid()), KeyspacePool(directory))
+    if PARALLEL and not all(str(a).startswith("tests/unit") for a in config.args):
+        run.migration = concurrent.futures.Future()
+        threading.Thread(target=_migrate_early, args=(run,), name="keyspaces", daemon=True).start()
+    return run
+
+
+def _migrate_early(run: RunKeyspaces) -> None:
+    assert run.migration is not None
+    try:
+        asyncio.run(migrate(CassandraSettings(keyspace=run.name)))
+    except Exception as exc:  # noqa: BLE001 - the session's fixture migrates again, or fails
+        run.migration.set_exception(exc)
+        return
+    run.migration.set_result(None)
+    # After the worker's own: schema changes queue on one node.
+    run.pool.make_ahead()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Tell the pool how many keyspaces of their own the collected tests take: one per group
+    (:func:`group_of`) whose tests use it (a module's, or the browser stack's)."""
+    run = session.config.stash.get(RUN_KEYSPACES, None)
+    if run is not None:
+        users = {
+            group_of(item.nodeid)
+            for item in session.items
+            if "keyspace_pool" in getattr(item, "fixturenames", ())
+        }
+        run.pool.want(len(users))
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: a run without xdist has none
+def pytest_configure_node(node: Any) -> None:
+    """(The xdist controller) Remember where the workers share the pool, to drop at the end
+    what they left in it."""
+    node.config.stash[POOL_DIR] = pool_dir(node.workerinput["testrunuid"])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    directory = session.config.stash.get(POOL_DIR, None)
+    if directory is not None and directory.is_dir():  # the controller, after every worker
+        KeyspacePool(directory).close()
 
 
 @pytest.fixture(scope="session")
-def keyspace_pool(services_up: None) -> Iterator[KeyspacePool]:
-    pool = KeyspacePool()
-    yield pool
-    pool.close()
+def keyspace(services_up: None, pytestconfig: pytest.Config) -> Iterator[str]:
+    """The keyspace of this process's tests (dropped after them, by a detached process)."""
+    if WORKER in ("main", "gw0"):  # once a run: the runs that are gone leave nothing behind
+        sweep_later()
+    name = pytestconfig.stash[RUN_KEYSPACES].name
+    yield name
+    drop_later([name])
+
+
+@pytest.fixture(scope="session")
+def keyspace_pool(services_up: None, pytestconfig: pytest.Config) -> Iterator[KeyspacePool]:
+    run = pytestconfig.stash[RUN_KEYSPACES]
+    yield run.pool
+    if not PARALLEL:  # the workers' controller drops what they left, after the last one
+        run.pool.close()
 
 
 @contextlib.asynccontextmanager
@@ -187,9 +308,7 @@ async def private_keyspace(pool: KeyspacePool) -> AsyncIterator[CassandraSetting
     try:
         yield settings
     finally:
-        # Dropped beside the next tests, not before them (a drop takes seconds): the thread is
-        # not a daemon, so the run waits for it before it ends.
-        threading.Thread(target=drop_keyspace, args=(settings.keyspace,), name="drop").start()
+        drop_later([settings.keyspace])  # beside the next tests: a drop takes seconds
 
 
 @pytest.fixture(scope="session")
@@ -199,11 +318,18 @@ def cassandra_settings(keyspace: str) -> CassandraSettings:
 
 @pytest.fixture(scope="session")
 async def migrated(
-    cassandra_settings: CassandraSettings, keyspace_pool: KeyspacePool
+    cassandra_settings: CassandraSettings, pytestconfig: pytest.Config
 ) -> CassandraSettings:
+    # Not through the keyspace_pool fixture: the tests that request that one are the pool's
+    # takers, counted to know how many keyspaces to make ahead.
+    run = pytestconfig.stash[RUN_KEYSPACES]
+    if run.migration is not None:
+        with contextlib.suppress(Exception):  # the services were not up yet: migrate now
+            await asyncio.wrap_future(run.migration)
+            return cassandra_settings
     await migrate(cassandra_settings)
-    if PARALLEL:
-        keyspace_pool.make_one()  # after the session's own: schema changes queue on one node
+    if PARALLEL:  # after the worker's own: schema changes queue on one node
+        threading.Thread(target=run.pool.make_ahead, name="pool", daemon=True).start()
     return cassandra_settings
 
 
@@ -298,17 +424,42 @@ def group_of(nodeid: str) -> str:
     return path if group is not None else nodeid
 
 
+#: Unit tests handed out before the rest (between the workers), while each worker's keyspace is
+#: still migrating: they need no service, and the modules that do would only wait (the rest of
+#: the unit tests still come last, where they even out the workers' ends).
+UNITS_FIRST = 800
+
+
+def units_first(groups: list[str], count: int = UNITS_FIRST) -> list[str]:
+    """``groups`` (in the order xdist would hand them out) with ``count`` groups of unit tests
+    moved to the front."""
+    first = [g for g in groups if g.startswith("tests/unit/")][:count]
+    chosen = set(first)
+    return first + [g for g in groups if g not in chosen]
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadgroup`` by :func:`group_of`. pytest-xdist 3.8 marks a group by renaming
     each test's node id, which pytest 9 ignores (``nodeid`` is read-only there): every test
-    became a group of its own, so a module-scoped app was built on both workers."""
+    became a group of its own, so a module-scoped app was built on both workers. The work
+    starts with some unit tests (:func:`units_first`)."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
     class Groups(LoadScopeScheduling):  # type: ignore[misc]
+        workqueue: OrderedDict[str, dict[str, bool]]
+        reordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.reordered:  # the first hand-out: the queue is complete
+                self.reordered = True
+                queue = self.workqueue
+                self.workqueue = OrderedDict((g, queue[g]) for g in units_first(list(queue)))
+            super()._assign_work_unit(node)
 
     return Groups(config, log)
 

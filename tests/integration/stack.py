@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -334,6 +335,14 @@ async def full_stack(
                     )
                 finally:
                     await api.state.resources.broker.delete()
+
+
+async def as_new_user(stack: Stack) -> Stack:
+    """``stack`` (a module's, started once) used by a user and key of the caller's own: tests
+    sharing a stack then share no data."""
+    user_id = await accounts.ensure_user(stack.db, unique("stack"))
+    key = await accounts.create_key(stack.db, user_id, "stack")
+    return dataclasses.replace(stack, user_id=user_id, key=key)
 
 
 def emails(n: int, prefix: str = "r") -> list[str]:

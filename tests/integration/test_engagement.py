@@ -2,7 +2,8 @@
 a tampered token is a 404, opens and clicks count once per recipient and in total, one-click
 unsubscribe (RFC 8058) suppresses for the sender (scoped to the list the mail named) so the
 next batch skips the address, a provider's unsubscribe ends in the same suppression, and the
-cooldown reports the recipients it leaves out."""
+cooldown reports the recipients it leaves out. The tests share one stack, each as a user of its
+own."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from services.tracking.app import create_app as create_tracking
 from shared.infra.config import Settings
 from shared.infra.db import Database
 from tests.integration.harness import eventually, served
-from tests.integration.stack import Stack, emails, fast_settings, full_stack
+from tests.integration.stack import Stack, as_new_user, emails, fast_settings, full_stack
 
 HTML = (
     '<html><body><p>Hi -name-, see <a href="https://shop.example/sale?a=1&amp;b=2">the sale</a>'
@@ -32,15 +33,23 @@ HTML = (
 ALLOWED = "pages.example"
 
 
-@pytest.fixture
-async def stack(settings: Settings, db: Database) -> AsyncIterator[Stack]:
-    async with full_stack(fast_settings(settings), db) as s:
+@pytest.fixture(scope="module")
+async def module_stack(module_settings: Settings, db: Database) -> AsyncIterator[Stack]:
+    """One stack for the module (starting one costs seconds), with its tracking server."""
+    async with full_stack(fast_settings(module_settings), db) as s:
         tracking = s.settings.tracking.model_copy(update={"redirect_hosts": ALLOWED})
         s.settings = s.settings.model_copy(update={"tracking": tracking})
         async with served(create_tracking(s.settings)) as url:
             tracking = tracking.model_copy(update={"public_url": url})
             s.settings = s.settings.model_copy(update={"tracking": tracking})
             yield s
+
+
+@pytest.fixture
+async def stack(module_stack: Stack) -> Stack:
+    """The module's stack, as a user of the test's own: tests share no data (their users'
+    suppressions, preferences, cooldowns and counts are their own)."""
+    return await as_new_user(module_stack)
 
 
 async def _send_and_receive(

@@ -1,7 +1,8 @@
 """Hostile webhook deliveries through the real webhook service, against real Cassandra and
 RabbitMQ: correctly signed bodies that are not in the provider's format get a clear 400 and
 write nothing (not even part of a delivery, nor a Mailgun token), garbage events beside a
-valid one do not stop or corrupt it, and a delivery the provider sends twice counts once."""
+valid one do not stop or corrupt it, and a delivery the provider sends twice counts once. The
+tests share one webhook service, each aiming at a batch of its own."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import orjson
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import SecretStr
+from starlette.applications import Starlette
 
 from sandbox import signing
 from services.webhooks.app import create_app
@@ -135,10 +137,20 @@ class Hostile:
         return not any(stats.get(k) for k in ("success", "failed", "bounced", "opened"))
 
 
-@pytest.fixture
-async def hostile(settings: Settings, db: Database) -> AsyncIterator[Hostile]:
+@dataclass
+class Service:
+    """The module's running webhook service and the key its SendGrid events are signed with."""
+
+    app: Starlette
+    sg_key: ec.EllipticCurvePrivateKey
+
+
+@pytest.fixture(scope="module")
+async def service(module_settings: Settings) -> AsyncIterator[Service]:
+    """One webhook service for the module (starting one costs seconds): each test aims at a
+    batch of its own, so tests share no data."""
     private = signing.generate_private_key()
-    s = settings.model_copy(
+    s = module_settings.model_copy(
         update={
             "webhooks": WebhookSettings(
                 sendgrid_public_key=signing.public_key_base64(private),
@@ -146,6 +158,13 @@ async def hostile(settings: Settings, db: Database) -> AsyncIterator[Hostile]:
             )
         }
     )
+    app = create_app(s)
+    async with running(app):
+        yield Service(app, private)
+
+
+@pytest.fixture
+async def hostile(service: Service, db: Database) -> AsyncIterator[Hostile]:
     user_id = await accounts.ensure_user(db, unique("hostile"))
     emails = [f"{n}.{uuid.uuid4().hex[:8]}@example.com" for n in ("ann", "bob", "cat")]
     batch_id = uuid.uuid1()
@@ -155,9 +174,8 @@ async def hostile(settings: Settings, db: Database) -> AsyncIterator[Hostile]:
     batch = NewBatch(batch_id, user_id, message, recipients, 1000)
     await BatchStore(db).write(batch)
     await BatchStore(db).index(batch)
-    app = create_app(s)
-    async with running(app), client_for(app) as client:
-        yield Hostile(client, db, private, user_id, batch_id, emails)
+    async with client_for(service.app) as client:
+        yield Hostile(client, db, service.sg_key, user_id, batch_id, emails)
 
 
 def _deep(depth: int) -> bytes:
