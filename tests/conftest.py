@@ -154,7 +154,9 @@ class KeyspacePool:
     def _publish(self, slot: int) -> None:
         name = name_for("p", WORKER, run_pid())
         making = self.directory / f"making-{name}"
-        making.write_text(str(os.getpid()))
+        writing = self.directory / f"writing-{name}"
+        writing.write_text(str(os.getpid()))
+        writing.rename(making)  # whole: a taker never reads a maker's pid half-written
         failed = ""
         try:
             asyncio.run(migrate(CassandraSettings(keyspace=name)))
@@ -192,17 +194,18 @@ class KeyspacePool:
         for making in self.directory.glob("making-*"):
             with contextlib.suppress(FileNotFoundError):
                 pid = making.read_text()
-                if not pid or keyspace_alive(int(pid)):  # empty: its maker is writing it
+                if pid and keyspace_alive(int(pid)):  # written whole (``_publish``)
                     return True
         return False
 
     def leftovers(self) -> list[str]:
-        """The spares nobody took, made or still being made."""
+        """The spares nobody took, made or still being made, and the workers' own
+        keyspaces (a worker that ran no test using its own never drops it)."""
         return sorted(
             {
                 f.name.split("-", 1)[1]
                 for f in (self.directory.iterdir() if self.directory.is_dir() else ())
-                if f.name.startswith(("ready-", "making-", "done-"))
+                if f.name.startswith(("ready-", "making-", "done-", "own-"))
             }
         )
 
@@ -243,6 +246,9 @@ def start_keyspaces(config: pytest.Config) -> RunKeyspaces:
 def _migrate_early(run: RunKeyspaces) -> None:
     assert run.migration is not None
     try:
+        # Named where the controller drops what the run leaves (``KeyspacePool.close``).
+        run.pool.directory.mkdir(parents=True, exist_ok=True)
+        (run.pool.directory / f"own-{run.name}").touch()
         asyncio.run(migrate(CassandraSettings(keyspace=run.name)))
     except Exception as exc:  # noqa: BLE001 - the session's fixture migrates again, or fails
         run.migration.set_exception(exc)

@@ -62,13 +62,15 @@ def stale(found: Found, now: datetime, alive: Callable[[int], bool]) -> bool:
     match = NAME.match(found.name)
     if match is None:
         return False
-    age = None if found.created is None else now - found.created
-    if age is not None and age > LONGEST_RUN:
+    if found.created is None:
+        return False  # no table yet: being made right now (an empty leftover costs nothing)
+    age = now - found.created
+    if age > LONGEST_RUN:
         return True
     pid = match["pid"]
     if pid is None or alive(int(pid)):
         return False
-    return age is None or age > GRACE
+    return age > GRACE
 
 
 def alive(pid: int) -> bool:
@@ -135,7 +137,8 @@ async def _found() -> list[Found]:
         names = [r["keyspace_name"] for r in await db.rows(
             "SELECT keyspace_name FROM system_schema.keyspaces"
         )]  # fmt: skip
-        tables = await db.rows("SELECT keyspace_name, id FROM system_schema.tables")
+        # Every page: a node holding a backlog of keyspaces has more tables than one page.
+        tables = await db.all_pages("SELECT keyspace_name, id FROM system_schema.tables")
     finally:
         await db.close()
     oldest: dict[str, datetime] = {}

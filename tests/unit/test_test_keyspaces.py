@@ -35,7 +35,7 @@ def test_a_new_name_is_a_test_keyspace_naming_its_run() -> None:
     ("name", "age", "dropped"),
     [
         (f"t_gw0_{GONE}_0123abcd", GRACE + timedelta(seconds=1), True),
-        (f"p_main_{GONE}_0123abcd", None, True),
+        (f"p_main_{GONE}_0123abcd", None, False),
         (f"t_gw0_{GONE}_0123abcd", GRACE - timedelta(seconds=1), False),
         (f"t_gw0_{LIVE}_0123abcd", LONGEST_RUN - timedelta(seconds=1), False),
         (f"t_gw0_{LIVE}_0123abcd", LONGEST_RUN + timedelta(seconds=1), True),
