@@ -191,6 +191,9 @@ class Alerter:
         log.warning("alert %s/%s: %s", alert.kind, alert.subject, alert.text)
         mails = config.mails and self.mail is not None
         if not config.url and not mails:
+            # No sink: the log line is the alert, and it keeps the same cool-off (a burst of
+            # failures logged it once a second).
+            self._recent[key] = time.monotonic()
             return False
         now = datetime.now(UTC)
         try:

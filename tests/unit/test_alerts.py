@@ -49,6 +49,22 @@ async def test_without_a_sink_an_alert_is_only_logged() -> None:
         assert await alerter.send(Alert("queue_depth", "q", "deep")) is False
 
 
+async def test_without_a_sink_a_burst_is_logged_once_per_cool_off(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The log line is the alert then, so it keeps the cool-off (it was written every second)."""
+    caplog.set_level("WARNING", logger="shared.ops.alerts")
+    async with httpx.AsyncClient() as http:
+        alerter = Alerter(None, "s", http, lambda: AlertConfig("", 600))  # type: ignore[arg-type]
+        for _ in range(5):
+            await alerter.send(Alert("circuit_open", "sg", "SendGrid circuit opened"))
+        await alerter.send(Alert("circuit_open", "mg", "Mailgun circuit opened"))
+    assert [r.getMessage() for r in caplog.records if r.name == "shared.ops.alerts"] == [
+        "alert circuit_open/sg: SendGrid circuit opened",
+        "alert circuit_open/mg: Mailgun circuit opened",
+    ]
+
+
 class _Claims:
     """The ``alerts_sent`` claim: the first claim of a key applies (the LWT's answer)."""
 
