@@ -232,12 +232,15 @@ class RunKeyspaces:
 
 
 def start_keyspaces(config: pytest.Config) -> RunKeyspaces:
-    """Name this process's keyspaces; under workers also start migrating its own, then the
-    pool's spares, in a background thread (a daemon: a run never waits for it to end)."""
+    """Name this process's keyspaces and, unless the run is of unit tests alone, start
+    migrating its own, then the pool's spares, in a background thread (a daemon: a run never
+    waits for it to end), so that the migration overlaps the collection. A serial run that
+    needs none after all (``-k`` picked unit tests) drops it at its end
+    (:func:`pytest_sessionfinish`)."""
     testrunuid = os.environ.get("PYTEST_XDIST_TESTRUNUID") if PARALLEL else None
     directory = pool_dir(testrunuid or f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
     run = RunKeyspaces(name_for("t", WORKER, run_pid()), KeyspacePool(directory))
-    if PARALLEL and not all(str(a).startswith("tests/unit") for a in config.args):
+    if not all(str(a).startswith("tests/unit") for a in config.args):
         run.migration = concurrent.futures.Future()
         threading.Thread(target=_migrate_early, args=(run,), name="keyspaces", daemon=True).start()
     return run
@@ -282,6 +285,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     directory = session.config.stash.get(POOL_DIR, None)
     if directory is not None and directory.is_dir():  # the controller, after every worker
         KeyspacePool(directory).close()
+    run = session.config.stash.get(RUN_KEYSPACES, None)
+    if run is not None and not PARALLEL:  # a serial run: its own keyspace and its spares
+        run.pool.close()
 
 
 @pytest.fixture(scope="session")
@@ -295,11 +301,9 @@ def keyspace(services_up: None, pytestconfig: pytest.Config) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def keyspace_pool(services_up: None, pytestconfig: pytest.Config) -> Iterator[KeyspacePool]:
-    run = pytestconfig.stash[RUN_KEYSPACES]
-    yield run.pool
-    if not PARALLEL:  # the workers' controller drops what they left, after the last one
-        run.pool.close()
+def keyspace_pool(services_up: None, pytestconfig: pytest.Config) -> KeyspacePool:
+    # What nobody took, the run drops at its end (:func:`pytest_sessionfinish`).
+    return pytestconfig.stash[RUN_KEYSPACES].pool
 
 
 @contextlib.asynccontextmanager
