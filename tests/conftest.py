@@ -67,6 +67,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # and a test states what the code does, never how fast (``make bench`` measures that).
     hypothesis.settings.register_profile("suite", deadline=None)
     hypothesis.settings.load_profile("suite")
+    # The suite builds an API app per module or test, and most render no template: their
+    # template workers start on a first render, not with each app (two interpreters of ~0.5 s
+    # of CPU each, about 40 a minute on the 2-core machine). The pool's own tests say warm.
+    os.environ.setdefault("SAFEDELIVR_TEMPLATES_WARM", "false")
     if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
         return  # the xdist controller: its workers make and drop the keyspaces
     config.stash[RUN_KEYSPACES] = start_keyspaces(config)

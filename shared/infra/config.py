@@ -371,6 +371,10 @@ class TemplateSettings(BaseSettings):
 
     workers: int = Field(2, ge=1, le=64)
     """Worker processes per API process; a render waits for a free one."""
+    warm: bool = True
+    """Start the workers with the API process, so that no render waits for one to start
+    (about a second each); off, each starts on the first job that needs it (an API process
+    that renders no template then runs none: the test suite's stacks)."""
     memory_mb: int = Field(512, ge=128)
     """Address space of a worker (RLIMIT_AS, MiB): a template needing more is refused
     (``memory``) and its worker replaced."""

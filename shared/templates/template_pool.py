@@ -132,7 +132,12 @@ class TemplatePool:
         return sorted(w.process.pid for w in list(self._workers) if w.alive())
 
     async def start(self) -> None:
-        """Start every worker (each imports its modules first: about a second)."""
+        """Start every worker (each imports its modules first: about a second); when the
+        settings say not ``warm``, leave each slot empty, for its first job to start one."""
+        if not self.settings.warm:
+            for _ in range(self.settings.workers):
+                self._idle.put_nowait(None)
+            return
         loop = asyncio.get_running_loop()
         starting = [
             loop.run_in_executor(self._threads, self._start_worker)

@@ -29,7 +29,9 @@ SQUARINGS = "{% set v0 = 2**49999 %}" + "".join(
 @pytest.fixture
 async def pool() -> AsyncIterator[TemplatePool]:
     """One worker, with limits small enough to breach quickly."""
-    made = TemplatePool(TemplateSettings(workers=1, memory_mb=256, cpu_seconds=1, deadline=3))
+    made = TemplatePool(
+        TemplateSettings(warm=True, workers=1, memory_mb=256, cpu_seconds=1, deadline=3)
+    )
     await made.start()
     try:
         yield made
@@ -54,6 +56,18 @@ async def _replaced(pool: TemplatePool, before: list[int]) -> list[int]:
     """The workers once the one that broke is replaced (the next job waits for it anyway)."""
     assert await pool.run(pool_jobs.pid) not in before
     return pool.pids()
+
+
+async def test_a_pool_that_is_not_warm_starts_a_worker_only_for_a_job() -> None:
+    """No process until a job needs one, and the first job starts one worker, not all."""
+    pool = TemplatePool(TemplateSettings(warm=False, workers=2))
+    await pool.start()
+    try:
+        before = pool.pids()
+        first = await pool.run(pool_jobs.pid)
+        assert (before, pool.pids()) == ([], [first])
+    finally:
+        await pool.close()
 
 
 async def test_a_job_runs_in_a_worker_and_answers(pool: TemplatePool) -> None:
@@ -84,7 +98,9 @@ async def test_a_template_past_the_memory_limit_is_refused_and_its_worker_replac
     """1,500 megabyte strings hit the worker's address-space limit: ``memory``, a new worker.
     The time limits are far away: which limit it passes first must not depend on how busy
     the machine is."""
-    pool = TemplatePool(TemplateSettings(workers=1, memory_mb=256, cpu_seconds=120, deadline=120))
+    pool = TemplatePool(
+        TemplateSettings(warm=True, workers=1, memory_mb=256, cpu_seconds=120, deadline=120)
+    )
     await pool.start()
     try:
         before = pool.pids()
@@ -114,7 +130,7 @@ async def test_a_job_past_the_deadline_is_refused_and_its_worker_replaced(
 
 async def test_a_job_past_its_cpu_time_is_ended_by_the_kernel() -> None:
     """With the deadline far away, the CPU limit ends a computing worker: ``cpu_time``."""
-    pool = TemplatePool(TemplateSettings(workers=1, cpu_seconds=1, deadline=300))
+    pool = TemplatePool(TemplateSettings(warm=True, workers=1, cpu_seconds=1, deadline=300))
     await pool.start()
     try:
         before = pool.pids()
@@ -176,7 +192,7 @@ async def test_a_caller_that_gives_up_frees_its_worker(pool: TemplatePool, tmp_p
 
 async def test_every_worker_busy_past_the_wait_is_renderer_busy(tmp_path: Path) -> None:
     """A job that cannot get a worker within the wait is refused (a 503), not queued forever."""
-    pool = TemplatePool(TemplateSettings(workers=1, wait=0.2, deadline=300))
+    pool = TemplatePool(TemplateSettings(warm=True, workers=1, wait=0.2, deadline=300))
     await pool.start()
     try:
         first = _sleeping(pool, tmp_path / "started")
@@ -194,7 +210,7 @@ async def test_every_worker_busy_past_the_wait_is_renderer_busy(tmp_path: Path) 
 async def test_a_job_cancelled_as_a_slot_reaches_it_ends_cancelled_and_passes_the_slot_on() -> None:
     """A job waiting for a worker, cancelled in the turn a slot reaches it, ends cancelled and
     leaves the slot to the next job waiting (the slot of closing, which refuses that job)."""
-    pool = TemplatePool(TemplateSettings(workers=1, wait=60))  # not started: no slot yet
+    pool = TemplatePool(TemplateSettings(warm=True, workers=1, wait=60))  # not started: no slot yet
     first = asyncio.create_task(pool.run(pool_jobs.pid))
     second = asyncio.create_task(pool.run(pool_jobs.pid))
     await asyncio.sleep(0)  # both wait for a slot
@@ -213,7 +229,7 @@ async def test_a_job_cancelled_as_a_slot_reaches_it_ends_cancelled_and_passes_th
 
 async def test_a_closed_pool_refuses_jobs_and_leaves_no_worker(tmp_path: Path) -> None:
     """Closing ends the job in flight (RendererUnavailable), every worker, and new jobs."""
-    pool = TemplatePool(TemplateSettings(workers=2, deadline=300))
+    pool = TemplatePool(TemplateSettings(warm=True, workers=2, deadline=300))
     await pool.start()
     running = _sleeping(pool, tmp_path / "started")
     await _until((tmp_path / "started").exists)
@@ -234,7 +250,7 @@ async def test_a_closed_pool_refuses_jobs_and_leaves_no_worker(tmp_path: Path) -
 async def test_a_worker_cannot_read_the_services_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Workers start without the ``SAFEDELIVR_*`` variables (secrets among them)."""
     monkeypatch.setenv("SAFEDELIVR_GITHUB_CLIENT_SECRET", "s3cret")
-    pool = TemplatePool(TemplateSettings(workers=1))
+    pool = TemplatePool(TemplateSettings(warm=True, workers=1))
     await pool.start()
     try:
         assert await pool.run(pool_jobs.settings_seen) == []
