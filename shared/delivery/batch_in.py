@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, NoReturn, Self
+from typing import Annotated, Any, Literal, NoReturn, Self, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -115,6 +115,10 @@ class _Parse:
     provider: str | None = None
 
 
+V = TypeVar("V")
+R = TypeVar("R")
+
+
 def _parsing(info: ValidationInfo) -> _Parse | None:
     """The validation's context when the rules apply, None for a shape check."""
     context = info.context
@@ -138,6 +142,16 @@ def _below(errors: Errors, prefix: str) -> Errors:
     return {path[len(prefix) :]: message for path, message in errors.items()}
 
 
+def _ruled(rule: Callable[[V, Errors], R], value: V, field: str = "") -> R:
+    """What ``rule`` makes of ``value``, or the value fails with every error it found (keyed
+    below ``field``, the path the rule keys them from)."""
+    errors: Errors = {}
+    result = rule(value, errors)
+    if errors:
+        _refuse(_below(errors, field))
+    return result
+
+
 # --------------------------------------------------------------------------- rules
 
 
@@ -146,11 +160,8 @@ def _address_rule(value: str | AddressIn, info: ValidationInfo) -> str | Address
     parse = _parsing(info)
     if parse is None:
         return value
-    errors: Errors = {}
     given = value if isinstance(value, str) else {"email": value.email, "name": value.name}
-    address = validation._address(given, "", errors)
-    if errors:
-        _refuse(errors)
+    address = _ruled(lambda v, errors: validation._address(v, "", errors), given)
     if info.field_name == "reply_to":
         parse.reply_to = address
     else:
@@ -164,20 +175,13 @@ def _subject_rule(value: str | None, info: ValidationInfo) -> str | None:
     parse = _parsing(info)
     if parse is None:
         return value
-    errors: Errors = {}
-    subject = validation._subject(value, errors)
-    if errors:
-        _refuse(_below(errors, "subject"))
-    parse.header_text.append(subject)
+    parse.header_text.append(_ruled(validation._subject, value, "subject"))
     return value
 
 
 def _body_rule(value: str, info: ValidationInfo) -> str:
     if _parsing(info) is not None:
-        errors: Errors = {}
-        validation._body(value, "", errors)
-        if errors:
-            _refuse(errors)
+        _ruled(lambda v, errors: validation._body(v, "", errors), value)
     return value
 
 
@@ -185,10 +189,7 @@ def _headers_rule(value: dict[str, str], info: ValidationInfo) -> dict[str, str]
     parse = _parsing(info)
     if parse is None:
         return value
-    errors: Errors = {}
-    parse.headers = validation._headers(value, errors)
-    if errors:
-        _refuse(_below(errors, "headers"))
+    parse.headers = _ruled(validation._headers, value, "headers")
     parse.header_text.extend(parse.headers.values())
     return value
 
@@ -319,10 +320,7 @@ def _categories_rule(value: list[str], info: ValidationInfo) -> list[str]:
     parse = _parsing(info)
     if parse is None:
         return value
-    errors: Errors = {}
-    parse.categories = validation._categories(value, errors)
-    if errors:
-        _refuse(_below(errors, "categories"))
+    parse.categories = _ruled(validation._categories, value, "categories")
     return value
 
 
@@ -330,10 +328,7 @@ def _metadata_rule(value: dict[str, str], info: ValidationInfo) -> dict[str, str
     parse = _parsing(info)
     if parse is None:
         return value
-    errors: Errors = {}
-    parse.metadata = validation._metadata(value, errors)
-    if errors:
-        _refuse(_below(errors, "metadata"))
+    parse.metadata = _ruled(validation._metadata, value, "metadata")
     return value
 
 
