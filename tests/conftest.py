@@ -115,15 +115,15 @@ def pool_dir(testrunuid: str) -> Path:
 class KeyspacePool:
     """Migrated keyspaces for the modules (and the browser stack) that need one of their own.
 
-    A migration takes 10-50 s (schema changes queue behind every other worker's). Under
-    parallel workers the run makes as many as its collected tests will take, ahead, in the
-    background once the worker's own keyspace is migrated: each is made either way, and made
-    ahead no module waits for it. The workers share them through files in a directory of the
-    run's: ``slot-N`` is taken by the worker that makes the N-th, ``making-NAME`` (its maker's
-    pid inside) becomes ``ready-NAME`` (an error inside if the migration failed: its taker
-    makes one of its own), which a module takes by renaming it (only one rename can win). A
-    module that finds none ready and none coming makes its own, as a serial run always does.
-    What nobody took (a module skipped, a run cut short) the run's controller drops at the end
+    A migration takes 10-50 s (schema changes queue behind every other worker's). The run
+    makes as many as its collected tests will take, ahead, in the background once the
+    process's own keyspace is migrated: each is made either way, and made ahead no module
+    waits for it. Parallel workers share them through files in a directory of the run's:
+    ``slot-N`` is taken by the worker that makes the N-th, ``making-NAME`` (its maker's pid
+    inside) becomes ``ready-NAME`` (an error inside if the migration failed: its taker makes
+    one of its own), which a module takes by renaming it (only one rename can win). A module
+    that finds none ready and none coming makes its own. What nobody took (a module skipped,
+    a run cut short) the run drops at its end, after the last worker
     (:func:`pytest_sessionfinish`).
     """
 
@@ -244,10 +244,23 @@ def start_keyspaces(config: pytest.Config) -> RunKeyspaces:
     testrunuid = os.environ.get("PYTEST_XDIST_TESTRUNUID") if PARALLEL else None
     directory = pool_dir(testrunuid or f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
     run = RunKeyspaces(name_for("t", WORKER, run_pid()), KeyspacePool(directory))
-    if not all(str(a).startswith("tests/unit") for a in config.args):
+    if _needs_keyspace(config):
         run.migration = concurrent.futures.Future()
         threading.Thread(target=_migrate_early, args=(run,), name="keyspaces", daemon=True).start()
     return run
+
+
+def _needs_keyspace(config: pytest.Config) -> bool:
+    """Whether the run may run tests that use Cassandra: not a listing (``--co``,
+    ``--fixtures``, ``--markers``) nor a run of paths under tests/unit alone."""
+    if config.option.collectonly or config.option.showfixtures or config.option.markers:
+        return False
+    units = (ROOT / "tests" / "unit").resolve()
+    for arg in config.args:
+        path = (config.invocation_params.dir / str(arg).split("::", 1)[0]).resolve()
+        if not path.is_relative_to(units):
+            return True
+    return False
 
 
 def _migrate_early(run: RunKeyspaces) -> None:
@@ -285,6 +298,7 @@ def pytest_configure_node(node: Any) -> None:
     node.config.stash[POOL_DIR] = pool_dir(node.workerinput["testrunuid"])
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own teardown of the fixtures using them
 def pytest_sessionfinish(session: pytest.Session) -> None:
     directory = session.config.stash.get(POOL_DIR, None)
     if directory is not None and directory.is_dir():  # the controller, after every worker

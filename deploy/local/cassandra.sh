@@ -21,6 +21,7 @@
 #   SAFEDELIVR_CASSANDRA_START_TIMEOUT  seconds to wait for CQL (default 240)
 #   SAFEDELIVR_CASSANDRA_JVM_OPTS       extra JVM flags, whitespace-separated
 #   SAFEDELIVR_CASSANDRA_PAXOS_STATE_PURGING  gc_grace, or repaired when paxos repairs run regularly (default gc_grace)
+#   SAFEDELIVR_CASSANDRA_UNSAFE_SYSTEM  1: schema changes skip the system tables' flush, for a throwaway node (default 0)
 #   SAFEDELIVR_CACHE_DIR                jar cache (default ~/.cache/safedelivr)
 #   SAFEDELIVR_STATE_DIR                state dir (default <repo>/.state)
 #   JAVA_HOME                           Java 17 to use (default: java on PATH)
@@ -277,19 +278,23 @@ build_jvm_args() {
         # Single-node start-up shortcuts (all Cassandra 5.0 system properties):
         # don't wait for gossip to settle (there are no peers), and cut the
         # 30 s ring/schema delays that a brand-new node otherwise sleeps
-        # through before picking its tokens. And schema changes skip the
-        # flush of the system tables each one otherwise waits for (the
-        # commit log still records them), as Cassandra's own test runs do:
-        # a CREATE TABLE takes ~33 ms instead of ~100 ms, and the suite
-        # migrates a keyspace per worker and per module that needs one.
-        # This is the disposable development node (see cassandra.yaml's
-        # auto_snapshot); the nodes of deploy/cluster keep the flushes.
+        # through before picking its tokens.
         JVM_ARGS+=(
             "-Dcassandra.skip_wait_for_gossip_to_settle=0"
             "-Dcassandra.ring_delay_ms=1000"
             "-Dcassandra.schema_delay_ms=1000"
-            "-Dcassandra.unsafesystem=true"
         )
+        # Asked for (the CI's throwaway machine does): schema changes skip
+        # the flush of the system tables each one otherwise waits for, as
+        # Cassandra's own test runs do; a CREATE TABLE takes ~33 ms instead
+        # of ~100 ms, and the suite migrates a keyspace per worker and per
+        # module that needs one. Not by default: a crash before the next
+        # flush loses the schema changes made since (the node starts
+        # without those tables, and drops the commit log's rows for them).
+        # deploy/cluster's nodes share node 1's seed address, hence RF 1.
+        if [[ "${SAFEDELIVR_CASSANDRA_UNSAFE_SYSTEM:-0}" == 1 && "$TOKEN_RF" == 1 ]]; then
+            JVM_ARGS+=("-Dcassandra.unsafesystem=true")
+        fi
     else
         # A node among peers on one machine: gossip converges within a few
         # rounds over loopback, so 5 s (not 30) is enough to learn the ring.

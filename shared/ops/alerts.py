@@ -186,14 +186,16 @@ class Alerter:
         delivered it somewhere."""
         config = self.config()
         key = f"{alert.kind}:{alert.subject}"
-        if time.monotonic() - self._recent.get(key, -1e12) < config.cool_off:
+        mails = config.mails and self.mail is not None
+        sinkless = not config.url and not mails
+        # With no sink the log line is the alert, and it keeps the cool-off too (a burst of
+        # failures logged it once a second), apart: a sink set during the burst hears of it.
+        recent = f"log:{key}" if sinkless else key
+        if time.monotonic() - self._recent.get(recent, -1e12) < config.cool_off:
             return False  # a burst goes on: one alert per cool-off
         log.warning("alert %s/%s: %s", alert.kind, alert.subject, alert.text)
-        mails = config.mails and self.mail is not None
-        if not config.url and not mails:
-            # No sink: the log line is the alert, and it keeps the same cool-off (a burst of
-            # failures logged it once a second).
-            self._recent[key] = time.monotonic()
+        if sinkless:
+            self._recent[recent] = time.monotonic()
             return False
         now = datetime.now(UTC)
         try:

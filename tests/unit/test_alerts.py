@@ -99,6 +99,31 @@ async def test_a_burst_alerts_once_and_this_process_stops_asking_during_the_cool
     assert (len(posts), claims.asked) == (1, ["error_burst:sg"])
 
 
+async def test_a_sink_set_during_a_logged_burst_hears_of_it_at_once() -> None:
+    """The log's cool-off is its own: the operator who read the log line and set a sink gets
+    the burst's next alert posted, not ten minutes later."""
+    posts: list[bytes] = []
+
+    def sink(request: httpx.Request) -> httpx.Response:
+        posts.append(request.content)
+        return httpx.Response(200)
+
+    config = AlertConfig("", 600)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(sink)) as http:
+        alerter = Alerter(
+            _Claims(),  # type: ignore[arg-type]
+            "s",
+            http,
+            lambda: config,
+            resolver=resolving(),
+        )
+        logged = await alerter.send(Alert("error_burst", "sg", "60 failures"))
+        config = AlertConfig("https://hooks.example/x", 600)
+        posted = await alerter.send(Alert("error_burst", "sg", "61 failures"))
+
+    assert (logged, posted, len(posts)) == (False, True, 1)
+
+
 async def test_an_alert_is_mailed_to_the_operators_when_they_are_set() -> None:
     mailed: list[tuple[str, tuple[str, ...]]] = []
 
