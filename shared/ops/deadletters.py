@@ -51,6 +51,8 @@ State = Literal["waiting", "replaying", "replayed"]
 
 _EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
 _FAR: Final = datetime(9999, 1, 1, tzinfo=UTC)
+_UNIX: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLI: Final = timedelta(milliseconds=1)
 
 
 # --------------------------------------------------------------------------- pure
@@ -106,7 +108,9 @@ def letter_id(routing_key: str, message_id: str | None, dead_at: datetime, body:
     for part in (routing_key.encode(), (message_id or "").encode(), body):
         digest.update(len(part).to_bytes(8, "big"))
         digest.update(part)
-    millis = int(dead_at.timestamp() * 1000)
+    # Integer arithmetic: a float timestamp times 1000 truncates about one date in 150 to
+    # the millisecond before, and such an id would not lead back to its row.
+    millis = (dead_at - _UNIX) // _MILLI
     return f"{millis}-{digest.hexdigest()[:24]}"
 
 
@@ -118,8 +122,8 @@ def parse_id(text: str) -> tuple[datetime, str] | None:
     if not millis.isdecimal() or any(c not in "0123456789abcdef" for c in digest):
         return None
     try:
-        return datetime.fromtimestamp(int(millis) / 1000, UTC), text
-    except (OverflowError, OSError, ValueError):
+        return _UNIX + int(millis) * _MILLI, text
+    except OverflowError:
         return None
 
 
@@ -235,6 +239,17 @@ _SELECT = (
 )
 
 
+def _stored_times(letter_id: str) -> tuple[datetime, ...]:
+    """The death times a letter with this id may be stored under.
+
+    Ids made before November 2026 came from a truncated float, and about one in 150 names the
+    millisecond before its row's; such a letter is looked for there too, so it can still be
+    replayed or deleted.
+    """
+    key = parse_id(letter_id)
+    return () if key is None else (key[0], key[0] + _MILLI)
+
+
 def _row_letter(row: Row) -> Letter:
     state = row["replay_state"]
     headers = orjson.loads(row["headers"] or "{}")
@@ -315,15 +330,15 @@ class DeadLetterStore:
         return [_row_letter(r) for r in rows]
 
     async def get(self, letter_id: str) -> Letter | None:
-        key = parse_id(letter_id)
-        if key is None:
-            return None
-        row = await self._db.one(
-            _SELECT + " AND dead_at = ? AND letter_id = ?",
-            (_BUCKET, *key),
-            serial=True,
-        )
-        return None if row is None else _row_letter(row)
+        for dead_at in _stored_times(letter_id):
+            row = await self._db.one(
+                _SELECT + " AND dead_at = ? AND letter_id = ?",
+                (_BUCKET, dead_at, letter_id),
+                serial=True,
+            )
+            if row is not None:
+                return _row_letter(row)
+        return None
 
     async def claim(self, letter: Letter, owner: uuid.UUID, now: datetime) -> bool:
         """Claim a waiting letter for a replay, or take over a replay whose lease ran out."""
@@ -364,14 +379,15 @@ class DeadLetterStore:
         )
 
     async def delete(self, letter_id: str) -> bool:
-        key = parse_id(letter_id)
-        if key is None:
-            return False
-        row = await self._db.one(
-            "DELETE FROM dead_letters WHERE bucket = ? AND dead_at = ? AND letter_id = ? IF EXISTS",
-            (_BUCKET, *key),
-        )
-        return bool(row and row["[applied]"])
+        for dead_at in _stored_times(letter_id):
+            row = await self._db.one(
+                "DELETE FROM dead_letters WHERE bucket = ? AND dead_at = ? AND letter_id = ? "
+                "IF EXISTS",
+                (_BUCKET, dead_at, letter_id),
+            )
+            if row and row["[applied]"]:
+                return True
+        return False
 
     async def waiting(self) -> int:
         """How many letters wait for an operator (not replayed)."""

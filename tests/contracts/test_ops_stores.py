@@ -9,6 +9,7 @@ reads only the letters it made (its own ids, death times in an instant of its ow
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -216,6 +217,22 @@ async def test_a_released_claim_leaves_the_letter_waiting_for_anyone(letters: An
     assert still is not None and still.state == "replaying"
     assert back is not None and back.state == "waiting"
     assert await letters.claim(letter, uuid.uuid4(), now)
+
+
+async def test_a_letter_archived_under_an_old_truncated_id_is_still_found(letters: Any) -> None:
+    # Old ids took a float timestamp times 1000 and truncated it: for this death time, one
+    # millisecond early.
+    died = datetime(2004, 6, 28, 16, 26, 55, 699000, tzinfo=UTC)
+    letter = _letter(died)
+    old_id = f"{int(died.timestamp() * 1000)}-{letter.id.partition('-')[2]}"
+    assert old_id != letter.id
+    await letters.archive(dataclasses.replace(letter, id=old_id))
+
+    got = await letters.get(old_id)
+
+    assert got is not None and got.id == old_id and got.dead_at == died
+    assert await letters.delete(old_id) is True
+    assert await letters.get(old_id) is None
 
 
 async def test_a_deleted_letter_is_gone_and_no_claim_brings_it_back(letters: Any) -> None:

@@ -108,6 +108,18 @@ def test_an_id_parses_back_to_its_date() -> None:
     assert parse_id(letter.id) == (letter.dead_at, letter.id)
 
 
+@pytest.mark.parametrize(
+    "died",
+    [datetime(2004, 6, 28, 16, 26, 55, 699000, tzinfo=UTC),
+     datetime(2004, 9, 29, 10, 49, 52, 149000, tzinfo=UTC),
+     datetime(9998, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)],
+)  # fmt: skip
+def test_an_id_parses_back_to_its_exact_millisecond(died: datetime) -> None:
+    # The first two are dates a float timestamp times 1000 truncates to the millisecond before.
+    letter = letter_of("sg.x", None, {}, b"", died)
+    assert parse_id(letter.id) == (died, letter.id)
+
+
 def test_the_summary_names_the_job_a_dispatch_letter_carries() -> None:
     batch = uuid.uuid1()
     body = f'{{"batch_id": "{batch}", "chunk": 3, "attempt": 2}}'.encode()
