@@ -105,6 +105,31 @@ class _Outcome:
     worker: _Worker | None
     value: Any = None
     error: BaseException | None = None
+    vacant: bool = False
+    """The slot had no worker and the job started none: it goes back empty, not refilled
+    (a pool that is not warm starts a worker only for a job that can use it)."""
+
+
+@dataclass(eq=False)
+class _Job:
+    """What a job's caller and its thread share: the worker that has the job once the thread
+    has sent it (the slot's, or one it started for an empty slot), and whether the caller
+    gave up, so that either side that learns last kills that worker."""
+
+    worker: _Worker | None = None
+    abandoned: bool = False
+
+    def hand_to(self, worker: _Worker) -> None:
+        """In the thread: ``worker`` has the job (killed at once if its caller is gone)."""
+        self.worker = worker
+        if self.abandoned:
+            worker.kill("abandoned")
+
+    def abandon(self) -> None:
+        """On the loop: nobody waits for the answer; free the worker now, not at the deadline."""
+        self.abandoned = True
+        if self.worker is not None:
+            self.worker.kill("abandoned")
 
 
 class TemplatePool:
@@ -167,17 +192,17 @@ class TemplatePool:
         """``job(*args, parts=...)`` run in a worker within the limits (see the module)."""
         slot = await self._take()
         self._busy += 1
+        handed = _Job()
         running = asyncio.get_running_loop().run_in_executor(
-            self._threads, self._exchange, slot, job, args
+            self._threads, self._exchange, slot, handed, job, args
         )
         running.add_done_callback(self._put_back)
         try:
             outcome = await asyncio.shield(running)
         except asyncio.CancelledError:
-            # Nobody waits for the answer: free the worker now, not at the deadline (the
-            # thread sees it die, and its slot is refilled when the thread ends).
-            if slot is not None:
-                slot.kill("abandoned")
+            # The thread sees its worker die (one it is still starting, as soon as it is up),
+            # and the slot is refilled when the thread ends.
+            handed.abandon()
             raise
         if outcome.error is not None:
             raise outcome.error
@@ -209,8 +234,9 @@ class TemplatePool:
     def _put_back(self, running: asyncio.Future[_Outcome]) -> None:
         self._busy -= 1
         # _exchange never raises; were it to, its slot is refilled rather than lost.
-        worker = None if running.exception() is not None else running.result().worker
-        if worker is not None and worker.alive():
+        outcome = None if running.exception() is not None else running.result()
+        worker = outcome.worker if outcome is not None else None
+        if (worker is not None and worker.alive()) or (outcome is not None and outcome.vacant):
             self._idle.put_nowait(worker)
             return
         if self._closed:
@@ -229,16 +255,19 @@ class TemplatePool:
     # ----------------------------------------------------------------- in a pool thread
 
     def _exchange(
-        self, slot: _Worker | None, job: Callable[..., Any], args: tuple[Any, ...]
+        self, slot: _Worker | None, handed: _Job, job: Callable[..., Any], args: tuple[Any, ...]
     ) -> _Outcome:
         """One job from sending to its answer (or the worker's death); never raises."""
         try:
             payload = ForkingPickler.dumps((job, args))
         except Exception as exc:  # noqa: BLE001 - a job we cannot send is a bug of ours, told to its caller
-            return _Outcome(slot, error=RuntimeError(f"the template job cannot be sent: {exc}"))
+            unsent = RuntimeError(f"the template job cannot be sent: {exc}")
+            return _Outcome(slot, error=unsent, vacant=slot is None)
         try:
-            worker = self._deliver(slot, payload)
+            worker = self._deliver(slot, payload, handed)
         except (OSError, EOFError, RendererUnavailable) as exc:
+            if handed.abandoned:  # its caller is gone: nothing went wrong
+                return _Outcome(None, error=RendererUnavailable("the job was abandoned"))
             log.error("no template renderer could take the job: %s", exc)
             return _Outcome(None, error=RendererUnavailable("no template renderer could start"))
         if not worker.conn.poll(self.settings.deadline):
@@ -258,11 +287,12 @@ class TemplatePool:
             return _Outcome(worker, error=RuntimeError(f"a template job's answer: {exc}"))
         return self._outcome(worker, reply)
 
-    def _deliver(self, slot: _Worker | None, payload: memoryview) -> _Worker:
+    def _deliver(self, slot: _Worker | None, payload: memoryview, handed: _Job) -> _Worker:
         """The worker the payload was sent to: the slot's, or a new one when it has none or
         its worker died idle (not this job's doing)."""
         if slot is not None and slot.alive():
             try:
+                handed.hand_to(slot)
                 slot.conn.send_bytes(payload)
                 return slot
             except OSError:
@@ -272,7 +302,10 @@ class TemplatePool:
             self._reap(slot)
         if self._closed:
             raise _closing()
+        if handed.abandoned:
+            raise RendererUnavailable("the job was abandoned")
         worker = self._start_worker()
+        handed.hand_to(worker)
         worker.conn.send_bytes(payload)
         return worker
 

@@ -70,6 +70,48 @@ async def test_a_pool_that_is_not_warm_starts_a_worker_only_for_a_job() -> None:
         await pool.close()
 
 
+async def test_a_first_job_given_up_on_frees_the_worker_it_started(tmp_path: Path) -> None:
+    """A pool that is not warm: the worker started for a job its caller gave up on is killed
+    at once, not at the deadline."""
+    pool = TemplatePool(TemplateSettings(warm=False, workers=1, deadline=300))
+    await pool.start()
+    try:
+        job = _sleeping(pool, tmp_path / "started")
+        await _until((tmp_path / "started").exists)
+        (worker,) = pool.pids()
+
+        job.cancel()
+
+        with pytest.raises(asyncio.CancelledError):
+            await job
+        await _until(lambda: not _alive(worker))
+    finally:
+        await pool.close()
+
+
+async def test_a_job_that_cannot_be_sent_starts_no_worker() -> None:
+    """A pool that is not warm, asked to run a job it cannot send (not picklable): the caller
+    is told, and no process starts for it."""
+    pool = TemplatePool(TemplateSettings(warm=False, workers=1))
+    await pool.start()
+    try:
+        with pytest.raises(RuntimeError, match="cannot be sent"):
+            await pool.run(lambda: None)
+        await asyncio.sleep(2)  # a refill would have started its process by now
+        assert pool.pids() == []
+    finally:
+        await pool.close()
+
+
+def _alive(pid: int) -> bool:
+    """Running (a killed worker the pool has not reaped yet is a zombie: not alive)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
 async def test_a_job_runs_in_a_worker_and_answers(pool: TemplatePool) -> None:
     """A version rendered in the worker comes back as it renders in-process."""
     out = await pool.run(render_version, "Hi {{ n }}", "<p>{{ n }}</p>", None, {"n": "<Ann>"})
