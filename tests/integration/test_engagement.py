@@ -182,6 +182,45 @@ async def test_one_click_unsubscribe_suppresses_and_the_next_batch_skips_the_add
     assert other.status_code == 202 and other.json()["accepted"] == 1
 
 
+async def test_a_bulk_lane_batch_carries_one_click_unsubscribe_that_suppresses(
+    stack: Stack,
+) -> None:
+    """The bulk lane brings both headers by default (Gmail and Yahoo require them of bulk
+    senders), and their one-click POST suppresses the address for all of the user's mail."""
+    ann, bob = emails(2)
+    _, received = await _send_and_receive(stack, [ann, bob], priority="bulk")
+    for message in received.values():
+        assert _header(message, "List-Unsubscribe-Post") == "List-Unsubscribe=One-Click"
+    url = re.fullmatch(r"<([^>]+)>", _header(received[ann], "List-Unsubscribe") or "")
+    assert url is not None and url.group(1).startswith(stack.settings.tracking.public_url)
+
+    async with httpx.AsyncClient(follow_redirects=False) as mail_client:
+        resp = await mail_client.post(
+            url.group(1),
+            content="List-Unsubscribe=One-Click",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
+    assert resp.status_code == 200, resp.text
+
+    async def suppressed() -> list[str] | None:
+        # The API's cache of the list drops it when it hears the tracking server's broadcast.
+        again = await stack.post([ann, bob])
+        return list(again.json()["suppressed"]) or None
+
+    assert await eventually(suppressed, timeout=15, interval=0.1) == [ann]
+
+
+async def test_a_shared_bulk_batch_goes_without_the_header_and_says_why(stack: Stack) -> None:
+    ann, bob = emails(2)
+    resp = await stack.post([ann, bob], priority="bulk", shared=True)
+    assert resp.status_code == 202, resp.text
+    assert ["shared messages cannot carry it" in w for w in resp.json()["warnings"]] == [True]
+
+    async with stack.consuming():
+        message = await stack.received(ann)
+    assert _header(message, "List-Unsubscribe") is None
+
+
 async def test_the_unsubscribe_page_asks_before_it_suppresses(stack: Stack) -> None:
     (ann,) = emails(1)
     _, received = await _send_and_receive(stack, [ann], unsubscribe=True)
