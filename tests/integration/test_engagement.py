@@ -236,6 +236,15 @@ async def test_a_bulk_lane_batch_carries_one_click_unsubscribe_that_suppresses(
     assert await eventually(suppressed, timeout=15, interval=0.1) == [ann]
 
 
+async def test_a_bulk_lane_batch_pinned_to_mailgun_carries_both_headers(stack: Stack) -> None:
+    (ann,) = emails(1)
+    _, received = await _send_and_receive(stack, [ann], priority="bulk", provider="mailgun")
+    message = received[ann]
+    assert message["provider"] == "mailgun"
+    assert _header(message, "List-Unsubscribe-Post") == "List-Unsubscribe=One-Click"
+    assert _one_click(message).startswith(f"{stack.settings.tracking.public_url}/u/")
+
+
 async def test_a_shared_bulk_batch_goes_without_the_header_and_says_why(stack: Stack) -> None:
     ann, bob = emails(2)
     resp = await stack.post([ann, bob], priority="bulk", shared=True)
