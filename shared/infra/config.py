@@ -222,6 +222,11 @@ class WebhookSettings(BaseSettings):
     password can then forge events. Refused in production."""
     mailgun_signing_key: SecretStr | None = None
     """Mailgun's HTTP webhook signing key (HMAC-SHA256 of timestamp and token)."""
+    inbound_basic_user: str | None = None
+    """Basic auth user of SendGrid Inbound Parse (the ``mailto:`` unsubscribe), given in its
+    URL: ``https://user:password@host/webhooks/inbound/sendgrid``. Inbound Parse posts are
+    unsigned: without this user and password they get 503 (fail closed)."""
+    inbound_basic_password: SecretStr | None = None
     timestamp_tolerance: int = Field(300, ge=1)
     """Seconds a signed webhook's timestamp may be off (replay window)."""
     max_concurrency: int = Field(64, ge=1)
