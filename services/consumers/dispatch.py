@@ -357,10 +357,12 @@ class Dispatcher:
         kept = template_use.kept_version(
             (a.state, a.template_version) for a in line if a.attempt < job.attempt
         )
-        rollout: template_use.Rollout | None = template_use.Rollout(use.version)
+        rollout: template_use.TemplateState | None = template_use.TemplateState(use.version)
         if use.canary is not None and job.chunk < use.canary_chunks:
             if self.rollouts is None:
-                rollout = template_use.Rollout(use.version, use.canary.version, use.canary_since)
+                rollout = template_use.TemplateState(
+                    use.version, use.canary.version, use.canary_since
+                )
             else:
                 rollout = await self.rollouts.rollout(header.user_id, use.id)
         return template_use.version_at_send(header.message, job.chunk, rollout, kept)

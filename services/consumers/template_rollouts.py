@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from shared.templates.template_use import Rollout
+from shared.templates.template_use import TemplateState
 from shared.templates.templates import StoredTemplates
 
 #: Seconds a template's rollout is kept before it is read again.
@@ -36,12 +36,12 @@ class LiveRollouts:
     templates: StoredTemplates
     keep_for: float = KEEP_FOR
     clock: Callable[[], float] = time.monotonic
-    _kept: dict[uuid.UUID, tuple[float, Rollout | None]] = field(default_factory=dict)
-    _reading: dict[uuid.UUID, asyncio.Future[Rollout | None]] = field(default_factory=dict)
+    _kept: dict[uuid.UUID, tuple[float, TemplateState | None]] = field(default_factory=dict)
+    _reading: dict[uuid.UUID, asyncio.Future[TemplateState | None]] = field(default_factory=dict)
     _stale: set[uuid.UUID] = field(default_factory=set)
     """Templates forgotten while a read of them was under way."""
 
-    async def rollout(self, user_id: uuid.UUID, template_id: uuid.UUID) -> Rollout | None:
+    async def rollout(self, user_id: uuid.UUID, template_id: uuid.UUID) -> TemplateState | None:
         """The template's rollout, read at most :attr:`keep_for` seconds ago. Raises
         DependencyUnavailable when it must be read and cannot be."""
         kept = self._kept.get(template_id)
@@ -58,8 +58,8 @@ class LiveRollouts:
                 # The reader was cancelled (its delivery ended): read it ourselves.
         return await self._read(user_id, template_id)
 
-    async def _read(self, user_id: uuid.UUID, template_id: uuid.UUID) -> Rollout | None:
-        future: asyncio.Future[Rollout | None] = asyncio.get_running_loop().create_future()
+    async def _read(self, user_id: uuid.UUID, template_id: uuid.UUID) -> TemplateState | None:
+        future: asyncio.Future[TemplateState | None] = asyncio.get_running_loop().create_future()
         self._reading[template_id] = future
         self._stale.discard(template_id)
         at = self.clock()
@@ -77,7 +77,9 @@ class LiveRollouts:
         found = (
             None
             if template is None
-            else Rollout(template.live_version, template.canary_version, template.canary_since)
+            else TemplateState(
+                template.live_version, template.canary_version, template.canary_since
+            )
         )
         future.set_result(found)
         if template_id in self._stale:
@@ -93,7 +95,7 @@ class LiveRollouts:
         if template_id in self._reading:
             self._stale.add(template_id)
 
-    def _keep(self, template_id: uuid.UUID, at: float, found: Rollout | None) -> None:
+    def _keep(self, template_id: uuid.UUID, at: float, found: TemplateState | None) -> None:
         if len(self._kept) >= MOST:
             for old in sorted(self._kept, key=lambda t: self._kept[t][0])[: MOST // 10]:
                 del self._kept[old]

@@ -309,7 +309,7 @@ def use_of(
 
 
 @dataclass(frozen=True, slots=True)
-class Rollout:
+class TemplateState:
     """A template's rollout as it stands now: its live version and its canary's (None: no
     canary), with when that canary's rollout started."""
 
@@ -323,7 +323,7 @@ MAY_HAVE_REACHED: Final = frozenset({"ambiguous", "resolved"})
 
 
 def version_at_send(
-    message: Message, chunk: int, rollout: Rollout | None, kept: int | None = None
+    message: Message, chunk: int, rollout: TemplateState | None, kept: int | None = None
 ) -> int | None:
     """The template version chunk ``chunk`` is sent with now (None: not from a template).
 

@@ -16,7 +16,7 @@ from shared.delivery.validation import RecipientInput
 from shared.templates import template_use
 from shared.templates.canary import in_canary
 from shared.templates.template_render import RenderError
-from shared.templates.template_use import Rollout, Source
+from shared.templates.template_use import Source, TemplateState
 
 SOURCE = Source(3, "Hi {{ name }}", "<p>{{ name }} at {{ shop }}</p>", None)
 
@@ -170,28 +170,28 @@ def _canary_message() -> Message:
     return _message().model_copy(update={"template": use})
 
 
-def _sent(rollout: Rollout | None, kept: int | None = None) -> list[int | None]:
+def _sent(rollout: TemplateState | None, kept: int | None = None) -> list[int | None]:
     message = _canary_message()
     return [template_use.version_at_send(message, c, rollout, kept) for c in range(4)]
 
 
 def test_canary_chunks_go_with_the_canary_while_it_is_the_templates_canary() -> None:
-    assert _sent(Rollout(live=1, canary=2, canary_since=_SINCE)) == [2, 2, 1, 1]
+    assert _sent(TemplateState(live=1, canary=2, canary_since=_SINCE)) == [2, 2, 1, 1]
 
 
 def test_canary_chunks_go_with_the_live_copy_once_the_canary_is_rolled_back() -> None:
-    assert _sent(Rollout(live=1)) == [1, 1, 1, 1]
+    assert _sent(TemplateState(live=1)) == [1, 1, 1, 1]
 
 
 def test_canary_chunks_keep_the_canary_once_it_is_promoted() -> None:
-    assert _sent(Rollout(live=2)) == [2, 2, 1, 1]
+    assert _sent(TemplateState(live=2)) == [2, 2, 1, 1]
 
 
 def test_canary_chunks_go_with_the_live_copy_once_another_rollout_replaced_theirs() -> None:
     again = _SINCE + timedelta(minutes=5)
 
-    assert _sent(Rollout(live=1, canary=2, canary_since=again)) == [1, 1, 1, 1]
-    assert _sent(Rollout(live=1, canary=3, canary_since=again)) == [1, 1, 1, 1]
+    assert _sent(TemplateState(live=1, canary=2, canary_since=again)) == [1, 1, 1, 1]
+    assert _sent(TemplateState(live=1, canary=3, canary_since=again)) == [1, 1, 1, 1]
 
 
 def test_canary_chunks_go_with_the_live_copy_once_the_template_is_deleted() -> None:
@@ -199,12 +199,12 @@ def test_canary_chunks_go_with_the_live_copy_once_the_template_is_deleted() -> N
 
 
 def test_a_call_that_may_have_reached_the_provider_keeps_its_version() -> None:
-    assert _sent(Rollout(live=1), kept=2) == [2, 2, 2, 2]
-    assert _sent(Rollout(live=1, canary=2, canary_since=_SINCE), kept=1) == [1, 1, 1, 1]
+    assert _sent(TemplateState(live=1), kept=2) == [2, 2, 2, 2]
+    assert _sent(TemplateState(live=1, canary=2, canary_since=_SINCE), kept=1) == [1, 1, 1, 1]
 
 
 def test_a_batch_not_from_a_template_has_no_version() -> None:
-    assert template_use.version_at_send(_message(), 0, Rollout(live=1)) is None
+    assert template_use.version_at_send(_message(), 0, TemplateState(live=1)) is None
     assert template_use.message_at(_message(), 0, None) == _message()
 
 

@@ -10,8 +10,11 @@ import asyncio
 import uuid
 from dataclasses import replace
 
+import pytest
+
 from services.consumers import protocol
 from services.consumers.template_rollouts import LiveRollouts
+from shared.core.errors import DependencyUnavailable
 from shared.core.models import TemplateCopy, TemplateUse
 from shared.delivery.attempts import chunk_line
 from shared.delivery.batchstore import NewBatch
@@ -104,6 +107,38 @@ async def test_a_chunk_whose_call_may_have_reached_the_provider_keeps_its_copy()
     assert _subjects(w, "mg") == {EMAILS[0]: "canary"}
     assert _subjects(w)[EMAILS[1]] == "live"
     assert (await _recorded(w, batch))[:2] == [[2, 2], [1]]
+
+
+@pytest.mark.parametrize(
+    ("rolled_back", "subject", "version"),
+    [("before the claim", "live", 1), ("after the claim", "canary", 2)],
+)
+async def test_a_call_after_its_claim_seemed_to_fail_goes_with_the_version_claimed(
+    rolled_back: str, subject: str, version: int
+) -> None:
+    """The write that claims chunk 0 applies but reports an outage; the delivery's retry
+    finds the attempt calling as its own and calls with the version that write recorded,
+    whatever the template did since."""
+    w, templates, template = await _setting()
+    batch = await w.accept_batch(_batch(template))
+    assert template.canary_since is not None
+    since = template.canary_since
+    if rolled_back == "before the claim":
+        await templates.conclude(template, since, 1, "rolled back")
+    failed: list[int] = []
+
+    async def outage(point: str, job: protocol.Job) -> None:
+        if job.chunk == 0 and not failed:
+            failed.append(job.chunk)
+            await templates.conclude(template, since, 1, "rolled back")
+            raise DependencyUnavailable("cassandra", "timed out")
+
+    w.fault_points["calling"] = outage
+    await w.settle()
+
+    assert failed == [0]
+    assert _subjects(w)[EMAILS[0]] == subject
+    assert (await _recorded(w, batch))[0] == [version]
 
 
 async def test_the_template_is_read_once_for_chunks_sent_together() -> None:
