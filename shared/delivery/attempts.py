@@ -15,7 +15,9 @@ States (see ``services.consumers.protocol`` for who moves them)::
 
 ``rejected`` and ``resolved`` carry the decision taken with them (``retry`` with the next
 provider, attempt and delay; ``give_up``; ``done``), written in the same conditional update,
-so a crash after it only means the decision is carried out again, identically. Every write is
+so a crash after it only means the decision is carried out again, identically. The write
+that moves an attempt to ``calling`` also records the template version its call is made with
+(``template_version``; ``shared.templates.template_use.version_at_send``). Every write is
 an LWT (never mixed with plain writes on these rows); one whose outcome is unknown (a
 timeout) is resolved by reading at SERIAL consistency.
 """

@@ -177,3 +177,30 @@ async def test_a_template_forgotten_is_read_again() -> None:
 
     assert kept is not None and kept.canary == 2
     assert read is not None and (read.live, read.canary) == (1, None)
+
+
+async def test_a_read_that_fails_is_not_kept() -> None:
+    templates = FakeTemplates()
+    template = await _template(templates, uuid.uuid4())
+    get = templates.get
+    calls = 0
+
+    async def failing_once(user_id: uuid.UUID, template_id: uuid.UUID) -> Template | None:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0)
+        if calls == 1:
+            raise DependencyUnavailable("cassandra", "timed out")
+        return await get(user_id, template_id)
+
+    templates.get = failing_once  # type: ignore[method-assign]
+    rollouts = LiveRollouts(templates, keep_for=60.0)
+    first = await asyncio.gather(
+        *(rollouts.rollout(template.user_id, template.template_id) for _ in range(2)),
+        return_exceptions=True,
+    )
+    read = await rollouts.rollout(template.user_id, template.template_id)
+
+    assert [type(r) for r in first] == [DependencyUnavailable, DependencyUnavailable]
+    assert read is not None and read.canary == 2
+    assert calls == 2
