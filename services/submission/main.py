@@ -53,6 +53,7 @@ def create_app(settings: Settings, *, api: httpx.AsyncClient | None = None) -> S
         )
         cpu = CpuLane("mime")
         app.state.api = client
+        _quiet_aiosmtpd()
         try:
             handler = Submissions(client, settings.submission, cpu)
             server = await serve(handler, settings.submission)
@@ -84,3 +85,17 @@ def create_app(settings: Settings, *, api: httpx.AsyncClient | None = None) -> S
 
     routes = health_routes("submission", registry, checks, settings.metrics_token)
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+def _quiet_aiosmtpd() -> None:
+    """aiosmtpd logs every command of every session at INFO (``mail.log``), and warns of its
+    own deprecated ``login_data`` at every AUTH: our log keeps its warnings and errors only."""
+    logger = logging.getLogger("mail.log")
+    logger.setLevel(logging.WARNING)
+    if not any(isinstance(f, _OwnDeprecation) for f in logger.filters):
+        logger.addFilter(_OwnDeprecation())
+
+
+class _OwnDeprecation(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "deprecated" not in record.getMessage()
