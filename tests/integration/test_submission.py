@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import smtplib
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email import policy
 from email.message import EmailMessage
+from pathlib import Path
 from typing import Any
 
 import aiosmtplib
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from services.submission.server import Submissions, serve
 from shared.infra.config import Settings, SubmissionSettings
@@ -223,3 +229,61 @@ class _Switch(httpx.AsyncBaseTransport):
         return httpx.Response(
             response.status_code, headers=response.headers, content=response.content
         )
+
+
+def _certificate(directory: Path) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 and its key, as PEM files."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(days=1))
+        .not_valid_after(now + timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = directory / "cert.pem", directory / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(cert_file), str(key_file)
+
+
+async def test_with_a_certificate_auth_waits_for_starttls(stack: Stack, tmp_path: Path) -> None:
+    """As in production: no AUTH is offered in the clear, and after STARTTLS the key works."""
+    cert_file, key_file = _certificate(tmp_path)
+    to = emails(1)
+
+    def clear_then_tls(port: int) -> tuple[bool, bool, tuple[int, bytes]]:
+        with smtplib.SMTP("127.0.0.1", port, timeout=30) as client:
+            client.ehlo()
+            offered_in_clear = client.has_extn("auth")
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE  # our own self-signed certificate
+            client.starttls(context=context)
+            client.ehlo()
+            offered_after = client.has_extn("auth")
+            client.login("api", stack.key)
+            client.mail("shop@example.com")
+            client.rcpt(to[0])
+            return (
+                offered_in_clear,
+                offered_after,
+                client.data(_message(to).as_bytes(policy=policy.SMTP)),
+            )
+
+    async with smtp_server(stack.api, tls_cert_file=cert_file, tls_key_file=key_file) as port:
+        in_clear, after, reply = await asyncio.to_thread(clear_then_tls, port)
+
+    assert (in_clear, after) == (False, True)
+    assert _batch_of(reply)
