@@ -25,6 +25,9 @@ from shared.infra.metrics import new_registry
 
 log = logging.getLogger(__name__)
 
+#: Seconds open sessions get to end at shutdown (systemd waits 40 before it kills).
+DRAIN_SECONDS = 30.0
+
 
 def api_url(settings: Settings) -> str:
     """Where batches are submitted: the configured URL, else the API's public one."""
@@ -56,8 +59,8 @@ def create_app(settings: Settings, *, api: httpx.AsyncClient | None = None) -> S
         _quiet_aiosmtpd()
         try:
             handler = Submissions(client, settings.submission, cpu)
-            server = await serve(handler, settings.submission)
-            app.state.smtp = server
+            listening = await serve(handler, settings.submission)
+            app.state.smtp = listening
             log.info(
                 "SMTP submission on %s:%d (STARTTLS %s), batches to %s",
                 settings.submission.host,
@@ -68,8 +71,7 @@ def create_app(settings: Settings, *, api: httpx.AsyncClient | None = None) -> S
             try:
                 yield
             finally:
-                server.close()
-                await server.wait_closed()
+                await listening.close(DRAIN_SECONDS)
         finally:
             await cpu.aclose()
             if own:

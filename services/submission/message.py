@@ -12,10 +12,14 @@
   and ``text/html`` bodies, decoded.
 * **Headers**: ``X-*`` headers are kept unless the API reserves them (those that steer a
   provider); everything else is the message's own structure, which we write again.
-* **Message-ID** becomes the request's idempotency key, so a client that retries after a lost
-  answer gets the same batch rather than a second one.
-* **Attachments** are refused (``554 5.6.1``) until batches carry them: sent without them, the
-  mail would not be what the client wrote.
+* **Message-ID** with the envelope's recipients becomes the request's idempotency key, so a
+  client that retries after a lost answer gets the same batch rather than a second one, while
+  the rest of a message's recipients, sent in a second transaction after a ``452``, make a
+  batch of their own. A message without a Message-ID has no such key.
+* **Anything but the one text and one html body is refused** (``554 5.6.1``): attachments, a
+  calendar invitation, a forwarded message, a second text part. Batches do not carry them yet,
+  and sent without them the mail would not be what the client wrote.
+* **The body** is built here, off the event loop, as the JSON bytes to post.
 
 :class:`Refused` carries the SMTP reply for a message that cannot become a batch.
 """
@@ -23,6 +27,7 @@
 from __future__ import annotations
 
 import email.utils
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from email import policy
@@ -30,6 +35,8 @@ from email.headerregistry import AddressHeader
 from email.message import EmailMessage
 from email.parser import BytesParser
 from typing import Any, Final
+
+import orjson
 
 from shared.core.addresses import address_key
 from shared.core.models import is_reserved_header
@@ -39,45 +46,69 @@ MAX_MESSAGE_ID: Final = 200
 
 
 class Refused(Exception):
-    """The message cannot become a batch; ``reply`` is the SMTP answer (code and text)."""
+    """The message cannot become a batch; ``reply`` is the SMTP answer (code and text), on one
+    line of printable ASCII whatever the message carried."""
 
     def __init__(self, reply: str) -> None:
+        reply = one_line(reply)
         super().__init__(reply)
         self.reply = reply
 
 
+def one_line(text: str, limit: int = 400) -> str:
+    """``text`` as one line of printable ASCII (an SMTP reply must be one: a CR or LF in it
+    would let a message write replies of its own)."""
+    printable = "".join(c if " " <= c <= "~" else "?" for c in " ".join(text.split()))
+    return printable[:limit]
+
+
 @dataclass(frozen=True, slots=True)
 class Submission:
-    """The batch a message becomes: the request body and its idempotency key (if any)."""
+    """The batch a message becomes: the request body (JSON) and its idempotency key (if any)."""
 
-    body: dict[str, Any]
+    body: bytes
     idempotency_key: str | None
 
 
 def batch_of(raw: bytes, recipients: Sequence[str]) -> Submission:
     """The ``POST /v1/batches`` body of the message ``raw`` sent to ``recipients``."""
+    try:
+        return _batch_of(raw, recipients)
+    except Refused:
+        raise
+    except Exception as exc:
+        # The parser's own failures on hostile headers (CPython 3.11 raises IndexError for
+        # ``Message-ID: <[>``): the message is unreadable.
+        raise Refused("554 5.6.0 the message cannot be read") from exc
+
+
+def _batch_of(raw: bytes, recipients: Sequence[str]) -> Submission:
     message = BytesParser(policy=policy.default).parsebytes(raw)
     if not isinstance(message, EmailMessage):  # pragma: no cover - policy.default makes one
         raise Refused("554 5.6.0 the message cannot be read")
-    if _has_attachment(message):
-        raise Refused("554 5.6.1 attachments are not supported yet: link to the file instead")
+    plain, html = _body_part(message, "plain"), _body_part(message, "html")
+    if _has_other_parts(message, plain, html):
+        raise Refused(
+            "554 5.6.1 only a text and an html body can be sent yet (no attachments, "
+            "invitations or forwarded messages): link to the file instead"
+        )
     body: dict[str, Any] = {"from": _sender(message)}
     reply_to = _addresses(message, "Reply-To")
     if reply_to:
         body["reply_to"] = _formatted(reply_to[0])
     body["subject"] = str(message.get("Subject", "") or "")
-    text, html = _part(message, "plain"), _part(message, "html")
-    if text is None and html is None:
+    text, markup = _content(plain, "plain"), _content(html, "html")
+    if text is None and markup is None:
         raise Refused("554 5.6.0 the message has no text/plain or text/html body")
     if text is not None:
         body["text"] = text
-    if html is not None:
-        body["html"] = html
+    if markup is not None:
+        body["html"] = markup
     body.update(_envelope(message, recipients))
     headers = _headers(message)
     if headers:
         body["headers"] = headers
-    return Submission(body, _idempotency_key(message))
+    return Submission(orjson.dumps(body), _idempotency_key(message, recipients))
 
 
 def _sender(message: EmailMessage) -> str:
@@ -120,45 +151,67 @@ def _addresses(message: EmailMessage, name: str) -> list[tuple[str, str]]:
 
 
 def _formatted(address: tuple[str, str]) -> str:
+    """``"Doe, John" <a@x.org>``: the name quoted where it must be, as the API reads it."""
     name, spec = address
-    return f"{name} <{spec}>" if name else spec
+    return email.utils.formataddr((name, spec)) if name else spec
 
 
-def _part(message: EmailMessage, subtype: str) -> str | None:
+def _body_part(message: EmailMessage, subtype: str) -> EmailMessage | None:
     part = message.get_body(preferencelist=(subtype,))
     if part is None or part.get_content_type() != f"text/{subtype}":
+        return None
+    return part if isinstance(part, EmailMessage) else None
+
+
+def _content(part: EmailMessage | None, subtype: str) -> str | None:
+    if part is None:
         return None
     try:
         content = part.get_content()
     except (LookupError, ValueError) as exc:  # an unknown charset, a broken encoding
-        raise Refused(f"554 5.6.3 the text/{subtype} body cannot be decoded ({exc})") from exc
+        # Not the exception's words: they quote the message, which may hold a CR or LF.
+        raise Refused(f"554 5.6.3 the text/{subtype} body cannot be decoded") from exc
     return content if isinstance(content, str) else None
 
 
-def _has_attachment(message: EmailMessage) -> bool:
-    """Whether a part is a file: named as one, or of a type that is not text."""
+def _has_other_parts(
+    message: EmailMessage, plain: EmailMessage | None, html: EmailMessage | None
+) -> bool:
+    """Whether a part other than the chosen bodies holds content (a file, an invitation, a
+    forwarded message, another text): sent without it, the mail would not be the client's."""
     for part in message.walk():
-        if part.is_multipart() or part is message:
+        if part is plain or part is html:
             continue
-        named = part.get_content_disposition() in ("attachment", "inline") and part.get_filename()
-        if named or part.get_content_maintype() != "text":
+        if part.get_content_maintype() == "message":
             return True
-    return False
+        if not part.is_multipart() and part is not message:
+            return True
+    # A message that is one part only is itself the body (or has none: refused later).
+    return not message.is_multipart() and message is not plain and message is not html
 
 
 def _headers(message: EmailMessage) -> dict[str, str]:
     kept: dict[str, str] = {}
+    seen: set[str] = set()
     for name, value in message.items():
-        if name.lower().startswith("x-") and not is_reserved_header(name):
-            kept.setdefault(name, " ".join(str(value).split()))
+        lowered = name.lower()
+        if lowered.startswith("x-") and not is_reserved_header(name) and lowered not in seen:
+            seen.add(lowered)  # the first of a repeated header (the API takes each name once)
+            kept[name] = " ".join(str(value).split())
     return kept
 
 
-def _idempotency_key(message: EmailMessage) -> str | None:
+def _idempotency_key(message: EmailMessage, recipients: Sequence[str]) -> str | None:
+    """``smtp:<digest>`` of the Message-ID and the envelope's recipients: the same message
+    to the same people again is the same batch; its other recipients, in a transaction of their
+    own, another (with the Message-ID alone they would be refused as a different body)."""
     value = message.get("Message-ID")
     if value is None:
         return None
     found = email.utils.unquote(str(value).strip()).strip("<>")
-    if not found or len(found) > MAX_MESSAGE_ID or not all("!" <= c <= "~" for c in found):
-        return None  # the API takes 1-255 visible ASCII characters
-    return f"smtp:{found}"
+    if not found or len(found) > MAX_MESSAGE_ID or not found.isascii():
+        return None
+    digest = hashlib.sha256(found.encode())
+    for address in sorted({address_key(r) for r in recipients}):
+        digest.update(b"\0" + address.encode("utf-8", "surrogateescape"))
+    return f"smtp:{digest.hexdigest()}"

@@ -23,13 +23,14 @@ import base64
 import binascii
 import logging
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import httpx
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, Session
 
-from services.submission.message import Refused, batch_of
+from services.submission.message import Refused, batch_of, one_line
+from shared.infra import waits
 from shared.infra.config import SubmissionSettings
 from shared.infra.gil import CpuLane
 
@@ -45,7 +46,7 @@ _MAX_REASON: Final = 300
 class Sender:
     """Who authenticated a session: their API key and its id (for logs)."""
 
-    key: str
+    key: str = field(repr=False)
     key_id: str
 
 
@@ -99,17 +100,20 @@ class Submissions:
 
     async def _admit(self, server: SMTP, password: bytes) -> AuthResult:
         """Whether the password is an API key that may send (the API decides)."""
+        key = password.decode("ascii", "replace")
+        if not key or not all("!" <= c <= "~" for c in key):
+            # Not a key (and never into a header: a CR or LF would be refused by the HTTP
+            # client, whose error quotes the header, key and all).
+            return AuthResult(success=False, handled=False)
         try:
-            key = password.decode("ascii")
             response = await self._api.get(
                 "/v1/keys/current",
                 headers={"Authorization": f"Bearer {key}"},
                 timeout=self._settings.timeout,
             )
-        except UnicodeDecodeError:
-            return AuthResult(success=False, handled=False)
         except httpx.HTTPError as exc:
-            log.warning("could not check an SMTP login with the API: %r", exc)
+            # The exception's type only: its text may quote the request.
+            log.warning("could not check an SMTP login with the API: %s", type(exc).__name__)
             await server.push("454 4.7.0 cannot check the credentials now; try again later")
             return AuthResult(success=False, handled=True)
         if response.status_code in (401, 403):
@@ -166,18 +170,18 @@ class Submissions:
         except Refused as refused:
             log.info("SMTP message refused (key %s): %s", sender.key_id, refused.reply)
             return refused.reply
-        headers = {"Authorization": f"Bearer {sender.key}"}
+        headers = {"Authorization": f"Bearer {sender.key}", "Content-Type": "application/json"}
         if submission.idempotency_key:
             headers["Idempotency-Key"] = submission.idempotency_key
         try:
             response = await self._api.post(
                 "/v1/batches",
-                json=submission.body,
+                content=submission.body,
                 headers=headers,
                 timeout=self._settings.timeout,
             )
         except httpx.HTTPError as exc:
-            log.warning("the API did not take an SMTP message: %r", exc)
+            log.warning("the API did not take an SMTP message: %s", type(exc).__name__)
             return "451 4.3.0 the message could not be stored now; try again later"
         return reply_to(response.status_code, _json(response))
 
@@ -187,11 +191,15 @@ def reply_to(status: int, answer: dict[str, Any]) -> str:
     if 200 <= status < 300:
         return f"250 2.0.0 queued as {answer.get('batch_id', '?')}"
     found = answer.get("error")
-    reason = _reason(found if isinstance(found, dict) else {})
+    error = found if isinstance(found, dict) else {}
+    reason = _reason(error)
     if status == 401:
-        return "535 5.7.8 the API key was refused"
+        return "554 5.7.8 the API key was refused"
     if status == 403:
         return f"550 5.7.1 {reason}"
+    if status == 409 and error.get("code") == "idempotency_in_progress":
+        # The same message is being stored by an earlier try (whose answer was lost).
+        return "451 4.3.0 the same message is still being stored; try again shortly"
     if status == 409:
         return f"550 5.7.0 {reason}"
     if status == 413:
@@ -209,8 +217,7 @@ def _reason(error: dict[str, Any]) -> str:
     fields = error.get("fields")
     if isinstance(fields, dict) and fields:
         message += " (" + "; ".join(f"{k}: {v}" for k, v in list(fields.items())[:5]) + ")"
-    printable = "".join(c if " " <= c <= "~" else "?" for c in " ".join(message.split()))
-    return printable[:_MAX_REASON]
+    return one_line(message, _MAX_REASON)
 
 
 def _json(response: httpx.Response) -> dict[str, Any]:
@@ -239,17 +246,19 @@ class _Limited(SMTP):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self._sessions.open >= self._sessions.limit:
-            if isinstance(transport, asyncio.WriteTransport):
-                transport.write(b"421 4.3.2 too many connections; try again later\r\n")
+            # uvloop's transports are not asyncio.WriteTransport, but write all the same.
+            write = getattr(transport, "write", None)
+            if write is not None:
+                write(b"421 4.3.2 too many connections; try again later\r\n")
             transport.close()
             return
-        self._sessions.open += 1
+        self._sessions.opened()
         self._counted = True
         super().connection_made(transport)
 
     def connection_lost(self, error: Exception | None) -> None:
         if self._counted:
-            self._sessions.open -= 1
+            self._sessions.closed()
             self._counted = False
             super().connection_lost(error)
 
@@ -260,6 +269,40 @@ class Sessions:
 
     limit: int
     open: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set while no session is open."""
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    def opened(self) -> None:
+        self.open += 1
+        self.idle.clear()
+
+    def closed(self) -> None:
+        self.open -= 1
+        if not self.open:
+            self.idle.set()
+
+
+@dataclass(frozen=True, slots=True)
+class Listening:
+    """A listening SMTP server and its sessions."""
+
+    server: asyncio.Server
+    sessions: Sessions
+
+    @property
+    def port(self) -> int:
+        port: int = self.server.sockets[0].getsockname()[1]
+        return port
+
+    async def close(self, drain: float) -> None:
+        """Stop taking sessions, and give those open ``drain`` seconds to end (a message whose
+        batch the API has taken still gets its 250)."""
+        self.server.close()
+        if not await waits.set_within(self.sessions.idle, drain):
+            log.warning("%d SMTP sessions still open at shutdown", self.sessions.open)
 
 
 def tls_context(settings: SubmissionSettings) -> ssl.SSLContext | None:
@@ -274,7 +317,7 @@ def tls_context(settings: SubmissionSettings) -> ssl.SSLContext | None:
 
 async def serve(
     handler: Submissions, settings: SubmissionSettings, *, port: int | None = None
-) -> asyncio.Server:
+) -> Listening:
     """Listen for SMTP sessions (on ``port``, default the configured one; 0: any free port)."""
     context = tls_context(settings)
     sessions = Sessions(settings.max_sessions)
@@ -289,11 +332,14 @@ async def serve(
         "tls_context": context,
         "require_starttls": context is not None,
         "timeout": 300,
+        # A session may try AUTH three times: each try is a call to the API.
+        "command_call_limit": {"AUTH": 3, "*": 100_000},
     }
     loop = asyncio.get_running_loop()
-    return await loop.create_server(
+    server = await loop.create_server(
         lambda: _Limited(handler, sessions, **options),
         settings.host,
         settings.smtp_port if port is None else port,
         reuse_port=True,  # the workers of one host share the port
     )
+    return Listening(server, sessions)

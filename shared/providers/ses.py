@@ -30,9 +30,9 @@ SES error                                             ours                      
 TooManyRequests, LimitExceeded, Throttling            TransientProviderError      a rate or
                                                                                   quota: later
 AccountSuspended, SendingPaused,                      ProviderMisconfigured       the account
-MailFromDomainNotVerified, NotFound (configuration                                cannot send;
-set), AccessDenied, SignatureDoesNotMatch,                                        the next
-InvalidClientTokenId, UnrecognizedClient                                          provider may
+MailFromDomainNotVerified, NotFound (configuration                                cannot send
+set), AccessDenied, InvalidSignature, ExpiredToken,                               (or our key
+SignatureDoesNotMatch, InvalidClientTokenId, ...                                  is wrong)
 MessageRejected, BadRequest                           PermanentProviderError      the message
 other answers                                         as ``shared.providers.responses``
 ====================================================  ==========================  ============
@@ -71,15 +71,17 @@ MAX_TAGS: Final = 50
 SEND_PATH: Final = "/v2/email/outbound-emails"
 
 _TAG_UNSAFE: Final = re.compile(r"[^A-Za-z0-9_-]")
-_THROTTLED: Final = frozenset({"TooManyRequestsException", "LimitExceededException",
-                               "ThrottlingException", "Throttling"})  # fmt: skip
+_THROTTLED: Final = frozenset({"TooManyRequests", "LimitExceeded", "Throttling"})
+#: SES v2's own names, and the signing errors every AWS API shares (v2's ``InvalidSignature``,
+#: ``ExpiredToken`` and the older query APIs' ``SignatureDoesNotMatch``): ours to fix, never
+#: the message's.
 _MISCONFIGURED: Final = frozenset({
-    "AccountSuspendedException", "SendingPausedException",
-    "MailFromDomainNotVerifiedException", "NotFoundException", "AccessDeniedException",
-    "AccessDenied", "SignatureDoesNotMatch", "InvalidClientTokenId", "UnrecognizedClientException",
-    "IncompleteSignature", "MissingAuthenticationToken",
+    "AccountSuspended", "SendingPaused", "MailFromDomainNotVerified", "NotFound",
+    "AccessDenied", "InvalidSignature", "SignatureDoesNotMatch", "ExpiredToken",
+    "InvalidClientTokenId", "UnrecognizedClient", "IncompleteSignature",
+    "MissingAuthenticationToken",
 })  # fmt: skip
-_REFUSED: Final = frozenset({"MessageRejected", "BadRequestException"})
+_REFUSED: Final = frozenset({"MessageRejected", "BadRequest"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,12 +151,13 @@ def classify(
     kind = error_type(body, headers)
     said = responses.describe(status, body)
     message = responses.truncate(f"{said} ({kind})") if kind else said
-    if kind in _THROTTLED:
+    name = (kind or "").removesuffix("Exception")  # SES writes both forms
+    if name in _THROTTLED:
         delay = responses.retry_after(headers, now=now)
         return TransientProviderError(CODE, message, status=status, retry_after=delay)
-    if kind in _MISCONFIGURED:
+    if name in _MISCONFIGURED:
         return ProviderMisconfigured(CODE, message, status=status)
-    if kind in _REFUSED:
+    if name in _REFUSED:
         return PermanentProviderError(CODE, message, status=status)
     found = responses.classify(CODE, status, body, headers, now=now)
     if found is None or not kind:

@@ -8,10 +8,15 @@ Owns (pure; no I/O):
 * :func:`string_to_sign` and :func:`verify_signature` -- SNS signs ``Key\\nValue\\n`` over a fixed
   list of the envelope's fields with the RSA key of a certificate it names
   (``SignatureVersion`` 1: SHA1withRSA, 2: SHA256withRSA);
-* :func:`cert_url_allowed` -- where that certificate (and a subscription's confirmation URL) may
-  be fetched from: ``https://sns.<region>.amazonaws.com[.cn]/...`` only, as AWS advises, so a
-  forged message cannot name a certificate of its own (nor make us fetch an address of its
-  choosing);
+* :func:`cert_url_allowed` and :func:`subscribe_url_allowed` -- where that certificate and a
+  subscription's confirmation may be fetched from: SNS's own host in the topic's region
+  (``https://sns.<region>.amazonaws.com[.cn]``), at SNS's certificate path or its
+  ``ConfirmSubscription`` action, as AWS advises, so a forged message can name neither a
+  certificate of its own (an S3 bucket called ``sns`` has a host of the same shape) nor an
+  address of its choosing for us to fetch;
+* :func:`topic_allowed` -- any AWS account's SNS signs validly, so only the topics the operator
+  configured may confirm a subscription or report events: a stranger's topic subscribed to our
+  endpoint could otherwise report bounces that suppress real addresses;
 * :func:`parse_events` -- the SES event record inside a ``Notification`` (event publishing's
   ``eventType``, or the older feedback notifications' ``notificationType``) into one
   :class:`~shared.core.webhook_events.ProviderEvent` per recipient it names.
@@ -55,11 +60,11 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, parse_qs, urlsplit
 
 import orjson
 from cryptography import x509
@@ -92,8 +97,14 @@ _SIGNED_CONFIRMATION: Final = (
     "Message", "MessageId", "SubscribeURL", "Timestamp", "Token", "TopicArn", "Type",
 )  # fmt: skip
 
-#: SNS's own hosts: the only place a signing certificate or a confirmation URL may point to.
-_SNS_HOST: Final = re.compile(r"sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?")
+#: SNS's own hosts (``sns.<region>.amazonaws.com``, ``.com.cn`` in China): the only place a
+#: signing certificate or a confirmation URL may point to. A region is ``us-east-1``,
+#: ``us-gov-west-1``, ``cn-north-1``...: never ``s3`` (``sns.s3.amazonaws.com`` is a bucket).
+_SNS_HOST: Final = re.compile(r"sns\.([a-z]{2}(?:-[a-z]+)+-\d+)\.amazonaws\.com(?:\.cn)?")
+#: SNS's signing certificates' path.
+_CERT_PATH: Final = re.compile(r"/SimpleNotificationService-[0-9a-f]+\.pem")
+#: A topic's ARN: ``arn:aws:sns:<region>:<account>:<name>`` (other partitions too).
+_TOPIC_ARN: Final = re.compile(r"arn:aws(?:-[a-z]+)*:sns:([a-z0-9-]+):\d{12}:[\w.-]{1,256}")
 
 #: Longest signature accepted (RSA-4096 is 512 bytes; base64 of it 684 characters).
 _MAX_SIGNATURE: Final = 2048
@@ -176,22 +187,42 @@ def string_to_sign(envelope: SnsEnvelope) -> bytes:
     return "".join(parts).encode("utf-8", "surrogatepass")
 
 
-def cert_url_allowed(url: str) -> bool:
-    """Whether ``url`` is an https URL on one of SNS's own hosts (for the signing
-    certificate, and for a subscription's ``SubscribeURL``)."""
+def topic_allowed(envelope: SnsEnvelope, topics: Collection[str]) -> bool:
+    """Whether the envelope comes from one of the operator's ``topics`` (their ARNs)."""
+    return envelope.topic_arn in topics
+
+
+def cert_url_allowed(url: str, topic_arn: str) -> bool:
+    """Whether ``url`` is an SNS signing certificate of the topic's region, over https."""
+    parts = _sns_url(url, topic_arn)
+    return parts is not None and _CERT_PATH.fullmatch(parts.path) is not None and not parts.query
+
+
+def subscribe_url_allowed(url: str, topic_arn: str) -> bool:
+    """Whether ``url`` is SNS's ``ConfirmSubscription`` action in the topic's region."""
+    parts = _sns_url(url, topic_arn)
+    return (
+        parts is not None
+        and parts.path in ("", "/")
+        and parse_qs(parts.query).get("Action") == ["ConfirmSubscription"]
+    )
+
+
+def _sns_url(url: str, topic_arn: str) -> SplitResult | None:
+    """``url`` split, when it is https on the SNS host of the topic's region (default port,
+    no user)."""
+    topic = _TOPIC_ARN.fullmatch(topic_arn)
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError:
-        return False
-    host = parts.hostname or ""
-    return (
-        parts.scheme == "https"
-        and port in (None, 443)
-        and parts.username is None
-        and parts.password is None
-        and _SNS_HOST.fullmatch(host) is not None
-    )
+        return None
+    host = _SNS_HOST.fullmatch(parts.hostname or "")
+    if topic is None or host is None or host.group(1) != topic.group(1):
+        return None
+    if parts.scheme != "https" or port not in (None, 443) or parts.username is not None:
+        return None
+    return parts
 
 
 def signing_key(pem: bytes) -> rsa.RSAPublicKey | None:

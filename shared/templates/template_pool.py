@@ -125,6 +125,10 @@ class _Job:
         if self.abandoned:
             worker.kill("abandoned")
 
+    def gone(self) -> bool:
+        """Whether the caller gave up (a call, not the field: another thread sets it)."""
+        return self.abandoned
+
     def abandon(self) -> None:
         """On the loop: nobody waits for the answer; free the worker now, not at the deadline."""
         self.abandoned = True
@@ -263,10 +267,14 @@ class TemplatePool:
         except Exception as exc:  # noqa: BLE001 - a job we cannot send is a bug of ours, told to its caller
             unsent = RuntimeError(f"the template job cannot be sent: {exc}")
             return _Outcome(slot, error=unsent, vacant=slot is None)
+        if handed.gone():
+            # Its caller left before the job reached a worker: the slot goes back as it was.
+            gone = RendererUnavailable("the job was abandoned")
+            return _Outcome(slot, error=gone, vacant=slot is None)
         try:
             worker = self._deliver(slot, payload, handed)
         except (OSError, EOFError, RendererUnavailable) as exc:
-            if handed.abandoned:  # its caller is gone: nothing went wrong
+            if handed.gone():  # its caller is gone: nothing went wrong
                 return _Outcome(None, error=RendererUnavailable("the job was abandoned"))
             log.error("no template renderer could take the job: %s", exc)
             return _Outcome(None, error=RendererUnavailable("no template renderer could start"))
@@ -306,7 +314,14 @@ class TemplatePool:
             raise RendererUnavailable("the job was abandoned")
         worker = self._start_worker()
         handed.hand_to(worker)
-        worker.conn.send_bytes(payload)
+        try:
+            worker.conn.send_bytes(payload)
+        except OSError:
+            # Killed as it started (its caller left), or dead at once: reaped here, since no
+            # answer will be waited for.
+            worker.kill("not sent")
+            self._reap(worker)
+            raise
         return worker
 
     def _outcome(self, worker: _Worker, reply: tuple[Any, ...]) -> _Outcome:

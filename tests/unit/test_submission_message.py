@@ -4,10 +4,12 @@ the SMTP reply for the API's answer (``services.submission.server.reply_to``).""
 from __future__ import annotations
 
 from email.message import EmailMessage
+from typing import Any
 
+import orjson
 import pytest
 
-from services.submission.message import Refused, batch_of
+from services.submission.message import Refused, Submission, batch_of
 from services.submission.server import reply_to
 
 
@@ -19,10 +21,15 @@ def _raw(**headers: str) -> bytes:
     return bytes(message)
 
 
+def _body(submission: Submission) -> dict[str, Any]:
+    body: dict[str, Any] = orjson.loads(submission.body)
+    return body
+
+
 def test_one_recipient_gets_a_copy_of_their_own_with_the_message_s_parts() -> None:
     submission = batch_of(_raw(To="Ann <ann@example.org>", Reply_To="help@example.com"),
                           ["Ann@Example.org"])  # fmt: skip
-    body = submission.body
+    body = _body(submission)
     assert body["from"] == "Shop <shop@example.com>"
     assert (body["to"], body["subject"], body["reply_to"]) == (
         ["ann@example.org"], "Hi", "help@example.com",
@@ -33,32 +40,61 @@ def test_one_recipient_gets_a_copy_of_their_own_with_the_message_s_parts() -> No
 
 def test_the_envelope_decides_who_receives_and_the_headers_who_is_seen() -> None:
     raw = _raw(To="a@x.org, b@x.org", Cc="c@x.org")
-    body = batch_of(raw, ["a@x.org", "b@x.org", "c@x.org", "hidden@x.org"]).body
+    body = _body(batch_of(raw, ["a@x.org", "b@x.org", "c@x.org", "hidden@x.org"]))
     assert (body["to"], body["cc"], body["bcc"], body["shared"]) == (
         ["a@x.org", "b@x.org"], ["c@x.org"], ["hidden@x.org"], True,
     )  # fmt: skip
 
 
 def test_a_header_naming_nobody_of_the_envelope_gives_each_their_own_copy() -> None:
-    body = batch_of(_raw(To="undisclosed-recipients:;"), ["a@x.org", "b@x.org"]).body
+    body = _body(batch_of(_raw(To="undisclosed-recipients:;"), ["a@x.org", "b@x.org"]))
     assert body["to"] == ["a@x.org", "b@x.org"] and "shared" not in body
 
 
 def test_cc_alone_becomes_to() -> None:
-    body = batch_of(_raw(To="list@lists.x.org", Cc="a@x.org, b@x.org"), ["a@x.org", "b@x.org"]).body
+    body = _body(
+        batch_of(_raw(To="list@lists.x.org", Cc="a@x.org, b@x.org"), ["a@x.org", "b@x.org"])
+    )
     assert (body["to"], body.get("cc"), body["shared"]) == (["a@x.org", "b@x.org"], None, True)
 
 
-def test_the_message_id_is_the_idempotency_key() -> None:
-    assert batch_of(_raw(Message_ID="<abc.123@host.example>"), ["a@x.org"]).idempotency_key == (
-        "smtp:abc.123@host.example"
-    )
+def test_the_message_id_and_its_recipients_are_the_idempotency_key() -> None:
+    """The same message to the same people is one batch; its other recipients, sent in a
+    transaction of their own (after a 452), make another."""
+    raw = _raw(Message_ID="<abc.123@host.example>")
+    first = batch_of(raw, ["a@x.org", "b@x.org"]).idempotency_key
+    assert first is not None and first.startswith("smtp:")
+    assert batch_of(raw, ["B@x.org", "a@x.org"]).idempotency_key == first
+    assert batch_of(raw, ["c@x.org"]).idempotency_key not in (None, first)
     assert batch_of(_raw(), ["a@x.org"]).idempotency_key is None
 
 
-def test_x_headers_pass_and_the_rest_are_ours_to_write() -> None:
+def test_a_display_name_with_a_comma_is_quoted_as_the_api_reads_it() -> None:
+    body = _body(batch_of(_raw(From='"Doe, John" <john@example.com>'), ["a@x.org"]))
+    assert body["from"] == '"Doe, John" <john@example.com>'
+
+
+def test_a_header_the_parser_cannot_read_is_a_refusal_not_a_crash() -> None:
+    with pytest.raises(Refused) as refused:
+        batch_of(b"From: a@x.org\r\nSubject: s\r\nMessage-ID: <[>\r\n\r\nhi\r\n", ["a@x.org"])
+    assert refused.value.reply.startswith("554 5.6.0")
+
+
+def test_a_refusal_is_one_line_whatever_the_message_carries() -> None:
+    raw = (
+        b"From: a@x.org\r\nSubject: s\r\nContent-Type: text/plain; "
+        b"charset*=us-ascii''x%0D%0A250%20fake\r\n\r\nhi\r\n"
+    )
+    with pytest.raises(Refused) as refused:
+        batch_of(raw, ["a@x.org"])
+    assert "\r" not in refused.value.reply and "\n" not in refused.value.reply
+    assert refused.value.reply.startswith("554 5.6.3")
+
+
+def test_x_headers_pass_once_each_and_the_rest_are_ours_to_write() -> None:
     raw = _raw(X_Campaign="spring", X_Mailgun_Tag="no", Date="Mon, 30 Nov 2026 10:00:00 +0000")
-    assert batch_of(raw, ["a@x.org"]).body["headers"] == {"X-Campaign": "spring"}
+    raw = raw.replace(b"X-Campaign: spring", b"X-Campaign: spring\nx-campaign: autumn")
+    assert _body(batch_of(raw, ["a@x.org"]))["headers"] == {"X-Campaign": "spring"}
 
 
 def test_html_and_text_alternatives_are_both_kept() -> None:
@@ -66,7 +102,7 @@ def test_html_and_text_alternatives_are_both_kept() -> None:
     message["From"], message["Subject"] = "shop@example.com", "Hé"
     message.set_content("plain")
     message.add_alternative("<p>html</p>", subtype="html")
-    body = batch_of(bytes(message), ["a@x.org"]).body
+    body = _body(batch_of(bytes(message), ["a@x.org"]))
     assert (body["subject"], body["text"], body["html"]) == ("Hé", "plain\n", "<p>html</p>\n")
 
 
@@ -74,7 +110,7 @@ def test_html_and_text_alternatives_are_both_kept() -> None:
     ("raw", "code"),
     [
         (_raw(From="a@x.org, b@x.org"), "550 5.1.7"),
-        (b"From: a@x.org\r\nSubject: s\r\nContent-Type: application/pdf\r\n\r\nxx", "554 5.6.0"),
+        (b"From: a@x.org\r\nSubject: s\r\nContent-Type: application/pdf\r\n\r\nxx", "554 5.6.1"),
         (
             b"From: a@x.org\r\nSubject: s\r\nContent-Type: multipart/mixed; boundary=b\r\n\r\n"
             b"--b\r\nContent-Type: image/png\r\n\r\nxx\r\n--b--\r\n",
@@ -95,18 +131,32 @@ def test_a_message_that_cannot_become_a_batch_is_refused_with_a_reason(
     assert refused.value.reply.startswith(code)
 
 
+def test_an_invitation_is_refused_not_dropped() -> None:
+    message = EmailMessage()
+    message["From"], message["Subject"] = "shop@example.com", "Meeting"
+    message.set_content("see the invitation")
+    message.add_alternative("BEGIN:VCALENDAR\nEND:VCALENDAR\n", subtype="calendar")
+    with pytest.raises(Refused, match=r"5\.6\.1"):
+        batch_of(bytes(message), ["a@x.org"])
+
+
+def test_an_idempotency_key_still_being_stored_is_a_try_again() -> None:
+    answer = {"error": {"code": "idempotency_in_progress", "message": "in progress"}}
+    assert reply_to(409, answer).startswith("451 4.3.0")
+
+
 def test_an_attachment_is_refused_not_dropped() -> None:
     message = EmailMessage()
     message["From"], message["Subject"] = "shop@example.com", "Invoice"
     message.set_content("see attached")
     message.add_attachment(b"%PDF", maintype="application", subtype="pdf", filename="i.pdf")
-    with pytest.raises(Refused, match="attachments"):
+    with pytest.raises(Refused, match=r"5\.6\.1"):
         batch_of(bytes(message), ["a@x.org"])
 
 
 @pytest.mark.parametrize(
     ("status", "code"),
-    [(202, "250 2.0.0 queued as b1"), (401, "535 5.7.8"), (403, "550 5.7.1"), (409, "550 5.7.0"),
+    [(202, "250 2.0.0 queued as b1"), (401, "554 5.7.8"), (403, "550 5.7.1"), (409, "550 5.7.0"),
      (413, "552 5.3.4"), (422, "550 5.6.0"), (429, "451 4.7.1"), (500, "451 4.3.0"),
      (503, "451 4.3.0")],
 )  # fmt: skip

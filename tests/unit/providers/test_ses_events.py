@@ -25,7 +25,9 @@ from shared.providers.ses_events import (
     parse_events,
     signing_key,
     string_to_sign,
+    subscribe_url_allowed,
     tag_value,
+    topic_allowed,
     verify_signature,
 )
 
@@ -186,19 +188,46 @@ def test_a_certificate_that_is_not_one_gives_no_key() -> None:
     ("url", "allowed"),
     [
         (CERT_URL, True),
-        ("https://sns.cn-north-1.amazonaws.com.cn/cert.pem", True),
-        ("http://sns.eu-west-1.amazonaws.com/cert.pem", False),
-        ("https://sns.eu-west-1.amazonaws.com.evil.org/cert.pem", False),
-        ("https://evil.org/sns.eu-west-1.amazonaws.com/cert.pem", False),
-        ("https://user@sns.eu-west-1.amazonaws.com/cert.pem", False),
-        ("https://sns.eu-west-1.amazonaws.com:8443/cert.pem", False),
-        ("https://s3.amazonaws.com/cert.pem", False),
-        ("https://sns.eu-west-1.amazonaws.com:99999/cert.pem", False),
+        ("http://sns.eu-west-1.amazonaws.com/SimpleNotificationService-abc.pem", False),
+        ("https://sns.us-east-1.amazonaws.com/SimpleNotificationService-abc.pem", False),
+        ("https://sns.eu-west-1.amazonaws.com.evil.org/SimpleNotificationService-abc.pem", False),
+        ("https://evil.org/sns.eu-west-1.amazonaws.com/SimpleNotificationService-abc.pem", False),
+        ("https://user@sns.eu-west-1.amazonaws.com/SimpleNotificationService-abc.pem", False),
+        ("https://sns.eu-west-1.amazonaws.com:8443/SimpleNotificationService-abc.pem", False),
+        ("https://sns.s3.amazonaws.com/SimpleNotificationService-abc.pem", False),
+        ("https://sns.s3-eu-west-1.amazonaws.com/SimpleNotificationService-abc.pem", False),
+        ("https://sns.eu-west-1.amazonaws.com/other.pem", False),
+        ("https://sns.eu-west-1.amazonaws.com:99999/SimpleNotificationService-abc.pem", False),
         ("not a url", False),
     ],
 )
-def test_a_certificate_comes_only_from_sns_over_https(url: str, allowed: bool) -> None:
-    assert cert_url_allowed(url) is allowed
+def test_a_certificate_comes_only_from_sns_of_the_topic_s_region(url: str, allowed: bool) -> None:
+    assert cert_url_allowed(url, TOPIC) is allowed
+
+
+def test_a_china_region_topic_takes_its_own_sns_host() -> None:
+    topic = "arn:aws-cn:sns:cn-north-1:123456789012:ses-events"
+    url = "https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-abc.pem"
+    assert cert_url_allowed(url, topic)
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("https://sns.eu-west-1.amazonaws.com/?Action=ConfirmSubscription&Token=2336", True),
+        ("https://sns.eu-west-1.amazonaws.com/?Action=Publish&Token=2336", False),
+        ("https://sns.eu-west-1.amazonaws.com/x?Action=ConfirmSubscription", False),
+        ("https://169.254.169.254/?Action=ConfirmSubscription", False),
+    ],
+)
+def test_a_subscription_is_confirmed_only_at_sns_own_action(url: str, allowed: bool) -> None:
+    assert subscribe_url_allowed(url, TOPIC) is allowed
+
+
+def test_only_the_operator_s_topics_are_heard() -> None:
+    envelope = parse_envelope(_signed(_notification({"eventType": "Send"})))
+    assert topic_allowed(envelope, {TOPIC})
+    assert not topic_allowed(envelope, {"arn:aws:sns:eu-west-1:999999999999:theirs"})
 
 
 # -- envelope -------------------------------------------------------------------------------------

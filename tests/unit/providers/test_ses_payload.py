@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from botocore.auth import SigV4Auth
@@ -90,23 +91,40 @@ def test_a_chunk_over_fifty_recipients_is_refused_before_any_call() -> None:
         build_calls(chunk(many))
 
 
-def test_the_signature_is_sigv4_for_ses_over_the_exact_body() -> None:
+@pytest.mark.parametrize(
+    "url",
+    [URL, "https://email.eu-west-1.amazonaws.com:443/v2/email/outbound-emails",
+     "http://127.0.0.1:8090/ses/v2/email/outbound-emails"],
+)  # fmt: skip
+def test_what_httpx_sends_carries_a_valid_sigv4_for_ses(url: str) -> None:
+    """The request as httpx will send it (its Host, our body) verifies as SES verifies it."""
     body = b'{"FromEmailAddress": "a@example.org"}'
-    headers = signed_headers(URL, body, region="eu-west-1", access_key_id="AKIDEXAMPLE",
+    headers = signed_headers(url, body, region="eu-west-1", access_key_id="AKIDEXAMPLE",
                              secret_access_key="secret")  # fmt: skip
+    sent = httpx.Request("POST", url, content=body, headers=headers)
 
-    authorization = headers["Authorization"]
+    authorization = sent.headers["Authorization"]
     assert authorization.startswith("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/")
     assert "/eu-west-1/ses/aws4_request" in authorization
-    assert _recomputed(URL, body, headers, "secret") == authorization.rsplit("Signature=", 1)[1]
-    assert _recomputed(URL, body + b" ", headers, "secret") != authorization.rsplit("=", 1)[1]
+    assert _verifies(sent, "secret")
+    assert not _verifies(sent, "another secret")
+    tampered = httpx.Request("POST", url, content=body + b" ", headers=headers)
+    assert not _verifies(tampered, "secret")
 
 
-def _recomputed(url: str, body: bytes, headers: dict[str, str], secret: str) -> str:
-    """The signature SES computes from what it received (botocore, with the request's date)."""
-    request = AWSRequest(method="POST", url=url, data=body, headers=dict(headers))
-    del request.headers["Authorization"]
-    request.context["timestamp"] = headers["X-Amz-Date"]
+def _verifies(request: httpx.Request, secret: str) -> bool:
+    """Whether SES would accept the request's signature: recomputed (botocore) from what
+    arrives, over the headers the signature names."""
+    authorization = request.headers["Authorization"]
+    signed = authorization.split("SignedHeaders=", 1)[1].split(",", 1)[0].split(";")
+    received = {name: request.headers[name] for name in signed}
+    return _recomputed(str(request.url), request.content, received, request.headers["X-Amz-Date"],
+                       secret) == authorization.rsplit("Signature=", 1)[1]  # fmt: skip
+
+
+def _recomputed(url: str, body: bytes, headers: dict[str, str], date: str, secret: str) -> str:
+    request = AWSRequest(method="POST", url=url, data=body, headers=headers)
+    request.context["timestamp"] = date
     auth = SigV4Auth(Credentials("AKIDEXAMPLE", secret), "ses", "eu-west-1")
     return auth.signature(auth.string_to_sign(request, auth.canonical_request(request)), request)
 
@@ -120,6 +138,8 @@ def _recomputed(url: str, body: bytes, headers: dict[str, str], secret: str) -> 
         (400, "SendingPausedException", ProviderMisconfigured),
         (400, "MailFromDomainNotVerifiedException", ProviderMisconfigured),
         (403, "SignatureDoesNotMatch", ProviderMisconfigured),
+        (403, "InvalidSignatureException", ProviderMisconfigured),
+        (400, "ExpiredTokenException", ProviderMisconfigured),
         (404, "NotFoundException", ProviderMisconfigured),
         (400, "MessageRejected", PermanentProviderError),
         (400, "BadRequestException", PermanentProviderError),
