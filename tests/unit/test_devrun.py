@@ -31,13 +31,14 @@ from shared.infra.config import (
     HooksSettings,
     SandboxSettings,
     Settings,
+    SubmissionSettings,
     TrackingSettings,
     WebhookSettings,
 )
 from shared.providers.sendgrid_events import verify_signature
 
 #: The services in the order devrun starts them.
-ORDER = ("sandbox", "webhooks", "tracking", "consumers", "hooks", "api")
+ORDER = ("sandbox", "webhooks", "tracking", "consumers", "hooks", "api", "submission")
 
 _CHILD = '''#!{python}
 """Stands in for `python -m services.cli <service>`: records what it was given, says it is
@@ -158,6 +159,7 @@ def supervised(
         consumers=ConsumerSettings(port=port["consumers"]),
         hooks=HooksSettings(port=port["hooks"]),
         api=ApiSettings(port=port["api"]),
+        submission=SubmissionSettings(port=port["submission"]),
     )
     try:
         yield Run(settings, records, started)
@@ -223,6 +225,7 @@ def test_a_crashed_service_stops_the_others(
         "consumers": None,
         "hooks": 1,
         "api": 1,
+        "submission": 1,
     }
 
 
