@@ -39,6 +39,7 @@ from shared.core.errors import (
 from shared.core.models import Chunk, Message, chain_for
 from shared.delivery.attempts import Attempt, Attempts, find, tag
 from shared.delivery.domain_capacity import CapacityGate
+from shared.delivery.recipient_answers import answered_unknown, answers_column
 from shared.delivery.recipients import Recipients
 from shared.engagement.engagement import Tracker, personalize
 from shared.infra.byte_budget import BudgetExhausted, ByteBudget
@@ -78,6 +79,8 @@ class Answer:
 
     @property
     def unknown(self) -> bool:
+        """Whether the call may have reached the provider without our knowing (for a receipt
+        answering recipient by recipient: for some of them, ``error`` says how many)."""
         return self.error is not None and self.error.outcome_unknown
 
 
@@ -282,7 +285,7 @@ class Caller:
             )
             return Answer(error=error)
         self.tally.count(job.provider, self.now(), error=False, seconds=time.monotonic() - started)
-        return Answer(receipt=receipt)
+        return Answer(receipt=receipt, error=answered_unknown(receipt))
 
     async def record(self, job: protocol.Job, delivery: Delivery) -> bool:
         """Store this delivery's answer (retrying through outages); True when finished."""
@@ -315,13 +318,14 @@ class Caller:
         self, job: protocol.Job, line: list[Attempt], current: Attempt, answer: Answer
     ) -> dict[str, Any]:
         now = self.now()
-        if answer.receipt is not None:
+        if answer.receipt is not None and not answer.unknown:
             return {
                 "state": "accepted",
                 "finished_at": now,
                 "status_code": answer.receipt.status or None,
                 "message_id": answer.receipt.message_id,
                 "decision": "done",
+                **answers_column(answer.receipt),
             }
         assert answer.error is not None  # noqa: S101 - an answer has one or the other
         if answer.unknown:
@@ -329,6 +333,7 @@ class Caller:
                 "state": "ambiguous",
                 "finished_at": now,
                 "error": encode_error(answer.error),
+                **answers_column(answer.receipt),
             }
             if current.checks > 0:
                 # A check of this call is already numbered (a delivery of the job waited for
@@ -352,6 +357,9 @@ class Caller:
     ) -> bool:
         if attempt.state == "ambiguous":
             self.metrics.ambiguous.labels(job.provider).inc()
+            # Recipients the provider did answer for are settled by their answers now; the
+            # checks resolve the others.
+            await self.follow.apply_answers(job, attempt)
             if "checks" in values or protocol.numbered_by(job, attempt):
                 # We numbered the first check (``values`` set it), or another delivery of our
                 # message did while we called (it waited for our lease): a copy whose
@@ -399,6 +407,7 @@ class Caller:
                 "resolution": "accepted",
                 "decision": "done",
                 "message_id": answer.receipt.message_id,
+                **answers_column(answer.receipt),
             }
         else:
             assert answer.error is not None  # noqa: S101
