@@ -166,6 +166,7 @@ class World:
                 event_delays=config.event_delays,
                 script=list(config.scripts.get(code, ())),
                 duplicate_posts=config.duplicate_posts,
+                relay=code in config.relays,
             )
             for code in self.settings.providers.chain_codes
         }
@@ -257,6 +258,24 @@ class World:
         namespace = self.settings.amqp.exchange
         # No live settings here: the consumers run on the env's values for good.
         running = Current(Running.start(self.settings.providers))
+        # Providers' answers recipient by recipient go through an ingest of the process's
+        # own, as in ``services.consumers.main``.
+        ingest = Ingest(
+            batches=self.batches,
+            recipients=self.recipients,
+            suppressions=self.suppressions,
+            timeline=self.timeline,
+            handoff=HandOff(
+                self.attempts,
+                self.recipients,
+                self.broker,  # type: ignore[arg-type]
+                running,
+            ),
+            broker=self.broker,  # type: ignore[arg-type]
+            settings=self.settings,
+            metrics=metrics().ingest,
+            hooks=self._emitter(),
+        )
         dispatcher = Dispatcher(
             broker=self.broker,  # type: ignore[arg-type]
             batches=self.batches,
@@ -270,6 +289,7 @@ class World:
             deferred_deadline=self.settings.webhooks.deferred_deadline,
             campaigns=CampaignHold(self.campaign_store),
             user_hooks=self._emitter(),
+            ingest=ingest,
             now=self._now(process),
         )
         splitter = Splitter(
