@@ -383,8 +383,15 @@ class Caller:
         The answer we hold is still the truth; use it to resolve the attempt."""
         line = await self.attempts.line(job.batch_id, job.line, serial=True)
         current = find(line, job.attempt)
-        if current is None or current.state != "ambiguous" or answer.unknown:
-            return False  # settled by someone else, or we know no more than they do
+        if current is None or current.state != "ambiguous":
+            return False  # settled by someone else
+        if answer.unknown:
+            # We know no more than they do, except the recipients the provider did answer
+            # for: applied now, their tags keep them out of the resolution (lost if we die
+            # before: then they are resolved like the rest).
+            heard = answers_column(answer.receipt).get("answers")
+            await self.follow.apply_answers(job, replace(current, answers=heard))
+            return False
         if answer.receipt is not None:
             everyone = await self.follow.rows(job)
             waiting = self.follow.waiting(job, everyone, job.attempt)

@@ -216,3 +216,48 @@ async def _crash_once(w: World, point: str) -> None:
             w.broker.expire(until=w.clock.now)
     await w.settle()
     assert died == [point]
+
+
+async def _presumed_dead(w: World, receipt: Receipt) -> uuid.UUID:
+    """A batch whose call's answers (``receipt``) arrive after another delivery marked the
+    call ambiguous (its lease ran out); the world then runs to the end."""
+    batch = await w.accept(A, B, C)
+    w.providers["sg"].answers.append(receipt)
+    await w.step()
+    message = await w.broker.get(w.broker.topology.provider_queue("sg"))
+    assert message is not None
+
+    async def expired(point: str, job: protocol.Job) -> None:
+        (attempt,) = await w.attempts.line(job.batch_id, job.line)
+        assert await w.attempts.transition(
+            job.batch_id, job.line, job.attempt, expect={"state": "calling"},
+            values={"state": "ambiguous", "checks": attempt.checks + 1, "finished_at": w.clock.now},
+        )  # fmt: skip
+        await w.dispatcher.follow.check(job, attempt.checks + 1, 1.0)
+
+    w.fault_points["answered"] = expired
+    await w.deliver(message)
+    del w.fault_points["answered"]
+    await w.settle()
+    return batch.batch_id
+
+
+async def test_answers_heard_after_a_presumed_death_still_settle_their_recipients() -> None:
+    w = World()
+    receipt = _receipt((A, "accepted"), (B, "refused_transient"), (C, "unknown"), final=True)
+    batch_id = await _presumed_dead(w, receipt)
+    assert w.providers["sg"].emails() == [A, B, C]
+    assert sorted(w.providers["mg"].emails()) == [B, C]  # B handed over, C resolved: once each
+    assert [q.emails for q in w.providers["sg"].lookups] == [frozenset({C})]
+    assert (await _states(w, batch_id))[A] == ("success", None)
+
+
+async def test_answers_all_known_after_a_presumed_death_settle_the_attempt() -> None:
+    w = World()
+    receipt = _receipt((A, "accepted"), (B, "refused_transient"), (C, "refused_permanent"))
+    batch_id = await _presumed_dead(w, receipt)
+    assert w.providers["mg"].emails() == [B]
+    (attempt,) = await w.attempts.line(batch_id, chunk_line(0))
+    assert (attempt.state, attempt.resolution) == ("resolved", "accepted")
+    states = await _states(w, batch_id)
+    assert (states[A][0], states[C][0]) == ("queued", "failed")  # A: sent, its events to come
