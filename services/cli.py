@@ -4,9 +4,10 @@ Each subcommand loads and validates the settings first, so a bad variable stops 
 with a message naming it before anything connects. Service modules are imported lazily so
 that ``safedelivr migrate`` does not pay for (or depend on) the web stack.
 
-``safedelivr api|webhooks|tracking|consumers --workers N`` (or ``auto``: one per core) runs N worker
-processes under uvicorn's supervisor, which restarts a worker that dies; each worker is a
-fresh interpreter that builds its app through :func:`api_app` and its siblings.
+``safedelivr api|webhooks|tracking|consumers|hooks|submission --workers N`` (or ``auto``: one
+per core) runs N worker processes under uvicorn's supervisor, which restarts a worker that
+dies; each worker is a fresh interpreter that builds its app through :func:`api_app` and its
+siblings.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def _create(command: str, settings: Settings) -> Any:
         from services.hooks.main import create_app as hooks
 
         return hooks(settings)
+    if command == "submission":
+        from services.submission.main import create_app as submission
+
+        return submission(settings)
     try:
         # A development tool, kept out of the wheel: only a source checkout has it.
         from sandbox.app import create_app as sandbox
@@ -105,6 +110,10 @@ def hooks_app() -> Any:
     return _worker_app("hooks")
 
 
+def submission_app() -> Any:
+    return _worker_app("submission")
+
+
 def _serve(command: str, settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -120,6 +129,7 @@ def _serve(command: str, settings: Settings, args: argparse.Namespace) -> int:
         "tracking": (settings.tracking.host, settings.tracking.port),
         "consumers": (settings.consumers.host, settings.consumers.port),
         "hooks": (settings.hooks.host, settings.hooks.port),
+        "submission": (settings.submission.host, settings.submission.port),
         "sandbox": (settings.sandbox.host, settings.sandbox.port),
     }[command]
     options: dict[str, Any] = {
@@ -176,6 +186,10 @@ def cmd_consumers(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_hooks(settings: Settings, args: argparse.Namespace) -> int:
     return _serve("hooks", settings, args)
+
+
+def cmd_submission(settings: Settings, args: argparse.Namespace) -> int:
+    return _serve("submission", settings, args)
 
 
 def _workers(value: str) -> int:
@@ -489,6 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("tracking", cmd_tracking, "run the tracking endpoint (opens, clicks, unsubscribe)"),
         ("consumers", cmd_consumers, "run the RabbitMQ consumers"),
         ("hooks", cmd_hooks, "run the delivery worker of users' webhooks"),
+        ("submission", cmd_submission, "run the SMTP submission server (mail in over SMTP)"),
         ("sandbox", cmd_sandbox, "run the local SendGrid/Mailgun/GitHub stand-ins"),
     ]:
         p = sub.add_parser(name, help=help_)

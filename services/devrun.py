@@ -128,6 +128,8 @@ def run(settings: Settings) -> int:
         Service("consumers", settings.consumers.port),
         Service("hooks", settings.hooks.port),
         Service("api", settings.api.port),
+        # After the API: it checks every login and takes every message through it.
+        Service("submission", settings.submission.port),
     ]
     stopping = running = False
     died: list[str] = []
@@ -205,6 +207,8 @@ Safedelivr is running.
   consumers        http://127.0.0.1:{settings.consumers.port}/readyz
   hooks            http://127.0.0.1:{settings.hooks.port}/readyz  (users' webhooks; the sandbox
                    receiver http://127.0.0.1:{settings.sandbox.port}/_receiver/<any> takes them)
+  SMTP submission  smtp://127.0.0.1:{settings.submission.smtp_port}  (AUTH PLAIN or LOGIN,
+                   the password an API key; no STARTTLS in development)
   sandbox          http://127.0.0.1:{settings.sandbox.port}  (SendGrid, Mailgun, GitHub)
   RabbitMQ UI      http://127.0.0.1:15672  (guest/guest)
 
@@ -216,6 +220,11 @@ Send a batch:
     -d '{{"from":"Demo <demo@example.com>","to":"ann@example.com, bounce@example.com",
          "subject":"Hello","text":"Hi there"}}'
 Then: curl -s {api}/v1/batches/<batch_id>/logs -H 'Authorization: Bearer {key}'
+
+Or over SMTP (its answer names the batch):
+  python3 -c 'import smtplib; s = smtplib.SMTP("127.0.0.1", {settings.submission.smtp_port}); \\
+    s.login("api", "{key}"); s.mail("demo@example.com"); s.rcpt("ann@example.com"); \\
+    print(s.data(b"From: demo@example.com\\r\\nSubject: Hi\\r\\n\\r\\nHello\\r\\n"))'
 
 Ctrl-C stops everything (RabbitMQ and Cassandra keep running: make services-down).
 """)

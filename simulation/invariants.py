@@ -17,6 +17,9 @@ at-least-once windows allow are not violations; they are counted apart, with the
 * ``queues``: no message is left in a queue, in flight or delayed, and none was dead-lettered;
   no provider gave up posting an event (we answered errors for its whole retry horizon);
 * ``lines``: no attempt line grew past a bound;
+* ``canary``: every canary is judged once, batches made after a verdict use what it left
+  live, and no chunk is called with a rolled-back canary once its verdict is in (but for a
+  call that keeps the copy of an earlier one that may have reached the provider);
 * ``errors``: no service logged an unexpected error.
 """
 
@@ -28,13 +31,17 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from services.consumers.template_rollouts import KEEP_FOR
 from services.hooks.schedule import occurred
 from shared.audience.campaigns import METADATA_KEY
 from shared.core.batch_ids import accepted_at
 from shared.core.models import Message
 from shared.delivery import recipient_answers
+from shared.delivery.attempts import chunk_line, from_row
 from shared.delivery.precedence import visible
 from shared.delivery.stats import batch_day
+from shared.templates.canary_store import Outcome
+from shared.templates.template_use import kept_version
 from simulation.clients import Request
 from simulation.providers import Acceptance
 from simulation.world import World
@@ -79,6 +86,7 @@ async def judge(world: World, requests: list[Request], *, quiet: bool) -> Verdic
     _lines(world, verdict)
     _campaigns(world, batches, verdict)
     _canaries(world, batches, verdict)
+    _rollbacks(world, batches, verdict)
     await _audience(world, requests, batches, verdict)
     _user_hooks(world, verdict)
     return verdict
@@ -358,6 +366,53 @@ def _canaries(world: World, batches: list[_Batch], verdict: Verdict) -> None:
                         "canary",
                         f"batch {b.batch_id} after the verdict on {since} used version "
                         f"{use.version} (canary {use.canary.version if use.canary else None})",
+                    )
+
+
+#: How long after a verdict's time a sender may still send a rolled-back canary: its
+#: rollouts' cache (``services.consumers.template_rollouts``), and the judge's count between
+#: its verdict's time and its conditional update.
+STOPS_WITHIN = timedelta(seconds=KEEP_FOR + 10)
+
+
+def _rollbacks(world: World, batches: list[_Batch], verdict: Verdict) -> None:
+    """Every canary rolled back stopped at once (:func:`_stopped`)."""
+    if world.schedule.skews:
+        return  # a verdict's time is the judge's clock, a call's its sender's
+    for template_id, judged in world.canary_tables.verdicts.items():
+        for outcome in judged.values():
+            if outcome.decision == "rollback":
+                _stopped(world, batches, template_id, outcome, verdict)
+
+
+def _stopped(
+    world: World, batches: list[_Batch], template_id: uuid.UUID, outcome: Outcome, verdict: Verdict
+) -> None:
+    """A rolled-back canary stops at once: no chunk of its batches is called with it once
+    the verdict is in (plus :data:`STOPS_WITHIN`), unless an earlier call of the chunk that
+    may have reached the provider was made with it (that copy is kept)."""
+    for b in batches:
+        use = b.message.template if b.message else None
+        if use is None or use.id != template_id or use.canary is None:
+            continue
+        if use.canary.version != outcome.canary_version:
+            continue
+        for chunk in range(use.canary_chunks):
+            rows = world.db.attempts.get((b.batch_id, chunk_line(chunk)), {})
+            line = [from_row(chunk_line(chunk), rows[n]) for n in sorted(rows)]
+            for a in line:
+                earlier = [(e.state, e.template_version) for e in line if e.attempt < a.attempt]
+                if (
+                    a.template_version == outcome.canary_version
+                    and a.calling_at is not None
+                    and a.calling_at > outcome.at + STOPS_WITHIN
+                    and kept_version(earlier) != a.template_version
+                ):
+                    verdict.add(
+                        "canary",
+                        f"batch {b.batch_id} chunk {chunk} attempt {a.attempt} was called with "
+                        f"version {a.template_version} at {a.calling_at}, rolled back at "
+                        f"{outcome.at}",
                     )
 
 

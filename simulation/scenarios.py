@@ -138,8 +138,9 @@ async def _scheduled(world: World) -> list[Request]:
 
 async def _canary(world: World) -> list[Request]:
     """Version 2 of a template goes out as a canary to half the recipients; its recipients
-    bounce, the live version's are delivered: the judge rolls it back, and a batch sent
-    after that goes out as version 1 only."""
+    bounce, the live version's are delivered: the judge rolls it back, a batch accepted
+    during the canary and due after the verdict goes out as version 1 only (its canary's
+    share too), and so does a batch sent after it."""
     owner = user()
     template_id = await world.templates.create(
         owner, "receipt", "Your receipt", None, "Thanks for your order.", {}
@@ -153,10 +154,22 @@ async def _canary(world: World) -> list[Request]:
     live = [e for e in _pool("ok") if not in_canary(template_id, e, 50)][:2]
     first = Request("first", owner, _templated(template_id, *canary, *live), key="k-first")
     await send(world, first)
-    await asyncio.sleep(world.settings.consumers.canary_window + 60)
+    # Accepted with the canary shortly before its verdict, sent 45 s later.
+    await asyncio.sleep(world.settings.consumers.canary_window + 40)
+    due = datetime.now(UTC) + timedelta(seconds=45)
+    held_to = [e for e in _pool("held") if in_canary(template_id, e, 50)][:1]
+    held_to += [e for e in _pool("held") if not in_canary(template_id, e, 50)][:1]
+    held = Request(
+        "held",
+        owner,
+        {**_templated(template_id, *held_to), "send_at": due.isoformat()},
+        key="k-held",
+    )
+    await send(world, held)
+    await asyncio.sleep(20)
     after = Request("after", owner, _templated(template_id, "late@example.org"), key="k-after")
     await send(world, after)
-    return [first, after]
+    return [first, held, after]
 
 
 def _pool(prefix: str) -> list[str]:

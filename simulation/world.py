@@ -38,6 +38,7 @@ from services.consumers.dispatch import Dispatcher
 from services.consumers.running import Running
 from services.consumers.scheduler import Scheduler
 from services.consumers.splitter import Splitter
+from services.consumers.template_rollouts import LiveRollouts
 from services.hooks.worker import Worker
 from services.webhooks.intake import Intake
 from shared.delivery.acceptance import Acceptance
@@ -276,6 +277,9 @@ class World:
             metrics=metrics().ingest,
             hooks=self._emitter(),
         )
+        now = self._now(process)
+        # Kept by the process's own (virtual) clock, as its real one would keep them.
+        rollouts = LiveRollouts(self.templates, clock=lambda: now().timestamp())
         dispatcher = Dispatcher(
             broker=self.broker,  # type: ignore[arg-type]
             batches=self.batches,
@@ -291,6 +295,7 @@ class World:
             user_hooks=self._emitter(),
             ingest=ingest,
             now=self._now(process),
+            rollouts=rollouts,
         )
         splitter = Splitter(
             self.broker,  # type: ignore[arg-type]
@@ -320,6 +325,8 @@ class World:
             timedelta(seconds=c.canary_window),
             timedelta(seconds=c.canary_deadline),
             clock=self._now(process),
+            concluded=rollouts.forget,
+            attempts=self.attempts,
         )
         self.consumers[inc] = ConsumerState(dispatcher, scheduler, judge)
         t = self.broker.topology

@@ -174,6 +174,17 @@ async def list_keys(request: Request) -> Response:
 
 
 @operation(
+    "current_key",
+    "The key this request is made with (any key may ask; never its secret)",
+    schema.KeyView,
+)
+async def current_key(request: Request) -> Response:
+    # The SMTP submission service checks an AUTH password this way, as any client may.
+    key = await require_key(request, None)
+    return Answer(schema.KeyView.model_validate(accounts.key_view(key)))
+
+
+@operation(
     "create_key",
     "Make an API key (shown once)",
     schema.KeyCreated,

@@ -41,9 +41,9 @@ TOUCH_INTERVAL = 60.0
 _TOUCH_MEMO_LIMIT = 100_000
 
 
-async def require_key(request: Request, scope: str) -> ApiKeyRecord:
+async def require_key(request: Request, scope: str | None) -> ApiKeyRecord:
     """The caller's key record, or 401 (same body for unknown, revoked, expired or wrong
-    secret); 403 ``forbidden`` when the key lacks ``scope``.
+    secret); 403 ``forbidden`` when the key lacks ``scope`` (None: any key will do).
 
     Within its rate limit only; otherwise 429 ``rate_limited`` with ``Retry-After``.
     """
@@ -53,7 +53,8 @@ async def require_key(request: Request, scope: str) -> ApiKeyRecord:
     record = await admit_key(request, token)
     if record is None:
         raise _UNAUTHORIZED
-    require_scope(record, scope)
+    if scope is not None:
+        require_scope(record, scope)
     return record
 
 

@@ -78,6 +78,8 @@ class Step:
     error: str | None
     resolution: str | None = None
     """How an ambiguous call was settled: ``accepted``, ``partial`` or ``not_accepted``."""
+    template_version: int | None = None
+    """The template version the call was made with (None: none, or none recorded)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,8 +280,8 @@ async def recipient_history(
             )
         )
     for row in await db.all_pages(
-        "SELECT line, attempt, provider, state, created_at, error, resolution FROM send_attempts "
-        "WHERE batch_id = ? AND line IN ?",
+        "SELECT line, attempt, provider, state, created_at, error, resolution, template_version "
+        "FROM send_attempts WHERE batch_id = ? AND line IN ?",
         (batch_id, [recipient_line(i) for i in log_ids]),
     ):
         resends.setdefault(uuid.UUID(row["line"][1:]), []).append(
@@ -290,6 +292,7 @@ async def recipient_history(
                 at=utc(row["created_at"]) if row["created_at"] else None,
                 error=_error_text(row["error"]) or None,
                 resolution=row["resolution"],
+                template_version=row.get("template_version"),
             )
         )
     for found in events.values():
@@ -375,7 +378,7 @@ async def logs_page(
             history.get(r["chunk"], []),
             events.get(r["log_id"], []),
             resends.get(r["log_id"], []),
-            template_use.version_for(header.message, r["chunk"]) if header else None,
+            _version_sent(r, history.get(r["chunk"], []), resends.get(r["log_id"], []), header),
         )
         for r in out
     ]
@@ -398,6 +401,21 @@ def _updated_at(row: dict[str, Any], state: str) -> datetime | None:
     if state == "failed" and row.get("gave_up_reason") and row.get("state") != "failed":
         when = row.get("gave_up_at") or when
     return utc(when) if when else None
+
+
+def _version_sent(
+    row: dict[str, Any], history: list[Attempt], resends: list[Step], header: BatchHeader | None
+) -> int | None:
+    """The template version a recipient got, as its attempts recorded it (the batch's plan
+    for its chunk when they recorded none: attempts written before versions were)."""
+    if header is None or header.message.template is None:
+        return None
+    return template_use.version_sent(
+        row.get("evidence") or (),
+        {a.attempt: a.template_version for a in history},
+        {r.attempt: r.template_version for r in resends},
+        template_use.version_for(header.message, row["chunk"]),
+    )
 
 
 def _log_view(

@@ -91,5 +91,6 @@ V1_ROUTES: tuple[BaseRoute, ...] = (
     Route("/v1/stats", account.get_stats, methods=["GET"]),
     Route("/v1/keys", account.list_keys, methods=["GET"]),
     Route("/v1/keys", account.create_key, methods=["POST"]),
+    Route("/v1/keys/current", account.current_key, methods=["GET"]),
     Route("/v1/keys/{key_id}", account.revoke_key, methods=["DELETE"]),
 )

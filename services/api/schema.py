@@ -300,6 +300,12 @@ class Accepted(_Out):
         None, description="The template version(s) a template batch sends."
     )
     priority: Literal["transactional", "bulk"] = Field(description="The batch's lane.")
+    warnings: list[str] | None = Field(
+        None,
+        description="What the batch goes without that it would have by default: a `bulk` "
+        "lane batch with `shared: true` carries no one-click unsubscribe (it needs one copy "
+        "per recipient). Absent when there is nothing to say.",
+    )
 
 
 class BatchItem(_Out):

@@ -111,6 +111,10 @@ class Sending:
     """The API's thread for long pure-Python work (``shared.infra.gil``)."""
     suppression_cache: SuppressionCache | None = None
     """This process's copy of the users' suppression lists (without it: read per batch)."""
+    tracking: bool = True
+    """Whether this deployment's mail carries tracking and unsubscribe tokens (its
+    consumers' tracker, ``SAFEDELIVR_TRACKING_*``): without it the bulk lane's default
+    one-click unsubscribe does not apply, and the 202 says so."""
 
     async def accept(
         self,
@@ -174,7 +178,7 @@ class Sending:
             parsed = self._validated(body)
         await self.check_sender(user_id, parsed.message.sender.email)
         prefs = await self.preferences.get(user_id) if self.preferences else Preferences()
-        parsed = _invalid_as_422(validation.with_engagement, parsed, prefs)
+        parsed = _invalid_as_422(validation.with_engagement, parsed, prefs, tracking=self.tracking)
         parsed = await self._drop_suppressed(user_id, parsed)
         return parsed, prefs, extra
 
@@ -638,9 +642,10 @@ def answer(
             for r in parsed.skipped
         ],
         priority=parsed.message.lane,
-        # Only a scheduled batch's and a template batch's answer has these keys.
+        # Only a scheduled batch's, a template batch's and a warned batch's answer has these.
         **scheduled,
         **({"template": answers.template(use)} if use is not None else {}),
+        **({"warnings": list(parsed.warnings)} if parsed.warnings else {}),
     )
 
 

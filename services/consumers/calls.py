@@ -45,6 +45,7 @@ from shared.engagement.engagement import Tracker, personalize
 from shared.infra.byte_budget import BudgetExhausted, ByteBudget
 from shared.infra.db import Row
 from shared.infra.gil import CpuLane
+from shared.infra.logs import bound
 from shared.infra.metrics import DispatchMetrics
 from shared.infra.settle import MAX_OUTAGE_BACKOFF, MAX_OUTAGE_HOLD, Delivery
 from shared.outbound import recipient_events
@@ -155,12 +156,28 @@ class Caller:
     resolve_interval: float
     """Seconds from an unknown answer to the first look for evidence."""
 
-    async def call(self, job: protocol.Job, delivery: Delivery) -> bool:
-        """Call the provider for the attempt this delivery holds, then record the answer."""
+    async def call(self, job: protocol.Job, delivery: Delivery, version: int | None = None) -> bool:
+        """Call the provider for the attempt this delivery holds, with the copy of template
+        version ``version`` (as the attempt recorded it), then record the answer."""
         header = await self.follow.header(job.batch_id)
         to_send, taken = await self._pending_with_room(job)
         try:
-            message = template_use.message_for(header.message, job.chunk)
+            message = template_use.message_at(header.message, job.chunk, version)
+            use = header.message.template
+            if use is not None and to_send:
+                canary = use.canary is not None and version == use.canary.version
+                # Which copy these recipients are sent, as fields of the record (the job's
+                # batch, line, attempt and provider are bound by the dispatcher).
+                with bound(template_id=use.id, template_version=version, canary=canary):
+                    log.info(
+                        "%s/%s attempt %d: template version %s (%s) to %d recipients",
+                        job.batch_id,
+                        job.line,
+                        job.attempt,
+                        version,
+                        "canary" if canary else "live",
+                        len(to_send),
+                    )
             if to_send:
                 # The last look at the suppression list (``services.consumers.screening``),
                 # before "called" is set: a read that fails is retried, never sent unchecked.

@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from shared.core.errors import DependencyUnavailable
+from shared.delivery.attempts import Attempts, chunk_line
 from shared.delivery.batchstore import Batches
 from shared.delivery.precedence import visible
 from shared.delivery.recipients import Recipients
@@ -69,6 +70,10 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def tell_nobody(template_id: uuid.UUID) -> None:
+    """Nobody in this process keeps templates' rollouts to be told of a verdict."""
+
+
 @dataclass(frozen=True, slots=True)
 class Tally:
     canary: Counts
@@ -108,6 +113,12 @@ class CanaryJudge:
     alerter: Alerter | None = None
     clock: Callable[[], datetime] = _now
     recount_after: timedelta = RECOUNT_AFTER
+    concluded: Callable[[uuid.UUID], None] = tell_nobody
+    """Told each template whose rollout this judge concluded (this process's senders read
+    its rollout again at once: ``services.consumers.template_rollouts``)."""
+    attempts: Attempts | None = None
+    """Where the version each chunk's calls were made with is read (None: each chunk is
+    counted with the version the batch meant for it)."""
     _next: dict[tuple[uuid.UUID, datetime], datetime] = field(default_factory=dict)
     dues: list[datetime] = field(default_factory=list)
     """When each rollout the last pass read and left waiting is due to be looked at again."""
@@ -197,6 +208,7 @@ class CanaryJudge:
             # Another judge concluded it (and audits it), or the user published meanwhile:
             # this verdict did not happen, so it is not audited; the next pass drops it.
             return Verdict("wait", "the rollout was concluded or replaced meanwhile")
+        self.concluded(rollout.template_id)
         log.info(
             "template %s: canary v%d %s (%s)",
             rollout.template_id,
@@ -223,9 +235,17 @@ class CanaryJudge:
             if header is None:
                 continue
             for chunk in range(header.chunk_count):
-                canary = template_use.version_for(header.message, chunk) == (rollout.canary_version)
+                meant = template_use.version_for(header.message, chunk)
+                sent: dict[int, int | None] = {}
+                if self.attempts is not None:
+                    line = await self.attempts.line(batch_id, chunk_line(chunk))
+                    sent = {a.attempt: a.template_version for a in line}
                 rows = await self.recipients.chunk_rows(batch_id, chunk)
-                events += [(canary, visible(r).event) for r in rows]
+                for r in rows:
+                    # The version the recipient was sent, as its chunk's calls recorded it
+                    # (its own re-sends are few, and not read here).
+                    got = template_use.version_sent(r.get("evidence") or (), sent, {}, meant)
+                    events.append((got == rollout.canary_version, visible(r).event))
         return count(events)
 
     async def _alert(self, rollout: Rollout, reason: str) -> None:

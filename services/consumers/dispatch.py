@@ -38,11 +38,12 @@ from services.consumers.provider_rates import ProviderLimiter
 from services.consumers.resolution import Resolver
 from services.consumers.running import Running
 from services.consumers.screening import Screen
+from services.consumers.template_rollouts import LiveRollouts
 from shared.audience.suppressions import SuppressionChecks
 from shared.core.errors import DependencyUnavailable
 from shared.core.models import ChunkJob, LogJob
-from shared.delivery.attempts import Attempts, chunk_line, recipient_line
-from shared.delivery.batchstore import Batches
+from shared.delivery.attempts import Attempt, Attempts, chunk_line, find, recipient_line
+from shared.delivery.batchstore import Batches, BatchHeader
 from shared.delivery.domain_capacity import CapacityGate
 from shared.delivery.handoff import HandOff
 from shared.delivery.recipients import Recipients
@@ -60,6 +61,7 @@ from shared.ingest.ingest import Ingest
 from shared.outbound.user_hooks import UserHooks
 from shared.providers.base import Provider
 from shared.providers.provider_health import Tally
+from shared.templates import template_use
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +150,9 @@ class Dispatcher:
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     cpu: CpuLane = field(default_factory=CpuLane)
     """The process's thread for long pure-Python work (``shared.infra.gil``)."""
+    rollouts: LiveRollouts | None = None
+    """Templates' rollouts as they stand, which decide a canary chunk's copy when it is sent
+    (None: as they stood when each batch was accepted)."""
 
     follow: FollowUps = field(init=False, repr=False, compare=False)
     screen: Screen = field(init=False, repr=False, compare=False)
@@ -274,15 +279,25 @@ class Dispatcher:
                 return
             if isinstance(step, protocol.Done):
                 return
-            if await self._take(step, job, delivery):
+            if await self._take(step, job, delivery, header, line):
                 return
             # Read again at SERIAL: an LWT in progress (ours or another's) is then settled.
             serial = True
         raise DependencyUnavailable("cassandra", f"{job.line}/{job.attempt}: no progress")
 
-    async def _take(self, step: protocol.Step, job: protocol.Job, delivery: Delivery) -> bool:
-        """Carry out one step; True when the delivery is finished."""
+    async def _take(
+        self,
+        step: protocol.Step,
+        job: protocol.Job,
+        delivery: Delivery,
+        header: BatchHeader,
+        line: list[Attempt],
+    ) -> bool:
+        """Carry out one step (``line`` as read for it); True when the delivery is finished."""
         if isinstance(step, protocol.Claim):
+            # The copy is chosen now and recorded with the claim, before the call: a
+            # redelivery finds it there, whatever the template does meanwhile.
+            version = await self._version(job, header, line)
             claimed = await self.attempts.create(
                 job.batch_id,
                 job.line,
@@ -292,25 +307,33 @@ class Dispatcher:
                 state="calling",
                 owner=delivery.owner,
                 calling_at=self.now(),
+                template_version=version,
             )
             if not claimed:
                 return False  # someone else's: read it back at SERIAL
             await self.fault_points("calling", job)
-            return await self.caller.call(job, delivery)
+            return await self.caller.call(job, delivery, version)
         if isinstance(step, protocol.StartCall):
+            version = await self._version(job, header, line)
+            values = {"state": "calling", "owner": delivery.owner, "calling_at": self.now()}
+            if version is not None:
+                values["template_version"] = version
             started = await self.attempts.transition(
                 job.batch_id,
                 job.line,
                 job.attempt,
                 expect={"state": step.state, "owner": step.owner},
-                values={"state": "calling", "owner": delivery.owner, "calling_at": self.now()},
+                values=values,
             )
             if not started:
                 return False
             await self.fault_points("calling", job)
-            return await self.caller.call(job, delivery)
+            return await self.caller.call(job, delivery, version)
         if isinstance(step, protocol.Call):
-            return await self.caller.call(job, delivery)
+            # Our claim applied though its write reported a failure: call with what it recorded.
+            current = find(line, job.attempt)
+            version = current.template_version if current is not None else None
+            return await self.caller.call(job, delivery, version)
         if isinstance(step, protocol.Record):
             return await self.caller.record(job, delivery)
         if isinstance(step, protocol.Expire):
@@ -325,6 +348,29 @@ class Dispatcher:
         assert isinstance(step, protocol.FollowUp)  # noqa: S101 - the union is exhausted
         await self.follow.carry_out(job, step.attempt)
         return True
+
+    async def _version(
+        self, job: protocol.Job, header: BatchHeader, line: list[Attempt]
+    ) -> int | None:
+        """The template version attempt ``job.attempt`` is sent with
+        (``shared.templates.template_use.version_at_send``): the one an earlier call of the
+        line that may have reached the provider was made with, else what the template's
+        rollout says now (read only for the canary's chunks)."""
+        use = header.message.template
+        if use is None:
+            return None
+        kept = template_use.kept_version(
+            (a.state, a.template_version) for a in line if a.attempt < job.attempt
+        )
+        rollout: template_use.TemplateState | None = template_use.TemplateState(use.version)
+        if use.canary is not None and job.chunk < use.canary_chunks:
+            if self.rollouts is None:
+                rollout = template_use.TemplateState(
+                    use.version, use.canary.version, use.canary_since
+                )
+            else:
+                rollout = await self.rollouts.rollout(header.user_id, use.id)
+        return template_use.version_at_send(header.message, job.chunk, rollout, kept)
 
     async def _expire(self, job: protocol.Job, step: protocol.Expire) -> bool:
         """The call's outcome is unknown: mark it ambiguous and start looking for evidence."""

@@ -16,7 +16,7 @@ import httpx
 from starlette.applications import Starlette
 
 from services.consumers.campaign_hold import CampaignHold
-from services.consumers.canary_judge import CanaryJudge
+from services.consumers.canary_judge import CanaryJudge, tell_nobody
 from services.consumers.dispatch import Dispatcher
 from services.consumers.domain_checks import DomainChecker
 from services.consumers.faults import FaultPoints, no_faults
@@ -26,6 +26,7 @@ from services.consumers.rollups import RollUp
 from services.consumers.running import Running
 from services.consumers.scheduler import Scheduler
 from services.consumers.splitter import Splitter
+from services.consumers.template_rollouts import LiveRollouts
 from shared.accounts.domain_checks import CheckRules
 from shared.accounts.domains import WAKE as DOMAINS_WAKE
 from shared.accounts.domains import DohResolver, DomainStore
@@ -112,6 +113,7 @@ def build_dispatcher(
         campaigns=CampaignHold(CampaignStore(res.db, settings.amqp.exchange)),
         work=ByteBudget(settings.consumers.work_budget_bytes),
         cpu=res.cpu,
+        rollouts=LiveRollouts(TemplateStore(res.db)),
     )
 
 
@@ -291,8 +293,10 @@ def judge_of(
     batches: Batches,
     recipients: Recipients,
     alerter: Alerter | None = None,
+    rollouts: LiveRollouts | None = None,
 ) -> CanaryJudge:
-    """The judge of the namespace's template canaries (run it)."""
+    """The judge of the namespace's template canaries (run it); a template it concludes
+    is read again by this process's senders' ``rollouts`` at once."""
     c = settings.consumers
     return CanaryJudge(
         CanaryStore(res.db, settings.amqp.exchange),
@@ -303,6 +307,8 @@ def judge_of(
         timedelta(seconds=c.canary_window),
         timedelta(seconds=c.canary_deadline),
         alerter,
+        concluded=rollouts.forget if rollouts is not None else tell_nobody,
+        attempts=AttemptStore(res.db),
     )
 
 
@@ -400,7 +406,12 @@ def create_app(settings: Settings, *, fault_points: FaultPoints = no_faults) -> 
                 asyncio.create_task(domain_checker_of(settings, res, dns_http).run()),
                 asyncio.create_task(
                     judge_of(
-                        settings, res, dispatcher.batches, dispatcher.recipients, alerter
+                        settings,
+                        res,
+                        dispatcher.batches,
+                        dispatcher.recipients,
+                        alerter,
+                        dispatcher.rollouts,
                     ).run()
                 ),
             ]

@@ -29,7 +29,6 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 from typing import Final
 
 from starlette.applications import Starlette
@@ -38,14 +37,14 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from shared.core.catalog import TRACKER
 from shared.core.errors import DependencyUnavailable
 from shared.core.keyring import KeyRing, ring_from
 from shared.core.models import Message
-from shared.core.webhook_events import Kind, ProviderEvent
+from shared.core.webhook_events import Kind
 from shared.engagement.engagement import links_of
 from shared.engagement.engagement_tokens import Claim, read, redirect_target
 from shared.engagement.prefetch import machine
+from shared.engagement.unsubscribe_event import tracker_event, unsubscribe_event
 from shared.infra.config import Settings
 from shared.infra.gil import CpuLane
 from shared.infra.health import health_routes
@@ -147,7 +146,9 @@ class Tracking:
                 await self.ingest.count_hit(claim.batch_id, kind, machine=by is not None)
                 return
             email = await self.email(claim) or ""
-            ev = _event(claim, kind, f"{kind}:{uuid.uuid1()}", email=email, url=url, machine=by)
+            ev = tracker_event(
+                claim, kind, f"{kind}:{uuid.uuid1()}", email=email, url=url, machine=by
+            )
             await self.ingest.apply(ev)
 
         try:
@@ -164,36 +165,6 @@ def _links_of(message: Message, canary: int) -> tuple[list[str], list[str], int]
         links_of(message),
         links_of(template_use.message_for(message, 0)) if canary else [],
         canary,
-    )
-
-
-def _event(
-    claim: Claim,
-    kind: Kind,
-    event_id: str,
-    *,
-    email: str = "",
-    url: str | None = None,
-    machine: str | None = None,
-    raw: str | None = None,
-) -> ProviderEvent:
-    return ProviderEvent(
-        provider=TRACKER,
-        event_id=event_id,
-        kind=kind,
-        raw_event=raw or kind,
-        email=email,
-        occurred_at=datetime.now(UTC),
-        batch_id=claim.batch_id,
-        chunk=claim.chunk,
-        log_id=claim.log_id,
-        attempt=None,
-        message_id=None,
-        reason=f"by {machine}" if machine else None,
-        provider_side=False,
-        suppress=kind == "unsubscribed",
-        url=url,
-        machine=machine,
     )
 
 
@@ -253,12 +224,8 @@ async def unsubscribe(request: Request) -> Response:
     except ApiError:
         body = b""  # too much, or too slow: the POST still unsubscribes (RFC 8058)
     one_click = b"List-Unsubscribe=One-Click" in body
-    ev = _event(
-        claim,
-        "unsubscribed",
-        f"unsubscribe:{claim.log_id}:{claim.scope or ''}",
-        email=email,
-        raw="one-click unsubscribe" if one_click else "unsubscribe page",
+    ev = unsubscribe_event(
+        claim, email, "one-click unsubscribe" if one_click else "unsubscribe page"
     )
     if await t.ingest.apply(ev) != "applied":
         return _page(404, "Not found", "This unsubscribe link is not valid or has expired.")

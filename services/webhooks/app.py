@@ -1,4 +1,5 @@
-"""The webhook service application: factory, lifespan and route table."""
+"""The webhook service application: factory, lifespan and route table (provider events,
+and the providers' inbound routes for the `mailto:` unsubscribe)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from services.webhooks import receivers
+from services.webhooks import inbound, receivers
 from services.webhooks.intake import Intake, IntakeMetrics
 from services.webhooks.webhook_tokens import WebhookTokens
 from shared.core.errors import ConfigError
+from shared.core.keyring import ring_from
 from shared.delivery.handoff import Routing
 from shared.infra import stall_monitor
 from shared.infra.byte_budget import ByteBudget
@@ -93,6 +95,8 @@ def create_app(settings: Settings) -> Starlette:
     routes = [
         Route("/webhooks/sendgrid", receivers.sendgrid, methods=["POST"]),
         Route("/webhooks/mailgun", receivers.mailgun, methods=["POST"]),
+        Route("/webhooks/inbound/mailgun", inbound.mailgun, methods=["POST"]),
+        Route("/webhooks/inbound/sendgrid", inbound.sendgrid, methods=["POST"]),
         *health_routes(
             "webhooks",
             registry,
@@ -115,4 +119,6 @@ def create_app(settings: Settings) -> Starlette:
     )
     app.state.settings = settings
     app.state.sendgrid_key = sendgrid_key
+    # The mailto: unsubscribe's tokens are the tracking endpoint's (same keys, same checks).
+    app.state.tracking_ring = ring_from(settings.tracking.keys.get_secret_value())
     return app

@@ -15,7 +15,9 @@ States (see ``services.consumers.protocol`` for who moves them)::
 
 ``rejected`` and ``resolved`` carry the decision taken with them (``retry`` with the next
 provider, attempt and delay; ``give_up``; ``done``), written in the same conditional update,
-so a crash after it only means the decision is carried out again, identically. Every write is
+so a crash after it only means the decision is carried out again, identically. The write
+that moves an attempt to ``calling`` also records the template version its call is made with
+(``template_version``; ``shared.templates.template_use.version_at_send``). Every write is
 an LWT (never mixed with plain writes on these rows); one whose outcome is unknown (a
 timeout) is resolved by reading at SERIAL consistency.
 """
@@ -36,7 +38,7 @@ SETTLED = frozenset({"accepted", "rejected", "resolved"})
 COLUMNS = (
     "attempt, chunk, provider, state, owner, cause, reason, created_at, calling_at, answers, "
     "finished_at, status_code, message_id, error, checks, checked_by, resolution, decision, "
-    "verdict, next_provider, next_attempt, next_delay"
+    "verdict, next_provider, next_attempt, next_delay, template_version"
 )
 
 
@@ -95,6 +97,10 @@ class Attempt:
     next_provider: str | None
     next_attempt: int | None
     next_delay: int | None
+    template_version: int | None = None
+    """The template version the call was made with (``shared.templates.template_use``),
+    recorded as it moved to ``calling``; None: not from a template, or recorded before
+    versions were."""
 
     @property
     def tag(self) -> str:
@@ -131,6 +137,7 @@ def from_row(line: str, r: Row) -> Attempt:
         next_provider=r["next_provider"],
         next_attempt=r["next_attempt"],
         next_delay=r["next_delay"],
+        template_version=r.get("template_version"),
     )
 
 
@@ -156,6 +163,7 @@ class Attempts(Protocol):
         cause: str | None = None,
         reason: str | None = None,
         calling_at: datetime | None = None,
+        template_version: int | None = None,
     ) -> bool: ...
 
     async def transition(
@@ -208,17 +216,21 @@ class AttemptStore:
         cause: str | None = None,
         reason: str | None = None,
         calling_at: datetime | None = None,
+        template_version: int | None = None,
     ) -> bool:
-        """Insert attempt ``attempt`` in ``state`` (``calling``, with ``owner`` and
-        ``calling_at``, or ``planned``) unless it exists.
+        """Insert attempt ``attempt`` in ``state`` (``calling``, with ``owner``,
+        ``calling_at`` and the ``template_version`` its call is made with, or ``planned``)
+        unless it exists.
 
         Returns whether this call created it. Raises DependencyUnavailable when the outcome
         is unknown; the caller re-reads the line at SERIAL consistency.
         """
+        # No version, no cell: a null written is a tombstone.
+        extra = ", template_version" if template_version is not None else ""
         row = await self.db.one(
-            "INSERT INTO send_attempts (batch_id, line, attempt, chunk, provider, state, owner, "
-            "cause, reason, created_at, calling_at, checks) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) IF NOT EXISTS",
+            "INSERT INTO send_attempts (batch_id, line, attempt, chunk, provider, state, owner, "  # noqa: S608 - column names are ours
+            f"cause, reason, created_at, calling_at, checks{extra}) "
+            f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0{', ?' if extra else ''}) IF NOT EXISTS",
             (
                 batch_id,
                 line,
@@ -231,6 +243,7 @@ class AttemptStore:
                 reason,
                 datetime.now(UTC),
                 calling_at,
+                *((template_version,) if extra else ()),
             ),
         )
         return bool(row and row["[applied]"])

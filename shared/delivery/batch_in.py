@@ -568,7 +568,10 @@ class BatchIn(BodyIn):
     unsubscribe: bool | None = Field(
         None,
         description="List-Unsubscribe with one-click unsubscribe (RFC 2369, RFC 8058) in "
-        "each copy (default: on when the batch names a `list`, else your preferences).",
+        "each copy (default: on when the batch names a `list` or goes in the `bulk` lane, as "
+        "Gmail and Yahoo require of bulk senders, else your preferences; `false` turns it "
+        "off). A shared message cannot carry it: a `bulk` one goes without, and the answer's "
+        "`warnings` says so.",
     )
     list_: Annotated[
         Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")] | None,

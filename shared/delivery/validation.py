@@ -183,6 +183,8 @@ class BatchRequest:
     skipped: tuple[Rejected, ...] = ()
     """Every address left out by choice (suppressed, or inside the cooldown), with why."""
     wants: Wanted = field(default_factory=Wanted)
+    warnings: tuple[str, ...] = ()
+    """What the 202 answer tells the sender the batch goes without (``with_engagement``)."""
 
     @property
     def accepted(self) -> int:
@@ -282,24 +284,87 @@ def list_name(value: object) -> bool:
     return isinstance(value, str) and bool(_LIST_NAME.match(value))
 
 
-def with_engagement(request: BatchRequest, prefs: Preferences) -> BatchRequest:
+#: Why a bulk-lane batch goes without the one-click unsubscribe it would have by default
+#: (the 202 answer's ``warnings``).
+SHARED_NO_UNSUBSCRIBE: Final = (
+    "bulk lane without one-click unsubscribe: shared messages cannot carry it (Gmail and "
+    "Yahoo require it of bulk senders; send one copy per recipient, or say "
+    '"unsubscribe": false)'
+)
+UNTRACKED_NO_UNSUBSCRIBE: Final = (
+    "bulk lane without one-click unsubscribe: this deployment has no tracking endpoint to carry it"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    """Whether each copy carries List-Unsubscribe and List-Unsubscribe-Post, and why not
+    when the bulk lane's default could not apply."""
+
+    on: bool
+    warning: str | None = None
+
+
+def unsubscribe_of(
+    *,
+    lane: lanes.Priority,
+    asked: bool | None,
+    preferred: bool,
+    listed: bool,
+    shared: bool,
+    tracking: bool,
+) -> Unsubscribe:
+    """A batch's one-click unsubscribe: what the request says (``asked``), else on when the
+    user prefers it, the batch names a list, or it goes in the bulk lane (Gmail and Yahoo
+    require one-click unsubscribe of bulk senders). A shared message cannot carry it (one
+    copy, no recipient's own token): it goes without, and in the bulk lane the answer says
+    why (``unsubscribe: true`` asked of one is refused before, by :func:`with_engagement`).
+    Without tracking the bulk lane's default does not apply either (the user asked nothing
+    that could be refused) and the answer says so. Pure."""
+    bulk = lane == "bulk"
+    if asked is not None:
+        return Unsubscribe(asked and not shared)
+    if shared:
+        return Unsubscribe(False, SHARED_NO_UNSUBSCRIBE if bulk else None)
+    if preferred or listed:
+        return Unsubscribe(True)
+    if bulk:
+        return Unsubscribe(True) if tracking else Unsubscribe(False, UNTRACKED_NO_UNSUBSCRIBE)
+    return Unsubscribe(False)
+
+
+def with_engagement(
+    request: BatchRequest, prefs: Preferences, *, tracking: bool = True
+) -> BatchRequest:
     """The request's message with its tracking and unsubscribe settled: what the request
-    asks, else the user's preferences; a ``list`` implies the unsubscribe header. Only
-    personal copies can carry them: a shared message asked for them is a 422, and one that
-    only inherits them from the preferences goes without.
+    asks, else the user's preferences; a ``list`` and the bulk lane imply the unsubscribe
+    header (:func:`unsubscribe_of`; ``tracking``: whether this deployment's mail carries
+    tokens). Only personal copies can carry them: a shared message asked for them is a 422,
+    and one that only inherits them goes without (with a warning in the bulk lane).
 
     Raises:
         InvalidRequest: tracking or unsubscribe asked of a shared message.
     """
     wants, message = request.wants, request.message
-    if not message.bulk:
-        if wants.asks:
-            raise InvalidRequest(
-                {
-                    "shared": "tracking and unsubscribe need one copy per recipient (each "
-                    "carries the recipient's own links): not with shared: true"
-                }
-            )
+    shared = not message.bulk
+    if shared and wants.asks:
+        raise InvalidRequest(
+            {
+                "shared": "tracking and unsubscribe need one copy per recipient (each "
+                "carries the recipient's own links): not with shared: true"
+            }
+        )
+    unsubscribe = unsubscribe_of(
+        lane=message.lane,
+        asked=wants.unsubscribe,
+        preferred=prefs.unsubscribe,
+        listed=wants.list is not None,
+        shared=shared,
+        tracking=tracking,
+    )
+    if unsubscribe.warning is not None:
+        request = dataclasses.replace(request, warnings=(*request.warnings, unsubscribe.warning))
+    if shared:
         if wants.list is None:
             return request
         # No unsubscribe link in a shared message, but its list's unsubscribes still apply.
@@ -309,9 +374,7 @@ def with_engagement(request: BatchRequest, prefs: Preferences) -> BatchRequest:
     engagement = Engagement(
         opens=prefs.track_opens if wants.opens is None else wants.opens,
         clicks=prefs.track_clicks if wants.clicks is None else wants.clicks,
-        unsubscribe=(prefs.unsubscribe or wants.list is not None)
-        if wants.unsubscribe is None
-        else wants.unsubscribe,
+        unsubscribe=unsubscribe.on,
         list=wants.list,
     )
     if not engagement.any and engagement.list is None:

@@ -222,6 +222,11 @@ class WebhookSettings(BaseSettings):
     password can then forge events. Refused in production."""
     mailgun_signing_key: SecretStr | None = None
     """Mailgun's HTTP webhook signing key (HMAC-SHA256 of timestamp and token)."""
+    inbound_basic_user: str | None = None
+    """Basic auth user of SendGrid Inbound Parse (the ``mailto:`` unsubscribe), given in its
+    URL: ``https://user:password@host/webhooks/inbound/sendgrid``. Inbound Parse posts are
+    unsigned: without this user and password they get 503 (fail closed)."""
+    inbound_basic_password: SecretStr | None = None
     timestamp_tolerance: int = Field(300, ge=1)
     """Seconds a signed webhook's timestamp may be off (replay window)."""
     max_concurrency: int = Field(64, ge=1)
@@ -571,6 +576,40 @@ class HooksSettings(BaseSettings):
         return networks_of(self.allowed_networks)
 
 
+class SubmissionSettings(BaseSettings):
+    """SMTP submission (``safedelivr submission``): applications that speak only SMTP hand their
+    mail to it, and it becomes a batch through the API's ``POST /v1/batches``."""
+
+    model_config = _config("SUBMISSION")
+
+    host: str = "127.0.0.1"
+    """Address to listen on (SMTP and the health port)."""
+    port: int = Field(8085, ge=1, le=65535)
+    """Where the process serves /healthz, /readyz and /metrics."""
+    smtp_port: int = Field(8587, ge=1, le=65535)
+    """The SMTP submission port (587 in production, behind the host's firewall rules)."""
+    hostname: str = "localhost"
+    """The name the server gives in its greeting and EHLO answer."""
+    api_url: str | None = None
+    """The API it submits batches to (default: SAFEDELIVR_API_PUBLIC_URL)."""
+    tls_cert_file: str | None = None
+    """PEM certificate (chain) for STARTTLS; required in production, where AUTH is refused
+    before STARTTLS."""
+    tls_key_file: str | None = None
+    """The certificate's private key (PEM)."""
+    max_message_bytes: int = Field(10_000_000, ge=10_000, le=40_000_000)
+    """The largest message accepted (announced as SIZE; larger ones get 552)."""
+    max_recipients: int = Field(1000, ge=1, le=10_000)
+    """RCPT TO commands one message may carry (more get 452, as RFC 5321 says)."""
+    timeout: float = Field(30.0, gt=0, le=300)
+    """Seconds the API may take to accept a batch before the client is told to try again."""
+    max_sessions: int = Field(200, ge=1)
+    """SMTP sessions open at once per process; more are told 421 and to come back."""
+    memory_max_mb: int = Field(256, ge=64)
+    """The most memory (RSS, MB) one submission process may hold (as
+    ``SAFEDELIVR_API_MEMORY_MAX_MB``; a message is held whole while it is parsed)."""
+
+
 class AlertSettings(BaseSettings):
     """Where operators' alerts may be posted (the live setting ``alerts.webhook_url``)."""
 
@@ -701,6 +740,7 @@ class Settings(BaseSettings):
     lists: ListSettings = Field(default_factory=ListSettings)
     alerts: AlertSettings = Field(default_factory=AlertSettings)
     caps: CapSettings = Field(default_factory=CapSettings)
+    submission: SubmissionSettings = Field(default_factory=SubmissionSettings)
 
     @field_validator("operators")
     @classmethod
@@ -745,6 +785,7 @@ SECTIONS: dict[str, type[BaseSettings]] = {
     "LISTS": ListSettings,
     "ALERTS": AlertSettings,
     "CAPS": CapSettings,
+    "SUBMISSION": SubmissionSettings,
 }
 
 

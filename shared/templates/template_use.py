@@ -18,7 +18,11 @@ A batch's copies are rendered in one job (:func:`render_batch`), run in
 
 A canary rollout sends its version to a stable share of the recipients
 (``shared.templates.canary.in_canary``): they are stored first, in chunks of their own, and the
-batch remembers how many of its chunks carry the canary (:func:`message_for`).
+batch remembers how many of its chunks carry the canary (:func:`message_for`). Which copy a
+chunk is sent with is decided when it is sent (:func:`version_at_send`), from the template's
+rollout as it stands then: once the judge rolls the canary back, the canary's chunks not yet
+sent go with the live copy. The attempt records the version it was sent with
+(``shared.delivery.attempts``), and readers take it from there (:func:`version_sent`).
 """
 
 from __future__ import annotations
@@ -274,7 +278,9 @@ def message_for(message: Message, chunk: int) -> Message:
 
 
 def version_for(message: Message, chunk: int) -> int | None:
-    """The template version chunk ``chunk``'s recipients got (None: not from a template)."""
+    """The template version chunk ``chunk``'s recipients were meant to get when the batch was
+    accepted (None: not from a template): what readers fall back to for attempts that
+    recorded no version (written before versions were recorded, or not sent yet)."""
     use = message.template
     if use is None:
         return None
@@ -300,3 +306,99 @@ def use_of(
         canary_chunks=chunks,
         canary_since=since if chunks else None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateState:
+    """A template's rollout as it stands now: its live version and its canary's (None: no
+    canary), with when that canary's rollout started."""
+
+    live: int | None
+    canary: int | None = None
+    canary_since: datetime | None = None
+
+
+#: Attempt states whose call may have reached the provider (its outcome was unknown).
+MAY_HAVE_REACHED: Final = frozenset({"ambiguous", "resolved"})
+
+
+def version_at_send(
+    message: Message, chunk: int, rollout: TemplateState | None, kept: int | None = None
+) -> int | None:
+    """The template version chunk ``chunk`` is sent with now (None: not from a template).
+
+    ``rollout`` is the template's rollout as it stands (None: the template is gone);
+    ``kept`` the version an earlier call of the same line was made with when that call
+    may have reached the provider (:func:`kept_version`): a recipient who may have the
+    mail already gets the same copy again, never the other one.
+
+    The live version's chunks get the live copy. A canary chunk gets the canary's copy
+    while its canary is still the template's canary (the same version, in the same
+    rollout) or has been promoted since (it is the live version now); once the canary was
+    rolled back or replaced, or the template deleted, it gets the batch's live copy."""
+    use = message.template
+    if use is None:
+        return None
+    if kept in (use.version, use.canary.version if use.canary is not None else None):
+        return kept
+    if use.canary is None or chunk >= use.canary_chunks:
+        return use.version
+    canary = use.canary.version
+    if rollout is None:
+        return use.version
+    same_rollout = use.canary_since is None or rollout.canary_since == use.canary_since
+    if (rollout.canary == canary and same_rollout) or (
+        rollout.canary is None and rollout.live == canary
+    ):
+        return canary
+    return use.version
+
+
+def kept_version(versions: Iterable[tuple[str, int | None]]) -> int | None:
+    """The version a line's calls must keep (pure): that of its latest call that may have
+    reached the provider (``(state, template_version)`` of each attempt, oldest first), if
+    any. A call refused cleanly reached nobody: the next may go with another copy."""
+    kept = None
+    for state, version in versions:
+        if state in MAY_HAVE_REACHED and version is not None:
+            kept = version
+    return kept
+
+
+def message_at(message: Message, chunk: int, version: int | None) -> Message:
+    """The message sent with template version ``version`` (the canary's copy when it is
+    the canary's version); without one (an attempt that recorded none), the copy the batch
+    meant for chunk ``chunk`` (:func:`message_for`)."""
+    use = message.template
+    if use is None:
+        return message
+    if version is None:
+        return message_for(message, chunk)
+    if use.canary is not None and version == use.canary.version:
+        return with_copy(message, use.canary)
+    return message
+
+
+def version_sent(
+    evidence: Iterable[str],
+    chunk_line: Mapping[int, int | None],
+    own_line: Mapping[int, int | None],
+    fallback: int | None,
+) -> int | None:
+    """The template version a recipient got (pure): that of the attempt a provider took it
+    by (its ``evidence`` tags, ``c.<n>`` or ``r.<n>``: its own re-sends before its chunk's),
+    else that of the latest attempt of its chunk's line that recorded one (sent, or being
+    sent); ``fallback`` (:func:`version_for`) when none did. ``chunk_line`` and
+    ``own_line`` map each attempt's number to the version it recorded."""
+    found: dict[str, tuple[int, int]] = {}
+    for tag in evidence:
+        kind, _, number = tag.partition(".")
+        line = {"c": chunk_line, "r": own_line}.get(kind)
+        version = line.get(int(number)) if line is not None and number.isdigit() else None
+        if version is not None and (kind not in found or found[kind][0] < int(number)):
+            found[kind] = (int(number), version)
+    for kind in ("r", "c"):
+        if kind in found:
+            return found[kind][1]
+    recorded = [v for _, v in sorted(chunk_line.items()) if v is not None]
+    return recorded[-1] if recorded else fallback

@@ -842,6 +842,25 @@ async def test_an_attempt_created_calling_keeps_its_owner_and_call_start(stores:
     assert abs((attempt.calling_at - now).total_seconds()) < 0.002
 
 
+async def test_an_attempt_keeps_the_template_version_its_call_was_made_with(
+    stores: Stores,
+) -> None:
+    batch_id, owner = uuid.uuid1(), uuid.uuid4()
+    assert await stores.attempts.create(
+        batch_id, "c0", 0, chunk=0, provider="sg", state="calling", owner=owner,
+        calling_at=datetime.now(UTC), template_version=3,
+    )  # fmt: skip
+    await stores.attempts.create(batch_id, "c1", 0, chunk=1, provider="sg", state="planned")
+    assert await stores.attempts.transition(
+        batch_id, "c1", 0, expect={"state": "planned"},
+        values={"state": "calling", "owner": owner, "template_version": 2},
+    )  # fmt: skip
+    await stores.attempts.create(batch_id, "c2", 0, chunk=2, provider="sg", state="calling")
+
+    lines = await stores.attempts.lines(batch_id)
+    assert [lines[f"c{n}"][0].template_version for n in range(3)] == [3, 2, None]
+
+
 async def test_a_transition_applies_only_when_its_condition_holds(stores: Stores) -> None:
     batch_id, owner = uuid.uuid1(), uuid.uuid4()
     await stores.attempts.create(

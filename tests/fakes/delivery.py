@@ -931,6 +931,7 @@ class FakeAttempts(Attempts):
         cause: str | None = None,
         reason: str | None = None,
         calling_at: datetime | None = None,
+        template_version: int | None = None,
     ) -> bool:
         failure = await self.db._before("attempts.create")
         rows = self.db.attempts[(batch_id, line)]
@@ -948,6 +949,7 @@ class FakeAttempts(Attempts):
                 created_at=as_stored(self.db.now()),
                 calling_at=as_stored(calling_at) if calling_at else None,
                 checks=0,
+                template_version=template_version,
             )
             rows[attempt] = row
         self.db._after(failure)

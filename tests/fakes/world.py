@@ -21,6 +21,7 @@ from services.consumers.dispatch import Dispatcher
 from services.consumers.provider_rates import ProviderLimiter
 from services.consumers.running import Running
 from services.consumers.splitter import Splitter
+from services.consumers.template_rollouts import LiveRollouts
 from services.webhooks.app import create_app as create_webhooks
 from services.webhooks.intake import Intake, IntakeMetrics
 from shared.core.batch_ids import accepted_at
@@ -171,6 +172,7 @@ class World:
         cpu: CpuLane | None = None,
         adapters: Mapping[str, Provider] | None = None,
         unconfigured: tuple[str, ...] = (),
+        rollouts: LiveRollouts | None = None,
         **provider_settings: object,
     ) -> None:
         """``adapters`` replace the scripted providers the dispatcher calls; the scripted
@@ -251,6 +253,7 @@ class World:
             limiter=limiter or ProviderLimiter(None, ""),
             capacity=capacity or CapacityGate(None),
             cpu=cpu or CpuLane(),
+            rollouts=rollouts,
         )
         self.splitter = Splitter(
             self.broker,  # type: ignore[arg-type]
@@ -274,7 +277,10 @@ class World:
         self, *emails: str, chunk_size: int = 10, priority: Priority | None = None
     ) -> NewBatch:
         """Store a batch as the API does and publish its ``batch.<uuid>`` job."""
-        batch = new_batch(*emails, chunk_size=chunk_size, priority=priority)
+        return await self.accept_batch(new_batch(*emails, chunk_size=chunk_size, priority=priority))
+
+    async def accept_batch(self, batch: NewBatch) -> NewBatch:
+        """Store ``batch`` as the API does and publish its ``batch.<uuid>`` job."""
         # The World's clock never runs behind a batch it accepted: writes stamped with it (a
         # status change) come after the batch's own, as a server's clock does.
         self.clock.now = max(

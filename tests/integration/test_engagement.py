@@ -7,7 +7,12 @@ own."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import re
+import secrets
+import time
 import urllib.parse
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -15,13 +20,21 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from services.tracking.app import PIXEL
 from services.tracking.app import create_app as create_tracking
 from shared.infra.config import Settings
 from shared.infra.db import Database
 from tests.integration.harness import eventually, served
-from tests.integration.stack import Stack, as_new_user, emails, fast_settings, full_stack
+from tests.integration.stack import (
+    MG_KEY,
+    Stack,
+    as_new_user,
+    emails,
+    fast_settings,
+    full_stack,
+)
 
 HTML = (
     '<html><body><p>Hi -name-, see <a href="https://shop.example/sale?a=1&amp;b=2">the sale</a>'
@@ -31,13 +44,19 @@ HTML = (
 )
 #: Personal links to this host are tracked (the operator allows it).
 ALLOWED = "pages.example"
+#: The List-Unsubscribe mailto, and the password of the Inbound Parse URL that forwards it.
+MAILTO = "unsubscribe@in.example"
+PARSE_PASSWORD = "parse-password"
 
 
 @pytest.fixture(scope="module")
 async def module_stack(module_settings: Settings, db: Database) -> AsyncIterator[Stack]:
     """One stack for the module (starting one costs seconds), with its tracking server."""
-    async with full_stack(fast_settings(module_settings), db) as s:
-        tracking = s.settings.tracking.model_copy(update={"redirect_hosts": ALLOWED})
+    inbound = {"inbound_basic_user": "parse", "inbound_basic_password": SecretStr(PARSE_PASSWORD)}
+    async with full_stack(fast_settings(module_settings), db, webhooks=inbound) as s:
+        tracking = s.settings.tracking.model_copy(
+            update={"redirect_hosts": ALLOWED, "unsubscribe_mailto": MAILTO}
+        )
         s.settings = s.settings.model_copy(update={"tracking": tracking})
         async with served(create_tracking(s.settings)) as url:
             tracking = tracking.model_copy(update={"public_url": url})
@@ -68,6 +87,13 @@ def _hrefs(html: str) -> list[str]:
 
 def _header(message: dict[str, Any], name: str) -> str | None:
     return next((v for k, v in message["headers"].items() if k.lower() == name.lower()), None)
+
+
+def _one_click(message: dict[str, Any]) -> str:
+    """The one-click URL of the copy's List-Unsubscribe (the first; a mailto: follows)."""
+    found = re.match(r"<(https?://[^>]+)>", _header(message, "List-Unsubscribe") or "")
+    assert found is not None
+    return found.group(1)
 
 
 async def _today(stack: Stack) -> dict[str, int]:
@@ -159,7 +185,7 @@ async def test_one_click_unsubscribe_suppresses_and_the_next_batch_skips_the_add
     _, received = await _send_and_receive(stack, [ann, bob], list="news")
     message = received[ann]
     assert _header(message, "List-Unsubscribe-Post") == "List-Unsubscribe=One-Click"
-    url = re.fullmatch(r"<([^>]+)>", _header(message, "List-Unsubscribe") or "")
+    url = re.match(r"<([^>]+)>", _header(message, "List-Unsubscribe") or "")
     assert url is not None and url.group(1).startswith(stack.settings.tracking.public_url)
 
     async with httpx.AsyncClient(follow_redirects=False) as mail_client:
@@ -182,10 +208,58 @@ async def test_one_click_unsubscribe_suppresses_and_the_next_batch_skips_the_add
     assert other.status_code == 202 and other.json()["accepted"] == 1
 
 
+async def test_a_bulk_lane_batch_carries_one_click_unsubscribe_that_suppresses(
+    stack: Stack,
+) -> None:
+    """The bulk lane brings both headers by default (Gmail and Yahoo require them of bulk
+    senders), and their one-click POST suppresses the address for all of the user's mail."""
+    ann, bob = emails(2)
+    _, received = await _send_and_receive(stack, [ann, bob], priority="bulk")
+    for message in received.values():
+        assert _header(message, "List-Unsubscribe-Post") == "List-Unsubscribe=One-Click"
+    url = re.match(r"<([^>]+)>", _header(received[ann], "List-Unsubscribe") or "")
+    assert url is not None and url.group(1).startswith(stack.settings.tracking.public_url)
+
+    async with httpx.AsyncClient(follow_redirects=False) as mail_client:
+        resp = await mail_client.post(
+            url.group(1),
+            content="List-Unsubscribe=One-Click",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
+    assert resp.status_code == 200, resp.text
+
+    async def suppressed() -> list[str] | None:
+        # The API's cache of the list drops it when it hears the tracking server's broadcast.
+        again = await stack.post([ann, bob])
+        return list(again.json()["suppressed"]) or None
+
+    assert await eventually(suppressed, timeout=15, interval=0.1) == [ann]
+
+
+async def test_a_bulk_lane_batch_pinned_to_mailgun_carries_both_headers(stack: Stack) -> None:
+    (ann,) = emails(1)
+    _, received = await _send_and_receive(stack, [ann], priority="bulk", provider="mailgun")
+    message = received[ann]
+    assert message["provider"] == "mailgun"
+    assert _header(message, "List-Unsubscribe-Post") == "List-Unsubscribe=One-Click"
+    assert _one_click(message).startswith(f"{stack.settings.tracking.public_url}/u/")
+
+
+async def test_a_shared_bulk_batch_goes_without_the_header_and_says_why(stack: Stack) -> None:
+    ann, bob = emails(2)
+    resp = await stack.post([ann, bob], priority="bulk", shared=True)
+    assert resp.status_code == 202, resp.text
+    assert ["shared messages cannot carry it" in w for w in resp.json()["warnings"]] == [True]
+
+    async with stack.consuming():
+        message = await stack.received(ann)
+    assert _header(message, "List-Unsubscribe") is None
+
+
 async def test_the_unsubscribe_page_asks_before_it_suppresses(stack: Stack) -> None:
     (ann,) = emails(1)
     _, received = await _send_and_receive(stack, [ann], unsubscribe=True)
-    url = (_header(received[ann], "List-Unsubscribe") or "").strip("<>")
+    url = _one_click(received[ann])
 
     async with httpx.AsyncClient(follow_redirects=False) as browser:
         page = await browser.get(url)
@@ -312,8 +386,112 @@ async def test_cooldown_per_category_lets_other_categories_through(stack: Stack)
 async def test_an_unsubscribe_link_of_an_unknown_batch_is_a_404(stack: Stack) -> None:
     (ann,) = emails(1)
     _, received = await _send_and_receive(stack, [ann], unsubscribe=True)
-    url = (_header(received[ann], "List-Unsubscribe") or "").strip("<>")
+    url = _one_click(received[ann])
     base, token = url.rsplit("/", 1)
     async with httpx.AsyncClient() as client:
         resp = await client.post(f"{base}/{urllib.parse.quote(token[:-4])}")
     assert resp.status_code == 404
+
+
+def _mailto_subject(message: dict[str, Any]) -> str:
+    """The Subject a mail client gives a mail to the copy's List-Unsubscribe mailto."""
+    found = re.search(
+        r"<mailto:([^?>]+)\?subject=([^>]+)>", _header(message, "List-Unsubscribe") or ""
+    )
+    assert found is not None and found.group(1) == MAILTO
+    return urllib.parse.unquote(found.group(2))
+
+
+def _mailgun_route_post(subject: str, recipient: str = MAILTO) -> dict[str, str]:
+    """A Mailgun route's forward() of a mail, signed like its webhooks."""
+    stamp, token = str(int(time.time())), secrets.token_hex(25)
+    signature = hmac.new(MG_KEY.encode(), (stamp + token).encode(), hashlib.sha256).hexdigest()
+    return {
+        "recipient": recipient,
+        "sender": "reader@example.net",
+        "from": "Reader <reader@example.net>",
+        "subject": subject,
+        "body-plain": "",
+        "timestamp": stamp,
+        "token": token,
+        "signature": signature,
+    }
+
+
+async def _suppressed_now(stack: Stack, to: list[str], **extra: Any) -> list[str]:
+    async def check() -> list[str] | None:
+        # The API's cache of the list drops it when it hears the webhooks' broadcast.
+        again = await stack.post(to, **extra)
+        return list(again.json()["suppressed"]) or None
+
+    found: list[str] = await eventually(check, timeout=15, interval=0.1)
+    return found
+
+
+async def test_a_mailto_unsubscribe_through_a_mailgun_route_suppresses(stack: Stack) -> None:
+    ann, bob = emails(2)
+    _, received = await _send_and_receive(stack, [ann, bob], list="news")
+    async with httpx.AsyncClient(base_url=stack.hooks_url) as mailgun:
+        resp = await mailgun.post(
+            "/webhooks/inbound/mailgun", data=_mailgun_route_post(_mailto_subject(received[ann]))
+        )
+    assert resp.status_code == 200 and resp.json() == {"unsubscribed": True}, resp.text
+
+    assert await _suppressed_now(stack, [ann, bob], list="news") == [ann]
+
+
+async def test_a_mailto_unsubscribe_through_sendgrid_inbound_parse_suppresses(
+    stack: Stack,
+) -> None:
+    ann, bob = emails(2)
+    _, received = await _send_and_receive(stack, [ann, bob], unsubscribe=True)
+    fields = {
+        "to": MAILTO,
+        "from": "Bob <bob@example.net>",
+        "subject": _mailto_subject(received[bob]),
+        "envelope": f'{{"to": ["{MAILTO}"], "from": "bob@example.net"}}',
+        "headers": "Received: by mx.example\n",
+    }
+    auth = httpx.BasicAuth("parse", PARSE_PASSWORD)
+    async with httpx.AsyncClient(base_url=stack.hooks_url, auth=auth) as sendgrid:
+        # Inbound Parse posts multipart (files= makes httpx send it so).
+        resp = await sendgrid.post(
+            "/webhooks/inbound/sendgrid",
+            data=fields,
+            files={"attachment1": ("a.txt", b"hello", "text/plain")},
+        )
+    assert resp.status_code == 200 and resp.json() == {"unsubscribed": True}, resp.text
+
+    assert await _suppressed_now(stack, [ann, bob]) == [bob]
+
+
+async def test_inbound_routes_refuse_what_is_not_a_proven_unsubscribe(stack: Stack) -> None:
+    (ann,) = emails(1)
+    _, received = await _send_and_receive(stack, [ann], unsubscribe=True)
+    subject = _mailto_subject(received[ann])
+    forged = {**_mailgun_route_post(subject), "signature": "0" * 64}
+    basic = "Basic " + base64.b64encode(f"parse:{PARSE_PASSWORD}".encode()).decode()
+    async with httpx.AsyncClient(base_url=stack.hooks_url) as client:
+        bad_signature = await client.post("/webhooks/inbound/mailgun", data=forged)
+        not_one = await client.post(
+            "/webhooks/inbound/mailgun", data=_mailgun_route_post("Re: your order")
+        )
+        no_auth = await client.post(
+            "/webhooks/inbound/sendgrid", data={"subject": subject}, files={"f": b"x"}
+        )
+        too_big = await client.post(
+            "/webhooks/inbound/sendgrid",
+            content=b"a" * (2 * 1024 * 1024),
+            headers={"Authorization": basic, "Content-Type": "multipart/form-data; boundary=B"},
+        )
+        not_a_form = await client.post(
+            "/webhooks/inbound/sendgrid",
+            json={"subject": subject},
+            headers={"Authorization": basic},
+        )
+    assert bad_signature.status_code == 401
+    assert not_one.status_code == 406 and not_one.json()["unsubscribed"] is False
+    assert no_auth.status_code == 401
+    assert too_big.status_code == 413
+    assert not_a_form.status_code == 415
+    assert (await stack.post([ann])).json()["accepted"] == 1  # nothing suppressed

@@ -1,23 +1,28 @@
 """Batches made from templates, end to end on real services (API, consumers, RabbitMQ,
 Cassandra, sandbox providers and webhooks): each recipient gets the version with their own
 values (html-escaped in html), the logs say which version, a canary goes to its stable share,
-and the judge promotes a canary that does no harm and rolls back one that bounces."""
+the judge promotes a canary that does no harm and rolls back one that bounces, and a batch's
+canary chunks not yet sent when it is rolled back go with the live version."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from services.consumers.canary_judge import CanaryJudge
 from services.consumers.main import judge_of
+from shared.delivery.attempts import AttemptStore
 from shared.delivery.batchstore import BatchStore
 from shared.delivery.recipients import RecipientStore
 from shared.delivery.stats import StatsStore
 from shared.infra.config import Settings
 from shared.infra.db import Database
-from shared.templates.canary import in_canary
+from shared.templates.canary import Margins, in_canary
 from shared.templates.canary_store import CanaryStore
 from shared.templates.templates import TemplateStore
 from tests.integration.stack import Stack, emails, fast_settings, full_stack
@@ -246,3 +251,52 @@ async def test_a_canary_that_does_no_harm_is_promoted(stack: Stack) -> None:
     assert judged["template"].canary_version is None
     [outcome] = judged["history"]
     assert outcome.decision == "promote"
+
+
+async def test_a_rolled_back_canary_stops_at_once(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch accepted with a canary and not sent yet when the judge rolls the canary back
+    (its jobs wait in RabbitMQ, no consumer running) goes out with the live version to every
+    recipient, its canary's share too: the sandbox's mailbox shows the live copy, the logs
+    version 1 for each, and the send logs name the version per chunk."""
+    tid = await _template(stack, "Old", "New")
+    await _canary(stack, tid, 2, 50)
+    judged = _split(tid, 50, canary_prefix="bounce", live_prefix="ok")
+    waiting = _split(tid, 50, canary_prefix="late", live_prefix="fine")
+    async with stack.consuming():
+        first = await _post(stack, _to(judged), template_id=str(tid), data={"shop": "x"})
+        first_logs = await stack.final(first["batch_id"], len(judged))
+    later = await _post(stack, _to(waiting), template_id=str(tid), data={"shop": "x"})
+    assert later["template"] == {"id": str(tid), "version": 1, "canary_version": 2}
+
+    quick = stack.settings.consumers.model_copy(
+        update={"canary_window": 0.1, "canary_min_sent": 4, "canary_margin_bounces": 0.2}
+    )
+    stats = StatsStore(stack.db, stack.settings.stats.buckets)
+    judge = CanaryJudge(
+        CanaryStore(stack.db, stack.settings.amqp.exchange),
+        TemplateStore(stack.db),
+        BatchStore(stack.db, stats),
+        RecipientStore(stack.db, stats),
+        Margins.of(quick),
+        timedelta(seconds=0.1),
+        timedelta(hours=1),
+        attempts=AttemptStore(stack.db),
+    )
+    assert [v.decision for v in await judge.pass_once()] == ["rollback"]
+
+    with caplog.at_level(logging.INFO, "services.consumers.calls"):
+        async with stack.consuming():
+            got = {a: await stack.received(a) for a in waiting}
+            logs = await stack.final(later["batch_id"], len(waiting))
+
+    assert any(in_canary(tid, a, 50) for a in waiting)  # the canary's share was in it
+    assert {a: m["subject"] for a, m in got.items()} == dict.fromkeys(waiting, "Old")
+    assert {a: r["template_version"] for a, r in logs.items()} == dict.fromkeys(waiting, 1)
+    sent = [r.getMessage() for r in caplog.records if later["batch_id"] in r.getMessage()]
+    assert sent and all("template version 1 (live)" in m for m in sent)
+    # The batch the judge counted keeps the versions its recipients were sent.
+    assert {a: r["template_version"] for a, r in first_logs.items()} == {
+        a: 2 if in_canary(tid, a, 50) else 1 for a in judged
+    }

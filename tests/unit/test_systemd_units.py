@@ -31,7 +31,7 @@ def _commands(unit: Path) -> list[list[str]]:
 
 
 def test_every_service_has_a_unit_that_runs_one_worker_per_core() -> None:
-    for service in ("api", "webhooks", "consumers", "hooks"):
+    for service in ("api", "webhooks", "consumers", "hooks", "submission"):
         (argv,) = _commands(UNITS / f"safedelivr-{service}.service")
         assert argv == [f"{INSTALLED}/.venv/bin/safedelivr", service, "--workers", "auto"]
 
@@ -44,6 +44,7 @@ def test_every_command_of_every_unit_is_one_the_cli_accepts() -> None:
         "tracking",
         "consumers",
         "hooks",
+        "submission",
         "migrate",
         "topology",
     }
@@ -59,6 +60,7 @@ def test_the_target_wants_every_long_running_service() -> None:
         "safedelivr-tracking.service",
         "safedelivr-consumers.service",
         "safedelivr-hooks.service",
+        "safedelivr-submission.service",
     }
 
 

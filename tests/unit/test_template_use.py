@@ -5,6 +5,7 @@ recipients first in chunks of their own, and which version each chunk carries.""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -15,7 +16,7 @@ from shared.delivery.validation import RecipientInput
 from shared.templates import template_use
 from shared.templates.canary import in_canary
 from shared.templates.template_render import RenderError
-from shared.templates.template_use import Source
+from shared.templates.template_use import Source, TemplateState
 
 SOURCE = Source(3, "Hi {{ name }}", "<p>{{ name }} at {{ shop }}</p>", None)
 
@@ -154,3 +155,92 @@ def test_the_judge_counts_each_side_on_what_harms_a_sender() -> None:
 
     assert (tally.canary.sent, tally.canary.hard_bounces) == (2, 1)
     assert (tally.live.sent, tally.live.provider_failures, tally.live.complaints) == (3, 2, 1)
+
+
+_SINCE = datetime(2026, 11, 30, 2, 0, tzinfo=UTC)
+
+
+def _canary_message() -> Message:
+    """A batch of 4 chunks from template v1 with canary v2 (rollout since _SINCE) in 2."""
+    live = TemplateCopy(version=1, subject="live", text="live")
+    canary = TemplateCopy(version=2, subject="canary", text="canary")
+    use = template_use.use_of(
+        uuid.uuid1(), live, canary, canary_recipients=3, chunk_size=2, since=_SINCE
+    )
+    return _message().model_copy(update={"template": use})
+
+
+def _sent(rollout: TemplateState | None, kept: int | None = None) -> list[int | None]:
+    message = _canary_message()
+    return [template_use.version_at_send(message, c, rollout, kept) for c in range(4)]
+
+
+def test_canary_chunks_go_with_the_canary_while_it_is_the_templates_canary() -> None:
+    assert _sent(TemplateState(live=1, canary=2, canary_since=_SINCE)) == [2, 2, 1, 1]
+
+
+def test_canary_chunks_go_with_the_live_copy_once_the_canary_is_rolled_back() -> None:
+    assert _sent(TemplateState(live=1)) == [1, 1, 1, 1]
+
+
+def test_canary_chunks_keep_the_canary_once_it_is_promoted() -> None:
+    assert _sent(TemplateState(live=2)) == [2, 2, 1, 1]
+
+
+def test_canary_chunks_go_with_the_live_copy_once_another_rollout_replaced_theirs() -> None:
+    again = _SINCE + timedelta(minutes=5)
+
+    assert _sent(TemplateState(live=1, canary=2, canary_since=again)) == [1, 1, 1, 1]
+    assert _sent(TemplateState(live=1, canary=3, canary_since=again)) == [1, 1, 1, 1]
+
+
+def test_canary_chunks_go_with_the_live_copy_once_the_template_is_deleted() -> None:
+    assert _sent(None) == [1, 1, 1, 1]
+
+
+def test_a_call_that_may_have_reached_the_provider_keeps_its_version() -> None:
+    assert _sent(TemplateState(live=1), kept=2) == [2, 2, 2, 2]
+    assert _sent(TemplateState(live=1, canary=2, canary_since=_SINCE), kept=1) == [1, 1, 1, 1]
+
+
+def test_a_batch_not_from_a_template_has_no_version() -> None:
+    assert template_use.version_at_send(_message(), 0, TemplateState(live=1)) is None
+    assert template_use.message_at(_message(), 0, None) == _message()
+
+
+def test_only_calls_that_may_have_reached_the_provider_are_kept() -> None:
+    assert template_use.kept_version([("rejected", 2), ("calling", 2)]) is None
+    assert template_use.kept_version([("ambiguous", 2)]) == 2
+    assert template_use.kept_version([("resolved", 2), ("rejected", 1), ("ambiguous", 1)]) == 1
+    assert template_use.kept_version([("resolved", None)]) is None
+
+
+def test_the_message_is_the_copy_of_the_version_sent() -> None:
+    message = _canary_message()
+
+    assert template_use.message_at(message, 0, 2).subject == "canary"
+    assert template_use.message_at(message, 0, 1).subject == "live"
+    assert template_use.message_at(message, 3, 2).subject == "canary"
+
+
+def test_an_attempt_without_a_version_sends_the_copy_the_batch_meant() -> None:
+    message = _canary_message()
+
+    assert [template_use.message_at(message, c, None).subject for c in (0, 2)] == [
+        "canary",
+        "live",
+    ]
+
+
+def test_a_recipient_got_the_version_of_the_attempt_that_took_it() -> None:
+    chunk_line = {0: 2, 1: 1}
+
+    assert template_use.version_sent(["c.1"], chunk_line, {}, 2) == 1
+    assert template_use.version_sent(["c.0"], chunk_line, {}, 1) == 2
+    assert template_use.version_sent(["c.0", "r.0", "r.1"], chunk_line, {0: 2, 1: 1}, 2) == 1
+
+
+def test_a_recipient_not_taken_yet_shows_its_chunks_latest_recorded_version() -> None:
+    assert template_use.version_sent([], {0: 2, 1: 1, 2: None}, {}, 2) == 1
+    assert template_use.version_sent([], {0: None}, {}, 2) == 2
+    assert template_use.version_sent(["c.0"], {0: None}, {}, 2) == 2

@@ -28,7 +28,7 @@ from ._core import (
     version_body,
     wait_before_retry,
 )
-from ._types import Accepted, BatchItem, KeyCreated, LogEntry, StatsDay
+from ._types import Accepted, BatchItem, KeyCreated, KeyView, LogEntry, StatsDay
 
 _USER_AGENT = "safedelivr-client/0.1"
 
@@ -457,6 +457,10 @@ class Client:
     def revoke_key(self, key_id: str) -> None:
         self._call(Request("DELETE", f"/v1/keys/{quoted(key_id)}"))
 
+    def current_key(self) -> KeyView:
+        """The key this client uses: its id and scopes (any key may ask)."""
+        return cast(KeyView, self._call(Request("GET", "/v1/keys/current")))
+
 
 class AsyncClient:
     """The Safedelivr API for asyncio: the methods of :class:`Client`, awaited."""
@@ -863,3 +867,7 @@ class AsyncClient:
 
     async def revoke_key(self, key_id: str) -> None:
         await self._call(Request("DELETE", f"/v1/keys/{quoted(key_id)}"))
+
+    async def current_key(self) -> KeyView:
+        """See :meth:`Client.current_key`."""
+        return cast(KeyView, await self._call(Request("GET", "/v1/keys/current")))

@@ -25,6 +25,7 @@ OPERATIONS: Mapping[str, str] = {
     "get_preferences": "preferences",
     "update_preferences": "set_preferences",
     "list_keys": "keys",
+    "current_key": "current_key",
     "create_key": "create_key",
     "revoke_key": "revoke_key",
     "list_domains": "domains",

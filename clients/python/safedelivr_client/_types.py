@@ -25,6 +25,7 @@ class Accepted(_AcceptedRequired, total=False):
     send_at: str | None
     status: Literal["scheduled"] | None
     template: TemplateRefOut | None
+    warnings: list[str] | None
 
 
 class _AddressInRequired(TypedDict):

@@ -18,7 +18,7 @@ from shared.templates.canary import Counts, Margins
 from shared.templates.canary_store import Outcome, Rollout, verdict_of, verdict_text
 from shared.templates.templates import Template
 from tests.fakes.cassandra import FakeCassandra
-from tests.fakes.delivery import FakeBatches, FakeRecipients
+from tests.fakes.delivery import FakeAttempts, FakeBatches, FakeRecipients
 from tests.fakes.templates import CanaryTables, FakeCanary, FakeTemplates
 from tests.fakes.wire import Kind, Loopback, Trip
 from tests.fakes.world import new_batch
@@ -128,6 +128,27 @@ async def test_a_rollout_inside_its_window_is_left_alone() -> None:
     assert verdicts == []
     assert await s.store.rollouts() == [rollout]
     assert await s.template(rollout) == (1, 2)
+
+
+async def test_recipients_are_counted_with_the_version_their_chunk_was_sent_with() -> None:
+    """The canary's chunk went out with the live version (the canary was rolled back
+    before it was sent): its recipient counts on the live side; without recorded versions
+    it counts where the batch meant it to."""
+    s = Setting()
+    _, rollout = await s.rollout()
+    batch_id = await s.sent(rollout, canary_event="bounced")
+    attempts = FakeAttempts(s.db)
+    for chunk in (0, 1):
+        await attempts.create(
+            batch_id, f"c{chunk}", 0, chunk=chunk, provider="sg", state="accepted",
+            template_version=1,
+        )  # fmt: skip
+
+    recorded = await replace(s.judge, attempts=attempts).tally(rollout)
+    planned = await s.judge.tally(rollout)
+
+    assert (recorded.canary, recorded.live) == (Counts(), Counts(sent=2, hard_bounces=1))
+    assert (planned.canary, planned.live) == (Counts(sent=1, hard_bounces=1), Counts(sent=1))
 
 
 @dataclass

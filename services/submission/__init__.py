@@ -1,0 +1,1 @@
+"""SMTP submission (``safedelivr submission``): mail handed over by SMTP becomes a batch."""
