@@ -41,6 +41,9 @@ class Config:
     """Windows (start, seconds) in which Cassandra answers nothing."""
     answers_lost: int = 0
     """How many of the API's first answers never reach their client, whatever the schedule."""
+    relays: tuple[str, ...] = ()
+    """Providers that answer recipient by recipient, as an SMTP relay does, and report
+    nothing afterwards (``simulation.providers.relay_answer``)."""
 
 
 @dataclass

@@ -36,6 +36,7 @@ from services.hooks.schedule import occurred
 from shared.audience.campaigns import METADATA_KEY
 from shared.core.batch_ids import accepted_at
 from shared.core.models import Message
+from shared.delivery import recipient_answers
 from shared.delivery.attempts import chunk_line, from_row
 from shared.delivery.precedence import visible
 from shared.delivery.stats import batch_day
@@ -182,7 +183,8 @@ def _once(world: World, requests: list[Request], verdict: Verdict) -> None:
 def _unproven(world: World, a: Acceptance) -> bool:
     """Whether an acceptance was concluded unaccepted for want of evidence, through no fault
     of ours: its provider has no query API and reported nothing within the webhook window
-    (the README's window (1))."""
+    (the README's window (1)), and the attempt had not recorded its answer that it took it
+    (a relay's "accepted": once stored, nothing excuses sending it again)."""
     if a.provider in world.config.query_api or "." not in a.tag:
         return False
     kind, _, number = a.tag.partition(".")
@@ -192,8 +194,19 @@ def _unproven(world: World, a: Acceptance) -> bool:
         if batch_id == a.batch_id and line[0] == kind
     ]
     return any(
-        (row := rows.get(int(number))) is not None and row.get("resolution") == "not_accepted"
+        (row := rows.get(int(number))) is not None
+        and row.get("resolution") == "not_accepted"
+        and not _recorded_accepted(row, a.email)
         for rows in lines
+    )
+
+
+def _recorded_accepted(row: dict[str, object], email: str) -> bool:
+    """Whether an attempt's row recorded the provider's answer that it took ``email``."""
+    raw = row.get("answers")
+    answers = recipient_answers.decode(raw if isinstance(raw, str) else None)
+    return answers is not None and any(
+        x.outcome == "accepted" and x.email.lower() == email for x in answers.recipients
     )
 
 

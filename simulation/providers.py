@@ -34,11 +34,12 @@ from sandbox.mailgun import parse_message
 from shared.core.errors import ProviderError
 from shared.core.models import Chunk
 from shared.providers.base import Gate as RateGate
-from shared.providers.base import LookupQuery, Receipt
+from shared.providers.base import LookupQuery, Receipt, RecipientAnswer
 from shared.providers.mailgun import build_form
 from shared.providers.responses import classify
 from shared.providers.sendgrid import build_payload
 from shared.providers.transport import translate
+from simulation.faults import FAULTS
 from simulation.processes import Gate, outside
 
 #: Seconds after acceptance at which each step of a recipient's events is posted
@@ -109,6 +110,9 @@ class SimProvider:
     None: normally): a scenario's own provider behaviour."""
     duplicate_posts: bool = False
     """Whether every webhook post is delivered twice (SendGrid sends duplicates)."""
+    relay: bool = False
+    """Whether it answers recipient by recipient (:func:`relay_answer`), as an SMTP relay
+    does, and reports nothing afterwards: what it accepts is all we learn."""
     sent: int = 0
     pending_posts: int = 0
     name: str = ""
@@ -132,6 +136,10 @@ class SimProvider:
             await asyncio.sleep(self.timeout)
             raise translate(self.code, self.name, httpx.ReadTimeout("timed out"), self.timeout)
         self.sent += 1
+        if self.relay and fault not in FAULTS["send"]:
+            receipt = self._relay(chunk)
+            self.gate.die_if(fault)  # the caller's last act, if so
+            return receipt
         message_id = self._accept(chunk)
         if fault == "accept_silent":
             await asyncio.sleep(self.timeout)
@@ -144,11 +152,21 @@ class SimProvider:
         self.gate.die_if(fault)
         return Receipt(self.code, 202 if self.code == "sg" else 200, message_id)
 
-    def _accept(self, chunk: Chunk) -> str:
+    def _relay(self, chunk: Chunk) -> Receipt:
+        """A relay's answer: one per recipient; those it took (or may have: its answer was
+        lost) go to the ledger, and no event follows."""
+        answers = tuple(relay_answer(r.email) for r in chunk.recipients)
+        taken = {a.email for a in answers if a.outcome in ("accepted", "unknown")}
+        message_id = self._accept(chunk, only=taken, events=False)
+        return Receipt(self.code, 250, message_id, recipients=answers, final=True)
+
+    def _accept(self, chunk: Chunk, *, only: set[str] | None = None, events: bool = True) -> str:
         loop = asyncio.get_running_loop()
         at = loop.time()
         metadata = tuple(sorted(chunk.message.metadata.items()))
         for r in chunk.recipients:
+            if only is not None and r.email not in only:
+                continue
             self.ledger.accepted.append(
                 Acceptance(
                     self.code,
@@ -162,6 +180,8 @@ class SimProvider:
                 )
             )
         message_id = f"{self.code}-{uuid.uuid4().hex[:16]}"
+        if not events:
+            return message_id
         for delay, body in self._events(chunk, message_id):
             self._schedule(delay, body, 0.0)
             if self.duplicate_posts:
@@ -255,6 +275,21 @@ class SimProvider:
 
     async def aclose(self) -> None:
         return None
+
+
+def relay_answer(email: str) -> RecipientAnswer:
+    """A relay's answer to one RCPT, from the address: ``rcpt4xx…@`` refused for now (451),
+    ``rcpt5xx…@`` refused for good (550 5.1.1, to be suppressed), ``rcptlost…@`` taken but
+    its answer lost (unknown), anyone else taken (250)."""
+    if email.startswith("rcpt4xx"):
+        return RecipientAnswer(email, "refused_transient", 451, "4.7.1 try again later")
+    if email.startswith("rcpt5xx"):
+        return RecipientAnswer(
+            email, "refused_permanent", 550, "5.1.1 no such mailbox", suppress=True
+        )
+    if email.startswith("rcptlost"):
+        return RecipientAnswer(email, "unknown", None, "connection lost")
+    return RecipientAnswer(email, "accepted", 250, "2.1.5 ok")
 
 
 def fate_of(code: str, email: str) -> str:

@@ -280,6 +280,20 @@ async def _campaign(world: World) -> list[Request]:
     return []
 
 
+async def _relay(world: World) -> list[Request]:
+    # SendGrid answers each recipient as an SMTP relay does: takes Ann (and that is all that
+    # will be known: delivered, "accepted by relay"), refuses Bob for now (handed over to
+    # Mailgun), Cat for good (failed, suppressed), and Dan's answer is lost (taken in truth:
+    # without a query API or events he is resent through Mailgun after the webhook window).
+    return await _one(
+        world,
+        ANN,
+        "rcpt4xx.bob@example.org",
+        "rcpt5xx.cat@example.org",
+        "rcptlost.dan@example.org",
+    )
+
+
 async def _two_clients(world: World) -> list[Request]:
     first = Request("first", user(1), body(ANN, BOB), key="k-1")
     second = Request("second", user(2), body(ANN, "cat@example.org"), key=None)
@@ -425,6 +439,13 @@ SCENARIOS: dict[str, Scenario] = {
             "a campaign of four contacts, one a second: paused after its first slices, a "
             "contact and the template changed meanwhile, then resumed",
             _campaign,
+        ),
+        Scenario(
+            "relay",
+            "SendGrid answers recipient by recipient, as a relay: one taken, one refused for "
+            "now (Mailgun sends it), one for good (failed, suppressed), one answer lost",
+            _relay,
+            Config(relays=("sg",), query_api=("mg",), resolve_interval=600),
         ),
         Scenario(
             "two_clients",

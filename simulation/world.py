@@ -167,6 +167,7 @@ class World:
                 event_delays=config.event_delays,
                 script=list(config.scripts.get(code, ())),
                 duplicate_posts=config.duplicate_posts,
+                relay=code in config.relays,
             )
             for code in self.settings.providers.chain_codes
         }
@@ -258,6 +259,24 @@ class World:
         namespace = self.settings.amqp.exchange
         # No live settings here: the consumers run on the env's values for good.
         running = Current(Running.start(self.settings.providers))
+        # Providers' answers recipient by recipient go through an ingest of the process's
+        # own, as in ``services.consumers.main``.
+        ingest = Ingest(
+            batches=self.batches,
+            recipients=self.recipients,
+            suppressions=self.suppressions,
+            timeline=self.timeline,
+            handoff=HandOff(
+                self.attempts,
+                self.recipients,
+                self.broker,  # type: ignore[arg-type]
+                running,
+            ),
+            broker=self.broker,  # type: ignore[arg-type]
+            settings=self.settings,
+            metrics=metrics().ingest,
+            hooks=self._emitter(),
+        )
         now = self._now(process)
         # Kept by the process's own (virtual) clock, as its real one would keep them.
         rollouts = LiveRollouts(self.templates, clock=lambda: now().timestamp())
@@ -274,6 +293,7 @@ class World:
             deferred_deadline=self.settings.webhooks.deferred_deadline,
             campaigns=CampaignHold(self.campaign_store),
             user_hooks=self._emitter(),
+            ingest=ingest,
             now=self._now(process),
             rollouts=rollouts,
         )

@@ -39,6 +39,7 @@ from shared.core.errors import (
 from shared.core.models import Chunk, Message, chain_for
 from shared.delivery.attempts import Attempt, Attempts, find, tag
 from shared.delivery.domain_capacity import CapacityGate
+from shared.delivery.recipient_answers import answered_unknown, answers_column
 from shared.delivery.recipients import Recipients
 from shared.engagement.engagement import Tracker, personalize
 from shared.infra.byte_budget import BudgetExhausted, ByteBudget
@@ -79,6 +80,8 @@ class Answer:
 
     @property
     def unknown(self) -> bool:
+        """Whether the call may have reached the provider without our knowing (for a receipt
+        answering recipient by recipient: for some of them, ``error`` says how many)."""
         return self.error is not None and self.error.outcome_unknown
 
 
@@ -299,7 +302,7 @@ class Caller:
             )
             return Answer(error=error)
         self.tally.count(job.provider, self.now(), error=False, seconds=time.monotonic() - started)
-        return Answer(receipt=receipt)
+        return Answer(receipt=receipt, error=answered_unknown(receipt))
 
     async def record(self, job: protocol.Job, delivery: Delivery) -> bool:
         """Store this delivery's answer (retrying through outages); True when finished."""
@@ -332,13 +335,14 @@ class Caller:
         self, job: protocol.Job, line: list[Attempt], current: Attempt, answer: Answer
     ) -> dict[str, Any]:
         now = self.now()
-        if answer.receipt is not None:
+        if answer.receipt is not None and not answer.unknown:
             return {
                 "state": "accepted",
                 "finished_at": now,
                 "status_code": answer.receipt.status or None,
                 "message_id": answer.receipt.message_id,
                 "decision": "done",
+                **answers_column(answer.receipt),
             }
         assert answer.error is not None  # noqa: S101 - an answer has one or the other
         if answer.unknown:
@@ -346,6 +350,7 @@ class Caller:
                 "state": "ambiguous",
                 "finished_at": now,
                 "error": encode_error(answer.error),
+                **answers_column(answer.receipt),
             }
             if current.checks > 0:
                 # A check of this call is already numbered (a delivery of the job waited for
@@ -369,6 +374,9 @@ class Caller:
     ) -> bool:
         if attempt.state == "ambiguous":
             self.metrics.ambiguous.labels(job.provider).inc()
+            # Recipients the provider did answer for are settled by their answers now; the
+            # checks resolve the others.
+            await self.follow.apply_answers(job, attempt)
             if "checks" in values or protocol.numbered_by(job, attempt):
                 # We numbered the first check (``values`` set it), or another delivery of our
                 # message did while we called (it waited for our lease): a copy whose
@@ -392,8 +400,15 @@ class Caller:
         The answer we hold is still the truth; use it to resolve the attempt."""
         line = await self.attempts.line(job.batch_id, job.line, serial=True)
         current = find(line, job.attempt)
-        if current is None or current.state != "ambiguous" or answer.unknown:
-            return False  # settled by someone else, or we know no more than they do
+        if current is None or current.state != "ambiguous":
+            return False  # settled by someone else
+        if answer.unknown:
+            # We know no more than they do, except the recipients the provider did answer
+            # for: applied now, their tags keep them out of the resolution (lost if we die
+            # before: then they are resolved like the rest).
+            heard = answers_column(answer.receipt).get("answers")
+            await self.follow.apply_answers(job, replace(current, answers=heard))
+            return False
         if answer.receipt is not None:
             everyone = await self.follow.rows(job)
             waiting = self.follow.waiting(job, everyone, job.attempt)
@@ -416,6 +431,7 @@ class Caller:
                 "resolution": "accepted",
                 "decision": "done",
                 "message_id": answer.receipt.message_id,
+                **answers_column(answer.receipt),
             }
         else:
             assert answer.error is not None  # noqa: S101

@@ -57,6 +57,7 @@ from shared.infra.logs import bound
 from shared.infra.metrics import DispatchMetrics
 from shared.infra.settle import Delivery, Poison
 from shared.infra.topology import parse_routing_key
+from shared.ingest.ingest import Ingest
 from shared.outbound.user_hooks import UserHooks
 from shared.providers.base import Provider
 from shared.providers.provider_health import Tally
@@ -135,6 +136,9 @@ class Dispatcher:
     """Daily capacity per sending domain (``shared.delivery.domain_capacity``)."""
     user_hooks: UserHooks | None = None
     """Where each attempt's events go for the users' webhooks (None: nowhere)."""
+    ingest: Ingest | None = None
+    """Where providers' answers recipient by recipient are applied, as webhook events are
+    (``services.consumers.followup``; None: no provider of this process gives them)."""
     campaigns: CampaignHold | None = None
     """Holds the chunks of paused campaigns, ends those of cancelled ones (None: no hold)."""
     tracker: Tracker | None = None
@@ -166,6 +170,7 @@ class Dispatcher:
             metrics=self.metrics,
             fault_points=self.fault_points,
             user_hooks=self.user_hooks,
+            ingest=self.ingest,
         )
         screen = Screen(
             suppressions=self.suppressions,

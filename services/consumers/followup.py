@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from services.consumers import protocol
 from services.consumers.faults import FaultPoints
 from shared.core.models import ChunkJob, LogJob
+from shared.delivery import recipient_answers
 from shared.delivery.attempts import Attempt, tag
 from shared.delivery.batchstore import Batches, BatchHeader
 from shared.delivery.handoff import excluded_providers
@@ -26,6 +27,7 @@ from shared.infra.db import Row
 from shared.infra.metrics import DispatchMetrics
 from shared.infra.settle import Poison
 from shared.infra.topology import dispatch_key, log_key
+from shared.ingest.ingest import Ingest
 from shared.outbound import recipient_events
 from shared.outbound.user_hooks import HookEvent, UserHooks
 
@@ -47,6 +49,9 @@ class FollowUps:
     fault_points: FaultPoints
     user_hooks: UserHooks | None
     """Where each attempt's events go for the users' webhooks (None: nowhere)."""
+    ingest: Ingest | None = None
+    """Where a provider's answers recipient by recipient are applied, as its webhook events
+    are (:meth:`apply_answers`; None: a process whose providers never give them)."""
     _headers: OrderedDict[uuid.UUID, BatchHeader] = field(
         default_factory=OrderedDict, init=False, repr=False
     )
@@ -107,6 +112,8 @@ class FollowUps:
         rows, then the follow-up job (the events first: a rerun after a crash finds the
         same recipients waiting and tells the same events again, never fewer)."""
         rows = await self.rows(job)
+        if await self.apply_answers(job, attempt, rows):
+            rows = await self.rows(job)  # the answered recipients now carry their evidence
         waiting = self.waiting(job, rows, attempt.attempt)
         chosen = self.select(job, rows, waiting)
         outcome = recipient_events.outcome_of(attempt)
@@ -156,6 +163,27 @@ class FollowUps:
             )
             self.metrics.recipients_failed.inc(len(chosen.log_ids))
         await self.fault_points("followed", job)
+
+    async def apply_answers(
+        self, job: protocol.Job, attempt: Attempt, rows: list[Row] | None = None
+    ) -> bool:
+        """Apply the answers recipient by recipient stored on ``attempt`` (if it has any) as
+        the provider events they stand for (``shared.delivery.recipient_answers``); whether
+        there were any. Idempotent: the events' ids are fixed, so a rerun after a crash
+        rewrites the same cells, and an answered recipient is then no longer the attempt's
+        to settle (its tag is on its row: it is neither re-sent nor resolved)."""
+        answers = recipient_answers.decode(attempt.answers)
+        if answers is None:
+            return False
+        if self.ingest is None:
+            raise RuntimeError("a provider answered recipient by recipient: an Ingest is needed")
+        if rows is None:
+            rows = await self.rows(job)
+        events = recipient_answers.events(attempt, job.batch_id, rows, answers)
+        if events:
+            await self.ingest.apply_all(events)
+        await self.fault_points("answers", job)
+        return True
 
     async def tell(self, batch_id: uuid.UUID, events: Callable[[], list[HookEvent]]) -> None:
         """Queue ``events()`` for the batch's user's webhooks (persisted before returning;

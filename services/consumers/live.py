@@ -191,6 +191,9 @@ class ConsumerSettings:
     async def __call__(self, live: LiveSettings) -> None:
         configured = tuple(self.dispatcher.providers)
         self.live = live
+        if self.dispatcher.ingest is not None:
+            # Providers' answers count for their domains as webhook events do.
+            self.dispatcher.ingest.count_outcomes = live.capacity.enabled
         self.refresh()
         await self._consume(not live.all_paused(configured))
         for code in CODES:

@@ -54,6 +54,7 @@ from shared.infra.resources import Resources, open_resources, readiness_checks
 from shared.infra.settle import InFlight, settling
 from shared.infra.stall_monitor import StallMetrics, watching
 from shared.infra.user_cache import UserChanges
+from shared.ingest.ingest import Ingest, IngestMetrics
 from shared.ops.alerts import Alert, AlertConfig, Alerter, AlertMail
 from shared.ops.deadletters import DeadLetterStore, Letter, archiver
 from shared.ops.livesettings import SettingsStore, Watcher
@@ -87,6 +88,7 @@ def build_dispatcher(
     """The provider senders' dispatcher, with its own provider adapters (close them);
     ``running`` is the live settings' cell (by default the env's values, never changed)."""
     stats = tell_rollups(StatsStore(res.db, settings.stats.buckets), res.broker)
+    running = running or Current(Running.start(settings.providers))
     return Dispatcher(
         broker=res.broker,
         batches=BatchStore(res.db, stats),
@@ -96,13 +98,18 @@ def build_dispatcher(
         metrics=metrics or DispatchMetrics.create(new_registry()),
         recipients=RecipientStore(res.db, stats, res.cpu),
         suppressions=SuppressionStore(res.db),
-        running=running or Current(Running.start(settings.providers)),
+        running=running,
         fault_points=fault_points,
         deferred_deadline=settings.webhooks.deferred_deadline,
         limiter=ProviderLimiter(res.db, settings.amqp.exchange),
         capacity=CapacityGate(DomainVolumes(res.db), on_held=capacity_alert(alerter)),
         tracker=tracker_of(settings.tracking),
         user_hooks=HookEmitter(res.db, res.broker),
+        # Providers' answers recipient by recipient go through the webhooks' ingest; its
+        # hand-offs follow this process's running chain.
+        ingest=Ingest.over(
+            res.db, res.broker, settings, IngestMetrics.create(new_registry()), route=running
+        ),
         campaigns=CampaignHold(CampaignStore(res.db, settings.amqp.exchange)),
         work=ByteBudget(settings.consumers.work_budget_bytes),
         cpu=res.cpu,
@@ -408,6 +415,9 @@ def create_app(settings: Settings, *, fault_points: FaultPoints = no_faults) -> 
                     ).run()
                 ),
             ]
+            if dispatcher.ingest is not None:
+                # What providers answered recipient by recipient counts for their health.
+                tasks.append(asyncio.create_task(dispatcher.ingest.reports.keep_adding(health)))
             try:
                 with watching(stalls):
                     yield

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -36,7 +36,7 @@ from shared.infra.db import Database, Row, utc
 SETTLED = frozenset({"accepted", "rejected", "resolved"})
 
 COLUMNS = (
-    "attempt, chunk, provider, state, owner, cause, reason, created_at, calling_at, "
+    "attempt, chunk, provider, state, owner, cause, reason, created_at, calling_at, answers, "
     "finished_at, status_code, message_id, error, checks, checked_by, resolution, decision, "
     "verdict, next_provider, next_attempt, next_delay, template_version"
 )
@@ -79,6 +79,9 @@ class Attempt:
     finished_at: datetime | None
     status_code: int | None
     message_id: str | None
+    answers: str | None = field(default=None, kw_only=True)
+    """The provider's answers recipient by recipient, when it gave them, as stored with the
+    answer (``shared.delivery.recipient_answers``)."""
     error: str | None
     """``<kind>|<message>`` of a failed call (kind: transient, misconfigured, permanent)."""
     checks: int
@@ -124,6 +127,7 @@ def from_row(line: str, r: Row) -> Attempt:
         finished_at=utc(r["finished_at"]),
         status_code=r["status_code"],
         message_id=r["message_id"],
+        answers=r.get("answers"),
         error=r["error"],
         checks=r["checks"] or 0,
         checked_by=r.get("checked_by"),

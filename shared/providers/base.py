@@ -6,18 +6,45 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Literal, Protocol
 
 from shared.core.models import Chunk
+
+#: What a provider answered for one recipient of a call: taken; refused for now (another
+#: provider may take it); refused for good; or not known (the call may have reached it).
+Outcome = Literal["accepted", "refused_transient", "refused_permanent", "unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class RecipientAnswer:
+    """A provider's answer for one recipient (an SMTP relay's RCPT reply, one SES call of a
+    personal copy), when it answers recipient by recipient."""
+
+    email: str
+    outcome: Outcome
+    code: int | None = None
+    """The provider's own code (an SMTP reply code, an HTTP status), if it gave one."""
+    text: str = ""
+    """What it said, in its words."""
+    message_id: str | None = None
+    """Its id of the message this recipient got (when it differs per recipient)."""
+    suppress: bool = False
+    """A permanent refusal that says the address must not be mailed again (5.1.x)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Receipt:
-    """A provider accepted a chunk: its HTTP status and message id (for webhook correlation)."""
+    """A provider accepted a chunk: its HTTP status and message id (for webhook correlation).
+
+    ``recipients`` answers recipient by recipient (None: the whole chunk, as above);
+    ``final`` says an accepted answer is all there will ever be (a relay with no event feed):
+    it then counts as delivered, "accepted by relay (no delivery report)"."""
 
     provider: str
     status: int
     message_id: str | None
+    recipients: tuple[RecipientAnswer, ...] | None = None
+    final: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -895,6 +895,21 @@ async def test_a_new_attempt_has_had_no_checks(stores: Stores) -> None:
     assert attempt.checks == 1
 
 
+async def test_an_attempt_keeps_the_answers_recorded_with_its_outcome(stores: Stores) -> None:
+    batch_id, owner = uuid.uuid1(), uuid.uuid4()
+    await stores.attempts.create(
+        batch_id, "c0", 0, chunk=0, provider="sg", state="calling", owner=owner
+    )
+    answers = '{"final":false,"recipients":[]}'
+    assert await stores.attempts.transition(
+        batch_id, "c0", 0, expect={"state": "calling", "owner": owner},
+        values={"state": "accepted", "answers": answers},
+    )  # fmt: skip
+    await stores.attempts.create(batch_id, "c1", 0, chunk=1, provider="sg", state="calling")
+    lines = await stores.attempts.lines(batch_id)
+    assert [lines[c][0].answers for c in ("c0", "c1")] == [answers, None]
+
+
 async def test_lines_are_read_in_attempt_order_and_grouped(stores: Stores) -> None:
     batch_id = uuid.uuid1()
     for line, n, provider in (("c0", 1, "mg"), ("c0", 0, "sg"), ("c1", 0, "sg")):

@@ -31,6 +31,7 @@ from shared.core.lanes import Priority
 from shared.core.models import Address, BatchJob, Chunk, Message, Recipient
 from shared.delivery.batchstore import NewBatch
 from shared.delivery.domain_capacity import CapacityGate, CapacityRules
+from shared.delivery.handoff import HandOff
 from shared.delivery.precedence import visible
 from shared.delivery.recipients import log_id_for
 from shared.delivery.stats import batch_day, bucket_of
@@ -210,6 +211,23 @@ class World:
         self.fault_points: dict[str, Fault] = {}
         self.running = Current(Running.start(self.settings, capacity=capacity_rules))
         """The live settings' cell the dispatcher, its hand-off and the splitter read."""
+        # The webhooks' ingest, which the dispatcher applies providers' answers recipient by
+        # recipient through too; its hand-offs follow the running chain, as the dispatcher's.
+        self.ingest = Ingest(
+            batches=self.batches,
+            recipients=self.recipients,
+            suppressions=self.suppressions,
+            timeline=self.timeline,
+            handoff=HandOff(
+                self.attempts,
+                self.recipients,
+                self.broker,  # type: ignore[arg-type]
+                self.running,
+            ),
+            broker=self.broker,  # type: ignore[arg-type]
+            settings=self.app_settings,
+            metrics=IngestMetrics.create(CollectorRegistry()),
+        )
         self.dispatcher = Dispatcher(
             broker=self.broker,  # type: ignore[arg-type]
             batches=self.batches,
@@ -229,6 +247,7 @@ class World:
             deferred_deadline=3600,
             now=self.clock,
             user_hooks=user_hooks,
+            ingest=self.ingest,
             campaigns=campaigns,
             work=work,
             limiter=limiter or ProviderLimiter(None, ""),
@@ -242,16 +261,6 @@ class World:
             self.running,
         )
         self.dead: list[FakeMessage] = []
-        self.ingest = Ingest(
-            batches=self.batches,
-            recipients=self.recipients,
-            suppressions=self.suppressions,
-            timeline=self.timeline,
-            handoff=self.dispatcher.handoff,
-            broker=self.broker,  # type: ignore[arg-type]
-            settings=self.app_settings,
-            metrics=IngestMetrics.create(CollectorRegistry()),
-        )
         self.intake = Intake(
             self.tokens,
             self.broker,  # type: ignore[arg-type]

@@ -171,3 +171,15 @@ async def test_the_settings_in_force_are_on_metrics() -> None:
     paused, position = applier.metrics.paused, applier.metrics.position
     assert paused.labels("sg")._value.get() == 1 and paused.labels("mg")._value.get() == 0
     assert (position.labels("mg")._value.get(), position.labels("sg")._value.get()) == (1, 0)
+
+
+async def test_providers_answers_count_for_their_domains_only_while_capacity_is_on() -> None:
+    """The consumers' ingest (providers' answers recipient by recipient) counts deliveries
+    and bounces per sending domain as the live capacity rules say, like the webhooks'."""
+    w = World()
+    apply = consumer_settings(w)
+    assert w.dispatcher.ingest is not None
+    await apply(LiveSettings(chain=("sg", "mg"), capacity=CapacityRules(enabled=True)))
+    assert w.dispatcher.ingest.count_outcomes
+    await apply(LiveSettings(chain=("sg", "mg"), capacity=CapacityRules(enabled=False)))
+    assert not w.dispatcher.ingest.count_outcomes

@@ -1,0 +1,263 @@
+"""Providers answering recipient by recipient, over the in-memory twins: each answer settles
+its recipient as the provider's webhook event would (accepted, handed to the next provider,
+failed and suppressed), unknown answers alone are resolved, and a process dying between
+recording the answers and applying them applies them once."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from services.consumers import protocol
+from shared.delivery.attempts import chunk_line
+from shared.delivery.precedence import visible
+from shared.delivery.recipients import log_id_for
+from shared.providers.base import Outcome, Receipt, RecipientAnswer
+from tests.fakes.broker import FakeMessage
+from tests.fakes.world import World
+
+A, B, C = "a@example.org", "b@example.org", "c@example.org"
+
+
+class Died(BaseException):
+    """The process died here."""
+
+
+def _receipt(*answers: tuple[str, Outcome], final: bool = False, suppress: bool = False) -> Receipt:
+    return Receipt(
+        "sg",
+        250,
+        "relay-1",
+        recipients=tuple(
+            RecipientAnswer(
+                email, outcome, 550 if "permanent" in outcome else None, "said", suppress=suppress
+            )
+            for email, outcome in answers
+        ),
+        final=final,
+    )
+
+
+async def _states(w: World, batch_id: uuid.UUID) -> dict[str, tuple[str, str | None]]:
+    rows = await w.recipients.batch_rows(batch_id)
+    return {r["email"]: (visible(r).state, visible(r).reason) for r in rows}
+
+
+def _suppressed(w: World) -> set[str]:
+    return {email for (_, email) in w.db.suppressions}
+
+
+async def test_recipients_the_provider_accepted_are_sent_through_it_once() -> None:
+    w = World()
+    batch = await w.accept(A, B)
+    w.providers["sg"].answers.append(_receipt((A, "accepted"), (B, "accepted")))
+    await w.settle()
+    assert w.providers["sg"].emails() == [A, B]
+    assert w.providers["mg"].sent == []
+    rows = await w.rows(batch)
+    assert {e: (r["event"], tuple(r["evidence"])) for e, r in rows.items()} == {  # type: ignore[arg-type]
+        A: ("sent", ("c.0",)),
+        B: ("sent", ("c.0",)),
+    }
+
+
+async def test_a_relay_with_no_events_has_its_acceptance_taken_as_delivered() -> None:
+    w = World()
+    batch = await w.accept(A)
+    w.providers["sg"].answers.append(_receipt((A, "accepted"), final=True))
+    await w.settle()
+    assert await _states(w, batch.batch_id) == {A: ("success", None)}
+    assert (await w.counts(batch))["success"] == 1
+    rows = await w.rows(batch)
+    assert rows[A]["event"] == "delivered"
+    assert rows[A]["reason_detail"] is None  # a delivery has no failure to explain
+    events = [(k[3], v["kind"]) for k, v in w.db.events.items() if k[0] == batch.batch_id]
+    assert [kind for _, kind in events] == ["delivered"]
+    assert events[0][0].startswith("answer:sg:")
+
+
+async def test_a_transient_refusal_hands_the_recipient_to_the_next_provider_once() -> None:
+    w = World()
+    batch = await w.accept(A, B)
+    w.providers["sg"].answers.append(
+        _receipt((A, "accepted"), (B, "refused_transient"), final=True)
+    )
+    await w.settle()
+    assert w.providers["sg"].emails() == [A, B]
+    assert w.providers["mg"].emails() == [B]
+    assert [c.attempt for c in w.providers["mg"].sent] == ["r.0"]
+    states = await _states(w, batch.batch_id)
+    assert states[A] == ("success", None)
+    assert states[B][0] == "queued"  # sent through mg, whose events are still to come
+    rows = await w.rows(batch)
+    assert dict(rows[B]["providers"])["mg"] == "sent"  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("suppress", [True, False])
+async def test_a_permanent_refusal_fails_the_recipient_and_suppresses_it_when_told(
+    suppress: bool,
+) -> None:
+    w = World()
+    batch = await w.accept(A, B)
+    w.providers["sg"].answers.append(
+        _receipt((A, "accepted"), (B, "refused_permanent"), suppress=suppress)
+    )
+    await w.settle()
+    assert w.providers["mg"].sent == []
+    states = await _states(w, batch.batch_id)
+    assert states[B] == ("failed", "550 said")
+    assert (await w.counts(batch))["failed"] == 1
+    assert _suppressed(w) == ({B} if suppress else set())
+
+
+async def test_only_the_recipients_whose_answer_is_unknown_are_resolved_and_resent() -> None:
+    w = World()
+    batch = await w.accept(A, B, C)
+    w.providers["sg"].answers.append(
+        _receipt((A, "accepted"), (B, "unknown"), (C, "refused_permanent"), final=True)
+    )
+    await w.settle()
+    assert w.providers["sg"].emails() == [A, B, C]
+    assert w.providers["mg"].emails() == [B]  # after the query API found nothing of it
+    assert [q.emails for q in w.providers["sg"].lookups] == [frozenset({B})]
+    line = await w.attempts.line(batch.batch_id, chunk_line(0))
+    assert [(a.provider, a.state, a.resolution) for a in line] == [
+        ("sg", "resolved", "not_accepted"),
+        ("mg", "accepted", None),
+    ]
+    states = await _states(w, batch.batch_id)
+    assert states[A] == ("success", None)
+    assert states[C][0] == "failed"
+
+
+async def test_an_answer_unknown_for_everyone_is_an_ambiguous_call() -> None:
+    w = World()
+    w.providers["sg"].found = frozenset({A})
+    batch = await w.accept(A)
+    w.providers["sg"].answers.append(_receipt((A, "unknown")))
+    await w.settle()
+    assert w.providers["mg"].sent == []
+    line = await w.attempts.line(batch.batch_id, chunk_line(0))
+    assert [(a.state, a.resolution) for a in line] == [("resolved", "accepted")]
+
+
+@pytest.mark.parametrize("point", ["recorded", "answers", "effects"])
+async def test_dying_between_recording_the_answers_and_their_effects_applies_them_once(
+    point: str,
+) -> None:
+    w = World()
+    batch = await w.accept(A, B, C)
+    w.providers["sg"].answers.append(
+        _receipt(
+            (A, "accepted"),
+            (B, "refused_transient"),
+            (C, "refused_permanent"),
+            final=True,
+            suppress=True,
+        )
+    )
+    await _crash_once(w, point)
+    assert w.providers["sg"].emails() == [A, B, C]
+    assert w.providers["mg"].emails() == [B]
+    counts = await w.counts(batch)
+    assert (counts["success"], counts["failed"]) == (1, 1)
+    assert _suppressed(w) == {C}
+    states = await _states(w, batch.batch_id)
+    assert states[A] == ("success", None)
+    assert states[C][0] == "failed"
+    resends = await w.attempts.line(batch.batch_id, f"r{log_id_for(batch.batch_id, B)}")
+    assert [(a.provider, a.state) for a in resends] == [("mg", "accepted")]
+
+
+async def test_dying_before_the_answers_of_an_ambiguous_call_are_applied_loses_none() -> None:
+    w = World()
+    batch = await w.accept(A, B)
+    w.providers["sg"].answers.append(_receipt((A, "accepted"), (B, "unknown"), final=True))
+    await _crash_once(w, "recorded")
+    assert w.providers["sg"].emails() == [A, B]
+    assert w.providers["mg"].emails() == [B]
+    assert (await _states(w, batch.batch_id))[A] == ("success", None)
+    assert (await w.counts(batch))["success"] == 1
+
+
+async def _crash_once(w: World, point: str) -> None:
+    """Run the world until a process dies at ``point`` (its message redelivered), then on."""
+    died: list[str] = []
+
+    async def die(at: str, job: protocol.Job) -> None:
+        del w.fault_points[point]
+        died.append(at)
+        raise Died(at)
+
+    w.fault_points[point] = die
+    t = w.broker.topology
+    queues = [t.batches_queue]
+    for code in w.settings.chain_codes:
+        queues += [t.provider_queue(code), t.log_queue(code)]
+    for _ in range(1000):
+        if died:
+            break
+        for name in queues:
+            message = await w.broker.get(name)
+            if message is None:
+                continue
+            try:
+                await w.deliver(message)
+            except Died:
+                again = FakeMessage(message.routing_key, message.body)
+                again.deliveries = message.deliveries + 1
+                w.broker.queues[name].append(again)
+            break
+        else:
+            due = w.broker.next_due()
+            assert due is not None, f"the send path never reached {point!r}"
+            w.clock.now = max(w.clock.now, due)
+            w.broker.expire(until=w.clock.now)
+    await w.settle()
+    assert died == [point]
+
+
+async def _presumed_dead(w: World, receipt: Receipt) -> uuid.UUID:
+    """A batch whose call's answers (``receipt``) arrive after another delivery marked the
+    call ambiguous (its lease ran out); the world then runs to the end."""
+    batch = await w.accept(A, B, C)
+    w.providers["sg"].answers.append(receipt)
+    await w.step()
+    message = await w.broker.get(w.broker.topology.provider_queue("sg"))
+    assert message is not None
+
+    async def expired(point: str, job: protocol.Job) -> None:
+        (attempt,) = await w.attempts.line(job.batch_id, job.line)
+        assert await w.attempts.transition(
+            job.batch_id, job.line, job.attempt, expect={"state": "calling"},
+            values={"state": "ambiguous", "checks": attempt.checks + 1, "finished_at": w.clock.now},
+        )  # fmt: skip
+        await w.dispatcher.follow.check(job, attempt.checks + 1, 1.0)
+
+    w.fault_points["answered"] = expired
+    await w.deliver(message)
+    del w.fault_points["answered"]
+    await w.settle()
+    return batch.batch_id
+
+
+async def test_answers_heard_after_a_presumed_death_still_settle_their_recipients() -> None:
+    w = World()
+    receipt = _receipt((A, "accepted"), (B, "refused_transient"), (C, "unknown"), final=True)
+    batch_id = await _presumed_dead(w, receipt)
+    assert w.providers["sg"].emails() == [A, B, C]
+    assert sorted(w.providers["mg"].emails()) == [B, C]  # B handed over, C resolved: once each
+    assert [q.emails for q in w.providers["sg"].lookups] == [frozenset({C})]
+    assert (await _states(w, batch_id))[A] == ("success", None)
+
+
+async def test_answers_all_known_after_a_presumed_death_settle_the_attempt() -> None:
+    w = World()
+    receipt = _receipt((A, "accepted"), (B, "refused_transient"), (C, "refused_permanent"))
+    batch_id = await _presumed_dead(w, receipt)
+    assert w.providers["mg"].emails() == [B]
+    (attempt,) = await w.attempts.line(batch_id, chunk_line(0))
+    assert (attempt.state, attempt.resolution) == ("resolved", "accepted")
+    states = await _states(w, batch_id)
+    assert (states[A][0], states[C][0]) == ("queued", "failed")  # A: sent, its events to come
