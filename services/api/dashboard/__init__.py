@@ -15,6 +15,7 @@ from services.api.dashboard.lists import lists_routes
 from services.api.dashboard.operations import operations_routes
 from services.api.dashboard.pages import compile_pages, create_templates
 from services.api.dashboard.template_pages import template_routes
+from services.api.dashboard.webhook_pages import webhook_routes
 
 __all__ = ["compile_pages", "create_templates", "dashboard_routes"]
 
@@ -26,5 +27,6 @@ def dashboard_routes() -> list[BaseRoute]:
         *lists_routes(),
         *campaign_routes(),
         *template_routes(),
+        *webhook_routes(),
         *pages.dashboard_routes(),
     ]

@@ -98,6 +98,7 @@ _NAV = (
     ("/lists", "Lists", "lists"),
     ("/campaigns", "Campaigns", "campaigns"),
     ("/domains", "Domains", "domains"),
+    ("/webhooks", "Webhooks", "webhooks"),
     ("/templates", "Templates", "templates"),
     ("/v1/docs", "API", "docs"),
 )
