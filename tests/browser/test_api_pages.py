@@ -77,3 +77,29 @@ async def test_a_webhook_is_created_rotated_and_a_delivery_replayed(
             await asyncio.sleep(0.5)
     ids = {r["headers"]["webhook-id"] for r in got}
     assert len(got) == 2 and len(ids) == 1
+
+
+async def test_preferences_saved_apply_to_the_next_send(page: Page, stack: Stack) -> None:
+    """A cooldown saved on the Preferences page keeps the next batch from mailing an address
+    the previous one just did, and the form shows what was saved."""
+    tag = uuid.uuid4().hex[:8]
+    await log_in(page, stack, "/preferences")
+    await page.get_by_label("Least seconds between two mails to one address").fill("3600")
+    await page.get_by_label("Track clicks").check()
+    await page.get_by_role("button", name="Save preferences").click()
+    await expect(page.get_by_role("status")).to_contain_text("Preferences saved")
+    await expect(page.get_by_label("Track clicks")).to_be_checked()
+    await expect(page.get_by_label("Track opens")).not_to_be_checked()
+    await screenshot(page, "preferences")
+
+    await _send(page, stack, f"ann.{tag}@example.com", f"First {tag}")
+    await page.goto(stack.api + "/send")
+    await page.get_by_label("From").fill("Shop <shop@example.com>")
+    await page.get_by_label("To", exact=True).fill(f"ann.{tag}@example.com, bob.{tag}@example.com")
+    await page.get_by_label("Subject").fill(f"Second {tag}")
+    await page.get_by_label("Text body").fill("Again")
+    await page.get_by_role("button", name="Send batch").click()
+
+    await expect(page.get_by_role("status")).to_contain_text(
+        "1 recipient queued; 1 skipped (mailed within your cooldown)"
+    )

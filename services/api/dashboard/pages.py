@@ -31,7 +31,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from services.api import openapi, queries
+from services.api import cooldown, openapi, queries
 from services.api.auth import limit_user
 from services.api.dashboard import views
 from services.api.domains import SendingDomains
@@ -470,6 +470,7 @@ async def send(request: Request) -> Response:
         accepted=result["accepted"],
         rejected=len(result["rejected"]),
         suppressed=len(result["suppressed"]),
+        cooling=sum(1 for s in result.get("skipped") or () if s["reason"] == cooldown.REASON),
     )
 
 
