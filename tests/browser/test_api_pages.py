@@ -1,12 +1,14 @@
 """The dashboard pages for what the API does besides sending, in a real browser: webhooks
-(added, rotated, a delivery replayed), each page driven as a user clicks it (full-page
-screenshots land in tests/artifacts/screenshots/)."""
+(added, rotated, a delivery replayed), preferences (a cooldown applied to the next send) and
+lists (a CSV file imported with its progress shown), each page driven as a user clicks it
+(full-page screenshots land in tests/artifacts/screenshots/)."""
 
 from __future__ import annotations
 
 import asyncio
 import re
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
@@ -103,3 +105,34 @@ async def test_preferences_saved_apply_to_the_next_send(page: Page, stack: Stack
     await expect(page.get_by_role("status")).to_contain_text(
         "1 recipient queued; 1 skipped (mailed within your cooldown)"
     )
+
+
+async def test_a_csv_import_shows_progress_and_its_contacts(
+    page: Page, stack: Stack, tmp_path: Path
+) -> None:
+    """A list made on the page takes a CSV file chosen in the file picker: the upload goes by
+    fetch, the <progress> fills as the import is followed, and the contacts are listed."""
+    csv = tmp_path / "readers.csv"
+    rows = [f"reader{i:03}@example.com,Reader {i}" for i in range(120)]
+    csv.write_text("email,name\n" + "\n".join(rows) + "\n")
+    await log_in(page, stack, "/lists")
+    await page.get_by_label("Name").fill("Readers")
+    await page.get_by_role("button", name="Create list").click()
+    await expect(page.get_by_role("heading", level=1)).to_have_text("Readers")
+
+    await page.get_by_label("CSV file", exact=True).set_input_files(csv)
+    await page.get_by_role("button", name="Import").click()
+
+    status = page.locator("#import-status")
+    await expect(status).to_contain_text("Import done: 120 rows read: 120 added", timeout=60_000)
+    assert await page.locator("#import-progress").evaluate(
+        "p => !p.hidden && p.max === 120 && p.value === 120"
+    )
+    await screenshot(page, "list-imported")
+    await status.get_by_role("link", name="Show the contacts").click()
+    await expect(page.locator("tr[data-contact]")).to_have_count(50)
+    # Pages follow the list's storage order, not the file's.
+    await expect(page.locator("tr[data-contact]").first).to_contain_text(re.compile(r"Reader \d+"))
+    await page.get_by_role("link", name="Next page →").click()
+    await expect(page.locator("tr[data-contact]")).to_have_count(50)
+    await screenshot(page, "list")
