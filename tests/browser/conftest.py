@@ -181,7 +181,7 @@ async def _stack(migrated: CassandraSettings) -> AsyncIterator[Stack]:
 
 #: GitHub logins of the accounts the stack's dashboard treats as operators (by their ids; one
 #: per test that needs one).
-OPERATORS = ("sd-operator-settings", "sd-operator-dead-letters")
+OPERATORS = ("sd-operator-settings", "sd-operator-dead-letters", "sd-operator-letters-page")
 
 
 def github_id(login: str) -> int:
