@@ -97,8 +97,10 @@ async def test_an_operator_replays_a_dead_letter_once(
 async def test_the_operations_page_does_not_exist_for_other_users(page: Page, stack: Stack) -> None:
     await log_in(page, stack, "/")
     response = await page.goto(f"{stack.api}/operations")
+    letters = await page.goto(f"{stack.api}/operations/dead-letters")
 
     assert response is not None and response.status == 404
+    assert letters is not None and letters.status == 404
     await expect(page.get_by_role("link", name="Operations")).to_have_count(0)
 
 
