@@ -1,13 +1,15 @@
 """The dashboard pages for what the API does besides sending, in a real browser: webhooks
-(added, rotated, a delivery replayed), preferences (a cooldown applied to the next send) and
-lists (a CSV file imported with its progress shown), each page driven as a user clicks it
-(full-page screenshots land in tests/artifacts/screenshots/)."""
+(added, rotated, a delivery replayed), preferences (a cooldown applied to the next send),
+lists (a CSV file imported with its progress shown) and a scheduled batch cancelled, each
+page driven as a user clicks it (full-page screenshots land in tests/artifacts/screenshots/).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import re
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -136,3 +138,36 @@ async def test_a_csv_import_shows_progress_and_its_contacts(
     await page.get_by_role("link", name="Next page →").click()
     await expect(page.locator("tr[data-contact]")).to_have_count(50)
     await screenshot(page, "list")
+
+
+async def test_a_scheduled_batch_is_cancelled_from_its_page(page: Page, stack: Stack) -> None:
+    """A batch scheduled through the API with a key made on the Keys page is cancelled by
+    its page's button, and stays cancelled."""
+    tag = uuid.uuid4().hex[:8]
+    await log_in(page, stack, "/keys")
+    await page.get_by_label("Name", exact=True).fill(f"scheduler {tag}")
+    await page.get_by_role("button", name="Create key").click()
+    key = await page.get_by_role("textbox", name="Your new API key").input_value()
+    async with httpx.AsyncClient(base_url=stack.api) as api:
+        made = await api.post(
+            "/v1/batches",
+            json={
+                "from": "shop@example.com",
+                "to": [f"ann.{tag}@example.com"],
+                "subject": f"Tomorrow {tag}",
+                "text": "Later",
+                "send_at": (datetime.now(UTC) + timedelta(days=1)).isoformat(),
+            },
+            headers={"Authorization": f"Bearer {key}"},
+        )
+    assert made.status_code == 202, made.text
+    await page.goto(f"{stack.api}/batches/{made.json()['batch_id']}")
+    await expect(page.locator("#batch-summary")).to_contain_text("scheduled")
+
+    page.once("dialog", _accept)
+    await page.get_by_role("button", name="Cancel batch").click()
+
+    await expect(page.get_by_role("status").first).to_contain_text("The batch was cancelled")
+    await expect(page.locator("#batch-summary")).to_contain_text("cancelled")
+    await expect(page.get_by_role("button", name="Cancel batch")).to_have_count(0)
+    await screenshot(page, "batch-cancelled")
