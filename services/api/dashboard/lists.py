@@ -198,7 +198,6 @@ async def _list_page(
         "active": "lists",
         "l": row,
         "running": latest is not None and latest.state in RUNNING,
-        "progress": latest.progress.rows_read if latest else 0,
         "contacts": contact_rows(contacts),
         "next_cursor": next_cursor,
         "paged": bool(cursor),

@@ -102,6 +102,8 @@ document.querySelectorAll("[data-select-on-focus]").forEach((field) => {
     if (total !== null) {
       bar.max = Math.max(total, 1);
       bar.value = Math.min(read, bar.max);
+    } else {
+      bar.removeAttribute("value"); // a page opened mid-import: how many rows is not known
     }
     bar.hidden = false;
     if (job.state === "done" || job.state === "failed") {
