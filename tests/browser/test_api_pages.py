@@ -1,8 +1,8 @@
 """The dashboard pages for what the API does besides sending, in a real browser: webhooks
 (added, rotated, a delivery replayed), preferences (a cooldown applied to the next send),
-lists (a CSV file imported with its progress shown) and a scheduled batch cancelled, each
-page driven as a user clicks it (full-page screenshots land in tests/artifacts/screenshots/).
-"""
+lists (a CSV file imported with its progress shown), a scheduled batch cancelled and a
+campaign draft created, each page driven as a user clicks it (full-page screenshots land in
+tests/artifacts/screenshots/)."""
 
 from __future__ import annotations
 
@@ -171,3 +171,37 @@ async def test_a_scheduled_batch_is_cancelled_from_its_page(page: Page, stack: S
     await expect(page.locator("#batch-summary")).to_contain_text("cancelled")
     await expect(page.get_by_role("button", name="Cancel batch")).to_have_count(0)
     await screenshot(page, "batch-cancelled")
+
+
+async def test_a_campaign_draft_is_created_from_the_form(page: Page, stack: Stack) -> None:
+    """With a template (made through the API) and a list (made on the page), the Campaigns
+    form creates a draft, listed with its template and list by name."""
+    tag = uuid.uuid4().hex[:8]
+    await log_in(page, stack, "/keys")
+    await page.get_by_label("Name", exact=True).fill(f"templates {tag}")
+    await page.get_by_role("button", name="Create key").click()
+    key = await page.get_by_role("textbox", name="Your new API key").input_value()
+    async with httpx.AsyncClient(base_url=stack.api) as api:
+        made = await api.post(
+            "/v1/templates",
+            json={"name": f"Winter {tag}", "subject": "Hi {{ name }}", "text": "Hello"},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+    assert made.status_code == 201, made.text
+    await page.goto(stack.api + "/lists")
+    await page.get_by_label("Name").fill(f"Readers {tag}")
+    await page.get_by_role("button", name="Create list").click()
+
+    await page.goto(stack.api + "/campaigns")
+    await page.get_by_label("Name").fill(f"Winter sale {tag}")
+    await page.get_by_label("From").fill("News <news@example.com>")
+    await page.get_by_label("Template").select_option(label=f"Winter {tag}")
+    await page.get_by_label("Contact list").select_option(label=f"Readers {tag}")
+    await page.get_by_role("button", name="Create draft").click()
+
+    await expect(page.get_by_role("status").first).to_contain_text(
+        f"“Winter sale {tag}” is created as a draft"
+    )
+    row = page.locator("tr[data-campaign]", has_text=f"Winter sale {tag}")
+    await expect(row).to_contain_text(f"Winter {tag} → Readers {tag}")
+    await screenshot(page, "campaign-created")
