@@ -1,8 +1,8 @@
 """The dashboard pages for what the API does besides sending, in a real browser: webhooks
 (added, rotated, a delivery replayed), preferences (a cooldown applied to the next send),
-lists (a CSV file imported with its progress shown), a scheduled batch cancelled and a
-campaign draft created, each page driven as a user clicks it (full-page screenshots land in
-tests/artifacts/screenshots/)."""
+lists (a CSV file imported with its progress shown), a scheduled batch cancelled, a campaign
+draft created and a template version previewed and published, each page driven as a user
+clicks it (full-page screenshots land in tests/artifacts/screenshots/)."""
 
 from __future__ import annotations
 
@@ -205,3 +205,39 @@ async def test_a_campaign_draft_is_created_from_the_form(page: Page, stack: Stac
     row = page.locator("tr[data-campaign]", has_text=f"Winter sale {tag}")
     await expect(row).to_contain_text(f"Winter {tag} → Readers {tag}")
     await screenshot(page, "campaign-created")
+
+
+async def test_a_template_version_is_previewed_and_published(page: Page, stack: Stack) -> None:
+    """A version added on the Templates page is previewed with its sample data, then
+    published: it is the live one."""
+    tag = uuid.uuid4().hex[:8]
+    await log_in(page, stack, "/keys")
+    await page.get_by_label("Name", exact=True).fill(f"templates {tag}")
+    await page.get_by_role("button", name="Create key").click()
+    key = await page.get_by_role("textbox", name="Your new API key").input_value()
+    async with httpx.AsyncClient(base_url=stack.api) as api:
+        made = await api.post(
+            "/v1/templates",
+            json={"name": f"Welcome {tag}", "subject": "Hi", "text": "Hello"},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+    assert made.status_code == 201, made.text
+    await page.goto(stack.api + "/templates")
+    panel = page.locator(f'section[data-template="{made.json()["id"]}"]')
+    await panel.get_by_text("Add a version").click()
+    await panel.get_by_label("Subject").fill("Welcome, {{ first_name }}")
+    await panel.get_by_label("HTML").fill("<p>Hello {{ first_name }}</p>")
+    await panel.get_by_label("Sample data (JSON)").fill('{"first_name": "Ann"}')
+    await panel.get_by_role("button", name="Add version").click()
+    await expect(page.get_by_role("status").first).to_contain_text("Version 2 was added")
+
+    await panel.get_by_role("link", name="Preview version 2").click()
+    await expect(page.locator("#preview-subject")).to_have_text("Welcome, Ann")
+    frame = page.frame_locator("iframe.preview")
+    await expect(frame.locator("p")).to_have_text("Hello Ann")
+    await screenshot(page, "template-preview")
+    await page.go_back()
+    await panel.get_by_role("button", name="Publish version 2").click()
+
+    await expect(page.get_by_role("status").first).to_contain_text("Version 2 is published.")
+    await expect(panel.locator('tr[data-version="2"]')).to_have_attribute("data-state", "live")
