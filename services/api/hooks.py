@@ -155,6 +155,13 @@ class Webhooks:
             await wake(self.broker, user_id, endpoint.endpoint_id)  # what waited goes now
         return changed
 
+    async def rotate(self, user_id: uuid.UUID, raw_id: str) -> Endpoint:
+        """A new signing secret; the previous one signs too for a day."""
+        return await self.store.rotate(await self.owned(user_id, raw_id), datetime.now(UTC))
+
+    async def remove(self, user_id: uuid.UUID, raw_id: str) -> None:
+        await self.store.delete(await self.owned(user_id, raw_id))
+
     async def replay(
         self, user_id: uuid.UUID, raw_id: str, msg_id: str, key: str | None = None
     ) -> dict[str, Any]:
@@ -257,9 +264,7 @@ async def patch_webhook(request: Request) -> Response:
 )
 async def delete_webhook(request: Request) -> Response:
     key = await require_key(request, "keys")
-    hooks = Webhooks.of(request)
-    found = await hooks.owned(key.user_id, request.path_params["endpoint_id"])
-    await hooks.store.delete(found)
+    await Webhooks.of(request).remove(key.user_id, request.path_params["endpoint_id"])
     return Response(status_code=204)
 
 
@@ -272,9 +277,7 @@ async def delete_webhook(request: Request) -> Response:
 )
 async def rotate_webhook(request: Request) -> Response:
     key = await require_key(request, "keys")
-    hooks = Webhooks.of(request)
-    found = await hooks.owned(key.user_id, request.path_params["endpoint_id"])
-    rotated = await hooks.store.rotate(found, datetime.now(UTC))
+    rotated = await Webhooks.of(request).rotate(key.user_id, request.path_params["endpoint_id"])
     return Answer(schema.WebhookView.model_validate(view(rotated, with_secret=True)))
 
 

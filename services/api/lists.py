@@ -219,11 +219,12 @@ class Lists:
 
     async def begin_import(
         self, found: ContactList, source: IO[bytes], import_id: uuid.UUID
-    ) -> ImportJob:
+    ) -> tuple[ImportJob, int]:
         """Check the file's layout and count its rows (422 when it cannot be imported at
         all, 413 past the contacts one import may carry), take the list's import (409 while
         another runs) and start it in the background, which then owns ``source`` and the
-        import's place (it closes the one and gives back the other when it ends)."""
+        import's place (it closes the one and gives back the other when it ends). Returns
+        the import and the rows it will read."""
         limit = self.caps.settings.contacts_per_import
         try:
             rows = await self.cpu.run(contacts_csv.count, source, limit=limit)
@@ -248,7 +249,7 @@ class Lists:
         if not await self.store.begin_import(job, found.latest_import):
             raise _busy()
         self.background.spawn(self._run(job, source, found.contacts))
-        return job
+        return job, rows
 
     async def _run(self, job: ImportJob, source: IO[bytes], base: int) -> None:
         try:
@@ -260,11 +261,65 @@ class Lists:
                 job.user_id, "imports", _holder(job.list_id, job.import_id)
             )
 
+    async def upload(
+        self, request: Request, user_id: uuid.UUID, list_id: uuid.UUID
+    ) -> tuple[ImportJob, int]:
+        """Import the request's ``text/csv`` body into the user's list (415 for another
+        type): the upload is spooled under the import's claimed place, then begun (see
+        :meth:`begin_import`); the place is given back if it cannot begin."""
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype not in CSV_TYPES:
+            raise ApiError(415, "unsupported_media_type", "send the file as text/csv")
+        found = await self.owned(user_id, list_id)
+        import_id = await self.claim_import(found)
+        source: IO[bytes] | None = None
+        try:
+            source = await spool_capped(
+                request, self.settings.import_max_bytes, timeout=UPLOAD_TIMEOUT
+            )
+            # Read again: the upload may have taken minutes, and an import that ended
+            # meanwhile changed the list's latest import (taking it from the stale one is a
+            # false 409) and its count (the new import's base).
+            return await self.begin_import(await self.owned(user_id, list_id), source, import_id)
+        except BaseException:
+            if source is not None:
+                await asyncio.to_thread(source.close)
+            await self.release_import(found, import_id)
+            raise
+
+    async def import_of(self, found: ContactList, import_id: uuid.UUID) -> ImportJob:
+        """One import of ``found`` as it is to be shown (a stale one as failed), or 404."""
+        job = await self.store.get_import(found.list_id, import_id)
+        if job is None:
+            raise ApiError(404, "not_found", "no such import")
+        return shown(job, datetime.now(UTC), self.stale_after)
+
+    async def contacts(
+        self, found: ContactList, cursor: str | None, limit: int
+    ) -> tuple[list[ListContact], str | None]:
+        """A page of the list's contacts from ``cursor`` (400 for a malformed one), and the
+        next page's cursor (None after the last)."""
+        page, following = await read_page(self.store, found.list_id, position_of(cursor), limit)
+        after = (
+            encode_cursor({"bucket": following.bucket, "after": following.after})
+            if following is not None
+            else None
+        )
+        return page, after
+
     async def remove_contact(self, found: ContactList, email: str) -> None:
         if not email.strip() or not await self.store.remove(found.list_id, email.strip()):
             raise ApiError(404, "not_found", "that address is not in the list")
         # The next import's recount corrects this if two removals raced.
         await self.store.set_count(found.user_id, found.list_id, max(found.contacts - 1, 0))
+
+
+def list_name(body: object) -> str:
+    """The name of a new list from a ``POST /v1/lists`` body (422 when it is not one)."""
+    name = checked(ListIn, body).name.strip()
+    if not name:
+        raise ApiError(422, "invalid_fields", "bad name", fields={"name": "must not be blank"})
+    return name
 
 
 def _busy() -> ApiError:
@@ -292,10 +347,7 @@ def _holder(list_id: uuid.UUID, import_id: uuid.UUID) -> str:
 async def create_list(request: Request) -> Response:
     key = await require_key(request, "send")
     _, body = await read_json(request, SMALL_BODY)
-    name = checked(ListIn, body).name.strip()
-    if not name:
-        raise ApiError(422, "invalid_fields", "bad name", fields={"name": "must not be blank"})
-    made = await Lists.of(request).create(key.user_id, name)
+    made = await Lists.of(request).create(key.user_id, list_name(body))
     return Answer(schema.ContactListView.model_validate(list_view(made, None)), status_code=201)
 
 
@@ -361,21 +413,16 @@ async def get_list(request: Request) -> Response:
 async def list_contacts(request: Request) -> Response:
     key = await require_key(request, "read")
     limit = page_limit(request, default=100, maximum=1000)
-    at = _position(request.query_params.get("cursor"))
     lists = Lists.of(request)
     found = await lists.owned(key.user_id, path_uuid(request, "list_id"))
-    page, following = await read_page(lists.store, found.list_id, at, limit)
-    cursor = (
-        encode_cursor({"bucket": following.bucket, "after": following.after})
-        if following is not None
-        else None
-    )
+    page, cursor = await lists.contacts(found, request.query_params.get("cursor"), limit)
     # Up to 1,000 entries: built trusted (validated under tests).
     data = [schema.trusted(schema.ListContactView, contact_view(c)) for c in page]
     return Answer(schema.ListContactsPage(data=data, next_cursor=cursor))
 
 
-def _position(cursor: str | None) -> Position:
+def position_of(cursor: str | None) -> Position:
+    """Where a page of contacts starts, from its cursor (400 for a malformed one)."""
     data = decode_cursor(cursor)
     if data is None:
         return Position()
@@ -426,27 +473,7 @@ async def delete_contact(request: Request) -> Response:
 )
 async def import_contacts(request: Request) -> Response:
     key = await require_key(request, "send")
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype not in CSV_TYPES:
-        raise ApiError(415, "unsupported_media_type", "send the file as text/csv")
-    lists = Lists.of(request)
-    found = await lists.owned(key.user_id, path_uuid(request, "list_id"))
-    import_id = await lists.claim_import(found)
-    source: IO[bytes] | None = None
-    try:
-        limit = lists.settings.import_max_bytes
-        source = await spool_capped(request, limit, timeout=UPLOAD_TIMEOUT)
-        # Read again: the upload may have taken minutes, and an import that ended meanwhile
-        # changed the list's latest import (taking it from the stale one is a false 409) and
-        # its count (the new import's base).
-        job = await lists.begin_import(
-            await lists.owned(key.user_id, found.list_id), source, import_id
-        )
-    except BaseException:
-        if source is not None:
-            await asyncio.to_thread(source.close)
-        await lists.release_import(found, import_id)
-        raise
+    job, _ = await Lists.of(request).upload(request, key.user_id, path_uuid(request, "list_id"))
     answer = {"import_id": str(job.import_id), "list_id": str(job.list_id), "state": job.state}
     return Answer(schema.ImportAccepted.model_validate(answer), status_code=202)
 
@@ -462,11 +489,5 @@ async def get_import(request: Request) -> Response:
     key = await require_key(request, "read")
     lists = Lists.of(request)
     found = await lists.owned(key.user_id, path_uuid(request, "list_id"))
-    job = await lists.store.get_import(found.list_id, path_uuid(request, "import_id"))
-    if job is None:
-        raise ApiError(404, "not_found", "no such import")
-    return Answer(
-        schema.ImportView.model_validate(
-            import_view(shown(job, datetime.now(UTC), lists.stale_after))
-        )
-    )
+    job = await lists.import_of(found, path_uuid(request, "import_id"))
+    return Answer(schema.ImportView.model_validate(import_view(job)))

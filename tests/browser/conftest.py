@@ -4,7 +4,9 @@ One stack serves every browser test of the session: webhooks, the sandbox (SendG
 and GitHub stand-ins), the API with the dashboard, and the consumers, all real and in process,
 against a Cassandra keyspace and a RabbitMQ topology of its own: the stack runs in the
 background while other tests run, so it must neither see their rows nor touch their queues.
-The browser reaches them over loopback, so a login is the real redirect dance:
+The hooks worker delivers users' webhooks, whose endpoints may be the sandbox's receiver
+(plain http on loopback). The browser reaches them over loopback, so a login is the real
+redirect dance:
 ``/auth/github/login`` → the sandbox's authorize page → ``/auth/github/callback`` → the
 dashboard.
 
@@ -37,6 +39,7 @@ from sandbox.oauth import find_user
 from services.api.app import create_app as create_api
 from services.api.dashboard import dashboard_routes
 from services.consumers.main import create_app as create_consumers
+from services.hooks.main import create_app as create_hooks
 from services.webhooks.app import create_app as create_webhooks
 from shared.infra.config import (
     CassandraSettings,
@@ -47,6 +50,7 @@ from shared.infra.config import (
 )
 from tests.conftest import CI, ROOT, KeyspacePool, private_keyspace, stack_settings, unique
 from tests.integration.harness import running, served
+from tests.integration.hookstack import hooks_settings
 
 #: Debian's Chromium (deploy/local/chromium.sh installs it; the same variable overrides both).
 CHROMIUM = Path(os.environ.get("SAFEDELIVR_CHROMIUM", "/usr/bin/chromium"))
@@ -118,7 +122,9 @@ async def _stack(migrated: CassandraSettings) -> AsyncIterator[Stack]:
         update={
             "webhooks": WebhookSettings(
                 sendgrid_public_key=public_b64, mailgun_signing_key=SecretStr(MG_KEY)
-            )
+            ),
+            # Users' endpoints may be the sandbox's receiver, on loopback over http.
+            "hooks": hooks_settings(),
         }
     )
     async with served(create_webhooks(base)) as hooks_url:
@@ -164,7 +170,10 @@ async def _stack(migrated: CassandraSettings) -> AsyncIterator[Stack]:
                 broker = api.state.resources.broker
                 await broker.declare()
                 try:
-                    async with running(create_consumers(settings)):
+                    async with (
+                        running(create_consumers(settings)),
+                        running(create_hooks(settings)),
+                    ):
                         yield Stack(api_url, sandbox_url, hooks_url, api.state.settings)
                 finally:
                     await broker.delete()
@@ -172,7 +181,7 @@ async def _stack(migrated: CassandraSettings) -> AsyncIterator[Stack]:
 
 #: GitHub logins of the accounts the stack's dashboard treats as operators (by their ids; one
 #: per test that needs one).
-OPERATORS = ("sd-operator-settings", "sd-operator-dead-letters")
+OPERATORS = ("sd-operator-settings", "sd-operator-dead-letters", "sd-operator-letters-page")
 
 
 def github_id(login: str) -> int:

@@ -1,9 +1,11 @@
 """The Operations page in a real browser, as an operator (an account in SAFEDELIVR_OPERATORS):
-providers with health and circuit, pausing one (applied and audited), and a dead letter
-replayed from the page; anyone else gets a 404."""
+providers with health and circuit, pausing one (applied and audited), a dead letter
+replayed from the page, and the dead letters page paged, filtered by queue and replayed from;
+anyone else gets a 404."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import uuid
 from datetime import UTC, datetime
@@ -95,8 +97,10 @@ async def test_an_operator_replays_a_dead_letter_once(
 async def test_the_operations_page_does_not_exist_for_other_users(page: Page, stack: Stack) -> None:
     await log_in(page, stack, "/")
     response = await page.goto(f"{stack.api}/operations")
+    letters = await page.goto(f"{stack.api}/operations/dead-letters")
 
     assert response is not None and response.status == 404
+    assert letters is not None and letters.status == 404
     await expect(page.get_by_role("link", name="Operations")).to_have_count(0)
 
 
@@ -115,3 +119,45 @@ async def test_saving_the_settings_form_audits_only_what_changed(
     await page.get_by_label("Probe an open circuit after (s)").fill("30")
     await page.get_by_role("button", name="Save settings").click()
     await expect(page.get_by_label("Probe an open circuit after (s)")).to_have_value("30")
+
+
+@pytest.mark.parametrize("github_login", [OPERATORS[2]])
+async def test_an_operator_pages_and_replays_dead_letters(
+    page: Page, stack: Stack, github_login: str
+) -> None:
+    """The dead letters page goes from the newest letter to older ones, narrows to one
+    queue from a letter's row, and replays one there, coming back to the same filter."""
+    queue = f"q.dash-{uuid.uuid4().hex[:8]}"
+    now = datetime.now(UTC)
+    letters = [
+        dataclasses.replace(
+            letter_of(dispatch_key("sg", uuid.uuid1()), None, {}, b"{}", now),
+            queue=queue if n % 10 == 0 else "q.other",
+        )
+        for n in range(30)
+    ]
+    db = await Database.connect(
+        stack.settings.cassandra, keyspace=stack.settings.cassandra.keyspace
+    )
+    try:
+        for x in letters:
+            await DeadLetterStore(db).archive(x)
+    finally:
+        await db.close()
+    await log_in(page, stack, "/operations")
+    await page.get_by_role("link", name=re.compile("^Every dead letter")).click()
+    await expect(page.locator("tr[data-letter]")).to_have_count(25)
+    await page.get_by_role("link", name="Older →").click()
+    await expect(page.locator("tr[data-letter]").first).to_be_visible()
+    await page.get_by_role("link", name="← Newest").click()
+
+    await page.locator(f'tr[data-letter="{letters[0].id}"]').get_by_role("link", name=queue).click()
+    await expect(page.locator("tr[data-letter]")).to_have_count(3)
+    await screenshot(page, "dead-letters")
+    row = page.locator(f'tr[data-letter="{letters[10].id}"]')
+    await row.get_by_role("button", name=re.compile("^Replay")).click()
+
+    await expect(page.get_by_role("status").first).to_contain_text("published again")
+    await expect(page.locator("#queue-filter")).to_contain_text(queue)
+    await expect(row.locator('[data-col="state"]')).to_have_text("replayed")
+    await expect(page.locator("tr[data-letter]")).to_have_count(3)

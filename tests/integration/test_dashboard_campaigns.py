@@ -190,3 +190,73 @@ async def test_a_step_on_an_id_that_is_not_a_time_uuid_is_not_found(
 
     assert refused.status_code == 404
     assert "no such campaign" in refused.text
+
+
+async def test_a_draft_is_created_from_the_form_as_the_api_creates_one(
+    api: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    visitor = await logged_in(api, db)
+    template_id = await TemplateStore(db).create(visitor.user_id, "Winter", "Hi", None, "Hey", {})
+    made = await ContactLists(db).create(visitor.user_id, "Readers")
+    form = {
+        "csrf_token": visitor.csrf,
+        "name": "Winter sale",
+        "from": "News <news@example.com>",
+        "template_id": str(template_id),
+        "list_id": str(made.list_id),
+        "rate": "50",
+        "send_at": "",
+    }
+
+    created = await api.post("/campaigns", data=form, follow_redirects=True)
+    listed = await api.get("/v1/campaigns", headers=visitor.auth)
+
+    assert created.status_code == 200
+    assert "“Winter sale” is created as a draft" in created.text
+    (campaign,) = listed.json()["data"]
+    assert (campaign["name"], campaign["state"], campaign["rate"]) == ("Winter sale", "draft", 50)
+
+
+async def test_a_draft_the_checks_refuse_is_told_beside_its_fields_and_not_made(
+    api: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    visitor = await logged_in(api, db)
+    other = await accounts.ensure_user(db, unique("camp_other"))
+    theirs = await TemplateStore(db).create(other, "Not mine", "Hi", None, "Hey", {})
+    await TemplateStore(db).create(visitor.user_id, "Mine", "Hi", None, "Hey", {})
+    made = await ContactLists(db).create(visitor.user_id, "Readers")
+    form = {
+        "csrf_token": visitor.csrf,
+        "name": "Sneaky",
+        "from": "news@example.com",
+        "template_id": str(theirs),
+        "list_id": str(made.list_id),
+        "rate": "lots",
+    }
+
+    refused = await api.post("/campaigns", data=form)
+    listed = await api.get("/v1/campaigns", headers=visitor.auth)
+
+    assert refused.status_code == 422
+    assert 'id="rate-errors"' in refused.text
+    assert 'value="Sneaky"' in refused.text
+    assert listed.json()["data"] == []
+
+
+async def test_another_users_template_is_not_offered_nor_taken(
+    api: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    visitor = await logged_in(api, db)
+    other = await accounts.ensure_user(db, unique("camp_other"))
+    theirs = await TemplateStore(db).create(other, "Not mine", "Hi", None, "Hey", {})
+    await TemplateStore(db).create(visitor.user_id, "Mine", "Hi", None, "Hey", {})
+    made = await ContactLists(db).create(visitor.user_id, "Readers")
+    form = {"csrf_token": visitor.csrf, "name": "Sneaky", "from": "news@example.com"}
+    form |= {"template_id": str(theirs), "list_id": str(made.list_id)}
+
+    shown = await api.get("/campaigns")
+    refused = await api.post("/campaigns", data=form)
+
+    assert str(theirs) not in shown.text and "Mine" in shown.text
+    assert refused.status_code == 422
+    assert 'id="template_id-errors"' in refused.text and "No such template of yours" in refused.text

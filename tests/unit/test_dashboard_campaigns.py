@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from services.api.dashboard.campaign_pages import allowed, campaign_rows, done_notice
+from services.api.dashboard.campaign_pages import allowed, campaign_rows, create_body, done_notice
 from shared.audience.campaigns import Campaign
 
 AT = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)
@@ -74,3 +74,16 @@ def test_the_confirmation_names_only_a_known_step_of_one_of_my_campaigns() -> No
     assert done_notice({"done": "pause", "campaign": str(uuid.uuid4())}, rows) is None
     assert done_notice({"done": "<b>owned</b>", "campaign": mine}, rows) is None
     assert done_notice({}, rows) is None
+
+
+def test_the_create_form_stands_for_the_api_body_without_its_blank_optional_fields() -> None:
+    form = {"name": " News ", "from": "n@example.com", "template_id": "t", "list_id": "l"}
+
+    assert create_body({**form, "rate": "", "send_at": ""}) == {
+        "name": "News",
+        "from": "n@example.com",
+        "template_id": "t",
+        "list_id": "l",
+    }
+    assert create_body({**form, "rate": "50"})["rate"] == 50
+    assert create_body({**form, "rate": "lots"})["rate"] == "lots"

@@ -437,6 +437,17 @@ def test_accepted_notice_reports_what_happened_to_recipients() -> None:
     )
 
 
+def test_accepted_notice_tells_addresses_left_out_by_the_cooldown_apart() -> None:
+    """Addresses inside the cooldown are counted among the suppressed, and told apart."""
+    notice = views.accepted_notice(
+        {"sent": "1", "accepted": "1", "suppressed": "3", "cooling": "2"}
+    )
+    assert notice == (
+        "Batch accepted: 1 recipient queued; 1 skipped (on your suppression list); "
+        "2 skipped (mailed within your cooldown)."
+    )
+
+
 def test_accepted_notice_needs_the_sent_marker() -> None:
     """A batch page opened normally shows no notice."""
     assert views.accepted_notice({"accepted": "3"}) is None

@@ -14,7 +14,9 @@ from services.api.dashboard.campaign_pages import campaign_routes
 from services.api.dashboard.lists import lists_routes
 from services.api.dashboard.operations import operations_routes
 from services.api.dashboard.pages import compile_pages, create_templates
+from services.api.dashboard.preference_pages import preference_routes
 from services.api.dashboard.template_pages import template_routes
+from services.api.dashboard.webhook_pages import webhook_routes
 
 __all__ = ["compile_pages", "create_templates", "dashboard_routes"]
 
@@ -26,5 +28,7 @@ def dashboard_routes() -> list[BaseRoute]:
         *lists_routes(),
         *campaign_routes(),
         *template_routes(),
+        *webhook_routes(),
+        *preference_routes(),
         *pages.dashboard_routes(),
     ]

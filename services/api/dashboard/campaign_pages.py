@@ -1,7 +1,8 @@
 """The dashboard's Campaigns page: the user's campaigns with their state (and why one paused
 by itself), send time and progress, and forms that schedule, pause, resume or cancel one
-through the same use cases as ``/v1/campaigns`` (``services.api.campaigns.Campaigns``).
-Campaigns are created through the API.
+through the same use cases as ``/v1/campaigns`` (``services.api.campaigns.Campaigns``),
+and a form that creates a draft (one of the user's templates to one of their lists) as
+``POST /v1/campaigns`` does, with its checks told beside the fields.
 
 A step the campaign's state does not allow (a stale page, a second tab) shows the page
 again with the reason and the 409, never an error page: the list beside it is current."""
@@ -21,7 +22,8 @@ from starlette.routing import BaseRoute, Route
 
 from services.api.campaigns import Campaigns
 from services.api.dashboard.pages import page, read_form, render, see_other
-from services.api.dashboard.views import fmt_time, iso
+from services.api.dashboard.views import fmt_time, form_errors, iso
+from services.api.schema import CampaignIn, checked
 from services.api.sessions import SessionUser, require_user, verify_csrf
 from shared.audience.campaigns import Action, Campaign, LifecycleError, next_state
 from shared.infra.http import ApiError
@@ -43,7 +45,10 @@ DONE: Final = {
     "pause": "{} is paused: its held mail waits until you resume it.",
     "resume": "{} is resumed.",
     "cancel": "{} is cancelled: nothing more of it will be sent.",
+    "create": "{} is created as a draft: schedule it to send it.",
 }
+#: The create form's fields (``from`` is the body's name for the sender).
+FORM_FIELDS: Final = ("name", "template_id", "list_id", "from", "rate", "send_at")
 #: Campaigns whose recipient counts are read at once (each reads its batches' counts).
 _COUNTING: Final = 4
 
@@ -134,8 +139,27 @@ async def _counted(campaigns: Campaigns, found: Sequence[Campaign]) -> list[Coun
     return list(await asyncio.gather(*(one(c) for c in found)))
 
 
+def create_body(form: Mapping[str, str]) -> dict[str, Any]:
+    """The ``POST /v1/campaigns`` body the create form stands for (a blank optional field is
+    left out; a rate that is not a number is sent as typed, for the checks to name)."""
+    body: dict[str, Any] = {k: form.get(k, "").strip() for k in FORM_FIELDS}
+    for optional in ("rate", "send_at"):
+        if not body[optional]:
+            del body[optional]
+    rate = body.get("rate")
+    if isinstance(rate, str) and rate.isascii() and rate.isdecimal():
+        body["rate"] = int(rate)
+    return body
+
+
 async def _page(
-    request: Request, user: SessionUser, *, status: int = 200, problem: str | None = None
+    request: Request,
+    user: SessionUser,
+    *,
+    status: int = 200,
+    problem: str | None = None,
+    errors: Mapping[str, list[str]] | None = None,
+    values: Mapping[str, str] | None = None,
 ) -> Response:
     campaigns: Campaigns = request.app.state.campaigns
     found, templates, lists = await asyncio.gather(
@@ -153,7 +177,11 @@ async def _page(
         "active": "campaigns",
         "rows": rows,
         "problem": problem,
-        "notice": None if problem else done_notice(request.query_params, rows),
+        "notice": None if problem or errors else done_notice(request.query_params, rows),
+        "templates": sorted(((str(t.template_id), t.name) for t in templates), key=_by_name),
+        "lists": sorted(((str(x.list_id), x.name) for x in lists), key=_by_name),
+        "errors": dict(errors or {}),
+        "values": {k: (values or {}).get(k, "") for k in FORM_FIELDS},
     }
     return render(request, "campaigns.html", context, status=status)
 
@@ -164,9 +192,27 @@ async def _user(request: Request) -> SessionUser:
     return user
 
 
+def _by_name(pair: tuple[str, str]) -> str:
+    return pair[1].lower()
+
+
 @page
 async def campaigns_page(request: Request) -> Response:
-    return await _page(request, await _user(request))
+    """The user's campaigns; POST creates a draft (as ``POST /v1/campaigns`` does)."""
+    user = await _user(request)
+    if request.method != "POST":
+        return await _page(request, user)
+    form = await read_form(request)
+    await verify_csrf(request, user, form.get("csrf_token"))
+    campaigns: Campaigns = request.app.state.campaigns
+    try:
+        made = await campaigns.create(user.user_id, checked(CampaignIn, create_body(form)))
+    except ApiError as exc:
+        if exc.status not in (409, 422):
+            raise
+        errors = form_errors(exc.fields or {}, form_fields=FORM_FIELDS) or {"form": [exc.message]}
+        return await _page(request, user, status=exc.status, errors=errors, values=form)
+    return see_other("/campaigns", done="create", campaign=str(made.campaign_id))
 
 
 @page
@@ -211,7 +257,7 @@ def _campaign_id(value: str) -> uuid.UUID:
 
 def campaign_routes() -> list[BaseRoute]:
     return [
-        Route("/campaigns", campaigns_page, methods=["GET"], name="dashboard_campaigns"),
+        Route("/campaigns", campaigns_page, methods=["GET", "POST"], name="dashboard_campaigns"),
         Route(
             "/campaigns/{campaign_id}/{action}",
             campaign_step,

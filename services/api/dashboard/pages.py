@@ -31,7 +31,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from services.api import openapi, queries
+from services.api import cooldown, openapi, queries
 from services.api.auth import limit_user
 from services.api.dashboard import views
 from services.api.domains import SendingDomains
@@ -98,6 +98,7 @@ _NAV = (
     ("/lists", "Lists", "lists"),
     ("/campaigns", "Campaigns", "campaigns"),
     ("/domains", "Domains", "domains"),
+    ("/webhooks", "Webhooks", "webhooks"),
     ("/templates", "Templates", "templates"),
     ("/v1/docs", "API", "docs"),
 )
@@ -394,9 +395,24 @@ async def batch_detail(request: Request) -> Response:
             "paged": bool(cursor),
             "state_filter": state_filter,
             "states": STATES,
-            "notice": views.accepted_notice(request.query_params),
+            "notice": "The batch was cancelled: none of it is sent, and its recipients "
+            "are back in the day's quota."
+            if request.query_params.get("cancelled") == "1" and header.status == "cancelled"
+            else views.accepted_notice(request.query_params),
         },
     )
+
+
+@page
+async def cancel_batch(request: Request) -> Response:
+    """Cancel a batch still waiting for its ``send_at`` (as ``POST /v1/batches/{id}/cancel``:
+    409 once it started)."""
+    user = await _user(request)
+    await _checked_form(request, user)
+    header = await _owned_header(request, user)
+    sending: Sending = request.app.state.sending
+    await sending.cancel(header)
+    return see_other(f"/batches/{header.batch_id}", cancelled=1)
 
 
 # --------------------------------------------------------------------------- send
@@ -469,6 +485,7 @@ async def send(request: Request) -> Response:
         accepted=result["accepted"],
         rejected=len(result["rejected"]),
         suppressed=len(result["suppressed"]),
+        cooling=sum(1 for s in result.get("skipped") or () if s["reason"] == cooldown.REASON),
     )
 
 
@@ -686,6 +703,7 @@ def dashboard_routes() -> list[BaseRoute]:
         Route("/", overview, methods=["GET"], name="dashboard_overview"),
         Route("/batches", batch_list, methods=["GET"], name="dashboard_batches"),
         Route("/batches/{batch_id}", batch_detail, methods=["GET"], name="dashboard_batch"),
+        Route("/batches/{batch_id}/cancel", cancel_batch, methods=["POST"]),
         Route("/send", send, methods=["GET", "POST"], name="dashboard_send"),
         Route("/v1/docs", api_docs, methods=["GET"], name="api_docs"),
         Route("/keys", keys, methods=["GET", "POST"], name="dashboard_keys"),

@@ -1,22 +1,28 @@
 """The dashboard's Templates page: each of the user's templates with its versions, which one
 is live and which in canary (with its share and start), and its canary rollouts' audited
-verdicts (promoted or rolled back, and why). Read-only: templates are made, versioned and
-published through ``/v1/templates``."""
+verdicts (promoted or rolled back, and why); and forms that add a version, preview one
+(rendered with its sample data, its HTML in a sandboxed frame) and publish one, live or as a
+canary share, through the same use cases as ``/v1/templates``
+(:class:`services.api.templates.Templates`). Templates are made through the API."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Final
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from services.api.dashboard.pages import page, render
+from services.api.dashboard.pages import page, read_form, render, see_other
 from services.api.dashboard.views import fmt_time, iso
-from services.api.sessions import require_user
-from services.api.templates import Templates
+from services.api.schema import PreviewIn, PublishIn, TemplateVersionIn, checked
+from services.api.sessions import SessionUser, require_user, verify_csrf
+from services.api.templates import BODY_LIMIT, Templates
+from shared.infra.http import ApiError
 from shared.templates.canary import Counts
 from shared.templates.canary_store import Outcome
 from shared.templates.templates import Template, VersionHeader
@@ -123,10 +129,75 @@ def template_rows(
     ]
 
 
-@page
-async def templates_page(request: Request) -> Response:
+#: What the page says after a step.
+DONE: Final = {
+    "version": "Version {} was added: preview it, then publish it.",
+    "published": "Version {} is published.",
+}
+
+
+def done_notice(params: Mapping[str, str]) -> str | None:
+    message, number = DONE.get(params.get("done", "")), params.get("version", "")
+    return message.format(number) if message and number.isdecimal() and len(number) < 6 else None
+
+
+def version_body(form: Mapping[str, str]) -> dict[str, Any]:
+    """The ``POST /v1/templates/{id}/versions`` body the form stands for (blank parts left
+    out; the sample is JSON, a 422 naming it when it is not an object)."""
+    body: dict[str, Any] = {"subject": form.get("subject", "").strip()}
+    for part in ("html", "text"):
+        if form.get(part, "").strip():
+            body[part] = form[part].replace("\r\n", "\n")
+    raw = form.get("sample", "").strip()
+    if raw:
+        try:
+            sample = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            sample = None
+        if not isinstance(sample, dict):
+            raise ApiError(
+                422,
+                "invalid_fields",
+                "the sample data is not valid",
+                fields={"sample": 'a JSON object, e.g. {"first_name": "Ann"}'},
+            )
+        body["sample"] = sample
+    return body
+
+
+def publish_body(form: Mapping[str, str]) -> dict[str, Any]:
+    """The ``POST /v1/templates/{id}/publish`` body (a blank share: live at once)."""
+    raw = form.get("version", "").strip()
+    body: dict[str, Any] = {"version": int(raw) if raw.isascii() and raw.isdecimal() else raw}
+    share = form.get("canary_percent", "").strip().removesuffix("%")
+    if share:
+        try:
+            body["canary_percent"] = float(share)
+        except ValueError:
+            body["canary_percent"] = share  # for the checks to name
+    return body
+
+
+def told(exc: ApiError) -> str:
+    """An error of a form on this page, in words (field problems named)."""
+    fields = "; ".join(f"{k}: {v}" for k, v in (exc.fields or {}).items())
+    return f"Not done: {fields or exc.message}."
+
+
+async def _user(request: Request) -> SessionUser:
     user = await require_user(request)
     request.state.user = user
+    return user
+
+
+@page
+async def templates_page(request: Request) -> Response:
+    return await _page(request, await _user(request))
+
+
+async def _page(
+    request: Request, user: SessionUser, *, status: int = 200, problem: str | None = None
+) -> Response:
     templates = Templates.of(request)
     found = await templates.store.templates(user.user_id)
     versions, verdicts = await asyncio.gather(
@@ -137,9 +208,75 @@ async def templates_page(request: Request) -> Response:
         "title": "Templates",
         "active": "templates",
         "rows": template_rows(zip(found, versions, verdicts, strict=True)),
+        "problem": problem,
+        "notice": None if problem else done_notice(request.query_params),
     }
-    return render(request, "templates.html", context)
+    return render(request, "templates.html", context, status=status)
+
+
+@page
+async def add_version(request: Request) -> Response:
+    """A new version of the template (as ``POST /v1/templates/{id}/versions``)."""
+    user = await _user(request)
+    form = await read_form(request, BODY_LIMIT)
+    await verify_csrf(request, user, form.get("csrf_token"))
+    templates = Templates.of(request)
+    found = await templates.owned(user.user_id, request.path_params["template_id"])
+    try:
+        number = await templates.add_version(found, checked(TemplateVersionIn, version_body(form)))
+    except ApiError as exc:
+        if exc.status not in (409, 422):
+            raise
+        return await _page(request, user, status=exc.status, problem=told(exc))
+    return see_other("/templates", done="version", version=number)
+
+
+@page
+async def publish(request: Request) -> Response:
+    """Publish a version: live, or as a canary share (as ``POST /v1/templates/{id}/publish``;
+    it must render with its sample data)."""
+    user = await _user(request)
+    form = await read_form(request)
+    await verify_csrf(request, user, form.get("csrf_token"))
+    raw_id = request.path_params["template_id"]
+    try:
+        done = await Templates.of(request).publish(
+            user.user_id, raw_id, checked(PublishIn, publish_body(form))
+        )
+    except ApiError as exc:
+        if exc.status not in (409, 422):
+            raise
+        return await _page(request, user, status=exc.status, problem=told(exc))
+    shown = done.canary_version or done.live_version or 0
+    return see_other("/templates", done="published", version=shown)
+
+
+@page
+async def preview(request: Request) -> Response:
+    """A version rendered with its sample data (as ``POST /v1/templates/{id}/preview``)."""
+    user = await _user(request)
+    raw = request.query_params.get("version", "")
+    number = int(raw) if raw.isascii() and raw.isdecimal() and len(raw) < 6 else None
+    templates = Templates.of(request)
+    found = await templates.owned(user.user_id, request.path_params["template_id"])
+    out = await templates.preview(
+        user.user_id,
+        request.path_params["template_id"],
+        checked(PreviewIn, {"version": number}),
+    )
+    context = {
+        "title": f"Preview of {found.name}",
+        "active": "templates",
+        "name": found.name,
+        "out": out,
+    }
+    return render(request, "template_preview.html", context)
 
 
 def template_routes() -> list[BaseRoute]:
-    return [Route("/templates", templates_page, methods=["GET"], name="dashboard_templates")]
+    return [
+        Route("/templates", templates_page, methods=["GET"], name="dashboard_templates"),
+        Route("/templates/{template_id}/versions", add_version, methods=["POST"]),
+        Route("/templates/{template_id}/publish", publish, methods=["POST"]),
+        Route("/templates/{template_id}/preview", preview, methods=["GET"]),
+    ]

@@ -599,12 +599,16 @@ def accepted_notice(params: Mapping[str, str]) -> str | None:
         return None
     counts = {
         k: v
-        for k in ("accepted", "rejected", "suppressed")
+        for k in ("accepted", "rejected", "suppressed", "cooling")
         if (v := natural(params.get(k, "0"))) is not None
     }
     parts = [f"Batch accepted: {plural(counts.get('accepted', 0), 'recipient')} queued"]
-    if counts.get("suppressed"):
-        parts.append(f"{counts['suppressed']:,} skipped (on your suppression list)")
+    # An address inside the cooldown is dropped as a suppressed one is (its reason apart).
+    cooling = min(counts.get("cooling", 0), counts.get("suppressed", 0))
+    if suppressed := counts.get("suppressed", 0) - cooling:
+        parts.append(f"{suppressed:,} skipped (on your suppression list)")
+    if cooling:
+        parts.append(f"{cooling:,} skipped (mailed within your cooldown)")
     if counts.get("rejected"):
         parts.append(f"{counts['rejected']:,} rejected (not a valid address)")
     return "; ".join(parts) + "."
