@@ -410,6 +410,13 @@ class Caller:
             await self.follow.apply_answers(job, replace(current, answers=heard))
             return False
         if answer.receipt is not None:
+            # The recipients it answered for first, as on the unknown path: their tags keep them
+            # out of ``waiting``, so a refused one is never told "confirmed sent", and should
+            # we die before the resolving write, what they stand for is already applied (the
+            # resolver finds no one waiting otherwise, and their answers are not stored yet).
+            heard = answers_column(answer.receipt).get("answers")
+            if heard:
+                await self.follow.apply_answers(job, replace(current, answers=heard))
             everyone = await self.follow.rows(job)
             waiting = self.follow.waiting(job, everyone, job.attempt)
             await self.follow.tell(

@@ -148,7 +148,10 @@ def events(
     """The events ``answers`` stand for, each naming the attempt (its tag) and, when the
     address is one of ``rows``, the recipient's ids; unknown answers stand for none."""
     log_ids = {address_key(str(r["email"])): r["log_id"] for r in rows}
-    when = attempt.finished_at or attempt.calling_at or attempt.created_at
+    # When the call was made: never changes, so each re-application writes the same cells
+    # (a resolution rewrites ``finished_at``: stamped with it, an answer applied again would
+    # outrank the provider's own later events, a bounce put back to "sent").
+    when = attempt.calling_at or attempt.created_at
     out: list[ProviderEvent] = []
     for a in answers.recipients:
         if a.outcome == "unknown":

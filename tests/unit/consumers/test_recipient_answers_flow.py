@@ -6,10 +6,13 @@ recording the answers and applying them applies them once."""
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from services.consumers import protocol
+from shared.core.webhook_events import ProviderEvent
 from shared.delivery.attempts import chunk_line
 from shared.delivery.precedence import visible
 from shared.delivery.recipients import log_id_for
@@ -261,3 +264,73 @@ async def test_answers_all_known_after_a_presumed_death_settle_the_attempt() -> 
     assert (attempt.state, attempt.resolution) == ("resolved", "accepted")
     states = await _states(w, batch_id)
     assert (states[A][0], states[C][0]) == ("queued", "failed")  # A: sent, its events to come
+
+
+async def test_answers_all_known_after_a_presumed_death_survive_a_death_before_resolving() -> None:
+    """The late delivery dies after hearing every answer and before its resolving write (its
+    message redelivered): the refused recipients still go their ways, and the accepted one is
+    delivered, not left queued."""
+    w = World()
+    batch = await w.accept(A, B, C)
+    w.providers["sg"].answers.append(
+        _receipt((A, "accepted"), (B, "refused_transient"), (C, "refused_permanent"),
+                 final=True, suppress=True)
+    )  # fmt: skip
+    await w.step()
+    message = await w.broker.get(w.broker.topology.provider_queue("sg"))
+    assert message is not None
+
+    async def expired(point: str, job: protocol.Job) -> None:
+        (attempt,) = await w.attempts.line(job.batch_id, job.line)
+        assert await w.attempts.transition(
+            job.batch_id, job.line, job.attempt, expect={"state": "calling"},
+            values={"state": "ambiguous", "checks": attempt.checks + 1, "finished_at": w.clock.now},
+        )  # fmt: skip
+        await w.dispatcher.follow.check(job, attempt.checks + 1, 1.0)
+
+    caller = w.dispatcher.caller
+    transition = caller.attempts.transition
+
+    async def dies_resolving(*args: Any, **kwargs: Any) -> bool:
+        if kwargs["values"].get("resolution") == "accepted":
+            raise Died("resolving")
+        return await transition(*args, **kwargs)
+
+    w.fault_points["answered"] = expired
+    caller.attempts.transition = dies_resolving  # type: ignore[method-assign]
+    with pytest.raises(Died):
+        await w.deliver(message)
+    del w.fault_points["answered"]
+    caller.attempts.transition = transition  # type: ignore[method-assign]
+    again = FakeMessage(message.routing_key, message.body)
+    again.deliveries = message.deliveries + 1
+    w.broker.queues[w.broker.topology.provider_queue("sg")].append(again)
+    await w.settle()
+
+    assert w.providers["mg"].emails() == [B]
+    assert C in _suppressed(w)
+    states = await _states(w, batch.batch_id)
+    assert (states[A][0], states[C][0]) == ("success", "failed")
+
+
+async def test_an_answer_applied_again_by_a_resolution_does_not_outrank_a_later_bounce() -> None:
+    """Accepted (by a provider with events) beside an unknown recipient: the provider's bounce
+    of the accepted one, heard before the resolution, stays its last word."""
+    w = World()
+    batch = await w.accept(A, B)
+    w.providers["sg"].answers.append(_receipt((A, "accepted"), (B, "unknown")))
+    for _ in range(3):
+        await w.step()
+    w.clock.now += timedelta(seconds=20)
+    bounce = ProviderEvent(
+        provider="sg", event_id="wh-1", kind="bounced", raw_event="bounce/bounce", email=A,
+        occurred_at=w.clock.now, batch_id=batch.batch_id, chunk=0,
+        log_id=log_id_for(batch.batch_id, A), attempt="c.0", message_id=None,
+        reason="550 no such user", provider_side=False, suppress=True,
+    )  # fmt: skip
+    await w.ingest.apply(bounce)
+    await w.settle()
+
+    assert (await _states(w, batch.batch_id))[A] == ("failed", "550 no such user")
+    rows = {r["email"]: r for r in await w.recipients.batch_rows(batch.batch_id)}
+    assert rows[A]["event"] == "bounced"
