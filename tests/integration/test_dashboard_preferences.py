@@ -4,41 +4,25 @@ beside its field and nothing is saved, and a form without the CSRF token is refu
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import httpx
 import pytest
 from starlette.applications import Starlette
 
-from services.api.session_store import SESSION_COOKIE, SessionStore
-from shared.accounts import accounts
 from shared.infra.db import Database
-from tests.conftest import unique
-from tests.integration.harness import client_for
+from tests.integration.dashboard_visits import Visitor, pages_of
+from tests.integration.dashboard_visits import logged_in as visit
 
 
 @pytest.fixture
 async def api(module_app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
-    async with client_for(module_app) as client:
-        client.follow_redirects = True
+    async with pages_of(module_app) as client:
         yield client
 
 
-@dataclass(frozen=True, slots=True)
-class Visitor:
-    user_id: uuid.UUID
-    csrf: str
-    auth: dict[str, str]
-
-
 async def logged_in(api: httpx.AsyncClient, db: Database) -> Visitor:
-    user = await accounts.ensure_user(db, unique("pref_dash"))
-    key = await accounts.create_key(db, user, "k")
-    session_id, csrf = await SessionStore(db).create(user)
-    api.cookies.set(SESSION_COOKIE, session_id, domain="api.test")
-    return Visitor(user, csrf, {"Authorization": f"Bearer {key}"})
+    return await visit(api, db, "pref_dash")
 
 
 async def test_what_the_page_saves_is_what_the_api_answers(
