@@ -89,6 +89,7 @@ async def test_every_operation_answers_its_documented_shape(
     await call("update_preferences", "PATCH", "/v1/preferences", json=prefs)
     await call("create_key", "POST", "/v1/keys", json={"name": "second"})
     keys = (await call("list_keys", "GET", "/v1/keys")).json()["data"]
+    await call("current_key", "GET", "/v1/keys/current")
     second = next(k for k in keys if k["name"] == "second")
     await call("revoke_key", "DELETE", f"/v1/keys/{second['key_id']}")
     await call("add_domain", "POST", "/v1/domains", json={"domain": "doc.example.net"})
