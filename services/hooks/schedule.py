@@ -57,17 +57,25 @@ STAGE: Final = {
     "recipient.complained": 10,
 }
 
+#: Events we stamp ourselves, to the microsecond: among them the stamp orders, not the stage
+#: (SendGrid refused, failed over to Mailgun, Mailgun accepted, all in one second, is
+#: attempt, failed_over, attempt; the stage alone would put both attempts first).
+OURS: Final = frozenset({"recipient.attempt", "recipient.failed_over"})
 
-def occurred(item: Queued) -> tuple[str, int]:
+
+def occurred(item: Queued) -> tuple[str, int, str, int]:
     """When the event happened, to the second (its payload's ``timestamp``, ISO 8601 in UTC,
-    sortable as text; when it was queued if the payload has none), and its stage."""
+    sortable as text; when it was queued if the payload has none), then its stage, our own
+    events sharing the first and ordered by their exact stamp."""
     try:
         data = orjson.loads(item.body)
         stamp, kind = data.get("timestamp"), data.get("type")
     except (orjson.JSONDecodeError, AttributeError):
         stamp, kind = None, None
     text = stamp if isinstance(stamp, str) else item.at.isoformat()
-    return text[:19], STAGE.get(kind, len(STAGE)) if isinstance(kind, str) else len(STAGE)
+    stage = STAGE.get(kind, len(STAGE)) if isinstance(kind, str) else len(STAGE)
+    group = 0 if kind in OURS else stage
+    return text[:19], group, text, stage
 
 
 T = TypeVar("T", bound=Queued)

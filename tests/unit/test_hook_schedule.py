@@ -106,3 +106,17 @@ def test_within_a_second_the_stage_orders_events_stamped_to_the_second_and_finer
     ready, _ = in_order([delivered, sent, attempt], now, timedelta(seconds=2))
 
     assert ready == [attempt, sent, delivered]
+
+
+def test_a_failover_within_one_second_is_told_in_the_order_it_happened() -> None:
+    """SendGrid refused at 12:00:05.2 and Mailgun accepted at 12:00:05.7: the refusal, the
+    hand-over, then Mailgun's attempt (the stage alone put both attempts first)."""
+    now = datetime(2026, 11, 26, 8, tzinfo=UTC) + timedelta(seconds=10)
+    refused = _item(0.0, happened=5.2, kind="recipient.attempt")
+    over = _item(0.0, happened=5.2, kind="recipient.failed_over")
+    accepted = _item(0.0, happened=5.7, kind="recipient.attempt")
+    sent = _item(0.0, happened=5.0, kind="recipient.sent")
+
+    ready, _ = in_order([accepted, sent, over, refused], now, timedelta(seconds=2))
+
+    assert ready == [refused, over, accepted, sent]
