@@ -416,6 +416,14 @@ class SandboxSettings(BaseSettings):
     sendgrid_email_activity: bool = True
     """Whether the SendGrid account has the Email Activity History add-on (without it the
     query API answers 400 ``authorization required``)."""
+    smtp_port: int = Field(0, ge=0, le=65535)
+    """Where the SMTP relay stand-in listens; 0 (the default): any free port, read back from
+    ``GET /_control/smtp`` (``make run`` does), so two sandboxes on one machine (tests, a
+    soak beside ``make run``) never compete for one."""
+    smtp_user: str = "sandbox-smtp-user"
+    """The user the SMTP relay stand-in admits (AUTH PLAIN or LOGIN)."""
+    smtp_password: SecretStr = SecretStr("sandbox-smtp-password")
+    """That user's password."""
 
 
 class GitHubSettings(BaseSettings):
