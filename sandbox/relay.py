@@ -15,7 +15,8 @@ sandbox's lifespan on ``SAFEDELIVR_SANDBOX_SMTP_PORT`` (0: any free port, read b
   is first recorded, then the relay answers ``status`` to the end of data instead of 250, or
   with ``reset`` drops the connection with no reply at all (the ambiguous case with a real
   accept); ``latency_ms`` delays the answer to the end of data.
-* **Connections** are counted (``GET /_control/smtp``), so a test sees a pool reuse them.
+* **Connections** are counted (``GET /_control/smtp``), so a test sees a pool reuse them,
+  and ``DELETE /_control/smtp/connections`` drops the open ones (a relay that restarts).
 """
 
 from __future__ import annotations
@@ -55,10 +56,21 @@ MAX_MESSAGE_BYTES: Final = 25_000_000
 
 @dataclass(slots=True)
 class RelayStats:
-    """What the relay saw of its clients: connections opened, and open now."""
+    """What the relay saw of its clients: connections opened, and those open now."""
 
     connections: int = 0
-    open: int = 0
+    sessions: set[SMTP] = field(default_factory=set)
+
+    @property
+    def open(self) -> int:
+        return len(self.sessions)
+
+    def drop_all(self) -> int:
+        """Close every open connection at once, as a relay that restarts; return how many."""
+        sessions = list(self.sessions)
+        for session in sessions:
+            _drop(session)
+        return len(sessions)
 
 
 @dataclass(slots=True)
@@ -181,11 +193,11 @@ class _Counted(SMTP):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._stats.connections += 1
-        self._stats.open += 1
+        self._stats.sessions.add(self)
         super().connection_made(transport)
 
     def connection_lost(self, error: Exception | None) -> None:
-        self._stats.open -= 1
+        self._stats.sessions.discard(self)
         super().connection_lost(error)
 
 
@@ -237,12 +249,28 @@ def _quiet() -> None:
 
 
 def control_routes() -> list[BaseRoute]:
-    """Routes mounted at ``/_control``: ``GET /smtp`` the relay's port and counters."""
-    return [Route("/smtp", relay_info, methods=["GET"])]
+    """Routes mounted at ``/_control``: ``GET /smtp`` the relay's port and counters;
+    ``DELETE /smtp/connections`` drops every open connection (a relay restart)."""
+    return [
+        Route("/smtp", relay_info, methods=["GET"]),
+        Route("/smtp/connections", drop_connections, methods=["DELETE"]),
+    ]
+
+
+def _relay(request: Request) -> Relay | None:
+    relay: Relay | None = getattr(request.app.state, "relay", None)
+    return relay
+
+
+async def drop_connections(request: Request) -> Response:
+    relay = _relay(request)
+    if relay is None:
+        return json_response({"error": "the SMTP relay is not running"}, 404)
+    return json_response({"dropped": relay.stats.drop_all()})
 
 
 async def relay_info(request: Request) -> Response:
-    relay: Relay | None = getattr(request.app.state, "relay", None)
+    relay = _relay(request)
     if relay is None:
         return json_response({"error": "the SMTP relay is not running"}, 404)
     stats = relay.stats

@@ -13,6 +13,7 @@ import pytest
 from shared.core.errors import ProviderMisconfigured, TransientProviderError
 from shared.core.models import Chunk
 from shared.infra.config import SandboxSettings
+from shared.providers import smtp as smtp_module
 from shared.providers.base import RecipientAnswer
 from shared.providers.smtp import SmtpProvider, mail_refused, rcpt_answer, relay_denied
 from tests.unit.providers.fakes import chunk, recipient
@@ -257,3 +258,31 @@ async def test_close_quits_every_connection(relay: Relay) -> None:
             break
         await asyncio.sleep(0.01)
     assert (await relay.info())["open"] == 0
+
+
+@pytest.mark.parametrize("idle_check", [0.0, 30.0], ids=["checked-with-noop", "unchecked"])
+async def test_a_connection_the_relay_closed_is_not_reused(
+    relay: Relay, monkeypatch: pytest.MonkeyPatch, idle_check: float
+) -> None:
+    """After the relay dropped its connections (a restart), the next chunk opens a new one."""
+    monkeypatch.setattr(smtp_module, "IDLE_CHECK", idle_check)
+    await relay.provider.send(tagged("ann@example.org"))
+    dropped = await relay.sandbox.client.delete("/_control/smtp/connections")
+    assert dropped.json() == {"dropped": 1}
+    await asyncio.sleep(0.05)  # the client sees its connection end
+
+    receipt = await relay.provider.send(tagged("bob@example.org"))
+
+    assert outcomes(receipt.recipients) == {"bob@example.org": "accepted"}
+    assert (await relay.info())["connections"] == 2
+
+
+async def test_an_idle_connection_is_checked_and_kept(
+    relay: Relay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle connection that answers NOOP is used again."""
+    monkeypatch.setattr(smtp_module, "IDLE_CHECK", 0.0)
+    for _ in range(2):
+        await relay.provider.send(tagged("ann@example.org"))
+
+    assert (await relay.info())["connections"] == 1
