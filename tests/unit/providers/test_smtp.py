@@ -89,7 +89,9 @@ class Relay:
         return found
 
 
-def adapter(port: int, password: str = PASSWORD, pool_size: int = 2) -> SmtpProvider:
+def adapter(
+    port: int, password: str = PASSWORD, pool_size: int = 2, timeout: float = 5
+) -> SmtpProvider:
     return SmtpProvider(
         host="127.0.0.1",
         port=port,
@@ -97,7 +99,7 @@ def adapter(port: int, password: str = PASSWORD, pool_size: int = 2) -> SmtpProv
         username="sandbox-smtp-user",
         password=password,
         helo_name="test.example",
-        timeout=5,
+        timeout=timeout,
         pool_size=pool_size,
     )
 
@@ -197,6 +199,20 @@ async def test_lost_after_data_is_unknown(relay: Relay) -> None:
 
     with pytest.raises(TransientProviderError) as failed:
         await relay.provider.send(tagged("ann@example.org"))
+
+    assert failed.value.outcome_unknown
+    assert await relay.accepted("ann@example.org") == 1
+
+
+async def test_no_answer_to_the_message_in_time_is_unknown(relay: Relay) -> None:
+    """The relay took the message but answers after our timeout: the outcome is unknown."""
+    await relay.fault(latency_ms=1500, count=1)
+    provider = adapter((await relay.info())["port"], timeout=0.3)
+    try:
+        with pytest.raises(TransientProviderError) as failed:
+            await provider.send(tagged("ann@example.org"))
+    finally:
+        await provider.aclose()
 
     assert failed.value.outcome_unknown
     assert await relay.accepted("ann@example.org") == 1
