@@ -101,7 +101,7 @@ def relay_denied(answers: Sequence[RecipientAnswer]) -> bool:
 def mail_refused(code: int, text: str) -> ProviderError:
     """Our error for a refusal before any recipient (AUTH, MAIL)."""
     said = f"{code} {' '.join(text.split())}"
-    if code in (530, 535) or 500 <= code < 600:
+    if 500 <= code < 600:  # 530/535 (AUTH), 550 5.7.1 (sender not allowed): ours to fix
         return ProviderMisconfigured(CODE, f"the relay refused us: {said}", status=code)
     return TransientProviderError(CODE, f"the relay refused mail for now: {said}", status=code)
 
