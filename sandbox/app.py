@@ -2,7 +2,8 @@
 
 One Starlette app serves the SendGrid (``/sendgrid``), Mailgun (``/mailgun``) and GitHub
 (``/github``) stand-ins, the control API (``/_control``) and ``/healthz``. The lifespan opens
-the HTTP client that posts webhooks (unless one is injected) and runs the webhook tasks;
+the HTTP client that posts webhooks (unless one is injected), runs the webhook tasks and
+listens as the SMTP relay stand-in (``sandbox.relay``, on its own port);
 tests that use ``httpx.ASGITransport`` enter it with ``app.router.lifespan_context(app)``.
 """
 
@@ -17,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
-from sandbox import control, dns, endpoints, github, receiver, signing
+from sandbox import control, dns, endpoints, github, receiver, relay, signing
 from sandbox.state import SandboxState
 from sandbox.tuning import Tuning
 from sandbox.webhooks import WebhookDispatcher
@@ -65,6 +66,7 @@ def create_app(
             )
         )
         state.dispatcher.start(client)
+        app.state.relay = await relay.start(state, settings.host, settings.smtp_port)
         _log.info(
             "sandbox posting webhooks to %s; SendGrid verification key %s",
             settings.webhook_url,
@@ -73,6 +75,7 @@ def create_app(
         try:
             yield
         finally:
+            await app.state.relay.close()
             await state.dispatcher.stop()
             if http is None:
                 await client.aclose()
@@ -87,7 +90,12 @@ def create_app(
             Mount("/_receiver", routes=receiver.routes()),
             Mount(
                 "/_control",
-                routes=[*control.routes(), *dns.control_routes(), *receiver.control_routes()],
+                routes=[
+                    *control.routes(),
+                    *dns.control_routes(),
+                    *receiver.control_routes(),
+                    *relay.control_routes(),
+                ],
             ),
         ],
         lifespan=lifespan,

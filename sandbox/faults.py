@@ -9,6 +9,8 @@ misbehaves: it waits ``latency_ms`` before answering (a client with a shorter ti
 hears that its request was accepted), answers ``status`` instead of success, or with
 ``reset`` breaks the connection after the answer's headers. ``reset`` without ``accept``
 breaks the connection having accepted nothing.
+
+The SMTP relay (``smtp``) reads the same fields per transaction: see ``sandbox.relay``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, TypeGuard
 import orjson
 
 #: Providers whose send endpoints take faults.
-PROVIDERS = ("sendgrid", "mailgun")
+PROVIDERS = ("sendgrid", "mailgun", "smtp")
 #: Longest latency a fault may add (ms), so a typo cannot hang a test for hours.
 MAX_LATENCY_MS = 600_000
 
@@ -115,6 +117,8 @@ def parse_fault(payload: object) -> Fault | str:
     flags = {name: payload.get(name, default) for name, default in _FLAGS.items()}
     if not all(isinstance(v, bool) for v in flags.values()):
         return f"{', '.join(_FLAGS)} must be true or false"
+    if provider == "smtp" and status is not None and status < 400:
+        return "an smtp fault's status is an SMTP reply code between 400 and 599"
     if status is None and latency == 0 and not flags["reset"] and flags["webhooks"]:
         return "a fault needs a status, a latency, a reset or webhooks off"
     return Fault(

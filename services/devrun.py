@@ -35,6 +35,9 @@ DEMO_GITHUB_ID = 1_000_001
 DEMO_DOMAIN = "example.com"
 #: Seconds to wait for one service's /healthz.
 START_TIMEOUT = 60.0
+#: Where the sandbox's SMTP relay listens under ``make run`` (unless
+#: SAFEDELIVR_SANDBOX_SMTP_PORT says), so provider ``smtp`` can be pointed at it.
+DEV_RELAY_PORT = 8025
 
 
 @dataclass
@@ -57,6 +60,23 @@ def _signing_env() -> dict[str, str]:
     return {
         "SAFEDELIVR_SANDBOX_SENDGRID_PRIVATE_KEY": private,
         "SAFEDELIVR_WEBHOOKS_SENDGRID_PUBLIC_KEY": base64.b64encode(public).decode(),
+    }
+
+
+def _relay_port(settings: Settings) -> int:
+    return settings.sandbox.smtp_port or DEV_RELAY_PORT
+
+
+def _relay_env(settings: Settings) -> dict[str, str]:
+    """Provider ``smtp`` pointed at the sandbox's relay (a relay of the user's, set in the
+    environment, wins)."""
+    sandbox = settings.sandbox
+    return {
+        "SAFEDELIVR_PROVIDERS_SMTP_HOST": "127.0.0.1",
+        "SAFEDELIVR_PROVIDERS_SMTP_PORT": str(_relay_port(settings)),
+        "SAFEDELIVR_PROVIDERS_SMTP_TLS": "none",
+        "SAFEDELIVR_PROVIDERS_SMTP_USERNAME": sandbox.smtp_user,
+        "SAFEDELIVR_PROVIDERS_SMTP_PASSWORD": sandbox.smtp_password.get_secret_value(),
     }
 
 
@@ -115,11 +135,14 @@ def run(settings: Settings) -> int:
         # So may the operators' alerts (the sandbox records what is posted to it).
         "SAFEDELIVR_ALERTS_ALLOW_HTTP": "true",
         "SAFEDELIVR_ALERTS_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
+        # Provider smtp (once put in the chain) is the sandbox's relay, which has no TLS.
+        **_relay_env(settings),
         **os.environ,
         **_signing_env(),
         "SAFEDELIVR_WEBHOOKS_MAILGUN_SIGNING_KEY": (
             settings.sandbox.mailgun_signing_key.get_secret_value()
         ),
+        "SAFEDELIVR_SANDBOX_SMTP_PORT": str(_relay_port(settings)),
     }
     services = [
         Service("sandbox", settings.sandbox.port),
@@ -210,6 +233,8 @@ Safedelivr is running.
   SMTP submission  smtp://127.0.0.1:{settings.submission.smtp_port}  (AUTH PLAIN or LOGIN,
                    the password an API key; no STARTTLS in development)
   sandbox          http://127.0.0.1:{settings.sandbox.port}  (SendGrid, Mailgun, GitHub)
+  SMTP relay       smtp://127.0.0.1:{_relay_port(settings)}  (the sandbox's: provider smtp, once
+                   in SAFEDELIVR_PROVIDERS_CHAIN, e.g. sg,mg,smtp; a batch may then pin it)
   RabbitMQ UI      http://127.0.0.1:15672  (guest/guest)
 
 Demo API key (shown once): {key}

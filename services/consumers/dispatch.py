@@ -217,6 +217,7 @@ class Dispatcher:
                 interval=self.settings.resolve_interval,
                 query_after=self.settings.query_after,
                 webhook_window=self.settings.webhook_window,
+                windows={"smtp": self.settings.smtp_unknown_wait},
             ),
         )
         handoff = HandOff(

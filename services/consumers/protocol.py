@@ -20,8 +20,8 @@ from evidence only: the provider's webhooks (tags on recipient rows) and its que
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from shared.core.lanes import Priority
@@ -284,6 +284,17 @@ class ResolveSettings:
     webhook_window: float
     """Age after which, without a query API (or with one that keeps failing), the absence of
     any webhook is taken to mean the provider never accepted the request."""
+    windows: Mapping[str, float] = field(default_factory=dict)
+    """A provider's own ``webhook_window``, by code: a provider that never sends events (an
+    SMTP relay, ``providers.smtp_unknown_wait``) has nothing to wait an hour for."""
+
+    def for_provider(self, code: str) -> ResolveSettings:
+        """These settings for an attempt of provider ``code``."""
+        window = self.windows.get(code)
+        if window is None:
+            return self
+        # Its query API (if any) is asked by the end of its window at the latest.
+        return replace(self, webhook_window=window, query_after=min(self.query_after, window))
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,12 +65,11 @@ class Resolver:
         by_email = {address_key(r["email"]): r for r in rows}
         started = current.calling_at or current.created_at
         age = (self.now() - started).total_seconds()
+        settings = self.settings.for_provider(current.provider)
         lookup: protocol.Lookup = None
-        if by_email and protocol.query_due(age, self.settings):
+        if by_email and protocol.query_due(age, settings):
             lookup = await self._lookup(job, current, frozenset(by_email))
-        verdict = protocol.resolve(
-            frozenset(by_email), age=age, lookup=lookup, settings=self.settings
-        )
+        verdict = protocol.resolve(frozenset(by_email), age=age, lookup=lookup, settings=settings)
         await self.fault_points("looked", job)
         if isinstance(verdict, protocol.Wait):
             return await self._wait(job, current, verdict.delay)

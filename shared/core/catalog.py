@@ -77,6 +77,28 @@ CATALOG: dict[str, ProviderInfo] = {
             "SAFEDELIVR_WEBHOOKS_MAILGUN_SIGNING_KEY",
         ),
     ),
+    "smtp": ProviderInfo(
+        "smtp",
+        "SMTP relay",
+        # RFC 5321 4.5.3.1.8: the fewest recipients a server must take per transaction.
+        max_recipients=100,
+        requests_per_s=None,
+        max_message_bytes=25_000_000,
+        max_tags=0,
+        schedule_ahead_hours=0,
+        webhook="none: the relay's SMTP answer is the only evidence (accepted by relay)",
+        capabilities=(),
+        settings=(
+            "SAFEDELIVR_PROVIDERS_SMTP_HOST",
+            "SAFEDELIVR_PROVIDERS_SMTP_PORT",
+            "SAFEDELIVR_PROVIDERS_SMTP_TLS",
+            "SAFEDELIVR_PROVIDERS_SMTP_USERNAME",
+            "SAFEDELIVR_PROVIDERS_SMTP_PASSWORD",
+            "SAFEDELIVR_PROVIDERS_SMTP_POOL_SIZE",
+            "SAFEDELIVR_PROVIDERS_SMTP_HELO_NAME",
+            "SAFEDELIVR_PROVIDERS_SMTP_UNKNOWN_WAIT",
+        ),
+    ),
 }
 
 #: Every provider code, in the default failover order.

@@ -280,6 +280,24 @@ class ProviderSettings(BaseSettings):
     """The Mailgun sending domain."""
     mailgun_base_url: str = "http://127.0.0.1:8090/mailgun"
     """https://api.mailgun.net (or https://api.eu.mailgun.net) in production."""
+    smtp_host: str = "127.0.0.1"
+    """The SMTP relay (provider ``smtp``); ``make run`` points it at the sandbox's relay."""
+    smtp_port: int = Field(587, ge=1, le=65535)
+    smtp_tls: Literal["starttls", "implicit", "none"] = "starttls"
+    """``starttls`` (port 587), ``implicit`` (TLS from the first byte, port 465) or ``none``
+    (the sandbox's relay; refused in production)."""
+    smtp_username: str = "sandbox-smtp-user"
+    """AUTH user (empty: no AUTH)."""
+    smtp_password: SecretStr = SecretStr("sandbox-smtp-password")
+    smtp_pool_size: int = Field(4, ge=1, le=64)
+    """Connections to the relay per consumer process, and so transactions at once."""
+    smtp_helo_name: str = "localhost"
+    """The name we give in EHLO, also the domain of our Message-IDs: this host's public name."""
+    smtp_unknown_wait: int = Field(300, ge=1)
+    """Seconds an SMTP call whose answer never came waits for evidence before its
+    recipients go to the next provider (the relay has no events and no query API: none will
+    come, so the webhook window would only delay them; a duplicate is then possible, a loss
+    is not)."""
 
     @field_validator("chain")
     @classmethod
@@ -416,6 +434,14 @@ class SandboxSettings(BaseSettings):
     sendgrid_email_activity: bool = True
     """Whether the SendGrid account has the Email Activity History add-on (without it the
     query API answers 400 ``authorization required``)."""
+    smtp_port: int = Field(0, ge=0, le=65535)
+    """Where the SMTP relay stand-in listens; 0 (the default): any free port, read back from
+    ``GET /_control/smtp`` (``make run`` does), so two sandboxes on one machine (tests, a
+    soak beside ``make run``) never compete for one."""
+    smtp_user: str = "sandbox-smtp-user"
+    """The user the SMTP relay stand-in admits (AUTH PLAIN or LOGIN)."""
+    smtp_password: SecretStr = SecretStr("sandbox-smtp-password")
+    """That user's password."""
 
 
 class GitHubSettings(BaseSettings):

@@ -18,7 +18,13 @@ if TYPE_CHECKING:
 _PREFIX = "SAFEDELIVR_"
 #: The secrets this repository ships as defaults (for the sandbox).
 _PUBLIC_SECRETS = frozenset(
-    {"sandbox-sendgrid-key", "sandbox-mailgun-key", "sandbox-github-secret", "guest"}
+    {
+        "sandbox-sendgrid-key",
+        "sandbox-mailgun-key",
+        "sandbox-github-secret",
+        "guest",
+        "sandbox-smtp-password",
+    }
 )
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 #: The development signing key of tracking tokens (the default; refused here).
@@ -52,6 +58,8 @@ def production_problems(settings: Settings) -> list[str]:
         *_amqp("AMQP_URL", settings.amqp.url.get_secret_value()),
         *_https("TRACKING_PUBLIC_URL", settings.tracking.public_url),
     ]
+    if "smtp" in p.chain_codes:
+        problems += _smtp_problems(settings)
     if _dev_key_in(settings.tracking.keys.get_secret_value()):
         problems.append(
             f"{_PREFIX}TRACKING_KEYS: the development key signs links anyone could forge; "
@@ -82,6 +90,26 @@ def production_problems(settings: Settings) -> list[str]:
             f"{_PREFIX}SIGNUP: open sign-up lets anyone with a GitHub account send mail; "
             "use closed, allowlist or approval"
         )
+    return problems
+
+
+def _smtp_problems(settings: Settings) -> list[str]:
+    """An SMTP relay in the chain must be another machine, reached over TLS, with a secret
+    of its own."""
+    p = settings.providers
+    problems = []
+    if p.smtp_host in _LOOPBACK:
+        problems.append(
+            f"{_PREFIX}PROVIDERS_SMTP_HOST: {p.smtp_host} is this machine (the sandbox), "
+            "not the relay"
+        )
+    if p.smtp_tls == "none":
+        problems.append(
+            f"{_PREFIX}PROVIDERS_SMTP_TLS: none would send mail and the relay password in the "
+            "clear; use starttls or implicit"
+        )
+    if p.smtp_username:
+        problems += _secret("PROVIDERS_SMTP_PASSWORD", p.smtp_password.get_secret_value())
     return problems
 
 

@@ -406,3 +406,20 @@ def test_a_service_whose_process_exited_fails_with_its_status() -> None:
 
     with pytest.raises(RuntimeError, match=r"^consumers exited with 7$"):
         devrun._wait_healthy(devrun.Service("consumers", 1, process))
+
+
+def test_provider_smtp_is_the_sandbox_relay(
+    supervised: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every child points provider smtp at the port the sandbox's relay listens on."""
+    monkeypatch.delenv("SAFEDELIVR_PROVIDERS_SMTP_PORT", raising=False)
+    monkeypatch.delenv("SAFEDELIVR_SANDBOX_SMTP_PORT", raising=False)
+    _once_started(supervised, _signal_self(signal.SIGHUP))
+
+    devrun.run(supervised.settings)
+
+    envs = [supervised.record(name)["env"] for name in ORDER]
+    port = str(devrun.DEV_RELAY_PORT)
+    assert {e["SAFEDELIVR_SANDBOX_SMTP_PORT"] for e in envs} == {port}
+    assert {e["SAFEDELIVR_PROVIDERS_SMTP_PORT"] for e in envs} == {port}
+    assert {e["SAFEDELIVR_PROVIDERS_SMTP_TLS"] for e in envs} == {"none"}

@@ -87,6 +87,27 @@ def test_a_plain_http_provider_is_refused() -> None:
     assert variables(fit(providers=providers)) == ["SAFEDELIVR_PROVIDERS_MAILGUN_BASE_URL"]
 
 
+def test_an_smtp_relay_in_the_chain_must_be_remote_encrypted_and_secret() -> None:
+    """The sandbox relay's host, no TLS and its password are each named, once smtp is used."""
+    providers = fit().providers.model_copy(update={"chain": "sg,mg,smtp", "smtp_tls": "none"})
+    assert variables(fit(providers=providers)) == [
+        "SAFEDELIVR_PROVIDERS_SMTP_HOST",
+        "SAFEDELIVR_PROVIDERS_SMTP_TLS",
+        "SAFEDELIVR_PROVIDERS_SMTP_PASSWORD",
+    ]
+
+
+def test_a_real_smtp_relay_in_the_chain_is_fit() -> None:
+    providers = fit().providers.model_copy(
+        update={
+            "chain": "sg,mg,smtp",
+            "smtp_host": "smtp.example.net",
+            "smtp_password": SecretStr("relay-real"),
+        }
+    )
+    assert production_problems(fit(providers=providers)) == []
+
+
 @pytest.mark.parametrize(
     "url", ["amqps://guest:guest@mq1/", "amqps://mq1/", "amqps://sd:ok@mq1/,amqps://mq2/"]
 )

@@ -289,3 +289,18 @@ def test_a_deferral_expires_only_while_the_recipient_is_still_deferred_on_that_a
     fields: dict[str, object], expired: bool
 ) -> None:
     assert protocol.deferral_expired(row("a", **fields), "c.0") is expired
+
+
+def test_a_provider_without_events_has_its_own_window() -> None:
+    """An SMTP relay's ambiguous call ends at its own wait, not the hour of the others."""
+    windows = ResolveSettings(
+        interval=30, query_after=300, webhook_window=3600, windows={"smtp": 120}
+    )
+    pending = frozenset({"a"})
+
+    smtp = windows.for_provider("smtp")
+    assert protocol.resolve(pending, age=120, lookup="unsupported", settings=smtp) == (
+        protocol.Conclude(frozenset(), pending)
+    )
+    assert protocol.query_due(120, smtp)
+    assert windows.for_provider("sg") == windows
