@@ -47,6 +47,19 @@ class AlertsIn(TypedDict, total=False):
     webhook_url: str | None
 
 
+class _AttachmentInRequired(TypedDict):
+    content: str
+    content_type: str
+    filename: str
+
+
+class AttachmentIn(_AttachmentInRequired, total=False):
+    """A file the message carries; each copy carries them all."""
+
+    content_id: str | None
+    disposition: Literal["attachment", "inline"] | None
+
+
 _BatchInRequired = TypedDict(
     "_BatchInRequired",
     {
