@@ -60,6 +60,19 @@ class AttachmentIn(_AttachmentInRequired, total=False):
     disposition: Literal["attachment", "inline"] | None
 
 
+class _AttachmentOutRequired(TypedDict):
+    content_type: str
+    disposition: Literal["attachment", "inline"]
+    filename: str
+    size: int
+
+
+class AttachmentOut(_AttachmentOutRequired, total=False):
+    """A file a batch's message carries: what it is, never its content."""
+
+    content_id: str | None
+
+
 _BatchInRequired = TypedDict(
     "_BatchInRequired",
     {
