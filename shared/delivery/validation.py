@@ -89,7 +89,8 @@ MAX_SUBSTITUTIONS_BYTES = 10_000
 """Per recipient, JSON-encoded (SendGrid's limit per personalization)."""
 MAX_ATTACHMENTS = 10
 MAX_FILENAME_LENGTH = 255
-MAX_CONTENT_ID_LENGTH = 255
+MAX_CONTENT_ID_LENGTH = 78
+"""SES's limit (``Attachment.ContentId``), the smallest of the providers'."""
 MAX_ATTACHMENTS_BYTES = 7 * 1024 * 1024
 """Decoded bytes of all of a batch's attachments together: as base64 (4/3 of it, 9.33 MiB)
 they fit in the API's default body cap (``SAFEDELIVR_API_MAX_BODY_BYTES``, 10 MiB) with room
@@ -136,7 +137,7 @@ _CONTENT_TYPE_RE = re.compile(
     r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
 )
 # A Content-ID's text between its angle brackets (RFC 2392 msg-id characters, no space).
-_CONTENT_ID_RE = re.compile(r"[A-Za-z0-9!#$%&'*+./=?^_`{|}~@-]{1,255}")
+_CONTENT_ID_RE = re.compile(rf"[A-Za-z0-9!#$%&'*+./=?^_`{{|}}~@-]{{1,{MAX_CONTENT_ID_LENGTH}}}")
 # A file name may not hold control characters (C0, DEL, C1), path separators or surrogates.
 _FILENAME_FORBIDDEN_RE = re.compile("[\x00-\x1f\x7f-\x9f/\\\\\ud800-\udfff]")
 _ADDRESS_FORMS = "must be an address string or an object {email, name}"

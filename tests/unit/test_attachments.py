@@ -94,6 +94,7 @@ def test_no_attachments_field_means_none() -> None:
         (_file(disposition="inline", content_id="a b"), "content_id", "no space"),
         (_file(disposition="inline", content_id="<a>"), "content_id", "angle brackets"),
         (_file(content_id="logo"), "content_id", "only for an inline"),
+        (_file(disposition="inline", content_id="c" * 79), "content_id", "1 to 78"),
         (_file(size=1), "size", "unknown field"),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
