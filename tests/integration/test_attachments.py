@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from shared.delivery.validation import MAX_ATTACHMENTS_BYTES
 from shared.infra.config import Settings
 from shared.infra.db import Database
 from tests.integration.stack import Stack, emails, fast_settings, full_stack
@@ -74,3 +75,22 @@ async def test_a_bad_attachment_is_a_422_naming_it(stack: Stack) -> None:
 
     assert resp.status_code == 422
     assert set(resp.json()["error"]["fields"]) == {"attachments[1].content"}
+
+
+async def test_files_at_the_size_limit_are_stored_and_delivered(stack: Stack) -> None:
+    """7 MiB of files (9.3 MiB of base64) fit in the API's body cap, in one batch's stored
+    content and in a SendGrid request."""
+    half = MAX_ATTACHMENTS_BYTES // 2
+    files = [
+        {"filename": f"{n}.bin", "content_type": "application/octet-stream",
+         "content": base64.b64encode(bytes([n]) * size).decode()}
+        for n, size in enumerate((half, MAX_ATTACHMENTS_BYTES - half))
+    ]  # fmt: skip
+    to = emails(1, "files-big")
+    async with stack.consuming():
+        batch_id = await stack.submit(to, attachments=files, provider="sendgrid")
+        logs = await stack.final(batch_id, 1)
+        received = await stack.received(to[0])
+
+    assert [r["state"] for r in logs.values()] == ["success"]
+    assert sum(a["size"] for a in received["attachments"]) == MAX_ATTACHMENTS_BYTES
