@@ -65,10 +65,16 @@ async def mail_send(request: Request) -> Response:
         return Response(sendgrid.error_body(errors), 400, media_type="application/json")
     message_id = sendgrid.new_message_id()
     addresses = [email for _, email in sendgrid.recipients(payload)]
+    files = sendgrid.attachments(payload)
     state.ledger.record(
-        "sendgrid", addresses, message_id=message_id, size=len(raw), request=payload
+        "sendgrid",
+        addresses,
+        message_id=message_id,
+        size=len(raw),
+        request=payload,
+        attachments=files,
     )
-    state.inbox.add(rendered.sendgrid(payload))
+    state.inbox.add(rendered.sendgrid(payload, files))
     state.index.add(query.sendgrid_entries(payload, message_id, now))
     if fault is None or fault.webhooks:
         state.dispatcher.submit(SendGridJob(message_id, payload, int(now), len(addresses)))
@@ -107,14 +113,20 @@ async def messages(request: Request) -> Response:
     if isinstance(message, str):
         return json_response({"message": message}, 400)
     message_id = mailgun.new_message_id(domain, datetime.now(UTC), next(state.mailgun_serial))
+    files = mailgun.attachments(form.files)
     state.ledger.record(
         "mailgun",
         message.recipients,
         message_id=message_id,
         size=len(raw),
         request={"domain": domain, "fields": form.fields, "files": form.files},
+        attachments=files,
     )
-    state.inbox.add(rendered.mailgun(form.fields, message.recipients, message.recipient_variables))
+    state.inbox.add(
+        rendered.mailgun(
+            form.fields, message.recipients, message.recipient_variables, attachments=files
+        )
+    )
     state.index.add(query.mailgun_entries(message, message_id, time.time(), domain))
     if fault is None or fault.webhooks:
         state.dispatcher.submit(MailgunJob(message_id, message))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,8 +47,10 @@ class SendLedger:
         message_id: str,
         size: int,
         request: Any,
+        attachments: Sequence[Mapping[str, object]] = (),
     ) -> None:
-        """Count one accepted request; keep ``request`` unless it is larger than allowed."""
+        """Count one accepted request; keep ``request`` unless it is larger than allowed, and
+        its files' names and sizes (``attachments``) always."""
         ledger = self._ledgers[provider]
         ledger.requests += 1
         counts = ledger.by_recipient
@@ -66,7 +68,13 @@ class SendLedger:
         now = time.time()
         ledger.arrivals.append(now)
         ledger.recent.append(
-            {"message_id": message_id, "received_at": now, "bytes": size, "request": kept}
+            {
+                "message_id": message_id,
+                "received_at": now,
+                "bytes": size,
+                "request": kept,
+                "attachments": [dict(a) for a in attachments],
+            }
         )
 
     def accepted(self, provider: str, address: str) -> int:

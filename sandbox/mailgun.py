@@ -66,6 +66,22 @@ class MailgunMessage:
         return {name: expand(value, own) for name, value in self.variables.items()}
 
 
+def attachments(files: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
+    """The name, type and size of each file part of a message (``attachment`` or ``inline``;
+    Mailgun makes an inline file's name its Content-ID)."""
+    return [
+        {
+            "filename": f["filename"],
+            "content_type": f.get("content_type"),
+            "disposition": f["field"],
+            "content_id": f["filename"] if f["field"] == "inline" else None,
+            "size": f["size"],
+        }
+        for f in files
+        if f["field"] in ("attachment", "inline")
+    ]
+
+
 def is_authorized(authorization: str | None) -> bool:
     """Whether basic auth ``api:<key>`` is given with any key except ``invalid``."""
     scheme, _, credentials = (authorization or "").partition(" ")

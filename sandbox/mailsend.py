@@ -7,6 +7,7 @@ SendGrid's dotted form (``personalizations.0.to.1.email``).
 
 from __future__ import annotations
 
+import binascii
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,6 +58,7 @@ def validate(payload: object, *, now: float) -> list[FieldError]:
     _check_subject(payload, errors)
     _check_content(payload, errors)
     _check_categories(payload.get("categories"), errors)
+    _check_attachments(payload.get("attachments"), errors)
     _check_headers(payload.get("headers"), "headers", errors)
     top_args = payload.get("custom_args")
     if (
@@ -312,6 +314,55 @@ def _check_content(payload: Mapping[str, Any], errors: list[FieldError]) -> None
                     _HELP + "message.content.value",
                 )
             )
+
+
+def _check_attachments(attachments: object, errors: list[FieldError]) -> None:
+    """SendGrid's rules of ``attachments``: content and filename required, content base64,
+    a disposition of ``inline`` or ``attachment``, and a content_id for an inline one."""
+    if attachments is None:
+        return
+    if not isinstance(attachments, list):
+        errors.append(FieldError("The attachments must be an array.", "attachments"))
+        return
+    for k, item in enumerate(attachments):
+        field = f"attachments.{k}"
+        if not isinstance(item, dict):
+            errors.append(FieldError("An attachment must be an object.", field))
+            continue
+        content = item.get("content")
+        if not isinstance(content, str) or not content:
+            errors.append(
+                FieldError("The attachment content is required.", f"{field}.content", _HELP)
+            )
+        elif not _is_base64(content):
+            errors.append(
+                FieldError(
+                    "The attachment content must be base64 encoded.", f"{field}.content", _HELP
+                )
+            )
+        filename = item.get("filename")
+        if not isinstance(filename, str) or not filename:
+            errors.append(FieldError("The attachment filename is required.", f"{field}.filename"))
+        disposition = item.get("disposition", "attachment")
+        if disposition not in ("inline", "attachment"):
+            errors.append(
+                FieldError("The disposition must be inline or attachment.", f"{field}.disposition")
+            )
+        if disposition == "inline" and not item.get("content_id"):
+            errors.append(
+                FieldError(
+                    "The content_id is required when the disposition is inline.",
+                    f"{field}.content_id",
+                )
+            )
+
+
+def _is_base64(text: str) -> bool:
+    try:
+        binascii.a2b_base64(text, strict_mode=True)
+    except (binascii.Error, ValueError):
+        return False
+    return True
 
 
 def _check_categories(categories: object, errors: list[FieldError]) -> None:

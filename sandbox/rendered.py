@@ -29,15 +29,20 @@ class Delivered:
     subject: str
     html: str | None
     text: str | None
+    attachments: tuple[Mapping[str, object], ...] = ()
+    """Each file's name, type, disposition and size (never its bytes)."""
 
     def view(self) -> dict[str, Any]:
-        return {
+        view: dict[str, Any] = {
             "provider": self.provider,
             "headers": dict(self.headers),
             "subject": self.subject,
             "html": self.html,
             "text": self.text,
         }
+        if self.attachments:  # only then: a message without files reads as it always did
+            view["attachments"] = [dict(a) for a in self.attachments]
+        return view
 
 
 def _replace_all(text: str | None, substitutions: Mapping[str, Any]) -> str | None:
@@ -48,8 +53,11 @@ def _replace_all(text: str | None, substitutions: Mapping[str, Any]) -> str | No
     return text
 
 
-def sendgrid(payload: Mapping[str, Any]) -> Iterator[Delivered]:
+def sendgrid(
+    payload: Mapping[str, Any], attachments: Sequence[Mapping[str, object]] = ()
+) -> Iterator[Delivered]:
     """Every recipient (to, cc, bcc) of a validated ``/v3/mail/send`` payload."""
+    files = tuple(attachments)
     contents = {c.get("type"): c.get("value") for c in payload.get("content") or ()}
     base_headers = dict(payload.get("headers") or {})
     for personalization in payload.get("personalizations") or ():
@@ -65,12 +73,15 @@ def sendgrid(payload: Mapping[str, Any]) -> Iterator[Delivered]:
                     subject=_replace_all(subject, subs) or "",
                     html=_replace_all(contents.get("text/html"), subs),
                     text=_replace_all(contents.get("text/plain"), subs),
+                    attachments=files,
                 )
 
 
 def mailgun(fields: Sequence[tuple[str, str]], recipients: Sequence[str],
-            variables: Mapping[str, Mapping[str, Any]] | None) -> Iterator[Delivered]:  # fmt: skip
+            variables: Mapping[str, Mapping[str, Any]] | None,
+            attachments: Sequence[Mapping[str, object]] = ()) -> Iterator[Delivered]:  # fmt: skip
     """Every recipient of a validated ``/v3/{domain}/messages`` form."""
+    files = tuple(attachments)
     first: dict[str, str] = {}
     headers: dict[str, str] = {}
     for name, value in fields:
@@ -91,4 +102,5 @@ def mailgun(fields: Sequence[tuple[str, str]], recipients: Sequence[str],
             subject=fill(first.get("subject")) or "",
             html=fill(first.get("html")),
             text=fill(first.get("text")),
+            attachments=files,
         )

@@ -62,6 +62,23 @@ def is_valid_address(value: object, *, ascii_only: bool = False) -> bool:
     return _ADDRESS.match(value) is not None
 
 
+def attachments(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The name, type and decoded size of each file of a *valid* request (never its bytes)."""
+    found = []
+    for item in payload.get("attachments") or ():
+        content = item["content"]
+        found.append(
+            {
+                "filename": item["filename"],
+                "content_type": item.get("type"),
+                "disposition": item.get("disposition", "attachment"),
+                "content_id": item.get("content_id"),
+                "size": len(content) // 4 * 3 - content[-2:].count("="),
+            }
+        )
+    return found
+
+
 def recipients(payload: Mapping[str, Any]) -> Iterator[tuple[int, str]]:
     """``(personalization index, address)`` of every recipient of a *valid* request."""
     for index, personalization in enumerate(payload["personalizations"]):

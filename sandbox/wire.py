@@ -87,7 +87,14 @@ async def _parse_multipart(headers: Headers, body: bytes, max_part_size: int) ->
     files: list[dict[str, object]] = []
     for name, value in form.multi_items():
         if isinstance(value, UploadFile):
-            files.append({"field": name, "filename": value.filename, "size": value.size})
+            files.append(
+                {
+                    "field": name,
+                    "filename": value.filename,
+                    "size": value.size,
+                    "content_type": value.content_type,
+                }
+            )
         else:
             fields.append((name, value))
     await form.close()

@@ -10,7 +10,9 @@ is read from that file (``@-``: standard input).
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import mimetypes
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +35,9 @@ def add_commands(sub: Any, stats: argparse.ArgumentParser) -> None:
     send.add_argument("--subject", required=True)
     send.add_argument("--html", help="HTML body, or @file")
     send.add_argument("--text", help="plain-text body, or @file")
+    send.add_argument(
+        "--attach", action="append", default=[], metavar="PATH", help="attach a file (repeat)"
+    )
     send.add_argument("--bulk", action="store_true", help="one copy per recipient")
     send.add_argument("--idempotency-key", help="default: one made for this command")
     send.set_defaults(func=cmd_send)
@@ -86,6 +91,21 @@ def value(text: str | None) -> str | None:
         raise SystemExit(f"safedelivr: cannot read {name}: {exc}") from None
 
 
+def attachment(path: str) -> dict[str, str]:
+    """The file at ``path`` as an ``attachments`` entry: its name, its type guessed from the
+    name (``application/octet-stream`` when unknown) and its bytes in base64."""
+    file = Path(path)
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise SystemExit(f"safedelivr: cannot read {path}: {exc}") from None
+    return {
+        "filename": file.name,
+        "content_type": mimetypes.guess_type(file.name)[0] or "application/octet-stream",
+        "content": base64.b64encode(data).decode("ascii"),
+    }
+
+
 def _run(settings: Settings, args: argparse.Namespace, call: Callable[[Client], Any]) -> Any:
     with _client(settings, args) as client:
         try:
@@ -109,7 +129,9 @@ def _print(args: argparse.Namespace, data: Any, lines: list[str]) -> int:
 
 
 def cmd_send(settings: Settings, args: argparse.Namespace) -> int:
-    more = {"bulk": True} if args.bulk else {}
+    more: dict[str, Any] = {"bulk": True} if args.bulk else {}
+    if args.attach:
+        more["attachments"] = [attachment(path) for path in args.attach]
     accepted = _run(
         settings,
         args,

@@ -53,6 +53,16 @@ def batch(view: BatchOverview) -> schema.BatchView:
         counts=view.counts,
         events=view.events,
         failure_reasons=view.failure_reasons,
+        attachments=[
+            schema.AttachmentOut(
+                filename=a.filename,
+                content_type=a.content_type,
+                size=a.size,
+                disposition=a.disposition,
+                content_id=a.content_id,
+            )
+            for a in message.attachments
+        ],
     )
 
 

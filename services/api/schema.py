@@ -31,6 +31,7 @@ from shared.accounts.preferences import MAX_COOLDOWN
 
 # Re-exported: the document names them, handlers check bodies with them.
 from shared.delivery.batch_in import AddressIn as AddressIn
+from shared.delivery.batch_in import AttachmentIn as AttachmentIn
 from shared.delivery.batch_in import BatchIn as BatchIn
 from shared.delivery.batch_in import BodyIn
 from shared.delivery.batch_in import RecipientIn as RecipientIn
@@ -326,6 +327,16 @@ class BatchList(_Out):
     next_cursor: str | None
 
 
+class AttachmentOut(_Out):
+    """A file a batch's message carries: what it is, never its content."""
+
+    filename: str
+    content_type: str
+    size: int = Field(description="Bytes, decoded.")
+    disposition: Literal["attachment", "inline"]
+    content_id: str | None = None
+
+
 class BatchView(_Out):
     batch_id: str
     status: str
@@ -341,6 +352,9 @@ class BatchView(_Out):
     counts: dict[str, int]
     events: dict[str, int]
     failure_reasons: dict[str, int]
+    attachments: list[AttachmentOut] = Field(
+        default_factory=list, description="The message's files: name, type and size only."
+    )
 
 
 class LogEntry(_Out):

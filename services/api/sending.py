@@ -399,6 +399,7 @@ class Sending:
         nothing is charged or written for it."""
         message = batch.message
         text = len(message.html or "") + len(message.text or "")
+        text += sum(len(a.content) for a in message.attachments)
         if len(batch.recipients) >= _LARGE_RECIPIENTS or text >= _LARGE_TEXT:
             content = await self.cpu.run(content_of, batch)
         else:

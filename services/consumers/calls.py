@@ -165,7 +165,7 @@ class Caller:
         """Call the provider for the attempt this delivery holds, with the copy of template
         version ``version`` (as the attempt recorded it), then record the answer."""
         header = await self.follow.header(job.batch_id)
-        to_send, taken = await self._pending_with_room(job)
+        to_send, taken = await self._pending_with_room(job, header.message)
         try:
             message = template_use.message_at(header.message, job.chunk, version)
             use = header.message.template
@@ -219,7 +219,9 @@ class Caller:
         rows = await self.follow.rows(job)
         return protocol.pending(rows, own_line=job.own_line, tag=tag(job.line, job.attempt))
 
-    async def _pending_with_room(self, job: protocol.Job) -> tuple[list[Row], int]:
+    async def _pending_with_room(
+        self, job: protocol.Job, message: Message
+    ) -> tuple[list[Row], int]:
         """The recipients the call is for, and the bytes of the work budget taken for them.
 
         Building and sending a chunk holds its data a few times over (models, the provider's
@@ -227,7 +229,8 @@ class Caller:
         at once. Recipients that find no room are let go while their chunk waits, and read
         again once there is room, so a waiting chunk holds nothing. The wait is at most one
         call's length, so the attempt this delivery holds as calling cannot outlive its
-        lease (2 calls + 5 s) by it; past it the chunk goes anyway, over budget."""
+        lease (2 calls + 5 s) by it; past it the chunk goes anyway, over budget. The
+        message's files weigh too (:func:`weigh_files`): they are in every payload."""
         to_send = await self._pending(job)
         if self.work is None or not to_send:
             return to_send, 0
@@ -235,6 +238,7 @@ class Caller:
             weight = await self.cpu.run(weigh, to_send)
         else:
             weight = weigh(to_send)
+        weight += weigh_files(message)
         taken = self.work.try_take(weight)
         if taken is not None:
             return to_send, taken
@@ -537,6 +541,13 @@ def weigh(rows: Sequence[Row]) -> int:
         for key, value in (row.get("substitutions") or {}).items():
             total += len(key) + len(value)
     return total
+
+
+def weigh_files(message: Message) -> int:
+    """The bytes a chunk's payload holds of its message's files beyond the message itself:
+    their base64 text in the body (SendGrid's JSON, Mailgun's form), and Mailgun's decoded
+    copy of it while the multipart body is built (3/4 of it: counted whole)."""
+    return 2 * sum(len(a.content) for a in message.attachments)
 
 
 async def _room(budget: ByteBudget | None, size: int, *, wait: float) -> int:

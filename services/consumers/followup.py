@@ -37,6 +37,17 @@ log = logging.getLogger(__name__)
 #: Batch headers remembered per process (a header never changes once written, except its
 #: status, which nothing here reads).
 HEADER_CACHE = 1024
+#: Bytes of message content (bodies and files) those headers may hold together: a batch's
+#: files alone may be 9 MiB of base64, so 1,024 of them would be gigabytes. The newest header
+#: is kept whatever its size.
+HEADER_CACHE_BYTES = 64 * 1024 * 1024
+
+
+def content_bytes(header: BatchHeader) -> int:
+    """What a cached header holds of its message's content: bodies and files (base64)."""
+    message = header.message
+    size = len(message.html or "") + len(message.text or "")
+    return size + sum(len(a.content) for a in message.attachments)
 
 
 @dataclass(kw_only=True)
@@ -56,6 +67,7 @@ class FollowUps:
     _headers: OrderedDict[uuid.UUID, BatchHeader] = field(
         default_factory=OrderedDict, init=False, repr=False
     )
+    _header_bytes: int = field(default=0, init=False, repr=False)
 
     async def header(self, batch_id: uuid.UUID) -> BatchHeader:
         cached = self._headers.get(batch_id)
@@ -65,9 +77,16 @@ class FollowUps:
         header = await self.batches.header(batch_id)
         if header is None:
             raise Poison(f"batch {batch_id} does not exist")
+        previous = self._headers.pop(batch_id, None)  # read meanwhile by another job
+        if previous is not None:
+            self._header_bytes -= content_bytes(previous)
         self._headers[batch_id] = header
-        if len(self._headers) > HEADER_CACHE:
-            self._headers.popitem(last=False)
+        self._header_bytes += content_bytes(header)
+        while len(self._headers) > 1 and (
+            len(self._headers) > HEADER_CACHE or self._header_bytes > HEADER_CACHE_BYTES
+        ):
+            _, evicted = self._headers.popitem(last=False)
+            self._header_bytes -= content_bytes(evicted)
         return header
 
     async def rows(self, job: protocol.Job) -> list[Row]:

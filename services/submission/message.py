@@ -16,9 +16,17 @@
   client that retries after a lost answer gets the same batch rather than a second one, while
   the rest of a message's recipients, sent in a second transaction after a ``452``, make a
   batch of their own. A message without a Message-ID has no such key.
-* **Anything but the one text and one html body is refused** (``554 5.6.1``): attachments, a
-  calendar invitation, a forwarded message, a second text part. Batches do not carry them yet,
-  and sent without them the mail would not be what the client wrote.
+* **Attachments are kept**, in order (:func:`_attachments`): a part marked ``attachment``,
+  one with a Content-ID (an inline image of the html: ``inline``, its ``content_id`` the
+  Content-ID without its angle brackets), and any other part that is not text (a file sent
+  without a disposition). A file name is its last path component (``C:\\x\\a.pdf`` is
+  ``a.pdf``); a file without one is named ``attachment-<n>`` with the extension of its type.
+  The API's rules apply to them as to any batch's (count, names, total size: ``550 5.6.0``
+  with the API's reason).
+* **What a batch still cannot carry is refused** (``554 5.6.1``), since sent without it the
+  mail would not be what the client wrote: a forwarded message (``message/*``), and a text
+  part that is neither the text nor the html body nor marked as an attachment (a calendar
+  invitation beside the bodies, a second text body).
 * **The body** is built here, off the event loop, as the JSON bytes to post.
 
 :class:`Refused` carries the SMTP reply for a message that cannot become a batch.
@@ -26,8 +34,11 @@
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import hashlib
+import mimetypes
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from email import policy
@@ -87,11 +98,7 @@ def _batch_of(raw: bytes, recipients: Sequence[str]) -> Submission:
     if not isinstance(message, EmailMessage):  # pragma: no cover - policy.default makes one
         raise Refused("554 5.6.0 the message cannot be read")
     plain, html = _body_part(message, "plain"), _body_part(message, "html")
-    if _has_other_parts(message, plain, html):
-        raise Refused(
-            "554 5.6.1 only a text and an html body can be sent yet (no attachments, "
-            "invitations or forwarded messages): link to the file instead"
-        )
+    attachments = _attachments(message, plain, html)
     body: dict[str, Any] = {"from": _sender(message)}
     reply_to = _addresses(message, "Reply-To")
     if reply_to:
@@ -108,6 +115,8 @@ def _batch_of(raw: bytes, recipients: Sequence[str]) -> Submission:
     headers = _headers(message)
     if headers:
         body["headers"] = headers
+    if attachments:
+        body["attachments"] = attachments
     return Submission(orjson.dumps(body), _idempotency_key(message, recipients))
 
 
@@ -174,20 +183,58 @@ def _content(part: EmailMessage | None, subtype: str) -> str | None:
     return content if isinstance(content, str) else None
 
 
-def _has_other_parts(
+#: Why a part that a batch cannot carry refuses the message.
+CANNOT_CARRY: Final = (
+    "554 5.6.1 a batch carries a text and an html body and files, not {what}: "
+    "send it as an attachment instead"
+)
+_PATH = re.compile(r"[/\\]")
+
+
+def _attachments(
     message: EmailMessage, plain: EmailMessage | None, html: EmailMessage | None
-) -> bool:
-    """Whether a part other than the chosen bodies holds content (a file, an invitation, a
-    forwarded message, another text): sent without it, the mail would not be the client's."""
+) -> list[dict[str, str]]:
+    """Every part other than the chosen bodies, as the batch's ``attachments`` (the module
+    says which); raises Refused for a part that a batch cannot carry."""
+    if not message.is_multipart():
+        # A message of one part is itself the body (or has none: refused later), or a file.
+        if message is plain or message is html or message.get_content_maintype() == "text":
+            return []
+        return [_attachment(message, 1)]
+    found: list[dict[str, str]] = []
     for part in message.walk():
-        if part is plain or part is html:
+        if part is plain or part is html or part is message:
             continue
         if part.get_content_maintype() == "message":
-            return True
-        if not part.is_multipart() and part is not message:
-            return True
-    # A message that is one part only is itself the body (or has none: refused later).
-    return not message.is_multipart() and message is not plain and message is not html
+            raise Refused(CANNOT_CARRY.format(what="a forwarded message"))
+        if part.is_multipart() or not isinstance(part, EmailMessage):
+            continue
+        marked = part.get_content_disposition() == "attachment" or "Content-ID" in part
+        if not marked and part.get_content_maintype() == "text":
+            raise Refused(CANNOT_CARRY.format(what=f"a {part.get_content_type()} part"))
+        found.append(_attachment(part, len(found) + 1))
+    return found
+
+
+def _attachment(part: EmailMessage, number: int) -> dict[str, str]:
+    """One file part as an ``attachments`` entry."""
+    content_type = part.get_content_type()
+    data = part.get_payload(decode=True)
+    content = data if isinstance(data, bytes) else b""
+    name = part.get_filename()
+    name = _PATH.split(name)[-1].strip() if name else ""
+    if not name:
+        name = f"attachment-{number}{mimetypes.guess_extension(content_type) or '.bin'}"
+    entry = {
+        "filename": name,
+        "content_type": content_type,
+        "content": base64.b64encode(content).decode("ascii"),
+    }
+    content_id = part.get("Content-ID")
+    if content_id is not None and part.get_content_disposition() != "attachment":
+        entry["disposition"] = "inline"
+        entry["content_id"] = str(content_id).strip().strip("<>")
+    return entry
 
 
 def _headers(message: EmailMessage) -> dict[str, str]:

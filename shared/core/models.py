@@ -171,6 +171,25 @@ class TemplateUse(_Frozen):
     """When the canary's rollout started (its judge compares the batches since)."""
 
 
+class Attachment(_Frozen):
+    """A file a message carries (validated by ``shared.delivery.validation``)."""
+
+    filename: str
+    content_type: str
+    """``type/subtype``, e.g. ``application/pdf``."""
+    content: str
+    """The file's bytes, base64 (RFC 4648, padded): how every provider's API takes them."""
+    disposition: Literal["attachment", "inline"] = "attachment"
+    content_id: str | None = None
+    """An inline part's Content-ID (its html refers to it as ``cid:<content_id>``)."""
+
+    @property
+    def size(self) -> int:
+        """The decoded size in bytes, from the base64 text's length (no decoding)."""
+        padding = self.content[-2:].count("=")
+        return len(self.content) // 4 * 3 - padding
+
+
 class Message(_Frozen):
     """What is sent: everything of a batch except its recipients."""
 
@@ -194,6 +213,8 @@ class Message(_Frozen):
     """The template the batch was made from (None: its content came with the request)."""
     priority: Priority | None = None
     """The lane decided at acceptance (``shared.core.lanes``); None: transactional."""
+    attachments: tuple[Attachment, ...] = ()
+    """Files carried by every copy, in order."""
 
     @property
     def lane(self) -> Priority:
@@ -206,6 +227,8 @@ class Message(_Frozen):
                 # Absent rather than null: a process of the previous release (which forbids
                 # unknown fields) still reads every batch that does not use it.
                 del data[optional]
+        if not data["attachments"]:
+            del data["attachments"]  # likewise
         return orjson.dumps(data)
 
     @classmethod

@@ -48,9 +48,10 @@ from shared.core.addresses import (
     split_address_list,
 )
 from shared.core.catalog import CODES
-from shared.core.models import Address, Message
+from shared.core.models import Address, Attachment, Message
 from shared.delivery import validation
 from shared.delivery.validation import (
+    MAX_ATTACHMENTS,
     MAX_CATEGORIES,
     MAX_COPY_ADDRESSES,
     MAX_HEADERS,
@@ -113,6 +114,7 @@ class _Parse:
     categories: tuple[str, ...] = ()
     metadata: dict[str, str] = field(default_factory=dict)
     provider: str | None = None
+    attachments: tuple[Attachment, ...] = ()
 
 
 V = TypeVar("V")
@@ -345,6 +347,18 @@ def _provider_rule(
     return handler(value)
 
 
+def _attachments_rule(
+    value: object, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+) -> Any:
+    """Each attachment's rules, on the value as given so that every entry's errors are
+    reported at once in the rules' words (the total size is the model's: it depends on the
+    chain)."""
+    parse = _parsing(info)
+    if parse is not None:
+        parse.attachments = _ruled(validation._attachments, value, "attachments")
+    return handler(value)
+
+
 def _priority_rule(
     value: object, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
 ) -> Any:
@@ -392,6 +406,34 @@ class RecipientIn(AddressIn):
 
     substitutions: dict[str, str] | None = Field(
         None, max_length=MAX_SUBSTITUTIONS, examples=[{"first_name": "Ann"}]
+    )
+
+
+class AttachmentIn(BodyIn):
+    """A file the message carries; each copy carries them all."""
+
+    filename: str = Field(
+        max_length=validation.MAX_FILENAME_LENGTH,
+        description="1 to 255 characters, no control characters or path separators.",
+        examples=["invoice.pdf"],
+    )
+    content_type: str = Field(description="`type/subtype`.", examples=["application/pdf"])
+    content: str = Field(
+        description="The file, base64 (RFC 4648, padded, without line breaks). All of a "
+        "batch's files together are at most 7 MiB decoded (less when a provider of the chain "
+        "takes smaller messages).",
+        examples=["JVBERi0xLjQK"],
+    )
+    disposition: Literal["attachment", "inline"] | None = Field(
+        None,
+        description="`inline`: shown in the html where it refers to `cid:<content_id>`. "
+        "Default: attachment.",
+    )
+    content_id: str | None = Field(
+        None,
+        max_length=validation.MAX_CONTENT_ID_LENGTH,
+        description="Required for an inline attachment, and only for one.",
+        examples=["logo"],
     )
 
 
@@ -583,6 +625,11 @@ class BatchIn(BodyIn):
         "stops only mail naming the same list (without one, all of your mail).",
     )
 
+    attachments: Annotated[
+        Annotated[list[AttachmentIn], Field(max_length=MAX_ATTACHMENTS)] | None,
+        WrapValidator(_attachments_rule),
+    ] = Field(None, description="Files every copy carries (at most 10).")
+
     _request: BatchRequest | None = PrivateAttr(None)
 
     @model_validator(mode="after")
@@ -610,6 +657,11 @@ class BatchIn(BodyIn):
             )
         threshold = parse.limits.bulk_threshold
         priority = validation._priority(self.priority, len(parse.recipients), threshold, errors)
+        chain = (parse.provider,) if parse.provider else parse.limits.configured
+        limit = validation.attachments_limit(chain)
+        too_large = validation.attachments_size_problem(parse.attachments, limit)
+        if too_large is not None:
+            errors["attachments"] = too_large
         if errors:
             _refuse(errors)
         if not parse.recipients:
@@ -631,6 +683,7 @@ class BatchIn(BodyIn):
             bulk=bool(personal),
             provider=parse.provider,
             priority=priority,
+            attachments=parse.attachments,
         )
         tracking = self.tracking or TrackingIn()
         self._request = BatchRequest(
@@ -727,6 +780,10 @@ _BY_FIELD: Mapping[tuple[str, str], str] = {
     ("too_long", "substitutions"): f"must hold at most {MAX_SUBSTITUTIONS} keys",
     ("too_long", "cc"): f"must list at most {MAX_COPY_ADDRESSES} addresses",
     ("too_long", "bcc"): f"must list at most {MAX_COPY_ADDRESSES} addresses",
+    ("too_long", "attachments"): f"must hold at most {MAX_ATTACHMENTS} attachments",
+    ("list_type", "attachments"): "must be a list of attachment objects",
+    ("model_type", "attachments"): "must be an object {filename, content_type, content}",
+    ("literal_error", "disposition"): 'must be "attachment" or "inline"',
 }
 
 

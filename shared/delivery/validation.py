@@ -35,6 +35,7 @@ Pure: no I/O; the suppression lookup is the caller's callback.
 
 from __future__ import annotations
 
+import binascii
 import dataclasses
 import hashlib
 import json
@@ -57,7 +58,13 @@ from shared.core.addresses import (
 )
 from shared.core.catalog import CATALOG, CODES, code_of
 from shared.core.errors import SafedelivrError
-from shared.core.models import Address, Engagement, Message, is_request_reserved_header
+from shared.core.models import (
+    Address,
+    Attachment,
+    Engagement,
+    Message,
+    is_request_reserved_header,
+)
 from shared.core.substitution import Substitution
 
 InvalidRequestCode = Literal["invalid_fields", "no_recipients", "too_many_recipients"]
@@ -80,6 +87,18 @@ MAX_SUBSTITUTIONS = 100
 MAX_SUBSTITUTION_KEY_LENGTH = 128
 MAX_SUBSTITUTIONS_BYTES = 10_000
 """Per recipient, JSON-encoded (SendGrid's limit per personalization)."""
+MAX_ATTACHMENTS = 10
+MAX_FILENAME_LENGTH = 255
+MAX_CONTENT_ID_LENGTH = 78
+"""SES's limit (``Attachment.ContentId``), the smallest of the providers'."""
+MAX_ATTACHMENTS_BYTES = 7 * 1024 * 1024
+"""Decoded bytes of all of a batch's attachments together: as base64 (4/3 of it, 9.33 MiB)
+they fit in the API's default body cap (``SAFEDELIVR_API_MAX_BODY_BYTES``, 10 MiB) with room
+for the rest of the body. A chain whose smallest provider takes less lowers it
+(:func:`attachments_limit`)."""
+MIME_BASE64_SHARE = 0.7
+"""Of a provider's largest message, what decoded attachments may fill: base64 in MIME is
+about 1.37 times the file (4/3, plus a line break every 76 characters)."""
 
 
 #: The top-level fields of a batch request.
@@ -103,6 +122,7 @@ FIELDS: Final = frozenset(
         "categories",
         "metadata",
         "provider",
+        "attachments",
     ]
 )
 
@@ -111,6 +131,15 @@ _METADATA_KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _PATH_KEY_RE = re.compile(r"[!-~ ]{1,100}")
 _BODY_FORBIDDEN_RE = re.compile("[\x00\ud800-\udfff]")
 _ADDRESS_KEYS = frozenset({"email", "name"})
+_ATTACHMENT_KEYS = frozenset({"filename", "content_type", "content", "disposition", "content_id"})
+# RFC 6838 4.2 type and subtype names (restricted-name).
+_CONTENT_TYPE_RE = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
+)
+# A Content-ID's text between its angle brackets (RFC 2392 msg-id characters, no space).
+_CONTENT_ID_RE = re.compile(rf"[A-Za-z0-9!#$%&'*+./=?^_`{{|}}~@-]{{1,{MAX_CONTENT_ID_LENGTH}}}")
+# A file name may not hold control characters (C0, DEL, C1), path separators or surrogates.
+_FILENAME_FORBIDDEN_RE = re.compile("[\x00-\x1f\x7f-\x9f/\\\\\ud800-\udfff]")
 _ADDRESS_FORMS = "must be an address string or an object {email, name}"
 
 Errors = dict[str, str]
@@ -225,6 +254,7 @@ def is_large(raw: object) -> bool:
         return False
     entries = [v for k in ("to", "cc", "bcc") if isinstance(v := raw.get(k), list)]
     text = sum(len(v) for k in ("html", "text") if isinstance(v := raw.get(k), str))
+    text += _attachments_length(raw.get("attachments"))
     if sum(map(len, entries)) > LARGE_RECIPIENT_ENTRIES or text > LARGE_TEXT_LENGTH:
         return True
     given = 0
@@ -233,6 +263,20 @@ def is_large(raw: object) -> bool:
         if given > LARGE_RECIPIENT_TEXT:
             return True
     return False
+
+
+def _attachments_length(value: object) -> int:
+    """The characters of the attachments' contents (their base64 is checked character by
+    character): more than the most allowed counts as large without reading further."""
+    if not isinstance(value, list):
+        return 0
+    if len(value) > MAX_ATTACHMENTS:
+        return LARGE_TEXT_LENGTH + 1
+    return sum(
+        len(content)
+        for item in value
+        if isinstance(item, Mapping) and isinstance(content := item.get("content"), str)
+    )
 
 
 def _given_length(entry: object) -> int:
@@ -561,6 +605,133 @@ def _header_name_problem(name: object, seen: set[str]) -> str | None:
         return HEADER_RESERVED
     if name.lower() in seen:
         return "is given twice (header names are case-insensitive)"
+    return None
+
+
+def attachments_limit(chain: Sequence[str]) -> int:
+    """The most decoded bytes a batch sent through ``chain`` may attach: the named limit, or
+    less when the smallest provider's largest message (``shared.core.catalog``) cannot hold
+    that much as base64."""
+    smallest = min((CATALOG[c].max_message_bytes for c in chain if c in CATALOG), default=None)
+    if smallest is None:
+        return MAX_ATTACHMENTS_BYTES
+    return min(MAX_ATTACHMENTS_BYTES, int(smallest * MIME_BASE64_SHARE))
+
+
+def _attachments(
+    value: object, errors: Errors, *, limit: int | None = None
+) -> tuple[Attachment, ...]:
+    """The ``attachments`` list: each entry checked (:func:`_attachment`), then their decoded
+    size together against ``limit`` (None: by the caller, who knows the chain). Linear in
+    the contents' length (one strict base64 pass each, in C)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        errors["attachments"] = "must be a list of attachment objects"
+        return ()
+    if len(value) > MAX_ATTACHMENTS:
+        errors["attachments"] = f"must hold at most {MAX_ATTACHMENTS} attachments"
+        return ()
+    found: list[Attachment] = []
+    names: set[str] = set()
+    for index, item in enumerate(value):
+        attachment = _attachment(item, f"attachments[{index}]", errors)
+        if attachment is None:
+            continue
+        if attachment.content_id is not None:
+            if attachment.content_id in names:
+                errors[f"attachments[{index}].content_id"] = "is given twice"
+                continue
+            names.add(attachment.content_id)
+        found.append(attachment)
+    problem = None if limit is None else attachments_size_problem(found, limit)
+    if problem is not None:
+        errors["attachments"] = problem
+    return tuple(found)
+
+
+def attachments_size_problem(attachments: Sequence[Attachment], limit: int) -> str | None:
+    """Why ``attachments`` are too large together for ``limit`` decoded bytes, or None."""
+    total = sum(a.size for a in attachments)
+    if total <= limit:
+        return None
+    return f"must be at most {limit:,} bytes together once decoded (these are {total:,})"
+
+
+def _attachment(item: object, path: str, errors: Errors) -> Attachment | None:
+    """One attachment object; every problem is an error under ``path``."""
+    if not isinstance(item, Mapping):
+        errors[path] = "must be an object {filename, content_type, content}"
+        return None
+    before = len(errors)
+    _unknown_keys(item, _ATTACHMENT_KEYS, path, errors)
+    filename = item.get("filename")
+    problem = _filename_problem(filename)
+    if problem is not None:
+        errors[f"{path}.filename"] = problem
+    content_type = item.get("content_type")
+    if not isinstance(content_type, str) or not _CONTENT_TYPE_RE.fullmatch(content_type):
+        errors[f"{path}.content_type"] = (
+            "is required" if content_type is None else "must be a type/subtype like text/csv"
+        )
+    content = item.get("content")
+    problem = _base64_problem(content)
+    if problem is not None:
+        errors[f"{path}.content"] = problem
+    disposition = item.get("disposition", "attachment")
+    if disposition is None:
+        disposition = "attachment"
+    if disposition not in ("attachment", "inline"):
+        errors[f"{path}.disposition"] = 'must be "attachment" or "inline"'
+    content_id = item.get("content_id")
+    if disposition == "inline":
+        if content_id is None:
+            errors[f"{path}.content_id"] = "is required for an inline attachment"
+        elif not isinstance(content_id, str) or not _CONTENT_ID_RE.fullmatch(content_id):
+            errors[f"{path}.content_id"] = (
+                f"must be 1 to {MAX_CONTENT_ID_LENGTH} printable ASCII characters, "
+                'no space, quotes or angle brackets (html refers to it as "cid:<content_id>")'
+            )
+    elif content_id is not None and disposition == "attachment":
+        errors[f"{path}.content_id"] = "is only for an inline attachment"
+    if len(errors) > before:
+        return None
+    return Attachment(
+        filename=str(filename),
+        content_type=str(content_type),
+        content=str(content),
+        disposition="inline" if disposition == "inline" else "attachment",
+        content_id=content_id if isinstance(content_id, str) else None,
+    )
+
+
+def _filename_problem(value: object) -> str | None:
+    if value is None:
+        return "is required"
+    if not isinstance(value, str):
+        return "must be a string"
+    if not value.strip() or len(value) > MAX_FILENAME_LENGTH:
+        return f"must be 1 to {MAX_FILENAME_LENGTH} characters"
+    if _FILENAME_FORBIDDEN_RE.search(value):
+        return "must not contain control characters or path separators (/ or \\)"
+    return None
+
+
+def _base64_problem(value: object) -> str | None:
+    """Why ``value`` is not strict base64 (RFC 4648: its alphabet, padded, no line breaks),
+    or None."""
+    if value is None:
+        return "is required"
+    if not isinstance(value, str):
+        return "must be a string"
+    if not value:
+        return "must not be empty"
+    if not value.isascii():
+        return "must be base64 (RFC 4648 alphabet, padded, without line breaks)"
+    try:
+        binascii.a2b_base64(value, strict_mode=True)
+    except binascii.Error:
+        return "must be base64 (RFC 4648 alphabet, padded, without line breaks)"
     return None
 
 

@@ -21,6 +21,11 @@ repeat):
   chunk, the intended shared semantics (Mailgun's docs warn about exactly this effect).
   Substitutions common to all recipients are applied to the text here; cc/bcc go on chunk 0
   only (see ``shared.providers.envelope``). Metadata is not sent.
+* attachments -- a message with files is posted as ``multipart/form-data``
+  (:func:`encoded_body`): the same fields as text parts, then one file part per attachment,
+  named ``attachment``, or ``inline`` for an inline one. Mailgun makes an inline file's name
+  its Content-ID (the html's ``cid:``), so an inline part is named by its ``content_id``.
+  Without files the body stays urlencoded.
 
 The response's ``id`` (``<...@domain>``) is returned without its angle brackets, matching
 ``message.headers.message-id`` in Mailgun's events.
@@ -48,12 +53,14 @@ and concludes nothing, and the resolver looks again later.
 from __future__ import annotations
 
 import asyncio
+import base64
 import email.utils
+import secrets
 import string
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -134,8 +141,75 @@ def build_form(chunk: Chunk) -> Form:
 
 
 def encoded_form(chunk: Chunk) -> bytes:
-    """The request body for ``chunk``: :func:`build_form`, URL-encoded."""
+    """The request body for ``chunk`` without its files: :func:`build_form`, URL-encoded."""
     return urlencode(build_form(chunk))
+
+
+URLENCODED = "application/x-www-form-urlencoded"
+
+
+def encoded_body(chunk: Chunk) -> tuple[bytes, str]:
+    """The request body for ``chunk`` and its Content-Type: URL-encoded, or multipart when
+    the message carries files (:func:`multipart`)."""
+    form = build_form(chunk)
+    if not chunk.message.attachments:
+        return urlencode(form), URLENCODED
+    files = [
+        (
+            "inline" if a.disposition == "inline" else "attachment",
+            a.content_id if a.disposition == "inline" and a.content_id else a.filename,
+            a.content_type,
+            base64.b64decode(a.content),
+        )
+        for a in chunk.message.attachments
+    ]
+    return multipart(form, files)
+
+
+#: A file part: the field name, its file name, its Content-Type and its bytes.
+FilePart = tuple[str, str, str, bytes]
+
+
+def multipart(
+    form: Form, files: Sequence[FilePart], boundary: str | None = None
+) -> tuple[bytes, str]:
+    """``form`` and ``files`` as ``multipart/form-data`` (RFC 7578), with its Content-Type.
+    Names are quoted-strings (:func:`_quoted`)."""
+    boundary = boundary or secrets.token_hex(16)
+    mark = f"--{boundary}".encode()
+    parts: list[bytes] = []
+    for name, value in form:
+        parts += [
+            mark,
+            b'\r\nContent-Disposition: form-data; name="' + _quoted(name) + b'"\r\n\r\n',
+            value.encode(),
+            b"\r\n",
+        ]
+    for name, filename, content_type, data in files:
+        parts += [
+            mark,
+            b'\r\nContent-Disposition: form-data; name="'
+            + _quoted(name)
+            + b'"; filename="'
+            + _quoted(filename)
+            + b'"\r\nContent-Type: '
+            + content_type.encode()
+            + b"\r\n\r\n",
+            data,
+            b"\r\n",
+        ]
+    parts.append(mark + b"--\r\n")
+    body = b"".join(parts)
+    if body.count(mark) != len(form) + len(files) + 1:  # a value holds the boundary
+        return multipart(form, files)
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+def _quoted(name: str) -> bytes:
+    """``name`` as the inside of a quoted-string (RFC 2045, which Go's and Python's form
+    parsers read back): a backslash or a quote escaped. The rules let no control character
+    into a file or header name."""
+    return name.replace("\\", "\\\\").replace('"', '\\"').encode()
 
 
 #: What each byte of a UTF-8 field becomes in a form body, as ``urllib.parse.quote_plus``
@@ -281,7 +355,7 @@ class MailgunProvider:
     async def send(self, chunk: Chunk, gate: Gate | None = None) -> Receipt:
         # Substitution, recipient variables and encoding take milliseconds of CPU for a
         # large chunk (seconds for a hostile one): off the loop, like SendGrid's payload.
-        body = await self._cpu.run(encoded_form, chunk)
+        body, content_type = await self._cpu.run(encoded_body, chunk)
         if gate is not None:
             await gate()
         try:
@@ -289,7 +363,7 @@ class MailgunProvider:
                 response = await self._client.post(
                     self._url,
                     content=body,
-                    headers={"Content-Type": "application/x-www-form-urlencoded"},
+                    headers={"Content-Type": content_type},
                     auth=self._auth,
                     timeout=self._timeout,
                 )

@@ -14,6 +14,8 @@ Payload (:func:`encoded_payload`, pure; :func:`build_payload` is the same body d
 * ``content`` is text/plain first, then text/html, as SendGrid requires; custom ``headers``,
   ``reply_to`` and the first 10 ``categories`` (SendGrid's limit) are top-level. Metadata is
   not sent (see envelope).
+* ``attachments`` -- one entry per file: its base64 ``content`` as stored, ``filename``,
+  ``type``, ``disposition`` and, for an inline one, ``content_id`` (the html's ``cid:``).
 
 The body is built as plain dicts and encoded by orjson: what the chunk's recipients share
 (ids, sender, content, headers, categories, reply-to) once, then only each recipient's own
@@ -39,7 +41,7 @@ import orjson
 from shared.core.addresses import address_key
 from shared.core.catalog import CATALOG
 from shared.core.errors import PermanentProviderError, ProviderError, TransientProviderError
-from shared.core.models import ATTEMPT_ARG, Chunk, Recipient
+from shared.core.models import ATTEMPT_ARG, Attachment, Chunk, Recipient
 from shared.infra.config import ProviderSettings
 from shared.infra.gil import CpuLane
 from shared.providers import envelope, responses, transport
@@ -97,7 +99,21 @@ def _payload(chunk: Chunk) -> dict[str, Any]:
         payload["categories"] = list(message.categories[:MAX_CATEGORIES])
     if message.reply_to:
         payload["reply_to"] = _address(message.reply_to.email, message.reply_to.name)
+    if message.attachments:
+        payload["attachments"] = [_attachment(a) for a in message.attachments]
     return payload
+
+
+def _attachment(attachment: Attachment) -> dict[str, str]:
+    entry = {
+        "content": attachment.content,
+        "filename": attachment.filename,
+        "type": attachment.content_type,
+        "disposition": attachment.disposition,
+    }
+    if attachment.content_id is not None:
+        entry["content_id"] = attachment.content_id
+    return entry
 
 
 def _personalizations(chunk: Chunk) -> list[dict[str, Any]]:

@@ -92,6 +92,24 @@ async def test_a_message_sent_with_smtplib_becomes_a_delivered_batch(stack: Stac
     assert received["subject"] == "Over SMTP"
 
 
+async def test_a_message_s_attachment_reaches_the_provider(stack: Stack) -> None:
+    """An smtplib message with a file becomes a batch whose attachment the sandbox saw."""
+    to = emails(1, "smtp-file")
+    message = _message(to)
+    message.add_attachment(b"%PDF-1.4 x", maintype="application", subtype="pdf", filename="a.pdf")
+    async with stack.consuming(), smtp_server(stack.api) as port:
+        reply = await asyncio.to_thread(_smtplib, port, stack.key, message, to)
+        batch_id = _batch_of(reply)
+        logs = await stack.final(batch_id, 1)
+        received = await stack.received(to[0])
+
+    assert [r["state"] for r in logs.values()] == ["success"]
+    assert received["text"].startswith("Hello from an application")
+    assert [(a["filename"], a["content_type"], a["size"]) for a in received["attachments"]] == [
+        ("a.pdf", "application/pdf", 10)
+    ]
+
+
 async def test_a_second_client_s_message_has_the_same_logs_and_stats_as_http(stack: Stack) -> None:
     """aiosmtplib with AUTH LOGIN, beside the same message posted over HTTP."""
     over_smtp, over_http = emails(1, "smtp"), emails(1, "http")

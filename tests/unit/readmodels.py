@@ -44,6 +44,7 @@ def header(*, sender: dict[str, Any] | None = None, **fields: Any) -> BatchHeade
             "subject": fields.pop("subject", "Hi"),
             "html": fields.pop("html", "<p>x</p>"),
             "bulk": fields.pop("bulk", False),
+            "attachments": fields.pop("attachments", ()),
         }
     )
     defaults: dict[str, Any] = {

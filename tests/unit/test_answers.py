@@ -9,6 +9,7 @@ import orjson
 from pydantic import BaseModel
 
 from services.api import answers, schema
+from services.api.dashboard.views import batch_detail
 from shared.infra.http import Answer
 from tests.unit import readmodels
 
@@ -47,6 +48,29 @@ def test_a_batch_answer_is_the_documented_view_with_its_sender_under_from() -> N
     assert answer["batch_id"] == str(readmodels.BATCH_ID)
     assert answer["failure_reasons"] == {"mailbox full": 2}
     assert answer["priority"] == "transactional"  # stored without a lane: before lanes existed
+
+
+FILE = {"filename": "a.pdf", "content_type": "application/pdf", "content": "JVBERi0xLjQK"}
+
+
+def test_a_batch_answer_shows_each_attachment_but_never_its_content() -> None:
+    inline = {**FILE, "filename": "l.png", "disposition": "inline", "content_id": "logo"}
+    view = readmodels.overview(header=readmodels.header(attachments=[FILE, inline]))
+    answer = _wire(answers.batch(view))
+
+    schema.BatchView.model_validate(answer)
+    assert answer["attachments"] == [
+        {"filename": "a.pdf", "content_type": "application/pdf", "size": 9,
+         "disposition": "attachment", "content_id": None},
+        {"filename": "l.png", "content_type": "application/pdf", "size": 9,
+         "disposition": "inline", "content_id": "logo"},
+    ]  # fmt: skip
+    assert b"JVBERi0xLjQK" not in Answer(answers.batch(view)).body
+
+
+def test_the_batch_page_lists_attachments_by_name_type_and_size() -> None:
+    view = readmodels.overview(header=readmodels.header(attachments=[FILE]))
+    assert batch_detail(view).attachments == [("a.pdf", "application/pdf", 9)]
 
 
 def test_a_batch_list_answer_is_the_documented_list() -> None:

@@ -110,18 +110,18 @@ def test_html_and_text_alternatives_are_both_kept() -> None:
     ("raw", "code"),
     [
         (_raw(From="a@x.org, b@x.org"), "550 5.1.7"),
-        (b"From: a@x.org\r\nSubject: s\r\nContent-Type: application/pdf\r\n\r\nxx", "554 5.6.1"),
+        (b"From: a@x.org\r\nSubject: s\r\nContent-Type: application/pdf\r\n\r\nxx", "554 5.6.0"),
         (
             b"From: a@x.org\r\nSubject: s\r\nContent-Type: multipart/mixed; boundary=b\r\n\r\n"
             b"--b\r\nContent-Type: image/png\r\n\r\nxx\r\n--b--\r\n",
-            "554 5.6.1",
+            "554 5.6.0",
         ),
         (
             b"From: a@x.org\r\nSubject: s\r\nContent-Type: text/plain; charset=nope\r\n\r\nxx",
             "554 5.6.3",
         ),
     ],
-    ids=["two-senders", "not-text", "attachment", "charset"],
+    ids=["two-senders", "only-a-file", "only-an-attachment", "charset"],
 )
 def test_a_message_that_cannot_become_a_batch_is_refused_with_a_reason(
     raw: bytes, code: str
@@ -145,12 +145,55 @@ def test_an_idempotency_key_still_being_stored_is_a_try_again() -> None:
     assert reply_to(409, answer).startswith("451 4.3.0")
 
 
-def test_an_attachment_is_refused_not_dropped() -> None:
+def _body_of(message: EmailMessage) -> dict[str, Any]:
+    body: dict[str, Any] = orjson.loads(batch_of(bytes(message), ["a@x.org"]).body)
+    return body
+
+
+def test_attachments_are_kept_with_their_name_type_and_bytes() -> None:
     message = EmailMessage()
     message["From"], message["Subject"] = "shop@example.com", "Invoice"
     message.set_content("see attached")
     message.add_attachment(b"%PDF", maintype="application", subtype="pdf", filename="i.pdf")
-    with pytest.raises(Refused, match=r"5\.6\.1"):
+    message.add_attachment(b"a,b\n", maintype="text", subtype="csv", filename="C:\\x\\t.csv")
+    body = _body_of(message)
+    assert body["text"] == "see attached\n"
+    assert body["attachments"] == [
+        {"filename": "i.pdf", "content_type": "application/pdf", "content": "JVBERg=="},
+        {"filename": "t.csv", "content_type": "text/csv", "content": "YSxiCg=="},
+    ]
+
+
+def test_an_inline_image_keeps_its_content_id() -> None:
+    message = EmailMessage()
+    message["From"], message["Subject"] = "shop@example.com", "Logo"
+    message.set_content("logo below")
+    message.add_alternative('<img src="cid:logo@x">', subtype="html")
+    html = message.get_body(preferencelist=("html",))
+    assert html is not None
+    html.add_related(b"\x89PNG", maintype="image", subtype="png", cid="<logo@x>")
+    body = _body_of(message)
+    assert body["html"] == '<img src="cid:logo@x">\n'
+    assert body["attachments"] == [
+        {
+            "filename": "attachment-1.png",
+            "content_type": "image/png",
+            "content": "iVBORw==",
+            "disposition": "inline",
+            "content_id": "logo@x",
+        }
+    ]
+
+
+def test_a_forwarded_message_is_refused_not_dropped() -> None:
+    inner = EmailMessage()
+    inner["From"], inner["Subject"] = "b@x.org", "fwd"
+    inner.set_content("inner")
+    message = EmailMessage()
+    message["From"], message["Subject"] = "shop@example.com", "Fwd"
+    message.set_content("see below")
+    message.add_attachment(inner)
+    with pytest.raises(Refused, match=r"554 5\.6\.1 .*forwarded message"):
         batch_of(bytes(message), ["a@x.org"])
 
 

@@ -161,6 +161,20 @@ def test_bulk_is_sent_only_when_asked_for(api: FakeApi) -> None:
     assert [body.get("bulk", "absent") for body in api.bodies] == [True, "absent"]
 
 
+def test_attach_sends_each_file_with_its_name_type_and_base64(api: FakeApi, tmp_path: Path) -> None:
+    (tmp_path / "invoice.pdf").write_bytes(b"%PDF")
+    (tmp_path / "data.zzz").write_bytes(b"\0")
+
+    _run(_send_argv(api, "--text", "t", "--attach", str(tmp_path / "invoice.pdf"),
+                    "--attach", str(tmp_path / "data.zzz")))  # fmt: skip
+
+    [body] = api.bodies
+    assert body["attachments"] == [
+        {"filename": "invoice.pdf", "content_type": "application/pdf", "content": "JVBERg=="},
+        {"filename": "data.zzz", "content_type": "application/octet-stream", "content": "AA=="},
+    ]
+
+
 def test_bodies_can_come_from_a_file_and_from_stdin(
     api: FakeApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -116,7 +116,9 @@ class Client:
         """Submit a batch (``POST /v1/batches``). ``more`` takes the other fields: ``cc``,
         ``bcc``, ``reply_to``, ``headers``, ``bulk``, ``priority``, ``categories``, ``metadata``,
         ``tracking``, ``unsubscribe``, ``list`` (pass it as ``**{"list": name}``), ``send_at``,
-        and ``template_id``, ``version``, ``data`` for a template batch (no subject then)."""
+        ``attachments`` (``AttachmentIn`` dicts: ``filename``, ``content_type``, base64
+        ``content``), and ``template_id``, ``version``, ``data`` for a template batch (no
+        subject then)."""
         request = send_request(
             sender,
             to,

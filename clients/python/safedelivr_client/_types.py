@@ -47,6 +47,32 @@ class AlertsIn(TypedDict, total=False):
     webhook_url: str | None
 
 
+class _AttachmentInRequired(TypedDict):
+    content: str
+    content_type: str
+    filename: str
+
+
+class AttachmentIn(_AttachmentInRequired, total=False):
+    """A file the message carries; each copy carries them all."""
+
+    content_id: str | None
+    disposition: Literal["attachment", "inline"] | None
+
+
+class _AttachmentOutRequired(TypedDict):
+    content_type: str
+    disposition: Literal["attachment", "inline"]
+    filename: str
+    size: int
+
+
+class AttachmentOut(_AttachmentOutRequired, total=False):
+    """A file a batch's message carries: what it is, never its content."""
+
+    content_id: str | None
+
+
 _BatchInRequired = TypedDict(
     "_BatchInRequired",
     {

@@ -439,6 +439,8 @@ class BatchDetail:
     counts: dict[str, int]
     events: list[tuple[str, int]]
     failure_reasons: list[tuple[str, int]]
+    attachments: list[tuple[str, str, int]] = field(default_factory=list)
+    """Each file's name, type and decoded size (never its content)."""
 
     @property
     def in_flight(self) -> bool:
@@ -464,6 +466,7 @@ def batch_detail(view: BatchOverview) -> BatchDetail:
         counts=dict(view.counts),
         events=sorted(view.events.items(), key=lambda kv: (-kv[1], kv[0])),
         failure_reasons=list(view.failure_reasons.items()),
+        attachments=[(a.filename, a.content_type, a.size) for a in message.attachments],
     )
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from services.consumers.calls import weigh
+from services.consumers.calls import weigh, weigh_files
+from shared.core.models import Attachment, Message
 from shared.infra.byte_budget import ByteBudget
 from tests.fakes.world import World, refused
 
@@ -26,6 +27,16 @@ def test_a_chunk_weighs_its_recipients_addresses_names_and_substitutions() -> No
         {"email": "bob@example.org", "name": None, "substitutions": None},
     ]
     assert weigh(rows) == 15 + 3 + 3 + 10 + 15
+
+
+def test_a_chunks_files_weigh_twice_their_base64_text() -> None:
+    """The payload holds a message's files as base64, and Mailgun's form a decoded copy."""
+    file = Attachment(filename="a.bin", content_type="application/octet-stream", content="QUJD")
+    message = Message.model_validate(
+        {"from": {"email": "a@x.org"}, "subject": "s", "attachments": [file, file]}
+    )
+    assert weigh_files(message) == 2 * (4 + 4)
+    assert weigh_files(message.model_copy(update={"attachments": ()})) == 0
 
 
 async def test_a_chunk_waits_for_room_in_the_work_budget_then_is_sent() -> None:

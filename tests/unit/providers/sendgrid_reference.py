@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sendgrid.helpers.mail import (
+    Attachment,
     Bcc,
     Category,
     Cc,
@@ -55,6 +56,16 @@ def reference_payload(chunk: Chunk) -> dict[str, Any]:
     # add_category inserts at the front; adding in reverse keeps the caller's order.
     for category in reversed(message.categories[:MAX_CATEGORIES]):
         mail.add_category(Category(category))
+    # add_attachment inserts at the front, like add_category.
+    for file in reversed(message.attachments):
+        attachment = Attachment()
+        attachment.file_content = file.content
+        attachment.file_name = file.filename
+        attachment.file_type = file.content_type
+        attachment.disposition = file.disposition
+        if file.content_id is not None:
+            attachment.content_id = file.content_id
+        mail.add_attachment(attachment)
     for index, personalization in enumerate(_personalizations(chunk)):
         # The default index=0 inserts at the front, which would reverse the recipients.
         mail.add_personalization(personalization, index=index)

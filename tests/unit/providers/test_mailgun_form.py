@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import email
+import email.policy
 import urllib.parse
 
 import orjson
 import pytest
 
 from shared.core.errors import PermanentProviderError
-from shared.core.models import Address
+from shared.core.models import Address, Attachment
 from shared.providers.mailgun import (
+    URLENCODED,
     build_form,
+    encoded_body,
     encoded_form,
     format_address,
     parse_message_id,
@@ -244,3 +248,38 @@ def test_the_form_body_is_the_standard_librarys_encoding_byte_for_byte() -> None
         text="Hi {{n}}\r\n<b>",
     )
     assert encoded_form(bulk) == urllib.parse.urlencode(build_form(bulk)).encode()
+
+
+def test_a_message_without_files_is_urlencoded() -> None:
+    sample = chunk([ANN], text="hi")
+    assert encoded_body(sample) == (encoded_form(sample), URLENCODED)
+
+
+def test_a_message_with_files_is_multipart_read_back_by_a_mime_parser() -> None:
+    """Fields as text parts, then each file part (``inline`` named by its Content-ID); a
+    quote or backslash in a name survives as a quoted-string."""
+    files = (
+        Attachment(filename='say "hi".txt', content_type="text/plain", content="aGk="),
+        Attachment(
+            filename="l.png",
+            content_type="image/png",
+            content="iVBO",
+            disposition="inline",
+            content_id="logo",
+        ),
+    )
+    sample = chunk([ANN], text="hi", headers={'X-"Q\\': "v"}, attachments=files)
+    body, content_type = encoded_body(sample)
+    parsed = email.message_from_bytes(
+        f"Content-Type: {content_type}\r\n\r\n".encode() + body, policy=email.policy.HTTP
+    )
+    parts = [
+        (p.get_param("name", header="content-disposition"), p.get_filename(), p.get_content())
+        for p in parsed.iter_parts()
+    ]
+    assert ("text", None, "hi") in parts
+    assert ('h:X-"Q\\', None, "v") in parts
+    assert parts[-2:] == [
+        ("attachment", 'say "hi".txt', "hi"),
+        ("inline", "logo", b"\x89PN"),
+    ]

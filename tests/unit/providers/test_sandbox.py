@@ -7,6 +7,7 @@ pass them, in bulk and shared form, and that accepted recipients are recorded.
 from __future__ import annotations
 
 import asyncio
+import base64
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,7 +22,7 @@ from starlette.applications import Starlette
 
 from sandbox.app import create_app
 from shared.core.errors import ProviderMisconfigured, TransientProviderError
-from shared.core.models import Address, Chunk
+from shared.core.models import Address, Attachment, Chunk
 from shared.infra.config import SandboxSettings
 from shared.providers.base import LookupQuery, Provider
 from shared.providers.mailgun import MailgunProvider
@@ -122,6 +123,58 @@ async def test_sandbox_accepts_chunk(sandbox_url: str, index: int, bulk: bool) -
     assert receipt.provider == provider.code
     assert receipt.message_id
     assert {"ann@example.org", "bob@example.org"} <= set(recorded)
+
+
+FILES = (
+    Attachment(
+        filename='Zoë "final", v2.pdf',
+        content_type="application/pdf",
+        content=base64.b64encode(b"%PDF-1.4 " + bytes(range(256)) * 40).decode(),
+    ),
+    Attachment(
+        filename="logo.png",
+        content_type="image/png",
+        content=base64.b64encode(b"\x89PNG\r\n").decode(),
+        disposition="inline",
+        content_id="logo@example.com",
+    ),
+)
+
+
+@pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "shared"])
+@pytest.mark.parametrize("index", [0, 1], ids=["sendgrid", "mailgun"])
+async def test_sandbox_records_each_attachment_by_name_and_size(
+    sandbox_url: str, index: int, bulk: bool
+) -> None:
+    """A chunk's files reach the provider: the sandbox accepts them and records each one's
+    name, type and decoded size, in its ledger and in each recipient's mailbox."""
+    provider = providers(sandbox_url)[index]
+    files = sample(bulk).message.model_copy(update={"attachments": FILES})
+    try:
+        await provider.send(sample(bulk).model_copy(update={"message": files}))
+    finally:
+        await provider.aclose()
+
+    name = "sendgrid" if provider.code == "sg" else "mailgun"
+    async with httpx.AsyncClient() as client:
+        sends = (await client.get(f"{sandbox_url}/_control/sends")).json()
+        inbox = (
+            await client.get(f"{sandbox_url}/_control/messages", params={"to": "bob@example.org"})
+        ).json()
+    recorded = [
+        (a["filename"], a["content_type"], a["disposition"], a["size"])
+        for a in sends[name]["recent"][-1]["attachments"]
+    ]
+    # Mailgun names an inline file by its Content-ID.
+    inline_name = "logo.png" if provider.code == "sg" else "logo@example.com"
+    expected = [
+        ('Zoë "final", v2.pdf', "application/pdf", "attachment", 9 + 256 * 40),
+        (inline_name, "image/png", "inline", 6),
+    ]
+    assert recorded == expected
+    mailbox = inbox["messages"] if isinstance(inbox, dict) else inbox
+    seen = [(a["filename"], a["size"]) for a in mailbox[-1]["attachments"]]
+    assert seen == [(f, size) for f, _, _, size in expected]
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["sendgrid", "mailgun"])

@@ -12,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shared.core.errors import PermanentProviderError
-from shared.core.models import Address, Chunk, Engagement, Message, Recipient
+from shared.core.models import Address, Attachment, Chunk, Engagement, Message, Recipient
 from shared.providers import sendgrid
 from shared.providers.sendgrid import encoded_payload
 from tests.unit.providers.fakes import BATCH_ID
@@ -41,6 +41,25 @@ _RECIPIENT_HEADERS = st.dictionaries(
     st.sampled_from(["List-Unsubscribe", "List-Unsubscribe-Post", "X-Track"]), _TEXT, max_size=3
 )
 _CONTENT = st.one_of(st.none(), st.just(""), _TEXT)
+_ATTACHMENTS = st.lists(
+    st.one_of(
+        st.builds(
+            Attachment,
+            filename=st.sampled_from(["a.txt", "Zoë's report, final.pdf", "名字.csv"]),
+            content_type=st.sampled_from(["text/plain", "application/pdf"]),
+            content=st.sampled_from(["aGVsbG8=", "JVBERi0xLjQK", "QQ=="]),
+        ),
+        st.builds(
+            Attachment,
+            filename=st.just("logo.png"),
+            content_type=st.just("image/png"),
+            content=st.just("iVBORw=="),
+            disposition=st.just("inline"),
+            content_id=st.sampled_from(["logo", "logo@example.com"]),
+        ),
+    ),
+    max_size=3,
+).map(tuple)
 
 
 @st.composite
@@ -83,6 +102,7 @@ def _chunks(draw: st.DrawFn) -> Chunk:
         engagement=draw(
             st.one_of(st.none(), st.builds(Engagement, opens=st.booleans(), clicks=st.booleans()))
         ),
+        attachments=draw(_ATTACHMENTS),
     )
     return Chunk(
         batch_id=BATCH_ID,
@@ -144,6 +164,16 @@ def _full(bulk: bool, count: int) -> Chunk:
         headers={"X-Campaign": "spring"},
         categories=tuple(f"cat-{n}" for n in range(12)),
         bulk=bulk,
+        attachments=(
+            Attachment(filename="a.pdf", content_type="application/pdf", content="JVBERi0xLjQK"),
+            Attachment(
+                filename="logo.png",
+                content_type="image/png",
+                content="iVBORw==",
+                disposition="inline",
+                content_id="logo",
+            ),
+        ),
     )
     return Chunk(batch_id=BATCH_ID, index=0, message=message, recipients=people, attempt="c.1")
 
@@ -167,6 +197,31 @@ def test_a_full_chunk_of_1000_matches_the_helpers(bulk: bool) -> None:
 
     assert not isinstance(theirs, tuple)
     _assert_same(ours, theirs)
+
+
+def test_attachments_are_the_helpers_attachments() -> None:
+    """A chunk's files are the body's ``attachments``, as the helpers write them."""
+    ours, theirs = _both(_full(bulk=False, count=2))
+
+    assert (
+        ours["attachments"]
+        == theirs["attachments"]
+        == [
+            {
+                "content": "JVBERi0xLjQK",
+                "filename": "a.pdf",
+                "type": "application/pdf",
+                "disposition": "attachment",
+            },
+            {
+                "content": "iVBORw==",
+                "filename": "logo.png",
+                "type": "image/png",
+                "disposition": "inline",
+                "content_id": "logo",
+            },
+        ]
+    )
 
 
 def test_the_adapter_does_not_use_the_helpers() -> None:

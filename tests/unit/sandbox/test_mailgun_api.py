@@ -122,8 +122,19 @@ async def test_multipart_with_attachment_is_accepted(sandbox: Harness) -> None:
     )
 
     assert response.status_code == 200
-    recent = sandbox.state.ledger.snapshot()["mailgun"]["recent"][-1]["request"]
-    assert recent["files"] == [{"field": "attachment", "filename": "a.txt", "size": 5}]
+    recent = sandbox.state.ledger.snapshot()["mailgun"]["recent"][-1]
+    assert recent["request"]["files"] == [
+        {"field": "attachment", "filename": "a.txt", "size": 5, "content_type": "text/plain"}
+    ]
+    assert recent["attachments"] == [
+        {
+            "filename": "a.txt",
+            "content_type": "text/plain",
+            "disposition": "attachment",
+            "content_id": None,
+            "size": 5,
+        }
+    ]
 
 
 async def test_events_carry_expanded_user_variables(sandbox: Harness) -> None:

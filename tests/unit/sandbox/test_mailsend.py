@@ -148,3 +148,30 @@ def test_exactly_1000_recipients_pass() -> None:
     payload = sendgrid_mail(personalizations=_personalizations(2, per=500))
 
     assert _fields(payload) == []
+
+
+@pytest.mark.parametrize(
+    ("attachment", "field"),
+    [
+        ({"filename": "a.txt"}, "attachments.0.content"),
+        ({"filename": "a.txt", "content": "not base64!"}, "attachments.0.content"),
+        ({"content": "QQ=="}, "attachments.0.filename"),
+        ({"content": "QQ==", "filename": "a", "disposition": "x"}, "attachments.0.disposition"),
+        ({"content": "QQ==", "filename": "a", "disposition": "inline"}, "attachments.0.content_id"),
+    ],
+)
+def test_a_bad_attachment_is_refused(attachment: dict[str, Any], field: str) -> None:
+    """SendGrid's attachment rules: content (base64) and filename, an inline one's id."""
+    payload = {**sendgrid_mail("a@example.com"), "attachments": [attachment]}
+    assert _fields(payload) == [field]
+
+
+def test_attachments_as_the_helpers_write_them_pass() -> None:
+    payload = {
+        **sendgrid_mail("a@example.com"),
+        "attachments": [
+            {"content": "QQ==", "filename": "a.txt", "type": "text/plain"},
+            {"content": "QQ==", "filename": "l.png", "disposition": "inline", "content_id": "l"},
+        ],
+    }
+    assert mailsend.validate(payload, now=NOW) == []
