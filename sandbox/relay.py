@@ -29,6 +29,7 @@ import itertools
 import logging
 import weakref
 from dataclasses import dataclass, field
+from email.message import EmailMessage
 from typing import Any, Final
 
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
@@ -150,6 +151,7 @@ class RelayHandler:
             message_id=message_id,
             size=len(raw),
             request=_request(envelope, raw),
+            attachments=_files(raw),
         )
         if fault is not None:
             if fault.latency_ms:
@@ -172,6 +174,31 @@ def _drop(server: SMTP) -> None:
     transport = server.transport
     if isinstance(transport, asyncio.Transport):
         transport.abort()
+
+
+def _files(raw: bytes) -> list[dict[str, object]]:
+    """Each file the message carries (every part that is not a body): its name, type,
+    disposition, Content-ID and decoded size, as the ledger keeps them for every provider."""
+    parsed = email.parser.BytesParser(policy=email.policy.SMTP).parsebytes(raw)
+    if not isinstance(parsed, EmailMessage) or not parsed.is_multipart():
+        return []
+    bodies = {id(p) for p in (parsed.get_body(("plain",)), parsed.get_body(("html",))) if p}
+    files = []
+    for part in parsed.walk():
+        if part.is_multipart() or id(part) in bodies:
+            continue
+        data = part.get_payload(decode=True)
+        cid = part.get("Content-ID")
+        files.append(
+            {
+                "filename": part.get_filename(),
+                "content_type": part.get_content_type(),
+                "disposition": part.get_content_disposition() or "attachment",
+                "content_id": str(cid).strip("<>") if cid else None,
+                "size": len(data) if isinstance(data, bytes) else 0,
+            }
+        )
+    return files
 
 
 def _request(envelope: Envelope, raw: bytes) -> dict[str, Any]:

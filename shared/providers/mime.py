@@ -15,10 +15,14 @@ each one carries, for the SMTP relay adapter (``shared.providers.smtp``).
 * **Body**: ``text/plain`` then ``text/html`` as ``multipart/alternative`` (one part when
   only one is given), serialised with ``email.policy.SMTP`` (CRLF line ends). The boundary
   is derived from the bodies' digest, so the same chunk always gives the same bytes.
+* **Files**: an inline file (with a Content-ID) joins the html in ``multipart/related``, any
+  other is an attachment of ``multipart/mixed``; every boundary then comes from a digest of
+  the bodies and the files.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,7 +33,7 @@ from email.message import EmailMessage
 from email.utils import format_datetime
 from typing import Final
 
-from shared.core.models import Address, Chunk, Recipient, is_reserved_header
+from shared.core.models import Address, Attachment, Chunk, Recipient, is_reserved_header
 from shared.core.substitution import Substitution
 from shared.providers import envelope
 
@@ -114,6 +118,8 @@ def _transaction(
     text = texts.apply(message.text) if message.text else None
     html = texts.apply(message.html) if message.html else None
     _body(mail, text, html)
+    if message.attachments:
+        _files(mail, message.attachments, f"{text}\0{html}")
     addresses = [r.email for r in to] + [a.email for a in (*cc, *bcc)]
     recipients = tuple(dict.fromkeys(addresses))
     return Transaction(
@@ -143,3 +149,29 @@ def _body(mail: EmailMessage, text: str | None, html: str | None) -> None:
     # copy), and a body cannot contain the digest of itself.
     digest = hashlib.sha256(f"{text}\0{html}".encode()).hexdigest()[:32]
     mail.set_boundary(f"=_sd_{digest}")
+
+
+def _files(mail: EmailMessage, files: Sequence[Attachment], bodies: str) -> None:
+    digest = hashlib.sha256(bodies.encode())
+    for f in files:
+        data = base64.b64decode(f.content)
+        digest.update(f"\0{f.filename}\0{f.content_type}\0{f.content_id}\0".encode())
+        digest.update(data)
+        maintype, _, subtype = f.content_type.partition("/")
+        if f.disposition == "inline" and f.content_id:
+            host = mail.get_body(preferencelist=("related", "html")) or mail
+            host.add_related(
+                data,
+                maintype=maintype,
+                subtype=subtype,
+                cid=f"<{f.content_id}>",
+                filename=f.filename,
+                disposition="inline",
+            )
+        else:
+            mail.add_attachment(data, maintype=maintype, subtype=subtype, filename=f.filename)
+    # As for the bodies: the same chunk gives the same bytes, whatever part holds the files.
+    tag = digest.hexdigest()[:32]
+    for n, part in enumerate(mail.walk()):
+        if part.is_multipart():
+            part.set_boundary(f"=_sd_{tag}_{n}")

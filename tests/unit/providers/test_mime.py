@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import email
 import email.policy
 from datetime import UTC, datetime
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from shared.core.errors import PermanentProviderError
-from shared.core.models import Address, Chunk, Recipient
+from shared.core.models import Address, Attachment, Chunk, Recipient
 from shared.providers import mime
 from tests.unit.providers.fakes import chunk, recipient
 
@@ -152,3 +153,38 @@ def test_too_many_recipients_refuse_the_chunk() -> None:
     people = [recipient(f"p{n}@example.org") for n in range(3)]
     with pytest.raises(PermanentProviderError):
         mime.transactions("smtp", sample(*people), max_recipients=2, helo="h", now=NOW)
+
+
+def test_files_are_parts_of_the_message_and_inline_ones_join_the_html() -> None:
+    logo = Attachment(
+        filename="logo.png",
+        content_type="image/png",
+        content=base64.b64encode(b"\x89PNG").decode(),
+        disposition="inline",
+        content_id="logo@example.com",
+    )
+    report = Attachment(
+        filename="Zoë report.pdf",
+        content_type="application/pdf",
+        content=base64.b64encode(b"%PDF" * 100).decode(),
+    )
+    c = sample(ANN)
+    files = c.model_copy(
+        update={"message": c.message.model_copy(update={"attachments": (logo, report)})}
+    )
+
+    (t,) = build(files)
+    again = build(files)[0]
+    message = parsed(t)
+
+    assert t.data == again.data  # the same chunk, the same bytes
+    assert message.get_content_type() == "multipart/mixed"
+    html = message.get_body(("html",))
+    assert html is not None and html.get_content().strip() == "<p>Hi Ann</p>"
+    parts = {p.get_filename(): p for p in message.iter_attachments()}
+    assert parts["Zoë report.pdf"].get_content() == b"%PDF" * 100
+    related = [p for p in message.walk() if p.get_content_type() == "multipart/related"]
+    assert len(related) == 1
+    (image,) = [p for p in related[0].iter_parts() if p.get_content_type() == "image/png"]
+    assert image["Content-ID"] == "<logo@example.com>"
+    assert image.get_content() == b"\x89PNG"

@@ -4,6 +4,7 @@ and its transactions against the sandbox's real relay (``sandbox.relay``, aiosmt
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from shared.core.errors import ProviderMisconfigured, TransientProviderError
-from shared.core.models import Chunk
+from shared.core.models import Attachment, Chunk
 from shared.infra.config import SandboxSettings
 from shared.providers import smtp as smtp_module
 from shared.providers.base import RecipientAnswer
@@ -302,3 +303,37 @@ async def test_an_idle_connection_is_checked_and_kept(
         await relay.provider.send(tagged("ann@example.org"))
 
     assert (await relay.info())["connections"] == 1
+
+
+@pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "shared"])
+async def test_a_chunks_files_reach_the_relay_by_name_and_size(relay: Relay, bulk: bool) -> None:
+    """The relay records each file of the message it took: an attachment and an inline
+    image (in the html's related part), with their decoded sizes."""
+    files = (
+        Attachment(
+            filename="report.pdf",
+            content_type="application/pdf",
+            content=base64.b64encode(b"%PDF-1.4 " + bytes(range(256)) * 40).decode(),
+        ),
+        Attachment(
+            filename="logo.png",
+            content_type="image/png",
+            content=base64.b64encode(b"\x89PNG\r\n").decode(),
+            disposition="inline",
+            content_id="logo@example.com",
+        ),
+    )
+    sent = tagged("ann@example.org", bulk=bulk, html='<img src="cid:logo@example.com">')
+    await relay.provider.send(
+        sent.model_copy(update={"message": sent.message.model_copy(update={"attachments": files})})
+    )
+
+    sends = (await relay.sandbox.client.get("/_control/sends")).json()
+    recorded = [
+        (a["filename"], a["content_type"], a["disposition"], a["content_id"], a["size"])
+        for a in sends["smtp"]["recent"][-1]["attachments"]
+    ]
+    assert sorted(recorded) == [
+        ("logo.png", "image/png", "inline", "logo@example.com", 6),
+        ("report.pdf", "application/pdf", "attachment", None, 9 + 256 * 40),
+    ]
