@@ -183,7 +183,7 @@ def _files(raw: bytes) -> list[dict[str, object]]:
     if not isinstance(parsed, EmailMessage) or not parsed.is_multipart():
         return []
     bodies = {id(p) for p in (parsed.get_body(("plain",)), parsed.get_body(("html",))) if p}
-    files = []
+    files: list[dict[str, object]] = []
     for part in parsed.walk():
         if part.is_multipart() or id(part) in bodies:
             continue
