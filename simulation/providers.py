@@ -31,6 +31,7 @@ import orjson
 
 from sandbox.events import mailgun_events, outcome_at, sendgrid_events
 from sandbox.mailgun import parse_message
+from shared.core.catalog import name_of
 from shared.core.errors import ProviderError
 from shared.core.models import Chunk
 from shared.providers.base import Gate as RateGate
@@ -47,14 +48,12 @@ from simulation.processes import Gate, outside
 EVENT_DELAYS = (1.0, 4.0, 8.0)
 #: Seconds between a provider's retries of a webhook post that failed.
 RETRY_DELAYS = (30.0, 120.0, 600.0, 1800.0, 3600.0, 7200.0)
-#: How long each provider retries a webhook post.
-RETRY_HORIZON = {"sg": 24 * 3600.0, "mg": 8 * 3600.0}
+#: How long each provider retries a webhook post (an SMTP relay posts none).
+RETRY_HORIZON = {"sg": 24 * 3600.0, "mg": 8 * 3600.0, "smtp": 0.0}
 #: Seconds after acceptance before the query API shows a message.
 INDEXING_DELAY = 20.0
 #: How late a "late" webhook arrives.
 LATE = 2 * 24 * 3600.0
-
-NAMES = {"sg": "SendGrid", "mg": "Mailgun"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +117,7 @@ class SimProvider:
     name: str = ""
 
     def __post_init__(self) -> None:
-        self.name = NAMES[self.code]
+        self.name = name_of(self.code)
 
     async def send(self, chunk: Chunk, gate: RateGate | None = None) -> Receipt:
         if gate is not None:

@@ -280,6 +280,10 @@ async def _campaign(world: World) -> list[Request]:
     return []
 
 
+async def _walk(world: World) -> list[Request]:
+    return await _one(world, "sgmgdrop.ann@example.org", BOB)
+
+
 async def _relay(world: World) -> list[Request]:
     # SendGrid answers each recipient as an SMTP relay does: takes Ann (and that is all that
     # will be known: delivered, "accepted by relay"), refuses Bob for now (handed over to
@@ -446,6 +450,13 @@ SCENARIOS: dict[str, Scenario] = {
             "now (Mailgun sends it), one for good (failed, suppressed), one answer lost",
             _relay,
             Config(relays=("sg",), query_api=("mg",), resolve_interval=600),
+        ),
+        Scenario(
+            "walk",
+            "a chain of three: SendGrid and Mailgun each drop Ann on their side, the SMTP "
+            "relay takes her (accepted by relay); Bob goes through SendGrid",
+            _walk,
+            Config(chain="sg,mg,smtp", relays=("smtp",), max_attempts=4),
         ),
         Scenario(
             "two_clients",
