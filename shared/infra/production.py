@@ -19,6 +19,7 @@ _PREFIX = "SAFEDELIVR_"
 #: The secrets this repository ships as defaults (for the sandbox).
 _PUBLIC_SECRETS = frozenset(
     {"sandbox-sendgrid-key", "sandbox-mailgun-key", "sandbox-github-secret", "guest"}
+    | {"sandbox-ses-secret"}
 )
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 #: The development signing key of tracking tokens (the default; refused here).
@@ -67,6 +68,21 @@ def production_problems(settings: Settings) -> list[str]:
         problems.append(
             f"{_PREFIX}WEBHOOKS_SENDGRID_INSECURE_BASIC_ONLY: accepts unsigned SendGrid events; "
             "configure SAFEDELIVR_WEBHOOKS_SENDGRID_PUBLIC_KEY instead"
+        )
+    if "ses" in p.chain_codes:
+        problems += _remote_https("PROVIDERS_SES_BASE_URL", p.ses_base_url)
+        problems += _secret(
+            "PROVIDERS_SES_SECRET_ACCESS_KEY", p.ses_secret_access_key.get_secret_value()
+        )
+        if not w.ses_topic_arns.strip():
+            problems.append(
+                f"{_PREFIX}WEBHOOKS_SES_TOPIC_ARNS: no SNS topic is allowed, so no SES event "
+                "would be taken; name the configuration set's topic"
+            )
+    if w.ses_cert_pem:
+        problems.append(
+            f"{_PREFIX}WEBHOOKS_SES_CERT_PEM: a pinned certificate is the sandbox's; SNS's "
+            "signing certificate is fetched from SNS in production"
         )
     if api.sender_domains != "verified":
         problems.append(

@@ -15,11 +15,13 @@ from shared.infra.gil import CpuLane
 from shared.providers.base import Provider
 from shared.providers.mailgun import MailgunProvider
 from shared.providers.sendgrid import SendGridProvider
+from shared.providers.ses import SesProvider
 
 #: How to build each provider from the settings, by code.
 FACTORIES: Mapping[str, Callable[[ProviderSettings, CpuLane | None], Provider]] = {
     SendGridProvider.code: SendGridProvider.from_settings,
     MailgunProvider.code: MailgunProvider.from_settings,
+    SesProvider.code: SesProvider.from_settings,
 }
 
 
