@@ -84,6 +84,7 @@ def create_app(
             Mount("/sendgrid", routes=endpoints.sendgrid_routes()),
             Mount("/mailgun", routes=endpoints.mailgun_routes()),
             Mount("/ses", routes=ses.routes()),
+            *ses.sns_routes(),
             Mount("/github", routes=github.routes()),
             *dns.routes(),
             Mount("/_receiver", routes=receiver.routes()),

@@ -15,9 +15,11 @@
   (``sandbox.events.outcome_for``), ``mail.tags`` built from the request's ``EmailTags`` as
   SES does. The dispatcher wraps each in a signed SNS ``Notification``
   (``sandbox.webhooks``).
-* ``GET /ses/sns?Action=ConfirmSubscription&Token=…``: the sandbox's stand-in for SNS's
-  confirmation address (``POST /_control/ses/subscribe`` posts a ``SubscriptionConfirmation``
-  naming it); confirmations are counted.
+* ``GET /?Action=ConfirmSubscription&TopicArn=…&Token=…`` (at the sandbox's root, as at SNS's
+  endpoint): the stand-in for SNS's confirmation address (``POST /_control/ses/subscribe``
+  posts a ``SubscriptionConfirmation`` naming it); confirmations are counted. And
+  ``GET /SimpleNotificationService-<serial>.pem``: the certificate that verifies the
+  notifications, where SNS keeps its own.
 """
 
 from __future__ import annotations
@@ -68,10 +70,16 @@ _BAD_SIGNATURE = (
 
 
 def routes() -> list[BaseRoute]:
-    """Routes mounted at ``/ses`` (SES's API root, and the stand-in of SNS's confirmation)."""
+    """Routes mounted at ``/ses`` (SES's API root)."""
+    return [Route("/v2/email/outbound-emails", send_email, methods=["POST"])]
+
+
+def sns_routes() -> list[BaseRoute]:
+    """Routes at the sandbox's root, where SNS has them: its ``ConfirmSubscription`` action
+    and its signing certificate (a client that sends SNS's host here reaches them)."""
     return [
-        Route("/v2/email/outbound-emails", send_email, methods=["POST"]),
-        Route("/sns", confirm_subscription, methods=["GET"]),
+        Route("/", confirm_subscription, methods=["GET"]),
+        Route("/SimpleNotificationService-{serial}.pem", certificate, methods=["GET"]),
     ]
 
 
@@ -92,11 +100,11 @@ async def certificate(request: Request) -> Response:
 
 async def subscribe(request: Request) -> Response:
     """``POST /_control/ses/subscribe``: post a signed ``SubscriptionConfirmation`` to the
-    webhook service, its ``SubscribeURL`` this sandbox's ``/ses/sns``; answers whether it
+    webhook service, its ``SubscribeURL`` this sandbox's root; answers whether it
     was taken and how many subscriptions were confirmed since the sandbox started."""
     dispatcher = state_of(request).dispatcher
     base = str(request.base_url).rstrip("/")
-    taken, problem = await dispatcher.confirm_subscription(f"{base}/ses/sns")
+    taken, problem = await dispatcher.confirm_subscription(f"{base}/")
     return json_response(
         {"taken": taken, "error": problem, "confirmed": dispatcher.ses_confirmations}
     )
@@ -148,7 +156,7 @@ async def send_email(request: Request) -> Response:
 
 
 async def confirm_subscription(request: Request) -> Response:
-    """``GET /sns?Action=ConfirmSubscription&TopicArn=&Token=``: SNS's confirmation."""
+    """``GET /?Action=ConfirmSubscription&TopicArn=&Token=``: SNS's confirmation."""
     state = state_of(request)
     params = request.query_params
     if params.get("Action") != "ConfirmSubscription" or not params.get("Token"):

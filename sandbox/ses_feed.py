@@ -188,7 +188,7 @@ def notification(record: Mapping[str, Any], topic_arn: str, now: float) -> dict[
 
 def subscription_confirmation(topic_arn: str, subscribe_base: str, now: float) -> dict[str, str]:
     """The unsigned SNS ``SubscriptionConfirmation`` whose ``SubscribeURL`` is
-    ``subscribe_base`` (the sandbox's ``/ses/sns``)."""
+    ``subscribe_base`` (the sandbox's root)."""
     region = topic_arn.split(":")[3] if topic_arn.count(":") >= 5 else "us-east-1"
     token = uuid.uuid4().hex * 2
     return {

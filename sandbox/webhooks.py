@@ -133,7 +133,7 @@ class WebhookDispatcher:
         self.ses_key = ses_key or signing.generate_sns_key()
         self.ses_topic_arn = ses_topic_arn
         self.ses_confirmations = 0
-        """Subscriptions confirmed at the sandbox's SubscribeURL (``GET /ses/sns``)."""
+        """Subscriptions confirmed at the sandbox's SubscribeURL (its root)."""
         self._sendgrid_key = sendgrid_key
         self._mailgun_key = mailgun_signing_key
         self._delay = delay
@@ -359,7 +359,7 @@ class WebhookDispatcher:
 
     async def confirm_subscription(self, subscribe_base: str) -> tuple[bool, str | None]:
         """Post a ``SubscriptionConfirmation`` whose ``SubscribeURL`` is ``subscribe_base``
-        (the sandbox's ``/ses/sns``); whether it was answered 2xx, and the error if not."""
+        (the sandbox's root); whether it was answered 2xx, and the error if not."""
         message = subscription_confirmation(self.ses_topic_arn, subscribe_base, time.time())
         verdict, error = await self._post_sns(message)
         return verdict is _Verdict.OK, error
