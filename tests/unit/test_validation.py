@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
+from shared.core.catalog import CATALOG
 from shared.core.errors import SafedelivrError
 from shared.core.models import RESERVED_HEADERS, Address, Message
 from shared.delivery.batch_in import BatchIn
@@ -993,8 +994,9 @@ def test_a_batch_pins_nothing_unless_it_says_so() -> None:
 
 @pytest.mark.parametrize("named", ["postmark", "", 7, ["sendgrid"]])
 def test_a_pin_must_name_a_known_provider(named: object) -> None:
+    names = ", ".join(info.name.lower() for info in CATALOG.values())
     assert _field_errors(_body(provider=named)) == {
-        "provider": "must name a provider configured here: sendgrid, mailgun"
+        "provider": f"must name a provider configured here: {names}"
     }
 
 

@@ -135,6 +135,23 @@ async def test_a_5xx_after_accepting_leaves_the_outcome_unknown() -> None:
     assert sends == dict.fromkeys(EMAILS, 1)  # accepted indeed: only events can tell
 
 
+async def test_no_answer_within_the_timeout_after_sending_leaves_the_outcome_unknown() -> None:
+    async with served() as sandbox:
+        await _fault(sandbox.url, latency_ms=1500, accept=True)
+        ses = SesProvider(region="us-east-1", access_key_id="sandbox-ses-key-id",
+                          secret_access_key=SECRET, base_url=f"{sandbox.url}/ses",
+                          timeout=0.3)  # fmt: skip
+        try:
+            with pytest.raises(TransientProviderError) as caught:
+                await ses.send(sample(bulk=False))
+        finally:
+            await ses.aclose()
+        sends = await _sends(sandbox.url)
+
+    assert caught.value.outcome_unknown
+    assert set(sends) >= EMAILS  # it was accepted: only its events can tell
+
+
 async def test_one_unknown_call_among_accepted_ones_is_answered_per_recipient() -> None:
     async with served() as sandbox:
         await _fault(sandbox.url, status=503, accept=True, count=1)
