@@ -18,22 +18,26 @@ import httpx
 from chaos.verdict import Submission
 
 #: Address local parts by position in a batch: 1 in 20 bounces, 1 in 20 is dropped by
-#: SendGrid (and handed to Mailgun), the rest are delivered.
-_BOUNCE_EVERY, _SGDROP_EVERY = 20, 20
+#: SendGrid (and handed to Mailgun), with a chain of three or more 1 in 20 is dropped by
+#: SendGrid and Mailgun (and handed to the third), the rest are delivered.
+_BOUNCE_EVERY, _SGDROP_EVERY, _SGMGDROP_EVERY = 20, 20, 20
 #: Seconds one request may take before the client gives up on it and retries.
 REQUEST_TIMEOUT = 10.0
 #: Backoff between retries (seconds): doubled from the first up to the cap.
 BACKOFF_FIRST, BACKOFF_CAP = 0.25, 4.0
 
 
-def addresses(run: str, seq: int, count: int) -> tuple[str, ...]:
-    """``count`` addresses unique to batch ``seq`` of ``run``, with the class mix above."""
+def addresses(run: str, seq: int, count: int, *, walk: bool = False) -> tuple[str, ...]:
+    """``count`` addresses unique to batch ``seq`` of ``run``, with the class mix above
+    (``walk``: the chain has a provider after SendGrid and Mailgun)."""
     out = []
     for i in range(count):
         if i % _BOUNCE_EVERY == 1:
             local = "bounce"
         elif i % _SGDROP_EVERY == 2:
             local = "sgdrop"
+        elif walk and i % _SGMGDROP_EVERY == 3:
+            local = "sgmgdrop"
         else:
             local = "user"
         out.append(f"{local}-{run}-{seq}-{i}@chaos.example.com")

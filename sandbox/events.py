@@ -2,7 +2,8 @@
 
 The outcome is chosen by the recipient's local part (``bounce…@`` hard bounce, ``defer…@``
 deferred, ``complaint…@``, ``drop…@``, ``sgdrop…@`` dropped by SendGrid only, ``unsub…@``,
-``open…@``, ``sgdefer…@`` deferred by SendGrid only; anything else is delivered).
+``open…@``, ``sgdefer…@`` deferred by SendGrid only, ``sgmgdrop…@`` dropped by SendGrid and
+Mailgun and delivered by any other provider; anything else is delivered).
 Events are built only when their webhook delay has passed, from the accepted request itself,
 in the exact shapes of SendGrid's Event Webhook and Mailgun's ``event-data``.
 """
@@ -40,6 +41,10 @@ class Outcome(StrEnum):
     SENDGRID_DEFER = "sgdefer"
     """SendGrid's attempts are deferred (and nothing follows), while Mailgun delivers it: the
     case where handing a long deferral over to another provider helps."""
+    EARLY_DROP = "sgmgdrop"
+    """Dropped by SendGrid (its spam checker) and by Mailgun (retries given up), delivered by
+    any provider after them in a chain (SES, an SMTP relay): the walk down a chain of three
+    or more."""
 
 
 _PREFIXES = (
@@ -51,7 +56,15 @@ _PREFIXES = (
     ("open", Outcome.OPEN),
     ("sgdrop", Outcome.SENDGRID_DROP),
     ("sgdefer", Outcome.SENDGRID_DEFER),
+    ("sgmgdrop", Outcome.EARLY_DROP),
 )
+
+#: The outcomes that only some providers play, by provider: anyone else delivers them.
+_PLAYED_BY: dict[Outcome, frozenset[str]] = {
+    Outcome.SENDGRID_DROP: frozenset({"sg"}),
+    Outcome.SENDGRID_DEFER: frozenset({"sg"}),
+    Outcome.EARLY_DROP: frozenset({"sg", "mg"}),
+}
 
 #: SendGrid steps posted for each outcome, in order (keys of ``_SENDGRID_STEP``).
 SENDGRID_STEPS: dict[Outcome, tuple[str, ...]] = {
@@ -64,6 +77,7 @@ SENDGRID_STEPS: dict[Outcome, tuple[str, ...]] = {
     Outcome.OPEN: ("processed", "delivered", "open"),
     Outcome.SENDGRID_DROP: ("processed", "dropped-spam"),
     Outcome.SENDGRID_DEFER: ("processed", "deferred"),
+    Outcome.EARLY_DROP: ("processed", "dropped-spam"),
 }
 
 #: Mailgun steps posted for each outcome, in order (keys of ``_MAILGUN_STEP``).
@@ -77,6 +91,7 @@ MAILGUN_STEPS: dict[Outcome, tuple[str, ...]] = {
     Outcome.OPEN: ("accepted", "delivered", "opened"),
     Outcome.SENDGRID_DROP: ("accepted", "delivered"),
     Outcome.SENDGRID_DEFER: ("accepted", "delivered"),
+    Outcome.EARLY_DROP: ("accepted", "drop-old"),
 }
 
 _MTA_IP = "198.51.100.7"
@@ -184,6 +199,19 @@ _MAILGUN_STEP: dict[str, dict[str, Any]] = {
             "session-seconds": 0.0,
         },
     },
+    "drop-old": {
+        "event": "failed",
+        "log-level": "error",
+        "severity": "permanent",
+        "reason": "old",
+        "delivery-status": {
+            "attempt-no": 8,
+            "code": 421,
+            "message": "4.7.0 Try again later",
+            "description": "Too old",
+            "session-seconds": 0.1,
+        },
+    },
     "complained": {"event": "complained", "log-level": "warn"},
     "unsubscribed": {"event": "unsubscribed", "log-level": "info", **_ENGAGEMENT},
     "opened": {"event": "opened", "log-level": "info", **_ENGAGEMENT},
@@ -204,6 +232,14 @@ def outcome_for(address: str) -> Outcome:
         if local.startswith(prefix):
             return outcome
     return Outcome.DELIVERED
+
+
+def outcome_at(provider: str, address: str) -> Outcome:
+    """The outcome for ``address`` at ``provider`` (its catalog code): an outcome only some
+    providers play is a delivery anywhere else."""
+    outcome = outcome_for(address)
+    played = _PLAYED_BY.get(outcome)
+    return Outcome.DELIVERED if played is not None and provider not in played else outcome
 
 
 def sendgrid_message_id(message_id: str, personalization: int, accepted_at: int) -> str:

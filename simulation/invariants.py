@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from services.consumers.template_rollouts import KEEP_FOR
-from services.hooks.schedule import occurred
+from services.hooks.schedule import Occurrence, occurred
 from shared.audience.campaigns import METADATA_KEY
 from shared.core.batch_ids import accepted_at
 from shared.core.models import Message
@@ -474,9 +474,7 @@ def _user_hooks(world: World, verdict: Verdict) -> None:
                 _in_order(world, user_id, events, verdict)
 
 
-def _queued_events(
-    world: World, endpoint_id: uuid.UUID
-) -> list[tuple[tuple[str, int], datetime, str]]:
+def _queued_events(world: World, endpoint_id: uuid.UUID) -> list[tuple[Occurrence, datetime, str]]:
     """Each event queued for the endpoint: (when it happened, when queued, webhook-id)."""
     now = world.db.now()
     events = []
@@ -494,7 +492,7 @@ def _queued_events(
 def _in_order(
     world: World,
     user_id: uuid.UUID,
-    events: list[tuple[tuple[str, int], datetime, str]],
+    events: list[tuple[Occurrence, datetime, str]],
     verdict: Verdict,
 ) -> None:
     # Events of one second are ordered by the worker's guess at their stage; only a whole

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import orjson
 
-from sandbox.events import Outcome, mailgun_events, outcome_for, sendgrid_events
+from sandbox.events import mailgun_events, outcome_at, sendgrid_events
 from sandbox.mailgun import parse_message
 from shared.core.errors import ProviderError
 from shared.core.models import Chunk
@@ -76,7 +76,7 @@ class Acceptance:
     @property
     def sent(self) -> bool:
         """Whether the provider sends it (or may yet): not a provider's own drop."""
-        return self.fate not in ("drop", "sgdrop")
+        return self.fate not in ("drop", "sgdrop", "sgmgdrop")
 
     @property
     def deferred(self) -> bool:
@@ -294,10 +294,7 @@ def relay_answer(email: str) -> RecipientAnswer:
 
 def fate_of(code: str, email: str) -> str:
     """What provider ``code`` does with mail to ``email`` (as the sandbox plays it)."""
-    outcome = outcome_for(email)
-    if code != "sg" and outcome in (Outcome.SENDGRID_DROP, Outcome.SENDGRID_DEFER):
-        return Outcome.DELIVERED.value
-    return outcome.value
+    return outcome_at(code, email).value
 
 
 def _answer(code: str, status: int, now: float) -> ProviderError:

@@ -271,6 +271,7 @@ class World:
                 self.recipients,
                 self.broker,  # type: ignore[arg-type]
                 running,
+                self.settings.providers.backoff_tiers,
             ),
             broker=self.broker,  # type: ignore[arg-type]
             settings=self.settings,
@@ -341,6 +342,7 @@ class World:
             self.recipients,
             self.broker,  # type: ignore[arg-type]
             Current(Routing.start(self.settings.providers)),
+            self.settings.providers.backoff_tiers,
         )
         ingest = Ingest(
             batches=self.batches,

@@ -39,7 +39,12 @@ from shared.core.errors import (
 from shared.core.models import Chunk, Message, chain_for
 from shared.delivery.attempts import Attempt, Attempts, find, tag
 from shared.delivery.domain_capacity import CapacityGate
-from shared.delivery.recipient_answers import answered_unknown, answers_column
+from shared.delivery.recipient_answers import (
+    answered_unknown,
+    answers_column,
+    complete,
+    refused_count,
+)
 from shared.delivery.recipients import Recipients
 from shared.engagement.engagement import Tracker, personalize
 from shared.infra.byte_budget import BudgetExhausted, ByteBudget
@@ -257,6 +262,10 @@ class Caller:
         if answer.error is not None and not answer.unknown:
             # Not sent: not counted.
             await self.capacity.release(domain, count, self.now(), running.capacity)
+        elif answer.receipt is not None:
+            # Nor are the recipients it refused (their re-sends are admitted again).
+            refused = refused_count(answer.receipt)
+            await self.capacity.release(domain, refused, self.now(), running.capacity)
         return answer
 
     async def _call(self, job: protocol.Job, chunk: Chunk, *, pinned: bool) -> Answer:
@@ -302,6 +311,7 @@ class Caller:
             )
             return Answer(error=error)
         self.tally.count(job.provider, self.now(), error=False, seconds=time.monotonic() - started)
+        receipt = complete(receipt, (r.email for r in chunk.recipients))
         return Answer(receipt=receipt, error=answered_unknown(receipt))
 
     async def record(self, job: protocol.Job, delivery: Delivery) -> bool:

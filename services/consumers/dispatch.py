@@ -219,7 +219,9 @@ class Dispatcher:
                 webhook_window=self.settings.webhook_window,
             ),
         )
-        handoff = HandOff(self.attempts, self.recipients, self.broker, self.running)
+        handoff = HandOff(
+            self.attempts, self.recipients, self.broker, self.running, self.settings.backoff_tiers
+        )
         for name, part in (
             ("follow", follow),
             ("screen", screen),
@@ -343,11 +345,20 @@ class Dispatcher:
         if isinstance(step, protocol.Resolve):
             return await self.resolver.resolve(job)
         if isinstance(step, protocol.EnsureCheck):
-            await self.follow.check(job, step.checks, self.settings.resolve_interval)
+            await self._ensure_check(job, line, step.checks)
             return True
         assert isinstance(step, protocol.FollowUp)  # noqa: S101 - the union is exhausted
         await self.follow.carry_out(job, step.attempt)
         return True
+
+    async def _ensure_check(self, job: protocol.Job, line: list[Attempt], checks: int) -> None:
+        current = find(line, job.attempt)
+        if current is not None and current.state == "ambiguous":
+            # The delivery that recorded it may have died before applying the answers it had
+            # for some recipients: without them those would wait for evidence a relay never
+            # sends, and be sent again.
+            await self.follow.apply_answers(job, current)
+        await self.follow.check(job, checks, self.settings.resolve_interval)
 
     async def _version(
         self, job: protocol.Job, header: BatchHeader, line: list[Attempt]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from services.consumers import protocol
 from services.consumers.faults import FaultPoints
+from shared.core.addresses import address_key
 from shared.core.models import ChunkJob, LogJob
 from shared.delivery import recipient_answers
 from shared.delivery.attempts import Attempt, tag
@@ -112,7 +113,11 @@ class FollowUps:
         rows, then the follow-up job (the events first: a rerun after a crash finds the
         same recipients waiting and tells the same events again, never fewer)."""
         rows = await self.rows(job)
-        if await self.apply_answers(job, attempt, rows):
+        # An attempt resolved after being ambiguous had its answers applied when it became
+        # ambiguous (``Caller``) or, after a crash, by the redelivery that found it so
+        # (``EnsureCheck``): applied again here they would count twice in providers' health
+        # and domains' capacity.
+        if attempt.state != "resolved" and await self.apply_answers(job, attempt, rows):
             rows = await self.rows(job)  # the answered recipients now carry their evidence
         waiting = self.waiting(job, rows, attempt.attempt)
         chosen = self.select(job, rows, waiting)
@@ -165,14 +170,25 @@ class FollowUps:
         await self.fault_points("followed", job)
 
     async def apply_answers(
-        self, job: protocol.Job, attempt: Attempt, rows: list[Row] | None = None
+        self,
+        job: protocol.Job,
+        attempt: Attempt,
+        rows: list[Row] | None = None,
+        *,
+        waiting_only: bool = False,
     ) -> bool:
         """Apply the answers recipient by recipient stored on ``attempt`` (if it has any) as
         the provider events they stand for (``shared.delivery.recipient_answers``); whether
         there were any. Idempotent: the events' ids are fixed, so a rerun after a crash
         rewrites the same cells, and an answered recipient is then no longer the attempt's
-        to settle (its tag is on its row: it is neither re-sent nor resolved)."""
-        answers = recipient_answers.decode(attempt.answers)
+        to settle (its tag is on its row: it is neither re-sent nor resolved).
+        ``waiting_only``: only the recipients still waiting for the attempt's evidence (those
+        answers never applied, or applied and overtaken by nothing), so that one applied
+        already does not count twice; whether any was applied then."""
+        try:
+            answers = recipient_answers.decode(attempt.answers)
+        except recipient_answers.Unreadable as exc:
+            raise Poison(f"attempt {attempt.tag} of batch {job.batch_id}: {exc}") from exc
         if answers is None:
             return False
         if self.ingest is None:
@@ -180,6 +196,11 @@ class FollowUps:
         if rows is None:
             rows = await self.rows(job)
         events = recipient_answers.events(attempt, job.batch_id, rows, answers)
+        if waiting_only:
+            left = {address_key(str(r["email"])) for r in self.waiting(job, rows, attempt.attempt)}
+            events = [e for e in events if e.email in left]
+            if not events:
+                return False
         if events:
             await self.ingest.apply_all(events)
         await self.fault_points("answers", job)

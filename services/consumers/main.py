@@ -84,6 +84,7 @@ def build_dispatcher(
     fault_points: FaultPoints = no_faults,
     running: Current[Running] | None = None,
     alerter: Alerter | None = None,
+    ingest_metrics: IngestMetrics | None = None,
 ) -> Dispatcher:
     """The provider senders' dispatcher, with its own provider adapters (close them);
     ``running`` is the live settings' cell (by default the env's values, never changed)."""
@@ -108,7 +109,11 @@ def build_dispatcher(
         # Providers' answers recipient by recipient go through the webhooks' ingest; its
         # hand-offs follow this process's running chain.
         ingest=Ingest.over(
-            res.db, res.broker, settings, IngestMetrics.create(new_registry()), route=running
+            res.db,
+            res.broker,
+            settings,
+            ingest_metrics or IngestMetrics.create(new_registry()),
+            route=running,
         ),
         campaigns=CampaignHold(CampaignStore(res.db, settings.amqp.exchange)),
         work=ByteBudget(settings.consumers.work_budget_bytes),
@@ -136,6 +141,7 @@ async def start_consumers(
     dead_metrics: DeadLetterMetrics | None = None,
     live_metrics: LiveMetrics | None = None,
     alerter: Alerter | None = None,
+    ingest_metrics: IngestMetrics | None = None,
 ) -> Consumers:
     """Declare the topology, apply the live settings, and start the splitter, one sender per
     provider in the chain and the dead-letter archiver (run ``watcher.run()`` to keep the
@@ -143,7 +149,13 @@ async def start_consumers(
     await res.broker.declare()
     running = Current(Running.start(settings.providers))
     dispatcher = build_dispatcher(
-        settings, res, metrics, fault_points=fault_points, running=running, alerter=alerter
+        settings,
+        res,
+        metrics,
+        fault_points=fault_points,
+        running=running,
+        alerter=alerter,
+        ingest_metrics=ingest_metrics,
     )
     providers = dispatcher.providers
     splitter = Splitter(res.broker, dispatcher.batches, running)
@@ -343,6 +355,8 @@ def create_app(settings: Settings, *, fault_points: FaultPoints = no_faults) -> 
     dead_metrics = DeadLetterMetrics.create(registry)
     live_metrics = LiveMetrics.create(registry)
     stalls = StallMetrics.create(registry)
+    # The per-recipient answers the consumers apply count beside the webhooks' events.
+    ingest_metrics = IngestMetrics.create(registry)
     inflight = InFlight()
 
     @asynccontextmanager
@@ -385,6 +399,7 @@ def create_app(settings: Settings, *, fault_points: FaultPoints = no_faults) -> 
                 dead_metrics=dead_metrics,
                 live_metrics=live_metrics,
                 alerter=alerter,
+                ingest_metrics=ingest_metrics,
             )
             alerter.config = started.applier.alert_config
             dispatcher = started.dispatcher

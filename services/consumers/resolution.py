@@ -55,6 +55,12 @@ class Resolver:
         if current is None or current.state != "ambiguous" or current.checks != job.check:
             return False
         everyone = await self.follow.rows(job)
+        # Answers the provider gave for some recipients are their evidence. The delivery
+        # that recorded them applied them, unless it died first: its redelivery applies them
+        # (``EnsureCheck``), but a check another delivery numbered may come before it. Apply
+        # those still missing (none, as a rule: nothing counts twice).
+        if await self.follow.apply_answers(job, current, everyone, waiting_only=True):
+            everyone = await self.follow.rows(job)
         rows = self.follow.waiting(job, everyone, job.attempt)
         by_email = {address_key(r["email"]): r for r in rows}
         started = current.calling_at or current.created_at

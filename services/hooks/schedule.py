@@ -63,7 +63,11 @@ STAGE: Final = {
 OURS: Final = frozenset({"recipient.attempt", "recipient.failed_over"})
 
 
-def occurred(item: Queued) -> tuple[str, int, str, int]:
+#: When an event happened, as the worker sorts it: (second, group, exact stamp, stage).
+Occurrence = tuple[str, int, str, int]
+
+
+def occurred(item: Queued) -> Occurrence:
     """When the event happened, to the second (its payload's ``timestamp``, ISO 8601 in UTC,
     sortable as text; when it was queued if the payload has none), then its stage, our own
     events sharing the first and ordered by their exact stamp."""

@@ -80,6 +80,9 @@ class HandOff:
     route: Callable[[], Route]
     """The chain and max attempts in force, read once per planning try (live settings
     replace them whole: ``shared.infra.current``)."""
+    backoff: Sequence[int] = ()
+    """Seconds before a provider is asked again for a recipient it refused for now, by the
+    re-send's attempt number (the env's backoff tiers; empty: never the same provider)."""
 
     async def __call__(
         self,
@@ -92,9 +95,13 @@ class HandOff:
         failed: str,
         why: str,
         pinned: str | None = None,
+        later: bool = False,
     ) -> None:
         """Hand the recipient over (idempotent: at most one new attempt per ``cause``); a
-        batch that ``pinned`` a provider has no other to hand over to: it is given up."""
+        batch that ``pinned`` a provider has no other to hand over to: it is given up, unless
+        the provider said to try ``later`` (it refused the recipient for now: an SMTP 4xx, a
+        throttled call), when it is asked again after a backoff, as a whole call's transient
+        error would be."""
         line_key = recipient_line(log_id)
         serial = False
         for _ in range(_PLAN_TRIES):
@@ -110,8 +117,12 @@ class HandOff:
                 return  # handed over already, to nobody: it was given up
             number = 1 + max((a.attempt for a in line), default=-1)
             route = self.route()
-            chain = (pinned,) if pinned else route.chain
-            target = next_provider(chain, excluded_providers(row) | {failed}, failed)
+            excluded = excluded_providers(row)
+            if pinned and later and self.backoff:
+                target: str | None = pinned if pinned not in excluded else None
+            else:
+                chain = (pinned,) if pinned else route.chain
+                target = next_provider(chain, excluded | {failed}, failed)
             if target is None or number >= route.max_attempts:
                 left = (
                     f"the batch pins {name_of(pinned)}: no other provider may try"
@@ -171,7 +182,7 @@ class HandOff:
         assert planned.cause is not None  # noqa: S101 - planned attempts name their cause
         row = await self.recipients.one(batch_id, chunk, log_id)
         if row is not None and visible(row).state == "queued":
-            await self._publish(batch_id, chunk, log_id, planned)
+            await self._publish(batch_id, chunk, log_id, planned, failed)
         await self.recipients.supersede(
             batch_id,
             chunk,
@@ -183,13 +194,22 @@ class HandOff:
         )
 
     async def _publish(
-        self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID, planned: Attempt
+        self, batch_id: uuid.UUID, chunk: int, log_id: uuid.UUID, planned: Attempt, failed: str
     ) -> None:
         await self.broker.publish(
             log_key(planned.provider, log_id, planned.attempt),
             LogJob(batch_id=batch_id, chunk=chunk, log_id=log_id, attempt=planned.attempt).encode(),
+            delay=self._wait(planned, failed),
             message_id=f"{log_id}:{planned.attempt}",
         )
+
+    def _wait(self, planned: Attempt, failed: str) -> int | None:
+        """The delay tier of a re-send that asks the provider that refused it for now again
+        (None: another provider, at once)."""
+        if not self.backoff or planned.provider != failed:
+            return None
+        seconds = self.backoff[min(planned.attempt, len(self.backoff) - 1)]
+        return self.broker.topology.delay_tier_for(seconds)
 
     async def _give_up(
         self,

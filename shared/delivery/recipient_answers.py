@@ -25,8 +25,8 @@ same cells.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Final, get_args
 
 import orjson
@@ -42,6 +42,9 @@ from shared.providers.base import Outcome, Receipt, RecipientAnswer
 ACCEPTED_BY_RELAY: Final = "accepted by relay (no delivery report)"
 #: Every outcome an answer may have.
 OUTCOMES: Final[tuple[Outcome, ...]] = get_args(Outcome)
+#: The raw event of a recipient refused for now: handed over, and never counted as the
+#: provider's own drop of it (it may be asked again: ``shared.delivery.handoff``).
+REFUSED_FOR_NOW: Final = "answer/refused_transient"
 #: Longest provider text kept per answer.
 MAX_TEXT = 300
 
@@ -85,15 +88,36 @@ def encode(answers: Answers) -> str:
     ).decode()
 
 
+class Unreadable(ValueError):
+    """Stored answers that cannot be read: what the provider said of each recipient is not
+    known, and guessing (all accepted, or none) could lose or double a send."""
+
+
 def decode(raw: str | None) -> Answers | None:
-    """The answers stored on an attempt (None: it has none, or they cannot be read)."""
+    """The answers stored on an attempt (None: it has none); :class:`Unreadable` when the
+    cell holds something else."""
     if not raw:
         return None
     try:
         data = orjson.loads(raw)
         return Answers(tuple(_answer(a) for a in data["recipients"]), bool(data.get("final")))
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-        return None
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise Unreadable(f"stored answers cannot be read: {exc}") from exc
+
+
+def complete(receipt: Receipt, emails: Iterable[str]) -> Receipt:
+    """``receipt`` answering for every one of ``emails`` (the chunk's recipients): one it
+    says nothing of is ``unknown`` (the call may have reached the provider for them), never
+    taken as accepted. A receipt for the whole chunk is left as it is."""
+    if receipt.recipients is None:
+        return receipt
+    answered = {address_key(a.email) for a in receipt.recipients}
+    missing = tuple(
+        RecipientAnswer(email=e, outcome="unknown", text="the provider's answer left it out")
+        for e in dict.fromkeys(address_key(e) for e in emails)
+        if e not in answered
+    )
+    return replace(receipt, recipients=receipt.recipients + missing) if missing else receipt
 
 
 def _answer(a: dict[str, Any]) -> RecipientAnswer:
@@ -128,6 +152,11 @@ def answered_unknown(receipt: Receipt) -> TransientProviderError | None:
     """The error that goes with a receipt some of whose recipients' answers are unknown."""
     answers = of(receipt)
     return None if answers is None else unknown_error(receipt.provider, answers)
+
+
+def refused_count(receipt: Receipt) -> int:
+    """How many recipients the provider refused (for now or for good): not sent by it."""
+    return sum(1 for a in receipt.recipients or () if a.outcome.startswith("refused"))
 
 
 def answers_column(receipt: Receipt | None) -> dict[str, str]:
@@ -188,5 +217,5 @@ def _verdict(a: RecipientAnswer, *, final: bool) -> tuple[Kind, str, str | None,
             return "delivered", "answer/accepted", ACCEPTED_BY_RELAY, False
         return "sent", "answer/accepted", said, False
     if a.outcome == "refused_transient":
-        return "dropped", "answer/refused_transient", said or "refused for now", True
+        return "dropped", REFUSED_FOR_NOW, said or "refused for now", True
     return "dropped", "answer/refused_permanent", said or "refused", False

@@ -40,6 +40,7 @@ from shared.delivery.attempts import AttemptStore
 from shared.delivery.batchstore import Batches, BatchStore
 from shared.delivery.domain_capacity import DomainVolumes, Volumes
 from shared.delivery.handoff import HandOff, Route, Routing
+from shared.delivery.recipient_answers import REFUSED_FOR_NOW
 from shared.delivery.recipients import Recipients, RecipientStore, Report
 from shared.delivery.stats import StatsStore, tell_rollups
 from shared.infra.broker import Broker
@@ -147,6 +148,7 @@ class Ingest:
             recipients,
             broker,
             route or Current(Routing.start(settings.providers)),
+            settings.providers.backoff_tiers,
         )
         return cls(
             batches=BatchStore(db, stats),
@@ -392,6 +394,7 @@ class Ingest:
             failed=ev.provider,
             why=_provider_result(ev),
             pinned=sender.pinned if sender else None,
+            later=ev.raw_event == REFUSED_FOR_NOW,
         )
 
     async def _schedule_deadline(self, t: Target, ev: ProviderEvent) -> None:
@@ -470,6 +473,9 @@ def _cause(ev: ProviderEvent) -> str:
 
 
 def _provider_result(ev: ProviderEvent) -> str:
+    if ev.raw_event == REFUSED_FOR_NOW:
+        # Not a provider-side drop: it may be asked again (``shared.delivery.handoff``).
+        return f"refused for now: {ev.reason}"[:300]
     if ev.kind in ("dropped", "bounced") and ev.reason:
         return f"{ev.kind}: {ev.reason}"[:300]
     if ev.kind == "deferred":

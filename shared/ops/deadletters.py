@@ -325,9 +325,17 @@ class DeadLetterStore:
         else:
             rows = await self._db.rows(
                 _SELECT + " AND (dead_at, letter_id) < (?, ?) LIMIT ?",
-                (_BUCKET, key[0], key[1], limit),
+                (_BUCKET, await self._cursor_time(key), key[1], limit),
             )
         return [_row_letter(r) for r in rows]
+
+    async def _cursor_time(self, key: tuple[datetime, str]) -> datetime:
+        """Where the letter a page follows is stored, read from its row: an old truncated id
+        names the millisecond before it (:func:`_stored_times`), and paging from there would
+        skip letters of that millisecond. The id's own time when the letter is gone."""
+        dead_at, letter_id = key
+        found = await self.get(letter_id)
+        return found.dead_at if found is not None else dead_at
 
     async def get(self, letter_id: str) -> Letter | None:
         for dead_at in _stored_times(letter_id):

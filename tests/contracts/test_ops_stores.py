@@ -235,6 +235,25 @@ async def test_a_letter_archived_under_an_old_truncated_id_is_still_found(letter
     assert await letters.get(old_id) is None
 
 
+async def test_a_page_after_a_letter_with_an_old_truncated_id_skips_nothing(letters: Any) -> None:
+    """The old id names the millisecond before its row: a letter of that millisecond whose
+    id sorts after the old one still comes on the next page."""
+    died = datetime(2003, 3, 3, 3, 3, 3, 3000, tzinfo=UTC) + timedelta(
+        seconds=random.randrange(10**6)
+    )
+    millis = (died - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+    old = dataclasses.replace(_letter(died), id=f"{millis - 1}-{'0' * 24}")
+    before = dataclasses.replace(
+        _letter(died - timedelta(milliseconds=1)), id=f"{millis - 1}-{'f' * 24}"
+    )
+    await letters.archive(old)
+    await letters.archive(before)
+
+    page = await letters.page(1, after=old.id)
+
+    assert [x.id for x in page] == [before.id]
+
+
 async def test_a_deleted_letter_is_gone_and_no_claim_brings_it_back(letters: Any) -> None:
     letter = _letter(_instant())
     await letters.archive(letter)

@@ -97,7 +97,9 @@ class FakeLetters(LetterArchive):
         key = parse_id(after) if after else None
         ordered = self._ordered()
         if key is not None:
-            ordered = [x for x in ordered if (x.dead_at, x.id) < key]
+            cursor = self.letters.get(key[1])
+            at = cursor.dead_at if cursor is not None else key[0]
+            ordered = [x for x in ordered if (x.dead_at, x.id) < (at, key[1])]
         return ordered[:limit]
 
     async def get(self, letter_id: str) -> Letter | None:

@@ -154,6 +154,10 @@ class Clock:
 Fault = Callable[[str, protocol.Job], Awaitable[None]]
 
 
+class Died(BaseException):
+    """A process died here (:meth:`World.crash_once`): not an error the code may catch."""
+
+
 class World:
     """The services over the twins. The dispatcher's parts a test chooses are given here
     (it is built once, with them; nothing is swapped in afterwards)."""
@@ -223,6 +227,7 @@ class World:
                 self.recipients,
                 self.broker,  # type: ignore[arg-type]
                 self.running,
+                self.settings.backoff_tiers,
             ),
             broker=self.broker,  # type: ignore[arg-type]
             settings=self.app_settings,
@@ -347,6 +352,41 @@ class World:
         parsed = parse_routing_key(key)
         assert parsed.provider is not None
         return t.lane_queue(parsed.provider, parsed.lane)
+
+    async def crash_once(self, point: str, *, attempt: int | None = None) -> protocol.Job:
+        """Run until a process dies at fault point ``point`` (for ``attempt``, if given); the
+        broker then redelivers the unacked message (with its properties, as RabbitMQ does),
+        and the world runs to the end. The job it died on."""
+        died: list[protocol.Job] = []
+
+        async def die(at: str, job: protocol.Job) -> None:
+            if attempt is None or job.attempt == attempt:
+                del self.fault_points[point]
+                died.append(job)
+                raise Died(at)
+
+        self.fault_points[point] = die
+        for _ in range(1000):
+            if died:
+                break
+            for name in self._work_queues():
+                message = await self.broker.get(name)
+                if message is None:
+                    continue
+                try:
+                    await self.deliver(message)
+                except Died:
+                    again = replace(message, settled=None, deliveries=message.deliveries + 1)
+                    self.broker.queues[name].append(again)
+                break
+            else:
+                due = self.broker.next_due()
+                assert due is not None, f"the send path never reached {point!r}"
+                self.clock.now = max(self.clock.now, due)
+                self.broker.expire(until=self.clock.now)
+        await self.settle()
+        assert died, f"nothing died at {point!r}"
+        return died[0]
 
     async def step(self) -> bool:
         """Deliver the oldest ready message of any work queue; False when none is ready."""

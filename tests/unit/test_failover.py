@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from services.consumers.failover import GiveUp, Retry, decide, provider_for
 from shared.core.errors import (
@@ -137,3 +139,60 @@ def test_the_work_of_a_cancelled_campaign_ends_with_the_reason_on_any_attempt() 
     cancelled = WorkCancelled("sg", "its campaign was cancelled")
 
     assert _decide(0, cancelled) == GiveUp("its campaign was cancelled")
+
+
+# -- chains of any length (issue 36: N providers) ----------------------------------------------
+
+_CODES = ("sg", "mg", "ses", "smtp", "p5")
+_chains = st.integers(1, 5).flatmap(
+    lambda n: st.permutations(_CODES).map(lambda codes: tuple(codes[:n]))
+)
+
+
+@given(chain=_chains)
+def test_transient_failures_walk_the_whole_chain_in_order_then_back_off_once(
+    chain: tuple[str, ...],
+) -> None:
+    """Each provider is tried once, in the chain's order, without waiting; the walk then
+    starts again from the first after the first backoff tier."""
+    attempt, seen, delays = 0, [chain[0]], []
+    while len(seen) <= len(chain):
+        step = decide(
+            chain=chain,
+            attempt=attempt,
+            error=TransientProviderError(seen[-1], "503"),
+            max_attempts=100,
+            backoff=(5, 30),
+        )
+        assert isinstance(step, Retry)
+        assert step.attempt == attempt + 1
+        seen.append(step.provider)
+        delays.append(step.delay)
+        attempt = step.attempt
+    assert seen == [*chain, chain[0]]
+    assert delays == [0.0] * (len(chain) - 1) + [5.0]
+
+
+@given(chain=_chains, data=st.data())
+def test_no_attempt_goes_to_a_provider_that_refused_for_good_or_is_excluded(
+    chain: tuple[str, ...], data: st.DataObject
+) -> None:
+    refused = frozenset(data.draw(st.sets(st.sampled_from(chain))))
+    excluded = frozenset(data.draw(st.sets(st.sampled_from(chain))))
+    failed = data.draw(st.sampled_from(chain))
+    attempt = data.draw(st.integers(0, 20))
+    step = decide(
+        chain=chain,
+        attempt=attempt,
+        error=TransientProviderError(failed, "503"),
+        max_attempts=25,
+        backoff=(5, 30),
+        permanent_from=refused,
+        excluded=excluded,
+    )
+    if isinstance(step, Retry):
+        assert step.provider not in refused | excluded
+        assert attempt < step.attempt < 25
+    else:
+        assert isinstance(step, GiveUp)
+        assert refused | excluded >= set(chain) or attempt + len(chain) >= 25

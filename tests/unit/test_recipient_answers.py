@@ -6,6 +6,8 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
+import pytest
+
 from shared.core.webhook_events import ProviderEvent
 from shared.delivery import recipient_answers
 from shared.delivery.attempts import Attempt
@@ -71,10 +73,38 @@ def test_answers_survive_their_stored_form() -> None:
     assert recipient_answers.decode(recipient_answers.encode(answers)) == answers
 
 
-def test_an_unreadable_stored_form_is_no_answers() -> None:
-    assert recipient_answers.decode('{"recipients": [{"email": "a", "outcome": "maybe"}]}') is None
-    assert recipient_answers.decode("not json") is None
+def test_no_stored_form_is_no_answers() -> None:
     assert recipient_answers.decode(None) is None
+    assert recipient_answers.decode("") is None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ['{"recipients": [{"email": "a", "outcome": "maybe"}]}', "not json", '{"final": true}'],
+    ids=["unknown-outcome", "not-json", "no-recipients"],
+)
+def test_an_unreadable_stored_form_is_refused_not_taken_as_no_answers(raw: str) -> None:
+    """Read as "no answers", the attempt would count every recipient accepted."""
+    with pytest.raises(recipient_answers.Unreadable):
+        recipient_answers.decode(raw)
+
+
+def test_a_recipient_the_receipt_leaves_out_is_unknown_not_accepted() -> None:
+    receipt = Receipt("smtp", 250, None, recipients=(RecipientAnswer("A@Example.org", "accepted"),))
+
+    whole = recipient_answers.complete(receipt, ["a@example.org", "b@example.org"])
+
+    assert [(a.email, a.outcome) for a in whole.recipients or ()] == [
+        ("A@Example.org", "accepted"),
+        ("b@example.org", "unknown"),
+    ]
+    assert recipient_answers.answered_unknown(whole) is not None
+
+
+def test_a_receipt_for_the_whole_chunk_is_complete_as_it_is() -> None:
+    receipt = Receipt("sg", 202, "m-1")
+
+    assert recipient_answers.complete(receipt, ["a@example.org"]) is receipt
 
 
 def test_the_same_answers_make_the_same_event_ids() -> None:

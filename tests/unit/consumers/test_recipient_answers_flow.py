@@ -6,6 +6,7 @@ recording the answers and applying them applies them once."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -14,17 +15,15 @@ import pytest
 from services.consumers import protocol
 from shared.core.webhook_events import ProviderEvent
 from shared.delivery.attempts import chunk_line
+from shared.delivery.domain_capacity import CapacityGate, CapacityRules
 from shared.delivery.precedence import visible
 from shared.delivery.recipients import log_id_for
 from shared.providers.base import Outcome, Receipt, RecipientAnswer
 from tests.fakes.broker import FakeMessage
-from tests.fakes.world import World
+from tests.fakes.delivery import FakeDomainVolumes
+from tests.fakes.world import Died, World, new_batch
 
 A, B, C = "a@example.org", "b@example.org", "c@example.org"
-
-
-class Died(BaseException):
-    """The process died here."""
 
 
 def _receipt(*answers: tuple[str, Outcome], final: bool = False, suppress: bool = False) -> Receipt:
@@ -160,7 +159,7 @@ async def test_dying_between_recording_the_answers_and_their_effects_applies_the
             suppress=True,
         )
     )
-    await _crash_once(w, point)
+    await w.crash_once(point)
     assert w.providers["sg"].emails() == [A, B, C]
     assert w.providers["mg"].emails() == [B]
     counts = await w.counts(batch)
@@ -174,51 +173,51 @@ async def test_dying_between_recording_the_answers_and_their_effects_applies_the
 
 
 async def test_dying_before_the_answers_of_an_ambiguous_call_are_applied_loses_none() -> None:
+    """Redelivered, the message finds the call ambiguous and applies them (and they count
+    once: the resolution applies only what is still missing)."""
     w = World()
     batch = await w.accept(A, B)
     w.providers["sg"].answers.append(_receipt((A, "accepted"), (B, "unknown"), final=True))
-    await _crash_once(w, "recorded")
+    await w.crash_once("recorded")
     assert w.providers["sg"].emails() == [A, B]
     assert w.providers["mg"].emails() == [B]
     assert (await _states(w, batch.batch_id))[A] == ("success", None)
     assert (await w.counts(batch))["success"] == 1
+    assert _reported(w, "sg") == 1
 
 
-async def _crash_once(w: World, point: str) -> None:
-    """Run the world until a process dies at ``point`` (its message redelivered), then on."""
-    died: list[str] = []
+def _reported(w: World, provider: str) -> int:
+    """How many fates of ``provider``'s recipients its health was told of."""
+    return sum(n for (code, _), (n, _, _) in w.ingest.reports.counts.items() if code == provider)
 
-    async def die(at: str, job: protocol.Job) -> None:
-        del w.fault_points[point]
-        died.append(at)
-        raise Died(at)
 
-    w.fault_points[point] = die
-    t = w.broker.topology
-    queues = [t.batches_queue]
-    for code in w.settings.chain_codes:
-        queues += [t.provider_queue(code), t.log_queue(code)]
-    for _ in range(1000):
-        if died:
-            break
-        for name in queues:
-            message = await w.broker.get(name)
-            if message is None:
-                continue
-            try:
-                await w.deliver(message)
-            except Died:
-                again = FakeMessage(message.routing_key, message.body)
-                again.deliveries = message.deliveries + 1
-                w.broker.queues[name].append(again)
-            break
-        else:
-            due = w.broker.next_due()
-            assert due is not None, f"the send path never reached {point!r}"
-            w.clock.now = max(w.clock.now, due)
-            w.broker.expire(until=w.clock.now)
+async def test_the_answers_of_an_ambiguous_call_count_once_when_it_is_resolved() -> None:
+    """Applied when the call is recorded ambiguous; its resolution does not apply them again
+    (the providers' health and domains' capacity would count them twice)."""
+    w = World()
+    batch = await w.accept(A, B, C)
+    w.providers["sg"].answers.append(
+        _receipt((A, "accepted"), (B, "refused_permanent"), (C, "unknown"), final=True)
+    )
     await w.settle()
-    assert died == [point]
+    assert w.providers["mg"].emails() == [C]
+    (attempt, _) = await w.attempts.line(batch.batch_id, chunk_line(0))
+    assert (attempt.state, attempt.resolution) == ("resolved", "not_accepted")
+    assert _reported(w, "sg") == 2
+    assert w.ingest.metrics.events.labels("sg", "delivered")._value.get() == 1
+
+
+async def test_a_recipient_the_receipt_leaves_out_is_resolved_not_taken_as_sent() -> None:
+    """An adapter's receipt names A and B only: C's fate is unknown, so the call is ambiguous
+    for C, whom the query API does not find and the next provider gets."""
+    w = World()
+    batch = await w.accept(A, B, C)
+    w.providers["sg"].answers.append(_receipt((A, "accepted"), (B, "accepted"), final=True))
+    await w.settle()
+    assert [q.emails for q in w.providers["sg"].lookups] == [frozenset({C})]
+    assert w.providers["mg"].emails() == [C]
+    states = await _states(w, batch.batch_id)
+    assert (states[A][0], states[B][0]) == ("success", "success")
 
 
 async def _presumed_dead(w: World, receipt: Receipt) -> uuid.UUID:
@@ -334,3 +333,83 @@ async def test_an_answer_applied_again_by_a_resolution_does_not_outrank_a_later_
     assert (await _states(w, batch.batch_id))[A] == ("failed", "550 no such user")
     rows = {r["email"]: r for r in await w.recipients.batch_rows(batch.batch_id)}
     assert rows[A]["event"] == "bounced"
+
+
+async def test_answers_that_cannot_be_read_dead_letter_the_job_instead_of_guessing() -> None:
+    """Read as "no answers", every recipient would count accepted: the job goes to the
+    operators' dead letters, and its recipients stay queued, visibly."""
+    w = World()
+    batch = await w.accept(A, B)
+    w.providers["sg"].answers.append(_receipt((A, "accepted"), (B, "refused_permanent")))
+
+    async def corrupt(point: str, job: protocol.Job) -> None:
+        del w.fault_points[point]
+        assert await w.attempts.transition(
+            job.batch_id, job.line, job.attempt, expect={"state": "accepted"},
+            values={"answers": '{"recipients": [{"email": 1}]}'},
+        )  # fmt: skip
+        raise Died(point)
+
+    w.fault_points["recorded"] = corrupt
+    await w.step()
+    message = await w.broker.get(w.broker.topology.provider_queue("sg"))
+    assert message is not None
+    with pytest.raises(Died):
+        await w.deliver(message)
+    again = FakeMessage(message.routing_key, message.body, message_id=message.message_id)
+    assert await w.deliver(again) == "reject"
+    assert [m.routing_key for m in w.dead] == [message.routing_key]
+    assert set((await w.states(batch)).values()) == {"queued"}
+
+
+async def test_a_pinned_batch_asks_its_provider_again_later_for_a_recipient_refused_for_now() -> (
+    None
+):
+    """A pinned batch has no other provider: a recipient refused for now (a greylisting
+    relay's 451, a throttled call) waits a backoff and goes to the same provider again,
+    as a whole call's transient error would, instead of failing."""
+    w = World()
+    plain = new_batch(A, B)
+    pinned = replace(plain, message=plain.message.model_copy(update={"provider": "sg"}))
+    batch = await w.accept_batch(pinned)
+    w.providers["sg"].answers.append(
+        _receipt((A, "accepted"), (B, "refused_transient"), final=True)
+    )
+    w.providers["sg"].answers.append(_receipt((B, "accepted"), final=True))
+    started = w.clock.now
+    await w.settle()
+    assert w.providers["sg"].emails() == [A, B, B]
+    assert w.providers["mg"].sent == []
+    assert await _states(w, batch.batch_id) == {A: ("success", None), B: ("success", None)}
+    assert w.clock.now - started >= timedelta(seconds=w.settings.backoff_tiers[0])
+
+
+async def test_a_recipient_refused_for_now_goes_to_the_next_provider_at_once_when_not_pinned() -> (
+    None
+):
+    w = World()
+    batch = await w.accept(A, B)
+    w.providers["sg"].answers.append(
+        _receipt((A, "accepted"), (B, "refused_transient"), final=True)
+    )
+    started = w.clock.now
+    await w.settle()
+    assert w.providers["mg"].emails() == [B]
+    assert w.clock.now - started < timedelta(seconds=w.settings.backoff_tiers[0])
+    rows = await w.rows(batch)
+    assert str(dict(rows[B]["providers"])["sg"]).startswith("refused for now")  # type: ignore[call-overload]
+
+
+async def test_a_domains_capacity_counts_a_refused_recipient_once_with_its_resend() -> None:
+    """B refused for now by SendGrid is given back, then counted by Mailgun's call."""
+    volumes = FakeDomainVolumes()
+    w = World(
+        capacity=CapacityGate(volumes), capacity_rules=CapacityRules(enabled=True, initial=1000)
+    )
+    await w.accept(A, B)
+    w.providers["sg"].answers.append(
+        _receipt((A, "accepted"), (B, "refused_transient"), final=True)
+    )
+    await w.settle()
+    assert w.providers["mg"].emails() == [B]
+    assert [day["sent"] for day in volumes.days.values()] == [2]

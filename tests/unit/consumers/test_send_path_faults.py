@@ -70,10 +70,6 @@ FAULTS: dict[str, tuple[Fault, str]] = {
 }
 
 
-class Died(BaseException):
-    """The process died here (not an Exception: nothing in the process may handle it)."""
-
-
 def _script(w: World, *faults: Fault) -> None:
     """Attempt ``n`` (sent through ``CHAIN[n % 2]``) fails with ``faults[n]``; later ones pass."""
     for n, fault in enumerate(faults):
@@ -100,49 +96,6 @@ async def _evidence(w: World, batch_id: uuid.UUID) -> dict[str, set[str]]:
 async def _reasons(w: World, batch_id: uuid.UUID) -> dict[str, str | None]:
     """Each recipient's visible reason (what the logs API shows)."""
     return {r["email"]: visible(r).reason for r in await w.recipients.batch_rows(batch_id)}
-
-
-def _queues(w: World) -> list[str]:
-    t = w.broker.topology
-    names = [t.batches_queue]
-    for code in w.settings.chain_codes:
-        names += [t.provider_queue(code), t.log_queue(code)]
-    return names
-
-
-async def _crash_once(w: World, point: str, *, attempt: int | None = None) -> protocol.Job:
-    """Run the world until the process dies at ``point`` (for ``attempt``, if given); the
-    broker then redelivers the unacked message, and the world runs to the end."""
-    died: list[protocol.Job] = []
-
-    async def die(at: str, job: protocol.Job) -> None:
-        if attempt is None or job.attempt == attempt:
-            del w.fault_points[point]
-            died.append(job)
-            raise Died(at)
-
-    w.fault_points[point] = die
-    for _ in range(1000):
-        if died:
-            break
-        for name in _queues(w):
-            message = await w.broker.get(name)
-            if message is None:
-                continue
-            try:
-                await w.deliver(message)
-            except Died:
-                again = FakeMessage(message.routing_key, message.body)
-                again.deliveries = message.deliveries + 1
-                w.broker.queues[name].append(again)
-            break
-        else:
-            due = w.broker.next_due()
-            assert due is not None, f"the send path never reached {point!r}"
-            w.clock.now = max(w.clock.now, due)
-            w.broker.expire(until=w.clock.now)
-    await w.settle()
-    return died[0]
 
 
 # -- one fault on one attempt ---------------------------------------------------------------
@@ -475,7 +428,7 @@ async def test_a_crash_anywhere_on_a_refused_attempt_still_fails_over_exactly_on
     w = World()
     batch = await w.accept(A, B)
     _script(w, _refused)
-    job = await _crash_once(w, point, attempt=0)
+    job = await w.crash_once(point, attempt=0)
 
     assert (job.provider, job.attempt) == ("sg", 0)
     assert len(w.providers["sg"].sent) == sg_calls
@@ -490,7 +443,7 @@ async def test_a_crash_while_giving_up_fails_each_recipient_once(point: str) -> 
     w = World(max_attempts=2)
     batch = await w.accept(A, B)
     _script(w, _refused, _refused)
-    await _crash_once(w, point, attempt=1)
+    await w.crash_once(point, attempt=1)
 
     assert len(_calls(w)) == 2
     assert await w.states(batch) == {A: "failed", B: "failed"}
@@ -509,7 +462,7 @@ async def test_a_crash_while_resolving_a_timeout_resends_only_the_unaccepted(poi
     batch = await w.accept(A, B)
     _script(w, _timeout)
     w.providers["sg"].found = frozenset({A})
-    await _crash_once(w, point, attempt=0)
+    await w.crash_once(point, attempt=0)
 
     assert _calls(w) == [("c.0", "sg", [A, B]), ("c.1", "mg", [B])]
     assert await _evidence(w, batch.batch_id) == {A: {"c.0"}, B: {"c.1"}}
@@ -537,7 +490,7 @@ async def test_a_crash_anywhere_on_a_5xx_call_sends_each_recipient_once(
     batch = await w.accept(A, B)
     _script(w, _gateway_timeout)
     w.providers["sg"].found = took
-    await _crash_once(w, point, attempt=0)
+    await w.crash_once(point, attempt=0)
 
     rest = sorted({A, B} - took)
     assert _calls(w) == [("c.0", "sg", [A, B])] + ([("c.1", "mg", rest)] if rest else [])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.events import Outcome, mailgun_events, outcome_for, sendgrid_events
+from sandbox.events import Outcome, mailgun_events, outcome_at, outcome_for, sendgrid_events
 from sandbox.mailgun import expand, parse_message
 
 
@@ -20,6 +20,7 @@ from sandbox.mailgun import expand, parse_message
         ("open7@x.com", Outcome.OPEN),
         ("sgdrop-3@x.com", Outcome.SENDGRID_DROP),
         ("SgDrop@x.com", Outcome.SENDGRID_DROP),
+        ("sgmgdrop.9@x.com", Outcome.EARLY_DROP),
         ("alice@bounce.com", Outcome.DELIVERED),
         ("alice@x.com", Outcome.DELIVERED),
     ],
@@ -65,6 +66,35 @@ def test_mailgun_delivers_sgdrop_normally() -> None:
     events = mailgun_events(message, "<id@mg.x.com>", "sgdrop@x.com", 1.0)
 
     assert [e["event"] for e in events] == ["accepted", "delivered"]
+
+
+def test_sgmgdrop_is_dropped_by_sendgrid_and_mailgun_on_their_side() -> None:
+    """``sgmgdrop@``: SendGrid's spam checker and Mailgun's given-up retries (both a drop
+    another provider may get past)."""
+    payload = {"personalizations": [{"to": [{"email": "sgmgdrop@x.com"}]}]}
+    message = parse_message([("from", "s@x.com"), ("to", "sgmgdrop@x.com"), ("text", "x")])
+    assert not isinstance(message, str)
+
+    sendgrid = sendgrid_events(payload, "MSGID", 1, 2)
+    mailgun = mailgun_events(message, "<id@mg.x.com>", "sgmgdrop@x.com", 1.0)
+
+    assert [e["event"] for e in sendgrid] == ["processed", "dropped"]
+    assert [(e["event"], e.get("reason")) for e in mailgun] == [
+        ("accepted", None),
+        ("failed", "old"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("provider", "outcome"),
+    [("sg", Outcome.EARLY_DROP), ("mg", Outcome.EARLY_DROP), ("ses", Outcome.DELIVERED)],
+)
+def test_an_outcome_only_some_providers_play_is_a_delivery_elsewhere(
+    provider: str, outcome: Outcome
+) -> None:
+    assert outcome_at(provider, "sgmgdrop@x.com") == outcome
+    assert outcome_at("smtp", "sgdrop@x.com") == Outcome.DELIVERED
+    assert outcome_at(provider, "bounce@x.com") == Outcome.BOUNCE
 
 
 def test_sendgrid_message_ids_differ_per_personalization() -> None:
