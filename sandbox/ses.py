@@ -12,7 +12,7 @@
   SES would refuse, ``NotFoundException`` 404 for a configuration set named ``unknown…``).
 * Events (:func:`event_records`): one ``Send`` record per message (``mail.destination`` is
   every recipient), then each recipient's records by its sandbox fate
-  (``sandbox.events.outcome_for``), ``mail.tags`` built from the request's ``EmailTags`` as
+  (``sandbox.events.outcome_at``), ``mail.tags`` built from the request's ``EmailTags`` as
   SES does. The dispatcher wraps each in a signed SNS ``Notification``
   (``sandbox.webhooks``).
 * ``GET /?Action=ConfirmSubscription&TopicArn=…&Token=…`` (at the sandbox's root, as at SNS's

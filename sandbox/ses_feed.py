@@ -7,7 +7,7 @@
 Shapes: https://docs.aws.amazon.com/ses/latest/dg/event-publishing-retrieving-sns-contents.html
 (event records) and https://docs.aws.amazon.com/sns/latest/dg/http-notification-json.html (SNS).
 One ``Send`` record per message (``mail.destination`` is every recipient), then each
-recipient's records by its sandbox fate (``sandbox.events.outcome_for``); ``mail.tags`` holds
+recipient's records by its sandbox fate at SES (``sandbox.events.outcome_at``); ``mail.tags`` holds
 the request's ``EmailTags`` (each a list of values) and SES's own ``ses:*`` tags.
 """
 
@@ -24,8 +24,10 @@ from urllib.parse import quote
 
 import orjson
 
-from sandbox.events import Outcome, outcome_for
+from sandbox.events import Outcome, outcome_at
 
+#: SES's catalog code (the fates other providers play are deliveries here).
+CODE: Final = "ses"
 #: The account the sandbox's events name.
 ACCOUNT_ID: Final = "000000000000"
 
@@ -38,8 +40,6 @@ STEPS: Final[dict[Outcome, tuple[str, ...]]] = {
     Outcome.DROP: ("Suppressed",),
     Outcome.UNSUBSCRIBE: ("Delivery", "Subscription"),
     Outcome.OPEN: ("Delivery", "Open"),
-    Outcome.SENDGRID_DROP: ("Delivery",),
-    Outcome.SENDGRID_DEFER: ("Delivery",),
 }
 
 
@@ -97,7 +97,7 @@ def event_records(message: SesMessage, now: float) -> list[dict[str, Any]]:
     }
     records: list[dict[str, Any]] = [{"eventType": "Send", "mail": mail, "send": {}}]
     for recipient in message.recipients:
-        for step in STEPS[outcome_for(recipient)]:
+        for step in STEPS[outcome_at(CODE, recipient)]:
             records.append(_record(step, recipient, mail, stamp))
     return records
 
