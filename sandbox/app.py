@@ -1,10 +1,11 @@
 """The sandbox application: ``create_app`` wires state, routes and the lifespan.
 
-One Starlette app serves the SendGrid (``/sendgrid``), Mailgun (``/mailgun``) and GitHub
-(``/github``) stand-ins, the control API (``/_control``) and ``/healthz``. The lifespan opens
-the HTTP client that posts webhooks (unless one is injected), runs the webhook tasks and
-listens as the SMTP relay stand-in (``sandbox.relay``, on its own port);
-tests that use ``httpx.ASGITransport`` enter it with ``app.router.lifespan_context(app)``.
+One Starlette app serves the SendGrid (``/sendgrid``), Mailgun (``/mailgun``), Amazon SES
+(``/ses``) and GitHub (``/github``) stand-ins, the control API (``/_control``) and
+``/healthz``. The lifespan opens the HTTP client that posts webhooks (unless one is
+injected), runs the webhook tasks and listens as the SMTP relay stand-in (``sandbox.relay``,
+on its own port); tests that use ``httpx.ASGITransport`` enter it with
+``app.router.lifespan_context(app)``.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
-from sandbox import control, dns, endpoints, github, receiver, relay, signing
+from sandbox import control, dns, endpoints, github, receiver, relay, ses, signing
 from sandbox.state import SandboxState
 from sandbox.tuning import Tuning
 from sandbox.webhooks import WebhookDispatcher
@@ -54,16 +55,16 @@ def create_app(
             mailgun_signing_key=settings.mailgun_signing_key.get_secret_value(),
             delay=settings.webhook_delay,
             tuning=tuning,
+            ses_key=_ses_key(settings),
+            ses_topic_arn=settings.ses_topic_arn,
         ),
     )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        posters = tuning.sendgrid_workers + tuning.mailgun_workers + tuning.ses_workers
         client = http or httpx.AsyncClient(
-            limits=httpx.Limits(
-                max_connections=tuning.sendgrid_workers + tuning.mailgun_workers,
-                max_keepalive_connections=tuning.sendgrid_workers + tuning.mailgun_workers,
-            )
+            limits=httpx.Limits(max_connections=posters, max_keepalive_connections=posters)
         )
         state.dispatcher.start(client)
         app.state.relay = await relay.start(state, settings.host, settings.smtp_port)
@@ -85,6 +86,8 @@ def create_app(
             Route("/healthz", control.healthz, methods=["GET"]),
             Mount("/sendgrid", routes=endpoints.sendgrid_routes()),
             Mount("/mailgun", routes=endpoints.mailgun_routes()),
+            Mount("/ses", routes=ses.routes()),
+            *ses.sns_routes(),
             Mount("/github", routes=github.routes()),
             *dns.routes(),
             Mount("/_receiver", routes=receiver.routes()),
@@ -95,6 +98,7 @@ def create_app(
                     *dns.control_routes(),
                     *receiver.control_routes(),
                     *relay.control_routes(),
+                    *ses.control_routes(),
                 ],
             ),
         ],
@@ -113,4 +117,15 @@ def _sendgrid_key(settings: SandboxSettings) -> ec.EllipticCurvePrivateKey:
     except ValueError as exc:
         raise ConfigError(
             f"SAFEDELIVR_SANDBOX_SENDGRID_PRIVATE_KEY: not a PEM ECDSA P-256 private key ({exc})"
+        ) from exc
+
+
+def _ses_key(settings: SandboxSettings) -> rsa.RSAPrivateKey | None:
+    if settings.ses_signing_key is None:
+        return None
+    try:
+        return signing.load_sns_key(settings.ses_signing_key.get_secret_value())
+    except ValueError as exc:
+        raise ConfigError(
+            f"SAFEDELIVR_SANDBOX_SES_SIGNING_KEY: not a PEM RSA private key ({exc})"
         ) from exc

@@ -46,7 +46,7 @@ async def mail_send(request: Request) -> Response:
     """``POST /v3/mail/send``: 202 with ``X-Message-Id``, or SendGrid's error answer."""
     state = state_of(request)
     fault = state.faults.take("sendgrid")
-    faulted = await _before(fault)
+    faulted = await fault_before(fault)
     if faulted is not None:
         return faulted
     problem = sendgrid.auth_problem(request.headers.get("authorization"))
@@ -79,7 +79,7 @@ async def mail_send(request: Request) -> Response:
     if fault is None or fault.webhooks:
         state.dispatcher.submit(SendGridJob(message_id, payload, int(now), len(addresses)))
     answer = Response(status_code=202, headers={"X-Message-Id": message_id})
-    return await _after(fault, answer)
+    return await fault_after(fault, answer)
 
 
 async def signed_webhook_settings(request: Request) -> Response:
@@ -95,7 +95,7 @@ async def messages(request: Request) -> Response:
     """``POST /v3/{domain}/messages``: 200 with the queued id, or Mailgun's error answer."""
     state = state_of(request)
     fault = state.faults.take("mailgun")
-    faulted = await _before(fault)
+    faulted = await fault_before(fault)
     if faulted is not None:
         return faulted
     if not mailgun.is_authorized(request.headers.get("authorization")):
@@ -131,10 +131,10 @@ async def messages(request: Request) -> Response:
     if fault is None or fault.webhooks:
         state.dispatcher.submit(MailgunJob(message_id, message))
     answer = json_response({"id": message_id, "message": "Queued. Thank you."})
-    return await _after(fault, answer)
+    return await fault_after(fault, answer)
 
 
-async def _before(fault: Fault | None) -> Response | None:
+async def fault_before(fault: Fault | None) -> Response | None:
     """What a fault answers instead of handling the call; None to handle it."""
     if fault is None or fault.accept:
         return None
@@ -147,7 +147,7 @@ async def _before(fault: Fault | None) -> Response | None:
     return _fault_response(fault)
 
 
-async def _after(fault: Fault | None, answer: Response) -> Response:
+async def fault_after(fault: Fault | None, answer: Response) -> Response:
     """The answer to a call the provider accepted, as a fault with ``accept`` bends it."""
     if fault is None or not fault.accept:
         return answer

@@ -21,7 +21,7 @@ from typing import Any, TypeGuard
 import orjson
 
 #: Providers whose send endpoints take faults.
-PROVIDERS = ("sendgrid", "mailgun", "smtp")
+PROVIDERS = ("sendgrid", "mailgun", "ses", "smtp")
 #: Longest latency a fault may add (ms), so a typo cannot hang a test for hours.
 MAX_LATENCY_MS = 600_000
 
@@ -47,6 +47,15 @@ _MAILGUN_MESSAGES = {
     502: "Bad gateway",
     503: "Service unavailable",
     504: "Gateway timeout",
+}
+#: SES v2's error names (``x-amzn-ErrorType``) and messages by status.
+_SES_ERRORS = {
+    400: ("BadRequestException", "Bad request"),
+    403: ("AccessDeniedException", "User is not authorized to perform: ses:SendEmail"),
+    404: ("NotFoundException", "Configuration set does not exist"),
+    429: ("TooManyRequestsException", "Maximum sending rate exceeded."),
+    500: ("InternalFailure", "The request processing has failed because of an unknown error"),
+    503: ("ServiceUnavailable", "Service is unavailable"),
 }
 
 
@@ -139,6 +148,10 @@ def fault_answer(fault: Fault, *, now: float) -> FaultAnswer:
         return FaultAnswer(status, fault.body.encode(), "text/plain", headers)
     if fault.body is not None:
         return FaultAnswer(status, orjson.dumps(fault.body), "application/json", headers)
+    if fault.provider == "ses":
+        kind, message = _SES_ERRORS.get(status, ("InternalFailure", "Error"))
+        body = orjson.dumps({"message": message})
+        return FaultAnswer(status, body, "application/json", {**headers, "x-amzn-ErrorType": kind})
     if fault.provider == "sendgrid":
         message = _SENDGRID_MESSAGES.get(status, "error")
         body = orjson.dumps({"errors": [{"field": None, "message": message, "help": None}]})
@@ -185,6 +198,8 @@ class FaultBook:
 def _rate_limit_headers(fault: Fault, status: int, now: float) -> dict[str, str]:
     if status != 429:
         return {}
+    if fault.provider == "ses":
+        return {}  # SES's 429 says nothing of when to try again
     if fault.provider == "sendgrid":
         return {
             "X-RateLimit-Limit": "600",

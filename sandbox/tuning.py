@@ -22,6 +22,8 @@ class Tuning:
     mailgun_workers: int = 8
     """Concurrent Mailgun webhook POSTs (Mailgun posts one event per request). More is slower:
     httpx's pool costs grow with its connections (measured: 8 → 1,600 events/s, 32 → 400)."""
+    ses_workers: int = 4
+    """Concurrent SNS notification POSTs (SES events, one per POST)."""
     retry_delays: tuple[float, ...] = (0.5, 1, 2, 5, 10, 20, 30, 60, 60, 60, 120, 300, 600)
     """Waits before each retry of a failed webhook POST; its length is the number of retries.
     The real providers retry for hours (SendGrid 24 h, Mailgun 8 h); this keeps trying for

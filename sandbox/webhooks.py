@@ -3,7 +3,8 @@
 Accepting mail only appends a small job to a queue; a scheduler task releases each job once
 its delay has passed and only then builds its events. SendGrid events are collected into
 batches (``Tuning.sendgrid_batch_size`` events or ``Tuning.sendgrid_batch_wait`` seconds);
-Mailgun events are posted one per request, each recipient's events in order. A failed POST
+Mailgun events are posted one per request, each recipient's events in order; SES events
+likewise, each a signed SNS notification (each message's in order). A failed POST
 (connection error, timeout, 408, 429, 5xx) is retried after ``Tuning.retry_delays`` and then
 dropped; any other 4xx is final (Mailgun's 406 means exactly that). Everything is counted.
 """
@@ -21,11 +22,12 @@ from typing import Any
 
 import httpx
 import orjson
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from sandbox import signing
 from sandbox.events import mailgun_events, sendgrid_events
 from sandbox.mailgun import MailgunMessage
+from sandbox.ses_feed import SesMessage, event_records, notification, subscription_confirmation
 from sandbox.tuning import Tuning
 
 _log = logging.getLogger(__name__)
@@ -51,6 +53,20 @@ class MailgunJob:
     @property
     def recipients(self) -> int:
         return len(self.message.recipients)
+
+
+@dataclass(frozen=True, slots=True)
+class SesJob:
+    """An accepted SES message awaiting its events (each a signed SNS notification)."""
+
+    message: SesMessage
+
+    @property
+    def recipients(self) -> int:
+        return len(self.message.recipients)
+
+
+Job = SendGridJob | MailgunJob | SesJob
 
 
 @dataclass(slots=True)
@@ -107,29 +123,41 @@ class WebhookDispatcher:
         mailgun_signing_key: str,
         delay: float,
         tuning: Tuning,
+        ses_key: rsa.RSAPrivateKey | None = None,
+        ses_topic_arn: str = "arn:aws:sns:us-east-1:000000000000:safedelivr-ses-events",
     ) -> None:
         base = base_url.rstrip("/")
         self._sendgrid_url = f"{base}/webhooks/sendgrid"
         self._mailgun_url = f"{base}/webhooks/mailgun"
+        self._ses_url = f"{base}/webhooks/ses"
+        self.ses_key = ses_key or signing.generate_sns_key()
+        self.ses_topic_arn = ses_topic_arn
+        self.ses_confirmations = 0
+        """Subscriptions confirmed at the sandbox's SubscribeURL (its root)."""
         self._sendgrid_key = sendgrid_key
         self._mailgun_key = mailgun_signing_key
         self._delay = delay
         self._tuning = tuning
-        self._jobs: deque[tuple[float, SendGridJob | MailgunJob]] = deque()
+        self._jobs: deque[tuple[float, Job]] = deque()
         self._wake = asyncio.Event()
         self._buffer: list[dict[str, Any]] = []
         self._flush_handle: asyncio.TimerHandle | None = None
         self._batches: asyncio.Queue[_Batch] = asyncio.Queue()
         self._sequences: asyncio.Queue[_Sequence] = asyncio.Queue()
+        self._notifications: asyncio.Queue[_Sequence] = asyncio.Queue()
         self._scheduled_recipients = 0
         # POSTs (SendGrid batches, Mailgun sequences) queued, in flight or awaiting a retry,
         # and the events they carry.
-        self._pending = {"sendgrid": 0, "mailgun": 0}
-        self._pending_events = {"sendgrid": 0, "mailgun": 0}
+        self._pending = {"sendgrid": 0, "mailgun": 0, "ses": 0}
+        self._pending_events = {"sendgrid": 0, "mailgun": 0, "ses": 0}
         self._timers: set[asyncio.TimerHandle] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._http: httpx.AsyncClient | None = None
-        self.counters = {"sendgrid": DeliveryCounters(), "mailgun": DeliveryCounters()}
+        self.counters = {
+            "sendgrid": DeliveryCounters(),
+            "mailgun": DeliveryCounters(),
+            "ses": DeliveryCounters(),
+        }
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -140,6 +168,7 @@ class WebhookDispatcher:
             self._release_loop(),
             *(self._sendgrid_worker() for _ in range(self._tuning.sendgrid_workers)),
             *(self._mailgun_worker() for _ in range(self._tuning.mailgun_workers)),
+            *(self._ses_worker() for _ in range(self._tuning.ses_workers)),
         ]
         for coroutine in coroutines:
             task = asyncio.create_task(coroutine)
@@ -161,7 +190,7 @@ class WebhookDispatcher:
 
     # -- intake -------------------------------------------------------------------------------
 
-    def submit(self, job: SendGridJob | MailgunJob) -> None:
+    def submit(self, job: Job) -> None:
         """Schedule ``job``'s events for after the webhook delay; never blocks."""
         scheduled = self._scheduled_recipients + job.recipients
         if self._jobs and scheduled > self._tuning.max_scheduled_recipients:
@@ -220,7 +249,13 @@ class WebhookDispatcher:
             self._release(job)
             await asyncio.sleep(0)
 
-    def _release(self, job: SendGridJob | MailgunJob) -> None:
+    def _release(self, job: Job) -> None:
+        if isinstance(job, SesJob):
+            now_ses = time.time()
+            topic = self.ses_topic_arn
+            sns = [notification(r, topic, now_ses) for r in event_records(job.message, now_ses)]
+            self._enqueue("ses", self._notifications, _Sequence(sns), len(sns))
+            return
         if isinstance(job, SendGridJob):
             now = int(time.time())
             self._collect(sendgrid_events(job.payload, job.message_id, job.accepted_at, now))
@@ -298,6 +333,37 @@ class WebhookDispatcher:
             if sequence.index >= len(sequence.events):
                 self._done("mailgun", len(sequence.events))
 
+    async def _ses_worker(self) -> None:
+        while True:
+            sequence = await self._notifications.get()
+            while sequence.index < len(sequence.events):
+                verdict, error = await self._post_sns(sequence.events[sequence.index])
+                if not self._settle("ses", self._notifications, sequence, verdict, error, 1):
+                    break  # a retry is scheduled; the sequence continues from there
+                sequence.index += 1
+                sequence.attempt = 0
+            if sequence.index >= len(sequence.events):
+                self._done("ses", len(sequence.events))
+
+    async def _post_sns(self, message: dict[str, Any]) -> tuple[_Verdict, str | None]:
+        """Sign and post one SNS message, as SNS's HTTPS subscription does."""
+        signed = {**message, "Signature": signing.sign_sns(self.ses_key, message)}
+        headers = {
+            "Content-Type": "text/plain; charset=UTF-8",
+            "User-Agent": "Amazon Simple Notification Service Agent",
+            "x-amz-sns-message-type": message["Type"],
+            "x-amz-sns-message-id": message["MessageId"],
+            "x-amz-sns-topic-arn": message["TopicArn"],
+        }
+        return await self._post(self._ses_url, orjson.dumps(signed), headers)
+
+    async def confirm_subscription(self, subscribe_base: str) -> tuple[bool, str | None]:
+        """Post a ``SubscriptionConfirmation`` whose ``SubscribeURL`` is ``subscribe_base``
+        (the sandbox's root); whether it was answered 2xx, and the error if not."""
+        message = subscription_confirmation(self.ses_topic_arn, subscribe_base, time.time())
+        verdict, error = await self._post_sns(message)
+        return verdict is _Verdict.OK, error
+
     async def _post(
         self, url: str, body: bytes, headers: dict[str, str]
     ) -> tuple[_Verdict, str | None]:
@@ -351,7 +417,9 @@ class WebhookDispatcher:
         self._timers.add(handle)
 
 
-def _provider(job: SendGridJob | MailgunJob) -> str:
+def _provider(job: Job) -> str:
+    if isinstance(job, SesJob):
+        return "ses"
     return "sendgrid" if isinstance(job, SendGridJob) else "mailgun"
 
 

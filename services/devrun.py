@@ -4,7 +4,8 @@ Runs each service as its own ``safedelivr <service>`` process (as in production)
 each health endpoint, creates a demo user and key, prints the dashboard URL and a curl that
 sends a batch, then waits. Ctrl-C (or SIGTERM, or SIGHUP) stops the processes in reverse
 order, letting each drain. The sandbox signs SendGrid-style events with a key pair made for
-this run, and the webhook service is given its public half.
+this run, and the webhook service is given its public half; likewise the SNS notifications of
+its SES events, whose certificate the webhook service pins (with the sandbox's topic allowed).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from sandbox import signing
 from shared.accounts.accounts import create_key, upsert_github_user
 from shared.accounts.domains import DomainStore
 from shared.infra.config import Settings
@@ -77,6 +79,17 @@ def _relay_env(settings: Settings) -> dict[str, str]:
         "SAFEDELIVR_PROVIDERS_SMTP_TLS": "none",
         "SAFEDELIVR_PROVIDERS_SMTP_USERNAME": sandbox.smtp_user,
         "SAFEDELIVR_PROVIDERS_SMTP_PASSWORD": sandbox.smtp_password.get_secret_value(),
+    }
+
+
+def _ses_env(settings: Settings) -> dict[str, str]:
+    """The sandbox's SNS signing key for this run, its certificate pinned by the webhook
+    service, and the sandbox's topic allowed there."""
+    private, certificate = signing.generate_sns_pair()
+    return {
+        "SAFEDELIVR_SANDBOX_SES_SIGNING_KEY": private,
+        "SAFEDELIVR_WEBHOOKS_SES_CERT_PEM": certificate,
+        "SAFEDELIVR_WEBHOOKS_SES_TOPIC_ARNS": settings.sandbox.ses_topic_arn,
     }
 
 
@@ -139,6 +152,7 @@ def run(settings: Settings) -> int:
         **_relay_env(settings),
         **os.environ,
         **_signing_env(),
+        **_ses_env(settings),
         "SAFEDELIVR_WEBHOOKS_MAILGUN_SIGNING_KEY": (
             settings.sandbox.mailgun_signing_key.get_secret_value()
         ),
@@ -225,16 +239,16 @@ def _banner(settings: Settings, key: str) -> None:
     print(f"""
 Safedelivr is running.
   API + dashboard  {api}
-  webhooks         http://127.0.0.1:{settings.webhooks.port}/webhooks/{{sendgrid,mailgun}}
+  webhooks         http://127.0.0.1:{settings.webhooks.port}/webhooks/{{sendgrid,mailgun,ses}}
   tracking         {settings.tracking.public_url}/{{o,c,u}}/<token>  (opens, clicks, unsubscribe)
   consumers        http://127.0.0.1:{settings.consumers.port}/readyz
   hooks            http://127.0.0.1:{settings.hooks.port}/readyz  (users' webhooks; the sandbox
                    receiver http://127.0.0.1:{settings.sandbox.port}/_receiver/<any> takes them)
   SMTP submission  smtp://127.0.0.1:{settings.submission.smtp_port}  (AUTH PLAIN or LOGIN,
                    the password an API key; no STARTTLS in development)
-  sandbox          http://127.0.0.1:{settings.sandbox.port}  (SendGrid, Mailgun, GitHub)
   SMTP relay       smtp://127.0.0.1:{_relay_port(settings)}  (the sandbox's: provider smtp, once
-                   in SAFEDELIVR_PROVIDERS_CHAIN, e.g. sg,mg,smtp; a batch may then pin it)
+                   in SAFEDELIVR_PROVIDERS_CHAIN, e.g. sg,mg,ses,smtp; a batch may then pin it)
+  sandbox          http://127.0.0.1:{settings.sandbox.port}  (SendGrid, Mailgun, Amazon SES, GitHub)
   RabbitMQ UI      http://127.0.0.1:15672  (guest/guest)
 
 Demo API key (shown once): {key}

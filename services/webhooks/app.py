@@ -13,6 +13,7 @@ from starlette.routing import Route
 
 from services.webhooks import inbound, receivers
 from services.webhooks.intake import Intake, IntakeMetrics
+from services.webhooks.sns import SnsCertificates
 from services.webhooks.webhook_tokens import WebhookTokens
 from shared.core.errors import ConfigError
 from shared.core.keyring import ring_from
@@ -91,10 +92,12 @@ def create_app(settings: Settings) -> Starlette:
                 reporting.cancel()
                 await res.broker.stop_consuming()
                 await inflight.wait_idle(DRAIN_TIMEOUT)
+                await app.state.sns.aclose()
 
     routes = [
         Route("/webhooks/sendgrid", receivers.sendgrid, methods=["POST"]),
         Route("/webhooks/mailgun", receivers.mailgun, methods=["POST"]),
+        Route("/webhooks/ses", receivers.ses, methods=["POST"]),
         Route("/webhooks/inbound/mailgun", inbound.mailgun, methods=["POST"]),
         Route("/webhooks/inbound/sendgrid", inbound.sendgrid, methods=["POST"]),
         *health_routes(
@@ -119,6 +122,10 @@ def create_app(settings: Settings) -> Starlette:
     )
     app.state.settings = settings
     app.state.sendgrid_key = sendgrid_key
+    app.state.ses_topics = frozenset(
+        arn.strip() for arn in settings.webhooks.ses_topic_arns.split(",") if arn.strip()
+    )
+    app.state.sns = SnsCertificates(pinned=settings.webhooks.ses_cert_pem)
     # The mailto: unsubscribe's tokens are the tracking endpoint's (same keys, same checks).
     app.state.tracking_ring = ring_from(settings.tracking.keys.get_secret_value())
     return app

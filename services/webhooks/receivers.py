@@ -1,6 +1,16 @@
-"""``POST /webhooks/sendgrid`` and ``POST /webhooks/mailgun``: verify over the raw bytes, then
-hand the delivery to the intake (``intake``), which answers only once it is durable: applied
-to Cassandra, or queued in RabbitMQ for when Cassandra is back.
+"""``POST /webhooks/sendgrid``, ``POST /webhooks/mailgun`` and ``POST /webhooks/ses``: verify
+over the raw bytes, then hand the delivery to the intake (``intake``), which answers only once
+it is durable: applied to Cassandra, or queued in RabbitMQ for when Cassandra is back.
+
+SES (through SNS): the body is capped, its envelope parsed, its ``TopicArn`` must be one of
+``SAFEDELIVR_WEBHOOKS_SES_TOPIC_ARNS`` and its ``SigningCertURL`` SNS's own (else 401), and
+the signature must verify with that certificate (``services.webhooks.sns``; else 401). A
+``SubscriptionConfirmation`` is confirmed by a GET of its ``SubscribeURL`` only when that is
+SNS's own ``ConfirmSubscription`` address (else 400, nothing fetched); an
+``UnsubscribeConfirmation`` is logged as a warning (events stop coming) and answered 200; a
+``Notification`` goes to the intake. The ``Timestamp`` is not held against a notification:
+SNS redelivers the same signed message for up to an hour, and a replay changes nothing (its
+events' ids are SNS's ``MessageId``).
 
 Status codes: 401 bad or stale signature (nothing stored), 400 malformed body, 413 too large,
 200 applied or queued (orphans included, so the provider stops retrying), 503 only when
@@ -11,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import hmac
+import logging
 import time
 
 from starlette.requests import Request
@@ -19,7 +30,9 @@ from starlette.responses import Response
 from shared.core.webhook_events import MalformedPayload, timestamp_fresh
 from shared.infra.config import Settings
 from shared.infra.http import JSON, ApiError, read_capped
-from shared.providers import mailgun_events, sendgrid_events
+from shared.providers import mailgun_events, sendgrid_events, ses_events
+
+log = logging.getLogger(__name__)
 
 #: Largest SendGrid body accepted (it batches events, up to 768 KB); read only once the
 #: signature headers are there.
@@ -27,6 +40,9 @@ MAX_BODY = 5 * 1024 * 1024
 #: Largest Mailgun body: one event per post, a few KB. Its signature is inside the body, so
 #: this much is read before anything is authenticated, and no more.
 MAILGUN_MAX_BODY = 256 * 1024
+#: Largest SNS body: a message is at most 256 KB, with its envelope around it. Its signature
+#: is inside the body, so this much is read before anything is authenticated.
+SES_MAX_BODY = 300 * 1024
 #: Seconds a webhook body may take to arrive (providers send at once; a trickle is an attack).
 BODY_TIMEOUT = 10.0
 
@@ -107,3 +123,43 @@ async def mailgun(request: Request) -> Response:
     ):
         raise _unauthorized("signature does not match")
     return JSON(await state.intake.receive("mg", raw))
+
+
+async def ses(request: Request) -> Response:
+    state = request.app.state
+    topics: frozenset[str] = state.ses_topics
+    if not topics:
+        raise ApiError(
+            503,
+            "not_configured",
+            "no SNS topic is allowed for SES events (SAFEDELIVR_WEBHOOKS_SES_TOPIC_ARNS)",
+        )
+    raw = await read_capped(request, SES_MAX_BODY, timeout=BODY_TIMEOUT)
+    try:
+        envelope = ses_events.parse_envelope(raw)
+    except MalformedPayload as exc:
+        raise ApiError(400, "malformed_body", str(exc)) from exc
+    if not ses_events.topic_allowed(envelope, topics):
+        raise _unauthorized("the SNS topic is not one of SAFEDELIVR_WEBHOOKS_SES_TOPIC_ARNS")
+    if not ses_events.cert_url_allowed(envelope.signing_cert_url, envelope.topic_arn):
+        raise _unauthorized("the signing certificate is not SNS's own (https, its region)")
+    key = await state.sns.key(envelope.signing_cert_url)
+    if key is None or not ses_events.verify_signature(envelope, key):
+        raise _unauthorized("signature does not match")
+    if envelope.type == "SubscriptionConfirmation":
+        url = envelope.subscribe_url or ""
+        if not ses_events.subscribe_url_allowed(url, envelope.topic_arn):
+            raise ApiError(
+                400, "subscribe_url_refused", "the SubscribeURL is not SNS's ConfirmSubscription"
+            )
+        await state.sns.confirm(url)
+        log.info("confirmed the SNS subscription to %s", envelope.topic_arn)
+        return JSON({"confirmed": True})
+    if envelope.type == "UnsubscribeConfirmation":
+        log.warning(
+            "the SNS subscription to %s was cancelled: SES events stop coming until it is "
+            "subscribed again",
+            envelope.topic_arn,
+        )
+        return JSON({"unsubscribed": True})
+    return JSON(await state.intake.receive("ses", raw))

@@ -77,6 +77,27 @@ CATALOG: dict[str, ProviderInfo] = {
             "SAFEDELIVR_WEBHOOKS_MAILGUN_SIGNING_KEY",
         ),
     ),
+    "ses": ProviderInfo(
+        "ses",
+        "Amazon SES",
+        max_recipients=50,
+        requests_per_s=None,
+        max_message_bytes=40_000_000,
+        max_tags=50,
+        schedule_ahead_hours=0,
+        webhook="POST /webhooks/ses: SNS notifications, RSA signature over SNS's certificate",
+        # No query API: an ambiguous call is settled by SES's events within the webhook window.
+        capabilities=("per_recipient_substitutions", "signed_webhooks"),
+        settings=(
+            "SAFEDELIVR_PROVIDERS_SES_REGION",
+            "SAFEDELIVR_PROVIDERS_SES_ACCESS_KEY_ID",
+            "SAFEDELIVR_PROVIDERS_SES_SECRET_ACCESS_KEY",
+            "SAFEDELIVR_PROVIDERS_SES_CONFIGURATION_SET",
+            "SAFEDELIVR_PROVIDERS_SES_BASE_URL",
+            "SAFEDELIVR_WEBHOOKS_SES_TOPIC_ARNS",
+            "SAFEDELIVR_WEBHOOKS_SES_CERT_PEM",
+        ),
+    ),
     "smtp": ProviderInfo(
         "smtp",
         "SMTP relay",

@@ -222,6 +222,13 @@ class WebhookSettings(BaseSettings):
     password can then forge events. Refused in production."""
     mailgun_signing_key: SecretStr | None = None
     """Mailgun's HTTP webhook signing key (HMAC-SHA256 of timestamp and token)."""
+    ses_topic_arns: str = ""
+    """Comma-separated ARNs of the SNS topics whose notifications are taken (the SES
+    configuration set's event destination); anything else is refused, since any AWS account's
+    SNS signs validly."""
+    ses_cert_pem: str | None = None
+    """A PEM certificate that verifies SNS signatures instead of fetching SNS's signing
+    certificate (development only: the sandbox's; refused in production)."""
     inbound_basic_user: str | None = None
     """Basic auth user of SendGrid Inbound Parse (the ``mailto:`` unsubscribe), given in its
     URL: ``https://user:password@host/webhooks/inbound/sendgrid``. Inbound Parse posts are
@@ -298,6 +305,20 @@ class ProviderSettings(BaseSettings):
     recipients go to the next provider (the relay has no events and no query API: none will
     come, so the webhook window would only delay them; a duplicate is then possible, a loss
     is not)."""
+    ses_region: str = "us-east-1"
+    """The AWS region of the Amazon SES account (its SigV4 signing region)."""
+    ses_access_key_id: str = "sandbox-ses-key-id"
+    """The AWS access key id of an IAM identity allowed ``ses:SendEmail``."""
+    ses_secret_access_key: SecretStr = SecretStr("sandbox-ses-secret")
+    """Its secret access key."""
+    ses_configuration_set: str | None = "safedelivr"
+    """The SES configuration set every message names: its event destination (SNS) must
+    publish Send, Delivery, Bounce, Complaint, DeliveryDelay and Reject events to a topic in
+    SAFEDELIVR_WEBHOOKS_SES_TOPIC_ARNS."""
+    ses_base_url: str = "http://127.0.0.1:8090/ses"
+    """https://email.<region>.amazonaws.com in production."""
+    ses_concurrency: int = Field(10, ge=1, le=50)
+    """SES calls in flight at once for one chunk of personal copies (one call per recipient)."""
 
     @field_validator("chain")
     @classmethod
@@ -442,6 +463,15 @@ class SandboxSettings(BaseSettings):
     """The user the SMTP relay stand-in admits (AUTH PLAIN or LOGIN)."""
     smtp_password: SecretStr = SecretStr("sandbox-smtp-password")
     """That user's password."""
+    ses_access_key_id: str = "sandbox-ses-key-id"
+    """The only AWS access key id the SES stand-in accepts."""
+    ses_secret_access_key: SecretStr = SecretStr("sandbox-ses-secret")
+    """Its secret: SES calls signed (SigV4) with another are refused with 403."""
+    ses_signing_key: SecretStr | None = None
+    """PEM RSA private key that signs the SNS notifications of SES events (None: a fresh one
+    each start; ``GET /_control/ses/certificate`` shows its certificate)."""
+    ses_topic_arn: str = "arn:aws:sns:us-east-1:000000000000:safedelivr-ses-events"
+    """The SNS topic the SES stand-in's events are published to."""
 
 
 class GitHubSettings(BaseSettings):

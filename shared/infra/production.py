@@ -24,6 +24,7 @@ _PUBLIC_SECRETS = frozenset(
         "sandbox-github-secret",
         "guest",
         "sandbox-smtp-password",
+        "sandbox-ses-secret",
     }
 )
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -36,6 +37,27 @@ def _dev_key_in(ring: str) -> bool:
     still verifies lets anyone forge tokens)."""
     dev = DEV_TRACKING_KEYS.partition(":")[2]
     return any(part.strip().partition(":")[2] == dev for part in ring.split(","))
+
+
+def _ses_problems(settings: Settings) -> list[str]:
+    p, w = settings.providers, settings.webhooks
+    problems: list[str] = []
+    if "ses" in p.chain_codes:
+        problems += _remote_https("PROVIDERS_SES_BASE_URL", p.ses_base_url)
+        problems += _secret(
+            "PROVIDERS_SES_SECRET_ACCESS_KEY", p.ses_secret_access_key.get_secret_value()
+        )
+        if not w.ses_topic_arns.strip():
+            problems.append(
+                f"{_PREFIX}WEBHOOKS_SES_TOPIC_ARNS: no SNS topic is allowed, so no SES event "
+                "would be taken; name the configuration set's topic"
+            )
+    if w.ses_cert_pem:
+        problems.append(
+            f"{_PREFIX}WEBHOOKS_SES_CERT_PEM: a pinned certificate is the sandbox's; SNS's "
+            "signing certificate is fetched from SNS in production"
+        )
+    return problems
 
 
 def production_problems(settings: Settings) -> list[str]:
@@ -76,6 +98,7 @@ def production_problems(settings: Settings) -> list[str]:
             f"{_PREFIX}WEBHOOKS_SENDGRID_INSECURE_BASIC_ONLY: accepts unsigned SendGrid events; "
             "configure SAFEDELIVR_WEBHOOKS_SENDGRID_PUBLIC_KEY instead"
         )
+    problems += _ses_problems(settings)
     if api.sender_domains != "verified":
         problems.append(
             f"{_PREFIX}API_SENDER_DOMAINS: any lets every user send from any domain; use verified"

@@ -15,6 +15,7 @@ from shared.infra.gil import CpuLane
 from shared.providers.base import Provider
 from shared.providers.mailgun import MailgunProvider
 from shared.providers.sendgrid import SendGridProvider
+from shared.providers.ses import SesProvider
 from shared.providers.smtp import SmtpProvider
 
 #: How to build each provider from the settings, by code.
@@ -22,6 +23,7 @@ FACTORIES: Mapping[str, Callable[[ProviderSettings, CpuLane | None], Provider]] 
     SendGridProvider.code: SendGridProvider.from_settings,
     MailgunProvider.code: MailgunProvider.from_settings,
     SmtpProvider.code: SmtpProvider.from_settings,
+    SesProvider.code: SesProvider.from_settings,
 }
 
 

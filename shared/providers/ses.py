@@ -1,5 +1,5 @@
-"""Amazon SES (API v2): the ``SendEmail`` requests a chunk becomes, their SigV4 signature, and
-what SES's answers mean (pure; the adapter that sends them comes with per-recipient receipts).
+"""Amazon SES (API v2): the ``SendEmail`` requests a chunk becomes, their SigV4 signature,
+what SES's answers mean (pure), and :class:`SesProvider`, the adapter that sends them.
 
 Requests (:func:`build_calls`), each ``POST {base_url}/v2/email/outbound-emails`` with JSON:
 
@@ -36,22 +36,36 @@ SignatureDoesNotMatch, InvalidClientTokenId, ...                                
 MessageRejected, BadRequest                           PermanentProviderError      the message
 other answers                                         as ``shared.providers.responses``
 ====================================================  ==========================  ============
+
+The adapter (:class:`SesProvider`) sends a shared chunk as its one call, answered for the whole
+chunk as every provider does. A chunk of personal copies is one call per recipient, at most
+``ses_concurrency`` at once, answered recipient by recipient (``Receipt.recipients``): 200 is
+accepted with that call's ``MessageId``; a clean refusal is refused for now or for good as
+:func:`classify` says (the account's own trouble, ``ProviderMisconfigured``, is refused for now:
+another provider may take the recipient); a call that may have reached SES (a 5xx, a timeout
+after sending) is unknown. When no recipient was accepted and every call failed the same way,
+the chunk fails with that error, as a shared call would. SES has no query API: an unknown
+outcome is settled by SES's events within the webhook window (``lookup`` is None).
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import httpx
 import orjson
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
 from shared.core.addresses import address_key
+from shared.core.catalog import CATALOG
 from shared.core.errors import (
     PermanentProviderError,
     ProviderError,
@@ -60,11 +74,16 @@ from shared.core.errors import (
 )
 from shared.core.models import ATTEMPT_ARG, Chunk, Recipient
 from shared.core.substitution import Substitution
-from shared.providers import envelope, responses
+from shared.infra.config import ProviderSettings
+from shared.infra.gil import CpuLane
+from shared.providers import envelope, responses, transport
+from shared.providers.base import Gate, LookupQuery, Outcome, Receipt, RecipientAnswer
 from shared.providers.ses_events import CODE, tag_value
 
+#: What one request may carry (``shared.core.catalog``).
+INFO: Final = CATALOG[CODE]
 #: Recipients (to + cc + bcc) one ``SendEmail`` may carry.
-MAX_RECIPIENTS: Final = 50
+MAX_RECIPIENTS: Final = INFO.max_recipients
 #: Message tags one ``SendEmail`` may carry.
 MAX_TAGS: Final = 50
 #: Where ``SendEmail`` is, below the base URL.
@@ -252,3 +271,149 @@ def _unique(recipients: Sequence[Recipient]) -> list[Recipient]:
             seen.add(key)
             kept.append(recipient)
     return kept
+
+
+class SesProvider:
+    """Sends chunks through Amazon SES's ``SendEmail`` (API v2), signed with SigV4."""
+
+    code: str = CODE
+    name: str = INFO.name
+    max_recipients: int = MAX_RECIPIENTS
+
+    def __init__(
+        self,
+        *,
+        region: str,
+        access_key_id: str,
+        secret_access_key: str,
+        base_url: str,
+        timeout: float,
+        configuration_set: str | None = None,
+        concurrency: int = 10,
+        client: httpx.AsyncClient | None = None,
+        cpu: CpuLane | None = None,
+    ) -> None:
+        """Args:
+        client: an HTTP client to use instead of our own; the caller keeps ownership and
+            closes it (``aclose`` leaves it open).
+        cpu: the process's CPU lane, where payloads are built (default: one of its own).
+        """
+        self._url = f"{base_url.rstrip('/')}{SEND_PATH}"
+        self._region = region
+        self._key_id = access_key_id
+        self._secret = secret_access_key
+        self._configuration_set = configuration_set or None
+        self._concurrency = concurrency
+        self._seconds = timeout
+        self._timeout = httpx.Timeout(timeout)
+        self._owns_client = client is None
+        self._cpu = cpu or CpuLane()
+        self._calls = transport.Calls()
+        self._client = client or httpx.AsyncClient(timeout=self._timeout, follow_redirects=False)
+
+    @classmethod
+    def from_settings(cls, settings: ProviderSettings, cpu: CpuLane | None = None) -> SesProvider:
+        return cls(
+            region=settings.ses_region,
+            access_key_id=settings.ses_access_key_id,
+            secret_access_key=settings.ses_secret_access_key.get_secret_value(),
+            base_url=settings.ses_base_url,
+            timeout=settings.timeout,
+            configuration_set=settings.ses_configuration_set,
+            concurrency=settings.ses_concurrency,
+            cpu=cpu,
+        )
+
+    async def send(self, chunk: Chunk, gate: Gate | None = None) -> Receipt:
+        calls = await self._cpu.run(build_calls, chunk, self._configuration_set)
+        if gate is not None:
+            # One slot for the chunk: the calls of personal copies go out together.
+            await gate()
+        if not chunk.message.bulk:
+            (call,) = calls
+            status, found = await self._call(call)
+            return Receipt(CODE, status, found)
+        limit = asyncio.Semaphore(self._concurrency)
+
+        async def one(call: SesCall) -> tuple[RecipientAnswer, ProviderError | None]:
+            async with limit:
+                try:
+                    status, found = await self._call(call)
+                except ProviderError as exc:
+                    return _refusal(call.recipients[0], exc), exc
+            return RecipientAnswer(call.recipients[0], "accepted", status, "", found), None
+
+        results = await asyncio.gather(*(one(call) for call in calls))
+        return receipt_of(results)
+
+    async def _call(self, call: SesCall) -> tuple[int, str | None]:
+        """One ``SendEmail``: its status and ``MessageId``; raises our error otherwise."""
+        headers = signed_headers(
+            self._url,
+            call.body,
+            region=self._region,
+            access_key_id=self._key_id,
+            secret_access_key=self._secret,
+        )
+        try:
+            with self._calls:
+                response = await self._client.post(
+                    self._url, content=call.body, headers=headers, timeout=self._timeout
+                )
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            raise transport.translate(CODE, self.name, exc, self._seconds) from exc
+        lower = responses.lower_headers(response.headers.items())
+        error = classify(response.status_code, response.content, lower, now=time.time())
+        if error:
+            raise error
+        return response.status_code, message_id(response.content)
+
+    async def lookup(self, query: LookupQuery) -> frozenset[str] | None:
+        return None  # SES has no query API: its events settle an unknown outcome
+
+    async def lookup_available(self) -> bool:
+        return False
+
+    async def aclose(self) -> None:
+        """Close, once the requests in flight have ended (each within the timeout)."""
+        await self._calls.drained(2 * self._seconds + 5)
+        if self._owns_client:
+            await self._client.aclose()
+
+
+def receipt_of(results: Sequence[tuple[RecipientAnswer, ProviderError | None]]) -> Receipt:
+    """The receipt of a chunk of personal copies from each call's answer (and its error);
+    raises the calls' error when none was accepted and all failed alike (same type, same
+    ambiguity), as one call for the chunk would have."""
+    answers = tuple(answer for answer, _ in results)
+    errors = [error for _, error in results if error is not None]
+    if errors and len(errors) == len(results):
+        first = errors[0]
+        if all(
+            type(e) is type(first) and e.outcome_unknown == first.outcome_unknown for e in errors
+        ):
+            delays = [e.retry_after for e in errors if e.retry_after is not None]
+            if delays and isinstance(first, TransientProviderError):
+                raise TransientProviderError(
+                    CODE,
+                    first.message,
+                    status=first.status,
+                    retry_after=max(delays),
+                    outcome_unknown=first.outcome_unknown,
+                )
+            raise first
+    accepted = [a for a in answers if a.outcome == "accepted"]
+    status = (accepted[0].code or 200) if accepted else 200
+    return Receipt(CODE, status, accepted[0].message_id if accepted else None, recipients=answers)
+
+
+def _refusal(email_address: str, error: ProviderError) -> RecipientAnswer:
+    """What a failed call means for its one recipient."""
+    if error.outcome_unknown:
+        outcome: Outcome = "unknown"
+    elif isinstance(error, PermanentProviderError):
+        outcome = "refused_permanent"
+    else:
+        # Throttled, or the account cannot send now: another provider may take it.
+        outcome = "refused_transient"
+    return RecipientAnswer(email_address, outcome, error.status, error.message)

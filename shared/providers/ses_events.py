@@ -277,9 +277,12 @@ def parse_events(envelope: SnsEnvelope, *, received_at: datetime | None = None) 
     verdict = _classify(event, detail)
     recipients = _recipients(event, detail, mail)
     ids = _ids(mail.get("tags"))
+    # SNS keeps a message's Timestamp across its redeliveries: a record without times of its
+    # own still happens at one moment, so a replay rewrites the same cells (never the receipt
+    # time, which differs at each delivery).
     occurred = (
         _iso_time(detail.get("timestamp")) or _iso_time(mail.get("timestamp"))
-        or received_at or datetime.now(UTC)
+        or _iso_time(envelope.timestamp) or received_at or datetime.now(UTC)
     )  # fmt: skip
     message_id = text(mail.get("messageId"), limit=500)
     url = _mapping(detail).get("link")

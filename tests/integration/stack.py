@@ -106,6 +106,8 @@ class Stack:
     hooks_url: str
     sendgrid_key: Any
     """The private key the sandbox signs SendGrid events with."""
+    ses_key: Any = None
+    """The private key the sandbox signs the SNS notifications of SES events with."""
 
     @property
     def auth(self) -> dict[str, str]:
@@ -284,11 +286,14 @@ async def full_stack(
 ) -> AsyncIterator[Stack]:
     """Webhooks + sandbox (on loopback) + API (in process); consumers are up to the test."""
     private_pem, public_b64 = signing.generate_key_pair()
+    ses_pem, ses_certificate = signing.generate_sns_pair()
     s = base.model_copy(
         update={
             "webhooks": WebhookSettings(
                 sendgrid_public_key=public_b64,
                 mailgun_signing_key=SecretStr(MG_KEY),
+                ses_topic_arns=SandboxSettings().ses_topic_arn,
+                ses_cert_pem=ses_certificate,
                 **(webhooks or {}),
             ),
             # Alerts may be posted to the sandbox's receiver (plain http on loopback).
@@ -303,6 +308,7 @@ async def full_stack(
                 query_delay=0.5,
                 sendgrid_private_key=SecretStr(private_pem),
                 mailgun_signing_key=SecretStr(MG_KEY),
+                ses_signing_key=SecretStr(ses_pem),
                 **(sandbox or {}),
             )
         )
@@ -315,6 +321,7 @@ async def full_stack(
                     "smtp_host": "127.0.0.1",
                     "smtp_port": sandbox_app.state.relay.port,
                     "smtp_tls": "none",
+                    "ses_base_url": f"{sandbox_url}/ses",
                 }
             )
             s = s.model_copy(update={"providers": providers})
@@ -338,6 +345,7 @@ async def full_stack(
                         user_id,
                         hooks_url,
                         signing.load_private_key(private_pem),
+                        signing.load_sns_key(ses_pem),
                     )
                 finally:
                     await api.state.resources.broker.delete()

@@ -30,7 +30,7 @@ def test_bad_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_every_bad_variable_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     """All problems are listed at once, not one per restart."""
     monkeypatch.setenv("SAFEDELIVR_API_PORT", "0")
-    monkeypatch.setenv("SAFEDELIVR_PROVIDERS_CHAIN", "sg,ses")
+    monkeypatch.setenv("SAFEDELIVR_PROVIDERS_CHAIN", "sg,postmark")
 
     with pytest.raises(ConfigError) as info:
         load_settings()

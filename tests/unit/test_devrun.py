@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from pydantic import SecretStr
 
@@ -35,6 +36,7 @@ from shared.infra.config import (
     TrackingSettings,
     WebhookSettings,
 )
+from shared.providers import ses_events
 from shared.providers.sendgrid_events import verify_signature
 
 #: The services in the order devrun starts them.
@@ -423,3 +425,26 @@ def test_provider_smtp_is_the_sandbox_relay(
     assert {e["SAFEDELIVR_SANDBOX_SMTP_PORT"] for e in envs} == {port}
     assert {e["SAFEDELIVR_PROVIDERS_SMTP_PORT"] for e in envs} == {port}
     assert {e["SAFEDELIVR_PROVIDERS_SMTP_TLS"] for e in envs} == {"none"}
+
+
+def test_the_ses_pair_signs_what_the_pinned_certificate_verifies_for_the_sandboxs_topic() -> None:
+    """The sandbox's SNS key of a run and the certificate the webhook service pins go
+    together, and the sandbox's topic is the one allowed."""
+    settings = Settings()
+    env = devrun._ses_env(settings)
+    key = signing.load_sns_key(env["SAFEDELIVR_SANDBOX_SES_SIGNING_KEY"])
+    fields = {
+        "Type": "Notification",
+        "MessageId": "m-1",
+        "TopicArn": settings.sandbox.ses_topic_arn,
+        "Message": "{}",
+        "Timestamp": "2026-11-30T05:00:00.000Z",
+        "SignatureVersion": "2",
+        "SigningCertURL": "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0.pem",
+    }
+    raw = orjson.dumps({**fields, "Signature": signing.sign_sns(key, fields)})
+    pinned = ses_events.signing_key(env["SAFEDELIVR_WEBHOOKS_SES_CERT_PEM"].encode())
+
+    assert pinned is not None
+    assert ses_events.verify_signature(ses_events.parse_envelope(raw), pinned)
+    assert env["SAFEDELIVR_WEBHOOKS_SES_TOPIC_ARNS"] == settings.sandbox.ses_topic_arn

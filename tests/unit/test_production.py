@@ -177,3 +177,24 @@ def test_the_development_tracking_key_is_refused_anywhere_in_the_ring(kid: str) 
     tracking = fit().tracking.model_copy(update={"keys": SecretStr(f"{own},{dev}")})
 
     assert variables(fit(tracking=tracking)) == ["SAFEDELIVR_TRACKING_KEYS"]
+
+
+def test_ses_in_the_chain_needs_its_own_secret_https_and_topics() -> None:
+    providers = ProviderSettings(
+        chain="sg,mg,ses",
+        sendgrid_api_key=SecretStr("SG.real"),
+        sendgrid_base_url="https://api.sendgrid.com",
+        mailgun_api_key=SecretStr("key-real"),
+        mailgun_base_url="https://api.mailgun.net",
+        ses_base_url="http://email.us-east-1.amazonaws.com",
+    )
+    assert variables(fit(providers=providers)) == [
+        "SAFEDELIVR_PROVIDERS_SES_BASE_URL",
+        "SAFEDELIVR_PROVIDERS_SES_SECRET_ACCESS_KEY",
+        "SAFEDELIVR_WEBHOOKS_SES_TOPIC_ARNS",
+    ]
+
+
+def test_a_pinned_sns_certificate_is_refused() -> None:
+    settings = fit(webhooks=WebhookSettings(ses_cert_pem="-----BEGIN CERTIFICATE-----"))
+    assert variables(settings) == ["SAFEDELIVR_WEBHOOKS_SES_CERT_PEM"]

@@ -92,8 +92,8 @@ def test_batch_key_shape() -> None:
 
 def test_unknown_provider_cannot_build_a_key() -> None:
     """Keys are only built for known provider codes."""
-    with pytest.raises(ValueError, match="unknown provider code 'ses'"):
-        dispatch_key("ses", ID)
+    with pytest.raises(ValueError, match="unknown provider code 'postmark'"):
+        dispatch_key("postmark", ID)
 
 
 def test_log_keys_are_bound_for_every_provider() -> None:

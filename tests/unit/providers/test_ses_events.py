@@ -371,6 +371,16 @@ def test_the_same_notification_redelivered_has_the_same_event_ids() -> None:
     assert [e.event_id for e in first] == [e.event_id for e in again]
 
 
+def test_a_record_without_times_happens_when_sns_published_it_whenever_it_arrives() -> None:
+    mail = {k: v for k, v in _mail("a@x.org").items() if k != "timestamp"}
+    envelope = parse_envelope(_signed(_notification({"eventType": "Send", "mail": mail})))
+    first = parse_events(envelope, received_at=datetime(2026, 11, 30, 11, tzinfo=UTC)).events
+    again = parse_events(envelope, received_at=datetime(2026, 11, 30, 12, tzinfo=UTC)).events
+
+    assert [e.occurred_at for e in first] == [datetime(2026, 11, 30, 10, tzinfo=UTC)]
+    assert [e.occurred_at for e in again] == [e.occurred_at for e in first]
+
+
 def test_a_message_that_is_no_ses_record_is_malformed() -> None:
     for message in ("not json", "[]", "{}"):
         envelope = parse_envelope(_signed({**_notification({}), "Message": message}))

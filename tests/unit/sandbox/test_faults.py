@@ -141,7 +141,7 @@ async def test_active_faults_are_listed(sandbox: Harness) -> None:
 @pytest.mark.parametrize(
     "spec",
     [
-        {"provider": "ses", "status": 500},
+        {"provider": "postmark", "status": 500},
         {"provider": "sendgrid", "status": 700},
         {"provider": "sendgrid", "status": 500, "count": 0},
         {"provider": "sendgrid", "status": 500, "latency_ms": -1},
