@@ -217,7 +217,9 @@ class Caller:
 
     async def _pending(self, job: protocol.Job) -> list[Row]:
         rows = await self.follow.rows(job)
-        return protocol.pending(rows, own_line=job.own_line, tag=tag(job.line, job.attempt))
+        return protocol.pending(
+            rows, own_line=job.own_line, tag=tag(job.line, job.attempt), handed=job.handed
+        )
 
     async def _pending_with_room(
         self, job: protocol.Job, message: Message

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 import aio_pika.abc
@@ -268,6 +268,9 @@ class Dispatcher:
         serial = delivery.retries > 0
         for _ in range(MAX_STEPS):
             line = await self.attempts.line(job.batch_id, job.line, serial=serial)
+            # An attempt handed over is no longer evidence for the line, from the moment its
+            # successor is planned (before the recipient's row says so).
+            job = replace(job, handed=frozenset(a.cause for a in line if a.cause))
             await self.fault_points("read", job)
             step = protocol.next_step(
                 job,

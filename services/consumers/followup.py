@@ -106,7 +106,9 @@ class FollowUps:
 
     @staticmethod
     def waiting(job: protocol.Job, rows: list[Row], attempt: int) -> list[Row]:
-        return protocol.pending(rows, own_line=job.own_line, tag=tag(job.line, attempt))
+        return protocol.pending(
+            rows, own_line=job.own_line, tag=tag(job.line, attempt), handed=job.handed
+        )
 
     @staticmethod
     def select(job: protocol.Job, everyone: list[Row], chosen: list[Row]) -> Selection:

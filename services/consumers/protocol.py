@@ -48,6 +48,10 @@ class Job:
     origin: str | None = None
     """The message id of this delivery's message (the same on each redelivery of it;
     copies published apart have ids of their own)."""
+    handed: frozenset[str] = frozenset()
+    """The tags of the line's attempts that were handed over to another (the causes of its
+    planned attempts, as read with the line): their acceptance is what failed, whether or not
+    the recipient's row marks them superseded yet (the hand-off marks it after publishing)."""
 
     @property
     def own_line(self) -> bool:
@@ -242,7 +246,9 @@ def deferral_expired(row: Row, cause: str) -> bool:
     )
 
 
-def pending(rows: Sequence[Row], *, own_line: bool, tag: str) -> list[Row]:
+def pending(
+    rows: Sequence[Row], *, own_line: bool, tag: str, handed: frozenset[str] = frozenset()
+) -> list[Row]:
     """The recipients an attempt (``tag``) is for and that no provider has accepted yet.
 
     A chunk's attempt is for its recipients that no attempt of the chunk got accepted (a
@@ -257,15 +263,18 @@ def pending(rows: Sequence[Row], *, own_line: bool, tag: str) -> list[Row]:
     for row in rows:
         if not queued(row):
             continue
-        accepted = _accepted_on_own_line(row, tag) if own_line else accepted_by_line(row, CHUNK)
+        accepted = (
+            _accepted_on_own_line(row, tag, handed) if own_line else accepted_by_line(row, CHUNK)
+        )
         if not accepted:
             out.append(row)
     return out
 
 
-def _accepted_on_own_line(row: Row, tag: str) -> bool:
-    """Whether attempt ``tag``, or another of its line not handed over since, was accepted."""
-    handed_over = row.get("superseded") or ()
+def _accepted_on_own_line(row: Row, tag: str, handed: frozenset[str]) -> bool:
+    """Whether attempt ``tag``, or another of its line not handed over since (``handed``, or
+    marked superseded on the row), was accepted."""
+    handed_over = handed.union(row.get("superseded") or ())
     return any(
         t == tag or (t.startswith(OWN + ".") and t not in handed_over)
         for t in row.get("evidence") or ()

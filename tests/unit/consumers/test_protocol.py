@@ -155,6 +155,14 @@ def test_a_resend_still_goes_when_the_earlier_acceptance_was_handed_over() -> No
     assert protocol.pending([dropped], own_line=True, tag="r.1") == [dropped]
 
 
+def test_a_resend_goes_when_its_line_planned_it_for_the_earlier_ones_drop_not_yet_marked() -> None:
+    """r.1 was planned because r.0's provider dropped her (its cause): her row does not say
+    r.0 is superseded yet (the hand-off marks it after publishing), and r.1 still sends."""
+    dropped = row("a", evidence={"c.0", "r.0"}, superseded={"c.0"}, event="dropped")
+    handed = frozenset({"c.0", "r.0"})
+    assert protocol.pending([dropped], own_line=True, tag="r.1", handed=handed) == [dropped]
+
+
 def test_resolve_waits_for_the_query_api_before_trusting_it() -> None:
     pending = frozenset({"a", "b"})
     early = protocol.resolve(pending, age=10, lookup=frozenset({"a"}), settings=WINDOWS)

@@ -79,6 +79,13 @@ FIXED = [
         "unknown answer as check 2 and died before publishing it: check 1 was stale, nothing "
         "held a message that could publish check 2, and the mail was never sent",
     ),
+    (
+        "walk@0:webhooks/publish:log.smtp.*.retry.1#1=unconfirmed",
+        "issue 36, a chain of three: Mailgun's drop handed Ann over to the relay; the re-send's "
+        "consumer read her row before the hand-off marked Mailgun's attempt superseded, took "
+        "that attempt's acceptance for her own line's, recorded the re-send accepted without "
+        "calling, and she stayed queued for ever",
+    ),
 ]
 
 
