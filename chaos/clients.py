@@ -89,9 +89,11 @@ async def load(
     recipients: int,
     retry_for: float,
     printer: Callable[[str], None],
+    walk: bool = False,
 ) -> list[Submission]:
     """Start ``rate`` batches a second for ``seconds``; wait for every client to finish
-    (each keeps retrying for up to ``retry_for`` seconds after the load ends)."""
+    (each keeps retrying for up to ``retry_for`` seconds after the load ends); ``walk``: the
+    chain has a provider after SendGrid and Mailgun (the address mix includes the walk)."""
     subs: list[Submission] = []
     tasks: list[asyncio.Task[None]] = []
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
@@ -101,7 +103,9 @@ async def load(
         seq = 0
         while (elapsed := time.monotonic() - t0) < seconds:
             while seq < elapsed * rate:
-                sub = Submission(uuid.uuid4().hex, addresses(run, seq, recipients), time.time())
+                sub = Submission(
+                    uuid.uuid4().hex, addresses(run, seq, recipients, walk=walk), time.time()
+                )
                 subs.append(sub)
                 tasks.append(asyncio.create_task(submit(client, api_key, sub, deadline=deadline)))
                 seq += 1

@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,13 +163,15 @@ def cluster_schedule() -> list[Step]:
     ]
 
 
-def schedule(timeout: float) -> list[Step]:
+def schedule(timeout: float, chain: Sequence[str] = ("sg", "mg")) -> list[Step]:
     """The default schedule over about 60 seconds of load. ``timeout`` is the providers'
     request timeout: an accepted call that answers later is ambiguous, and so is any call
     answered with a 5xx, whether the provider accepted it first (as Mailgun did, answering
-    504) or not: the query APIs settle them once ``SAFEDELIVR_PROVIDERS_QUERY_AFTER`` passed."""
+    504) or not: the query APIs settle them once ``SAFEDELIVR_PROVIDERS_QUERY_AFTER`` passed.
+    With SES in ``chain`` it is throttled and accepts then answers 5xx too; it has no query
+    API, so its events settle those."""
     late = int((timeout + 5) * 1000)
-    return [
+    steps = [
         Step(
             2,
             "SendGrid accepts, then answers 503 (x5)",
@@ -214,6 +216,22 @@ def schedule(timeout: float) -> list[Step]:
         Step(55, "kill -9 api", crash("api", 1)),
         Step(57, "kill -9 consumers", crash("consumers", 1)),
     ]
+    if "ses" in chain:
+        steps += [
+            Step(
+                10,
+                "SES throttles (429) twenty calls",
+                provider(provider="ses", status=429, count=20),
+                False,
+            ),
+            Step(
+                26,
+                "SES accepts, then answers 500 (x5)",
+                provider(provider="ses", status=500, accept=True, count=5, used_within=30),
+                False,
+            ),
+        ]
+    return sorted(steps, key=lambda s: s.at)
 
 
 async def run_schedule(stack: Stack, steps: list[Step], printer: Printer) -> list[str]:

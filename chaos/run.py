@@ -1,7 +1,8 @@
 """``make chaos``: the fault suite. Deterministic fault tests, then a soak under faults, then
 the invariants checked over stored data and the providers' record of sends.
 
-Usage: ``python -m chaos.run [--seconds 60] [--rate 4] [--recipients 50] [--soak-only]``
+Usage: ``python -m chaos.run [--seconds 60] [--rate 4] [--recipients 50] [--providers sg,mg,ses]
+[--soak-only]``
 
 1. The deterministic tests (``tests/integration/test_exactly_once.py`` and its neighbours:
    kill -9 at each await of the send path, one job at two consumers, ambiguous calls,
@@ -12,7 +13,10 @@ Usage: ``python -m chaos.run [--seconds 60] [--rate 4] [--recipients 50] [--soak
    ``Idempotency-Key`` until it is told its batch id, while ``chaos.faults`` kills every
    service with SIGKILL, restarts RabbitMQ, freezes Cassandra and makes the providers fail,
    time out or answer 5xx after accepting and reset connections. Meanwhile a campaign is
-   sent to a list and paused and resumed every few seconds (``chaos.campaign``).
+   sent to a list and paused and resumed every few seconds (``chaos.campaign``). The chain
+   is ``--providers`` (default SendGrid, Mailgun, Amazon SES): with a third provider, 1 in 20
+   addresses is dropped by SendGrid and by Mailgun on their side and must reach SES, and SES
+   is throttled and answers 5xx after accepting (it has no query API: its events settle it).
 3. Quiescence: the faults are cleared and the run waits until every accepted recipient is
    final (or ``--quiesce`` seconds pass).
 4. The verdict (``chaos.verdict``), and ``safedelivr check`` over the same data. The last line
@@ -48,10 +52,12 @@ import orjson
 from bench.sampler import ProcessSampler
 from bench.stack import ROOT, Stack
 from chaos import campaign, clients, faults, verdict
+from sandbox import signing
 from shared.delivery.attempts import AttemptStore
 from shared.delivery.precedence import visible
 from shared.delivery.recipients import RecipientStore
 from shared.delivery.stats import StatsStore, batch_day
+from shared.infra.config import SandboxSettings
 from shared.infra.db import Database
 from shared.ops.check import Violation, check_day
 from shared.ops.reconcile import day_batches
@@ -61,6 +67,7 @@ DETERMINISTIC = (
     "tests/integration/test_exactly_once.py",
     "tests/integration/test_resends.py",
     "tests/integration/test_acceptance_faults.py",
+    "tests/integration/test_failover_chain.py",
     # Marked simulated (make test leaves it out): the chaos run still holds it to the real stack.
     "tests/integration/test_pipeline.py::"
     "test_sendgrid_500_fails_over_to_mailgun_as_retry_1_once_its_query_finds_nothing",
@@ -103,6 +110,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--quiesce", type=float, default=240.0, help="most seconds to wait for every outcome"
     )
+    parser.add_argument(
+        "--providers",
+        default="sg,mg,ses",
+        help="the provider chain of the soak (sg,mg keeps the two-provider run)",
+    )
     parser.add_argument("--soak-only", action="store_true", help="skip the deterministic tests")
     parser.add_argument("--no-faults", action="store_true", help="the soak without its faults")
     parser.add_argument(
@@ -137,7 +149,8 @@ def deterministic_tests(printer: Printer) -> dict[str, int]:
 
 
 async def soak(args: argparse.Namespace, printer: Printer) -> dict[str, Any]:
-    os.environ.update(SETTINGS)
+    os.environ.update({**SETTINGS, "SAFEDELIVR_PROVIDERS_CHAIN": args.providers})
+    chain = tuple(args.providers.split(","))
     log_dir = Path(tempfile.mkdtemp(prefix="safedelivr-chaos-"))
     sampler = ProcessSampler()
     sampler.start()
@@ -145,15 +158,16 @@ async def soak(args: argparse.Namespace, printer: Printer) -> dict[str, Any]:
     printer(f"soak {stack.run_id}: logs in {log_dir}")
     try:
         await stack.setup()
+        env = service_env(stack)
         for name in SERVICES:
-            await stack.processes.start(name, service_env(stack))
+            await stack.processes.start(name, env)
         run = uuid.uuid4().hex[:8]
         if args.no_faults:
             steps = []
         elif args.cluster:
             steps = faults.cluster_schedule()
         else:
-            steps = faults.schedule(float(SETTINGS["SAFEDELIVR_PROVIDERS_TIMEOUT"]))
+            steps = faults.schedule(float(SETTINGS["SAFEDELIVR_PROVIDERS_TIMEOUT"]), chain)
         load = clients.load(
             stack.url("api"),
             stack.api_key,
@@ -163,13 +177,14 @@ async def soak(args: argparse.Namespace, printer: Printer) -> dict[str, Any]:
             recipients=args.recipients,
             retry_for=120.0,
             printer=printer,
+            walk=len(chain) > 2,
         )
         subs, fault_failures, mailing = await asyncio.gather(
             load,
             faults.run_schedule(stack, steps, printer),
             campaign.run_campaign(stack, run=run, seconds=args.seconds, printer=printer),
         )
-        await _all_running(stack, printer)
+        await _all_running(stack, env, printer)
         await faults.clear_provider_faults(stack)
         slices, campaign_counts = await campaign.outcome(
             stack, mailing, limit=args.quiesce, printer=printer
@@ -197,22 +212,29 @@ async def soak(args: argparse.Namespace, printer: Printer) -> dict[str, Any]:
 
 def service_env(stack: Stack) -> dict[str, str]:
     """What the soak's processes add to the stack's environment: the sandbox posts webhooks
-    soon (a benchmark has it post them an hour out) and signs them with this run's keys."""
+    soon (a benchmark has it post them an hour out) and signs them with this run's keys (an
+    SNS key pair of its own for SES's events, its certificate pinned by the webhook service
+    and the sandbox's topic allowed there, as ``make run`` does)."""
+    sns_key, sns_certificate = signing.generate_sns_pair()
     return {
         "SAFEDELIVR_SANDBOX_WEBHOOK_DELAY": "0.5",
         "SAFEDELIVR_SANDBOX_SENDGRID_PRIVATE_KEY": stack.sendgrid_private_key,
         "SAFEDELIVR_SANDBOX_MAILGUN_SIGNING_KEY": stack.mailgun_signing_key,
+        "SAFEDELIVR_PROVIDERS_SES_BASE_URL": f"{stack.url('sandbox')}/ses",
+        "SAFEDELIVR_SANDBOX_SES_SIGNING_KEY": sns_key,
+        "SAFEDELIVR_WEBHOOKS_SES_CERT_PEM": sns_certificate,
+        "SAFEDELIVR_WEBHOOKS_SES_TOPIC_ARNS": SandboxSettings().ses_topic_arn,
     }
 
 
-async def _all_running(stack: Stack, printer: Printer) -> None:
+async def _all_running(stack: Stack, env: dict[str, str], printer: Printer) -> None:
     """Start any service a fault step left dead (a restart that failed)."""
     for name in SERVICES:
         service = stack.processes.running.get(name)
         if service is None or service.proc is None or service.proc.returncode is not None:
             printer(f"{name} is not running; starting it again")
             stack.processes.running.pop(name, None)
-            await stack.processes.start(name, service_env(stack))
+            await stack.processes.start(name, env)
 
 
 async def _rows(db: Database, batch_id: uuid.UUID) -> list[verdict.Recipient]:
@@ -229,6 +251,10 @@ async def _queued(db: Database, batch_id: uuid.UUID) -> int:
     """Recipients of a batch that readers still see ``queued``."""
     rows = await RecipientStore(db).batch_rows(batch_id)
     return sum(1 for r in rows if visible(r).state == "queued")
+
+
+def _provider_record(value: Any) -> bool:
+    return isinstance(value, dict) and "pending_events" in value
 
 
 async def _quiesce(stack: Stack, batches: set[str], limit: float, printer: Printer) -> None:
@@ -248,7 +274,7 @@ async def _quiesce(stack: Stack, batches: set[str], limit: float, printer: Print
                     pending.discard(batch_id)
             if pending:
                 backlog = (
-                    sum(hooks[p]["pending_events"] for p in ("sendgrid", "mailgun"))
+                    sum(v["pending_events"] for v in hooks.values() if _provider_record(v))
                     + hooks["scheduled"]
                     + hooks["buffered_events"]
                 )
