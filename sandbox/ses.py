@@ -110,6 +110,26 @@ async def subscribe(request: Request) -> Response:
     )
 
 
+def files(payload: Mapping[str, Any]) -> list[dict[str, object]]:
+    """The name, type, disposition, Content-ID and decoded size of each file of a request
+    (``Content.Simple.Attachments``; never its bytes), as the ledger keeps them for every
+    provider."""
+    simple = (payload.get("Content") or {}).get("Simple") or {}
+    found: list[dict[str, object]] = []
+    for item in simple.get("Attachments") or ():
+        content = str(item.get("RawContent") or "")
+        found.append(
+            {
+                "filename": item.get("FileName"),
+                "content_type": item.get("ContentType"),
+                "disposition": str(item.get("ContentDisposition") or "ATTACHMENT").lower(),
+                "content_id": item.get("ContentId"),
+                "size": len(content) // 4 * 3 - content[-2:].count("="),
+            }
+        )
+    return found
+
+
 def error(status: int, kind: str, message: str) -> Response:
     """SES v2's error answer: the name in ``x-amzn-ErrorType``, the message in the body."""
     return json_response({"message": message}, status, headers={"x-amzn-ErrorType": kind})
@@ -145,7 +165,12 @@ async def send_email(request: Request) -> Response:
         return judged
     message = accepted(payload, judged, time.time())
     state.ledger.record(
-        "ses", message.recipients, message_id=message.message_id, size=len(raw), request=payload
+        "ses",
+        message.recipients,
+        message_id=message.message_id,
+        size=len(raw),
+        request=payload,
+        attachments=files(payload),
     )
     if fault is None or fault.webhooks:
         state.dispatcher.submit(SesJob(message))

@@ -11,7 +11,7 @@ from shared.core.errors import ProviderMisconfigured, TransientProviderError
 from shared.providers import ses_events
 from shared.providers.ses import SesProvider
 from tests.unit.providers.fakes import BATCH_ID
-from tests.unit.providers.test_sandbox import PEOPLE, sample, served
+from tests.unit.providers.test_sandbox import FILES, PEOPLE, sample, served
 
 EMAILS = {p.email for p in PEOPLE}
 
@@ -205,3 +205,27 @@ async def test_a_subscription_confirmation_names_the_sandboxs_subscribe_url() ->
     assert envelope.type == "SubscriptionConfirmation"
     assert confirmed.status_code == 200
     assert b"SubscriptionArn" in confirmed.content
+
+
+@pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "shared"])
+async def test_a_chunks_files_reach_ses_by_name_and_size(bulk: bool) -> None:
+    """Each file travels in ``Simple.Attachments`` as base64 (said so: SES's default 7bit
+    would break it), an inline one with its Content-ID; SES records each one's size."""
+    files = sample(bulk).message.model_copy(update={"attachments": FILES})
+    async with served() as sandbox:
+        ses = provider(sandbox.url)
+        try:
+            await ses.send(sample(bulk).model_copy(update={"message": files}))
+        finally:
+            await ses.aclose()
+        async with httpx.AsyncClient(base_url=sandbox.url) as client:
+            recent = (await client.get("/_control/sends")).json()["ses"]["recent"][-1]
+
+    recorded = [
+        (a["filename"], a["content_type"], a["disposition"], a["content_id"], a["size"])
+        for a in recent["attachments"]
+    ]
+    assert recorded == [
+        ('Zoë "final", v2.pdf', "application/pdf", "attachment", None, 9 + 256 * 40),
+        ("logo.png", "image/png", "inline", "logo@example.com", 6),
+    ]
