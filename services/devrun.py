@@ -26,7 +26,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from sandbox import signing
 from shared.accounts.accounts import create_key, upsert_github_user
 from shared.accounts.domains import DomainStore
-from shared.infra.config import Settings
+from shared.core.catalog import CATALOG
+from shared.infra.config import ProviderSettings, Settings
 from shared.infra.db import Database
 from shared.infra.migrations import migrate
 from shared.infra.resources import declare_topology
@@ -80,6 +81,20 @@ def _relay_env(settings: Settings) -> dict[str, str]:
         "SAFEDELIVR_PROVIDERS_SMTP_USERNAME": sandbox.smtp_user,
         "SAFEDELIVR_PROVIDERS_SMTP_PASSWORD": sandbox.smtp_password.get_secret_value(),
     }
+
+
+def _chain_env(settings: Settings) -> dict[str, str]:
+    """The chain of every provider in the catalog (each one's stand-in is in the sandbox), when
+    the environment or ``.env`` keeps the default: so ``GET /v1/providers`` lists them all and
+    a batch may pin any of them."""
+    if settings.providers.chain != ProviderSettings.model_fields["chain"].default:
+        return {}
+    return {"SAFEDELIVR_PROVIDERS_CHAIN": ",".join(CATALOG)}
+
+
+def _chain_shown(settings: Settings) -> str:
+    chain = _chain_env(settings).get("SAFEDELIVR_PROVIDERS_CHAIN", settings.providers.chain)
+    return ", ".join(chain.split(","))
 
 
 def _ses_env(settings: Settings) -> dict[str, str]:
@@ -148,8 +163,10 @@ def run(settings: Settings) -> int:
         # So may the operators' alerts (the sandbox records what is posted to it).
         "SAFEDELIVR_ALERTS_ALLOW_HTTP": "true",
         "SAFEDELIVR_ALERTS_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
-        # Provider smtp (once put in the chain) is the sandbox's relay, which has no TLS.
+        # Provider smtp is the sandbox's relay, which has no TLS.
         **_relay_env(settings),
+        # Every provider the sandbox stands in for, unless the user chose a chain.
+        **_chain_env(settings),
         **os.environ,
         **_signing_env(),
         **_ses_env(settings),
@@ -246,8 +263,9 @@ Safedelivr is running.
                    receiver http://127.0.0.1:{settings.sandbox.port}/_receiver/<any> takes them)
   SMTP submission  smtp://127.0.0.1:{settings.submission.smtp_port}  (AUTH PLAIN or LOGIN,
                    the password an API key; no STARTTLS in development)
-  SMTP relay       smtp://127.0.0.1:{_relay_port(settings)}  (the sandbox's: provider smtp, once
-                   in SAFEDELIVR_PROVIDERS_CHAIN, e.g. sg,mg,ses,smtp; a batch may then pin it)
+  SMTP relay       smtp://127.0.0.1:{_relay_port(settings)}  (the sandbox's: provider smtp)
+  providers        {_chain_shown(settings)} in that failover order (sandbox stand-ins; a batch
+                   may pin one with "provider"; SAFEDELIVR_PROVIDERS_CHAIN chooses others)
   sandbox          http://127.0.0.1:{settings.sandbox.port}  (SendGrid, Mailgun, Amazon SES, GitHub)
   RabbitMQ UI      http://127.0.0.1:15672  (guest/guest)
 

@@ -258,7 +258,8 @@ class ProviderSettings(BaseSettings):
     model_config = _config("PROVIDERS")
 
     chain: str = "sg,mg"
-    """Failover order by provider code: ``sg`` SendGrid, ``mg`` Mailgun."""
+    """Failover order by provider code: ``sg`` SendGrid, ``mg`` Mailgun, ``ses`` Amazon SES,
+    ``smtp`` an SMTP relay (``make run``: all four, the sandbox standing in for each)."""
     max_attempts: int = Field(6, ge=1)
     """Provider attempts per chunk before its recipients end ``failed``."""
     backoff: str = "5,30,120,600"

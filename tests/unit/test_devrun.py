@@ -427,6 +427,32 @@ def test_provider_smtp_is_the_sandbox_relay(
     assert {e["SAFEDELIVR_PROVIDERS_SMTP_TLS"] for e in envs} == {"none"}
 
 
+def test_every_provider_the_sandbox_stands_in_for_is_in_the_chain_by_default(
+    supervised: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """So ``GET /v1/providers`` lists SendGrid, Mailgun, SES and the relay, and a batch may
+    pin any of them."""
+    monkeypatch.delenv("SAFEDELIVR_PROVIDERS_CHAIN", raising=False)
+    _once_started(supervised, _signal_self(signal.SIGHUP))
+
+    devrun.run(supervised.settings)
+
+    envs = [supervised.record(name)["env"] for name in ORDER]
+    assert {e["SAFEDELIVR_PROVIDERS_CHAIN"] for e in envs} == {"sg,mg,ses,smtp"}
+
+
+def test_a_chain_the_user_chose_is_kept(supervised: Run) -> None:
+    chosen = supervised.settings.model_copy(
+        update={"providers": supervised.settings.providers.model_copy(update={"chain": "mg"})}
+    )
+    _once_started(supervised, _signal_self(signal.SIGHUP))
+
+    devrun.run(chosen)
+
+    envs = [supervised.record(name)["env"] for name in ORDER]
+    assert {e.get("SAFEDELIVR_PROVIDERS_CHAIN") for e in envs} == {None}
+
+
 def test_the_ses_pair_signs_what_the_pinned_certificate_verifies_for_the_sandboxs_topic() -> None:
     """The sandbox's SNS key of a run and the certificate the webhook service pins go
     together, and the sandbox's topic is the one allowed."""
