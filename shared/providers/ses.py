@@ -343,10 +343,9 @@ class SesProvider:
 
     async def send(self, chunk: Chunk, gate: Gate | None = None) -> Receipt:
         calls = await self._cpu.run(build_calls, chunk, self._configuration_set)
-        if gate is not None:
-            # One slot for the chunk: the calls of personal copies go out together.
-            await gate()
         if not chunk.message.bulk:
+            if gate is not None:
+                await gate()
             (call,) = calls
             status, found = await self._call(call)
             return Receipt(CODE, status, found)
@@ -355,6 +354,11 @@ class SesProvider:
         async def one(call: SesCall) -> tuple[RecipientAnswer, ProviderError | None]:
             async with limit:
                 try:
+                    # A slot per call: SES's sending rate counts messages, and each personal
+                    # copy is one. One the limit skips is refused for now (another provider,
+                    # or a later try, takes it); all skipped is the chunk's spill-over.
+                    if gate is not None:
+                        await gate()
                     status, found = await self._call(call)
                 except ProviderError as exc:
                     return _refusal(call.recipients[0], exc), exc
@@ -411,7 +415,8 @@ def receipt_of(results: Sequence[tuple[RecipientAnswer, ProviderError | None]]) 
         ):
             delays = [e.retry_after for e in errors if e.retry_after is not None]
             if delays and isinstance(first, TransientProviderError):
-                raise TransientProviderError(
+                # Its own type: every copy skipped at the rate limit is the chunk's spill-over.
+                raise type(first)(
                     CODE,
                     first.message,
                     status=first.status,

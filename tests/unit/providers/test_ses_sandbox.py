@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from shared.core.errors import ProviderMisconfigured, TransientProviderError
+from shared.core.errors import ProviderMisconfigured, ProviderSkipped, TransientProviderError
 from shared.providers import ses_events
 from shared.providers.ses import SesProvider
 from tests.unit.providers.fakes import BATCH_ID
@@ -229,3 +229,40 @@ async def test_a_chunks_files_reach_ses_by_name_and_size(bulk: bool) -> None:
         ('Zoë "final", v2.pdf', "application/pdf", "attachment", None, 9 + 256 * 40),
         ("logo.png", "image/png", "inline", "logo@example.com", 6),
     ]
+
+
+async def test_each_personal_copy_takes_a_rate_limit_slot_and_one_refused_goes_on() -> None:
+    """SES's sending rate counts messages: the gate is asked once per call, and the copy it
+    skips is refused for now (handed on), while the others are sent."""
+    asked: list[int] = []
+
+    async def gate() -> None:
+        asked.append(1)
+        if len(asked) == 2:
+            raise ProviderSkipped("ses", "at its rate limit: spilled over", retry_after=1.0)
+
+    async with served() as sandbox:
+        ses = provider(sandbox.url, concurrency=1)
+        try:
+            receipt = await ses.send(sample(bulk=True), gate)
+        finally:
+            await ses.aclose()
+        sends = await _sends(sandbox.url)
+
+    assert len(asked) == len(EMAILS)
+    assert sorted(a.outcome for a in receipt.recipients or ()) == ["accepted", "refused_transient"]
+    assert sum(sends.values()) == 1
+
+
+async def test_every_copy_skipped_at_the_rate_limit_is_the_chunks_spill_over() -> None:
+    async def gate() -> None:
+        raise ProviderSkipped("ses", "at its rate limit: spilled over", retry_after=1.0)
+
+    async with served() as sandbox:
+        ses = provider(sandbox.url)
+        try:
+            with pytest.raises(ProviderSkipped):
+                await ses.send(sample(bulk=True), gate)
+        finally:
+            await ses.aclose()
+        assert await _sends(sandbox.url) == {}
