@@ -111,6 +111,9 @@ class Decisions:
         # capacity were never called: those hops do not use up the chunk's attempts.
         skipped = sum(1 for a in line if (a.error or "").startswith(("skipped|", "held|")))
         skipped += isinstance(error, ProviderSkipped)
+        # Nor do turns an earlier decision passed over (numbers with no attempt in the line).
+        made = len({a.attempt for a in line if a.attempt <= job.attempt} | {job.attempt})
+        skipped += job.attempt + 1 - made
         excluded = await self.follow.excluded(job)
         header = await self.follow.header(job.batch_id)
         verdict = failover.decide(

@@ -4,10 +4,13 @@ Attempt ``n`` (0-based; it travels as ``.retry.<n>``) goes to ``chain[n % len(ch
 failover walks the chain in its configured order and then cycles. The chain is the one in
 force when the decision is made (live settings: reordered, paused providers left out). Each
 time the walk wraps around to the start of the chain, the next attempt waits in a delay queue
-(backoff tiers, the last one repeating), never in a ``sleep``. A provider's ``Retry-After``
-lengthens the wait when that same provider is next. Errors that no provider can fix end the
-chunk at once. Work held at its sending domain's capacity goes to the same provider again after
-the longest backoff (no other provider has more capacity for that domain).
+(backoff tiers, the last one repeating), never in a ``sleep``; so does a provider tried again
+before the walk wrapped (every other one refused or excluded). Turns passed over (a provider
+that refused for good or is excluded) are no calls and use up none of the attempts. A
+provider's ``Retry-After`` lengthens the wait when that same provider is next. Errors that no
+provider can fix end the chunk at once. Work held at its sending domain's capacity goes to the
+same provider again after the longest backoff (no other provider has more capacity for that
+domain).
 """
 
 from __future__ import annotations
@@ -84,8 +87,10 @@ def decide(
     # A provider outside the chain (paused or taken out by an operator since) hands its work
     # to the chain at once: it is the chain's first try, not a wrap-around.
     wraps = error.provider in chain
+    wrapped = False
     while nxt < max_attempts:
         if wraps and nxt % len(chain) == 0:
+            wrapped = True
             # `=` for `+=` is an equivalent mutant: the walk wraps at most once per decision (a
             # full cycle of the chain always reaches a provider not refused), so delay is 0.0 here.
             delay += backoff[  # pragma: no mutate
@@ -93,10 +98,17 @@ def decide(
             ]
         provider = provider_for(chain, nxt)
         if provider not in refused:
-            if provider == error.provider and error.retry_after:
-                delay = max(delay, error.retry_after)
+            if provider == error.provider:
+                if not wrapped:
+                    # The one that just failed, again before the walk wrapped (the others
+                    # refused or excluded): never at once, as if it had wrapped.
+                    delay = float(backoff[min(nxt // len(chain), len(backoff) - 1)])
+                if error.retry_after:
+                    delay = max(delay, error.retry_after)
             return Retry(provider, nxt, delay)
         nxt += 1
+        # A turn passed over is no call: it uses up none of the attempts.
+        max_attempts += 1
     return GiveUp(
         f"all {max_attempts} attempts failed across {', '.join(chain)}; last: "
         f"{error.provider} {error.message}"

@@ -109,6 +109,19 @@ def test_provider_for_walks_the_chain(attempt: int, code: str) -> None:
     assert provider_for(CHAIN, attempt) == code
 
 
+def test_turns_of_excluded_providers_use_up_no_attempts_and_the_same_provider_waits() -> None:
+    """A recipient SendGrid and Mailgun dropped has SES left: each of its retries waits the
+    backoff, and the turns passed over do not count against the limit."""
+    chain = ("sg", "mg", "ses")
+    excluded = frozenset({"sg", "mg"})
+    first = _decide(1, TransientProviderError("ses", "429"), chain=chain, excluded=excluded)
+    assert first == Retry("ses", 2, 5.0)
+    again = _decide(
+        2, TransientProviderError("ses", "429"), chain=chain, excluded=excluded, max_attempts=4
+    )
+    assert again == Retry("ses", 5, 5.0)
+
+
 def test_attempt_limit_reason_names_the_chain_in_order_and_the_last_error() -> None:
     """The give-up reason users see lists the providers tried, then the last failure."""
     result = _decide(5, TransientProviderError("mg", "503 unavailable"))
