@@ -323,7 +323,33 @@ async def _verdict(
         )
     if found:
         await _diagnose(stack, found, printer)
+    await _wrong_outcomes(db, recipients, accepted, printer)
     return verdict.verdict(subs, stored, recipients, accepted, totals, check_violations=len(found))
+
+
+async def _wrong_outcomes(
+    db: Database,
+    recipients: list[verdict.Recipient],
+    accepted: dict[str, dict[str, int]],
+    printer: Printer,
+) -> None:
+    """A few recipients that ended other than their address says, with their providers map,
+    reason and the sandbox's accepts: where to start looking."""
+    wrong = [
+        r
+        for r in recipients
+        if r.state not in ("queued", verdict.EXPECTED_STATE[verdict.address_class(r.email)])
+    ]
+    store = RecipientStore(db)
+    for r in wrong[: DIAGNOSE_LINES // 4]:
+        rows = await store.batch_rows(uuid.UUID(r.batch_id))
+        row = next((x for x in rows if x["email"] == r.email), None)
+        seen = visible(row) if row is not None else None
+        printer(
+            f"wrong outcome: {r.email} {r.state} reason={seen.reason if seen else None} "
+            f"providers={row.get('providers') if row else None} "
+            f"accepted={accepted.get(r.email.lower(), {})}"
+        )
 
 
 async def _diagnose(stack: Stack, found: list[Violation], printer: Printer) -> None:
