@@ -361,7 +361,7 @@ class Dispatcher:
             # The delivery that recorded it may have died before applying the answers it had
             # for some recipients: without them those would wait for evidence a relay never
             # sends, and be sent again.
-            await self.follow.apply_answers(job, current)
+            await self.follow.apply_answers(job, current, waiting_only=True)
         await self.follow.check(job, checks, self.settings.resolve_interval)
 
     async def _version(

@@ -97,11 +97,11 @@ class HandOff:
         pinned: str | None = None,
         later: bool = False,
     ) -> None:
-        """Hand the recipient over (idempotent: at most one new attempt per ``cause``); a
-        batch that ``pinned`` a provider has no other to hand over to: it is given up, unless
-        the provider said to try ``later`` (it refused the recipient for now: an SMTP 4xx, a
-        throttled call), when it is asked again after a backoff, as a whole call's transient
-        error would be."""
+        """Hand the recipient over (idempotent: at most one new attempt per ``cause``); with no
+        other provider to hand over to (a batch that ``pinned`` one, a chain with no other
+        left) it is given up, unless the provider said to try ``later`` (it refused the
+        recipient for now: an SMTP 4xx, a throttled call), when it is asked again after a
+        backoff, as a whole call's transient error would be."""
         line_key = recipient_line(log_id)
         serial = False
         for _ in range(_PLAN_TRIES):
@@ -118,11 +118,12 @@ class HandOff:
             number = 1 + max((a.attempt for a in line), default=-1)
             route = self.route()
             excluded = excluded_providers(row)
-            if pinned and later and self.backoff:
-                target: str | None = pinned if pinned not in excluded else None
-            else:
-                chain = (pinned,) if pinned else route.chain
-                target = next_provider(chain, excluded | {failed}, failed)
+            chain = (pinned,) if pinned else route.chain
+            target = next_provider(chain, excluded | {failed}, failed)
+            if target is None and later and self.backoff and failed not in excluded:
+                # Refused for now, and no other provider may take it (the batch pins this one,
+                # or the chain has no other left): the same provider again, after a backoff.
+                target = failed
             if target is None or number >= route.max_attempts:
                 left = (
                     f"the batch pins {name_of(pinned)}: no other provider may try"

@@ -245,9 +245,12 @@ class Ingest:
             await self._orphan(ev)
             return None
         self.metrics.events.labels(ev.provider, ev.kind).inc()
-        self.reports.count(
-            ev.provider, datetime.now(UTC), ev.kind, provider_side=bool(ev.provider_side)
-        )
+        if ev.raw_event != REFUSED_FOR_NOW:
+            # A recipient refused for now (a 4xx RCPT, a throttled or rate-limited call) is
+            # no fate and no drop: it says nothing of the provider's health.
+            self.reports.count(
+                ev.provider, datetime.now(UTC), ev.kind, provider_side=bool(ev.provider_side)
+            )
         eff = transitions.effects(ev)
         if eff.needs_row:
             row = await self.recipients.one(target.batch_id, target.chunk, target.log_id)

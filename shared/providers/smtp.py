@@ -338,6 +338,8 @@ class SmtpProvider:
                 # An answer to DATA or to the end of data: the relay took nothing.
                 raise _data_refused(exc.code, exc.message) from exc
             except (aiosmtplib.SMTPException, OSError) as exc:
+                # Never back to the pool: a late reply would answer the next transaction.
+                smtp.close()
                 return [
                     RecipientAnswer(a.email, "unknown", None, f"no answer to the message: {exc!r}")
                     if a.outcome == "accepted"

@@ -413,3 +413,38 @@ async def test_a_domains_capacity_counts_a_refused_recipient_once_with_its_resen
     await w.settle()
     assert w.providers["mg"].emails() == [B]
     assert [day["sent"] for day in volumes.days.values()] == [2]
+
+
+async def test_a_recipient_refused_for_now_with_no_other_provider_left_is_asked_again_later() -> (
+    None
+):
+    """A chain of one (not pinned): the provider is asked again after a backoff, as for a
+    pinned batch, instead of failing her with "no other provider is left"."""
+    w = World(chain="sg")
+    batch = await w.accept(A, B)
+    w.providers["sg"].answers.append(
+        _receipt((A, "accepted"), (B, "refused_transient"), final=True)
+    )
+    w.providers["sg"].answers.append(_receipt((B, "accepted"), final=True))
+    await w.settle()
+    assert w.providers["sg"].emails() == [A, B, B]
+    assert await _states(w, batch.batch_id) == {A: ("success", None), B: ("success", None)}
+
+
+async def test_a_recipient_refused_for_now_says_nothing_of_the_providers_health() -> None:
+    w = World()
+    await w.accept(A, B)
+    w.providers["sg"].answers.append(
+        _receipt((A, "accepted"), (B, "refused_transient"), final=True)
+    )
+    await w.settle()
+    drops = sum(d for (code, _), (_, d, _) in w.ingest.reports.counts.items() if code == "sg")
+    assert (_reported(w, "sg"), drops) == (1, 0)
+
+
+async def test_a_redelivery_after_the_answers_were_applied_counts_them_once() -> None:
+    w = World()
+    await w.accept(A, B)
+    w.providers["sg"].answers.append(_receipt((A, "accepted"), (B, "unknown"), final=True))
+    await w.crash_once("answers")
+    assert _reported(w, "sg") == 1
