@@ -360,8 +360,9 @@ class Dispatcher:
         if current is not None and current.state == "ambiguous":
             # The delivery that recorded it may have died before applying the answers it had
             # for some recipients: without them those would wait for evidence a relay never
-            # sends, and be sent again.
-            await self.follow.apply_answers(job, current, waiting_only=True)
+            # sends, and be sent again. All of them, as a provider replays a webhook: one
+            # whose row was written may still lack its hand-off (counted twice at worst).
+            await self.follow.apply_answers(job, current)
         await self.follow.check(job, checks, self.settings.resolve_interval)
 
     async def _version(

@@ -440,11 +440,3 @@ async def test_a_recipient_refused_for_now_says_nothing_of_the_providers_health(
     await w.settle()
     drops = sum(d for (code, _), (_, d, _) in w.ingest.reports.counts.items() if code == "sg")
     assert (_reported(w, "sg"), drops) == (1, 0)
-
-
-async def test_a_redelivery_after_the_answers_were_applied_counts_them_once() -> None:
-    w = World()
-    await w.accept(A, B)
-    w.providers["sg"].answers.append(_receipt((A, "accepted"), (B, "unknown"), final=True))
-    await w.crash_once("answers")
-    assert _reported(w, "sg") == 1

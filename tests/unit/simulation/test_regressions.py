@@ -86,6 +86,12 @@ FIXED = [
         "that attempt's acceptance for her own line's, recorded the re-send accepted without "
         "calling, and she stayed queued for ever",
     ),
+    (
+        "relay@0:consumers-a/store:recipients.reported_many.states#1=lands",
+        "issue 36, found while fixing a review finding: a redelivery that applied only the "
+        "answers of recipients still waiting skipped Bob, whose row the dead delivery had "
+        "written before his hand-off: he stayed queued for ever",
+    ),
 ]
 
 
