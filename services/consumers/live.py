@@ -64,6 +64,7 @@ from shared.providers.provider_health import (
     next_circuit,
     order,
     score,
+    seen_since,
 )
 
 log = logging.getLogger(__name__)
@@ -289,8 +290,9 @@ class ConsumerSettings:
             await self._burst(code, failures_in_last_minute(windows, now))
             before = self.circuits.get(code, "closed")
             rules = self.live.health if self.live else HealthRules()
+            current = self._circuit_states.get(code, CircuitState())
             state = next_circuit(
-                self._circuit_states.get(code, CircuitState()), scored.health, now, rules
+                current, scored.health, now, rules, probed=seen_since(windows, current.since)
             )
             self._circuit_states[code] = state
             self.health[code] = scored.health

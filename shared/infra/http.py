@@ -164,7 +164,7 @@ async def spool_capped(request: Request, limit: int, *, timeout: float = BODY_TI
                 pending.append(chunk)
                 held += len(chunk)
                 if held >= SPOOL_FLUSH:
-                    await asyncio.to_thread(spool.writelines, pending)
+                    await asyncio.to_thread(_written, spool, pending)
                     pending, held = [], 0
         await asyncio.to_thread(_rewound, spool, pending)
     except TimeoutError:
@@ -176,8 +176,16 @@ async def spool_capped(request: Request, limit: int, *, timeout: float = BODY_TI
     return spool
 
 
+def _written(spool: BinaryIO, chunks: list[bytes]) -> None:
+    """Write ``chunks`` and empty the list in the worker thread, before the loop hears the
+    write is done: the executor's work item keeps its arguments alive until its thread next
+    runs, which a loaded machine may delay past one or two more flushes."""
+    spool.writelines(chunks)
+    chunks.clear()
+
+
 def _rewound(spool: BinaryIO, rest: list[bytes]) -> None:
-    spool.writelines(rest)
+    _written(spool, rest)
     spool.flush()
     spool.seek(0)
 

@@ -163,10 +163,27 @@ class CircuitState:
     since: datetime | None = None
 
 
+def seen_since(windows: Sequence[Window], since: datetime | None) -> int:
+    """Calls and reported events in the windows that began after ``since`` (the evidence a
+    half-open circuit's probes brought; a window ``since`` falls in may hold older calls)."""
+    if since is None:
+        return 0
+    return sum(w.calls + w.events for w in windows if w.start > since)
+
+
 def next_circuit(
-    current: CircuitState, health: float, now: datetime, rules: HealthRules = HealthRules()
+    current: CircuitState,
+    health: float,
+    now: datetime,
+    rules: HealthRules = HealthRules(),
+    *,
+    probed: int = 0,
 ) -> CircuitState:
-    """The circuit after a new score (a pure state machine)."""
+    """The circuit after a new score (a pure state machine). ``probed``: what
+    :func:`seen_since` counts since the circuit went half-open. Without it the score is the
+    one that opened the circuit, so it cannot open it again: a probe share is drawn per
+    refresh, and with a cool-down of a few seconds a quiet spell would otherwise flip the
+    circuit open and half-open until the bad windows aged out of the score."""
     if current.state == "closed":
         return CircuitState("open", now) if health < rules.open_below else current
     if current.state == "open":
@@ -177,7 +194,7 @@ def next_circuit(
     probed_long_enough = (
         current.since is not None and (now - current.since).total_seconds() >= rules.cool_down
     )
-    if health < rules.open_below and probed_long_enough:
+    if health < rules.open_below and probed_long_enough and probed > 0:
         return CircuitState("open", now)  # the probes failed too
     return current
 

@@ -258,6 +258,7 @@ async def _providers(stack: Stack) -> dict[str, ProviderView]:
     return {p.name: p for p in ProviderList.model_validate(resp.json()).data}
 
 
+@pytest.mark.timeout(240)  # its own bounds (60 s, then 120 s) fail it first, saying why
 async def test_a_provider_failing_30_percent_loses_its_place_and_regains_it(
     stack: Stack, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -28,6 +28,7 @@ from shared.providers.provider_health import (
     next_circuit,
     order,
     score,
+    seen_since,
     window_start,
 )
 
@@ -92,8 +93,27 @@ def test_a_circuit_opens_cools_down_probes_and_closes() -> None:
 
 def test_a_half_open_circuit_whose_probes_keep_failing_opens_again() -> None:
     half = CircuitState("half_open", NOW)
-    assert next_circuit(half, 0.3, NOW + timedelta(seconds=1)).state == "half_open"
-    assert next_circuit(half, 0.3, NOW + timedelta(seconds=COOL_DOWN)).state == "open"
+    assert next_circuit(half, 0.3, NOW + timedelta(seconds=1), probed=3).state == "half_open"
+    assert next_circuit(half, 0.3, NOW + timedelta(seconds=COOL_DOWN), probed=3).state == "open"
+
+
+def test_a_half_open_circuit_no_probe_reached_stays_half_open() -> None:
+    """The score is still the one that opened it: nothing new says the provider is down."""
+    half = CircuitState("half_open", NOW)
+    later = NOW + timedelta(seconds=10 * COOL_DOWN)
+
+    assert next_circuit(half, 0.3, later, probed=0) == half
+
+
+def test_only_windows_begun_after_the_circuit_went_half_open_are_its_probes() -> None:
+    windows = [
+        Window(NOW, calls=40, errors=20, latency_ms=0),
+        Window(NOW + timedelta(seconds=WINDOW), calls=2, errors=2, latency_ms=0, events=1),
+    ]
+
+    assert seen_since(windows, NOW + timedelta(seconds=1)) == 3
+    assert seen_since(windows, NOW + timedelta(seconds=WINDOW)) == 0
+    assert seen_since(windows, None) == 0
 
 
 def test_a_healthy_closed_circuit_stays_closed() -> None:

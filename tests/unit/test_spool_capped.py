@@ -78,8 +78,9 @@ asyncio.run(main())
 
 
 def test_an_upload_many_times_the_flush_size_holds_about_the_flush_size() -> None:
-    """16 MB in: the memory allocated at the peak is a few flushes, not the upload (which
-    joined would be 16 MB, and its chunks kept 16 MB more)."""
+    """16 MB in: the memory allocated at the peak is about one flush, not the upload (which
+    joined would be 16 MB, and its chunks kept 16 MB more), however late the writing thread
+    lets go of what it wrote."""
     measured = subprocess.run(
         [sys.executable, "-c", _MEASURE],
         cwd=ROOT,
@@ -90,7 +91,7 @@ def test_an_upload_many_times_the_flush_size_holds_about_the_flush_size() -> Non
     )
     peak = int(measured.stdout.split()[-1])
 
-    assert peak < 3 * SPOOL_FLUSH
+    assert peak < 2 * SPOOL_FLUSH
 
 
 async def test_a_body_over_the_cap_is_a_413_read_no_further() -> None:
