@@ -35,6 +35,19 @@ async def _send(page: Page, stack: Stack, to: str, subject: str) -> None:
     await expect(page.get_by_role("status")).to_contain_text("1 recipient queued")
 
 
+async def _through_the_api(
+    page: Page, stack: Stack, key_name: str, path: str, body: dict[str, object]
+) -> httpx.Response:
+    """Log in, make a key named ``key_name`` on the Keys page and POST ``body`` to ``path``
+    of the API with it (what a page lists was made the way a client makes it)."""
+    await log_in(page, stack, "/keys")
+    await page.get_by_label("Name", exact=True).fill(key_name)
+    await page.get_by_role("button", name="Create key").click()
+    key = await page.get_by_role("textbox", name="Your new API key").input_value()
+    async with httpx.AsyncClient(base_url=stack.api) as api:
+        return await api.post(path, json=body, headers={"Authorization": f"Bearer {key}"})
+
+
 async def test_a_webhook_is_created_rotated_and_a_delivery_replayed(
     page: Page, stack: Stack
 ) -> None:
@@ -144,22 +157,19 @@ async def test_a_scheduled_batch_is_cancelled_from_its_page(page: Page, stack: S
     """A batch scheduled through the API with a key made on the Keys page is cancelled by
     its page's button, and stays cancelled."""
     tag = uuid.uuid4().hex[:8]
-    await log_in(page, stack, "/keys")
-    await page.get_by_label("Name", exact=True).fill(f"scheduler {tag}")
-    await page.get_by_role("button", name="Create key").click()
-    key = await page.get_by_role("textbox", name="Your new API key").input_value()
-    async with httpx.AsyncClient(base_url=stack.api) as api:
-        made = await api.post(
-            "/v1/batches",
-            json={
-                "from": "shop@example.com",
-                "to": [f"ann.{tag}@example.com"],
-                "subject": f"Tomorrow {tag}",
-                "text": "Later",
-                "send_at": (datetime.now(UTC) + timedelta(days=1)).isoformat(),
-            },
-            headers={"Authorization": f"Bearer {key}"},
-        )
+    made = await _through_the_api(
+        page,
+        stack,
+        f"scheduler {tag}",
+        "/v1/batches",
+        {
+            "from": "shop@example.com",
+            "to": [f"ann.{tag}@example.com"],
+            "subject": f"Tomorrow {tag}",
+            "text": "Later",
+            "send_at": (datetime.now(UTC) + timedelta(days=1)).isoformat(),
+        },
+    )
     assert made.status_code == 202, made.text
     await page.goto(f"{stack.api}/batches/{made.json()['batch_id']}")
     await expect(page.locator("#batch-summary")).to_contain_text("scheduled")
@@ -177,16 +187,13 @@ async def test_a_campaign_draft_is_created_from_the_form(page: Page, stack: Stac
     """With a template (made through the API) and a list (made on the page), the Campaigns
     form creates a draft, listed with its template and list by name."""
     tag = uuid.uuid4().hex[:8]
-    await log_in(page, stack, "/keys")
-    await page.get_by_label("Name", exact=True).fill(f"templates {tag}")
-    await page.get_by_role("button", name="Create key").click()
-    key = await page.get_by_role("textbox", name="Your new API key").input_value()
-    async with httpx.AsyncClient(base_url=stack.api) as api:
-        made = await api.post(
-            "/v1/templates",
-            json={"name": f"Winter {tag}", "subject": "Hi {{ name }}", "text": "Hello"},
-            headers={"Authorization": f"Bearer {key}"},
-        )
+    made = await _through_the_api(
+        page,
+        stack,
+        f"templates {tag}",
+        "/v1/templates",
+        {"name": f"Winter {tag}", "subject": "Hi {{ name }}", "text": "Hello"},
+    )
     assert made.status_code == 201, made.text
     await page.goto(stack.api + "/lists")
     await page.get_by_label("Name").fill(f"Readers {tag}")
@@ -211,16 +218,13 @@ async def test_a_template_version_is_previewed_and_published(page: Page, stack: 
     """A version added on the Templates page is previewed with its sample data, then
     published: it is the live one."""
     tag = uuid.uuid4().hex[:8]
-    await log_in(page, stack, "/keys")
-    await page.get_by_label("Name", exact=True).fill(f"templates {tag}")
-    await page.get_by_role("button", name="Create key").click()
-    key = await page.get_by_role("textbox", name="Your new API key").input_value()
-    async with httpx.AsyncClient(base_url=stack.api) as api:
-        made = await api.post(
-            "/v1/templates",
-            json={"name": f"Welcome {tag}", "subject": "Hi", "text": "Hello"},
-            headers={"Authorization": f"Bearer {key}"},
-        )
+    made = await _through_the_api(
+        page,
+        stack,
+        f"templates {tag}",
+        "/v1/templates",
+        {"name": f"Welcome {tag}", "subject": "Hi", "text": "Hello"},
+    )
     assert made.status_code == 201, made.text
     await page.goto(stack.api + "/templates")
     panel = page.locator(f'section[data-template="{made.json()["id"]}"]')

@@ -4,6 +4,9 @@ signed SNS notifications of the accepted mail."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import httpx
 import pytest
 
@@ -20,16 +23,32 @@ EMAILS = {p.email for p in PEOPLE}
 SECRET = "sandbox-ses-secret"
 
 
-def provider(url: str, secret: str | None = None, **kwargs: object) -> SesProvider:
+def provider(
+    url: str,
+    secret: str | None = None,
+    *,
+    key_id: str = "sandbox-ses-key-id",
+    timeout: float = 5,
+    **kwargs: object,
+) -> SesProvider:
     return SesProvider(
         region="us-east-1",
-        access_key_id="sandbox-ses-key-id",
+        access_key_id=key_id,
         secret_access_key=secret or SECRET,
         base_url=f"{url}/ses",
-        timeout=5,
+        timeout=timeout,
         configuration_set="safedelivr",
         **kwargs,  # type: ignore[arg-type]
     )
+
+
+@contextlib.asynccontextmanager
+async def opened(ses: SesProvider) -> AsyncIterator[SesProvider]:
+    """``ses``, closed on the way out whatever happened."""
+    try:
+        yield ses
+    finally:
+        await ses.aclose()
 
 
 async def _fault(url: str, **fault: object) -> None:
@@ -47,11 +66,8 @@ async def _sends(url: str) -> dict[str, int]:
 
 async def test_personal_copies_are_accepted_recipient_by_recipient() -> None:
     async with served() as sandbox:
-        ses = provider(sandbox.url)
-        try:
+        async with opened(provider(sandbox.url)) as ses:
             receipt = await ses.send(sample(bulk=True))
-        finally:
-            await ses.aclose()
         sends = await _sends(sandbox.url)
 
     assert receipt.recipients is not None
@@ -63,11 +79,8 @@ async def test_personal_copies_are_accepted_recipient_by_recipient() -> None:
 
 async def test_a_shared_chunk_is_one_call_answered_for_the_chunk() -> None:
     async with served() as sandbox:
-        ses = provider(sandbox.url)
-        try:
+        async with opened(provider(sandbox.url)) as ses:
             receipt = await ses.send(sample(bulk=False))
-        finally:
-            await ses.aclose()
         sends = await _sends(sandbox.url)
 
     assert (receipt.provider, receipt.status, receipt.recipients) == ("ses", 200, None)
@@ -78,12 +91,9 @@ async def test_a_shared_chunk_is_one_call_answered_for_the_chunk() -> None:
 async def test_throttling_is_a_clean_transient_refusal() -> None:
     async with served() as sandbox:
         await _fault(sandbox.url, status=429)
-        ses = provider(sandbox.url)
-        try:
+        async with opened(provider(sandbox.url)) as ses:
             with pytest.raises(TransientProviderError) as caught:
                 await ses.send(sample(bulk=True))
-        finally:
-            await ses.aclose()
         sends = await _sends(sandbox.url)
 
     assert (caught.value.status, caught.value.outcome_unknown) == (429, False)
@@ -93,12 +103,9 @@ async def test_throttling_is_a_clean_transient_refusal() -> None:
 
 async def test_a_wrong_secret_is_refused_as_misconfiguration() -> None:
     async with served() as sandbox:
-        ses = provider(sandbox.url, secret="not-the-secret")
-        try:
+        async with opened(provider(sandbox.url, secret="not-the-secret")) as ses:
             with pytest.raises(ProviderMisconfigured) as caught:
                 await ses.send(sample(bulk=False))
-        finally:
-            await ses.aclose()
         sends = await _sends(sandbox.url)
 
     assert caught.value.status == 403
@@ -107,15 +114,9 @@ async def test_a_wrong_secret_is_refused_as_misconfiguration() -> None:
 
 
 async def test_an_unknown_key_id_is_refused_as_misconfiguration() -> None:
-    async with served() as sandbox:
-        ses = SesProvider(region="us-east-1", access_key_id="AKIDSTRANGER",
-                          secret_access_key=SECRET, base_url=f"{sandbox.url}/ses",
-                          timeout=5)  # fmt: skip
-        try:
-            with pytest.raises(ProviderMisconfigured) as caught:
-                await ses.send(sample(bulk=True))
-        finally:
-            await ses.aclose()
+    async with served() as sandbox, opened(provider(sandbox.url, key_id="AKIDSTRANGER")) as ses:
+        with pytest.raises(ProviderMisconfigured) as caught:
+            await ses.send(sample(bulk=True))
 
     assert "UnrecognizedClient" in caught.value.message
 
@@ -123,12 +124,9 @@ async def test_an_unknown_key_id_is_refused_as_misconfiguration() -> None:
 async def test_a_5xx_after_accepting_leaves_the_outcome_unknown() -> None:
     async with served() as sandbox:
         await _fault(sandbox.url, status=500, accept=True)
-        ses = provider(sandbox.url)
-        try:
+        async with opened(provider(sandbox.url)) as ses:
             with pytest.raises(TransientProviderError) as caught:
                 await ses.send(sample(bulk=True))
-        finally:
-            await ses.aclose()
         sends = await _sends(sandbox.url)
 
     assert (caught.value.status, caught.value.outcome_unknown) == (500, True)
@@ -138,14 +136,9 @@ async def test_a_5xx_after_accepting_leaves_the_outcome_unknown() -> None:
 async def test_no_answer_within_the_timeout_after_sending_leaves_the_outcome_unknown() -> None:
     async with served() as sandbox:
         await _fault(sandbox.url, latency_ms=1500, accept=True)
-        ses = SesProvider(region="us-east-1", access_key_id="sandbox-ses-key-id",
-                          secret_access_key=SECRET, base_url=f"{sandbox.url}/ses",
-                          timeout=0.3)  # fmt: skip
-        try:
+        async with opened(provider(sandbox.url, timeout=0.3)) as ses:
             with pytest.raises(TransientProviderError) as caught:
                 await ses.send(sample(bulk=False))
-        finally:
-            await ses.aclose()
         sends = await _sends(sandbox.url)
 
     assert caught.value.outcome_unknown
@@ -155,11 +148,8 @@ async def test_no_answer_within_the_timeout_after_sending_leaves_the_outcome_unk
 async def test_one_unknown_call_among_accepted_ones_is_answered_per_recipient() -> None:
     async with served() as sandbox:
         await _fault(sandbox.url, status=503, accept=True, count=1)
-        ses = provider(sandbox.url, concurrency=1)
-        try:
+        async with opened(provider(sandbox.url, concurrency=1)) as ses:
             receipt = await ses.send(sample(bulk=True))
-        finally:
-            await ses.aclose()
 
     assert receipt.recipients is not None
     assert sorted(a.outcome for a in receipt.recipients) == ["accepted", "unknown"]
@@ -171,11 +161,8 @@ async def test_accepted_mail_is_reported_by_signed_sns_notifications() -> None:
     async with served() as sandbox:
         async with httpx.AsyncClient(base_url=sandbox.url) as client:
             pem = (await client.get("/_control/ses/certificate")).content
-        ses = provider(sandbox.url)
-        try:
+        async with opened(provider(sandbox.url)) as ses:
             await ses.send(sample(bulk=True).model_copy(update={"attempt": "c.2"}))
-        finally:
-            await ses.aclose()
         await sandbox.posted()
         posts = [r for r in sandbox.receiver.received if r.path == "/webhooks/ses"]
 
@@ -213,11 +200,8 @@ async def test_a_chunks_files_reach_ses_by_name_and_size(bulk: bool) -> None:
     would break it), an inline one with its Content-ID; SES records each one's size."""
     files = sample(bulk).message.model_copy(update={"attachments": FILES})
     async with served() as sandbox:
-        ses = provider(sandbox.url)
-        try:
+        async with opened(provider(sandbox.url)) as ses:
             await ses.send(sample(bulk).model_copy(update={"message": files}))
-        finally:
-            await ses.aclose()
         async with httpx.AsyncClient(base_url=sandbox.url) as client:
             recent = (await client.get("/_control/sends")).json()["ses"]["recent"][-1]
 
@@ -242,11 +226,8 @@ async def test_each_personal_copy_takes_a_rate_limit_slot_and_one_refused_goes_o
             raise ProviderSkipped("ses", "at its rate limit: spilled over", retry_after=1.0)
 
     async with served() as sandbox:
-        ses = provider(sandbox.url, concurrency=1)
-        try:
+        async with opened(provider(sandbox.url, concurrency=1)) as ses:
             receipt = await ses.send(sample(bulk=True), gate)
-        finally:
-            await ses.aclose()
         sends = await _sends(sandbox.url)
 
     assert len(asked) == len(EMAILS)
@@ -259,10 +240,7 @@ async def test_every_copy_skipped_at_the_rate_limit_is_the_chunks_spill_over() -
         raise ProviderSkipped("ses", "at its rate limit: spilled over", retry_after=1.0)
 
     async with served() as sandbox:
-        ses = provider(sandbox.url)
-        try:
+        async with opened(provider(sandbox.url)) as ses:
             with pytest.raises(ProviderSkipped):
                 await ses.send(sample(bulk=True), gate)
-        finally:
-            await ses.aclose()
         assert await _sends(sandbox.url) == {}
