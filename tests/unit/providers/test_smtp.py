@@ -4,7 +4,6 @@ and its transactions against the sandbox's real relay (``sandbox.relay``, aiosmt
 from __future__ import annotations
 
 import asyncio
-import base64
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -12,12 +11,13 @@ from typing import Any
 import pytest
 
 from shared.core.errors import ProviderMisconfigured, TransientProviderError
-from shared.core.models import Attachment, Chunk
+from shared.core.models import Chunk
 from shared.infra.config import SandboxSettings
 from shared.providers import smtp as smtp_module
 from shared.providers.base import RecipientAnswer
 from shared.providers.smtp import SmtpProvider, mail_refused, rcpt_answer, relay_denied
 from tests.unit.providers.fakes import chunk, recipient
+from tests.unit.providers.test_sandbox import FILES
 from tests.unit.sandbox.conftest import Harness, running
 
 PASSWORD = SandboxSettings().smtp_password.get_secret_value()
@@ -309,23 +309,9 @@ async def test_an_idle_connection_is_checked_and_kept(
 async def test_a_chunks_files_reach_the_relay_by_name_and_size(relay: Relay, bulk: bool) -> None:
     """The relay records each file of the message it took: an attachment and an inline
     image (in the html's related part), with their decoded sizes."""
-    files = (
-        Attachment(
-            filename="report.pdf",
-            content_type="application/pdf",
-            content=base64.b64encode(b"%PDF-1.4 " + bytes(range(256)) * 40).decode(),
-        ),
-        Attachment(
-            filename="logo.png",
-            content_type="image/png",
-            content=base64.b64encode(b"\x89PNG\r\n").decode(),
-            disposition="inline",
-            content_id="logo@example.com",
-        ),
-    )
     sent = tagged("ann@example.org", bulk=bulk, html='<img src="cid:logo@example.com">')
     await relay.provider.send(
-        sent.model_copy(update={"message": sent.message.model_copy(update={"attachments": files})})
+        sent.model_copy(update={"message": sent.message.model_copy(update={"attachments": FILES})})
     )
 
     sends = (await relay.sandbox.client.get("/_control/sends")).json()
@@ -334,6 +320,6 @@ async def test_a_chunks_files_reach_the_relay_by_name_and_size(relay: Relay, bul
         for a in sends["smtp"]["recent"][-1]["attachments"]
     ]
     assert sorted(recorded) == [
+        ('Zoë "final", v2.pdf', "application/pdf", "attachment", None, 9 + 256 * 40),
         ("logo.png", "image/png", "inline", "logo@example.com", 6),
-        ("report.pdf", "application/pdf", "attachment", None, 9 + 256 * 40),
     ]
