@@ -297,11 +297,23 @@ class Broker:
         self._consumers.clear()
 
     async def queue_depth(self, queue_name: str) -> int:
-        channel = self._require_channel()
+        """Messages ready in ``queue_name`` (DependencyUnavailable when it does not exist).
+
+        A passive declare of a missing queue makes the broker close its channel: it runs on a
+        channel of its own, so that a probe (``/readyz`` before the topology is declared)
+        never closes the channel publishes go through, even for the moment aio-pika takes
+        to reopen it. A raw declare: aio-pika's ``declare_queue`` may answer from its cache.
+        """
+        transport = self._require_connection().transport
+        if transport is None:
+            raise DependencyUnavailable("rabbitmq", "connection closed")
         try:
-            # A raw passive declare: aio-pika's declare_queue may answer from its cache.
-            raw = await channel.get_underlay_channel()
-            result = await raw.queue_declare(queue=queue_name, passive=True)
+            raw = await transport.connection.channel(publisher_confirms=False)
+            try:
+                result = await raw.queue_declare(queue=queue_name, passive=True)
+            finally:
+                if not raw.is_closed:
+                    await raw.close()
         except _AMQP_ERRORS as exc:
             raise DependencyUnavailable("rabbitmq", _describe(exc)) from exc
         return int(result.message_count or 0)

@@ -133,6 +133,16 @@ async def test_poison_message_is_dead_lettered_after_the_delivery_limit(broker: 
     await dead.ack()
 
 
+async def test_the_depth_of_a_missing_queue_leaves_publishing_untouched(broker: Broker) -> None:
+    """The broker closes the channel of a passive declare that finds nothing: the probe's,
+    never the one publishes go through (a publish right after it is confirmed)."""
+    with pytest.raises(DependencyUnavailable, match="NOT_FOUND"):
+        await broker.queue_depth(f"missing-{uuid.uuid4().hex}")
+
+    await broker.publish(batch_key(uuid.uuid4()), b"{}")
+    assert await broker.queue_depth(broker.topology.batches_queue) == 1
+
+
 async def _next_depth(b: Broker, queue: str, depth: int) -> None:
     for _ in range(50):
         if await b.queue_depth(queue) == depth:

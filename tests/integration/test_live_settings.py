@@ -265,10 +265,11 @@ async def test_a_provider_failing_30_percent_loses_its_place_and_regains_it(
     """SendGrid answering 500 to 3 calls in 10 is moved behind Mailgun within a minute (the
     work still gets through), and back in front once it recovers. Behind it is demoted, or
     cut off while its circuit is open when a few windows in a row failed more than half their
-    calls (chance decides which): the circuit's cool-down is the shortest the settings allow,
-    so that its recovery is seen in seconds either way."""
+    calls (chance decides which): the circuit's cool-down is the shortest the settings allow
+    and the share of refreshes that probe it the largest, so that its recovery is seen in
+    seconds either way."""
     ops = await _key(stack.db, "operator")
-    cool = {"providers": {"health": {"cool_down_s": 5}}}
+    cool = {"providers": {"health": {"cool_down_s": 5, "probe_share": 0.5}}}
     assert (await stack.api.patch("/v1/settings", json=cool, headers=ops)).is_success
     await stack.fault("sendgrid", status=500, share=0.3)
     sending = True
