@@ -51,9 +51,6 @@ RCPT_ANSWERS: Final = {
     "rcpt5xx": "550 5.1.1 no such user here",
     "rcpt57x": "550 5.7.1 relaying denied",
 }
-#: Largest message the relay takes (its EHLO SIZE).
-MAX_MESSAGE_BYTES: Final = 25_000_000
-
 
 @dataclass(slots=True)
 class RelayStats:
@@ -252,7 +249,7 @@ async def start(state: SandboxState, host: str, port: int) -> Relay:
     options: dict[str, Any] = {
         "hostname": "relay.sandbox",
         "ident": "Safedelivr sandbox relay",
-        "data_size_limit": MAX_MESSAGE_BYTES,
+        "data_size_limit": settings.smtp_max_bytes,
         "enable_SMTPUTF8": True,
         "authenticator": authenticator(
             settings.smtp_user, settings.smtp_password.get_secret_value()

@@ -460,6 +460,8 @@ class SandboxSettings(BaseSettings):
     """Where the SMTP relay stand-in listens; 0 (the default): any free port, read back from
     ``GET /_control/smtp`` (``make run`` does), so two sandboxes on one machine (tests, a
     soak beside ``make run``) never compete for one."""
+    smtp_max_bytes: int = Field(25_000_000, ge=1024)
+    """The largest message the SMTP relay stand-in takes, advertised in its EHLO (``SIZE``)."""
     smtp_user: str = "sandbox-smtp-user"
     """The user the SMTP relay stand-in admits (AUTH PLAIN or LOGIN)."""
     smtp_password: SecretStr = SecretStr("sandbox-smtp-password")

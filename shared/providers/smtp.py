@@ -10,6 +10,9 @@ and the relay's answers recipient by recipient.
 * **Low-level calls** (``mail``, ``rcpt``, ``data``), not ``sendmail``, so the failure point
   is known:
 
+  - a message larger than the relay's EHLO ``SIZE`` is refused for good by this relay
+    before MAIL (:func:`advertised_size`; the next provider may take it), and MAIL names
+    its size (``SIZE=n``) whenever the relay advertises the extension;
   - connect, EHLO, STARTTLS or MAIL failing: nothing was sent; a 4xx (421 too) or a lost
     connection is transient for the chunk, AUTH 535 (or 530) or a 5xx to MAIL is
     :class:`ProviderMisconfigured` (another provider may take it);
@@ -34,7 +37,7 @@ import asyncio
 import re
 import ssl
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
 from typing import Final, Literal
@@ -309,8 +312,17 @@ class SmtpProvider:
     async def _transact(self, t: mime.Transaction) -> list[RecipientAnswer]:
         """One transaction; raises when it failed as a whole before anything could be taken."""
         async with self._pool.client() as smtp:
+            size = len(t.data)
+            limit = advertised_size(smtp.esmtp_extensions)
+            if limit is not None and size > limit:
+                # Refused before a byte is sent: the next provider may take it (RFC 1870).
+                raise PermanentProviderError(
+                    CODE,
+                    f"the message ({size} bytes) is larger than the relay takes (SIZE {limit})",
+                    status=552,
+                )
             try:
-                await smtp.mail(t.sender)
+                await smtp.mail(t.sender, options=[f"SIZE={size}"] if limit is not None else None)
             except aiosmtplib.SMTPSenderRefused as exc:
                 raise mail_refused(exc.code, exc.message) from exc
             except (aiosmtplib.SMTPException, OSError) as exc:
@@ -365,6 +377,15 @@ class SmtpProvider:
         await self._pool.aclose()
         if self._owns_cpu:
             await self._cpu.aclose()
+
+
+def advertised_size(extensions: Mapping[str, str]) -> int | None:
+    """The largest message the relay said (EHLO ``SIZE n``, RFC 1870) it takes; ``None``
+    when it said nothing, or ``SIZE`` with no number or 0 (no fixed limit)."""
+    if "size" not in extensions:
+        return None
+    said = extensions["size"].strip()
+    return int(said) if said.isdigit() and int(said) > 0 else None
 
 
 def _failed(email: str, error: ProviderError) -> RecipientAnswer:

@@ -10,15 +10,25 @@ from typing import Any
 
 import pytest
 
-from shared.core.errors import ProviderMisconfigured, TransientProviderError
+from shared.core.errors import (
+    PermanentProviderError,
+    ProviderMisconfigured,
+    TransientProviderError,
+)
 from shared.core.models import Chunk
 from shared.infra.config import SandboxSettings
 from shared.providers import smtp as smtp_module
 from shared.providers.base import RecipientAnswer
-from shared.providers.smtp import SmtpProvider, mail_refused, rcpt_answer, relay_denied
+from shared.providers.smtp import (
+    SmtpProvider,
+    advertised_size,
+    mail_refused,
+    rcpt_answer,
+    relay_denied,
+)
 from tests.unit.providers.fakes import chunk, recipient
 from tests.unit.providers.test_sandbox import FILES
-from tests.unit.sandbox.conftest import Harness, running
+from tests.unit.sandbox.conftest import Harness, running, sandbox_settings
 
 PASSWORD = SandboxSettings().smtp_password.get_secret_value()
 
@@ -323,3 +333,40 @@ async def test_a_chunks_files_reach_the_relay_by_name_and_size(relay: Relay, bul
         ('Zoë "final", v2.pdf', "application/pdf", "attachment", None, 9 + 256 * 40),
         ("logo.png", "image/png", "inline", "logo@example.com", 6),
     ]
+
+
+@pytest.mark.parametrize(
+    ("extensions", "limit"),
+    [
+        ({"size": "10240000"}, 10_240_000),
+        ({"size": ""}, None),  # SIZE with no number: the relay names no limit
+        ({"size": "0"}, None),  # RFC 1870: no fixed maximum
+        ({"size": "lots"}, None),
+        ({"8bitmime": ""}, None),
+    ],
+)
+def test_the_relays_size_limit_is_read_from_its_ehlo(
+    extensions: dict[str, str], limit: int | None
+) -> None:
+    assert advertised_size(extensions) == limit
+
+
+async def test_a_message_over_the_relays_size_is_refused_for_good_before_it_is_sent() -> None:
+    """The relay says SIZE 4096 in its EHLO: a larger message is this relay's permanent
+    refusal (the next provider may take it), and the relay never receives it."""
+    big = "x" * 8000
+    async with running(sandbox_settings(smtp_max_bytes=4096)) as sandbox:
+        port = (await sandbox.client.get("/_control/smtp")).json()["port"]
+        provider = adapter(port)
+        try:
+            with pytest.raises(PermanentProviderError) as caught:
+                await provider.send(tagged("ann@example.org", text=big))
+            small = await provider.send(tagged("bob@example.org"))
+        finally:
+            await provider.aclose()
+        sends = (await sandbox.client.get("/_control/sends")).json()
+
+    assert caught.value.status == 552
+    assert "SIZE 4096" in caught.value.message
+    assert outcomes(small.recipients) == {"bob@example.org": "accepted"}
+    assert set(sends["smtp"]["by_recipient"]) == {"bob@example.org"}
