@@ -389,11 +389,12 @@ def advertised_size(extensions: Mapping[str, str]) -> int | None:
 
 
 def _failed(email: str, error: ProviderError) -> RecipientAnswer:
-    """The answer for a recipient whose own transaction failed as a whole."""
+    """The answer for a recipient whose own transaction failed as a whole: unknown when the
+    relay may have taken it, otherwise refused for now. A whole transaction refused (the
+    relay down or refusing us, her copy larger than it takes) says nothing of her address:
+    another provider may take her."""
     if error.outcome_unknown:
         return RecipientAnswer(email, "unknown", error.status, error.message)
-    if isinstance(error, PermanentProviderError):
-        return RecipientAnswer(email, "refused_permanent", error.status, error.message)
     return RecipientAnswer(email, "refused_transient", error.status, error.message)
 
 

@@ -370,3 +370,21 @@ async def test_a_message_over_the_relays_size_is_refused_for_good_before_it_is_s
     assert "SIZE 4096" in caught.value.message
     assert outcomes(small.recipients) == {"bob@example.org": "accepted"}
     assert set(sends["smtp"]["by_recipient"]) == {"bob@example.org"}
+
+
+async def test_bulk_copies_all_over_the_relays_size_are_the_chunks_refusal_for_good() -> None:
+    """Every personal copy too large: the chunk is refused by this relay as a whole (the
+    next provider takes it), not each recipient failed."""
+    big = "x" * 8000
+    async with running(sandbox_settings(smtp_max_bytes=4096)) as sandbox:
+        port = (await sandbox.client.get("/_control/smtp")).json()["port"]
+        provider = adapter(port)
+        try:
+            with pytest.raises(PermanentProviderError) as caught:
+                await provider.send(
+                    tagged("ann@example.org", "bob@example.org", bulk=True, text=big)
+                )
+        finally:
+            await provider.aclose()
+
+    assert "SIZE 4096" in caught.value.message
