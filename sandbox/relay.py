@@ -52,6 +52,7 @@ RCPT_ANSWERS: Final = {
     "rcpt57x": "550 5.7.1 relaying denied",
 }
 
+
 @dataclass(slots=True)
 class RelayStats:
     """What the relay saw of its clients: connections opened, and those open now."""

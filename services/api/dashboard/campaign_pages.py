@@ -21,10 +21,10 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from services.api.campaigns import Campaigns
-from services.api.dashboard.pages import page, read_form, render, see_other
+from services.api.dashboard.pages import checked_form, page, page_user, render, see_other
 from services.api.dashboard.views import fmt_time, form_errors, iso
 from services.api.schema import CampaignIn, checked
-from services.api.sessions import SessionUser, require_user, verify_csrf
+from services.api.sessions import SessionUser
 from shared.audience.campaigns import Action, Campaign, LifecycleError, next_state
 from shared.infra.http import ApiError
 
@@ -186,12 +186,6 @@ async def _page(
     return render(request, "campaigns.html", context, status=status)
 
 
-async def _user(request: Request) -> SessionUser:
-    user = await require_user(request)
-    request.state.user = user
-    return user
-
-
 def _by_name(pair: tuple[str, str]) -> str:
     return pair[1].lower()
 
@@ -199,11 +193,10 @@ def _by_name(pair: tuple[str, str]) -> str:
 @page
 async def campaigns_page(request: Request) -> Response:
     """The user's campaigns; POST creates a draft (as ``POST /v1/campaigns`` does)."""
-    user = await _user(request)
+    user = await page_user(request)
     if request.method != "POST":
         return await _page(request, user)
-    form = await read_form(request)
-    await verify_csrf(request, user, form.get("csrf_token"))
+    form = await checked_form(request, user)
     campaigns: Campaigns = request.app.state.campaigns
     try:
         made = await campaigns.create(user.user_id, checked(CampaignIn, create_body(form)))
@@ -219,9 +212,8 @@ async def campaigns_page(request: Request) -> Response:
 async def campaign_step(request: Request) -> Response:
     """Schedule, pause, resume or cancel one campaign (``send_at``: an RFC 3339 time to
     schedule it for, empty for the time it was made with)."""
-    user = await _user(request)
-    form = await read_form(request)
-    await verify_csrf(request, user, form.get("csrf_token"))
+    user = await page_user(request)
+    form = await checked_form(request, user)
     action = request.path_params["action"]
     if action not in ACTIONS:
         raise ApiError(404, "not_found", "There is no such campaign step.")

@@ -19,12 +19,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from services.api.contact_lists import ContactList, ListContact
-from services.api.dashboard.pages import page, read_form, render, see_other
+from services.api.dashboard.pages import (
+    checked_form,
+    page,
+    page_user,
+    render,
+    see_other,
+)
 from services.api.dashboard.views import fmt_time, form_errors, iso
 from services.api.list_import import ImportJob
 from services.api.lists import Lists, import_view, list_name
 from services.api.queries import path_uuid
-from services.api.sessions import SessionUser, current_user, require_user, verify_csrf
+from services.api.sessions import SessionUser, current_user, verify_csrf
 from shared.infra.http import ApiError
 
 #: How each import state is badged.
@@ -136,18 +142,6 @@ def done_notice(params: Mapping[str, str]) -> str | None:
     return _NOTICES.get(params.get("done", ""))
 
 
-async def _user(request: Request) -> SessionUser:
-    user = await require_user(request)
-    request.state.user = user
-    return user
-
-
-async def _form(request: Request, user: SessionUser) -> dict[str, str]:
-    form = await read_form(request)
-    await verify_csrf(request, user, form.get("csrf_token"))
-    return form
-
-
 async def _lists_page(
     request: Request, user: SessionUser, *, status: int = 200, **extra: Any
 ) -> Response:
@@ -169,10 +163,10 @@ async def _lists_page(
 @page
 async def lists_page(request: Request) -> Response:
     """The user's lists; POST creates one (as ``POST /v1/lists`` does)."""
-    user = await _user(request)
+    user = await page_user(request)
     if request.method != "POST":
         return await _lists_page(request, user)
-    form = await _form(request, user)
+    form = await checked_form(request, user)
     name = form.get("name", "")
     try:
         made = await Lists.of(request).create(user.user_id, list_name({"name": name}))
@@ -215,7 +209,7 @@ async def _owned(request: Request, user: SessionUser) -> ContactList:
 @page
 async def list_page(request: Request) -> Response:
     """One list: its latest import, the CSV upload and its contacts a page at a time."""
-    user = await _user(request)
+    user = await page_user(request)
     return await _list_page(request, user, await _owned(request, user))
 
 
@@ -223,8 +217,8 @@ async def list_page(request: Request) -> Response:
 async def delete_list(request: Request) -> Response:
     """Delete the list (as ``DELETE /v1/lists/{id}``: refused while an import of it runs or
     a campaign sends it, which the page tells)."""
-    user = await _user(request)
-    await _form(request, user)
+    user = await page_user(request)
+    await checked_form(request, user)
     found = await _owned(request, user)
     try:
         await request.app.state.campaigns.refuse_if_used(user.user_id, list_id=found.list_id)
@@ -238,8 +232,8 @@ async def delete_list(request: Request) -> Response:
 
 @page
 async def remove_contact(request: Request) -> Response:
-    user = await _user(request)
-    form = await _form(request, user)
+    user = await page_user(request)
+    form = await checked_form(request, user)
     found = await _owned(request, user)
     await Lists.of(request).remove_contact(found, form.get("email", ""))
     return see_other(f"/lists/{found.list_id}", done="removed")

@@ -15,10 +15,10 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from services.api import queries
-from services.api.dashboard.pages import page, read_form, render, see_other
+from services.api.dashboard.pages import checked_form, page, page_user, render, see_other
 from services.api.domains import operator_claims
 from services.api.providers import provider_rows
-from services.api.sessions import SessionUser, is_operator, require_user, verify_csrf
+from services.api.sessions import SessionUser, is_operator
 from services.api.settings import change_settings, settings_store
 from shared.accounts import domains, signup
 from shared.core.catalog import CATALOG, CODES
@@ -80,14 +80,12 @@ def by(user: SessionUser) -> str:
 
 async def _operator(request: Request) -> tuple[SessionUser, dict[str, str] | None]:
     """The logged-in operator and, for a POST, its CSRF-checked form; 404 for anyone else."""
-    user = await require_user(request)
-    request.state.user = user
+    user = await page_user(request)
     if not is_operator(request.app.state.settings, user):
         raise ApiError(404, "not_found", "There is no such page.")
     if request.method != "POST":
         return user, None
-    form = await read_form(request)
-    await verify_csrf(request, user, form.get("csrf_token"))
+    form = await checked_form(request, user)
     return user, form
 
 

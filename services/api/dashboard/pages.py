@@ -240,7 +240,8 @@ def _managing(request: Request) -> Managing:
     return managing
 
 
-async def _user(request: Request) -> SessionUser:
+async def page_user(request: Request) -> SessionUser:
+    """The logged-in user (the login page for anyone else), kept for the page's header."""
     user = await require_user(request)
     request.state.user = user
     return user
@@ -272,9 +273,10 @@ async def read_form(request: Request, limit: int = SMALL_FORM) -> dict[str, str]
         raise ApiError(400, "bad_form", "the form could not be read") from None
 
 
-async def _checked_form(
+async def checked_form(
     request: Request, user: SessionUser, limit: int = SMALL_FORM
 ) -> dict[str, str]:
+    """A form :func:`read_form` reads, once its CSRF token is the user's."""
     form = await read_form(request, limit)
     await verify_csrf(request, user, form.get("csrf_token"))
     return form
@@ -319,7 +321,7 @@ async def api_docs(request: Request) -> Response:
 @page
 async def overview(request: Request) -> Response:
     """Greeting, the last seven days of delivery per day, rates and the latest batches."""
-    user = await _user(request)
+    user = await page_user(request)
     state = _state(request)
     stats: Stats = state.stats
     end = datetime.now(UTC).date()
@@ -346,7 +348,7 @@ async def overview(request: Request) -> Response:
 @page
 async def batch_list(request: Request) -> Response:
     """The user's batches, newest first, one page per cursor."""
-    user = await _user(request)
+    user = await page_user(request)
     limit = queries.page_limit(request, default=BATCHES_PER_PAGE, maximum=100)
     cursor = request.query_params.get("cursor")
     result = await queries.list_for_user(_state(request).batches, user.user_id, limit, cursor)
@@ -375,7 +377,7 @@ async def _owned_header(request: Request, user: SessionUser) -> BatchHeader:
 @page
 async def batch_detail(request: Request) -> Response:
     """One batch: status, counts per state, and its recipients with their timelines."""
-    user = await _user(request)
+    user = await page_user(request)
     header = await _owned_header(request, user)
     state = _state(request)
     store: BatchStore = state.batches
@@ -411,8 +413,8 @@ async def batch_detail(request: Request) -> Response:
 async def cancel_batch(request: Request) -> Response:
     """Cancel a batch still waiting for its ``send_at`` (as ``POST /v1/batches/{id}/cancel``:
     409 once it started)."""
-    user = await _user(request)
-    await _checked_form(request, user)
+    user = await page_user(request)
+    await checked_form(request, user)
     header = await _owned_header(request, user)
     sending: Sending = request.app.state.sending
     await sending.cancel(header)
@@ -457,11 +459,11 @@ async def accept_body(
 @page
 async def send(request: Request) -> Response:
     """The compose form; POST accepts the batch and redirects to its page."""
-    user = await _user(request)
+    user = await page_user(request)
     if request.method != "POST":
         return _send_form(request, {})
     settings: Settings = request.app.state.settings
-    form = await _checked_form(request, user, settings.api.max_body_bytes)
+    form = await checked_form(request, user, settings.api.max_body_bytes)
     body = views.compose_body(form)
     raw_key = form.get("idempotency_key") or ""
     idem = f"dashboard-{raw_key}" if _IDEMPOTENCY_KEY.match(raw_key) else None
@@ -518,10 +520,10 @@ async def _keys_page(
 @page
 async def keys(request: Request) -> Response:
     """List keys; POST creates one and shows it once."""
-    user = await _user(request)
+    user = await page_user(request)
     if request.method != "POST":
         return await _keys_page(request, user, revoked=request.query_params.get("revoked"))
-    form = await _checked_form(request, user)
+    form = await checked_form(request, user)
     scopes, expires_at = views.key_form(form, datetime.now(UTC))
     try:
         made = await _managing(request).create_key(
@@ -555,8 +557,8 @@ async def keys(request: Request) -> Response:
 @page
 async def end_sessions(request: Request) -> Response:
     """Log out everywhere: every session of this user, this one included, stops working."""
-    user = await _user(request)
-    await _checked_form(request, user)
+    user = await page_user(request)
+    await checked_form(request, user)
     await accounts.end_sessions(request.app.state.resources.db, user.user_id)
     response = see_other("/")
     clear_session_cookie(response, request.app.state.settings)
@@ -565,8 +567,8 @@ async def end_sessions(request: Request) -> Response:
 
 @page
 async def revoke_key(request: Request) -> Response:
-    user = await _user(request)
-    await _checked_form(request, user)
+    user = await page_user(request)
+    await checked_form(request, user)
     key_id = request.path_params["key_id"]
     if not await _managing(request).revoke_key(user.user_id, key_id):
         raise ApiError(404, "not_found", "There is no such key in your account.")
@@ -602,11 +604,11 @@ async def _suppressions_page(
 @page
 async def suppressions(request: Request) -> Response:
     """The suppression list; POST adds an address (as ``POST /v1/suppressions`` does)."""
-    user = await _user(request)
+    user = await page_user(request)
     if request.method != "POST":
         notice = views.suppression_notice(request.query_params)
         return await _suppressions_page(request, user, notice=notice)
-    form = await _checked_form(request, user)
+    form = await checked_form(request, user)
     values = {"email": form.get("email", "").strip(), "reason": form.get("reason", "").strip()}
     try:
         done = await _managing(request).suppress(
@@ -620,8 +622,8 @@ async def suppressions(request: Request) -> Response:
 
 @page
 async def remove_suppression(request: Request) -> Response:
-    user = await _user(request)
-    form = await _checked_form(request, user)
+    user = await page_user(request)
+    form = await checked_form(request, user)
     email = form.get("email", "").strip()
     try:
         removed = await _managing(request).unsuppress(user.user_id, email)
@@ -659,11 +661,11 @@ async def _domains_page(
 @page
 async def domains_page(request: Request) -> Response:
     """The user's sending domains; POST adds one (as ``POST /v1/domains`` does)."""
-    user = await _user(request)
+    user = await page_user(request)
     if request.method != "POST":
         notice = views.domain_notice(request.query_params)
         return await _domains_page(request, user, notice=notice)
-    form = await _checked_form(request, user)
+    form = await checked_form(request, user)
     values = {"domain": form.get("domain", "").strip()}
     try:
         added = await SendingDomains.of(request).add(user.user_id, values["domain"])
@@ -677,8 +679,8 @@ async def domains_page(request: Request) -> Response:
 @page
 async def verify_domain(request: Request) -> Response:
     """Look the domain's TXT record up now; the page says what is missing if it is not there."""
-    user = await _user(request)
-    form = await _checked_form(request, user)
+    user = await page_user(request)
+    form = await checked_form(request, user)
     try:
         done = await SendingDomains.of(request).verify(user.user_id, form.get("domain", ""))
     except ApiError as exc:
@@ -690,8 +692,8 @@ async def verify_domain(request: Request) -> Response:
 
 @page
 async def remove_domain(request: Request) -> Response:
-    user = await _user(request)
-    form = await _checked_form(request, user)
+    user = await page_user(request)
+    form = await checked_form(request, user)
     name = form.get("domain", "")
     await SendingDomains.of(request).remove(user.user_id, name)
     return see_other("/domains", removed=name)

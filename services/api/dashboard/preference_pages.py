@@ -12,10 +12,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from services.api.dashboard.pages import page, read_form, render, see_other
+from services.api.dashboard.pages import checked_form, page, page_user, render, see_other
 from services.api.dashboard.views import form_errors
 from services.api.schema import PreferencesIn, checked
-from services.api.sessions import SessionUser, require_user, verify_csrf
+from services.api.sessions import SessionUser
 from shared.accounts.preferences import MAX_COOLDOWN, PreferenceRows, Preferences, patched
 from shared.infra.http import ApiError
 
@@ -88,13 +88,11 @@ async def _page(
 @page
 async def preferences_page(request: Request) -> Response:
     """The form; POST saves it (as ``PATCH /v1/preferences`` does)."""
-    user = await require_user(request)
-    request.state.user = user
+    user = await page_user(request)
     store: PreferenceRows = request.app.state.preferences
     if request.method != "POST":
         return await _page(request, user, form_values(await store.get(user.user_id, fresh=True)))
-    form = await read_form(request)
-    await verify_csrf(request, user, form.get("csrf_token"))
+    form = await checked_form(request, user)
     values = submitted(form)
     try:
         wanted = checked(PreferencesIn, patch_body(values)).model_dump(exclude_none=True)

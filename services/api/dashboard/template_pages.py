@@ -17,10 +17,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from services.api.dashboard.pages import page, read_form, render, see_other
+from services.api.dashboard.pages import checked_form, page, page_user, render, see_other
 from services.api.dashboard.views import fmt_time, iso
 from services.api.schema import PreviewIn, PublishIn, TemplateVersionIn, checked
-from services.api.sessions import SessionUser, require_user, verify_csrf
+from services.api.sessions import SessionUser
 from services.api.templates import BODY_LIMIT, Templates
 from shared.infra.http import ApiError
 from shared.templates.canary import Counts
@@ -184,15 +184,9 @@ def told(exc: ApiError) -> str:
     return f"Not done: {fields or exc.message}."
 
 
-async def _user(request: Request) -> SessionUser:
-    user = await require_user(request)
-    request.state.user = user
-    return user
-
-
 @page
 async def templates_page(request: Request) -> Response:
-    return await _page(request, await _user(request))
+    return await _page(request, await page_user(request))
 
 
 async def _page(
@@ -217,9 +211,8 @@ async def _page(
 @page
 async def add_version(request: Request) -> Response:
     """A new version of the template (as ``POST /v1/templates/{id}/versions``)."""
-    user = await _user(request)
-    form = await read_form(request, BODY_LIMIT)
-    await verify_csrf(request, user, form.get("csrf_token"))
+    user = await page_user(request)
+    form = await checked_form(request, user, BODY_LIMIT)
     templates = Templates.of(request)
     found = await templates.owned(user.user_id, request.path_params["template_id"])
     try:
@@ -235,9 +228,8 @@ async def add_version(request: Request) -> Response:
 async def publish(request: Request) -> Response:
     """Publish a version: live, or as a canary share (as ``POST /v1/templates/{id}/publish``;
     it must render with its sample data)."""
-    user = await _user(request)
-    form = await read_form(request)
-    await verify_csrf(request, user, form.get("csrf_token"))
+    user = await page_user(request)
+    form = await checked_form(request, user)
     raw_id = request.path_params["template_id"]
     try:
         done = await Templates.of(request).publish(
@@ -254,7 +246,7 @@ async def publish(request: Request) -> Response:
 @page
 async def preview(request: Request) -> Response:
     """A version rendered with its sample data (as ``POST /v1/templates/{id}/preview``)."""
-    user = await _user(request)
+    user = await page_user(request)
     raw = request.query_params.get("version", "")
     number = int(raw) if raw.isascii() and raw.isdecimal() and len(raw) < 6 else None
     templates = Templates.of(request)

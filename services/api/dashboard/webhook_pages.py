@@ -17,11 +17,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from services.api.dashboard.pages import page, read_form, render, see_other
+from services.api.dashboard.pages import (
+    checked_form,
+    page,
+    page_user,
+    render,
+    see_other,
+)
 from services.api.dashboard.views import fmt_time, form_errors, iso
 from services.api.hooks import Webhooks
 from services.api.schema import WebhookIn, WebhookPatch, checked
-from services.api.sessions import SessionUser, require_user, verify_csrf
+from services.api.sessions import SessionUser
 from shared.infra.http import ApiError
 from shared.outbound.hook_queue import Delivery
 from shared.outbound.hook_store import Endpoint
@@ -143,18 +149,6 @@ def done_notice(params: Mapping[str, str]) -> str | None:
 # --------------------------------------------------------------------------- handlers
 
 
-async def _user(request: Request) -> SessionUser:
-    user = await require_user(request)
-    request.state.user = user
-    return user
-
-
-async def _form(request: Request, user: SessionUser) -> dict[str, str]:
-    form = await read_form(request)
-    await verify_csrf(request, user, form.get("csrf_token"))
-    return form
-
-
 def _errors(exc: ApiError) -> dict[str, list[str]]:
     errors = form_errors(exc.fields or {}, form_fields=_FIELDS)
     return errors or {"form": [exc.message]}
@@ -180,10 +174,10 @@ async def _list_page(
 @page
 async def webhooks_page(request: Request) -> Response:
     """The user's endpoints; POST creates one and shows its secret once."""
-    user = await _user(request)
+    user = await page_user(request)
     if request.method != "POST":
         return await _list_page(request, user)
-    form = await _form(request, user)
+    form = await checked_form(request, user)
     events = chosen_events(form)
     url = form.get("url", "").strip()
     hooks = Webhooks.of(request)
@@ -258,12 +252,12 @@ def _endpoint_id(request: Request) -> str:
 async def webhook_page(request: Request) -> Response:
     """One endpoint and its delivery log; POST changes it (``action``: save, disable,
     enable)."""
-    user = await _user(request)
+    user = await page_user(request)
     hooks = Webhooks.of(request)
     endpoint = await hooks.owned(user.user_id, _endpoint_id(request))
     if request.method != "POST":
         return await _detail_page(request, user, endpoint)
-    form = await _form(request, user)
+    form = await checked_form(request, user)
     action = form.get("action", "")
     if action in ("disable", "enable"):
         await hooks.change(
@@ -291,16 +285,16 @@ async def webhook_page(request: Request) -> Response:
 @page
 async def rotate_secret(request: Request) -> Response:
     """A new signing secret, shown once; the previous one signs too for a day."""
-    user = await _user(request)
-    await _form(request, user)
+    user = await page_user(request)
+    await checked_form(request, user)
     rotated = await Webhooks.of(request).rotate(user.user_id, _endpoint_id(request))
     return _secret_page(request, rotated, rotated=True)
 
 
 @page
 async def delete_webhook(request: Request) -> Response:
-    user = await _user(request)
-    await _form(request, user)
+    user = await page_user(request)
+    await checked_form(request, user)
     await Webhooks.of(request).remove(user.user_id, _endpoint_id(request))
     return see_other("/webhooks", done="deleted")
 
@@ -309,8 +303,8 @@ async def delete_webhook(request: Request) -> Response:
 async def replay(request: Request) -> Response:
     """Deliver one message of the log once more (the form's key makes a double submit the
     same replay, as ``Idempotency-Key`` does in the API)."""
-    user = await _user(request)
-    form = await _form(request, user)
+    user = await page_user(request)
+    form = await checked_form(request, user)
     hooks = Webhooks.of(request)
     raw_id = _endpoint_id(request)
     key = form.get("replay_key", "")
