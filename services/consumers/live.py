@@ -50,7 +50,7 @@ from shared.infra.broker import Broker
 from shared.infra.current import Current
 from shared.infra.leases import HEALTH_WAKE, Linger, next_period, woken
 from shared.infra.settle import Handler
-from shared.ops.alerts import Alert, AlertConfig, Alerter
+from shared.ops.alerts import Alert, AlertConfig, Alerter, alert_config
 from shared.ops.livesettings import LiveSettings
 from shared.providers.provider_health import (
     REFRESH_EVERY,
@@ -211,12 +211,7 @@ class ConsumerSettings:
 
     def alert_config(self) -> AlertConfig:
         """Where alerts go and their cool-off, as the live settings say now."""
-        if self.live is None:
-            return AlertConfig("", 600)
-        live = self.live
-        return AlertConfig(
-            live.alert_url, live.alert_cool_off, live.alert_email_to, live.alert_email_from
-        )
+        return alert_config(self.live)
 
     def refresh(self) -> None:
         """Order the running chain by health and hand it to everything that picks providers."""

@@ -4,6 +4,7 @@ serves /healthz, /readyz and /metrics, and drains in-flight deliveries on SIGTER
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -39,7 +40,7 @@ from shared.delivery.acceptance import Acceptance
 from shared.delivery.attempts import AttemptStore
 from shared.delivery.batchstore import Batches, BatchStore
 from shared.delivery.domain_capacity import CapacityGate, DomainVolumes
-from shared.delivery.outbox import Outbox, tell_relays
+from shared.delivery.outbox import Outbox
 from shared.delivery.recipients import Recipients, RecipientStore
 from shared.delivery.schedule_store import ScheduleStore
 from shared.delivery.stats import StatsStore, tell_rollups
@@ -55,7 +56,7 @@ from shared.infra.settle import InFlight, settling
 from shared.infra.stall_monitor import StallMetrics, watching
 from shared.infra.user_cache import UserChanges
 from shared.ingest.ingest import Ingest, IngestMetrics
-from shared.ops.alerts import Alert, AlertConfig, Alerter, AlertMail
+from shared.ops.alerts import Alert, Alerter, alert_config, alert_http, alerter_for
 from shared.ops.deadletters import DeadLetterStore, Letter, archiver
 from shared.ops.livesettings import SettingsStore, Watcher
 from shared.outbound.user_hooks import HookEmitter
@@ -221,10 +222,6 @@ async def start_archiving(
     )
 
 
-def no_alerts() -> AlertConfig:
-    return AlertConfig("", 600)
-
-
 async def watch_queues(res: Resources, applier: ConsumerSettings, alerter: Alerter) -> None:
     """Alert when a provider queue (of either lane) holds more jobs than
     ``alerts.queue_depth``."""
@@ -363,32 +360,14 @@ def create_app(settings: Settings, *, fault_points: FaultPoints = no_faults) -> 
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with (
             open_resources(settings, name="safedelivr-consumers") as res,
-            # Posts go to the vetted address of the sink (shared.ops.alerts): no proxy from the
-            # environment, no connection kept for a host the sink may no longer resolve to.
-            httpx.AsyncClient(
-                trust_env=False, limits=httpx.Limits(max_keepalive_connections=0)
-            ) as alert_http,
+            alert_http() as alert_client,
             httpx.AsyncClient(timeout=DNS_TIMEOUT, follow_redirects=False) as dns_http,
         ):
             app.state.resources = res
-            # Configured from the live settings once start_consumers has loaded them.
             exchange = settings.amqp.exchange
-            batches = BatchStore(
-                res.db, tell_rollups(StatsStore(res.db, settings.stats.buckets), res.broker)
-            )
-            # Alert mails are batches: every API's relay is told of their outbox rows.
-            outbox = tell_relays(
-                Outbox(res.db, exchange), res.broker, settings.api.outbox_relay_interval
-            )
-            acceptance = Acceptance(batches, outbox, res.broker)
-            alerter = Alerter(
-                res.db,
-                exchange,
-                alert_http,
-                no_alerts,
-                mail=AlertMail(res.db, acceptance, exchange),
-                allow_http=settings.alerts.allow_http,
-                allowed=settings.alerts.networks,
+            # Configured from the live settings once start_consumers has loaded them.
+            alerter = alerter_for(
+                settings, res, alert_client, functools.partial(alert_config, None)
             )
             started = await start_consumers(
                 settings,

@@ -29,6 +29,7 @@ from shared.infra.metrics import new_registry
 from shared.infra.resources import open_resources, readiness_checks
 from shared.infra.settle import InFlight, settling
 from shared.ingest.ingest import Ingest, IngestMetrics
+from shared.ops.alerts import alert_config, alert_http, alerter_for
 from shared.ops.livesettings import LiveSettings, SettingsStore, Watcher
 from shared.providers import sendgrid_events
 from shared.providers.provider_health import HealthStore, tell_refreshers
@@ -52,8 +53,14 @@ def create_app(settings: Settings) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with open_resources(settings, name="safedelivr-webhooks") as res:
+        async with (
+            open_resources(settings, name="safedelivr-webhooks") as res,
+            alert_http() as alert_client,
+        ):
             app.state.resources = res
+            alerts = Current(alert_config(None))
+            # An SES feed unsubscribed (services.webhooks.receivers.ses) is told to operators.
+            app.state.alerter = alerter_for(settings, res, alert_client, alerts)
             # Hand-offs after provider-side failures follow the running chain too.
             routing = Current(Routing.start(settings.providers))
             ingest = Ingest.over(res.db, res.broker, settings, metrics, route=routing)
@@ -67,6 +74,7 @@ def create_app(settings: Settings) -> Starlette:
             async def apply(live: LiveSettings) -> None:
                 routing.set(Routing(live.running_chain(configured), live.max_attempts))
                 ingest.count_outcomes = live.capacity.enabled
+                alerts.set(alert_config(live))
 
             watcher = Watcher(
                 SettingsStore(res.db, settings.amqp.exchange), settings.providers, apply

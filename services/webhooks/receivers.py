@@ -7,7 +7,8 @@ SES (through SNS): the body is capped, its envelope parsed, its ``TopicArn`` mus
 the signature must verify with that certificate (``services.webhooks.sns``; else 401). A
 ``SubscriptionConfirmation`` is confirmed by a GET of its ``SubscribeURL`` only when that is
 SNS's own ``ConfirmSubscription`` address (else 400, nothing fetched); an
-``UnsubscribeConfirmation`` is logged as a warning (events stop coming) and answered 200; a
+``UnsubscribeConfirmation`` is an alert to the operators (``ses_unsubscribed``: events stop
+coming) and answered 200; a
 ``Notification`` goes to the intake. The ``Timestamp`` is not held against a notification:
 SNS redelivers the same signed message for up to an hour, and a replay changes nothing (its
 events' ids are SNS's ``MessageId``).
@@ -30,6 +31,7 @@ from starlette.responses import Response
 from shared.core.webhook_events import MalformedPayload, timestamp_fresh
 from shared.infra.config import Settings
 from shared.infra.http import JSON, ApiError, read_capped
+from shared.ops.alerts import Alert, Alerter
 from shared.providers import mailgun_events, sendgrid_events, ses_events
 
 log = logging.getLogger(__name__)
@@ -156,10 +158,13 @@ async def ses(request: Request) -> Response:
         log.info("confirmed the SNS subscription to %s", envelope.topic_arn)
         return JSON({"confirmed": True})
     if envelope.type == "UnsubscribeConfirmation":
-        log.warning(
-            "the SNS subscription to %s was cancelled: SES events stop coming until it is "
-            "subscribed again",
-            envelope.topic_arn,
+        # Deliveries, bounces and complaints of SES stop coming: an operator must know.
+        text = (
+            f"the SNS subscription to {envelope.topic_arn} was cancelled: SES events stop "
+            "coming until it is subscribed again (SES recipients then wait out the webhook "
+            "window)"
         )
+        alerter: Alerter = state.alerter
+        await alerter.send(Alert("ses_unsubscribed", envelope.topic_arn, text))
         return JSON({"unsubscribed": True})
     return JSON(await state.intake.receive("ses", raw))

@@ -1,7 +1,9 @@
 """Alerts to operators: a Slack/Discord-compatible incoming webhook (the live setting
 ``alerts.webhook_url``) and e-mail to the operators (``alerts.email_to``, from
-``alerts.email_from``), for circuits opening, error bursts, dead letters, deep queues and
-sending domains at their capacity.
+``alerts.email_from``), for circuits opening, error bursts, dead letters, deep queues,
+sending domains at their capacity and an SES event feed unsubscribed. Every service builds
+its alerter the one way :func:`alerter_for` does, configured from the live settings
+(:func:`alert_config`).
 
 The e-mail goes through Safedelivr itself (:class:`AlertMail`): a batch accepted like any
 other (stored, then published through the outbox, so a crash after storing still sends it),
@@ -39,9 +41,14 @@ import httpx
 from shared.accounts.accounts import ensure_user
 from shared.core.errors import DependencyUnavailable
 from shared.delivery.acceptance import Acceptance
-from shared.delivery.batchstore import NewBatch, new_batch_id
+from shared.delivery.batchstore import BatchStore, NewBatch, new_batch_id
+from shared.delivery.outbox import Outbox, tell_relays
+from shared.delivery.stats import StatsStore, tell_rollups
 from shared.delivery.validation import InvalidRequest, parse_batch_request
+from shared.infra.config import Settings
 from shared.infra.db import Database
+from shared.infra.resources import Resources
+from shared.ops.livesettings import LiveSettings
 from shared.outbound import ssrf
 from shared.outbound.hook_delivery import Resolve, host_header, pinned_url, resolve, vet
 from shared.outbound.ssrf import IPAddress, Network, Target, TargetError
@@ -241,3 +248,44 @@ class Alerter:
             log.warning("the alert sink answered %d", answer.status_code)
             return False
         return True
+
+
+def alert_config(live: LiveSettings | None) -> AlertConfig:
+    """Where alerts go and their cool-off, as ``live`` says (no sink before it is read)."""
+    if live is None:
+        return AlertConfig("", 600)
+    return AlertConfig(
+        live.alert_url, live.alert_cool_off, live.alert_email_to, live.alert_email_from
+    )
+
+
+def alerter_for(
+    settings: Settings,
+    res: Resources,
+    http: httpx.AsyncClient,
+    config: Callable[[], AlertConfig],
+) -> Alerter:
+    """A service's alerter: posts through ``http`` (no proxy from the environment, no kept
+    connection: see :class:`Alerter`), mails as batches whose outbox rows every API's relay
+    is told of."""
+    exchange = settings.amqp.exchange
+    batches = BatchStore(
+        res.db, tell_rollups(StatsStore(res.db, settings.stats.buckets), res.broker)
+    )
+    outbox = tell_relays(Outbox(res.db, exchange), res.broker, settings.api.outbox_relay_interval)
+    return Alerter(
+        res.db,
+        exchange,
+        http,
+        config,
+        mail=AlertMail(res.db, Acceptance(batches, outbox, res.broker), exchange),
+        allow_http=settings.alerts.allow_http,
+        allowed=settings.alerts.networks,
+    )
+
+
+def alert_http() -> httpx.AsyncClient:
+    """The client :func:`alerter_for` posts through: the vetted address is connected to, so
+    no proxy from the environment and no connection kept for a host the sink may no longer
+    resolve to."""
+    return httpx.AsyncClient(trust_env=False, limits=httpx.Limits(max_keepalive_connections=0))

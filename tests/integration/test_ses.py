@@ -17,11 +17,13 @@ import orjson
 import pytest
 
 from sandbox import signing
-from sandbox.ses_feed import notification
+from sandbox.ses_feed import notification, subscription_confirmation
+from shared.accounts import accounts
 from shared.delivery.recipients import RecipientStore
 from shared.delivery.stats import StatsStore, batch_day
 from shared.infra.config import SandboxSettings, Settings
 from shared.infra.db import Database
+from tests.conftest import unique
 from tests.integration.stack import Stack, emails, fast_settings, full_stack, until
 
 
@@ -84,6 +86,38 @@ async def test_a_notification_delivered_again_counts_once(stack: Stack, db: Data
         (uuid.UUID(batch_id), row["log_id"]),
     )
     assert [r["kind"] for r in delivered].count("delivered") == 1
+
+
+async def test_the_feed_unsubscribed_alerts_the_operators_once(stack: Stack, db: Database) -> None:
+    """SNS confirms the SES event feed was unsubscribed: the webhook service alerts the sink
+    the live settings name, once however often SNS says it."""
+    user = await accounts.ensure_user(db, unique("ops"))
+    ops = {
+        "Authorization": f"Bearer {await accounts.create_key(db, user, 'k', scopes=('operator',))}"
+    }
+    sink = f"{stack.settings.providers.sendgrid_base_url.rsplit('/', 1)[0]}/_receiver/alerts"
+    body = {"alerts": {"webhook_url": sink, "cool_off_s": 600}}
+    assert (await stack.api.patch("/v1/settings", json=body, headers=ops)).is_success
+    topic = SandboxSettings().ses_topic_arn
+    fields = {
+        **subscription_confirmation(topic, "https://sns.us-east-1.amazonaws.com/", time.time()),
+        "Type": "UnsubscribeConfirmation",
+    }
+    raw = orjson.dumps({**fields, "Signature": signing.sign_sns(stack.ses_key, fields)})
+
+    async def alerted() -> list[dict[str, Any]]:
+        # Said again until the webhook service has read the new sink (within a second).
+        async with httpx.AsyncClient(base_url=stack.hooks_url) as client:
+            assert (await client.post("/webhooks/ses", content=raw)).status_code == 200
+        received = await stack.sandbox.get("/_control/received", params={"path": "/alerts"})
+        return [r for r in received.json() if "ses_unsubscribed" in r["body"]]
+
+    found = await until(alerted, timeout=15)
+    await asyncio.sleep(1)
+    again = await alerted()
+
+    assert len(found) == len(again) == 1
+    assert topic in found[0]["body"]
 
 
 async def _row(db: Database, batch_id: str, email: str) -> dict[str, Any] | None:

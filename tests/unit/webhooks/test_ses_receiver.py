@@ -24,6 +24,7 @@ from services.webhooks.sns import SnsCertificates
 from shared.delivery.batchstore import NewBatch
 from shared.delivery.recipients import log_id_for
 from shared.infra.config import SandboxSettings, WebhookSettings
+from shared.ops.alerts import AlertConfig, Alerter
 from tests.fakes.world import World
 
 A = "a@example.org"
@@ -81,7 +82,11 @@ async def receiver(world: World, *, pinned: bool = True) -> AsyncIterator[Receiv
     async with (
         sns_client,
         httpx.AsyncClient(transport=transport, base_url="http://webhooks") as client,
+        httpx.AsyncClient() as alert_client,
     ):
+        # No sink: the log line is the alert (shared.ops.alerts).
+        no_sink = AlertConfig("", 600)
+        app.state.alerter = Alerter(world.db, "s", alert_client, lambda: no_sink)  # type: ignore[arg-type]
         yield Receiver(client, fetched, sandbox)
 
 
@@ -202,7 +207,12 @@ async def test_an_unsafe_subscribe_url_is_refused_and_never_fetched(url: str) ->
     assert r.sns_requests == []
 
 
-async def test_an_unsubscribe_confirmation_is_answered_and_applies_nothing() -> None:
+async def test_an_unsubscribe_confirmation_is_answered_and_alerts_the_operators(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """SES's events stop coming: the operators hear of it (with no sink set, the log line is
+    the alert); nothing is fetched or applied."""
+    caplog.set_level("WARNING", logger="shared.ops.alerts")
     async with receiver(ses_world()) as r:
         fields = {
             **subscription_confirmation(TOPIC, f"{SNS}/", time.time()),
@@ -212,6 +222,8 @@ async def test_an_unsubscribe_confirmation_is_answered_and_applies_nothing() -> 
 
     assert (response.status_code, response.json()) == (200, {"unsubscribed": True})
     assert r.sns_requests == []
+    alerts = [r.getMessage() for r in caplog.records if r.name == "shared.ops.alerts"]
+    assert len(alerts) == 1 and alerts[0].startswith(f"alert ses_unsubscribed/{TOPIC}: ")
 
 
 async def test_without_allowed_topics_ses_events_are_a_503() -> None:
