@@ -37,3 +37,18 @@ def test_the_readmes_provider_table_is_the_catalogs() -> None:
     readme = (ROOT / "README.md").read_text()
 
     assert with_table(readme) == readme
+
+
+def test_the_readmes_map_names_every_module_of_each_shared_package() -> None:
+    """Each floor's row lists its package's modules: a module added elsewhere is found."""
+    readme = (ROOT / "README.md").read_text()
+    unnamed = set()
+    for package in sorted(p for p in (ROOT / "shared").iterdir() if (p / "__init__.py").exists()):
+        row = re.search(rf"^\| \d+ \| `shared/{package.name}` \|.*$", readme, re.MULTILINE)
+        assert row is not None, f"no row for shared/{package.name}"
+        unnamed |= {
+            f"shared/{package.name}/{module.stem}"
+            for module in package.glob("*.py")
+            if module.stem != "__init__" and f"`{module.stem}`" not in row.group(0)
+        }
+    assert unnamed == set()
