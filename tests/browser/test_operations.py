@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from playwright.async_api import Dialog, Page, expect
@@ -129,9 +129,13 @@ async def test_an_operator_pages_and_replays_dead_letters(
     queue from a letter's row, and replays one there, coming back to the same filter."""
     queue = f"q.dash-{uuid.uuid4().hex[:8]}"
     now = datetime.now(UTC)
+    # A millisecond apart, newest first: letters of one millisecond order by their digests,
+    # which would leave where letters[0] falls (first page or second) to chance.
     letters = [
         dataclasses.replace(
-            letter_of(dispatch_key("sg", uuid.uuid1()), None, {}, b"{}", now),
+            letter_of(
+                dispatch_key("sg", uuid.uuid1()), None, {}, b"{}", now - timedelta(milliseconds=n)
+            ),
             queue=queue if n % 10 == 0 else "q.other",
         )
         for n in range(30)
