@@ -441,7 +441,7 @@ def _log_view(
                 attempt=a.attempt,
                 provider=a.provider,
                 state=a.state,
-                at=a.calling_at or a.created_at,
+                at=a.started_at,
                 error=_error_text(a.error) or None,
                 resolution=a.resolution,
             )

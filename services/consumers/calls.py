@@ -449,7 +449,7 @@ class Caller:
                 self.follow.select(job, everyone, waiting),
                 provider=job.provider,
                 tag=current.tag,
-                when=current.calling_at or current.created_at,
+                when=current.started_at,
                 message_id=answer.receipt.message_id,
             )
             values: dict[str, Any] = {

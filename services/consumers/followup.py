@@ -160,7 +160,7 @@ class FollowUps:
                 chosen,
                 provider=attempt.provider,
                 tag=attempt.tag,
-                when=attempt.calling_at or attempt.created_at,
+                when=attempt.started_at,
                 message_id=attempt.message_id,
             )
             await self.fault_points("effects", job)

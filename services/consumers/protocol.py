@@ -224,7 +224,7 @@ def _calling(
         # Our own call: either our LWT to ``calling`` applied though it reported a timeout
         # (call now), or we called and recording the answer failed (record it now).
         return Record() if called else Call()
-    ends = (current.calling_at or current.created_at) + lease
+    ends = current.started_at + lease
     queued = job.check is None and current.checks > 0  # a check of this call is queued
     stale = job.check is not None and job.check != current.checks
     if queued or stale:

@@ -63,7 +63,7 @@ class Resolver:
             everyone = await self.follow.rows(job)
         rows = self.follow.waiting(job, everyone, job.attempt)
         by_email = {address_key(r["email"]): r for r in rows}
-        started = current.calling_at or current.created_at
+        started = current.started_at
         age = (self.now() - started).total_seconds()
         settings = self.settings.for_provider(current.provider)
         lookup: protocol.Lookup = None
@@ -161,7 +161,7 @@ class Resolver:
             batch_id=job.batch_id,
             chunk=job.chunk,
             tag=current.tag,
-            since=current.calling_at or current.created_at,
+            since=current.started_at,
             emails=emails,
         )
         try:

@@ -107,6 +107,13 @@ class Attempt:
         return tag(self.line, self.attempt)
 
     @property
+    def started_at(self) -> datetime:
+        """When the attempt began: its call (``calling_at``, written once), else its creation.
+        Unlike ``finished_at``, which a resolution rewrites and which comes after the provider
+        has already stamped what it did with the call, nothing the call led to precedes it."""
+        return self.calling_at or self.created_at
+
+    @property
     def settled(self) -> bool:
         return self.state in SETTLED
 

@@ -180,7 +180,7 @@ def events(
     # When the call was made: never changes, so each re-application writes the same cells
     # (a resolution rewrites ``finished_at``: stamped with it, an answer applied again would
     # outrank the provider's own later events, a bounce put back to "sent").
-    when = attempt.calling_at or attempt.created_at
+    when = attempt.started_at
     out: list[ProviderEvent] = []
     for a in answers.recipients:
         if a.outcome == "unknown":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from typing import Any, Final
 
 from shared.core.catalog import TRACKER
@@ -78,7 +77,10 @@ def attempt_events(
 ) -> list[HookEvent]:
     """``recipient.attempt`` for each of ``recipients`` (rows with ``log_id`` and ``email``),
     and ``recipient.failed_over`` when the attempt hands them to another provider."""
-    at = _when(attempt)
+    # Told as of the call's start: the provider stamps what it did with the call (SendGrid to
+    # the second) before its answer reaches us, so an answer's time could put "sent" before
+    # the attempt that sent it; and a resolution rewrites ``finished_at``.
+    at = attempt.started_at
     reason = _message(attempt.error) or None
     over = (
         attempt.decision == "retry"
@@ -134,10 +136,6 @@ def reported_event(
         reason=ev.reason or ev.url,
         attempt_id=ev.attempt,
     )
-
-
-def _when(attempt: Attempt) -> datetime:
-    return attempt.finished_at or attempt.calling_at or attempt.created_at
 
 
 def _message(error: str | None) -> str:

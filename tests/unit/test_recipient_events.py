@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
-from datetime import UTC, datetime
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 
+import orjson
 import pytest
 
+from services.hooks.schedule import in_order
 from shared.core.catalog import TRACKER
 from shared.core.webhook_events import ProviderEvent
 from shared.delivery.attempts import Attempt
@@ -20,7 +22,7 @@ from shared.outbound.recipient_events import (
     outcome_of,
     reported_event,
 )
-from shared.outbound.user_hooks import message_id
+from shared.outbound.user_hooks import message_id, payload
 
 AT = datetime(2026, 11, 26, 8, tzinfo=UTC)
 BATCH = uuid.uuid1()
@@ -133,6 +135,40 @@ def test_an_event_built_twice_is_the_same_message() -> None:
     again = attempt_events(later, BATCH, ROWS, outcome="accepted", evidence="api")
 
     assert [message_id(e) for e in first] == [message_id(e) for e in again]
+
+
+def test_an_attempt_told_again_after_its_resolution_says_the_same() -> None:
+    """A resolution rewrites ``finished_at``; the attempt's body (its timestamp) stays."""
+    first = attempt_events(_attempt("accepted"), BATCH, ROWS, outcome="accepted", evidence="api")
+    later = replace(_attempt("accepted"), finished_at=datetime.now(UTC))
+    again = attempt_events(later, BATCH, ROWS, outcome="accepted", evidence="api")
+
+    assert [payload(e) for e in first] == [payload(e) for e in again]
+
+
+@dataclass(frozen=True)
+class _Queued:
+    at: datetime
+    body: bytes
+
+
+def test_a_report_stamped_before_its_calls_answer_reached_us_is_told_after_the_attempt() -> None:
+    """The call began at 08:00:00.9; SendGrid took it at 08:00:00.95 and stamped "sent"
+    08:00:00 (to the second) while its answer was on its way back, arriving at 08:00:01.2:
+    the endpoint hears the attempt first, then what the provider did with it."""
+    call = replace(
+        _attempt("accepted"),
+        calling_at=AT + timedelta(seconds=0.9),
+        finished_at=AT + timedelta(seconds=1.2),
+    )
+    (attempt,) = attempt_events(call, BATCH, ROWS, outcome="accepted", evidence="api")
+    sent = reported_event(replace(_reported("sent"), occurred_at=AT), BATCH, LOG_ID, "")
+    assert sent is not None
+    queued = [_Queued(AT + timedelta(seconds=2), payload(e)) for e in (sent, attempt)]
+
+    now, _ = in_order(queued, AT + timedelta(minutes=1), timedelta(seconds=0.5))
+
+    assert [orjson.loads(q.body)["type"] for q in now] == ["recipient.attempt", "recipient.sent"]
 
 
 def _reported(kind: str, provider: str = "sg") -> ProviderEvent:
