@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
 import uvicorn
 from starlette.applications import Starlette
+
+from shared.delivery.stats import batch_day
 
 
 @contextlib.asynccontextmanager
@@ -56,6 +59,18 @@ async def served(app: Any, *, lifespan: bool = True) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await task
+
+
+async def batch_stats(
+    api: httpx.AsyncClient, batch_id: str, headers: Mapping[str, str] | None = None
+) -> dict[str, int]:
+    """``/v1/stats`` of the day ``batch_id`` was accepted, where its recipients are counted:
+    read after midnight, still that day's and not the new day's."""
+    day = batch_day(uuid.UUID(batch_id)).isoformat()
+    resp = await api.get("/v1/stats", params={"from": day, "to": day}, headers=headers)
+    assert resp.status_code == 200, resp.text
+    data: dict[str, int] = resp.json()["data"][0]
+    return data
 
 
 async def eventually(check: Any, *, timeout: float = 30.0, interval: float = 0.2) -> Any:

@@ -53,7 +53,7 @@ from shared.infra.settle import Delivery
 from shared.infra.topology import dispatch_key
 from shared.providers.registry import close_all
 from tests.conftest import unique
-from tests.integration.harness import client_for, eventually, running, served
+from tests.integration.harness import batch_stats, client_for, eventually, running, served
 
 MG_KEY = "stack-mailgun-signing-key"
 
@@ -156,6 +156,9 @@ class Stack:
         resp = await self.api.get("/v1/stats", params={"from": day, "to": day}, headers=self.auth)
         data: dict[str, int] = resp.json()["data"][0]
         return data
+
+    async def batch_stats(self, batch_id: str) -> dict[str, int]:
+        return await batch_stats(self.api, batch_id, self.auth)
 
     async def fault(self, provider: str, **fault: Any) -> None:
         resp = await self.sandbox.post("/_control/faults", json={"provider": provider, **fault})
@@ -304,12 +307,10 @@ async def full_stack(
         sandbox_app = create_sandbox(
             SandboxSettings(
                 webhook_url=hooks_url,
-                webhook_delay=0.1,
-                query_delay=0.5,
                 sendgrid_private_key=SecretStr(private_pem),
                 mailgun_signing_key=SecretStr(MG_KEY),
                 ses_signing_key=SecretStr(ses_pem),
-                **(sandbox or {}),
+                **{"webhook_delay": 0.1, "query_delay": 0.5, **(sandbox or {})},
             )
         )
         async with served(sandbox_app) as sandbox_url:

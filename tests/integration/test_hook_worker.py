@@ -18,6 +18,7 @@ from shared.infra.db import Database
 from shared.outbound.hook_delivery import Deliverer
 from shared.outbound.hook_queue import HookQueue, Pending
 from shared.outbound.hook_store import HookStore
+from tests.integration.harness import eventually
 from tests.integration.hookstack import HookStack, event, hook_stack
 
 
@@ -49,13 +50,14 @@ def _worker(
     http: httpx.AsyncClient,
     queue: HookQueue,
     hooks: HooksSettings | None = None,
+    lease_seconds: float = 2,
     **kw: object,
 ) -> Worker:
     hooks = hooks or stack.settings.hooks
     deliverer = Deliverer(http, timeout=3, allow_http=True, allowed=hooks.networks)
     broker = stack.api_app.state.resources.broker
     store = HookStore(stack.db)
-    return Worker(store, queue, broker, deliverer, hooks, lease_seconds=2, **kw)  # type: ignore[arg-type]
+    return Worker(store, queue, broker, deliverer, hooks, lease_seconds=lease_seconds, **kw)  # type: ignore[arg-type]
 
 
 async def _settled(stack: HookStack) -> None:
@@ -76,12 +78,16 @@ async def test_a_worker_killed_mid_delivery_leaves_the_event_to_be_sent_again(
     async def die(point: str, item: Pending) -> None:
         raise Crash(point)
 
+    dying = _worker(stack, http, _Dies(db), lease_seconds=4, probe=die)
     with pytest.raises(Crash):
-        await _worker(stack, http, _Dies(db), probe=die).run(stack.user_id, endpoint_id)
+        await dying.run(stack.user_id, endpoint_id)
     survivor = _worker(stack, http, HookQueue(db))
     while_held = await survivor.run(stack.user_id, endpoint_id)
-    await asyncio.sleep(2.5)  # the dead worker's lease lapses
-    after = await survivor.run(stack.user_id, endpoint_id)
+
+    async def lapsed() -> int:  # once the dead worker's lease lapses, the survivor sends
+        return await survivor.run(stack.user_id, endpoint_id)
+
+    after = await eventually(lapsed, timeout=30, interval=0.5)
     got = await stack.received("/crash")
 
     ids = [r["headers"]["webhook-id"] for r in got]

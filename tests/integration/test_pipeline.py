@@ -29,7 +29,7 @@ from shared.infra.settle import Delivery
 from shared.providers.registry import close_all
 from tests.conftest import unique
 from tests.integration.faults import start_rabbitmq_app, stop_rabbitmq_app
-from tests.integration.harness import client_for, eventually, running, served
+from tests.integration.harness import batch_stats, client_for, eventually, running, served
 
 
 @dataclass
@@ -207,7 +207,7 @@ async def _every_provider_down(pipe: Pipeline) -> None:
     batch = (await pipe.api.get(f"/v1/batches/{batch_id}", headers=pipe.auth)).json()
     assert batch["status"] == "failed"
     assert batch["counts"]["failed"] == 2
-    stats = (await pipe.api.get("/v1/stats", headers=pipe.auth)).json()["data"][-1]
+    stats = await batch_stats(pipe.api, batch_id, pipe.auth)
     assert (stats["queued"], stats["failed"]) == (2, 2)
     assert "safedelivr_recipients_failed_total 2.0" in await pipe.consumer_metrics()
 
@@ -282,7 +282,7 @@ async def test_an_address_suppressed_after_acceptance_is_not_mailed(
     assert {e: mailed.get(e, 0) for e in to + cc} == {
         to[0]: 1, to[1]: 0, to[2]: 1, cc[0]: 1, cc[1]: 0,
     }  # fmt: skip
-    stats = (await client.get("/v1/stats", headers=pipe.auth)).json()["data"][-1]
+    stats = await batch_stats(client, batch_id, pipe.auth)
     assert (stats["queued"], stats["failed"]) == (3, 1)
     assert "safedelivr_recipients_suppressed_total 1.0" in metrics
 

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -139,10 +138,6 @@ def settled(stack: Stack, batch_id: str, count: int) -> Callable[[], Awaitable[b
     return check
 
 
-async def _stats(stack: Stack) -> dict[str, int]:
-    return await stack.stats(datetime.now(UTC).date().isoformat())
-
-
 async def test_recipients_a_relay_accepted_are_delivered_through_it_once(stack: Stack) -> None:
     to = emails(2)
     scripted = providers()
@@ -154,7 +149,7 @@ async def test_recipients_a_relay_accepted_are_delivered_through_it_once(stack: 
     assert outcomes == dict.fromkeys(to, ("success", "delivered"))
     assert scripted["sg"].emails() == to
     assert scripted["mg"].sent == []
-    stats = await _stats(stack)
+    stats = await stack.batch_stats(batch_id)
     assert (stats["success"], stats["failed"]) == (2, 0)
 
 
@@ -198,7 +193,7 @@ async def test_a_permanent_refusal_fails_and_suppresses_when_the_answer_says_so(
     assert scripted["mg"].sent == []
     found = await SuppressionStore(stack.db).suppressed(stack.user_id, to)
     assert set(found) == ({to[1]} if suppress else set())
-    stats = await _stats(stack)
+    stats = await stack.batch_stats(batch_id)
     assert (stats["success"], stats["failed"]) == (1, 1)
 
 
@@ -248,7 +243,7 @@ async def test_a_consumer_killed_between_recording_and_applying_applies_the_answ
     await work(stack, scripted, _true, timeout=5)
     assert scripted["sg"].emails() == to  # called once
     assert scripted["mg"].emails() == [to[1]]  # handed over once
-    stats = await _stats(stack)
+    stats = await stack.batch_stats(batch_id)
     assert (stats["queued"], stats["success"], stats["failed"]) == (3, 1, 1)
     found = await SuppressionStore(stack.db).suppressed(stack.user_id, to)
     assert set(found) == {to[2]}

@@ -81,8 +81,7 @@ async def test_a_long_deferral_is_handed_over_and_the_first_providers_late_failu
     logs = await stack.logs(batch_id)
     assert (logs[email]["state"], logs[email]["event"]) == ("success", "delivered")
     assert any(e["event"] == "bounced" for e in logs[email]["timeline"])
-    day = datetime.now(UTC).date().isoformat()
-    stats = await stack.stats(day)
+    stats = await stack.batch_stats(batch_id)
     assert (stats["success"], stats["failed"], stats["bounced"]) == (1, 0, 0)
     line = await AttemptStore(stack.db).line(uuid.UUID(batch_id), recipient_line(_log(logs, email)))
     assert [(a.provider, a.cause) for a in line] == [("mg", "c.0")]

@@ -119,7 +119,7 @@ async def test_a_cancel_whose_stats_write_timed_out_is_finished_by_its_retry(
     assert faulty.rules[0].fired == 1
     assert (first.status_code, again.status_code, third.status_code) == (503, 200, 200)
     assert (await _batch(stack, batch_id))["status"] == "cancelled"
-    assert (await stack.stats(str(today)))["queued"] == 0
+    assert (await stack.batch_stats(batch_id))["queued"] == 0
     assert await quota.used(stack.user_id, today) == 0
 
 

@@ -63,12 +63,14 @@ if behaviour == "fail-to-start":
 (records / (name + ".ready")).touch()
 with (records / (name + ".starts")).open("a") as starts:
     starts.write("started\\n")
+# A second after it is up: past the supervisor's next health poll however late a loaded
+# machine ran this child (it must see the service up before it sees it end).
 if behaviour == "crash":
-    time.sleep(0.2)
+    time.sleep(1.0)
     sys.exit(4)
 if behaviour == "retire-once" and not (records / (name + ".retired")).exists():
     (records / (name + ".retired")).touch()  # ends 0 on its own, as a retiring service does
-    time.sleep(0.2)
+    time.sleep(1.0)
     sys.exit(0)
 deadline = time.monotonic() + 10
 while not received and time.monotonic() < deadline:
@@ -81,8 +83,9 @@ time.sleep(0.15)  # a second SIGINT arriving now is counted too
 def _health_handler(records: Path, name: str) -> type[BaseHTTPRequestHandler]:
     class Health(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            # Answer as soon as the child says it is up (no poll-interval wait), else 503.
-            deadline = time.monotonic() + 0.5
+            # Answer as soon as the child says it is up (no poll-interval wait), else 503;
+            # within the supervisor's 2 s request timeout, however slowly the child starts.
+            deadline = time.monotonic() + 1.5
             while not (records / f"{name}.ready").exists() and time.monotonic() < deadline:
                 time.sleep(0.005)
             self.send_response(200 if (records / f"{name}.ready").exists() else 503)
