@@ -46,6 +46,7 @@ import aiosmtplib
 
 from shared.core.addresses import address_key
 from shared.core.catalog import CATALOG
+from shared.core.digits import natural
 from shared.core.errors import (
     PermanentProviderError,
     ProviderError,
@@ -382,10 +383,8 @@ class SmtpProvider:
 def advertised_size(extensions: Mapping[str, str]) -> int | None:
     """The largest message the relay said (EHLO ``SIZE n``, RFC 1870) it takes; ``None``
     when it said nothing, or ``SIZE`` with no number or 0 (no fixed limit)."""
-    if "size" not in extensions:
-        return None
-    said = extensions["size"].strip()
-    return int(said) if said.isdigit() and int(said) > 0 else None
+    said = natural(extensions.get("size", "").strip())  # a relay's text: ASCII digits only
+    return said or None
 
 
 def _failed(email: str, error: ProviderError) -> RecipientAnswer:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,15 +116,28 @@ def adapter(
     )
 
 
-@pytest.fixture
-async def relay() -> AsyncIterator[Relay]:
-    async with running() as sandbox:
+@asynccontextmanager
+async def _relay_of(settings: SandboxSettings | None = None) -> AsyncIterator[Relay]:
+    async with running(settings) as sandbox:
         port = (await sandbox.client.get("/_control/smtp")).json()["port"]
         provider = adapter(port)
         try:
             yield Relay(sandbox, provider)
         finally:
             await provider.aclose()
+
+
+@pytest.fixture
+async def relay() -> AsyncIterator[Relay]:
+    async with _relay_of() as made:
+        yield made
+
+
+@pytest.fixture
+async def small_relay() -> AsyncIterator[Relay]:
+    """A relay whose EHLO says ``SIZE 4096``."""
+    async with _relay_of(sandbox_settings(smtp_max_bytes=4096)) as made:
+        yield made
 
 
 def tagged(*emails: str, **fields: Any) -> Chunk:
@@ -342,6 +356,8 @@ async def test_a_chunks_files_reach_the_relay_by_name_and_size(relay: Relay, bul
         ({"size": ""}, None),  # SIZE with no number: the relay names no limit
         ({"size": "0"}, None),  # RFC 1870: no fixed maximum
         ({"size": "lots"}, None),
+        ({"size": "\u00b2"}, None),  # a Unicode digit: isdigit() says yes, int() refuses
+        ({"size": "9" * 40}, None),
         ({"8bitmime": ""}, None),
     ],
 )
@@ -351,20 +367,16 @@ def test_the_relays_size_limit_is_read_from_its_ehlo(
     assert advertised_size(extensions) == limit
 
 
-async def test_a_message_over_the_relays_size_is_refused_for_good_before_it_is_sent() -> None:
+async def test_a_message_over_the_relays_size_is_refused_for_good_before_it_is_sent(
+    small_relay: Relay,
+) -> None:
     """The relay says SIZE 4096 in its EHLO: a larger message is this relay's permanent
     refusal (the next provider may take it), and the relay never receives it."""
     big = "x" * 8000
-    async with running(sandbox_settings(smtp_max_bytes=4096)) as sandbox:
-        port = (await sandbox.client.get("/_control/smtp")).json()["port"]
-        provider = adapter(port)
-        try:
-            with pytest.raises(PermanentProviderError) as caught:
-                await provider.send(tagged("ann@example.org", text=big))
-            small = await provider.send(tagged("bob@example.org"))
-        finally:
-            await provider.aclose()
-        sends = (await sandbox.client.get("/_control/sends")).json()
+    with pytest.raises(PermanentProviderError) as caught:
+        await small_relay.provider.send(tagged("ann@example.org", text=big))
+    small = await small_relay.provider.send(tagged("bob@example.org"))
+    sends = (await small_relay.sandbox.client.get("/_control/sends")).json()
 
     assert caught.value.status == 552
     assert "SIZE 4096" in caught.value.message
@@ -372,19 +384,15 @@ async def test_a_message_over_the_relays_size_is_refused_for_good_before_it_is_s
     assert set(sends["smtp"]["by_recipient"]) == {"bob@example.org"}
 
 
-async def test_bulk_copies_all_over_the_relays_size_are_the_chunks_refusal_for_good() -> None:
+async def test_bulk_copies_all_over_the_relays_size_are_the_chunks_refusal_for_good(
+    small_relay: Relay,
+) -> None:
     """Every personal copy too large: the chunk is refused by this relay as a whole (the
     next provider takes it), not each recipient failed."""
     big = "x" * 8000
-    async with running(sandbox_settings(smtp_max_bytes=4096)) as sandbox:
-        port = (await sandbox.client.get("/_control/smtp")).json()["port"]
-        provider = adapter(port)
-        try:
-            with pytest.raises(PermanentProviderError) as caught:
-                await provider.send(
-                    tagged("ann@example.org", "bob@example.org", bulk=True, text=big)
-                )
-        finally:
-            await provider.aclose()
+    with pytest.raises(PermanentProviderError) as caught:
+        await small_relay.provider.send(
+            tagged("ann@example.org", "bob@example.org", bulk=True, text=big)
+        )
 
     assert "SIZE 4096" in caught.value.message
