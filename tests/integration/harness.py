@@ -66,7 +66,13 @@ async def batch_stats(
 ) -> dict[str, int]:
     """``/v1/stats`` of the day ``batch_id`` was accepted, where its recipients are counted:
     read after midnight, still that day's and not the new day's."""
-    day = batch_day(uuid.UUID(batch_id)).isoformat()
+    return await day_stats(api, batch_day(uuid.UUID(batch_id)).isoformat(), headers)
+
+
+async def day_stats(
+    api: httpx.AsyncClient, day: str, headers: Mapping[str, str] | None = None
+) -> dict[str, int]:
+    """``/v1/stats`` of one day (ISO date)."""
     resp = await api.get("/v1/stats", params={"from": day, "to": day}, headers=headers)
     assert resp.status_code == 200, resp.text
     data: dict[str, int] = resp.json()["data"][0]

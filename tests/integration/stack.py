@@ -53,7 +53,14 @@ from shared.infra.settle import Delivery
 from shared.infra.topology import dispatch_key
 from shared.providers.registry import close_all
 from tests.conftest import unique
-from tests.integration.harness import batch_stats, client_for, eventually, running, served
+from tests.integration.harness import (
+    batch_stats,
+    client_for,
+    day_stats,
+    eventually,
+    running,
+    served,
+)
 
 MG_KEY = "stack-mailgun-signing-key"
 
@@ -153,9 +160,7 @@ class Stack:
         return result
 
     async def stats(self, day: str) -> dict[str, int]:
-        resp = await self.api.get("/v1/stats", params={"from": day, "to": day}, headers=self.auth)
-        data: dict[str, int] = resp.json()["data"][0]
-        return data
+        return await day_stats(self.api, day, self.auth)
 
     async def batch_stats(self, batch_id: str) -> dict[str, int]:
         return await batch_stats(self.api, batch_id, self.auth)
