@@ -16,26 +16,9 @@ from bench.services import free_port
 from services.cli import _supervise
 from shared.infra.config import Settings
 from shared.infra.resources import declare_topology
+from tests.processes import alive, children, cmdline
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _children(pid: int) -> set[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return {int(p) for p in path.read_text().split()} if path.exists() else set()
-
-
-def _cmdline(pid: int) -> bytes:
-    return Path(f"/proc/{pid}/cmdline").read_bytes()
-
-
-def _alive(pid: int) -> bool:
-    """Running, that is: a process that exited but was not yet reaped (a zombie) is not."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "\nState:\tZ" not in status
 
 
 async def _ready(url: str, timeout: float = 60.0) -> None:
@@ -66,14 +49,14 @@ async def test_api_workers_share_one_port_and_stop_on_one_sigterm(settings: Sett
     )  # fmt: skip
     try:
         await _ready(f"http://127.0.0.1:{port}/readyz")
-        workers = {w for w in _children(proc.pid) if b"spawn_main" in _cmdline(w)}
+        workers = {w for w in children(proc.pid) if b"spawn_main" in cmdline(w)}
         assert len(workers) == 2
     finally:
         proc.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(proc.wait(), 60)
 
     assert code == 0
-    assert not any(_alive(w) for w in workers)
+    assert not any(alive(w) for w in workers)
 
 
 class _CannotStart:

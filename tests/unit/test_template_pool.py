@@ -16,6 +16,7 @@ import pytest
 from shared.infra.config import TemplateSettings
 from shared.templates.template_pool import RendererBusy, RendererUnavailable, TemplatePool
 from shared.templates.template_render import LimitError, Rendered, RendererCrashed, render_version
+from tests.processes import alive
 from tests.unit import pool_jobs
 
 #: 1,500 strings of a megabyte: 1.46 GB in the API process before the pool.
@@ -84,7 +85,7 @@ async def test_a_first_job_given_up_on_frees_the_worker_it_started(tmp_path: Pat
 
         with pytest.raises(asyncio.CancelledError):
             await job
-        await _until(lambda: not _alive(worker))
+        await _until(lambda: not alive(worker))
     finally:
         await pool.close()
 
@@ -101,15 +102,6 @@ async def test_a_job_that_cannot_be_sent_starts_no_worker() -> None:
         assert pool.pids() == []
     finally:
         await pool.close()
-
-
-def _alive(pid: int) -> bool:
-    """Running (a killed worker the pool has not reaped yet is a zombie: not alive)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 async def test_a_job_runs_in_a_worker_and_answers(pool: TemplatePool) -> None:
