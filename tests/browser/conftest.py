@@ -213,6 +213,9 @@ async def context(chromium: Path, stack: Stack, github_login: str) -> AsyncItera
                 timezone_id="UTC",
             )
             ctx.set_default_timeout(15_000)
+            # expect() has its own default, 5 s: a page rendered after a form's POST, on the
+            # loop the whole stack shares with Chromium on two loaded cores, may take longer.
+            expect.set_options(timeout=15_000)
             start = re.compile(re.escape(f"{stack.api}/auth/github/login") + r"(\?|$)")
             await ctx.route(start, _as_user(github_login))
             try:

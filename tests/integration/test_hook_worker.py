@@ -50,7 +50,7 @@ def _worker(
     http: httpx.AsyncClient,
     queue: HookQueue,
     hooks: HooksSettings | None = None,
-    lease_seconds: float = 2,
+    lease_seconds: float = 30,
     **kw: object,
 ) -> Worker:
     hooks = hooks or stack.settings.hooks

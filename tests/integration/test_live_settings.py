@@ -349,11 +349,14 @@ async def sandbox_process() -> AsyncIterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         async with httpx.AsyncClient(timeout=2) as client:
-            for _ in range(100):
+
+            async def up() -> bool:
                 with contextlib.suppress(httpx.TransportError):
-                    if (await client.get(f"{url}/_control/sends")).is_success:
-                        break
-                await asyncio.sleep(0.1)
+                    return (await client.get(f"{url}/_control/sends")).is_success
+                return False
+
+            # Its imports alone take seconds on a loaded machine: wait for it, up to a minute.
+            await eventually(up, timeout=60, interval=0.1)
         yield url
     finally:
         proc.send_signal(signal.SIGTERM)
