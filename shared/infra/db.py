@@ -241,6 +241,11 @@ class Database:
             execution_profiles={EXEC_PROFILE_DEFAULT: profile},
             connection_class=_connection_class(),
             connect_timeout=settings.connect_timeout,
+            # The control connection's own queries (the nodes, the whole schema) get a request's
+            # time, not the driver's 2 s: on a node busy with schema changes (a suite creating
+            # keyspaces, a migration) reading the schema took longer, and connecting failed with
+            # NoHostAvailable although the node was up.
+            control_connection_timeout=settings.request_timeout,
             auth_provider=auth,
             protocol_version=5,
             # Retry a lost node every 0.5-10 s (the default backs off to 10 minutes, which

@@ -15,6 +15,7 @@ from cassandra.query import BoundStatement
 from cassandra.util import uuid_from_time
 
 from shared.core.errors import DependencyUnavailable
+from shared.infra.config import CassandraSettings
 from shared.infra.db import Database, ReplicaRetryPolicy
 from tests.conftest import unique
 
@@ -102,3 +103,18 @@ async def test_reads_writes_lwts_and_batches_run_under_the_replica_retry_setting
     assert again is not None and again["[applied]"] is False
     assert serial is not None and serial["batch_id"] == key[3]
     assert [key[3], key[3]] == [row["batch_id"] if row else None for row in written]
+
+
+async def test_the_control_connection_waits_as_long_as_a_request(
+    migrated: CassandraSettings,
+) -> None:
+    """Connecting reads the nodes and the whole schema over the control connection: those
+    queries get ``request_timeout``, not the driver's 2 s (a suite's CLI once failed to
+    connect, NoHostAvailable, while parallel tests were creating keyspaces)."""
+    settings = migrated.model_copy(update={"request_timeout": 7.5})
+    db = await Database.connect(settings, keyspace=settings.keyspace)
+    try:
+        assert db.cluster.control_connection_timeout == 7.5
+        assert await db.one("SELECT release_version FROM system.local") is not None
+    finally:
+        await db.close()
